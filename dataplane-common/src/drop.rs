@@ -1,0 +1,86 @@
+//! Why a packet was dropped. Every drop in the kernel programs names one of these reasons and
+//! increments its per-CPU counter (`maps::DROPS`), so operators can see exactly what was refused.
+
+/// Defines [`DropReason`] with its code, name and one-line description in one place, plus the
+/// list of all reasons for the userspace readers.
+macro_rules! drop_reasons {
+    ($($variant:ident = $code:literal, $name:literal, $doc:literal;)+) => {
+        /// A named reason for dropping a packet. The discriminant is the index into the
+        /// per-CPU drop counter map.
+        #[repr(u32)]
+        #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+        pub enum DropReason {
+            $(#[doc = $doc] $variant = $code,)+
+        }
+
+        impl DropReason {
+            /// Every reason, in code order.
+            pub const ALL: &'static [DropReason] = &[$(DropReason::$variant,)+];
+
+            /// Stable snake_case name used by the CLI, JSON output and metrics labels.
+            pub const fn name(self) -> &'static str {
+                match self { $(DropReason::$variant => $name,)+ }
+            }
+
+            /// One-line human description.
+            pub const fn description(self) -> &'static str {
+                match self { $(DropReason::$variant => $doc,)+ }
+            }
+
+            /// The reason with this counter index, if any.
+            pub const fn from_code(code: u32) -> Option<DropReason> {
+                match code { $($code => Some(DropReason::$variant),)+ _ => None }
+            }
+        }
+    };
+}
+
+drop_reasons! {
+    EthTruncated = 1, "eth_truncated", "Ethernet header shorter than 14 bytes";
+    VlanTruncated = 2, "vlan_truncated", "802.1Q tag cut short";
+    VlanTooDeep = 3, "vlan_too_deep", "more VLAN tags than the parser accepts (2)";
+    Ipv4Truncated = 4, "ipv4_truncated", "IPv4 header shorter than 20 bytes";
+    Ipv4BadVersion = 5, "ipv4_bad_version", "IPv4 ethertype but version field is not 4";
+    Ipv4BadIhl = 6, "ipv4_bad_ihl", "IPv4 IHL below 5 words";
+    Ipv4OptionsTruncated = 7, "ipv4_options_truncated", "IPv4 IHL points beyond the packet";
+    Ipv4BadTotalLength = 8, "ipv4_bad_total_length", "IPv4 total length below the header length or beyond the packet";
+    Ipv6Truncated = 9, "ipv6_truncated", "IPv6 header shorter than 40 bytes";
+    Ipv6BadVersion = 10, "ipv6_bad_version", "IPv6 ethertype but version field is not 6";
+    Ipv6ExtTruncated = 11, "ipv6_ext_truncated", "IPv6 extension header cut short";
+    Ipv6ExtTooDeep = 12, "ipv6_ext_too_deep", "IPv6 extension header chain longer than the parser accepts";
+    TcpTruncated = 13, "tcp_truncated", "TCP header cut short";
+    TcpBadDataOffset = 14, "tcp_bad_data_offset", "TCP data offset below 5 words or beyond the packet";
+    UdpTruncated = 15, "udp_truncated", "UDP header cut short";
+    SctpTruncated = 16, "sctp_truncated", "SCTP common header cut short";
+    IcmpTruncated = 17, "icmp_truncated", "ICMP header cut short";
+    Icmpv6Truncated = 18, "icmpv6_truncated", "ICMPv6 header cut short";
+    Ipv6BadPayloadLength = 19, "ipv6_bad_payload_length", "IPv6 payload length beyond the packet";
+}
+
+/// Size of the drop counter map: one slot per code, slot 0 unused.
+pub const DROP_REASON_SLOTS: u32 = 32;
+
+const _: () = {
+    let mut i = 0;
+    while i < DropReason::ALL.len() {
+        assert!((DropReason::ALL[i] as u32) < DROP_REASON_SLOTS);
+        i += 1;
+    }
+};
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_unique_and_round_trip() {
+        for (i, reason) in DropReason::ALL.iter().enumerate() {
+            assert_eq!(DropReason::from_code(*reason as u32), Some(*reason));
+            for other in &DropReason::ALL[i + 1..] {
+                assert_ne!(*reason as u32, *other as u32);
+                assert_ne!(reason.name(), other.name());
+            }
+        }
+        assert_eq!(DropReason::from_code(0), None);
+    }
+}

@@ -1,0 +1,11 @@
+//! Types and constants shared by the kernel programs (`dataplane-ebpf`) and the agent
+//! (`dataplane-user`). Everything that crosses the kernel/user boundary is defined here once:
+//! map names, program names, drop reasons, counter indices and map value layouts.
+#![no_std]
+
+pub mod drop;
+pub mod maps;
+pub mod stats;
+
+pub use drop::DropReason;
+pub use stats::{Hook, PacketClass};

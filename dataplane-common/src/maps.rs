@@ -1,0 +1,25 @@
+//! Names of the kernel programs and pinned maps, and the layout version of everything pinned.
+//! The kernel side spells these names in its `#[map]`/`#[xdp]`/`#[classifier]` attributes (they
+//! must be literals there); the agent's tests check every name here exists in the built object.
+
+/// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
+/// to adopt pins written under another version instead of misreading them.
+pub const LAYOUT_VERSION: u32 = 1;
+
+/// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
+pub const DROPS: &str = "DP_DROPS";
+/// Per-CPU array of u64, indexed by [`crate::stats::counter_index`].
+pub const PACKETS: &str = "DP_PACKETS";
+
+/// Array of one u32: the layout version the pins were created under.
+pub const META: &str = "DP_META";
+
+/// Every pinned map, for status and cleanup.
+pub const ALL_MAPS: &[&str] = &[DROPS, PACKETS, META];
+
+/// XDP program on the underlay NIC.
+pub const PROG_UNDERLAY: &str = "xdp_underlay";
+/// tc program on the host side of every pod veth (ingress, i.e. packets leaving the pod).
+pub const PROG_FROM_POD: &str = "tc_from_pod";
+/// An XDP program that does nothing but pass: the baseline every benchmark is measured against.
+pub const PROG_BASELINE: &str = "xdp_baseline";

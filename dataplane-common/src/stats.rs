@@ -1,0 +1,95 @@
+//! Packet counters: every attach point counts what it sees by packet class, so an operator can
+//! tell that traffic reaches the programs and what kind it is.
+
+/// Where a kernel program is attached. The discriminant selects a row of the counter map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Hook {
+    /// XDP on the node's underlay NIC (traffic arriving at the node).
+    Underlay = 0,
+    /// tc ingress on the host side of a pod veth (traffic leaving a pod).
+    FromPod = 1,
+}
+
+impl Hook {
+    pub const ALL: &'static [Hook] = &[Hook::Underlay, Hook::FromPod];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Hook::Underlay => "underlay",
+            Hook::FromPod => "from_pod",
+        }
+    }
+}
+
+/// What the parser recognised. The discriminant selects a column of the counter map.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PacketClass {
+    /// Every packet the program saw, whatever its class (including dropped ones).
+    Total = 0,
+    /// Neither IPv4 nor IPv6 nor ARP (LLDP, ...).
+    OtherL2 = 1,
+    Arp = 2,
+    Tcp = 3,
+    Udp = 4,
+    Sctp = 5,
+    Icmp = 6,
+    Icmpv6 = 7,
+    /// IP with another transport (GRE, ESP, ...).
+    OtherL4 = 8,
+    /// IPv4 or IPv6 fragment without a transport header (offset > 0).
+    Fragment = 9,
+    /// Dropped by the parser (the reason is counted in the drop map).
+    Dropped = 10,
+}
+
+impl PacketClass {
+    pub const ALL: &'static [PacketClass] = &[
+        PacketClass::Total,
+        PacketClass::OtherL2,
+        PacketClass::Arp,
+        PacketClass::Tcp,
+        PacketClass::Udp,
+        PacketClass::Sctp,
+        PacketClass::Icmp,
+        PacketClass::Icmpv6,
+        PacketClass::OtherL4,
+        PacketClass::Fragment,
+        PacketClass::Dropped,
+    ];
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            PacketClass::Total => "total",
+            PacketClass::OtherL2 => "other_l2",
+            PacketClass::Arp => "arp",
+            PacketClass::Tcp => "tcp",
+            PacketClass::Udp => "udp",
+            PacketClass::Sctp => "sctp",
+            PacketClass::Icmp => "icmp",
+            PacketClass::Icmpv6 => "icmpv6",
+            PacketClass::OtherL4 => "other_l4",
+            PacketClass::Fragment => "fragment",
+            PacketClass::Dropped => "dropped",
+        }
+    }
+}
+
+/// Columns per hook row in the counter map (room to grow without a layout change).
+pub const CLASS_SLOTS: u32 = 16;
+/// Rows in the counter map.
+pub const HOOK_SLOTS: u32 = 8;
+/// Entries of the per-CPU packet counter map.
+pub const PACKET_COUNTER_SLOTS: u32 = CLASS_SLOTS * HOOK_SLOTS;
+
+/// Index of the counter for `class` packets seen at `hook`.
+#[inline(always)]
+pub const fn counter_index(hook: Hook, class: PacketClass) -> u32 {
+    hook as u32 * CLASS_SLOTS + class as u32
+}
+
+const _: () = {
+    assert!(PacketClass::ALL.len() as u32 <= CLASS_SLOTS);
+    assert!(Hook::ALL.len() as u32 <= HOOK_SLOTS);
+};

@@ -1,0 +1,287 @@
+//! Header parsing shared by every attach point. Every access is bounds-checked against the end
+//! of the linear packet data; every length field is checked against the whole packet length;
+//! every loop is bounded. A malformed packet yields the [`DropReason`] that names its defect.
+
+use core::mem::size_of;
+
+use dataplane_common::{DropReason, PacketClass};
+use network_types::{
+    eth::EthHdr,
+    ip::{Ipv4Hdr, Ipv6Hdr},
+    sctp::SctpHdr,
+    tcp::TcpHdr,
+    udp::UdpHdr,
+    vlan::VlanHdr,
+};
+
+/// VLAN tags accepted in front of the network header (802.1Q and 802.1ad QinQ).
+const MAX_VLAN_TAGS: usize = 2;
+/// IPv6 extension headers walked before giving up with `Ipv6ExtTooDeep`.
+pub const MAX_IPV6_EXT_HEADERS: usize = 6;
+
+const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
+const ETH_P_ARP: u16 = 0x0806;
+const ETH_P_8021Q: u16 = 0x8100;
+const ETH_P_8021AD: u16 = 0x88A8;
+
+const IPPROTO_HOPOPTS: u8 = 0;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_ROUTING: u8 = 43;
+const IPPROTO_FRAGMENT: u8 = 44;
+const IPPROTO_AH: u8 = 51;
+const IPPROTO_ICMPV6: u8 = 58;
+const IPPROTO_DSTOPTS: u8 = 60;
+const IPPROTO_SCTP: u8 = 132;
+const IPPROTO_MOBILITY: u8 = 135;
+const IPPROTO_HIP: u8 = 139;
+const IPPROTO_SHIM6: u8 = 140;
+
+/// ICMP and ICMPv6 messages all start with an 8-byte header.
+const ICMP_HEADER_LEN: usize = 8;
+
+/// The packet as the program sees it: `start..end` is the directly readable (linear) data,
+/// `len` the whole packet length (larger than `end - start` for non-linear skbs).
+pub struct Packet {
+    start: usize,
+    end: usize,
+    len: usize,
+}
+
+impl Packet {
+    #[inline(always)]
+    pub fn new(start: usize, end: usize, len: usize) -> Self {
+        Self { start, end, len }
+    }
+
+    /// A pointer to a `T` at `offset`, if all of it lies within the linear data.
+    #[inline(always)]
+    fn header<T>(&self, offset: usize) -> Option<*const T> {
+        let at = self.start + offset;
+        if at + size_of::<T>() > self.end {
+            return None;
+        }
+        Some(at as *const T)
+    }
+}
+
+/// What the parser found: offsets for the later stages and the packet class for counters.
+#[derive(Clone, Copy)]
+#[allow(
+    dead_code,
+    reason = "offsets and ports are read by the overlay, LB and policy stages"
+)]
+pub struct Parsed {
+    /// Ethertype after any VLAN tags (host byte order).
+    pub ether_type: u16,
+    /// Offset of the IPv4/IPv6 header (0 when there is none).
+    pub l3_offset: usize,
+    /// Offset of the transport header (0 when there is none, e.g. a non-first fragment).
+    pub l4_offset: usize,
+    /// IP protocol / final IPv6 next header (0 when not IP).
+    pub protocol: u8,
+    /// Transport ports in network byte order as on the wire (0 when the protocol has none).
+    pub src_port: [u8; 2],
+    pub dst_port: [u8; 2],
+    pub class: PacketClass,
+}
+
+impl Parsed {
+    #[inline(always)]
+    const fn l2(ether_type: u16, class: PacketClass) -> Self {
+        Self {
+            ether_type,
+            l3_offset: 0,
+            l4_offset: 0,
+            protocol: 0,
+            src_port: [0; 2],
+            dst_port: [0; 2],
+            class,
+        }
+    }
+}
+
+/// Parses Ethernet, VLAN tags, IPv4/IPv6 and the transport header.
+#[inline(always)]
+pub fn parse(packet: &Packet) -> Result<Parsed, DropReason> {
+    let eth: *const EthHdr = packet.header(0).ok_or(DropReason::EthTruncated)?;
+    let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
+    let mut offset = EthHdr::LEN;
+
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            break;
+        }
+        let vlan: *const VlanHdr = packet.header(offset).ok_or(DropReason::VlanTruncated)?;
+        ether_type = u16::from_be(unsafe { (*vlan).ether_type });
+        offset += VlanHdr::LEN;
+    }
+
+    match ether_type {
+        ETH_P_IP => parse_ipv4(packet, offset, ether_type),
+        ETH_P_IPV6 => parse_ipv6(packet, offset, ether_type),
+        ETH_P_ARP => Ok(Parsed::l2(ether_type, PacketClass::Arp)),
+        ETH_P_8021Q | ETH_P_8021AD => Err(DropReason::VlanTooDeep),
+        _ => Ok(Parsed::l2(ether_type, PacketClass::OtherL2)),
+    }
+}
+
+#[inline(always)]
+fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, DropReason> {
+    let ip: *const Ipv4Hdr = packet.header(l3).ok_or(DropReason::Ipv4Truncated)?;
+    let vihl = unsafe { (*ip).vihl };
+    if vihl >> 4 != 4 {
+        return Err(DropReason::Ipv4BadVersion);
+    }
+    let header_len = ((vihl & 0x0F) as usize) * 4;
+    if header_len < Ipv4Hdr::LEN {
+        return Err(DropReason::Ipv4BadIhl);
+    }
+    if l3 + header_len > packet.len {
+        return Err(DropReason::Ipv4OptionsTruncated);
+    }
+    let total_len = u16::from_be_bytes(unsafe { (*ip).tot_len }) as usize;
+    if total_len < header_len || l3 + total_len > packet.len {
+        return Err(DropReason::Ipv4BadTotalLength);
+    }
+    let protocol = unsafe { (*ip).proto };
+    let frags = u16::from_be_bytes(unsafe { (*ip).frags });
+    let mut parsed = Parsed {
+        ether_type,
+        l3_offset: l3,
+        l4_offset: 0,
+        protocol,
+        src_port: [0; 2],
+        dst_port: [0; 2],
+        class: PacketClass::Fragment,
+    };
+    // A non-first fragment carries no transport header: recognise it, do not parse it.
+    if frags & 0x1FFF != 0 {
+        return Ok(parsed);
+    }
+    parse_l4(packet, l3 + header_len, protocol, &mut parsed)?;
+    Ok(parsed)
+}
+
+#[inline(always)]
+fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, DropReason> {
+    let ip: *const Ipv6Hdr = packet.header(l3).ok_or(DropReason::Ipv6Truncated)?;
+    if unsafe { (*ip).vcf[0] } >> 4 != 6 {
+        return Err(DropReason::Ipv6BadVersion);
+    }
+    let payload_len = u16::from_be_bytes(unsafe { (*ip).payload_len }) as usize;
+    if l3 + Ipv6Hdr::LEN + payload_len > packet.len {
+        return Err(DropReason::Ipv6BadPayloadLength);
+    }
+    let mut next = unsafe { (*ip).next_hdr };
+    let mut offset = l3 + Ipv6Hdr::LEN;
+    let mut parsed = Parsed {
+        ether_type,
+        l3_offset: l3,
+        l4_offset: 0,
+        protocol: next,
+        src_port: [0; 2],
+        dst_port: [0; 2],
+        class: PacketClass::OtherL4,
+    };
+
+    // One iteration per extension header plus the one that reaches the transport header.
+    for _ in 0..=MAX_IPV6_EXT_HEADERS {
+        match next {
+            IPPROTO_HOPOPTS | IPPROTO_ROUTING | IPPROTO_DSTOPTS | IPPROTO_MOBILITY
+            | IPPROTO_HIP | IPPROTO_SHIM6 => {
+                // Generic layout: next header, length in 8-octet units not counting the first.
+                let ext: *const [u8; 2] =
+                    packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                let [ext_next, ext_len] = unsafe { *ext };
+                next = ext_next;
+                offset += (ext_len as usize + 1) * 8;
+            }
+            IPPROTO_AH => {
+                // AH counts its length in 4-octet units minus 2 (RFC 4302).
+                let ext: *const [u8; 2] =
+                    packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                let [ext_next, ext_len] = unsafe { *ext };
+                next = ext_next;
+                offset += (ext_len as usize + 2) * 4;
+            }
+            IPPROTO_FRAGMENT => {
+                let ext: *const [u8; 8] =
+                    packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                let frag = unsafe { *ext };
+                next = frag[0];
+                offset += 8;
+                let fragment_offset = u16::from_be_bytes([frag[2], frag[3]]) >> 3;
+                if fragment_offset != 0 {
+                    parsed.protocol = next;
+                    parsed.class = PacketClass::Fragment;
+                    return Ok(parsed);
+                }
+            }
+            _ => {
+                parsed.protocol = next;
+                parse_l4(packet, offset, next, &mut parsed)?;
+                return Ok(parsed);
+            }
+        }
+        if offset > packet.len {
+            return Err(DropReason::Ipv6ExtTruncated);
+        }
+    }
+    Err(DropReason::Ipv6ExtTooDeep)
+}
+
+/// Reads the transport header at `l4` and fills ports and class.
+#[inline(always)]
+fn parse_l4(
+    packet: &Packet,
+    l4: usize,
+    protocol: u8,
+    parsed: &mut Parsed,
+) -> Result<(), DropReason> {
+    parsed.l4_offset = l4;
+    match protocol {
+        IPPROTO_TCP => {
+            let tcp: *const TcpHdr = packet.header(l4).ok_or(DropReason::TcpTruncated)?;
+            // Data offset: high nibble of byte 12, in 32-bit words.
+            let data_offset: *const u8 = packet.header(l4 + 12).ok_or(DropReason::TcpTruncated)?;
+            let header_len = ((unsafe { *data_offset } >> 4) as usize) * 4;
+            if header_len < TcpHdr::LEN || l4 + header_len > packet.len {
+                return Err(DropReason::TcpBadDataOffset);
+            }
+            parsed.src_port = unsafe { (*tcp).source };
+            parsed.dst_port = unsafe { (*tcp).dest };
+            parsed.class = PacketClass::Tcp;
+        }
+        IPPROTO_UDP => {
+            let udp: *const UdpHdr = packet.header(l4).ok_or(DropReason::UdpTruncated)?;
+            parsed.src_port = unsafe { (*udp).src };
+            parsed.dst_port = unsafe { (*udp).dst };
+            parsed.class = PacketClass::Udp;
+        }
+        IPPROTO_SCTP => {
+            let sctp: *const SctpHdr = packet.header(l4).ok_or(DropReason::SctpTruncated)?;
+            parsed.src_port = unsafe { (*sctp).src };
+            parsed.dst_port = unsafe { (*sctp).dst };
+            parsed.class = PacketClass::Sctp;
+        }
+        IPPROTO_ICMP => {
+            packet
+                .header::<[u8; ICMP_HEADER_LEN]>(l4)
+                .ok_or(DropReason::IcmpTruncated)?;
+            parsed.class = PacketClass::Icmp;
+        }
+        IPPROTO_ICMPV6 => {
+            packet
+                .header::<[u8; ICMP_HEADER_LEN]>(l4)
+                .ok_or(DropReason::Icmpv6Truncated)?;
+            parsed.class = PacketClass::Icmpv6;
+        }
+        _ => {
+            parsed.class = PacketClass::OtherL4;
+        }
+    }
+    Ok(())
+}

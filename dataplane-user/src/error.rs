@@ -1,0 +1,87 @@
+//! Errors of the agent library. Each message says what went wrong and what to do about it.
+
+use std::{io, path::PathBuf};
+
+#[derive(Debug, thiserror::Error)]
+pub enum AgentError {
+    #[error(
+        "missing privileges: loading eBPF programs needs root, or CAP_BPF, CAP_NET_ADMIN and \
+         CAP_SYS_ADMIN; run as root or as a privileged pod"
+    )]
+    NotPrivileged,
+
+    #[error(
+        "unsupported kernel: {reason}; the dataplane needs Linux 5.15 or newer with BPF and BTF enabled"
+    )]
+    KernelUnsupported { reason: String },
+
+    #[error(
+        "interface {name:?} not found in this network namespace: create it or name an existing one"
+    )]
+    InterfaceNotFound { name: String },
+
+    #[error("bpffs: {path} is not on a bpf filesystem and could not be mounted there: {source}")]
+    Bpffs {
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+
+    #[error(
+        "pinned maps under {path} were written with layout version {found}, this agent writes \
+         version {expected}: run `dataplane cleanup --pin-root {path}` to start fresh (this drops \
+         their state), or run the agent version that wrote them"
+    )]
+    LayoutMismatch {
+        path: PathBuf,
+        found: u32,
+        expected: u32,
+    },
+
+    #[error("loading the eBPF object failed")]
+    Load(#[source] aya::EbpfError),
+
+    #[error("program {name} is missing from the eBPF object or has another type")]
+    MissingProgram { name: &'static str },
+
+    #[error("map {name} is missing from the eBPF object or has another type")]
+    MissingMap { name: &'static str },
+
+    #[error("program {name}: {action} failed")]
+    Program {
+        name: &'static str,
+        action: &'static str,
+        #[source]
+        source: aya::programs::ProgramError,
+    },
+
+    #[error("map {name}: {action} failed")]
+    Map {
+        name: String,
+        action: &'static str,
+        #[source]
+        source: aya::maps::MapError,
+    },
+
+    #[error("pinning {path} failed")]
+    Pin {
+        path: PathBuf,
+        #[source]
+        source: aya::pin::PinError,
+    },
+
+    #[error("attaching {program} to {interface} failed in every allowed mode: {attempts}")]
+    Attach {
+        program: &'static str,
+        interface: String,
+        attempts: String,
+    },
+
+    #[error("{action} {path}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: io::Error,
+    },
+}

@@ -1,0 +1,17 @@
+//! The dataplane agent as a library: the binary `dataplane`, the packet tests, the topology
+//! tests and the benchmarks all drive the kernel programs through these modules.
+
+pub mod attach;
+pub mod ebpf;
+pub mod error;
+pub mod loader;
+pub mod pins;
+pub mod preflight;
+pub mod state;
+pub mod stats;
+pub mod status;
+pub mod testrun;
+
+pub use error::AgentError;
+pub use loader::Dataplane;
+pub use pins::Pins;

@@ -1,0 +1,160 @@
+//! Loads the kernel programs with their maps pinned under the agent's pin root. Maps already
+//! pinned there are adopted (counters and, later, connection state survive a restart) after the
+//! layout version they were written under has been checked.
+
+use std::{fs, io};
+
+use aya::{
+    Ebpf, EbpfLoader,
+    maps::{Array, MapData},
+    programs::{SchedClassifier, Xdp},
+};
+use dataplane_common::maps::{LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_UNDERLAY};
+
+use crate::{AgentError, Pins, ebpf, preflight};
+
+/// The loaded kernel programs and maps of one agent.
+pub struct Dataplane {
+    ebpf: Ebpf,
+    pins: Pins,
+}
+
+impl Dataplane {
+    /// Checks the environment, loads and verifies every program, and pins maps and programs
+    /// under `pins`.
+    pub fn load(pins: &Pins) -> Result<Self, AgentError> {
+        preflight::check_privileges()?;
+        preflight::check_kernel()?;
+        pins.prepare()?;
+        check_layout_version(pins)?;
+
+        let ebpf = EbpfLoader::new()
+            .default_map_pin_directory(pins.maps_dir())
+            .load(ebpf::object())
+            .map_err(AgentError::Load)?;
+        let mut dataplane = Self {
+            ebpf,
+            pins: pins.clone(),
+        };
+        dataplane.write_layout_version()?;
+        dataplane.load_programs()?;
+        Ok(dataplane)
+    }
+
+    pub fn pins(&self) -> &Pins {
+        &self.pins
+    }
+
+    /// The underlying object, for attaching and for BPF_PROG_TEST_RUN in tests and benchmarks.
+    pub fn ebpf(&self) -> &Ebpf {
+        &self.ebpf
+    }
+
+    pub fn ebpf_mut(&mut self) -> &mut Ebpf {
+        &mut self.ebpf
+    }
+
+    pub fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, AgentError> {
+        self.ebpf
+            .program_mut(name)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(AgentError::MissingProgram { name })
+    }
+
+    pub fn classifier(&mut self, name: &'static str) -> Result<&mut SchedClassifier, AgentError> {
+        self.ebpf
+            .program_mut(name)
+            .and_then(|p| p.try_into().ok())
+            .ok_or(AgentError::MissingProgram { name })
+    }
+
+    fn load_programs(&mut self) -> Result<(), AgentError> {
+        for name in [PROG_UNDERLAY, PROG_BASELINE] {
+            let program = self.xdp(name)?;
+            program.load().map_err(|source| AgentError::Program {
+                name,
+                action: "load (verifier)",
+                source,
+            })?;
+        }
+        let program = self.classifier(PROG_FROM_POD)?;
+        program.load().map_err(|source| AgentError::Program {
+            name: PROG_FROM_POD,
+            action: "load (verifier)",
+            source,
+        })?;
+        for name in [PROG_UNDERLAY, PROG_FROM_POD] {
+            self.pin_program(name)?;
+        }
+        Ok(())
+    }
+
+    /// Pins a loaded program, replacing the pin a previous agent left.
+    fn pin_program(&mut self, name: &'static str) -> Result<(), AgentError> {
+        let path = self.pins.program(name);
+        match fs::remove_file(&path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(AgentError::Io {
+                    action: "replacing pinned program",
+                    path,
+                    source,
+                });
+            }
+        }
+        let program = self
+            .ebpf
+            .program_mut(name)
+            .ok_or(AgentError::MissingProgram { name })?;
+        program
+            .pin(&path)
+            .map_err(|source| AgentError::Pin { path, source })
+    }
+
+    fn write_layout_version(&mut self) -> Result<(), AgentError> {
+        let map = self
+            .ebpf
+            .map_mut(META)
+            .ok_or(AgentError::MissingMap { name: META })?;
+        let mut meta: Array<_, u32> = Array::try_from(map).map_err(|source| AgentError::Map {
+            name: META.into(),
+            action: "open",
+            source,
+        })?;
+        meta.set(0, LAYOUT_VERSION, 0)
+            .map_err(|source| AgentError::Map {
+                name: META.into(),
+                action: "write layout version",
+                source,
+            })
+    }
+}
+
+/// Refuses to adopt pins written under another layout version. Pins without a version (0: a
+/// previous agent died between creating and stamping them) are adopted and stamped.
+fn check_layout_version(pins: &Pins) -> Result<(), AgentError> {
+    let path = pins.map(META);
+    if !path.exists() {
+        return Ok(());
+    }
+    let found = read_layout_version(&path).map_err(|source| AgentError::Map {
+        name: META.into(),
+        action: "read layout version",
+        source,
+    })?;
+    if found != 0 && found != LAYOUT_VERSION {
+        return Err(AgentError::LayoutMismatch {
+            path: pins.root().to_owned(),
+            found,
+            expected: LAYOUT_VERSION,
+        });
+    }
+    Ok(())
+}
+
+fn read_layout_version(path: &std::path::Path) -> Result<u32, aya::maps::MapError> {
+    let data = MapData::from_pin(path)?;
+    let meta: Array<MapData, u32> = Array::try_from(aya::maps::Map::Array(data))?;
+    meta.get(&0, 0)
+}

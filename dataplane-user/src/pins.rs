@@ -1,0 +1,162 @@
+//! Every bpffs path the agent owns, in one place. Layout under the pin root:
+//! `maps/<MAP>` for maps (adopted across restarts), `progs/<program>` for loaded programs.
+
+use std::{
+    ffi::CString,
+    fs, io,
+    os::unix::ffi::OsStrExt,
+    path::{Path, PathBuf},
+};
+
+use crate::AgentError;
+
+/// Where a node's agent pins everything by default.
+pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/dataplane";
+/// Where the bpf filesystem is mounted when nothing is.
+const BPFFS_MOUNT: &str = "/sys/fs/bpf";
+/// `statfs` magic of the bpf filesystem (include/uapi/linux/magic.h).
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+#[derive(Clone, Debug)]
+pub struct Pins {
+    root: PathBuf,
+}
+
+impl Pins {
+    pub fn new(root: impl Into<PathBuf>) -> Self {
+        Self { root: root.into() }
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub fn maps_dir(&self) -> PathBuf {
+        self.root.join("maps")
+    }
+
+    pub fn map(&self, name: &str) -> PathBuf {
+        self.maps_dir().join(name)
+    }
+
+    pub fn progs_dir(&self) -> PathBuf {
+        self.root.join("progs")
+    }
+
+    pub fn program(&self, name: &str) -> PathBuf {
+        self.progs_dir().join(name)
+    }
+
+    /// Makes sure the pin root lies on a bpf filesystem (mounting one at /sys/fs/bpf if the
+    /// root is below it and nothing is mounted) and creates the directories.
+    pub fn prepare(&self) -> Result<(), AgentError> {
+        if self.root.starts_with(BPFFS_MOUNT) && !is_bpffs(Path::new(BPFFS_MOUNT)) {
+            mount_bpffs(Path::new(BPFFS_MOUNT))?;
+        }
+        for dir in [self.maps_dir(), self.progs_dir()] {
+            fs::create_dir_all(&dir).map_err(|source| AgentError::Io {
+                action: "creating pin directory",
+                path: dir.clone(),
+                source,
+            })?;
+        }
+        if !is_bpffs(&self.root) {
+            return Err(AgentError::Bpffs {
+                path: self.root.clone(),
+                source: io::Error::other("not a bpf filesystem"),
+            });
+        }
+        Ok(())
+    }
+
+    /// Removes every pin (maps and programs) and the directories. Programs that are still
+    /// attached stay attached until their links go; maps are freed once nothing uses them.
+    pub fn remove_all(&self) -> Result<(), AgentError> {
+        for dir in [self.maps_dir(), self.progs_dir()] {
+            remove_dir_contents(&dir)?;
+        }
+        match fs::remove_dir(&self.root) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+            Err(source) => Err(AgentError::Io {
+                action: "removing pin root",
+                path: self.root.clone(),
+                source,
+            }),
+        }
+    }
+}
+
+fn remove_dir_contents(dir: &Path) -> Result<(), AgentError> {
+    let entries = match fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(source) => {
+            return Err(AgentError::Io {
+                action: "listing",
+                path: dir.to_owned(),
+                source,
+            });
+        }
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        fs::remove_file(&path).map_err(|source| AgentError::Io {
+            action: "unpinning",
+            path: path.clone(),
+            source,
+        })?;
+    }
+    fs::remove_dir(dir).map_err(|source| AgentError::Io {
+        action: "removing",
+        path: dir.to_owned(),
+        source,
+    })
+}
+
+/// Whether `path` (or its nearest existing ancestor) is on a bpf filesystem.
+pub fn is_bpffs(path: &Path) -> bool {
+    let mut probe = path;
+    while !probe.exists() {
+        match probe.parent() {
+            Some(parent) => probe = parent,
+            None => return false,
+        }
+    }
+    let Ok(c_path) = CString::new(probe.as_os_str().as_bytes()) else {
+        return false;
+    };
+    let mut stat = std::mem::MaybeUninit::<libc::statfs>::uninit();
+    // SAFETY: c_path is a valid NUL-terminated string and stat points to writable memory.
+    let rc = unsafe { libc::statfs(c_path.as_ptr(), stat.as_mut_ptr()) };
+    if rc != 0 {
+        return false;
+    }
+    // SAFETY: statfs returned 0, so it filled the struct.
+    let stat = unsafe { stat.assume_init() };
+    stat.f_type as i64 == BPF_FS_MAGIC
+}
+
+fn mount_bpffs(at: &Path) -> Result<(), AgentError> {
+    let err = |source| AgentError::Bpffs {
+        path: at.to_owned(),
+        source,
+    };
+    fs::create_dir_all(at).map_err(err)?;
+    let target = CString::new(at.as_os_str().as_bytes()).map_err(|e| err(io::Error::other(e)))?;
+    // SAFETY: all pointers are valid NUL-terminated strings or null for data.
+    let rc = unsafe {
+        libc::mount(
+            c"bpf".as_ptr(),
+            target.as_ptr(),
+            c"bpf".as_ptr(),
+            0,
+            std::ptr::null(),
+        )
+    };
+    if rc != 0 {
+        return Err(err(io::Error::last_os_error()));
+    }
+    tracing::info!(path = %at.display(), "mounted bpffs");
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! Checks made before touching the kernel, so a missing privilege or an old kernel gets a clear
+//! one-line answer instead of a raw errno from deep inside a load.
+
+use std::ffi::CString;
+
+use aya::util::KernelVersion;
+
+use crate::AgentError;
+
+const CAP_NET_ADMIN: u32 = 12;
+const CAP_SYS_ADMIN: u32 = 21;
+const CAP_BPF: u32 = 39;
+
+/// Oldest kernel the programs are written for (bounded loops, BTF, tc and XDP features used).
+const MIN_KERNEL: (u8, u8) = (5, 15);
+
+pub fn check_privileges() -> Result<(), AgentError> {
+    let caps = effective_capabilities().unwrap_or(0);
+    let has = |cap: u32| caps & (1u64 << cap) != 0;
+    let bpf_ok = has(CAP_BPF) || has(CAP_SYS_ADMIN);
+    if bpf_ok && has(CAP_NET_ADMIN) {
+        Ok(())
+    } else {
+        Err(AgentError::NotPrivileged)
+    }
+}
+
+pub fn check_kernel() -> Result<(), AgentError> {
+    let version = KernelVersion::current().map_err(|e| AgentError::KernelUnsupported {
+        reason: format!("cannot read the kernel version: {e}"),
+    })?;
+    if version < KernelVersion::new(MIN_KERNEL.0, MIN_KERNEL.1, 0) {
+        return Err(AgentError::KernelUnsupported {
+            reason: format!("running {version}"),
+        });
+    }
+    if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
+        return Err(AgentError::KernelUnsupported {
+            reason: "no /sys/kernel/btf/vmlinux (kernel built without CONFIG_DEBUG_INFO_BTF)"
+                .into(),
+        });
+    }
+    Ok(())
+}
+
+/// The interface index of `name` in the current network namespace.
+pub fn interface_index(name: &str) -> Result<u32, AgentError> {
+    let not_found = || AgentError::InterfaceNotFound { name: name.into() };
+    let c_name = CString::new(name).map_err(|_| not_found())?;
+    // SAFETY: c_name is a valid NUL-terminated string.
+    let index = unsafe { libc::if_nametoindex(c_name.as_ptr()) };
+    if index == 0 {
+        Err(not_found())
+    } else {
+        Ok(index)
+    }
+}
+
+fn effective_capabilities() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
+    u64::from_str_radix(hex.trim(), 16).ok()
+}

@@ -1,0 +1,86 @@
+//! The running agent's record of what it attached where, kept in its run directory so
+//! `dataplane status` (another process) can report it.
+
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AgentError, attach::Attachment};
+
+/// Default run directory of a node's agent.
+pub const DEFAULT_RUN_DIR: &str = "/run/dataplane";
+const STATE_FILE: &str = "state.json";
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct AgentState {
+    pub pid: u32,
+    pub pin_root: PathBuf,
+    pub layout_version: u32,
+    pub started_unix: u64,
+    pub attachments: Vec<Attachment>,
+}
+
+pub fn state_path(run_dir: &Path) -> PathBuf {
+    run_dir.join(STATE_FILE)
+}
+
+/// Writes the state atomically (write aside, rename), so a reader never sees half a file.
+pub fn write(run_dir: &Path, state: &AgentState) -> Result<(), AgentError> {
+    let io_err = |action, path: &Path| {
+        let path = path.to_owned();
+        move |source| AgentError::Io {
+            action,
+            path,
+            source,
+        }
+    };
+    fs::create_dir_all(run_dir).map_err(io_err("creating run directory", run_dir))?;
+    let path = state_path(run_dir);
+    let tmp = run_dir.join(format!("{STATE_FILE}.tmp"));
+    let text = serde_json::to_vec_pretty(state).map_err(|e| AgentError::Io {
+        action: "encoding",
+        path: path.clone(),
+        source: io::Error::other(e),
+    })?;
+    fs::write(&tmp, text).map_err(io_err("writing", &tmp))?;
+    fs::rename(&tmp, &path).map_err(io_err("renaming into place", &path))
+}
+
+/// Reads the state a running (or crashed) agent left, if any.
+pub fn read(run_dir: &Path) -> Result<Option<AgentState>, AgentError> {
+    let path = state_path(run_dir);
+    let text = match fs::read(&path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(AgentError::Io {
+                action: "reading",
+                path,
+                source,
+            });
+        }
+    };
+    serde_json::from_slice(&text)
+        .map(Some)
+        .map_err(|e| AgentError::Io {
+            action: "decoding",
+            path,
+            source: io::Error::other(e),
+        })
+}
+
+pub fn remove(run_dir: &Path) {
+    let _ = fs::remove_file(state_path(run_dir));
+}
+
+/// Whether a process with this pid exists.
+pub fn process_alive(pid: u32) -> bool {
+    let Ok(pid) = i32::try_from(pid) else {
+        return false;
+    };
+    // SAFETY: signal 0 only checks for existence and permission.
+    unsafe { libc::kill(pid, 0) == 0 }
+}

@@ -1,0 +1,102 @@
+//! Reading the per-CPU packet and drop counters from the pinned maps.
+
+use aya::maps::{Map, MapData, PerCpuArray};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    maps::{DROPS, PACKETS},
+    stats::counter_index,
+};
+use serde::Serialize;
+
+use crate::{AgentError, Pins};
+
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Counters {
+    /// Packets seen by hook and class (zero rows left out).
+    pub packets: Vec<PacketCount>,
+    /// Drops by reason (zero rows left out).
+    pub drops: Vec<DropCount>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PacketCount {
+    pub hook: &'static str,
+    pub class: &'static str,
+    pub count: u64,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct DropCount {
+    pub reason: &'static str,
+    pub code: u32,
+    pub description: &'static str,
+    pub count: u64,
+}
+
+impl Counters {
+    /// Packets of `class` seen at `hook`.
+    pub fn packets(&self, hook: Hook, class: PacketClass) -> u64 {
+        self.packets
+            .iter()
+            .find(|p| p.hook == hook.name() && p.class == class.name())
+            .map_or(0, |p| p.count)
+    }
+
+    /// Packets dropped for `reason`, at any hook.
+    pub fn drops(&self, reason: DropReason) -> u64 {
+        self.drops
+            .iter()
+            .find(|d| d.code == reason as u32)
+            .map_or(0, |d| d.count)
+    }
+}
+
+/// Reads the counters from the maps pinned under `pins`.
+pub fn read(pins: &Pins) -> Result<Counters, AgentError> {
+    let packets = open_counter_map(pins, PACKETS)?;
+    let drops = open_counter_map(pins, DROPS)?;
+    let mut counters = Counters::default();
+    for &hook in Hook::ALL {
+        for &class in PacketClass::ALL {
+            let count = sum(&packets, counter_index(hook, class), PACKETS)?;
+            if count > 0 {
+                counters.packets.push(PacketCount {
+                    hook: hook.name(),
+                    class: class.name(),
+                    count,
+                });
+            }
+        }
+    }
+    for &reason in DropReason::ALL {
+        let count = sum(&drops, reason as u32, DROPS)?;
+        if count > 0 {
+            counters.drops.push(DropCount {
+                reason: reason.name(),
+                code: reason as u32,
+                description: reason.description(),
+                count,
+            });
+        }
+    }
+    Ok(counters)
+}
+
+fn open_counter_map(pins: &Pins, name: &str) -> Result<PerCpuArray<MapData, u64>, AgentError> {
+    let err = |action, source| AgentError::Map {
+        name: name.into(),
+        action,
+        source,
+    };
+    let data = MapData::from_pin(pins.map(name)).map_err(|e| err("open pin", e))?;
+    PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| err("open", e))
+}
+
+fn sum(map: &PerCpuArray<MapData, u64>, index: u32, name: &str) -> Result<u64, AgentError> {
+    let values = map.get(&index, 0).map_err(|source| AgentError::Map {
+        name: name.into(),
+        action: "read",
+        source,
+    })?;
+    Ok(values.iter().sum())
+}

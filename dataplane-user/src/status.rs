@@ -1,0 +1,167 @@
+//! `dataplane status`: what is attached where and in which mode, how full each map is, and the
+//! packet and drop counters, read from the run directory and the pinned maps.
+
+use std::{fmt::Write as _, path::Path};
+
+use aya::maps::{Array, Map, MapData, MapInfo, MapType, PerCpuArray};
+use dataplane_common::maps::ALL_MAPS;
+use serde::Serialize;
+
+use crate::{
+    AgentError, Pins,
+    state::{self, AgentState},
+    stats::{self, Counters},
+};
+
+#[derive(Debug, Serialize)]
+pub struct StatusReport {
+    pub pin_root: String,
+    /// `running`, `stopped` (state left by an agent that is gone) or `absent`.
+    pub agent: &'static str,
+    pub state: Option<AgentState>,
+    pub maps: Vec<MapFill>,
+    pub counters: Option<Counters>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct MapFill {
+    pub name: &'static str,
+    pub map_type: String,
+    pub max_entries: u32,
+    /// Entries holding data (non-zero for arrays).
+    pub used: u32,
+}
+
+pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> {
+    let state = state::read(run_dir)?;
+    let agent = match &state {
+        Some(s) if state::process_alive(s.pid) => "running",
+        Some(_) => "stopped",
+        None => "absent",
+    };
+    let mut maps = Vec::new();
+    for &name in ALL_MAPS {
+        if let Some(fill) = map_fill(pins, name)? {
+            maps.push(fill);
+        }
+    }
+    let counters = if maps.is_empty() {
+        None
+    } else {
+        Some(stats::read(pins)?)
+    };
+    Ok(StatusReport {
+        pin_root: pins.root().display().to_string(),
+        agent,
+        state,
+        maps,
+        counters,
+    })
+}
+
+fn map_fill(pins: &Pins, name: &'static str) -> Result<Option<MapFill>, AgentError> {
+    let path = pins.map(name);
+    if !path.exists() {
+        return Ok(None);
+    }
+    let err = |action| {
+        move |source| AgentError::Map {
+            name: name.into(),
+            action,
+            source,
+        }
+    };
+    let info = MapInfo::from_pin(&path).map_err(err("read info"))?;
+    let map_type = info.map_type().map_err(err("read type"))?;
+    let data = MapData::from_pin(&path).map_err(err("open pin"))?;
+    let used = match map_type {
+        MapType::PerCpuArray => {
+            let map: PerCpuArray<MapData, u64> =
+                PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(err("open"))?;
+            let mut used = 0;
+            for values in map.iter() {
+                if values.map_err(err("read"))?.iter().any(|v| *v != 0) {
+                    used += 1;
+                }
+            }
+            used
+        }
+        MapType::Array => {
+            let map: Array<MapData, u32> =
+                Array::try_from(Map::Array(data)).map_err(err("open"))?;
+            let mut used = 0;
+            for value in map.iter() {
+                if value.map_err(err("read"))? != 0 {
+                    used += 1;
+                }
+            }
+            used
+        }
+        _ => 0,
+    };
+    Ok(Some(MapFill {
+        name,
+        map_type: format!("{map_type:?}"),
+        max_entries: info.max_entries(),
+        used,
+    }))
+}
+
+/// The report as aligned text tables.
+pub fn render(report: &StatusReport) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "pin root: {}", report.pin_root);
+    match &report.state {
+        Some(s) => {
+            let _ = writeln!(
+                out,
+                "agent:    {} (pid {}, layout v{})",
+                report.agent, s.pid, s.layout_version
+            );
+            let _ = writeln!(out, "\nattachments:");
+            let _ = writeln!(
+                out,
+                "  {:<16} {:<10} {:<14} MODE",
+                "INTERFACE", "HOOK", "PROGRAM"
+            );
+            for a in &s.attachments {
+                let _ = writeln!(
+                    out,
+                    "  {:<16} {:<10} {:<14} {}",
+                    a.interface, a.hook, a.program, a.mode
+                );
+            }
+        }
+        None => {
+            let _ = writeln!(out, "agent:    {}", report.agent);
+        }
+    }
+    let _ = writeln!(out, "\nmaps:");
+    let _ = writeln!(
+        out,
+        "  {:<12} {:<14} {:>6} {:>8}",
+        "NAME", "TYPE", "USED", "MAX"
+    );
+    for m in &report.maps {
+        let _ = writeln!(
+            out,
+            "  {:<12} {:<14} {:>6} {:>8}",
+            m.name, m.map_type, m.used, m.max_entries
+        );
+    }
+    if let Some(counters) = &report.counters {
+        let _ = writeln!(out, "\npackets:");
+        let _ = writeln!(out, "  {:<10} {:<10} {:>12}", "HOOK", "CLASS", "COUNT");
+        for p in &counters.packets {
+            let _ = writeln!(out, "  {:<10} {:<10} {:>12}", p.hook, p.class, p.count);
+        }
+        let _ = writeln!(out, "\ndrops:");
+        if counters.drops.is_empty() {
+            let _ = writeln!(out, "  none");
+        }
+        for d in &counters.drops {
+            let _ = writeln!(out, "  {:<26} {:>10}  {}", d.reason, d.count, d.description);
+        }
+    }
+    out
+}

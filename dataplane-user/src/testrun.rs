@@ -1,0 +1,72 @@
+//! Running the loaded programs on packet bytes with BPF_PROG_TEST_RUN: the packet tests, the
+//! benchmarks and (later) `dataplane trace` all go through here, against the real verified code.
+
+use std::time::Duration;
+
+use aya::{TestRun as _, TestRunOptions};
+
+use crate::{AgentError, Dataplane};
+
+/// Headroom for programs that grow the packet (encapsulation adds up to ~100 bytes).
+const OUTPUT_HEADROOM: usize = 256;
+
+/// What one program run returned.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RunOutcome {
+    /// XDP action or tc verdict as the program returned it.
+    pub action: u32,
+    /// The packet after the program (as it would continue on its way).
+    pub output: Vec<u8>,
+    /// Mean time per run as measured by the kernel.
+    pub duration: Duration,
+}
+
+impl Dataplane {
+    /// Runs XDP program `name` `repeat` times on `input`.
+    pub fn run_xdp(
+        &mut self,
+        name: &'static str,
+        input: &[u8],
+        repeat: u32,
+    ) -> Result<RunOutcome, AgentError> {
+        let program = self.xdp(name)?;
+        run(name, input, repeat, |opts| program.test_run(opts))
+    }
+
+    /// Runs tc program `name` `repeat` times on `input` (an Ethernet frame).
+    pub fn run_tc(
+        &mut self,
+        name: &'static str,
+        input: &[u8],
+        repeat: u32,
+    ) -> Result<RunOutcome, AgentError> {
+        let program = self.classifier(name)?;
+        run(name, input, repeat, |opts| program.test_run(opts))
+    }
+}
+
+fn run(
+    name: &'static str,
+    input: &[u8],
+    repeat: u32,
+    test_run: impl FnOnce(TestRunOptions<'_>) -> Result<aya::TestRunResult, aya::programs::ProgramError>,
+) -> Result<RunOutcome, AgentError> {
+    let mut output = vec![0u8; input.len() + OUTPUT_HEADROOM];
+    let result = test_run(TestRunOptions {
+        data_in: Some(input),
+        data_out: Some(&mut output),
+        repeat,
+        ..TestRunOptions::default()
+    })
+    .map_err(|source| AgentError::Program {
+        name,
+        action: "test run",
+        source,
+    })?;
+    output.truncate(result.data_size_out as usize);
+    Ok(RunOutcome {
+        action: result.return_value,
+        output,
+        duration: result.duration,
+    })
+}

@@ -1,0 +1,20 @@
+//! The test bed: what the packet tests, the topology tests, the benchmarks and the demo share.
+//! - [`privileged`]: the gate every kernel-touching test passes (fails under CI=true when it
+//!   cannot run, never skips there);
+//! - [`fixture`]: the real programs loaded under a private pin root, removed on drop;
+//! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
+//! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
+
+pub mod fixture;
+pub mod packets;
+pub mod privileged;
+pub mod topology;
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// A name unique to this process and call, short enough for netns and bpffs paths.
+pub fn unique_name(kind: &str) -> String {
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("dpt{}-{kind}{n}", std::process::id())
+}

@@ -1,0 +1,392 @@
+//! Simulated nodes and pods in network namespaces, all created here and removed on drop.
+//!
+//! ```text
+//!   fabric netns: bridge br0 ── n0 ┄┄ eth0 [node 0: 10.99.0.1] ── vp0 ┄┄ eth0 [pod 10.244.1.2]
+//!                            └─ n1 ┄┄ eth0 [node 1: 10.99.0.2] ── vp0 ┄┄ eth0 [pod 10.244.2.2]
+//! ```
+//! Each node routes its pods' /32s to their veths (proxy ARP answers for the pods' gateway
+//! 169.254.1.1) and the other nodes' pod CIDRs through their underlay address. The agent of a
+//! node runs inside the node's network namespace but in the host's mount namespace, so its
+//! pins are visible to the test process.
+
+use std::{
+    fs,
+    net::Ipv4Addr,
+    path::PathBuf,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail, ensure};
+use dataplane_user::{Pins, stats::Counters};
+
+/// One simulated pod: its own netns behind a veth whose host side lives in the node netns.
+#[derive(Clone, Debug)]
+pub struct Pod {
+    pub netns: String,
+    pub ip: Ipv4Addr,
+    /// Host-side veth in the node's netns.
+    pub host_iface: String,
+}
+
+/// One simulated node: a netns with an underlay NIC `eth0` on the fabric bridge.
+#[derive(Clone, Debug)]
+pub struct Node {
+    pub index: usize,
+    pub netns: String,
+    pub underlay_iface: String,
+    pub underlay_ip: Ipv4Addr,
+    pub pods: Vec<Pod>,
+}
+
+pub struct Topology {
+    pub nodes: Vec<Node>,
+    /// Every namespace created, removed in reverse order on drop.
+    namespaces: Vec<String>,
+}
+
+pub fn underlay_ip(node: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 99, 0, node as u8 + 1)
+}
+
+pub fn pod_ip(node: usize, pod: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 244, node as u8 + 1, pod as u8 + 2)
+}
+
+pub fn pod_cidr(node: usize) -> String {
+    format!("10.244.{}.0/24", node + 1)
+}
+
+const POD_GATEWAY: &str = "169.254.1.1";
+
+impl Topology {
+    /// Builds `nodes` nodes with `pods_per_node` pods each.
+    pub fn build(nodes: usize, pods_per_node: usize) -> anyhow::Result<Self> {
+        ensure!(nodes <= 200 && pods_per_node <= 200, "topology too large");
+        let mut topology = Topology {
+            nodes: Vec::new(),
+            namespaces: Vec::new(),
+        };
+        let fabric = topology.add_namespace("fab")?;
+        run_in(&fabric, &["ip", "link", "add", "br0", "type", "bridge"])?;
+        run_in(&fabric, &["ip", "link", "set", "br0", "up"])?;
+
+        for n in 0..nodes {
+            let netns = topology.add_namespace(&format!("n{n}"))?;
+            let port = format!("n{n}");
+            ip(&[
+                "link", "add", "eth0", "netns", &netns, "type", "veth", "peer", "name", &port,
+                "netns", &fabric,
+            ])?;
+            run_in(
+                &fabric,
+                &["ip", "link", "set", &port, "master", "br0", "up"],
+            )?;
+            let address = format!("{}/24", underlay_ip(n));
+            run_in(&netns, &["ip", "addr", "add", &address, "dev", "eth0"])?;
+            run_in(&netns, &["ip", "link", "set", "eth0", "up"])?;
+            run_in(&netns, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            topology.nodes.push(Node {
+                index: n,
+                netns,
+                underlay_iface: "eth0".into(),
+                underlay_ip: underlay_ip(n),
+                pods: Vec::new(),
+            });
+        }
+        for n in 0..nodes {
+            for other in (0..nodes).filter(|o| *o != n) {
+                let via = underlay_ip(other).to_string();
+                run_in(
+                    &topology.nodes[n].netns.clone(),
+                    &["ip", "route", "add", &pod_cidr(other), "via", &via],
+                )?;
+            }
+            for p in 0..pods_per_node {
+                let pod = topology.add_pod(n, p)?;
+                topology.nodes[n].pods.push(pod);
+            }
+        }
+        Ok(topology)
+    }
+
+    fn add_namespace(&mut self, suffix: &str) -> anyhow::Result<String> {
+        let name = crate::unique_name(suffix);
+        ip(&["netns", "add", &name])?;
+        self.namespaces.push(name.clone());
+        run_in(&name, &["ip", "link", "set", "lo", "up"])?;
+        Ok(name)
+    }
+
+    fn add_pod(&mut self, node: usize, index: usize) -> anyhow::Result<Pod> {
+        let node_ns = self.nodes[node].netns.clone();
+        let netns = self.add_namespace(&format!("n{node}p{index}"))?;
+        let host_iface = format!("vp{index}");
+        let ip_addr = pod_ip(node, index);
+        ip(&[
+            "link",
+            "add",
+            "eth0",
+            "netns",
+            &netns,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &host_iface,
+            "netns",
+            &node_ns,
+        ])?;
+        let host_addr = format!("{ip_addr}/32");
+        run_in(&netns, &["ip", "addr", "add", &host_addr, "dev", "eth0"])?;
+        run_in(&netns, &["ip", "link", "set", "eth0", "up"])?;
+        run_in(
+            &netns,
+            &[
+                "ip",
+                "route",
+                "add",
+                POD_GATEWAY,
+                "dev",
+                "eth0",
+                "scope",
+                "link",
+            ],
+        )?;
+        run_in(
+            &netns,
+            &[
+                "ip",
+                "route",
+                "add",
+                "default",
+                "via",
+                POD_GATEWAY,
+                "dev",
+                "eth0",
+            ],
+        )?;
+        run_in(&node_ns, &["ip", "link", "set", &host_iface, "up"])?;
+        run_in(
+            &node_ns,
+            &["ip", "route", "add", &host_addr, "dev", &host_iface],
+        )?;
+        let proxy_arp = format!("net.ipv4.conf.{host_iface}.proxy_arp=1");
+        run_in(&node_ns, &["sysctl", "-qw", &proxy_arp])?;
+        Ok(Pod {
+            netns,
+            ip: ip_addr,
+            host_iface,
+        })
+    }
+
+    pub fn node(&self, index: usize) -> &Node {
+        &self.nodes[index]
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        for name in self.namespaces.iter().rev() {
+            if let Err(e) = ip(&["netns", "del", name]) {
+                eprintln!("topology cleanup: {e:#}");
+            }
+        }
+    }
+}
+
+impl Pod {
+    /// Pings `target` `count` times from this pod; true when every echo was answered.
+    pub fn ping(&self, target: Ipv4Addr, count: u32) -> anyhow::Result<bool> {
+        let count = count.to_string();
+        let target = target.to_string();
+        let out = exec_in(
+            &self.netns,
+            &[
+                "ping", "-n", "-q", "-c", &count, "-i", "0.2", "-W", "2", &target,
+            ],
+        )?;
+        Ok(out.status.success())
+    }
+}
+
+impl Node {
+    /// Starts the real agent binary in this node's netns, attached to the underlay NIC and
+    /// every pod veth, and waits until it reports itself running.
+    pub fn start_agent(&self) -> anyhow::Result<Agent> {
+        let name = crate::unique_name("agent");
+        let pins = Pins::new(format!("/sys/fs/bpf/{name}"));
+        let run_dir = std::env::temp_dir().join(&name);
+        fs::create_dir_all(&run_dir)?;
+        let log_path = run_dir.join("agent.log");
+        let log = fs::File::create(&log_path)?;
+        let netns_path = format!("--net=/run/netns/{}", self.netns);
+        let mut command = Command::new("nsenter");
+        command
+            .arg(&netns_path)
+            .arg(dataplane_binary())
+            .arg("--pin-root")
+            .arg(pins.root())
+            .arg("--run-dir")
+            .arg(&run_dir)
+            .args(["run", "--underlay", &self.underlay_iface]);
+        for pod in &self.pods {
+            command.args(["--pod-iface", &pod.host_iface]);
+        }
+        let child = command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("spawning the agent")?;
+        let mut agent = Agent {
+            child: Some(child),
+            pins,
+            run_dir,
+            log_path,
+        };
+        agent.wait_running()?;
+        Ok(agent)
+    }
+}
+
+/// A running agent; stopped with SIGTERM (and its pins removed) on drop.
+pub struct Agent {
+    child: Option<Child>,
+    pub pins: Pins,
+    pub run_dir: PathBuf,
+    log_path: PathBuf,
+}
+
+impl Agent {
+    fn wait_running(&mut self) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let state = dataplane_user::state::state_path(&self.run_dir);
+        while Instant::now() < deadline {
+            if let Some(child) = self.child.as_mut()
+                && let Some(status) = child.try_wait()?
+            {
+                bail!("agent exited with {status} before running:\n{}", self.log());
+            }
+            if state.exists() {
+                return Ok(());
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        bail!("agent did not report running within 30 s:\n{}", self.log())
+    }
+
+    /// What the agent logged so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The counters in the agent's pinned maps.
+    pub fn counters(&self) -> anyhow::Result<Counters> {
+        Ok(dataplane_user::stats::read(&self.pins)?)
+    }
+
+    /// `dataplane status --json` for this agent, parsed.
+    pub fn status_json(&self) -> anyhow::Result<serde_json::Value> {
+        let out = Command::new(dataplane_binary())
+            .arg("--pin-root")
+            .arg(self.pins.root())
+            .arg("--run-dir")
+            .arg(&self.run_dir)
+            .args(["status", "--json"])
+            .output()?;
+        ensure!(
+            out.status.success(),
+            "status failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Ok(serde_json::from_slice(&out.stdout)?)
+    }
+
+    /// Stops the agent with SIGTERM and returns its exit status.
+    pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
+        let mut child = self.child.take().context("agent already stopped")?;
+        let pid = libc::pid_t::try_from(child.id())?;
+        // SAFETY: pid is our own child; SIGTERM asks it to detach and exit.
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Some(status) = child.try_wait()? {
+                return Ok(status);
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        child.kill()?;
+        bail!("agent ignored SIGTERM for 10 s:\n{}", self.log())
+    }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if self.child.is_some()
+            && let Err(e) = self.stop()
+        {
+            eprintln!("agent cleanup: {e:#}");
+        }
+        if let Err(e) = self.pins.remove_all() {
+            eprintln!("agent pin cleanup: {e}");
+        }
+        let _ = fs::remove_dir_all(&self.run_dir);
+    }
+}
+
+/// The agent binary: `$DATAPLANE_BIN`, or `dataplane` next to the running test's target dir
+/// (`cargo xtask test` builds it first).
+pub fn dataplane_binary() -> PathBuf {
+    if let Some(path) = std::env::var_os("DATAPLANE_BIN") {
+        return PathBuf::from(path);
+    }
+    let exe = std::env::current_exe().expect("current executable path");
+    let dir = exe.parent().expect("executable has a directory");
+    // target/<profile>/deps/<test>  or  target/<profile>/<binary>
+    let profile_dir = if dir.ends_with("deps") {
+        dir.parent().unwrap_or(dir)
+    } else {
+        dir
+    };
+    let path = profile_dir.join("dataplane");
+    assert!(
+        path.exists(),
+        "agent binary {} not built: run `cargo build -p dataplane-user` (cargo xtask test does)",
+        path.display()
+    );
+    path
+}
+
+/// Runs a command in the host netns (for `ip netns` / cross-namespace `ip link`).
+fn ip(args: &[&str]) -> anyhow::Result<()> {
+    checked(Command::new("ip").args(args).output()?, "ip", args)
+}
+
+/// Runs a command inside `netns` and fails on a non-zero exit.
+pub fn run_in(netns: &str, args: &[&str]) -> anyhow::Result<()> {
+    let out = exec_in(netns, args)?;
+    checked(out, netns, args)
+}
+
+/// Runs a command inside `netns` and returns its output whatever the exit status.
+pub fn exec_in(netns: &str, args: &[&str]) -> anyhow::Result<Output> {
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(args)
+        .output()
+        .with_context(|| format!("running {args:?} in {netns}"))
+}
+
+fn checked(out: Output, place: &str, args: &[&str]) -> anyhow::Result<()> {
+    if out.status.success() {
+        return Ok(());
+    }
+    bail!(
+        "{place}: {} failed ({}): {}",
+        args.join(" "),
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    )
+}
