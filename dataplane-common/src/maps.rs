@@ -21,5 +21,7 @@ pub const ALL_MAPS: &[&str] = &[DROPS, PACKETS, META];
 pub const PROG_UNDERLAY: &str = "xdp_underlay";
 /// tc program on the host side of every pod veth (ingress, i.e. packets leaving the pod).
 pub const PROG_FROM_POD: &str = "tc_from_pod";
-/// An XDP program that does nothing but pass: the baseline every benchmark is measured against.
+/// An XDP program that does nothing but pass: the baseline XDP benchmarks are measured against.
 pub const PROG_BASELINE: &str = "xdp_baseline";
+/// A tc program that does nothing but accept: the baseline of tc benchmarks.
+pub const PROG_TC_BASELINE: &str = "tc_baseline";

@@ -93,3 +93,20 @@ const _: () = {
     assert!(PacketClass::ALL.len() as u32 <= CLASS_SLOTS);
     assert!(Hook::ALL.len() as u32 <= HOOK_SLOTS);
 };
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counter_indices_are_distinct_and_in_range() {
+        let mut seen = [false; PACKET_COUNTER_SLOTS as usize];
+        for &hook in Hook::ALL {
+            for &class in PacketClass::ALL {
+                let index = counter_index(hook, class) as usize;
+                assert!(!seen[index], "{hook:?} {class:?} collides");
+                seen[index] = true;
+            }
+        }
+    }
+}

@@ -123,3 +123,21 @@ fn error_chain(error: &dyn std::error::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn auto_tries_offload_then_native_then_generic() {
+        let names: Vec<&str> = XdpModeChoice::Auto
+            .candidates()
+            .iter()
+            .map(|m| mode_name(*m))
+            .collect();
+        assert_eq!(names, ["offload", "native", "generic"]);
+        assert_eq!(XdpModeChoice::Native.candidates(), &[XdpMode::Driver]);
+        assert_eq!(XdpModeChoice::Generic.candidates(), &[XdpMode::Skb]);
+        assert_eq!(XdpModeChoice::Offload.candidates(), &[XdpMode::Hardware]);
+    }
+}

@@ -85,3 +85,23 @@ pub enum AgentError {
         source: io::Error,
     },
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layout_mismatch_says_what_to_do() {
+        let text = AgentError::LayoutMismatch {
+            path: "/sys/fs/bpf/dataplane".into(),
+            found: 7,
+            expected: 1,
+        }
+        .to_string();
+        assert!(text.contains("layout version 7"), "{text}");
+        assert!(
+            text.contains("dataplane cleanup --pin-root /sys/fs/bpf/dataplane"),
+            "{text}"
+        );
+    }
+}

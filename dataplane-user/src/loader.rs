@@ -9,7 +9,9 @@ use aya::{
     maps::{Array, MapData},
     programs::{SchedClassifier, Xdp},
 };
-use dataplane_common::maps::{LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_UNDERLAY};
+use dataplane_common::maps::{
+    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY,
+};
 
 use crate::{AgentError, Pins, ebpf, preflight};
 
@@ -77,12 +79,14 @@ impl Dataplane {
                 source,
             })?;
         }
-        let program = self.classifier(PROG_FROM_POD)?;
-        program.load().map_err(|source| AgentError::Program {
-            name: PROG_FROM_POD,
-            action: "load (verifier)",
-            source,
-        })?;
+        for name in [PROG_FROM_POD, PROG_TC_BASELINE] {
+            let program = self.classifier(name)?;
+            program.load().map_err(|source| AgentError::Program {
+                name,
+                action: "load (verifier)",
+                source,
+            })?;
+        }
         for name in [PROG_UNDERLAY, PROG_FROM_POD] {
             self.pin_program(name)?;
         }

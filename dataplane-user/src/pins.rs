@@ -134,7 +134,12 @@ pub fn is_bpffs(path: &Path) -> bool {
     }
     // SAFETY: statfs returned 0, so it filled the struct.
     let stat = unsafe { stat.assume_init() };
-    stat.f_type as i64 == BPF_FS_MAGIC
+    #[allow(
+        clippy::unnecessary_cast,
+        reason = "f_type's integer type differs by architecture"
+    )]
+    let fs_type = stat.f_type as i64;
+    fs_type == BPF_FS_MAGIC
 }
 
 fn mount_bpffs(at: &Path) -> Result<(), AgentError> {

@@ -84,3 +84,44 @@ pub fn process_alive(pid: u32) -> bool {
     // SAFETY: signal 0 only checks for existence and permission.
     unsafe { libc::kill(pid, 0) == 0 }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn state_round_trips_and_absence_is_none() {
+        let dir = std::env::temp_dir().join(format!("dp-state-test-{}", std::process::id()));
+        assert!(read(&dir).expect("read absent").is_none());
+        let state = AgentState {
+            pid: 42,
+            pin_root: "/sys/fs/bpf/x".into(),
+            layout_version: 1,
+            started_unix: 7,
+            attachments: vec![Attachment {
+                interface: "eth0".into(),
+                ifindex: 2,
+                program: "xdp_underlay".into(),
+                hook: "underlay".into(),
+                mode: "native".into(),
+            }],
+        };
+        write(&dir, &state).expect("write");
+        let back = read(&dir).expect("read").expect("present");
+        assert_eq!(back.pid, 42);
+        assert_eq!(back.attachments, state.attachments);
+        remove(&dir);
+        assert!(read(&dir).expect("read removed").is_none());
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_corrupt_state_file_is_an_error_naming_the_file() {
+        let dir = std::env::temp_dir().join(format!("dp-state-bad-{}", std::process::id()));
+        fs::create_dir_all(&dir).expect("mkdir");
+        fs::write(state_path(&dir), b"{not json").expect("write");
+        let error = read(&dir).expect_err("corrupt file");
+        assert!(error.to_string().contains("state.json"), "{error}");
+        let _ = fs::remove_dir_all(&dir);
+    }
+}

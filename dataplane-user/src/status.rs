@@ -165,3 +165,56 @@ pub fn render(report: &StatusReport) -> String {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{attach::Attachment, stats::DropCount};
+
+    #[test]
+    fn render_shows_attachments_maps_and_drops() {
+        let report = StatusReport {
+            pin_root: "/sys/fs/bpf/dataplane".into(),
+            agent: "running",
+            state: Some(AgentState {
+                pid: 9,
+                pin_root: "/sys/fs/bpf/dataplane".into(),
+                layout_version: 1,
+                started_unix: 0,
+                attachments: vec![Attachment {
+                    interface: "eth0".into(),
+                    ifindex: 2,
+                    program: "xdp_underlay".into(),
+                    hook: "underlay".into(),
+                    mode: "native".into(),
+                }],
+            }),
+            maps: vec![MapFill {
+                name: "DP_DROPS",
+                map_type: "PerCpuArray".into(),
+                max_entries: 32,
+                used: 1,
+            }],
+            counters: Some(Counters {
+                packets: vec![],
+                drops: vec![DropCount {
+                    reason: "ipv4_bad_ihl",
+                    code: 6,
+                    description: "IPv4 IHL below 5 words",
+                    count: 3,
+                }],
+            }),
+        };
+        let text = render(&report);
+        assert!(
+            text.contains("agent:    running (pid 9, layout v1)"),
+            "{text}"
+        );
+        assert!(text.contains("eth0") && text.contains("xdp_underlay") && text.contains("native"));
+        assert!(text.contains("DP_DROPS") && text.contains("32"));
+        assert!(
+            text.contains("ipv4_bad_ihl") && text.contains(" 3 "),
+            "{text}"
+        );
+    }
+}

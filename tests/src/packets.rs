@@ -265,7 +265,7 @@ pub fn with_ipv6_extensions(frame: &[u8], exts: &[Ext]) -> Vec<u8> {
             bytes[4..8].copy_from_slice(&0x1234_5678u32.to_be_bytes());
         } else {
             assert!(
-                ext.len % 8 == 0 && ext.len >= 8,
+                ext.len.is_multiple_of(8) && ext.len >= 8,
                 "options headers are 8n bytes"
             );
             bytes[1] = (ext.len / 8 - 1) as u8;

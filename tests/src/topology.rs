@@ -4,8 +4,8 @@
 //!   fabric netns: bridge br0 ── n0 ┄┄ eth0 [node 0: 10.99.0.1] ── vp0 ┄┄ eth0 [pod 10.244.1.2]
 //!                            └─ n1 ┄┄ eth0 [node 1: 10.99.0.2] ── vp0 ┄┄ eth0 [pod 10.244.2.2]
 //! ```
-//! Each node routes its pods' /32s to their veths (proxy ARP answers for the pods' gateway
-//! 169.254.1.1) and the other nodes' pod CIDRs through their underlay address. The agent of a
+//! Each node routes its pods' /32s to their veths (each host-side veth holds the pods' gateway
+//! address 169.254.1.1/32) and the other nodes' pod CIDRs through their underlay address. The agent of a
 //! node runs inside the node's network namespace but in the host's mount namespace, so its
 //! pins are visible to the test process.
 
@@ -69,24 +69,21 @@ impl Topology {
             namespaces: Vec::new(),
         };
         let fabric = topology.add_namespace("fab")?;
-        run_in(&fabric, &["ip", "link", "add", "br0", "type", "bridge"])?;
-        run_in(&fabric, &["ip", "link", "set", "br0", "up"])?;
+        sh_in(&fabric, "ip link add br0 type bridge")?;
+        sh_in(&fabric, "ip link set br0 up")?;
 
         for n in 0..nodes {
             let netns = topology.add_namespace(&format!("n{n}"))?;
-            let port = format!("n{n}");
-            ip(&[
-                "link", "add", "eth0", "netns", &netns, "type", "veth", "peer", "name", &port,
-                "netns", &fabric,
-            ])?;
-            run_in(
-                &fabric,
-                &["ip", "link", "set", &port, "master", "br0", "up"],
+            ip(&format!(
+                "link add eth0 netns {netns} type veth peer name n{n} netns {fabric}"
+            ))?;
+            sh_in(&fabric, &format!("ip link set n{n} master br0 up"))?;
+            sh_in(
+                &netns,
+                &format!("ip addr add {}/24 dev eth0", underlay_ip(n)),
             )?;
-            let address = format!("{}/24", underlay_ip(n));
-            run_in(&netns, &["ip", "addr", "add", &address, "dev", "eth0"])?;
-            run_in(&netns, &["ip", "link", "set", "eth0", "up"])?;
-            run_in(&netns, &["sysctl", "-qw", "net.ipv4.ip_forward=1"])?;
+            sh_in(&netns, "ip link set eth0 up")?;
+            sh_in(&netns, "sysctl -qw net.ipv4.ip_forward=1")?;
             topology.nodes.push(Node {
                 index: n,
                 netns,
@@ -96,12 +93,14 @@ impl Topology {
             });
         }
         for n in 0..nodes {
+            let netns = topology.nodes[n].netns.clone();
             for other in (0..nodes).filter(|o| *o != n) {
-                let via = underlay_ip(other).to_string();
-                run_in(
-                    &topology.nodes[n].netns.clone(),
-                    &["ip", "route", "add", &pod_cidr(other), "via", &via],
-                )?;
+                let route = format!(
+                    "ip route add {} via {}",
+                    pod_cidr(other),
+                    underlay_ip(other)
+                );
+                sh_in(&netns, &route)?;
             }
             for p in 0..pods_per_node {
                 let pod = topology.add_pod(n, p)?;
@@ -113,9 +112,9 @@ impl Topology {
 
     fn add_namespace(&mut self, suffix: &str) -> anyhow::Result<String> {
         let name = crate::unique_name(suffix);
-        ip(&["netns", "add", &name])?;
+        ip(&format!("netns add {name}"))?;
         self.namespaces.push(name.clone());
-        run_in(&name, &["ip", "link", "set", "lo", "up"])?;
+        sh_in(&name, "ip link set lo up")?;
         Ok(name)
     }
 
@@ -124,56 +123,29 @@ impl Topology {
         let netns = self.add_namespace(&format!("n{node}p{index}"))?;
         let host_iface = format!("vp{index}");
         let ip_addr = pod_ip(node, index);
-        ip(&[
-            "link",
-            "add",
-            "eth0",
-            "netns",
+        ip(&format!(
+            "link add eth0 netns {netns} type veth peer name {host_iface} netns {node_ns}"
+        ))?;
+        sh_in(&netns, &format!("ip addr add {ip_addr}/32 dev eth0"))?;
+        sh_in(&netns, "ip link set eth0 up")?;
+        sh_in(
             &netns,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &host_iface,
-            "netns",
+            &format!("ip route add {POD_GATEWAY} dev eth0 scope link"),
+        )?;
+        sh_in(
+            &netns,
+            &format!("ip route add default via {POD_GATEWAY} dev eth0"),
+        )?;
+        // The host side answers for the pods' gateway itself (the same /32 on every pod veth).
+        sh_in(
             &node_ns,
-        ])?;
-        let host_addr = format!("{ip_addr}/32");
-        run_in(&netns, &["ip", "addr", "add", &host_addr, "dev", "eth0"])?;
-        run_in(&netns, &["ip", "link", "set", "eth0", "up"])?;
-        run_in(
-            &netns,
-            &[
-                "ip",
-                "route",
-                "add",
-                POD_GATEWAY,
-                "dev",
-                "eth0",
-                "scope",
-                "link",
-            ],
+            &format!("ip addr add {POD_GATEWAY}/32 dev {host_iface}"),
         )?;
-        run_in(
-            &netns,
-            &[
-                "ip",
-                "route",
-                "add",
-                "default",
-                "via",
-                POD_GATEWAY,
-                "dev",
-                "eth0",
-            ],
-        )?;
-        run_in(&node_ns, &["ip", "link", "set", &host_iface, "up"])?;
-        run_in(
+        sh_in(&node_ns, &format!("ip link set {host_iface} up"))?;
+        sh_in(
             &node_ns,
-            &["ip", "route", "add", &host_addr, "dev", &host_iface],
+            &format!("ip route add {ip_addr}/32 dev {host_iface}"),
         )?;
-        let proxy_arp = format!("net.ipv4.conf.{host_iface}.proxy_arp=1");
-        run_in(&node_ns, &["sysctl", "-qw", &proxy_arp])?;
         Ok(Pod {
             netns,
             ip: ip_addr,
@@ -189,7 +161,7 @@ impl Topology {
 impl Drop for Topology {
     fn drop(&mut self) {
         for name in self.namespaces.iter().rev() {
-            if let Err(e) = ip(&["netns", "del", name]) {
+            if let Err(e) = ip(&format!("netns del {name}")) {
                 eprintln!("topology cleanup: {e:#}");
             }
         }
@@ -197,6 +169,17 @@ impl Drop for Topology {
 }
 
 impl Pod {
+    /// Sends one raw Ethernet frame out of the pod's eth0 (AF_PACKET, as any pod with
+    /// CAP_NET_RAW can), so the node sees exactly these bytes.
+    pub fn send_raw_frame(&self, frame: &[u8]) -> anyhow::Result<()> {
+        let hex: String = frame.iter().map(|b| format!("{b:02x}")).collect();
+        let script = format!(
+            "import socket; s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); \
+             s.bind(('eth0', 0)); s.send(bytes.fromhex('{hex}'))"
+        );
+        run_in(&self.netns, &["python3", "-c", &script])
+    }
+
     /// Pings `target` `count` times from this pod; true when every echo was answered.
     pub fn ping(&self, target: Ipv4Addr, count: u32) -> anyhow::Result<bool> {
         let count = count.to_string();
@@ -218,6 +201,12 @@ impl Node {
         let name = crate::unique_name("agent");
         let pins = Pins::new(format!("/sys/fs/bpf/{name}"));
         let run_dir = std::env::temp_dir().join(&name);
+        self.start_agent_at(pins, run_dir)
+    }
+
+    /// Starts the agent with the given pin root and run directory (a restart passes the ones
+    /// the previous agent used).
+    pub fn start_agent_at(&self, pins: Pins, run_dir: PathBuf) -> anyhow::Result<Agent> {
         fs::create_dir_all(&run_dir)?;
         let log_path = run_dir.join("agent.log");
         let log = fs::File::create(&log_path)?;
@@ -246,7 +235,17 @@ impl Node {
             run_dir,
             log_path,
         };
-        agent.wait_running()?;
+        if let Err(e) = agent.wait_running() {
+            // Leave the pins for the caller to inspect or reuse; only the process is gone.
+            let _ = agent.child.take().map(|mut c| c.kill());
+            let (pins, run_dir) = (agent.pins.clone(), agent.run_dir.clone());
+            std::mem::forget(agent);
+            return Err(e.context(format!(
+                "agent with pins {} and run dir {}",
+                pins.root().display(),
+                run_dir.display()
+            )));
+        }
         Ok(agent)
     }
 }
@@ -304,6 +303,15 @@ impl Agent {
         Ok(serde_json::from_slice(&out.stdout)?)
     }
 
+    /// Stops the agent but leaves its pins and run directory for a successor.
+    pub fn stop_keeping_pins(mut self) -> anyhow::Result<(Pins, PathBuf)> {
+        self.stop()?;
+        let pins = self.pins.clone();
+        let run_dir = self.run_dir.clone();
+        std::mem::forget(self);
+        Ok((pins, run_dir))
+    }
+
     /// Stops the agent with SIGTERM and returns its exit status.
     pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         let mut child = self.child.take().context("agent already stopped")?;
@@ -359,9 +367,17 @@ pub fn dataplane_binary() -> PathBuf {
     path
 }
 
-/// Runs a command in the host netns (for `ip netns` / cross-namespace `ip link`).
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    checked(Command::new("ip").args(args).output()?, "ip", args)
+/// Runs `ip` with whitespace-separated `args` in the host netns (for `ip netns` and
+/// cross-namespace `ip link`).
+fn ip(args: &str) -> anyhow::Result<()> {
+    let args: Vec<&str> = args.split_whitespace().collect();
+    checked(Command::new("ip").args(&args).output()?, "ip", &args)
+}
+
+/// Runs a whitespace-separated command line inside `netns` and fails on a non-zero exit.
+pub fn sh_in(netns: &str, command: &str) -> anyhow::Result<()> {
+    let args: Vec<&str> = command.split_whitespace().collect();
+    run_in(netns, &args)
 }
 
 /// Runs a command inside `netns` and fails on a non-zero exit.

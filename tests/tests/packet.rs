@@ -4,7 +4,7 @@
 
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{ALL_MAPS, PROG_BASELINE, PROG_FROM_POD, PROG_UNDERLAY},
+    maps::{ALL_MAPS, PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY},
 };
 use dataplane_tests::{
     fixture::Fixture,
@@ -132,7 +132,12 @@ fn object_has_every_shared_name() {
         );
         assert!(fixture.pins().map(name).exists(), "map {name} not pinned");
     }
-    for name in [PROG_UNDERLAY, PROG_FROM_POD, PROG_BASELINE] {
+    for name in [
+        PROG_UNDERLAY,
+        PROG_FROM_POD,
+        PROG_BASELINE,
+        PROG_TC_BASELINE,
+    ] {
         assert!(
             fixture.ebpf().program(name).is_some(),
             "program {name} missing"
@@ -417,7 +422,7 @@ fn fuzzed_frames_never_abort_and_are_all_accounted_for() {
             frame[at] = rng.next() as u8;
         }
         // Cut it, keeping the 14 bytes the kernel's test run requires.
-        if rng.next() % 3 == 0 {
+        if rng.next().is_multiple_of(3) {
             let len = 14 + (rng.next() as usize) % (frame.len() - 14);
             frame.truncate(len);
         }

@@ -1,1 +1,80 @@
-fn main() {}
+//! `cargo xtask <command>`: the project's set-up, build, test, benchmark and demo entry points.
+//! Depends on nothing of the project itself, so `setup` can run before bpf-linker exists.
+
+mod bench;
+mod build_ebpf;
+mod demo;
+mod setup;
+mod test;
+
+use std::{path::PathBuf, process::Command};
+
+use anyhow::{Context as _, bail};
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "xtask", about = "Project tasks")]
+struct Cli {
+    #[command(subcommand)]
+    command: Task,
+}
+
+#[derive(Subcommand)]
+enum Task {
+    /// Install what a fresh machine lacks (idempotent, quick when all is present).
+    Setup,
+    /// Build the kernel programs into an eBPF object.
+    BuildEbpf(build_ebpf::Args),
+    /// Formatting, lints (host and BPF target) and every test, privileged ones included.
+    Test(test::Args),
+    /// Per-packet cost of the programs next to an empty program measured in the same run.
+    Bench(bench::Args),
+    /// Bring up simulated nodes with pods, run the agent on each, show traffic, clean up.
+    Demo(demo::Args),
+}
+
+fn main() -> anyhow::Result<()> {
+    match Cli::parse().command {
+        Task::Setup => setup::run(),
+        Task::BuildEbpf(args) => build_ebpf::run(&args),
+        Task::Test(args) => test::run(&args),
+        Task::Bench(args) => bench::run(&args),
+        Task::Demo(args) => demo::run(&args),
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("xtask has a parent directory")
+        .to_owned()
+}
+
+/// `cargo` as invoked by the current cargo (same toolchain), run from the workspace root.
+fn cargo() -> Command {
+    let mut command = Command::new(std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into()));
+    command.current_dir(workspace_root());
+    command
+}
+
+/// Runs `command`, echoing it, and fails on a non-zero exit.
+fn run_checked(command: &mut Command) -> anyhow::Result<()> {
+    eprintln!("+ {}", describe(command));
+    let status = command
+        .status()
+        .with_context(|| format!("starting {}", describe(command)))?;
+    if !status.success() {
+        bail!("{} failed: {status}", describe(command));
+    }
+    Ok(())
+}
+
+fn describe(command: &Command) -> String {
+    let mut text = command.get_program().to_string_lossy().into_owned();
+    for arg in command.get_args() {
+        text.push(' ');
+        text.push_str(&arg.to_string_lossy());
+    }
+    text
+}

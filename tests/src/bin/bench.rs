@@ -1,0 +1,182 @@
+//! Per-packet cost of the real programs by packet class, measured with BPF_PROG_TEST_RUN and
+//! interleaved round by round with empty programs of the same hook, so every ratio compares
+//! numbers taken under the same conditions. A benchmark: it reports, it does not pass or fail.
+
+use clap::Parser;
+use dataplane_common::maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY};
+use dataplane_tests::{
+    fixture::Fixture,
+    packets::{self, Ext},
+};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 15)]
+    rounds: u32,
+    #[arg(long, default_value_t = 1_000_000)]
+    repeat: u32,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Hook {
+    Xdp,
+    Tc,
+}
+
+struct Case {
+    program: &'static str,
+    hook: Hook,
+    class: &'static str,
+    frame: Vec<u8>,
+    samples: Vec<f64>,
+}
+
+#[derive(Serialize)]
+struct Row {
+    program: &'static str,
+    class: &'static str,
+    median_ns: f64,
+    baseline: &'static str,
+    baseline_median_ns: f64,
+    ratio: f64,
+}
+
+#[derive(Serialize)]
+struct Report {
+    rounds: u32,
+    repeat: u32,
+    rows: Vec<Row>,
+}
+
+fn cases() -> Vec<Case> {
+    let case = |program, hook, class, frame| Case {
+        program,
+        hook,
+        class,
+        frame,
+        samples: Vec::new(),
+    };
+    let v6_ext = packets::with_ipv6_extensions(
+        &packets::ipv6_tcp(),
+        &[
+            Ext::options(packets::HOP_BY_HOP, 8),
+            Ext::options(packets::DEST_OPTS, 16),
+            Ext::options(packets::ROUTING, 24),
+        ],
+    );
+    let mut bad_ihl = packets::ipv4_udp();
+    bad_ihl[packets::L3] = 0x44;
+    vec![
+        case(PROG_BASELINE, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
+        case(PROG_UNDERLAY, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
+        case(PROG_UNDERLAY, Hook::Xdp, "ipv4 udp", packets::ipv4_udp()),
+        case(
+            PROG_UNDERLAY,
+            Hook::Xdp,
+            "ipv4 options udp",
+            packets::with_ipv4_options(&packets::ipv4_udp(), 4),
+        ),
+        case(
+            PROG_UNDERLAY,
+            Hook::Xdp,
+            "qinq ipv4 tcp",
+            packets::qinq_ipv4_tcp(),
+        ),
+        case(PROG_UNDERLAY, Hook::Xdp, "ipv6 tcp", packets::ipv6_tcp()),
+        case(
+            PROG_UNDERLAY,
+            Hook::Xdp,
+            "ipv6 3 ext hdrs tcp",
+            v6_ext.clone(),
+        ),
+        case(PROG_UNDERLAY, Hook::Xdp, "ipv4 bad ihl (drop)", bad_ihl),
+        case(PROG_TC_BASELINE, Hook::Tc, "ipv4 tcp", packets::ipv4_tcp()),
+        case(PROG_FROM_POD, Hook::Tc, "ipv4 tcp", packets::ipv4_tcp()),
+        case(PROG_FROM_POD, Hook::Tc, "ipv6 3 ext hdrs tcp", v6_ext),
+    ]
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.rounds > 0 && args.repeat > 0,
+        "rounds and repeat must be positive"
+    );
+    let mut fixture = Fixture::load()?;
+    let mut cases = cases();
+    for _ in 0..args.rounds {
+        for case in &mut cases {
+            let outcome = match case.hook {
+                Hook::Xdp => fixture.run_xdp(case.program, &case.frame, args.repeat)?,
+                Hook::Tc => fixture.run_tc(case.program, &case.frame, args.repeat)?,
+            };
+            case.samples.push(outcome.duration.as_nanos() as f64);
+        }
+    }
+    let baseline_of = |hook| {
+        if hook == Hook::Xdp {
+            PROG_BASELINE
+        } else {
+            PROG_TC_BASELINE
+        }
+    };
+    let medians: Vec<f64> = cases.iter_mut().map(|c| median(&mut c.samples)).collect();
+    let baseline_median = |hook| {
+        cases
+            .iter()
+            .zip(&medians)
+            .find(|(c, _)| c.program == baseline_of(hook))
+            .map_or(f64::NAN, |(_, m)| *m)
+    };
+    let rows: Vec<Row> = cases
+        .iter()
+        .zip(&medians)
+        .map(|(case, &median_ns)| {
+            let base = baseline_median(case.hook);
+            Row {
+                program: case.program,
+                class: case.class,
+                median_ns,
+                baseline: baseline_of(case.hook),
+                baseline_median_ns: base,
+                ratio: median_ns / base,
+            }
+        })
+        .collect();
+    let report = Report {
+        rounds: args.rounds,
+        repeat: args.repeat,
+        rows,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        print_table(&report);
+    }
+    Ok(())
+}
+
+fn print_table(report: &Report) {
+    println!(
+        "BPF_PROG_TEST_RUN, {} interleaved rounds x {} runs, median ns/packet",
+        report.rounds, report.repeat
+    );
+    println!(
+        "{:<14} {:<22} {:>10} {:>8}  baseline",
+        "program", "packet", "ns/pkt", "ratio"
+    );
+    for row in &report.rows {
+        println!(
+            "{:<14} {:<22} {:>10.1} {:>8.2}  {} ({:.1} ns)",
+            row.program, row.class, row.median_ns, row.ratio, row.baseline, row.baseline_median_ns
+        );
+    }
+}

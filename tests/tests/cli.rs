@@ -1,0 +1,100 @@
+//! The agent's one-line errors for the mistakes operators make most.
+
+use std::process::Command;
+
+use dataplane_tests::{privileged::privileged, topology::dataplane_binary, unique_name};
+
+/// Runs the agent binary with `args`; returns (exit code, stderr).
+fn dataplane(prefix: &[&str], args: &[&str]) -> (Option<i32>, String) {
+    let pin_root = format!("/sys/fs/bpf/{}", unique_name("cli"));
+    let run_dir = std::env::temp_dir().join(unique_name("cli"));
+    let mut command = if prefix.is_empty() {
+        Command::new(dataplane_binary())
+    } else {
+        let mut c = Command::new(prefix[0]);
+        c.args(&prefix[1..]).arg(dataplane_binary());
+        c
+    };
+    let out = command
+        .arg("--pin-root")
+        .arg(&pin_root)
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run dataplane");
+    let _ = std::fs::remove_dir_all(&pin_root);
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn assert_one_line_error(stderr: &str, expected: &str) {
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1, "one line, got: {stderr}");
+    assert!(lines[0].starts_with("error: "), "{stderr}");
+    assert!(
+        lines[0].contains(expected),
+        "expected {expected:?} in {stderr}"
+    );
+}
+
+#[test]
+fn missing_interface_is_named() {
+    if !privileged("missing_interface_is_named") {
+        return;
+    }
+    let (code, stderr) = dataplane(&[], &["run", "--underlay", "nosuch0"]);
+    assert_eq!(code, Some(1));
+    assert_one_line_error(&stderr, "interface \"nosuch0\" not found");
+    let (code, stderr) = dataplane(&[], &["run", "--underlay", "lo", "--pod-iface", "nosuch1"]);
+    assert_eq!(code, Some(1));
+    assert_one_line_error(&stderr, "interface \"nosuch1\" not found");
+}
+
+#[test]
+fn missing_privileges_say_what_to_do() {
+    if !privileged("missing_privileges_say_what_to_do") {
+        return;
+    }
+    // Drop to an unprivileged user with no capabilities, as a non-privileged pod would be.
+    let drop_privileges = [
+        "setpriv",
+        "--reuid=65534",
+        "--regid=65534",
+        "--clear-groups",
+        "--inh-caps=-all",
+        "--bounding-set=-all",
+    ];
+    let (code, stderr) = dataplane(&drop_privileges, &["run", "--underlay", "lo"]);
+    assert_eq!(code, Some(1));
+    assert_one_line_error(&stderr, "missing privileges");
+    assert!(
+        stderr.contains("run as root or as a privileged pod"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn status_without_an_agent_reports_absent() {
+    if !privileged("status_without_an_agent_reports_absent") {
+        return;
+    }
+    let pin_root = format!("/sys/fs/bpf/{}", unique_name("cli"));
+    let out = Command::new(dataplane_binary())
+        .args([
+            "--pin-root",
+            &pin_root,
+            "--run-dir",
+            "/nonexistent/dataplane",
+        ])
+        .args(["status", "--json"])
+        .output()
+        .expect("run dataplane");
+    assert!(out.status.success());
+    let status: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(status["agent"], "absent");
+    assert_eq!(status["maps"], serde_json::json!([]));
+}
