@@ -55,6 +55,16 @@ drop_reasons! {
     IcmpTruncated = 17, "icmp_truncated", "ICMP header cut short";
     Icmpv6Truncated = 18, "icmpv6_truncated", "ICMPv6 header cut short";
     Ipv6BadPayloadLength = 19, "ipv6_bad_payload_length", "IPv6 payload length beyond the packet";
+    GeneveUnknownNode = 20, "geneve_unknown_node", "Geneve from an address that is not a cluster node";
+    GeneveBadVersion = 21, "geneve_bad_version", "Geneve version other than 0";
+    GeneveOptionsTruncated = 22, "geneve_options_truncated", "Geneve options run past the packet";
+    GeneveCriticalOption = 23, "geneve_critical_option", "Geneve option with the critical bit that this node does not understand";
+    GeneveControl = 24, "geneve_control", "Geneve control packet (O bit): never delivered to a pod";
+    GeneveBadProtocol = 25, "geneve_bad_protocol", "Geneve payload other than Ethernet (0x6558)";
+    GeneveInnerMalformed = 26, "geneve_inner_malformed", "inner frame of a Geneve packet is malformed";
+    GeneveNoLocalPod = 27, "geneve_no_local_pod", "Geneve inner destination is not a pod on this node";
+    OverlayNoRoute = 28, "overlay_no_route", "no underlay route to the remote node";
+    OverlayEncapFailed = 29, "overlay_encap_failed", "the kernel refused to grow the packet for encapsulation";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

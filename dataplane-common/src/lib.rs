@@ -5,6 +5,7 @@
 
 pub mod drop;
 pub mod maps;
+pub mod overlay;
 pub mod stats;
 
 pub use drop::DropReason;

@@ -14,8 +14,32 @@ pub const PACKETS: &str = "DP_PACKETS";
 /// Array of one u32: the layout version the pins were created under.
 pub const META: &str = "DP_META";
 
+/// Array of one [`crate::overlay::OverlayConfig`].
+pub const OVERLAY_CONFIG: &str = "DP_OVL_CONFIG";
+/// LPM trie: remote IPv4 pod CIDR -> [`crate::overlay::TunnelEndpoint`].
+pub const REMOTE_PODS_V4: &str = "DP_OVL_REMOTE4";
+/// LPM trie: remote IPv6 pod CIDR -> [`crate::overlay::TunnelEndpoint`].
+pub const REMOTE_PODS_V6: &str = "DP_OVL_REMOTE6";
+/// Hash: underlay address of every cluster node (16-byte form) -> u32 (unused, 0).
+pub const NODE_ADDRS: &str = "DP_OVL_NODES";
+/// Hash: address of every local pod (16-byte form) -> [`crate::overlay::LocalPod`].
+pub const LOCAL_PODS: &str = "DP_OVL_PODS";
+
+/// Capacity of the node, pod-CIDR and local-pod maps.
+pub const MAX_NODES: u32 = 5000;
+pub const MAX_LOCAL_PODS: u32 = 1024;
+
 /// Every pinned map, for status and cleanup.
-pub const ALL_MAPS: &[&str] = &[DROPS, PACKETS, META];
+pub const ALL_MAPS: &[&str] = &[
+    DROPS,
+    PACKETS,
+    META,
+    OVERLAY_CONFIG,
+    REMOTE_PODS_V4,
+    REMOTE_PODS_V6,
+    NODE_ADDRS,
+    LOCAL_PODS,
+];
 
 /// XDP program on the underlay NIC.
 pub const PROG_UNDERLAY: &str = "xdp_underlay";

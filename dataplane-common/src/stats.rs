@@ -40,8 +40,15 @@ pub enum PacketClass {
     OtherL4 = 8,
     /// IPv4 or IPv6 fragment without a transport header (offset > 0).
     Fragment = 9,
-    /// Dropped by the parser (the reason is counted in the drop map).
+    /// Dropped (the reason is counted in the drop map).
     Dropped = 10,
+    // Outcomes rather than classes: what the overlay did with the packet.
+    /// Wrapped in Geneve towards another node.
+    GeneveEncap = 11,
+    /// Unwrapped from Geneve for a local pod.
+    GeneveDecap = 12,
+    /// Handed straight to a pod on the same node.
+    LocalRedirect = 13,
 }
 
 impl PacketClass {
@@ -57,6 +64,9 @@ impl PacketClass {
         PacketClass::OtherL4,
         PacketClass::Fragment,
         PacketClass::Dropped,
+        PacketClass::GeneveEncap,
+        PacketClass::GeneveDecap,
+        PacketClass::LocalRedirect,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -72,6 +82,9 @@ impl PacketClass {
             PacketClass::OtherL4 => "other_l4",
             PacketClass::Fragment => "fragment",
             PacketClass::Dropped => "dropped",
+            PacketClass::GeneveEncap => "geneve_encap",
+            PacketClass::GeneveDecap => "geneve_decap",
+            PacketClass::LocalRedirect => "local_redirect",
         }
     }
 }

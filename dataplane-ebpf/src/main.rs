@@ -8,6 +8,8 @@ mod baseline;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod overlay;
+#[cfg(target_arch = "bpf")]
 mod parse;
 #[cfg(target_arch = "bpf")]
 mod pod;

@@ -2,8 +2,16 @@
 //! `dataplane_common::maps` (the agent's tests check they match). All maps are pinned by name so
 //! a restarted agent adopts them.
 
-use aya_ebpf::{macros::map, maps::PerCpuArray};
-use dataplane_common::{drop::DROP_REASON_SLOTS, stats::PACKET_COUNTER_SLOTS};
+use aya_ebpf::{
+    macros::map,
+    maps::{HashMap, LpmTrie, PerCpuArray},
+};
+use dataplane_common::{
+    drop::DROP_REASON_SLOTS,
+    maps::{MAX_LOCAL_PODS, MAX_NODES},
+    overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
+    stats::PACKET_COUNTER_SLOTS,
+};
 
 /// Drop counters by reason code.
 #[map(name = "DP_DROPS")]
@@ -17,3 +25,32 @@ pub static PACKETS: PerCpuArray<u64> = PerCpuArray::pinned(PACKET_COUNTER_SLOTS,
 /// the agent only; the programs never read it.
 #[map(name = "DP_META")]
 pub static META: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::pinned(1, 0);
+
+/// This node's overlay settings; `flags` without `OVERLAY_ENABLED` means no overlay.
+#[map(name = "DP_OVL_CONFIG")]
+pub static OVERLAY_CONFIG: aya_ebpf::maps::Array<OverlayConfig> =
+    aya_ebpf::maps::Array::pinned(1, 0);
+
+/// Remote IPv4 pod CIDRs -> the node that hosts them.
+#[map(name = "DP_OVL_REMOTE4")]
+pub static REMOTE_PODS_V4: LpmTrie<[u8; 4], TunnelEndpoint> = LpmTrie::pinned(MAX_NODES, 0);
+
+/// Remote IPv6 pod CIDRs -> the node that hosts them.
+#[map(name = "DP_OVL_REMOTE6")]
+pub static REMOTE_PODS_V6: LpmTrie<[u8; 16], TunnelEndpoint> = LpmTrie::pinned(MAX_NODES, 0);
+
+/// Underlay addresses of every cluster node: Geneve is accepted only from these.
+#[map(name = "DP_OVL_NODES")]
+pub static NODE_ADDRS: HashMap<Addr, u32> = HashMap::pinned(MAX_NODES * 2, 0);
+
+/// Pods on this node by address.
+#[map(name = "DP_OVL_PODS")]
+pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// Size of the per-CPU scratch buffer (the largest encapsulation block is 84 bytes).
+pub const ENCAP_SCRATCH_LEN: usize = 128;
+
+/// Per-CPU scratch space for building headers too large for the BPF stack. Not pinned: it
+/// holds nothing between packets.
+#[map(name = "DP_SCRATCH")]
+pub static SCRATCH: PerCpuArray<[u8; ENCAP_SCRATCH_LEN]> = PerCpuArray::with_max_entries(1, 0);

@@ -7,11 +7,12 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::Hook;
+use dataplane_common::{Hook, PacketClass};
 
 use crate::{
+    overlay,
     parse::{Packet, Parsed, parse},
-    stats::{count_drop, count_packet},
+    stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
 /// How much to pull into the linear area when headers straddle it: enough for Ethernet, two VLAN
@@ -20,11 +21,20 @@ const PULL_LEN: u32 = 1024;
 
 #[classifier]
 pub fn tc_from_pod(ctx: TcContext) -> i32 {
-    match parse_skb(&ctx) {
-        Ok(parsed) => {
-            count_packet(Hook::FromPod, parsed.class);
-            TC_ACT_OK
+    let parsed = match parse_skb(&ctx) {
+        Ok(parsed) => parsed,
+        Err(reason) => {
+            count_malformed(Hook::FromPod, reason);
+            return TC_ACT_SHOT;
         }
+    };
+    count_packet(Hook::FromPod, parsed.class);
+    match overlay::from_pod(&ctx, &parsed) {
+        Ok(Some((verdict, outcome))) => {
+            count_outcome(Hook::FromPod, outcome);
+            verdict
+        }
+        Ok(None) => TC_ACT_OK,
         Err(reason) => {
             count_drop(Hook::FromPod, reason);
             TC_ACT_SHOT

@@ -19,9 +19,22 @@ pub fn count_packet(hook: Hook, class: PacketClass) {
     bump(&PACKETS, counter_index(hook, class));
 }
 
+/// Counts an outcome (encapsulated, decapsulated, redirected) without touching the total.
+#[inline(always)]
+pub fn count_outcome(hook: Hook, outcome: PacketClass) {
+    bump(&PACKETS, counter_index(hook, outcome));
+}
+
 /// Counts one packet dropped at `hook` for `reason`.
 #[inline(always)]
 pub fn count_drop(hook: Hook, reason: DropReason) {
-    count_packet(hook, PacketClass::Dropped);
+    count_outcome(hook, PacketClass::Dropped);
     bump(&DROPS, reason as u32);
+}
+
+/// Counts a packet the parser rejected: seen once (in the total) and dropped for `reason`.
+#[inline(always)]
+pub fn count_malformed(hook: Hook, reason: DropReason) {
+    count_outcome(hook, PacketClass::Total);
+    count_drop(hook, reason);
 }

@@ -3,8 +3,11 @@
 
 use std::{fmt::Write as _, path::Path};
 
-use aya::maps::{Array, Map, MapData, MapInfo, MapType, PerCpuArray};
-use dataplane_common::maps::ALL_MAPS;
+use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray};
+use dataplane_common::{
+    maps::{self, ALL_MAPS},
+    overlay::{Addr, LocalPod, OVERLAY_ENABLED, OverlayConfig, TunnelEndpoint},
+};
 use serde::Serialize;
 
 use crate::{
@@ -74,37 +77,63 @@ fn map_fill(pins: &Pins, name: &'static str) -> Result<Option<MapFill>, AgentErr
     let info = MapInfo::from_pin(&path).map_err(err("read info"))?;
     let map_type = info.map_type().map_err(err("read type"))?;
     let data = MapData::from_pin(&path).map_err(err("open pin"))?;
-    let used = match map_type {
-        MapType::PerCpuArray => {
-            let map: PerCpuArray<MapData, u64> =
-                PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(err("open"))?;
-            let mut used = 0;
-            for values in map.iter() {
-                if values.map_err(err("read"))?.iter().any(|v| *v != 0) {
-                    used += 1;
-                }
-            }
-            used
-        }
-        MapType::Array => {
-            let map: Array<MapData, u32> =
-                Array::try_from(Map::Array(data)).map_err(err("open"))?;
-            let mut used = 0;
-            for value in map.iter() {
-                if value.map_err(err("read"))? != 0 {
-                    used += 1;
-                }
-            }
-            used
-        }
-        _ => 0,
-    };
+    let used = used_entries(name, data).map_err(err("read"))?;
     Ok(Some(MapFill {
         name,
         map_type: format!("{map_type:?}"),
         max_entries: info.max_entries(),
         used,
     }))
+}
+
+/// Entries holding data: non-zero slots of arrays, keys of hash and LPM maps. Each map is read
+/// with its own key and value types from dataplane-common.
+fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
+    fn count<T>(
+        items: impl Iterator<Item = Result<T, MapError>>,
+        keep: impl Fn(&T) -> bool,
+    ) -> Result<u32, MapError> {
+        let mut used = 0;
+        for item in items {
+            if keep(&item?) {
+                used += 1;
+            }
+        }
+        Ok(used)
+    }
+    match name {
+        maps::DROPS | maps::PACKETS => {
+            let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
+            count(map.iter(), |v| v.iter().any(|c| *c != 0))
+        }
+        maps::META => {
+            let map: Array<MapData, u32> = Array::try_from(Map::Array(data))?;
+            count(map.iter(), |v| *v != 0)
+        }
+        maps::OVERLAY_CONFIG => {
+            let map: Array<MapData, OverlayConfig> = Array::try_from(Map::Array(data))?;
+            count(map.iter(), |c| c.flags & OVERLAY_ENABLED != 0)
+        }
+        maps::REMOTE_PODS_V4 => {
+            let map: LpmTrie<MapData, [u8; 4], TunnelEndpoint> =
+                LpmTrie::try_from(Map::LpmTrie(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::REMOTE_PODS_V6 => {
+            let map: LpmTrie<MapData, [u8; 16], TunnelEndpoint> =
+                LpmTrie::try_from(Map::LpmTrie(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::NODE_ADDRS => {
+            let map: HashMap<MapData, Addr, u32> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LOCAL_PODS => {
+            let map: HashMap<MapData, Addr, LocalPod> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        _ => Ok(0),
+    }
 }
 
 /// The report as aligned text tables.

@@ -1,0 +1,113 @@
+//! The Geneve pod overlay: map value layouts shared by the kernel programs and the agent.
+//!
+//! Addresses are stored as 16 bytes in network order; an IPv4 address is stored IPv4-mapped
+//! (`::ffff:a.b.c.d`, RFC 4291 §2.5.5.2) so one key type serves both families.
+
+/// Geneve's IANA port (RFC 8926), the default of `ovnKubernetesConfig.genevePort`.
+pub const GENEVE_DEFAULT_PORT: u16 = 6081;
+/// The VXLAN port: refused as a Geneve port so the two never share a socket.
+pub const VXLAN_PORT: u16 = 4789;
+/// Bytes the overlay reserves by default (OVN-Kubernetes: pod MTU = node MTU - 100), enough for
+/// an IPv6 outer header, UDP, Geneve with options, and the inner Ethernet header.
+pub const OVERLAY_DEFAULT_OVERHEAD: u32 = 100;
+/// The VNI of the default pod network. One network per cluster today; the value is fixed and
+/// documented so captures can be filtered on it.
+pub const DEFAULT_NETWORK_VNI: u32 = 1;
+/// Geneve protocol type of an Ethernet payload (Transparent Ethernet Bridging).
+pub const GENEVE_PROTO_ETHERNET: u16 = 0x6558;
+/// Geneve base header length.
+pub const GENEVE_HEADER_LEN: usize = 8;
+/// Longest Geneve options field (6-bit length in 4-byte words).
+pub const GENEVE_MAX_OPTIONS_LEN: usize = 63 * 4;
+
+/// Encapsulation overhead on the wire for an IPv4 underlay: outer IPv4 (20), UDP (8),
+/// Geneve (8), inner Ethernet (14). The outer Ethernet header replaces the pod's.
+pub const ENCAP_OVERHEAD_V4: u32 = 20 + 8 + 8 + 14;
+/// The same for an IPv6 underlay (outer IPv6 is 40 bytes).
+pub const ENCAP_OVERHEAD_V6: u32 = 40 + 8 + 8 + 14;
+
+/// Address family tags used in map values (no enums in map types).
+pub const FAMILY_IPV4: u8 = 4;
+pub const FAMILY_IPV6: u8 = 6;
+
+/// `OverlayConfig::flags`: the node has an IPv4 underlay address.
+pub const OVERLAY_HAS_IPV4: u16 = 1 << 0;
+/// `OverlayConfig::flags`: the node has an IPv6 underlay address.
+pub const OVERLAY_HAS_IPV6: u16 = 1 << 1;
+/// `OverlayConfig::flags`: the overlay is configured (maps filled by an agent).
+pub const OVERLAY_ENABLED: u16 = 1 << 2;
+
+/// An address in the 16-byte form used by every overlay key.
+pub type Addr = [u8; 16];
+
+/// The IPv4-mapped form of an IPv4 address.
+pub const fn ipv4_mapped(v4: [u8; 4]) -> Addr {
+    [
+        0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, v4[0], v4[1], v4[2], v4[3],
+    ]
+}
+
+/// This node's overlay settings (one entry of `OVERLAY_CONFIG`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OverlayConfig {
+    /// The underlay NIC encapsulated packets leave by.
+    pub underlay_ifindex: u32,
+    /// VNI written into every Geneve header.
+    pub vni: u32,
+    /// Largest inner IP packet (L3 length) that fits the underlay after encapsulation.
+    pub pod_mtu: u32,
+    /// UDP destination port of Geneve (host byte order).
+    pub geneve_port: u16,
+    /// `OVERLAY_*` flags.
+    pub flags: u16,
+    /// MAC of the underlay NIC: decapsulated frames are addressed to it before the stack
+    /// routes them to the pod.
+    pub underlay_mac: [u8; 6],
+    pub _pad: [u8; 2],
+    /// This node's IPv4 underlay address (valid with `OVERLAY_HAS_IPV4`).
+    pub node_ipv4: [u8; 4],
+    /// This node's IPv6 underlay address (valid with `OVERLAY_HAS_IPV6`).
+    pub node_ipv6: [u8; 16],
+}
+
+/// Where a remote pod CIDR lives: the underlay address of its node (value of the pod-CIDR
+/// LPM maps).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct TunnelEndpoint {
+    /// The node's underlay address (IPv4-mapped for IPv4).
+    pub addr: Addr,
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`: which outer header to build.
+    pub family: u8,
+    pub _pad: [u8; 3],
+}
+
+/// A pod running on this node (value of `LOCAL_PODS`, keyed by the pod's address).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LocalPod {
+    /// Host-side veth of the pod.
+    pub ifindex: u32,
+    /// The pod's own MAC (eth0 inside the pod).
+    pub pod_mac: [u8; 6],
+    /// MAC of the host-side veth (the pod's gateway as the pod sees it).
+    pub host_mac: [u8; 6],
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<OverlayConfig>() == 44);
+    assert!(core::mem::size_of::<TunnelEndpoint>() == 20);
+    assert!(core::mem::size_of::<LocalPod>() == 16);
+    assert!(core::mem::align_of::<OverlayConfig>() == 4);
+};
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    // SAFETY: plain #[repr(C)] data with explicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for super::OverlayConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::TunnelEndpoint {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::LocalPod {}
+}
