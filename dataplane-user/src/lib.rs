@@ -5,6 +5,7 @@ pub mod attach;
 pub mod ebpf;
 pub mod error;
 pub mod loader;
+pub mod overlay;
 pub mod pins;
 pub mod preflight;
 pub mod state;

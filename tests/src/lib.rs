@@ -3,11 +3,15 @@
 //!   cannot run, never skips there);
 //! - [`fixture`]: the real programs loaded under a private pin root, removed on drop;
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
+//! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
+//! - [`scapy`]: the independent Geneve encoder/decoder;
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
 
 pub mod fixture;
+pub mod netns;
 pub mod packets;
 pub mod privileged;
+pub mod scapy;
 pub mod topology;
 
 use std::sync::atomic::{AtomicU32, Ordering};

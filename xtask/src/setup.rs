@@ -1,6 +1,7 @@
 //! Installs what building and testing need, checking first so a ready machine takes a second:
 //! Debian packages (LLVM 22 for bpf-linker, iproute2, ping, python3), the rust-src component
-//! for `-Z build-std=core`, and bpf-linker 0.13 built against LLVM 22.
+//! for `-Z build-std=core`, bpf-linker 0.13 built against LLVM 22, and scapy (the independent
+//! packet encoder/decoder of the tests).
 
 use std::process::Command;
 
@@ -23,6 +24,7 @@ pub fn run() -> anyhow::Result<()> {
     install_packages()?;
     install_rust_src()?;
     install_bpf_linker()?;
+    install_scapy()?;
     eprintln!("setup: all present");
     Ok(())
 }
@@ -93,4 +95,23 @@ fn install_bpf_linker() -> anyhow::Result<()> {
             .args(["--no-default-features", "--features", "llvm-22", "--force"])
             .env("LLVM_PREFIX", LLVM_PREFIX),
     )
+}
+
+/// scapy from PyPI, for the machine's python3 (the tests run `python3`).
+fn install_scapy() -> anyhow::Result<()> {
+    let present = Command::new("python3")
+        .args(["-c", "import scapy.contrib.geneve"])
+        .output()
+        .is_ok_and(|o| o.status.success());
+    if present {
+        return Ok(());
+    }
+    run_checked(Command::new("python3").args([
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--disable-pip-version-check",
+        "scapy>=2.5,<3",
+    ]))
 }

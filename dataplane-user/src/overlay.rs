@@ -1,0 +1,565 @@
+//! The Geneve pod overlay, agent side: validate the overlay settings, compile this node's view
+//! of the cluster into the exact contents of the overlay maps (pure), and sync the maps.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
+
+use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
+use dataplane_common::{
+    maps,
+    overlay::{
+        Addr, DEFAULT_NETWORK_VNI, ENCAP_OVERHEAD_V6, FAMILY_IPV4, FAMILY_IPV6,
+        GENEVE_DEFAULT_PORT, LocalPod, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
+        OVERLAY_HAS_IPV6, OverlayConfig, TunnelEndpoint, VXLAN_PORT, ipv4_mapped,
+    },
+};
+use ipnet::IpNet;
+
+use crate::{AgentError, Dataplane};
+
+/// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
+pub const IPV6_MIN_MTU: u32 = 1280;
+
+/// Why overlay settings were refused. Each message names the field as the operator wrote it.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum SettingsError {
+    #[error("ovnKubernetesConfig.genevePort: 0 is not a port")]
+    PortZero,
+    #[error("ovnKubernetesConfig.genevePort: {VXLAN_PORT} is the VXLAN port; choose another")]
+    PortIsVxlan,
+    #[error("ovnKubernetesConfig.mtu: {mtu} is below IPv6's minimum link MTU of {IPV6_MIN_MTU}")]
+    MtuTooSmall { mtu: u32 },
+    #[error(
+        "ovnKubernetesConfig.mtu: {mtu} does not fit the underlay MTU {underlay_mtu} with the \
+         {overhead}-byte Geneve overhead"
+    )]
+    MtuTooLarge {
+        mtu: u32,
+        underlay_mtu: u32,
+        overhead: u32,
+    },
+}
+
+/// `defaultNetwork.ovnKubernetesConfig` of the OpenShift network operator, the overlay part.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct OvnKubernetesConfig {
+    pub mtu: Option<u32>,
+    pub geneve_port: Option<u16>,
+}
+
+/// Validated overlay settings.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct OverlaySettings {
+    pub geneve_port: u16,
+    /// Largest IP packet a pod may send (its interface MTU).
+    pub pod_mtu: u32,
+    pub vni: u32,
+}
+
+impl OvnKubernetesConfig {
+    /// Applies the defaults (port 6081, MTU = underlay MTU - 100) and the limits: the port is
+    /// neither 0 nor VXLAN's, the MTU is at least 1280 and leaves room for encapsulation.
+    pub fn validate(&self, underlay_mtu: u32) -> Result<OverlaySettings, SettingsError> {
+        let geneve_port = self.geneve_port.unwrap_or(GENEVE_DEFAULT_PORT);
+        if geneve_port == 0 {
+            return Err(SettingsError::PortZero);
+        }
+        if geneve_port == VXLAN_PORT {
+            return Err(SettingsError::PortIsVxlan);
+        }
+        let pod_mtu = self
+            .mtu
+            .unwrap_or(underlay_mtu.saturating_sub(OVERLAY_DEFAULT_OVERHEAD));
+        if pod_mtu < IPV6_MIN_MTU {
+            return Err(SettingsError::MtuTooSmall { mtu: pod_mtu });
+        }
+        // The largest encapsulation (IPv6 underlay) must still fit the underlay.
+        if pod_mtu + ENCAP_OVERHEAD_V6 > underlay_mtu {
+            return Err(SettingsError::MtuTooLarge {
+                mtu: pod_mtu,
+                underlay_mtu,
+                overhead: ENCAP_OVERHEAD_V6,
+            });
+        }
+        Ok(OverlaySettings {
+            geneve_port,
+            pod_mtu,
+            vni: DEFAULT_NETWORK_VNI,
+        })
+    }
+}
+
+/// A cluster node as the overlay needs it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeView {
+    pub name: String,
+    /// Underlay addresses (Node status InternalIP), at most one per family used.
+    pub addresses: Vec<IpAddr>,
+    /// Node spec.podCIDRs.
+    pub pod_cidrs: Vec<IpNet>,
+}
+
+/// A pod on this node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalPodView {
+    pub name: String,
+    pub addresses: Vec<IpAddr>,
+    pub pod_mac: [u8; 6],
+    pub host_ifindex: u32,
+    pub host_mac: [u8; 6],
+}
+
+/// This node's underlay NIC.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Underlay {
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+}
+
+/// Everything the overlay compile needs.
+#[derive(Clone, Debug)]
+pub struct OverlayView {
+    pub this_node: String,
+    pub nodes: Vec<NodeView>,
+    pub local_pods: Vec<LocalPodView>,
+    pub underlay: Underlay,
+    pub settings: OverlaySettings,
+}
+
+/// Why the overlay view could not be compiled.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum CompileError {
+    #[error("node {0}: this node is not among the cluster's nodes")]
+    ThisNodeMissing(String),
+    #[error("node {node}: status.addresses has no InternalIP")]
+    NodeWithoutAddress { node: String },
+    #[error("node {node}: spec.podCIDRs {cidr} is also the pod CIDR of node {other}")]
+    OverlappingPodCidr {
+        node: String,
+        other: String,
+        cidr: IpNet,
+    },
+}
+
+/// The exact desired contents of every overlay map.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct OverlayMaps {
+    pub config: OverlayConfig,
+    pub remote_v4: BTreeMap<(u32, [u8; 4]), TunnelEndpoint>,
+    pub remote_v6: BTreeMap<(u32, [u8; 16]), TunnelEndpoint>,
+    pub node_addrs: BTreeMap<Addr, u32>,
+    pub local_pods: BTreeMap<Addr, LocalPod>,
+}
+
+/// 16-byte form of an address (IPv4-mapped for IPv4).
+pub fn addr16(ip: IpAddr) -> Addr {
+    match ip {
+        IpAddr::V4(v4) => ipv4_mapped(v4.octets()),
+        IpAddr::V6(v6) => v6.octets(),
+    }
+}
+
+/// Compiles this node's view into the overlay maps. Pure: no I/O.
+pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
+    let this = view
+        .nodes
+        .iter()
+        .find(|n| n.name == view.this_node)
+        .ok_or_else(|| CompileError::ThisNodeMissing(view.this_node.clone()))?;
+    let mut maps = OverlayMaps::default();
+
+    let mut config = OverlayConfig {
+        underlay_ifindex: view.underlay.ifindex,
+        vni: view.settings.vni,
+        pod_mtu: view.settings.pod_mtu,
+        geneve_port: view.settings.geneve_port,
+        flags: OVERLAY_ENABLED,
+        underlay_mac: view.underlay.mac,
+        ..OverlayConfig::default()
+    };
+    if let Some(v4) = first_v4(&this.addresses) {
+        config.node_ipv4 = v4.octets();
+        config.flags |= OVERLAY_HAS_IPV4;
+    }
+    if let Some(v6) = first_v6(&this.addresses) {
+        config.node_ipv6 = v6.octets();
+        config.flags |= OVERLAY_HAS_IPV6;
+    }
+    maps.config = config;
+
+    let mut owners: BTreeMap<IpNet, &str> = BTreeMap::new();
+    for node in &view.nodes {
+        if node.addresses.is_empty() {
+            return Err(CompileError::NodeWithoutAddress {
+                node: node.name.clone(),
+            });
+        }
+        for address in &node.addresses {
+            maps.node_addrs.insert(addr16(*address), 0);
+        }
+        for cidr in &node.pod_cidrs {
+            let cidr = cidr.trunc();
+            if let Some((other, _)) = owners.iter().find(|(c, _)| overlaps(c, &cidr)) {
+                return Err(CompileError::OverlappingPodCidr {
+                    node: node.name.clone(),
+                    other: owners[other].to_owned(),
+                    cidr,
+                });
+            }
+            owners.insert(cidr, &node.name);
+            if node.name == view.this_node {
+                continue;
+            }
+            // Same family underlay if the node has one, else the other family.
+            let endpoint = match cidr {
+                IpNet::V4(_) => first_v4(&node.addresses)
+                    .map(|a| endpoint(IpAddr::V4(a)))
+                    .or_else(|| first_v6(&node.addresses).map(|a| endpoint(IpAddr::V6(a)))),
+                IpNet::V6(_) => first_v6(&node.addresses)
+                    .map(|a| endpoint(IpAddr::V6(a)))
+                    .or_else(|| first_v4(&node.addresses).map(|a| endpoint(IpAddr::V4(a)))),
+            };
+            let Some(endpoint) = endpoint else { continue };
+            match cidr {
+                IpNet::V4(net) => {
+                    maps.remote_v4
+                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                }
+                IpNet::V6(net) => {
+                    maps.remote_v6
+                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                }
+            }
+        }
+    }
+    for pod in &view.local_pods {
+        for address in &pod.addresses {
+            maps.local_pods.insert(
+                addr16(*address),
+                LocalPod {
+                    ifindex: pod.host_ifindex,
+                    pod_mac: pod.pod_mac,
+                    host_mac: pod.host_mac,
+                },
+            );
+        }
+    }
+    Ok(maps)
+}
+
+fn overlaps(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+fn endpoint(address: IpAddr) -> TunnelEndpoint {
+    TunnelEndpoint {
+        addr: addr16(address),
+        family: if address.is_ipv4() {
+            FAMILY_IPV4
+        } else {
+            FAMILY_IPV6
+        },
+        _pad: [0; 3],
+    }
+}
+
+fn first_v4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
+}
+
+fn first_v6(addresses: &[IpAddr]) -> Option<Ipv6Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V6(v6) => Some(*v6),
+        IpAddr::V4(_) => None,
+    })
+}
+
+/// Map writes made by one sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SyncStats {
+    pub written: usize,
+    pub deleted: usize,
+}
+
+impl Dataplane {
+    /// Makes the overlay maps equal `desired`, writing only differences. Order: entries that
+    /// packets will be sent to (pods, nodes, remote CIDRs) before the config that enables the
+    /// overlay; stale entries after, so no packet meets a half-applied state.
+    pub fn sync_overlay(&mut self, desired: &OverlayMaps) -> Result<SyncStats, AgentError> {
+        let mut stats = SyncStats::default();
+        let ebpf = self.ebpf_mut();
+        let map_err = |name: &'static str, action: &'static str| {
+            move |source| AgentError::Map {
+                name: name.into(),
+                action,
+                source,
+            }
+        };
+        let mut pods: HashMap<&mut MapData, Addr, LocalPod> = HashMap::try_from(
+            ebpf.map_mut(maps::LOCAL_PODS)
+                .ok_or(AgentError::MissingMap {
+                    name: maps::LOCAL_PODS,
+                })?,
+        )
+        .map_err(map_err(maps::LOCAL_PODS, "open"))?;
+        sync_hash(&mut pods, &desired.local_pods, &mut stats)
+            .map_err(map_err(maps::LOCAL_PODS, "sync"))?;
+
+        let mut nodes: HashMap<&mut MapData, Addr, u32> = HashMap::try_from(
+            ebpf.map_mut(maps::NODE_ADDRS)
+                .ok_or(AgentError::MissingMap {
+                    name: maps::NODE_ADDRS,
+                })?,
+        )
+        .map_err(map_err(maps::NODE_ADDRS, "open"))?;
+        sync_hash(&mut nodes, &desired.node_addrs, &mut stats)
+            .map_err(map_err(maps::NODE_ADDRS, "sync"))?;
+
+        let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> = LpmTrie::try_from(
+            ebpf.map_mut(maps::REMOTE_PODS_V4)
+                .ok_or(AgentError::MissingMap {
+                    name: maps::REMOTE_PODS_V4,
+                })?,
+        )
+        .map_err(map_err(maps::REMOTE_PODS_V4, "open"))?;
+        sync_lpm(&mut remote_v4, &desired.remote_v4, &mut stats)
+            .map_err(map_err(maps::REMOTE_PODS_V4, "sync"))?;
+
+        let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> = LpmTrie::try_from(
+            ebpf.map_mut(maps::REMOTE_PODS_V6)
+                .ok_or(AgentError::MissingMap {
+                    name: maps::REMOTE_PODS_V6,
+                })?,
+        )
+        .map_err(map_err(maps::REMOTE_PODS_V6, "open"))?;
+        sync_lpm(&mut remote_v6, &desired.remote_v6, &mut stats)
+            .map_err(map_err(maps::REMOTE_PODS_V6, "sync"))?;
+
+        let mut config: Array<&mut MapData, OverlayConfig> = Array::try_from(
+            ebpf.map_mut(maps::OVERLAY_CONFIG)
+                .ok_or(AgentError::MissingMap {
+                    name: maps::OVERLAY_CONFIG,
+                })?,
+        )
+        .map_err(map_err(maps::OVERLAY_CONFIG, "open"))?;
+        if config
+            .get(&0, 0)
+            .map_err(map_err(maps::OVERLAY_CONFIG, "read"))?
+            != desired.config
+        {
+            config
+                .set(0, desired.config, 0)
+                .map_err(map_err(maps::OVERLAY_CONFIG, "write"))?;
+            stats.written += 1;
+        }
+        Ok(stats)
+    }
+}
+
+fn sync_hash<V: aya::Pod + PartialEq>(
+    map: &mut HashMap<&mut MapData, Addr, V>,
+    desired: &BTreeMap<Addr, V>,
+    stats: &mut SyncStats,
+) -> Result<(), aya::maps::MapError> {
+    for (key, value) in desired {
+        if map.get(key, 0).ok().as_ref() != Some(value) {
+            map.insert(key, value, 0)?;
+            stats.written += 1;
+        }
+    }
+    let stale: Vec<Addr> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !desired.contains_key(k))
+        .collect();
+    for key in stale {
+        map.remove(&key)?;
+        stats.deleted += 1;
+    }
+    Ok(())
+}
+
+fn sync_lpm<const N: usize>(
+    map: &mut LpmTrie<&mut MapData, [u8; N], TunnelEndpoint>,
+    desired: &BTreeMap<(u32, [u8; N]), TunnelEndpoint>,
+    stats: &mut SyncStats,
+) -> Result<(), aya::maps::MapError>
+where
+    [u8; N]: aya::Pod,
+{
+    for ((prefix_len, data), value) in desired {
+        let key = Key::new(*prefix_len, *data);
+        if map.get(&key, 0).ok().as_ref() != Some(value) {
+            map.insert(&key, value, 0)?;
+            stats.written += 1;
+        }
+    }
+    let stale: Vec<Key<[u8; N]>> = map
+        .keys()
+        .filter_map(Result::ok)
+        .filter(|k| !desired.contains_key(&(k.prefix_len(), k.data())))
+        .collect();
+    for key in stale {
+        map.remove(&key)?;
+        stats.deleted += 1;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn net(s: &str) -> IpNet {
+        s.parse().expect("valid CIDR")
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().expect("valid address")
+    }
+
+    #[test]
+    fn settings_defaults_and_limits() {
+        let defaults = OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("defaults");
+        assert_eq!(
+            defaults,
+            OverlaySettings {
+                geneve_port: 6081,
+                pod_mtu: 1400,
+                vni: 1
+            }
+        );
+        let custom = OvnKubernetesConfig {
+            mtu: Some(1350),
+            geneve_port: Some(6082),
+        };
+        assert_eq!(custom.validate(1500).expect("custom").geneve_port, 6082);
+        let cases = [
+            (Some(0), None, 1500, SettingsError::PortZero),
+            (Some(4789), None, 1500, SettingsError::PortIsVxlan),
+            (
+                None,
+                Some(1279),
+                1500,
+                SettingsError::MtuTooSmall { mtu: 1279 },
+            ),
+            (None, None, 1300, SettingsError::MtuTooSmall { mtu: 1200 }),
+            (
+                None,
+                Some(1450),
+                1500,
+                SettingsError::MtuTooLarge {
+                    mtu: 1450,
+                    underlay_mtu: 1500,
+                    overhead: 70,
+                },
+            ),
+        ];
+        for (geneve_port, mtu, underlay, expected) in cases {
+            let config = OvnKubernetesConfig { mtu, geneve_port };
+            assert_eq!(config.validate(underlay), Err(expected));
+        }
+        assert!(
+            SettingsError::PortIsVxlan
+                .to_string()
+                .contains("ovnKubernetesConfig.genevePort")
+        );
+    }
+
+    fn view() -> OverlayView {
+        OverlayView {
+            this_node: "node-a".into(),
+            nodes: vec![
+                NodeView {
+                    name: "node-a".into(),
+                    addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
+                    pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:10:244:1::/64")],
+                },
+                NodeView {
+                    name: "node-b".into(),
+                    addresses: vec![ip("10.99.0.2"), ip("fd99::2")],
+                    pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:10:244:2::/64")],
+                },
+                NodeView {
+                    name: "node-c".into(),
+                    addresses: vec![ip("fd99::3")],
+                    pod_cidrs: vec![net("10.244.3.0/24")],
+                },
+            ],
+            local_pods: vec![LocalPodView {
+                name: "default/a".into(),
+                addresses: vec![ip("10.244.1.2"), ip("fd00:10:244:1::2")],
+                pod_mac: [0x0a, 0x58, 10, 244, 1, 2],
+                host_ifindex: 7,
+                host_mac: [2, 0, 0, 0, 0, 7],
+            }],
+            underlay: Underlay {
+                ifindex: 2,
+                mac: [2, 0, 0, 0, 0, 2],
+            },
+            settings: OvnKubernetesConfig::default()
+                .validate(1500)
+                .expect("defaults"),
+        }
+    }
+
+    #[test]
+    fn compile_fills_every_overlay_map() {
+        let maps = compile(&view()).expect("compiles");
+        assert_eq!(
+            maps.config.flags,
+            OVERLAY_ENABLED | OVERLAY_HAS_IPV4 | OVERLAY_HAS_IPV6
+        );
+        assert_eq!(maps.config.node_ipv4, [10, 99, 0, 1]);
+        assert_eq!(maps.config.pod_mtu, 1400);
+        assert_eq!(maps.config.underlay_ifindex, 2);
+        // Remote CIDRs only, tunnelled over the same family when the node has it.
+        assert_eq!(
+            maps.remote_v4.keys().copied().collect::<Vec<_>>(),
+            vec![(24, [10, 244, 2, 0]), (24, [10, 244, 3, 0])]
+        );
+        assert_eq!(
+            maps.remote_v4[&(24, [10, 244, 2, 0])],
+            endpoint(ip("10.99.0.2"))
+        );
+        assert_eq!(
+            maps.remote_v4[&(24, [10, 244, 3, 0])],
+            endpoint(ip("fd99::3"))
+        );
+        assert_eq!(maps.remote_v6.len(), 1);
+        assert_eq!(maps.node_addrs.len(), 5);
+        assert_eq!(maps.local_pods.len(), 2);
+        assert_eq!(maps.local_pods[&addr16(ip("10.244.1.2"))].ifindex, 7);
+    }
+
+    #[test]
+    fn compile_refuses_inconsistent_views() {
+        let mut missing = view();
+        missing.this_node = "node-z".into();
+        assert_eq!(
+            compile(&missing),
+            Err(CompileError::ThisNodeMissing("node-z".into()))
+        );
+        let mut overlapping = view();
+        overlapping.nodes[2].pod_cidrs = vec![net("10.244.2.128/25")];
+        assert!(matches!(
+            compile(&overlapping),
+            Err(CompileError::OverlappingPodCidr { .. })
+        ));
+        let mut bare = view();
+        bare.nodes[1].addresses.clear();
+        assert_eq!(
+            compile(&bare),
+            Err(CompileError::NodeWithoutAddress {
+                node: "node-b".into()
+            })
+        );
+    }
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env python3
+"""Independent Geneve encoder/decoder for the packet tests (scapy's Geneve layer).
+
+Reads one JSON request on stdin, prints one JSON answer on stdout:
+  {"op": "encap", ...}  -> {"hex": <the encapsulated frame scapy builds>}
+  {"op": "decode", "hex": ...} -> the outer and Geneve fields scapy reads
+  {"op": "geneve", ...} -> {"hex": <a Geneve packet with the given header/options>}
+"""
+import json
+import sys
+
+from scapy.all import IP, UDP, Ether, IPv6, Raw
+from scapy.contrib.geneve import GENEVE, GeneveOptions
+
+
+def outer(req):
+    eth = Ether(src=req["src_mac"], dst=req["dst_mac"])
+    if ":" in req["src_ip"]:
+        ip = IPv6(src=req["src_ip"], dst=req["dst_ip"], hlim=64, fl=req.get("flow_label", 0))
+    else:
+        ip = IP(src=req["src_ip"], dst=req["dst_ip"], ttl=64, id=0, flags="DF")
+    return eth / ip
+
+
+def encap(req):
+    inner = bytes.fromhex(req["inner"])
+    pkt = (
+        outer(req)
+        / UDP(sport=req["sport"], dport=req["dport"], chksum=0)
+        / GENEVE(vni=req["vni"], proto=0x6558)
+        / Raw(inner)
+    )
+    return {"hex": bytes(pkt).hex()}
+
+
+def geneve(req):
+    options = [
+        GeneveOptions(classid=o["class"], type=o["type"], length=len(bytes.fromhex(o["data"])) // 4,
+                      data=bytes.fromhex(o["data"]))
+        for o in req.get("options", [])
+    ]
+    gen = GENEVE(
+        version=req.get("version", 0),
+        oam=req.get("oam", 0),
+        critical=req.get("critical", 0),
+        proto=req.get("proto", 0x6558),
+        vni=req["vni"],
+        options=options,
+    )
+    pkt = outer(req) / UDP(sport=req["sport"], dport=req["dport"]) / gen / Raw(bytes.fromhex(req["inner"]))
+    data = bytes(pkt)
+    # Claim more option bytes than the packet holds (outer lengths stay consistent, so only
+    # the Geneve options field is wrong).
+    extra = req.get("claim_extra_option_words", 0)
+    if extra:
+        at = 14 + (40 if ":" in req["src_ip"] else 20) + 8
+        data = bytearray(data)
+        data[at] = (data[at] & 0xC0) | min(0x3F, (data[at] & 0x3F) + extra)
+        data = bytes(data)
+    return {"hex": data.hex()}
+
+
+def decode(req):
+    pkt = Ether(bytes.fromhex(req["hex"]))
+    # The outer header only: `IP in pkt` would also find an inner IPv4 header.
+    ip = pkt.payload
+    outer_v4 = isinstance(ip, IP)
+    udp = ip[UDP]
+    gen = GENEVE(bytes(udp.payload))
+    answer = {
+        "dst_mac": pkt.dst,
+        "src_mac": pkt.src,
+        "src_ip": ip.src,
+        "dst_ip": ip.dst,
+        "sport": udp.sport,
+        "dport": udp.dport,
+        "udp_len": udp.len,
+        "udp_chksum": udp.chksum,
+        "version": gen.version,
+        "oam": gen.oam,
+        "critical": gen.critical,
+        "proto": gen.proto,
+        "vni": gen.vni,
+        "inner": bytes(gen.payload).hex(),
+    }
+    if outer_v4:
+        answer.update(ttl=ip.ttl, df=bool(ip.flags.DF), ip_len=ip.len, ip_chksum=ip.chksum)
+        # scapy recomputes the checksum of a copy with the field cleared: they must agree.
+        fresh = IP(bytes(ip))
+        del fresh.chksum
+        answer["ip_chksum_ok"] = IP(bytes(fresh)).chksum == ip.chksum
+    else:
+        answer.update(hlim=ip.hlim, plen=ip.plen)
+    return answer
+
+
+def main():
+    req = json.load(sys.stdin)
+    handler = {"encap": encap, "decode": decode, "geneve": geneve}[req["op"]]
+    json.dump(handler(req), sys.stdout)
+
+
+if __name__ == "__main__":
+    main()

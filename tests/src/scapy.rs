@@ -1,0 +1,48 @@
+//! Scapy as the independent Geneve implementation: builds the packets our programs must
+//! produce and decodes what they did produce (`tests/scripts/geneve.py`).
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
+
+use anyhow::{Context as _, bail};
+use serde_json::Value;
+
+/// Sends one JSON request to the scapy script and returns its JSON answer.
+pub fn call(request: &Value) -> anyhow::Result<Value> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/geneve.py");
+    let mut child = Command::new("python3")
+        .arg(script)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting python3 (scapy)")?;
+    child
+        .stdin
+        .take()
+        .context("scapy stdin")?
+        .write_all(request.to_string().as_bytes())?;
+    let out = child.wait_with_output()?;
+    if !out.status.success() {
+        bail!("scapy: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn unhex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&text[i..i + 2], 16).expect("hex from scapy"))
+        .collect()
+}
+
+/// The bytes of a `{"hex": ...}` answer.
+pub fn bytes_of(answer: &Value) -> Vec<u8> {
+    unhex(answer["hex"].as_str().expect("hex field"))
+}

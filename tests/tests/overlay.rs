@@ -1,0 +1,413 @@
+//! Geneve overlay packet tests through the real programs with BPF_PROG_TEST_RUN, checked
+//! against scapy's Geneve implementation: what we encapsulate must equal, byte for byte, what
+//! scapy builds for the same input; what scapy builds must be decapsulated (or refused) as
+//! RFC 8926 says.
+
+use std::net::IpAddr;
+
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    maps::{PROG_FROM_POD, PROG_UNDERLAY},
+};
+use dataplane_tests::{
+    fixture::Fixture,
+    netns::ThreadNetns,
+    packets,
+    privileged::privileged,
+    scapy::{self, bytes_of, hex},
+};
+use dataplane_user::overlay::{
+    LocalPodView, NodeView, OverlayView, OvnKubernetesConfig, Underlay, compile,
+};
+use serde_json::json;
+
+const XDP_DROP: u32 = 1;
+const XDP_PASS: u32 = 2;
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_REDIRECT: u32 = 7;
+
+const UNDERLAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x99, 0x01];
+const NODE_B_MAC: &str = "02:00:00:00:99:02";
+const NODE_C_MAC: &str = "02:00:00:00:99:03";
+const LOCAL_POD_MAC: [u8; 6] = [0x0a, 0x58, 10, 244, 1, 3];
+const LOCAL_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x03];
+
+/// One node ("a", 10.99.0.1 / fd99::1) with an underlay veth, static neighbours for node b
+/// (IPv4 underlay) and node c (IPv6 underlay), a local pod 10.244.1.3 behind vp1, and the
+/// overlay maps synced from the compiled view.
+struct Bed {
+    fixture: Fixture,
+    _netns: ThreadNetns,
+}
+
+fn bed() -> Bed {
+    let netns = ThreadNetns::enter().expect("enter a fresh netns");
+    // A node forwards (the kernel's FIB lookup for BPF requires it on the egress device).
+    for setting in [
+        "net.ipv4.conf.all.forwarding=1",
+        "net.ipv6.conf.all.forwarding=1",
+    ] {
+        netns.sysctl(setting).expect(setting);
+    }
+    for line in [
+        "link add ul0 type veth peer name ul1",
+        "link set ul0 address 02:00:00:00:99:01",
+        "addr add 10.99.0.1/24 dev ul0",
+        "addr add fd99::1/64 dev ul0 nodad",
+        "link set ul0 up",
+        "link set ul1 up",
+        "neigh add 10.99.0.2 lladdr 02:00:00:00:99:02 dev ul0 nud permanent",
+        "neigh add fd99::3 lladdr 02:00:00:00:99:03 dev ul0 nud permanent",
+        "link add vp1 type veth peer name pod1",
+    ] {
+        netns.sh(line).expect(line);
+    }
+    let ifindex = |name| dataplane_user::preflight::interface_index(name).expect(name);
+    let ip = |s: &str| s.parse::<IpAddr>().expect("address");
+    let net = |s: &str| s.parse::<ipnet::IpNet>().expect("cidr");
+    let view = OverlayView {
+        this_node: "a".into(),
+        nodes: vec![
+            NodeView {
+                name: "a".into(),
+                addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
+                pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
+            },
+            NodeView {
+                name: "b".into(),
+                addresses: vec![ip("10.99.0.2")],
+                pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
+            },
+            NodeView {
+                name: "c".into(),
+                addresses: vec![ip("fd99::3")],
+                pod_cidrs: vec![net("10.244.3.0/24")],
+            },
+        ],
+        local_pods: vec![LocalPodView {
+            name: "default/local".into(),
+            addresses: vec![ip("10.244.1.3")],
+            pod_mac: LOCAL_POD_MAC,
+            host_ifindex: ifindex("vp1"),
+            host_mac: LOCAL_HOST_MAC,
+        }],
+        underlay: Underlay {
+            ifindex: ifindex("ul0"),
+            mac: UNDERLAY_MAC,
+        },
+        settings: OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("settings"),
+    };
+    let mut fixture = Fixture::load().expect("load programs");
+    let desired = compile(&view).expect("compile overlay");
+    fixture.sync_overlay(&desired).expect("sync overlay maps");
+    Bed {
+        fixture,
+        _netns: netns,
+    }
+}
+
+fn with_destination_v4(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[packets::L3 + 16..packets::L3 + 20].copy_from_slice(&dst);
+    packets::fix_ipv4_checksum(&mut out, packets::L3);
+    out
+}
+
+fn mac(bytes: &[u8]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
+#[test]
+fn encapsulation_over_ipv4_matches_scapy_byte_for_byte() {
+    if !privileged("encapsulation_over_ipv4_matches_scapy_byte_for_byte") {
+        return;
+    }
+    let mut bed = bed();
+    for (name, inner) in [
+        ("ipv4 tcp", packets::ipv4_tcp()),
+        ("ipv4 udp", packets::ipv4_udp()),
+        (
+            "ipv6 tcp (node b has no IPv6 underlay)",
+            packets::ipv6_tcp(),
+        ),
+    ] {
+        let out = bed
+            .fixture
+            .run_tc(PROG_FROM_POD, &inner, 1)
+            .expect("tc run");
+        assert_eq!(
+            out.action,
+            TC_ACT_REDIRECT,
+            "{name}: redirected to the underlay ({:?})",
+            bed.fixture.counters().drops
+        );
+        assert_eq!(
+            out.output.len(),
+            inner.len() + 50,
+            "{name}: 50 bytes of overhead"
+        );
+        let sport = u16::from_be_bytes([out.output[34], out.output[35]]);
+        assert!(
+            sport >= 0xC000,
+            "{name}: source port {sport} from the flow hash"
+        );
+        let expected = bytes_of(
+            &scapy::call(&json!({
+                "op": "encap", "inner": hex(&inner),
+                "src_mac": mac(&UNDERLAY_MAC), "dst_mac": NODE_B_MAC,
+                "src_ip": "10.99.0.1", "dst_ip": "10.99.0.2",
+                "sport": sport, "dport": 6081, "vni": 1,
+            }))
+            .expect("scapy encap"),
+        );
+        assert_eq!(
+            hex(&out.output),
+            hex(&expected),
+            "{name}: every byte as scapy builds it"
+        );
+        let decoded =
+            scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+        assert_eq!(decoded["ip_chksum_ok"], true, "{name}");
+        assert_eq!(decoded["df"], true, "{name}");
+        assert_eq!(decoded["ttl"], 64, "{name}");
+        assert_eq!(decoded["udp_chksum"], 0, "{name}");
+        assert_eq!(decoded["vni"], 1, "{name}");
+        assert_eq!(decoded["proto"], 0x6558, "{name}");
+        assert_eq!(decoded["inner"], hex(&inner), "{name}");
+    }
+    let counters = bed.fixture.counters();
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::GeneveEncap), 3);
+}
+
+#[test]
+fn encapsulation_over_ipv6_matches_scapy_byte_for_byte() {
+    if !privileged("encapsulation_over_ipv6_matches_scapy_byte_for_byte") {
+        return;
+    }
+    let mut bed = bed();
+    let inner = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 3, 2]);
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &inner, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(out.output.len(), inner.len() + 70);
+    let flow_label = u32::from_be_bytes([0, out.output[15] & 0x0f, out.output[16], out.output[17]]);
+    let sport = u16::from_be_bytes([out.output[54], out.output[55]]);
+    let expected = bytes_of(
+        &scapy::call(&json!({
+            "op": "encap", "inner": hex(&inner),
+            "src_mac": mac(&UNDERLAY_MAC), "dst_mac": NODE_C_MAC,
+            "src_ip": "fd99::1", "dst_ip": "fd99::3", "flow_label": flow_label,
+            "sport": sport, "dport": 6081, "vni": 1,
+        }))
+        .expect("scapy encap"),
+    );
+    assert_eq!(hex(&out.output), hex(&expected));
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    assert_eq!(decoded["hlim"], 64);
+    assert_eq!(decoded["plen"], inner.len() + 70 - 14 - 40);
+    assert_eq!(decoded["inner"], hex(&inner));
+}
+
+#[test]
+fn same_node_pods_are_redirected_never_encapsulated() {
+    if !privileged("same_node_pods_are_redirected_never_encapsulated") {
+        return;
+    }
+    let mut bed = bed();
+    let frame = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 3]);
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &frame, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(out.output.len(), frame.len(), "no encapsulation");
+    assert_eq!(&out.output[..6], &LOCAL_POD_MAC, "addressed to the pod");
+    assert_eq!(&out.output[6..12], &LOCAL_HOST_MAC, "from its gateway");
+    assert_eq!(&out.output[12..], &frame[12..], "the rest untouched");
+    let counters = bed.fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::LocalRedirect),
+        1
+    );
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::GeneveEncap), 0);
+}
+
+#[test]
+fn traffic_outside_the_pod_network_is_left_to_the_stack() {
+    if !privileged("traffic_outside_the_pod_network_is_left_to_the_stack") {
+        return;
+    }
+    let mut bed = bed();
+    let frame = with_destination_v4(&packets::ipv4_tcp(), [192, 0, 2, 1]);
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &frame, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_OK);
+    assert_eq!(out.output, frame);
+}
+
+/// A scapy-built Geneve packet for node a, with `overrides` applied to the request.
+fn geneve(overrides: serde_json::Value, inner: &[u8]) -> Vec<u8> {
+    let mut request = json!({
+        "op": "geneve", "inner": hex(inner),
+        "src_mac": "02:00:00:00:99:02", "dst_mac": mac(&UNDERLAY_MAC),
+        "src_ip": "10.99.0.2", "dst_ip": "10.99.0.1",
+        "sport": 50000, "dport": 6081, "vni": 1,
+    });
+    for (key, value) in overrides.as_object().expect("object") {
+        request[key] = value.clone();
+    }
+    bytes_of(&scapy::call(&request).expect("scapy geneve"))
+}
+
+#[test]
+fn decapsulation_follows_rfc_8926() {
+    if !privileged("decapsulation_follows_rfc_8926") {
+        return;
+    }
+    let inner = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 3]);
+    let not_local = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 99]);
+    let option =
+        |class: u16, kind: u8, data: &str| json!({"class": class, "type": kind, "data": data});
+    let delivered: Vec<(&str, Vec<u8>)> = vec![
+        ("no options", geneve(json!({}), &inner)),
+        (
+            "one non-critical option",
+            geneve(
+                json!({"options": [option(0x0102, 0x01, "01020304")]}),
+                &inner,
+            ),
+        ),
+        (
+            "two non-critical options",
+            geneve(
+                json!({"options": [option(0x0102, 0x01, "0102030405060708"), option(0xffff, 0x7f, "")]}),
+                &inner,
+            ),
+        ),
+        (
+            "ipv6 underlay",
+            geneve(json!({"src_ip": "fd99::3", "dst_ip": "fd99::1"}), &inner),
+        ),
+    ];
+    for (name, packet) in delivered {
+        let mut bed = bed();
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &packet, 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS, "{name}");
+        let mut expected = inner.clone();
+        expected[..6].copy_from_slice(&UNDERLAY_MAC);
+        assert_eq!(
+            hex(&out.output),
+            hex(&expected),
+            "{name}: the inner frame, addressed to this node"
+        );
+        assert_eq!(
+            bed.fixture
+                .counters()
+                .packets(Hook::Underlay, PacketClass::GeneveDecap),
+            1,
+            "{name}"
+        );
+    }
+
+    let refused: Vec<(&str, Vec<u8>, DropReason)> = vec![
+        (
+            "version 1",
+            geneve(json!({"version": 1}), &inner),
+            DropReason::GeneveBadVersion,
+        ),
+        (
+            "O bit (control)",
+            geneve(json!({"oam": 1}), &inner),
+            DropReason::GeneveControl,
+        ),
+        (
+            "unknown critical option, C set",
+            geneve(
+                json!({"critical": 1, "options": [option(0x0102, 0x81, "01020304")]}),
+                &inner,
+            ),
+            DropReason::GeneveCriticalOption,
+        ),
+        (
+            "unknown critical option, C clear",
+            geneve(
+                json!({"options": [option(0x0102, 0x81, "01020304")]}),
+                &inner,
+            ),
+            DropReason::GeneveCriticalOption,
+        ),
+        (
+            "options longer than the packet",
+            geneve(
+                json!({"options": [option(0x0102, 0x01, "01020304")], "claim_extra_option_words": 40}),
+                &inner,
+            ),
+            DropReason::GeneveOptionsTruncated,
+        ),
+        (
+            "not Ethernet inside",
+            geneve(json!({"proto": 0x0800}), &inner),
+            DropReason::GeneveBadProtocol,
+        ),
+        (
+            "from a non-node",
+            geneve(json!({"src_ip": "10.99.0.77"}), &inner),
+            DropReason::GeneveUnknownNode,
+        ),
+        (
+            "for a pod not on this node",
+            geneve(json!({}), &not_local),
+            DropReason::GeneveNoLocalPod,
+        ),
+    ];
+    for (name, packet, reason) in refused {
+        let mut bed = bed();
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &packet, 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_DROP, "{name}");
+        let counters = bed.fixture.counters();
+        assert_eq!(
+            counters.drops(reason),
+            1,
+            "{name}: {reason:?}, got {:?}",
+            counters.drops
+        );
+        assert_eq!(
+            counters.packets(Hook::Underlay, PacketClass::GeneveDecap),
+            0,
+            "{name}"
+        );
+    }
+
+    let untouched: Vec<(&str, Vec<u8>)> = vec![
+        ("another UDP port", geneve(json!({"dport": 6082}), &inner)),
+        (
+            "for another address",
+            geneve(json!({"dst_ip": "10.99.0.9"}), &inner),
+        ),
+    ];
+    for (name, packet) in untouched {
+        let mut bed = bed();
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &packet, 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS, "{name}");
+        assert_eq!(out.output, packet, "{name}: passed to the stack unchanged");
+    }
+}
