@@ -65,6 +65,7 @@ drop_reasons! {
     GeneveNoLocalPod = 27, "geneve_no_local_pod", "Geneve inner destination is not a pod on this node";
     OverlayNoRoute = 28, "overlay_no_route", "no underlay route to the remote node";
     OverlayEncapFailed = 29, "overlay_encap_failed", "the kernel refused to grow the packet for encapsulation";
+    OverlayMtuExceeded = 30, "overlay_mtu_exceeded", "a pod packet too large for the underlay after encapsulation";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

@@ -15,9 +15,9 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6,
-        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS,
-        BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
-        bpf_fib_lookup as FibParams, xdp_action,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
+        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT,
+        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, xdp_action,
     },
     helpers::{
         bpf_fib_lookup, bpf_get_hash_recalc, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
@@ -168,7 +168,12 @@ fn encapsulate(
         ENCAP_OVERHEAD_V4
     };
     let outer_len = ctx.len() + overhead - ETH_LEN as u32;
-    let mut fib = fib_params(config, endpoint, outer_len);
+    // A GSO packet is checked by its segments, which the stack sizes from the pod MTU; only
+    // a single packet's own length is compared with the route's MTU (0 skips the check).
+    // SAFETY: reading a field of our own context.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    let mtu_checked_len = if gso_size != 0 { 0 } else { outer_len };
+    let mut fib = fib_params(config, endpoint, mtu_checked_len);
     // SAFETY: fib is a valid bpf_fib_lookup on the stack and its size is passed.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -178,6 +183,9 @@ fn encapsulate(
             BPF_FIB_LOOKUP_OUTPUT,
         )
     } as u32;
+    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        return Err(DropReason::OverlayMtuExceeded);
+    }
     if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
         return Err(DropReason::OverlayNoRoute);
     }
@@ -363,12 +371,12 @@ fn write_udp_geneve(
 }
 
 #[inline(always)]
-fn fib_params(config: &OverlayConfig, endpoint: &TunnelEndpoint, outer_len: u32) -> FibParams {
+fn fib_params(config: &OverlayConfig, endpoint: &TunnelEndpoint, tot_len: u32) -> FibParams {
     // SAFETY: an all-zero bpf_fib_lookup is a valid starting point.
     let mut fib: FibParams = unsafe { core::mem::zeroed() };
     fib.l4_protocol = IPPROTO_UDP;
     fib.ifindex = config.underlay_ifindex;
-    fib.__bindgen_anon_1.tot_len = outer_len as u16;
+    fib.__bindgen_anon_1.tot_len = tot_len as u16;
     if endpoint.family == FAMILY_IPV6 {
         fib.family = AF_INET6;
         fib.__bindgen_anon_3.ipv6_src = words(&config.node_ipv6);

@@ -7,7 +7,7 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{Hook, PacketClass};
+use dataplane_common::Hook;
 
 use crate::{
     overlay,

@@ -16,6 +16,12 @@ pub enum AgentError {
     KernelUnsupported { reason: String },
 
     #[error(
+        "IP forwarding is off on this node: the pod overlay needs it \
+         (sysctl -w net.ipv4.conf.all.forwarding=1, and net.ipv6.conf.all.forwarding=1 for IPv6)"
+    )]
+    ForwardingDisabled,
+
+    #[error(
         "interface {name:?} not found in this network namespace: create it or name an existing one"
     )]
     InterfaceNotFound { name: String },

@@ -12,7 +12,10 @@ use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
     attach::XdpModeChoice,
+    model, netdev,
+    overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
+    preflight, source,
     state::{self, AgentState, DEFAULT_RUN_DIR},
     status,
 };
@@ -48,6 +51,13 @@ enum Command {
         /// XDP attach mode: auto tries offload, then native, then generic.
         #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
         xdp_mode: XdpModeChoice,
+        /// Directory of Kubernetes YAML manifests (Nodes, Pods, the operator Network): the
+        /// cluster state the overlay is built from. Local pods' veths are found and attached.
+        #[arg(long, requires = "node_name")]
+        manifests: Option<PathBuf>,
+        /// This node's name among the manifests' Nodes.
+        #[arg(long)]
+        node_name: Option<String>,
     },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
@@ -83,7 +93,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             underlay,
             pod_ifaces,
             xdp_mode,
-        } => run(&pins, &cli.run_dir, &underlay, &pod_ifaces, xdp_mode),
+            manifests,
+            node_name,
+        } => run(
+            &pins,
+            &cli.run_dir,
+            &RunArgs {
+                underlay,
+                pod_ifaces,
+                xdp_mode,
+                cluster: manifests.zip(node_name),
+            },
+        ),
         Command::Status { json } => {
             let report = status::collect(&pins, &cli.run_dir)?;
             if json {
@@ -102,21 +123,31 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
-fn run(
-    pins: &Pins,
-    run_dir: &std::path::Path,
-    underlay: &str,
-    pod_ifaces: &[String],
+struct RunArgs {
+    underlay: String,
+    pod_ifaces: Vec<String>,
     xdp_mode: XdpModeChoice,
-) -> anyhow::Result<()> {
+    /// Manifest directory and this node's name.
+    cluster: Option<(PathBuf, String)>,
+}
+
+fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
     // Name a missing interface before loading anything.
-    dataplane_user::preflight::interface_index(underlay)?;
-    for iface in pod_ifaces {
-        dataplane_user::preflight::interface_index(iface)?;
+    let underlay_index = preflight::interface_index(&args.underlay)?;
+    for iface in &args.pod_ifaces {
+        preflight::interface_index(iface)?;
     }
     let mut dataplane = Dataplane::load(pins)?;
-    let mut attachments = vec![dataplane.attach_underlay(underlay, xdp_mode)?];
-    for iface in pod_ifaces {
+    let mut pod_ifaces = args.pod_ifaces.clone();
+    if let Some((dir, node)) = &args.cluster {
+        for iface in configure_overlay(&mut dataplane, dir, node, &args.underlay, underlay_index)? {
+            if !pod_ifaces.contains(&iface) {
+                pod_ifaces.push(iface);
+            }
+        }
+    }
+    let mut attachments = vec![dataplane.attach_underlay(&args.underlay, args.xdp_mode)?];
+    for iface in &pod_ifaces {
         attachments.push(dataplane.attach_pod(iface)?);
     }
     let started_unix = SystemTime::now()
@@ -146,6 +177,56 @@ fn run(
     state::remove(run_dir);
     tracing::info!("detached, exiting");
     Ok(())
+}
+
+/// Reads the manifests, builds this node's overlay view, and syncs the overlay maps. Returns
+/// the host-side interfaces of the local pods.
+fn configure_overlay(
+    dataplane: &mut Dataplane,
+    dir: &std::path::Path,
+    node: &str,
+    underlay: &str,
+    underlay_index: u32,
+) -> anyhow::Result<Vec<String>> {
+    preflight::check_forwarding()?;
+    let state = source::read_dir(dir)?;
+    for rejected in &state.rejected {
+        tracing::warn!(%rejected, "manifest object skipped");
+    }
+    let mtu = netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
+    let mac = netdev::mac(underlay).with_context(|| format!("reading the MAC of {underlay}"))?;
+    let settings = state.network.unwrap_or_default().validate(mtu)?;
+    let underlay = Underlay {
+        ifindex: underlay_index,
+        mac,
+    };
+    let model = model::build(&state, node, underlay, settings, host_interface);
+    for warning in &model.warnings {
+        tracing::warn!(%warning, "cluster state");
+    }
+    let desired = overlay::compile(&model.view)?;
+    let stats = dataplane.sync_overlay(&desired)?;
+    tracing::info!(
+        node,
+        geneve_port = settings.geneve_port,
+        pod_mtu = settings.pod_mtu,
+        nodes = model.view.nodes.len(),
+        local_pods = model.view.local_pods.len(),
+        written = stats.written,
+        deleted = stats.deleted,
+        "overlay configured"
+    );
+    Ok(model.pod_interfaces)
+}
+
+/// The host interface a pod address is routed to, in this node's namespace.
+fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
+    let name = netdev::host_route_device(ip)?;
+    Some(model::HostInterface {
+        ifindex: preflight::interface_index(&name).ok()?,
+        mac: netdev::mac(&name).ok()?,
+        name,
+    })
 }
 
 async fn wait_for_shutdown() -> anyhow::Result<()> {

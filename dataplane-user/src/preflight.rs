@@ -43,6 +43,22 @@ pub fn check_kernel() -> Result<(), AgentError> {
     Ok(())
 }
 
+/// The overlay forwards between pods and the underlay, and the kernel's FIB lookup for BPF
+/// refuses to answer on a node that does not forward.
+pub fn check_forwarding() -> Result<(), AgentError> {
+    let path = "/proc/sys/net/ipv4/conf/all/forwarding";
+    let value = std::fs::read_to_string(path).map_err(|source| AgentError::Io {
+        action: "reading",
+        path: path.into(),
+        source,
+    })?;
+    if value.trim() == "1" {
+        Ok(())
+    } else {
+        Err(AgentError::ForwardingDisabled)
+    }
+}
+
 /// The interface index of `name` in the current network namespace.
 pub fn interface_index(name: &str) -> Result<u32, AgentError> {
     let not_found = || AgentError::InterfaceNotFound { name: name.into() };

@@ -7,6 +7,7 @@
 //! - [`scapy`]: the independent Geneve encoder/decoder;
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
 
+pub mod capture;
 pub mod fixture;
 pub mod netns;
 pub mod packets;

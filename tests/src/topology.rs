@@ -25,7 +25,9 @@ use dataplane_user::{Pins, stats::Counters};
 #[derive(Clone, Debug)]
 pub struct Pod {
     pub netns: String,
+    pub name: String,
     pub ip: Ipv4Addr,
+    pub mac: [u8; 6],
     /// Host-side veth in the node's netns.
     pub host_iface: String,
 }
@@ -38,13 +40,34 @@ pub struct Node {
     pub underlay_iface: String,
     pub underlay_ip: Ipv4Addr,
     pub pods: Vec<Pod>,
+    /// Overlay mode: the manifest directory the agent reads the cluster from.
+    pub manifests: Option<PathBuf>,
+}
+
+/// How pod traffic crosses between nodes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Mode {
+    /// Nodes route each other's pod CIDRs over the underlay (no overlay; the agents are given
+    /// the pod veths on the command line).
+    Routed,
+    /// No routes between nodes' pod CIDRs: only the Geneve overlay carries pod traffic. The
+    /// cluster is written as Kubernetes manifests that the agents read.
+    Overlay,
 }
 
 pub struct Topology {
     pub nodes: Vec<Node>,
+    pub mode: Mode,
+    /// The namespace of the bridge joining the nodes (port `n<i>` leads to node i).
+    pub fabric: String,
     /// Every namespace created, removed in reverse order on drop.
     namespaces: Vec<String>,
+    /// Overlay mode: the manifests, removed on drop.
+    manifests: Option<PathBuf>,
 }
+
+/// Pod MTU in overlay mode: OVN-Kubernetes' default, underlay MTU (1500) minus 100.
+pub const OVERLAY_POD_MTU: u32 = 1400;
 
 pub fn underlay_ip(node: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, node as u8 + 1)
@@ -61,14 +84,23 @@ pub fn pod_cidr(node: usize) -> String {
 const POD_GATEWAY: &str = "169.254.1.1";
 
 impl Topology {
-    /// Builds `nodes` nodes with `pods_per_node` pods each.
+    /// Builds `nodes` nodes with `pods_per_node` pods each, pod CIDRs routed between nodes.
     pub fn build(nodes: usize, pods_per_node: usize) -> anyhow::Result<Self> {
+        Self::build_with(nodes, pods_per_node, Mode::Routed)
+    }
+
+    /// Builds `nodes` nodes with `pods_per_node` pods each, joined as `mode` says.
+    pub fn build_with(nodes: usize, pods_per_node: usize, mode: Mode) -> anyhow::Result<Self> {
         ensure!(nodes <= 200 && pods_per_node <= 200, "topology too large");
         let mut topology = Topology {
             nodes: Vec::new(),
+            mode,
+            fabric: String::new(),
             namespaces: Vec::new(),
+            manifests: None,
         };
         let fabric = topology.add_namespace("fab")?;
+        topology.fabric = fabric.clone();
         sh_in(&fabric, "ip link add br0 type bridge")?;
         sh_in(&fabric, "ip link set br0 up")?;
 
@@ -90,11 +122,12 @@ impl Topology {
                 underlay_iface: "eth0".into(),
                 underlay_ip: underlay_ip(n),
                 pods: Vec::new(),
+                manifests: None,
             });
         }
         for n in 0..nodes {
             let netns = topology.nodes[n].netns.clone();
-            for other in (0..nodes).filter(|o| *o != n) {
+            for other in (0..nodes).filter(|o| *o != n && mode == Mode::Routed) {
                 let route = format!(
                     "ip route add {} via {}",
                     pod_cidr(other),
@@ -107,7 +140,53 @@ impl Topology {
                 topology.nodes[n].pods.push(pod);
             }
         }
+        if mode == Mode::Overlay {
+            let dir = std::env::temp_dir().join(crate::unique_name("manifests"));
+            fs::create_dir_all(&dir)?;
+            fs::write(dir.join("cluster.yaml"), topology.manifests_yaml())?;
+            for node in &mut topology.nodes {
+                node.manifests = Some(dir.clone());
+            }
+            topology.manifests = Some(dir);
+        }
         Ok(topology)
+    }
+
+    /// The cluster as Kubernetes objects: the operator Network, one Node per node (InternalIP,
+    /// podCIDRs), one Pod per pod (nodeName, podIPs, OVN-Kubernetes' pod-networks annotation).
+    fn manifests_yaml(&self) -> String {
+        let mut yaml = String::from(
+            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+             spec:\n  defaultNetwork:\n    type: OVNKubernetes\n    ovnKubernetesConfig: {genevePort: 6081}\n",
+        );
+        for node in &self.nodes {
+            yaml.push_str(&format!(
+                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n\
+                 spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}]}}\n\
+                 status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: Hostname, address: {name}}}]}}\n",
+                name = node_name(node.index),
+                cidr = pod_cidr(node.index),
+                ip = node.underlay_ip,
+            ));
+            for pod in &node.pods {
+                let mac = pod
+                    .mac
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<Vec<_>>()
+                    .join(":");
+                yaml.push_str(&format!(
+                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n\
+                     \x20 annotations:\n    k8s.ovn.org/pod-networks: '{{\"default\":{{\"ip_addresses\":[\"{ip}/24\"],\"mac_address\":\"{mac}\"}}}}'\n\
+                     spec: {{nodeName: {node}, containers: [{{name: app, image: registry.k8s.io/pause:3.9}}]}}\n\
+                     status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n",
+                    name = pod.name,
+                    ip = pod.ip,
+                    node = node_name(node.index),
+                ));
+            }
+        }
+        yaml
     }
 
     fn add_namespace(&mut self, suffix: &str) -> anyhow::Result<String> {
@@ -123,9 +202,23 @@ impl Topology {
         let netns = self.add_namespace(&format!("n{node}p{index}"))?;
         let host_iface = format!("vp{index}");
         let ip_addr = pod_ip(node, index);
+        let o = ip_addr.octets();
+        // OVN-Kubernetes derives pod MACs from the IPv4 address.
+        let mac = [0x0a, 0x58, o[0], o[1], o[2], o[3]];
         ip(&format!(
             "link add eth0 netns {netns} type veth peer name {host_iface} netns {node_ns}"
         ))?;
+        if self.mode == Mode::Overlay {
+            let mac_text = mac
+                .iter()
+                .map(|b| format!("{b:02x}"))
+                .collect::<Vec<_>>()
+                .join(":");
+            sh_in(
+                &netns,
+                &format!("ip link set eth0 address {mac_text} mtu {OVERLAY_POD_MTU}"),
+            )?;
+        }
         sh_in(&netns, &format!("ip addr add {ip_addr}/32 dev eth0"))?;
         sh_in(&netns, "ip link set eth0 up")?;
         sh_in(
@@ -148,7 +241,9 @@ impl Topology {
         )?;
         Ok(Pod {
             netns,
+            name: format!("pod-{node}-{index}"),
             ip: ip_addr,
+            mac,
             host_iface,
         })
     }
@@ -158,8 +253,16 @@ impl Topology {
     }
 }
 
+/// The Kubernetes name of node `index`.
+pub fn node_name(index: usize) -> String {
+    format!("node{index}")
+}
+
 impl Drop for Topology {
     fn drop(&mut self) {
+        if let Some(dir) = &self.manifests {
+            let _ = fs::remove_dir_all(dir);
+        }
         for name in self.namespaces.iter().rev() {
             if let Err(e) = ip(&format!("netns del {name}")) {
                 eprintln!("topology cleanup: {e:#}");
@@ -220,8 +323,19 @@ impl Node {
             .arg("--run-dir")
             .arg(&run_dir)
             .args(["run", "--underlay", &self.underlay_iface]);
-        for pod in &self.pods {
-            command.args(["--pod-iface", &pod.host_iface]);
+        match &self.manifests {
+            // The agent finds the pods' veths itself from the cluster state.
+            Some(dir) => {
+                command
+                    .arg("--manifests")
+                    .arg(dir)
+                    .args(["--node-name", &node_name(self.index)]);
+            }
+            None => {
+                for pod in &self.pods {
+                    command.args(["--pod-iface", &pod.host_iface]);
+                }
+            }
         }
         let child = command
             .stdin(Stdio::null())

@@ -16,6 +16,7 @@ const PACKAGES: &[&str] = &[
     "iputils-ping",
     "python3",
     "util-linux",
+    "tshark",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

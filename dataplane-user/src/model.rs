@@ -1,0 +1,328 @@
+//! Typed cluster state for this node, built from Kubernetes objects: which nodes exist and
+//! where their pods live, which pods run here and behind which host veth.
+
+use std::net::IpAddr;
+
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+use crate::{
+    overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
+    source::ClusterState,
+};
+
+/// OVN-Kubernetes' per-pod network annotation, carrying the pod's MAC.
+pub const POD_NETWORKS_ANNOTATION: &str = "k8s.ovn.org/pod-networks";
+
+/// A pod's host-side interface as found in this node's namespace.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HostInterface {
+    pub name: String,
+    pub ifindex: u32,
+    pub mac: [u8; 6],
+}
+
+/// The overlay view of this node, and one line per object that could not be used.
+pub struct NodeModel {
+    pub view: OverlayView,
+    /// Host-side interfaces of the local pods (tc is attached to each).
+    pub pod_interfaces: Vec<String>,
+    pub warnings: Vec<String>,
+}
+
+/// Builds this node's overlay view from cluster state. `find_host_interface` answers which
+/// host interface leads to a pod address (the agent reads the routing table; tests pass a map).
+pub fn build(
+    state: &ClusterState,
+    this_node: &str,
+    underlay: Underlay,
+    settings: OverlaySettings,
+    find_host_interface: impl Fn(IpAddr) -> Option<HostInterface>,
+) -> NodeModel {
+    let mut warnings = Vec::new();
+    let nodes = state
+        .nodes
+        .iter()
+        .filter_map(|n| node_view(n, &mut warnings))
+        .collect();
+    let mut local_pods = Vec::new();
+    let mut pod_interfaces = Vec::new();
+    for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
+        let name = pod_name(pod);
+        let addresses = pod_addresses(pod, &mut warnings);
+        let Some(first) = addresses.first() else {
+            continue;
+        };
+        let Some(interface) = find_host_interface(*first) else {
+            warnings.push(format!(
+                "pod {name}: no host route to {first} yet; not wired"
+            ));
+            continue;
+        };
+        let Some(pod_mac) = pod_mac(pod, &addresses, &mut warnings) else {
+            continue;
+        };
+        if !pod_interfaces.contains(&interface.name) {
+            pod_interfaces.push(interface.name.clone());
+        }
+        local_pods.push(LocalPodView {
+            name,
+            addresses,
+            pod_mac,
+            host_ifindex: interface.ifindex,
+            host_mac: interface.mac,
+        });
+    }
+    NodeModel {
+        view: OverlayView {
+            this_node: this_node.to_owned(),
+            nodes,
+            local_pods,
+            underlay,
+            settings,
+        },
+        pod_interfaces,
+        warnings,
+    }
+}
+
+fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
+    let name = node.metadata.name.clone()?;
+    let addresses = node
+        .status
+        .as_ref()
+        .and_then(|s| s.addresses.as_ref())
+        .into_iter()
+        .flatten()
+        .filter(|a| a.type_ == "InternalIP")
+        .filter_map(|a| match a.address.parse::<IpAddr>() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                warnings.push(format!(
+                    "node {name}: status.addresses InternalIP {:?} is not an address",
+                    a.address
+                ));
+                None
+            }
+        })
+        .collect();
+    let spec = node.spec.as_ref();
+    let cidrs: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
+        Some(cidrs) if !cidrs.is_empty() => cidrs,
+        _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+    };
+    let pod_cidrs = cidrs
+        .iter()
+        .filter_map(|c| match c.parse::<IpNet>() {
+            Ok(net) => Some(net),
+            Err(_) => {
+                warnings.push(format!("node {name}: spec.podCIDRs {c:?} is not a CIDR"));
+                None
+            }
+        })
+        .collect();
+    Some(NodeView {
+        name,
+        addresses,
+        pod_cidrs,
+    })
+}
+
+fn pod_name(pod: &Pod) -> String {
+    format!(
+        "{}/{}",
+        pod.metadata.namespace.as_deref().unwrap_or("default"),
+        pod.metadata.name.as_deref().unwrap_or("<unnamed>")
+    )
+}
+
+/// Whether the pod is a live, pod-network pod scheduled on `node`.
+fn runs_on(pod: &Pod, node: &str) -> bool {
+    let Some(spec) = &pod.spec else { return false };
+    let finished = pod
+        .status
+        .as_ref()
+        .and_then(|s| s.phase.as_deref())
+        .is_some_and(|p| p == "Succeeded" || p == "Failed");
+    spec.node_name.as_deref() == Some(node) && spec.host_network != Some(true) && !finished
+}
+
+fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr> {
+    let status = pod.status.as_ref();
+    let mut texts: Vec<String> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.clone())
+        .collect();
+    if texts.is_empty() {
+        texts.extend(status.and_then(|s| s.pod_ip.clone()));
+    }
+    texts
+        .iter()
+        .filter_map(|t| match t.parse() {
+            Ok(ip) => Some(ip),
+            Err(_) => {
+                warnings.push(format!(
+                    "pod {}: status.podIPs {t:?} is not an address",
+                    pod_name(pod)
+                ));
+                None
+            }
+        })
+        .collect()
+}
+
+/// The pod's MAC: from OVN-Kubernetes' annotation, else derived from its IPv4 address as
+/// OVN-Kubernetes does (0a:58 followed by the four address bytes).
+fn pod_mac(pod: &Pod, addresses: &[IpAddr], warnings: &mut Vec<String>) -> Option<[u8; 6]> {
+    let annotation = pod
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(POD_NETWORKS_ANNOTATION));
+    if let Some(text) = annotation {
+        let parsed = serde_json::from_str::<serde_json::Value>(text)
+            .ok()
+            .and_then(|v| v["default"]["mac_address"].as_str().map(str::to_owned))
+            .and_then(|m| parse_mac(&m));
+        match parsed {
+            Some(mac) => return Some(mac),
+            None => warnings.push(format!(
+                "pod {}: annotation {POD_NETWORKS_ANNOTATION} has no valid default.mac_address",
+                pod_name(pod)
+            )),
+        }
+    }
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            Some([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+        }
+        IpAddr::V6(_) => None,
+    })
+}
+
+fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).ok())
+        .collect::<Option<_>>()?;
+    bytes.try_into().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{overlay::OvnKubernetesConfig, source::add_documents};
+
+    const CLUSTER: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: a}
+spec: {podCIDRs: [10.244.1.0/24, "fd00:10:244:1::/64"]}
+status: {addresses: [{type: InternalIP, address: 10.99.0.1}, {type: Hostname, address: a}]}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: b}
+spec: {podCIDR: 10.244.2.0/24}
+status: {addresses: [{type: InternalIP, address: 10.99.0.2}]}
+---
+apiVersion: v1
+kind: Pod
+metadata:
+  name: annotated
+  namespace: shop
+  annotations: {k8s.ovn.org/pod-networks: '{"default":{"ip_addresses":["10.244.1.2/24"],"mac_address":"0a:58:0a:f4:01:99"}}'}
+spec: {nodeName: a, containers: [{name: c, image: i}]}
+status: {phase: Running, podIPs: [{ip: 10.244.1.2}, {ip: "fd00:10:244:1::2"}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: derived, namespace: shop}
+spec: {nodeName: a, containers: [{name: c, image: i}]}
+status: {phase: Running, podIP: 10.244.1.3}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: elsewhere}
+spec: {nodeName: b, containers: [{name: c, image: i}]}
+status: {podIPs: [{ip: 10.244.2.2}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: host}
+spec: {nodeName: a, hostNetwork: true, containers: [{name: c, image: i}]}
+status: {podIPs: [{ip: 10.99.0.1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: done}
+spec: {nodeName: a, containers: [{name: c, image: i}]}
+status: {phase: Succeeded, podIPs: [{ip: 10.244.1.9}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: unwired}
+spec: {nodeName: a, containers: [{name: c, image: i}]}
+status: {podIPs: [{ip: 10.244.1.7}]}
+"#;
+
+    #[test]
+    fn builds_this_nodes_view_from_objects() {
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "cluster.yaml", CLUSTER);
+        let underlay = Underlay {
+            ifindex: 2,
+            mac: [2, 0, 0, 0, 0, 1],
+        };
+        let settings = OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("settings");
+        let interfaces = |ip: IpAddr| {
+            let name = match ip.to_string().as_str() {
+                "10.244.1.2" => "vp0",
+                "10.244.1.3" => "vp1",
+                _ => return None,
+            };
+            Some(HostInterface {
+                name: name.into(),
+                ifindex: 10,
+                mac: [2, 0, 0, 0, 1, 1],
+            })
+        };
+        let model = build(&state, "a", underlay, settings, interfaces);
+        assert_eq!(model.view.nodes.len(), 2);
+        assert_eq!(
+            model.view.nodes[0].addresses,
+            vec!["10.99.0.1".parse::<IpAddr>().unwrap()]
+        );
+        assert_eq!(model.view.nodes[0].pod_cidrs.len(), 2);
+        assert_eq!(
+            model.view.nodes[1].pod_cidrs,
+            vec!["10.244.2.0/24".parse::<IpNet>().unwrap()]
+        );
+        let pods: Vec<(&str, [u8; 6], usize)> = model
+            .view
+            .local_pods
+            .iter()
+            .map(|p| (p.name.as_str(), p.pod_mac, p.addresses.len()))
+            .collect();
+        assert_eq!(
+            pods,
+            vec![
+                ("shop/annotated", [0x0a, 0x58, 0x0a, 0xf4, 0x01, 0x99], 2),
+                ("shop/derived", [0x0a, 0x58, 10, 244, 1, 3], 1),
+            ]
+        );
+        assert_eq!(
+            model.pod_interfaces,
+            vec!["vp0".to_owned(), "vp1".to_owned()]
+        );
+        assert_eq!(
+            model.warnings,
+            vec!["pod default/unwired: no host route to 10.244.1.7 yet; not wired".to_owned()]
+        );
+    }
+}

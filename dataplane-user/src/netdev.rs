@@ -1,0 +1,115 @@
+//! Facts about network devices of the agent's network namespace, read the namespace-aware way
+//! (ioctl on a socket, /proc/net of this process) so they hold under `nsenter` too, where
+//! /sys/class/net may show another namespace.
+
+use std::{
+    ffi::CString,
+    fs, io,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
+};
+
+/// MAC address of `name`.
+pub fn mac(name: &str) -> io::Result<[u8; 6]> {
+    let request = ifreq_ioctl(name, libc::SIOCGIFHWADDR)?;
+    // SAFETY: SIOCGIFHWADDR filled the hardware-address member of the union.
+    let data = unsafe { request.ifr_ifru.ifru_hwaddr.sa_data };
+    Ok([
+        data[0] as u8,
+        data[1] as u8,
+        data[2] as u8,
+        data[3] as u8,
+        data[4] as u8,
+        data[5] as u8,
+    ])
+}
+
+/// MTU of `name`.
+pub fn mtu(name: &str) -> io::Result<u32> {
+    let request = ifreq_ioctl(name, libc::SIOCGIFMTU)?;
+    // SAFETY: SIOCGIFMTU filled the MTU member of the union.
+    let mtu = unsafe { request.ifr_ifru.ifru_mtu };
+    u32::try_from(mtu).map_err(|_| io::Error::other("negative MTU"))
+}
+
+fn ifreq_ioctl(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
+    let c_name = CString::new(name).map_err(io::Error::other)?;
+    let bytes = c_name.as_bytes_with_nul();
+    if bytes.len() > libc::IFNAMSIZ {
+        return Err(io::Error::other("interface name too long"));
+    }
+    // SAFETY: an all-zero ifreq is valid; the name is copied in within IFNAMSIZ.
+    let mut ifreq: libc::ifreq = unsafe { std::mem::zeroed() };
+    for (dst, src) in ifreq.ifr_name.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: plain socket creation; the fd is owned right away.
+    let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor owned by nothing else.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // SAFETY: ifreq is a valid, writable ifreq for this request.
+    if unsafe { libc::ioctl(socket.as_raw_fd(), request, &mut ifreq) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(ifreq)
+}
+
+/// The device of the host route (/32 or /128) to `ip` in the main table: how a CNI wires a
+/// pod's address to its host-side veth.
+pub fn host_route_device(ip: IpAddr) -> Option<String> {
+    match ip {
+        IpAddr::V4(v4) => host_route_v4(&fs::read_to_string("/proc/net/route").ok()?, v4),
+        IpAddr::V6(v6) => host_route_v6(&fs::read_to_string("/proc/net/ipv6_route").ok()?, v6),
+    }
+}
+
+/// `/proc/net/route`: `Iface Destination Gateway Flags RefCnt Use Metric Mask ...`, addresses
+/// as host-endian hex of the network-order value.
+fn host_route_v4(table: &str, ip: Ipv4Addr) -> Option<String> {
+    let want = format!("{:08X}", u32::from_ne_bytes(ip.octets()));
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() > 7 && fields[1] == want && fields[7] == "FFFFFFFF")
+            .then(|| fields[0].to_owned())
+    })
+}
+
+/// `/proc/net/ipv6_route`: `dest plen src splen nexthop metric refcnt use flags iface`.
+fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
+    let want: String = ip.octets().iter().map(|b| format!("{b:02x}")).collect();
+    table.lines().find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        (fields.len() > 9 && fields[0] == want && fields[1] == "80").then(|| fields[9].to_owned())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn finds_host_routes_in_proc_tables() {
+        let v4 = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+                  eth0\t0063A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+                  vp0\t0201F40A\t00000000\t0005\t0\t0\t0\tFFFFFFFF\t0\t0\t0\n";
+        assert_eq!(
+            host_route_v4(v4, Ipv4Addr::new(10, 244, 1, 2)).as_deref(),
+            Some("vp0")
+        );
+        assert_eq!(host_route_v4(v4, Ipv4Addr::new(10, 244, 1, 3)), None);
+        let v6 = "fd00102a000000010000000000000002 80 00000000000000000000000000000000 00 \
+                  00000000000000000000000000000000 00000400 00000001 00000000 00000001 vp1\n";
+        let ip: Ipv6Addr = "fd00:102a:0:1::2".parse().expect("address");
+        assert_eq!(host_route_v6(v6, ip).as_deref(), Some("vp1"));
+    }
+
+    #[test]
+    fn loopback_has_an_mtu_and_a_mac() {
+        assert!(mtu("lo").expect("lo mtu") >= 1500);
+        assert_eq!(mac("lo").expect("lo mac"), [0; 6]);
+        assert!(mtu("nosuch0").is_err());
+    }
+}

@@ -1,0 +1,229 @@
+//! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
+//! cluster): Nodes and Pods as the API serves them (k8s-openapi types), and the OpenShift
+//! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
+//! that does not parse is reported by file, kind and name and skipped, the rest still loads.
+
+use std::{fs, path::Path};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Deserialize;
+
+use crate::overlay::OvnKubernetesConfig;
+
+/// Everything read from the manifests.
+#[derive(Clone, Debug, Default)]
+pub struct ClusterState {
+    pub nodes: Vec<Node>,
+    pub pods: Vec<Pod>,
+    /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
+    pub network: Option<OvnKubernetesConfig>,
+    /// Objects skipped because they did not parse, one line each naming the object.
+    pub rejected: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SourceError {
+    #[error("reading manifests from {path}")]
+    Read {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Reads every `*.yaml` / `*.yml` file of `dir` (sorted by name; multi-document files allowed).
+pub fn read_dir(dir: &Path) -> Result<ClusterState, SourceError> {
+    let read_err = |source| SourceError::Read {
+        path: dir.display().to_string(),
+        source,
+    };
+    let mut files: Vec<_> = fs::read_dir(dir)
+        .map_err(read_err)?
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    let mut state = ClusterState::default();
+    for file in files {
+        let text = fs::read_to_string(&file).map_err(|source| SourceError::Read {
+            path: file.display().to_string(),
+            source,
+        })?;
+        add_documents(&mut state, &file.display().to_string(), &text);
+    }
+    Ok(state)
+}
+
+/// Adds every document of one manifest file to `state`.
+pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
+    for document in serde_yaml::Deserializer::from_str(text) {
+        let value = match serde_yaml::Value::deserialize(document) {
+            Ok(serde_yaml::Value::Null) => continue,
+            Ok(value) => value,
+            Err(e) => {
+                state.rejected.push(format!("{file}: not YAML: {e}"));
+                continue;
+            }
+        };
+        add_object(state, file, value);
+    }
+}
+
+fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
+    let field = |key: &str| {
+        value
+            .get(key)
+            .and_then(|v| v.as_str())
+            .unwrap_or_default()
+            .to_owned()
+    };
+    let (api_version, kind) = (field("apiVersion"), field("kind"));
+    let name = value
+        .get("metadata")
+        .and_then(|m| m.get("name"))
+        .and_then(|n| n.as_str())
+        .unwrap_or("<unnamed>")
+        .to_owned();
+    let reject = |state: &mut ClusterState, error: String| {
+        tracing::warn!(file, kind, name, error, "manifest object rejected");
+        state
+            .rejected
+            .push(format!("{file}: {kind} {name}: {error}"));
+    };
+    match (api_version.as_str(), kind.as_str()) {
+        ("v1", "Node") => match serde_yaml::from_value::<Node>(value) {
+            Ok(node) => state.nodes.push(node),
+            Err(e) => reject(state, e.to_string()),
+        },
+        ("v1", "Pod") => match serde_yaml::from_value::<Pod>(value) {
+            Ok(pod) => state.pods.push(pod),
+            Err(e) => reject(state, e.to_string()),
+        },
+        ("operator.openshift.io/v1", "Network") => {
+            match serde_yaml::from_value::<NetworkOperator>(value) {
+                Ok(network) if network.metadata.name == "cluster" => {
+                    let ovn = network.spec.default_network.ovn_kubernetes_config;
+                    state.network = Some(OvnKubernetesConfig {
+                        mtu: ovn.mtu,
+                        geneve_port: ovn.geneve_port,
+                    });
+                }
+                Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        _ => tracing::debug!(file, api_version, kind, name, "kind not used, skipped"),
+    }
+}
+
+/// The part of `operator.openshift.io/v1` `Network` the overlay reads.
+#[derive(Deserialize)]
+struct NetworkOperator {
+    metadata: NetworkMetadata,
+    #[serde(default)]
+    spec: NetworkSpec,
+}
+
+#[derive(Deserialize)]
+struct NetworkMetadata {
+    name: String,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkSpec {
+    #[serde(default)]
+    default_network: DefaultNetwork,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DefaultNetwork {
+    #[serde(default)]
+    ovn_kubernetes_config: OvnConfigSpec,
+}
+
+/// Other fields of `ovnKubernetesConfig` (gatewayConfig, policyAuditConfig, ...) belong to
+/// other features and are read there.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct OvnConfigSpec {
+    mtu: Option<u32>,
+    geneve_port: Option<u16>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+spec: {podCIDRs: [10.244.1.0/24]}
+status: {addresses: [{type: InternalIP, address: 10.99.0.1}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: default}
+spec: {nodeName: node-a, containers: [{name: app, image: nginx}]}
+status: {podIPs: [{ip: 10.244.1.2}]}
+---
+apiVersion: operator.openshift.io/v1
+kind: Network
+metadata: {name: cluster}
+spec:
+  defaultNetwork:
+    type: OVNKubernetes
+    ovnKubernetesConfig: {mtu: 1400, genevePort: 6082}
+---
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: ignored}
+---
+apiVersion: v1
+kind: Node
+metadata: {name: broken}
+spec: {podCIDRs: "not-a-list"}
+"#;
+
+    #[test]
+    fn reads_nodes_pods_and_network_and_names_what_it_rejects() {
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "cluster.yaml", MANIFESTS);
+        assert_eq!(state.nodes.len(), 1);
+        assert_eq!(state.nodes[0].metadata.name.as_deref(), Some("node-a"));
+        assert_eq!(state.pods.len(), 1);
+        assert_eq!(
+            state.network,
+            Some(OvnKubernetesConfig {
+                mtu: Some(1400),
+                geneve_port: Some(6082)
+            })
+        );
+        assert_eq!(state.rejected.len(), 1, "{:?}", state.rejected);
+        assert!(
+            state.rejected[0].starts_with("cluster.yaml: Node broken:"),
+            "{:?}",
+            state.rejected
+        );
+    }
+
+    #[test]
+    fn an_out_of_range_geneve_port_is_rejected_naming_the_object() {
+        let mut state = ClusterState::default();
+        add_documents(
+            &mut state,
+            "net.yaml",
+            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+             spec: {defaultNetwork: {ovnKubernetesConfig: {genevePort: 70000}}}\n",
+        );
+        assert!(state.network.is_none());
+        assert!(
+            state.rejected[0].starts_with("net.yaml: Network cluster:"),
+            "{:?}",
+            state.rejected
+        );
+    }
+}
