@@ -14,7 +14,14 @@ impl Fixture {
     /// Loads every program (through the verifier) with fresh, empty maps.
     pub fn load() -> anyhow::Result<Self> {
         let pins = Pins::new(format!("/sys/fs/bpf/{}", crate::unique_name("fx")));
-        let dataplane = Dataplane::load(&pins)?;
+        let dataplane = match Dataplane::load(&pins) {
+            Ok(dataplane) => dataplane,
+            Err(error) => {
+                // A failed load (a verifier rejection, say) must not leave its fresh pins.
+                let _ = pins.remove_all();
+                return Err(error.into());
+            }
+        };
         Ok(Self {
             dataplane: Some(dataplane),
             pins,

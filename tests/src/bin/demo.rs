@@ -8,7 +8,7 @@ use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     packets,
-    topology::{Agent, Topology, dataplane_binary},
+    topology::{Agent, Mode, Topology, dataplane_binary},
 };
 
 #[derive(Parser)]
@@ -29,7 +29,13 @@ fn main() -> anyhow::Result<()> {
         "== building {} nodes with {} pods each in network namespaces",
         args.nodes, args.pods
     );
-    let topology = Topology::build(args.nodes, args.pods)?;
+    let topology = Topology::build_with(args.nodes, args.pods, Mode::Overlay)?;
+    if let Some(dir) = &topology.nodes[0].manifests {
+        println!(
+            "   cluster state: Kubernetes manifests in {}",
+            dir.display()
+        );
+    }
     for node in &topology.nodes {
         let pods: Vec<String> = node
             .pods
@@ -44,7 +50,21 @@ fn main() -> anyhow::Result<()> {
         );
     }
 
-    println!("== starting one agent per node");
+    let first = &topology.nodes[0];
+    let remote = &topology.nodes[1].pods[0];
+    let before = first.pods[0].ping(remote.ip, 1)?;
+    println!(
+        "   before the agents: ping {} -> {} (other node) {}",
+        first.pods[0].ip,
+        remote.ip,
+        if before {
+            "answered (unexpected)"
+        } else {
+            "unanswered: no path between nodes' pods"
+        }
+    );
+
+    println!("== starting one agent per node (reads the manifests, builds the Geneve overlay)");
     let agents: Vec<Agent> = topology
         .nodes
         .iter()
@@ -52,7 +72,6 @@ fn main() -> anyhow::Result<()> {
         .collect::<anyhow::Result<_>>()?;
 
     let mut summary = Vec::new();
-    let first = &topology.nodes[0];
     for node in &topology.nodes {
         for pod in &node.pods {
             if pod.ip == first.pods[0].ip {
@@ -60,9 +79,9 @@ fn main() -> anyhow::Result<()> {
             }
             let ok = first.pods[0].ping(pod.ip, 3)?;
             let scope = if node.index == 0 {
-                "same node"
+                "same node, redirected"
             } else {
-                "cross node"
+                "cross node, Geneve"
             };
             summary.push(format!(
                 "ping {} -> {} ({scope}): {}",
@@ -96,12 +115,14 @@ fn main() -> anyhow::Result<()> {
         print!("{}", String::from_utf8_lossy(&out.stdout));
         let c = agent.counters()?;
         summary.push(format!(
-            "node {}: {} packets from pods ({} ICMP), {} on the underlay ({} ICMP), {} dropped",
+            "node {}: {} packets from pods ({} encapsulated, {} redirected locally), \
+             {} on the underlay ({} decapsulated), {} dropped",
             node.index,
             c.packets(Hook::FromPod, PacketClass::Total),
-            c.packets(Hook::FromPod, PacketClass::Icmp),
+            c.packets(Hook::FromPod, PacketClass::GeneveEncap),
+            c.packets(Hook::FromPod, PacketClass::LocalRedirect),
             c.packets(Hook::Underlay, PacketClass::Total),
-            c.packets(Hook::Underlay, PacketClass::Icmp),
+            c.packets(Hook::Underlay, PacketClass::GeneveDecap),
             c.drops.iter().map(|d| d.count).sum::<u64>(),
         ));
     }
@@ -110,7 +131,7 @@ fn main() -> anyhow::Result<()> {
     for line in &summary {
         println!("   {line}");
     }
-    let failed = summary.iter().any(|l| l.contains("FAILED"));
+    let failed = before || summary.iter().any(|l| l.contains("FAILED"));
     drop(agents);
     drop(topology);
     println!("== agents stopped, namespaces and pins removed");
