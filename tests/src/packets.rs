@@ -336,3 +336,25 @@ pub fn ipv6_truncated_extension() -> Vec<u8> {
     frame[L3 + 6] = HOP_BY_HOP;
     frame
 }
+
+/// A Geneve packet (no options, VNI 1, Ethernet payload) from `src` to `dst` on port 6081,
+/// carrying `inner`. The outer headers come from etherparse; scapy checks the format in the
+/// overlay tests.
+pub fn geneve_v4(src: [u8; 4], dst: [u8; 4], inner: &[u8]) -> Vec<u8> {
+    let mut payload = vec![0, 0, 0x65, 0x58, 0, 0, 1, 0];
+    payload.extend_from_slice(inner);
+    finish(|o| {
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0x99, 2], [2, 0, 0, 0, 0x99, 1])
+            .ipv4(src, dst, 64)
+            .udp(50000, 6081)
+            .write(o, &payload)
+    })
+}
+
+/// `frame` (untagged IPv4) with its destination address replaced.
+pub fn with_ipv4_destination(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[L3 + 16..L3 + 20].copy_from_slice(&dst);
+    fix_ipv4_checksum(&mut out, L3);
+    out
+}

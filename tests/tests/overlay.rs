@@ -3,21 +3,15 @@
 //! scapy builds for the same input; what scapy builds must be decapsulated (or refused) as
 //! RFC 8926 says.
 
-use std::net::IpAddr;
-
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     maps::{PROG_FROM_POD, PROG_UNDERLAY},
 };
 use dataplane_tests::{
-    fixture::Fixture,
-    netns::ThreadNetns,
+    overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC, NODE_B_MAC, NODE_C_MAC, UNDERLAY_MAC},
     packets,
     privileged::privileged,
     scapy::{self, bytes_of, hex},
-};
-use dataplane_user::overlay::{
-    LocalPodView, NodeView, OverlayView, OvnKubernetesConfig, Underlay, compile,
 };
 use serde_json::json;
 
@@ -25,88 +19,6 @@ const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_REDIRECT: u32 = 7;
-
-const UNDERLAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x99, 0x01];
-const NODE_B_MAC: &str = "02:00:00:00:99:02";
-const NODE_C_MAC: &str = "02:00:00:00:99:03";
-const LOCAL_POD_MAC: [u8; 6] = [0x0a, 0x58, 10, 244, 1, 3];
-const LOCAL_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x03];
-
-/// One node ("a", 10.99.0.1 / fd99::1) with an underlay veth, static neighbours for node b
-/// (IPv4 underlay) and node c (IPv6 underlay), a local pod 10.244.1.3 behind vp1, and the
-/// overlay maps synced from the compiled view.
-struct Bed {
-    fixture: Fixture,
-    _netns: ThreadNetns,
-}
-
-fn bed() -> Bed {
-    let netns = ThreadNetns::enter().expect("enter a fresh netns");
-    // A node forwards (the kernel's FIB lookup for BPF requires it on the egress device).
-    for setting in [
-        "net.ipv4.conf.all.forwarding=1",
-        "net.ipv6.conf.all.forwarding=1",
-    ] {
-        netns.sysctl(setting).expect(setting);
-    }
-    for line in [
-        "link add ul0 type veth peer name ul1",
-        "link set ul0 address 02:00:00:00:99:01",
-        "addr add 10.99.0.1/24 dev ul0",
-        "addr add fd99::1/64 dev ul0 nodad",
-        "link set ul0 up",
-        "link set ul1 up",
-        "neigh add 10.99.0.2 lladdr 02:00:00:00:99:02 dev ul0 nud permanent",
-        "neigh add fd99::3 lladdr 02:00:00:00:99:03 dev ul0 nud permanent",
-        "link add vp1 type veth peer name pod1",
-    ] {
-        netns.sh(line).expect(line);
-    }
-    let ifindex = |name| dataplane_user::preflight::interface_index(name).expect(name);
-    let ip = |s: &str| s.parse::<IpAddr>().expect("address");
-    let net = |s: &str| s.parse::<ipnet::IpNet>().expect("cidr");
-    let view = OverlayView {
-        this_node: "a".into(),
-        nodes: vec![
-            NodeView {
-                name: "a".into(),
-                addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
-                pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
-            },
-            NodeView {
-                name: "b".into(),
-                addresses: vec![ip("10.99.0.2")],
-                pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
-            },
-            NodeView {
-                name: "c".into(),
-                addresses: vec![ip("fd99::3")],
-                pod_cidrs: vec![net("10.244.3.0/24")],
-            },
-        ],
-        local_pods: vec![LocalPodView {
-            name: "default/local".into(),
-            addresses: vec![ip("10.244.1.3")],
-            pod_mac: LOCAL_POD_MAC,
-            host_ifindex: ifindex("vp1"),
-            host_mac: LOCAL_HOST_MAC,
-        }],
-        underlay: Underlay {
-            ifindex: ifindex("ul0"),
-            mac: UNDERLAY_MAC,
-        },
-        settings: OvnKubernetesConfig::default()
-            .validate(1500)
-            .expect("settings"),
-    };
-    let mut fixture = Fixture::load().expect("load programs");
-    let desired = compile(&view).expect("compile overlay");
-    fixture.sync_overlay(&desired).expect("sync overlay maps");
-    Bed {
-        fixture,
-        _netns: netns,
-    }
-}
 
 fn with_destination_v4(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
     let mut out = frame.to_vec();
@@ -128,7 +40,7 @@ fn encapsulation_over_ipv4_matches_scapy_byte_for_byte() {
     if !privileged("encapsulation_over_ipv4_matches_scapy_byte_for_byte") {
         return;
     }
-    let mut bed = bed();
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     for (name, inner) in [
         ("ipv4 tcp", packets::ipv4_tcp()),
         ("ipv4 udp", packets::ipv4_udp()),
@@ -190,7 +102,7 @@ fn encapsulation_over_ipv6_matches_scapy_byte_for_byte() {
     if !privileged("encapsulation_over_ipv6_matches_scapy_byte_for_byte") {
         return;
     }
-    let mut bed = bed();
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let inner = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 3, 2]);
     let out = bed
         .fixture
@@ -221,7 +133,7 @@ fn same_node_pods_are_redirected_never_encapsulated() {
     if !privileged("same_node_pods_are_redirected_never_encapsulated") {
         return;
     }
-    let mut bed = bed();
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let frame = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 3]);
     let out = bed
         .fixture
@@ -245,7 +157,7 @@ fn traffic_outside_the_pod_network_is_left_to_the_stack() {
     if !privileged("traffic_outside_the_pod_network_is_left_to_the_stack") {
         return;
     }
-    let mut bed = bed();
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let frame = with_destination_v4(&packets::ipv4_tcp(), [192, 0, 2, 1]);
     let out = bed
         .fixture
@@ -300,7 +212,7 @@ fn decapsulation_follows_rfc_8926() {
         ),
     ];
     for (name, packet) in delivered {
-        let mut bed = bed();
+        let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
         let out = bed
             .fixture
             .run_xdp(PROG_UNDERLAY, &packet, 1)
@@ -374,7 +286,7 @@ fn decapsulation_follows_rfc_8926() {
         ),
     ];
     for (name, packet, reason) in refused {
-        let mut bed = bed();
+        let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
         let out = bed
             .fixture
             .run_xdp(PROG_UNDERLAY, &packet, 1)
@@ -402,7 +314,7 @@ fn decapsulation_follows_rfc_8926() {
         ),
     ];
     for (name, packet) in untouched {
-        let mut bed = bed();
+        let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
         let out = bed
             .fixture
             .run_xdp(PROG_UNDERLAY, &packet, 1)

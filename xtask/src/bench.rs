@@ -13,6 +13,9 @@ pub struct Args {
     /// Program runs per measurement (BPF_PROG_TEST_RUN repeat).
     #[arg(long, default_value_t = 1_000_000)]
     repeat: u32,
+    /// Single-iteration runs per round for cases that change the packet.
+    #[arg(long, default_value_t = 2_000)]
+    singles: u32,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -34,6 +37,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             &args.rounds.to_string(),
             "--repeat",
             &args.repeat.to_string(),
+            "--singles",
+            &args.singles.to_string(),
         ]);
     if args.json {
         command.arg("--json");
