@@ -1,4 +1,6 @@
-//! `cargo xtask bench`: runs the benchmark binary of the test bed in release mode.
+//! `cargo xtask bench`: per-packet cost of the programs (BPF_PROG_TEST_RUN against empty
+//! programs) and cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN),
+//! both from the test bed's benchmark binaries in release mode.
 
 use crate::run_checked;
 
@@ -16,6 +18,12 @@ pub struct Args {
     /// Single-iteration runs per round for cases that change the packet.
     #[arg(long, default_value_t = 2_000)]
     singles: u32,
+    /// Skip the cross-node TCP throughput comparison (iperf3, Geneve against kernel VXLAN).
+    #[arg(long)]
+    no_throughput: bool,
+    /// Alternating iperf3 rounds per path in the throughput comparison.
+    #[arg(long, default_value_t = 3)]
+    throughput_rounds: u32,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -43,5 +51,33 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.json {
         command.arg("--json");
     }
-    run_checked(&mut command)
+    run_checked(&mut command)?;
+    if args.no_throughput {
+        return Ok(());
+    }
+    // The agents of the throughput topology run the release binary.
+    run_checked(crate::cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "--package",
+        "dataplane-user",
+        "--bin",
+        "dataplane",
+    ]))?;
+    let mut throughput = crate::cargo();
+    throughput
+        .args([
+            "run",
+            "--quiet",
+            "--release",
+            "--package",
+            "dataplane-tests",
+        ])
+        .args(["--bin", "throughput", "--", "--rounds"])
+        .arg(args.throughput_rounds.to_string());
+    if args.json {
+        throughput.arg("--json");
+    }
+    run_checked(&mut throughput)
 }

@@ -17,6 +17,7 @@ const PACKAGES: &[&str] = &[
     "python3",
     "util-linux",
     "tshark",
+    "iperf3",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -1,0 +1,197 @@
+//! Cross-node TCP throughput between two pods: through the dataplane's Geneve overlay, and
+//! through the kernel's VXLAN device carrying the same pods' traffic in the same topology (this
+//! kernel has no Geneve device; VXLAN is the nearest in-kernel overlay). Rounds alternate so
+//! both paths see the same machine conditions; medians and the ratio are printed. A benchmark:
+//! it reports, it does not pass or fail.
+
+use std::process::{Command, Stdio};
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use dataplane_tests::topology::{Mode, Node, Topology, sh_in, underlay_ip};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    /// Alternating rounds per path.
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    /// Seconds per iperf3 run.
+    #[arg(long, default_value_t = 4)]
+    seconds: u32,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Serialize)]
+struct Report {
+    rounds: u32,
+    seconds: u32,
+    geneve_gbps: Vec<f64>,
+    vxlan_gbps: Vec<f64>,
+    vxlan_xdp_gbps: Vec<f64>,
+    geneve_median_gbps: f64,
+    vxlan_median_gbps: f64,
+    vxlan_xdp_median_gbps: f64,
+    /// Geneve over the kernel VXLAN device as it runs on veth (64 KB frames on the underlay).
+    ratio: f64,
+    /// Geneve over the kernel VXLAN device with XDP on the same underlay (wire-sized frames).
+    ratio_same_wire: f64,
+}
+
+/// iperf3 from the first pod of node 0 to the first pod of node 1; Gbit/s received.
+fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<f64> {
+    let server_pod = &topology.node(1).pods[0];
+    let client_pod = &topology.node(0).pods[0];
+    let mut server = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", server_pod.netns))
+        .args(["iperf3", "-s", "-1", "-p", "5201"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting iperf3 server")?;
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", client_pod.netns))
+        .args([
+            "iperf3",
+            "-c",
+            &server_pod.ip.to_string(),
+            "-p",
+            "5201",
+            "-J",
+        ])
+        .args(["-t", &seconds.to_string()])
+        .output()
+        .context("running iperf3 client")?;
+    let _ = server.wait();
+    if !out.status.success() {
+        bail!("iperf3: {}", String::from_utf8_lossy(&out.stdout));
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    let bps = report["end"]["sum_received"]["bits_per_second"]
+        .as_f64()
+        .context("iperf3 report without sum_received")?;
+    Ok(bps / 1e9)
+}
+
+/// A VXLAN device on each node, addressed 10.245.0.<n+1>/24, carrying the other node's pod
+/// CIDR: the kernel's own overlay for the same pods.
+fn vxlan_up(nodes: &[Node]) -> anyhow::Result<()> {
+    for node in nodes {
+        let peer = &nodes[1 - node.index];
+        let ns = &node.netns;
+        sh_in(
+            ns,
+            &format!(
+                "ip link add vxlan0 type vxlan id 42 local {} remote {} dstport 4789 dev eth0",
+                underlay_ip(node.index),
+                underlay_ip(peer.index)
+            ),
+        )?;
+        sh_in(
+            ns,
+            &format!("ip addr add 10.245.0.{}/24 dev vxlan0", node.index + 1),
+        )?;
+        sh_in(ns, "ip link set vxlan0 up")?;
+        sh_in(
+            ns,
+            &format!(
+                "ip route add {} via 10.245.0.{} dev vxlan0",
+                dataplane_tests::topology::pod_cidr(peer.index),
+                peer.index + 1
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+fn vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
+    for node in nodes {
+        sh_in(&node.netns, "ip link del vxlan0")?;
+    }
+    Ok(())
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.rounds > 0 && args.seconds > 0,
+        "rounds and seconds must be positive"
+    );
+    let topology = Topology::build_with(2, 1, Mode::Overlay)?;
+    let nodes = topology.nodes.clone();
+    // The same nodes without the overlay: the agent only parses and counts on the underlay.
+    let plain: Vec<Node> = nodes
+        .iter()
+        .map(|n| Node {
+            manifests: None,
+            pods: Vec::new(),
+            ..n.clone()
+        })
+        .collect();
+    let (mut geneve, mut vxlan, mut vxlan_xdp) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        {
+            let _agents = (nodes[0].start_agent()?, nodes[1].start_agent()?);
+            geneve.push(iperf(&topology, args.seconds)?);
+        }
+        vxlan_up(&nodes)?;
+        let result = iperf(&topology, args.seconds);
+        let with_xdp = (|| {
+            // XDP on a veth makes its peer hand over wire-sized frames, as a real NIC does.
+            let _agents = (plain[0].start_agent()?, plain[1].start_agent()?);
+            iperf(&topology, args.seconds)
+        })();
+        vxlan_down(&nodes)?;
+        vxlan.push(result?);
+        vxlan_xdp.push(with_xdp?);
+    }
+    let report = Report {
+        rounds: args.rounds,
+        seconds: args.seconds,
+        geneve_median_gbps: median(&geneve),
+        vxlan_median_gbps: median(&vxlan),
+        vxlan_xdp_median_gbps: median(&vxlan_xdp),
+        ratio: median(&geneve) / median(&vxlan),
+        ratio_same_wire: median(&geneve) / median(&vxlan_xdp),
+        geneve_gbps: geneve,
+        vxlan_gbps: vxlan,
+        vxlan_xdp_gbps: vxlan_xdp,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!(
+            "cross-node pod TCP (iperf3, {} s x {} alternating rounds, pod MTU 1400, underlay veth MTU 1500)",
+            args.seconds, args.rounds
+        );
+        println!(
+            "  dataplane Geneve (tc encap, XDP decap): median {:.2} Gbit/s  {:?}",
+            report.geneve_median_gbps, report.geneve_gbps
+        );
+        println!(
+            "  kernel VXLAN device:                    median {:.2} Gbit/s  {:?}",
+            report.vxlan_median_gbps, report.vxlan_gbps
+        );
+        println!(
+            "  kernel VXLAN device, XDP on underlay:   median {:.2} Gbit/s  {:?}",
+            report.vxlan_xdp_median_gbps, report.vxlan_xdp_gbps
+        );
+        println!(
+            "  ratio Geneve / VXLAN:                     {:.2}",
+            report.ratio
+        );
+        println!(
+            "  ratio Geneve / VXLAN with XDP attached:   {:.2}",
+            report.ratio_same_wire
+        );
+    }
+    Ok(())
+}
