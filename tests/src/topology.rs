@@ -11,7 +11,7 @@
 
 use std::{
     fs,
-    net::Ipv4Addr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     process::{Child, Command, Output, Stdio},
     thread,
@@ -27,6 +27,8 @@ pub struct Pod {
     pub netns: String,
     pub name: String,
     pub ip: Ipv4Addr,
+    /// Overlay mode: the pod's IPv6 address (the cluster is dual-stack).
+    pub ip6: Option<Ipv6Addr>,
     pub mac: [u8; 6],
     /// Host-side veth in the node's netns.
     pub host_iface: String,
@@ -81,6 +83,30 @@ pub fn pod_cidr(node: usize) -> String {
     format!("10.244.{}.0/24", node + 1)
 }
 
+pub fn underlay_ip6(node: usize) -> Ipv6Addr {
+    Ipv6Addr::new(0xfd99, 0, 0, 0, 0, 0, 0, node as u16 + 1)
+}
+
+pub fn pod_ip6(node: usize, pod: usize) -> Ipv6Addr {
+    Ipv6Addr::new(
+        0xfd00,
+        0x10,
+        0x244,
+        node as u16 + 1,
+        0,
+        0,
+        0,
+        pod as u16 + 2,
+    )
+}
+
+pub fn pod_cidr6(node: usize) -> String {
+    format!("fd00:10:244:{}::/64", node + 1)
+}
+
+/// The pods' IPv6 gateway: a link-local address every host-side veth holds.
+const POD_GATEWAY6: &str = "fe80::1";
+
 const POD_GATEWAY: &str = "169.254.1.1";
 
 impl Topology {
@@ -116,6 +142,11 @@ impl Topology {
             )?;
             sh_in(&netns, "ip link set eth0 up")?;
             sh_in(&netns, "sysctl -qw net.ipv4.ip_forward=1")?;
+            if mode == Mode::Overlay {
+                let address = format!("ip addr add {}/64 dev eth0 nodad", underlay_ip6(n));
+                sh_in(&netns, &address)?;
+                sh_in(&netns, "sysctl -qw net.ipv6.conf.all.forwarding=1")?;
+            }
             topology.nodes.push(Node {
                 index: n,
                 netns,
@@ -162,11 +193,13 @@ impl Topology {
         for node in &self.nodes {
             yaml.push_str(&format!(
                 "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n\
-                 spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}]}}\n\
-                 status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: Hostname, address: {name}}}]}}\n",
+                 spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}, \"{cidr6}\"]}}\n\
+                 status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: InternalIP, address: \"{ip6}\"}}, {{type: Hostname, address: {name}}}]}}\n",
                 name = node_name(node.index),
                 cidr = pod_cidr(node.index),
+                cidr6 = pod_cidr6(node.index),
                 ip = node.underlay_ip,
+                ip6 = underlay_ip6(node.index),
             ));
             for pod in &node.pods {
                 let mac = pod
@@ -179,9 +212,10 @@ impl Topology {
                     "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n\
                      \x20 annotations:\n    k8s.ovn.org/pod-networks: '{{\"default\":{{\"ip_addresses\":[\"{ip}/24\"],\"mac_address\":\"{mac}\"}}}}'\n\
                      spec: {{nodeName: {node}, containers: [{{name: app, image: registry.k8s.io/pause:3.9}}]}}\n\
-                     status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}]}}\n",
+                     status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}{v6}]}}\n",
                     name = pod.name,
                     ip = pod.ip,
+                    v6 = pod.ip6.map(|a| format!(", {{ip: \"{a}\"}}")).unwrap_or_default(),
                     node = node_name(node.index),
                 ));
             }
@@ -235,6 +269,20 @@ impl Topology {
             &format!("ip addr add {POD_GATEWAY}/32 dev {host_iface}"),
         )?;
         sh_in(&node_ns, &format!("ip link set {host_iface} up"))?;
+        let ip6 = (self.mode == Mode::Overlay).then(|| pod_ip6(node, index));
+        if let Some(ip6) = ip6 {
+            sh_in(&netns, &format!("ip -6 addr add {ip6}/128 dev eth0 nodad"))?;
+            let gateway6 = format!("ip -6 addr add {POD_GATEWAY6}/64 dev {host_iface} nodad");
+            sh_in(&node_ns, &gateway6)?;
+            sh_in(
+                &netns,
+                &format!("ip -6 route add default via {POD_GATEWAY6} dev eth0"),
+            )?;
+            sh_in(
+                &node_ns,
+                &format!("ip -6 route add {ip6}/128 dev {host_iface}"),
+            )?;
+        }
         sh_in(
             &node_ns,
             &format!("ip route add {ip_addr}/32 dev {host_iface}"),
@@ -243,6 +291,7 @@ impl Topology {
             netns,
             name: format!("pod-{node}-{index}"),
             ip: ip_addr,
+            ip6,
             mac,
             host_iface,
         })
@@ -283,17 +332,20 @@ impl Pod {
         run_in(&self.netns, &["python3", "-c", &script])
     }
 
-    /// Pings `target` `count` times from this pod; true when every echo was answered.
-    pub fn ping(&self, target: Ipv4Addr, count: u32) -> anyhow::Result<bool> {
-        let count = count.to_string();
-        let target = target.to_string();
+    /// Pings `target` (IPv4 or IPv6) `count` times from this pod; true when every echo was
+    /// answered (ping itself succeeds when any one is).
+    pub fn ping(&self, target: impl Into<IpAddr>, count: u32) -> anyhow::Result<bool> {
+        let counted = count.to_string();
+        let target = target.into().to_string();
         let out = exec_in(
             &self.netns,
             &[
-                "ping", "-n", "-q", "-c", &count, "-i", "0.2", "-W", "2", &target,
+                "ping", "-n", "-q", "-c", &counted, "-i", "0.2", "-W", "2", &target,
             ],
         )?;
-        Ok(out.status.success())
+        let summary = String::from_utf8_lossy(&out.stdout);
+        let answered = format!(", {count} received,");
+        Ok(out.status.success() && summary.contains(&answered))
     }
 }
 

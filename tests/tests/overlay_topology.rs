@@ -3,6 +3,7 @@
 //! from Kubernetes manifests; traffic is real (ping, TCP), the wire is read by tshark.
 
 use std::{
+    net::IpAddr,
     process::{Command, Stdio},
     thread,
     time::Duration,
@@ -20,12 +21,19 @@ fn delta(after: &Counters, before: &Counters, hook: Hook, class: PacketClass) ->
     after.packets(hook, class) - before.packets(hook, class)
 }
 
-/// Sends `bytes` over TCP from `client` to `server` (port 5001) and returns what the server
-/// counted.
-fn tcp_transfer(client: &Pod, server: &Pod, bytes: usize) -> anyhow::Result<usize> {
+/// Sends `bytes` over TCP from `client` to `server` at `address` (port 5001) and returns what
+/// the server counted.
+fn tcp_transfer(
+    client: &Pod,
+    server: &Pod,
+    address: IpAddr,
+    bytes: usize,
+) -> anyhow::Result<usize> {
+    // A dual-stack listener: IPv4 arrives as IPv4-mapped on the IPv6 socket.
     let server_script = "import socket\n\
-        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-        s.bind(('0.0.0.0', 5001)); s.listen(1); s.settimeout(30)\n\
+        s = socket.socket(socket.AF_INET6); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+        s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)\n\
+        s.bind(('::', 5001)); s.listen(1); s.settimeout(30)\n\
         c, _ = s.accept(); c.settimeout(30); n = 0\n\
         while True:\n    b = c.recv(1 << 16)\n    if not b: break\n    n += len(b)\n\
         print(n)\n";
@@ -39,7 +47,7 @@ fn tcp_transfer(client: &Pod, server: &Pod, bytes: usize) -> anyhow::Result<usiz
          for _ in range(100):\n    try:\n        c = socket.create_connection(('{ip}', 5001), timeout=5); break\n\
          \x20   except OSError: time.sleep(0.1)\n\
          c.sendall(b'x' * {bytes}); c.close()\n",
-        ip = server.ip
+        ip = address
     );
     run_in(&client.netns, &["python3", "-c", &client_script])?;
     let out = listener.wait_with_output()?;
@@ -137,11 +145,49 @@ fn pods_reach_each_other_across_nodes_only_through_geneve() {
 
     // TCP across nodes: every byte arrives (segmentation offload survives encapsulation).
     let bytes = 8 << 20;
-    let received = tcp_transfer(&node0.pods[0], &node1.pods[1], bytes).expect("tcp transfer");
+    let (client, server) = (&node0.pods[0], &node1.pods[1]);
+    let received = tcp_transfer(client, server, server.ip.into(), bytes).expect("tcp transfer");
     assert_eq!(received, bytes, "all bytes of the transfer");
     // And on the same node.
-    let received = tcp_transfer(&node1.pods[0], &node1.pods[1], bytes).expect("tcp transfer");
+    let (client, server) = (&node1.pods[0], &node1.pods[1]);
+    let received = tcp_transfer(client, server, server.ip.into(), bytes).expect("tcp transfer");
     assert_eq!(received, bytes);
+
+    // IPv6 pods across nodes: carried over the IPv6 underlay (both nodes have one).
+    let target6 = node1.pods[0].ip6.expect("dual-stack pod");
+    let capture = Capture::start(
+        &topology.fabric,
+        "n0",
+        "ip6 and udp port 6081",
+        2,
+        &["ipv6.src", "ipv6.dst", "geneve.vni", "icmpv6.type"],
+    )
+    .expect("tshark");
+    let (before0, before1) = (agent0.counters().unwrap(), agent1.counters().unwrap());
+    assert!(
+        node0.pods[0].ping(target6, 3).unwrap(),
+        "cross-node ping over IPv6"
+    );
+    let (after0, after1) = (agent0.counters().unwrap(), agent1.counters().unwrap());
+    assert_eq!(
+        delta(&after0, &before0, Hook::FromPod, PacketClass::GeneveEncap),
+        3
+    );
+    assert_eq!(
+        delta(&after1, &before1, Hook::Underlay, PacketClass::GeneveDecap),
+        3
+    );
+    let lines = capture.finish().expect("capture");
+    let source6 = node0.pods[0].ip6.expect("dual-stack pod");
+    assert_eq!(
+        lines.first().map(String::as_str),
+        Some(format!("fd99::1,{source6}|fd99::2,{target6}|0x000001|128").as_str()),
+        "outer IPv6 node to node, inner IPv6 pod to pod: {lines:#?}"
+    );
+    let (client, server) = (&node0.pods[0], &node1.pods[1]);
+    let address = server.ip6.expect("dual-stack pod").into();
+    let received = tcp_transfer(client, server, address, bytes).expect("tcp over IPv6");
+    assert_eq!(received, bytes, "all bytes over IPv6");
     thread::sleep(Duration::from_millis(10));
     let drops = agent0.counters().unwrap().drops;
     assert!(drops.is_empty(), "no drops on node 0: {drops:?}");
