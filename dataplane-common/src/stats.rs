@@ -49,6 +49,8 @@ pub enum PacketClass {
     GeneveDecap = 12,
     /// Handed straight to a pod on the same node.
     LocalRedirect = 13,
+    /// Larger than the pod MTU: answered with ICMP fragmentation needed / packet too big.
+    TooBigAnswered = 14,
 }
 
 impl PacketClass {
@@ -67,6 +69,7 @@ impl PacketClass {
         PacketClass::GeneveEncap,
         PacketClass::GeneveDecap,
         PacketClass::LocalRedirect,
+        PacketClass::TooBigAnswered,
     ];
 
     pub const fn name(self) -> &'static str {
@@ -85,6 +88,7 @@ impl PacketClass {
             PacketClass::GeneveEncap => "geneve_encap",
             PacketClass::GeneveDecap => "geneve_decap",
             PacketClass::LocalRedirect => "local_redirect",
+            PacketClass::TooBigAnswered => "too_big_answered",
         }
     }
 }

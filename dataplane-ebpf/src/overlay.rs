@@ -36,6 +36,7 @@ use dataplane_common::{
 };
 
 use crate::{
+    icmp,
     maps::{
         ENCAP_SCRATCH_LEN, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6,
         SCRATCH,
@@ -101,6 +102,15 @@ pub fn from_pod(
     let Some(endpoint) = remote_endpoint(parsed.ether_type, &dst) else {
         return Ok(None);
     };
+    // A single packet over the pod MTU is answered (ICMP fragmentation needed / packet too
+    // big) so the pod's path MTU adapts; GSO packets are segmented to fit by the stack.
+    // SAFETY: reading a field of our own context.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    if gso_size == 0 && ctx.len() - ETH_LEN as u32 > config.pod_mtu {
+        let ipv6 = parsed.ether_type == ETH_P_IPV6;
+        let verdict = icmp::too_big(ctx, ipv6, config.pod_mtu, &config)?;
+        return Ok(Some((verdict, PacketClass::TooBigAnswered)));
+    }
     let verdict = encapsulate(ctx, &config, &endpoint)?;
     Ok(Some((verdict, PacketClass::GeneveEncap)))
 }

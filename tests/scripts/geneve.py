@@ -94,9 +94,40 @@ def decode(req):
     return answer
 
 
+def icmp_error(req):
+    """Decodes an ICMP/ICMPv6 error frame and checks its checksums independently."""
+    from scapy.all import ICMP, ICMPv6PacketTooBig, IPerror, IPerror6
+
+    pkt = Ether(bytes.fromhex(req["hex"]))
+    ip = pkt.payload
+    answer = {"dst_mac": pkt.dst, "src_mac": pkt.src, "src_ip": ip.src, "dst_ip": ip.dst}
+    if isinstance(ip, IP):
+        icmp = pkt[ICMP]
+        fresh_ip = IP(bytes(ip))
+        del fresh_ip.chksum
+        fresh_icmp = ICMP(bytes(icmp))
+        del fresh_icmp.chksum
+        answer.update(
+            type=icmp.type, code=icmp.code, mtu=icmp.nexthopmtu, ttl=ip.ttl,
+            ip_chksum_ok=IP(bytes(fresh_ip)).chksum == ip.chksum,
+            icmp_chksum_ok=ICMP(bytes(fresh_icmp)).chksum == icmp.chksum,
+            quote=bytes(icmp.payload).hex(),
+        )
+    else:
+        ptb = pkt[ICMPv6PacketTooBig]
+        fresh = pkt.copy()
+        del fresh[ICMPv6PacketTooBig].cksum
+        answer.update(
+            type=ptb.type, code=ptb.code, mtu=ptb.mtu, hlim=ip.hlim,
+            icmp_chksum_ok=Ether(bytes(fresh))[ICMPv6PacketTooBig].cksum == ptb.cksum,
+            quote=bytes(ptb.payload).hex(),
+        )
+    return answer
+
+
 def main():
     req = json.load(sys.stdin)
-    handler = {"encap": encap, "decode": decode, "geneve": geneve}[req["op"]]
+    handler = {"encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error}[req["op"]]
     json.dump(handler(req), sys.stdout)
 
 

@@ -323,3 +323,111 @@ fn decapsulation_follows_rfc_8926() {
         assert_eq!(out.output, packet, "{name}: passed to the stack unchanged");
     }
 }
+
+/// An untagged IPv4 UDP frame of `ip_len` bytes at L3 to node b's pod CIDR, DF as given.
+fn oversize_v4(ip_len: usize, dont_fragment: bool) -> Vec<u8> {
+    let small = packets::ipv4_udp();
+    let header_len = small.len() - packets::PAYLOAD.len();
+    let mut frame = small[..header_len].to_vec();
+    frame.resize(packets::L3 + ip_len, 0xab);
+    let l3 = packets::L3;
+    frame[l3 + 2..l3 + 4].copy_from_slice(&(ip_len as u16).to_be_bytes());
+    frame[l3 + 6] = if dont_fragment { 0x40 } else { 0 };
+    let udp_len = (ip_len - 20) as u16;
+    frame[l3 + 24..l3 + 26].copy_from_slice(&udp_len.to_be_bytes());
+    packets::fix_ipv4_checksum(&mut frame, l3);
+    frame
+}
+
+#[test]
+fn packets_over_the_pod_mtu_are_answered_with_icmp() {
+    if !privileged("packets_over_the_pod_mtu_are_answered_with_icmp") {
+        return;
+    }
+    // IPv4 with DF: fragmentation needed, next-hop MTU 1400, back to the pod.
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    let frame = oversize_v4(1401, true);
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &frame, 1)
+        .expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        bed.fixture.counters().drops
+    );
+    let answer =
+        scapy::call(&json!({"op": "icmp_error", "hex": hex(&out.output)})).expect("decode");
+    assert_eq!(answer["dst_mac"], mac(&packets::POD_MAC), "to the pod");
+    assert_eq!(answer["src_mac"], mac(&packets::GW_MAC), "from its gateway");
+    assert_eq!(answer["src_ip"], "10.99.0.1");
+    assert_eq!(answer["dst_ip"], "10.244.1.2");
+    assert_eq!(
+        (answer["type"].as_u64(), answer["code"].as_u64()),
+        (Some(3), Some(4))
+    );
+    assert_eq!(answer["mtu"], 1400);
+    assert_eq!(answer["ip_chksum_ok"], true);
+    assert_eq!(answer["icmp_chksum_ok"], true);
+    assert_eq!(
+        answer["quote"],
+        hex(&frame[packets::L3..packets::L3 + 28]),
+        "IP header + 8 bytes"
+    );
+    assert_eq!(out.output.len(), 14 + 20 + 8 + 28);
+    assert_eq!(
+        bed.fixture
+            .counters()
+            .packets(Hook::FromPod, PacketClass::TooBigAnswered),
+        1
+    );
+
+    // Exactly the MTU still goes through.
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &oversize_v4(1400, true), 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    assert_eq!(out.output.len(), 14 + 1400 + 50, "encapsulated");
+
+    // IPv4 without DF cannot be fragmented here: dropped with its reason.
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &oversize_v4(1401, false), 1)
+        .expect("tc run");
+    assert_eq!(out.action, 2, "TC_ACT_SHOT");
+    assert_eq!(
+        bed.fixture.counters().drops(DropReason::OverlayMtuExceeded),
+        1
+    );
+
+    // IPv6: packet too big, MTU 1400, from the node's IPv6 address.
+    let small = packets::ipv6_udp();
+    let mut frame = small[..small.len() - packets::PAYLOAD.len()].to_vec();
+    frame.resize(packets::L3 + 1450, 0xcd);
+    let payload_len = (1450 - 40) as u16;
+    frame[packets::L3 + 4..packets::L3 + 6].copy_from_slice(&payload_len.to_be_bytes());
+    frame[packets::L3 + 44..packets::L3 + 46].copy_from_slice(&payload_len.to_be_bytes());
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &frame, 1)
+        .expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        bed.fixture.counters().drops
+    );
+    let answer =
+        scapy::call(&json!({"op": "icmp_error", "hex": hex(&out.output)})).expect("decode");
+    assert_eq!(answer["src_ip"], "fd99::1");
+    assert_eq!(answer["dst_ip"], "fd00:102a:0:1::2");
+    assert_eq!(
+        (answer["type"].as_u64(), answer["code"].as_u64()),
+        (Some(2), Some(0))
+    );
+    assert_eq!(answer["mtu"], 1400);
+    assert_eq!(answer["icmp_chksum_ok"], true);
+    assert_eq!(answer["quote"], hex(&frame[packets::L3..packets::L3 + 64]));
+}

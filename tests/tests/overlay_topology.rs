@@ -13,7 +13,7 @@ use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
     capture::Capture,
     privileged::privileged,
-    topology::{Mode, Pod, Topology, run_in},
+    topology::{Mode, OVERLAY_POD_MTU, Pod, Topology, exec_in, run_in, sh_in},
 };
 use dataplane_user::stats::Counters;
 
@@ -188,6 +188,62 @@ fn pods_reach_each_other_across_nodes_only_through_geneve() {
     let address = server.ip6.expect("dual-stack pod").into();
     let received = tcp_transfer(client, server, address, bytes).expect("tcp over IPv6");
     assert_eq!(received, bytes, "all bytes over IPv6");
+    // Path MTU: a pod whose interface MTU is wrong (1500) sends a 1478-byte DF packet across
+    // nodes; the dataplane answers "fragmentation needed" / "packet too big" with 1400, the
+    // pod's kernel caches that path MTU, and 1400-byte packets then get through.
+    let pod = &node0.pods[0];
+    sh_in(&pod.netns, "ip link set eth0 mtu 1500").expect("raise pod MTU");
+    for (target, ping_flag, answer) in [
+        (node1.pods[0].ip.to_string(), "-4", "mtu = 1400"),
+        (target6.to_string(), "-6", "mtu=1400"),
+    ] {
+        let before = agent0.counters().unwrap();
+        let big = exec_in(
+            &pod.netns,
+            &[
+                "ping", ping_flag, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", "1450", &target,
+            ],
+        )
+        .expect("ping");
+        let text = String::from_utf8_lossy(&big.stdout).to_string()
+            + &String::from_utf8_lossy(&big.stderr);
+        assert!(
+            text.contains(answer),
+            "{target}: the pod hears the MTU: {text}"
+        );
+        let after = agent0.counters().unwrap();
+        assert_eq!(
+            delta(&after, &before, Hook::FromPod, PacketClass::TooBigAnswered),
+            1,
+            "{target}"
+        );
+        let route =
+            exec_in(&pod.netns, &["ip", ping_flag, "route", "get", &target]).expect("route");
+        assert!(
+            String::from_utf8_lossy(&route.stdout).contains("mtu 1400"),
+            "{target}: path MTU cached: {}",
+            String::from_utf8_lossy(&route.stdout)
+        );
+        // 1400 bytes of IP: 1372 (IPv4) or 1352 (IPv6) bytes of ICMP payload.
+        let fits = if ping_flag == "-4" { "1372" } else { "1352" };
+        let ok = exec_in(
+            &pod.netns,
+            &[
+                "ping", ping_flag, "-n", "-c", "1", "-W", "2", "-M", "do", "-s", fits, &target,
+            ],
+        )
+        .expect("ping");
+        assert!(
+            ok.status.success(),
+            "{target}: a packet of the path MTU gets through"
+        );
+    }
+    sh_in(
+        &pod.netns,
+        &format!("ip link set eth0 mtu {OVERLAY_POD_MTU}"),
+    )
+    .expect("restore MTU");
+
     thread::sleep(Duration::from_millis(10));
     let drops = agent0.counters().unwrap().drops;
     assert!(drops.is_empty(), "no drops on node 0: {drops:?}");

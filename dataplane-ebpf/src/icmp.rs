@@ -1,0 +1,215 @@
+//! ICMP and ICMPv6 errors the dataplane answers with itself, sent straight back to the pod whose
+//! packet caused them. The offending packet's own buffer is reused: shrunk, rewritten, and
+//! redirected out of the veth it arrived on, so the pod sees the error arrive from its gateway.
+
+use aya_ebpf::{
+    bindings::{TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC},
+    helpers::{bpf_redirect, bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_store_bytes},
+    programs::TcContext,
+};
+use dataplane_common::{
+    DropReason,
+    overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
+};
+
+use crate::maps::{ENCAP_SCRATCH_LEN, SCRATCH};
+
+const ETH_LEN: usize = 14;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
+/// Quoted bytes of the offending IPv4 packet: its header (with options, at most 60) and the
+/// first 8 bytes of its payload (RFC 792).
+const QUOTE_V4_MAX: usize = 60 + 8;
+/// Quoted bytes of the offending IPv6 packet: its header and the start of its payload. RFC 4443
+/// allows up to the minimum MTU; this is enough for the sender to match the flow.
+const QUOTE_V6: usize = 64;
+/// Ethernet + IPv6 + ICMPv6 + quote: the whole Packet Too Big frame.
+const TOO_BIG_V6_LEN: usize = ETH_LEN + 40 + 8 + QUOTE_V6;
+
+const _: () = assert!(TOO_BIG_V6_LEN <= ENCAP_SCRATCH_LEN);
+const _: () = assert!(ETH_LEN + 20 + 8 + QUOTE_V4_MAX <= ENCAP_SCRATCH_LEN);
+
+/// Answers a packet larger than `mtu` with ICMP "fragmentation needed" (IPv4, DF set) or
+/// ICMPv6 "packet too big", carrying `mtu`. An IPv4 packet without DF cannot be fragmented
+/// here and is dropped with `OverlayMtuExceeded`.
+#[inline(always)]
+pub fn too_big(
+    ctx: &TcContext,
+    ipv6: bool,
+    mtu: u32,
+    config: &OverlayConfig,
+) -> Result<i32, DropReason> {
+    let block = SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::OverlayMtuExceeded)?;
+    // SAFETY: per-CPU map memory, used only by this program invocation.
+    let block = unsafe { &mut *block };
+    let original_eth: [u8; 14] = ctx.load(0).map_err(|_| DropReason::EthTruncated)?;
+    // Back to the pod: from its gateway's MAC to its own.
+    block[0..6].copy_from_slice(&original_eth[6..12]);
+    block[6..12].copy_from_slice(&original_eth[0..6]);
+    let length = if ipv6 {
+        build_too_big_v6(ctx, block, mtu, config)?
+    } else {
+        build_frag_needed_v4(ctx, block, mtu, config)?
+    };
+    let shrink = ctx.len() as i32 - length as i32;
+    // SAFETY: plain helper calls on our own context; `length` bytes of the block are written.
+    // adjust_room also resets the checksum-offload state the pod's packet carried.
+    unsafe {
+        if bpf_skb_adjust_room(ctx.skb.skb, -shrink, BPF_ADJ_ROOM_MAC, 0) != 0 {
+            return Err(DropReason::OverlayMtuExceeded);
+        }
+        if bpf_skb_store_bytes(ctx.skb.skb, 0, block.as_ptr().cast(), length as u32, 0) != 0 {
+            return Err(DropReason::OverlayMtuExceeded);
+        }
+        let arrived_on = (*ctx.skb.skb).ifindex;
+        if bpf_redirect(arrived_on, 0) != TC_ACT_REDIRECT as i64 {
+            return Err(DropReason::OverlayMtuExceeded);
+        }
+    }
+    Ok(TC_ACT_REDIRECT)
+}
+
+/// Fills `block` after the Ethernet addresses with IPv4 + ICMP type 3 code 4; returns the
+/// frame length.
+#[inline(always)]
+fn build_frag_needed_v4(
+    ctx: &TcContext,
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    mtu: u32,
+    config: &OverlayConfig,
+) -> Result<usize, DropReason> {
+    let header: [u8; 20] = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
+    if header[6] & 0x40 == 0 || config.flags & OVERLAY_HAS_IPV4 == 0 {
+        return Err(DropReason::OverlayMtuExceeded);
+    }
+    let quote_len = ((header[0] & 0x0F) as usize) * 4 + 8;
+    if quote_len > QUOTE_V4_MAX {
+        return Err(DropReason::Ipv4BadIhl);
+    }
+    // The packet is longer than the MTU (at least 1280 bytes), so the full quote is present.
+    load_into(ctx, block, 42, QUOTE_V4_MAX).map_err(|_| DropReason::Ipv4Truncated)?;
+    block[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+    let icmp_len = 8 + quote_len;
+    let ip_len = 20 + icmp_len;
+    let mtu = (mtu as u16).to_be_bytes();
+    block[34..42].copy_from_slice(&[3, 4, 0, 0, 0, 0, mtu[0], mtu[1]]);
+    let icmp_check = fold(sum_words(block, 34, icmp_len, 0)).to_be_bytes();
+    block[36] = icmp_check[0];
+    block[37] = icmp_check[1];
+    let len = (ip_len as u16).to_be_bytes();
+    let src = config.node_ipv4;
+    block[14..34].copy_from_slice(&[
+        0x45,
+        0,
+        len[0],
+        len[1],
+        0,
+        0,
+        0,
+        0,
+        64,
+        IPPROTO_ICMP,
+        0,
+        0,
+        src[0],
+        src[1],
+        src[2],
+        src[3],
+        header[12],
+        header[13],
+        header[14],
+        header[15],
+    ]);
+    let ip_check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
+    block[24] = ip_check[0];
+    block[25] = ip_check[1];
+    Ok(ETH_LEN + ip_len)
+}
+
+/// Fills `block` after the Ethernet addresses with IPv6 + ICMPv6 type 2; returns the frame
+/// length.
+#[inline(always)]
+fn build_too_big_v6(
+    ctx: &TcContext,
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    mtu: u32,
+    config: &OverlayConfig,
+) -> Result<usize, DropReason> {
+    if config.flags & OVERLAY_HAS_IPV6 == 0 {
+        return Err(DropReason::OverlayMtuExceeded);
+    }
+    load_into(ctx, block, 62, QUOTE_V6).map_err(|_| DropReason::Ipv6Truncated)?;
+    block[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
+    let payload_len = ((8 + QUOTE_V6) as u16).to_be_bytes();
+    block[14..22].copy_from_slice(&[
+        0x60,
+        0,
+        0,
+        0,
+        payload_len[0],
+        payload_len[1],
+        IPPROTO_ICMPV6,
+        64,
+    ]);
+    block[22..38].copy_from_slice(&config.node_ipv6);
+    // The destination is the offending packet's source (quoted at 62, source at +8).
+    block.copy_within(70..86, 38);
+    let mtu = mtu.to_be_bytes();
+    block[54..62].copy_from_slice(&[2, 0, 0, 0, mtu[0], mtu[1], mtu[2], mtu[3]]);
+    // Pseudo-header (RFC 8200 §8.1): addresses, upper-layer length, next header.
+    let pseudo = sum_words(block, 22, 32, (8 + QUOTE_V6) as u32 + IPPROTO_ICMPV6 as u32);
+    let check = fold(sum_words(block, 54, 8 + QUOTE_V6, pseudo)).to_be_bytes();
+    block[56] = check[0];
+    block[57] = check[1];
+    Ok(TOO_BIG_V6_LEN)
+}
+
+/// Copies `len` bytes of the packet, from its network header on, into `block[at..]` without a
+/// stack copy (the BPF stack is too small for the quote next to the other stages' state).
+#[inline(always)]
+fn load_into(
+    ctx: &TcContext,
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    at: usize,
+    len: usize,
+) -> Result<(), i64> {
+    if at + len > ENCAP_SCRATCH_LEN {
+        return Err(-1);
+    }
+    // SAFETY: the destination range lies within the block (checked above).
+    let rc = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            ETH_LEN as u32,
+            block.as_mut_ptr().add(at).cast(),
+            len as u32,
+        )
+    };
+    if rc == 0 { Ok(()) } else { Err(rc) }
+}
+
+/// One's-complement sum of the 16-bit words of `block[start..start + len]` (len even), added
+/// to `seed`. Bounded: at most half the block's words.
+#[inline(always)]
+fn sum_words(block: &[u8; ENCAP_SCRATCH_LEN], start: usize, len: usize, seed: u32) -> u32 {
+    let mut sum = seed;
+    let mut i = 0;
+    while i < ENCAP_SCRATCH_LEN / 2 {
+        let at = start + 2 * i;
+        if 2 * i >= len || at + 1 >= ENCAP_SCRATCH_LEN {
+            break;
+        }
+        sum += u16::from_be_bytes([block[at], block[at + 1]]) as u32;
+        i += 1;
+    }
+    sum
+}
+
+#[inline(always)]
+fn fold(mut sum: u32) -> u16 {
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    !(sum as u16)
+}
