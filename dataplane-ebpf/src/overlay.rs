@@ -15,9 +15,10 @@ use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_F_ADJ_ROOM_ENCAP_L2_ETH, BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6,
-        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_FIB_LKUP_RET_FRAG_NEEDED, BPF_FIB_LKUP_RET_NO_NEIGH,
-        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, TC_ACT_REDIRECT,
-        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams, xdp_action,
+        BPF_F_ADJ_ROOM_ENCAP_L4_UDP, BPF_F_ADJ_ROOM_FIXED_GSO, BPF_FIB_LKUP_RET_FRAG_NEEDED,
+        BPF_FIB_LKUP_RET_NO_NEIGH, BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT,
+        TC_ACT_REDIRECT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams,
+        xdp_action,
     },
     helpers::{
         bpf_fib_lookup, bpf_get_hash_recalc, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
@@ -246,8 +247,13 @@ fn encapsulate(
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4
     };
     // These flags tell the stack how to segment encapsulated GSO packets (UDP tunnel with an
-    // Ethernet payload); the inner L2 length sits in the top byte.
-    let flags = (l3_flag | BPF_F_ADJ_ROOM_ENCAP_L4_UDP | BPF_F_ADJ_ROOM_ENCAP_L2_ETH) as u64
+    // Ethernet payload); the inner L2 length sits in the top byte. FIXED_GSO keeps the segment
+    // size: the pod MTU already leaves room for the overhead (checked when the settings are
+    // validated), so shrinking every segment would only add packets.
+    let flags = (l3_flag
+        | BPF_F_ADJ_ROOM_ENCAP_L4_UDP
+        | BPF_F_ADJ_ROOM_ENCAP_L2_ETH
+        | BPF_F_ADJ_ROOM_FIXED_GSO) as u64
         | ((ETH_LEN as u64) << 56);
     // SAFETY: plain helper calls on our own context; the block is `written` bytes long.
     unsafe {

@@ -136,6 +136,12 @@ impl Topology {
                 "link add eth0 netns {netns} type veth peer name n{n} netns {fabric}"
             ))?;
             sh_in(&fabric, &format!("ip link set n{n} master br0 up"))?;
+            // A queue on the wire side, as a switch port has: veth then pushes back on the
+            // sender when the node's XDP receive ring is full, instead of dropping the burst.
+            sh_in(
+                &fabric,
+                &format!("tc qdisc replace dev n{n} root pfifo limit 1000"),
+            )?;
             sh_in(
                 &netns,
                 &format!("ip addr add {}/24 dev eth0", underlay_ip(n)),

@@ -27,9 +27,9 @@ struct Args {
 struct Report {
     rounds: u32,
     seconds: u32,
-    geneve_gbps: Vec<f64>,
-    vxlan_gbps: Vec<f64>,
-    vxlan_xdp_gbps: Vec<f64>,
+    geneve: Vec<Run>,
+    vxlan: Vec<Run>,
+    vxlan_xdp: Vec<Run>,
     geneve_median_gbps: f64,
     vxlan_median_gbps: f64,
     vxlan_xdp_median_gbps: f64,
@@ -39,8 +39,15 @@ struct Report {
     ratio_same_wire: f64,
 }
 
-/// iperf3 from the first pod of node 0 to the first pod of node 1; Gbit/s received.
-fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<f64> {
+/// One iperf3 run: Gbit/s received and TCP retransmissions.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Run {
+    gbps: f64,
+    retransmits: u64,
+}
+
+/// iperf3 from the first pod of node 0 to the first pod of node 1.
+fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
     let server_pod = &topology.node(1).pods[0];
     let client_pod = &topology.node(0).pods[0];
     let mut server = Command::new("nsenter")
@@ -72,7 +79,13 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<f64> {
     let bps = report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .context("iperf3 report without sum_received")?;
-    Ok(bps / 1e9)
+    let retransmits = report["end"]["sum_sent"]["retransmits"]
+        .as_u64()
+        .unwrap_or(0);
+    Ok(Run {
+        gbps: bps / 1e9,
+        retransmits,
+    })
 }
 
 /// A VXLAN device on each node, addressed 10.245.0.<n+1>/24, carrying the other node's pod
@@ -113,8 +126,8 @@ fn vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
+fn median(runs: &[Run]) -> f64 {
+    let mut sorted: Vec<f64> = runs.iter().map(|r| r.gbps).collect();
     sorted.sort_by(f64::total_cmp);
     sorted[sorted.len() / 2]
 }
@@ -161,9 +174,9 @@ fn main() -> anyhow::Result<()> {
         vxlan_xdp_median_gbps: median(&vxlan_xdp),
         ratio: median(&geneve) / median(&vxlan),
         ratio_same_wire: median(&geneve) / median(&vxlan_xdp),
-        geneve_gbps: geneve,
-        vxlan_gbps: vxlan,
-        vxlan_xdp_gbps: vxlan_xdp,
+        geneve,
+        vxlan,
+        vxlan_xdp,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -172,17 +185,26 @@ fn main() -> anyhow::Result<()> {
             "cross-node pod TCP (iperf3, {} s x {} alternating rounds, pod MTU 1400, underlay veth MTU 1500)",
             args.seconds, args.rounds
         );
+        let runs = |runs: &[Run]| {
+            runs.iter()
+                .map(|r| format!("{:.2} ({} retr)", r.gbps, r.retransmits))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
         println!(
-            "  dataplane Geneve (tc encap, XDP decap): median {:.2} Gbit/s  {:?}",
-            report.geneve_median_gbps, report.geneve_gbps
+            "  dataplane Geneve (tc encap, XDP decap): median {:.2} Gbit/s  [{}]",
+            report.geneve_median_gbps,
+            runs(&report.geneve)
         );
         println!(
-            "  kernel VXLAN device:                    median {:.2} Gbit/s  {:?}",
-            report.vxlan_median_gbps, report.vxlan_gbps
+            "  kernel VXLAN device:                    median {:.2} Gbit/s  [{}]",
+            report.vxlan_median_gbps,
+            runs(&report.vxlan)
         );
         println!(
             "  kernel VXLAN device, XDP on underlay:   median {:.2} Gbit/s  {:?}",
-            report.vxlan_xdp_median_gbps, report.vxlan_xdp_gbps
+            report.vxlan_xdp_median_gbps,
+            runs(&report.vxlan_xdp)
         );
         println!(
             "  ratio Geneve / VXLAN:                     {:.2}",
