@@ -56,6 +56,22 @@ impl Dataplane {
         &mut self.ebpf
     }
 
+    /// Map `name` of the loaded object as the typed map `T` (aya's HashMap, LpmTrie, ...).
+    pub fn typed_map<'a, T>(&'a mut self, name: &'static str) -> Result<T, AgentError>
+    where
+        T: TryFrom<&'a mut aya::maps::Map, Error = aya::maps::MapError>,
+    {
+        let map = self
+            .ebpf
+            .map_mut(name)
+            .ok_or(AgentError::MissingMap { name })?;
+        T::try_from(map).map_err(|source| AgentError::Map {
+            name: name.into(),
+            action: "open",
+            source,
+        })
+    }
+
     pub fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, AgentError> {
         self.ebpf
             .program_mut(name)

@@ -287,74 +287,43 @@ pub struct SyncStats {
 }
 
 impl Dataplane {
-    /// Makes the overlay maps equal `desired`, writing only differences. Order: entries that
-    /// packets will be sent to (pods, nodes, remote CIDRs) before the config that enables the
-    /// overlay; stale entries after, so no packet meets a half-applied state.
+    /// Makes the overlay maps equal `desired`, writing only differences. Each map gets its new
+    /// and changed entries before its stale ones go; the maps packets are sent to (pods, nodes,
+    /// remote CIDRs) are complete before the config that enables the overlay is written.
     pub fn sync_overlay(&mut self, desired: &OverlayMaps) -> Result<SyncStats, AgentError> {
         let mut stats = SyncStats::default();
-        let ebpf = self.ebpf_mut();
-        let map_err = |name: &'static str, action: &'static str| {
+        let sync_err = |name: &'static str| {
             move |source| AgentError::Map {
                 name: name.into(),
-                action,
+                action: "sync",
                 source,
             }
         };
-        let mut pods: HashMap<&mut MapData, Addr, LocalPod> = HashMap::try_from(
-            ebpf.map_mut(maps::LOCAL_PODS)
-                .ok_or(AgentError::MissingMap {
-                    name: maps::LOCAL_PODS,
-                })?,
-        )
-        .map_err(map_err(maps::LOCAL_PODS, "open"))?;
+        let mut pods: HashMap<&mut MapData, Addr, LocalPod> = self.typed_map(maps::LOCAL_PODS)?;
         sync_hash(&mut pods, &desired.local_pods, &mut stats)
-            .map_err(map_err(maps::LOCAL_PODS, "sync"))?;
+            .map_err(sync_err(maps::LOCAL_PODS))?;
 
-        let mut nodes: HashMap<&mut MapData, Addr, u32> = HashMap::try_from(
-            ebpf.map_mut(maps::NODE_ADDRS)
-                .ok_or(AgentError::MissingMap {
-                    name: maps::NODE_ADDRS,
-                })?,
-        )
-        .map_err(map_err(maps::NODE_ADDRS, "open"))?;
+        let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
         sync_hash(&mut nodes, &desired.node_addrs, &mut stats)
-            .map_err(map_err(maps::NODE_ADDRS, "sync"))?;
+            .map_err(sync_err(maps::NODE_ADDRS))?;
 
-        let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> = LpmTrie::try_from(
-            ebpf.map_mut(maps::REMOTE_PODS_V4)
-                .ok_or(AgentError::MissingMap {
-                    name: maps::REMOTE_PODS_V4,
-                })?,
-        )
-        .map_err(map_err(maps::REMOTE_PODS_V4, "open"))?;
+        let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
+            self.typed_map(maps::REMOTE_PODS_V4)?;
         sync_lpm(&mut remote_v4, &desired.remote_v4, &mut stats)
-            .map_err(map_err(maps::REMOTE_PODS_V4, "sync"))?;
+            .map_err(sync_err(maps::REMOTE_PODS_V4))?;
 
-        let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> = LpmTrie::try_from(
-            ebpf.map_mut(maps::REMOTE_PODS_V6)
-                .ok_or(AgentError::MissingMap {
-                    name: maps::REMOTE_PODS_V6,
-                })?,
-        )
-        .map_err(map_err(maps::REMOTE_PODS_V6, "open"))?;
+        let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> =
+            self.typed_map(maps::REMOTE_PODS_V6)?;
         sync_lpm(&mut remote_v6, &desired.remote_v6, &mut stats)
-            .map_err(map_err(maps::REMOTE_PODS_V6, "sync"))?;
+            .map_err(sync_err(maps::REMOTE_PODS_V6))?;
 
-        let mut config: Array<&mut MapData, OverlayConfig> = Array::try_from(
-            ebpf.map_mut(maps::OVERLAY_CONFIG)
-                .ok_or(AgentError::MissingMap {
-                    name: maps::OVERLAY_CONFIG,
-                })?,
-        )
-        .map_err(map_err(maps::OVERLAY_CONFIG, "open"))?;
-        if config
-            .get(&0, 0)
-            .map_err(map_err(maps::OVERLAY_CONFIG, "read"))?
-            != desired.config
-        {
+        let mut config: Array<&mut MapData, OverlayConfig> =
+            self.typed_map(maps::OVERLAY_CONFIG)?;
+        let current = config.get(&0, 0).map_err(sync_err(maps::OVERLAY_CONFIG))?;
+        if current != desired.config {
             config
                 .set(0, desired.config, 0)
-                .map_err(map_err(maps::OVERLAY_CONFIG, "write"))?;
+                .map_err(sync_err(maps::OVERLAY_CONFIG))?;
             stats.written += 1;
         }
         Ok(stats)

@@ -56,15 +56,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         return Ok(());
     }
     // The agents of the throughput topology run the release binary.
-    run_checked(crate::cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "--package",
-        "dataplane-user",
-        "--bin",
-        "dataplane",
-    ]))?;
+    crate::build_release_agent()?;
     let mut throughput = crate::cargo();
     throughput
         .args([

@@ -14,15 +14,7 @@ pub struct Args {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::setup::run()?;
-    run_checked(crate::cargo().args([
-        "build",
-        "--quiet",
-        "--release",
-        "--package",
-        "dataplane-user",
-        "--bin",
-        "dataplane",
-    ]))?;
+    crate::build_release_agent()?;
     run_checked(
         crate::cargo()
             .args([

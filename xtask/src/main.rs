@@ -58,6 +58,19 @@ fn cargo() -> Command {
     command
 }
 
+/// Builds the agent binary in release mode (the demo's and the throughput bench's nodes run it).
+fn build_release_agent() -> anyhow::Result<()> {
+    run_checked(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "--package",
+        "dataplane-user",
+        "--bin",
+        "dataplane",
+    ]))
+}
+
 /// Runs `command`, echoing it, and fails on a non-zero exit.
 fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     eprintln!("+ {}", describe(command));
