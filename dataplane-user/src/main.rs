@@ -212,6 +212,8 @@ fn configure_overlay(
         pod_mtu = settings.pod_mtu,
         nodes = model.view.nodes.len(),
         local_pods = model.view.local_pods.len(),
+        cluster_networks = ?state.cluster_networks,
+        service_networks = ?state.service_networks,
         written = stats.written,
         deleted = stats.deleted,
         "overlay configured"

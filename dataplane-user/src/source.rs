@@ -5,6 +5,7 @@
 
 use std::{fs, path::Path};
 
+use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Deserialize;
 
@@ -17,6 +18,10 @@ pub struct ClusterState {
     pub pods: Vec<Pod>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
+    /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
+    pub cluster_networks: Vec<IpNet>,
+    /// `spec.serviceNetwork` of that `Network`: the service address ranges.
+    pub service_networks: Vec<IpNet>,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -103,11 +108,40 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
         ("operator.openshift.io/v1", "Network") => {
             match serde_yaml::from_value::<NetworkOperator>(value) {
                 Ok(network) if network.metadata.name == "cluster" => {
-                    let ovn = network.spec.default_network.ovn_kubernetes_config;
+                    let spec = network.spec;
+                    let cidrs = spec
+                        .cluster_network
+                        .iter()
+                        .map(|c| (c.cidr.as_str(), "spec.clusterNetwork"))
+                        .chain(
+                            spec.service_network
+                                .iter()
+                                .map(|c| (c.as_str(), "spec.serviceNetwork")),
+                        );
+                    let mut parsed = Vec::new();
+                    for (text, field) in cidrs {
+                        match text.parse::<IpNet>() {
+                            Ok(net) => parsed.push((net, field)),
+                            Err(_) => {
+                                return reject(state, format!("{field} {text:?} is not a CIDR"));
+                            }
+                        }
+                    }
+                    let ovn = spec.default_network.ovn_kubernetes_config;
                     state.network = Some(OvnKubernetesConfig {
                         mtu: ovn.mtu,
                         geneve_port: ovn.geneve_port,
                     });
+                    state.cluster_networks = parsed
+                        .iter()
+                        .filter(|(_, f)| *f == "spec.clusterNetwork")
+                        .map(|(n, _)| *n)
+                        .collect();
+                    state.service_networks = parsed
+                        .iter()
+                        .filter(|(_, f)| *f == "spec.serviceNetwork")
+                        .map(|(n, _)| *n)
+                        .collect();
                 }
                 Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
                 Err(e) => reject(state, e.to_string()),
@@ -135,6 +169,16 @@ struct NetworkMetadata {
 struct NetworkSpec {
     #[serde(default)]
     default_network: DefaultNetwork,
+    #[serde(default)]
+    cluster_network: Vec<ClusterNetworkEntry>,
+    #[serde(default)]
+    service_network: Vec<String>,
+}
+
+/// One `spec.clusterNetwork` entry (`hostPrefix` is the per-node slice; nodes carry theirs).
+#[derive(Deserialize)]
+struct ClusterNetworkEntry {
+    cidr: String,
 }
 
 #[derive(Default, Deserialize)]
@@ -174,6 +218,8 @@ apiVersion: operator.openshift.io/v1
 kind: Network
 metadata: {name: cluster}
 spec:
+  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: "fd00:10:244::/48", hostPrefix: 64}]
+  serviceNetwork: [10.96.0.0/16]
   defaultNetwork:
     type: OVNKubernetes
     ovnKubernetesConfig: {mtu: 1400, genevePort: 6082}
@@ -202,6 +248,16 @@ spec: {podCIDRs: "not-a-list"}
                 geneve_port: Some(6082)
             })
         );
+        let nets = |v: &[&str]| {
+            v.iter()
+                .map(|c| c.parse::<IpNet>().unwrap())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            state.cluster_networks,
+            nets(&["10.244.0.0/16", "fd00:10:244::/48"])
+        );
+        assert_eq!(state.service_networks, nets(&["10.96.0.0/16"]));
         assert_eq!(state.rejected.len(), 1, "{:?}", state.rejected);
         assert!(
             state.rejected[0].starts_with("cluster.yaml: Node broken:"),
@@ -224,6 +280,27 @@ spec: {podCIDRs: "not-a-list"}
             state.rejected[0].starts_with("net.yaml: Network cluster:"),
             "{:?}",
             state.rejected
+        );
+    }
+}
+
+#[cfg(test)]
+mod network_tests {
+    use super::*;
+
+    #[test]
+    fn an_invalid_service_network_rejects_the_network_object() {
+        let mut state = ClusterState::default();
+        add_documents(
+            &mut state,
+            "net.yaml",
+            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+             spec: {serviceNetwork: [10.96.0.0/33]}\n",
+        );
+        assert!(state.network.is_none() && state.service_networks.is_empty());
+        assert_eq!(
+            state.rejected,
+            vec!["net.yaml: Network cluster: spec.serviceNetwork \"10.96.0.0/33\" is not a CIDR"]
         );
     }
 }

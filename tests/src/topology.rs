@@ -194,7 +194,9 @@ impl Topology {
     fn manifests_yaml(&self) -> String {
         let mut yaml = String::from(
             "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
-             spec:\n  defaultNetwork:\n    type: OVNKubernetes\n    ovnKubernetesConfig: {genevePort: 6081}\n",
+             spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
+             \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n\
+             \x20 defaultNetwork:\n    type: OVNKubernetes\n    ovnKubernetesConfig: {genevePort: 6081}\n",
         );
         for node in &self.nodes {
             yaml.push_str(&format!(
