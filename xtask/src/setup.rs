@@ -16,6 +16,7 @@ const PACKAGES: &[&str] = &[
     "iputils-ping",
     "python3",
     "util-linux",
+    "procps",
     "tshark",
     "iperf3",
 ];
