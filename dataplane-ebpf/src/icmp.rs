@@ -12,7 +12,10 @@ use dataplane_common::{
     overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
-use crate::maps::{ENCAP_SCRATCH_LEN, SCRATCH};
+use crate::{
+    csum::{fold, sum_words},
+    maps::{ENCAP_SCRATCH_LEN, SCRATCH},
+};
 
 const ETH_LEN: usize = 14;
 const IPPROTO_ICMP: u8 = 1;
@@ -188,28 +191,4 @@ fn load_into(
         )
     };
     if rc == 0 { Ok(()) } else { Err(rc) }
-}
-
-/// One's-complement sum of the 16-bit words of `block[start..start + len]` (len even), added
-/// to `seed`. Bounded: at most half the block's words.
-#[inline(always)]
-fn sum_words(block: &[u8; ENCAP_SCRATCH_LEN], start: usize, len: usize, seed: u32) -> u32 {
-    let mut sum = seed;
-    let mut i = 0;
-    while i < ENCAP_SCRATCH_LEN / 2 {
-        let at = start + 2 * i;
-        if 2 * i >= len || at + 1 >= ENCAP_SCRATCH_LEN {
-            break;
-        }
-        sum += u16::from_be_bytes([block[at], block[at + 1]]) as u32;
-        i += 1;
-    }
-    sum
-}
-
-#[inline(always)]
-fn fold(mut sum: u32) -> u16 {
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    !(sum as u16)
 }

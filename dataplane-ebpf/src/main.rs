@@ -6,6 +6,8 @@
 #[cfg(target_arch = "bpf")]
 mod baseline;
 #[cfg(target_arch = "bpf")]
+mod csum;
+#[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
 mod maps;

@@ -37,6 +37,7 @@ use dataplane_common::{
 };
 
 use crate::{
+    csum::{fold, sum_words},
     icmp,
     maps::{
         ENCAP_SCRATCH_LEN, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6,
@@ -314,22 +315,9 @@ fn write_ipv4(block: &mut [u8; ENCAP_SCRATCH_LEN], total_len: u16, src: &[u8; 4]
         dst[3],
     ];
     block[14..34].copy_from_slice(&header);
-    let check = ipv4_checksum(&header).to_be_bytes();
+    let check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
     block[24] = check[0];
     block[25] = check[1];
-}
-
-#[inline(always)]
-fn ipv4_checksum(header: &[u8; 20]) -> u16 {
-    let mut sum = 0u32;
-    let mut i = 0;
-    while i < 20 {
-        sum += u16::from_be_bytes([header[i], header[i + 1]]) as u32;
-        i += 2;
-    }
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    !(sum as u16)
 }
 
 /// Outer IPv6 header at offset 14: traffic class 0, flow label from the inner flow hash,

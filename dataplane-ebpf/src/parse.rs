@@ -71,7 +71,6 @@ impl Packet {
 #[derive(Clone, Copy)]
 pub struct Parsed {
     /// Ethertype after any VLAN tags (host byte order).
-    #[allow(dead_code, reason = "read by the LB and policy stages")]
     pub ether_type: u16,
     /// Offset of the IPv4/IPv6 header (0 when there is none).
     pub l3_offset: usize,

@@ -6,6 +6,8 @@ use std::{fs::File, os::fd::AsRawFd as _, process::Command};
 
 use anyhow::{Context as _, bail};
 
+use crate::topology::ip_args;
+
 pub struct ThreadNetns {
     pub name: String,
     original: File,
@@ -17,12 +19,12 @@ impl ThreadNetns {
         let name = crate::unique_name("tn");
         let original =
             File::open("/proc/thread-self/ns/net").context("opening this thread's netns")?;
-        ip(&["netns", "add", &name])?;
+        ip_args(&["netns", "add", &name])?;
         let target = File::open(format!("/run/netns/{name}")).context("opening the new netns")?;
         // SAFETY: both are valid namespace file descriptors; setns affects only this thread.
         if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
             let error = std::io::Error::last_os_error();
-            let _ = ip(&["netns", "del", &name]);
+            let _ = ip_args(&["netns", "del", &name]);
             bail!("setns into {name}: {error}");
         }
         let netns = Self { name, original };
@@ -34,7 +36,7 @@ impl ThreadNetns {
     pub fn ip(&self, args: &[&str]) -> anyhow::Result<()> {
         let mut full = vec!["-n", &self.name];
         full.extend_from_slice(args);
-        ip(&full)
+        ip_args(&full)
     }
 
     /// Sets a sysctl inside this netns (`key=value`).
@@ -63,21 +65,6 @@ impl Drop for ThreadNetns {
     fn drop(&mut self) {
         // SAFETY: original is the thread's namespace from before enter().
         unsafe { libc::setns(self.original.as_raw_fd(), libc::CLONE_NEWNET) };
-        let _ = ip(&["netns", "del", &self.name]);
+        let _ = ip_args(&["netns", "del", &self.name]);
     }
-}
-
-fn ip(args: &[&str]) -> anyhow::Result<()> {
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .context("running ip")?;
-    if !out.status.success() {
-        bail!(
-            "ip {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(())
 }

@@ -11,6 +11,14 @@ pub const SRC_V6: [u8; 16] = [0xfd, 0, 0x10, 0x2a, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0,
 pub const DST_V6: [u8; 16] = [0xfd, 0, 0x10, 0x2a, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 2];
 pub const PAYLOAD: &[u8] = b"dataplane-test-payload";
 
+/// A MAC address as text (`0a:58:0a:f4:01:02`).
+pub fn mac_text(mac: &[u8]) -> String {
+    mac.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// Offset of the network header in an untagged frame.
 pub const L3: usize = 14;
 

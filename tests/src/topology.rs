@@ -210,12 +210,7 @@ impl Topology {
                 ip6 = underlay_ip6(node.index),
             ));
             for pod in &node.pods {
-                let mac = pod
-                    .mac
-                    .iter()
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<Vec<_>>()
-                    .join(":");
+                let mac = crate::packets::mac_text(&pod.mac);
                 yaml.push_str(&format!(
                     "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n\
                      \x20 annotations:\n    k8s.ovn.org/pod-networks: '{{\"default\":{{\"ip_addresses\":[\"{ip}/24\"],\"mac_address\":\"{mac}\"}}}}'\n\
@@ -251,11 +246,7 @@ impl Topology {
             "link add eth0 netns {netns} type veth peer name {host_iface} netns {node_ns}"
         ))?;
         if self.mode == Mode::Overlay {
-            let mac_text = mac
-                .iter()
-                .map(|b| format!("{b:02x}"))
-                .collect::<Vec<_>>()
-                .join(":");
+            let mac_text = crate::packets::mac_text(&mac);
             sh_in(
                 &netns,
                 &format!("ip link set eth0 address {mac_text} mtu {OVERLAY_POD_MTU}"),
@@ -332,7 +323,7 @@ impl Pod {
     /// Sends one raw Ethernet frame out of the pod's eth0 (AF_PACKET, as any pod with
     /// CAP_NET_RAW can), so the node sees exactly these bytes.
     pub fn send_raw_frame(&self, frame: &[u8]) -> anyhow::Result<()> {
-        let hex: String = frame.iter().map(|b| format!("{b:02x}")).collect();
+        let hex = crate::scapy::hex(frame);
         let script = format!(
             "import socket; s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW); \
              s.bind(('eth0', 0)); s.send(bytes.fromhex('{hex}'))"
@@ -545,7 +536,12 @@ pub fn dataplane_binary() -> PathBuf {
 /// cross-namespace `ip link`).
 fn ip(args: &str) -> anyhow::Result<()> {
     let args: Vec<&str> = args.split_whitespace().collect();
-    checked(Command::new("ip").args(&args).output()?, "ip", &args)
+    ip_args(&args)
+}
+
+/// Runs `ip args...` in the caller's netns and fails on a non-zero exit.
+pub(crate) fn ip_args(args: &[&str]) -> anyhow::Result<()> {
+    checked(Command::new("ip").args(args).output()?, "ip", args)
 }
 
 /// Runs a whitespace-separated command line inside `netns` and fails on a non-zero exit.

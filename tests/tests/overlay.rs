@@ -20,21 +20,6 @@ const XDP_PASS: u32 = 2;
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_REDIRECT: u32 = 7;
 
-fn with_destination_v4(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
-    let mut out = frame.to_vec();
-    out[packets::L3 + 16..packets::L3 + 20].copy_from_slice(&dst);
-    packets::fix_ipv4_checksum(&mut out, packets::L3);
-    out
-}
-
-fn mac(bytes: &[u8]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
-}
-
 #[test]
 fn encapsulation_over_ipv4_matches_scapy_byte_for_byte() {
     if !privileged("encapsulation_over_ipv4_matches_scapy_byte_for_byte") {
@@ -72,7 +57,7 @@ fn encapsulation_over_ipv4_matches_scapy_byte_for_byte() {
         let expected = bytes_of(
             &scapy::call(&json!({
                 "op": "encap", "inner": hex(&inner),
-                "src_mac": mac(&UNDERLAY_MAC), "dst_mac": NODE_B_MAC,
+                "src_mac": packets::mac_text(&UNDERLAY_MAC), "dst_mac": NODE_B_MAC,
                 "src_ip": "10.99.0.1", "dst_ip": "10.99.0.2",
                 "sport": sport, "dport": 6081, "vni": 1,
             }))
@@ -103,7 +88,7 @@ fn encapsulation_over_ipv6_matches_scapy_byte_for_byte() {
         return;
     }
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
-    let inner = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 3, 2]);
+    let inner = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 3, 2]);
     let out = bed
         .fixture
         .run_tc(PROG_FROM_POD, &inner, 1)
@@ -115,7 +100,7 @@ fn encapsulation_over_ipv6_matches_scapy_byte_for_byte() {
     let expected = bytes_of(
         &scapy::call(&json!({
             "op": "encap", "inner": hex(&inner),
-            "src_mac": mac(&UNDERLAY_MAC), "dst_mac": NODE_C_MAC,
+            "src_mac": packets::mac_text(&UNDERLAY_MAC), "dst_mac": NODE_C_MAC,
             "src_ip": "fd99::1", "dst_ip": "fd99::3", "flow_label": flow_label,
             "sport": sport, "dport": 6081, "vni": 1,
         }))
@@ -134,7 +119,7 @@ fn same_node_pods_are_redirected_never_encapsulated() {
         return;
     }
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
-    let frame = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 3]);
+    let frame = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 1, 3]);
     let out = bed
         .fixture
         .run_tc(PROG_FROM_POD, &frame, 1)
@@ -158,7 +143,7 @@ fn traffic_outside_the_pod_network_is_left_to_the_stack() {
         return;
     }
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
-    let frame = with_destination_v4(&packets::ipv4_tcp(), [192, 0, 2, 1]);
+    let frame = packets::with_ipv4_destination(&packets::ipv4_tcp(), [192, 0, 2, 1]);
     let out = bed
         .fixture
         .run_tc(PROG_FROM_POD, &frame, 1)
@@ -171,7 +156,7 @@ fn traffic_outside_the_pod_network_is_left_to_the_stack() {
 fn geneve(overrides: serde_json::Value, inner: &[u8]) -> Vec<u8> {
     let mut request = json!({
         "op": "geneve", "inner": hex(inner),
-        "src_mac": "02:00:00:00:99:02", "dst_mac": mac(&UNDERLAY_MAC),
+        "src_mac": "02:00:00:00:99:02", "dst_mac": packets::mac_text(&UNDERLAY_MAC),
         "src_ip": "10.99.0.2", "dst_ip": "10.99.0.1",
         "sport": 50000, "dport": 6081, "vni": 1,
     });
@@ -186,8 +171,8 @@ fn decapsulation_follows_rfc_8926() {
     if !privileged("decapsulation_follows_rfc_8926") {
         return;
     }
-    let inner = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 3]);
-    let not_local = with_destination_v4(&packets::ipv4_tcp(), [10, 244, 1, 99]);
+    let inner = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 1, 3]);
+    let not_local = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 1, 99]);
     let option =
         |class: u16, kind: u8, data: &str| json!({"class": class, "type": kind, "data": data});
     let delivered: Vec<(&str, Vec<u8>)> = vec![
@@ -359,8 +344,16 @@ fn packets_over_the_pod_mtu_are_answered_with_icmp() {
     );
     let answer =
         scapy::call(&json!({"op": "icmp_error", "hex": hex(&out.output)})).expect("decode");
-    assert_eq!(answer["dst_mac"], mac(&packets::POD_MAC), "to the pod");
-    assert_eq!(answer["src_mac"], mac(&packets::GW_MAC), "from its gateway");
+    assert_eq!(
+        answer["dst_mac"],
+        packets::mac_text(&packets::POD_MAC),
+        "to the pod"
+    );
+    assert_eq!(
+        answer["src_mac"],
+        packets::mac_text(&packets::GW_MAC),
+        "from its gateway"
+    );
     assert_eq!(answer["src_ip"], "10.99.0.1");
     assert_eq!(answer["dst_ip"], "10.244.1.2");
     assert_eq!(

@@ -2,8 +2,6 @@
 //! programs) and cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN),
 //! both from the test bed's benchmark binaries in release mode.
 
-use crate::run_checked;
-
 #[derive(clap::Args)]
 pub struct Args {
     /// Print JSON instead of a table.
@@ -28,48 +26,27 @@ pub struct Args {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::setup::run()?;
-    let mut command = crate::cargo();
-    command
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "--package",
-            "dataplane-tests",
-            "--bin",
-            "bench",
-            "--",
-        ])
-        .args([
-            "--rounds",
-            &args.rounds.to_string(),
-            "--repeat",
-            &args.repeat.to_string(),
-            "--singles",
-            &args.singles.to_string(),
-        ]);
-    if args.json {
-        command.arg("--json");
-    }
-    run_checked(&mut command)?;
+    let json: Vec<String> = if args.json {
+        vec!["--json".into()]
+    } else {
+        Vec::new()
+    };
+    let mut bench = vec![
+        "--rounds".to_owned(),
+        args.rounds.to_string(),
+        "--repeat".to_owned(),
+        args.repeat.to_string(),
+        "--singles".to_owned(),
+        args.singles.to_string(),
+    ];
+    bench.extend(json.iter().cloned());
+    crate::run_testbed("bench", &bench)?;
     if args.no_throughput {
         return Ok(());
     }
     // The agents of the throughput topology run the release binary.
     crate::build_release_agent()?;
-    let mut throughput = crate::cargo();
-    throughput
-        .args([
-            "run",
-            "--quiet",
-            "--release",
-            "--package",
-            "dataplane-tests",
-        ])
-        .args(["--bin", "throughput", "--", "--rounds"])
-        .arg(args.throughput_rounds.to_string());
-    if args.json {
-        throughput.arg("--json");
-    }
-    run_checked(&mut throughput)
+    let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
+    throughput.extend(json);
+    crate::run_testbed("throughput", &throughput)
 }

@@ -1,7 +1,5 @@
 //! `cargo xtask demo`: the README's main job on its embedded default.
 
-use crate::run_checked;
-
 #[derive(clap::Args)]
 pub struct Args {
     /// Simulated nodes.
@@ -15,23 +13,11 @@ pub struct Args {
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::setup::run()?;
     crate::build_release_agent()?;
-    run_checked(
-        crate::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "--release",
-                "--package",
-                "dataplane-tests",
-                "--bin",
-                "demo",
-                "--",
-            ])
-            .args([
-                "--nodes",
-                &args.nodes.to_string(),
-                "--pods",
-                &args.pods.to_string(),
-            ]),
-    )
+    let demo = [
+        "--nodes".to_owned(),
+        args.nodes.to_string(),
+        "--pods".to_owned(),
+        args.pods.to_string(),
+    ];
+    crate::run_testbed("demo", &demo)
 }

@@ -71,6 +71,22 @@ fn build_release_agent() -> anyhow::Result<()> {
     ]))
 }
 
+/// Runs a binary of the test bed (bench, throughput, demo) in release mode with `args`.
+fn run_testbed(binary: &str, args: &[String]) -> anyhow::Result<()> {
+    run_checked(
+        cargo()
+            .args([
+                "run",
+                "--quiet",
+                "--release",
+                "--package",
+                "dataplane-tests",
+            ])
+            .args(["--bin", binary, "--"])
+            .args(args),
+    )
+}
+
 /// Runs `command`, echoing it, and fails on a non-zero exit.
 fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     eprintln!("+ {}", describe(command));
