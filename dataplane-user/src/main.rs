@@ -196,6 +196,7 @@ fn configure_overlay(
     let mtu = netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
     let mac = netdev::mac(underlay).with_context(|| format!("reading the MAC of {underlay}"))?;
     let settings = state.network.unwrap_or_default().validate(mtu)?;
+    warn_without_gro(underlay);
     let underlay = Underlay {
         ifindex: underlay_index,
         mac,
@@ -239,4 +240,17 @@ async fn wait_for_shutdown() -> anyhow::Result<()> {
         _ = interrupt.recv() => tracing::info!("SIGINT received"),
     }
     Ok(())
+}
+
+/// Decapsulated frames go up the stack one wire frame at a time; without GRO on the underlay
+/// the receiving pods' TCP pays for each of them (measured here: 2.4 against 4.3 Gbit/s).
+fn warn_without_gro(underlay: &str) {
+    match netdev::gro_enabled(underlay) {
+        Ok(true) => {}
+        Ok(false) => tracing::warn!(
+            underlay,
+            "GRO is off on the underlay: decapsulated pod traffic will not be merged (ethtool -K {underlay} gro on)"
+        ),
+        Err(error) => tracing::debug!(underlay, %error, "cannot read the GRO setting"),
+    }
 }

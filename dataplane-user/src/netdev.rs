@@ -32,7 +32,36 @@ pub fn mtu(name: &str) -> io::Result<u32> {
     u32::try_from(mtu).map_err(|_| io::Error::other("negative MTU"))
 }
 
+/// Whether generic receive offload is on for `name`. XDP passes decapsulated frames up one wire
+/// frame at a time; without GRO the pod's TCP then sees every one of them.
+pub fn gro_enabled(name: &str) -> io::Result<bool> {
+    /// `ETHTOOL_GGRO` from linux/ethtool.h: get the GRO flag into `ethtool_value.data`.
+    const ETHTOOL_GGRO: u32 = 0x2b;
+    #[repr(C)]
+    struct EthtoolValue {
+        cmd: u32,
+        data: u32,
+    }
+    let mut value = EthtoolValue {
+        cmd: ETHTOOL_GGRO,
+        data: 0,
+    };
+    let data = (&raw mut value).cast::<libc::c_char>();
+    ifreq_ioctl_with(name, libc::SIOCETHTOOL, |ifreq| {
+        ifreq.ifr_ifru.ifru_data = data
+    })?;
+    Ok(value.data != 0)
+}
+
 fn ifreq_ioctl(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
+    ifreq_ioctl_with(name, request, |_| {})
+}
+
+fn ifreq_ioctl_with(
+    name: &str,
+    request: libc::c_ulong,
+    fill: impl FnOnce(&mut libc::ifreq),
+) -> io::Result<libc::ifreq> {
     let c_name = CString::new(name).map_err(io::Error::other)?;
     let bytes = c_name.as_bytes_with_nul();
     if bytes.len() > libc::IFNAMSIZ {
@@ -43,6 +72,7 @@ fn ifreq_ioctl(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
     for (dst, src) in ifreq.ifr_name.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
+    fill(&mut ifreq);
     // SAFETY: plain socket creation; the fd is owned right away.
     let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
     if fd < 0 {
@@ -89,6 +119,18 @@ fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn reads_gro_as_ethtool_does() {
+        let ethtool = std::process::Command::new("ethtool")
+            .args(["-k", "lo"])
+            .output()
+            .expect("ethtool is installed by cargo xtask setup");
+        let text = String::from_utf8_lossy(&ethtool.stdout);
+        let expected = text.contains("generic-receive-offload: on");
+        assert_eq!(gro_enabled("lo").unwrap(), expected);
+        assert!(gro_enabled("no-such-dev0").is_err());
+    }
 
     #[test]
     fn finds_host_routes_in_proc_tables() {

@@ -147,6 +147,9 @@ impl Topology {
                 &format!("ip addr add {}/24 dev eth0", underlay_ip(n)),
             )?;
             sh_in(&netns, "ip link set eth0 up")?;
+            // Receive offload on, as NICs ship it (veth ships it off): the stack then merges
+            // the wire-sized frames that XDP passes up, decapsulated or not.
+            sh_in(&netns, "ethtool -K eth0 gro on")?;
             sh_in(&netns, "sysctl -qw net.ipv4.ip_forward=1")?;
             if mode == Mode::Overlay {
                 let address = format!("ip addr add {}/64 dev eth0 nodad", underlay_ip6(n));

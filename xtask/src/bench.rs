@@ -20,7 +20,7 @@ pub struct Args {
     #[arg(long)]
     no_throughput: bool,
     /// Alternating iperf3 rounds per path in the throughput comparison.
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 5)]
     throughput_rounds: u32,
 }
 
