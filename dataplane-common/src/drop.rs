@@ -66,10 +66,13 @@ drop_reasons! {
     OverlayNoRoute = 28, "overlay_no_route", "no underlay route to the remote node";
     OverlayEncapFailed = 29, "overlay_encap_failed", "the kernel refused to grow the packet for encapsulation";
     OverlayMtuExceeded = 30, "overlay_mtu_exceeded", "a pod packet too large for the underlay after encapsulation";
+    LbNoEndpoints = 31, "lb_no_endpoints", "a new flow to a service port without a ready endpoint";
+    LbBackendGone = 32, "lb_backend_gone", "a TCP packet of a flow whose backend was removed";
+    LbRewriteFailed = 33, "lb_rewrite_failed", "the kernel refused to rewrite a service packet";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.
-pub const DROP_REASON_SLOTS: u32 = 32;
+pub const DROP_REASON_SLOTS: u32 = 64;
 
 const _: () = {
     let mut i = 0;

@@ -4,6 +4,7 @@
 #![no_std]
 
 pub mod drop;
+pub mod lb;
 pub mod maps;
 pub mod overlay;
 pub mod stats;

@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 1;
+pub const LAYOUT_VERSION: u32 = 2;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -25,6 +25,24 @@ pub const NODE_ADDRS: &str = "DP_OVL_NODES";
 /// Hash: address of every local pod (16-byte form) -> [`crate::overlay::LocalPod`].
 pub const LOCAL_PODS: &str = "DP_OVL_PODS";
 
+/// Hash: [`crate::lb::ServiceKey`] -> [`crate::lb::ServiceValue`].
+pub const LB_SERVICES: &str = "DP_LB_SERVICES";
+/// Hash: backend id (u32) -> [`crate::lb::Backend`].
+pub const LB_BACKENDS: &str = "DP_LB_BACKENDS";
+/// Hash (allocated on use): table index -> [`crate::lb::MaglevTable`]. Two indexes per service
+/// port, the live table and the one the next update is built in.
+pub const LB_MAGLEV: &str = "DP_LB_MAGLEV";
+/// LRU hash: [`crate::lb::CtKey`] -> [`crate::lb::CtValue`], both directions of every flow.
+pub const LB_CT: &str = "DP_LB_CT";
+/// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
+pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
+
+/// Capacity of the load-balancer maps.
+pub const MAX_SERVICE_PORTS: u32 = 16_384;
+pub const MAX_BACKENDS: u32 = 65_536;
+pub const MAX_CT_ENTRIES: u32 = 262_144;
+pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
+
 /// Capacity of the node, pod-CIDR and local-pod maps.
 pub const MAX_NODES: u32 = 5000;
 pub const MAX_LOCAL_PODS: u32 = 1024;
@@ -39,12 +57,20 @@ pub const ALL_MAPS: &[&str] = &[
     REMOTE_PODS_V6,
     NODE_ADDRS,
     LOCAL_PODS,
+    LB_SERVICES,
+    LB_BACKENDS,
+    LB_MAGLEV,
+    LB_CT,
+    LB_AFFINITY,
 ];
 
 /// XDP program on the underlay NIC.
 pub const PROG_UNDERLAY: &str = "xdp_underlay";
 /// tc program on the host side of every pod veth (ingress, i.e. packets leaving the pod).
 pub const PROG_FROM_POD: &str = "tc_from_pod";
+/// tc program on the underlay NIC's ingress: reverse NAT of service replies that XDP
+/// decapsulated.
+pub const PROG_UNDERLAY_TC: &str = "tc_underlay";
 /// An XDP program that does nothing but pass: the baseline XDP benchmarks are measured against.
 pub const PROG_BASELINE: &str = "xdp_baseline";
 /// A tc program that does nothing but accept: the baseline of tc benchmarks.

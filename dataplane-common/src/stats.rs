@@ -9,15 +9,18 @@ pub enum Hook {
     Underlay = 0,
     /// tc ingress on the host side of a pod veth (traffic leaving a pod).
     FromPod = 1,
+    /// tc ingress on the underlay NIC: what XDP passed up, decapsulated or not.
+    UnderlayTc = 2,
 }
 
 impl Hook {
-    pub const ALL: &'static [Hook] = &[Hook::Underlay, Hook::FromPod];
+    pub const ALL: &'static [Hook] = &[Hook::Underlay, Hook::FromPod, Hook::UnderlayTc];
 
     pub const fn name(self) -> &'static str {
         match self {
             Hook::Underlay => "underlay",
             Hook::FromPod => "from_pod",
+            Hook::UnderlayTc => "underlay_tc",
         }
     }
 }
@@ -51,6 +54,11 @@ pub enum PacketClass {
     LocalRedirect = 13,
     /// Larger than the pod MTU: answered with ICMP fragmentation needed / packet too big.
     TooBigAnswered = 14,
+    // What the load-balancer did.
+    /// Sent to a service backend (destination rewritten).
+    ServiceDnat = 15,
+    /// A backend's reply given the service address back.
+    ServiceReverseNat = 16,
 }
 
 impl PacketClass {
@@ -70,7 +78,34 @@ impl PacketClass {
         PacketClass::GeneveDecap,
         PacketClass::LocalRedirect,
         PacketClass::TooBigAnswered,
+        PacketClass::ServiceDnat,
+        PacketClass::ServiceReverseNat,
     ];
+
+    /// The class with this counter column, if any (a match, not a table: the kernel side
+    /// calls it).
+    pub const fn from_code(code: u32) -> Option<PacketClass> {
+        Some(match code {
+            0 => PacketClass::Total,
+            1 => PacketClass::OtherL2,
+            2 => PacketClass::Arp,
+            3 => PacketClass::Tcp,
+            4 => PacketClass::Udp,
+            5 => PacketClass::Sctp,
+            6 => PacketClass::Icmp,
+            7 => PacketClass::Icmpv6,
+            8 => PacketClass::OtherL4,
+            9 => PacketClass::Fragment,
+            10 => PacketClass::Dropped,
+            11 => PacketClass::GeneveEncap,
+            12 => PacketClass::GeneveDecap,
+            13 => PacketClass::LocalRedirect,
+            14 => PacketClass::TooBigAnswered,
+            15 => PacketClass::ServiceDnat,
+            16 => PacketClass::ServiceReverseNat,
+            _ => return None,
+        })
+    }
 
     pub const fn name(self) -> &'static str {
         match self {
@@ -89,12 +124,14 @@ impl PacketClass {
             PacketClass::GeneveDecap => "geneve_decap",
             PacketClass::LocalRedirect => "local_redirect",
             PacketClass::TooBigAnswered => "too_big_answered",
+            PacketClass::ServiceDnat => "service_dnat",
+            PacketClass::ServiceReverseNat => "service_reverse_nat",
         }
     }
 }
 
 /// Columns per hook row in the counter map (room to grow without a layout change).
-pub const CLASS_SLOTS: u32 = 16;
+pub const CLASS_SLOTS: u32 = 32;
 /// Rows in the counter map.
 pub const HOOK_SLOTS: u32 = 8;
 /// Entries of the per-CPU packet counter map.
@@ -117,6 +154,9 @@ mod tests {
 
     #[test]
     fn counter_indices_are_distinct_and_in_range() {
+        for &class in PacketClass::ALL {
+            assert_eq!(PacketClass::from_code(class as u32), Some(class));
+        }
         let mut seen = [false; PACKET_COUNTER_SLOTS as usize];
         for &hook in Hook::ALL {
             for &class in PacketClass::ALL {

@@ -15,6 +15,7 @@ use dataplane_common::{
 use crate::{
     csum::{fold, sum_words},
     maps::{ENCAP_SCRATCH_LEN, SCRATCH},
+    stage::Stage,
 };
 
 const ETH_LEN: usize = 14;
@@ -35,8 +36,13 @@ const _: () = assert!(ETH_LEN + 20 + 8 + QUOTE_V4_MAX <= ENCAP_SCRATCH_LEN);
 /// Answers a packet larger than `mtu` with ICMP "fragmentation needed" (IPv4, DF set) or
 /// ICMPv6 "packet too big", carrying `mtu`. An IPv4 packet without DF cannot be fragmented
 /// here and is dropped with `OverlayMtuExceeded`.
+#[inline(never)]
+pub fn too_big(ctx: &TcContext, ipv6: bool, mtu: u32, config: &OverlayConfig) -> Stage {
+    Stage::value(answer_too_big(ctx, ipv6, mtu, config).map(|verdict| verdict as u32))
+}
+
 #[inline(always)]
-pub fn too_big(
+fn answer_too_big(
     ctx: &TcContext,
     ipv6: bool,
     mtu: u32,

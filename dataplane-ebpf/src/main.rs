@@ -10,6 +10,8 @@ mod csum;
 #[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
+mod lb;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod overlay;
@@ -17,6 +19,8 @@ mod overlay;
 mod parse;
 #[cfg(target_arch = "bpf")]
 mod pod;
+#[cfg(target_arch = "bpf")]
+mod stage;
 #[cfg(target_arch = "bpf")]
 mod stats;
 #[cfg(target_arch = "bpf")]

@@ -3,12 +3,19 @@
 //! a restarted agent adopts them.
 
 use aya_ebpf::{
+    bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, PerCpuArray},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use dataplane_common::{
     drop::DROP_REASON_SLOTS,
-    maps::{MAX_LOCAL_PODS, MAX_NODES},
+    lb::{
+        AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
+    },
+    maps::{
+        MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES,
+        MAX_SERVICE_PORTS,
+    },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     stats::PACKET_COUNTER_SLOTS,
 };
@@ -47,6 +54,28 @@ pub static NODE_ADDRS: HashMap<Addr, u32> = HashMap::pinned(MAX_NODES * 2, 0);
 #[map(name = "DP_OVL_PODS")]
 pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
 
+/// Service ports -> how to balance them.
+#[map(name = "DP_LB_SERVICES")]
+pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_PORTS, 0);
+
+/// Backends by id.
+#[map(name = "DP_LB_BACKENDS")]
+pub static LB_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
+
+/// Maglev tables by index (4 KB each, allocated only for the service ports that exist).
+#[map(name = "DP_LB_MAGLEV")]
+pub static LB_MAGLEV: HashMap<u32, MaglevTable> =
+    HashMap::pinned(MAX_SERVICE_PORTS * 2, BPF_F_NO_PREALLOC);
+
+/// Connection tracking of service flows, both directions.
+#[map(name = "DP_LB_CT")]
+pub static LB_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT_ENTRIES, 0);
+
+/// ClientIP session affinity: the backend each client sticks to.
+#[map(name = "DP_LB_AFFINITY")]
+pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
+    LruHashMap::pinned(MAX_AFFINITY_ENTRIES, 0);
+
 /// Size of the per-CPU scratch buffer (the largest encapsulation block is 84 bytes).
 pub const ENCAP_SCRATCH_LEN: usize = 128;
 
@@ -54,3 +83,12 @@ pub const ENCAP_SCRATCH_LEN: usize = 128;
 /// holds nothing between packets.
 #[map(name = "DP_SCRATCH")]
 pub static SCRATCH: PerCpuArray<[u8; ENCAP_SCRATCH_LEN]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU room for the FIB lookup parameters of the encapsulation. Not pinned.
+#[map(name = "DP_FIB_SCRATCH")]
+pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
+    PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU working set of the load-balancer (keys and entries being built). Not pinned.
+#[map(name = "DP_LB_SCRATCH")]
+pub static LB_SCRATCH: PerCpuArray<crate::lb::LbScratch> = PerCpuArray::with_max_entries(1, 0);

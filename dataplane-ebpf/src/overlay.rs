@@ -40,10 +40,11 @@ use crate::{
     csum::{fold, sum_words},
     icmp,
     maps::{
-        ENCAP_SCRATCH_LEN, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6,
-        SCRATCH,
+        ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4,
+        REMOTE_PODS_V6, SCRATCH,
     },
     parse::{Packet, Parsed},
+    stage::Stage,
 };
 
 const ETH_LEN: usize = 14;
@@ -59,12 +60,12 @@ const MAX_GENEVE_OPTIONS: usize = GENEVE_MAX_OPTIONS_LEN / 4;
 
 /// The overlay settings, when an agent has configured the overlay on this node.
 #[inline(always)]
-fn config() -> Option<OverlayConfig> {
+fn config() -> Option<&'static OverlayConfig> {
     let config = OVERLAY_CONFIG.get(0)?;
     if config.flags & OVERLAY_ENABLED == 0 {
         return None;
     }
-    Some(*config)
+    Some(config)
 }
 
 /// Destination address of the parsed IP packet in 16-byte form.
@@ -82,11 +83,15 @@ fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
 
 /// The tc stage for a packet leaving a pod: the verdict and what was done (encapsulated or
 /// redirected to a local pod). `Ok(None)`: not overlay traffic, let it continue.
+#[inline(never)]
+pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::new(
+        deliver(ctx, parsed).map(|done| done.map(|(verdict, class)| (verdict as u32, class))),
+    )
+}
+
 #[inline(always)]
-pub fn from_pod(
-    ctx: &TcContext,
-    parsed: &Parsed,
-) -> Result<Option<(i32, PacketClass)>, DropReason> {
+fn deliver(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)>, DropReason> {
     // Only untagged IP frames come from pods; anything else is left to the stack.
     if parsed.l3_offset != ETH_LEN {
         return Ok(None);
@@ -110,10 +115,10 @@ pub fn from_pod(
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
     if gso_size == 0 && ctx.len() - ETH_LEN as u32 > config.pod_mtu {
         let ipv6 = parsed.ether_type == ETH_P_IPV6;
-        let verdict = icmp::too_big(ctx, ipv6, config.pod_mtu, &config)?;
+        let verdict = icmp::too_big(ctx, ipv6, config.pod_mtu, config).into_value()? as i32;
         return Ok(Some((verdict, PacketClass::TooBigAnswered)));
     }
-    let verdict = encapsulate(ctx, &config, &endpoint)?;
+    let verdict = encapsulate(ctx, config, &endpoint).into_value()? as i32;
     Ok(Some((verdict, PacketClass::GeneveEncap)))
 }
 
@@ -147,8 +152,13 @@ const ENCAP_BLOCK_V4: usize = 14 + 20 + 8 + 8 + 14;
 const ENCAP_BLOCK_V6: usize = 14 + 40 + 8 + 8 + 14;
 
 /// Wraps the packet in Geneve towards `endpoint` and redirects it out of the underlay.
+#[inline(never)]
+fn encapsulate(ctx: &TcContext, config: &OverlayConfig, endpoint: &TunnelEndpoint) -> Stage {
+    Stage::value(wrap(ctx, config, endpoint).map(|verdict| verdict as u32))
+}
+
 #[inline(always)]
-fn encapsulate(
+fn wrap(
     ctx: &TcContext,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
@@ -185,12 +195,17 @@ fn encapsulate(
     // SAFETY: reading a field of our own context.
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
     let mtu_checked_len = if gso_size != 0 { 0 } else { outer_len };
-    let mut fib = fib_params(config, endpoint, mtu_checked_len);
-    // SAFETY: fib is a valid bpf_fib_lookup on the stack and its size is passed.
+    let fib = FIB_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::OverlayEncapFailed)?;
+    // SAFETY: per-CPU map memory, used only by this program invocation.
+    let fib = unsafe { &mut *fib };
+    fill_fib_params(fib, config, endpoint, mtu_checked_len);
+    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
     let rc = unsafe {
         bpf_fib_lookup(
             ctx.as_ptr(),
-            &mut fib,
+            fib,
             core::mem::size_of::<FibParams>() as i32,
             BPF_FIB_LOOKUP_OUTPUT,
         )
@@ -374,10 +389,17 @@ fn write_udp_geneve(
     }
 }
 
+/// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF
+/// stack cannot spare).
 #[inline(always)]
-fn fib_params(config: &OverlayConfig, endpoint: &TunnelEndpoint, tot_len: u32) -> FibParams {
+fn fill_fib_params(
+    fib: &mut FibParams,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    tot_len: u32,
+) {
     // SAFETY: an all-zero bpf_fib_lookup is a valid starting point.
-    let mut fib: FibParams = unsafe { core::mem::zeroed() };
+    *fib = unsafe { core::mem::zeroed() };
     fib.l4_protocol = IPPROTO_UDP;
     fib.ifindex = config.underlay_ifindex;
     fib.__bindgen_anon_1.tot_len = tot_len as u16;
@@ -395,7 +417,6 @@ fn fib_params(config: &OverlayConfig, endpoint: &TunnelEndpoint, tot_len: u32) -
             endpoint.addr[15],
         ]);
     }
-    fib
 }
 
 /// 16 network-order bytes as the four u32 words the kernel's structures hold them in.
@@ -425,7 +446,7 @@ pub fn decapsulate(
     if u16::from_be_bytes(parsed.dst_port) != config.geneve_port {
         return Ok(None);
     }
-    let (src, dst_is_ours) = outer_addresses(packet, parsed, &config)?;
+    let (src, dst_is_ours) = outer_addresses(packet, parsed, config)?;
     if !dst_is_ours {
         return Ok(None);
     }

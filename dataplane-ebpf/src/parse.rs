@@ -4,6 +4,8 @@
 
 use core::mem::size_of;
 
+use aya_ebpf::programs::TcContext;
+
 use dataplane_common::{DropReason, PacketClass};
 use network_types::{
     eth::EthHdr,
@@ -285,4 +287,50 @@ fn parse_l4(
         }
     }
     Ok(())
+}
+
+/// How much to pull into the linear area when headers straddle it: enough for Ethernet, two VLAN
+/// tags, IPv4 with options or IPv6 with a deep extension chain, and a TCP header with options.
+const PULL_LEN: u32 = 1024;
+
+/// Parses the linear part of the skb; if a header runs past it while the packet is longer, pulls
+/// more into the linear area once and parses again, so only truly short packets are dropped.
+#[inline(always)]
+pub fn parse_skb(ctx: &TcContext) -> Result<Parsed, DropReason> {
+    let len = ctx.len() as usize;
+    let first = parse(&Packet::new(ctx.data(), ctx.data_end(), len));
+    match first {
+        Err(reason) if ctx.data_end() - ctx.data() < len && is_truncation(reason) => {
+            let want = if ctx.len() < PULL_LEN {
+                ctx.len()
+            } else {
+                PULL_LEN
+            };
+            if ctx.pull_data(want).is_err() {
+                return Err(reason);
+            }
+            parse(&Packet::new(ctx.data(), ctx.data_end(), len))
+        }
+        other => other,
+    }
+}
+
+#[inline(always)]
+fn is_truncation(reason: DropReason) -> bool {
+    use DropReason::*;
+    matches!(
+        reason,
+        EthTruncated
+            | VlanTruncated
+            | Ipv4Truncated
+            | Ipv4OptionsTruncated
+            | Ipv6Truncated
+            | Ipv6ExtTruncated
+            | TcpTruncated
+            | TcpBadDataOffset
+            | UdpTruncated
+            | SctpTruncated
+            | IcmpTruncated
+            | Icmpv6Truncated
+    )
 }

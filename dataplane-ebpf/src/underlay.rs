@@ -1,13 +1,21 @@
 //! XDP on the node's underlay NIC: every packet arriving at the node passes here first.
 //! Parse (malformed packets dropped with their reason), then Geneve decapsulation for local
 //! pods. NodePort load-balancing hooks in after the overlay stage.
+//!
+//! tc ingress on the same NIC then sees what XDP passed up, decapsulated frames included, as
+//! socket buffers: replies of remote service backends get their service address back there,
+//! with the kernel's checksum helpers.
 
-use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
+    macros::{classifier, xdp},
+    programs::{TcContext, XdpContext},
+};
 use dataplane_common::{Hook, PacketClass};
 
 use crate::{
-    overlay,
-    parse::{Packet, parse},
+    lb, overlay,
+    parse::{Packet, parse, parse_skb},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -33,4 +41,25 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
             xdp_action::XDP_DROP
         }
     }
+}
+
+#[classifier]
+pub fn tc_underlay(ctx: TcContext) -> i32 {
+    let parsed = match parse_skb(&ctx) {
+        Ok(parsed) => parsed,
+        Err(reason) => {
+            count_malformed(Hook::UnderlayTc, reason);
+            return TC_ACT_SHOT;
+        }
+    };
+    count_packet(Hook::UnderlayTc, parsed.class);
+    match lb::from_underlay(&ctx, &parsed).result() {
+        Ok(Some((_, outcome))) => count_outcome(Hook::UnderlayTc, outcome),
+        Ok(None) => {}
+        Err(reason) => {
+            count_drop(Hook::UnderlayTc, reason);
+            return TC_ACT_SHOT;
+        }
+    }
+    TC_ACT_OK
 }

@@ -4,7 +4,7 @@
 use aya::programs::{TcAttachType, XdpMode};
 use dataplane_common::{
     Hook,
-    maps::{PROG_FROM_POD, PROG_UNDERLAY},
+    maps::{PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
 };
 use serde::{Deserialize, Serialize};
 
@@ -93,21 +93,35 @@ impl Dataplane {
 
     /// Attaches the from-pod tc program to the ingress of a pod's host-side veth.
     pub fn attach_pod(&mut self, interface: &str) -> Result<Attachment, AgentError> {
+        self.attach_tc_ingress(PROG_FROM_POD, Hook::FromPod, interface)
+    }
+
+    /// Attaches the underlay tc program to the ingress of the underlay NIC (after XDP).
+    pub fn attach_underlay_tc(&mut self, interface: &str) -> Result<Attachment, AgentError> {
+        self.attach_tc_ingress(PROG_UNDERLAY_TC, Hook::UnderlayTc, interface)
+    }
+
+    fn attach_tc_ingress(
+        &mut self,
+        name: &'static str,
+        hook: Hook,
+        interface: &str,
+    ) -> Result<Attachment, AgentError> {
         let ifindex = preflight::interface_index(interface)?;
-        let program = self.classifier(PROG_FROM_POD)?;
+        let program = self.classifier(name)?;
         program
             .attach(interface, TcAttachType::Ingress)
             .map_err(|e| AgentError::Attach {
-                program: PROG_FROM_POD,
+                program: name,
                 interface: interface.into(),
                 attempts: format!("tc ingress: {}", error_chain(&e)),
             })?;
-        tracing::info!(interface, "attached tc ingress");
+        tracing::info!(interface, program = name, "attached tc ingress");
         Ok(Attachment {
             interface: interface.into(),
             ifindex,
-            program: PROG_FROM_POD.into(),
-            hook: Hook::FromPod.name().into(),
+            program: name.into(),
+            hook: hook.name().into(),
             mode: "tc-ingress".into(),
         })
     }

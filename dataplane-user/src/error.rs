@@ -83,6 +83,9 @@ pub enum AgentError {
         attempts: String,
     },
 
+    #[error("{what}: more than the {limit} the maps hold")]
+    Capacity { what: &'static str, limit: u32 },
+
     #[error("{action} {path}")]
     Io {
         action: &'static str,

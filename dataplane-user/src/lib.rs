@@ -4,6 +4,7 @@
 pub mod attach;
 pub mod ebpf;
 pub mod error;
+pub mod lb;
 pub mod loader;
 pub mod model;
 pub mod netdev;

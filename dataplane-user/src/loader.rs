@@ -11,6 +11,7 @@ use aya::{
 };
 use dataplane_common::maps::{
     LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY,
+    PROG_UNDERLAY_TC,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -95,7 +96,7 @@ impl Dataplane {
                 source,
             })?;
         }
-        for name in [PROG_FROM_POD, PROG_TC_BASELINE] {
+        for name in [PROG_FROM_POD, PROG_UNDERLAY_TC, PROG_TC_BASELINE] {
             let program = self.classifier(name)?;
             program.load().map_err(|source| AgentError::Program {
                 name,
@@ -103,7 +104,7 @@ impl Dataplane {
                 source,
             })?;
         }
-        for name in [PROG_UNDERLAY, PROG_FROM_POD] {
+        for name in [PROG_UNDERLAY, PROG_FROM_POD, PROG_UNDERLAY_TC] {
             self.pin_program(name)?;
         }
         Ok(())

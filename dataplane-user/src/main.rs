@@ -12,7 +12,7 @@ use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
     attach::XdpModeChoice,
-    model, netdev,
+    lb, model, netdev,
     overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
     preflight, source,
@@ -146,7 +146,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             }
         }
     }
-    let mut attachments = vec![dataplane.attach_underlay(&args.underlay, args.xdp_mode)?];
+    let mut attachments = vec![
+        dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
+        dataplane.attach_underlay_tc(&args.underlay)?,
+    ];
     for iface in &pod_ifaces {
         attachments.push(dataplane.attach_pod(iface)?);
     }
@@ -219,7 +222,31 @@ fn configure_overlay(
         deleted = stats.deleted,
         "overlay configured"
     );
+    configure_services(dataplane, &state)?;
     Ok(model.pod_interfaces)
+}
+
+/// Compiles the Services and EndpointSlices and syncs the load-balancer maps, taking over what a
+/// previous agent left pinned.
+fn configure_services(
+    dataplane: &mut Dataplane,
+    state: &source::ClusterState,
+) -> anyhow::Result<()> {
+    let compiled = lb::compile_services(&state.services, &state.endpoint_slices);
+    for error in &compiled.errors {
+        tracing::warn!(%error, "service skipped");
+    }
+    let mut lb_state = lb::LbState::default();
+    dataplane.adopt_lb(&mut lb_state)?;
+    let stats = dataplane.sync_lb(&mut lb_state, &compiled.ports)?;
+    tracing::info!(
+        service_ports = stats.services,
+        backends = stats.backends,
+        written = stats.written,
+        deleted = stats.deleted,
+        "services configured"
+    );
+    Ok(())
 }
 
 /// The host interface a pod address is routed to, in this node's namespace.

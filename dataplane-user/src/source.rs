@@ -1,12 +1,16 @@
 //! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
-//! cluster): Nodes and Pods as the API serves them (k8s-openapi types), and the OpenShift
+//! cluster): Nodes, Pods, Services and EndpointSlices as the API serves them (k8s-openapi
+//! types), and the OpenShift
 //! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
 
 use std::{fs, path::Path};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::{
+    core::v1::{Node, Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use serde::Deserialize;
 
 use crate::overlay::OvnKubernetesConfig;
@@ -16,6 +20,8 @@ use crate::overlay::OvnKubernetesConfig;
 pub struct ClusterState {
     pub nodes: Vec<Node>,
     pub pods: Vec<Pod>,
+    pub services: Vec<Service>,
+    pub endpoint_slices: Vec<EndpointSlice>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -105,6 +111,16 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
             Ok(pod) => state.pods.push(pod),
             Err(e) => reject(state, e.to_string()),
         },
+        ("v1", "Service") => match serde_yaml::from_value::<Service>(value) {
+            Ok(service) => state.services.push(service),
+            Err(e) => reject(state, e.to_string()),
+        },
+        ("discovery.k8s.io/v1", "EndpointSlice") => {
+            match serde_yaml::from_value::<EndpointSlice>(value) {
+                Ok(slice) => state.endpoint_slices.push(slice),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
         ("operator.openshift.io/v1", "Network") => {
             match serde_yaml::from_value::<NetworkOperator>(value) {
                 Ok(network) if network.metadata.name == "cluster" => {

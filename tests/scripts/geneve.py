@@ -5,6 +5,8 @@ Reads one JSON request on stdin, prints one JSON answer on stdout:
   {"op": "encap", ...}  -> {"hex": <the encapsulated frame scapy builds>}
   {"op": "decode", "hex": ...} -> the outer and Geneve fields scapy reads
   {"op": "geneve", ...} -> {"hex": <a Geneve packet with the given header/options>}
+  {"op": "l4", ...} -> {"hex": <a TCP or UDP frame, checksums by scapy>}
+  {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP checksums are right
 """
 import json
 import sys
@@ -125,9 +127,46 @@ def icmp_error(req):
     return answer
 
 
+def l4(req):
+    """A TCP or UDP frame with every checksum computed by scapy (IPv4 or IPv6)."""
+    from scapy.all import TCP
+
+    eth = Ether(src=req.get("src_mac", "0a:58:0a:f4:01:09"), dst=req.get("dst_mac", "02:00:00:00:01:09"))
+    if ":" in req["src"]:
+        ip = IPv6(src=req["src"], dst=req["dst"], hlim=64)
+    else:
+        ip = IP(src=req["src"], dst=req["dst"], ttl=64, id=req.get("ip_id", 1), flags="DF")
+    if req["proto"] == "tcp":
+        l4 = TCP(sport=req["sport"], dport=req["dport"], flags=req.get("flags", "S"), seq=1000, window=64240)
+    else:
+        l4 = UDP(sport=req["sport"], dport=req["dport"])
+    return {"hex": bytes(eth / ip / l4 / Raw(bytes.fromhex(req.get("payload", "68656c6c6f")))).hex()}
+
+
+def checksums(req):
+    """Whether the IPv4 header and TCP/UDP checksums of a frame are right, recomputed by scapy."""
+    from scapy.all import TCP
+
+    pkt = Ether(bytes.fromhex(req["hex"]))
+    fresh = pkt.copy()
+    answer = {}
+    if IP in pkt:
+        del fresh[IP].chksum
+    l4 = TCP if TCP in pkt else UDP
+    del fresh[l4].chksum
+    rebuilt = Ether(bytes(fresh))
+    if IP in pkt:
+        answer["ip_chksum_ok"] = rebuilt[IP].chksum == pkt[IP].chksum
+    answer["l4_chksum_ok"] = rebuilt[l4].chksum == pkt[l4].chksum
+    return answer
+
+
 def main():
     req = json.load(sys.stdin)
-    handler = {"encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error}[req["op"]]
+    handler = {
+        "encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error,
+        "l4": l4, "checksums": checksums,
+    }[req["op"]]
     json.dump(handler(req), sys.stdout)
 
 

@@ -366,3 +366,18 @@ pub fn with_ipv4_destination(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
     fix_ipv4_checksum(&mut out, L3);
     out
 }
+
+/// An IPv4 TCP frame from `src:sport` to `dst:dport` (SYN when `syn`, else ACK), built here for
+/// tests that need many flows quickly (scapy builds the frames whose bytes are compared).
+pub fn tcp_v4_flow(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, syn: bool) -> Vec<u8> {
+    finish(|o| {
+        let tcp = eth().ipv4(src, dst, 64).tcp(sport, dport, 1, 64240);
+        let tcp = if syn { tcp.syn() } else { tcp.ack(1) };
+        tcp.write(o, PAYLOAD)
+    })
+}
+
+/// An IPv4 UDP frame from `src:sport` to `dst:dport`.
+pub fn udp_v4_flow(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
+    finish(|o| eth().ipv4(src, dst, 64).udp(sport, dport).write(o, PAYLOAD))
+}

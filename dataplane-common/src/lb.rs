@@ -1,0 +1,237 @@
+//! Service load-balancing: map layouts shared by the kernel programs and the agent, and the flow
+//! hash both sides compute (the agent's tests predict which backend the kernel picks).
+//!
+//! A service port is one `(address, port, protocol)` a client can reach: every ClusterIP,
+//! external IP and load-balancer ingress IP of a Service, for each of its ports. Each has a
+//! Maglev lookup table of `MAGLEV_TABLE_SIZE` backend ids, built by the agent; the kernel picks
+//! `table[flow_hash % MAGLEV_TABLE_SIZE]`, so its cost does not depend on the number of
+//! services or backends. Addresses use the 16-byte form of [`crate::overlay::Addr`].
+
+use crate::overlay::Addr;
+
+/// Slots of one Maglev table: a prime well above 10x the backends of a service (Maglev's
+/// balance stays within about 1% up to M/10 backends, and disruption stays near 1/N).
+pub const MAGLEV_TABLE_SIZE: usize = 1021;
+/// Most backends one service port may have (M / 10, see above).
+pub const MAX_BACKENDS_PER_SERVICE: usize = 100;
+
+/// Session affinity timeout bounds and default (`sessionAffinityConfig.clientIP.timeoutSeconds`).
+pub const AFFINITY_TIMEOUT_MIN: u32 = 1;
+pub const AFFINITY_TIMEOUT_MAX: u32 = 86_400;
+pub const AFFINITY_TIMEOUT_DEFAULT: u32 = 10_800;
+
+/// Idle timeouts of connection-tracking entries, in seconds (as kube-proxy's conntrack
+/// defaults: established TCP long-lived, other protocols short, closing TCP briefly).
+pub const CT_TIMEOUT_TCP: u32 = 21_600;
+pub const CT_TIMEOUT_OTHER: u32 = 60;
+pub const CT_TIMEOUT_CLOSING: u32 = 10;
+
+/// `ServiceKey::scope`: reached from a pod (ClusterIP, external and load-balancer IPs).
+pub const SCOPE_CLUSTER: u8 = 0;
+
+/// `CtKey::direction`: client to service (the original direction).
+pub const CT_ORIGINAL: u8 = 0;
+/// `CtKey::direction`: backend back to the client (the reply direction).
+pub const CT_REPLY: u8 = 1;
+
+/// `CtValue::flags`: a FIN or RST was seen; the entry lives `CT_TIMEOUT_CLOSING` more.
+pub const CT_CLOSING: u8 = 1 << 0;
+
+/// A service port (key of the services map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ServiceKey {
+    pub addr: Addr,
+    /// Port in network byte order, as on the wire.
+    pub port_be: [u8; 2],
+    /// IP protocol number (6, 17, 132).
+    pub protocol: u8,
+    /// `SCOPE_*`.
+    pub scope: u8,
+}
+
+/// What the kernel needs to balance one service port (value of the services map).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServiceValue {
+    /// Identifies the service port in affinity keys (stable while the service port exists).
+    pub id: u32,
+    /// Index of its Maglev table in the tables map.
+    pub table: u32,
+    /// Ready backends; 0 means the service has no endpoint and new flows are refused.
+    pub backends: u32,
+    /// ClientIP affinity timeout in seconds; 0 means no affinity.
+    pub affinity_timeout: u32,
+}
+
+/// One backend (value of the backends map, keyed by a u32 backend id).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Backend {
+    pub addr: Addr,
+    /// Target port in network byte order.
+    pub port_be: [u8; 2],
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    pub family: u8,
+    pub _pad: u8,
+}
+
+/// A Maglev lookup table: backend ids (value of the tables map).
+pub type MaglevTable = [u32; MAGLEV_TABLE_SIZE];
+
+/// A flow as the conntrack map keys it. 4-aligned so its addresses can be read as words.
+#[repr(C, align(4))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct CtKey {
+    pub src: Addr,
+    pub dst: Addr,
+    pub src_port_be: [u8; 2],
+    pub dst_port_be: [u8; 2],
+    pub protocol: u8,
+    /// `CT_ORIGINAL` or `CT_REPLY`.
+    pub direction: u8,
+    pub _pad: [u8; 2],
+}
+
+/// A tracked flow: in the original direction the backend it was sent to, in the reply
+/// direction the service address its replies must come from.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct CtValue {
+    /// Backend address (original) or service address (reply).
+    pub addr: Addr,
+    /// Backend port (original) or service port (reply), network byte order.
+    pub port_be: [u8; 2],
+    /// `CT_*` flags.
+    pub flags: u8,
+    pub _pad: u8,
+    /// The backend id chosen (original direction; checked against the backends map).
+    pub backend_id: u32,
+    /// The service port's id (original direction), for refreshing its affinity entry.
+    pub service_id: u32,
+    /// Seconds of the kernel's monotonic clock at the last packet (refreshed at most once a
+    /// second, in place).
+    pub last_seen: u32,
+}
+
+/// Key of the affinity map: one client of one service port.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AffinityKey {
+    pub client: Addr,
+    pub service_id: u32,
+}
+
+/// The backend a client sticks to and when it last sent.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AffinityValue {
+    pub backend_id: u32,
+    /// Seconds of the kernel's monotonic clock at the client's last packet.
+    pub last_seen: u32,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<ServiceKey>() == 20);
+    assert!(core::mem::size_of::<ServiceValue>() == 16);
+    assert!(core::mem::size_of::<Backend>() == 20);
+    assert!(core::mem::size_of::<CtKey>() == 40);
+    assert!(core::mem::size_of::<CtValue>() == 32);
+    assert!(core::mem::size_of::<AffinityKey>() == 20);
+    assert!(core::mem::size_of::<AffinityValue>() == 8);
+};
+
+/// Mixes one 32-bit word into the running hash (the murmur3 block step).
+#[inline(always)]
+const fn mix(hash: u32, word: u32) -> u32 {
+    let k = word
+        .wrapping_mul(0xcc9e_2d51)
+        .rotate_left(15)
+        .wrapping_mul(0x1b87_3593);
+    (hash ^ k)
+        .rotate_left(13)
+        .wrapping_mul(5)
+        .wrapping_add(0xe654_6b64)
+}
+
+/// The big-endian word at byte `at` of an address inside a 4-aligned key.
+#[inline(always)]
+fn word(addr: &Addr, at: usize) -> u32 {
+    // SAFETY: `at` is 0, 4, 8 or 12 and the address sits at a 4-aligned offset of a 4-aligned
+    // `CtKey`, so the read is in bounds and aligned. Word loads (not byte loads) keep the
+    // kernel build from spilling sixteen bytes per address to the 512-byte BPF stack.
+    u32::from_be(unsafe { core::ptr::read(addr.as_ptr().add(at).cast::<u32>()) })
+}
+
+/// The hash the kernel uses to pick a Maglev slot for a new flow: murmur3 over the addresses,
+/// ports and protocol of `key` (its direction is ignored). Defined once so the agent and the
+/// tests can predict the kernel's choice.
+#[inline(always)]
+pub fn flow_hash(key: &CtKey) -> u32 {
+    let mut hash = 0x5eed_1b0du32;
+    let mut i = 0;
+    while i < 16 {
+        hash = mix(hash, word(&key.src, i));
+        hash = mix(hash, word(&key.dst, i));
+        i += 4;
+    }
+    let (s, d) = (key.src_port_be, key.dst_port_be);
+    let ports = (s[0] as u32) << 24 | (s[1] as u32) << 16 | (d[0] as u32) << 8 | d[1] as u32;
+    hash = mix(hash, ports);
+    hash = mix(hash, key.protocol as u32);
+    // murmur3 finalizer: every input bit reaches every output bit.
+    hash ^= hash >> 16;
+    hash = hash.wrapping_mul(0x85eb_ca6b);
+    hash ^= hash >> 13;
+    hash = hash.wrapping_mul(0xc2b2_ae35);
+    hash ^ (hash >> 16)
+}
+
+/// The Maglev slot of a flow hash.
+#[inline(always)]
+pub const fn maglev_slot(hash: u32) -> usize {
+    hash as usize % MAGLEV_TABLE_SIZE
+}
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    // SAFETY: plain #[repr(C)] data with explicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for super::ServiceKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::ServiceValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::Backend {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CtKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::CtValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AffinityValue {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::overlay::ipv4_mapped;
+
+    #[test]
+    fn flow_hash_spreads_source_ports_over_the_table() {
+        let (src, dst) = (ipv4_mapped([10, 0, 0, 1]), ipv4_mapped([10, 96, 0, 10]));
+        let mut hits = [0u32; 8];
+        for port in 0..8000u16 {
+            let key = CtKey {
+                src,
+                dst,
+                src_port_be: port.to_be_bytes(),
+                dst_port_be: 80u16.to_be_bytes(),
+                protocol: 6,
+                ..CtKey::default()
+            };
+            let h = flow_hash(&key);
+            hits[maglev_slot(h) % 8] += 1;
+        }
+        assert!(hits.iter().all(|&n| (800..1200).contains(&n)), "{hits:?}");
+    }
+}

@@ -1,0 +1,481 @@
+//! Service load-balancing (replacing kube-proxy) for traffic leaving pods.
+//!
+//! A packet to a service port is sent to one backend: the one its tracked flow already uses, or
+//! for a new flow the client's affine backend (ClientIP affinity) or the service's Maglev table
+//! at the flow's hash. The destination is rewritten there (DNAT) and the overlay stage then
+//! delivers the packet to the backend's pod, on this node or through Geneve. Replies are given
+//! the service address back (reverse NAT) wherever they reach the client's node: leaving a
+//! local backend pod (tc on its veth) or decapsulated from the underlay (tc on the NIC).
+//!
+//! Per packet: one conntrack lookup for replies, else one service lookup, one conntrack lookup
+//! and, for a new flow, one table and one backend lookup. Nothing scans a list. Timestamps in
+//! the maps are refreshed in place at most once per clock second, so a busy flow or client
+//! costs no map update per packet.
+
+// Keys are passed to the map helpers by reference on purpose: by value they would be copied
+// to the BPF stack, which the per-CPU working set is there to spare.
+#![allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys stay in the per-CPU working set"
+)]
+
+use aya_ebpf::{
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    helpers::{bpf_csum_diff, bpf_ktime_get_coarse_ns},
+    programs::TcContext,
+};
+use dataplane_common::{
+    DropReason, PacketClass,
+    lb::{
+        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CT_TIMEOUT_CLOSING,
+        CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, MAGLEV_TABLE_SIZE, SCOPE_CLUSTER,
+        ServiceKey, ServiceValue, flow_hash, maglev_slot,
+    },
+    overlay::{Addr, ipv4_mapped},
+};
+
+use crate::{
+    maps::{LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SCRATCH, LB_SERVICES},
+    parse::Parsed,
+    stage::Stage,
+};
+
+const ETH_LEN: usize = 14;
+const ETH_P_IP: u16 = 0x0800;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const TCP_FIN: u8 = 0x01;
+const TCP_SYN: u8 = 0x02;
+const TCP_RST: u8 = 0x04;
+
+/// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
+/// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
+/// map helpers from here.
+#[repr(C)]
+pub struct LbScratch {
+    /// The packet's flow; `direction` is set before each lookup.
+    flow: CtKey,
+    /// The reply direction of a new flow.
+    reply: CtKey,
+    /// Entries written for a new flow.
+    original_entry: CtValue,
+    reply_entry: CtValue,
+    service: ServiceKey,
+    affinity: AffinityKey,
+    affinity_entry: AffinityValue,
+    /// The translation to apply: address and port before and after.
+    old_addr: Addr,
+    new_addr: Addr,
+    old_port: [u8; 2],
+    new_port: [u8; 2],
+    tcp_flags: u8,
+    ipv4: u8,
+    _pad: [u8; 2],
+}
+
+/// Seconds of the kernel's coarse monotonic clock.
+#[inline(always)]
+fn now() -> u32 {
+    // SAFETY: plain helper call.
+    (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32
+}
+
+/// This CPU's working set.
+#[inline(always)]
+fn scratch() -> Option<&'static mut LbScratch> {
+    let s = LB_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map memory, used by one program run at a time on this CPU.
+    Some(unsafe { &mut *s })
+}
+
+/// Reads the flow of a TCP or UDP packet of an untagged frame into `s.flow`; false for
+/// anything else (SCTP ports are not translated yet: its CRC32c covers the whole packet).
+#[inline(always)]
+fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
+    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
+        return false;
+    }
+    if parsed.protocol != IPPROTO_TCP && parsed.protocol != IPPROTO_UDP {
+        return false;
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    if ipv4 {
+        let Ok(a) = ctx.load::<[u8; 8]>(parsed.l3_offset + 12) else {
+            return false;
+        };
+        s.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
+        s.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+    } else {
+        let (Ok(src), Ok(dst)) = (
+            ctx.load::<Addr>(parsed.l3_offset + 8),
+            ctx.load::<Addr>(parsed.l3_offset + 24),
+        ) else {
+            return false;
+        };
+        s.flow.src = src;
+        s.flow.dst = dst;
+    }
+    s.tcp_flags = if parsed.protocol == IPPROTO_TCP {
+        ctx.load::<u8>(parsed.l4_offset + 13).unwrap_or(0)
+    } else {
+        0
+    };
+    s.flow.src_port_be = parsed.src_port;
+    s.flow.dst_port_be = parsed.dst_port;
+    s.flow.protocol = parsed.protocol;
+    s.flow._pad = [0; 2];
+    s.ipv4 = ipv4 as u8;
+    true
+}
+
+/// Whether a tracked entry has been idle longer than its protocol and state allow.
+#[inline(always)]
+fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
+    let timeout = if entry.flags & CT_CLOSING != 0 {
+        CT_TIMEOUT_CLOSING
+    } else if protocol == IPPROTO_TCP {
+        CT_TIMEOUT_TCP
+    } else {
+        CT_TIMEOUT_OTHER
+    };
+    now.wrapping_sub(entry.last_seen) > timeout
+}
+
+/// Refreshes a tracked entry in place: the clock at most once a second, the closing flag when
+/// a FIN or RST passes.
+#[inline(always)]
+fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
+    if entry.last_seen != now {
+        entry.last_seen = now;
+    }
+    if tcp_flags & (TCP_FIN | TCP_RST) != 0 && entry.flags & CT_CLOSING == 0 {
+        entry.flags |= CT_CLOSING;
+    }
+}
+
+/// The tc stage for a packet leaving a pod: reverse NAT of a local backend's reply, or DNAT of
+/// a packet to a service port. `Ok(None)`: not service traffic.
+#[inline(never)]
+pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::new(dnat(ctx, parsed).map(|done| done.map(|class| (0, class))))
+}
+
+#[inline(always)]
+fn dnat(ctx: &TcContext, parsed: &Parsed) -> Result<Option<PacketClass>, DropReason> {
+    let Some(s) = scratch() else {
+        return Ok(None);
+    };
+    if !read_flow(ctx, parsed, s) {
+        return Ok(None);
+    }
+    if reverse_nat(ctx, parsed, s).into_value()? != 0 {
+        return Ok(Some(PacketClass::ServiceReverseNat));
+    }
+    s.service.addr = s.flow.dst;
+    s.service.port_be = s.flow.dst_port_be;
+    s.service.protocol = s.flow.protocol;
+    s.service.scope = SCOPE_CLUSTER;
+    // SAFETY: the value is copied out at once.
+    let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
+        return Ok(None);
+    };
+    let now = now();
+    if tracked_backend(s, &service, now).into_value()? == 0 {
+        new_flow(s, &service, now).into_value()?;
+    }
+    s.old_addr = s.flow.dst;
+    s.old_port = s.flow.dst_port_be;
+    rewrite(ctx, parsed, s, Side::Destination).into_value()?;
+    Ok(Some(PacketClass::ServiceDnat))
+}
+
+/// The tc stage on the underlay NIC: reverse NAT of replies from remote backends, which XDP has
+/// already decapsulated. `Ok(None)`: not a service reply.
+#[inline(never)]
+pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    let Some(s) = scratch() else {
+        return Stage::new(Ok(None));
+    };
+    if !read_flow(ctx, parsed, s) {
+        return Stage::new(Ok(None));
+    }
+    match reverse_nat(ctx, parsed, s).into_value() {
+        Ok(0) => Stage::new(Ok(None)),
+        Ok(_) => Stage::new(Ok(Some((0, PacketClass::ServiceReverseNat)))),
+        Err(reason) => Stage::new(Err(reason)),
+    }
+}
+
+/// Gives a reply the service address and port its client sent to, if the flow is tracked.
+#[inline(never)]
+fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
+    Stage::value(reverse_nat_flow(ctx, parsed, s).map(u32::from))
+}
+
+#[inline(always)]
+fn reverse_nat_flow(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    s: &mut LbScratch,
+) -> Result<bool, DropReason> {
+    s.flow.direction = CT_REPLY;
+    let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
+        return Ok(false);
+    };
+    // SAFETY: a valid map value pointer for this program run.
+    let entry = unsafe { &mut *entry };
+    let now = now();
+    if expired(entry, s.flow.protocol, now) {
+        return Ok(false);
+    }
+    touch(entry, s.tcp_flags, now);
+    s.old_addr = s.flow.src;
+    s.old_port = s.flow.src_port_be;
+    s.new_addr = entry.addr;
+    s.new_port = entry.port_be;
+    rewrite(ctx, parsed, s, Side::Source).into_value()?;
+    Ok(true)
+}
+
+/// Whether the flow is tracked with a still valid backend (then in `s.new_addr/new_port`):
+/// not expired, not a new TCP connection reusing the ports of a closed one, and its backend
+/// still present. A TCP flow whose backend went away is refused (its client then resets);
+/// other protocols fall through to a fresh choice.
+#[inline(never)]
+fn tracked_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Stage {
+    Stage::value(tracked(s, service, now).map(u32::from))
+}
+
+#[inline(always)]
+fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, DropReason> {
+    s.flow.direction = CT_ORIGINAL;
+    let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
+        return Ok(false);
+    };
+    // SAFETY: a valid map value pointer for this program run.
+    let entry = unsafe { &mut *entry };
+    let reopened = s.tcp_flags & TCP_SYN != 0 && entry.flags & CT_CLOSING != 0;
+    if expired(entry, s.flow.protocol, now) || reopened {
+        return Ok(false);
+    }
+    // SAFETY: only compared, within this program run.
+    let valid = match unsafe { LB_BACKENDS.get(&entry.backend_id) } {
+        Some(b) => b.addr == entry.addr && b.port_be == entry.port_be,
+        None => false,
+    };
+    if !valid {
+        if s.flow.protocol == IPPROTO_TCP {
+            return Err(DropReason::LbBackendGone);
+        }
+        return Ok(false);
+    }
+    touch(entry, s.tcp_flags, now);
+    if service.affinity_timeout != 0 {
+        refresh_affinity(s, service, entry.backend_id, now);
+    }
+    s.new_addr = entry.addr;
+    s.new_port = entry.port_be;
+    Ok(true)
+}
+
+/// Restarts a client's affinity timer from this packet (established flows count too).
+#[inline(always)]
+fn refresh_affinity(s: &mut LbScratch, service: &ServiceValue, backend_id: u32, now: u32) {
+    s.affinity.client = s.flow.src;
+    s.affinity.service_id = service.id;
+    if let Some(entry) = LB_AFFINITY.get_ptr_mut(&s.affinity) {
+        // SAFETY: a valid map value pointer; only the clock is written, and only when it moved.
+        unsafe {
+            if (*entry).backend_id == backend_id && (*entry).last_seen != now {
+                (*entry).last_seen = now;
+            }
+        }
+    }
+}
+
+/// Chooses the backend of a new flow (into `s.new_addr/new_port`) and records the flow in
+/// both directions.
+#[inline(never)]
+fn new_flow(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Stage {
+    Stage::value(choose_backend(s, service, now).map(|()| 0))
+}
+
+#[inline(always)]
+fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<(), DropReason> {
+    if service.backends == 0 {
+        return Err(DropReason::LbNoEndpoints);
+    }
+    let backend_id = match affine_backend(s, service, now) {
+        Some(id) => id,
+        None => {
+            let id = maglev_backend(s, service).into_value()?;
+            if service.affinity_timeout != 0 {
+                s.affinity_entry.backend_id = id;
+                s.affinity_entry.last_seen = now;
+                // A full LRU map evicts its oldest entry; an insert cannot fail otherwise.
+                let _ = LB_AFFINITY.insert(&s.affinity, &s.affinity_entry, 0);
+            }
+            id
+        }
+    };
+    // SAFETY: copied out at once.
+    let backend = unsafe { LB_BACKENDS.get(&backend_id) }.ok_or(DropReason::LbNoEndpoints)?;
+    s.new_addr = backend.addr;
+    s.new_port = backend.port_be;
+
+    let original = &mut s.original_entry;
+    original.addr = s.new_addr;
+    original.port_be = s.new_port;
+    original.flags = 0;
+    original._pad = 0;
+    original.backend_id = backend_id;
+    original.service_id = service.id;
+    original.last_seen = now;
+    let reply_entry = &mut s.reply_entry;
+    reply_entry.addr = s.flow.dst;
+    reply_entry.port_be = s.flow.dst_port_be;
+    reply_entry.flags = 0;
+    reply_entry._pad = 0;
+    reply_entry.backend_id = backend_id;
+    reply_entry.service_id = service.id;
+    reply_entry.last_seen = now;
+    let reply = &mut s.reply;
+    reply.src = s.new_addr;
+    reply.dst = s.flow.src;
+    reply.src_port_be = s.new_port;
+    reply.dst_port_be = s.flow.src_port_be;
+    reply.protocol = s.flow.protocol;
+    reply.direction = CT_REPLY;
+    reply._pad = [0; 2];
+    s.flow.direction = CT_ORIGINAL;
+    // The reply entry first: a reply can never arrive before its original is sent.
+    let _ = LB_CT.insert(&s.reply, &s.reply_entry, 0);
+    let _ = LB_CT.insert(&s.flow, &s.original_entry, 0);
+    Ok(())
+}
+
+/// The client's affine backend, if it sent within the timeout and the backend still serves.
+/// Leaves `s.affinity` keyed for this client either way.
+#[inline(always)]
+fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Option<u32> {
+    if service.affinity_timeout == 0 {
+        return None;
+    }
+    s.affinity.client = s.flow.src;
+    s.affinity.service_id = service.id;
+    let entry = LB_AFFINITY.get_ptr_mut(&s.affinity)?;
+    // SAFETY: a valid map value pointer for this program run.
+    let entry = unsafe { &mut *entry };
+    if now.wrapping_sub(entry.last_seen) > service.affinity_timeout {
+        return None;
+    }
+    // SAFETY: only presence is checked.
+    unsafe { LB_BACKENDS.get(&entry.backend_id) }?;
+    if entry.last_seen != now {
+        entry.last_seen = now;
+    }
+    Some(entry.backend_id)
+}
+
+/// The Maglev table's backend for this flow's hash.
+#[inline(never)]
+fn maglev_backend(s: &LbScratch, service: &ServiceValue) -> Stage {
+    Stage::value(maglev_lookup(s, service))
+}
+
+#[inline(always)]
+fn maglev_lookup(s: &LbScratch, service: &ServiceValue) -> Result<u32, DropReason> {
+    let hash = flow_hash(&s.flow);
+    // SAFETY: the table is read before this program run ends; updates replace whole tables
+    // under another index, never this one in place.
+    let table = unsafe { LB_MAGLEV.get(&service.table) }.ok_or(DropReason::LbNoEndpoints)?;
+    // The verifier cannot bound a modulo that the compiler turned into multiplications: read
+    // the slot back through a volatile load so the bounds check below stays in the program.
+    let slot = maglev_slot(hash);
+    // SAFETY: reading a local variable.
+    let slot = unsafe { core::ptr::read_volatile(&slot) };
+    if slot >= MAGLEV_TABLE_SIZE {
+        return Err(DropReason::LbNoEndpoints);
+    }
+    Ok(table[slot])
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Source,
+    Destination,
+}
+
+/// Replaces the source or destination address and port with `s.new_addr/new_port`, keeping
+/// the IPv4 header checksum and the TCP/UDP checksum (pseudo-header included) right. A UDP
+/// checksum of zero (none, IPv4) stays zero.
+#[inline(never)]
+fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> Stage {
+    Stage::value(translate(ctx, parsed, s, side).map(|()| 0))
+}
+
+#[inline(always)]
+fn translate(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    s: &mut LbScratch,
+    side: Side,
+) -> Result<(), DropReason> {
+    let ipv4 = s.ipv4 != 0;
+    let l3 = parsed.l3_offset;
+    let l4 = parsed.l4_offset;
+    let check = if parsed.protocol == IPPROTO_TCP {
+        l4 + 16
+    } else {
+        l4 + 6
+    };
+    let mangled = if parsed.protocol == IPPROTO_UDP {
+        BPF_F_MARK_MANGLED_0 as u64
+    } else {
+        0
+    };
+    let failed = |_| DropReason::LbRewriteFailed;
+    let (at, skip) = match (ipv4, side) {
+        (true, Side::Source) => (l3 + 12, 12),
+        (true, Side::Destination) => (l3 + 16, 12),
+        (false, Side::Source) => (l3 + 8, 0),
+        (false, Side::Destination) => (l3 + 24, 0),
+    };
+    // SAFETY: both buffers are 16 bytes of map memory; the helper reads `16 - skip` of each.
+    let diff = unsafe {
+        bpf_csum_diff(
+            s.old_addr.as_mut_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            s.new_addr.as_mut_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            0,
+        )
+    };
+    if diff < 0 {
+        return Err(DropReason::LbRewriteFailed);
+    }
+    if ipv4 {
+        let v4 = [
+            s.new_addr[12],
+            s.new_addr[13],
+            s.new_addr[14],
+            s.new_addr[15],
+        ];
+        ctx.store(at, &v4, 0).map_err(failed)?;
+        ctx.l3_csum_replace(l3 + 10, 0, diff as u64, 0)
+            .map_err(failed)?;
+    } else {
+        ctx.store(at, &s.new_addr, 0).map_err(failed)?;
+    }
+    ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
+        .map_err(failed)?;
+    if s.old_port != s.new_port {
+        let port_at = if side == Side::Source { l4 } else { l4 + 2 };
+        ctx.store(port_at, &s.new_port, 0).map_err(failed)?;
+        let from = u16::from_ne_bytes(s.old_port) as u64;
+        let to = u16::from_ne_bytes(s.new_port) as u64;
+        ctx.l4_csum_replace(check, from, to, 2 | mangled)
+            .map_err(failed)?;
+    }
+    Ok(())
+}

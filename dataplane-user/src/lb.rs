@@ -1,0 +1,632 @@
+//! Service load-balancing, agent side: Services and EndpointSlices compiled (pure) into service
+//! ports with their backends, Maglev tables built here, and the load-balancer maps synced in an
+//! order packets can never see half-applied.
+//!
+//! What is compiled: every ClusterIP (all families of `spec.clusterIPs`), external IP and
+//! load-balancer ingress IP of a Service, for each of its TCP and UDP ports. Backends come from
+//! the EndpointSlices labelled `kubernetes.io/service-name`, matched to the Service port by port
+//! name; ready endpoints take new flows; serving-but-terminating ones only keep their
+//! established flows (or take new ones when no endpoint is ready, as kube-proxy does).
+//! Headless and ExternalName Services have nothing to balance. SCTP ports are skipped with a
+//! warning: the kernel side does not translate SCTP yet (its CRC32c covers the whole packet).
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use dataplane_common::{
+    lb::{
+        AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, Backend,
+        MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, SCOPE_CLUSTER, ServiceKey,
+        ServiceValue,
+    },
+    maps::{self, MAX_SERVICE_PORTS},
+    overlay::{FAMILY_IPV4, FAMILY_IPV6},
+};
+use k8s_openapi::api::{
+    core::v1::{Service, ServicePort as K8sServicePort},
+    discovery::v1::{Endpoint, EndpointSlice},
+};
+
+use crate::{AgentError, Dataplane, overlay::addr16};
+
+/// The label linking an EndpointSlice to its Service.
+const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// One backend address and target port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct BackendAddr {
+    pub ip: IpAddr,
+    pub port: u16,
+}
+
+impl std::fmt::Display for BackendAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.ip {
+            IpAddr::V4(ip) => write!(f, "{ip}:{}", self.port),
+            IpAddr::V6(ip) => write!(f, "[{ip}]:{}", self.port),
+        }
+    }
+}
+
+/// One address + port + protocol of a Service, with its backends.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ServicePort {
+    /// `namespace/name:port` for logs and status.
+    pub name: String,
+    pub key: ServiceKey,
+    /// ClientIP affinity timeout in seconds; 0 without affinity.
+    pub affinity_timeout: u32,
+    /// Backends new flows may go to (sorted).
+    pub ready: Vec<BackendAddr>,
+    /// Serving-but-terminating backends: they keep their established flows only (sorted).
+    pub terminating: Vec<BackendAddr>,
+}
+
+/// What compiling the Services gave: the service ports, and one message per refused Service
+/// or skipped port naming the object and field.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompiledServices {
+    pub ports: Vec<ServicePort>,
+    pub errors: Vec<String>,
+}
+
+/// Compiles every Service with its EndpointSlices into service ports (pure).
+pub fn compile_services(services: &[Service], slices: &[EndpointSlice]) -> CompiledServices {
+    let mut out = CompiledServices::default();
+    for service in services {
+        match compile_service(service, slices) {
+            Ok((ports, warnings)) => {
+                out.ports.extend(ports);
+                out.errors.extend(warnings);
+            }
+            Err(error) => out.errors.push(error),
+        }
+    }
+    out.ports.sort_by_key(|p| p.key);
+    // Two Services claiming one address and port: the first (by key order, stable) wins.
+    let mut seen = BTreeSet::new();
+    let mut unique = Vec::new();
+    for port in out.ports {
+        if seen.insert(port.key) {
+            unique.push(port);
+        } else {
+            out.errors.push(format!(
+                "{}: address and port already used by another Service",
+                port.name
+            ));
+        }
+    }
+    out.ports = unique;
+    out
+}
+
+/// One Service's ports, and warnings for ports skipped; `Err` refuses the whole Service.
+fn compile_service(
+    service: &Service,
+    slices: &[EndpointSlice],
+) -> Result<(Vec<ServicePort>, Vec<String>), String> {
+    let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
+    let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
+    let id = format!("Service {namespace}/{name}");
+    let Some(spec) = &service.spec else {
+        return Ok((Vec::new(), Vec::new()));
+    };
+    if spec.type_.as_deref() == Some("ExternalName") {
+        return Ok((Vec::new(), Vec::new()));
+    }
+    let affinity_timeout = affinity_timeout(service).map_err(|e| format!("{id}: {e}"))?;
+    let addresses = service_addresses(service).map_err(|e| format!("{id}: {e}"))?;
+    let own_slices: Vec<&EndpointSlice> = slices
+        .iter()
+        .filter(|s| s.metadata.namespace.as_deref().unwrap_or("default") == namespace)
+        .filter(|s| {
+            s.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SERVICE_NAME_LABEL))
+                .is_some_and(|n| n == name)
+        })
+        .collect();
+    let mut ports = Vec::new();
+    let mut warnings = Vec::new();
+    for (index, port) in spec.ports.iter().flatten().enumerate() {
+        let field = format!("{id}: spec.ports[{index}]");
+        let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
+            "TCP" => 6,
+            "UDP" => 17,
+            "SCTP" => {
+                warnings.push(format!(
+                    "{field}: SCTP is not load-balanced yet, port skipped"
+                ));
+                continue;
+            }
+            other => {
+                return Err(format!(
+                    "{field}.protocol: {other:?} is not TCP, UDP or SCTP"
+                ));
+            }
+        };
+        let number = u16::try_from(port.port)
+            .ok()
+            .filter(|p| *p != 0)
+            .ok_or_else(|| format!("{field}.port: {} is not a port", port.port))?;
+        for &address in &addresses {
+            let (ready, terminating) = endpoints_for(&own_slices, port, address, protocol);
+            if ready.len() + terminating.len() > MAX_BACKENDS_PER_SERVICE {
+                return Err(format!(
+                    "{field}: {} endpoints, more than the {MAX_BACKENDS_PER_SERVICE} one service port may have",
+                    ready.len() + terminating.len()
+                ));
+            }
+            ports.push(ServicePort {
+                name: format!(
+                    "{namespace}/{name}:{}",
+                    port.name.as_deref().unwrap_or(&number.to_string())
+                ),
+                key: ServiceKey {
+                    addr: addr16(address),
+                    port_be: number.to_be_bytes(),
+                    protocol,
+                    scope: SCOPE_CLUSTER,
+                },
+                affinity_timeout,
+                ready,
+                terminating,
+            });
+        }
+    }
+    Ok((ports, warnings))
+}
+
+/// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`
+/// (1 to 86400, default 10800); 0 without affinity.
+fn affinity_timeout(service: &Service) -> Result<u32, String> {
+    let Some(spec) = &service.spec else {
+        return Ok(0);
+    };
+    match spec.session_affinity.as_deref().unwrap_or("None") {
+        "None" => Ok(0),
+        "ClientIP" => {
+            let configured = spec
+                .session_affinity_config
+                .as_ref()
+                .and_then(|c| c.client_ip.as_ref())
+                .and_then(|c| c.timeout_seconds);
+            match configured {
+                None => Ok(AFFINITY_TIMEOUT_DEFAULT),
+                Some(t)
+                    if (AFFINITY_TIMEOUT_MIN as i32..=AFFINITY_TIMEOUT_MAX as i32).contains(&t) =>
+                {
+                    Ok(t as u32)
+                }
+                Some(t) => Err(format!(
+                    "spec.sessionAffinityConfig.clientIP.timeoutSeconds: {t} is outside \
+                     {AFFINITY_TIMEOUT_MIN}..={AFFINITY_TIMEOUT_MAX}"
+                )),
+            }
+        }
+        other => Err(format!(
+            "spec.sessionAffinity: {other:?} is not None or ClientIP"
+        )),
+    }
+}
+
+/// Every address clients reach the Service on: cluster IPs (both families), external IPs and
+/// load-balancer ingress IPs. A headless Service has none.
+fn service_addresses(service: &Service) -> Result<Vec<IpAddr>, String> {
+    let mut texts: Vec<(String, &str)> = Vec::new();
+    if let Some(spec) = &service.spec {
+        let cluster_ips = spec
+            .cluster_ips
+            .clone()
+            .or_else(|| spec.cluster_ip.clone().map(|ip| vec![ip]))
+            .unwrap_or_default();
+        texts.extend(
+            cluster_ips
+                .into_iter()
+                .filter(|ip| ip != "None" && !ip.is_empty())
+                .map(|ip| (ip, "spec.clusterIPs")),
+        );
+        texts.extend(
+            spec.external_ips
+                .iter()
+                .flatten()
+                .map(|ip| (ip.clone(), "spec.externalIPs")),
+        );
+    }
+    if let Some(status) = &service.status {
+        let ingress = status
+            .load_balancer
+            .as_ref()
+            .and_then(|lb| lb.ingress.as_ref());
+        texts.extend(
+            ingress
+                .into_iter()
+                .flatten()
+                .filter_map(|i| i.ip.clone())
+                .map(|ip| (ip, "status.loadBalancer.ingress[].ip")),
+        );
+    }
+    let mut addresses = Vec::new();
+    for (text, field) in texts {
+        let ip: IpAddr = text
+            .parse()
+            .map_err(|_| format!("{field}: {text:?} is not an IP address"))?;
+        if !addresses.contains(&ip) {
+            addresses.push(ip);
+        }
+    }
+    Ok(addresses)
+}
+
+/// Ready and serving-but-terminating backends of one Service port on one address family.
+fn endpoints_for(
+    slices: &[&EndpointSlice],
+    port: &K8sServicePort,
+    address: IpAddr,
+    protocol: u8,
+) -> (Vec<BackendAddr>, Vec<BackendAddr>) {
+    let family = if address.is_ipv4() { "IPv4" } else { "IPv6" };
+    let protocol_name = if protocol == 6 { "TCP" } else { "UDP" };
+    let mut ready = BTreeSet::new();
+    let mut terminating = BTreeSet::new();
+    for slice in slices.iter().filter(|s| s.address_type == family) {
+        // The slice port with the Service port's name (both unnamed for a single-port
+        // Service) carries the target port, named target ports already resolved.
+        let Some(target) = slice
+            .ports
+            .iter()
+            .flatten()
+            .find(|p| {
+                p.name.as_deref().unwrap_or("") == port.name.as_deref().unwrap_or("")
+                    && p.protocol.as_deref().unwrap_or("TCP") == protocol_name
+            })
+            .and_then(|p| p.port)
+            .and_then(|p| u16::try_from(p).ok())
+            .filter(|p| *p != 0)
+        else {
+            continue;
+        };
+        for endpoint in &slice.endpoints {
+            let Some(state) = endpoint_state(endpoint) else {
+                continue;
+            };
+            for ip in endpoint
+                .addresses
+                .iter()
+                .filter_map(|a| a.parse::<IpAddr>().ok())
+            {
+                if ip.is_ipv4() != address.is_ipv4() {
+                    continue;
+                }
+                let backend = BackendAddr { ip, port: target };
+                match state {
+                    EndpointState::Ready => ready.insert(backend),
+                    EndpointState::Terminating => terminating.insert(backend),
+                };
+            }
+        }
+    }
+    // kube-proxy's rule: with no ready endpoint, serving-terminating ones take new flows.
+    if ready.is_empty() {
+        return (terminating.into_iter().collect(), Vec::new());
+    }
+    let terminating = terminating.difference(&ready).copied().collect();
+    (ready.into_iter().collect(), terminating)
+}
+
+enum EndpointState {
+    Ready,
+    Terminating,
+}
+
+/// Ready (unset counts as ready), serving-but-terminating, or neither (`None`).
+fn endpoint_state(endpoint: &Endpoint) -> Option<EndpointState> {
+    let conditions = endpoint.conditions.as_ref();
+    let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
+    let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);
+    let serving = conditions.and_then(|c| c.serving).unwrap_or(ready);
+    if ready && !terminating {
+        Some(EndpointState::Ready)
+    } else if serving && terminating {
+        Some(EndpointState::Terminating)
+    } else {
+        None
+    }
+}
+
+/// FNV-1a (64-bit) of `bytes` from `seed`: a hash stable across builds and restarts, so a
+/// restarted agent rebuilds the same Maglev tables.
+fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+    bytes.iter().fold(seed, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
+
+/// The Maglev lookup table (Eisenbud et al., NSDI 2016) of `backends`: each backend walks its
+/// own permutation of the slots and they take turns claiming free slots, so every backend gets
+/// about M/N slots and removing one backend moves about 1/N of the slots. The result depends
+/// only on the set of backends, not their order.
+pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
+    let m = MAGLEV_TABLE_SIZE as u64;
+    let mut sorted: Vec<&(u32, BackendAddr)> = backends.iter().collect();
+    sorted.sort_by_key(|(_, b)| *b);
+    let mut table = vec![u32::MAX; MAGLEV_TABLE_SIZE];
+    if sorted.is_empty() {
+        return vec![0; MAGLEV_TABLE_SIZE];
+    }
+    let permutations: Vec<(u64, u64)> = sorted
+        .iter()
+        .map(|(_, backend)| {
+            let name = backend.to_string();
+            let offset = fnv1a(0xcbf2_9ce4_8422_2325, name.as_bytes()) % m;
+            let skip = fnv1a(0x8422_2325_cbf2_9ce4, name.as_bytes()) % (m - 1) + 1;
+            (offset, skip)
+        })
+        .collect();
+    let mut next = vec![0u64; sorted.len()];
+    let mut filled = 0;
+    'fill: loop {
+        for (i, &(offset, skip)) in permutations.iter().enumerate() {
+            let mut slot = ((offset + next[i] * skip) % m) as usize;
+            while table[slot] != u32::MAX {
+                next[i] += 1;
+                slot = ((offset + next[i] * skip) % m) as usize;
+            }
+            table[slot] = sorted[i].0;
+            next[i] += 1;
+            filled += 1;
+            if filled == MAGLEV_TABLE_SIZE {
+                break 'fill;
+            }
+        }
+    }
+    table
+}
+
+/// What this agent has written to the load-balancer maps, so a sync writes only differences.
+#[derive(Debug, Default)]
+pub struct LbState {
+    backend_ids: HashMap<BackendAddr, u32>,
+    next_backend_id: u32,
+    installed: BTreeMap<ServiceKey, Installed>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Installed {
+    value: ServiceValue,
+    /// Ready backend ids in the live table.
+    ready: Vec<u32>,
+}
+
+/// Entries written and removed by one sync.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LbSyncStats {
+    pub services: usize,
+    pub backends: usize,
+    pub written: usize,
+    pub deleted: usize,
+}
+
+impl LbState {
+    /// The id of a backend (allocated on first use; ids are not reused while the agent runs,
+    /// so a stale conntrack entry can never reach a different backend under an old id).
+    fn backend_id(&mut self, backend: BackendAddr) -> u32 {
+        if let Some(&id) = self.backend_ids.get(&backend) {
+            return id;
+        }
+        self.next_backend_id = self.next_backend_id.wrapping_add(1).max(1);
+        self.backend_ids.insert(backend, self.next_backend_id);
+        self.next_backend_id
+    }
+
+    /// The id of the backend `backend` in the maps, if this agent wrote it.
+    pub fn id_of(&self, backend: BackendAddr) -> Option<u32> {
+        self.backend_ids.get(&backend).copied()
+    }
+
+    /// Table indexes of the service ports, in the order new service ports get them.
+    fn free_service_id(&self) -> Option<u32> {
+        let used: BTreeSet<u32> = self.installed.values().map(|i| i.value.id).collect();
+        (0..MAX_SERVICE_PORTS).find(|id| !used.contains(id))
+    }
+}
+
+fn backend_value(backend: BackendAddr) -> Backend {
+    Backend {
+        addr: addr16(backend.ip),
+        port_be: backend.port.to_be_bytes(),
+        family: if backend.ip.is_ipv4() {
+            FAMILY_IPV4
+        } else {
+            FAMILY_IPV6
+        },
+        _pad: 0,
+    }
+}
+
+impl Dataplane {
+    /// Takes over what a previous agent left in the pinned load-balancer maps: backend ids stay
+    /// attached to the same backends (tracked flows keep them), service ports keep their ids
+    /// and live tables until the first sync replaces or removes them.
+    pub fn adopt_lb(&mut self, state: &mut LbState) -> Result<(), AgentError> {
+        let backends: BpfHashMap<&mut MapData, u32, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+        for (id, backend) in backends.iter().filter_map(Result::ok) {
+            let ip = if backend.family == FAMILY_IPV4 {
+                let a = backend.addr;
+                IpAddr::from([a[12], a[13], a[14], a[15]])
+            } else {
+                IpAddr::from(backend.addr)
+            };
+            let port = u16::from_be_bytes(backend.port_be);
+            state.backend_ids.insert(BackendAddr { ip, port }, id);
+            state.next_backend_id = state.next_backend_id.max(id);
+        }
+        let services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
+            self.typed_map(maps::LB_SERVICES)?;
+        for (key, value) in services.iter().filter_map(Result::ok) {
+            // The live table's backends are not known: the first sync rebuilds it aside.
+            let unknown = vec![u32::MAX];
+            state.installed.insert(
+                key,
+                Installed {
+                    value,
+                    ready: unknown,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// Makes the load-balancer maps hold exactly `ports`. Order: backends first, then each
+    /// changed service port's new Maglev table under its spare index, then the service entry
+    /// that switches to it in one write, then removals (old tables, gone service ports, and
+    /// backends no service port uses any more).
+    pub fn sync_lb(
+        &mut self,
+        state: &mut LbState,
+        ports: &[ServicePort],
+    ) -> Result<LbSyncStats, AgentError> {
+        let mut stats = LbSyncStats {
+            services: ports.len(),
+            ..LbSyncStats::default()
+        };
+        let map_err = |name: &'static str, action: &'static str| {
+            move |source| AgentError::Map {
+                name: name.into(),
+                action,
+                source,
+            }
+        };
+        let mut wanted_backends: BTreeMap<u32, BackendAddr> = BTreeMap::new();
+        for port in ports {
+            for &backend in port.ready.iter().chain(&port.terminating) {
+                wanted_backends.insert(state.backend_id(backend), backend);
+            }
+        }
+        stats.backends = wanted_backends.len();
+        {
+            let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
+                self.typed_map(maps::LB_BACKENDS)?;
+            for (&id, &backend) in &wanted_backends {
+                let value = backend_value(backend);
+                if backends.get(&id, 0).ok() != Some(value) {
+                    backends
+                        .insert(id, value, 0)
+                        .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
+                    stats.written += 1;
+                }
+            }
+        }
+
+        let mut stale_tables = Vec::new();
+        for port in ports {
+            let ready: Vec<u32> = port.ready.iter().map(|b| state.backend_ids[b]).collect();
+            let current = state.installed.get(&port.key).cloned();
+            let id = match &current {
+                Some(installed) => installed.value.id,
+                None => state.free_service_id().ok_or(AgentError::Capacity {
+                    what: "service ports",
+                    limit: MAX_SERVICE_PORTS,
+                })?,
+            };
+            let same_backends = current.as_ref().is_some_and(|c| c.ready == ready);
+            let table = match &current {
+                Some(installed) if same_backends => installed.value.table,
+                // The spare index of this service port: the live table stays intact until
+                // the service entry switches.
+                Some(installed) => installed.value.table ^ 1,
+                None => id * 2,
+            };
+            if !same_backends {
+                let pairs: Vec<(u32, BackendAddr)> = ready
+                    .iter()
+                    .copied()
+                    .zip(port.ready.iter().copied())
+                    .collect();
+                let built = maglev_table(&pairs);
+                let mut value: MaglevTable = [0; MAGLEV_TABLE_SIZE];
+                value.copy_from_slice(&built);
+                let mut tables: BpfHashMap<&mut MapData, u32, MaglevTable> =
+                    self.typed_map(maps::LB_MAGLEV)?;
+                tables
+                    .insert(table, value, 0)
+                    .map_err(map_err(maps::LB_MAGLEV, "write Maglev table"))?;
+                stats.written += 1;
+                if let Some(installed) = &current {
+                    stale_tables.push(installed.value.table);
+                }
+            }
+            let value = ServiceValue {
+                id,
+                table,
+                backends: ready.len() as u32,
+                affinity_timeout: port.affinity_timeout,
+            };
+            if current.as_ref().map(|c| c.value) != Some(value) {
+                let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
+                    self.typed_map(maps::LB_SERVICES)?;
+                services
+                    .insert(port.key, value, 0)
+                    .map_err(map_err(maps::LB_SERVICES, "write service"))?;
+                stats.written += 1;
+            }
+            state.installed.insert(port.key, Installed { value, ready });
+        }
+
+        // Removals, after every addition.
+        let wanted: BTreeSet<ServiceKey> = ports.iter().map(|p| p.key).collect();
+        let gone: Vec<(ServiceKey, Installed)> = state
+            .installed
+            .iter()
+            .filter(|(k, _)| !wanted.contains(k))
+            .map(|(k, v)| (*k, v.clone()))
+            .collect();
+        {
+            let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
+                self.typed_map(maps::LB_SERVICES)?;
+            for (key, installed) in &gone {
+                services
+                    .remove(key)
+                    .map_err(map_err(maps::LB_SERVICES, "remove service"))?;
+                stats.deleted += 1;
+                stale_tables.push(installed.value.table);
+                state.installed.remove(key);
+            }
+        }
+        {
+            let mut tables: BpfHashMap<&mut MapData, u32, MaglevTable> =
+                self.typed_map(maps::LB_MAGLEV)?;
+            for table in stale_tables {
+                if tables.remove(&table).is_ok() {
+                    stats.deleted += 1;
+                }
+            }
+        }
+        {
+            let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
+                self.typed_map(maps::LB_BACKENDS)?;
+            let stale: Vec<u32> = backends
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|id| !wanted_backends.contains_key(id))
+                .collect();
+            for id in stale {
+                backends
+                    .remove(&id)
+                    .map_err(map_err(maps::LB_BACKENDS, "remove backend"))?;
+                stats.deleted += 1;
+            }
+            state
+                .backend_ids
+                .retain(|_, id| wanted_backends.contains_key(id));
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests;

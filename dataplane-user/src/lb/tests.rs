@@ -1,0 +1,295 @@
+//! Compile and Maglev tests: Service and EndpointSlice shapes as the API serves them.
+
+use super::*;
+use crate::source::{ClusterState, add_documents};
+
+fn compile_yaml(yaml: &str) -> CompiledServices {
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", yaml);
+    assert!(state.rejected.is_empty(), "{:?}", state.rejected);
+    compile_services(&state.services, &state.endpoint_slices)
+}
+
+fn backend(text: &str) -> BackendAddr {
+    let (ip, port) = text.rsplit_once(':').unwrap();
+    BackendAddr {
+        ip: ip.trim_matches(['[', ']']).parse().unwrap(),
+        port: port.parse().unwrap(),
+    }
+}
+
+fn backends(texts: &[&str]) -> Vec<BackendAddr> {
+    let mut v: Vec<BackendAddr> = texts.iter().map(|t| backend(t)).collect();
+    v.sort();
+    v
+}
+
+const MULTI_PORT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec:
+  clusterIP: 10.96.0.10
+  clusterIPs: [10.96.0.10, "fd00:96::10"]
+  ipFamilies: [IPv4, IPv6]
+  externalIPs: [192.0.2.10]
+  ports:
+  - {name: http, port: 80, protocol: TCP, targetPort: web}
+  - {name: dns, port: 53, protocol: UDP, targetPort: 5353}
+  - {name: sig, port: 9000, protocol: SCTP}
+status:
+  loadBalancer: {ingress: [{ip: 198.51.100.7}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-v4
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+- {name: http, port: 8080, protocol: TCP}
+- {name: dns, port: 5353, protocol: UDP}
+endpoints:
+- addresses: [10.244.1.5]
+  conditions: {ready: true, serving: true, terminating: false}
+- addresses: [10.244.2.6]
+  conditions: {ready: false, serving: true, terminating: true}
+- addresses: [10.244.2.7]
+  conditions: {ready: false, serving: false, terminating: false}
+- addresses: [10.244.1.8]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-v6
+  namespace: shop
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv6
+ports:
+- {name: http, port: 8080, protocol: TCP}
+endpoints:
+- addresses: ["fd00:10:244:1::5"]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: other-namespace
+  namespace: elsewhere
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports: [{name: http, port: 1, protocol: TCP}]
+endpoints: [{addresses: [10.9.9.9]}]
+"#;
+
+#[test]
+fn multi_port_dual_stack_service_with_named_ports_and_terminating_endpoints() {
+    let out = compile_yaml(MULTI_PORT);
+    assert_eq!(
+        out.errors,
+        vec!["Service shop/web: spec.ports[2]: SCTP is not load-balanced yet, port skipped"]
+    );
+    let find = |ip: &str, port: u16, protocol: u8| {
+        let key = ServiceKey {
+            addr: addr16(ip.parse().unwrap()),
+            port_be: port.to_be_bytes(),
+            protocol,
+            scope: SCOPE_CLUSTER,
+        };
+        out.ports
+            .iter()
+            .find(|p| p.key == key)
+            .unwrap_or_else(|| panic!("no service port {ip}:{port}/{protocol}"))
+    };
+    // Four addresses x two ports, minus UDP on IPv6 where no slice carries the port: it
+    // exists with no backend (new flows are refused, not black-holed).
+    assert_eq!(out.ports.len(), 8);
+    for ip in ["10.96.0.10", "192.0.2.10", "198.51.100.7"] {
+        let http = find(ip, 80, 6);
+        assert_eq!(
+            http.ready,
+            backends(&["10.244.1.5:8080", "10.244.1.8:8080"])
+        );
+        assert_eq!(http.terminating, backends(&["10.244.2.6:8080"]));
+        assert_eq!(http.name, "shop/web:http");
+        let dns = find(ip, 53, 17);
+        assert_eq!(dns.ready, backends(&["10.244.1.5:5353", "10.244.1.8:5353"]));
+    }
+    assert_eq!(
+        find("fd00:96::10", 80, 6).ready,
+        backends(&["[fd00:10:244:1::5]:8080"])
+    );
+    assert!(find("fd00:96::10", 53, 17).ready.is_empty());
+    assert!(out.ports.iter().all(|p| p.affinity_timeout == 0));
+}
+
+#[test]
+fn unnamed_single_port_no_endpoints_and_only_terminating_endpoints() {
+    let out = compile_yaml(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: empty, namespace: default}
+spec: {clusterIP: 10.96.0.20, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: draining, namespace: default}
+spec: {clusterIP: 10.96.0.21, ports: [{port: 80, protocol: UDP}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: draining-1, namespace: default, labels: {kubernetes.io/service-name: draining}}
+addressType: IPv4
+ports: [{port: 9090, protocol: UDP}]
+endpoints:
+- addresses: [10.244.1.9]
+  conditions: {ready: false, serving: true, terminating: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: headless, namespace: default}
+spec: {clusterIP: None, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: ext, namespace: default}
+spec: {type: ExternalName, externalName: example.org}
+"#,
+    );
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    assert_eq!(out.ports.len(), 2);
+    let empty = &out.ports[0];
+    assert_eq!(empty.name, "default/empty:80");
+    assert!(empty.ready.is_empty() && empty.terminating.is_empty());
+    // No ready endpoint: the serving-terminating one takes new flows.
+    let draining = &out.ports[1];
+    assert_eq!(draining.ready, backends(&["10.244.1.9:9090"]));
+    assert_eq!(draining.key.protocol, 17);
+}
+
+#[test]
+fn client_ip_affinity_timeouts_are_defaulted_and_checked() {
+    let service = |affinity: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: s, namespace: n}}\n\
+             spec: {{clusterIP: 10.96.0.30, ports: [{{port: 80}}], {affinity}}}\n"
+        )
+    };
+    let timeout = |affinity: &str| {
+        let out = compile_yaml(&service(affinity));
+        (out.ports.first().map(|p| p.affinity_timeout), out.errors)
+    };
+    assert_eq!(timeout("sessionAffinity: ClientIP"), (Some(10_800), vec![]));
+    assert_eq!(
+        timeout(
+            "sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 5}}"
+        ),
+        (Some(5), vec![])
+    );
+    assert_eq!(timeout("sessionAffinity: None"), (Some(0), vec![]));
+    let (ports, errors) = timeout(
+        "sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 86401}}",
+    );
+    assert_eq!(ports, None);
+    assert_eq!(
+        errors,
+        vec![
+            "Service n/s: spec.sessionAffinityConfig.clientIP.timeoutSeconds: 86401 is outside 1..=86400"
+        ]
+    );
+}
+
+#[test]
+fn an_invalid_service_is_refused_naming_object_and_field_and_others_still_compile() {
+    let out = compile_yaml(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: bad, namespace: a}
+spec: {clusterIP: 10.96.0.999, ports: [{port: 80}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: good, namespace: a}
+spec: {clusterIP: 10.96.0.40, ports: [{port: 80}]}
+"#,
+    );
+    assert_eq!(
+        out.errors,
+        vec!["Service a/bad: spec.clusterIPs: \"10.96.0.999\" is not an IP address"]
+    );
+    assert_eq!(out.ports.len(), 1);
+    assert_eq!(out.ports[0].name, "a/good:80");
+}
+
+fn numbered(n: u32) -> Vec<(u32, BackendAddr)> {
+    (1..=n)
+        .map(|i| {
+            let ip: IpAddr = format!("10.244.{}.{}", i / 200, i % 200 + 1)
+                .parse()
+                .unwrap();
+            (i, BackendAddr { ip, port: 8080 })
+        })
+        .collect()
+}
+
+#[test]
+fn maglev_gives_every_backend_a_fair_share() {
+    for n in [1u32, 2, 3, 10, 50, 100] {
+        let table = maglev_table(&numbered(n));
+        assert_eq!(table.len(), MAGLEV_TABLE_SIZE);
+        let mut counts = BTreeMap::new();
+        for id in &table {
+            *counts.entry(*id).or_insert(0u32) += 1;
+        }
+        assert_eq!(counts.len(), n as usize, "every backend has slots");
+        let ideal = MAGLEV_TABLE_SIZE as f64 / n as f64;
+        for (&id, &count) in &counts {
+            assert!(
+                (count as f64 - ideal).abs() <= ideal * 0.1 + 1.0,
+                "{n} backends: backend {id} has {count} slots, ideal {ideal:.1}"
+            );
+        }
+    }
+}
+
+#[test]
+fn maglev_ignores_backend_order() {
+    let mut backends = numbered(10);
+    let table = maglev_table(&backends);
+    backends.reverse();
+    assert_eq!(maglev_table(&backends), table);
+}
+
+#[test]
+fn removing_one_of_ten_backends_moves_about_a_tenth_of_the_flows() {
+    let all = numbered(10);
+    let before = maglev_table(&all);
+    let after = maglev_table(&all[1..]);
+    // Flows hash to slots; measure over many flows as the kernel would pick them.
+    let mut moved = 0;
+    let flows = 100_000u32;
+    for flow in 0..flows {
+        let key = dataplane_common::lb::CtKey {
+            src: addr16(IpAddr::from([10, 0, (flow >> 8) as u8, flow as u8])),
+            dst: addr16("10.96.0.10".parse().unwrap()),
+            src_port_be: ((flow % 50_000) as u16 + 1024).to_be_bytes(),
+            dst_port_be: 80u16.to_be_bytes(),
+            protocol: 6,
+            ..Default::default()
+        };
+        let slot = dataplane_common::lb::maglev_slot(dataplane_common::lb::flow_hash(&key));
+        if before[slot] != after[slot] {
+            moved += 1;
+        }
+    }
+    let fraction = moved as f64 / flows as f64;
+    // The removed backend's tenth must move; Maglev moves only a little more.
+    assert!((0.09..0.13).contains(&fraction), "moved {fraction:.3}");
+    // Every flow that was not on the removed backend and moved is Maglev's small disruption.
+    println!(
+        "removing 1 of 10 backends moved {:.1}% of flows",
+        fraction * 100.0
+    );
+}

@@ -1,0 +1,403 @@
+//! Service load-balancing packet tests through the real programs with BPF_PROG_TEST_RUN. Input
+//! frames and expected outputs are built by scapy (checksums included), so every rewritten
+//! byte is checked against an independent implementation; the backend the kernel picks is
+//! predicted from the agent's Maglev table and the shared flow hash.
+
+use std::{net::IpAddr, thread::sleep, time::Duration};
+
+use aya::maps::{HashMap, MapData};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    lb::{
+        AffinityKey, AffinityValue, CT_ORIGINAL, CT_REPLY, CtKey, CtValue, SCOPE_CLUSTER,
+        ServiceKey, flow_hash, maglev_slot,
+    },
+    maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY_TC},
+};
+use dataplane_tests::{
+    fixture::Fixture,
+    packets::{tcp_v4_flow, udp_v4_flow},
+    privileged::privileged,
+    scapy::{self, bytes_of, hex},
+};
+use dataplane_user::{
+    lb::{BackendAddr, LbState, ServicePort, maglev_table},
+    overlay::addr16,
+};
+use serde_json::json;
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+fn ip(text: &str) -> IpAddr {
+    text.parse().expect("address")
+}
+
+fn backend(text: &str) -> BackendAddr {
+    let (address, port) = text.rsplit_once(':').expect("addr:port");
+    BackendAddr {
+        ip: ip(address.trim_matches(['[', ']'])),
+        port: port.parse().expect("port"),
+    }
+}
+
+fn service(vip: &str, port: u16, protocol: u8, backends: &[&str], affinity: u32) -> ServicePort {
+    let mut ready: Vec<BackendAddr> = backends.iter().map(|b| backend(b)).collect();
+    ready.sort();
+    ServicePort {
+        name: format!("test/{vip}:{port}"),
+        key: ServiceKey {
+            addr: addr16(ip(vip)),
+            port_be: port.to_be_bytes(),
+            protocol,
+            scope: SCOPE_CLUSTER,
+        },
+        affinity_timeout: affinity,
+        ready,
+        terminating: Vec::new(),
+    }
+}
+
+/// A TCP (SYN unless `flags` says otherwise) or UDP frame as scapy builds it.
+fn frame(proto: &str, src: &str, sport: u16, dst: &str, dport: u16, flags: &str) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "l4", "proto": proto, "src": src, "dst": dst,
+            "sport": sport, "dport": dport, "flags": flags,
+        }))
+        .expect("scapy l4"),
+    )
+}
+
+fn checksums_ok(frame: &[u8]) -> bool {
+    let answer = scapy::call(&json!({"op": "checksums", "hex": hex(frame)})).expect("scapy");
+    answer["l4_chksum_ok"] == true && answer.get("ip_chksum_ok").is_none_or(|v| v == true)
+}
+
+fn ct_key(src: &str, sport: u16, dst: &str, dport: u16, protocol: u8, direction: u8) -> CtKey {
+    CtKey {
+        src: addr16(ip(src)),
+        dst: addr16(ip(dst)),
+        src_port_be: sport.to_be_bytes(),
+        dst_port_be: dport.to_be_bytes(),
+        protocol,
+        direction,
+        _pad: [0; 2],
+    }
+}
+
+fn ct_entry(fixture: &mut Fixture, key: &CtKey) -> Option<CtValue> {
+    let ct: HashMap<&mut MapData, CtKey, CtValue> = fixture.typed_map(LB_CT).expect("ct map");
+    ct.get(key, 0).ok()
+}
+
+/// The backend the kernel must pick for a new flow: the agent's table at the flow's hash.
+fn predicted(state: &LbState, port: &ServicePort, key: &CtKey) -> BackendAddr {
+    let pairs: Vec<(u32, BackendAddr)> = port
+        .ready
+        .iter()
+        .map(|b| (state.id_of(*b).expect("backend id"), *b))
+        .collect();
+    let table = maglev_table(&pairs);
+    let id = table[maglev_slot(flow_hash(key))];
+    pairs.iter().find(|(i, _)| *i == id).expect("table id").1
+}
+
+const CLIENT: [u8; 4] = [10, 244, 1, 9];
+
+/// The IPv4 destination of an untagged frame.
+fn destination(frame: &[u8]) -> [u8; 4] {
+    [frame[30], frame[31], frame[32], frame[33]]
+}
+
+fn text(address: IpAddr) -> String {
+    address.to_string()
+}
+
+#[test]
+fn dnat_and_reverse_nat_are_byte_exact_for_tcp_udp_ipv4_and_ipv6() {
+    if !privileged("dnat_and_reverse_nat_are_byte_exact_for_tcp_udp_ipv4_and_ipv6") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![
+        service(
+            "10.96.0.10",
+            80,
+            6,
+            &["10.244.1.3:8080", "10.244.2.5:8080"],
+            0,
+        ),
+        service(
+            "10.96.0.10",
+            53,
+            17,
+            &["10.244.1.3:5353", "10.244.2.5:5353"],
+            0,
+        ),
+        service("fd00:96::10", 443, 6, &["[fd00:10:244:1::3]:8443"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let cases = [
+        ("tcp", 6, "10.244.1.9", 40000, &ports[0]),
+        ("udp", 17, "10.244.1.9", 40001, &ports[1]),
+        ("tcp", 6, "fd00:10:244:1::9", 40002, &ports[2]),
+    ];
+    for (proto, number, client, sport, port) in cases {
+        let vip = if client.contains(':') {
+            "fd00:96::10"
+        } else {
+            "10.96.0.10"
+        };
+        let vport = u16::from_be_bytes(port.key.port_be);
+        let key = ct_key(client, sport, vip, vport, number, CT_ORIGINAL);
+        let chosen = predicted(&state, port, &key);
+        let flags = if proto == "tcp" { "S" } else { "" };
+
+        let request = frame(proto, client, sport, vip, vport, flags);
+        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        assert_eq!(
+            out.action, TC_ACT_OK,
+            "{proto} {client}: continues to the stack"
+        );
+        let expected = frame(proto, client, sport, &text(chosen.ip), chosen.port, flags);
+        assert_eq!(
+            hex(&out.output),
+            hex(&expected),
+            "{proto} {client}: DNAT to {chosen}"
+        );
+        assert!(checksums_ok(&out.output), "{proto} {client}: checksums");
+
+        // Both directions are tracked, each pointing where the other came from.
+        let original = ct_entry(&mut fixture, &key).expect("original entry");
+        assert_eq!(original.addr, addr16(chosen.ip));
+        assert_eq!(original.port_be, chosen.port.to_be_bytes());
+        assert_eq!(Some(original.backend_id), state.id_of(chosen));
+        let reply_key = ct_key(
+            &text(chosen.ip),
+            chosen.port,
+            client,
+            sport,
+            number,
+            CT_REPLY,
+        );
+        let reply_entry = ct_entry(&mut fixture, &reply_key).expect("reply entry");
+        assert_eq!(reply_entry.addr, addr16(ip(vip)));
+        assert_eq!(reply_entry.port_be, vport.to_be_bytes());
+
+        // The reply gets the service address back, leaving a local backend (tc on its veth)
+        // or decapsulated from a remote one (tc on the underlay).
+        let reply_flags = if proto == "tcp" { "SA" } else { "" };
+        let reply = frame(
+            proto,
+            &text(chosen.ip),
+            chosen.port,
+            client,
+            sport,
+            reply_flags,
+        );
+        let expected = frame(proto, vip, vport, client, sport, reply_flags);
+        for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
+            let out = fixture.run_tc(program, &reply, 1).expect("tc run");
+            assert_eq!(out.action, TC_ACT_OK);
+            assert_eq!(
+                hex(&out.output),
+                hex(&expected),
+                "{proto} {client}: reverse NAT in {program}"
+            );
+            assert!(checksums_ok(&out.output));
+        }
+    }
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::ServiceDnat), 3);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat),
+        3
+    );
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
+        3
+    );
+}
+
+#[test]
+fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
+    if !privileged("new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let three = ["10.244.1.3:8080", "10.244.2.5:8080", "10.244.3.7:8080"];
+    let mut ports = vec![service("10.96.0.20", 80, 6, &three, 0)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let mut chosen = Vec::new();
+    for sport in 41000..41200u16 {
+        let key = ct_key("10.244.1.9", sport, "10.96.0.20", 80, 6, CT_ORIGINAL);
+        let want = predicted(&state, &ports[0], &key);
+        let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 20], 80, true);
+        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        assert_eq!(
+            IpAddr::from(destination(&out.output)),
+            want.ip,
+            "flow {sport}"
+        );
+        chosen.push(want);
+    }
+    for b in three {
+        let n = chosen.iter().filter(|c| **c == backend(b)).count();
+        assert!((40..100).contains(&n), "{b} took {n} of 200 flows");
+    }
+    // A fourth backend changes the table; the 200 tracked flows stay where they are.
+    ports = vec![service(
+        "10.96.0.20",
+        80,
+        6,
+        &[three[0], three[1], three[2], "10.244.4.9:8080"],
+        0,
+    )];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    for (i, sport) in (41000..41200u16).enumerate() {
+        let ack = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 20], 80, false);
+        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        let dst = IpAddr::from(destination(&out.output));
+        assert_eq!(dst, chosen[i].ip, "flow {sport} stays on its backend");
+    }
+}
+
+#[test]
+fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused() {
+    if !privileged("a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let mut ports = vec![
+        service("10.96.0.30", 80, 6, &["10.244.1.3:8080"], 0),
+        service("10.96.0.30", 53, 17, &["10.244.1.3:5353"], 0),
+        service("10.96.0.31", 80, 6, &[], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let tcp = tcp_v4_flow(CLIENT, 42000, [10, 96, 0, 30], 80, true);
+    let udp = udp_v4_flow(CLIENT, 42001, [10, 96, 0, 30], 53);
+    assert_eq!(
+        fixture.run_tc(PROG_FROM_POD, &tcp, 1).unwrap().action,
+        TC_ACT_OK
+    );
+    assert_eq!(
+        fixture.run_tc(PROG_FROM_POD, &udp, 1).unwrap().action,
+        TC_ACT_OK
+    );
+
+    // The only backend is replaced by another.
+    ports[0] = service("10.96.0.30", 80, 6, &["10.244.2.5:8080"], 0);
+    ports[1] = service("10.96.0.30", 53, 17, &["10.244.2.5:5353"], 0);
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let ack = tcp_v4_flow(CLIENT, 42000, [10, 96, 0, 30], 80, false);
+    assert_eq!(
+        fixture.run_tc(PROG_FROM_POD, &ack, 1).unwrap().action,
+        TC_ACT_SHOT
+    );
+    let out = fixture.run_tc(PROG_FROM_POD, &udp, 1).unwrap();
+    assert_eq!(out.action, TC_ACT_OK);
+    assert_eq!(
+        &out.output[30..34],
+        &[10, 244, 2, 5],
+        "UDP flow moved to the new backend"
+    );
+    // A new TCP connection on the same ports is a new flow.
+    let syn = tcp_v4_flow(CLIENT, 42002, [10, 96, 0, 30], 80, true);
+    let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).unwrap();
+    assert_eq!(&out.output[30..34], &[10, 244, 2, 5]);
+
+    let empty = tcp_v4_flow(CLIENT, 42003, [10, 96, 0, 31], 80, true);
+    assert_eq!(
+        fixture.run_tc(PROG_FROM_POD, &empty, 1).unwrap().action,
+        TC_ACT_SHOT
+    );
+    let counters = fixture.counters();
+    assert_eq!(counters.drops(DropReason::LbBackendGone), 1);
+    assert_eq!(counters.drops(DropReason::LbNoEndpoints), 1);
+}
+
+#[test]
+fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goes() {
+    if !privileged("client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goes")
+    {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let backends = [
+        "10.244.1.3:8080",
+        "10.244.2.5:8080",
+        "10.244.3.7:8080",
+        "10.244.4.9:8080",
+    ];
+    // A 1-second timeout: the kernel clock is in whole seconds, so an entry expires after
+    // 1 to 2 seconds of silence and survives a client sending every half second.
+    let mut ports = vec![service("10.96.0.40", 80, 6, &backends, 1)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let connect = |fixture: &mut Fixture, sport: u16| -> [u8; 4] {
+        let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 40], 80, true);
+        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        destination(&out.output)
+    };
+    let affinity = |fixture: &mut Fixture| -> Option<AffinityValue> {
+        let map: HashMap<&mut MapData, AffinityKey, AffinityValue> =
+            fixture.typed_map(LB_AFFINITY).expect("affinity map");
+        map.iter().filter_map(Result::ok).map(|(_, v)| v).next()
+    };
+
+    // A new connection every half second for 4 s: always the same backend, and the one
+    // affinity entry's clock moves with the client.
+    let first = connect(&mut fixture, 43000);
+    let started = affinity(&mut fixture).expect("affinity entry").last_seen;
+    for i in 1..=8u16 {
+        sleep(Duration::from_millis(500));
+        assert_eq!(
+            connect(&mut fixture, 43000 + i),
+            first,
+            "connection {i} sticks"
+        );
+    }
+    let refreshed = affinity(&mut fixture).expect("affinity entry");
+    assert!(
+        refreshed.last_seen >= started + 3,
+        "timer restarted by every packet"
+    );
+
+    // After the timeout with no packet, a fresh choice; repeated, the choices differ.
+    let mut seen = std::collections::BTreeSet::from([first]);
+    for round in 0..6u16 {
+        sleep(Duration::from_millis(2_100));
+        seen.insert(connect(&mut fixture, 44000 + round * 7));
+        if seen.len() >= 2 {
+            break;
+        }
+    }
+    assert!(
+        seen.len() >= 2,
+        "fresh choices after expiry reached {seen:?}"
+    );
+
+    // The affine backend goes away: the next connection re-picks and then sticks.
+    let current = connect(&mut fixture, 45000);
+    let remaining: Vec<&str> = backends
+        .iter()
+        .copied()
+        .filter(|b| backend(b).ip != IpAddr::from(current))
+        .collect();
+    ports = vec![service("10.96.0.40", 80, 6, &remaining, 1)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let repicked = connect(&mut fixture, 45001);
+    assert_ne!(repicked, current);
+    for i in 2..6u16 {
+        assert_eq!(
+            connect(&mut fixture, 45000 + i),
+            repicked,
+            "sticks to the new backend"
+        );
+    }
+}
