@@ -192,6 +192,17 @@ impl Topology {
         Ok(topology)
     }
 
+    /// Adds a manifest file (Services, EndpointSlices, ...) next to the generated cluster
+    /// state; agents started afterwards read it. Overlay mode only.
+    pub fn add_manifest(&self, file_name: &str, yaml: &str) -> anyhow::Result<()> {
+        let dir = self
+            .manifests
+            .as_ref()
+            .context("manifests exist in overlay mode only")?;
+        fs::write(dir.join(file_name), yaml)?;
+        Ok(())
+    }
+
     /// The cluster as Kubernetes objects: the operator Network, one Node per node (InternalIP,
     /// podCIDRs), one Pod per pod (nodeName, podIPs, OVN-Kubernetes' pod-networks annotation).
     fn manifests_yaml(&self) -> String {

@@ -1,0 +1,145 @@
+//! A ClusterIP Service with backends on two nodes, reached by real TCP and UDP clients in pods
+//! on both nodes: the agents build the load-balancer from Service and EndpointSlice manifests.
+//! Each backend answers with its own address and the client address it saw, so the test sees
+//! which backend took each connection, that the client's address is preserved, and (for UDP,
+//! through an unconnected socket) that replies come from the service address.
+
+use std::{
+    collections::BTreeSet,
+    process::{Child, Command, Stdio},
+};
+
+use dataplane_common::{Hook, PacketClass};
+use dataplane_tests::{
+    privileged::privileged,
+    topology::{Mode, Pod, Topology, exec_in},
+};
+
+const SERVICE_IP: &str = "10.96.0.10";
+
+fn manifests(backends: &[&Pod]) -> String {
+    let endpoints: String = backends
+        .iter()
+        .map(|p| format!("- addresses: [{}]\n  conditions: {{ready: true}}\n", p.ip))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\n\
+         spec:\n  clusterIP: {SERVICE_IP}\n  clusterIPs: [{SERVICE_IP}]\n  ports:\n\
+         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n\
+         \x20 - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n\
+         addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
+         - {{name: dns, port: 5353, protocol: UDP}}\nendpoints:\n{endpoints}"
+    )
+}
+
+/// A backend: answers every TCP connection on 8080 and every UDP datagram on 5353 with
+/// "<its address> <the client address it saw>".
+fn start_backend(pod: &Pod) -> Child {
+    let script = format!(
+        "import socket, threading\n\
+         me = '{ip}'\n\
+         t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         t.bind(('0.0.0.0', 8080)); t.listen(64)\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.bind(('0.0.0.0', 5353))\n\
+         def udp():\n    while True:\n        d, a = u.recvfrom(100); u.sendto(f'{{me}} {{a[0]}}'.encode(), a)\n\
+         threading.Thread(target=udp, daemon=True).start()\n\
+         while True:\n    c, a = t.accept(); c.sendall(f'{{me}} {{a[0]}}'.encode()); c.close()\n",
+        ip = pod.ip
+    );
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .args(["python3", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting a backend")
+}
+
+/// `count` TCP connections and `count` UDP requests to the service from `client`; returns
+/// one line per answer: "tcp|udp <backend> <client seen> <reply source>".
+fn client_requests(client: &Pod, count: usize) -> Vec<String> {
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for _ in range(50):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{SERVICE_IP}', 80), timeout=5); break\n\
+         \x20       except OSError: time.sleep(0.1)\n\
+         \x20   print('tcp', c.recv(100).decode(), c.getpeername()[0]); c.close()\n\
+         for i in range({count}):\n\
+         \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         \x20   u.sendto(b'q', ('{SERVICE_IP}', 53)); d, a = u.recvfrom(100)\n\
+         \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
+    );
+    let out = exec_in(&client.netns, &["python3", "-c", &script]).expect("client");
+    assert!(
+        out.status.success(),
+        "client in {}: {}",
+        client.netns,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
+    if !privileged("cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    topology
+        .add_manifest("web.yaml", &manifests(&backends))
+        .expect("service manifests");
+    let mut servers: Vec<Child> = backends.iter().map(|p| start_backend(p)).collect();
+    let agent0 = topology.node(0).start_agent().expect("agent on node 0");
+    let agent1 = topology.node(1).start_agent().expect("agent on node 1");
+    let log = agent0.log();
+    assert!(log.contains("services configured"), "{log}");
+
+    let backend_ips: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    for client in [&topology.node(0).pods[0], &topology.node(1).pods[0]] {
+        let lines = client_requests(client, 16);
+        assert_eq!(lines.len(), 32, "{lines:?}");
+        let mut reached = BTreeSet::new();
+        for line in &lines {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [proto, backend, seen, source] = fields[..] else {
+                panic!("answer {line:?}");
+            };
+            assert!(backend_ips.contains(backend), "{line}");
+            assert_eq!(
+                seen,
+                client.ip.to_string(),
+                "client address preserved: {line}"
+            );
+            let expected_source = if proto == "tcp" {
+                SERVICE_IP.to_owned()
+            } else {
+                format!("{SERVICE_IP}:53")
+            };
+            assert_eq!(
+                source, expected_source,
+                "replies come from the service: {line}"
+            );
+            reached.insert((proto.to_owned(), backend.to_owned()));
+        }
+        // Sixteen flows per protocol over two backends: both are reached.
+        assert_eq!(reached.len(), 4, "client {}: {reached:?}", client.ip);
+    }
+    for agent in [&agent0, &agent1] {
+        let counters = agent.counters().expect("counters");
+        assert!(counters.packets(Hook::FromPod, PacketClass::ServiceDnat) >= 32);
+        assert!(counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat) > 0);
+        assert!(counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat) > 0);
+    }
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
