@@ -1,0 +1,196 @@
+//! Per-packet cost of the service load-balancer with BPF_PROG_TEST_RUN: a tracked flow
+//! (conntrack hit), a new flow through the Maglev table, a new connection of a client with
+//! ClientIP affinity, each next to the empty tc program, and each with 10 and with 10,000
+//! services installed (two loaded copies of the programs, measured in interleaved rounds).
+//! Backends are outside the pod network so only the load-balancer's work is timed. A
+//! benchmark: it reports, it does not pass or fail.
+
+use clap::Parser;
+use dataplane_common::{
+    lb::{SCOPE_CLUSTER, ServiceKey},
+    maps::{PROG_FROM_POD, PROG_TC_BASELINE},
+};
+use dataplane_tests::{fixture::Fixture, packets::tcp_v4_flow};
+use dataplane_user::{
+    lb::{BackendAddr, LbState, ServicePort},
+    overlay::addr16,
+};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 9)]
+    rounds: u32,
+    /// Single-iteration runs per case and round.
+    #[arg(long, default_value_t = 1_000)]
+    singles: u32,
+    #[arg(long)]
+    json: bool,
+}
+
+/// What a case sends: the same frame every run, or a new flow (source port) every run.
+#[derive(Clone, Copy, PartialEq)]
+enum Case {
+    Baseline,
+    ConntrackHit,
+    NewFlowMaglev,
+    AffinityHit,
+}
+
+impl Case {
+    const ALL: [Case; 4] = [
+        Case::Baseline,
+        Case::ConntrackHit,
+        Case::NewFlowMaglev,
+        Case::AffinityHit,
+    ];
+
+    fn name(self) -> &'static str {
+        match self {
+            Case::Baseline => "empty tc program",
+            Case::ConntrackHit => "conntrack hit (DNAT)",
+            Case::NewFlowMaglev => "new flow, Maglev choice",
+            Case::AffinityHit => "new connection, affinity hit",
+        }
+    }
+
+    /// The frame of run `n`.
+    fn frame(self, n: u32) -> Vec<u8> {
+        let client = [10, 244, 1, 9];
+        match self {
+            Case::Baseline | Case::ConntrackHit => {
+                tcp_v4_flow(client, 40000, [10, 96, 0, 1], 80, false)
+            }
+            // Source addresses and ports never repeat across the whole run.
+            Case::NewFlowMaglev => {
+                let src = [10, 245, (n >> 16) as u8, (n >> 8) as u8];
+                tcp_v4_flow(src, 1024 + (n & 0xff) as u16, [10, 96, 0, 1], 80, true)
+            }
+            Case::AffinityHit => {
+                tcp_v4_flow(client, 1024 + (n % 60_000) as u16, [10, 95, 0, 1], 80, true)
+            }
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct Row {
+    case: &'static str,
+    services: usize,
+    median_ns: f64,
+    baseline_ns: f64,
+    ratio_to_empty: f64,
+    /// This case at 10,000 services over the same case at 10 services.
+    ratio_to_10_services: f64,
+}
+
+fn service(vip: [u8; 4], affinity: u32) -> ServicePort {
+    let backends = (0..3)
+        .map(|i| BackendAddr {
+            ip: [192, 0, 2, 10 + i].into(),
+            port: 8080,
+        })
+        .collect();
+    ServicePort {
+        name: format!("bench/{vip:?}"),
+        key: ServiceKey {
+            addr: addr16(vip.into()),
+            port_be: 80u16.to_be_bytes(),
+            protocol: 6,
+            scope: SCOPE_CLUSTER,
+        },
+        affinity_timeout: affinity,
+        ready: backends,
+        terminating: Vec::new(),
+    }
+}
+
+/// Programs loaded with `count` services (10.96.x.y:80), plus one with ClientIP affinity.
+fn loaded_with(count: usize) -> anyhow::Result<Fixture> {
+    let mut fixture = Fixture::load()?;
+    let mut ports: Vec<ServicePort> = (0..count)
+        .map(|i| service([10, 96, (i >> 8) as u8, (i & 0xff) as u8 + 1], 0))
+        .collect();
+    ports.push(service([10, 95, 0, 1], 10_800));
+    fixture.sync_lb(&mut LbState::default(), &ports)?;
+    Ok(fixture)
+}
+
+fn median(samples: &mut [f64]) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.rounds > 0 && args.singles > 0,
+        "rounds and singles must be positive"
+    );
+    let sizes = [10usize, 10_000];
+    let mut fixtures = Vec::new();
+    for size in sizes {
+        fixtures.push(loaded_with(size)?);
+    }
+    // samples[fixture][case]
+    let mut samples = vec![vec![Vec::new(); Case::ALL.len()]; sizes.len()];
+    let mut flow = 0u32;
+    for _ in 0..args.rounds {
+        for (f, fixture) in fixtures.iter_mut().enumerate() {
+            for (c, case) in Case::ALL.iter().enumerate() {
+                let program = if *case == Case::Baseline {
+                    PROG_TC_BASELINE
+                } else {
+                    PROG_FROM_POD
+                };
+                let frames: Vec<Vec<u8>> = (0..args.singles)
+                    .map(|_| {
+                        flow += 1;
+                        case.frame(flow)
+                    })
+                    .collect();
+                let mut round = Vec::with_capacity(frames.len());
+                for frame in &frames {
+                    round.push(fixture.run_tc(program, frame, 1)?.duration.as_nanos() as f64);
+                }
+                samples[f][c].push(median(&mut round));
+            }
+        }
+    }
+    let medians: Vec<Vec<f64>> = samples
+        .iter_mut()
+        .map(|cases| cases.iter_mut().map(|s| median(s)).collect())
+        .collect();
+    let mut rows = Vec::new();
+    for (f, &size) in sizes.iter().enumerate() {
+        for (c, case) in Case::ALL.iter().enumerate() {
+            rows.push(Row {
+                case: case.name(),
+                services: size,
+                median_ns: medians[f][c],
+                baseline_ns: medians[f][0],
+                ratio_to_empty: medians[f][c] / medians[f][0],
+                ratio_to_10_services: medians[f][c] / medians[0][c],
+            });
+        }
+    }
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&rows)?);
+        return Ok(());
+    }
+    println!(
+        "service load-balancer, BPF_PROG_TEST_RUN single runs ({} rounds x {} runs, medians)",
+        args.rounds, args.singles
+    );
+    println!(
+        "{:<32} {:>9} {:>9} {:>14} {:>16}",
+        "case", "services", "ns/pkt", "x empty prog", "x at 10 services"
+    );
+    for row in &rows {
+        println!(
+            "{:<32} {:>9} {:>9.1} {:>14.2} {:>16.2}",
+            row.case, row.services, row.median_ns, row.ratio_to_empty, row.ratio_to_10_services
+        );
+    }
+    Ok(())
+}
