@@ -393,6 +393,9 @@ pub struct LbState {
     backend_ids: HashMap<BackendAddr, u32>,
     next_backend_id: u32,
     installed: BTreeMap<ServiceKey, Installed>,
+    /// Service-port ids below `next_service_id` given back by removed service ports.
+    free_service_ids: Vec<u32>,
+    next_service_id: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -428,10 +431,26 @@ impl LbState {
         self.backend_ids.get(&backend).copied()
     }
 
-    /// Table indexes of the service ports, in the order new service ports get them.
-    fn free_service_id(&self) -> Option<u32> {
-        let used: BTreeSet<u32> = self.installed.values().map(|i| i.value.id).collect();
-        (0..MAX_SERVICE_PORTS).find(|id| !used.contains(id))
+    /// An unused service-port id (its tables are at `2 * id` and `2 * id + 1`).
+    fn allocate_service_id(&mut self) -> Option<u32> {
+        if let Some(id) = self.free_service_ids.pop() {
+            return Some(id);
+        }
+        let id = self.next_service_id;
+        if id >= MAX_SERVICE_PORTS {
+            return None;
+        }
+        self.next_service_id += 1;
+        Some(id)
+    }
+
+    /// Records an id found in use (adopted from pins).
+    fn mark_service_id_used(&mut self, id: u32) {
+        while self.next_service_id <= id {
+            self.free_service_ids.push(self.next_service_id);
+            self.next_service_id += 1;
+        }
+        self.free_service_ids.retain(|&free| free != id);
     }
 }
 
@@ -470,6 +489,7 @@ impl Dataplane {
         for (key, value) in services.iter().filter_map(Result::ok) {
             // The live table's backends are not known: the first sync rebuilds it aside.
             let unknown = vec![u32::MAX];
+            state.mark_service_id_used(value.id);
             state.installed.insert(
                 key,
                 Installed {
@@ -528,7 +548,7 @@ impl Dataplane {
             let current = state.installed.get(&port.key).cloned();
             let id = match &current {
                 Some(installed) => installed.value.id,
-                None => state.free_service_id().ok_or(AgentError::Capacity {
+                None => state.allocate_service_id().ok_or(AgentError::Capacity {
                     what: "service ports",
                     limit: MAX_SERVICE_PORTS,
                 })?,
@@ -595,6 +615,7 @@ impl Dataplane {
                 stats.deleted += 1;
                 stale_tables.push(installed.value.table);
                 state.installed.remove(key);
+                state.free_service_ids.push(installed.value.id);
             }
         }
         {

@@ -1,4 +1,5 @@
-//! `cargo xtask bench`: per-packet cost of the programs (BPF_PROG_TEST_RUN against empty
+//! `cargo xtask bench`: per-packet cost of the programs and of the service load-balancer at 10
+//! and 10,000 services (BPF_PROG_TEST_RUN against empty
 //! programs) and cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN),
 //! both from the test bed's benchmark binaries in release mode.
 
@@ -41,6 +42,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     ];
     bench.extend(json.iter().cloned());
     crate::run_testbed("bench", &bench)?;
+    crate::run_testbed("lb_bench", &json)?;
     if args.no_throughput {
         return Ok(());
     }
