@@ -67,7 +67,7 @@ drop_reasons! {
     OverlayEncapFailed = 29, "overlay_encap_failed", "the kernel refused to grow the packet for encapsulation";
     OverlayMtuExceeded = 30, "overlay_mtu_exceeded", "a pod packet too large for the underlay after encapsulation";
     LbNoEndpoints = 31, "lb_no_endpoints", "a new flow to a service port without a ready endpoint";
-    LbBackendGone = 32, "lb_backend_gone", "a TCP packet of a flow whose backend was removed";
+    LbBackendGone = 32, "lb_backend_gone", "a TCP packet of a flow whose backend was removed, not answerable with a reset";
     LbRewriteFailed = 33, "lb_rewrite_failed", "the kernel refused to rewrite a service packet";
 }
 

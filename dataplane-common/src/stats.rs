@@ -59,6 +59,10 @@ pub enum PacketClass {
     ServiceDnat = 15,
     /// A backend's reply given the service address back.
     ServiceReverseNat = 16,
+    /// A packet to a service without endpoints, answered with a TCP reset or ICMP unreachable.
+    ServiceRejected = 17,
+    /// A TCP segment of a flow whose backend was removed, answered with a reset.
+    ServiceResetBackendGone = 18,
 }
 
 impl PacketClass {
@@ -80,6 +84,8 @@ impl PacketClass {
         PacketClass::TooBigAnswered,
         PacketClass::ServiceDnat,
         PacketClass::ServiceReverseNat,
+        PacketClass::ServiceRejected,
+        PacketClass::ServiceResetBackendGone,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -103,6 +109,8 @@ impl PacketClass {
             14 => PacketClass::TooBigAnswered,
             15 => PacketClass::ServiceDnat,
             16 => PacketClass::ServiceReverseNat,
+            17 => PacketClass::ServiceRejected,
+            18 => PacketClass::ServiceResetBackendGone,
             _ => return None,
         })
     }
@@ -126,6 +134,8 @@ impl PacketClass {
             PacketClass::TooBigAnswered => "too_big_answered",
             PacketClass::ServiceDnat => "service_dnat",
             PacketClass::ServiceReverseNat => "service_reverse_nat",
+            PacketClass::ServiceRejected => "service_rejected",
+            PacketClass::ServiceResetBackendGone => "service_reset_backend_gone",
         }
     }
 }

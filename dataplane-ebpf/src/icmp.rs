@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason,
-    overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
+    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
 use crate::{
@@ -27,10 +27,10 @@ const QUOTE_V4_MAX: usize = 60 + 8;
 /// Quoted bytes of the offending IPv6 packet: its header and the start of its payload. RFC 4443
 /// allows up to the minimum MTU; this is enough for the sender to match the flow.
 const QUOTE_V6: usize = 64;
-/// Ethernet + IPv6 + ICMPv6 + quote: the whole Packet Too Big frame.
-const TOO_BIG_V6_LEN: usize = ETH_LEN + 40 + 8 + QUOTE_V6;
+/// Ethernet + IPv6 + ICMPv6 + quote (+ a pad byte for the checksum): the longest ICMPv6 error.
+const ERROR_V6_MAX_LEN: usize = ETH_LEN + 40 + 8 + QUOTE_V6 + 1;
 
-const _: () = assert!(TOO_BIG_V6_LEN <= ENCAP_SCRATCH_LEN);
+const _: () = assert!(ERROR_V6_MAX_LEN <= ENCAP_SCRATCH_LEN);
 const _: () = assert!(ETH_LEN + 20 + 8 + QUOTE_V4_MAX <= ENCAP_SCRATCH_LEN);
 
 /// Answers a packet larger than `mtu` with ICMP "fragmentation needed" (IPv4, DF set) or
@@ -48,67 +48,127 @@ fn answer_too_big(
     mtu: u32,
     config: &OverlayConfig,
 ) -> Result<i32, DropReason> {
-    let block = SCRATCH
-        .get_ptr_mut(0)
-        .ok_or(DropReason::OverlayMtuExceeded)?;
+    let failed = DropReason::OverlayMtuExceeded;
+    let block = reply_block(ctx, failed)?;
+    let length = if ipv6 {
+        if config.flags & OVERLAY_HAS_IPV6 == 0 {
+            return Err(failed);
+        }
+        build_error_v6(ctx, block, [2, 0], mtu.to_be_bytes(), &config.node_ipv6)?
+    } else {
+        let header: [u8; 20] = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
+        if header[6] & 0x40 == 0 || config.flags & OVERLAY_HAS_IPV4 == 0 {
+            return Err(failed);
+        }
+        let mtu = (mtu as u16).to_be_bytes();
+        build_error_v4(ctx, block, [3, 4], [0, 0, mtu[0], mtu[1]], config.node_ipv4)?
+    };
+    send_back(ctx, block, length, failed)
+}
+
+/// Answers a packet to a service port without endpoints with ICMP port unreachable (type 3
+/// code 3) or ICMPv6 port unreachable (type 1 code 4), sent from the service address `source`
+/// the client used.
+#[inline(never)]
+pub fn port_unreachable(ctx: &TcContext, ipv6: bool, source: &Addr) -> Stage {
+    Stage::value(answer_unreachable(ctx, ipv6, source).map(|verdict| verdict as u32))
+}
+
+#[inline(always)]
+fn answer_unreachable(ctx: &TcContext, ipv6: bool, source: &Addr) -> Result<i32, DropReason> {
+    let failed = DropReason::LbNoEndpoints;
+    let block = reply_block(ctx, failed)?;
+    let length = if ipv6 {
+        build_error_v6(ctx, block, [1, 4], [0; 4], source)?
+    } else {
+        let v4 = [source[12], source[13], source[14], source[15]];
+        build_error_v4(ctx, block, [3, 3], [0; 4], v4)?
+    };
+    send_back(ctx, block, length, failed)
+}
+
+/// The per-CPU block with the reply's Ethernet addresses filled: back to the pod, from its
+/// gateway's MAC to its own.
+#[inline(always)]
+pub fn reply_block(
+    ctx: &TcContext,
+    failed: DropReason,
+) -> Result<&'static mut [u8; ENCAP_SCRATCH_LEN], DropReason> {
+    let block = SCRATCH.get_ptr_mut(0).ok_or(failed)?;
     // SAFETY: per-CPU map memory, used only by this program invocation.
     let block = unsafe { &mut *block };
     let original_eth: [u8; 14] = ctx.load(0).map_err(|_| DropReason::EthTruncated)?;
-    // Back to the pod: from its gateway's MAC to its own.
     block[0..6].copy_from_slice(&original_eth[6..12]);
     block[6..12].copy_from_slice(&original_eth[0..6]);
-    let length = if ipv6 {
-        build_too_big_v6(ctx, block, mtu, config)?
-    } else {
-        build_frag_needed_v4(ctx, block, mtu, config)?
-    };
-    let shrink = ctx.len() as i32 - length as i32;
+    Ok(block)
+}
+
+/// Replaces the packet by the first `length` bytes of `block` and sends it back out of the
+/// interface it arrived on. GSO packets are refused (a reply is one small packet).
+#[inline(always)]
+pub fn send_back(
+    ctx: &TcContext,
+    block: &[u8; ENCAP_SCRATCH_LEN],
+    length: usize,
+    failed: DropReason,
+) -> Result<i32, DropReason> {
+    // SAFETY: reading a field of our own context.
+    if unsafe { (*ctx.skb.skb).gso_size } != 0 || length > ENCAP_SCRATCH_LEN {
+        return Err(failed);
+    }
+    let diff = length as i32 - ctx.len() as i32;
     // SAFETY: plain helper calls on our own context; `length` bytes of the block are written.
-    // adjust_room also resets the checksum-offload state the pod's packet carried.
+    // adjust_room also resets the checksum-offload state the original packet carried.
     unsafe {
-        if bpf_skb_adjust_room(ctx.skb.skb, -shrink, BPF_ADJ_ROOM_MAC, 0) != 0 {
-            return Err(DropReason::OverlayMtuExceeded);
+        if diff != 0 && bpf_skb_adjust_room(ctx.skb.skb, diff, BPF_ADJ_ROOM_MAC, 0) != 0 {
+            return Err(failed);
         }
         if bpf_skb_store_bytes(ctx.skb.skb, 0, block.as_ptr().cast(), length as u32, 0) != 0 {
-            return Err(DropReason::OverlayMtuExceeded);
+            return Err(failed);
         }
         let arrived_on = (*ctx.skb.skb).ifindex;
         if bpf_redirect(arrived_on, 0) != TC_ACT_REDIRECT as i64 {
-            return Err(DropReason::OverlayMtuExceeded);
+            return Err(failed);
         }
     }
     Ok(TC_ACT_REDIRECT)
 }
 
-/// Fills `block` after the Ethernet addresses with IPv4 + ICMP type 3 code 4; returns the
-/// frame length.
+/// Fills `block` after the Ethernet addresses with IPv4 + an ICMP error of `type_code` with
+/// `rest` (the second word), from `source` to the offending packet's source, quoting its header
+/// and 8 bytes of its payload; returns the frame length.
 #[inline(always)]
-fn build_frag_needed_v4(
+fn build_error_v4(
     ctx: &TcContext,
     block: &mut [u8; ENCAP_SCRATCH_LEN],
-    mtu: u32,
-    config: &OverlayConfig,
+    type_code: [u8; 2],
+    rest: [u8; 4],
+    source: [u8; 4],
 ) -> Result<usize, DropReason> {
     let header: [u8; 20] = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
-    if header[6] & 0x40 == 0 || config.flags & OVERLAY_HAS_IPV4 == 0 {
-        return Err(DropReason::OverlayMtuExceeded);
-    }
     let quote_len = ((header[0] & 0x0F) as usize) * 4 + 8;
-    if quote_len > QUOTE_V4_MAX {
+    if quote_len > QUOTE_V4_MAX || quote_len < 28 {
         return Err(DropReason::Ipv4BadIhl);
     }
-    // The packet is longer than the MTU (at least 1280 bytes), so the full quote is present.
-    load_into(ctx, block, 42, QUOTE_V4_MAX).map_err(|_| DropReason::Ipv4Truncated)?;
+    // The parser saw the transport header, so the header and 8 payload bytes are present.
+    load_into(ctx, block, 42, quote_len).map_err(|_| DropReason::Ipv4Truncated)?;
     block[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     let icmp_len = 8 + quote_len;
     let ip_len = 20 + icmp_len;
-    let mtu = (mtu as u16).to_be_bytes();
-    block[34..42].copy_from_slice(&[3, 4, 0, 0, 0, 0, mtu[0], mtu[1]]);
+    block[34..42].copy_from_slice(&[
+        type_code[0],
+        type_code[1],
+        0,
+        0,
+        rest[0],
+        rest[1],
+        rest[2],
+        rest[3],
+    ]);
     let icmp_check = fold(sum_words(block, 34, icmp_len, 0)).to_be_bytes();
     block[36] = icmp_check[0];
     block[37] = icmp_check[1];
     let len = (ip_len as u16).to_be_bytes();
-    let src = config.node_ipv4;
     block[14..34].copy_from_slice(&[
         0x45,
         0,
@@ -122,10 +182,10 @@ fn build_frag_needed_v4(
         IPPROTO_ICMP,
         0,
         0,
-        src[0],
-        src[1],
-        src[2],
-        src[3],
+        source[0],
+        source[1],
+        source[2],
+        source[3],
         header[12],
         header[13],
         header[14],
@@ -137,21 +197,33 @@ fn build_frag_needed_v4(
     Ok(ETH_LEN + ip_len)
 }
 
-/// Fills `block` after the Ethernet addresses with IPv6 + ICMPv6 type 2; returns the frame
-/// length.
+/// Fills `block` after the Ethernet addresses with IPv6 + an ICMPv6 error of `type_code` with
+/// `rest` (the second word), from `source` to the offending packet's source, quoting up to
+/// `QUOTE_V6` bytes of it; returns the frame length.
 #[inline(always)]
-fn build_too_big_v6(
+fn build_error_v6(
     ctx: &TcContext,
     block: &mut [u8; ENCAP_SCRATCH_LEN],
-    mtu: u32,
-    config: &OverlayConfig,
+    type_code: [u8; 2],
+    rest: [u8; 4],
+    source: &Addr,
 ) -> Result<usize, DropReason> {
-    if config.flags & OVERLAY_HAS_IPV6 == 0 {
-        return Err(DropReason::OverlayMtuExceeded);
+    let available = ctx.len() as usize - ETH_LEN;
+    let quote = if available < QUOTE_V6 {
+        available
+    } else {
+        QUOTE_V6
+    };
+    if quote < 40 {
+        return Err(DropReason::Ipv6Truncated);
     }
-    load_into(ctx, block, 62, QUOTE_V6).map_err(|_| DropReason::Ipv6Truncated)?;
+    load_into(ctx, block, 62, quote).map_err(|_| DropReason::Ipv6Truncated)?;
+    // An odd quote is summed with a zero pad byte, which is not sent.
+    if 62 + quote < ENCAP_SCRATCH_LEN {
+        block[62 + quote] = 0;
+    }
     block[12..14].copy_from_slice(&0x86DDu16.to_be_bytes());
-    let payload_len = ((8 + QUOTE_V6) as u16).to_be_bytes();
+    let payload_len = ((8 + quote) as u16).to_be_bytes();
     block[14..22].copy_from_slice(&[
         0x60,
         0,
@@ -162,17 +234,25 @@ fn build_too_big_v6(
         IPPROTO_ICMPV6,
         64,
     ]);
-    block[22..38].copy_from_slice(&config.node_ipv6);
+    block[22..38].copy_from_slice(source);
     // The destination is the offending packet's source (quoted at 62, source at +8).
     block.copy_within(70..86, 38);
-    let mtu = mtu.to_be_bytes();
-    block[54..62].copy_from_slice(&[2, 0, 0, 0, mtu[0], mtu[1], mtu[2], mtu[3]]);
+    block[54..62].copy_from_slice(&[
+        type_code[0],
+        type_code[1],
+        0,
+        0,
+        rest[0],
+        rest[1],
+        rest[2],
+        rest[3],
+    ]);
     // Pseudo-header (RFC 8200 §8.1): addresses, upper-layer length, next header.
-    let pseudo = sum_words(block, 22, 32, (8 + QUOTE_V6) as u32 + IPPROTO_ICMPV6 as u32);
-    let check = fold(sum_words(block, 54, 8 + QUOTE_V6, pseudo)).to_be_bytes();
+    let pseudo = sum_words(block, 22, 32, (8 + quote) as u32 + IPPROTO_ICMPV6 as u32);
+    let check = fold(sum_words(block, 54, (8 + quote + 1) & !1, pseudo)).to_be_bytes();
     block[56] = check[0];
     block[57] = check[1];
-    Ok(TOO_BIG_V6_LEN)
+    Ok(ETH_LEN + 40 + 8 + quote)
 }
 
 /// Copies `len` bytes of the packet, from its network header on, into `block[at..]` without a
@@ -184,7 +264,11 @@ fn load_into(
     at: usize,
     len: usize,
 ) -> Result<(), i64> {
-    if at + len > ENCAP_SCRATCH_LEN {
+    // Read back through a volatile load: the compiler would otherwise fold this check into
+    // the callers' and the verifier would not see the length bounded on the helper's argument.
+    // SAFETY: reading a local variable.
+    let len = unsafe { core::ptr::read_volatile(&len) };
+    if len == 0 || len > QUOTE_V4_MAX + 8 || at + len > ENCAP_SCRATCH_LEN {
         return Err(-1);
     }
     // SAFETY: the destination range lies within the block (checked above).

@@ -35,6 +35,8 @@ use dataplane_common::{
 };
 
 use crate::{
+    csum::{fold, sum_words},
+    icmp,
     maps::{LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SCRATCH, LB_SERVICES},
     parse::Parsed,
     stage::Stage,
@@ -47,6 +49,7 @@ const IPPROTO_UDP: u8 = 17;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
+const TCP_ACK: u8 = 0x10;
 
 /// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
 /// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
@@ -155,9 +158,144 @@ fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
 
 /// The tc stage for a packet leaving a pod: reverse NAT of a local backend's reply, or DNAT of
 /// a packet to a service port. `Ok(None)`: not service traffic.
+///
+/// The stage's value is 0 when the packet continues (rewritten or not) and `verdict + 1` when
+/// the load-balancer has answered it itself (a service without endpoints).
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    Stage::new(dnat(ctx, parsed).map(|done| done.map(|class| (0, class))))
+    match dnat(ctx, parsed) {
+        // Answered rather than dropped: clients learn at once instead of timing out.
+        Err(DropReason::LbNoEndpoints) => Stage::new(
+            reject(ctx, parsed)
+                .map(|verdict| Some((verdict as u32 + 1, PacketClass::ServiceRejected))),
+        ),
+        Err(DropReason::LbBackendGone) => Stage::new(
+            reject(ctx, parsed)
+                .map(|verdict| Some((verdict as u32 + 1, PacketClass::ServiceResetBackendGone)))
+                .map_err(|_| DropReason::LbBackendGone),
+        ),
+        other => Stage::new(other.map(|done| done.map(|class| (0, class)))),
+    }
+}
+
+/// Answers a new flow to a service port without endpoints, or a TCP segment of a flow whose
+/// backend is gone, so the client does not wait for a timeout: TCP with a reset, UDP with ICMP
+/// port unreachable, both from the service address.
+#[inline(always)]
+fn reject(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
+    let s = scratch().ok_or(DropReason::LbNoEndpoints)?;
+    let ipv6 = s.ipv4 == 0;
+    if parsed.protocol == IPPROTO_TCP {
+        // Never answer a reset with a reset.
+        if s.tcp_flags & TCP_RST != 0 {
+            return Err(DropReason::LbNoEndpoints);
+        }
+        tcp_reset(ctx, parsed).into_value().map(|v| v as i32)
+    } else {
+        icmp::port_unreachable(ctx, ipv6, &s.flow.dst)
+            .into_value()
+            .map(|v| v as i32)
+    }
+}
+
+/// Replaces a TCP segment by the reset RFC 9293 (3.10.7.1) prescribes for a closed port and
+/// sends it back: with the segment's ACK, `seq = SEG.ACK`; without, `seq = 0` and
+/// `ack = SEG.SEQ + SEG.LEN` (SYN and FIN count one).
+#[inline(never)]
+fn tcp_reset(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::value(build_reset(ctx, parsed).map(|verdict| verdict as u32))
+}
+
+#[inline(always)]
+fn build_reset(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
+    let failed = DropReason::LbNoEndpoints;
+    let s = scratch().ok_or(failed)?;
+    let l4 = parsed.l4_offset;
+    let tcp: [u8; 14] = ctx.load(l4).map_err(|_| DropReason::TcpTruncated)?;
+    let seq = u32::from_be_bytes([tcp[4], tcp[5], tcp[6], tcp[7]]);
+    let ack = u32::from_be_bytes([tcp[8], tcp[9], tcp[10], tcp[11]]);
+    let data_offset = ((tcp[12] >> 4) as u32) * 4;
+    let flags = tcp[13];
+    let segment_len = (ctx.len() - l4 as u32).saturating_sub(data_offset)
+        + u32::from(flags & TCP_SYN != 0)
+        + u32::from(flags & TCP_FIN != 0);
+    let (reset_seq, reset_ack, reset_flags) = if flags & TCP_ACK != 0 {
+        (ack, 0, TCP_RST)
+    } else {
+        (0, seq.wrapping_add(segment_len), TCP_RST | TCP_ACK)
+    };
+    let block = icmp::reply_block(ctx, failed)?;
+    let ipv6 = s.ipv4 == 0;
+    let (tcp_at, ether_type) = if ipv6 { (54, 0x86DDu16) } else { (34, 0x0800) };
+    block[12..14].copy_from_slice(&ether_type.to_be_bytes());
+    let (q, a) = (reset_seq.to_be_bytes(), reset_ack.to_be_bytes());
+    let sport = s.flow.dst_port_be;
+    let dport = s.flow.src_port_be;
+    let header = [
+        sport[0],
+        sport[1],
+        dport[0],
+        dport[1],
+        q[0],
+        q[1],
+        q[2],
+        q[3],
+        a[0],
+        a[1],
+        a[2],
+        a[3],
+        0x50,
+        reset_flags,
+        0,
+        0,
+        0,
+        0,
+        0,
+        0,
+    ];
+    if ipv6 {
+        block[14..22].copy_from_slice(&[0x60, 0, 0, 0, 0, 20, IPPROTO_TCP, 64]);
+        block[22..38].copy_from_slice(&s.flow.dst);
+        block[38..54].copy_from_slice(&s.flow.src);
+        block[54..74].copy_from_slice(&header);
+        let pseudo = sum_words(block, 22, 32, 20 + IPPROTO_TCP as u32);
+        let check = fold(sum_words(block, 54, 20, pseudo)).to_be_bytes();
+        block[70] = check[0];
+        block[71] = check[1];
+    } else {
+        let (src, dst) = (&s.flow.dst, &s.flow.src);
+        block[14..34].copy_from_slice(&[
+            0x45,
+            0,
+            0,
+            40,
+            0,
+            0,
+            0x40,
+            0,
+            64,
+            IPPROTO_TCP,
+            0,
+            0,
+            src[12],
+            src[13],
+            src[14],
+            src[15],
+            dst[12],
+            dst[13],
+            dst[14],
+            dst[15],
+        ]);
+        let ip_check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
+        block[24] = ip_check[0];
+        block[25] = ip_check[1];
+        block[34..54].copy_from_slice(&header);
+        let pseudo = sum_words(block, 26, 8, 20 + IPPROTO_TCP as u32);
+        let check = fold(sum_words(block, 34, 20, pseudo)).to_be_bytes();
+        block[50] = check[0];
+        block[51] = check[1];
+    }
+    icmp::send_back(ctx, block, tcp_at + 20, failed)
 }
 
 #[inline(always)]
@@ -239,8 +377,8 @@ fn reverse_nat_flow(
 
 /// Whether the flow is tracked with a still valid backend (then in `s.new_addr/new_port`):
 /// not expired, not a new TCP connection reusing the ports of a closed one, and its backend
-/// still present. A TCP flow whose backend went away is refused (its client then resets);
-/// other protocols fall through to a fresh choice.
+/// still present. A TCP flow whose backend went away is ended (`LbBackendGone`: the client
+/// gets a reset); other protocols fall through to a fresh choice.
 #[inline(never)]
 fn tracked_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Stage {
     Stage::value(tracked(s, service, now).map(u32::from))

@@ -26,7 +26,13 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
     };
     count_packet(Hook::FromPod, parsed.class);
     match lb::from_pod(&ctx, &parsed).result() {
-        Ok(Some((_, outcome))) => count_outcome(Hook::FromPod, outcome),
+        Ok(Some((answered, outcome))) => {
+            count_outcome(Hook::FromPod, outcome);
+            // The load-balancer answered the packet itself: its verdict, plus one.
+            if answered != 0 {
+                return (answered - 1) as i32;
+            }
+        }
         Ok(None) => {}
         Err(reason) => {
             count_drop(Hook::FromPod, reason);

@@ -116,13 +116,16 @@ def icmp_error(req):
             quote=bytes(icmp.payload).hex(),
         )
     else:
-        ptb = pkt[ICMPv6PacketTooBig]
+        from scapy.all import ICMPv6DestUnreach
+
+        layer = ICMPv6PacketTooBig if ICMPv6PacketTooBig in pkt else ICMPv6DestUnreach
+        err = pkt[layer]
         fresh = pkt.copy()
-        del fresh[ICMPv6PacketTooBig].cksum
+        del fresh[layer].cksum
         answer.update(
-            type=ptb.type, code=ptb.code, mtu=ptb.mtu, hlim=ip.hlim,
-            icmp_chksum_ok=Ether(bytes(fresh))[ICMPv6PacketTooBig].cksum == ptb.cksum,
-            quote=bytes(ptb.payload).hex(),
+            type=err.type, code=err.code, mtu=getattr(err, "mtu", 0), hlim=ip.hlim,
+            icmp_chksum_ok=Ether(bytes(fresh))[layer].cksum == err.cksum,
+            quote=bytes(err.payload).hex(),
         )
     return answer
 
@@ -137,10 +140,15 @@ def l4(req):
     else:
         ip = IP(src=req["src"], dst=req["dst"], ttl=64, id=req.get("ip_id", 1), flags="DF")
     if req["proto"] == "tcp":
-        l4 = TCP(sport=req["sport"], dport=req["dport"], flags=req.get("flags", "S"), seq=1000, window=64240)
+        l4 = TCP(sport=req["sport"], dport=req["dport"], flags=req.get("flags", "S"),
+                 seq=req.get("seq", 1000), ack=req.get("ack", 0), window=req.get("window", 64240))
     else:
         l4 = UDP(sport=req["sport"], dport=req["dport"])
-    return {"hex": bytes(eth / ip / l4 / Raw(bytes.fromhex(req.get("payload", "68656c6c6f")))).hex()}
+    payload = bytes.fromhex(req.get("payload", "68656c6c6f"))
+    pkt = eth / ip / l4
+    if payload:
+        pkt = pkt / Raw(payload)
+    return {"hex": bytes(pkt).hex()}
 
 
 def checksums(req):

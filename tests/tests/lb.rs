@@ -266,8 +266,8 @@ fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
 }
 
 #[test]
-fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused() {
-    if !privileged("a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused") {
+fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered() {
+    if !privileged("a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered") {
         return;
     }
     let mut fixture = Fixture::load().expect("programs load");
@@ -294,9 +294,16 @@ fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused() {
     ports[1] = service("10.96.0.30", 53, 17, &["10.244.2.5:5353"], 0);
     fixture.sync_lb(&mut state, &ports).expect("sync");
     let ack = tcp_v4_flow(CLIENT, 42000, [10, 96, 0, 30], 80, false);
+    let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).unwrap();
     assert_eq!(
-        fixture.run_tc(PROG_FROM_POD, &ack, 1).unwrap().action,
-        TC_ACT_SHOT
+        out.action, TC_ACT_REDIRECT,
+        "the TCP flow is reset, not black-holed"
+    );
+    assert_eq!(out.output[47] & 0x04, 0x04, "RST flag");
+    assert_eq!(
+        &out.output[26..30],
+        &[10, 96, 0, 30],
+        "from the service address"
     );
     let out = fixture.run_tc(PROG_FROM_POD, &udp, 1).unwrap();
     assert_eq!(out.action, TC_ACT_OK);
@@ -313,11 +320,18 @@ fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_refused() {
     let empty = tcp_v4_flow(CLIENT, 42003, [10, 96, 0, 31], 80, true);
     assert_eq!(
         fixture.run_tc(PROG_FROM_POD, &empty, 1).unwrap().action,
-        TC_ACT_SHOT
+        TC_ACT_REDIRECT,
+        "answered with a reset"
     );
     let counters = fixture.counters();
-    assert_eq!(counters.drops(DropReason::LbBackendGone), 1);
-    assert_eq!(counters.drops(DropReason::LbNoEndpoints), 1);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceResetBackendGone),
+        1
+    );
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceRejected),
+        1
+    );
 }
 
 #[test]
@@ -400,4 +414,102 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
             "sticks to the new backend"
         );
     }
+}
+
+const TC_ACT_REDIRECT: u32 = 7;
+
+/// The reset scapy builds for the answer: from the service back to the client, gateway MAC to
+/// pod MAC, no payload, window 0 (IPv4: DF, ID 0).
+fn expected_reset(vip: &str, client: &str, sport: u16, seq: u32, ack: u32, flags: &str) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "l4", "proto": "tcp", "src": vip, "dst": client, "sport": 80, "dport": sport,
+            "flags": flags, "seq": seq, "ack": ack, "window": 0, "ip_id": 0, "payload": "",
+            "src_mac": "02:00:00:00:01:09", "dst_mac": "0a:58:0a:f4:01:09",
+        }))
+        .expect("scapy reset"),
+    )
+}
+
+#[test]
+fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreachable() {
+    if !privileged(
+        "a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreachable",
+    ) {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![
+        service("10.96.0.50", 80, 6, &[], 0),
+        service("10.96.0.50", 53, 17, &[], 0),
+        service("fd00:96::50", 80, 6, &[], 0),
+        service("fd00:96::50", 53, 17, &[], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    for (vip, client) in [
+        ("10.96.0.50", "10.244.1.9"),
+        ("fd00:96::50", "fd00:10:244:1::9"),
+    ] {
+        // A SYN with 5 bytes of data: the reset acknowledges SEQ + 5 + 1 and has no sequence.
+        let syn = frame("tcp", client, 46000, vip, 80, "S");
+        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        assert_eq!(
+            out.action, TC_ACT_REDIRECT,
+            "{vip}: the answer goes back to the pod"
+        );
+        let want = expected_reset(vip, client, 46000, 0, 1006, "RA");
+        assert_eq!(hex(&out.output), hex(&want), "{vip}: reset for a SYN");
+
+        // A segment with ACK: the reset takes the acknowledged number as its sequence.
+        let stray = bytes_of(
+            &scapy::call(&json!({
+                "op": "l4", "proto": "tcp", "src": client, "dst": vip, "sport": 46001,
+                "dport": 80, "flags": "A", "ack": 5555,
+            }))
+            .expect("scapy"),
+        );
+        let out = fixture.run_tc(PROG_FROM_POD, &stray, 1).expect("tc run");
+        assert_eq!(
+            hex(&out.output),
+            hex(&expected_reset(vip, client, 46001, 5555, 0, "R"))
+        );
+
+        // UDP: port unreachable from the service address, quoting the datagram.
+        let datagram = frame("udp", client, 46002, vip, 53, "");
+        let out = fixture.run_tc(PROG_FROM_POD, &datagram, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_REDIRECT);
+        let answer =
+            scapy::call(&json!({"op": "icmp_error", "hex": hex(&out.output)})).expect("decode");
+        let (kind, quote) = if vip.contains(':') {
+            ((1, 4), hex(&datagram[14..]))
+        } else {
+            ((3, 3), hex(&datagram[14..14 + 28]))
+        };
+        assert_eq!(
+            (
+                answer["type"].as_u64().unwrap(),
+                answer["code"].as_u64().unwrap()
+            ),
+            kind
+        );
+        assert_eq!(answer["src_ip"], vip);
+        assert_eq!(answer["dst_ip"], client);
+        assert_eq!(answer["dst_mac"], "0a:58:0a:f4:01:09");
+        assert_eq!(answer["icmp_chksum_ok"], true, "{vip}: {answer}");
+        assert_eq!(answer.get("ip_chksum_ok").is_none_or(|v| v == true), true);
+        assert_eq!(answer["quote"], quote, "{vip}: the datagram is quoted");
+    }
+    // A reset is never answered.
+    let reset = frame("tcp", "10.244.1.9", 46003, "10.96.0.50", 80, "R");
+    assert_eq!(
+        fixture.run_tc(PROG_FROM_POD, &reset, 1).unwrap().action,
+        TC_ACT_SHOT
+    );
+    let counters = fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceRejected),
+        6
+    );
+    assert_eq!(counters.drops(DropReason::LbNoEndpoints), 1);
 }
