@@ -147,7 +147,7 @@ fn build_error_v4(
 ) -> Result<usize, DropReason> {
     let header: [u8; 20] = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
     let quote_len = ((header[0] & 0x0F) as usize) * 4 + 8;
-    if quote_len > QUOTE_V4_MAX || quote_len < 28 {
+    if !(28..=QUOTE_V4_MAX).contains(&quote_len) {
         return Err(DropReason::Ipv4BadIhl);
     }
     // The parser saw the transport header, so the header and 8 payload bytes are present.
