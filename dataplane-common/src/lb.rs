@@ -36,6 +36,15 @@ pub const CT_REPLY: u8 = 1;
 
 /// `CtValue::flags`: a FIN or RST was seen; the entry lives `CT_TIMEOUT_CLOSING` more.
 pub const CT_CLOSING: u8 = 1 << 0;
+/// `CtValue::flags`: the flow's source is translated too (`nat_addr`, `nat_port_be`): in the
+/// original direction the new source, in the reply direction the destination to restore.
+pub const CT_SNAT: u8 = 1 << 1;
+
+/// The source a pod's packets get when they reach the pod itself through a service (hairpin),
+/// so its replies leave the pod and come back through the load-balancer: OVN-Kubernetes'
+/// hairpin masquerade addresses.
+pub const HAIRPIN_V4: [u8; 4] = [169, 254, 0, 5];
+pub const HAIRPIN_V6: Addr = [0xfd, 0x69, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 5];
 
 /// A service port (key of the services map).
 #[repr(C)]
@@ -112,6 +121,10 @@ pub struct CtValue {
     /// Seconds of the kernel's monotonic clock at the last packet (refreshed at most once a
     /// second, in place).
     pub last_seen: u32,
+    /// With `CT_SNAT`: the source to write (original) or the destination to restore (reply).
+    pub nat_addr: Addr,
+    pub nat_port_be: [u8; 2],
+    pub _pad2: [u8; 2],
 }
 
 /// Key of the affinity map: one client of one service port.
@@ -136,7 +149,7 @@ const _: () = {
     assert!(core::mem::size_of::<ServiceValue>() == 16);
     assert!(core::mem::size_of::<Backend>() == 20);
     assert!(core::mem::size_of::<CtKey>() == 40);
-    assert!(core::mem::size_of::<CtValue>() == 32);
+    assert!(core::mem::size_of::<CtValue>() == 52);
     assert!(core::mem::size_of::<AffinityKey>() == 20);
     assert!(core::mem::size_of::<AffinityValue>() == 8);
 };

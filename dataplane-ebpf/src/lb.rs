@@ -27,9 +27,9 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CT_TIMEOUT_CLOSING,
-        CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, MAGLEV_TABLE_SIZE, SCOPE_CLUSTER,
-        ServiceKey, ServiceValue, flow_hash, maglev_slot,
+        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING,
+        CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6,
+        MAGLEV_TABLE_SIZE, SCOPE_CLUSTER, ServiceKey, ServiceValue, flow_hash, maglev_slot,
     },
     overlay::{Addr, ipv4_mapped},
 };
@@ -73,7 +73,10 @@ pub struct LbScratch {
     new_port: [u8; 2],
     tcp_flags: u8,
     ipv4: u8,
-    _pad: [u8; 2],
+    /// Whether the source is translated too (hairpin), to `snat_addr`.
+    snat: u8,
+    _pad: u8,
+    snat_addr: Addr,
 }
 
 /// Seconds of the kernel's coarse monotonic clock.
@@ -128,6 +131,7 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     s.flow.protocol = parsed.protocol;
     s.flow._pad = [0; 2];
     s.ipv4 = ipv4 as u8;
+    s.snat = 0;
     true
 }
 
@@ -324,6 +328,13 @@ fn dnat(ctx: &TcContext, parsed: &Parsed) -> Result<Option<PacketClass>, DropRea
     s.old_addr = s.flow.dst;
     s.old_port = s.flow.dst_port_be;
     rewrite(ctx, parsed, s, Side::Destination).into_value()?;
+    if s.snat != 0 {
+        s.old_addr = s.flow.src;
+        s.old_port = s.flow.src_port_be;
+        s.new_addr = s.snat_addr;
+        s.new_port = s.flow.src_port_be;
+        rewrite(ctx, parsed, s, Side::Source).into_value()?;
+    }
     Ok(Some(PacketClass::ServiceDnat))
 }
 
@@ -372,6 +383,14 @@ fn reverse_nat_flow(
     s.new_addr = entry.addr;
     s.new_port = entry.port_be;
     rewrite(ctx, parsed, s, Side::Source).into_value()?;
+    if entry.flags & CT_SNAT != 0 {
+        // A hairpin reply: addressed to the masquerade address, it goes back to the client.
+        s.old_addr = s.flow.dst;
+        s.old_port = s.flow.dst_port_be;
+        s.new_addr = entry.nat_addr;
+        s.new_port = entry.nat_port_be;
+        rewrite(ctx, parsed, s, Side::Destination).into_value()?;
+    }
     Ok(true)
 }
 
@@ -413,6 +432,10 @@ fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, 
     }
     s.new_addr = entry.addr;
     s.new_port = entry.port_be;
+    if entry.flags & CT_SNAT != 0 {
+        s.snat = 1;
+        s.snat_addr = entry.nat_addr;
+    }
     Ok(true)
 }
 
@@ -460,26 +483,47 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     let backend = unsafe { LB_BACKENDS.get(&backend_id) }.ok_or(DropReason::LbNoEndpoints)?;
     s.new_addr = backend.addr;
     s.new_port = backend.port_be;
+    // A pod reaching itself through its service (hairpin): its own address as the source
+    // would make the pod drop the packet and answer itself locally, so the source becomes
+    // the masquerade address and the replies come back here to be translated.
+    let hairpin = s.new_addr == s.flow.src;
+    if hairpin {
+        s.snat = 1;
+        s.snat_addr = if s.ipv4 != 0 {
+            ipv4_mapped(HAIRPIN_V4)
+        } else {
+            HAIRPIN_V6
+        };
+    } else {
+        s.snat_addr = [0; 16];
+    }
+    let flags = if hairpin { CT_SNAT } else { 0 };
 
     let original = &mut s.original_entry;
     original.addr = s.new_addr;
     original.port_be = s.new_port;
-    original.flags = 0;
+    original.flags = flags;
     original._pad = 0;
     original.backend_id = backend_id;
     original.service_id = service.id;
     original.last_seen = now;
+    original.nat_addr = s.snat_addr;
+    original.nat_port_be = s.flow.src_port_be;
+    original._pad2 = [0; 2];
     let reply_entry = &mut s.reply_entry;
     reply_entry.addr = s.flow.dst;
     reply_entry.port_be = s.flow.dst_port_be;
-    reply_entry.flags = 0;
+    reply_entry.flags = flags;
     reply_entry._pad = 0;
     reply_entry.backend_id = backend_id;
     reply_entry.service_id = service.id;
     reply_entry.last_seen = now;
+    reply_entry.nat_addr = s.flow.src;
+    reply_entry.nat_port_be = s.flow.src_port_be;
+    reply_entry._pad2 = [0; 2];
     let reply = &mut s.reply;
     reply.src = s.new_addr;
-    reply.dst = s.flow.src;
+    reply.dst = if hairpin { s.snat_addr } else { s.flow.src };
     reply.src_port_be = s.new_port;
     reply.dst_port_be = s.flow.src_port_be;
     reply.protocol = s.flow.protocol;

@@ -513,3 +513,49 @@ fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreac
     );
     assert_eq!(counters.drops(DropReason::LbNoEndpoints), 1);
 }
+
+#[test]
+fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_service() {
+    if !privileged(
+        "a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_service",
+    ) {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![
+        service("10.96.0.60", 80, 6, &["10.244.1.9:8080"], 0),
+        service("fd00:96::60", 80, 6, &["[fd00:10:244:1::9]:8080"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    for (vip, pod, masquerade) in [
+        ("10.96.0.60", "10.244.1.9", "169.254.0.5"),
+        ("fd00:96::60", "fd00:10:244:1::9", "fd69::5"),
+    ] {
+        // The pod's only backend is itself: the source becomes OVN-Kubernetes' hairpin
+        // masquerade address so the pod accepts the packet and answers through us.
+        let request = frame("tcp", pod, 47000, vip, 80, "S");
+        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        let want = frame("tcp", masquerade, 47000, pod, 8080, "S");
+        assert_eq!(hex(&out.output), hex(&want), "{vip}: DNAT and masquerade");
+        assert!(checksums_ok(&out.output));
+        // Its answer to the masquerade address goes back to the pod, from the service.
+        let answer = frame("tcp", pod, 8080, masquerade, 47000, "SA");
+        let out = fixture.run_tc(PROG_FROM_POD, &answer, 1).expect("tc run");
+        let want = frame("tcp", vip, 80, pod, 47000, "SA");
+        assert_eq!(
+            hex(&out.output),
+            hex(&want),
+            "{vip}: both addresses restored"
+        );
+        assert!(checksums_ok(&out.output));
+        // Later packets of the flow are translated the same way.
+        let ack = frame("tcp", pod, 47000, vip, 80, "A");
+        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        assert_eq!(
+            hex(&out.output),
+            hex(&frame("tcp", masquerade, 47000, pod, 8080, "A"))
+        );
+    }
+}

@@ -2,7 +2,8 @@
 //! on both nodes: the agents build the load-balancer from Service and EndpointSlice manifests.
 //! Each backend answers with its own address and the client address it saw, so the test sees
 //! which backend took each connection, that the client's address is preserved, and (for UDP,
-//! through an unconnected socket) that replies come from the service address.
+//! through an unconnected socket) that replies come from the service address. One backend
+//! also reaches its own service, through itself (hairpin) or the other backend.
 
 use std::{
     collections::BTreeSet,
@@ -103,7 +104,13 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
     assert!(log.contains("services configured"), "{log}");
 
     let backend_ips: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
-    for client in [&topology.node(0).pods[0], &topology.node(1).pods[0]] {
+    // Clients on both nodes, and a backend reaching its own service (hairpin when it picks
+    // itself: it then sees the masquerade address as its client).
+    for client in [
+        &topology.node(0).pods[0],
+        &topology.node(1).pods[0],
+        &topology.node(0).pods[1],
+    ] {
         let lines = client_requests(client, 16);
         assert_eq!(lines.len(), 32, "{lines:?}");
         let mut reached = BTreeSet::new();
@@ -113,11 +120,12 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
                 panic!("answer {line:?}");
             };
             assert!(backend_ips.contains(backend), "{line}");
-            assert_eq!(
-                seen,
-                client.ip.to_string(),
-                "client address preserved: {line}"
-            );
+            let expected_seen = if backend == client.ip.to_string() {
+                "169.254.0.5".to_owned()
+            } else {
+                client.ip.to_string()
+            };
+            assert_eq!(seen, expected_seen, "client address preserved: {line}");
             let expected_source = if proto == "tcp" {
                 SERVICE_IP.to_owned()
             } else {
