@@ -28,6 +28,11 @@ pub const CT_TIMEOUT_CLOSING: u32 = 10;
 
 /// `ServiceKey::scope`: reached from a pod (ClusterIP, external and load-balancer IPs).
 pub const SCOPE_CLUSTER: u8 = 0;
+/// `ServiceKey::scope`: a NodePort, reached on any address of this node from the underlay.
+/// The key's address is the family's unspecified address (`NODEPORT_ANY_V4` or `::`).
+pub const SCOPE_NODEPORT: u8 = 1;
+/// The address of an IPv4 NodePort key (`::ffff:0.0.0.0`).
+pub const NODEPORT_ANY_V4: Addr = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
 
 /// `CtKey::direction`: client to service (the original direction).
 pub const CT_ORIGINAL: u8 = 0;
@@ -39,6 +44,10 @@ pub const CT_CLOSING: u8 = 1 << 0;
 /// `CtValue::flags`: the flow's source is translated too (`nat_addr`, `nat_port_be`): in the
 /// original direction the new source, in the reply direction the destination to restore.
 pub const CT_SNAT: u8 = 1 << 1;
+/// `CtValue::flags` (reply direction): a NodePort reply; after translation it is routed out
+/// of the underlay directly (its source is this node's address, which the stack would refuse
+/// to forward).
+pub const CT_NODEPORT: u8 = 1 << 2;
 
 /// The source a pod's packets get when they reach the pod itself through a service (hairpin),
 /// so its replies leave the pod and come back through the load-balancer: OVN-Kubernetes'

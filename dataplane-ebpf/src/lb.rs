@@ -27,17 +27,19 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING,
-        CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6,
-        MAGLEV_TABLE_SIZE, SCOPE_CLUSTER, ServiceKey, ServiceValue, flow_hash, maglev_slot,
+        AffinityKey, AffinityValue, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY, CT_SNAT,
+        CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4,
+        HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_NODEPORT, ServiceKey,
+        ServiceValue, flow_hash, maglev_slot,
     },
-    overlay::{Addr, ipv4_mapped},
+    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
 };
 
 use crate::{
     csum::{fold, sum_words},
     icmp,
-    maps::{LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SCRATCH, LB_SERVICES},
+    maps::{LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SCRATCH, LB_SERVICES, LOCAL_PODS},
+    overlay,
     parse::Parsed,
     stage::Stage,
 };
@@ -73,9 +75,11 @@ pub struct LbScratch {
     new_port: [u8; 2],
     tcp_flags: u8,
     ipv4: u8,
-    /// Whether the source is translated too (hairpin), to `snat_addr`.
+    /// Whether the source is translated too (hairpin, NodePort to another node), to
+    /// `snat_addr`.
     snat: u8,
-    _pad: u8,
+    /// Whether the packet came to a NodePort (from the underlay).
+    nodeport: u8,
     snat_addr: Addr,
 }
 
@@ -132,6 +136,7 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     s.flow._pad = [0; 2];
     s.ipv4 = ipv4 as u8;
     s.snat = 0;
+    s.nodeport = 0;
     true
 }
 
@@ -167,7 +172,71 @@ fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
 /// the load-balancer has answered it itself (a service without endpoints).
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    match dnat(ctx, parsed) {
+    let Some(s) = scratch() else {
+        return Stage::new(Ok(None));
+    };
+    if !read_flow(ctx, parsed, s) {
+        return Stage::new(Ok(None));
+    }
+    if let Some(done) = replied(ctx, parsed, s) {
+        return done;
+    }
+    answer_failures(ctx, parsed, dnat(ctx, parsed, s, SCOPE_CLUSTER))
+}
+
+/// The tc stage on the underlay NIC: reverse NAT of replies from remote backends (XDP has
+/// already decapsulated them) and of NodePort replies, and DNAT of NodePort packets to this
+/// node's own addresses. Values as for [`from_pod`]; a DNAT'd packet continues to the overlay
+/// stage, which delivers it to its backend here or on another node.
+#[inline(never)]
+pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    let Some(s) = scratch() else {
+        return Stage::new(Ok(None));
+    };
+    if !read_flow(ctx, parsed, s) {
+        return Stage::new(Ok(None));
+    }
+    if let Some(done) = replied(ctx, parsed, s) {
+        return done;
+    }
+    let Some(config) = overlay::config() else {
+        return Stage::new(Ok(None));
+    };
+    let to_this_node = if s.ipv4 != 0 {
+        config.flags & OVERLAY_HAS_IPV4 != 0 && s.flow.dst == ipv4_mapped(config.node_ipv4)
+    } else {
+        config.flags & OVERLAY_HAS_IPV6 != 0 && s.flow.dst == config.node_ipv6
+    };
+    if !to_this_node {
+        return Stage::new(Ok(None));
+    }
+    s.nodeport = 1;
+    answer_failures(ctx, parsed, dnat(ctx, parsed, s, SCOPE_NODEPORT))
+}
+
+/// The reverse-NAT outcome as a finished stage, or `None` when the packet is no reply.
+#[inline(always)]
+fn replied(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Option<Stage> {
+    match reverse_nat(ctx, parsed, s).into_value() {
+        Ok(0) => None,
+        Ok(1) => Some(Stage::new(Ok(Some((0, PacketClass::ServiceReverseNat))))),
+        // Routed out by us: `verdict + 2` becomes the stage's `verdict + 1`.
+        Ok(routed) => Some(Stage::new(Ok(Some((
+            routed - 1,
+            PacketClass::ServiceReverseNat,
+        ))))),
+        Err(reason) => Some(Stage::new(Err(reason))),
+    }
+}
+
+/// Turns the DNAT result into the stage's outcome, answering what has no backend.
+#[inline(always)]
+fn answer_failures(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    result: Result<Option<PacketClass>, DropReason>,
+) -> Stage {
+    match result {
         // Answered rather than dropped: clients learn at once instead of timing out.
         Err(DropReason::LbNoEndpoints) => Stage::new(
             reject(ctx, parsed)
@@ -303,20 +372,22 @@ fn build_reset(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
 }
 
 #[inline(always)]
-fn dnat(ctx: &TcContext, parsed: &Parsed) -> Result<Option<PacketClass>, DropReason> {
-    let Some(s) = scratch() else {
-        return Ok(None);
+fn dnat(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    s: &mut LbScratch,
+    scope: u8,
+) -> Result<Option<PacketClass>, DropReason> {
+    s.service.addr = if scope == SCOPE_CLUSTER {
+        s.flow.dst
+    } else if s.ipv4 != 0 {
+        NODEPORT_ANY_V4
+    } else {
+        [0; 16]
     };
-    if !read_flow(ctx, parsed, s) {
-        return Ok(None);
-    }
-    if reverse_nat(ctx, parsed, s).into_value()? != 0 {
-        return Ok(Some(PacketClass::ServiceReverseNat));
-    }
-    s.service.addr = s.flow.dst;
     s.service.port_be = s.flow.dst_port_be;
     s.service.protocol = s.flow.protocol;
-    s.service.scope = SCOPE_CLUSTER;
+    s.service.scope = scope;
     // SAFETY: the value is copied out at once.
     let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
         return Ok(None);
@@ -338,27 +409,10 @@ fn dnat(ctx: &TcContext, parsed: &Parsed) -> Result<Option<PacketClass>, DropRea
     Ok(Some(PacketClass::ServiceDnat))
 }
 
-/// The tc stage on the underlay NIC: reverse NAT of replies from remote backends, which XDP has
-/// already decapsulated. `Ok(None)`: not a service reply.
-#[inline(never)]
-pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    let Some(s) = scratch() else {
-        return Stage::new(Ok(None));
-    };
-    if !read_flow(ctx, parsed, s) {
-        return Stage::new(Ok(None));
-    }
-    match reverse_nat(ctx, parsed, s).into_value() {
-        Ok(0) => Stage::new(Ok(None)),
-        Ok(_) => Stage::new(Ok(Some((0, PacketClass::ServiceReverseNat)))),
-        Err(reason) => Stage::new(Err(reason)),
-    }
-}
-
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.
 #[inline(never)]
 fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
-    Stage::value(reverse_nat_flow(ctx, parsed, s).map(u32::from))
+    Stage::value(reverse_nat_flow(ctx, parsed, s))
 }
 
 #[inline(always)]
@@ -366,16 +420,16 @@ fn reverse_nat_flow(
     ctx: &TcContext,
     parsed: &Parsed,
     s: &mut LbScratch,
-) -> Result<bool, DropReason> {
+) -> Result<u32, DropReason> {
     s.flow.direction = CT_REPLY;
     let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
-        return Ok(false);
+        return Ok(0);
     };
     // SAFETY: a valid map value pointer for this program run.
     let entry = unsafe { &mut *entry };
     let now = now();
     if expired(entry, s.flow.protocol, now) {
-        return Ok(false);
+        return Ok(0);
     }
     touch(entry, s.tcp_flags, now);
     s.old_addr = s.flow.src;
@@ -391,7 +445,13 @@ fn reverse_nat_flow(
         s.new_port = entry.nat_port_be;
         rewrite(ctx, parsed, s, Side::Destination).into_value()?;
     }
-    Ok(true)
+    if entry.flags & CT_NODEPORT != 0 {
+        // Its source is now this node's address: the stack would refuse to forward it, so
+        // it is routed out of the underlay here.
+        let verdict = overlay::route_out(ctx, parsed).into_value()?;
+        return Ok(verdict + 2);
+    }
+    Ok(1)
 }
 
 /// Whether the flow is tracked with a still valid backend (then in `s.new_addr/new_port`):
@@ -487,6 +547,12 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     // would make the pod drop the packet and answer itself locally, so the source becomes
     // the masquerade address and the replies come back here to be translated.
     let hairpin = s.new_addr == s.flow.src;
+    // A NodePort packet for a backend on another node leaves with this node's address as its
+    // source, so the reply comes back here to be translated (the client's address is kept
+    // when the backend is local, and always with externalTrafficPolicy Local, whose table
+    // holds local backends only).
+    // SAFETY: only presence is checked.
+    let remote = s.nodeport != 0 && unsafe { LOCAL_PODS.get(&s.new_addr) }.is_none();
     if hairpin {
         s.snat = 1;
         s.snat_addr = if s.ipv4 != 0 {
@@ -494,10 +560,18 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
         } else {
             HAIRPIN_V6
         };
+    } else if remote {
+        s.snat = 1;
+        s.snat_addr = s.flow.dst;
     } else {
         s.snat_addr = [0; 16];
     }
-    let flags = if hairpin { CT_SNAT } else { 0 };
+    let flags = if s.snat != 0 { CT_SNAT } else { 0 };
+    let reply_flags = if s.nodeport != 0 {
+        flags | CT_NODEPORT
+    } else {
+        flags
+    };
 
     let original = &mut s.original_entry;
     original.addr = s.new_addr;
@@ -513,7 +587,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     let reply_entry = &mut s.reply_entry;
     reply_entry.addr = s.flow.dst;
     reply_entry.port_be = s.flow.dst_port_be;
-    reply_entry.flags = flags;
+    reply_entry.flags = reply_flags;
     reply_entry._pad = 0;
     reply_entry.backend_id = backend_id;
     reply_entry.service_id = service.id;
@@ -523,7 +597,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     reply_entry._pad2 = [0; 2];
     let reply = &mut s.reply;
     reply.src = s.new_addr;
-    reply.dst = if hairpin { s.snat_addr } else { s.flow.src };
+    reply.dst = if s.snat != 0 { s.snat_addr } else { s.flow.src };
     reply.src_port_be = s.new_port;
     reply.dst_port_be = s.flow.src_port_be;
     reply.protocol = s.flow.protocol;

@@ -60,7 +60,7 @@ const MAX_GENEVE_OPTIONS: usize = GENEVE_MAX_OPTIONS_LEN / 4;
 
 /// The overlay settings, when an agent has configured the overlay on this node.
 #[inline(always)]
-fn config() -> Option<&'static OverlayConfig> {
+pub fn config() -> Option<&'static OverlayConfig> {
     let config = OVERLAY_CONFIG.get(0)?;
     if config.flags & OVERLAY_ENABLED == 0 {
         return None;
@@ -387,6 +387,68 @@ fn write_udp_geneve(
     } else {
         block[34..50].copy_from_slice(&header);
     }
+}
+
+/// Sends a packet this node originates in effect (a NodePort reply, its source now this node's
+/// address) straight out of the underlay towards its destination's next hop, bypassing the
+/// stack, which would not forward a packet with a local source address.
+#[inline(never)]
+pub fn route_out(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::value(route(ctx, parsed).map(|verdict| verdict as u32))
+}
+
+#[inline(always)]
+fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
+    let config = config().ok_or(DropReason::OverlayNoRoute)?;
+    let fib = FIB_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::OverlayNoRoute)?;
+    // SAFETY: per-CPU map memory, used only by this program invocation.
+    let fib = unsafe { &mut *fib };
+    // SAFETY: an all-zero bpf_fib_lookup is a valid starting point.
+    *fib = unsafe { core::mem::zeroed() };
+    fib.ifindex = config.underlay_ifindex;
+    let l3 = parsed.l3_offset;
+    if parsed.ether_type == ETH_P_IP {
+        let a: [u8; 8] = ctx.load(l3 + 12).map_err(|_| DropReason::Ipv4Truncated)?;
+        fib.family = AF_INET;
+        fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
+        fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes([a[4], a[5], a[6], a[7]]);
+    } else {
+        let src: Addr = ctx.load(l3 + 8).map_err(|_| DropReason::Ipv6Truncated)?;
+        let dst: Addr = ctx.load(l3 + 24).map_err(|_| DropReason::Ipv6Truncated)?;
+        fib.family = AF_INET6;
+        fib.__bindgen_anon_3.ipv6_src = words(&src);
+        fib.__bindgen_anon_4.ipv6_dst = words(&dst);
+    }
+    fib.l4_protocol = parsed.protocol;
+    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            fib,
+            core::mem::size_of::<FibParams>() as i32,
+            BPF_FIB_LOOKUP_OUTPUT,
+        )
+    } as u32;
+    let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
+        let mut macs = [0u8; 12];
+        macs[..6].copy_from_slice(&fib.dmac);
+        macs[6..].copy_from_slice(&fib.smac);
+        ctx.store(0, &macs, 0)
+            .map_err(|_| DropReason::OverlayNoRoute)?;
+        // SAFETY: plain helper call.
+        unsafe { bpf_redirect(fib.ifindex, 0) }
+    } else if rc == BPF_FIB_LKUP_RET_NO_NEIGH {
+        // SAFETY: a null parameter block asks the kernel to do its own FIB lookup.
+        unsafe { bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) }
+    } else {
+        return Err(DropReason::OverlayNoRoute);
+    };
+    if verdict != TC_ACT_REDIRECT as i64 {
+        return Err(DropReason::OverlayNoRoute);
+    }
+    Ok(TC_ACT_REDIRECT)
 }
 
 /// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF

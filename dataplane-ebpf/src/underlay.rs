@@ -3,8 +3,9 @@
 //! pods. NodePort load-balancing hooks in after the overlay stage.
 //!
 //! tc ingress on the same NIC then sees what XDP passed up, decapsulated frames included, as
-//! socket buffers: replies of remote service backends get their service address back there,
-//! with the kernel's checksum helpers.
+//! socket buffers, and works with the kernel's checksum and encapsulation helpers: replies of
+//! remote service backends get their service address back, and NodePort packets are
+//! translated and delivered to their backend, here or through Geneve on another node.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
@@ -54,12 +55,33 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
     };
     count_packet(Hook::UnderlayTc, parsed.class);
     match lb::from_underlay(&ctx, &parsed).result() {
-        Ok(Some((_, outcome))) => count_outcome(Hook::UnderlayTc, outcome),
-        Ok(None) => {}
+        Ok(Some((answered, outcome))) => {
+            count_outcome(Hook::UnderlayTc, outcome);
+            // Answered or routed out by the load-balancer: its verdict, plus one.
+            if answered != 0 {
+                return (answered - 1) as i32;
+            }
+            if outcome != PacketClass::ServiceDnat {
+                return TC_ACT_OK;
+            }
+        }
+        Ok(None) => return TC_ACT_OK,
         Err(reason) => {
             count_drop(Hook::UnderlayTc, reason);
             return TC_ACT_SHOT;
         }
     }
-    TC_ACT_OK
+    // A NodePort packet now addressed to its backend: delivered to the pod here or wrapped
+    // in Geneve towards the backend's node, as the overlay does for pods.
+    match overlay::from_pod(&ctx, &parsed).result() {
+        Ok(Some((verdict, outcome))) => {
+            count_outcome(Hook::UnderlayTc, outcome);
+            verdict as i32
+        }
+        Ok(None) => TC_ACT_OK,
+        Err(reason) => {
+            count_drop(Hook::UnderlayTc, reason);
+            TC_ACT_SHOT
+        }
+    }
 }

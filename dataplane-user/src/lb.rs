@@ -3,7 +3,9 @@
 //! order packets can never see half-applied.
 //!
 //! What is compiled: every ClusterIP (all families of `spec.clusterIPs`), external IP and
-//! load-balancer ingress IP of a Service, for each of its TCP and UDP ports. Backends come from
+//! load-balancer ingress IP of a Service, for each of its TCP and UDP ports, as reached from
+//! pods; and the NodePort of NodePort and LoadBalancer Services, once per address family, as
+//! reached on this node's addresses from the underlay. Backends come from
 //! the EndpointSlices labelled `kubernetes.io/service-name`, matched to the Service port by port
 //! name; ready endpoints take new flows; serving-but-terminating ones only keep their
 //! established flows (or take new ones when no endpoint is ready, as kube-proxy does).
@@ -19,8 +21,8 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     lb::{
         AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, Backend,
-        MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, SCOPE_CLUSTER, ServiceKey,
-        ServiceValue,
+        MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4, SCOPE_CLUSTER,
+        SCOPE_NODEPORT, ServiceKey, ServiceValue,
     },
     maps::{self, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
@@ -73,11 +75,17 @@ pub struct CompiledServices {
     pub errors: Vec<String>,
 }
 
-/// Compiles every Service with its EndpointSlices into service ports (pure).
-pub fn compile_services(services: &[Service], slices: &[EndpointSlice]) -> CompiledServices {
+/// Compiles every Service with its EndpointSlices into the service ports of node `node`
+/// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
+/// endpoints on this node.
+pub fn compile_services(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node: &str,
+) -> CompiledServices {
     let mut out = CompiledServices::default();
     for service in services {
-        match compile_service(service, slices) {
+        match compile_service(service, slices, node) {
             Ok((ports, warnings)) => {
                 out.ports.extend(ports);
                 out.errors.extend(warnings);
@@ -107,6 +115,7 @@ pub fn compile_services(services: &[Service], slices: &[EndpointSlice]) -> Compi
 fn compile_service(
     service: &Service,
     slices: &[EndpointSlice],
+    node: &str,
 ) -> Result<(Vec<ServicePort>, Vec<String>), String> {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
     let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
@@ -118,6 +127,9 @@ fn compile_service(
         return Ok((Vec::new(), Vec::new()));
     }
     let affinity_timeout = affinity_timeout(service).map_err(|e| format!("{id}: {e}"))?;
+    let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
+    let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
+    let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
     let addresses = service_addresses(service).map_err(|e| format!("{id}: {e}"))?;
     let own_slices: Vec<&EndpointSlice> = slices
         .iter()
@@ -153,8 +165,58 @@ fn compile_service(
             .ok()
             .filter(|p| *p != 0)
             .ok_or_else(|| format!("{field}.port: {} is not a port", port.port))?;
-        for &address in &addresses {
-            let (ready, terminating) = endpoints_for(&own_slices, port, address, protocol);
+        let port_name = format!(
+            "{namespace}/{name}:{}",
+            port.name.as_deref().unwrap_or(&number.to_string())
+        );
+        // Cluster IPs (ITP applies), external and load-balancer IPs reached from pods.
+        let mut keys: Vec<(ServiceKey, IpAddr, bool, String)> = addresses
+            .iter()
+            .map(|&(address, cluster_ip)| {
+                let key = ServiceKey {
+                    addr: addr16(address),
+                    port_be: number.to_be_bytes(),
+                    protocol,
+                    scope: SCOPE_CLUSTER,
+                };
+                (
+                    key,
+                    address,
+                    cluster_ip && internal_local,
+                    port_name.clone(),
+                )
+            })
+            .collect();
+        // The NodePort, once per address family of the Service (ETP applies).
+        if let Some(node_port) = port.node_port.filter(|_| node_ports) {
+            let node_port = u16::try_from(node_port)
+                .ok()
+                .filter(|p| *p != 0)
+                .ok_or_else(|| format!("{field}.nodePort: {node_port} is not a port"))?;
+            let families: BTreeSet<bool> = addresses.iter().map(|(a, _)| a.is_ipv4()).collect();
+            for ipv4 in families {
+                let (addr, any) = if ipv4 {
+                    (NODEPORT_ANY_V4, IpAddr::from([0u8; 4]))
+                } else {
+                    ([0; 16], IpAddr::from([0u8; 16]))
+                };
+                let key = ServiceKey {
+                    addr,
+                    port_be: node_port.to_be_bytes(),
+                    protocol,
+                    scope: SCOPE_NODEPORT,
+                };
+                keys.push((
+                    key,
+                    any,
+                    external_local,
+                    format!("{port_name} (NodePort {node_port})"),
+                ));
+            }
+        }
+        for (key, address, local_only, port_name) in keys {
+            let local = local_only.then_some(node);
+            let (ready, terminating) = endpoints_for(&own_slices, port, address, protocol, local);
             if ready.len() + terminating.len() > MAX_BACKENDS_PER_SERVICE {
                 return Err(format!(
                     "{field}: {} endpoints, more than the {MAX_BACKENDS_PER_SERVICE} one service port may have",
@@ -162,16 +224,8 @@ fn compile_service(
                 ));
             }
             ports.push(ServicePort {
-                name: format!(
-                    "{namespace}/{name}:{}",
-                    port.name.as_deref().unwrap_or(&number.to_string())
-                ),
-                key: ServiceKey {
-                    addr: addr16(address),
-                    port_be: number.to_be_bytes(),
-                    protocol,
-                    scope: SCOPE_CLUSTER,
-                },
+                name: port_name,
+                key,
                 affinity_timeout,
                 ready,
                 terminating,
@@ -216,7 +270,7 @@ fn affinity_timeout(service: &Service) -> Result<u32, String> {
 
 /// Every address clients reach the Service on: cluster IPs (both families), external IPs and
 /// load-balancer ingress IPs. A headless Service has none.
-fn service_addresses(service: &Service) -> Result<Vec<IpAddr>, String> {
+fn service_addresses(service: &Service) -> Result<Vec<(IpAddr, bool)>, String> {
     let mut texts: Vec<(String, &str)> = Vec::new();
     if let Some(spec) = &service.spec {
         let cluster_ips = spec
@@ -255,19 +309,21 @@ fn service_addresses(service: &Service) -> Result<Vec<IpAddr>, String> {
         let ip: IpAddr = text
             .parse()
             .map_err(|_| format!("{field}: {text:?} is not an IP address"))?;
-        if !addresses.contains(&ip) {
-            addresses.push(ip);
+        if !addresses.iter().any(|(a, _)| *a == ip) {
+            addresses.push((ip, field == "spec.clusterIPs"));
         }
     }
     Ok(addresses)
 }
 
-/// Ready and serving-but-terminating backends of one Service port on one address family.
+/// Ready and serving-but-terminating backends of one Service port on one address family; with
+/// `local_node`, only the endpoints on that node.
 fn endpoints_for(
     slices: &[&EndpointSlice],
     port: &K8sServicePort,
     address: IpAddr,
     protocol: u8,
+    local_node: Option<&str>,
 ) -> (Vec<BackendAddr>, Vec<BackendAddr>) {
     let family = if address.is_ipv4() { "IPv4" } else { "IPv6" };
     let protocol_name = if protocol == 6 { "TCP" } else { "UDP" };
@@ -291,6 +347,9 @@ fn endpoints_for(
             continue;
         };
         for endpoint in &slice.endpoints {
+            if local_node.is_some_and(|node| endpoint.node_name.as_deref() != Some(node)) {
+                continue;
+            }
             let Some(state) = endpoint_state(endpoint) else {
                 continue;
             };

@@ -222,7 +222,7 @@ fn configure_overlay(
         deleted = stats.deleted,
         "overlay configured"
     );
-    configure_services(dataplane, &state)?;
+    configure_services(dataplane, &state, node)?;
     Ok(model.pod_interfaces)
 }
 
@@ -231,8 +231,9 @@ fn configure_overlay(
 fn configure_services(
     dataplane: &mut Dataplane,
     state: &source::ClusterState,
+    node: &str,
 ) -> anyhow::Result<()> {
-    let compiled = lb::compile_services(&state.services, &state.endpoint_slices);
+    let compiled = lb::compile_services(&state.services, &state.endpoint_slices, node);
     for error in &compiled.errors {
         tracing::warn!(%error, "service skipped");
     }

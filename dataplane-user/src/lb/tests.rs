@@ -2,12 +2,13 @@
 
 use super::*;
 use crate::source::{ClusterState, add_documents};
+use dataplane_common::overlay::Addr;
 
 fn compile_yaml(yaml: &str) -> CompiledServices {
     let mut state = ClusterState::default();
     add_documents(&mut state, "test.yaml", yaml);
     assert!(state.rejected.is_empty(), "{:?}", state.rejected);
-    compile_services(&state.services, &state.endpoint_slices)
+    compile_services(&state.services, &state.endpoint_slices, "node-a")
 }
 
 fn backend(text: &str) -> BackendAddr {
@@ -292,4 +293,75 @@ fn removing_one_of_ten_backends_moves_about_a_tenth_of_the_flows() {
         "removing 1 of 10 backends moved {:.1}% of flows",
         fraction * 100.0
     );
+}
+
+#[test]
+fn node_ports_per_family_with_external_and_internal_traffic_policy_local() {
+    let out = compile_yaml(
+        r#"
+apiVersion: v1
+kind: Service
+metadata: {name: np, namespace: web}
+spec:
+  type: NodePort
+  clusterIPs: [10.96.0.70, "fd00:96::70"]
+  externalTrafficPolicy: Local
+  internalTrafficPolicy: Local
+  ports: [{port: 80, targetPort: 8080, nodePort: 30080}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: web}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.71
+  ports: [{port: 80, targetPort: 8080, nodePort: 30081}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: np-1, namespace: web, labels: {kubernetes.io/service-name: np}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.5], nodeName: node-a}
+- {addresses: [10.244.2.6], nodeName: node-b}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: lb-1, namespace: web, labels: {kubernetes.io/service-name: lb}}
+addressType: IPv4
+ports: [{port: 8080}]
+endpoints:
+- {addresses: [10.244.1.5], nodeName: node-a}
+- {addresses: [10.244.2.6], nodeName: node-b}
+"#,
+    );
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let find = |addr: Addr, port: u16, scope: u8| {
+        out.ports
+            .iter()
+            .find(|p| {
+                p.key.addr == addr && p.key.port_be == port.to_be_bytes() && p.key.scope == scope
+            })
+            .unwrap_or_else(|| panic!("no {port} scope {scope}"))
+    };
+    let v4 = |s: &str| addr16(s.parse().unwrap());
+    // Local policies: only node-a's endpoint, from pods and from outside.
+    assert_eq!(
+        find(v4("10.96.0.70"), 80, SCOPE_CLUSTER).ready,
+        backends(&["10.244.1.5:8080"])
+    );
+    assert_eq!(
+        find(NODEPORT_ANY_V4, 30080, SCOPE_NODEPORT).ready,
+        backends(&["10.244.1.5:8080"])
+    );
+    // The IPv6 NodePort exists; no IPv6 endpoints.
+    assert!(find([0; 16], 30080, SCOPE_NODEPORT).ready.is_empty());
+    // Cluster policies: every endpoint.
+    let all = backends(&["10.244.1.5:8080", "10.244.2.6:8080"]);
+    assert_eq!(find(v4("10.96.0.71"), 80, SCOPE_CLUSTER).ready, all);
+    let node_port = find(NODEPORT_ANY_V4, 30081, SCOPE_NODEPORT);
+    assert_eq!(node_port.ready, all);
+    assert_eq!(node_port.name, "web/lb:80 (NodePort 30081)");
+    assert_eq!(out.ports.len(), 6);
 }
