@@ -5,6 +5,9 @@ use std::{fmt::Write as _, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray};
 use dataplane_common::{
+    lb::{
+        AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
+    },
     maps::{self, ALL_MAPS},
     overlay::{Addr, LocalPod, OVERLAY_ENABLED, OverlayConfig, TunnelEndpoint},
 };
@@ -130,6 +133,28 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
         }
         maps::LOCAL_PODS => {
             let map: HashMap<MapData, Addr, LocalPod> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LB_SERVICES => {
+            let map: HashMap<MapData, ServiceKey, ServiceValue> =
+                HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LB_BACKENDS => {
+            let map: HashMap<MapData, u32, Backend> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LB_MAGLEV => {
+            let map: HashMap<MapData, u32, MaglevTable> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LB_CT => {
+            let map: HashMap<MapData, CtKey, CtValue> = HashMap::try_from(Map::LruHashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::LB_AFFINITY => {
+            let map: HashMap<MapData, AffinityKey, AffinityValue> =
+                HashMap::try_from(Map::LruHashMap(data))?;
             count(map.keys(), |_| true)
         }
         _ => Ok(0),

@@ -68,6 +68,16 @@ pub struct Topology {
     manifests: Option<PathBuf>,
 }
 
+/// The address of the host outside the cluster (`Topology::add_external_host`).
+pub const EXTERNAL_HOST_IP: Ipv4Addr = Ipv4Addr::new(10, 99, 0, 100);
+
+/// A host outside the cluster, on the nodes' underlay subnet.
+#[derive(Clone, Debug)]
+pub struct ExternalHost {
+    pub netns: String,
+    pub ip: Ipv4Addr,
+}
+
 /// Pod MTU in overlay mode: OVN-Kubernetes' default, underlay MTU (1500) minus 100.
 pub const OVERLAY_POD_MTU: u32 = 1400;
 
@@ -190,6 +200,26 @@ impl Topology {
             topology.manifests = Some(dir);
         }
         Ok(topology)
+    }
+
+    /// Adds a host outside the cluster on the fabric (the nodes' underlay subnet) at
+    /// 10.99.0.100: an external client for NodePorts. Its namespace goes with the topology.
+    pub fn add_external_host(&mut self) -> anyhow::Result<ExternalHost> {
+        let netns = self.add_namespace("ext")?;
+        let fabric = self.fabric.clone();
+        ip(&format!(
+            "link add eth0 netns {netns} type veth peer name ext0 netns {fabric}"
+        ))?;
+        sh_in(&fabric, "ip link set ext0 master br0 up")?;
+        sh_in(
+            &netns,
+            &format!("ip addr add {EXTERNAL_HOST_IP}/24 dev eth0"),
+        )?;
+        sh_in(&netns, "ip link set eth0 up")?;
+        Ok(ExternalHost {
+            netns,
+            ip: EXTERNAL_HOST_IP,
+        })
     }
 
     /// Adds a manifest file (Services, EndpointSlices, ...) next to the generated cluster

@@ -559,3 +559,211 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
         );
     }
 }
+
+/// A TCP frame with the given Ethernet addresses, as scapy builds it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a frame described field by field"
+)]
+fn tcp_frame(
+    src: &str,
+    sport: u16,
+    dst: &str,
+    dport: u16,
+    flags: &str,
+    src_mac: &str,
+    dst_mac: &str,
+) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "l4", "proto": "tcp", "src": src, "dst": dst, "sport": sport, "dport": dport,
+            "flags": flags, "src_mac": src_mac, "dst_mac": dst_mac,
+        }))
+        .expect("scapy l4"),
+    )
+}
+
+#[test]
+fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends() {
+    if !privileged("node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends") {
+        return;
+    }
+    use dataplane_tests::overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC, NODE_B_MAC, UNDERLAY_MAC};
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    // An external client on the underlay's subnet (this thread is in the bed's namespace).
+    let neigh = std::process::Command::new("ip")
+        .args([
+            "neigh",
+            "add",
+            "10.99.0.50",
+            "lladdr",
+            "02:00:00:00:99:50",
+            "dev",
+            "ul0",
+        ])
+        .args(["nud", "permanent"])
+        .status()
+        .expect("ip neigh");
+    assert!(neigh.success());
+    let fixture = &mut bed.fixture;
+    let mut state = LbState::default();
+    let node_port = |port: u16, backend: &str| {
+        let mut p = service("10.96.0.80", 80, 6, &[backend], 0);
+        p.key.addr = dataplane_common::lb::NODEPORT_ANY_V4;
+        p.key.port_be = port.to_be_bytes();
+        p.key.scope = dataplane_common::lb::SCOPE_NODEPORT;
+        p
+    };
+    // 30080: the backend is on this node (as with externalTrafficPolicy Local); 30081: on
+    // node b.
+    let ports = vec![
+        node_port(30080, "10.244.1.3:8080"),
+        node_port(30081, "10.244.2.5:8080"),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let (client_mac, node_mac) = (
+        "02:00:00:00:99:50",
+        dataplane_tests::packets::mac_text(&UNDERLAY_MAC),
+    );
+    let (pod_mac, host_mac) = (
+        dataplane_tests::packets::mac_text(&LOCAL_POD_MAC),
+        dataplane_tests::packets::mac_text(&LOCAL_HOST_MAC),
+    );
+
+    // Local backend: only the destination changes; the pod sees the client's own address.
+    let syn = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.99.0.1",
+        30080,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        fixture.counters().drops
+    );
+    let want = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.244.1.3",
+        8080,
+        "S",
+        &host_mac,
+        &pod_mac,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "DNAT and delivery into the pod"
+    );
+    // Its reply leaves from the node's address and NodePort, routed out of the underlay.
+    let reply = tcp_frame(
+        "10.244.1.3",
+        8080,
+        "10.99.0.50",
+        45000,
+        "SA",
+        &pod_mac,
+        &host_mac,
+    );
+    let out = fixture.run_tc(PROG_FROM_POD, &reply, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let want = tcp_frame(
+        "10.99.0.1",
+        30080,
+        "10.99.0.50",
+        45000,
+        "SA",
+        &node_mac,
+        client_mac,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "reverse NAT and FIB route out"
+    );
+
+    // Remote backend: the source becomes this node's address, then Geneve to node b.
+    let syn = tcp_frame(
+        "10.99.0.50",
+        45001,
+        "10.99.0.1",
+        30081,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        fixture.counters().drops
+    );
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    assert_eq!(decoded["dst_ip"], "10.99.0.2");
+    assert_eq!(decoded["dst_mac"], NODE_B_MAC);
+    let inner = tcp_frame(
+        "10.99.0.1",
+        45001,
+        "10.244.2.5",
+        8080,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    assert_eq!(
+        decoded["inner"],
+        hex(&inner),
+        "masqueraded to the node's address"
+    );
+    // The backend answers the node (plainly routed on the underlay); the answer goes back to
+    // the client from the NodePort.
+    let reply = tcp_frame(
+        "10.244.2.5",
+        8080,
+        "10.99.0.1",
+        45001,
+        "SA",
+        NODE_B_MAC,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &reply, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let want = tcp_frame(
+        "10.99.0.1",
+        30081,
+        "10.99.0.50",
+        45001,
+        "SA",
+        &node_mac,
+        client_mac,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "both addresses restored, routed out"
+    );
+    let counters = fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
+        2
+    );
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
+        1
+    );
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),
+        1
+    );
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
+        1
+    );
+}

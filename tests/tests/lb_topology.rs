@@ -151,3 +151,84 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
         let _ = server.wait();
     }
 }
+
+/// TCP connections from `netns` to `address:port`; each answer line is "<backend> <client seen>".
+fn connect_from(netns: &str, address: &str, port: u16, count: usize) -> Vec<String> {
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for attempt in range(30):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{address}', {port}), timeout=5); break\n\
+         \x20       except ConnectionRefusedError:\n\
+         \x20           if attempt == 29: raise\n\
+         \x20           time.sleep(0.1)\n\
+         \x20   print(c.recv(100).decode()); c.close()\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
+    assert!(
+        out.status.success(),
+        "client to {address}:{port}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn node_ports_reached_from_outside_keep_the_client_address_with_local_policy() {
+    if !privileged("node_ports_reached_from_outside_keep_the_client_address_with_local_policy") {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let backend = topology.node(0).pods[1].clone();
+    let slice = |service: &str| {
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {service}-1, namespace: default, labels: {{kubernetes.io/service-name: {service}}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+             endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+            ip = backend.ip,
+            node = dataplane_tests::topology::node_name(0),
+        )
+    };
+    let manifests = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: local, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.20, externalTrafficPolicy: Local, \
+         ports: [{{port: 80, targetPort: 8080, nodePort: 30080}}]}}\n{}\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: cluster, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.21, externalTrafficPolicy: Cluster, \
+         ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]}}\n{}",
+        slice("local"),
+        slice("cluster")
+    );
+    topology
+        .add_manifest("nodeports.yaml", &manifests)
+        .expect("manifests");
+    let mut server = start_backend(&backend);
+    let _agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let node0 = topology.node(0).underlay_ip.to_string();
+    let node1 = topology.node(1).underlay_ip.to_string();
+
+    // Local policy, on the backend's node: the pod sees the external client itself.
+    for line in connect_from(&external.netns, &node0, 30080, 5) {
+        assert_eq!(line, format!("{} {}", backend.ip, external.ip), "{line}");
+    }
+    // Cluster policy, on the node without the backend: through Geneve to the other node,
+    // from this node's address (so the answer comes back the same way).
+    for line in connect_from(&external.netns, &node1, 30081, 5) {
+        assert_eq!(line, format!("{} {}", backend.ip, node1), "{line}");
+    }
+    // Cluster policy on the backend's own node: the client's address is kept.
+    for line in connect_from(&external.netns, &node0, 30081, 5) {
+        assert_eq!(line, format!("{} {}", backend.ip, external.ip), "{line}");
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+}
