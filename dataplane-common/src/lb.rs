@@ -31,6 +31,9 @@ pub const SCOPE_CLUSTER: u8 = 0;
 /// `ServiceKey::scope`: a NodePort, reached on any address of this node from the underlay.
 /// The key's address is the family's unspecified address (`NODEPORT_ANY_V4` or `::`).
 pub const SCOPE_NODEPORT: u8 = 1;
+/// `ServiceKey::scope`: an external or load-balancer IP reached from outside, through the
+/// underlay (externalTrafficPolicy applies, unlike the same address reached from a pod).
+pub const SCOPE_EXTERNAL: u8 = 2;
 /// The address of an IPv4 NodePort key (`::ffff:0.0.0.0`).
 pub const NODEPORT_ANY_V4: Addr = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
 

@@ -29,8 +29,8 @@ use dataplane_common::{
     lb::{
         AffinityKey, AffinityValue, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY, CT_SNAT,
         CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4,
-        HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_NODEPORT, ServiceKey,
-        ServiceValue, flow_hash, maglev_slot,
+        HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
+        SCOPE_NODEPORT, ServiceKey, ServiceValue, flow_hash, maglev_slot,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
 };
@@ -78,9 +78,12 @@ pub struct LbScratch {
     /// Whether the source is translated too (hairpin, NodePort to another node), to
     /// `snat_addr`.
     snat: u8,
-    /// Whether the packet came to a NodePort (from the underlay).
+    /// Whether the packet came from outside (a NodePort, an external or load-balancer IP).
     nodeport: u8,
     snat_addr: Addr,
+    /// This node's address of the packet's family (from outside: the source towards remote
+    /// backends).
+    node_addr: Addr,
 }
 
 /// Seconds of the kernel's coarse monotonic clock.
@@ -202,16 +205,22 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let Some(config) = overlay::config() else {
         return Stage::new(Ok(None));
     };
-    let to_this_node = if s.ipv4 != 0 {
-        config.flags & OVERLAY_HAS_IPV4 != 0 && s.flow.dst == ipv4_mapped(config.node_ipv4)
+    let has_address = if s.ipv4 != 0 {
+        s.node_addr = ipv4_mapped(config.node_ipv4);
+        config.flags & OVERLAY_HAS_IPV4 != 0
     } else {
-        config.flags & OVERLAY_HAS_IPV6 != 0 && s.flow.dst == config.node_ipv6
+        s.node_addr = config.node_ipv6;
+        config.flags & OVERLAY_HAS_IPV6 != 0
     };
-    if !to_this_node {
-        return Stage::new(Ok(None));
-    }
+    // To this node's address: a NodePort; to another address: an external or load-balancer
+    // IP routed to this node.
+    let scope = if has_address && s.flow.dst == s.node_addr {
+        SCOPE_NODEPORT
+    } else {
+        SCOPE_EXTERNAL
+    };
     s.nodeport = 1;
-    answer_failures(ctx, parsed, dnat(ctx, parsed, s, SCOPE_NODEPORT))
+    answer_failures(ctx, parsed, dnat(ctx, parsed, s, scope))
 }
 
 /// The reverse-NAT outcome as a finished stage, or `None` when the packet is no reply.
@@ -378,7 +387,7 @@ fn dnat(
     s: &mut LbScratch,
     scope: u8,
 ) -> Result<Option<PacketClass>, DropReason> {
-    s.service.addr = if scope == SCOPE_CLUSTER {
+    s.service.addr = if scope != SCOPE_NODEPORT {
         s.flow.dst
     } else if s.ipv4 != 0 {
         NODEPORT_ANY_V4
@@ -562,7 +571,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
         };
     } else if remote {
         s.snat = 1;
-        s.snat_addr = s.flow.dst;
+        s.snat_addr = s.node_addr;
     } else {
         s.snat_addr = [0; 16];
     }

@@ -22,7 +22,7 @@ use dataplane_common::{
     lb::{
         AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, Backend,
         MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_NODEPORT, ServiceKey, ServiceValue,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey, ServiceValue,
     },
     maps::{self, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
@@ -169,24 +169,31 @@ fn compile_service(
             "{namespace}/{name}:{}",
             port.name.as_deref().unwrap_or(&number.to_string())
         );
-        // Cluster IPs (ITP applies), external and load-balancer IPs reached from pods.
-        let mut keys: Vec<(ServiceKey, IpAddr, bool, String)> = addresses
-            .iter()
-            .map(|&(address, cluster_ip)| {
+        // Cluster IPs (ITP applies), external and load-balancer IPs reached from pods, and the
+        // latter again as reached from outside (ETP applies).
+        let mut keys: Vec<(ServiceKey, IpAddr, bool, String)> = Vec::new();
+        for &(address, cluster_ip) in &addresses {
+            let key = ServiceKey {
+                addr: addr16(address),
+                port_be: number.to_be_bytes(),
+                protocol,
+                scope: SCOPE_CLUSTER,
+            };
+            keys.push((
+                key,
+                address,
+                cluster_ip && internal_local,
+                port_name.clone(),
+            ));
+            if !cluster_ip {
                 let key = ServiceKey {
-                    addr: addr16(address),
-                    port_be: number.to_be_bytes(),
-                    protocol,
-                    scope: SCOPE_CLUSTER,
+                    scope: SCOPE_EXTERNAL,
+                    ..key
                 };
-                (
-                    key,
-                    address,
-                    cluster_ip && internal_local,
-                    port_name.clone(),
-                )
-            })
-            .collect();
+                let name = format!("{port_name} (external {address})");
+                keys.push((key, address, external_local, name));
+            }
+        }
         // The NodePort, once per address family of the Service (ETP applies).
         if let Some(node_port) = port.node_port.filter(|_| node_ports) {
             let node_port = u16::try_from(node_port)

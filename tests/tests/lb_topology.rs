@@ -13,7 +13,7 @@ use std::{
 use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    topology::{Mode, Pod, Topology, exec_in},
+    topology::{Mode, Pod, Topology, exec_in, run_in},
 };
 
 const SERVICE_IP: &str = "10.96.0.10";
@@ -178,8 +178,10 @@ fn connect_from(netns: &str, address: &str, port: u16, count: usize) -> Vec<Stri
 }
 
 #[test]
-fn node_ports_reached_from_outside_keep_the_client_address_with_local_policy() {
-    if !privileged("node_ports_reached_from_outside_keep_the_client_address_with_local_policy") {
+fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_policy() {
+    if !privileged(
+        "node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_policy",
+    ) {
         return;
     }
     let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
@@ -197,10 +199,10 @@ fn node_ports_reached_from_outside_keep_the_client_address_with_local_policy() {
     };
     let manifests = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: local, namespace: default}}\n\
-         spec: {{type: NodePort, clusterIP: 10.96.0.20, externalTrafficPolicy: Local, \
+         spec: {{type: NodePort, clusterIP: 10.96.0.20, externalIPs: [192.0.2.11], externalTrafficPolicy: Local, \
          ports: [{{port: 80, targetPort: 8080, nodePort: 30080}}]}}\n{}\
          ---\napiVersion: v1\nkind: Service\nmetadata: {{name: cluster, namespace: default}}\n\
-         spec: {{type: NodePort, clusterIP: 10.96.0.21, externalTrafficPolicy: Cluster, \
+         spec: {{type: NodePort, clusterIP: 10.96.0.21, externalIPs: [192.0.2.10], externalTrafficPolicy: Cluster, \
          ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]}}\n{}",
         slice("local"),
         slice("cluster")
@@ -228,6 +230,23 @@ fn node_ports_reached_from_outside_keep_the_client_address_with_local_policy() {
     // Cluster policy on the backend's own node: the client's address is kept.
     for line in connect_from(&external.netns, &node0, 30081, 5) {
         assert_eq!(line, format!("{} {}", backend.ip, external.ip), "{line}");
+    }
+    // External IPs routed to a node, as a router or load-balancer would: the same policies.
+    run_in(
+        &external.netns,
+        &["ip", "route", "add", "192.0.2.11", "via", &node0],
+    )
+    .unwrap();
+    run_in(
+        &external.netns,
+        &["ip", "route", "add", "192.0.2.10", "via", &node1],
+    )
+    .unwrap();
+    for line in connect_from(&external.netns, "192.0.2.11", 80, 3) {
+        assert_eq!(line, format!("{} {}", backend.ip, external.ip), "{line}");
+    }
+    for line in connect_from(&external.netns, "192.0.2.10", 80, 3) {
+        assert_eq!(line, format!("{} {}", backend.ip, node1), "{line}");
     }
     let _ = server.kill();
     let _ = server.wait();

@@ -102,9 +102,17 @@ fn multi_port_dual_stack_service_with_named_ports_and_terminating_endpoints() {
             .find(|p| p.key == key)
             .unwrap_or_else(|| panic!("no service port {ip}:{port}/{protocol}"))
     };
-    // Four addresses x two ports, minus UDP on IPv6 where no slice carries the port: it
-    // exists with no backend (new flows are refused, not black-holed).
-    assert_eq!(out.ports.len(), 8);
+    // Four addresses x two ports (UDP on IPv6 exists with no backend: new flows are
+    // answered, not black-holed), and the external and load-balancer IPs again as reached
+    // from outside.
+    assert_eq!(out.ports.len(), 12);
+    let external: Vec<&ServicePort> = out
+        .ports
+        .iter()
+        .filter(|p| p.key.scope == SCOPE_EXTERNAL)
+        .collect();
+    assert_eq!(external.len(), 4);
+    assert!(external.iter().all(|p| p.ready.len() == 2), "{external:?}");
     for ip in ["10.96.0.10", "192.0.2.10", "198.51.100.7"] {
         let http = find(ip, 80, 6);
         assert_eq!(
