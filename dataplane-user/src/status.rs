@@ -175,13 +175,13 @@ pub fn render(report: &StatusReport) -> String {
             let _ = writeln!(out, "\nattachments:");
             let _ = writeln!(
                 out,
-                "  {:<16} {:<10} {:<14} MODE",
+                "  {:<16} {:<12} {:<14} MODE",
                 "INTERFACE", "HOOK", "PROGRAM"
             );
             for a in &s.attachments {
                 let _ = writeln!(
                     out,
-                    "  {:<16} {:<10} {:<14} {}",
+                    "  {:<16} {:<12} {:<14} {}",
                     a.interface, a.hook, a.program, a.mode
                 );
             }
@@ -193,21 +193,21 @@ pub fn render(report: &StatusReport) -> String {
     let _ = writeln!(out, "\nmaps:");
     let _ = writeln!(
         out,
-        "  {:<12} {:<14} {:>6} {:>8}",
+        "  {:<16} {:<14} {:>6} {:>8}",
         "NAME", "TYPE", "USED", "MAX"
     );
     for m in &report.maps {
         let _ = writeln!(
             out,
-            "  {:<12} {:<14} {:>6} {:>8}",
+            "  {:<16} {:<14} {:>6} {:>8}",
             m.name, m.map_type, m.used, m.max_entries
         );
     }
     if let Some(counters) = &report.counters {
         let _ = writeln!(out, "\npackets:");
-        let _ = writeln!(out, "  {:<10} {:<10} {:>12}", "HOOK", "CLASS", "COUNT");
+        let _ = writeln!(out, "  {:<12} {:<26} {:>12}", "HOOK", "CLASS", "COUNT");
         for p in &counters.packets {
-            let _ = writeln!(out, "  {:<10} {:<10} {:>12}", p.hook, p.class, p.count);
+            let _ = writeln!(out, "  {:<12} {:<26} {:>12}", p.hook, p.class, p.count);
         }
         let _ = writeln!(out, "\ndrops:");
         if counters.drops.is_empty() {

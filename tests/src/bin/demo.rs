@@ -8,7 +8,7 @@ use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     packets,
-    topology::{Agent, Mode, Topology, dataplane_binary},
+    topology::{Agent, Mode, Pod, Topology, dataplane_binary, exec_in},
 };
 
 #[derive(Parser)]
@@ -64,7 +64,30 @@ fn main() -> anyhow::Result<()> {
         }
     );
 
-    println!("== starting one agent per node (reads the manifests, builds the Geneve overlay)");
+    // A ClusterIP Service whose backends are the last pod of every node, each answering TCP on
+    // 8080 with its own address.
+    let backends: Vec<&Pod> = topology
+        .nodes
+        .iter()
+        .filter_map(|n| n.pods.last())
+        .collect();
+    topology.add_manifest("service.yaml", &service_yaml(&backends))?;
+    let mut servers = Vec::new();
+    for pod in &backends {
+        servers.push(start_echo_server(pod)?);
+    }
+    println!(
+        "   service default/web {SERVICE_IP}:80 -> port 8080 of {}",
+        backends
+            .iter()
+            .map(|p| p.ip.to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+
+    println!(
+        "== starting one agent per node (reads the manifests, builds the Geneve overlay and the service)"
+    );
     let agents: Vec<Agent> = topology
         .nodes
         .iter()
@@ -92,6 +115,20 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
+    let answers = connect_to_service(&first.pods[0], 12)?;
+    let reached: std::collections::BTreeSet<&str> = answers.iter().map(String::as_str).collect();
+    summary.push(format!(
+        "12 TCP connections {} -> {SERVICE_IP}:80: {} answered, backends reached: {}{}",
+        first.pods[0].ip,
+        answers.len(),
+        reached.iter().copied().collect::<Vec<_>>().join(", "),
+        if answers.len() == 12 { "" } else { " FAILED" }
+    ));
+    for mut server in servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+
     let mut bad = packets::ipv4_udp();
     bad[packets::L3] = 0x44;
     first.pods[1].send_raw_frame(&bad)?;
@@ -115,12 +152,13 @@ fn main() -> anyhow::Result<()> {
         print!("{}", String::from_utf8_lossy(&out.stdout));
         let c = agent.counters()?;
         summary.push(format!(
-            "node {}: {} packets from pods ({} encapsulated, {} redirected locally), \
-             {} on the underlay ({} decapsulated), {} dropped",
+            "node {}: {} packets from pods ({} encapsulated, {} redirected locally, {} to a \
+             service backend), {} on the underlay ({} decapsulated), {} dropped",
             node.index,
             c.packets(Hook::FromPod, PacketClass::Total),
             c.packets(Hook::FromPod, PacketClass::GeneveEncap),
             c.packets(Hook::FromPod, PacketClass::LocalRedirect),
+            c.packets(Hook::FromPod, PacketClass::ServiceDnat),
             c.packets(Hook::Underlay, PacketClass::Total),
             c.packets(Hook::Underlay, PacketClass::GeneveDecap),
             c.drops.iter().map(|d| d.count).sum::<u64>(),
@@ -137,4 +175,59 @@ fn main() -> anyhow::Result<()> {
     println!("== agents stopped, namespaces and pins removed");
     anyhow::ensure!(!failed, "some traffic did not flow");
     Ok(())
+}
+
+const SERVICE_IP: &str = "10.96.0.10";
+
+/// The Service and its EndpointSlice as the API would serve them.
+fn service_yaml(backends: &[&Pod]) -> String {
+    let endpoints: String = backends
+        .iter()
+        .map(|p| format!("- addresses: [{}]\n  conditions: {{ready: true}}\n", p.ip))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\n\
+         spec: {{clusterIP: {SERVICE_IP}, ports: [{{port: 80, protocol: TCP, targetPort: 8080}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints:\n{endpoints}"
+    )
+}
+
+/// A TCP server in `pod` answering every connection on 8080 with the pod's address.
+fn start_echo_server(pod: &Pod) -> anyhow::Result<std::process::Child> {
+    let script = format!(
+        "import socket\nt = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         t.bind(('0.0.0.0', 8080)); t.listen(16)\n\
+         while True:\n    c, a = t.accept(); c.sendall(b'{}'); c.close()\n",
+        pod.ip
+    );
+    Ok(Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .args(["python3", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()?)
+}
+
+/// `count` TCP connections from `client` to the service; the backend address each answered
+/// with.
+fn connect_to_service(client: &Pod, count: usize) -> anyhow::Result<Vec<String>> {
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for attempt in range(30):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{SERVICE_IP}', 80), timeout=5); break\n\
+         \x20       except OSError:\n\
+         \x20           time.sleep(0.1)\n\
+         \x20   else:\n\
+         \x20       continue\n\
+         \x20   print(c.recv(100).decode()); c.close()\n"
+    );
+    let out = exec_in(&client.netns, &["python3", "-c", &script])?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
 }
