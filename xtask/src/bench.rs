@@ -17,7 +17,8 @@ pub struct Args {
     /// Single-iteration runs per round for cases that change the packet.
     #[arg(long, default_value_t = 2_000)]
     singles: u32,
-    /// Skip the cross-node TCP throughput comparison (iperf3, Geneve against kernel VXLAN).
+    /// Skip the topology benchmarks: cross-node TCP throughput (iperf3, Geneve against kernel
+    /// VXLAN) and the service packet rate (against nftables).
     #[arg(long)]
     no_throughput: bool,
     /// Alternating iperf3 rounds per path in the throughput comparison.
@@ -46,8 +47,11 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if args.no_throughput {
         return Ok(());
     }
-    // The agents of the throughput topology run the release binary.
+    // The agents of the topology benchmarks run the release binary; the packet-rate one runs
+    // its load generator from the same target directory.
     crate::build_release_agent()?;
+    crate::build_release("dataplane-tests", "udp_blast")?;
+    crate::run_testbed("lb_pps", &json)?;
     let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
     throughput.extend(json);
     crate::run_testbed("throughput", &throughput)

@@ -58,16 +58,21 @@ fn cargo() -> Command {
     command
 }
 
-/// Builds the agent binary in release mode (the demo's and the throughput bench's nodes run it).
+/// Builds the agent binary in release mode (the demo's and the topology benches' nodes run it).
 fn build_release_agent() -> anyhow::Result<()> {
+    build_release("dataplane-user", "dataplane")
+}
+
+/// Builds one binary of the workspace in release mode.
+fn build_release(package: &str, binary: &str) -> anyhow::Result<()> {
     run_checked(cargo().args([
         "build",
         "--quiet",
         "--release",
         "--package",
-        "dataplane-user",
+        package,
         "--bin",
-        "dataplane",
+        binary,
     ]))
 }
 

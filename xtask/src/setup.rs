@@ -20,6 +20,7 @@ const PACKAGES: &[&str] = &[
     "tshark",
     "iperf3",
     "ethtool",
+    "nftables",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -1,0 +1,209 @@
+//! Service packet rate in the veth topology: a client pod blasts UDP at a ClusterIP whose two
+//! backends are pods on the same node, through our load-balancer (tc DNAT, then straight into
+//! the backend pod) and through an nftables setup equivalent to kube-proxy's nftables mode
+//! (a verdict map of service addresses, a random choice of endpoint chain, DNAT, conntrack,
+//! then the host's routing), alternating in one run. The rate is what reaches the backends'
+//! interfaces per second; sender and forwarding share the machine's two cores, as on a node.
+//! A benchmark: it reports, it does not pass or fail.
+
+use std::process::Command;
+
+use anyhow::{Context as _, bail};
+use clap::Parser;
+use dataplane_tests::topology::{Mode, Pod, Topology, exec_in, run_in, sh_in};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    #[arg(long, default_value_t = 3)]
+    rounds: u32,
+    #[arg(long, default_value_t = 3)]
+    seconds: u64,
+    #[arg(long)]
+    json: bool,
+}
+
+const SERVICE_IP: &str = "10.96.0.10";
+
+#[derive(Serialize)]
+struct Report {
+    rounds: u32,
+    seconds: u64,
+    dataplane_pps: Vec<f64>,
+    nftables_pps: Vec<f64>,
+    dataplane_median_pps: f64,
+    nftables_median_pps: f64,
+    ratio: f64,
+}
+
+fn manifests(backends: &[&Pod]) -> String {
+    let endpoints: String = backends
+        .iter()
+        .map(|p| format!("- addresses: [{}]\n", p.ip))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: blast, namespace: default}}\n\
+         spec: {{clusterIP: {SERVICE_IP}, ports: [{{port: 80, protocol: UDP, targetPort: 8080}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: blast-1, namespace: default, labels: {{kubernetes.io/service-name: blast}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: UDP}}]\nendpoints:\n{endpoints}"
+    )
+}
+
+/// kube-proxy's nftables mode for one UDP ClusterIP with two endpoints.
+fn nftables_rules(backends: &[&Pod]) -> String {
+    format!(
+        "table ip kube-proxy {{
+  map service-ips {{
+    type ipv4_addr . inet_proto . inet_service : verdict
+    elements = {{ {SERVICE_IP} . udp . 80 : goto service-blast }}
+  }}
+  chain nat-prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    jump services
+  }}
+  chain services {{
+    ip daddr . meta l4proto . th dport vmap @service-ips
+  }}
+  chain service-blast {{
+    numgen random mod 2 vmap {{ 0 : goto endpoint-0, 1 : goto endpoint-1 }}
+  }}
+  chain endpoint-0 {{
+    meta l4proto udp dnat to {a}:8080
+  }}
+  chain endpoint-1 {{
+    meta l4proto udp dnat to {b}:8080
+  }}
+}}
+",
+        a = backends[0].ip,
+        b = backends[1].ip
+    )
+}
+
+/// Packets received on a pod's eth0 so far.
+fn rx_packets(pod: &Pod) -> anyhow::Result<u64> {
+    let out = exec_in(&pod.netns, &["cat", "/proc/net/dev"])?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.trim_start().starts_with("eth0:"))
+        .context("no eth0 in /proc/net/dev")?;
+    let fields: Vec<&str> = line
+        .split(':')
+        .nth(1)
+        .unwrap_or("")
+        .split_whitespace()
+        .collect();
+    Ok(fields.get(1).context("rx packets")?.parse()?)
+}
+
+/// Blasts for `seconds` from `client` and returns the packets per second the backends got.
+fn blast(client: &Pod, backends: &[&Pod], seconds: u64) -> anyhow::Result<f64> {
+    let before: u64 = backends
+        .iter()
+        .map(|p| rx_packets(p))
+        .sum::<anyhow::Result<u64>>()?;
+    let blaster = std::env::current_exe()?.with_file_name("udp_blast");
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", client.netns))
+        .arg(&blaster)
+        .arg(format!("{SERVICE_IP}:80"))
+        .args(["--seconds", &seconds.to_string()])
+        .output()
+        .context("running udp_blast")?;
+    if !out.status.success() {
+        bail!("udp_blast: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    let after: u64 = backends
+        .iter()
+        .map(|p| rx_packets(p))
+        .sum::<anyhow::Result<u64>>()?;
+    Ok((after - before) as f64 / seconds as f64)
+}
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    anyhow::ensure!(
+        args.rounds > 0 && args.seconds > 0,
+        "rounds and seconds must be positive"
+    );
+    let topology = Topology::build_with(1, 3, Mode::Overlay)?;
+    let node = topology.node(0);
+    let client = &node.pods[0];
+    let backends = [&node.pods[1], &node.pods[2]];
+    topology.add_manifest("blast.yaml", &manifests(&backends))?;
+    // The backends count and discard the datagrams at their interface (no socket, no ICMP
+    // answers), so the rate measures the way to them rather than their own stack.
+    for pod in backends {
+        run_in(&pod.netns, &["nft", "add", "table", "netdev", "sink"])?;
+        let chain = "{ type filter hook ingress device eth0 priority 0; policy accept; }";
+        run_in(
+            &pod.netns,
+            &["nft", "add", "chain", "netdev", "sink", "drops", chain],
+        )?;
+        // Only the benchmark's datagrams: ARP must still be answered for the nftables path.
+        let rule = [
+            "nft", "add", "rule", "netdev", "sink", "drops", "udp", "dport", "8080", "drop",
+        ];
+        run_in(&pod.netns, &rule)?;
+    }
+    let rules = std::env::temp_dir().join(dataplane_tests::unique_name("nft"));
+    std::fs::write(&rules, nftables_rules(&backends))?;
+    let (mut ours, mut nft) = (Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        {
+            let _agent = node.start_agent()?;
+            ours.push(blast(client, &backends, args.seconds)?);
+        }
+        run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
+        let result = blast(client, &backends, args.seconds);
+        sh_in(&node.netns, "nft delete table ip kube-proxy")?;
+        nft.push(result?);
+    }
+    let _ = std::fs::remove_file(&rules);
+    let report = Report {
+        rounds: args.rounds,
+        seconds: args.seconds,
+        dataplane_median_pps: median(&ours),
+        nftables_median_pps: median(&nft),
+        ratio: median(&ours) / median(&nft),
+        dataplane_pps: ours,
+        nftables_pps: nft,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    println!(
+        "service packet rate, UDP to a ClusterIP with 2 same-node backends ({} x {} s alternating)",
+        args.rounds, args.seconds
+    );
+    let list = |v: &[f64]| {
+        v.iter()
+            .map(|p| format!("{:.0}", p))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    println!(
+        "  dataplane (tc DNAT, redirect into the pod): median {:.0} pkt/s  [{}]",
+        report.dataplane_median_pps,
+        list(&report.dataplane_pps)
+    );
+    println!(
+        "  nftables (kube-proxy nftables mode):       median {:.0} pkt/s  [{}]",
+        report.nftables_median_pps,
+        list(&report.nftables_pps)
+    );
+    println!(
+        "  ratio dataplane / nftables (target >= 4): {:.2}",
+        report.ratio
+    );
+    Ok(())
+}
