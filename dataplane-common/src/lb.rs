@@ -9,6 +9,19 @@
 
 use crate::overlay::Addr;
 
+/// Words of one port bitmap (one bit per port).
+pub const PORT_BITMAP_WORDS: u32 = 65_536 / 64;
+/// First word of the bitmap of service ports (destination ports worth a service lookup).
+pub const SERVICE_PORTS_BASE: u32 = 0;
+/// First word of the bitmap of backend ports (source ports worth a reply lookup).
+pub const BACKEND_PORTS_BASE: u32 = PORT_BITMAP_WORDS;
+
+/// Word index and bit of `port` in the bitmap starting at `base`.
+#[inline(always)]
+pub const fn port_bit(base: u32, port: u16) -> (u32, u64) {
+    (base + (port as u32 >> 6), 1u64 << (port & 63))
+}
+
 /// Slots of one Maglev table: a prime well above 10x the backends of a service (Maglev's
 /// balance stays within about 1% up to M/10 backends, and disruption stays near 1/N).
 pub const MAGLEV_TABLE_SIZE: usize = 1021;

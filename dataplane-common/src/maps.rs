@@ -32,6 +32,9 @@ pub const LB_BACKENDS: &str = "DP_LB_BACKENDS";
 /// Hash (allocated on use): table index -> [`crate::lb::MaglevTable`]. Two indexes per service
 /// port, the live table and the one the next update is built in.
 pub const LB_MAGLEV: &str = "DP_LB_MAGLEV";
+/// Array of u64: two port bitmaps (service ports, backend ports) that let packets of no
+/// service skip the service and conntrack lookups ([`crate::lb::port_bit`]).
+pub const LB_PORTS: &str = "DP_LB_PORTS";
 /// LRU hash: [`crate::lb::CtKey`] -> [`crate::lb::CtValue`], both directions of every flow.
 pub const LB_CT: &str = "DP_LB_CT";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
@@ -58,6 +61,7 @@ pub const ALL_MAPS: &[&str] = &[
     NODE_ADDRS,
     LOCAL_PODS,
     LB_SERVICES,
+    LB_PORTS,
     LB_BACKENDS,
     LB_MAGLEV,
     LB_CT,

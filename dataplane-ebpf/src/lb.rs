@@ -27,10 +27,11 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY, CT_SNAT,
-        CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4,
-        HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
-        SCOPE_NODEPORT, ServiceKey, ServiceValue, flow_hash, maglev_slot,
+        AffinityKey, AffinityValue, BACKEND_PORTS_BASE, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL,
+        CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue,
+        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
+        SCOPE_NODEPORT, SERVICE_PORTS_BASE, ServiceKey, ServiceValue, flow_hash, maglev_slot,
+        port_bit,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
 };
@@ -38,7 +39,9 @@ use dataplane_common::{
 use crate::{
     csum::{fold, sum_words},
     icmp,
-    maps::{LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SCRATCH, LB_SERVICES, LOCAL_PODS},
+    maps::{
+        LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
+    },
     overlay,
     parse::Parsed,
     stage::Stage,
@@ -113,15 +116,15 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     }
     let ipv4 = parsed.ether_type == ETH_P_IP;
     if ipv4 {
-        let Ok(a) = ctx.load::<[u8; 8]>(parsed.l3_offset + 12) else {
+        let Some(a) = read::<[u8; 8]>(ctx, ETH_LEN + 12) else {
             return false;
         };
         s.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
         s.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
     } else {
-        let (Ok(src), Ok(dst)) = (
-            ctx.load::<Addr>(parsed.l3_offset + 8),
-            ctx.load::<Addr>(parsed.l3_offset + 24),
+        let (Some(src), Some(dst)) = (
+            read::<Addr>(ctx, ETH_LEN + 8),
+            read::<Addr>(ctx, ETH_LEN + 24),
         ) else {
             return false;
         };
@@ -129,6 +132,7 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
         s.flow.dst = dst;
     }
     s.tcp_flags = if parsed.protocol == IPPROTO_TCP {
+        // A variable offset: the helper, which the verifier follows without help.
         ctx.load::<u8>(parsed.l4_offset + 13).unwrap_or(0)
     } else {
         0
@@ -141,6 +145,18 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     s.snat = 0;
     s.nodeport = 0;
     true
+}
+
+/// Reads a `T` at a fixed `offset` straight from the packet's linear data (the parser made
+/// sure the headers are there): direct packet access instead of a helper call per field.
+#[inline(always)]
+fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    let at = ctx.data() + offset;
+    if at + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: the bytes lie within the packet (checked just above).
+    Some(unsafe { core::ptr::read_unaligned(at as *const T) })
 }
 
 /// Whether a tracked entry has been idle longer than its protocol and state allow.
@@ -387,6 +403,9 @@ fn dnat(
     s: &mut LbScratch,
     scope: u8,
 ) -> Result<Option<PacketClass>, DropReason> {
+    if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
+        return Ok(None);
+    }
     s.service.addr = if scope != SCOPE_NODEPORT {
         s.flow.dst
     } else if s.ipv4 != 0 {
@@ -418,6 +437,13 @@ fn dnat(
     Ok(Some(PacketClass::ServiceDnat))
 }
 
+/// Whether `port` is marked in the bitmap at `base` (a service port or a backend port).
+#[inline(always)]
+fn port_marked(base: u32, port_be: [u8; 2]) -> bool {
+    let (word, bit) = port_bit(base, u16::from_be_bytes(port_be));
+    LB_PORTS.get(word).is_some_and(|w| *w & bit != 0)
+}
+
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.
 #[inline(never)]
 fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
@@ -430,6 +456,10 @@ fn reverse_nat_flow(
     parsed: &Parsed,
     s: &mut LbScratch,
 ) -> Result<u32, DropReason> {
+    // Only a backend's port can be the source of a reply.
+    if !port_marked(BACKEND_PORTS_BASE, s.flow.src_port_be) {
+        return Ok(0);
+    }
     s.flow.direction = CT_REPLY;
     let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
         return Ok(0);

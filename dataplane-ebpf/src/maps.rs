@@ -58,6 +58,11 @@ pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS,
 #[map(name = "DP_LB_SERVICES")]
 pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_PORTS, 0);
 
+/// Port bitmaps: service ports, then backend ports (one bit per port).
+#[map(name = "DP_LB_PORTS")]
+pub static LB_PORTS: aya_ebpf::maps::Array<u64> =
+    aya_ebpf::maps::Array::pinned(dataplane_common::lb::PORT_BITMAP_WORDS * 2, 0);
+
 /// Backends by id.
 #[map(name = "DP_LB_BACKENDS")]
 pub static LB_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);

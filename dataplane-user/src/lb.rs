@@ -17,12 +17,13 @@ use std::{
     net::IpAddr,
 };
 
-use aya::maps::{HashMap as BpfHashMap, MapData};
+use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     lb::{
-        AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, Backend,
-        MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey, ServiceValue,
+        AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, BACKEND_PORTS_BASE,
+        Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4,
+        PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
+        ServiceKey, ServiceValue, port_bit,
     },
     maps::{self, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
@@ -462,6 +463,8 @@ pub struct LbState {
     /// Service-port ids below `next_service_id` given back by removed service ports.
     free_service_ids: Vec<u32>,
     next_service_id: u32,
+    /// The port bitmaps as last written (read from the map on the first sync).
+    port_words: Option<Vec<u64>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -533,7 +536,57 @@ fn backend_value(backend: BackendAddr) -> Backend {
     }
 }
 
+/// The two port bitmaps `ports` need: their service ports, then their backends' ports.
+pub fn port_bitmaps(ports: &[ServicePort]) -> Vec<u64> {
+    let mut words = vec![0u64; (PORT_BITMAP_WORDS * 2) as usize];
+    let mut mark = |base, port: u16| {
+        let (word, bit) = port_bit(base, port);
+        words[word as usize] |= bit;
+    };
+    for port in ports {
+        mark(SERVICE_PORTS_BASE, u16::from_be_bytes(port.key.port_be));
+        for backend in port.ready.iter().chain(&port.terminating) {
+            mark(BACKEND_PORTS_BASE, backend.port);
+        }
+    }
+    words
+}
+
 impl Dataplane {
+    /// Writes the words of the port bitmaps that differ from what the map holds.
+    fn sync_port_bitmaps(
+        &mut self,
+        state: &mut LbState,
+        ports: &[ServicePort],
+    ) -> Result<usize, AgentError> {
+        let err = |action: &'static str| {
+            move |source| AgentError::Map {
+                name: maps::LB_PORTS.into(),
+                action,
+                source,
+            }
+        };
+        let mut map: Array<&mut MapData, u64> = self.typed_map(maps::LB_PORTS)?;
+        let current = match state.port_words.take() {
+            Some(words) => words,
+            None => (0..PORT_BITMAP_WORDS * 2)
+                .map(|i| map.get(&i, 0))
+                .collect::<Result<_, _>>()
+                .map_err(err("read port bitmap"))?,
+        };
+        let wanted = port_bitmaps(ports);
+        let mut written = 0;
+        for (index, (&want, &have)) in wanted.iter().zip(&current).enumerate() {
+            if want != have {
+                map.set(index as u32, want, 0)
+                    .map_err(err("write port bitmap"))?;
+                written += 1;
+            }
+        }
+        state.port_words = Some(wanted);
+        Ok(written)
+    }
+
     /// Takes over what a previous agent left in the pinned load-balancer maps: backend ids stay
     /// attached to the same backends (tracked flows keep them), service ports keep their ids
     /// and live tables until the first sync replaces or removes them.
@@ -594,6 +647,7 @@ impl Dataplane {
             }
         }
         stats.backends = wanted_backends.len();
+        stats.written += self.sync_port_bitmaps(state, ports)?;
         {
             let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
                 self.typed_map(maps::LB_BACKENDS)?;

@@ -140,6 +140,10 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
                 HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)
         }
+        maps::LB_PORTS => {
+            let map: Array<MapData, u64> = Array::try_from(Map::Array(data))?;
+            count(map.iter(), |w| *w != 0)
+        }
         maps::LB_BACKENDS => {
             let map: HashMap<MapData, u32, Backend> = HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)

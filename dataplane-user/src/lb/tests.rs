@@ -373,3 +373,24 @@ endpoints:
     assert_eq!(node_port.name, "web/lb:80 (NodePort 30081)");
     assert_eq!(out.ports.len(), 6);
 }
+
+#[test]
+fn port_bitmaps_mark_service_ports_and_backend_ports() {
+    use dataplane_common::lb::{BACKEND_PORTS_BASE, SERVICE_PORTS_BASE, port_bit};
+    let out = compile_yaml(MULTI_PORT);
+    let words = port_bitmaps(&out.ports);
+    let marked = |base, port| {
+        let (word, bit) = port_bit(base, port);
+        words[word as usize] & bit != 0
+    };
+    for port in [80, 53] {
+        assert!(marked(SERVICE_PORTS_BASE, port));
+    }
+    for port in [8080, 5353] {
+        assert!(marked(BACKEND_PORTS_BASE, port));
+        assert!(!marked(SERVICE_PORTS_BASE, port));
+    }
+    assert!(!marked(BACKEND_PORTS_BASE, 80));
+    let set: u32 = words.iter().map(|w| w.count_ones()).sum();
+    assert_eq!(set, 4, "nothing else is marked");
+}
