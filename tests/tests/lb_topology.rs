@@ -17,6 +17,7 @@ use dataplane_tests::{
 };
 
 const SERVICE_IP: &str = "10.96.0.10";
+const SERVICE_IP6: &str = "fd00:10:96::30";
 
 fn manifests(backends: &[&Pod]) -> String {
     let endpoints: String = backends
@@ -33,6 +34,29 @@ fn manifests(backends: &[&Pod]) -> String {
          addressType: IPv4\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
          - {{name: dns, port: 5353, protocol: UDP}}\nendpoints:\n{endpoints}"
     )
+}
+
+/// An IPv6 backend (IPv6-only sockets next to the IPv4 ones of [`start_backend`]).
+fn start_backend6(pod: &Pod) -> Child {
+    let script = format!(
+        "import socket, threading\n\
+         me = '{ip}'\n\
+         t = socket.socket(socket.AF_INET6); t.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)\n\
+         t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); t.bind(('::', 8080)); t.listen(64)\n\
+         u = socket.socket(socket.AF_INET6, socket.SOCK_DGRAM)\n\
+         u.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1); u.bind(('::', 5353))\n\
+         def udp():\n    while True:\n        d, a = u.recvfrom(100); u.sendto(f'{{me}} {{a[0]}}'.encode(), a)\n\
+         threading.Thread(target=udp, daemon=True).start()\n\
+         while True:\n    c, a = t.accept(); c.sendall(f'{{me}} {{a[0]}}'.encode()); c.close()\n",
+        ip = pod.ip6.expect("dual-stack pod")
+    );
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .args(["python3", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("starting an IPv6 backend")
 }
 
 /// A backend: answers every TCP connection on 8080 and every UDP datagram on 5353 with
@@ -61,17 +85,27 @@ fn start_backend(pod: &Pod) -> Child {
 /// `count` TCP connections and `count` UDP requests to the service from `client`; returns
 /// one line per answer: "tcp|udp <backend> <client seen> <reply source>".
 fn client_requests(client: &Pod, count: usize) -> Vec<String> {
+    requests_to(client, SERVICE_IP, count)
+}
+
+/// As [`client_requests`], to the service at `service_ip` (IPv4 or IPv6).
+fn requests_to(client: &Pod, service_ip: &str, count: usize) -> Vec<String> {
+    let family = if service_ip.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
     let script = format!(
         "import socket, time\n\
          for i in range({count}):\n\
          \x20   for _ in range(50):\n\
          \x20       try:\n\
-         \x20           c = socket.create_connection(('{SERVICE_IP}', 80), timeout=5); break\n\
+         \x20           c = socket.create_connection(('{service_ip}', 80), timeout=5); break\n\
          \x20       except OSError: time.sleep(0.1)\n\
          \x20   print('tcp', c.recv(100).decode(), c.getpeername()[0]); c.close()\n\
          for i in range({count}):\n\
-         \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
-         \x20   u.sendto(b'q', ('{SERVICE_IP}', 53)); d, a = u.recvfrom(100)\n\
+         \x20   u = socket.socket(socket.{family}, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         \x20   u.sendto(b'q', ('{service_ip}', 53)); d, a = u.recvfrom(100)\n\
          \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
     );
     let out = exec_in(&client.netns, &["python3", "-c", &script]).expect("client");
@@ -250,4 +284,77 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
     }
     let _ = server.kill();
     let _ = server.wait();
+}
+
+#[test]
+fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
+    if !privileged("a_dual_stack_service_serves_ipv6_clients_on_both_nodes") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let slice = |family: &str, addresses: Vec<String>| {
+        let endpoints: String = addresses
+            .iter()
+            .map(|a| format!("- addresses: [\"{a}\"]\n"))
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: web6-{family}, namespace: default, labels: {{kubernetes.io/service-name: web6}}}}\n\
+             addressType: {family}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
+             - {{name: dns, port: 5353, protocol: UDP}}\nendpoints:\n{endpoints}"
+        )
+    };
+    let manifests = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: web6, namespace: default}}\n\
+         spec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n\
+         \x20 clusterIPs: [10.96.0.30, \"{SERVICE_IP6}\"]\n  ports:\n\
+         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n\
+         \x20 - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n{}{}",
+        slice("IPv4", backends.iter().map(|p| p.ip.to_string()).collect()),
+        slice(
+            "IPv6",
+            backends
+                .iter()
+                .map(|p| p.ip6.expect("ip6").to_string())
+                .collect()
+        ),
+    );
+    topology
+        .add_manifest("web6.yaml", &manifests)
+        .expect("manifests");
+    let mut servers: Vec<Child> = backends.iter().map(|p| start_backend6(p)).collect();
+    let _agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let backend_ips: BTreeSet<String> = backends
+        .iter()
+        .map(|p| p.ip6.expect("ip6").to_string())
+        .collect();
+    for client in [&topology.node(0).pods[0], &topology.node(1).pods[0]] {
+        let lines = requests_to(client, SERVICE_IP6, 12);
+        assert_eq!(lines.len(), 24, "{lines:?}");
+        let mut reached = BTreeSet::new();
+        for line in &lines {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [proto, backend, seen, source] = fields[..] else {
+                panic!("answer {line:?}");
+            };
+            assert!(backend_ips.contains(backend), "{line}");
+            assert_eq!(seen, client.ip6.expect("ip6").to_string(), "{line}");
+            let expected = if proto == "tcp" {
+                SERVICE_IP6.to_owned()
+            } else {
+                format!("{SERVICE_IP6}:53")
+            };
+            assert_eq!(source, expected, "replies come from the service: {line}");
+            reached.insert((proto.to_owned(), backend.to_owned()));
+        }
+        assert_eq!(reached.len(), 4, "client {}: {reached:?}", client.ip);
+    }
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
 }
