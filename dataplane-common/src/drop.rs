@@ -69,6 +69,7 @@ drop_reasons! {
     LbNoEndpoints = 31, "lb_no_endpoints", "a new flow to a service port without a ready endpoint";
     LbBackendGone = 32, "lb_backend_gone", "a TCP packet of a flow whose backend was removed, not answerable with a reset";
     LbRewriteFailed = 33, "lb_rewrite_failed", "the kernel refused to rewrite a service packet";
+    LbSnatPortsExhausted = 34, "lb_snat_ports_exhausted", "no free source port to masquerade a NodePort flow to a remote backend";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

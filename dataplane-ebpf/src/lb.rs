@@ -55,6 +55,8 @@ const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
+/// Source ports tried for a masqueraded NodePort flow before giving up.
+const SNAT_PORT_ATTEMPTS: u32 = 8;
 
 /// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
 /// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
@@ -84,6 +86,8 @@ pub struct LbScratch {
     /// Whether the packet came from outside (a NodePort, an external or load-balancer IP).
     nodeport: u8,
     snat_addr: Addr,
+    snat_port: [u8; 2],
+    _pad2: [u8; 2],
     /// This node's address of the packet's family (from outside: the source towards remote
     /// backends).
     node_addr: Addr,
@@ -431,7 +435,7 @@ fn dnat(
         s.old_addr = s.flow.src;
         s.old_port = s.flow.src_port_be;
         s.new_addr = s.snat_addr;
-        s.new_port = s.flow.src_port_be;
+        s.new_port = s.snat_port;
         rewrite(ctx, parsed, s, Side::Source).into_value()?;
     }
     Ok(Some(PacketClass::ServiceDnat))
@@ -534,6 +538,7 @@ fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, 
     if entry.flags & CT_SNAT != 0 {
         s.snat = 1;
         s.snat_addr = entry.nat_addr;
+        s.snat_port = entry.nat_port_be;
     }
     Ok(true)
 }
@@ -605,6 +610,12 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     } else {
         s.snat_addr = [0; 16];
     }
+    // The source port the translated packets leave with: the client's own, unless another
+    // client's flow to the same backend already holds it under this node's address.
+    s.snat_port = s.flow.src_port_be;
+    if remote && !hairpin {
+        s.snat_port = free_snat_port(s, backend_id).ok_or(DropReason::LbSnatPortsExhausted)?;
+    }
     let flags = if s.snat != 0 { CT_SNAT } else { 0 };
     let reply_flags = if s.nodeport != 0 {
         flags | CT_NODEPORT
@@ -621,7 +632,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     original.service_id = service.id;
     original.last_seen = now;
     original.nat_addr = s.snat_addr;
-    original.nat_port_be = s.flow.src_port_be;
+    original.nat_port_be = s.snat_port;
     original._pad2 = [0; 2];
     let reply_entry = &mut s.reply_entry;
     reply_entry.addr = s.flow.dst;
@@ -638,7 +649,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     reply.src = s.new_addr;
     reply.dst = if s.snat != 0 { s.snat_addr } else { s.flow.src };
     reply.src_port_be = s.new_port;
-    reply.dst_port_be = s.flow.src_port_be;
+    reply.dst_port_be = s.snat_port;
     reply.protocol = s.flow.protocol;
     reply.direction = CT_REPLY;
     reply._pad = [0; 2];
@@ -647,6 +658,35 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     let _ = LB_CT.insert(&s.reply, &s.reply_entry, 0);
     let _ = LB_CT.insert(&s.flow, &s.original_entry, 0);
     Ok(())
+}
+
+/// A source port for a masqueraded flow whose reply key (backend to this node's address) no
+/// live flow holds: the client's own port first, then up to seven others spread over the
+/// ephemeral range 32768-60999 by the flow.
+#[inline(always)]
+fn free_snat_port(s: &mut LbScratch, backend_id: u32) -> Option<[u8; 2]> {
+    let client_port = u16::from_be_bytes(s.flow.src_port_be) as u32;
+    let seed = (client_port ^ backend_id.rotate_left(16)).wrapping_mul(0x9e37_79b1);
+    for attempt in 0..SNAT_PORT_ATTEMPTS {
+        let port = if attempt == 0 {
+            client_port as u16
+        } else {
+            (32_768 + seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % 28_232) as u16
+        };
+        let reply = &mut s.reply;
+        reply.src = s.new_addr;
+        reply.dst = s.snat_addr;
+        reply.src_port_be = s.new_port;
+        reply.dst_port_be = port.to_be_bytes();
+        reply.protocol = s.flow.protocol;
+        reply.direction = CT_REPLY;
+        reply._pad = [0; 2];
+        // SAFETY: only presence is checked.
+        if unsafe { LB_CT.get(&s.reply) }.is_none() {
+            return Some(port.to_be_bytes());
+        }
+    }
+    None
 }
 
 /// The client's affine backend, if it sent within the timeout and the backend still serves.

@@ -591,20 +591,26 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     use dataplane_tests::overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC, NODE_B_MAC, UNDERLAY_MAC};
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     // An external client on the underlay's subnet (this thread is in the bed's namespace).
-    let neigh = std::process::Command::new("ip")
-        .args([
-            "neigh",
-            "add",
-            "10.99.0.50",
-            "lladdr",
-            "02:00:00:00:99:50",
-            "dev",
-            "ul0",
-        ])
-        .args(["nud", "permanent"])
-        .status()
-        .expect("ip neigh");
-    assert!(neigh.success());
+    for (ip, mac) in [
+        ("10.99.0.50", "02:00:00:00:99:50"),
+        ("10.99.0.51", "02:00:00:00:99:51"),
+    ] {
+        let neigh = std::process::Command::new("ip")
+            .args([
+                "neigh",
+                "add",
+                ip,
+                "lladdr",
+                mac,
+                "dev",
+                "ul0",
+                "nud",
+                "permanent",
+            ])
+            .status()
+            .expect("ip neigh");
+        assert!(neigh.success());
+    }
     let fixture = &mut bed.fixture;
     let mut state = LbState::default();
     let node_port = |port: u16, backend: &str| {
@@ -749,18 +755,91 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&want),
         "both addresses restored, routed out"
     );
+
+    // A second client with the same source port to the same backend: its flow gets another
+    // source port under the node's address, and each reply finds its own client.
+    let other_mac = "02:00:00:00:99:51";
+    let syn = tcp_frame(
+        "10.99.0.51",
+        45001,
+        "10.99.0.1",
+        30081,
+        "S",
+        other_mac,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+    let port = u16::from_be_bytes([inner[34], inner[35]]);
+    assert!((32_768..61_000).contains(&port), "masquerade port {port}");
+    let want = tcp_frame(
+        "10.99.0.1",
+        port,
+        "10.244.2.5",
+        8080,
+        "S",
+        other_mac,
+        &node_mac,
+    );
+    assert_eq!(hex(&inner), hex(&want));
+    let reply = tcp_frame(
+        "10.244.2.5",
+        8080,
+        "10.99.0.1",
+        port,
+        "SA",
+        NODE_B_MAC,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &reply, 1).expect("tc run");
+    let want = tcp_frame(
+        "10.99.0.1",
+        30081,
+        "10.99.0.51",
+        45001,
+        "SA",
+        &node_mac,
+        other_mac,
+    );
+    assert_eq!(hex(&out.output), hex(&want), "the second client's reply");
+    let reply = tcp_frame(
+        "10.244.2.5",
+        8080,
+        "10.99.0.1",
+        45001,
+        "A",
+        NODE_B_MAC,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &reply, 1).expect("tc run");
+    let want = tcp_frame(
+        "10.99.0.1",
+        30081,
+        "10.99.0.50",
+        45001,
+        "A",
+        &node_mac,
+        client_mac,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "the first client's flow is untouched"
+    );
     let counters = fixture.counters();
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
-        2
+        3
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
-        1
+        3
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),
-        1
+        2
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
