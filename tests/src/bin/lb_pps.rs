@@ -29,11 +29,55 @@ const SERVICE_IP: &str = "10.96.0.10";
 struct Report {
     rounds: u32,
     seconds: u64,
+    /// Sender: a UDP socket in the client pod.
+    socket: Comparison,
+    /// Sender: prebuilt frames written to the client pod's interface.
+    raw_frames: Comparison,
+}
+
+#[derive(Serialize)]
+struct Comparison {
     dataplane_pps: Vec<f64>,
     nftables_pps: Vec<f64>,
     dataplane_median_pps: f64,
     nftables_median_pps: f64,
     ratio: f64,
+}
+
+impl Comparison {
+    fn new(ours: Vec<f64>, nft: Vec<f64>) -> Self {
+        Self {
+            dataplane_median_pps: median(&ours),
+            nftables_median_pps: median(&nft),
+            ratio: median(&ours) / median(&nft),
+            dataplane_pps: ours,
+            nftables_pps: nft,
+        }
+    }
+
+    fn print(&self, sender: &str) {
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|p| format!("{p:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!("  sender: {sender}");
+        println!(
+            "    dataplane (tc DNAT, redirect into the pod): median {:.0} pkt/s  [{}]",
+            self.dataplane_median_pps,
+            list(&self.dataplane_pps)
+        );
+        println!(
+            "    nftables (kube-proxy nftables mode):       median {:.0} pkt/s  [{}]",
+            self.nftables_median_pps,
+            list(&self.nftables_pps)
+        );
+        println!(
+            "    ratio dataplane / nftables (target >= 4): {:.2}",
+            self.ratio
+        );
+    }
 }
 
 fn manifests(backends: &[&Pod]) -> String {
@@ -99,7 +143,12 @@ fn rx_packets(pod: &Pod) -> anyhow::Result<u64> {
 }
 
 /// Blasts for `seconds` from `client` and returns the packets per second the backends got.
-fn blast(client: &Pod, backends: &[&Pod], seconds: u64) -> anyhow::Result<f64> {
+fn blast(
+    client: &Pod,
+    backends: &[&Pod],
+    seconds: u64,
+    raw_gateway: Option<&str>,
+) -> anyhow::Result<f64> {
     let before: u64 = backends
         .iter()
         .map(|p| rx_packets(p))
@@ -110,6 +159,17 @@ fn blast(client: &Pod, backends: &[&Pod], seconds: u64) -> anyhow::Result<f64> {
         .arg(&blaster)
         .arg(format!("{SERVICE_IP}:80"))
         .args(["--seconds", &seconds.to_string()])
+        .args(match raw_gateway {
+            Some(mac) => vec![
+                "--raw".to_owned(),
+                "eth0".to_owned(),
+                "--source".to_owned(),
+                client.ip.to_string(),
+                "--gateway-mac".to_owned(),
+                mac.to_owned(),
+            ],
+            None => Vec::new(),
+        })
         .output()
         .context("running udp_blast")?;
     if !out.status.success() {
@@ -156,26 +216,41 @@ fn main() -> anyhow::Result<()> {
     }
     let rules = std::env::temp_dir().join(dataplane_tests::unique_name("nft"));
     std::fs::write(&rules, nftables_rules(&backends))?;
-    let (mut ours, mut nft) = (Vec::new(), Vec::new());
-    for _ in 0..args.rounds {
-        {
-            let _agent = node.start_agent()?;
-            ours.push(blast(client, &backends, args.seconds)?);
+    // The frames' destination MAC: the host side of the client's veth (its gateway).
+    let link = exec_in(
+        &node.netns,
+        &["ip", "-o", "link", "show", &client.host_iface],
+    )?;
+    let link = String::from_utf8_lossy(&link.stdout).to_string();
+    let gateway_mac = link
+        .split_whitespace()
+        .skip_while(|w| *w != "link/ether")
+        .nth(1)
+        .context("gateway MAC")?
+        .to_owned();
+    let mut results = Vec::new();
+    for raw in [None, Some(gateway_mac.as_str())] {
+        let (mut ours, mut nft) = (Vec::new(), Vec::new());
+        for _ in 0..args.rounds {
+            {
+                let _agent = node.start_agent()?;
+                ours.push(blast(client, &backends, args.seconds, raw)?);
+            }
+            run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
+            let result = blast(client, &backends, args.seconds, raw);
+            sh_in(&node.netns, "nft delete table ip kube-proxy")?;
+            nft.push(result?);
         }
-        run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
-        let result = blast(client, &backends, args.seconds);
-        sh_in(&node.netns, "nft delete table ip kube-proxy")?;
-        nft.push(result?);
+        results.push(Comparison::new(ours, nft));
     }
     let _ = std::fs::remove_file(&rules);
+    let raw_frames = results.pop().context("raw results")?;
+    let socket = results.pop().context("socket results")?;
     let report = Report {
         rounds: args.rounds,
         seconds: args.seconds,
-        dataplane_median_pps: median(&ours),
-        nftables_median_pps: median(&nft),
-        ratio: median(&ours) / median(&nft),
-        dataplane_pps: ours,
-        nftables_pps: nft,
+        socket,
+        raw_frames,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -185,25 +260,9 @@ fn main() -> anyhow::Result<()> {
         "service packet rate, UDP to a ClusterIP with 2 same-node backends ({} x {} s alternating)",
         args.rounds, args.seconds
     );
-    let list = |v: &[f64]| {
-        v.iter()
-            .map(|p| format!("{:.0}", p))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
-    println!(
-        "  dataplane (tc DNAT, redirect into the pod): median {:.0} pkt/s  [{}]",
-        report.dataplane_median_pps,
-        list(&report.dataplane_pps)
-    );
-    println!(
-        "  nftables (kube-proxy nftables mode):       median {:.0} pkt/s  [{}]",
-        report.nftables_median_pps,
-        list(&report.nftables_pps)
-    );
-    println!(
-        "  ratio dataplane / nftables (target >= 4): {:.2}",
-        report.ratio
-    );
+    report.socket.print("UDP socket in the client pod");
+    report
+        .raw_frames
+        .print("prebuilt frames on the client pod's interface (AF_PACKET)");
     Ok(())
 }
