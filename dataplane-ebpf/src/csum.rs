@@ -1,4 +1,5 @@
-//! The Internet checksum (RFC 1071) over headers assembled in the per-CPU scratch block.
+//! The Internet checksum (RFC 1071) over headers assembled in the per-CPU scratch block, and
+//! the IPv4 header every packet the dataplane builds (Geneve, ICMP errors, resets) starts with.
 
 use crate::maps::ENCAP_SCRATCH_LEN;
 
@@ -25,4 +26,33 @@ pub fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xFFFF) + (sum >> 16);
     sum = (sum & 0xFFFF) + (sum >> 16);
     !(sum as u16)
+}
+
+/// Folds `sum` and stores the checksum at `block[at..at + 2]`.
+#[inline(always)]
+pub fn store_checksum(block: &mut [u8; ENCAP_SCRATCH_LEN], at: usize, sum: u32) {
+    let check = fold(sum).to_be_bytes();
+    block[at] = check[0];
+    block[at + 1] = check[1];
+}
+
+/// An IPv4 header at offset 14 (after Ethernet): no options, identification 0, TTL 64, DF as
+/// asked, its checksum computed.
+#[inline(always)]
+pub fn write_ipv4(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    total_len: u16,
+    protocol: u8,
+    dont_fragment: bool,
+    src: &[u8; 4],
+    dst: &[u8; 4],
+) {
+    let len = total_len.to_be_bytes();
+    let flags = if dont_fragment { 0x40 } else { 0 };
+    let header: [u8; 20] = [
+        0x45, 0, len[0], len[1], 0, 0, flags, 0, 64, protocol, 0, 0, src[0], src[1], src[2],
+        src[3], dst[0], dst[1], dst[2], dst[3],
+    ];
+    block[14..34].copy_from_slice(&header);
+    store_checksum(block, 24, sum_words(block, 14, 20, 0));
 }

@@ -13,7 +13,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    csum::{fold, sum_words},
+    csum::{store_checksum, sum_words, write_ipv4},
     maps::{ENCAP_SCRATCH_LEN, SCRATCH},
     stage::Stage,
 };
@@ -155,45 +155,17 @@ fn build_error_v4(
     block[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
     let icmp_len = 8 + quote_len;
     let ip_len = 20 + icmp_len;
-    block[34..42].copy_from_slice(&[
-        type_code[0],
-        type_code[1],
-        0,
-        0,
-        rest[0],
-        rest[1],
-        rest[2],
-        rest[3],
-    ]);
-    let icmp_check = fold(sum_words(block, 34, icmp_len, 0)).to_be_bytes();
-    block[36] = icmp_check[0];
-    block[37] = icmp_check[1];
-    let len = (ip_len as u16).to_be_bytes();
-    block[14..34].copy_from_slice(&[
-        0x45,
-        0,
-        len[0],
-        len[1],
-        0,
-        0,
-        0,
-        0,
-        64,
+    write_icmp_header(block, 34, type_code, rest);
+    store_checksum(block, 36, sum_words(block, 34, icmp_len, 0));
+    let destination = [header[12], header[13], header[14], header[15]];
+    write_ipv4(
+        block,
+        ip_len as u16,
         IPPROTO_ICMP,
-        0,
-        0,
-        source[0],
-        source[1],
-        source[2],
-        source[3],
-        header[12],
-        header[13],
-        header[14],
-        header[15],
-    ]);
-    let ip_check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
-    block[24] = ip_check[0];
-    block[25] = ip_check[1];
+        false,
+        &source,
+        &destination,
+    );
     Ok(ETH_LEN + ip_len)
 }
 
@@ -237,7 +209,27 @@ fn build_error_v6(
     block[22..38].copy_from_slice(source);
     // The destination is the offending packet's source (quoted at 62, source at +8).
     block.copy_within(70..86, 38);
-    block[54..62].copy_from_slice(&[
+    write_icmp_header(block, 54, type_code, rest);
+    // Pseudo-header (RFC 8200 §8.1): addresses, upper-layer length, next header.
+    let pseudo = sum_words(block, 22, 32, (8 + quote) as u32 + IPPROTO_ICMPV6 as u32);
+    store_checksum(
+        block,
+        56,
+        sum_words(block, 54, (8 + quote + 1) & !1, pseudo),
+    );
+    Ok(ETH_LEN + 40 + 8 + quote)
+}
+
+/// An ICMP or ICMPv6 error header at `at`: type and code, checksum zero (filled in later),
+/// and the type's second word.
+#[inline(always)]
+fn write_icmp_header(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    at: usize,
+    type_code: [u8; 2],
+    rest: [u8; 4],
+) {
+    let header = [
         type_code[0],
         type_code[1],
         0,
@@ -246,13 +238,8 @@ fn build_error_v6(
         rest[1],
         rest[2],
         rest[3],
-    ]);
-    // Pseudo-header (RFC 8200 §8.1): addresses, upper-layer length, next header.
-    let pseudo = sum_words(block, 22, 32, (8 + quote) as u32 + IPPROTO_ICMPV6 as u32);
-    let check = fold(sum_words(block, 54, (8 + quote + 1) & !1, pseudo)).to_be_bytes();
-    block[56] = check[0];
-    block[57] = check[1];
-    Ok(ETH_LEN + 40 + 8 + quote)
+    ];
+    block[at..at + 8].copy_from_slice(&header);
 }
 
 /// Copies `len` bytes of the packet, from its network header on, into `block[at..]` without a

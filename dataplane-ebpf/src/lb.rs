@@ -37,7 +37,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    csum::{fold, sum_words},
+    csum::{store_checksum, sum_words, write_ipv4},
     icmp,
     maps::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
@@ -195,15 +195,10 @@ fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
 /// the load-balancer has answered it itself (a service without endpoints).
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    let Some(s) = scratch() else {
-        return Stage::new(Ok(None));
+    let s = match unreplied_flow(ctx, parsed) {
+        Ok(s) => s,
+        Err(done) => return done,
     };
-    if !read_flow(ctx, parsed, s) {
-        return Stage::new(Ok(None));
-    }
-    if let Some(done) = replied(ctx, parsed, s) {
-        return done;
-    }
     answer_failures(ctx, parsed, dnat(ctx, parsed, s, SCOPE_CLUSTER))
 }
 
@@ -213,15 +208,10 @@ pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
 /// stage, which delivers it to its backend here or on another node.
 #[inline(never)]
 pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    let Some(s) = scratch() else {
-        return Stage::new(Ok(None));
+    let s = match unreplied_flow(ctx, parsed) {
+        Ok(s) => s,
+        Err(done) => return done,
     };
-    if !read_flow(ctx, parsed, s) {
-        return Stage::new(Ok(None));
-    }
-    if let Some(done) = replied(ctx, parsed, s) {
-        return done;
-    }
     let Some(config) = overlay::config() else {
         return Stage::new(Ok(None));
     };
@@ -241,6 +231,20 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     };
     s.nodeport = 1;
     answer_failures(ctx, parsed, dnat(ctx, parsed, s, scope))
+}
+
+/// The packet's flow in this CPU's working set, or the finished stage when the load-balancer
+/// has nothing more to do: not TCP or UDP, or a reply that reverse NAT has just translated.
+#[inline(always)]
+fn unreplied_flow(ctx: &TcContext, parsed: &Parsed) -> Result<&'static mut LbScratch, Stage> {
+    let s = scratch().ok_or(Stage::new(Ok(None)))?;
+    if !read_flow(ctx, parsed, s) {
+        return Err(Stage::new(Ok(None)));
+    }
+    match replied(ctx, parsed, s) {
+        Some(done) => Err(done),
+        None => Ok(s),
+    }
 }
 
 /// The reverse-NAT outcome as a finished stage, or `None` when the packet is no reply.
@@ -361,41 +365,15 @@ fn build_reset(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
         block[38..54].copy_from_slice(&s.flow.src);
         block[54..74].copy_from_slice(&header);
         let pseudo = sum_words(block, 22, 32, 20 + IPPROTO_TCP as u32);
-        let check = fold(sum_words(block, 54, 20, pseudo)).to_be_bytes();
-        block[70] = check[0];
-        block[71] = check[1];
+        store_checksum(block, 70, sum_words(block, 54, 20, pseudo));
     } else {
         let (src, dst) = (&s.flow.dst, &s.flow.src);
-        block[14..34].copy_from_slice(&[
-            0x45,
-            0,
-            0,
-            40,
-            0,
-            0,
-            0x40,
-            0,
-            64,
-            IPPROTO_TCP,
-            0,
-            0,
-            src[12],
-            src[13],
-            src[14],
-            src[15],
-            dst[12],
-            dst[13],
-            dst[14],
-            dst[15],
-        ]);
-        let ip_check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
-        block[24] = ip_check[0];
-        block[25] = ip_check[1];
+        let src4 = [src[12], src[13], src[14], src[15]];
+        let dst4 = [dst[12], dst[13], dst[14], dst[15]];
+        write_ipv4(block, 40, IPPROTO_TCP, true, &src4, &dst4);
         block[34..54].copy_from_slice(&header);
         let pseudo = sum_words(block, 26, 8, 20 + IPPROTO_TCP as u32);
-        let check = fold(sum_words(block, 34, 20, pseudo)).to_be_bytes();
-        block[50] = check[0];
-        block[51] = check[1];
+        store_checksum(block, 50, sum_words(block, 34, 20, pseudo));
     }
     icmp::send_back(ctx, block, tcp_at + 20, failed)
 }

@@ -37,7 +37,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    csum::{fold, sum_words},
+    csum::write_ipv4,
     icmp,
     maps::{
         ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4,
@@ -244,7 +244,16 @@ fn wrap(
             endpoint.addr[15],
         ];
         write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IP);
-        write_ipv4(block, outer_len as u16, &config.node_ipv4, &dst);
+        // DF set: the overlay answers oversize packets itself rather than letting the
+        // underlay fragment.
+        write_ipv4(
+            block,
+            outer_len as u16,
+            IPPROTO_UDP,
+            true,
+            &config.node_ipv4,
+            &dst,
+        );
         write_udp_geneve(
             block,
             14 + 20,
@@ -300,39 +309,6 @@ fn write_ethernet(block: &mut [u8; ENCAP_SCRATCH_LEN], dst: &[u8; 6], src: &[u8;
     block[0..6].copy_from_slice(dst);
     block[6..12].copy_from_slice(src);
     block[12..14].copy_from_slice(&ty.to_be_bytes());
-}
-
-/// Outer IPv4 header at offset 14: no options, DF set (the overlay answers oversize packets
-/// itself rather than letting the underlay fragment), identification 0, TTL 64, checksum.
-#[inline(always)]
-fn write_ipv4(block: &mut [u8; ENCAP_SCRATCH_LEN], total_len: u16, src: &[u8; 4], dst: &[u8; 4]) {
-    let len = total_len.to_be_bytes();
-    let header: [u8; 20] = [
-        0x45,
-        0,
-        len[0],
-        len[1],
-        0,
-        0,
-        0x40,
-        0,
-        OUTER_TTL,
-        IPPROTO_UDP,
-        0,
-        0,
-        src[0],
-        src[1],
-        src[2],
-        src[3],
-        dst[0],
-        dst[1],
-        dst[2],
-        dst[3],
-    ];
-    block[14..34].copy_from_slice(&header);
-    let check = fold(sum_words(block, 14, 20, 0)).to_be_bytes();
-    block[24] = check[0];
-    block[25] = check[1];
 }
 
 /// Outer IPv6 header at offset 14: traffic class 0, flow label from the inner flow hash,

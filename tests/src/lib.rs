@@ -5,6 +5,7 @@
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
 //! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
 //! - [`scapy`]: the independent Geneve encoder/decoder;
+//! - [`service_bed`]: echoing service backends and clients in pods;
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
 
 pub mod capture;
@@ -14,6 +15,7 @@ pub mod overlay_bed;
 pub mod packets;
 pub mod privileged;
 pub mod scapy;
+pub mod service_bed;
 pub mod topology;
 
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -23,4 +25,11 @@ pub fn unique_name(kind: &str) -> String {
     static NEXT: AtomicU32 = AtomicU32::new(0);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     format!("dpt{}-{kind}{n}", std::process::id())
+}
+
+/// The median of benchmark samples (the upper one of an even count).
+pub fn median(samples: &[f64]) -> f64 {
+    let mut sorted = samples.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted[sorted.len() / 2]
 }

@@ -4,6 +4,7 @@
 
 use clap::Parser;
 use dataplane_common::maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY};
+use dataplane_tests::median;
 use dataplane_tests::{
     overlay_bed,
     packets::{self, Ext},
@@ -141,11 +142,6 @@ fn cases() -> Vec<Case> {
     ]
 }
 
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -171,7 +167,7 @@ fn main() -> anyhow::Result<()> {
                 };
                 round.push(outcome.duration.as_nanos() as f64);
             }
-            case.samples.push(median(&mut round));
+            case.samples.push(median(&round));
         }
     }
     let baseline_of = |hook| {
@@ -181,7 +177,7 @@ fn main() -> anyhow::Result<()> {
             PROG_TC_BASELINE
         }
     };
-    let medians: Vec<f64> = cases.iter_mut().map(|c| median(&mut c.samples)).collect();
+    let medians: Vec<f64> = cases.iter().map(|c| median(&c.samples)).collect();
     let baseline_median = |hook, timing| {
         cases
             .iter()

@@ -8,7 +8,8 @@ use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     packets,
-    topology::{Agent, Mode, Pod, Topology, dataplane_binary, exec_in},
+    service_bed::{ServicePort, cluster_ip_manifests, echo_backend, tcp_answers},
+    topology::{Agent, Mode, Pod, Topology, dataplane_binary},
 };
 
 #[derive(Parser)]
@@ -65,16 +66,25 @@ fn main() -> anyhow::Result<()> {
     );
 
     // A ClusterIP Service whose backends are the last pod of every node, each answering TCP on
-    // 8080 with its own address.
+    // 8080 with its own address (and the client's).
     let backends: Vec<&Pod> = topology
         .nodes
         .iter()
         .filter_map(|n| n.pods.last())
         .collect();
-    topology.add_manifest("service.yaml", &service_yaml(&backends))?;
+    let http = ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    };
+    topology.add_manifest(
+        "service.yaml",
+        &cluster_ip_manifests("web", SERVICE_IP, &[http], &backends),
+    )?;
     let mut servers = Vec::new();
     for pod in &backends {
-        servers.push(start_echo_server(pod)?);
+        servers.push(echo_backend(pod, false)?);
     }
     println!(
         "   service default/web {SERVICE_IP}:80 -> port 8080 of {}",
@@ -115,8 +125,12 @@ fn main() -> anyhow::Result<()> {
         }
     }
 
-    let answers = connect_to_service(&first.pods[0], 12)?;
-    let reached: std::collections::BTreeSet<&str> = answers.iter().map(String::as_str).collect();
+    // Each answer is "<backend> <client seen>"; a client that fails counts as no answers.
+    let answers = tcp_answers(&first.pods[0].netns, SERVICE_IP, 80, 12).unwrap_or_default();
+    let reached: std::collections::BTreeSet<&str> = answers
+        .iter()
+        .filter_map(|a| a.split_whitespace().next())
+        .collect();
     summary.push(format!(
         "12 TCP connections {} -> {SERVICE_IP}:80: {} answered, backends reached: {}{}",
         first.pods[0].ip,
@@ -178,56 +192,3 @@ fn main() -> anyhow::Result<()> {
 }
 
 const SERVICE_IP: &str = "10.96.0.10";
-
-/// The Service and its EndpointSlice as the API would serve them.
-fn service_yaml(backends: &[&Pod]) -> String {
-    let endpoints: String = backends
-        .iter()
-        .map(|p| format!("- addresses: [{}]\n  conditions: {{ready: true}}\n", p.ip))
-        .collect();
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: default}}\n\
-         spec: {{clusterIP: {SERVICE_IP}, ports: [{{port: 80, protocol: TCP, targetPort: 8080}}]}}\n\
-         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: web-1, namespace: default, labels: {{kubernetes.io/service-name: web}}}}\n\
-         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\nendpoints:\n{endpoints}"
-    )
-}
-
-/// A TCP server in `pod` answering every connection on 8080 with the pod's address.
-fn start_echo_server(pod: &Pod) -> anyhow::Result<std::process::Child> {
-    let script = format!(
-        "import socket\nt = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
-         t.bind(('0.0.0.0', 8080)); t.listen(16)\n\
-         while True:\n    c, a = t.accept(); c.sendall(b'{}'); c.close()\n",
-        pod.ip
-    );
-    Ok(Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", pod.netns))
-        .args(["python3", "-c", &script])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()?)
-}
-
-/// `count` TCP connections from `client` to the service; the backend address each answered
-/// with.
-fn connect_to_service(client: &Pod, count: usize) -> anyhow::Result<Vec<String>> {
-    let script = format!(
-        "import socket, time\n\
-         for i in range({count}):\n\
-         \x20   for attempt in range(30):\n\
-         \x20       try:\n\
-         \x20           c = socket.create_connection(('{SERVICE_IP}', 80), timeout=5); break\n\
-         \x20       except OSError:\n\
-         \x20           time.sleep(0.1)\n\
-         \x20   else:\n\
-         \x20       continue\n\
-         \x20   print(c.recv(100).decode()); c.close()\n"
-    );
-    let out = exec_in(&client.netns, &["python3", "-c", &script])?;
-    Ok(String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect())
-}

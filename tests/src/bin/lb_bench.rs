@@ -10,6 +10,7 @@ use dataplane_common::{
     lb::{SCOPE_CLUSTER, ServiceKey},
     maps::{PROG_FROM_POD, PROG_TC_BASELINE},
 };
+use dataplane_tests::median;
 use dataplane_tests::{fixture::Fixture, packets::tcp_v4_flow};
 use dataplane_user::{
     lb::{BackendAddr, LbState, ServicePort},
@@ -116,11 +117,6 @@ fn loaded_with(count: usize) -> anyhow::Result<Fixture> {
     Ok(fixture)
 }
 
-fn median(samples: &mut [f64]) -> f64 {
-    samples.sort_by(f64::total_cmp);
-    samples[samples.len() / 2]
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -153,13 +149,13 @@ fn main() -> anyhow::Result<()> {
                 for frame in &frames {
                     round.push(fixture.run_tc(program, frame, 1)?.duration.as_nanos() as f64);
                 }
-                samples[f][c].push(median(&mut round));
+                samples[f][c].push(median(&round));
             }
         }
     }
     let medians: Vec<Vec<f64>> = samples
         .iter_mut()
-        .map(|cases| cases.iter_mut().map(|s| median(s)).collect())
+        .map(|cases| cases.iter().map(|s| median(s)).collect())
         .collect();
     let mut rows = Vec::new();
     for (f, &size) in sizes.iter().enumerate() {

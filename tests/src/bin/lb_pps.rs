@@ -10,6 +10,8 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use dataplane_tests::median;
+use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
 use dataplane_tests::topology::{Mode, Pod, Topology, exec_in, run_in, sh_in};
 use serde::Serialize;
 
@@ -78,20 +80,6 @@ impl Comparison {
             self.ratio
         );
     }
-}
-
-fn manifests(backends: &[&Pod]) -> String {
-    let endpoints: String = backends
-        .iter()
-        .map(|p| format!("- addresses: [{}]\n", p.ip))
-        .collect();
-    format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: blast, namespace: default}}\n\
-         spec: {{clusterIP: {SERVICE_IP}, ports: [{{port: 80, protocol: UDP, targetPort: 8080}}]}}\n\
-         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-         metadata: {{name: blast-1, namespace: default, labels: {{kubernetes.io/service-name: blast}}}}\n\
-         addressType: IPv4\nports: [{{port: 8080, protocol: UDP}}]\nendpoints:\n{endpoints}"
-    )
 }
 
 /// kube-proxy's nftables mode for one UDP ClusterIP with two endpoints.
@@ -182,12 +170,6 @@ fn blast(
     Ok((after - before) as f64 / seconds as f64)
 }
 
-fn median(values: &[f64]) -> f64 {
-    let mut sorted = values.to_vec();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
-}
-
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -198,7 +180,14 @@ fn main() -> anyhow::Result<()> {
     let node = topology.node(0);
     let client = &node.pods[0];
     let backends = [&node.pods[1], &node.pods[2]];
-    topology.add_manifest("blast.yaml", &manifests(&backends))?;
+    let port = ServicePort {
+        name: "blast",
+        port: 80,
+        protocol: "UDP",
+        target: 8080,
+    };
+    let service = cluster_ip_manifests("blast", SERVICE_IP, &[port], &backends);
+    topology.add_manifest("blast.yaml", &service)?;
     // The backends count and discard the datagrams at their interface (no socket, no ICMP
     // answers), so the rate measures the way to them rather than their own stack.
     for pod in backends {

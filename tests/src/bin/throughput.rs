@@ -127,9 +127,8 @@ fn vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
 }
 
 fn median(runs: &[Run]) -> f64 {
-    let mut sorted: Vec<f64> = runs.iter().map(|r| r.gbps).collect();
-    sorted.sort_by(f64::total_cmp);
-    sorted[sorted.len() / 2]
+    let gbps: Vec<f64> = runs.iter().map(|r| r.gbps).collect();
+    dataplane_tests::median(&gbps)
 }
 
 fn main() -> anyhow::Result<()> {

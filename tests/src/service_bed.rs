@@ -1,0 +1,126 @@
+//! Service endpoints and clients in pods, for the load-balancer topology tests and the demo:
+//! a backend that answers with its own address and the client address it saw, and a TCP client
+//! that collects those answers.
+
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context as _, bail};
+
+use crate::topology::{Pod, exec_in};
+
+/// Starts a backend in `pod` (IPv4, or IPv6-only sockets with `ipv6`): every TCP connection on
+/// 8080 and every UDP datagram on 5353 is answered with "<its address> <the client address it
+/// saw>".
+pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Child> {
+    let (me, family, any, v6only) = if ipv6 {
+        let ip6 = pod.ip6.context("an IPv6 backend needs a dual-stack pod")?;
+        (
+            ip6.to_string(),
+            "socket.AF_INET6",
+            "::",
+            "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)",
+        )
+    } else {
+        (pod.ip.to_string(), "socket.AF_INET", "0.0.0.0", "pass")
+    };
+    let script = format!(
+        "import socket, threading\n\
+         def bound(kind, port):\n\
+         \x20   s = socket.socket({family}, kind); {v6only}\n\
+         \x20   s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1); s.bind(('{any}', port))\n\
+         \x20   return s\n\
+         t = bound(socket.SOCK_STREAM, 8080); t.listen(64)\n\
+         u = bound(socket.SOCK_DGRAM, 5353)\n\
+         def udp():\n    while True:\n        d, a = u.recvfrom(100); u.sendto(f'{me} {{a[0]}}'.encode(), a)\n\
+         threading.Thread(target=udp, daemon=True).start()\n\
+         while True:\n    c, a = t.accept(); c.sendall(f'{me} {{a[0]}}'.encode()); c.close()\n"
+    );
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .args(["python3", "-c", &script])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("starting a backend")
+}
+
+/// `count` TCP connections from `netns` to `address:port`, retried while refused (the server
+/// or the agent may still be starting); one line per answer.
+pub fn tcp_answers(
+    netns: &str,
+    address: &str,
+    port: u16,
+    count: usize,
+) -> anyhow::Result<Vec<String>> {
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for attempt in range(30):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{address}', {port}), timeout=5); break\n\
+         \x20       except ConnectionRefusedError:\n\
+         \x20           if attempt == 29: raise\n\
+         \x20           time.sleep(0.1)\n\
+         \x20   print(c.recv(100).decode()); c.close()\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script])?;
+    if !out.status.success() {
+        bail!(
+            "client to {address}:{port}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
+}
+
+/// One port of a test Service: name, service port, protocol, target port.
+pub struct ServicePort {
+    pub name: &'static str,
+    pub port: u16,
+    pub protocol: &'static str,
+    pub target: u16,
+}
+
+/// An IPv4 ClusterIP Service `name` in namespace default and its EndpointSlice listing
+/// `backends` as ready, as the API would serve them.
+pub fn cluster_ip_manifests(
+    name: &str,
+    cluster_ip: &str,
+    ports: &[ServicePort],
+    backends: &[&Pod],
+) -> String {
+    let service_ports: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "{{name: {}, port: {}, protocol: {}, targetPort: {}}}",
+                p.name, p.port, p.protocol, p.target
+            )
+        })
+        .collect();
+    let slice_ports: Vec<String> = ports
+        .iter()
+        .map(|p| {
+            format!(
+                "{{name: {}, port: {}, protocol: {}}}",
+                p.name, p.target, p.protocol
+            )
+        })
+        .collect();
+    let endpoints: String = backends
+        .iter()
+        .map(|p| format!("- addresses: [{}]\n  conditions: {{ready: true}}\n", p.ip))
+        .collect();
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec: {{clusterIP: {cluster_ip}, clusterIPs: [{cluster_ip}], ports: [{}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: {name}-1, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+         addressType: IPv4\nports: [{}]\nendpoints:\n{endpoints}",
+        service_ports.join(", "),
+        slice_ports.join(", ")
+    )
+}
