@@ -70,6 +70,7 @@ drop_reasons! {
     LbBackendGone = 32, "lb_backend_gone", "a TCP packet of a flow whose backend was removed, not answerable with a reset";
     LbRewriteFailed = 33, "lb_rewrite_failed", "the kernel refused to rewrite a service packet";
     LbSnatPortsExhausted = 34, "lb_snat_ports_exhausted", "no free source port to masquerade a NodePort flow to a remote backend";
+    FirewallDenied = 35, "firewall_denied", "a pod packet to outside the cluster denied by its namespace's EgressFirewall";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

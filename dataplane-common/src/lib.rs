@@ -3,6 +3,7 @@
 //! map names, program names, drop reasons, counter indices and map value layouts.
 #![no_std]
 
+pub mod acl;
 pub mod drop;
 pub mod lb;
 pub mod maps;

@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 2;
+pub const LAYOUT_VERSION: u32 = 3;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -40,6 +40,19 @@ pub const LB_CT: &str = "DP_LB_CT";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
 pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
 
+/// Hash: address of every local pod under access control (16-byte form) ->
+/// [`crate::acl::AclEndpoint`], the rule sets that apply to it.
+pub const ACL_ENDPOINTS: &str = "DP_ACL_ENDPOINTS";
+/// Hash (allocated on use): [`crate::acl::AclAddrKey`] -> [`crate::acl::AclAddrValue`].
+pub const ACL_ADDRS: &str = "DP_ACL_ADDRS";
+/// Hash (allocated on use): [`crate::acl::AclPortKey`] -> [`crate::acl::AclVerdict`].
+pub const ACL_PORTS: &str = "DP_ACL_PORTS";
+
+/// Capacity of the access-control maps: 100 namespaces of 8000 rules each, with room for a
+/// second generation of the largest while it is switched in.
+pub const MAX_ACL_PREFIXES: u32 = 1_048_576;
+pub const MAX_ACL_PORT_ENTRIES: u32 = 1_048_576;
+
 /// Capacity of the load-balancer maps.
 pub const MAX_SERVICE_PORTS: u32 = 16_384;
 pub const MAX_BACKENDS: u32 = 65_536;
@@ -66,6 +79,9 @@ pub const ALL_MAPS: &[&str] = &[
     LB_MAGLEV,
     LB_CT,
     LB_AFFINITY,
+    ACL_ENDPOINTS,
+    ACL_ADDRS,
+    ACL_PORTS,
 ];
 
 /// XDP program on the underlay NIC.

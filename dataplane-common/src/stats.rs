@@ -63,6 +63,9 @@ pub enum PacketClass {
     ServiceRejected = 17,
     /// A TCP segment of a flow whose backend was removed, answered with a reset.
     ServiceResetBackendGone = 18,
+    // What access control did.
+    /// A pod packet to outside the cluster that its namespace's EgressFirewall let through.
+    FirewallAllowed = 19,
 }
 
 impl PacketClass {
@@ -86,6 +89,7 @@ impl PacketClass {
         PacketClass::ServiceReverseNat,
         PacketClass::ServiceRejected,
         PacketClass::ServiceResetBackendGone,
+        PacketClass::FirewallAllowed,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -111,6 +115,7 @@ impl PacketClass {
             16 => PacketClass::ServiceReverseNat,
             17 => PacketClass::ServiceRejected,
             18 => PacketClass::ServiceResetBackendGone,
+            19 => PacketClass::FirewallAllowed,
             _ => return None,
         })
     }
@@ -136,6 +141,7 @@ impl PacketClass {
             PacketClass::ServiceReverseNat => "service_reverse_nat",
             PacketClass::ServiceRejected => "service_rejected",
             PacketClass::ServiceResetBackendGone => "service_reset_backend_gone",
+            PacketClass::FirewallAllowed => "firewall_allowed",
         }
     }
 }

@@ -43,7 +43,7 @@ use crate::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
     },
     overlay,
-    parse::Parsed,
+    parse::{Parsed, read},
     stage::Stage,
 };
 
@@ -149,18 +149,6 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     s.snat = 0;
     s.nodeport = 0;
     true
-}
-
-/// Reads a `T` at a fixed `offset` straight from the packet's linear data (the parser made
-/// sure the headers are there): direct packet access instead of a helper call per field.
-#[inline(always)]
-fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
-    let at = ctx.data() + offset;
-    if at + core::mem::size_of::<T>() > ctx.data_end() {
-        return None;
-    }
-    // SAFETY: the bytes lie within the packet (checked just above).
-    Some(unsafe { core::ptr::read_unaligned(at as *const T) })
 }
 
 /// Whether a tracked entry has been idle longer than its protocol and state allow.

@@ -4,6 +4,8 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 
 #[cfg(target_arch = "bpf")]
+mod acl;
+#[cfg(target_arch = "bpf")]
 mod baseline;
 #[cfg(target_arch = "bpf")]
 mod csum;

@@ -8,13 +8,14 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use dataplane_common::{
+    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
     drop::DROP_REASON_SLOTS,
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
     },
     maps::{
-        MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES,
-        MAX_SERVICE_PORTS,
+        MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES, MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES,
+        MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     stats::PACKET_COUNTER_SLOTS,
@@ -80,6 +81,20 @@ pub static LB_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT_ENTRIES
 #[map(name = "DP_LB_AFFINITY")]
 pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
     LruHashMap::pinned(MAX_AFFINITY_ENTRIES, 0);
+
+/// Local pods under access control -> the rule sets that apply to them.
+#[map(name = "DP_ACL_ENDPOINTS")]
+pub static ACL_ENDPOINTS: HashMap<Addr, AclEndpoint> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// (rule set, prefix) -> the decision, final or by port table.
+#[map(name = "DP_ACL_ADDRS")]
+pub static ACL_ADDRS: HashMap<AclAddrKey, AclAddrValue> =
+    HashMap::pinned(MAX_ACL_PREFIXES, BPF_F_NO_PREALLOC);
+
+/// (port table, protocol, kind, port) -> the first-match verdict.
+#[map(name = "DP_ACL_PORTS")]
+pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
+    HashMap::pinned(MAX_ACL_PORT_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Size of the per-CPU scratch buffer (the largest encapsulation block is 84 bytes).
 pub const ENCAP_SCRATCH_LEN: usize = 128;

@@ -334,3 +334,15 @@ fn is_truncation(reason: DropReason) -> bool {
             | Icmpv6Truncated
     )
 }
+
+/// Reads a `T` at a fixed `offset` straight from the packet's linear data (the parser made
+/// sure the headers are there): direct packet access instead of a helper call per field.
+#[inline(always)]
+pub fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
+    let at = ctx.data() + offset;
+    if at + core::mem::size_of::<T>() > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: the bytes lie within the packet (checked just above).
+    Some(unsafe { core::ptr::read_unaligned(at as *const T) })
+}

@@ -1,16 +1,16 @@
 //! tc ingress on the host side of each pod veth: every packet a pod sends passes here first.
-//! Parse (malformed packets dropped with their reason), service load-balancing, then the
-//! overlay (local delivery or encapsulation). Anti-spoofing and policy hook in after the parse.
+//! Parse (malformed packets dropped with their reason), service load-balancing, the
+//! EgressFirewall of the pod's namespace, then the overlay (local delivery or encapsulation).
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::Hook;
+use dataplane_common::{Hook, PacketClass};
 
 use crate::{
-    lb, overlay,
+    acl, lb, overlay,
     parse::parse_skb,
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
@@ -25,6 +25,7 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::FromPod, parsed.class);
+    let mut reply = false;
     match lb::from_pod(&ctx, &parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
@@ -32,11 +33,24 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
             if answered != 0 {
                 return (answered - 1) as i32;
             }
+            reply = outcome == PacketClass::ServiceReverseNat;
         }
         Ok(None) => {}
         Err(reason) => {
             count_drop(Hook::FromPod, reason);
             return TC_ACT_SHOT;
+        }
+    }
+    // Replies of service connections (NodePort clients outside included) are never judged by
+    // the pod's EgressFirewall: the connection was accepted when it came in.
+    if !reply {
+        match acl::firewall(&ctx, &parsed).result() {
+            Ok(Some((_, outcome))) => count_outcome(Hook::FromPod, outcome),
+            Ok(None) => {}
+            Err(reason) => {
+                count_drop(Hook::FromPod, reason);
+                return TC_ACT_SHOT;
+            }
         }
     }
     match overlay::from_pod(&ctx, &parsed).result() {

@@ -1,6 +1,7 @@
 //! The dataplane agent as a library: the binary `dataplane`, the packet tests, the topology
 //! tests and the benchmarks all drive the kernel programs through these modules.
 
+pub mod acl;
 pub mod attach;
 pub mod ebpf;
 pub mod error;

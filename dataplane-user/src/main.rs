@@ -11,6 +11,7 @@ use clap::{Parser, Subcommand};
 use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
+    acl::{self, agent::FirewallAgent},
     attach::XdpModeChoice,
     lb, model, netdev,
     overlay::{self, Underlay},
@@ -58,6 +59,10 @@ enum Command {
         /// This node's name among the manifests' Nodes.
         #[arg(long)]
         node_name: Option<String>,
+        /// Name server for EgressFirewall dnsName rules (default: the node's
+        /// /etc/resolv.conf).
+        #[arg(long)]
+        dns_server: Option<std::net::IpAddr>,
     },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
@@ -95,6 +100,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             xdp_mode,
             manifests,
             node_name,
+            dns_server,
         } => run(
             &pins,
             &cli.run_dir,
@@ -103,6 +109,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 pod_ifaces,
                 xdp_mode,
                 cluster: manifests.zip(node_name),
+                dns_server,
             },
         ),
         Command::Status { json } => {
@@ -129,6 +136,7 @@ struct RunArgs {
     xdp_mode: XdpModeChoice,
     /// Manifest directory and this node's name.
     cluster: Option<(PathBuf, String)>,
+    dns_server: Option<std::net::IpAddr>,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -137,14 +145,29 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     for iface in &args.pod_ifaces {
         preflight::interface_index(iface)?;
     }
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
     let mut dataplane = Dataplane::load(pins)?;
     let mut pod_ifaces = args.pod_ifaces.clone();
+    let mut firewalls = None;
     if let Some((dir, node)) = &args.cluster {
-        for iface in configure_overlay(&mut dataplane, dir, node, &args.underlay, underlay_index)? {
+        let configured = configure_cluster(
+            &runtime,
+            &mut dataplane,
+            dir,
+            node,
+            &args.underlay,
+            underlay_index,
+            args.dns_server,
+        )?;
+        for iface in configured.pod_interfaces {
             if !pod_ifaces.contains(&iface) {
                 pod_ifaces.push(iface);
             }
         }
+        firewalls = Some(configured.firewalls);
     }
     let mut attachments = vec![
         dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
@@ -168,11 +191,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     )?;
     tracing::info!(pin_root = %pins.root().display(), "dataplane running");
 
-    let runtime = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the async runtime")?;
-    runtime.block_on(wait_for_shutdown())?;
+    runtime.block_on(serve(&mut dataplane, firewalls))?;
 
     // Dropping the loaded object detaches every program this agent attached; maps stay pinned
     // for the next agent.
@@ -182,15 +201,24 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     Ok(())
 }
 
-/// Reads the manifests, builds this node's overlay view, and syncs the overlay maps. Returns
-/// the host-side interfaces of the local pods.
-fn configure_overlay(
+/// What configuring from the cluster's state left running.
+struct Configured {
+    /// Host-side interfaces of the local pods (tc is attached to each).
+    pod_interfaces: Vec<String>,
+    firewalls: FirewallAgent,
+}
+
+/// Reads the manifests, builds this node's view, and syncs the overlay, load-balancer and
+/// firewall maps.
+fn configure_cluster(
+    runtime: &tokio::runtime::Runtime,
     dataplane: &mut Dataplane,
     dir: &std::path::Path,
     node: &str,
     underlay: &str,
     underlay_index: u32,
-) -> anyhow::Result<Vec<String>> {
+    dns_server: Option<std::net::IpAddr>,
+) -> anyhow::Result<Configured> {
     preflight::check_forwarding()?;
     let state = source::read_dir(dir)?;
     for rejected in &state.rejected {
@@ -223,7 +251,17 @@ fn configure_overlay(
         "overlay configured"
     );
     configure_services(dataplane, &state, node)?;
-    Ok(model.pod_interfaces)
+    let firewalls = runtime.block_on(FirewallAgent::start(
+        dataplane,
+        state.egress_firewalls.clone(),
+        acl::firewall::context(&state, &model.view),
+        acl::pods_of(&model.view),
+        dns_server,
+    ))?;
+    Ok(Configured {
+        pod_interfaces: model.pod_interfaces,
+        firewalls,
+    })
 }
 
 /// Compiles the Services and EndpointSlices and syncs the load-balancer maps, taking over what a
@@ -260,14 +298,40 @@ fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     })
 }
 
-async fn wait_for_shutdown() -> anyhow::Result<()> {
+/// Runs until SIGINT or SIGTERM, refreshing the firewalls' DNS names when they are due.
+async fn serve(
+    dataplane: &mut Dataplane,
+    mut firewalls: Option<FirewallAgent>,
+) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    tokio::select! {
-        _ = terminate.recv() => tracing::info!("SIGTERM received"),
-        _ = interrupt.recv() => tracing::info!("SIGINT received"),
+    loop {
+        let due = firewalls.as_ref().and_then(FirewallAgent::next_refresh);
+        let refresh = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            _ = terminate.recv() => {
+                tracing::info!("SIGTERM received");
+                return Ok(());
+            }
+            _ = interrupt.recv() => {
+                tracing::info!("SIGINT received");
+                return Ok(());
+            }
+            () = refresh => {
+                if let Some(agent) = firewalls.as_mut()
+                    && let Err(error) = agent.refresh(dataplane).await
+                {
+                    // The maps keep what they had; the next refresh tries again.
+                    tracing::error!(error = %anyhow::Error::from(error), "updating the egress firewalls");
+                }
+            }
+        }
     }
-    Ok(())
 }
 
 /// Decapsulated frames go up the stack one wire frame at a time; without GRO on the underlay

@@ -1,6 +1,6 @@
 //! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
 //! cluster): Nodes, Pods, Services and EndpointSlices as the API serves them (k8s-openapi
-//! types), and the OpenShift
+//! types), OVN-Kubernetes' EgressFirewalls, and the OpenShift
 //! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
 
@@ -13,7 +13,7 @@ use k8s_openapi::api::{
 };
 use serde::Deserialize;
 
-use crate::overlay::OvnKubernetesConfig;
+use crate::{acl::firewall::EgressFirewall, overlay::OvnKubernetesConfig};
 
 /// Everything read from the manifests.
 #[derive(Clone, Debug, Default)]
@@ -22,6 +22,8 @@ pub struct ClusterState {
     pub pods: Vec<Pod>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
+    pub egress_firewalls: Vec<EgressFirewall>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -118,6 +120,18 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             match serde_yaml::from_value::<EndpointSlice>(value) {
                 Ok(slice) => state.endpoint_slices.push(slice),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        ("k8s.ovn.org/v1", "EgressFirewall") => {
+            match serde_yaml::from_value::<EgressFirewall>(value) {
+                Ok(mut firewall) => {
+                    firewall
+                        .metadata
+                        .namespace
+                        .get_or_insert_with(|| "default".into());
+                    state.egress_firewalls.push(firewall);
+                }
                 Err(e) => reject(state, e.to_string()),
             }
         }

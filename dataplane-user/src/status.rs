@@ -5,6 +5,7 @@ use std::{fmt::Write as _, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray};
 use dataplane_common::{
+    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
     },
@@ -159,6 +160,20 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
         maps::LB_AFFINITY => {
             let map: HashMap<MapData, AffinityKey, AffinityValue> =
                 HashMap::try_from(Map::LruHashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::ACL_ENDPOINTS => {
+            let map: HashMap<MapData, Addr, AclEndpoint> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::ACL_ADDRS => {
+            let map: HashMap<MapData, AclAddrKey, AclAddrValue> =
+                HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::ACL_PORTS => {
+            let map: HashMap<MapData, AclPortKey, AclVerdict> =
+                HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)
         }
         _ => Ok(0),

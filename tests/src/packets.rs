@@ -381,3 +381,35 @@ pub fn tcp_v4_flow(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16, syn: bool
 pub fn udp_v4_flow(src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> Vec<u8> {
     finish(|o| eth().ipv4(src, dst, 64).udp(sport, dport).write(o, PAYLOAD))
 }
+
+/// An IPv4 ICMP echo request from `src` to `dst`.
+pub fn icmp_v4_echo(src: [u8; 4], dst: [u8; 4]) -> Vec<u8> {
+    finish(|o| {
+        eth()
+            .ipv4(src, dst, 64)
+            .icmpv4_echo_request(7, 1)
+            .write(o, PAYLOAD)
+    })
+}
+
+/// An IPv4 SCTP packet from `src:40000` to `dst:dport`.
+pub fn sctp_v4_flow(src: [u8; 4], dst: [u8; 4], dport: u16) -> Vec<u8> {
+    let mut sctp = sctp_payload();
+    sctp[2..4].copy_from_slice(&dport.to_be_bytes());
+    finish(|o| {
+        eth()
+            .ipv4(src, dst, 64)
+            .write(o, IpNumber(IPPROTO_SCTP), &sctp)
+    })
+}
+
+/// An IPv6 TCP SYN from `src:sport` to `dst:dport`.
+pub fn tcp_v6_flow(src: [u8; 16], sport: u16, dst: [u8; 16], dport: u16) -> Vec<u8> {
+    finish(|o| {
+        eth()
+            .ipv6(src, dst, 64)
+            .tcp(sport, dport, 1, 64240)
+            .syn()
+            .write(o, PAYLOAD)
+    })
+}

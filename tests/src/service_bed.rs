@@ -12,16 +12,26 @@ use crate::topology::{Pod, exec_in};
 /// 8080 and every UDP datagram on 5353 is answered with "<its address> <the client address it
 /// saw>".
 pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Child> {
-    let (me, family, any, v6only) = if ipv6 {
-        let ip6 = pod.ip6.context("an IPv6 backend needs a dual-stack pod")?;
+    let me = if ipv6 {
+        pod.ip6
+            .context("an IPv6 backend needs a dual-stack pod")?
+            .to_string()
+    } else {
+        pod.ip.to_string()
+    };
+    echo_server(&pod.netns, &me, ipv6)
+}
+
+/// The server of [`echo_backend`] in any namespace, answering as `me`.
+pub fn echo_server(netns: &str, me: &str, ipv6: bool) -> anyhow::Result<Child> {
+    let (family, any, v6only) = if ipv6 {
         (
-            ip6.to_string(),
             "socket.AF_INET6",
             "::",
             "s.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 1)",
         )
     } else {
-        (pod.ip.to_string(), "socket.AF_INET", "0.0.0.0", "pass")
+        ("socket.AF_INET", "0.0.0.0", "pass")
     };
     let script = format!(
         "import socket, threading\n\
@@ -36,7 +46,7 @@ pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Child> {
          while True:\n    c, a = t.accept(); c.sendall(f'{me} {{a[0]}}'.encode()); c.close()\n"
     );
     Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .arg(format!("--net=/run/netns/{netns}"))
         .args(["python3", "-c", &script])
         .stdout(Stdio::null())
         .stderr(Stdio::null())

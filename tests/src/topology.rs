@@ -26,6 +26,8 @@ use dataplane_user::{Pins, stats::Counters};
 pub struct Pod {
     pub netns: String,
     pub name: String,
+    /// The Kubernetes namespace its Pod object is in.
+    pub namespace: String,
     pub ip: Ipv4Addr,
     /// Overlay mode: the pod's IPv6 address (the cluster is dual-stack).
     pub ip6: Option<Ipv6Addr>,
@@ -222,6 +224,23 @@ impl Topology {
         })
     }
 
+    /// Moves a pod's object to another Kubernetes namespace (rewriting the cluster manifest);
+    /// agents started afterwards see it there. Overlay mode only.
+    pub fn set_pod_namespace(
+        &mut self,
+        node: usize,
+        pod: usize,
+        namespace: &str,
+    ) -> anyhow::Result<()> {
+        self.nodes[node].pods[pod].namespace = namespace.to_owned();
+        let dir = self
+            .manifests
+            .clone()
+            .context("manifests exist in overlay mode only")?;
+        fs::write(dir.join("cluster.yaml"), self.manifests_yaml())?;
+        Ok(())
+    }
+
     /// Adds a manifest file (Services, EndpointSlices, ...) next to the generated cluster
     /// state; agents started afterwards read it. Overlay mode only.
     pub fn add_manifest(&self, file_name: &str, yaml: &str) -> anyhow::Result<()> {
@@ -256,11 +275,12 @@ impl Topology {
             for pod in &node.pods {
                 let mac = crate::packets::mac_text(&pod.mac);
                 yaml.push_str(&format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: default\n\
+                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
                      \x20 annotations:\n    k8s.ovn.org/pod-networks: '{{\"default\":{{\"ip_addresses\":[\"{ip}/24\"],\"mac_address\":\"{mac}\"}}}}'\n\
                      spec: {{nodeName: {node}, containers: [{{name: app, image: registry.k8s.io/pause:3.9}}]}}\n\
                      status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}{v6}]}}\n",
                     name = pod.name,
+                    namespace = pod.namespace,
                     ip = pod.ip,
                     v6 = pod.ip6.map(|a| format!(", {{ip: \"{a}\"}}")).unwrap_or_default(),
                     node = node_name(node.index),
@@ -333,6 +353,7 @@ impl Topology {
         Ok(Pod {
             netns,
             name: format!("pod-{node}-{index}"),
+            namespace: "default".into(),
             ip: ip_addr,
             ip6,
             mac,
@@ -396,15 +417,29 @@ impl Node {
     /// Starts the real agent binary in this node's netns, attached to the underlay NIC and
     /// every pod veth, and waits until it reports itself running.
     pub fn start_agent(&self) -> anyhow::Result<Agent> {
+        self.start_agent_with(&[])
+    }
+
+    /// As [`Node::start_agent`], with more arguments for `dataplane run`.
+    pub fn start_agent_with(&self, extra: &[&str]) -> anyhow::Result<Agent> {
         let name = crate::unique_name("agent");
         let pins = Pins::new(format!("/sys/fs/bpf/{name}"));
         let run_dir = std::env::temp_dir().join(&name);
-        self.start_agent_at(pins, run_dir)
+        self.start_agent_at_with(pins, run_dir, extra)
     }
 
     /// Starts the agent with the given pin root and run directory (a restart passes the ones
     /// the previous agent used).
     pub fn start_agent_at(&self, pins: Pins, run_dir: PathBuf) -> anyhow::Result<Agent> {
+        self.start_agent_at_with(pins, run_dir, &[])
+    }
+
+    fn start_agent_at_with(
+        &self,
+        pins: Pins,
+        run_dir: PathBuf,
+        extra: &[&str],
+    ) -> anyhow::Result<Agent> {
         fs::create_dir_all(&run_dir)?;
         let log_path = run_dir.join("agent.log");
         let log = fs::File::create(&log_path)?;
@@ -432,6 +467,7 @@ impl Node {
                 }
             }
         }
+        command.args(extra);
         let child = command
             .stdin(Stdio::null())
             .stdout(Stdio::null())

@@ -1,7 +1,8 @@
-//! `cargo xtask bench`: per-packet cost of the programs and of the service load-balancer at 10
-//! and 10,000 services (BPF_PROG_TEST_RUN against empty
-//! programs) and cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN),
-//! both from the test bed's benchmark binaries in release mode.
+//! `cargo xtask bench`: per-packet cost of the programs, of the service load-balancer at 10
+//! and 10,000 services and of the EgressFirewall at 1 to 8000 rules (BPF_PROG_TEST_RUN against
+//! empty programs; the firewall also against an nftables chain of the same rules), and
+//! cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN), all from the test
+//! bed's benchmark binaries in release mode.
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -44,6 +45,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     bench.extend(json.iter().cloned());
     crate::run_testbed("bench", &bench)?;
     crate::run_testbed("lb_bench", &json)?;
+    crate::run_testbed("acl_bench", &json)?;
     if args.no_throughput {
         return Ok(());
     }

@@ -1,0 +1,156 @@
+//! Access control (EgressFirewall now, NetworkPolicy next): map layouts shared by the kernel
+//! stage and the agent's compiler.
+//!
+//! A rule set (one namespace's EgressFirewall, later one pod's policies for one direction) is
+//! compiled into hash lookups whose number does not depend on the number of rules:
+//! 1. `ACL_ADDRS`: (set, family, prefix length, masked destination) -> the decision for every
+//!    packet to that prefix. The set uses at most `ACL_MAX_LENGTHS` prefix lengths per family
+//!    (the agent expands prefixes of other lengths into those); the kernel tries them longest
+//!    first and stops at the first hit. Each entry already holds the first-match outcome of
+//!    every rule covering its prefix, so the longest match alone decides.
+//! 2. When the decision depends on the protocol or port, `ACL_PORTS` holds the entries of that
+//!    prefix's port table: an exact port, a 256-port bucket, or a whole protocol, tried in that
+//!    order (each only when the table has entries of that kind); the table's default for
+//!    everything else is in the address entry itself.
+
+use crate::overlay::Addr;
+
+/// No rule of the set matched: the set's default applies (allow for an EgressFirewall).
+pub const ACL_VERDICT_NONE: u8 = 0;
+pub const ACL_VERDICT_ALLOW: u8 = 1;
+pub const ACL_VERDICT_DENY: u8 = 2;
+
+/// `AclAddrValue::kind`: `verdict` and `rule` are the decision for every protocol and port.
+pub const ACL_ENTRY_FINAL: u8 = 1;
+/// `AclAddrValue::kind`: look the protocol and port up in port table `table`; `verdict` and
+/// `rule` are the table's default.
+pub const ACL_ENTRY_PORTS: u8 = 2;
+
+/// `AclAddrValue::port_kinds` bits, and `AclPortKey::kind` values' bits: which kinds of entry
+/// a port table has.
+pub const ACL_PORT_EXACT: u8 = 1 << 0;
+pub const ACL_PORT_BUCKET: u8 = 1 << 1;
+pub const ACL_PORT_PROTOCOL: u8 = 1 << 2;
+
+/// `rule` of decisions the firewall did not write a rule for: the cluster's own networks and
+/// the node's DNS, which an EgressFirewall never affects.
+pub const ACL_RULE_EXEMPT: u32 = u32::MAX;
+
+/// Most rules of one EgressFirewall (OVN-Kubernetes' limit).
+pub const MAX_FIREWALL_RULES: usize = 8000;
+
+/// Most prefix lengths a set uses per address family (lookups per packet, at most).
+pub const ACL_MAX_LENGTHS: usize = 8;
+/// Marks an unused slot of a lengths list.
+pub const ACL_NO_LENGTH: u8 = 0xFF;
+
+/// `AclAddrKey::family`.
+pub const ACL_FAMILY_V4: u8 = 4;
+pub const ACL_FAMILY_V6: u8 = 6;
+
+/// Key of `ACL_ADDRS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AclAddrKey {
+    pub set: u32,
+    /// `ACL_FAMILY_V4` or `ACL_FAMILY_V6`.
+    pub family: u8,
+    /// Prefix length within the family (0..=32 or 0..=128).
+    pub len: u8,
+    pub _pad: [u8; 2],
+    /// The address masked to `len` bits, in the 16-byte form (IPv4-mapped for IPv4).
+    pub addr: Addr,
+}
+
+/// What `ACL_ADDRS` answers for a prefix.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclAddrValue {
+    /// Port table to consult (`ACL_ENTRY_PORTS`).
+    pub table: u32,
+    /// The deciding rule: its index in the object, or `ACL_RULE_EXEMPT`. With
+    /// `ACL_ENTRY_PORTS`, the rule deciding what the port table does not list.
+    pub rule: u32,
+    /// `ACL_VERDICT_*`, as `rule`.
+    pub verdict: u8,
+    /// `ACL_ENTRY_FINAL` or `ACL_ENTRY_PORTS`.
+    pub kind: u8,
+    /// `ACL_PORT_*` bits: the kinds of entry the port table has.
+    pub port_kinds: u8,
+    pub _pad: u8,
+}
+
+/// Key of `ACL_PORTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AclPortKey {
+    pub table: u32,
+    /// IP protocol.
+    pub protocol: u8,
+    /// One of `ACL_PORT_EXACT`, `ACL_PORT_BUCKET`, `ACL_PORT_PROTOCOL`.
+    pub kind: u8,
+    /// Exact: the port; bucket: the port with its low 8 bits cleared; protocol: zero. Host
+    /// byte order.
+    pub port: u16,
+}
+
+/// A first-match outcome: value of `ACL_PORTS`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclVerdict {
+    /// Index of the deciding rule in its object, or `ACL_RULE_EXEMPT`.
+    pub rule: u32,
+    /// `ACL_VERDICT_*`.
+    pub verdict: u8,
+    pub _pad: [u8; 3],
+}
+
+/// The prefix lengths a set uses, longest first, per family; unused slots `ACL_NO_LENGTH`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct AclLengths {
+    pub v4: [u8; ACL_MAX_LENGTHS],
+    pub v6: [u8; ACL_MAX_LENGTHS],
+}
+
+impl Default for AclLengths {
+    fn default() -> Self {
+        Self {
+            v4: [ACL_NO_LENGTH; ACL_MAX_LENGTHS],
+            v6: [ACL_NO_LENGTH; ACL_MAX_LENGTHS],
+        }
+    }
+}
+
+/// Which rule sets apply to a local pod (value of `ACL_ENDPOINTS`, keyed by its address).
+/// A set id of zero means none. The set id and its lengths change in one write.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclEndpoint {
+    /// The EgressFirewall set of the pod's namespace.
+    pub firewall: u32,
+    pub _reserved: u32,
+    pub firewall_lengths: AclLengths,
+}
+
+const _: () = {
+    assert!(core::mem::size_of::<AclAddrKey>() == 24);
+    assert!(core::mem::size_of::<AclAddrValue>() == 12);
+    assert!(core::mem::size_of::<AclPortKey>() == 8);
+    assert!(core::mem::size_of::<AclVerdict>() == 8);
+    assert!(core::mem::size_of::<AclEndpoint>() == 24);
+};
+
+#[cfg(feature = "user")]
+mod pod_impls {
+    // SAFETY: plain #[repr(C)] data with explicit padding and no invalid bit patterns.
+    unsafe impl aya::Pod for super::AclAddrKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclAddrValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclPortKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclVerdict {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclEndpoint {}
+}

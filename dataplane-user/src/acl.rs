@@ -1,0 +1,985 @@
+//! Access control: ordered rule lists compiled into the kernel's hash lookups (see
+//! `dataplane_common::acl`), and the sync that switches them in.
+//!
+//! Compiling a rule set (pure):
+//! 1. every destination CIDR of every rule is a prefix; the rules covering a prefix are those
+//!    naming it or any shorter prefix containing it, found by truncating it to every shorter
+//!    length (at most 129 hash lookups per prefix, whatever the number of rules);
+//! 2. those rules, in order, paint the protocol/port space first-match-wins; one outcome
+//!    everywhere becomes a final decision, anything else a port table of exact ports, 256-port
+//!    buckets and whole protocols around a default. Identical tables are shared;
+//! 3. when a family uses more than `ACL_MAX_LENGTHS` prefix lengths, the cheapest lengths are
+//!    expanded into the next longer one (a prefix becomes its sub-prefixes there, more
+//!    specific entries keep their own decision), so the kernel needs at most that many
+//!    lookups.
+//!
+//! Sync: a changed rule set is written under a new set id with new table ids, then each pod's
+//! endpoint entry switches to it (set id and prefix lengths together) in one write, then the
+//! old set is deleted. A packet sees the old rules or the new ones, never a mix.
+
+pub mod agent;
+pub mod dns;
+pub mod firewall;
+#[cfg(test)]
+mod tests;
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    net::IpAddr,
+};
+
+use aya::maps::{HashMap as BpfHashMap, MapData};
+use dataplane_common::{
+    acl::{
+        ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_MAX_LENGTHS,
+        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
+        ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclPortKey,
+        AclVerdict,
+    },
+    maps,
+    overlay::Addr,
+};
+use ipnet::IpNet;
+
+use crate::{
+    AgentError, Dataplane,
+    overlay::{OverlayView, addr16},
+};
+
+pub const PROTO_TCP: u8 = 6;
+pub const PROTO_UDP: u8 = 17;
+pub const PROTO_SCTP: u8 = 132;
+
+/// Largest point of the protocol/port space (`protocol << 16 | port`).
+const PORT_SPACE_MAX: u32 = (1 << 24) - 1;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Verdict {
+    Allow,
+    Deny,
+}
+
+impl Verdict {
+    fn code(self) -> u8 {
+        match self {
+            Verdict::Allow => ACL_VERDICT_ALLOW,
+            Verdict::Deny => ACL_VERDICT_DENY,
+        }
+    }
+}
+
+/// Which traffic to a destination a rule matches.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub enum Ports {
+    /// Every protocol and port (ICMP included).
+    Any,
+    /// Only these.
+    Only(Vec<PortMatch>),
+}
+
+/// One protocol and an inclusive port range (`0..=65535` for every port of the protocol).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PortMatch {
+    pub protocol: u8,
+    pub first: u16,
+    pub last: u16,
+}
+
+impl PortMatch {
+    pub fn all_ports(protocol: u8) -> Self {
+        Self {
+            protocol,
+            first: 0,
+            last: u16::MAX,
+        }
+    }
+
+    pub fn port(protocol: u8, port: u16) -> Self {
+        Self {
+            protocol,
+            first: port,
+            last: port,
+        }
+    }
+
+    fn interval(self) -> (u32, u32) {
+        let base = u32::from(self.protocol) << 16;
+        (base | u32::from(self.first), base | u32::from(self.last))
+    }
+}
+
+/// A validated rule of an ordered list.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Rule {
+    /// Index in its object (reported in audit records), or `ACL_RULE_EXEMPT`.
+    pub index: u32,
+    pub verdict: Verdict,
+    pub destinations: Vec<IpNet>,
+    pub ports: Ports,
+}
+
+/// The deciding rule and its verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Outcome {
+    pub verdict: Verdict,
+    pub rule: u32,
+}
+
+/// Disjoint intervals of the protocol/port space, ascending, with the first rule covering each.
+/// Space no rule covers is absent (no match: the set's default applies).
+type Painted = Vec<(u32, u32, Outcome)>;
+
+/// A port table as the kernel reads it: an exact port, else the port's 256-port bucket
+/// (keyed by the port with its low 8 bits cleared), else the protocol, else the default.
+/// `None` outcomes are stored too: no rule matches there, whatever a wider entry says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
+pub struct PortTable {
+    pub default: Option<Outcome>,
+    pub protocols: BTreeMap<u8, Option<Outcome>>,
+    pub buckets: BTreeMap<(u8, u16), Option<Outcome>>,
+    pub exact: BTreeMap<(u8, u16), Option<Outcome>>,
+}
+
+impl PortTable {
+    /// The `ACL_PORT_*` kinds of entry the table has.
+    fn kinds(&self) -> u8 {
+        let mut kinds = 0;
+        if !self.exact.is_empty() {
+            kinds |= ACL_PORT_EXACT;
+        }
+        if !self.buckets.is_empty() {
+            kinds |= ACL_PORT_BUCKET;
+        }
+        if !self.protocols.is_empty() {
+            kinds |= ACL_PORT_PROTOCOL;
+        }
+        kinds
+    }
+
+    /// What the kernel decides for a protocol and port.
+    pub fn lookup(&self, protocol: u8, port: u16) -> Option<Outcome> {
+        if let Some(found) = self.exact.get(&(protocol, port)) {
+            return *found;
+        }
+        if let Some(found) = self.buckets.get(&(protocol, port & 0xFF00)) {
+            return *found;
+        }
+        if let Some(found) = self.protocols.get(&protocol) {
+            return *found;
+        }
+        self.default
+    }
+
+    /// Map entries the table takes.
+    pub fn entries(&self) -> usize {
+        self.exact.len() + self.buckets.len() + self.protocols.len()
+    }
+}
+
+/// What the address lookup answers for one prefix.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Decision {
+    /// The same outcome for every protocol and port.
+    Final(Outcome),
+    /// Look the protocol and port up in the set's table of this index.
+    Table(usize),
+}
+
+/// A compiled rule set, with set-local table indexes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct CompiledSet {
+    /// Prefix lengths in use per family, longest first (at most `ACL_MAX_LENGTHS` each).
+    pub v4_lengths: Vec<u8>,
+    pub v6_lengths: Vec<u8>,
+    /// Every prefix has one of its family's lengths.
+    pub prefixes: BTreeMap<IpNet, Decision>,
+    pub tables: Vec<PortTable>,
+}
+
+impl CompiledSet {
+    /// What the kernel decides for a packet to `dst` (protocol, destination port): the
+    /// longest of the lengths in use with an entry, then its table. `None`: no rule matches.
+    pub fn lookup(&self, dst: IpAddr, protocol: u8, port: u16) -> Option<Outcome> {
+        let lengths = match dst {
+            IpAddr::V4(_) => &self.v4_lengths,
+            IpAddr::V6(_) => &self.v6_lengths,
+        };
+        let decision = lengths.iter().find_map(|&len| {
+            let prefix = IpNet::new(dst, len).ok()?.trunc();
+            self.prefixes.get(&prefix)
+        })?;
+        match *decision {
+            Decision::Final(outcome) => Some(outcome),
+            Decision::Table(index) => self.tables[index].lookup(protocol, port),
+        }
+    }
+
+    /// The lengths in the endpoint's form.
+    pub fn lengths(&self) -> AclLengths {
+        let mut lengths = AclLengths::default();
+        for (slot, len) in lengths.v4.iter_mut().zip(&self.v4_lengths) {
+            *slot = *len;
+        }
+        for (slot, len) in lengths.v6.iter_mut().zip(&self.v6_lengths) {
+            *slot = *len;
+        }
+        lengths
+    }
+}
+
+/// Compiles an ordered rule list (first match wins) into prefixes and port tables. With
+/// `host_lengths`, the lengths of single addresses (32, 128) are in use even without prefixes
+/// of that length yet, so addresses can be added later without changing the lengths.
+pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
+    // Rule positions by the prefixes they name.
+    let mut by_prefix: HashMap<IpNet, Vec<usize>> = HashMap::new();
+    for (position, rule) in rules.iter().enumerate() {
+        for net in &rule.destinations {
+            let positions = by_prefix.entry(net.trunc()).or_default();
+            if positions.last() != Some(&position) {
+                positions.push(position);
+            }
+        }
+    }
+    let mut compiled = CompiledSet::default();
+    let mut table_index: HashMap<PortTable, usize> = HashMap::new();
+    let mut decided: BTreeMap<IpNet, Decision> = BTreeMap::new();
+    // In address order, so that the same rules always give the same table indexes.
+    let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
+    for prefix in ordered {
+        let covering = covering_rules(&by_prefix, prefix);
+        let painted = first_match(covering.iter().map(|&p| &rules[p]));
+        let decision = match painted.as_slice() {
+            [] => continue,
+            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
+            _ => {
+                let table = port_table(&painted);
+                let next = compiled.tables.len();
+                let index = *table_index.entry(table.clone()).or_insert(next);
+                if index == next {
+                    compiled.tables.push(table);
+                }
+                Decision::Table(index)
+            }
+        };
+        decided.insert(prefix, decision);
+    }
+    let (v4, v6): (BTreeMap<IpNet, Decision>, BTreeMap<IpNet, Decision>) = decided
+        .into_iter()
+        .partition(|(p, _)| matches!(p, IpNet::V4(_)));
+    let keep = |len: u8| host_lengths.then_some(len);
+    let (lengths, prefixes) = limit_lengths(v4, keep(32));
+    compiled.v4_lengths = lengths;
+    compiled.prefixes.extend(prefixes);
+    let (lengths, prefixes) = limit_lengths(v6, keep(128));
+    compiled.v6_lengths = lengths;
+    compiled.prefixes.extend(prefixes);
+    compiled
+}
+
+/// Brings one family's prefixes down to at most `ACL_MAX_LENGTHS` lengths: while there are
+/// more, the length whose prefixes cost the fewest entries to expand into the next longer
+/// length is expanded there (existing, more specific entries keep their decisions). Returns
+/// the lengths, longest first, and the prefixes. `keep` is in use even without prefixes (it is
+/// the family's longest, so never expanded).
+fn limit_lengths(
+    mut prefixes: BTreeMap<IpNet, Decision>,
+    keep: Option<u8>,
+) -> (Vec<u8>, BTreeMap<IpNet, Decision>) {
+    loop {
+        let mut lengths: Vec<u8> = prefixes.keys().map(IpNet::prefix_len).chain(keep).collect();
+        lengths.sort_unstable();
+        lengths.dedup();
+        if lengths.len() <= ACL_MAX_LENGTHS {
+            lengths.reverse();
+            return (lengths, prefixes);
+        }
+        let count = |len: u8| prefixes.keys().filter(|p| p.prefix_len() == len).count() as u128;
+        let (from, to) = lengths
+            .windows(2)
+            .map(|w| (w[0], w[1]))
+            .min_by_key(|&(from, to)| count(from) << (to - from))
+            .expect("more than one length");
+        let expanded: Vec<(IpNet, Decision)> = prefixes
+            .iter()
+            .filter(|(p, _)| p.prefix_len() == from)
+            .map(|(p, d)| (*p, *d))
+            .collect();
+        for (prefix, decision) in expanded {
+            prefixes.remove(&prefix);
+            for sub in prefix.subnets(to).expect("a longer length") {
+                prefixes.entry(sub).or_insert(decision);
+            }
+        }
+    }
+}
+
+/// The kernel's form of a painted protocol/port space (see [`PortTable`]). Outcomes are
+/// chosen at each level by how much space they cover, so that the fewest entries remain.
+fn port_table(painted: &Painted) -> PortTable {
+    // Rules name TCP, UDP and SCTP only; every other protocol (0 included) gets what rules
+    // without ports say.
+    let default = segments(painted, 0)
+        .first()
+        .and_then(|&(_, _, outcome)| outcome);
+    let mut table = PortTable {
+        default,
+        ..PortTable::default()
+    };
+    let mut named: BTreeSet<u8> = BTreeSet::new();
+    for &(first, last, _) in painted {
+        named.insert((first >> 16) as u8);
+        named.insert((last >> 16) as u8);
+    }
+    for protocol in named {
+        let ports = segments(painted, protocol);
+        if ports.iter().all(|&(_, _, o)| o == default) {
+            continue;
+        }
+        let for_protocol = most_covering(&ports, 0, u16::MAX);
+        if for_protocol != default {
+            table.protocols.insert(protocol, for_protocol);
+        }
+        let mut at = 0;
+        for bucket in 0..=0xFFu16 {
+            let (low, high) = (bucket << 8, bucket << 8 | 0xFF);
+            while ports[at].1 < low {
+                at += 1;
+            }
+            // The segments overlapping this bucket start at `at`.
+            let end = at + ports[at..].iter().take_while(|s| s.0 <= high).count();
+            let inside = &ports[at..end];
+            let for_bucket = most_covering(inside, low, high);
+            if for_bucket != for_protocol {
+                table.buckets.insert((protocol, low), for_bucket);
+            }
+            for &(first, last, outcome) in inside {
+                if outcome != for_bucket {
+                    for port in first.max(low)..=last.min(high) {
+                        table.exact.insert((protocol, port), outcome);
+                    }
+                }
+            }
+        }
+    }
+    table
+}
+
+/// The ports of `protocol` as contiguous segments covering 0..=65535, each with its outcome
+/// (`None` where no rule matches).
+fn segments(painted: &Painted, protocol: u8) -> Vec<(u16, u16, Option<Outcome>)> {
+    let (base, top) = (
+        u32::from(protocol) << 16,
+        u32::from(protocol) << 16 | 0xFFFF,
+    );
+    let mut out = Vec::new();
+    let mut next = 0u32;
+    let first = painted.partition_point(|(_, last, _)| *last < base);
+    for &(start, end, outcome) in painted[first..].iter().take_while(|(s, _, _)| *s <= top) {
+        let (start, end) = (start.max(base) - base, end.min(top) - base);
+        if start > next {
+            out.push((next as u16, (start - 1) as u16, None));
+        }
+        out.push((start as u16, end as u16, Some(outcome)));
+        next = end + 1;
+    }
+    if next <= 0xFFFF {
+        out.push((next as u16, u16::MAX, None));
+    }
+    out
+}
+
+/// The outcome covering most of `low..=high` among `segments` (the first of equals).
+fn most_covering(segments: &[(u16, u16, Option<Outcome>)], low: u16, high: u16) -> Option<Outcome> {
+    let mut covered: Vec<(Option<Outcome>, u32)> = Vec::new();
+    for &(first, last, outcome) in segments {
+        let (first, last) = (first.max(low), last.min(high));
+        if first > last {
+            continue;
+        }
+        let span = u32::from(last - first) + 1;
+        match covered.iter_mut().find(|(o, _)| *o == outcome) {
+            Some((_, n)) => *n += span,
+            None => covered.push((outcome, span)),
+        }
+    }
+    let mut best: Option<(Option<Outcome>, u32)> = None;
+    for (outcome, n) in covered {
+        if best.is_none_or(|(_, m)| n > m) {
+            best = Some((outcome, n));
+        }
+    }
+    best.and_then(|(outcome, _)| outcome)
+}
+
+/// Positions of the rules whose destinations contain `prefix`, ascending: those naming the
+/// prefix itself or any shorter prefix containing it.
+fn covering_rules(by_prefix: &HashMap<IpNet, Vec<usize>>, prefix: IpNet) -> Vec<usize> {
+    let mut positions: Vec<usize> = (0..=prefix.prefix_len())
+        .filter_map(|len| IpNet::new(prefix.addr(), len).ok())
+        .filter_map(|ancestor| by_prefix.get(&ancestor.trunc()))
+        .flatten()
+        .copied()
+        .collect();
+    positions.sort_unstable();
+    positions.dedup();
+    positions
+}
+
+/// Paints the protocol/port space with `rules` in order: each point takes the outcome of the
+/// first rule that covers it. Adjacent intervals of one outcome are merged.
+fn first_match<'a>(rules: impl Iterator<Item = &'a Rule>) -> Painted {
+    // start -> (end, outcome); disjoint.
+    let mut painted: BTreeMap<u32, (u32, Outcome)> = BTreeMap::new();
+    for rule in rules {
+        let outcome = Outcome {
+            verdict: rule.verdict,
+            rule: rule.index,
+        };
+        match &rule.ports {
+            Ports::Any => {
+                paint_gaps(&mut painted, 0, PORT_SPACE_MAX, outcome);
+                // Nothing is left uncovered: later rules are shadowed.
+                break;
+            }
+            Ports::Only(matches) => {
+                for m in matches {
+                    let (first, last) = m.interval();
+                    paint_gaps(&mut painted, first, last, outcome);
+                }
+            }
+        }
+    }
+    let mut merged: Painted = Vec::with_capacity(painted.len());
+    for (start, (end, outcome)) in painted {
+        match merged.last_mut() {
+            Some((_, last, previous)) if *last + 1 == start && *previous == outcome => {
+                *last = end;
+            }
+            _ => merged.push((start, end, outcome)),
+        }
+    }
+    merged
+}
+
+/// Gives `outcome` to the parts of `first..=last` no earlier rule painted.
+fn paint_gaps(
+    painted: &mut BTreeMap<u32, (u32, Outcome)>,
+    first: u32,
+    last: u32,
+    outcome: Outcome,
+) {
+    let mut taken: Vec<(u32, u32)> = painted
+        .range(..=last)
+        .rev()
+        .take_while(|(_, (end, _))| *end >= first)
+        .map(|(&start, &(end, _))| (start, end))
+        .collect();
+    taken.reverse();
+    let mut cursor = first;
+    let mut gaps = Vec::new();
+    for (start, end) in taken {
+        if start > cursor {
+            gaps.push((cursor, start - 1));
+        }
+        cursor = cursor.max(end.saturating_add(1));
+    }
+    if cursor <= last {
+        gaps.push((cursor, last));
+    }
+    for (start, end) in gaps {
+        painted.insert(start, (end, outcome));
+    }
+}
+
+/// The address key of `prefix` in set `set`.
+pub fn addr_key(set: u32, prefix: IpNet) -> AclAddrKey {
+    AclAddrKey {
+        set,
+        family: match prefix {
+            IpNet::V4(_) => ACL_FAMILY_V4,
+            IpNet::V6(_) => ACL_FAMILY_V6,
+        },
+        len: prefix.prefix_len(),
+        _pad: [0; 2],
+        addr: addr16(prefix.trunc().addr()),
+    }
+}
+
+/// The address entry of a decision, with the map ids of the set's tables.
+fn addr_value(compiled: &CompiledSet, table_ids: &[u32], decision: Decision) -> AclAddrValue {
+    match decision {
+        Decision::Final(outcome) => AclAddrValue {
+            table: 0,
+            rule: outcome.rule,
+            verdict: outcome.verdict.code(),
+            kind: ACL_ENTRY_FINAL,
+            port_kinds: 0,
+            _pad: 0,
+        },
+        Decision::Table(index) => {
+            let table = &compiled.tables[index];
+            let default = verdict_value(table.default);
+            AclAddrValue {
+                table: table_ids[index],
+                rule: default.rule,
+                verdict: default.verdict,
+                kind: ACL_ENTRY_PORTS,
+                port_kinds: table.kinds(),
+                _pad: 0,
+            }
+        }
+    }
+}
+
+fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
+    AclVerdict {
+        rule: outcome.map_or(0, |o| o.rule),
+        verdict: outcome.map_or(ACL_VERDICT_NONE, |o| o.verdict.code()),
+        _pad: [0; 3],
+    }
+}
+
+/// A rule set written to the maps.
+#[derive(Clone, Debug)]
+struct InstalledSet {
+    /// What was compiled into it; `None` for a set adopted from a previous agent.
+    compiled: Option<CompiledSet>,
+    lengths: AclLengths,
+    /// Map id of each of `compiled`'s tables.
+    table_ids: Vec<u32>,
+    prefixes: Vec<AclAddrKey>,
+    ports: Vec<AclPortKey>,
+}
+
+impl InstalledSet {
+    fn adopted() -> Self {
+        Self {
+            compiled: None,
+            lengths: AclLengths::default(),
+            table_ids: Vec::new(),
+            prefixes: Vec::new(),
+            ports: Vec::new(),
+        }
+    }
+}
+
+/// What the access-control maps hold, as this agent knows it.
+#[derive(Debug, Default)]
+pub struct AclState {
+    next_set: u32,
+    next_table: u32,
+    sets: BTreeMap<u32, InstalledSet>,
+    /// The firewall set in force for each namespace (its last good rules).
+    firewalls: BTreeMap<String, u32>,
+}
+
+impl AclState {
+    /// The set in force for a namespace's firewall.
+    pub fn firewall_set(&self, namespace: &str) -> Option<u32> {
+        self.firewalls.get(namespace).copied()
+    }
+}
+
+/// The firewalls to install: compiled sets by namespace, and the namespaces whose object was
+/// rejected (their last good set stays).
+#[derive(Clone, Debug, Default)]
+pub struct DesiredFirewalls {
+    pub sets: BTreeMap<String, CompiledSet>,
+    pub rejected: BTreeSet<String>,
+}
+
+/// A local pod as access control sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AclPod {
+    pub namespace: String,
+    pub addresses: Vec<IpAddr>,
+}
+
+/// The local pods of this node's view, by namespace.
+pub fn pods_of(view: &OverlayView) -> Vec<AclPod> {
+    view.local_pods
+        .iter()
+        .map(|pod| AclPod {
+            namespace: pod
+                .name
+                .split_once('/')
+                .map_or("default", |(namespace, _)| namespace)
+                .to_owned(),
+            addresses: pod.addresses.clone(),
+        })
+        .collect()
+}
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AclSyncStats {
+    pub sets: usize,
+    pub written: usize,
+    pub deleted: usize,
+}
+
+fn map_err(name: &'static str, action: &'static str) -> impl Fn(aya::maps::MapError) -> AgentError {
+    move |source| AgentError::Map {
+        name: name.into(),
+        action,
+        source,
+    }
+}
+
+impl Dataplane {
+    /// Takes over what a previous agent left pinned: every existing set and table id stays
+    /// reserved, and each namespace keeps the set its pods point at until a sync replaces it
+    /// (so a namespace whose object is now invalid keeps its last good rules).
+    pub fn adopt_acl(&mut self, state: &mut AclState, pods: &[AclPod]) -> Result<(), AgentError> {
+        // Which set each table belongs to (tables are never shared between sets).
+        let mut table_owner: HashMap<u32, u32> = HashMap::new();
+        let addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+            self.typed_map(maps::ACL_ADDRS)?;
+        for (key, value) in addrs.iter().filter_map(Result::ok) {
+            state.next_set = state.next_set.max(key.set);
+            let installed = state
+                .sets
+                .entry(key.set)
+                .or_insert_with(InstalledSet::adopted);
+            installed.prefixes.push(key);
+            if value.kind == ACL_ENTRY_PORTS {
+                table_owner.insert(value.table, key.set);
+            }
+        }
+        let ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
+            self.typed_map(maps::ACL_PORTS)?;
+        for key in ports.keys().filter_map(Result::ok) {
+            state.next_table = state.next_table.max(key.table);
+            // A table no prefix points at (an agent stopped mid-sync) goes with set 0, which
+            // nothing uses: the next sync deletes it.
+            let owner = table_owner.get(&key.table).copied().unwrap_or(0);
+            state
+                .sets
+                .entry(owner)
+                .or_insert_with(InstalledSet::adopted)
+                .ports
+                .push(key);
+        }
+        let endpoints: BpfHashMap<&mut MapData, Addr, AclEndpoint> =
+            self.typed_map(maps::ACL_ENDPOINTS)?;
+        for pod in pods {
+            for address in &pod.addresses {
+                let Ok(endpoint) = endpoints.get(&addr16(*address), 0) else {
+                    continue;
+                };
+                if endpoint.firewall == 0 {
+                    continue;
+                }
+                state
+                    .firewalls
+                    .entry(pod.namespace.clone())
+                    .or_insert(endpoint.firewall);
+                if let Some(set) = state.sets.get_mut(&endpoint.firewall) {
+                    set.lengths = endpoint.firewall_lengths;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes the access-control maps hold `desired` for `pods`. Order: new sets (port tables,
+    /// then prefixes), then the pods' endpoint entries switch, then sets nobody uses are
+    /// deleted.
+    pub fn sync_acl(
+        &mut self,
+        state: &mut AclState,
+        desired: &DesiredFirewalls,
+        pods: &[AclPod],
+    ) -> Result<AclSyncStats, AgentError> {
+        let mut stats = AclSyncStats::default();
+        let mut in_force: BTreeMap<String, u32> = BTreeMap::new();
+        for (namespace, compiled) in &desired.sets {
+            let current = state.firewalls.get(namespace).copied();
+            let unchanged = current
+                .and_then(|set| state.sets.get(&set))
+                .is_some_and(|s| s.compiled.as_ref() == Some(compiled));
+            let set = match current {
+                Some(set) if unchanged => set,
+                _ => self.install_set(state, compiled, &mut stats)?,
+            };
+            in_force.insert(namespace.clone(), set);
+        }
+        for namespace in &desired.rejected {
+            if let Some(set) = state.firewalls.get(namespace) {
+                in_force.insert(namespace.clone(), *set);
+            }
+        }
+        stats.sets = in_force.len();
+        let endpoints: BTreeMap<String, AclEndpoint> = in_force
+            .iter()
+            .map(|(namespace, set)| {
+                let lengths = state.sets.get(set).map(|s| s.lengths).unwrap_or_default();
+                let endpoint = AclEndpoint {
+                    firewall: *set,
+                    _reserved: 0,
+                    firewall_lengths: lengths,
+                };
+                (namespace.clone(), endpoint)
+            })
+            .collect();
+        self.sync_endpoints(&endpoints, pods, &mut stats)?;
+        state.firewalls = in_force;
+        let used: BTreeSet<u32> = state.firewalls.values().copied().collect();
+        let stale: Vec<u32> = state
+            .sets
+            .keys()
+            .copied()
+            .filter(|s| !used.contains(s))
+            .collect();
+        for set in stale {
+            if let Some(installed) = state.sets.remove(&set) {
+                self.remove_set(&installed, &mut stats)?;
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Writes a compiled set under fresh set and table ids; returns the set id.
+    fn install_set(
+        &mut self,
+        state: &mut AclState,
+        compiled: &CompiledSet,
+        stats: &mut AclSyncStats,
+    ) -> Result<u32, AgentError> {
+        state.next_set = state.next_set.wrapping_add(1).max(1);
+        let set = state.next_set;
+        let mut table_ids = Vec::with_capacity(compiled.tables.len());
+        let mut port_keys = Vec::new();
+        for table in &compiled.tables {
+            table_ids.push(self.write_table(state, table, &mut port_keys, stats)?);
+        }
+        let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+            self.typed_map(maps::ACL_ADDRS)?;
+        let mut keys = Vec::with_capacity(compiled.prefixes.len());
+        for (&prefix, decision) in &compiled.prefixes {
+            let key = addr_key(set, prefix);
+            addrs
+                .insert(key, addr_value(compiled, &table_ids, *decision), 0)
+                .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
+            stats.written += 1;
+            keys.push(key);
+        }
+        state.sets.insert(
+            set,
+            InstalledSet {
+                compiled: Some(compiled.clone()),
+                lengths: compiled.lengths(),
+                table_ids,
+                prefixes: keys,
+                ports: port_keys,
+            },
+        );
+        Ok(set)
+    }
+
+    /// Writes a port table under a fresh id; returns the id. Its keys are added to `keys`.
+    fn write_table(
+        &mut self,
+        state: &mut AclState,
+        table: &PortTable,
+        keys: &mut Vec<AclPortKey>,
+        stats: &mut AclSyncStats,
+    ) -> Result<u32, AgentError> {
+        state.next_table = state.next_table.wrapping_add(1).max(1);
+        let id = state.next_table;
+        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
+            self.typed_map(maps::ACL_PORTS)?;
+        let entries = table
+            .exact
+            .iter()
+            .map(|(&(protocol, port), o)| (protocol, ACL_PORT_EXACT, port, *o))
+            .chain(
+                table
+                    .buckets
+                    .iter()
+                    .map(|(&(protocol, port), o)| (protocol, ACL_PORT_BUCKET, port, *o)),
+            )
+            .chain(
+                table
+                    .protocols
+                    .iter()
+                    .map(|(&protocol, o)| (protocol, ACL_PORT_PROTOCOL, 0, *o)),
+            );
+        for (protocol, kind, port, outcome) in entries {
+            let key = AclPortKey {
+                table: id,
+                protocol,
+                kind,
+                port,
+            };
+            ports
+                .insert(key, verdict_value(outcome), 0)
+                .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
+            stats.written += 1;
+            keys.push(key);
+        }
+        Ok(id)
+    }
+
+    /// Updates a namespace's firewall set in place to `compiled`, writing only the entries
+    /// that differ: what a DNS name's new addresses change. Tables are matched by content, so
+    /// unchanged ones keep their ids. Each entry changes in one write; while the update runs a
+    /// packet may see some of the name's new addresses and some of its old ones, never a
+    /// half-written entry. Returns `None`, having written nothing, when the set cannot be
+    /// updated in place (no set yet, adopted without its rules, or other prefix lengths): the
+    /// caller then syncs a new set with [`Dataplane::sync_acl`].
+    pub fn update_acl_in_place(
+        &mut self,
+        state: &mut AclState,
+        namespace: &str,
+        compiled: &CompiledSet,
+    ) -> Result<Option<AclSyncStats>, AgentError> {
+        let Some(set) = state.firewalls.get(namespace).copied() else {
+            return Ok(None);
+        };
+        let Some(installed) = state.sets.get(&set).cloned() else {
+            return Ok(None);
+        };
+        let Some(old) = &installed.compiled else {
+            return Ok(None);
+        };
+        if installed.lengths != compiled.lengths() {
+            return Ok(None);
+        }
+        let mut stats = AclSyncStats {
+            sets: 1,
+            ..AclSyncStats::default()
+        };
+        let mut port_keys: Vec<AclPortKey> = Vec::new();
+        let mut table_ids = Vec::with_capacity(compiled.tables.len());
+        for table in &compiled.tables {
+            let id = match old.tables.iter().position(|t| t == table) {
+                Some(index) => installed.table_ids[index],
+                None => self.write_table(state, table, &mut port_keys, &mut stats)?,
+            };
+            table_ids.push(id);
+        }
+        let mut prefixes = Vec::with_capacity(compiled.prefixes.len());
+        {
+            let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+                self.typed_map(maps::ACL_ADDRS)?;
+            for (&prefix, decision) in &compiled.prefixes {
+                let key = addr_key(set, prefix);
+                let value = addr_value(compiled, &table_ids, *decision);
+                let before = old
+                    .prefixes
+                    .get(&prefix)
+                    .map(|d| addr_value(old, &installed.table_ids, *d));
+                if before != Some(value) {
+                    addrs
+                        .insert(key, value, 0)
+                        .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
+                    stats.written += 1;
+                }
+                prefixes.push(key);
+            }
+            for (&prefix, _) in old
+                .prefixes
+                .iter()
+                .filter(|(p, _)| !compiled.prefixes.contains_key(p))
+            {
+                addrs
+                    .remove(&addr_key(set, prefix))
+                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;
+                stats.deleted += 1;
+            }
+        }
+        let kept: BTreeSet<u32> = table_ids.iter().copied().collect();
+        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
+            self.typed_map(maps::ACL_PORTS)?;
+        for key in &installed.ports {
+            if kept.contains(&key.table) {
+                port_keys.push(*key);
+            } else {
+                ports
+                    .remove(key)
+                    .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
+                stats.deleted += 1;
+            }
+        }
+        state.sets.insert(
+            set,
+            InstalledSet {
+                compiled: Some(compiled.clone()),
+                lengths: installed.lengths,
+                table_ids,
+                prefixes,
+                ports: port_keys,
+            },
+        );
+        Ok(Some(stats))
+    }
+
+    /// Points every local pod at its namespace's set; removes entries of pods gone or no
+    /// longer under any set.
+    fn sync_endpoints(
+        &mut self,
+        by_namespace: &BTreeMap<String, AclEndpoint>,
+        pods: &[AclPod],
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        let mut wanted: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
+        for pod in pods {
+            let Some(endpoint) = by_namespace.get(&pod.namespace) else {
+                continue;
+            };
+            for address in &pod.addresses {
+                wanted.insert(addr16(*address), *endpoint);
+            }
+        }
+        let mut endpoints: BpfHashMap<&mut MapData, Addr, AclEndpoint> =
+            self.typed_map(maps::ACL_ENDPOINTS)?;
+        for (key, value) in &wanted {
+            if endpoints.get(key, 0).ok().as_ref() != Some(value) {
+                endpoints
+                    .insert(key, value, 0)
+                    .map_err(map_err(maps::ACL_ENDPOINTS, "write endpoint"))?;
+                stats.written += 1;
+            }
+        }
+        let stale: Vec<Addr> = endpoints
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !wanted.contains_key(k))
+            .collect();
+        for key in stale {
+            endpoints
+                .remove(&key)
+                .map_err(map_err(maps::ACL_ENDPOINTS, "remove endpoint"))?;
+            stats.deleted += 1;
+        }
+        Ok(())
+    }
+
+    /// Deletes a set's prefixes, then its port tables (no prefix points at them any more).
+    fn remove_set(
+        &mut self,
+        installed: &InstalledSet,
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        {
+            let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+                self.typed_map(maps::ACL_ADDRS)?;
+            for key in &installed.prefixes {
+                addrs
+                    .remove(key)
+                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;
+                stats.deleted += 1;
+            }
+        }
+        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
+            self.typed_map(maps::ACL_PORTS)?;
+        for key in &installed.ports {
+            ports
+                .remove(key)
+                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
+            stats.deleted += 1;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,487 @@
+use std::net::IpAddr;
+
+use dataplane_common::acl::{ACL_MAX_LENGTHS, ACL_RULE_EXEMPT, MAX_FIREWALL_RULES};
+use ipnet::IpNet;
+
+use super::{
+    firewall::{
+        DnsAddresses, EgressFirewall, EgressFirewallDestination, EgressFirewallPort,
+        EgressFirewallRule, EgressFirewallSpec, FirewallContext, FirewallError, compile_firewall,
+        compile_firewalls, firewall_rules,
+    },
+    *,
+};
+
+const ICMP: u8 = 1;
+
+fn net(s: &str) -> IpNet {
+    s.parse().expect("valid CIDR")
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().expect("valid address")
+}
+
+fn rule(type_: &str, cidr: &str, ports: &[(&str, Option<i32>)]) -> EgressFirewallRule {
+    EgressFirewallRule {
+        type_: type_.into(),
+        to: EgressFirewallDestination {
+            cidr_selector: Some(cidr.into()),
+            dns_name: None,
+        },
+        ports: ports
+            .iter()
+            .map(|(protocol, port)| EgressFirewallPort {
+                protocol: (*protocol).into(),
+                port: *port,
+            })
+            .collect(),
+    }
+}
+
+fn firewall(namespace: &str, rules: Vec<EgressFirewallRule>) -> EgressFirewall {
+    let mut object = EgressFirewall::new("default", EgressFirewallSpec { egress: rules });
+    object.metadata.namespace = Some(namespace.into());
+    object
+}
+
+fn compiled(rules: Vec<EgressFirewallRule>) -> CompiledSet {
+    let rules =
+        firewall_rules(&firewall("team", rules), &DnsAddresses::new()).expect("valid firewall");
+    compile_firewall(&rules, &FirewallContext::default())
+}
+
+fn allow(rule: u32) -> Option<Outcome> {
+    Some(Outcome {
+        verdict: Verdict::Allow,
+        rule,
+    })
+}
+
+fn deny(rule: u32) -> Option<Outcome> {
+    Some(Outcome {
+        verdict: Verdict::Deny,
+        rule,
+    })
+}
+
+#[test]
+fn allow_then_deny_all_and_the_same_rules_reversed() {
+    let set = compiled(vec![
+        rule("Allow", "192.0.2.0/24", &[]),
+        rule("Deny", "0.0.0.0/0", &[]),
+    ]);
+    assert_eq!(set.lookup(ip("192.0.2.7"), PROTO_TCP, 443), allow(0));
+    assert_eq!(set.lookup(ip("192.0.2.7"), ICMP, 0), allow(0));
+    assert_eq!(set.lookup(ip("198.51.100.1"), PROTO_UDP, 53), deny(1));
+    // Both prefixes decide alone: no port table at all.
+    assert!(set.tables.is_empty());
+    assert_eq!(set.prefixes.len(), 2);
+
+    let reversed = compiled(vec![
+        rule("Deny", "0.0.0.0/0", &[]),
+        rule("Allow", "192.0.2.0/24", &[]),
+    ]);
+    assert_eq!(reversed.lookup(ip("192.0.2.7"), PROTO_TCP, 443), deny(0));
+    assert_eq!(reversed.lookup(ip("198.51.100.1"), PROTO_TCP, 443), deny(0));
+}
+
+#[test]
+fn port_only_rules_split_the_port_space() {
+    let set = compiled(vec![
+        rule(
+            "Allow",
+            "0.0.0.0/0",
+            &[("TCP", Some(443)), ("UDP", Some(53))],
+        ),
+        rule("Deny", "0.0.0.0/0", &[]),
+    ]);
+    let dst = ip("203.0.113.9");
+    assert_eq!(set.lookup(dst, PROTO_TCP, 443), allow(0));
+    assert_eq!(set.lookup(dst, PROTO_UDP, 53), allow(0));
+    assert_eq!(set.lookup(dst, PROTO_TCP, 444), deny(1));
+    assert_eq!(set.lookup(dst, PROTO_TCP, 442), deny(1));
+    assert_eq!(set.lookup(dst, PROTO_UDP, 443), deny(1));
+    assert_eq!(set.lookup(dst, PROTO_SCTP, 443), deny(1));
+    assert_eq!(set.lookup(dst, ICMP, 0), deny(1));
+    // One table: two exact ports around the default.
+    assert_eq!(set.tables.len(), 1);
+    assert_eq!(set.tables[0].default, deny(1));
+    assert_eq!(set.tables[0].entries(), 2);
+}
+
+#[test]
+fn protocol_only_rules_cover_every_port_of_the_protocol() {
+    let set = compiled(vec![
+        rule("Deny", "198.51.100.0/24", &[("UDP", None)]),
+        rule("Allow", "198.51.100.0/24", &[]),
+    ]);
+    let dst = ip("198.51.100.20");
+    for port in [0, 1, 53, 65535] {
+        assert_eq!(set.lookup(dst, PROTO_UDP, port), deny(0), "UDP {port}");
+    }
+    assert_eq!(set.lookup(dst, PROTO_TCP, 53), allow(1));
+    assert_eq!(set.lookup(dst, ICMP, 0), allow(1));
+    // Outside the prefix no rule matches: the firewall's default (allow) applies.
+    assert_eq!(set.lookup(ip("198.51.101.1"), PROTO_UDP, 53), None);
+}
+
+#[test]
+fn ipv6_cidrs_are_matched_apart_from_ipv4() {
+    let set = compiled(vec![
+        rule("Allow", "2001:db8:1::/48", &[("TCP", Some(443))]),
+        rule("Deny", "::/0", &[]),
+    ]);
+    assert_eq!(set.lookup(ip("2001:db8:1::5"), PROTO_TCP, 443), allow(0));
+    assert_eq!(set.lookup(ip("2001:db8:1::5"), PROTO_TCP, 80), deny(1));
+    assert_eq!(set.lookup(ip("2001:db8:2::5"), PROTO_TCP, 443), deny(1));
+    assert_eq!(set.lookup(ip("192.0.2.1"), PROTO_TCP, 443), None);
+}
+
+#[test]
+fn a_more_specific_later_rule_is_shadowed_where_an_earlier_one_matches() {
+    let set = compiled(vec![
+        rule("Deny", "10.0.0.0/8", &[("TCP", Some(22))]),
+        rule("Allow", "10.1.2.0/24", &[]),
+        rule("Deny", "10.0.0.0/8", &[]),
+    ]);
+    assert_eq!(set.lookup(ip("10.1.2.3"), PROTO_TCP, 22), deny(0));
+    assert_eq!(set.lookup(ip("10.1.2.3"), PROTO_TCP, 80), allow(1));
+    assert_eq!(set.lookup(ip("10.9.9.9"), PROTO_TCP, 80), deny(2));
+}
+
+#[test]
+fn cluster_networks_and_node_dns_are_exempt() {
+    let rules = firewall_rules(
+        &firewall("team", vec![rule("Deny", "0.0.0.0/0", &[])]),
+        &DnsAddresses::new(),
+    )
+    .expect("valid firewall");
+    let context = FirewallContext {
+        exempt: vec![net("10.244.0.0/16"), net("10.96.0.0/16")],
+        node_addresses: vec![ip("10.99.0.1")],
+    };
+    let set = compile_firewall(&rules, &context);
+    assert_eq!(
+        set.lookup(ip("10.244.3.4"), PROTO_TCP, 80),
+        allow(ACL_RULE_EXEMPT)
+    );
+    assert_eq!(
+        set.lookup(ip("10.96.0.10"), PROTO_UDP, 53),
+        allow(ACL_RULE_EXEMPT)
+    );
+    assert_eq!(
+        set.lookup(ip("10.99.0.1"), PROTO_UDP, 53),
+        allow(ACL_RULE_EXEMPT)
+    );
+    assert_eq!(
+        set.lookup(ip("10.99.0.1"), PROTO_TCP, 53),
+        allow(ACL_RULE_EXEMPT)
+    );
+    assert_eq!(set.lookup(ip("10.99.0.1"), PROTO_TCP, 22), deny(0));
+    assert_eq!(set.lookup(ip("10.99.0.2"), PROTO_UDP, 53), deny(0));
+    assert_eq!(set.lookup(ip("8.8.8.8"), PROTO_UDP, 53), deny(0));
+}
+
+#[test]
+fn over_the_rule_limit_or_one_bad_field_rejects_the_object_whole() {
+    let too_many: Vec<_> = (0..=MAX_FIREWALL_RULES)
+        .map(|i| rule("Allow", &format!("10.{}.{}.0/24", i / 256, i % 256), &[]))
+        .collect();
+    assert_eq!(
+        firewall_rules(&firewall("team", too_many), &DnsAddresses::new()).unwrap_err(),
+        FirewallError::TooManyRules {
+            namespace: "team".into(),
+            name: "default".into(),
+            count: 8001
+        }
+    );
+    let exactly: Vec<_> = (0..MAX_FIREWALL_RULES)
+        .map(|i| rule("Allow", &format!("10.{}.{}.0/24", i / 256, i % 256), &[]))
+        .collect();
+    assert_eq!(
+        firewall_rules(&firewall("team", exactly), &DnsAddresses::new())
+            .unwrap()
+            .rules
+            .len(),
+        8000
+    );
+
+    let cases = [
+        (
+            rule("Allow", "10.0.0.0/33", &[]),
+            "spec.egress[1]: to.cidrSelector \"10.0.0.0/33\" is not a CIDR",
+        ),
+        (
+            rule("Allow", "10.0.0.0/8", &[("ICMP", None)]),
+            "spec.egress[1]: ports[0]: protocol \"ICMP\" is not TCP, UDP or SCTP",
+        ),
+        (
+            rule(
+                "Allow",
+                "10.0.0.0/8",
+                &[("TCP", Some(80)), ("TCP", Some(70000))],
+            ),
+            "spec.egress[1]: ports[1]: port 70000 is outside 1-65535",
+        ),
+        (
+            rule("Reject", "10.0.0.0/8", &[]),
+            "spec.egress[1]: type \"Reject\" is neither Allow nor Deny",
+        ),
+    ];
+    for (bad, message) in cases {
+        let object = firewall("team", vec![rule("Allow", "192.0.2.0/24", &[]), bad]);
+        let error = firewall_rules(&object, &DnsAddresses::new())
+            .unwrap_err()
+            .to_string();
+        assert_eq!(
+            error,
+            format!(
+                "EgressFirewall team/default: {message}; the namespace keeps its last good rules"
+            )
+        );
+    }
+}
+
+#[test]
+fn a_rejected_namespace_is_listed_and_others_still_compile() {
+    let good = firewall("good", vec![rule("Deny", "0.0.0.0/0", &[])]);
+    let bad = firewall("bad", vec![rule("Deny", "300.0.0.0/8", &[])]);
+    let mut other_name = firewall("good", vec![]);
+    other_name.metadata.name = Some("extra".into());
+    let compiled = compile_firewalls(
+        &[good, bad, other_name],
+        &FirewallContext::default(),
+        &DnsAddresses::new(),
+    );
+    assert_eq!(
+        compiled.desired.sets.keys().collect::<Vec<_>>(),
+        vec!["good"]
+    );
+    assert_eq!(
+        compiled.desired.rejected.iter().collect::<Vec<_>>(),
+        vec!["bad"]
+    );
+    assert_eq!(compiled.errors.len(), 2, "{:?}", compiled.errors);
+    assert!(
+        compiled
+            .errors
+            .iter()
+            .any(|e| e.contains("good/extra: ignored"))
+    );
+}
+
+#[test]
+fn port_ranges_become_buckets_and_edge_ports() {
+    // A range as NetworkPolicy's endPort writes it, then deny the rest.
+    let rules = [
+        Rule {
+            index: 0,
+            verdict: Verdict::Allow,
+            destinations: vec![net("0.0.0.0/0")],
+            ports: Ports::Only(vec![
+                PortMatch {
+                    protocol: PROTO_TCP,
+                    first: 1000,
+                    last: 2000,
+                },
+                PortMatch::all_ports(PROTO_UDP),
+            ]),
+        },
+        Rule {
+            index: 1,
+            verdict: Verdict::Deny,
+            destinations: vec![net("0.0.0.0/0")],
+            ports: Ports::Any,
+        },
+    ];
+    let set = compile_rules(&rules, false);
+    let table = &set.tables[0];
+    // Buckets 1024-1279 .. 1792-2047 allow (1792-2047 by majority), ports 1000-1023 allow
+    // exactly, 2001-2047 deny exactly; UDP allows as a whole protocol.
+    assert_eq!(table.buckets.len(), 4);
+    assert_eq!(table.exact.len(), 24 + 47);
+    assert_eq!(table.protocols.len(), 1);
+    let dst = ip("192.0.2.1");
+    for protocol in [PROTO_TCP, PROTO_UDP, PROTO_SCTP, ICMP] {
+        for port in 0..=u16::MAX {
+            assert_eq!(
+                set.lookup(dst, protocol, port),
+                first_matching_rule(&rules, dst, protocol, port),
+                "protocol {protocol} port {port}"
+            );
+        }
+    }
+}
+
+#[test]
+fn more_prefix_lengths_than_lookups_are_expanded_into_fewer() {
+    // Twelve lengths in one family; the kernel tries at most eight.
+    let rules: Vec<Rule> = (0..12u8)
+        .map(|i| Rule {
+            index: u32::from(i),
+            verdict: if i % 2 == 0 {
+                Verdict::Deny
+            } else {
+                Verdict::Allow
+            },
+            destinations: vec![IpNet::new(ip("10.1.2.3"), 8 + 2 * i).unwrap().trunc()],
+            ports: Ports::Any,
+        })
+        .collect();
+    let set = compile_rules(&rules, false);
+    assert_eq!(set.v4_lengths.len(), ACL_MAX_LENGTHS);
+    assert!(
+        set.v4_lengths.windows(2).all(|w| w[0] > w[1]),
+        "longest first"
+    );
+    assert!(
+        set.prefixes
+            .keys()
+            .all(|p| set.v4_lengths.contains(&p.prefix_len()))
+    );
+    let mut rng = Rng(7);
+    for _ in 0..5000 {
+        let dst = IpAddr::from([
+            10,
+            rng.below(3) as u8,
+            rng.below(4) as u8,
+            rng.below(256) as u8,
+        ]);
+        assert_eq!(
+            set.lookup(dst, PROTO_TCP, 80),
+            first_matching_rule(&rules, dst, PROTO_TCP, 80),
+            "{dst}"
+        );
+    }
+}
+
+#[test]
+fn identical_port_tables_are_shared() {
+    // One rule naming two destinations (as a DNS name resolving to two addresses will).
+    let set = compile_rules(
+        &[Rule {
+            index: 0,
+            verdict: Verdict::Allow,
+            destinations: vec![net("192.0.2.0/24"), net("198.51.100.0/24")],
+            ports: Ports::Only(vec![PortMatch::port(PROTO_TCP, 80)]),
+        }],
+        false,
+    );
+    assert_eq!(set.prefixes.len(), 2);
+    assert_eq!(set.tables.len(), 1);
+}
+
+/// A small deterministic generator (xorshift64*), so failures reproduce.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+/// The semantics the compile must reproduce: scan the rules in order.
+fn first_matching_rule(rules: &[Rule], dst: IpAddr, protocol: u8, port: u16) -> Option<Outcome> {
+    rules
+        .iter()
+        .find(|rule| {
+            rule.destinations.iter().any(|n| n.contains(&dst))
+                && match &rule.ports {
+                    Ports::Any => true,
+                    Ports::Only(matches) => matches
+                        .iter()
+                        .any(|m| m.protocol == protocol && (m.first..=m.last).contains(&port)),
+                }
+        })
+        .map(|rule| Outcome {
+            verdict: rule.verdict,
+            rule: rule.index,
+        })
+}
+
+#[test]
+fn compiled_lookups_equal_scanning_the_rules_in_order() {
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
+    let protocols = [PROTO_TCP, PROTO_UDP, PROTO_SCTP, ICMP];
+    for round in 0..40 {
+        // Prefixes inside 10.0.0.0/16 so that they nest and overlap often.
+        let rules: Vec<Rule> = (0..(5 + round * 3))
+            .map(|index| {
+                let len = 16 + rng.below(17) as u8;
+                let addr = IpAddr::from([10, 0, rng.below(256) as u8, rng.below(256) as u8]);
+                let ports = if rng.below(3) == 0 {
+                    Ports::Any
+                } else {
+                    Ports::Only(
+                        (0..1 + rng.below(3))
+                            .map(|_| {
+                                let protocol = protocols[rng.below(3) as usize];
+                                if rng.below(4) == 0 {
+                                    PortMatch::all_ports(protocol)
+                                } else {
+                                    let first = rng.below(20) as u16 + 1;
+                                    PortMatch {
+                                        protocol,
+                                        first,
+                                        last: first + rng.below(5) as u16,
+                                    }
+                                }
+                            })
+                            .collect(),
+                    )
+                };
+                Rule {
+                    index,
+                    verdict: if rng.below(2) == 0 {
+                        Verdict::Allow
+                    } else {
+                        Verdict::Deny
+                    },
+                    destinations: vec![IpNet::new(addr, len).expect("valid").trunc()],
+                    ports,
+                }
+            })
+            .collect();
+        let set = compile_rules(&rules, false);
+        for _ in 0..2000 {
+            let dst = IpAddr::from([10, 0, rng.below(256) as u8, rng.below(256) as u8]);
+            let protocol = protocols[rng.below(4) as usize];
+            let port = if protocol == ICMP {
+                0
+            } else {
+                rng.below(30) as u16
+            };
+            assert_eq!(
+                set.lookup(dst, protocol, port),
+                first_matching_rule(&rules, dst, protocol, port),
+                "round {round}: {dst} proto {protocol} port {port}"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_shipped_crd_is_the_one_generated_from_the_type() {
+    use kube::CustomResourceExt;
+    let generated = serde_yaml::to_string(&EgressFirewall::crd()).expect("CRD serializes");
+    let path = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../deploy/crds/k8s.ovn.org_egressfirewalls.yaml"
+    );
+    if std::env::var_os("UPDATE_CRDS").is_some() {
+        std::fs::write(path, &generated).expect("write CRD");
+    }
+    let shipped = std::fs::read_to_string(path).unwrap_or_default();
+    assert!(
+        shipped == generated,
+        "{path} is stale: regenerate it with UPDATE_CRDS=1 cargo test -p dataplane-user shipped_crd"
+    );
+}

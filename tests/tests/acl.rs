@@ -1,0 +1,382 @@
+//! EgressFirewall packet tests through the real `tc_from_pod` with BPF_PROG_TEST_RUN: the
+//! agent's compile and sync fill the maps, frames from pods are judged, and verdicts, counters
+//! and map contents are checked exactly. Updates switch whole, a rejected object keeps the last
+//! good rules, and a restarted agent adopts what the pins hold.
+
+use std::net::IpAddr;
+
+use aya::maps::{HashMap, MapData};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
+    maps::{ACL_ADDRS, ACL_ENDPOINTS, ACL_PORTS, PROG_FROM_POD},
+    overlay::Addr,
+};
+use dataplane_tests::{
+    fixture::Fixture,
+    packets::{icmp_v4_echo, sctp_v4_flow, tcp_v4_flow, tcp_v6_flow, udp_v4_flow},
+    privileged::privileged,
+};
+use dataplane_user::{
+    acl::{
+        AclPod, AclState, DesiredFirewalls,
+        firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
+    },
+    overlay::addr16,
+};
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+const TEAM_POD: [u8; 4] = [10, 244, 1, 9];
+const TEAM_POD6: [u8; 16] = [0xfd, 0, 0, 0x10, 0x02, 0x44, 0, 1, 0, 0, 0, 0, 0, 0, 0, 9];
+const OTHER_POD: [u8; 4] = [10, 244, 1, 10];
+
+fn pods() -> Vec<AclPod> {
+    vec![
+        AclPod {
+            namespace: "team".into(),
+            addresses: vec![IpAddr::from(TEAM_POD), IpAddr::from(TEAM_POD6)],
+        },
+        AclPod {
+            namespace: "other".into(),
+            addresses: vec![IpAddr::from(OTHER_POD)],
+        },
+    ]
+}
+
+fn context() -> FirewallContext {
+    FirewallContext {
+        exempt: ["10.244.0.0/16", "10.96.0.0/16", "fd00:10:244::/48"]
+            .iter()
+            .map(|n| n.parse().expect("CIDR"))
+            .collect(),
+        node_addresses: vec!["10.99.0.1".parse().expect("address")],
+    }
+}
+
+/// The firewalls of `yaml` (EgressFirewall documents), compiled for this node.
+fn desired(yaml: &str) -> DesiredFirewalls {
+    desired_with(yaml, &DnsAddresses::new())
+}
+
+/// As [`desired`], with DNS names resolved to `dns`.
+fn desired_with(yaml: &str, dns: &DnsAddresses) -> DesiredFirewalls {
+    let objects: Vec<EgressFirewall> = serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("EgressFirewall"))
+        .collect();
+    compile_firewalls(&objects, &context(), dns).desired
+}
+
+const TEAM_FIREWALL: &str = "\
+apiVersion: k8s.ovn.org/v1
+kind: EgressFirewall
+metadata: {name: default, namespace: team}
+spec:
+  egress:
+  - {type: Allow, to: {cidrSelector: 192.0.2.0/24}, ports: [{protocol: TCP, port: 443}]}
+  - {type: Deny, to: {cidrSelector: 192.0.2.0/24}}
+  - {type: Allow, to: {cidrSelector: 198.51.100.7/32}, ports: [{protocol: UDP}]}
+  - {type: Allow, to: {cidrSelector: \"2001:db8::/32\"}}
+  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}
+  - {type: Deny, to: {cidrSelector: \"::/0\"}}
+";
+
+fn verdict(fixture: &mut Fixture, frame: &[u8]) -> u32 {
+    let out = fixture.run_tc(PROG_FROM_POD, frame, 1).expect("tc run");
+    if out.action == TC_ACT_OK {
+        assert_eq!(out.output, frame, "an allowed packet is not changed");
+    }
+    out.action
+}
+
+fn v6(text: &str) -> [u8; 16] {
+    text.parse::<std::net::Ipv6Addr>().expect("IPv6").octets()
+}
+
+fn endpoint_sets(fixture: &mut Fixture) -> Vec<(Addr, u32)> {
+    let map: HashMap<&mut MapData, Addr, AclEndpoint> =
+        fixture.typed_map(ACL_ENDPOINTS).expect("endpoints map");
+    let mut entries: Vec<(Addr, u32)> = map
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| (k, v.firewall))
+        .collect();
+    entries.sort();
+    entries
+}
+
+/// Set ids present in the address trie, and the number of port trie entries.
+fn installed(fixture: &mut Fixture) -> (Vec<u32>, usize) {
+    let addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    let mut sets: Vec<u32> = addrs.keys().filter_map(Result::ok).map(|k| k.set).collect();
+    sets.sort();
+    sets.dedup();
+    let ports: HashMap<&mut MapData, AclPortKey, AclVerdict> =
+        fixture.typed_map(ACL_PORTS).expect("ports map");
+    (sets, ports.keys().filter_map(Result::ok).count())
+}
+
+/// How many port trie entries the team's compiled tables take.
+fn port_entries(wanted: &DesiredFirewalls) -> usize {
+    wanted.sets["team"]
+        .tables
+        .iter()
+        .map(|table| table.entries())
+        .sum()
+}
+
+#[test]
+fn egress_firewall_verdicts_follow_the_first_matching_rule() {
+    if !privileged("egress_firewall_verdicts_follow_the_first_matching_rule") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let wanted = desired(TEAM_FIREWALL);
+    let stats = fixture
+        .sync_acl(&mut state, &wanted, &pods())
+        .expect("sync");
+    assert_eq!(stats.sets, 1);
+    let set = state.firewall_set("team").expect("team has a firewall");
+    // Only the team's pod addresses point at a firewall.
+    assert_eq!(
+        endpoint_sets(&mut fixture),
+        vec![(addr16(IpAddr::from(TEAM_POD)), set), (TEAM_POD6, set)]
+    );
+    assert_eq!(installed(&mut fixture), (vec![set], port_entries(&wanted)));
+
+    let web = [192, 0, 2, 5];
+    let cases: Vec<(&str, Vec<u8>, u32)> = vec![
+        (
+            "rule 0: TCP 443",
+            tcp_v4_flow(TEAM_POD, 40000, web, 443, true),
+            TC_ACT_OK,
+        ),
+        (
+            "rule 1: TCP 80",
+            tcp_v4_flow(TEAM_POD, 40000, web, 80, true),
+            TC_ACT_SHOT,
+        ),
+        (
+            "rule 1: UDP 443",
+            udp_v4_flow(TEAM_POD, 40000, web, 443),
+            TC_ACT_SHOT,
+        ),
+        ("rule 1: ICMP", icmp_v4_echo(TEAM_POD, web), TC_ACT_SHOT),
+        (
+            "rule 2: UDP any port",
+            udp_v4_flow(TEAM_POD, 40000, [198, 51, 100, 7], 9999),
+            TC_ACT_OK,
+        ),
+        (
+            "rule 4: TCP to that host",
+            tcp_v4_flow(TEAM_POD, 40000, [198, 51, 100, 7], 80, true),
+            TC_ACT_SHOT,
+        ),
+        (
+            "rule 4: SCTP",
+            sctp_v4_flow(TEAM_POD, [203, 0, 113, 1], 38412),
+            TC_ACT_SHOT,
+        ),
+        (
+            "rule 4: UDP 53 elsewhere",
+            udp_v4_flow(TEAM_POD, 40000, [8, 8, 8, 8], 53),
+            TC_ACT_SHOT,
+        ),
+        (
+            "exempt: node DNS",
+            udp_v4_flow(TEAM_POD, 40000, [10, 99, 0, 1], 53),
+            TC_ACT_OK,
+        ),
+        (
+            "rule 4: node SSH",
+            tcp_v4_flow(TEAM_POD, 40000, [10, 99, 0, 1], 22, true),
+            TC_ACT_SHOT,
+        ),
+        (
+            "exempt: pod network",
+            tcp_v4_flow(TEAM_POD, 40000, [10, 244, 2, 5], 80, true),
+            TC_ACT_OK,
+        ),
+        (
+            "exempt: service network",
+            udp_v4_flow(TEAM_POD, 40000, [10, 96, 0, 10], 53),
+            TC_ACT_OK,
+        ),
+        (
+            "rule 3: IPv6",
+            tcp_v6_flow(TEAM_POD6, 40000, v6("2001:db8::1"), 443),
+            TC_ACT_OK,
+        ),
+        (
+            "rule 5: IPv6",
+            tcp_v6_flow(TEAM_POD6, 40000, v6("2001:4860::8888"), 443),
+            TC_ACT_SHOT,
+        ),
+        (
+            "exempt: IPv6 pod network",
+            tcp_v6_flow(TEAM_POD6, 40000, v6("fd00:10:244:2::5"), 80),
+            TC_ACT_OK,
+        ),
+        (
+            "other namespace: no firewall",
+            udp_v4_flow(OTHER_POD, 40000, [8, 8, 8, 8], 53),
+            TC_ACT_OK,
+        ),
+    ];
+    let mut allowed = 0;
+    let mut denied = 0;
+    for (name, frame, expected) in &cases {
+        assert_eq!(verdict(&mut fixture, frame), *expected, "{name}");
+        if *expected == TC_ACT_SHOT {
+            denied += 1;
+        } else if !name.starts_with("other") {
+            allowed += 1;
+        }
+    }
+    let counters = fixture.counters();
+    assert_eq!(counters.drops(DropReason::FirewallDenied), denied);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::FirewallAllowed),
+        allowed
+    );
+}
+
+#[test]
+fn updates_switch_whole_and_a_rejected_object_keeps_the_last_good_rules() {
+    if !privileged("updates_switch_whole_and_a_rejected_object_keeps_the_last_good_rules") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let to_web = tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, 5], 80, true);
+    let deny_all = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                    metadata: {name: default, namespace: team}\n\
+                    spec: {egress: [{type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
+    let allow_web = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                     metadata: {name: default, namespace: team}\n\
+                     spec: {egress: [{type: Allow, to: {cidrSelector: 192.0.2.0/24}, ports: [{protocol: TCP, port: 80}]}, \
+                     {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
+    let invalid = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                   metadata: {name: default, namespace: team}\n\
+                   spec: {egress: [{type: Allow, to: {cidrSelector: 192.0.2.0/33}}]}\n";
+
+    fixture
+        .sync_acl(&mut state, &desired(deny_all), &pods())
+        .expect("sync");
+    let first = state.firewall_set("team").expect("set");
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_SHOT);
+
+    // The invalid object is rejected whole: the deny-all set stays, nothing is written.
+    let rejected = desired(invalid);
+    assert!(rejected.rejected.contains("team") && rejected.sets.is_empty());
+    let stats = fixture
+        .sync_acl(&mut state, &rejected, &pods())
+        .expect("sync");
+    assert_eq!((stats.written, stats.deleted), (0, 0));
+    assert_eq!(state.firewall_set("team"), Some(first));
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_SHOT);
+
+    // A valid change goes in under a new set; the old one is gone afterwards.
+    fixture
+        .sync_acl(&mut state, &desired(allow_web), &pods())
+        .expect("sync");
+    let second = state.firewall_set("team").expect("set");
+    assert_ne!(second, first);
+    assert_eq!(installed(&mut fixture).0, vec![second]);
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_OK);
+    let to_ssh = tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, 5], 22, true);
+    assert_eq!(verdict(&mut fixture, &to_ssh), TC_ACT_SHOT);
+
+    // The same rules again: nothing to write.
+    let stats = fixture
+        .sync_acl(&mut state, &desired(allow_web), &pods())
+        .expect("sync");
+    assert_eq!((stats.written, stats.deleted), (0, 0));
+
+    // A restarted agent adopts the pins: a now-invalid object keeps the rules in force.
+    let mut restarted = AclState::default();
+    fixture.adopt_acl(&mut restarted, &pods()).expect("adopt");
+    assert_eq!(restarted.firewall_set("team"), Some(second));
+    fixture
+        .sync_acl(&mut restarted, &desired(invalid), &pods())
+        .expect("sync");
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_OK);
+    assert_eq!(installed(&mut fixture).0, vec![second]);
+
+    // Then a valid object replaces the adopted set, and removing it clears every map.
+    fixture
+        .sync_acl(&mut restarted, &desired(deny_all), &pods())
+        .expect("sync");
+    let third = restarted.firewall_set("team").expect("set");
+    assert!(third > second, "fresh ids after adoption");
+    assert_eq!(
+        installed(&mut fixture),
+        (vec![third], port_entries(&desired(deny_all)))
+    );
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_SHOT);
+    fixture
+        .sync_acl(&mut restarted, &DesiredFirewalls::default(), &pods())
+        .expect("sync");
+    assert_eq!(installed(&mut fixture), (vec![], 0));
+    assert!(endpoint_sets(&mut fixture).is_empty());
+    assert_eq!(verdict(&mut fixture, &to_web), TC_ACT_OK);
+}
+
+#[test]
+fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
+    if !privileged("a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let yaml = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                metadata: {name: default, namespace: team}\n\
+                spec: {egress: [{type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 443}]}, \
+                {type: Allow, to: {cidrSelector: 198.51.100.0/24}}, \
+                {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
+    let resolved = |addresses: &[&str]| -> DnsAddresses {
+        [(
+            "www.example.com".to_owned(),
+            addresses
+                .iter()
+                .map(|a| a.parse().expect("address"))
+                .collect(),
+        )]
+        .into()
+    };
+    let first = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.11"]));
+    fixture.sync_acl(&mut state, &first, &pods()).expect("sync");
+    let set = state.firewall_set("team").expect("set");
+    let https = |last: u8| tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, last], 443, true);
+    assert_eq!(verdict(&mut fixture, &https(10)), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &https(11)), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &https(12)), TC_ACT_SHOT);
+    let (_, ports_before) = installed(&mut fixture);
+
+    // .11 goes, .12 comes: one prefix written, one removed, the port table shared and kept.
+    let second = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.12"]));
+    let stats = fixture
+        .update_acl_in_place(&mut state, "team", &second.sets["team"])
+        .expect("update")
+        .expect("in place");
+    assert_eq!((stats.written, stats.deleted), (1, 1));
+    assert_eq!(state.firewall_set("team"), Some(set), "same set, no switch");
+    assert_eq!(installed(&mut fixture), (vec![set], ports_before));
+    assert_eq!(verdict(&mut fixture, &https(10)), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &https(11)), TC_ACT_SHOT);
+    assert_eq!(verdict(&mut fixture, &https(12)), TC_ACT_OK);
+    // The CIDR rule is untouched.
+    let web = tcp_v4_flow(TEAM_POD, 40000, [198, 51, 100, 1], 80, true);
+    assert_eq!(verdict(&mut fixture, &web), TC_ACT_OK);
+
+    // Another name's worth of change compiled from scratch equals what the maps now hold: a
+    // fresh agent syncing `second` writes nothing new for the team.
+    let unchanged = fixture
+        .update_acl_in_place(&mut state, "team", &second.sets["team"])
+        .expect("update")
+        .expect("in place");
+    assert_eq!((unchanged.written, unchanged.deleted), (0, 0));
+}

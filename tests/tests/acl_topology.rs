@@ -1,0 +1,266 @@
+//! EgressFirewall end to end: a pod of namespace `team` on a two-node overlay cluster whose
+//! `default` EgressFirewall allows TCP 8080 and UDP 5353 to an external host and denies the
+//! rest. Real TCP and UDP sockets show what passes and what is refused (denied traffic gets no
+//! answer at all; allowed traffic to a closed port is refused by the host), while pods of other
+//! namespaces, pod-to-pod traffic and NodePort connections from outside are not affected.
+
+use std::{
+    process::{Child, Command, Stdio},
+    thread::sleep,
+    time::{Duration, Instant},
+};
+
+use dataplane_common::{DropReason, Hook, PacketClass};
+use dataplane_tests::{
+    privileged::privileged,
+    service_bed::{echo_backend, echo_server, tcp_answers},
+    topology::{Mode, Pod, Topology, exec_in, node_name, pod_cidr, run_in, underlay_ip},
+};
+
+/// Tries each `(protocol, address, port)` from `pod` and prints one word per probe: the
+/// answer's first field, `refused`, or `timeout` (no answer within a second).
+fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> Vec<String> {
+    let list: Vec<String> = probes
+        .iter()
+        .map(|(proto, address, port)| format!("('{proto}', '{address}', {port})"))
+        .collect();
+    let script = format!(
+        "import socket\n\
+         for proto, address, port in [{}]:\n\
+         \x20   kind = socket.SOCK_STREAM if proto == 'tcp' else socket.SOCK_DGRAM\n\
+         \x20   s = socket.socket(socket.AF_INET, kind); s.settimeout(1)\n\
+         \x20   try:\n\
+         \x20       s.connect((address, port))\n\
+         \x20       if proto == 'udp': s.send(b'q')\n\
+         \x20       print(s.recv(100).decode().split()[0])\n\
+         \x20   except ConnectionRefusedError: print('refused')\n\
+         \x20   except socket.timeout: print('timeout')\n\
+         \x20   s.close()\n",
+        list.join(", ")
+    );
+    let out = exec_in(&pod.netns, &["python3", "-c", &script]).expect("probe");
+    assert!(
+        out.status.success(),
+        "probe from {}: {}",
+        pod.name,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
+    if !privileged("egress_firewall_allows_and_refuses_real_connections_as_its_rules_say") {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let ext = external.ip.to_string();
+    // The external host routes the pod networks to their nodes, as the cluster's router would.
+    for node in 0..2 {
+        run_in(
+            &external.netns,
+            &[
+                "ip",
+                "route",
+                "add",
+                &pod_cidr(node),
+                "via",
+                &underlay_ip(node).to_string(),
+            ],
+        )
+        .expect("route");
+    }
+    topology.set_pod_namespace(0, 0, "team").expect("team pod");
+    let team = topology.node(0).pods[0].clone();
+    let neighbour = topology.node(0).pods[1].clone();
+    let remote = topology.node(1).pods[1].clone();
+    let manifests = format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: team}}\n\
+         spec:\n  egress:\n\
+         \x20 - {{type: Allow, to: {{cidrSelector: {ext}/32}}, ports: [{{protocol: TCP, port: 8080}}]}}\n\
+         \x20 - {{type: Allow, to: {{cidrSelector: {ext}/32}}, ports: [{{protocol: UDP, port: 5353}}]}}\n\
+         \x20 - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: team-web, namespace: team}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.40, externalTrafficPolicy: Local, \
+         ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: team-web-1, namespace: team, labels: {{kubernetes.io/service-name: team-web}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+         endpoints: [{{addresses: [{team_ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+        team_ip = team.ip,
+        node = node_name(0),
+    );
+    topology
+        .add_manifest("team.yaml", &manifests)
+        .expect("manifests");
+    let mut servers: Vec<Child> = vec![
+        echo_server(&external.netns, &ext, false).expect("external server"),
+        echo_backend(&team, false).expect("team server"),
+        echo_backend(&remote, false).expect("remote server"),
+    ];
+    let agent0 = topology.node(0).start_agent().expect("agent on node 0");
+    let _agent1 = topology.node(1).start_agent().expect("agent on node 1");
+    let log = agent0.log();
+    assert!(log.contains("egress firewalls configured"), "{log}");
+
+    // Let the servers and agents settle: the allowed TCP probe retries until it answers.
+    tcp_answers(&team.netns, &ext, 8080, 1).expect("allowed TCP to the external host");
+    let remote_ip = remote.ip.to_string();
+    let team_probes = probe(
+        &team,
+        &[
+            ("tcp", &ext, 8080),
+            ("udp", &ext, 5353),
+            ("tcp", &ext, 9090),
+            ("udp", &ext, 5454),
+            ("tcp", &remote_ip, 8080),
+            ("udp", &remote_ip, 5353),
+        ],
+    );
+    assert_eq!(
+        team_probes,
+        vec![
+            ext.as_str(),
+            ext.as_str(),
+            "timeout",
+            "timeout",
+            &remote_ip,
+            &remote_ip
+        ],
+        "team pod: allowed, allowed, denied, denied, pod network, pod network"
+    );
+    // Another namespace on the same node: no firewall, the host refuses the closed ports.
+    let neighbour_probes = probe(
+        &neighbour,
+        &[
+            ("tcp", &ext, 8080),
+            ("tcp", &ext, 9090),
+            ("udp", &ext, 5454),
+        ],
+    );
+    assert_eq!(neighbour_probes, vec![ext.as_str(), "refused", "refused"]);
+
+    // A NodePort connection from outside to the team pod: its replies are not judged.
+    let node0 = underlay_ip(0).to_string();
+    for line in tcp_answers(&external.netns, &node0, 30090, 3).expect("NodePort client") {
+        assert_eq!(line, format!("{} {}", team.ip, ext), "{line}");
+    }
+
+    let counters = agent0.counters().expect("counters");
+    assert!(
+        counters.drops(DropReason::FirewallDenied) >= 2,
+        "{counters:?}"
+    );
+    assert!(counters.packets(Hook::FromPod, PacketClass::FirewallAllowed) >= 4);
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
+
+/// Starts the test bed's DNS server in `netns` on port 53, answering from `answers` (JSON).
+fn dns_server(netns: &str, answers: &std::path::Path) -> Child {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dns_server.py");
+    Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(["python3", script])
+        .arg(answers)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("DNS server")
+}
+
+#[test]
+fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
+    if !privileged("a_dns_name_rule_follows_the_names_addresses_as_they_change") {
+        return;
+    }
+    let mut topology = Topology::build_with(1, 1, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let (first, second) = ("10.99.0.100", "10.99.0.101");
+    run_in(
+        &external.netns,
+        &["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"],
+    )
+    .expect("second address");
+    run_in(
+        &external.netns,
+        &[
+            "ip",
+            "route",
+            "add",
+            &pod_cidr(0),
+            "via",
+            &underlay_ip(0).to_string(),
+        ],
+    )
+    .expect("route");
+    topology.set_pod_namespace(0, 0, "team").expect("team pod");
+    let team = topology.node(0).pods[0].clone();
+    topology
+        .add_manifest(
+            "firewall.yaml",
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: team}\n\
+             spec:\n  egress:\n\
+             \x20 - {type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 8080}]}\n\
+             \x20 - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n",
+        )
+        .expect("manifest");
+    let answers = std::env::temp_dir().join(dataplane_tests::unique_name("dns.json"));
+    let answer = |address: &str| {
+        let json = format!("{{\"www.example.com\": {{\"A\": [\"{address}\"], \"ttl\": 2}}}}");
+        std::fs::write(&answers, json).expect("answers");
+    };
+    answer(first);
+    let mut servers = vec![
+        dns_server(&external.netns, &answers),
+        echo_server(&external.netns, "external", false).expect("server"),
+    ];
+    sleep(Duration::from_millis(300));
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--dns-server", first])
+        .expect("agent");
+    let log = agent.log();
+    assert!(log.contains("egress firewalls configured"), "{log}");
+
+    let probes = [("tcp", first, 8080), ("tcp", second, 8080)];
+    assert_eq!(
+        probe(&team, &probes),
+        vec!["external", "timeout"],
+        "{}",
+        agent.log()
+    );
+
+    // The name moves to the second address: within its TTL and the refresh floor, the rule
+    // follows it, updated in place.
+    answer(second);
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut seen = probe(&team, &probes);
+    while seen != ["timeout", "external"] && Instant::now() < deadline {
+        sleep(Duration::from_millis(500));
+        seen = probe(&team, &probes);
+    }
+    assert_eq!(seen, vec!["timeout", "external"], "{}", agent.log());
+    let log = agent.log();
+    assert!(log.contains("updated in place"), "{log}");
+
+    // The server goes away: lookups fail, the last good address stays allowed.
+    for server in &mut servers[..1] {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    sleep(Duration::from_secs(4));
+    assert_eq!(probe(&team, &probes), vec!["timeout", "external"]);
+    assert!(agent.log().contains("keeping the last good addresses"));
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+    let _ = std::fs::remove_file(&answers);
+}
