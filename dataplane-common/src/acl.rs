@@ -122,6 +122,10 @@ impl Default for AclLengths {
     }
 }
 
+/// `AclEndpoint::log`: send an audit event for each allowed / denied packet.
+pub const ACL_LOG_ALLOW: u8 = 1 << 0;
+pub const ACL_LOG_DENY: u8 = 1 << 1;
+
 /// Which rule sets apply to a local pod (value of `ACL_ENDPOINTS`, keyed by its address).
 /// A set id of zero means none. The set id and its lengths change in one write.
 #[repr(C)]
@@ -129,8 +133,67 @@ impl Default for AclLengths {
 pub struct AclEndpoint {
     /// The EgressFirewall set of the pod's namespace.
     pub firewall: u32,
-    pub _reserved: u32,
+    /// `ACL_LOG_*` bits: the namespace's audit logging (`k8s.ovn.org/acl-logging`).
+    pub log: u8,
+    pub _reserved: [u8; 3],
     pub firewall_lengths: AclLengths,
+}
+
+/// `AclEvent::direction`: traffic leaving the pod (OVN's from-lport) or reaching it.
+pub const ACL_DIRECTION_EGRESS: u8 = 1;
+pub const ACL_DIRECTION_INGRESS: u8 = 2;
+
+/// `AclEvent::kind`: which rule set decided.
+pub const ACL_KIND_FIREWALL: u8 = 1;
+
+/// One audit record, sent through the `ACL_EVENTS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AclEvent {
+    /// `bpf_ktime_get_ns` when the packet was judged.
+    pub time_ns: u64,
+    /// The deciding set and rule (`ACL_RULE_EXEMPT` never logs; `u32::MAX - 1`: no rule
+    /// matched, the set's default decided).
+    pub set: u32,
+    pub rule: u32,
+    pub src: Addr,
+    pub dst: Addr,
+    /// Host byte order.
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub protocol: u8,
+    /// `ACL_VERDICT_ALLOW` or `ACL_VERDICT_DENY`.
+    pub verdict: u8,
+    /// `ACL_DIRECTION_*`.
+    pub direction: u8,
+    /// `ACL_KIND_*`.
+    pub kind: u8,
+    /// Packets this CPU suppressed (rate limit or full ring) since its previous event.
+    pub suppressed: u32,
+}
+
+/// `AclEvent::rule` when no rule matched and the set's default decided.
+pub const ACL_RULE_DEFAULT: u32 = u32::MAX - 1;
+
+/// Audit rate limit (value of `ACL_LOG_CONFIG`): events per second each CPU may send; the
+/// agent applies the node-wide limit on top.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AclLogConfig {
+    pub rate_per_second: u32,
+    pub _pad: u32,
+}
+
+/// Per-CPU token bucket of the audit rate limit (value of `ACL_LOG_BUCKETS`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AclLogBucket {
+    /// Tokens in units of 1/1e9 event.
+    pub nano_tokens: u64,
+    pub last_ns: u64,
+    /// Events suppressed since the last one sent.
+    pub suppressed: u32,
+    pub _pad: u32,
 }
 
 const _: () = {
@@ -139,6 +202,9 @@ const _: () = {
     assert!(core::mem::size_of::<AclPortKey>() == 8);
     assert!(core::mem::size_of::<AclVerdict>() == 8);
     assert!(core::mem::size_of::<AclEndpoint>() == 24);
+    assert!(core::mem::size_of::<AclEvent>() == 64);
+    assert!(core::mem::size_of::<AclLogConfig>() == 8);
+    assert!(core::mem::size_of::<AclLogBucket>() == 24);
 };
 
 #[cfg(feature = "user")]
@@ -153,4 +219,10 @@ mod pod_impls {
     unsafe impl aya::Pod for super::AclVerdict {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AclEndpoint {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclLogConfig {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclLogBucket {}
 }

@@ -48,6 +48,15 @@ pub const ACL_ADDRS: &str = "DP_ACL_ADDRS";
 /// Hash (allocated on use): [`crate::acl::AclPortKey`] -> [`crate::acl::AclVerdict`].
 pub const ACL_PORTS: &str = "DP_ACL_PORTS";
 
+/// Ring buffer of [`crate::acl::AclEvent`]: audit records for the agent.
+pub const ACL_EVENTS: &str = "DP_ACL_EVENTS";
+/// Bytes of the audit ring buffer (4096 events).
+pub const ACL_EVENTS_BYTES: u32 = 256 * 1024;
+/// Array of one [`crate::acl::AclLogConfig`].
+pub const ACL_LOG_CONFIG: &str = "DP_ACL_LOG_CONFIG";
+/// Per-CPU array of one [`crate::acl::AclLogBucket`] (not pinned: rate state only).
+pub const ACL_LOG_BUCKETS: &str = "DP_ACL_LOG_BUCKETS";
+
 /// Capacity of the access-control maps: 100 namespaces of 8000 rules each, with room for a
 /// second generation of the largest while it is switched in.
 pub const MAX_ACL_PREFIXES: u32 = 1_048_576;
@@ -82,6 +91,8 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,
+    ACL_EVENTS,
+    ACL_LOG_CONFIG,
 ];
 
 /// XDP program on the underlay NIC.

@@ -66,6 +66,10 @@ pub enum PacketClass {
     // What access control did.
     /// A pod packet to outside the cluster that its namespace's EgressFirewall let through.
     FirewallAllowed = 19,
+    /// An access-control verdict sent to the agent as an audit record.
+    AuditLogged = 20,
+    /// An audit record not sent: over the rate limit, or the ring buffer was full.
+    AuditSuppressed = 21,
 }
 
 impl PacketClass {
@@ -90,6 +94,8 @@ impl PacketClass {
         PacketClass::ServiceRejected,
         PacketClass::ServiceResetBackendGone,
         PacketClass::FirewallAllowed,
+        PacketClass::AuditLogged,
+        PacketClass::AuditSuppressed,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -116,6 +122,8 @@ impl PacketClass {
             17 => PacketClass::ServiceRejected,
             18 => PacketClass::ServiceResetBackendGone,
             19 => PacketClass::FirewallAllowed,
+            20 => PacketClass::AuditLogged,
+            21 => PacketClass::AuditSuppressed,
             _ => return None,
         })
     }
@@ -142,6 +150,8 @@ impl PacketClass {
             PacketClass::ServiceRejected => "service_rejected",
             PacketClass::ServiceResetBackendGone => "service_reset_backend_gone",
             PacketClass::FirewallAllowed => "firewall_allowed",
+            PacketClass::AuditLogged => "audit_logged",
+            PacketClass::AuditSuppressed => "audit_suppressed",
         }
     }
 }

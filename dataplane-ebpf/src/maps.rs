@@ -8,14 +8,16 @@ use aya_ebpf::{
     maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
 };
 use dataplane_common::{
-    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
+    acl::{
+        AclAddrKey, AclAddrValue, AclEndpoint, AclLogBucket, AclLogConfig, AclPortKey, AclVerdict,
+    },
     drop::DROP_REASON_SLOTS,
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
     },
     maps::{
-        MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES, MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES,
-        MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
+        ACL_EVENTS_BYTES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES, MAX_AFFINITY_ENTRIES,
+        MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     stats::PACKET_COUNTER_SLOTS,
@@ -95,6 +97,20 @@ pub static ACL_ADDRS: HashMap<AclAddrKey, AclAddrValue> =
 #[map(name = "DP_ACL_PORTS")]
 pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
     HashMap::pinned(MAX_ACL_PORT_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Audit records for the agent.
+#[map(name = "DP_ACL_EVENTS")]
+pub static ACL_EVENTS: aya_ebpf::maps::RingBuf =
+    aya_ebpf::maps::RingBuf::pinned(ACL_EVENTS_BYTES, 0);
+
+/// The audit rate limit.
+#[map(name = "DP_ACL_LOG_CONFIG")]
+pub static ACL_LOG_CONFIG: aya_ebpf::maps::Array<AclLogConfig> =
+    aya_ebpf::maps::Array::pinned(1, 0);
+
+/// Each CPU's audit token bucket. Not pinned: only rate state.
+#[map(name = "DP_ACL_LOG_BUCKETS")]
+pub static ACL_LOG_BUCKETS: PerCpuArray<AclLogBucket> = PerCpuArray::with_max_entries(1, 0);
 
 /// Size of the per-CPU scratch buffer (the largest encapsulation block is 84 bytes).
 pub const ENCAP_SCRATCH_LEN: usize = 128;

@@ -18,6 +18,7 @@
 //! old set is deleted. A packet sees the old rules or the new ones, never a mix.
 
 pub mod agent;
+pub mod audit;
 pub mod dns;
 pub mod firewall;
 #[cfg(test)]
@@ -33,8 +34,8 @@ use dataplane_common::{
     acl::{
         ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_MAX_LENGTHS,
         ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
-        ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclPortKey,
-        AclVerdict,
+        ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclLogConfig,
+        AclPortKey, AclVerdict,
     },
     maps,
     overlay::Addr,
@@ -579,6 +580,14 @@ impl AclState {
     pub fn firewall_set(&self, namespace: &str) -> Option<u32> {
         self.firewalls.get(namespace).copied()
     }
+
+    /// The namespace whose firewall a set is.
+    pub fn namespace_of(&self, set: u32) -> Option<&str> {
+        self.firewalls
+            .iter()
+            .find(|(_, s)| **s == set)
+            .map(|(namespace, _)| namespace.as_str())
+    }
 }
 
 /// The firewalls to install: compiled sets by namespace, and the namespaces whose object was
@@ -587,6 +596,8 @@ impl AclState {
 pub struct DesiredFirewalls {
     pub sets: BTreeMap<String, CompiledSet>,
     pub rejected: BTreeSet<String>,
+    /// `ACL_LOG_*` flags of the namespaces that audit their verdicts.
+    pub log: BTreeMap<String, u8>,
 }
 
 /// A local pod as access control sees it.
@@ -627,6 +638,22 @@ fn map_err(name: &'static str, action: &'static str) -> impl Fn(aya::maps::MapEr
 }
 
 impl Dataplane {
+    /// Sets the audit records each CPU may send per second.
+    pub fn set_audit_rate(&mut self, rate_per_second: u32) -> Result<(), AgentError> {
+        let mut config: aya::maps::Array<&mut MapData, AclLogConfig> =
+            self.typed_map(maps::ACL_LOG_CONFIG)?;
+        config
+            .set(
+                0,
+                AclLogConfig {
+                    rate_per_second,
+                    _pad: 0,
+                },
+                0,
+            )
+            .map_err(map_err(maps::ACL_LOG_CONFIG, "write"))
+    }
+
     /// Takes over what a previous agent left pinned: every existing set and table id stays
     /// reserved, and each namespace keeps the set its pods point at until a sync replaces it
     /// (so a namespace whose object is now invalid keeps its last good rules).
@@ -716,7 +743,8 @@ impl Dataplane {
                 let lengths = state.sets.get(set).map(|s| s.lengths).unwrap_or_default();
                 let endpoint = AclEndpoint {
                     firewall: *set,
-                    _reserved: 0,
+                    log: desired.log.get(namespace).copied().unwrap_or(0),
+                    _reserved: [0; 3],
                     firewall_lengths: lengths,
                 };
                 (namespace.clone(), endpoint)

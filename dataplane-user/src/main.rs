@@ -11,7 +11,10 @@ use clap::{Parser, Subcommand};
 use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
-    acl::{self, agent::FirewallAgent},
+    acl::{
+        self,
+        agent::{FirewallAgent, FirewallInputs},
+    },
     attach::XdpModeChoice,
     lb, model, netdev,
     overlay::{self, Underlay},
@@ -21,6 +24,9 @@ use dataplane_user::{
     status,
 };
 use tokio::signal::unix::{SignalKind, signal};
+
+/// Where OVN-Kubernetes nodes keep their ACL audit log.
+const DEFAULT_AUDIT_LOG: &str = "/var/log/ovn/acl-audit-log.log";
 
 #[derive(Parser)]
 #[command(
@@ -63,6 +69,9 @@ enum Command {
         /// /etc/resolv.conf).
         #[arg(long)]
         dns_server: Option<std::net::IpAddr>,
+        /// The ACL audit log file (rotated as policyAuditConfig says).
+        #[arg(long, default_value = DEFAULT_AUDIT_LOG)]
+        audit_log: PathBuf,
     },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
@@ -101,6 +110,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             manifests,
             node_name,
             dns_server,
+            audit_log,
         } => run(
             &pins,
             &cli.run_dir,
@@ -110,6 +120,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 xdp_mode,
                 cluster: manifests.zip(node_name),
                 dns_server,
+                audit_log,
             },
         ),
         Command::Status { json } => {
@@ -137,6 +148,7 @@ struct RunArgs {
     /// Manifest directory and this node's name.
     cluster: Option<(PathBuf, String)>,
     dns_server: Option<std::net::IpAddr>,
+    audit_log: PathBuf,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -160,7 +172,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             node,
             &args.underlay,
             underlay_index,
-            args.dns_server,
+            args,
         )?;
         for iface in configured.pod_interfaces {
             if !pod_ifaces.contains(&iface) {
@@ -217,7 +229,7 @@ fn configure_cluster(
     node: &str,
     underlay: &str,
     underlay_index: u32,
-    dns_server: Option<std::net::IpAddr>,
+    args: &RunArgs,
 ) -> anyhow::Result<Configured> {
     preflight::check_forwarding()?;
     let state = source::read_dir(dir)?;
@@ -251,13 +263,16 @@ fn configure_cluster(
         "overlay configured"
     );
     configure_services(dataplane, &state, node)?;
-    let firewalls = runtime.block_on(FirewallAgent::start(
-        dataplane,
-        state.egress_firewalls.clone(),
-        acl::firewall::context(&state, &model.view),
-        acl::pods_of(&model.view),
-        dns_server,
-    ))?;
+    let inputs = FirewallInputs {
+        objects: state.egress_firewalls.clone(),
+        namespaces: state.namespaces.clone(),
+        context: acl::firewall::context(&state, &model.view),
+        pods: acl::pods_of(&model.view),
+        dns_server: args.dns_server,
+        audit: state.policy_audit.clone(),
+        audit_path: args.audit_log.clone(),
+    };
+    let firewalls = runtime.block_on(FirewallAgent::start(dataplane, inputs))?;
     Ok(Configured {
         pod_interfaces: model.pod_interfaces,
         firewalls,
@@ -298,7 +313,8 @@ fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     })
 }
 
-/// Runs until SIGINT or SIGTERM, refreshing the firewalls' DNS names when they are due.
+/// Runs until SIGINT or SIGTERM, refreshing the firewalls' DNS names when they are due and
+/// writing audit records as they come.
 async fn serve(
     dataplane: &mut Dataplane,
     mut firewalls: Option<FirewallAgent>,
@@ -306,10 +322,9 @@ async fn serve(
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     loop {
-        let due = firewalls.as_ref().and_then(FirewallAgent::next_refresh);
-        let refresh = async {
-            match due {
-                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+        let work = async {
+            match firewalls.as_mut() {
+                Some(agent) => agent.step(dataplane).await,
                 None => std::future::pending().await,
             }
         };
@@ -322,10 +337,8 @@ async fn serve(
                 tracing::info!("SIGINT received");
                 return Ok(());
             }
-            () = refresh => {
-                if let Some(agent) = firewalls.as_mut()
-                    && let Err(error) = agent.refresh(dataplane).await
-                {
+            result = work => {
+                if let Err(error) = result {
                     // The maps keep what they had; the next refresh tries again.
                     tracing::error!(error = %anyhow::Error::from(error), "updating the egress firewalls");
                 }

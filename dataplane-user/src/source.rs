@@ -1,6 +1,6 @@
 //! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
 //! cluster): Nodes, Pods, Services and EndpointSlices as the API serves them (k8s-openapi
-//! types), OVN-Kubernetes' EgressFirewalls, and the OpenShift
+//! types), Namespaces, OVN-Kubernetes' EgressFirewalls, and the OpenShift
 //! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
 
@@ -8,17 +8,21 @@ use std::{fs, path::Path};
 
 use ipnet::IpNet;
 use k8s_openapi::api::{
-    core::v1::{Node, Pod, Service},
+    core::v1::{Namespace, Node, Pod, Service},
     discovery::v1::EndpointSlice,
 };
 use serde::Deserialize;
 
-use crate::{acl::firewall::EgressFirewall, overlay::OvnKubernetesConfig};
+use crate::{
+    acl::{audit::PolicyAuditConfig, firewall::EgressFirewall},
+    overlay::OvnKubernetesConfig,
+};
 
 /// Everything read from the manifests.
 #[derive(Clone, Debug, Default)]
 pub struct ClusterState {
     pub nodes: Vec<Node>,
+    pub namespaces: Vec<Namespace>,
     pub pods: Vec<Pod>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
@@ -30,6 +34,8 @@ pub struct ClusterState {
     pub cluster_networks: Vec<IpNet>,
     /// `spec.serviceNetwork` of that `Network`: the service address ranges.
     pub service_networks: Vec<IpNet>,
+    /// `ovnKubernetesConfig.policyAuditConfig` of that `Network`.
+    pub policy_audit: PolicyAuditConfig,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -109,6 +115,10 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
             Ok(node) => state.nodes.push(node),
             Err(e) => reject(state, e.to_string()),
         },
+        ("v1", "Namespace") => match serde_yaml::from_value::<Namespace>(value) {
+            Ok(namespace) => state.namespaces.push(namespace),
+            Err(e) => reject(state, e.to_string()),
+        },
         ("v1", "Pod") => match serde_yaml::from_value::<Pod>(value) {
             Ok(pod) => state.pods.push(pod),
             Err(e) => reject(state, e.to_string()),
@@ -158,6 +168,7 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
                         }
                     }
                     let ovn = spec.default_network.ovn_kubernetes_config;
+                    state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
                     state.network = Some(OvnKubernetesConfig {
                         mtu: ovn.mtu,
                         geneve_port: ovn.geneve_port,
@@ -218,13 +229,13 @@ struct DefaultNetwork {
     ovn_kubernetes_config: OvnConfigSpec,
 }
 
-/// Other fields of `ovnKubernetesConfig` (gatewayConfig, policyAuditConfig, ...) belong to
-/// other features and are read there.
+/// Other fields of `ovnKubernetesConfig` (gatewayConfig, ...) belong to other features.
 #[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct OvnConfigSpec {
     mtu: Option<u32>,
     geneve_port: Option<u16>,
+    policy_audit_config: Option<PolicyAuditConfig>,
 }
 
 #[cfg(test)]

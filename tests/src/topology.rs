@@ -68,6 +68,8 @@ pub struct Topology {
     namespaces: Vec<String>,
     /// Overlay mode: the manifests, removed on drop.
     manifests: Option<PathBuf>,
+    /// More `ovnKubernetesConfig` fields for the operator Network (`set_ovn_config`).
+    ovn_config_extra: String,
 }
 
 /// The address of the host outside the cluster (`Topology::add_external_host`).
@@ -136,6 +138,7 @@ impl Topology {
             fabric: String::new(),
             namespaces: Vec::new(),
             manifests: None,
+            ovn_config_extra: String::new(),
         };
         let fabric = topology.add_namespace("fab")?;
         topology.fabric = fabric.clone();
@@ -224,6 +227,18 @@ impl Topology {
         })
     }
 
+    /// Adds `fields` (YAML flow-mapping entries, e.g. `policyAuditConfig: {rateLimit: 5}`) to
+    /// the operator Network's `ovnKubernetesConfig`, rewriting the cluster manifest.
+    pub fn set_ovn_config(&mut self, fields: &str) -> anyhow::Result<()> {
+        self.ovn_config_extra = format!(", {fields}");
+        let dir = self
+            .manifests
+            .clone()
+            .context("manifests exist in overlay mode only")?;
+        fs::write(dir.join("cluster.yaml"), self.manifests_yaml())?;
+        Ok(())
+    }
+
     /// Moves a pod's object to another Kubernetes namespace (rewriting the cluster manifest);
     /// agents started afterwards see it there. Overlay mode only.
     pub fn set_pod_namespace(
@@ -259,8 +274,12 @@ impl Topology {
             "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
              spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
              \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n\
-             \x20 defaultNetwork:\n    type: OVNKubernetes\n    ovnKubernetesConfig: {genevePort: 6081}\n",
+             \x20 defaultNetwork:\n    type: OVNKubernetes\n",
         );
+        yaml.push_str(&format!(
+            "    ovnKubernetesConfig: {{genevePort: 6081{}}}\n",
+            self.ovn_config_extra
+        ));
         for node in &self.nodes {
             yaml.push_str(&format!(
                 "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n\

@@ -5,11 +5,14 @@
 
 use std::net::IpAddr;
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{HashMap, Map, MapData, RingBuf};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
-    maps::{ACL_ADDRS, ACL_ENDPOINTS, ACL_PORTS, PROG_FROM_POD},
+    acl::{
+        ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_VERDICT_ALLOW,
+        ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclEndpoint, AclEvent, AclPortKey, AclVerdict,
+    },
+    maps::{ACL_ADDRS, ACL_ENDPOINTS, ACL_EVENTS, ACL_PORTS, PROG_FROM_POD},
     overlay::Addr,
 };
 use dataplane_tests::{
@@ -379,4 +382,98 @@ fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
         .expect("update")
         .expect("in place");
     assert_eq!((unchanged.written, unchanged.deleted), (0, 0));
+}
+
+/// Every audit record waiting in the fixture's ring buffer.
+fn audit_events(fixture: &Fixture) -> Vec<AclEvent> {
+    let pin = fixture.pins().map(ACL_EVENTS);
+    let data = MapData::from_pin(&pin).expect("ring buffer pin");
+    let mut ring = RingBuf::try_from(Map::RingBuf(data)).expect("ring buffer");
+    let mut events = Vec::new();
+    while let Some(item) = ring.next() {
+        assert_eq!(item.len(), std::mem::size_of::<AclEvent>());
+        // SAFETY: the kernel wrote an AclEvent (plain data) of exactly this size.
+        events.push(unsafe { std::ptr::read_unaligned(item.as_ptr().cast::<AclEvent>()) });
+    }
+    events
+}
+
+#[test]
+fn audited_namespaces_send_one_record_per_denied_packet_and_allowed_connection() {
+    if !privileged("audited_namespaces_send_one_record_per_denied_packet_and_allowed_connection") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let mut wanted = desired(TEAM_FIREWALL);
+    wanted
+        .log
+        .insert("team".into(), ACL_LOG_ALLOW | ACL_LOG_DENY);
+    fixture.set_audit_rate(1000).expect("rate");
+    fixture
+        .sync_acl(&mut state, &wanted, &pods())
+        .expect("sync");
+    let set = state.firewall_set("team").expect("set");
+    let web = [192, 0, 2, 5];
+    let syn = tcp_v4_flow(TEAM_POD, 40000, web, 443, true);
+    let ack = tcp_v4_flow(TEAM_POD, 40000, web, 443, false);
+    let denied = tcp_v4_flow(TEAM_POD, 40001, web, 80, true);
+    let cluster = tcp_v4_flow(TEAM_POD, 40002, [10, 244, 2, 5], 80, true);
+    let unmatched = tcp_v6_flow(TEAM_POD6, 40003, v6("2001:db8::1"), 22);
+    assert_eq!(verdict(&mut fixture, &syn), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &ack), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &denied), TC_ACT_SHOT);
+    assert_eq!(verdict(&mut fixture, &cluster), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &unmatched), TC_ACT_OK);
+    let events = audit_events(&fixture);
+    // The SYN, the denied packet and the IPv6 connection; not the ACK (same connection), not
+    // the exempt pod-network connection.
+    let summary: Vec<(u32, u8, u16, u16)> = events
+        .iter()
+        .map(|e| (e.rule, e.verdict, e.src_port, e.dst_port))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            (0, ACL_VERDICT_ALLOW, 40000, 443),
+            (1, ACL_VERDICT_DENY, 40001, 80),
+            (3, ACL_VERDICT_ALLOW, 40003, 22),
+        ]
+    );
+    for event in &events {
+        assert_eq!(event.set, set);
+        assert_eq!(event.protocol, 6);
+        assert_eq!(event.direction, ACL_DIRECTION_EGRESS);
+        assert_eq!(event.kind, ACL_KIND_FIREWALL);
+        assert_eq!(event.suppressed, 0);
+        assert!(event.time_ns > 0);
+    }
+    assert_eq!(events[1].src, addr16(IpAddr::from(TEAM_POD)));
+    assert_eq!(events[1].dst, addr16(IpAddr::from(web)));
+    assert_eq!(events[2].src, TEAM_POD6);
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::AuditLogged), 3);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::AuditSuppressed),
+        0
+    );
+
+    // Over the per-CPU rate: a burst of the rate goes out, the rest is counted; the next
+    // record after the bucket refills says how many were suppressed.
+    fixture.set_audit_rate(3).expect("rate");
+    std::thread::sleep(std::time::Duration::from_millis(1100));
+    for _ in 0..10 {
+        assert_eq!(verdict(&mut fixture, &denied), TC_ACT_SHOT);
+    }
+    assert_eq!(audit_events(&fixture).len(), 3);
+    std::thread::sleep(std::time::Duration::from_millis(400));
+    assert_eq!(verdict(&mut fixture, &denied), TC_ACT_SHOT);
+    let after = audit_events(&fixture);
+    assert_eq!(after.len(), 1);
+    assert_eq!(after[0].suppressed, 7);
+    let counters = fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::AuditSuppressed),
+        7
+    );
 }

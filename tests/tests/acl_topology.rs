@@ -255,12 +255,147 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         let _ = server.kill();
         let _ = server.wait();
     }
-    sleep(Duration::from_secs(4));
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !agent.log().contains("keeping the last good addresses") && Instant::now() < deadline {
+        sleep(Duration::from_millis(500));
+    }
+    assert!(
+        agent.log().contains("keeping the last good addresses"),
+        "{}",
+        agent.log()
+    );
     assert_eq!(probe(&team, &probes), vec!["timeout", "external"]);
-    assert!(agent.log().contains("keeping the last good addresses"));
     for server in &mut servers {
         let _ = server.kill();
         let _ = server.wait();
     }
     let _ = std::fs::remove_file(&answers);
+}
+
+/// The audit log's lines once `done` says it has enough, or after 10 s.
+fn audit_lines(path: &std::path::Path, done: impl Fn(&[String]) -> bool) -> Vec<String> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let lines: Vec<String> = std::fs::read_to_string(path)
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        if done(&lines) || Instant::now() > deadline {
+            return lines;
+        }
+        sleep(Duration::from_millis(200));
+    }
+}
+
+#[test]
+fn audited_namespaces_get_ovn_style_audit_lines_within_the_rate_limit() {
+    if !privileged("audited_namespaces_get_ovn_style_audit_lines_within_the_rate_limit") {
+        return;
+    }
+    let mut topology = Topology::build_with(1, 2, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let ext = external.ip.to_string();
+    run_in(
+        &external.netns,
+        &[
+            "ip",
+            "route",
+            "add",
+            &pod_cidr(0),
+            "via",
+            &underlay_ip(0).to_string(),
+        ],
+    )
+    .expect("route");
+    topology.set_pod_namespace(0, 0, "team").expect("team pod");
+    topology
+        .set_ovn_config("policyAuditConfig: {rateLimit: 5, maxFileSize: 1}")
+        .expect("audit config");
+    let team = topology.node(0).pods[0].clone();
+    topology
+        .add_manifest(
+            "team.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n  annotations:\n\
+                 \x20   k8s.ovn.org/acl-logging: '{{\"deny\":\"alert\",\"allow\":\"notice\"}}'\n\
+                 ---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: default\n  annotations:\n\
+                 \x20   k8s.ovn.org/acl-logging: 'not json'\n\
+                 ---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {{name: default, namespace: team}}\n\
+                 spec:\n  egress:\n\
+                 \x20 - {{type: Allow, to: {{cidrSelector: {ext}/32}}, ports: [{{protocol: TCP, port: 8080}}]}}\n\
+                 \x20 - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}\n"
+            ),
+        )
+        .expect("manifests");
+    let mut server = echo_server(&external.netns, "external", false).expect("server");
+    let audit_log = std::env::temp_dir()
+        .join(dataplane_tests::unique_name("audit"))
+        .join("acl-audit-log.log");
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--audit-log", audit_log.to_str().expect("path")])
+        .expect("agent");
+    let log = agent.log();
+    assert!(log.contains("audit log open"), "{log}");
+    assert!(
+        log.contains("Namespace default: annotation k8s.ovn.org/acl-logging ignored"),
+        "{log}"
+    );
+
+    // Three allowed connections: one record each (at the SYN).
+    tcp_answers(&team.netns, &ext, 8080, 3).expect("allowed connections");
+    let allowed = audit_lines(&audit_log, |l| l.len() >= 3);
+    assert_eq!(allowed.len(), 3, "{allowed:?}");
+    let expected = format!(
+        "|acl_log(dataplane)|NOTICE|name=\"EF:team:default:0\", verdict=allow, severity=notice, \
+         direction=from-lport: tcp,nw_src={},nw_dst={ext},tp_src=",
+        team.ip
+    );
+    for line in &allowed {
+        assert!(line.contains(&expected), "{line}");
+        assert!(line.ends_with(",tp_dst=8080"), "{line}");
+    }
+
+    // A burst of 50 denied datagrams: within the rate limit (5 a second, burst 5), not 50.
+    let script = format!(
+        "import socket\ns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         for i in range(50):\n    s.sendto(b'x', ('{ext}', 5454))\n"
+    );
+    let out = exec_in(&team.netns, &["python3", "-c", &script]).expect("burst");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let lines = audit_lines(&audit_log, |l| l.len() >= 5);
+    sleep(Duration::from_millis(500));
+    let lines_later = audit_lines(&audit_log, |_| true);
+    let denied: Vec<&String> = lines_later
+        .iter()
+        .filter(|l| l.contains("verdict=drop"))
+        .collect();
+    assert!(lines.len() >= 4, "{lines:?}");
+    assert!(
+        (1..=7).contains(&denied.len()),
+        "{} denied records for 50 packets: {denied:?}",
+        denied.len()
+    );
+    for line in &denied {
+        assert!(
+            line.contains("|ALERT|name=\"EF:team:default:1\", verdict=drop, severity=alert"),
+            "{line}"
+        );
+        assert!(line.contains(",tp_dst=5454"), "{line}");
+    }
+    let counters = agent.counters().expect("counters");
+    assert!(
+        counters.packets(Hook::FromPod, PacketClass::AuditSuppressed) >= 40,
+        "{counters:?}"
+    );
+    let _ = server.kill();
+    let _ = server.wait();
+    if let Some(dir) = audit_log.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

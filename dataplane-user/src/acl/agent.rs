@@ -1,15 +1,26 @@
 //! The EgressFirewalls as the running agent keeps them: compiled against this node, their DNS
-//! names resolved and refreshed, and the maps updated when a name's addresses change (in place,
-//! touching only that name's entries, when the set allows it).
+//! names resolved and refreshed, the maps updated when a name's addresses change (in place,
+//! touching only that name's entries, when the set allows it), and the kernel's audit records
+//! written to the audit log.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    path::PathBuf,
     time::{Duration, Instant},
 };
 
+use aya::maps::{Map, MapData, RingBuf};
+use dataplane_common::{
+    acl::{ACL_VERDICT_DENY, AclEvent},
+    maps,
+};
+use k8s_openapi::api::core::v1::Namespace;
+use tokio::io::{Interest, unix::AsyncFd};
+
 use super::{
     AclPod, AclState, AclSyncStats,
+    audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
     dns::{DnsNames, Resolver},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls},
 };
@@ -19,64 +30,85 @@ use crate::{AgentError, Dataplane};
 /// (names not answered by then match nothing until they are).
 const FIRST_RESOLUTION_BUDGET: Duration = Duration::from_secs(5);
 
+/// Everything the firewalls are compiled from.
+pub struct FirewallInputs {
+    pub objects: Vec<EgressFirewall>,
+    pub namespaces: Vec<Namespace>,
+    pub context: FirewallContext,
+    pub pods: Vec<AclPod>,
+    pub dns_server: Option<IpAddr>,
+    pub audit: PolicyAuditConfig,
+    /// The audit log file.
+    pub audit_path: PathBuf,
+}
+
 pub struct FirewallAgent {
     objects: Vec<EgressFirewall>,
     context: FirewallContext,
     pods: Vec<AclPod>,
+    /// Audit levels of the namespaces that log.
+    levels: BTreeMap<String, NamespaceLogging>,
     state: AclState,
     names: DnsNames,
     resolver: Option<Resolver>,
     compiled: CompiledFirewalls,
+    audit: Option<AuditLog>,
+    events: Option<AsyncFd<RingBuf<MapData>>>,
+}
+
+/// What woke the agent up.
+enum Wake {
+    Refresh,
+    Events,
 }
 
 impl FirewallAgent {
     /// Compiles the firewalls, resolves their DNS names (within `FIRST_RESOLUTION_BUDGET`),
-    /// adopts what a previous agent left pinned and syncs the maps.
+    /// adopts what a previous agent left pinned, syncs the maps and opens the audit log.
     pub async fn start(
         dataplane: &mut Dataplane,
-        objects: Vec<EgressFirewall>,
-        context: FirewallContext,
-        pods: Vec<AclPod>,
-        dns_server: Option<IpAddr>,
+        inputs: FirewallInputs,
     ) -> Result<Self, AgentError> {
-        let compiled = compile_firewalls(&objects, &context, &Default::default());
-        for error in &compiled.errors {
+        let (levels, warnings) = namespace_logging(&inputs.namespaces);
+        for warning in &warnings {
+            tracing::warn!(%warning, "audit logging");
+        }
+        let mut agent = Self {
+            objects: inputs.objects,
+            context: inputs.context,
+            pods: inputs.pods,
+            levels: levels.into_iter().collect(),
+            state: AclState::default(),
+            names: DnsNames::default(),
+            resolver: None,
+            compiled: CompiledFirewalls::default(),
+            audit: None,
+            events: None,
+        };
+        agent.compile();
+        for error in &agent.compiled.errors {
             tracing::warn!(%error, "egress firewall");
         }
-        let mut names = DnsNames::default();
-        let wanted = compiled.all_names();
-        names.track(&wanted, Instant::now());
-        let resolver = if wanted.is_empty() {
-            None
-        } else {
-            match Resolver::new(dns_server) {
-                Ok(resolver) => Some(resolver),
-                Err(error) => {
-                    tracing::warn!(%error, "dnsName rules will match nothing");
-                    None
-                }
+        let wanted = agent.compiled.all_names();
+        agent.names.track(&wanted, Instant::now());
+        if !wanted.is_empty() {
+            match Resolver::new(inputs.dns_server) {
+                Ok(resolver) => agent.resolver = Some(resolver),
+                Err(error) => tracing::warn!(%error, "dnsName rules will match nothing"),
             }
-        };
-        let mut agent = Self {
-            objects,
-            context,
-            pods,
-            state: AclState::default(),
-            names,
-            resolver,
-            compiled,
-        };
+        }
         let budget = tokio::time::timeout(FIRST_RESOLUTION_BUDGET, agent.resolve_due());
         if budget.await.is_err() {
             tracing::warn!("DNS names not all resolved in time; their rules apply once they are");
         }
-        agent.compiled =
-            compile_firewalls(&agent.objects, &agent.context, &agent.names.addresses());
+        agent.compile();
+        agent.open_audit(dataplane, &inputs.audit, &inputs.audit_path)?;
         dataplane.adopt_acl(&mut agent.state, &agent.pods)?;
         let stats = dataplane.sync_acl(&mut agent.state, &agent.compiled.desired, &agent.pods)?;
         tracing::info!(
             firewalls = stats.sets,
             dns_names = wanted.len(),
+            audited_namespaces = agent.levels.len(),
             exempt = ?agent.context.exempt,
             written = stats.written,
             deleted = stats.deleted,
@@ -85,20 +117,148 @@ impl FirewallAgent {
         Ok(agent)
     }
 
+    /// Compiles the firewalls with the names' last good addresses and the audit flags.
+    fn compile(&mut self) {
+        self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
+        self.compiled.desired.log = self
+            .levels
+            .iter()
+            .map(|(namespace, levels)| (namespace.clone(), levels.flags()))
+            .collect();
+    }
+
+    /// Sets the kernel's per-CPU rate and, when a namespace logs, opens the log file and the
+    /// ring buffer. An invalid `policyAuditConfig` is reported and the defaults are used.
+    fn open_audit(
+        &mut self,
+        dataplane: &mut Dataplane,
+        config: &PolicyAuditConfig,
+        path: &std::path::Path,
+    ) -> Result<(), AgentError> {
+        let settings = config.validate().unwrap_or_else(|error| {
+            tracing::warn!(%error, "policyAuditConfig invalid; using the defaults");
+            PolicyAuditConfig::default()
+                .validate()
+                .expect("the defaults are valid")
+        });
+        dataplane.set_audit_rate(settings.rate_limit)?;
+        if self.levels.is_empty() {
+            return Ok(());
+        }
+        match AuditLog::open(settings, path) {
+            Ok(log) => self.audit = Some(log),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), %error, "audit log not writable; no audit records");
+                return Ok(());
+            }
+        }
+        let pin = dataplane.pins().map(maps::ACL_EVENTS);
+        let ring = MapData::from_pin(&pin)
+            .map_err(|e| AgentError::Map {
+                name: maps::ACL_EVENTS.into(),
+                action: "open pin",
+                source: e,
+            })
+            .and_then(|data| {
+                RingBuf::try_from(Map::RingBuf(data)).map_err(|source| AgentError::Map {
+                    name: maps::ACL_EVENTS.into(),
+                    action: "open",
+                    source,
+                })
+            })?;
+        // SAFETY: the ring buffer owns its map's descriptor, which stays open and the same
+        // for as long as the ring (moved into the AsyncFd) lives.
+        match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
+            Ok(fd) => self.events = Some(fd),
+            Err(error) => {
+                tracing::warn!(%error, "audit ring buffer not pollable; no audit records");
+            }
+        }
+        tracing::info!(path = %path.display(), "audit log open");
+        Ok(())
+    }
+
+    /// Waits for the next thing to do (a DNS refresh or audit records) and does it.
+    pub async fn step(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+        let due = self.next_refresh();
+        let refresh = async {
+            match due {
+                Some(at) => tokio::time::sleep_until(tokio::time::Instant::from_std(at)).await,
+                None => std::future::pending().await,
+            }
+        };
+        let events = async {
+            match &self.events {
+                Some(fd) => match fd.readable().await {
+                    Ok(mut guard) => guard.clear_ready(),
+                    Err(_) => std::future::pending().await,
+                },
+                None => std::future::pending().await,
+            }
+        };
+        let wake = tokio::select! {
+            () = refresh => Wake::Refresh,
+            () = events => Wake::Events,
+        };
+        match wake {
+            Wake::Refresh => self.refresh(dataplane).await,
+            Wake::Events => {
+                self.drain_events();
+                Ok(())
+            }
+        }
+    }
+
     /// When a DNS name is next due for a refresh.
-    pub fn next_refresh(&self) -> Option<Instant> {
+    fn next_refresh(&self) -> Option<Instant> {
         self.resolver.as_ref()?;
         self.names.next_refresh()
     }
 
+    /// Writes every record waiting in the ring buffer.
+    fn drain_events(&mut self) {
+        let (Some(fd), Some(log)) = (self.events.as_mut(), self.audit.as_mut()) else {
+            return;
+        };
+        let ring = fd.get_mut();
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<AclEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote an AclEvent (plain data) of at least this size.
+            let event: AclEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            let Some(namespace) = self.state.namespace_of(event.set) else {
+                continue;
+            };
+            let Some(levels) = self.levels.get(namespace) else {
+                continue;
+            };
+            let severity = if event.verdict == ACL_VERDICT_DENY {
+                levels.deny
+            } else {
+                levels.allow
+            };
+            let Some(severity) = severity else { continue };
+            let source = RecordSource {
+                namespace: namespace.to_owned(),
+                acl_name: format!("EF:{namespace}:default"),
+                severity,
+            };
+            if let Err(error) = log.record(&event, &source) {
+                tracing::warn!(%error, "writing the audit log");
+            }
+        }
+    }
+
     /// Resolves the names that are due; where addresses changed, updates the firewalls that
     /// use them.
-    pub async fn refresh(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+    async fn refresh(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
         let changed = self.resolve_due().await;
         if changed.is_empty() {
             return Ok(());
         }
-        self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
+        self.compile();
         let affected: Vec<String> = self
             .compiled
             .names
