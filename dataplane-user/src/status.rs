@@ -212,13 +212,13 @@ pub fn render(report: &StatusReport) -> String {
     let _ = writeln!(out, "\nmaps:");
     let _ = writeln!(
         out,
-        "  {:<16} {:<14} {:>6} {:>8}",
+        "  {:<18} {:<14} {:>6} {:>8}",
         "NAME", "TYPE", "USED", "MAX"
     );
     for m in &report.maps {
         let _ = writeln!(
             out,
-            "  {:<16} {:<14} {:>6} {:>8}",
+            "  {:<18} {:<14} {:>6} {:>8}",
             m.name, m.map_type, m.used, m.max_entries
         );
     }

@@ -134,3 +134,38 @@ pub fn cluster_ip_manifests(
         slice_ports.join(", ")
     )
 }
+
+/// Tries each `(protocol, address, port)` from `pod` and prints one word per probe: the
+/// answer's first field, `refused`, or `timeout` (no answer within a second).
+pub fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> anyhow::Result<Vec<String>> {
+    let list: Vec<String> = probes
+        .iter()
+        .map(|(proto, address, port)| format!("('{proto}', '{address}', {port})"))
+        .collect();
+    let script = format!(
+        "import socket\n\
+         for proto, address, port in [{}]:\n\
+         \x20   kind = socket.SOCK_STREAM if proto == 'tcp' else socket.SOCK_DGRAM\n\
+         \x20   s = socket.socket(socket.AF_INET, kind); s.settimeout(1)\n\
+         \x20   try:\n\
+         \x20       s.connect((address, port))\n\
+         \x20       if proto == 'udp': s.send(b'q')\n\
+         \x20       print(s.recv(100).decode().split()[0])\n\
+         \x20   except ConnectionRefusedError: print('refused')\n\
+         \x20   except socket.timeout: print('timeout')\n\
+         \x20   s.close()\n",
+        list.join(", ")
+    );
+    let out = exec_in(&pod.netns, &["python3", "-c", &script])?;
+    if !out.status.success() {
+        bail!(
+            "probe from {}: {}",
+            pod.name,
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect())
+}

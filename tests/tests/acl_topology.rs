@@ -13,43 +13,9 @@ use std::{
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{echo_backend, echo_server, tcp_answers},
+    service_bed::{echo_backend, echo_server, probe, tcp_answers},
     topology::{Mode, Pod, Topology, exec_in, node_name, pod_cidr, run_in, underlay_ip},
 };
-
-/// Tries each `(protocol, address, port)` from `pod` and prints one word per probe: the
-/// answer's first field, `refused`, or `timeout` (no answer within a second).
-fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> Vec<String> {
-    let list: Vec<String> = probes
-        .iter()
-        .map(|(proto, address, port)| format!("('{proto}', '{address}', {port})"))
-        .collect();
-    let script = format!(
-        "import socket\n\
-         for proto, address, port in [{}]:\n\
-         \x20   kind = socket.SOCK_STREAM if proto == 'tcp' else socket.SOCK_DGRAM\n\
-         \x20   s = socket.socket(socket.AF_INET, kind); s.settimeout(1)\n\
-         \x20   try:\n\
-         \x20       s.connect((address, port))\n\
-         \x20       if proto == 'udp': s.send(b'q')\n\
-         \x20       print(s.recv(100).decode().split()[0])\n\
-         \x20   except ConnectionRefusedError: print('refused')\n\
-         \x20   except socket.timeout: print('timeout')\n\
-         \x20   s.close()\n",
-        list.join(", ")
-    );
-    let out = exec_in(&pod.netns, &["python3", "-c", &script]).expect("probe");
-    assert!(
-        out.status.success(),
-        "probe from {}: {}",
-        pod.name,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
 
 #[test]
 fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
@@ -120,7 +86,8 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
             ("tcp", &remote_ip, 8080),
             ("udp", &remote_ip, 5353),
         ],
-    );
+    )
+    .expect("probe");
     assert_eq!(
         team_probes,
         vec![
@@ -141,7 +108,8 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
             ("tcp", &ext, 9090),
             ("udp", &ext, 5454),
         ],
-    );
+    )
+    .expect("probe");
     assert_eq!(neighbour_probes, vec![ext.as_str(), "refused", "refused"]);
 
     // A NodePort connection from outside to the team pod: its replies are not judged.
@@ -231,7 +199,7 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
 
     let probes = [("tcp", first, 8080), ("tcp", second, 8080)];
     assert_eq!(
-        probe(&team, &probes),
+        probe(&team, &probes).expect("probe"),
         vec!["external", "timeout"],
         "{}",
         agent.log()
@@ -241,10 +209,10 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
     // follows it, updated in place.
     answer(second);
     let deadline = Instant::now() + Duration::from_secs(15);
-    let mut seen = probe(&team, &probes);
+    let mut seen = probe(&team, &probes).expect("probe");
     while seen != ["timeout", "external"] && Instant::now() < deadline {
         sleep(Duration::from_millis(500));
-        seen = probe(&team, &probes);
+        seen = probe(&team, &probes).expect("probe");
     }
     assert_eq!(seen, vec!["timeout", "external"], "{}", agent.log());
     let log = agent.log();
@@ -264,7 +232,10 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         "{}",
         agent.log()
     );
-    assert_eq!(probe(&team, &probes), vec!["timeout", "external"]);
+    assert_eq!(
+        probe(&team, &probes).expect("probe"),
+        vec!["timeout", "external"]
+    );
     for server in &mut servers {
         let _ = server.kill();
         let _ = server.wait();

@@ -1,6 +1,7 @@
 //! The main job on its embedded default: simulated nodes with pods in network namespaces, the
-//! real agent on each node, traffic between pods, a malformed frame refused, and what each
-//! agent reports. Everything it creates is removed when it ends, also on error.
+//! real agent on each node, traffic between pods and to a Service, an EgressFirewall letting a
+//! pod reach only one port outside the cluster (with its audit log), a malformed frame
+//! refused, and what each agent reports. Everything it creates is removed when it ends, also on error.
 
 use std::process::Command;
 
@@ -8,8 +9,10 @@ use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     packets,
-    service_bed::{ServicePort, cluster_ip_manifests, echo_backend, tcp_answers},
-    topology::{Agent, Mode, Pod, Topology, dataplane_binary},
+    service_bed::{
+        ServicePort, cluster_ip_manifests, echo_backend, echo_server, probe, tcp_answers,
+    },
+    topology::{Agent, Mode, Node, Pod, Topology, dataplane_binary, pod_cidr, run_in, underlay_ip},
 };
 
 #[derive(Parser)]
@@ -30,7 +33,28 @@ fn main() -> anyhow::Result<()> {
         "== building {} nodes with {} pods each in network namespaces",
         args.nodes, args.pods
     );
-    let topology = Topology::build_with(args.nodes, args.pods, Mode::Overlay)?;
+    let mut topology = Topology::build_with(args.nodes, args.pods, Mode::Overlay)?;
+    // A host outside the cluster, and a namespace whose pods may reach only its port 8080.
+    let external = topology.add_external_host()?;
+    for node in 0..args.nodes {
+        run_in(
+            &external.netns,
+            &[
+                "ip",
+                "route",
+                "add",
+                &pod_cidr(node),
+                "via",
+                &underlay_ip(node).to_string(),
+            ],
+        )?;
+    }
+    topology.set_pod_namespace(0, 0, "restricted")?;
+    topology.add_manifest(
+        "restricted.yaml",
+        &restricted_manifests(&external.ip.to_string()),
+    )?;
+    let external_server = echo_server(&external.netns, "external", false)?;
     if let Some(dir) = &topology.nodes[0].manifests {
         println!(
             "   cluster state: Kubernetes manifests in {}",
@@ -96,12 +120,19 @@ fn main() -> anyhow::Result<()> {
     );
 
     println!(
-        "== starting one agent per node (reads the manifests, builds the Geneve overlay and the service)"
+        "   namespace restricted ({}): EgressFirewall allows TCP 8080 to {}, denies the rest; audit logged",
+        first.pods[0].ip, external.ip
     );
+
+    println!(
+        "== starting one agent per node (reads the manifests, builds the Geneve overlay, the service and the firewall)"
+    );
+    let audit_dir = std::env::temp_dir().join(dataplane_tests::unique_name("audit"));
+    let audit_log = audit_dir.join("acl-audit-log.log");
     let agents: Vec<Agent> = topology
         .nodes
         .iter()
-        .map(|n| n.start_agent())
+        .map(|n| n.start_agent_with(&["--audit-log", &audit_log.to_string_lossy()]))
         .collect::<anyhow::Result<_>>()?;
 
     let mut summary = Vec::new();
@@ -142,6 +173,15 @@ fn main() -> anyhow::Result<()> {
         let _ = server.kill();
         let _ = server.wait();
     }
+
+    summary.extend(firewall_summary(
+        first,
+        &external.ip.to_string(),
+        &audit_log,
+    ));
+    let mut external_server = external_server;
+    let _ = external_server.kill();
+    let _ = external_server.wait();
 
     let mut bad = packets::ipv4_udp();
     bad[packets::L3] = 0x44;
@@ -186,9 +226,85 @@ fn main() -> anyhow::Result<()> {
     let failed = before || summary.iter().any(|l| l.contains("FAILED"));
     drop(agents);
     drop(topology);
+    let _ = std::fs::remove_dir_all(&audit_dir);
     println!("== agents stopped, namespaces and pins removed");
     anyhow::ensure!(!failed, "some traffic did not flow");
     Ok(())
 }
 
 const SERVICE_IP: &str = "10.96.0.10";
+
+/// Namespace `restricted` (audit logging on) and its EgressFirewall: TCP 8080 to `external`,
+/// nothing else outside the cluster.
+fn restricted_manifests(external: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Namespace\nmetadata:\n  name: restricted\n  annotations:\n\
+         \x20   k8s.ovn.org/acl-logging: '{{\"deny\":\"alert\",\"allow\":\"notice\"}}'\n\
+         ---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {{name: default, namespace: restricted}}\nspec:\n  egress:\n\
+         \x20 - {{type: Allow, to: {{cidrSelector: {external}/32}}, ports: [{{protocol: TCP, port: 8080}}]}}\n\
+         \x20 - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}\n"
+    )
+}
+
+/// What the firewalled pod and its unfirewalled neighbour reach outside the cluster, and what
+/// the audit log says about it.
+fn firewall_summary(node: &Node, external: &str, audit_log: &std::path::Path) -> Vec<String> {
+    let probes = [("tcp", external, 8080), ("tcp", external, 9090)];
+    let restricted = probe(&node.pods[0], &probes).unwrap_or_default();
+    let neighbour = probe(&node.pods[1], &probes).unwrap_or_default();
+    let verdict = |seen: Option<&String>, expected: &str| {
+        let seen = seen.map_or("nothing", String::as_str);
+        let text = match seen {
+            "timeout" => "no answer (dropped)".to_owned(),
+            "refused" => "refused by the host".to_owned(),
+            other => format!("answered by {other}"),
+        };
+        if seen == expected {
+            text
+        } else {
+            format!("{text} FAILED")
+        }
+    };
+    let mut lines = vec![
+        format!(
+            "restricted {} -> {external}: TCP 8080 {}, TCP 9090 {} (EgressFirewall)",
+            node.pods[0].ip,
+            verdict(restricted.first(), "external"),
+            verdict(restricted.get(1), "timeout"),
+        ),
+        format!(
+            "default {} -> {external}: TCP 8080 {}, TCP 9090 {} (no firewall)",
+            node.pods[1].ip,
+            verdict(neighbour.first(), "external"),
+            verdict(neighbour.get(1), "refused"),
+        ),
+    ];
+    // The agent writes records as the kernel sends them; give it a moment.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let audit = std::fs::read_to_string(audit_log).unwrap_or_default();
+    let records: Vec<&str> = audit.lines().collect();
+    let (allowed, denied) = (
+        records
+            .iter()
+            .filter(|l| l.contains("verdict=allow"))
+            .count(),
+        records
+            .iter()
+            .filter(|l| l.contains("verdict=drop"))
+            .count(),
+    );
+    lines.push(format!(
+        "audit log {}: {allowed} allow and {denied} drop records{}",
+        audit_log.display(),
+        if allowed >= 1 && denied >= 1 {
+            ""
+        } else {
+            " FAILED"
+        }
+    ));
+    if let Some(last) = records.iter().rev().find(|l| l.contains("verdict=drop")) {
+        lines.push(format!("  {last}"));
+    }
+    lines
+}
