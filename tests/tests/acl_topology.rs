@@ -14,7 +14,7 @@ use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{echo_backend, echo_server, probe, tcp_answers},
-    topology::{Mode, Pod, Topology, exec_in, node_name, pod_cidr, run_in, underlay_ip},
+    topology::{Mode, Topology, exec_in, node_name, pod_cidr, run_in, underlay_ip},
 };
 
 #[test]
