@@ -21,6 +21,9 @@ pub mod agent;
 pub mod audit;
 pub mod dns;
 pub mod firewall;
+pub mod policy;
+#[cfg(test)]
+mod policy_tests;
 #[cfg(test)]
 mod tests;
 
@@ -33,9 +36,9 @@ use aya::maps::{HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     acl::{
         ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_MAX_LENGTHS,
-        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
-        ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclLogConfig,
-        AclPortKey, AclVerdict,
+        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_VERDICT_ALLOW,
+        ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths,
+        AclLogConfig, AclPortKey, AclVerdict,
     },
     maps,
     overlay::Addr,
@@ -116,7 +119,17 @@ pub struct Rule {
     pub index: u32,
     pub verdict: Verdict,
     pub destinations: Vec<IpNet>,
+    /// Holes in `destinations` the rule does not match (NetworkPolicy's `ipBlock.except`).
+    pub except: Vec<IpNet>,
     pub ports: Ports,
+}
+
+impl Rule {
+    /// Whether the rule's addresses cover all of `prefix`.
+    fn covers(&self, prefix: &IpNet) -> bool {
+        self.destinations.iter().any(|d| d.contains(prefix))
+            && !self.except.iter().any(|hole| hole.contains(prefix))
+    }
 }
 
 /// The deciding rule and its verdict.
@@ -182,6 +195,9 @@ impl PortTable {
 pub enum Decision {
     /// The same outcome for every protocol and port.
     Final(Outcome),
+    /// No rule matches anything here (a hole in a rule's addresses): the set's default, even
+    /// where a shorter prefix has rules.
+    Unmatched,
     /// Look the protocol and port up in the set's table of this index.
     Table(usize),
 }
@@ -211,6 +227,7 @@ impl CompiledSet {
         })?;
         match *decision {
             Decision::Final(outcome) => Some(outcome),
+            Decision::Unmatched => None,
             Decision::Table(index) => self.tables[index].lookup(protocol, port),
         }
     }
@@ -241,6 +258,10 @@ pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
                 positions.push(position);
             }
         }
+        // A hole is a prefix of its own, so that its addresses get an entry without the rule.
+        for hole in &rule.except {
+            by_prefix.entry(hole.trunc()).or_default();
+        }
     }
     let mut compiled = CompiledSet::default();
     let mut table_index: HashMap<PortTable, usize> = HashMap::new();
@@ -248,10 +269,11 @@ pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
     // In address order, so that the same rules always give the same table indexes.
     let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
     for prefix in ordered {
-        let covering = covering_rules(&by_prefix, prefix);
+        let mut covering = covering_rules(&by_prefix, prefix);
+        covering.retain(|&position| rules[position].covers(&prefix));
         let painted = first_match(covering.iter().map(|&p| &rules[p]));
         let decision = match painted.as_slice() {
-            [] => continue,
+            [] => Decision::Unmatched,
             [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
             _ => {
                 let table = port_table(&painted);
@@ -518,6 +540,14 @@ fn addr_value(compiled: &CompiledSet, table_ids: &[u32], decision: Decision) -> 
             port_kinds: 0,
             _pad: 0,
         },
+        Decision::Unmatched => AclAddrValue {
+            table: 0,
+            rule: ACL_RULE_DEFAULT,
+            verdict: ACL_VERDICT_NONE,
+            kind: ACL_ENTRY_FINAL,
+            port_kinds: 0,
+            _pad: 0,
+        },
         Decision::Table(index) => {
             let table = &compiled.tables[index];
             let default = verdict_value(table.default);
@@ -535,7 +565,7 @@ fn addr_value(compiled: &CompiledSet, table_ids: &[u32], decision: Decision) -> 
 
 fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
     AclVerdict {
-        rule: outcome.map_or(0, |o| o.rule),
+        rule: outcome.map_or(ACL_RULE_DEFAULT, |o| o.rule),
         verdict: outcome.map_or(ACL_VERDICT_NONE, |o| o.verdict.code()),
         _pad: [0; 3],
     }

@@ -223,6 +223,7 @@ fn rule_of(
         index: index as u32,
         verdict,
         destinations,
+        except: Vec::new(),
         ports,
     };
     Ok((rule, dns_name))
@@ -250,6 +251,7 @@ fn exempt_rules(context: &FirewallContext) -> Vec<Rule> {
             index: ACL_RULE_EXEMPT,
             verdict: Verdict::Allow,
             destinations: context.exempt.clone(),
+            except: Vec::new(),
             ports: Ports::Any,
         });
     }
@@ -262,6 +264,7 @@ fn exempt_rules(context: &FirewallContext) -> Vec<Rule> {
                 .iter()
                 .map(|a| IpNet::from(*a))
                 .collect(),
+            except: Vec::new(),
             ports: Ports::Only(vec![
                 PortMatch::port(PROTO_UDP, 53),
                 PortMatch::port(PROTO_TCP, 53),

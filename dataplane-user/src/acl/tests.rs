@@ -279,6 +279,7 @@ fn port_ranges_become_buckets_and_edge_ports() {
             index: 0,
             verdict: Verdict::Allow,
             destinations: vec![net("0.0.0.0/0")],
+            except: Vec::new(),
             ports: Ports::Only(vec![
                 PortMatch {
                     protocol: PROTO_TCP,
@@ -292,6 +293,7 @@ fn port_ranges_become_buckets_and_edge_ports() {
             index: 1,
             verdict: Verdict::Deny,
             destinations: vec![net("0.0.0.0/0")],
+            except: Vec::new(),
             ports: Ports::Any,
         },
     ];
@@ -326,6 +328,7 @@ fn more_prefix_lengths_than_lookups_are_expanded_into_fewer() {
                 Verdict::Allow
             },
             destinations: vec![IpNet::new(ip("10.1.2.3"), 8 + 2 * i).unwrap().trunc()],
+            except: Vec::new(),
             ports: Ports::Any,
         })
         .collect();
@@ -364,6 +367,7 @@ fn identical_port_tables_are_shared() {
             index: 0,
             verdict: Verdict::Allow,
             destinations: vec![net("192.0.2.0/24"), net("198.51.100.0/24")],
+            except: Vec::new(),
             ports: Ports::Only(vec![PortMatch::port(PROTO_TCP, 80)]),
         }],
         false,
@@ -394,6 +398,7 @@ fn first_matching_rule(rules: &[Rule], dst: IpAddr, protocol: u8, port: u16) -> 
         .iter()
         .find(|rule| {
             rule.destinations.iter().any(|n| n.contains(&dst))
+                && !rule.except.iter().any(|n| n.contains(&dst))
                 && match &rule.ports {
                     Ports::Any => true,
                     Ports::Only(matches) => matches
@@ -446,6 +451,16 @@ fn compiled_lookups_equal_scanning_the_rules_in_order() {
                         Verdict::Deny
                     },
                     destinations: vec![IpNet::new(addr, len).expect("valid").trunc()],
+                    // Now and then a hole, as ipBlock.except makes.
+                    except: if len < 30 && rng.below(4) == 0 {
+                        vec![
+                            IpNet::new(addr, len + 1 + rng.below(u64::from(32 - len)) as u8)
+                                .expect("valid")
+                                .trunc(),
+                        ]
+                    } else {
+                        Vec::new()
+                    },
                     ports,
                 }
             })

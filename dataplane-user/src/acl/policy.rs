@@ -1,0 +1,513 @@
+//! Kubernetes NetworkPolicy (`networking.k8s.io/v1`) compiled, per local pod and direction,
+//! into the ordered rule lists that [`super::compile_rules`] turns into constant-time lookups.
+//!
+//! Semantics as the API defines them:
+//! - a pod is isolated for ingress (egress) once any policy of its namespace selects it with
+//!   that policy type (`policyTypes` absent: Ingress, plus Egress when the policy has egress
+//!   rules); an isolated pod accepts only what some rule of some selecting policy allows (the
+//!   union); a pod no policy selects is not isolated;
+//! - a rule's peers: `podSelector` (pods of the policy's namespace), `namespaceSelector` (all
+//!   pods of the selected namespaces), both in one peer (those pods of those namespaces),
+//!   `ipBlock` with `except`; no peers: every address. A rule's ports: protocol (TCP by
+//!   default, UDP, SCTP), a number or a container port name, `endPort` for ranges; no ports:
+//!   all traffic;
+//! - named ports resolve against the pod that receives: the selected pod for ingress, each peer
+//!   pod for egress (so an egress named port never matches an ipBlock peer).
+//!
+//! A policy with an invalid field (selector operator, CIDR, protocol, port range) is reported
+//! naming it and the field; its pods stay isolated in its policy types but it allows nothing
+//! (failing closed rather than open).
+//!
+//! Every rule compiles to an `Allow` rule; what no rule allows is denied (the kernel treats
+//! "no rule matched" as a deny for policy sets). `Rule::index` points into [`PodRules::refs`],
+//! which says which policy and rule allowed (for audit records).
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use ipnet::IpNet;
+use k8s_openapi::{
+    api::{
+        core::v1::{Namespace, Pod},
+        networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
+    },
+    apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
+};
+
+use super::{PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict};
+
+/// Ingress or egress.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Direction {
+    Ingress,
+    Egress,
+}
+
+/// A pod as policies see it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicyPod {
+    pub namespace: String,
+    pub name: String,
+    pub labels: BTreeMap<String, String>,
+    pub addresses: Vec<IpAddr>,
+    /// Container ports by name: (protocol, port).
+    pub named_ports: BTreeMap<String, Vec<(u8, u16)>>,
+}
+
+impl PolicyPod {
+    /// The pod-network pods of `pods` that are not finished, with their labels and named ports.
+    pub fn from_pods(pods: &[Pod]) -> Vec<PolicyPod> {
+        pods.iter().filter_map(policy_pod).collect()
+    }
+
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+}
+
+fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
+    let spec = pod.spec.as_ref()?;
+    let status = pod.status.as_ref();
+    if spec.host_network == Some(true)
+        || status
+            .and_then(|s| s.phase.as_deref())
+            .is_some_and(|p| p == "Succeeded" || p == "Failed")
+    {
+        return None;
+    }
+    let mut texts: Vec<String> = status
+        .and_then(|s| s.pod_ips.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|p| p.ip.clone())
+        .collect();
+    if texts.is_empty() {
+        texts.extend(status.and_then(|s| s.pod_ip.clone()));
+    }
+    let mut named_ports: BTreeMap<String, Vec<(u8, u16)>> = BTreeMap::new();
+    for container in &spec.containers {
+        for port in container.ports.iter().flatten() {
+            let (Some(name), Some(protocol)) = (
+                port.name.as_ref(),
+                protocol_number(port.protocol.as_deref()),
+            ) else {
+                continue;
+            };
+            if let Ok(number) = u16::try_from(port.container_port) {
+                named_ports
+                    .entry(name.clone())
+                    .or_default()
+                    .push((protocol, number));
+            }
+        }
+    }
+    Some(PolicyPod {
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
+        addresses: texts.iter().filter_map(|t| t.parse().ok()).collect(),
+        named_ports,
+    })
+}
+
+fn protocol_number(protocol: Option<&str>) -> Option<u8> {
+    match protocol.unwrap_or("TCP") {
+        "TCP" => Some(PROTO_TCP),
+        "UDP" => Some(PROTO_UDP),
+        "SCTP" => Some(PROTO_SCTP),
+        _ => None,
+    }
+}
+
+/// Namespace labels by name (`kubernetes.io/metadata.name` included, as the API sets it).
+pub fn namespace_labels(namespaces: &[Namespace]) -> BTreeMap<String, BTreeMap<String, String>> {
+    namespaces
+        .iter()
+        .filter_map(|ns| {
+            let name = ns.metadata.name.clone()?;
+            let mut labels = ns.metadata.labels.clone().unwrap_or_default();
+            labels
+                .entry("kubernetes.io/metadata.name".into())
+                .or_insert_with(|| name.clone());
+            Some((name, labels))
+        })
+        .collect()
+}
+
+/// Which policy rule an allow came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RuleRef {
+    /// `<namespace>/<name>` of the policy.
+    pub policy: String,
+    pub direction: Direction,
+    /// Index in the policy's `ingress` or `egress` list.
+    pub rule: usize,
+}
+
+/// One direction of one pod: the rules (all `Allow`) and where each came from.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodRules {
+    pub rules: Vec<Rule>,
+    pub refs: Vec<RuleRef>,
+}
+
+/// A pod's isolation: `None` in a direction no policy selects it for.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodPolicy {
+    pub ingress: Option<PodRules>,
+    pub egress: Option<PodRules>,
+}
+
+/// The cluster as the policies are compiled against.
+pub struct PolicyCluster<'a> {
+    pub pods: &'a [PolicyPod],
+    pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+}
+
+/// Compiles the rules of every policy that selects `pod`. Errors name a policy and field; such a
+/// policy still isolates what it selects.
+pub fn pod_policy(
+    policies: &[NetworkPolicy],
+    cluster: &PolicyCluster<'_>,
+    pod: &PolicyPod,
+) -> (PodPolicy, Vec<String>) {
+    let mut result = PodPolicy::default();
+    let mut errors = Vec::new();
+    for policy in policies {
+        let namespace = policy.metadata.namespace.as_deref().unwrap_or("default");
+        if namespace != pod.namespace {
+            continue;
+        }
+        let name = format!(
+            "{namespace}/{}",
+            policy.metadata.name.as_deref().unwrap_or("")
+        );
+        let Some(spec) = &policy.spec else { continue };
+        let everything = LabelSelector::default();
+        match selects(
+            spec.pod_selector.as_ref().unwrap_or(&everything),
+            &pod.labels,
+        ) {
+            Ok(true) => {}
+            Ok(false) => continue,
+            Err(e) => {
+                errors.push(format!("NetworkPolicy {name}: spec.podSelector: {e}"));
+                continue;
+            }
+        }
+        let types = policy_types(spec);
+        for direction in [Direction::Ingress, Direction::Egress] {
+            if !types.contains(&direction) {
+                continue;
+            }
+            let slot = match direction {
+                Direction::Ingress => &mut result.ingress,
+                Direction::Egress => &mut result.egress,
+            };
+            let rules = slot.get_or_insert_with(PodRules::default);
+            if let Err(e) = add_direction(rules, spec, direction, &name, namespace, cluster, pod) {
+                errors.push(format!(
+                    "NetworkPolicy {name}: {e}; it isolates its pods and allows nothing"
+                ));
+            }
+        }
+    }
+    (result, errors)
+}
+
+fn policy_types(spec: &k8s_openapi::api::networking::v1::NetworkPolicySpec) -> BTreeSet<Direction> {
+    match &spec.policy_types {
+        Some(types) => types
+            .iter()
+            .filter_map(|t| match t.as_str() {
+                "Ingress" => Some(Direction::Ingress),
+                "Egress" => Some(Direction::Egress),
+                _ => None,
+            })
+            .collect(),
+        None => {
+            let mut types = BTreeSet::from([Direction::Ingress]);
+            if spec.egress.is_some() {
+                types.insert(Direction::Egress);
+            }
+            types
+        }
+    }
+}
+
+/// A rule's peers and ports, whichever direction.
+type RuleParts<'a> = (
+    Option<&'a Vec<NetworkPolicyPeer>>,
+    Option<&'a Vec<NetworkPolicyPort>>,
+);
+
+/// Adds one policy's rules of one direction, all or nothing.
+fn add_direction(
+    out: &mut PodRules,
+    spec: &k8s_openapi::api::networking::v1::NetworkPolicySpec,
+    direction: Direction,
+    policy: &str,
+    namespace: &str,
+    cluster: &PolicyCluster<'_>,
+    pod: &PolicyPod,
+) -> Result<(), String> {
+    let mut added = PodRules::default();
+    let (field, rules): (&str, Vec<RuleParts<'_>>) = match direction {
+        Direction::Ingress => (
+            "ingress",
+            spec.ingress
+                .iter()
+                .flatten()
+                .map(|r| (r.from.as_ref(), r.ports.as_ref()))
+                .collect(),
+        ),
+        Direction::Egress => (
+            "egress",
+            spec.egress
+                .iter()
+                .flatten()
+                .map(|r| (r.to.as_ref(), r.ports.as_ref()))
+                .collect(),
+        ),
+    };
+    for (index, (peers, ports)) in rules.into_iter().enumerate() {
+        let at = |what: &str, e: String| format!("spec.{field}[{index}].{what}: {e}");
+        let ports = ports.map(Vec::as_slice).unwrap_or_default();
+        let specs: Vec<PortSpec> = ports
+            .iter()
+            .enumerate()
+            .map(|(i, p)| port_spec(p).map_err(|e| at(&format!("ports[{i}]"), e)))
+            .collect::<Result<_, _>>()?;
+        let reference = out.refs.len() + added.refs.len();
+        let mut push = |destinations: Vec<IpNet>, except: Vec<IpNet>, ports: Ports| {
+            if destinations.is_empty() {
+                return;
+            }
+            added.rules.push(Rule {
+                index: reference as u32,
+                verdict: Verdict::Allow,
+                destinations,
+                except,
+                ports,
+            });
+        };
+        let peers = peers.map(Vec::as_slice).unwrap_or_default();
+        // Named ports of ingress rules resolve against this pod, for every peer alike.
+        let own_ports = resolve(&specs, &pod.named_ports);
+        if peers.is_empty() {
+            let everything = vec![
+                "0.0.0.0/0".parse().expect("valid"),
+                "::/0".parse().expect("valid"),
+            ];
+            match direction {
+                Direction::Ingress => push(everything, Vec::new(), own_ports.clone()),
+                // Every address: pods by their own named ports, the rest by numbers only.
+                Direction::Egress => {
+                    add_pod_peers(cluster.pods.iter().collect(), &specs, &mut push);
+                    push(everything, Vec::new(), resolve(&specs, &BTreeMap::new()));
+                }
+            }
+        }
+        for (p, peer) in peers.iter().enumerate() {
+            if let Some(block) = &peer.ip_block {
+                let cidr: IpNet = block.cidr.parse().map_err(|_| {
+                    at(
+                        &format!("{}[{p}].ipBlock.cidr", peer_field(direction)),
+                        format!("{:?} is not a CIDR", block.cidr),
+                    )
+                })?;
+                let except = block
+                    .except
+                    .iter()
+                    .flatten()
+                    .map(|e| {
+                        e.parse::<IpNet>().map_err(|_| {
+                            at(
+                                &format!("{}[{p}].ipBlock.except", peer_field(direction)),
+                                format!("{e:?} is not a CIDR"),
+                            )
+                        })
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let ports = match direction {
+                    Direction::Ingress => own_ports.clone(),
+                    Direction::Egress => resolve(&specs, &BTreeMap::new()),
+                };
+                push(vec![cidr], except, ports);
+                continue;
+            }
+            let selected = peer_pods(peer, namespace, cluster)
+                .map_err(|e| at(&format!("{}[{p}]", peer_field(direction)), e))?;
+            match direction {
+                Direction::Ingress => push(addresses(&selected), Vec::new(), own_ports.clone()),
+                Direction::Egress => add_pod_peers(selected, &specs, &mut push),
+            }
+        }
+        added.refs.push(RuleRef {
+            policy: policy.to_owned(),
+            direction,
+            rule: index,
+        });
+    }
+    out.rules.extend(added.rules);
+    out.refs.extend(added.refs);
+    Ok(())
+}
+
+fn peer_field(direction: Direction) -> &'static str {
+    match direction {
+        Direction::Ingress => "from",
+        Direction::Egress => "to",
+    }
+}
+
+/// Egress to pods: grouped by how the rule's named ports resolve on each, one rule per group.
+fn add_pod_peers(
+    pods: Vec<&PolicyPod>,
+    specs: &[PortSpec],
+    push: &mut impl FnMut(Vec<IpNet>, Vec<IpNet>, Ports),
+) {
+    let mut groups: Vec<(Ports, Vec<IpNet>)> = Vec::new();
+    for pod in pods {
+        let ports = resolve(specs, &pod.named_ports);
+        let nets = pod.addresses.iter().map(|a| IpNet::from(*a));
+        match groups.iter_mut().find(|(p, _)| *p == ports) {
+            Some((_, list)) => list.extend(nets),
+            None => groups.push((ports, nets.collect())),
+        }
+    }
+    for (ports, nets) in groups {
+        push(nets, Vec::new(), ports);
+    }
+}
+
+fn addresses(pods: &[&PolicyPod]) -> Vec<IpNet> {
+    pods.iter()
+        .flat_map(|p| p.addresses.iter().map(|a| IpNet::from(*a)))
+        .collect()
+}
+
+/// The pods a peer's selectors pick.
+fn peer_pods<'a>(
+    peer: &NetworkPolicyPeer,
+    namespace: &str,
+    cluster: &PolicyCluster<'a>,
+) -> Result<Vec<&'a PolicyPod>, String> {
+    let mut chosen = Vec::new();
+    for pod in cluster.pods {
+        let namespace_ok = match &peer.namespace_selector {
+            None => pod.namespace == namespace,
+            Some(selector) => {
+                let empty = BTreeMap::new();
+                let labels = cluster.namespaces.get(&pod.namespace).unwrap_or(&empty);
+                selects(selector, labels).map_err(|e| format!("namespaceSelector: {e}"))?
+            }
+        };
+        let pod_ok = match &peer.pod_selector {
+            None => true,
+            Some(selector) => {
+                selects(selector, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
+            }
+        };
+        if namespace_ok && pod_ok {
+            chosen.push(pod);
+        }
+    }
+    Ok(chosen)
+}
+
+/// Whether a label selector selects `labels` (the empty selector selects everything).
+pub fn selects(
+    selector: &LabelSelector,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, String> {
+    for (key, value) in selector.match_labels.iter().flatten() {
+        if labels.get(key) != Some(value) {
+            return Ok(false);
+        }
+    }
+    for requirement in selector.match_expressions.iter().flatten() {
+        let values = requirement.values.as_deref().unwrap_or_default();
+        let present = labels.get(&requirement.key);
+        let matched = match requirement.operator.as_str() {
+            "In" => present.is_some_and(|v| values.contains(v)),
+            "NotIn" => present.is_none_or(|v| !values.contains(v)),
+            "Exists" => present.is_some(),
+            "DoesNotExist" => present.is_none(),
+            other => {
+                return Err(format!(
+                    "operator {other:?} is not In, NotIn, Exists or DoesNotExist"
+                ));
+            }
+        };
+        if !matched {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// A validated port of a rule.
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum PortSpec {
+    Range(PortMatch),
+    Named(u8, String),
+}
+
+fn port_spec(port: &NetworkPolicyPort) -> Result<PortSpec, String> {
+    let protocol = protocol_number(port.protocol.as_deref()).ok_or_else(|| {
+        format!(
+            "protocol {:?} is not TCP, UDP or SCTP",
+            port.protocol.as_deref().unwrap_or_default()
+        )
+    })?;
+    match (&port.port, port.end_port) {
+        (None, None) => Ok(PortSpec::Range(PortMatch::all_ports(protocol))),
+        (None, Some(_)) => Err("endPort without port".into()),
+        (Some(IntOrString::Int(first)), end) => {
+            let last = end.unwrap_or(*first);
+            let valid = |p: i32| (1..=65535).contains(&p);
+            if !valid(*first) || !valid(last) || last < *first {
+                return Err(format!(
+                    "port {first} to endPort {last} is not a range within 1-65535"
+                ));
+            }
+            Ok(PortSpec::Range(PortMatch {
+                protocol,
+                first: *first as u16,
+                last: last as u16,
+            }))
+        }
+        (Some(IntOrString::String(_)), Some(_)) => Err("endPort with a named port".into()),
+        (Some(IntOrString::String(name)), None) => Ok(PortSpec::Named(protocol, name.clone())),
+    }
+}
+
+/// A rule's ports with named ones resolved against `named` (a name that resolves to nothing
+/// matches nothing). No ports at all: everything.
+fn resolve(specs: &[PortSpec], named: &BTreeMap<String, Vec<(u8, u16)>>) -> Ports {
+    if specs.is_empty() {
+        return Ports::Any;
+    }
+    let mut matches = Vec::new();
+    for spec in specs {
+        match spec {
+            PortSpec::Range(m) => matches.push(*m),
+            PortSpec::Named(protocol, name) => matches.extend(
+                named
+                    .get(name)
+                    .into_iter()
+                    .flatten()
+                    .filter(|(p, _)| p == protocol)
+                    .map(|(p, port)| PortMatch::port(*p, *port)),
+            ),
+        }
+    }
+    Ports::Only(matches)
+}

@@ -1,0 +1,577 @@
+//! The upstream Kubernetes NetworkPolicy e2e scenarios (test/e2e/network/netpol) as truth
+//! tables: namespaces x, y, z (labelled `ns: <name>`), pods a, b, c in each (labelled
+//! `pod: <name>`, serving TCP, UDP and SCTP on 80 and 81 under the names `serve-80-tcp` ...),
+//! every pod probing every pod. The compiled sets decide each probe as the kernel would (the
+//! sender's egress set, then the receiver's ingress set; no rule matched = denied for an
+//! isolated pod) and the whole 9 x 9 matrix must equal the scenario's expectation.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+use super::{
+    CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
+    policy::{PodPolicy, PolicyCluster, PolicyPod, pod_policy},
+};
+
+const NAMESPACES: [&str; 3] = ["x", "y", "z"];
+const PODS: [&str; 3] = ["a", "b", "c"];
+
+fn cluster_pods() -> Vec<PolicyPod> {
+    let mut pods = Vec::new();
+    for (n, namespace) in NAMESPACES.iter().enumerate() {
+        for (p, name) in PODS.iter().enumerate() {
+            let mut named_ports = BTreeMap::new();
+            for port in [80u16, 81] {
+                for (protocol, text) in
+                    [(PROTO_TCP, "tcp"), (PROTO_UDP, "udp"), (PROTO_SCTP, "sctp")]
+                {
+                    named_ports.insert(format!("serve-{port}-{text}"), vec![(protocol, port)]);
+                }
+            }
+            pods.push(PolicyPod {
+                namespace: (*namespace).into(),
+                name: (*name).into(),
+                labels: [("pod".to_owned(), (*name).to_owned())].into(),
+                addresses: vec![[10, 244, n as u8 + 1, p as u8 + 1].into()],
+                named_ports,
+            });
+        }
+    }
+    pods
+}
+
+fn namespaces() -> BTreeMap<String, BTreeMap<String, String>> {
+    NAMESPACES
+        .iter()
+        .map(|ns| {
+            (
+                (*ns).to_owned(),
+                [
+                    ("ns".to_owned(), (*ns).to_owned()),
+                    ("kubernetes.io/metadata.name".to_owned(), (*ns).to_owned()),
+                ]
+                .into(),
+            )
+        })
+        .collect()
+}
+
+/// Each pod's compiled (ingress, egress) sets; `None` where it is not isolated.
+struct Compiled {
+    pods: Vec<PolicyPod>,
+    sets: Vec<(Option<CompiledSet>, Option<CompiledSet>)>,
+}
+
+fn compile(yaml: &str) -> Compiled {
+    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+        .collect();
+    let pods = cluster_pods();
+    let labels = namespaces();
+    let cluster = PolicyCluster {
+        pods: &pods,
+        namespaces: &labels,
+    };
+    let sets = pods
+        .iter()
+        .map(|pod| {
+            let (PodPolicy { ingress, egress }, errors) = pod_policy(&policies, &cluster, pod);
+            assert!(errors.is_empty(), "{errors:?}");
+            (
+                ingress.map(|r| compile_rules(&r.rules, false)),
+                egress.map(|r| compile_rules(&r.rules, false)),
+            )
+        })
+        .collect();
+    Compiled { pods, sets }
+}
+
+fn allows(set: &Option<CompiledSet>, peer: &PolicyPod, protocol: u8, port: u16) -> bool {
+    match set {
+        None => true,
+        Some(set) => set
+            .lookup(peer.addresses[0], protocol, port)
+            .is_some_and(|o| o.verdict == Verdict::Allow),
+    }
+}
+
+/// The 9 x 9 matrix for one protocol and port, one character per probe (`.` allowed, `X`
+/// denied), rows are clients.
+fn matrix(compiled: &Compiled, protocol: u8, port: u16) -> String {
+    let mut out = String::new();
+    for (from, (_, egress)) in compiled.pods.iter().zip(&compiled.sets) {
+        for (to, (ingress, _)) in compiled.pods.iter().zip(&compiled.sets) {
+            let ok = allows(egress, to, protocol, port) && allows(ingress, from, protocol, port);
+            out.push(if ok { '.' } else { 'X' });
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn expected(rule: impl Fn(&str, &str) -> bool) -> String {
+    let keys: Vec<String> = NAMESPACES
+        .iter()
+        .flat_map(|ns| PODS.iter().map(move |p| format!("{ns}/{p}")))
+        .collect();
+    let mut out = String::new();
+    for from in &keys {
+        for to in &keys {
+            out.push(if rule(from, to) { '.' } else { 'X' });
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Checks one scenario on the given protocols and ports.
+fn check(name: &str, yaml: &str, probes: &[(u8, u16)], rule: impl Fn(&str, &str, u8, u16) -> bool) {
+    let compiled = compile(yaml);
+    for &(protocol, port) in probes {
+        let want = expected(|from, to| rule(from, to, protocol, port));
+        let got = matrix(&compiled, protocol, port);
+        assert_eq!(
+            got, want,
+            "{name}, protocol {protocol} port {port}: got (left) vs expected (right), rows are clients x/a..z/c"
+        );
+    }
+}
+
+const ALL: [(u8, u16); 6] = [
+    (PROTO_TCP, 80),
+    (PROTO_TCP, 81),
+    (PROTO_UDP, 80),
+    (PROTO_UDP, 81),
+    (PROTO_SCTP, 80),
+    (PROTO_SCTP, 81),
+];
+
+fn policy(namespace: &str, name: &str, spec: &str) -> String {
+    format!(
+        "---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec:\n{spec}\n"
+    )
+}
+
+fn ns(pod: &str) -> &str {
+    &pod[..1]
+}
+
+#[test]
+fn default_deny_ingress_and_default_deny_all() {
+    check(
+        "default-deny-ingress",
+        &policy(
+            "x",
+            "deny-ingress",
+            "  podSelector: {}\n  policyTypes: [Ingress]",
+        ),
+        &ALL,
+        |_, to, _, _| ns(to) != "x",
+    );
+    check(
+        "default-deny-all",
+        &policy(
+            "x",
+            "deny-all",
+            "  podSelector: {}\n  policyTypes: [Ingress, Egress]",
+        ),
+        &ALL,
+        |from, to, _, _| ns(to) != "x" && ns(from) != "x",
+    );
+}
+
+#[test]
+fn allow_all_ingress_and_egress() {
+    check(
+        "allow-all",
+        &policy(
+            "x",
+            "allow-all",
+            "  podSelector: {}\n  ingress: [{}]\n  egress: [{}]\n  policyTypes: [Ingress, Egress]",
+        ),
+        &ALL,
+        |_, _, _, _| true,
+    );
+}
+
+#[test]
+fn pod_selector_namespace_selector_and_both() {
+    check(
+        "from pods within the server namespace by podSelector",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: b}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || from == "x/b",
+    );
+    check(
+        "only from a different namespace by namespaceSelector",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| ns(to) != "x" || ns(from) == "y",
+    );
+    check(
+        "podSelector OR namespaceSelector",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: b}}}, {namespaceSelector: {matchLabels: {ns: y}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || from == "x/b" || ns(from) == "y",
+    );
+    check(
+        "podSelector AND namespaceSelector",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: b}}, namespaceSelector: {matchLabels: {ns: y}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || from == "y/b",
+    );
+    check(
+        "deny ingress from pods of other namespaces",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {}\n  ingress:\n  - from: [{podSelector: {}}]",
+        ),
+        &ALL,
+        |from, to, _, _| ns(to) != "x" || ns(from) == "x",
+    );
+}
+
+#[test]
+fn match_expressions_on_pods_and_namespaces() {
+    check(
+        "podSelector In",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{podSelector: {matchExpressions: [{key: pod, operator: In, values: [b]}]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || from == "x/b",
+    );
+    check(
+        "namespaceSelector NotIn",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchExpressions: [{key: ns, operator: NotIn, values: [x]}]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || ns(from) != "x",
+    );
+    check(
+        "multiple selectors with expressions",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchExpressions: [{key: ns, operator: NotIn, values: [x]}]}, podSelector: {matchExpressions: [{key: pod, operator: In, values: [b, c]}]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || (ns(from) != "x" && !from.ends_with('a')),
+    );
+    check(
+        "Exists and DoesNotExist",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchExpressions: [{key: pod, operator: Exists}]}\n  ingress:\n  - from: [{podSelector: {matchExpressions: [{key: missing, operator: DoesNotExist}]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| ns(to) != "x" || ns(from) == "x",
+    );
+}
+
+#[test]
+fn ports_numbers_names_ranges_and_protocols() {
+    check(
+        "ingress on port 81 from namespace y",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]\n    ports: [{port: 81}]",
+        ),
+        &ALL,
+        |from, to, protocol, port| {
+            to != "x/a" || (ns(from) == "y" && protocol == PROTO_TCP && port == 81)
+        },
+    );
+    check(
+        "ingress on one named port",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{port: serve-81-udp, protocol: UDP}]",
+        ),
+        &ALL,
+        |_, to, protocol, port| to != "x/a" || (protocol == PROTO_UDP && port == 81),
+    );
+    check(
+        "ingress from namespace y on one named port",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]\n    ports: [{port: serve-80-tcp}]",
+        ),
+        &ALL,
+        |from, to, protocol, port| {
+            to != "x/a" || (ns(from) == "y" && protocol == PROTO_TCP && port == 80)
+        },
+    );
+    check(
+        "egress on one named port",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - ports: [{port: serve-80-tcp}]",
+        ),
+        &ALL,
+        |from, _, protocol, port| from != "x/a" || (protocol == PROTO_TCP && port == 80),
+    );
+    check(
+        "any port of one protocol",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{protocol: SCTP}]",
+        ),
+        &ALL,
+        |_, to, protocol, _| to != "x/a" || protocol == PROTO_SCTP,
+    );
+    check(
+        "endPort range",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{protocol: TCP, port: 81, endPort: 90}]",
+        ),
+        &[
+            (PROTO_TCP, 80),
+            (PROTO_TCP, 81),
+            (PROTO_TCP, 85),
+            (PROTO_TCP, 90),
+            (PROTO_TCP, 91),
+            (PROTO_UDP, 85),
+        ],
+        |_, to, protocol, port| to != "x/a" || (protocol == PROTO_TCP && (81..=90).contains(&port)),
+    );
+    check(
+        "rules do not mix their peers and ports",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: b}}}]\n    ports: [{port: 80}]\n  - from: [{podSelector: {matchLabels: {pod: c}}}]\n    ports: [{port: 81}]",
+        ),
+        &ALL,
+        |from, to, protocol, port| {
+            to != "x/a"
+                || (protocol == PROTO_TCP
+                    && ((from == "x/b" && port == 80) || (from == "x/c" && port == 81)))
+        },
+    );
+}
+
+#[test]
+fn stacked_policies_are_a_union() {
+    let yaml = policy(
+        "x",
+        "only-80",
+        "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{port: 80}]",
+    ) + &policy(
+        "x",
+        "from-y",
+        "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]",
+    );
+    check(
+        "stacked, overlapping podSelectors",
+        &yaml,
+        &ALL,
+        |from, to, protocol, port| {
+            to != "x/a" || ns(from) == "y" || (protocol == PROTO_TCP && port == 80)
+        },
+    );
+    let yaml = policy(
+        "x",
+        "only-80",
+        "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{port: 80}]",
+    ) + &policy(
+        "x",
+        "all",
+        "  podSelector: {matchLabels: {pod: a}}\n  ingress: [{}]",
+    );
+    check(
+        "ingress allow-all takes precedence",
+        &yaml,
+        &ALL,
+        |_, _, _, _| true,
+    );
+    let yaml = policy(
+        "x",
+        "only-80",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - ports: [{port: 80}]",
+    ) + &policy(
+        "x",
+        "all",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress: [{}]",
+    );
+    check(
+        "egress allow-all takes precedence",
+        &yaml,
+        &ALL,
+        |_, _, _, _| true,
+    );
+}
+
+#[test]
+fn egress_isolation_and_client_side_denial() {
+    check(
+        "deny egress of one pod",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]",
+        ),
+        &ALL,
+        |from, _, _, _| from != "x/a",
+    );
+    check(
+        "deny egress of all pods of a namespace",
+        &policy("x", "p", "  podSelector: {}\n  policyTypes: [Egress]"),
+        &ALL,
+        |from, _, _, _| ns(from) != "x",
+    );
+    let yaml = policy(
+        "x",
+        "to-z",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{namespaceSelector: {matchLabels: {ns: z}}}]",
+    ) + &policy("y", "allow-all", "  podSelector: {}\n  ingress: [{}]");
+    check(
+        "client-side denial even if the server allows",
+        &yaml,
+        &ALL,
+        |from, to, _, _| from != "x/a" || ns(to) == "z",
+    );
+    check(
+        "egress to a pod of another namespace by both selectors",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: a}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| from != "x/a" || to == "y/a",
+    );
+    check(
+        "Ingress and Egress types with only ingress rules",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress, Egress]\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: b}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| from != "x/a" && (to != "x/a" || from == "x/b"),
+    );
+    let yaml = policy(
+        "x",
+        "a-no-egress",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]",
+    ) + &policy(
+        "x",
+        "b-from-a",
+        "  podSelector: {matchLabels: {pod: b}}\n  ingress:\n  - from: [{podSelector: {matchLabels: {pod: a}}}]",
+    );
+    check(
+        "ingress and egress controlled independently",
+        &yaml,
+        &ALL,
+        |from, to, _, _| from != "x/a" && to != "x/b",
+    );
+}
+
+#[test]
+fn ip_blocks_with_except() {
+    check(
+        "egress to a server in a CIDR block",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.2.2/32}}]",
+        ),
+        &ALL,
+        |from, to, _, _| from != "x/a" || to == "y/b",
+    );
+    check(
+        "except clause in a CIDR block",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.0.0/16, except: [10.244.2.2/32]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| from != "x/a" || to != "y/b",
+    );
+    let yaml = policy(
+        "x",
+        "except",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.0.0/16, except: [10.244.2.0/24]}}]",
+    ) + &policy(
+        "x",
+        "cidr",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.2.2/32}}]",
+    );
+    check(
+        "an IP in one rule's except and another's CIDR is allowed",
+        &yaml,
+        &ALL,
+        |from, to, _, _| from != "x/a" || ns(to) != "y" || to == "y/b",
+    );
+    check(
+        "ingress from a CIDR block with except",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.244.0.0/16, except: [10.244.3.0/24]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || ns(from) != "z",
+    );
+}
+
+#[test]
+fn an_invalid_policy_is_named_and_still_isolates() {
+    let yaml = policy(
+        "x",
+        "broken",
+        "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.244.0.0/33}}]",
+    );
+    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+        .collect();
+    let pods = cluster_pods();
+    let labels = namespaces();
+    let cluster = PolicyCluster {
+        pods: &pods,
+        namespaces: &labels,
+    };
+    let (result, errors) = pod_policy(&policies, &cluster, &pods[0]);
+    assert_eq!(
+        errors,
+        vec![
+            "NetworkPolicy x/broken: spec.ingress[0].from[0].ipBlock.cidr: \"10.244.0.0/33\" is not a CIDR; it isolates its pods and allows nothing"
+        ]
+    );
+    let ingress = result.ingress.expect("isolated");
+    assert!(ingress.rules.is_empty());
+    assert!(result.egress.is_none());
+}
