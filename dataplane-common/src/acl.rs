@@ -137,7 +137,50 @@ pub struct AclEndpoint {
     pub log: u8,
     pub _reserved: [u8; 3],
     pub firewall_lengths: AclLengths,
+    /// The NetworkPolicy sets of the pod (zero: not isolated in that direction). What no rule
+    /// of an isolating set allows is denied.
+    pub egress: u32,
+    pub ingress: u32,
+    pub egress_lengths: AclLengths,
+    pub ingress_lengths: AclLengths,
 }
+
+impl AclEndpoint {
+    /// Whether NetworkPolicy isolates the pod in either direction (its flows are tracked, so
+    /// that replies pass).
+    pub const fn policed(&self) -> bool {
+        self.egress != 0 || self.ingress != 0
+    }
+}
+
+/// Key of `ACL_CT`: a flow in the direction of its first packet, as the pod sees it.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclCtKey {
+    pub src: Addr,
+    pub dst: Addr,
+    /// Host byte order (0 for protocols without ports).
+    pub src_port: u16,
+    pub dst_port: u16,
+    pub protocol: u8,
+    pub _pad: [u8; 3],
+}
+
+/// Value of `ACL_CT`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct AclCtValue {
+    /// Clock seconds (`bpf_ktime_get_coarse_ns / 1e9`) of the last packet.
+    pub last_seen: u32,
+    /// `ACL_CT_CLOSING` once a FIN or RST was seen.
+    pub flags: u32,
+}
+
+pub const ACL_CT_CLOSING: u32 = 1;
+
+/// `skb->mark` bit set by `tc_underlay` on service replies it reverse-NATed: the pod's
+/// ingress policy does not judge replies of a connection the pod opened.
+pub const SERVICE_REPLY_MARK: u32 = 1 << 20;
 
 /// `AclEvent::direction`: traffic leaving the pod (OVN's from-lport) or reaching it.
 pub const ACL_DIRECTION_EGRESS: u8 = 1;
@@ -145,6 +188,7 @@ pub const ACL_DIRECTION_INGRESS: u8 = 2;
 
 /// `AclEvent::kind`: which rule set decided.
 pub const ACL_KIND_FIREWALL: u8 = 1;
+pub const ACL_KIND_POLICY: u8 = 2;
 
 /// One audit record, sent through the `ACL_EVENTS` ring buffer.
 #[repr(C)]
@@ -201,7 +245,9 @@ const _: () = {
     assert!(core::mem::size_of::<AclAddrValue>() == 12);
     assert!(core::mem::size_of::<AclPortKey>() == 8);
     assert!(core::mem::size_of::<AclVerdict>() == 8);
-    assert!(core::mem::size_of::<AclEndpoint>() == 24);
+    assert!(core::mem::size_of::<AclEndpoint>() == 64);
+    assert!(core::mem::size_of::<AclCtKey>() == 40);
+    assert!(core::mem::size_of::<AclCtValue>() == 8);
     assert!(core::mem::size_of::<AclEvent>() == 64);
     assert!(core::mem::size_of::<AclLogConfig>() == 8);
     assert!(core::mem::size_of::<AclLogBucket>() == 24);
@@ -221,6 +267,10 @@ mod pod_impls {
     unsafe impl aya::Pod for super::AclEndpoint {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AclEvent {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclCtKey {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AclCtValue {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AclLogConfig {}
     // SAFETY: as above.

@@ -71,6 +71,9 @@ drop_reasons! {
     LbRewriteFailed = 33, "lb_rewrite_failed", "the kernel refused to rewrite a service packet";
     LbSnatPortsExhausted = 34, "lb_snat_ports_exhausted", "no free source port to masquerade a NodePort flow to a remote backend";
     FirewallDenied = 35, "firewall_denied", "a pod packet to outside the cluster denied by its namespace's EgressFirewall";
+    PolicyDeniedEgress = 36, "policy_denied_egress", "a new flow from a pod that no NetworkPolicy of the pod allows (egress)";
+    PolicyDeniedIngress = 37, "policy_denied_ingress", "a new flow to a pod that no NetworkPolicy of the pod allows (ingress)";
+    TailCallFailed = 38, "tail_call_failed", "the next stage of a program could not be reached (its program array slot is empty)";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

@@ -48,6 +48,10 @@ pub const ACL_ADDRS: &str = "DP_ACL_ADDRS";
 /// Hash (allocated on use): [`crate::acl::AclPortKey`] -> [`crate::acl::AclVerdict`].
 pub const ACL_PORTS: &str = "DP_ACL_PORTS";
 
+/// LRU hash: [`crate::acl::AclCtKey`] -> [`crate::acl::AclCtValue`]: flows NetworkPolicy
+/// allowed, so that their packets and replies pass.
+pub const ACL_CT: &str = "DP_ACL_CT";
+pub const MAX_ACL_CT_ENTRIES: u32 = 262_144;
 /// Ring buffer of [`crate::acl::AclEvent`]: audit records for the agent.
 pub const ACL_EVENTS: &str = "DP_ACL_EVENTS";
 /// Bytes of the audit ring buffer (4096 events).
@@ -91,6 +95,7 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,
+    ACL_CT,
     ACL_EVENTS,
     ACL_LOG_CONFIG,
 ];
@@ -99,6 +104,16 @@ pub const ALL_MAPS: &[&str] = &[
 pub const PROG_UNDERLAY: &str = "xdp_underlay";
 /// tc program on the host side of every pod veth (ingress, i.e. packets leaving the pod).
 pub const PROG_FROM_POD: &str = "tc_from_pod";
+/// Program array (not pinned; filled by the loader): programs a stage hands the packet on to
+/// with a tail call, so that each is verified on its own.
+pub const TAILS: &str = "DP_TAILS";
+/// `TAILS` slot of [`PROG_FROM_POD_DELIVER`].
+pub const TAIL_FROM_POD_DELIVER: u32 = 0;
+/// The second half of `tc_from_pod` (access control and the overlay), reached by tail call.
+pub const PROG_FROM_POD_DELIVER: &str = "tc_from_pod_deliver";
+/// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
+/// the pod): the pod's ingress NetworkPolicy.
+pub const PROG_TO_POD: &str = "tc_to_pod";
 /// tc program on the underlay NIC's ingress: reverse NAT of service replies that XDP
 /// decapsulated.
 pub const PROG_UNDERLAY_TC: &str = "tc_underlay";

@@ -11,16 +11,20 @@ pub enum Hook {
     FromPod = 1,
     /// tc ingress on the underlay NIC: what XDP passed up, decapsulated or not.
     UnderlayTc = 2,
+    /// tc egress on the host side of a pod veth (traffic the stack delivers to a pod).
+    ToPod = 3,
 }
 
 impl Hook {
-    pub const ALL: &'static [Hook] = &[Hook::Underlay, Hook::FromPod, Hook::UnderlayTc];
+    pub const ALL: &'static [Hook] =
+        &[Hook::Underlay, Hook::FromPod, Hook::UnderlayTc, Hook::ToPod];
 
     pub const fn name(self) -> &'static str {
         match self {
             Hook::Underlay => "underlay",
             Hook::FromPod => "from_pod",
             Hook::UnderlayTc => "underlay_tc",
+            Hook::ToPod => "to_pod",
         }
     }
 }
@@ -70,6 +74,10 @@ pub enum PacketClass {
     AuditLogged = 20,
     /// An audit record not sent: over the rate limit, or the ring buffer was full.
     AuditSuppressed = 21,
+    /// A new flow NetworkPolicy allowed (now tracked, so its replies pass).
+    PolicyAllowed = 22,
+    /// A packet of a flow NetworkPolicy already allowed (either direction).
+    PolicyTracked = 23,
 }
 
 impl PacketClass {
@@ -96,6 +104,8 @@ impl PacketClass {
         PacketClass::FirewallAllowed,
         PacketClass::AuditLogged,
         PacketClass::AuditSuppressed,
+        PacketClass::PolicyAllowed,
+        PacketClass::PolicyTracked,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -124,6 +134,8 @@ impl PacketClass {
             19 => PacketClass::FirewallAllowed,
             20 => PacketClass::AuditLogged,
             21 => PacketClass::AuditSuppressed,
+            22 => PacketClass::PolicyAllowed,
+            23 => PacketClass::PolicyTracked,
             _ => return None,
         })
     }
@@ -152,6 +164,8 @@ impl PacketClass {
             PacketClass::FirewallAllowed => "firewall_allowed",
             PacketClass::AuditLogged => "audit_logged",
             PacketClass::AuditSuppressed => "audit_suppressed",
+            PacketClass::PolicyAllowed => "policy_allowed",
+            PacketClass::PolicyTracked => "policy_tracked",
         }
     }
 }

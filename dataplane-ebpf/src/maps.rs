@@ -5,19 +5,21 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray},
+    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
     acl::{
-        AclAddrKey, AclAddrValue, AclEndpoint, AclLogBucket, AclLogConfig, AclPortKey, AclVerdict,
+        AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclLogBucket, AclLogConfig,
+        AclPortKey, AclVerdict,
     },
     drop::DROP_REASON_SLOTS,
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
     },
     maps::{
-        ACL_EVENTS_BYTES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES, MAX_AFFINITY_ENTRIES,
-        MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
+        ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
+        MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES,
+        MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     stats::PACKET_COUNTER_SLOTS,
@@ -97,6 +99,14 @@ pub static ACL_ADDRS: HashMap<AclAddrKey, AclAddrValue> =
 #[map(name = "DP_ACL_PORTS")]
 pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
     HashMap::pinned(MAX_ACL_PORT_ENTRIES, BPF_F_NO_PREALLOC);
+
+/// Later halves of programs, reached by tail call (filled by the loader).
+#[map(name = "DP_TAILS")]
+pub static TAILS: ProgramArray = ProgramArray::with_max_entries(4, 0);
+
+/// Flows NetworkPolicy allowed.
+#[map(name = "DP_ACL_CT")]
+pub static ACL_CT: LruHashMap<AclCtKey, AclCtValue> = LruHashMap::pinned(MAX_ACL_CT_ENTRIES, 0);
 
 /// Audit records for the agent.
 #[map(name = "DP_ACL_EVENTS")]

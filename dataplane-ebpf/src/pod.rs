@@ -1,22 +1,29 @@
 //! tc ingress on the host side of each pod veth: every packet a pod sends passes here first.
 //! Parse (malformed packets dropped with their reason), service load-balancing, the
-//! EgressFirewall of the pod's namespace, then the overlay (local delivery or encapsulation).
+//! NetworkPolicy and the EgressFirewall of the pod's namespace, then the overlay (local
+//! delivery or encapsulation). `tc_to_pod` on the same veth's egress judges what the stack
+//! delivers to the pod.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT},
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{Hook, PacketClass};
+use dataplane_common::{DropReason, Hook, PacketClass, maps::TAIL_FROM_POD_DELIVER};
 
 use crate::{
-    acl, lb, overlay,
+    acl, lb,
+    maps::TAILS,
+    overlay,
     parse::parse_skb,
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
+/// `skb->cb` word carrying "this is a service reply" from the first half to the second.
+const CB_REPLY: usize = 0;
+
 #[classifier]
-pub fn tc_from_pod(ctx: TcContext) -> i32 {
+pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     let parsed = match parse_skb(&ctx) {
         Ok(parsed) => parsed,
         Err(reason) => {
@@ -25,7 +32,7 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::FromPod, parsed.class);
-    let mut reply = false;
+    let mut reply = 0;
     match lb::from_pod(&ctx, &parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
@@ -33,7 +40,7 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
             if answered != 0 {
                 return (answered - 1) as i32;
             }
-            reply = outcome == PacketClass::ServiceReverseNat;
+            reply = (outcome == PacketClass::ServiceReverseNat) as u32;
         }
         Ok(None) => {}
         Err(reason) => {
@@ -41,17 +48,27 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    // Replies of service connections (NodePort clients outside included) are never judged by
-    // the pod's EgressFirewall: the connection was accepted when it came in.
-    if !reply {
-        match acl::firewall(&ctx, &parsed).result() {
-            Ok(Some((_, outcome))) => count_outcome(Hook::FromPod, outcome),
-            Ok(None) => {}
-            Err(reason) => {
-                count_drop(Hook::FromPod, reason);
-                return TC_ACT_SHOT;
-            }
-        }
+    // The rest runs as its own program, verified on its own: one program holding the
+    // load-balancer, access control and the overlay is more than the verifier walks.
+    ctx.cb_mut()[CB_REPLY] = reply;
+    // SAFETY: a tail call either does not return or returns having done nothing.
+    unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
+    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    TC_ACT_SHOT
+}
+
+/// The second half of `tc_from_pod`: NetworkPolicy and the EgressFirewall (not for replies of
+/// service connections, judged when they opened), then local delivery or encapsulation.
+#[classifier]
+pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
+    let Ok(parsed) = parse_skb(&ctx) else {
+        // Parsed once already; a packet the first half let through parses again.
+        return TC_ACT_SHOT;
+    };
+    let reply = ctx.cb()[CB_REPLY] != 0;
+    if !reply && let Err(reason) = acl::from_pod(&ctx, &parsed).result() {
+        count_drop(Hook::FromPod, reason);
+        return TC_ACT_SHOT;
     }
     match overlay::from_pod(&ctx, &parsed).result() {
         Ok(Some((verdict, outcome))) => {
@@ -61,6 +78,28 @@ pub fn tc_from_pod(ctx: TcContext) -> i32 {
         Ok(None) => TC_ACT_OK,
         Err(reason) => {
             count_drop(Hook::FromPod, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// tc egress on the host side of each pod veth: what the stack delivers to the pod (from other
+/// nodes, from outside, from the node itself) passes the pod's ingress NetworkPolicy here.
+/// Packets from pods of this node are judged in `tc_from_pod` and never pass here.
+#[classifier]
+pub fn tc_to_pod(ctx: TcContext) -> i32 {
+    let parsed = match parse_skb(&ctx) {
+        Ok(parsed) => parsed,
+        Err(reason) => {
+            count_malformed(Hook::ToPod, reason);
+            return TC_ACT_SHOT;
+        }
+    };
+    count_packet(Hook::ToPod, parsed.class);
+    match acl::to_pod(&ctx, &parsed, Hook::ToPod).result() {
+        Ok(_) => TC_ACT_OK,
+        Err(reason) => {
+            count_drop(Hook::ToPod, reason);
             TC_ACT_SHOT
         }
     }

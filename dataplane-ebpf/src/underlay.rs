@@ -12,10 +12,10 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::{Hook, PacketClass};
+use dataplane_common::{Hook, PacketClass, acl::SERVICE_REPLY_MARK};
 
 use crate::{
-    lb, overlay,
+    acl, lb, overlay,
     parse::{Packet, parse, parse_skb},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
@@ -61,6 +61,10 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
             if answered != 0 {
                 return (answered - 1) as i32;
             }
+            if outcome == PacketClass::ServiceReverseNat {
+                // The client pod's ingress policy lets replies of its own connections pass.
+                ctx.set_mark(acl::skb_mark(&ctx) | SERVICE_REPLY_MARK);
+            }
             if outcome != PacketClass::ServiceDnat {
                 return TC_ACT_OK;
             }
@@ -71,8 +75,14 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    // A NodePort packet now addressed to its backend: delivered to the pod here or wrapped
-    // in Geneve towards the backend's node, as the overlay does for pods.
+    // A NodePort packet now addressed to its backend: a backend here is handed over without
+    // passing its veth's egress, so its ingress policy is applied now.
+    if let Err(reason) = acl::to_pod(&ctx, &parsed, Hook::UnderlayTc).result() {
+        count_drop(Hook::UnderlayTc, reason);
+        return TC_ACT_SHOT;
+    }
+    // Delivered to the pod here or wrapped in Geneve towards the backend's node, as the
+    // overlay does for pods.
     match overlay::from_pod(&ctx, &parsed).result() {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);

@@ -603,12 +603,21 @@ pub struct AclState {
     sets: BTreeMap<u32, InstalledSet>,
     /// The firewall set in force for each namespace (its last good rules).
     firewalls: BTreeMap<String, u32>,
+    /// The NetworkPolicy sets in force by name.
+    policies: BTreeMap<String, u32>,
+    /// What each policy set is (for audit records).
+    policy_meta: BTreeMap<u32, policy::PolicySet>,
 }
 
 impl AclState {
     /// The set in force for a namespace's firewall.
     pub fn firewall_set(&self, namespace: &str) -> Option<u32> {
         self.firewalls.get(namespace).copied()
+    }
+
+    /// The policy set with this id.
+    pub fn policy_set(&self, set: u32) -> Option<&policy::PolicySet> {
+        self.policy_meta.get(&set)
     }
 
     /// The namespace whose firewall a set is.
@@ -628,26 +637,38 @@ pub struct DesiredFirewalls {
     pub rejected: BTreeSet<String>,
     /// `ACL_LOG_*` flags of the namespaces that audit their verdicts.
     pub log: BTreeMap<String, u8>,
+    /// NetworkPolicy sets by name (see [`policy::policy_sets`]), shared by the local pods with
+    /// the same rules.
+    pub policy_sets: BTreeMap<String, policy::PolicySet>,
+    /// The policy sets of each isolated local pod, by `<namespace>/<name>`.
+    pub pod_policies: BTreeMap<String, policy::PodSets>,
 }
 
 /// A local pod as access control sees it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AclPod {
     pub namespace: String,
+    pub name: String,
     pub addresses: Vec<IpAddr>,
+}
+
+impl AclPod {
+    pub fn key(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
 }
 
 /// The local pods of this node's view, by namespace.
 pub fn pods_of(view: &OverlayView) -> Vec<AclPod> {
     view.local_pods
         .iter()
-        .map(|pod| AclPod {
-            namespace: pod
-                .name
-                .split_once('/')
-                .map_or("default", |(namespace, _)| namespace)
-                .to_owned(),
-            addresses: pod.addresses.clone(),
+        .map(|pod| {
+            let (namespace, name) = pod.name.split_once('/').unwrap_or(("default", &pod.name));
+            AclPod {
+                namespace: namespace.to_owned(),
+                name: name.to_owned(),
+                addresses: pod.addresses.clone(),
+            }
         })
         .collect()
 }
@@ -766,23 +787,57 @@ impl Dataplane {
                 in_force.insert(namespace.clone(), *set);
             }
         }
-        stats.sets = in_force.len();
-        let endpoints: BTreeMap<String, AclEndpoint> = in_force
-            .iter()
-            .map(|(namespace, set)| {
-                let lengths = state.sets.get(set).map(|s| s.lengths).unwrap_or_default();
-                let endpoint = AclEndpoint {
-                    firewall: *set,
-                    log: desired.log.get(namespace).copied().unwrap_or(0),
-                    _reserved: [0; 3],
-                    firewall_lengths: lengths,
-                };
-                (namespace.clone(), endpoint)
-            })
-            .collect();
-        self.sync_endpoints(&endpoints, pods, &mut stats)?;
+        let mut policies_in_force: BTreeMap<String, u32> = BTreeMap::new();
+        for (name, wanted) in &desired.policy_sets {
+            let current = state.policies.get(name).copied();
+            let unchanged = current
+                .and_then(|set| state.sets.get(&set))
+                .is_some_and(|s| s.compiled.as_ref() == Some(&wanted.compiled));
+            let set = match current {
+                Some(set) if unchanged => set,
+                _ => self.install_set(state, &wanted.compiled, &mut stats)?,
+            };
+            policies_in_force.insert(name.clone(), set);
+            state.policy_meta.insert(set, wanted.clone());
+        }
+        stats.sets = in_force.len() + policies_in_force.len();
+        let lengths = |set: u32| state.sets.get(&set).map(|s| s.lengths).unwrap_or_default();
+        let mut wanted_endpoints: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
+        for pod in pods {
+            let mut endpoint = AclEndpoint::default();
+            if let Some(&set) = in_force.get(&pod.namespace) {
+                endpoint.firewall = set;
+                endpoint.firewall_lengths = lengths(set);
+            }
+            let sets = desired.pod_policies.get(&pod.key());
+            let set_of =
+                |name: Option<&String>| name.and_then(|n| policies_in_force.get(n)).copied();
+            if let Some(set) = set_of(sets.and_then(|s| s.ingress.as_ref())) {
+                endpoint.ingress = set;
+                endpoint.ingress_lengths = lengths(set);
+            }
+            if let Some(set) = set_of(sets.and_then(|s| s.egress.as_ref())) {
+                endpoint.egress = set;
+                endpoint.egress_lengths = lengths(set);
+            }
+            if endpoint.firewall == 0 && !endpoint.policed() {
+                continue;
+            }
+            endpoint.log = desired.log.get(&pod.namespace).copied().unwrap_or(0);
+            for address in &pod.addresses {
+                wanted_endpoints.insert(addr16(*address), endpoint);
+            }
+        }
+        self.sync_endpoints(&wanted_endpoints, &mut stats)?;
         state.firewalls = in_force;
-        let used: BTreeSet<u32> = state.firewalls.values().copied().collect();
+        state.policies = policies_in_force;
+        let used: BTreeSet<u32> = state
+            .firewalls
+            .values()
+            .chain(state.policies.values())
+            .copied()
+            .collect();
+        state.policy_meta.retain(|set, _| used.contains(set));
         let stale: Vec<u32> = state
             .sets
             .keys()
@@ -973,26 +1028,16 @@ impl Dataplane {
         Ok(Some(stats))
     }
 
-    /// Points every local pod at its namespace's set; removes entries of pods gone or no
-    /// longer under any set.
+    /// Points every local pod at its sets (one write per address); removes entries of pods
+    /// gone or no longer under any set.
     fn sync_endpoints(
         &mut self,
-        by_namespace: &BTreeMap<String, AclEndpoint>,
-        pods: &[AclPod],
+        wanted: &BTreeMap<Addr, AclEndpoint>,
         stats: &mut AclSyncStats,
     ) -> Result<(), AgentError> {
-        let mut wanted: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
-        for pod in pods {
-            let Some(endpoint) = by_namespace.get(&pod.namespace) else {
-                continue;
-            };
-            for address in &pod.addresses {
-                wanted.insert(addr16(*address), *endpoint);
-            }
-        }
         let mut endpoints: BpfHashMap<&mut MapData, Addr, AclEndpoint> =
             self.typed_map(maps::ACL_ENDPOINTS)?;
-        for (key, value) in &wanted {
+        for (key, value) in wanted {
             if endpoints.get(key, 0).ok().as_ref() != Some(value) {
                 endpoints
                     .insert(key, value, 0)

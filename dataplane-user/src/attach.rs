@@ -4,7 +4,7 @@
 use aya::programs::{TcAttachType, XdpMode};
 use dataplane_common::{
     Hook,
-    maps::{PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    maps::{PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
 };
 use serde::{Deserialize, Serialize};
 
@@ -91,38 +91,57 @@ impl Dataplane {
         })
     }
 
-    /// Attaches the from-pod tc program to the ingress of a pod's host-side veth.
-    pub fn attach_pod(&mut self, interface: &str) -> Result<Attachment, AgentError> {
-        self.attach_tc_ingress(PROG_FROM_POD, Hook::FromPod, interface)
+    /// Attaches the from-pod tc program to the ingress of a pod's host-side veth, and the
+    /// to-pod one to its egress.
+    pub fn attach_pod(&mut self, interface: &str) -> Result<Vec<Attachment>, AgentError> {
+        Ok(vec![
+            self.attach_tc(
+                PROG_FROM_POD,
+                Hook::FromPod,
+                interface,
+                TcAttachType::Ingress,
+            )?,
+            self.attach_tc(PROG_TO_POD, Hook::ToPod, interface, TcAttachType::Egress)?,
+        ])
     }
 
     /// Attaches the underlay tc program to the ingress of the underlay NIC (after XDP).
     pub fn attach_underlay_tc(&mut self, interface: &str) -> Result<Attachment, AgentError> {
-        self.attach_tc_ingress(PROG_UNDERLAY_TC, Hook::UnderlayTc, interface)
+        self.attach_tc(
+            PROG_UNDERLAY_TC,
+            Hook::UnderlayTc,
+            interface,
+            TcAttachType::Ingress,
+        )
     }
 
-    fn attach_tc_ingress(
+    fn attach_tc(
         &mut self,
         name: &'static str,
         hook: Hook,
         interface: &str,
+        direction: TcAttachType,
     ) -> Result<Attachment, AgentError> {
         let ifindex = preflight::interface_index(interface)?;
         let program = self.classifier(name)?;
+        let mode = match direction {
+            TcAttachType::Egress => "tc-egress",
+            _ => "tc-ingress",
+        };
         program
-            .attach(interface, TcAttachType::Ingress)
+            .attach(interface, direction)
             .map_err(|e| AgentError::Attach {
                 program: name,
                 interface: interface.into(),
-                attempts: format!("tc ingress: {}", error_chain(&e)),
+                attempts: format!("{mode}: {}", error_chain(&e)),
             })?;
-        tracing::info!(interface, program = name, "attached tc ingress");
+        tracing::info!(interface, program = name, mode, "attached");
         Ok(Attachment {
             interface: interface.into(),
             ifindex,
             program: name.into(),
             hook: hook.name().into(),
-            mode: "tc-ingress".into(),
+            mode: mode.into(),
         })
     }
 }

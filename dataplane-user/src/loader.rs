@@ -6,12 +6,12 @@ use std::{fs, io};
 
 use aya::{
     Ebpf, EbpfLoader,
-    maps::{Array, MapData},
+    maps::{Array, MapData, ProgramArray},
     programs::{SchedClassifier, Xdp},
 };
 use dataplane_common::maps::{
-    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY,
-    PROG_UNDERLAY_TC,
+    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_TC_BASELINE,
+    PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAILS,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -96,7 +96,13 @@ impl Dataplane {
                 source,
             })?;
         }
-        for name in [PROG_FROM_POD, PROG_UNDERLAY_TC, PROG_TC_BASELINE] {
+        for name in [
+            PROG_FROM_POD,
+            PROG_FROM_POD_DELIVER,
+            PROG_TO_POD,
+            PROG_UNDERLAY_TC,
+            PROG_TC_BASELINE,
+        ] {
             let program = self.classifier(name)?;
             program.load().map_err(|source| AgentError::Program {
                 name,
@@ -104,10 +110,36 @@ impl Dataplane {
                 source,
             })?;
         }
-        for name in [PROG_UNDERLAY, PROG_FROM_POD, PROG_UNDERLAY_TC] {
+        for name in [PROG_UNDERLAY, PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY_TC] {
             self.pin_program(name)?;
         }
-        Ok(())
+        self.fill_tails()
+    }
+
+    /// Puts the programs reached by tail call into their slots.
+    fn fill_tails(&mut self) -> Result<(), AgentError> {
+        let fd = self
+            .classifier(PROG_FROM_POD_DELIVER)?
+            .fd()
+            .map_err(|source| AgentError::Program {
+                name: PROG_FROM_POD_DELIVER,
+                action: "get its descriptor",
+                source,
+            })?
+            .try_clone()
+            .map_err(|source| AgentError::Program {
+                name: PROG_FROM_POD_DELIVER,
+                action: "duplicate its descriptor",
+                source: source.into(),
+            })?;
+        let mut tails: ProgramArray<&mut MapData> = self.typed_map(TAILS)?;
+        tails
+            .set(TAIL_FROM_POD_DELIVER, &fd, 0)
+            .map_err(|source| AgentError::Map {
+                name: TAILS.into(),
+                action: "fill",
+                source,
+            })
     }
 
     /// Pins a loaded program, replacing the pin a previous agent left.

@@ -186,7 +186,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         dataplane.attach_underlay_tc(&args.underlay)?,
     ];
     for iface in &pod_ifaces {
-        attachments.push(dataplane.attach_pod(iface)?);
+        attachments.extend(dataplane.attach_pod(iface)?);
     }
     let started_unix = SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -265,6 +265,8 @@ fn configure_cluster(
     configure_services(dataplane, &state, node)?;
     let inputs = FirewallInputs {
         objects: state.egress_firewalls.clone(),
+        policies: state.network_policies.clone(),
+        cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
         namespaces: state.namespaces.clone(),
         context: acl::firewall::context(&state, &model.view),
         pods: acl::pods_of(&model.view),

@@ -1,6 +1,6 @@
 //! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
 //! cluster): Nodes, Pods, Services and EndpointSlices as the API serves them (k8s-openapi
-//! types), Namespaces, OVN-Kubernetes' EgressFirewalls, and the OpenShift
+//! types), Namespaces, NetworkPolicies, OVN-Kubernetes' EgressFirewalls, and the OpenShift
 //! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
 
@@ -10,6 +10,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::{
     core::v1::{Namespace, Node, Pod, Service},
     discovery::v1::EndpointSlice,
+    networking::v1::NetworkPolicy,
 };
 use serde::Deserialize;
 
@@ -26,6 +27,8 @@ pub struct ClusterState {
     pub pods: Vec<Pod>,
     pub services: Vec<Service>,
     pub endpoint_slices: Vec<EndpointSlice>,
+    /// `networking.k8s.io/v1` NetworkPolicies (a missing namespace reads as `default`).
+    pub network_policies: Vec<NetworkPolicy>,
     /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
     pub egress_firewalls: Vec<EgressFirewall>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
@@ -130,6 +133,18 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             match serde_yaml::from_value::<EndpointSlice>(value) {
                 Ok(slice) => state.endpoint_slices.push(slice),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        ("networking.k8s.io/v1", "NetworkPolicy") => {
+            match serde_yaml::from_value::<NetworkPolicy>(value) {
+                Ok(mut policy) => {
+                    policy
+                        .metadata
+                        .namespace
+                        .get_or_insert_with(|| "default".into());
+                    state.network_policies.push(policy);
+                }
                 Err(e) => reject(state, e.to_string()),
             }
         }

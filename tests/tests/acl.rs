@@ -39,10 +39,12 @@ fn pods() -> Vec<AclPod> {
     vec![
         AclPod {
             namespace: "team".into(),
+            name: "pod".into(),
             addresses: vec![IpAddr::from(TEAM_POD), IpAddr::from(TEAM_POD6)],
         },
         AclPod {
             namespace: "other".into(),
+            name: "pod".into(),
             addresses: vec![IpAddr::from(OTHER_POD)],
         },
     ]

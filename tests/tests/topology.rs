@@ -55,7 +55,9 @@ fn agents_attach_count_real_traffic_detach_and_adopt_pins_on_restart() {
             ("eth0".into(), "xdp_underlay".into(), "native".into()),
             ("eth0".into(), "tc_underlay".into(), "tc-ingress".into()),
             ("vp0".into(), "tc_from_pod".into(), "tc-ingress".into()),
+            ("vp0".into(), "tc_to_pod".into(), "tc-egress".into()),
             ("vp1".into(), "tc_from_pod".into(), "tc-ingress".into()),
+            ("vp1".into(), "tc_to_pod".into(), "tc-egress".into()),
         ]
     );
     let link = exec_in(&node0.netns, &["ip", "link", "show", "eth0"]).expect("ip link");

@@ -12,10 +12,10 @@ use std::{
 
 use aya::maps::{Map, MapData, RingBuf};
 use dataplane_common::{
-    acl::{ACL_VERDICT_DENY, AclEvent},
+    acl::{ACL_KIND_POLICY, ACL_VERDICT_DENY, AclEvent},
     maps,
 };
-use k8s_openapi::api::core::v1::Namespace;
+use k8s_openapi::api::{core::v1::Namespace, networking::v1::NetworkPolicy};
 use tokio::io::{Interest, unix::AsyncFd};
 
 use super::{
@@ -23,6 +23,7 @@ use super::{
     audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
     dns::{DnsNames, Resolver},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls},
+    policy::{Direction, PolicyCluster, PolicyPod, namespace_labels, policy_sets},
 };
 use crate::{AgentError, Dataplane};
 
@@ -33,6 +34,9 @@ const FIRST_RESOLUTION_BUDGET: Duration = Duration::from_secs(5);
 /// Everything the firewalls are compiled from.
 pub struct FirewallInputs {
     pub objects: Vec<EgressFirewall>,
+    pub policies: Vec<NetworkPolicy>,
+    /// Every pod of the cluster, as policy peers.
+    pub cluster_pods: Vec<PolicyPod>,
     pub namespaces: Vec<Namespace>,
     pub context: FirewallContext,
     pub pods: Vec<AclPod>,
@@ -44,6 +48,11 @@ pub struct FirewallInputs {
 
 pub struct FirewallAgent {
     objects: Vec<EgressFirewall>,
+    policies: Vec<NetworkPolicy>,
+    cluster_pods: Vec<PolicyPod>,
+    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// Policy errors of the last compile (logged once).
+    policy_errors: Vec<String>,
     context: FirewallContext,
     pods: Vec<AclPod>,
     /// Audit levels of the namespaces that log.
@@ -75,6 +84,10 @@ impl FirewallAgent {
         }
         let mut agent = Self {
             objects: inputs.objects,
+            policies: inputs.policies,
+            cluster_pods: inputs.cluster_pods,
+            namespace_labels: namespace_labels(&inputs.namespaces),
+            policy_errors: Vec::new(),
             context: inputs.context,
             pods: inputs.pods,
             levels: levels.into_iter().collect(),
@@ -88,6 +101,9 @@ impl FirewallAgent {
         agent.compile();
         for error in &agent.compiled.errors {
             tracing::warn!(%error, "egress firewall");
+        }
+        for error in &agent.policy_errors {
+            tracing::warn!(%error, "network policy");
         }
         let wanted = agent.compiled.all_names();
         agent.names.track(&wanted, Instant::now());
@@ -106,7 +122,9 @@ impl FirewallAgent {
         dataplane.adopt_acl(&mut agent.state, &agent.pods)?;
         let stats = dataplane.sync_acl(&mut agent.state, &agent.compiled.desired, &agent.pods)?;
         tracing::info!(
-            firewalls = stats.sets,
+            sets = stats.sets,
+            network_policies = agent.policies.len(),
+            isolated_pods = agent.compiled.desired.pod_policies.len(),
             dns_names = wanted.len(),
             audited_namespaces = agent.levels.len(),
             exempt = ?agent.context.exempt,
@@ -117,9 +135,19 @@ impl FirewallAgent {
         Ok(agent)
     }
 
-    /// Compiles the firewalls with the names' last good addresses and the audit flags.
+    /// Compiles the firewalls with the names' last good addresses, the NetworkPolicies of the
+    /// local pods and the audit flags.
     fn compile(&mut self) {
         self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
+        let cluster = PolicyCluster {
+            pods: &self.cluster_pods,
+            namespaces: &self.namespace_labels,
+        };
+        let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
+        let policies = policy_sets(&self.policies, &cluster, &local);
+        self.compiled.desired.policy_sets = policies.sets;
+        self.compiled.desired.pod_policies = policies.pods;
+        self.policy_errors = policies.errors;
         self.compiled.desired.log = self
             .levels
             .iter()
@@ -228,10 +256,10 @@ impl FirewallAgent {
             // SAFETY: the kernel wrote an AclEvent (plain data) of at least this size.
             let event: AclEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             drop(item);
-            let Some(namespace) = self.state.namespace_of(event.set) else {
+            let Some((namespace, acl_name)) = describe(&self.state, &event) else {
                 continue;
             };
-            let Some(levels) = self.levels.get(namespace) else {
+            let Some(levels) = self.levels.get(&namespace) else {
                 continue;
             };
             let severity = if event.verdict == ACL_VERDICT_DENY {
@@ -241,8 +269,8 @@ impl FirewallAgent {
             };
             let Some(severity) = severity else { continue };
             let source = RecordSource {
-                namespace: namespace.to_owned(),
-                acl_name: format!("EF:{namespace}:default"),
+                namespace,
+                acl_name,
                 severity,
             };
             if let Err(error) = log.record(&event, &source) {
@@ -322,4 +350,28 @@ impl FirewallAgent {
         }
         changed
     }
+}
+
+/// The namespace a record belongs to and the ACL name it is logged under, as OVN-Kubernetes
+/// names them: `EF:<namespace>:default` for the EgressFirewall, `NP:<namespace>:<policy>:
+/// <Ingress|Egress>` for a NetworkPolicy (its rule index follows in the record).
+fn describe(state: &AclState, event: &AclEvent) -> Option<(String, String)> {
+    if event.kind == ACL_KIND_POLICY {
+        let set = state.policy_set(event.set)?;
+        let direction = match set.direction {
+            Direction::Ingress => "Ingress",
+            Direction::Egress => "Egress",
+        };
+        let name = match set.refs.get(event.rule as usize) {
+            Some(reference) => {
+                let policy = reference.policy.rsplit('/').next().unwrap_or_default();
+                format!("NP:{}:{policy}:{direction}", set.namespace)
+            }
+            // No rule allowed: the isolation itself denied.
+            None => format!("NP:{}:isolation:{direction}", set.namespace),
+        };
+        return Some((set.namespace.clone(), name));
+    }
+    let namespace = state.namespace_of(event.set)?;
+    Some((namespace.to_owned(), format!("EF:{namespace}:default")))
 }

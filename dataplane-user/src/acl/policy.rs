@@ -36,7 +36,9 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
 };
 
-use super::{PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict};
+use super::{
+    CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict, compile_rules,
+};
 
 /// Ingress or egress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -510,4 +512,84 @@ fn resolve(specs: &[PortSpec], named: &BTreeMap<String, Vec<(u8, u16)>>) -> Port
         }
     }
     Ports::Only(matches)
+}
+
+/// One isolated direction of one or more local pods of a namespace: what the kernel holds as a
+/// policy set.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PolicySet {
+    pub namespace: String,
+    pub direction: Direction,
+    /// What each rule index of the set stands for (audit records).
+    pub refs: Vec<RuleRef>,
+    pub compiled: CompiledSet,
+}
+
+/// The policy set names of a pod; `None` where it is not isolated.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PodSets {
+    pub ingress: Option<String>,
+    pub egress: Option<String>,
+}
+
+/// Every local pod's policy sets, the distinct sets by name, and one line per invalid policy.
+#[derive(Clone, Debug, Default)]
+pub struct CompiledPolicies {
+    pub sets: BTreeMap<String, PolicySet>,
+    pub pods: BTreeMap<String, PodSets>,
+    pub errors: Vec<String>,
+}
+
+/// Compiles the policies for the pods of this node (`local`: `<namespace>/<name>` keys) against
+/// every pod of the cluster. Pods of one namespace with the same rules share a set, named after
+/// its contents so that an unchanged set keeps its name (and its maps) across syncs.
+pub fn policy_sets(
+    policies: &[NetworkPolicy],
+    cluster: &PolicyCluster<'_>,
+    local: &[String],
+) -> CompiledPolicies {
+    let mut out = CompiledPolicies::default();
+    let mut errors: BTreeSet<String> = BTreeSet::new();
+    for pod in cluster.pods.iter().filter(|p| local.contains(&p.key())) {
+        let (policy, pod_errors) = pod_policy(policies, cluster, pod);
+        errors.extend(pod_errors);
+        let mut sets = PodSets::default();
+        for (direction, rules) in [
+            (Direction::Ingress, policy.ingress),
+            (Direction::Egress, policy.egress),
+        ] {
+            let Some(rules) = rules else { continue };
+            let name = set_name(&pod.namespace, direction, &rules);
+            out.sets.entry(name.clone()).or_insert_with(|| PolicySet {
+                namespace: pod.namespace.clone(),
+                direction,
+                compiled: compile_rules(&rules.rules, false),
+                refs: rules.refs,
+            });
+            match direction {
+                Direction::Ingress => sets.ingress = Some(name),
+                Direction::Egress => sets.egress = Some(name),
+            }
+        }
+        if sets != PodSets::default() {
+            out.pods.insert(pod.key(), sets);
+        }
+    }
+    out.errors = errors.into_iter().collect();
+    out
+}
+
+/// `<namespace>:<direction>:<hash of the rules>`.
+fn set_name(namespace: &str, direction: Direction, rules: &PodRules) -> String {
+    use std::hash::{Hash, Hasher};
+    let mut hasher = std::hash::DefaultHasher::new();
+    rules.rules.hash(&mut hasher);
+    for reference in &rules.refs {
+        (&reference.policy, reference.rule).hash(&mut hasher);
+    }
+    let direction = match direction {
+        Direction::Ingress => "ingress",
+        Direction::Egress => "egress",
+    };
+    format!("{namespace}:{direction}:{:016x}", hasher.finish())
 }

@@ -101,6 +101,7 @@ fn context() -> FirewallContext {
 fn pods() -> Vec<AclPod> {
     vec![AclPod {
         namespace: "bench".into(),
+        name: "pod".into(),
         addresses: vec![FIREWALLED.into()],
     }]
 }

@@ -1,0 +1,241 @@
+//! NetworkPolicy packet tests through the real programs with BPF_PROG_TEST_RUN: policies
+//! compiled by the agent for two local pods, new flows judged at the sender's egress
+//! (`tc_from_pod`) and the receiver's ingress (the same program for a local sender,
+//! `tc_to_pod` for what the stack delivers), allowed flows tracked so that their replies pass,
+//! verdicts, drop reasons and tracked-flow entries checked exactly.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use aya::maps::{HashMap, MapData};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    acl::{AclCtKey, AclCtValue},
+    maps::{ACL_CT, PROG_FROM_POD, PROG_TO_POD},
+};
+use dataplane_tests::{
+    fixture::Fixture,
+    packets::{tcp_v4_flow, udp_v4_flow},
+    privileged::privileged,
+};
+use dataplane_user::{
+    acl::{
+        AclPod, AclState, DesiredFirewalls,
+        policy::{PolicyCluster, PolicyPod, policy_sets},
+    },
+    overlay::addr16,
+};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+
+const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
+
+/// x/a and x/b run on this node, y/c on another.
+const A: [u8; 4] = [10, 244, 1, 9];
+const B: [u8; 4] = [10, 244, 1, 10];
+const C: [u8; 4] = [10, 244, 2, 5];
+
+fn cluster_pod(namespace: &str, name: &str, ip: [u8; 4]) -> PolicyPod {
+    PolicyPod {
+        namespace: namespace.into(),
+        name: name.into(),
+        labels: [("app".to_owned(), name.to_owned())].into(),
+        addresses: vec![IpAddr::from(ip)],
+        named_ports: [("http".to_owned(), vec![(6u8, 80u16)])].into(),
+    }
+}
+
+/// x/a accepts TCP `http` from x/b only; x/b may send only to x/a.
+const POLICIES: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-from-b, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {app: b}}}]
+    ports: [{port: http}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: b-to-a, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: b}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{podSelector: {matchLabels: {app: a}}}]
+";
+
+fn installed() -> (Fixture, AclState) {
+    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(POLICIES)
+        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+        .collect();
+    let pods = vec![
+        cluster_pod("x", "a", A),
+        cluster_pod("x", "b", B),
+        cluster_pod("y", "c", C),
+    ];
+    let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let cluster = PolicyCluster {
+        pods: &pods,
+        namespaces: &namespaces,
+    };
+    let local = ["x/a".to_owned(), "x/b".to_owned()];
+    let compiled = policy_sets(&policies, &cluster, &local);
+    assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+    let desired = DesiredFirewalls {
+        policy_sets: compiled.sets,
+        pod_policies: compiled.pods,
+        ..DesiredFirewalls::default()
+    };
+    let acl_pods = vec![
+        AclPod {
+            namespace: "x".into(),
+            name: "a".into(),
+            addresses: vec![IpAddr::from(A)],
+        },
+        AclPod {
+            namespace: "x".into(),
+            name: "b".into(),
+            addresses: vec![IpAddr::from(B)],
+        },
+    ];
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let stats = fixture
+        .sync_acl(&mut state, &desired, &acl_pods)
+        .expect("sync");
+    assert_eq!(stats.sets, 2, "x/a's ingress set and x/b's egress set");
+    (fixture, state)
+}
+
+fn run(fixture: &mut Fixture, program: &'static str, frame: &[u8]) -> u32 {
+    let out = fixture.run_tc(program, frame, 1).expect("tc run");
+    if out.action == TC_ACT_OK {
+        assert_eq!(out.output, frame, "policy never changes a packet");
+    }
+    out.action
+}
+
+fn tracked(fixture: &mut Fixture, src: [u8; 4], sport: u16, dst: [u8; 4], dport: u16) -> bool {
+    let ct: HashMap<&mut MapData, AclCtKey, AclCtValue> =
+        fixture.typed_map(ACL_CT).expect("ct map");
+    let key = AclCtKey {
+        src: addr16(IpAddr::from(src)),
+        dst: addr16(IpAddr::from(dst)),
+        src_port: sport,
+        dst_port: dport,
+        protocol: 6,
+        _pad: [0; 3],
+    };
+    ct.get(&key, 0).is_ok()
+}
+
+#[test]
+fn new_flows_are_judged_at_both_ends_and_replies_of_allowed_ones_pass() {
+    if !privileged("new_flows_are_judged_at_both_ends_and_replies_of_allowed_ones_pass") {
+        return;
+    }
+    let (mut fixture, _) = installed();
+    // b -> a on the named port: b's egress allows a, a's ingress allows b on http (TCP 80).
+    let syn = tcp_v4_flow(B, 40000, A, 80, true);
+    assert_eq!(run(&mut fixture, PROG_FROM_POD, &syn), TC_ACT_OK);
+    assert!(tracked(&mut fixture, B, 40000, A, 80));
+    // a's reply passes as part of the tracked flow, though a's egress is not isolated anyway;
+    // b's further segments pass as tracked.
+    let reply = tcp_v4_flow(A, 80, B, 40000, false);
+    assert_eq!(run(&mut fixture, PROG_FROM_POD, &reply), TC_ACT_OK);
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_FROM_POD,
+            &tcp_v4_flow(B, 40000, A, 80, false)
+        ),
+        TC_ACT_OK
+    );
+    // b -> a on another port: a's ingress allows only http.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_FROM_POD,
+            &tcp_v4_flow(B, 40001, A, 81, true)
+        ),
+        TC_ACT_SHOT
+    );
+    // b -> c: b's egress allows only a.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_FROM_POD,
+            &tcp_v4_flow(B, 40002, C, 80, true)
+        ),
+        TC_ACT_SHOT
+    );
+    assert_eq!(
+        run(&mut fixture, PROG_FROM_POD, &udp_v4_flow(B, 40003, C, 53)),
+        TC_ACT_SHOT
+    );
+    // c -> a arrives through the stack (tc_to_pod): a accepts only b.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_TO_POD,
+            &tcp_v4_flow(C, 40004, A, 80, true)
+        ),
+        TC_ACT_SHOT
+    );
+    // c -> b: b's ingress is not isolated.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_TO_POD,
+            &tcp_v4_flow(C, 40005, B, 80, true)
+        ),
+        TC_ACT_OK
+    );
+    let counters = fixture.counters();
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 2);
+    assert_eq!(counters.drops(DropReason::PolicyDeniedEgress), 2);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::PolicyAllowed),
+        1
+    );
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::PolicyTracked),
+        2
+    );
+    // Tracked because b is policed: its replies must pass b's egress.
+    assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyAllowed), 1);
+}
+
+#[test]
+fn an_isolated_pod_gets_the_replies_of_the_connections_it_opens() {
+    if !privileged("an_isolated_pod_gets_the_replies_of_the_connections_it_opens") {
+        return;
+    }
+    let (mut fixture, _) = installed();
+    // a is isolated for ingress only; it opens a connection to c on another node.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_FROM_POD,
+            &tcp_v4_flow(A, 45000, C, 443, true)
+        ),
+        TC_ACT_OK
+    );
+    assert!(tracked(&mut fixture, A, 45000, C, 443));
+    // c's answer comes back through the stack: a reply, so it passes.
+    let answer = tcp_v4_flow(C, 443, A, 45000, false);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &answer), TC_ACT_OK);
+    // The same address opening its own connection to a is still refused.
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_TO_POD,
+            &tcp_v4_flow(C, 443, A, 45001, true)
+        ),
+        TC_ACT_SHOT
+    );
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 1);
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
+}
