@@ -35,6 +35,7 @@ use dataplane_common::{
 use crate::{
     maps::{
         ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG, ACL_PORTS,
+        ACL_SCRATCH,
     },
     parse::{Parsed, read},
     stage::Stage,
@@ -61,61 +62,92 @@ const ETH_P_IPV6: u16 = 0x86DD;
 /// are counted here; `Err` is the drop.
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    Stage::new(judge_from_pod(ctx, parsed).map(|()| None))
+    let Some(work) = work(ctx, parsed) else {
+        return Stage::new(Ok(None));
+    };
+    Stage::new(judge_from_pod(ctx, work).map(|()| None))
 }
 
 /// The ingress policy of the pod a packet is delivered to (`tc_to_pod`, and NodePort packets
 /// handed to a local backend by `tc_underlay`). Replies the underlay reverse-NATed pass.
 #[inline(never)]
 pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
-    Stage::new(judge_to_pod(ctx, parsed, hook).map(|()| None))
+    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 {
+        return Stage::new(Ok(None));
+    }
+    let Some(work) = work(ctx, parsed) else {
+        return Stage::new(Ok(None));
+    };
+    // SAFETY: map values stay valid under RCU for the program's run; only read here.
+    let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
+    if receiver.is_some_and(AclEndpoint::policed) {
+        return Stage::new(checked(police(ctx, hook, None, receiver)).map(|()| None));
+    }
+    Stage::new(Ok(None))
 }
 
+/// What the stage works on, in this CPU's scratch slot: a copy of the parse result and the
+/// packet's flow. Read back from there, the parse result is one unknown value for the verifier
+/// instead of the constants of each parse path (which would have it walk everything after once
+/// per kind of packet), and the stage's frames stay small. `None`: not an untagged IP packet.
 #[inline(always)]
-fn judge_from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
+fn work(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut AclWork> {
     // Only untagged IP frames come from pods (the overlay leaves anything else to the stack).
     if parsed.l3_offset != ETH_LEN {
-        return Ok(());
+        return None;
     }
-    let Some(ipv4) = family(parsed) else {
-        return Ok(());
-    };
-    let Some((src, dst)) = addresses(ctx, ipv4) else {
-        return Ok(());
-    };
-    // SAFETY: map values stay valid under RCU for the program's run; only read here.
-    let sender = unsafe { ACL_ENDPOINTS.get(src) };
-    // SAFETY: as above.
-    let receiver = unsafe { ACL_ENDPOINTS.get(dst) };
-    if sender.is_some_and(AclEndpoint::policed) || receiver.is_some_and(AclEndpoint::policed) {
-        checked(police(ctx, parsed, Hook::FromPod, sender, receiver))?;
+    let ipv4 = family(parsed)?;
+    let slot = ACL_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's own slot, written and read within this program run.
+    let work = unsafe { &mut *slot };
+    // SAFETY: as above; volatile so the copy is really made and read back.
+    unsafe { core::ptr::write_volatile(&mut work.parsed, *parsed) };
+    // Written field by field, straight into the slot (a whole key built first would take
+    // stack the program does not have).
+    if ipv4 {
+        let a: [u8; 8] = read(ctx, ETH_LEN + 12)?;
+        work.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
+        work.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+    } else {
+        work.flow.src = read(ctx, ETH_LEN + 8)?;
+        work.flow.dst = read(ctx, ETH_LEN + 24)?;
     }
-    let Some(endpoint) = sender else {
-        return Ok(());
-    };
-    if endpoint.firewall != 0 {
-        firewall(ctx, parsed, ipv4, endpoint, &dst)?;
-    }
-    Ok(())
+    work.flow.src_port = u16::from_be_bytes(parsed.src_port);
+    work.flow.dst_port = u16::from_be_bytes(parsed.dst_port);
+    work.flow.protocol = parsed.protocol;
+    work.flow._pad = [0; 3];
+    Some(work)
+}
+
+/// This CPU's work slot, as [`work`] filled it.
+#[inline(always)]
+fn current_work() -> Option<&'static mut AclWork> {
+    // SAFETY: this CPU's own slot, filled earlier in this program run.
+    ACL_SCRATCH.get_ptr_mut(0).map(|slot| unsafe { &mut *slot })
+}
+
+/// The stage's working set (value of `ACL_SCRATCH`).
+pub struct AclWork {
+    parsed: Parsed,
+    /// The packet's flow, in its direction.
+    flow: AclCtKey,
+    /// The prefix lengths of the set being looked up.
+    lengths: [u8; ACL_MAX_LENGTHS],
 }
 
 #[inline(always)]
-fn judge_to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Result<(), DropReason> {
-    if parsed.l3_offset != ETH_LEN || skb_mark(ctx) & SERVICE_REPLY_MARK != 0 {
-        return Ok(());
-    }
-    let Some(ipv4) = family(parsed) else {
-        return Ok(());
-    };
-    let Some((_, dst)) = addresses(ctx, ipv4) else {
-        return Ok(());
-    };
+fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
     // SAFETY: map values stay valid under RCU for the program's run; only read here.
-    let receiver = unsafe { ACL_ENDPOINTS.get(dst) };
-    if receiver.is_some_and(AclEndpoint::policed) {
-        checked(police(ctx, parsed, hook, None, receiver))?;
+    let sender = unsafe { ACL_ENDPOINTS.get(&work.flow.src) };
+    // SAFETY: as above.
+    let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
+    if sender.is_some_and(AclEndpoint::policed) || receiver.is_some_and(AclEndpoint::policed) {
+        checked(police(ctx, Hook::FromPod, sender, receiver))?;
     }
-    Ok(())
+    match sender {
+        Some(endpoint) if endpoint.firewall != 0 => checked(firewall(ctx, endpoint)),
+        _ => Ok(()),
+    }
 }
 
 /// The packet's `skb->mark`.
@@ -150,12 +182,14 @@ fn checked(code: u32) -> Result<(), DropReason> {
 #[inline(never)]
 fn police(
     ctx: &TcContext,
-    parsed: &Parsed,
     hook: Hook,
     sender: Option<&AclEndpoint>,
     receiver: Option<&AclEndpoint>,
 ) -> u32 {
-    match police_flow(ctx, parsed, hook, sender, receiver) {
+    let Some(work) = current_work() else {
+        return 0;
+    };
+    match police_flow(ctx, work, hook, sender, receiver) {
         Ok(()) => 0,
         Err(reason) => reason as u32,
     }
@@ -164,44 +198,31 @@ fn police(
 #[inline(always)]
 fn police_flow(
     ctx: &TcContext,
-    parsed: &Parsed,
+    work: &mut AclWork,
     hook: Hook,
     sender: Option<&AclEndpoint>,
     receiver: Option<&AclEndpoint>,
 ) -> Result<(), DropReason> {
-    let ipv4 = parsed.ether_type == ETH_P_IP;
-    let Some((src, dst)) = addresses(ctx, ipv4) else {
-        return Ok(());
-    };
-    let tcp_flags = tcp_flags(ctx, parsed);
-    let mut key = AclCtKey {
-        src,
-        dst,
-        src_port: u16::from_be_bytes(parsed.src_port),
-        dst_port: u16::from_be_bytes(parsed.dst_port),
-        protocol: parsed.protocol,
-        _pad: [0; 3],
-    };
-    if tracked(&mut key, tcp_flags) {
+    let ipv4 = work.parsed.ether_type == ETH_P_IP;
+    let tcp_flags = tcp_flags(ctx, &work.parsed);
+    if tracked(&mut work.flow, tcp_flags) {
         count_outcome(hook, PacketClass::PolicyTracked);
         return Ok(());
     }
     if let Some(endpoint) = sender
         && endpoint.egress != 0
     {
-        let lengths = family_lengths(&endpoint.egress_lengths, ipv4);
-        let (verdict, rule) = decide(endpoint.egress, ipv4, &dst, &lengths, parsed);
-        let allowed = verdict == ACL_VERDICT_ALLOW;
-        log_policy(
-            ctx,
-            parsed,
-            endpoint,
+        work.lengths = family_lengths(&endpoint.egress_lengths, ipv4);
+        let (verdict, rule) = decide(
             endpoint.egress,
-            rule,
-            allowed,
-            ACL_DIRECTION_EGRESS,
-            hook,
+            ipv4,
+            &work.flow.dst,
+            &work.lengths,
+            &work.parsed,
         );
+        let allowed = verdict == ACL_VERDICT_ALLOW;
+        let packed = pack(verdict_of(allowed), ACL_DIRECTION_EGRESS, ACL_KIND_POLICY);
+        log_policy(ctx, endpoint, endpoint.egress, rule, packed, hook);
         if !allowed {
             return Err(DropReason::PolicyDeniedEgress);
         }
@@ -209,19 +230,17 @@ fn police_flow(
     if let Some(endpoint) = receiver
         && endpoint.ingress != 0
     {
-        let lengths = family_lengths(&endpoint.ingress_lengths, ipv4);
-        let (verdict, rule) = decide(endpoint.ingress, ipv4, &src, &lengths, parsed);
-        let allowed = verdict == ACL_VERDICT_ALLOW;
-        log_policy(
-            ctx,
-            parsed,
-            endpoint,
+        work.lengths = family_lengths(&endpoint.ingress_lengths, ipv4);
+        let (verdict, rule) = decide(
             endpoint.ingress,
-            rule,
-            allowed,
-            ACL_DIRECTION_INGRESS,
-            hook,
+            ipv4,
+            &work.flow.src,
+            &work.lengths,
+            &work.parsed,
         );
+        let allowed = verdict == ACL_VERDICT_ALLOW;
+        let packed = pack(verdict_of(allowed), ACL_DIRECTION_INGRESS, ACL_KIND_POLICY);
+        log_policy(ctx, endpoint, endpoint.ingress, rule, packed, hook);
         if !allowed {
             return Err(DropReason::PolicyDeniedIngress);
         }
@@ -230,35 +249,37 @@ fn police_flow(
         last_seen: now_seconds(),
         flags: 0,
     };
-    let _ = ACL_CT.insert(&key, &entry, 0);
+    let _ = ACL_CT.insert(&work.flow, &entry, 0);
     count_outcome(hook, PacketClass::PolicyAllowed);
     Ok(())
 }
 
+#[inline(always)]
+const fn verdict_of(allowed: bool) -> u8 {
+    if allowed {
+        ACL_VERDICT_ALLOW
+    } else {
+        ACL_VERDICT_DENY
+    }
+}
+
 /// Sends an audit record of a policy decision when the pod's namespace asks for it.
 #[inline(always)]
-#[allow(
-    clippy::too_many_arguments,
-    reason = "inlined; every value is at hand in the caller"
-)]
 fn log_policy(
     ctx: &TcContext,
-    parsed: &Parsed,
     endpoint: &AclEndpoint,
     set: u32,
     rule: u32,
-    allowed: bool,
-    direction: u8,
+    packed: u32,
     hook: Hook,
 ) {
-    let (wanted, verdict) = if allowed {
-        (ACL_LOG_ALLOW, ACL_VERDICT_ALLOW)
+    let wanted = if packed as u8 == ACL_VERDICT_ALLOW {
+        ACL_LOG_ALLOW
     } else {
-        (ACL_LOG_DENY, ACL_VERDICT_DENY)
+        ACL_LOG_DENY
     };
     if endpoint.log & wanted != 0 && rule != ACL_RULE_EXEMPT {
-        let packed = pack(verdict, direction, ACL_KIND_POLICY);
-        count_outcome(hook, audit(ctx, parsed, set, rule, packed));
+        count_outcome(hook, audit(ctx, set, rule, packed));
     }
 }
 
@@ -367,41 +388,38 @@ fn lookup_set(
     (verdict as u64) << 32 | rule as u64
 }
 
-/// The EgressFirewall of the sender's namespace: no rule matching allows.
-#[inline(always)]
-fn firewall(
-    ctx: &TcContext,
-    parsed: &Parsed,
-    ipv4: bool,
-    endpoint: &AclEndpoint,
-    dst: &Addr,
-) -> Result<(), DropReason> {
-    let lengths = family_lengths(&endpoint.firewall_lengths, ipv4);
-    let (verdict, rule) = decide(endpoint.firewall, ipv4, dst, &lengths, parsed);
+/// The EgressFirewall of the sender's namespace: no rule matching allows. Returns 0 or the
+/// drop reason's code.
+#[inline(never)]
+fn firewall(ctx: &TcContext, endpoint: &AclEndpoint) -> u32 {
+    let Some(work) = current_work() else {
+        return 0;
+    };
+    let ipv4 = work.parsed.ether_type == ETH_P_IP;
+    work.lengths = family_lengths(&endpoint.firewall_lengths, ipv4);
+    let (verdict, rule) = decide(
+        endpoint.firewall,
+        ipv4,
+        &work.flow.dst,
+        &work.lengths,
+        &work.parsed,
+    );
     let denied = verdict == ACL_VERDICT_DENY;
     let wanted = if denied { ACL_LOG_DENY } else { ACL_LOG_ALLOW };
     // The cluster's own traffic is never the firewall's business, nor its log's. Allowed TCP is
     // logged once per connection, at its SYN.
     if endpoint.log & wanted != 0
         && rule != ACL_RULE_EXEMPT
-        && (denied || parsed.protocol != IPPROTO_TCP || opens_connection(ctx, parsed))
+        && (denied || work.parsed.protocol != IPPROTO_TCP || opens_connection(ctx, &work.parsed))
     {
-        let verdict = if denied {
-            ACL_VERDICT_DENY
-        } else {
-            ACL_VERDICT_ALLOW
-        };
-        let packed = pack(verdict, ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL);
-        count_outcome(
-            Hook::FromPod,
-            audit(ctx, parsed, endpoint.firewall, rule, packed),
-        );
+        let packed = pack(verdict_of(!denied), ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL);
+        count_outcome(Hook::FromPod, audit(ctx, endpoint.firewall, rule, packed));
     }
     if denied {
-        return Err(DropReason::FirewallDenied);
+        return DropReason::FirewallDenied as u32;
     }
     count_outcome(Hook::FromPod, PacketClass::FirewallAllowed);
-    Ok(())
+    0
 }
 
 /// Verdict, direction and kind of an audit record in one argument (BPF calls take five).
@@ -425,7 +443,11 @@ fn opens_connection(ctx: &TcContext, parsed: &Parsed) -> bool {
 /// what happened. The record is written in place in the ring buffer (nothing on the stack) and
 /// carries how many records this CPU suppressed before it.
 #[inline(never)]
-fn audit(ctx: &TcContext, parsed: &Parsed, set: u32, rule: u32, packed: u32) -> PacketClass {
+fn audit(ctx: &TcContext, set: u32, rule: u32, packed: u32) -> PacketClass {
+    let _ = ctx;
+    let Some(work) = current_work() else {
+        return PacketClass::AuditSuppressed;
+    };
     let Some(bucket) = ACL_LOG_BUCKETS.get_ptr_mut(0) else {
         return PacketClass::AuditSuppressed;
     };
@@ -442,29 +464,20 @@ fn audit(ctx: &TcContext, parsed: &Parsed, set: u32, rule: u32, packed: u32) -> 
         return PacketClass::AuditSuppressed;
     };
     let event = entry.as_mut_ptr();
-    let ipv4 = parsed.ether_type == ETH_P_IP;
     // SAFETY: `event` points at a reserved, exclusively owned AclEvent in the ring.
     unsafe {
         (*event).time_ns = now;
         (*event).set = set;
         (*event).rule = rule;
-        (*event).src_port = u16::from_be_bytes(parsed.src_port);
-        (*event).dst_port = u16::from_be_bytes(parsed.dst_port);
-        (*event).protocol = parsed.protocol;
+        (*event).src_port = work.flow.src_port;
+        (*event).dst_port = work.flow.dst_port;
+        (*event).protocol = work.flow.protocol;
         (*event).verdict = packed as u8;
         (*event).direction = (packed >> 8) as u8;
         (*event).kind = (packed >> 16) as u8;
         (*event).suppressed = bucket.suppressed;
-        match addresses(ctx, ipv4) {
-            Some((src, dst)) => {
-                (*event).src = src;
-                (*event).dst = dst;
-            }
-            None => {
-                (*event).src = [0; 16];
-                (*event).dst = [0; 16];
-            }
-        }
+        (*event).src = work.flow.src;
+        (*event).dst = work.flow.dst;
     }
     entry.submit(0);
     bucket.suppressed = 0;

@@ -138,3 +138,9 @@ pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
 /// Per-CPU working set of the load-balancer (keys and entries being built). Not pinned.
 #[map(name = "DP_LB_SCRATCH")]
 pub static LB_SCRATCH: PerCpuArray<crate::lb::LbScratch> = PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU copy of the parse result for the access-control stage. Not pinned. Read back from
+/// here, the parse result is no longer a set of constants per parse path, so the verifier
+/// walks the stage once instead of once per kind of packet.
+#[map(name = "DP_ACL_SCRATCH")]
+pub static ACL_SCRATCH: PerCpuArray<crate::acl::AclWork> = PerCpuArray::with_max_entries(1, 0);

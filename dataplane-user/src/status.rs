@@ -5,7 +5,7 @@ use std::{fmt::Write as _, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray};
 use dataplane_common::{
-    acl::{AclAddrKey, AclAddrValue, AclEndpoint, AclPortKey, AclVerdict},
+    acl::{AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclPortKey, AclVerdict},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
     },
@@ -159,6 +159,11 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
         }
         maps::LB_AFFINITY => {
             let map: HashMap<MapData, AffinityKey, AffinityValue> =
+                HashMap::try_from(Map::LruHashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::ACL_CT => {
+            let map: HashMap<MapData, AclCtKey, AclCtValue> =
                 HashMap::try_from(Map::LruHashMap(data))?;
             count(map.keys(), |_| true)
         }

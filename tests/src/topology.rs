@@ -294,7 +294,7 @@ impl Topology {
             for pod in &node.pods {
                 let mac = crate::packets::mac_text(&pod.mac);
                 yaml.push_str(&format!(
-                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n\
+                    "---\napiVersion: v1\nkind: Pod\nmetadata:\n  name: {name}\n  namespace: {namespace}\n  labels: {{pod: {name}}}\n\
                      \x20 annotations:\n    k8s.ovn.org/pod-networks: '{{\"default\":{{\"ip_addresses\":[\"{ip}/24\"],\"mac_address\":\"{mac}\"}}}}'\n\
                      spec: {{nodeName: {node}, containers: [{{name: app, image: registry.k8s.io/pause:3.9}}]}}\n\
                      status: {{phase: Running, podIP: {ip}, podIPs: [{{ip: {ip}}}{v6}]}}\n",

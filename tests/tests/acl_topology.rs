@@ -71,7 +71,7 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
     let agent0 = topology.node(0).start_agent().expect("agent on node 0");
     let _agent1 = topology.node(1).start_agent().expect("agent on node 1");
     let log = agent0.log();
-    assert!(log.contains("egress firewalls configured"), "{log}");
+    assert!(log.contains("access control configured"), "{log}");
 
     // Let the servers and agents settle: the allowed TCP probe retries until it answers.
     tcp_answers(&team.netns, &ext, 8080, 1).expect("allowed TCP to the external host");
@@ -195,7 +195,7 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         .start_agent_with(&["--dns-server", first])
         .expect("agent");
     let log = agent.log();
-    assert!(log.contains("egress firewalls configured"), "{log}");
+    assert!(log.contains("access control configured"), "{log}");
 
     let probes = [("tcp", first, 8080), ("tcp", second, 8080)];
     assert_eq!(

@@ -130,7 +130,7 @@ impl FirewallAgent {
             exempt = ?agent.context.exempt,
             written = stats.written,
             deleted = stats.deleted,
-            "egress firewalls configured"
+            "access control configured"
         );
         Ok(agent)
     }

@@ -1,0 +1,178 @@
+//! NetworkPolicy end to end on a two-node overlay cluster: real TCP and UDP sockets between
+//! pods of namespaces x and y, on one node and across nodes, directly and through a Service.
+//! The policies isolate x's server (only x's client may reach TCP 8080) and x's client's egress
+//! (only pods of x); replies of allowed connections pass, also to an isolated pod that opened
+//! them.
+
+use std::process::Child;
+
+use dataplane_common::{DropReason, Hook, PacketClass};
+use dataplane_tests::{
+    privileged::privileged,
+    service_bed::{echo_backend, probe},
+    topology::{Mode, Topology},
+};
+
+const MANIFESTS: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata:
+  name: x
+  labels: {team: x}
+  annotations: {k8s.ovn.org/acl-logging: '{\"deny\":\"alert\"}'}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: y, labels: {team: y}}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-from-client, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: pod-0-1}}
+  ingress:
+  - from: [{podSelector: {matchLabels: {pod: pod-0-0}}}]
+    ports: [{protocol: TCP, port: 8080}]
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: client-stays-in-x, namespace: x}
+spec:
+  podSelector: {matchLabels: {pod: pod-0-0}}
+  policyTypes: [Egress]
+  egress:
+  - to: [{namespaceSelector: {matchLabels: {team: x}}}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: server, namespace: x}
+spec: {clusterIP: 10.96.0.50, clusterIPs: [10.96.0.50], ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: server-1, namespace: x, labels: {kubernetes.io/service-name: server}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.3]
+  conditions: {ready: true}
+";
+
+#[test]
+fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nodes() {
+    if !privileged(
+        "network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nodes",
+    ) {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    for (node, pod, namespace) in [(0, 0, "x"), (0, 1, "x"), (1, 0, "y"), (1, 1, "x")] {
+        topology
+            .set_pod_namespace(node, pod, namespace)
+            .expect("namespace");
+    }
+    let client = topology.node(0).pods[0].clone();
+    let server = topology.node(0).pods[1].clone();
+    let outsider = topology.node(1).pods[0].clone();
+    let peer = topology.node(1).pods[1].clone();
+    assert_eq!(
+        server.ip.to_string(),
+        "10.244.1.3",
+        "the EndpointSlice names the server"
+    );
+    topology
+        .add_manifest("policies.yaml", MANIFESTS)
+        .expect("manifests");
+    let mut servers: Vec<Child> = [&server, &outsider, &peer]
+        .iter()
+        .map(|p| echo_backend(p, false).expect("server"))
+        .collect();
+    let audit_log = std::env::temp_dir()
+        .join(dataplane_tests::unique_name("audit"))
+        .join("acl-audit-log.log");
+    let agent0 = topology
+        .node(0)
+        .start_agent_with(&["--audit-log", audit_log.to_str().expect("path")])
+        .expect("agent on node 0");
+    let agent1 = topology.node(1).start_agent().expect("agent on node 1");
+    let log = agent0.log();
+    assert!(log.contains("isolated_pods=2"), "{log}");
+
+    let (s, o, p) = (
+        server.ip.to_string(),
+        outsider.ip.to_string(),
+        peer.ip.to_string(),
+    );
+    // Wait for the servers: the allowed connection answers once they listen.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while probe(&client, &[("tcp", &s, 8080)]).expect("probe") != [s.as_str()]
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    let from_client = probe(
+        &client,
+        &[
+            ("tcp", &s, 8080),
+            ("udp", &s, 5353),
+            ("tcp", "10.96.0.50", 80),
+            ("tcp", &p, 8080),
+            ("tcp", &o, 8080),
+        ],
+    )
+    .expect("probe");
+    assert_eq!(
+        from_client,
+        vec![s.as_str(), "timeout", s.as_str(), p.as_str(), "timeout"],
+        "client: server TCP allowed, UDP not; the Service to it allowed; a pod of x on the \
+         other node allowed; a pod of y refused by the client's egress policy"
+    );
+    let from_outsider = probe(
+        &outsider,
+        &[
+            ("tcp", &s, 8080),
+            ("tcp", "10.96.0.50", 80),
+            ("tcp", &p, 8080),
+        ],
+    )
+    .expect("probe");
+    assert_eq!(
+        from_outsider,
+        vec!["timeout", "timeout", p.as_str()],
+        "outsider: the isolated server refuses it directly and through the Service"
+    );
+    // The server is isolated for ingress, yet the answers of connections it opens come in.
+    let from_server = probe(&server, &[("tcp", &o, 8080), ("udp", &o, 5353)]).expect("probe");
+    assert_eq!(from_server, vec![o.as_str(), o.as_str()]);
+
+    // Namespace x audits its denials: the client's egress and the server's ingress.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let audit = std::fs::read_to_string(&audit_log).unwrap_or_default();
+    assert!(
+        audit.lines().any(|l| l.contains("name=\"NP:x:isolation:Egress:default\", verdict=drop, severity=alert, direction=from-lport: tcp,nw_src=10.244.1.2,nw_dst=10.244.2.2")),
+        "{audit}"
+    );
+    assert!(
+        audit.lines().any(|l| l.contains("name=\"NP:x:isolation:Ingress:default\", verdict=drop, severity=alert, direction=to-lport: tcp,nw_src=10.244.2.2,nw_dst=10.244.1.3")),
+        "{audit}"
+    );
+    assert!(
+        !audit.contains("verdict=allow"),
+        "allows are not audited in x: {audit}"
+    );
+    if let Some(dir) = audit_log.parent() {
+        let _ = std::fs::remove_dir_all(dir);
+    }
+    let c0 = agent0.counters().expect("counters");
+    assert!(c0.drops(DropReason::PolicyDeniedEgress) >= 1, "{c0:?}");
+    assert!(c0.drops(DropReason::PolicyDeniedIngress) >= 1, "{c0:?}");
+    assert!(
+        c0.packets(Hook::ToPod, PacketClass::PolicyTracked) >= 1,
+        "{c0:?}"
+    );
+    let _ = agent1;
+    for server in &mut servers {
+        let _ = server.kill();
+        let _ = server.wait();
+    }
+}
