@@ -14,6 +14,13 @@
 //! sender on this node, on the veth's egress (`tc_to_pod`) for what the stack delivers, and in
 //! `tc_underlay` for NodePort traffic handed straight to a local backend.
 
+// Keys are passed to the map helpers by reference on purpose: by value they would be copied
+// to the BPF stack, which the per-CPU working set is there to spare.
+#![allow(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys stay in the per-CPU working set"
+)]
+
 use aya_ebpf::{
     helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
     programs::TcContext,
@@ -618,18 +625,4 @@ fn port_verdict(entry: &AclAddrValue, parsed: &Parsed) -> (u8, u32) {
 fn port_entry(key: &AclPortKey) -> Option<(u8, u32)> {
     // SAFETY: the value is copied out before anything can change the map.
     unsafe { ACL_PORTS.get(key) }.map(|v| (v.verdict, v.rule))
-}
-
-/// Source and destination of an IP packet in the 16-byte form, read straight from the packet.
-#[inline(always)]
-fn addresses(ctx: &TcContext, ipv4: bool) -> Option<(Addr, Addr)> {
-    if ipv4 {
-        let a: [u8; 8] = read(ctx, ETH_LEN + 12)?;
-        Some((
-            ipv4_mapped([a[0], a[1], a[2], a[3]]),
-            ipv4_mapped([a[4], a[5], a[6], a[7]]),
-        ))
-    } else {
-        Some((read(ctx, ETH_LEN + 8)?, read(ctx, ETH_LEN + 24)?))
-    }
 }
