@@ -48,6 +48,9 @@ pub const ACL_ADDRS: &str = "DP_ACL_ADDRS";
 /// Hash (allocated on use): [`crate::acl::AclPortKey`] -> [`crate::acl::AclVerdict`].
 pub const ACL_PORTS: &str = "DP_ACL_PORTS";
 
+/// Array of one u32: how many local pod addresses are under access control (written by the
+/// agent after the endpoints; zero lets every packet skip the stage's lookups).
+pub const ACL_ACTIVE: &str = "DP_ACL_ACTIVE";
 /// LRU hash: [`crate::acl::AclCtKey`] -> [`crate::acl::AclCtValue`]: flows NetworkPolicy
 /// allowed, so that their packets and replies pass.
 pub const ACL_CT: &str = "DP_ACL_CT";
@@ -95,6 +98,7 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,
+    ACL_ACTIVE,
     ACL_CT,
     ACL_EVENTS,
     ACL_LOG_CONFIG,

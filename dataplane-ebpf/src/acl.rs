@@ -41,7 +41,7 @@ use dataplane_common::{
 
 use crate::{
     maps::{
-        ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG, ACL_PORTS,
+        ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG, ACL_PORTS,
         ACL_SCRATCH,
     },
     parse::{Parsed, read},
@@ -100,7 +100,8 @@ pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
 #[inline(always)]
 fn work(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut AclWork> {
     // Only untagged IP frames come from pods (the overlay leaves anything else to the stack).
-    if parsed.l3_offset != ETH_LEN {
+    // With no pod under access control, nothing to look up.
+    if parsed.l3_offset != ETH_LEN || ACL_ACTIVE.get(0).is_none_or(|n| *n == 0) {
         return None;
     }
     let ipv4 = family(parsed)?;

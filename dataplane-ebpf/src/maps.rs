@@ -104,6 +104,10 @@ pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
 #[map(name = "DP_TAILS")]
 pub static TAILS: ProgramArray = ProgramArray::with_max_entries(4, 0);
 
+/// How many local pod addresses are under access control (0: skip the stage).
+#[map(name = "DP_ACL_ACTIVE")]
+pub static ACL_ACTIVE: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::pinned(1, 0);
+
 /// Flows NetworkPolicy allowed.
 #[map(name = "DP_ACL_CT")]
 pub static ACL_CT: LruHashMap<AclCtKey, AclCtValue> = LruHashMap::pinned(MAX_ACL_CT_ENTRIES, 0);

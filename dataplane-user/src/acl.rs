@@ -1056,7 +1056,11 @@ impl Dataplane {
                 .map_err(map_err(maps::ACL_ENDPOINTS, "remove endpoint"))?;
             stats.deleted += 1;
         }
-        Ok(())
+        // Last: the kernel looks endpoints up only while this says there are some.
+        let mut active: aya::maps::Array<&mut MapData, u32> = self.typed_map(maps::ACL_ACTIVE)?;
+        active
+            .set(0, wanted.len() as u32, 0)
+            .map_err(map_err(maps::ACL_ACTIVE, "write"))
     }
 
     /// Deletes a set's prefixes, then its port tables (no prefix points at them any more).

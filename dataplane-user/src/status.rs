@@ -110,7 +110,7 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
             let map: PerCpuArray<MapData, u64> = PerCpuArray::try_from(Map::PerCpuArray(data))?;
             count(map.iter(), |v| v.iter().any(|c| *c != 0))
         }
-        maps::META => {
+        maps::META | maps::ACL_ACTIVE => {
             let map: Array<MapData, u32> = Array::try_from(Map::Array(data))?;
             count(map.iter(), |v| *v != 0)
         }
