@@ -41,8 +41,8 @@ use dataplane_common::{
 
 use crate::{
     maps::{
-        ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG, ACL_PORTS,
-        ACL_SCRATCH,
+        ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
+        ACL_PORTS, ACL_SCRATCH,
     },
     parse::{Parsed, read},
     stage::Stage,

@@ -13,7 +13,7 @@ use dataplane_user::{
     Dataplane, Pins,
     acl::{
         self,
-        agent::{FirewallAgent, FirewallInputs},
+        agent::{FirewallAgent, FirewallInputs, Wake},
     },
     attach::XdpModeChoice,
     lb, model, netdev,
@@ -165,47 +165,46 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         .context("starting the async runtime")?;
     let mut dataplane = Dataplane::load(pins)?;
     let mut pod_ifaces = args.pod_ifaces.clone();
-    let mut firewalls = None;
+    let mut cluster = None;
     if let Some((dir, node)) = &args.cluster {
-        let configured = configure_cluster(
-            &runtime,
-            &mut dataplane,
-            dir,
-            node,
-            &args.underlay,
+        preflight::check_forwarding()?;
+        let mut watched = Cluster {
+            dir: dir.clone(),
+            node: node.clone(),
+            underlay: args.underlay.clone(),
             underlay_index,
-            args,
-        )?;
-        for iface in configured.pod_interfaces {
+            dns_server: args.dns_server,
+            audit_log: args.audit_log.clone(),
+            lb: lb::LbState::default(),
+            firewalls: None,
+            fingerprint: Vec::new(),
+        };
+        for iface in runtime.block_on(watched.sync(&mut dataplane))? {
             if !pod_ifaces.contains(&iface) {
                 pod_ifaces.push(iface);
             }
         }
-        firewalls = Some(configured.firewalls);
+        cluster = Some(watched);
     }
-    let mut attachments = vec![
-        dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
-        dataplane.attach_underlay_tc(&args.underlay)?,
-    ];
+    let mut agent = AgentState {
+        pid: std::process::id(),
+        pin_root: pins.root().to_owned(),
+        layout_version: LAYOUT_VERSION,
+        started_unix: SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        attachments: vec![
+            dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
+            dataplane.attach_underlay_tc(&args.underlay)?,
+        ],
+    };
     for iface in &pod_ifaces {
-        attachments.extend(dataplane.attach_pod(iface)?);
+        agent.attachments.extend(dataplane.attach_pod(iface)?);
     }
-    let started_unix = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    state::write(
-        run_dir,
-        &AgentState {
-            pid: std::process::id(),
-            pin_root: pins.root().to_owned(),
-            layout_version: LAYOUT_VERSION,
-            started_unix,
-            attachments,
-        },
-    )?;
+    state::write(run_dir, &agent)?;
     tracing::info!(pin_root = %pins.root().display(), "dataplane running");
 
-    runtime.block_on(serve(&mut dataplane, firewalls))?;
+    runtime.block_on(serve(&mut dataplane, cluster, &mut agent, run_dir))?;
 
     // Dropping the loaded object detaches every program this agent attached; maps stay pinned
     // for the next agent.
@@ -215,88 +214,122 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     Ok(())
 }
 
-/// What configuring from the cluster's state left running.
-struct Configured {
-    /// Host-side interfaces of the local pods (tc is attached to each).
-    pod_interfaces: Vec<String>,
-    firewalls: FirewallAgent,
+/// The cluster as this agent keeps it in sync: where it is read from, and what the syncs need
+/// to remember between reads.
+struct Cluster {
+    dir: PathBuf,
+    node: String,
+    underlay: String,
+    underlay_index: u32,
+    dns_server: Option<std::net::IpAddr>,
+    audit_log: PathBuf,
+    lb: lb::LbState,
+    /// Started at the first sync.
+    firewalls: Option<FirewallAgent>,
+    /// The manifest files (name, size, modification time) as last read.
+    fingerprint: Vec<(PathBuf, u64, SystemTime)>,
 }
 
-/// Reads the manifests, builds this node's view, and syncs the overlay, load-balancer and
-/// firewall maps.
-fn configure_cluster(
-    runtime: &tokio::runtime::Runtime,
-    dataplane: &mut Dataplane,
-    dir: &std::path::Path,
-    node: &str,
-    underlay: &str,
-    underlay_index: u32,
-    args: &RunArgs,
-) -> anyhow::Result<Configured> {
-    preflight::check_forwarding()?;
-    let state = source::read_dir(dir)?;
-    for rejected in &state.rejected {
-        tracing::warn!(%rejected, "manifest object skipped");
+impl Cluster {
+    /// Reads the manifests, builds this node's view, and syncs the overlay, load-balancer and
+    /// access-control maps (the first time taking over what a previous agent pinned). Returns
+    /// the host-side interfaces of the local pods.
+    async fn sync(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<Vec<String>> {
+        self.fingerprint = fingerprint(&self.dir);
+        let state = source::read_dir(&self.dir)?;
+        for rejected in &state.rejected {
+            tracing::warn!(%rejected, "manifest object skipped");
+        }
+        let underlay = &self.underlay;
+        let mtu =
+            netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
+        let mac =
+            netdev::mac(underlay).with_context(|| format!("reading the MAC of {underlay}"))?;
+        let settings = state.network.unwrap_or_default().validate(mtu)?;
+        if self.firewalls.is_none() {
+            warn_without_gro(underlay);
+        }
+        let underlay = Underlay {
+            ifindex: self.underlay_index,
+            mac,
+        };
+        let model = model::build(&state, &self.node, underlay, settings, host_interface);
+        for warning in &model.warnings {
+            tracing::warn!(%warning, "cluster state");
+        }
+        let desired = overlay::compile(&model.view)?;
+        let stats = dataplane.sync_overlay(&desired)?;
+        tracing::info!(
+            node = self.node,
+            geneve_port = settings.geneve_port,
+            pod_mtu = settings.pod_mtu,
+            nodes = model.view.nodes.len(),
+            local_pods = model.view.local_pods.len(),
+            cluster_networks = ?state.cluster_networks,
+            service_networks = ?state.service_networks,
+            written = stats.written,
+            deleted = stats.deleted,
+            "overlay configured"
+        );
+        let first = self.firewalls.is_none();
+        configure_services(dataplane, &mut self.lb, &state, &self.node, first)?;
+        let inputs = FirewallInputs {
+            objects: state.egress_firewalls.clone(),
+            policies: state.network_policies.clone(),
+            cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
+            namespaces: state.namespaces.clone(),
+            context: acl::firewall::context(&state, &model.view),
+            pods: acl::pods_of(&model.view),
+            dns_server: self.dns_server,
+            audit: state.policy_audit.clone(),
+            audit_path: self.audit_log.clone(),
+        };
+        match &mut self.firewalls {
+            Some(firewalls) => firewalls.update(dataplane, inputs).await?,
+            None => self.firewalls = Some(FirewallAgent::start(dataplane, inputs).await?),
+        }
+        Ok(model.pod_interfaces)
     }
-    let mtu = netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
-    let mac = netdev::mac(underlay).with_context(|| format!("reading the MAC of {underlay}"))?;
-    let settings = state.network.unwrap_or_default().validate(mtu)?;
-    warn_without_gro(underlay);
-    let underlay = Underlay {
-        ifindex: underlay_index,
-        mac,
-    };
-    let model = model::build(&state, node, underlay, settings, host_interface);
-    for warning in &model.warnings {
-        tracing::warn!(%warning, "cluster state");
+
+    /// Whether a manifest file was added, removed or changed since the last read.
+    fn changed(&self) -> bool {
+        fingerprint(&self.dir) != self.fingerprint
     }
-    let desired = overlay::compile(&model.view)?;
-    let stats = dataplane.sync_overlay(&desired)?;
-    tracing::info!(
-        node,
-        geneve_port = settings.geneve_port,
-        pod_mtu = settings.pod_mtu,
-        nodes = model.view.nodes.len(),
-        local_pods = model.view.local_pods.len(),
-        cluster_networks = ?state.cluster_networks,
-        service_networks = ?state.service_networks,
-        written = stats.written,
-        deleted = stats.deleted,
-        "overlay configured"
-    );
-    configure_services(dataplane, &state, node)?;
-    let inputs = FirewallInputs {
-        objects: state.egress_firewalls.clone(),
-        policies: state.network_policies.clone(),
-        cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
-        namespaces: state.namespaces.clone(),
-        context: acl::firewall::context(&state, &model.view),
-        pods: acl::pods_of(&model.view),
-        dns_server: args.dns_server,
-        audit: state.policy_audit.clone(),
-        audit_path: args.audit_log.clone(),
-    };
-    let firewalls = runtime.block_on(FirewallAgent::start(dataplane, inputs))?;
-    Ok(Configured {
-        pod_interfaces: model.pod_interfaces,
-        firewalls,
-    })
+}
+
+/// Name, size and modification time of every manifest file of `dir`.
+fn fingerprint(dir: &std::path::Path) -> Vec<(PathBuf, u64, SystemTime)> {
+    let mut files: Vec<(PathBuf, u64, SystemTime)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .filter_map(|entry| {
+            let metadata = entry.metadata().ok()?;
+            Some((entry.path(), metadata.len(), metadata.modified().ok()?))
+        })
+        .filter(|(path, _, _)| path.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    files
 }
 
 /// Compiles the Services and EndpointSlices and syncs the load-balancer maps, taking over what a
 /// previous agent left pinned.
 fn configure_services(
     dataplane: &mut Dataplane,
+    lb_state: &mut lb::LbState,
     state: &source::ClusterState,
     node: &str,
+    first: bool,
 ) -> anyhow::Result<()> {
     let compiled = lb::compile_services(&state.services, &state.endpoint_slices, node);
     for error in &compiled.errors {
         tracing::warn!(%error, "service skipped");
     }
-    let mut lb_state = lb::LbState::default();
-    dataplane.adopt_lb(&mut lb_state)?;
-    let stats = dataplane.sync_lb(&mut lb_state, &compiled.ports)?;
+    if first {
+        dataplane.adopt_lb(lb_state)?;
+    }
+    let stats = dataplane.sync_lb(lb_state, &compiled.ports)?;
     tracing::info!(
         service_ports = stats.services,
         backends = stats.backends,
@@ -317,37 +350,97 @@ fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     })
 }
 
-/// Runs until SIGINT or SIGTERM, refreshing the firewalls' DNS names when they are due and
-/// writing audit records as they come.
+/// What woke the serving loop.
+enum Event {
+    Stop,
+    Firewalls(Wake),
+    Tick,
+}
+
+/// Runs until SIGINT or SIGTERM: refreshes the firewalls' DNS names when they are due, writes
+/// audit records as they come, and once a second looks for changed manifests, syncing what
+/// they say (tc is attached to new pods' veths). A failed sync is logged; the maps keep the
+/// last good state and the next change is tried again.
 async fn serve(
     dataplane: &mut Dataplane,
-    mut firewalls: Option<FirewallAgent>,
+    mut cluster: Option<Cluster>,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
 ) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
     loop {
-        let work = async {
-            match firewalls.as_mut() {
-                Some(agent) => agent.step(dataplane).await,
+        let firewalls = cluster.as_ref().and_then(|c| c.firewalls.as_ref());
+        let wake = async {
+            match firewalls {
+                Some(agent) => agent.wait().await,
                 None => std::future::pending().await,
             }
         };
-        tokio::select! {
-            _ = terminate.recv() => {
-                tracing::info!("SIGTERM received");
+        let event = tokio::select! {
+            _ = terminate.recv() => Event::Stop,
+            _ = interrupt.recv() => Event::Stop,
+            wake = wake => Event::Firewalls(wake),
+            _ = tick.tick() => Event::Tick,
+        };
+        let Some(cluster) = cluster.as_mut() else {
+            if let Event::Stop = event {
+                tracing::info!("stopping");
                 return Ok(());
             }
-            _ = interrupt.recv() => {
-                tracing::info!("SIGINT received");
+            continue;
+        };
+        match event {
+            Event::Stop => {
+                tracing::info!("stopping");
                 return Ok(());
             }
-            result = work => {
-                if let Err(error) = result {
+            Event::Firewalls(wake) => {
+                if let Some(firewalls) = cluster.firewalls.as_mut()
+                    && let Err(error) = firewalls.handle(dataplane, wake).await
+                {
                     // The maps keep what they had; the next refresh tries again.
-                    tracing::error!(error = %anyhow::Error::from(error), "updating the egress firewalls");
+                    tracing::error!(error = %anyhow::Error::from(error), "updating the access control");
                 }
             }
+            Event::Tick if cluster.changed() => {
+                tracing::info!(dir = %cluster.dir.display(), "manifests changed; syncing");
+                match cluster.sync(dataplane).await {
+                    Ok(interfaces) => attach_new_pods(dataplane, agent, run_dir, &interfaces),
+                    Err(error) => tracing::error!(
+                        error = format!("{error:#}"),
+                        "sync failed; the last good state stays in force"
+                    ),
+                }
+            }
+            Event::Tick => {}
         }
+    }
+}
+
+/// Attaches tc to the veths of pods that appeared, and records them in the state file.
+fn attach_new_pods(
+    dataplane: &mut Dataplane,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
+    interfaces: &[String],
+) {
+    let mut added = false;
+    for iface in interfaces {
+        if agent.attachments.iter().any(|a| &a.interface == iface) {
+            continue;
+        }
+        match dataplane.attach_pod(iface) {
+            Ok(attachments) => {
+                agent.attachments.extend(attachments);
+                added = true;
+            }
+            Err(error) => tracing::error!(iface, %error, "attaching to a new pod"),
+        }
+    }
+    if added && let Err(error) = state::write(run_dir, agent) {
+        tracing::warn!(%error, "updating the state file");
     }
 }
 

@@ -163,6 +163,31 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
     if let Some(dir) = audit_log.parent() {
         let _ = std::fs::remove_dir_all(dir);
     }
+    // A label change: namespace y now carries team: x, so the client's egress policy selects
+    // its pods too. The agents see the changed manifest and re-evaluate the selectors.
+    topology
+        .add_manifest(
+            "policies.yaml",
+            &MANIFESTS.replace(
+                "metadata: {name: y, labels: {team: y}}",
+                "metadata: {name: y, labels: {team: x}}",
+            ),
+        )
+        .expect("changed manifests");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut seen = probe(&client, &[("tcp", &o, 8080)]).expect("probe");
+    while seen != [o.as_str()] && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        seen = probe(&client, &[("tcp", &o, 8080)]).expect("probe");
+    }
+    assert_eq!(seen, vec![o.as_str()], "{}", agent0.log());
+    assert!(agent0.log().contains("manifests changed; syncing"));
+    // The server's ingress policy did not change: the outsider is still refused.
+    assert_eq!(
+        probe(&outsider, &[("tcp", &s, 8080)]).expect("probe"),
+        vec!["timeout"]
+    );
+
     let c0 = agent0.counters().expect("counters");
     assert!(c0.drops(DropReason::PolicyDeniedEgress) >= 1, "{c0:?}");
     assert!(c0.drops(DropReason::PolicyDeniedIngress) >= 1, "{c0:?}");

@@ -66,7 +66,7 @@ pub struct FirewallAgent {
 }
 
 /// What woke the agent up.
-enum Wake {
+pub enum Wake {
     Refresh,
     Events,
 }
@@ -206,8 +206,8 @@ impl FirewallAgent {
         Ok(())
     }
 
-    /// Waits for the next thing to do (a DNS refresh or audit records) and does it.
-    pub async fn step(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+    /// Waits until there is something to do: a DNS name is due, or audit records wait.
+    pub async fn wait(&self) -> Wake {
         let due = self.next_refresh();
         let refresh = async {
             match due {
@@ -224,10 +224,18 @@ impl FirewallAgent {
                 None => std::future::pending().await,
             }
         };
-        let wake = tokio::select! {
+        tokio::select! {
             () = refresh => Wake::Refresh,
             () = events => Wake::Events,
-        };
+        }
+    }
+
+    /// Does what [`FirewallAgent::wait`] woke up for.
+    pub async fn handle(
+        &mut self,
+        dataplane: &mut Dataplane,
+        wake: Wake,
+    ) -> Result<(), AgentError> {
         match wake {
             Wake::Refresh => self.refresh(dataplane).await,
             Wake::Events => {
@@ -235,6 +243,53 @@ impl FirewallAgent {
                 Ok(())
             }
         }
+    }
+
+    /// Takes new cluster state (the manifests changed): compiles everything again, resolves
+    /// new DNS names and syncs. Selectors are evaluated anew, so label changes take effect;
+    /// changed sets are switched in whole, unchanged ones keep their maps.
+    pub async fn update(
+        &mut self,
+        dataplane: &mut Dataplane,
+        inputs: FirewallInputs,
+    ) -> Result<(), AgentError> {
+        let (levels, warnings) = namespace_logging(&inputs.namespaces);
+        for warning in &warnings {
+            tracing::warn!(%warning, "audit logging");
+        }
+        self.objects = inputs.objects;
+        self.policies = inputs.policies;
+        self.cluster_pods = inputs.cluster_pods;
+        self.namespace_labels = namespace_labels(&inputs.namespaces);
+        self.context = inputs.context;
+        self.pods = inputs.pods;
+        self.levels = levels.into_iter().collect();
+        self.compile();
+        let wanted = self.compiled.all_names();
+        self.names.track(&wanted, Instant::now());
+        if !wanted.is_empty() && self.resolver.is_none() {
+            match Resolver::new(inputs.dns_server) {
+                Ok(resolver) => self.resolver = Some(resolver),
+                Err(error) => tracing::warn!(%error, "dnsName rules will match nothing"),
+            }
+        }
+        let budget = tokio::time::timeout(FIRST_RESOLUTION_BUDGET, self.resolve_due());
+        if budget.await.is_err() {
+            tracing::warn!("DNS names not all resolved in time; their rules apply once they are");
+        }
+        self.compile();
+        for error in self.compiled.errors.iter().chain(&self.policy_errors) {
+            tracing::warn!(%error, "access control");
+        }
+        let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        tracing::info!(
+            sets = stats.sets,
+            isolated_pods = self.compiled.desired.pod_policies.len(),
+            written = stats.written,
+            deleted = stats.deleted,
+            "access control updated"
+        );
+        Ok(())
     }
 
     /// When a DNS name is next due for a refresh.
