@@ -79,7 +79,9 @@ pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
 /// handed to a local backend by `tc_underlay`). Replies the underlay reverse-NATed pass.
 #[inline(never)]
 pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
-    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 {
+    // Replies of service connections, and what the node itself sends (kubelet probes,
+    // host-network pods: OVN-Kubernetes lets the node reach its pods whatever the policies).
+    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 || from_local_socket(ctx) {
         return Stage::new(Ok(None));
     }
     let Some(work) = work(ctx, parsed) else {
@@ -156,6 +158,13 @@ fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
         Some(endpoint) if endpoint.firewall != 0 => checked(firewall(ctx, endpoint)),
         _ => Ok(()),
     }
+}
+
+/// Whether a socket of this node sent the packet (forwarded packets have no socket).
+#[inline(always)]
+fn from_local_socket(ctx: &TcContext) -> bool {
+    // SAFETY: reading a field of our own context; the socket is only compared with null.
+    unsafe { !(*ctx.skb.skb).__bindgen_anon_2.sk.is_null() }
 }
 
 /// The packet's `skb->mark`.

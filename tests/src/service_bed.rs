@@ -138,6 +138,15 @@ pub fn cluster_ip_manifests(
 /// Tries each `(protocol, address, port)` from `pod` and prints one word per probe: the
 /// answer's first field, `refused`, or `timeout` (no answer within a second).
 pub fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> anyhow::Result<Vec<String>> {
+    probe_in(&pod.netns, &pod.name, probes)
+}
+
+/// As [`probe`], from any network namespace (`who` names it in errors).
+pub fn probe_in(
+    netns: &str,
+    who: &str,
+    probes: &[(&str, &str, u16)],
+) -> anyhow::Result<Vec<String>> {
     let list: Vec<String> = probes
         .iter()
         .map(|(proto, address, port)| format!("('{proto}', '{address}', {port})"))
@@ -156,11 +165,11 @@ pub fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> anyhow::Result<Vec<Stri
          \x20   s.close()\n",
         list.join(", ")
     );
-    let out = exec_in(&pod.netns, &["python3", "-c", &script])?;
+    let out = exec_in(netns, &["python3", "-c", &script])?;
     if !out.status.success() {
         bail!(
             "probe from {}: {}",
-            pod.name,
+            who,
             String::from_utf8_lossy(&out.stderr)
         );
     }

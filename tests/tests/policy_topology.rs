@@ -9,7 +9,7 @@ use std::process::Child;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{echo_backend, probe},
+    service_bed::{echo_backend, probe, probe_in},
     topology::{Mode, Topology},
 };
 
@@ -140,6 +140,12 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
         from_outsider,
         vec!["timeout", "timeout", p.as_str()],
         "outsider: the isolated server refuses it directly and through the Service"
+    );
+    // The node itself reaches the isolated server (kubelet probes must), as in OVN-Kubernetes.
+    let node0 = topology.node(0).netns.clone();
+    assert_eq!(
+        probe_in(&node0, "node 0", &[("tcp", &s, 8080)]).expect("probe"),
+        vec![s.as_str()]
     );
     // The server is isolated for ingress, yet the answers of connections it opens come in.
     let from_server = probe(&server, &[("tcp", &o, 8080), ("udp", &o, 5353)]).expect("probe");
