@@ -51,6 +51,10 @@ pub const ACL_PORTS: &str = "DP_ACL_PORTS";
 /// Array of one u32: how many local pod addresses are under access control (written by the
 /// agent after the endpoints; zero lets every packet skip the stage's lookups).
 pub const ACL_ACTIVE: &str = "DP_ACL_ACTIVE";
+/// Hash: every address of this node's own interfaces (16-byte form) -> u32 (unused, 0). What
+/// the node sends from them reaches its pods whatever their policies (kubelet probes).
+pub const ACL_NODE_ADDRS: &str = "DP_ACL_NODE_ADDRS";
+pub const MAX_NODE_LOCAL_ADDRS: u32 = 4096;
 /// LRU hash: [`crate::acl::AclCtKey`] -> [`crate::acl::AclCtValue`]: flows NetworkPolicy
 /// allowed, so that their packets and replies pass.
 pub const ACL_CT: &str = "DP_ACL_CT";
@@ -99,6 +103,7 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_ADDRS,
     ACL_PORTS,
     ACL_ACTIVE,
+    ACL_NODE_ADDRS,
     ACL_CT,
     ACL_EVENTS,
     ACL_LOG_CONFIG,

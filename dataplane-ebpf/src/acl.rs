@@ -42,7 +42,7 @@ use dataplane_common::{
 use crate::{
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
-        ACL_PORTS, ACL_SCRATCH,
+        ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
     parse::{Parsed, read},
     stage::Stage,
@@ -79,14 +79,18 @@ pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
 /// handed to a local backend by `tc_underlay`). Replies the underlay reverse-NATed pass.
 #[inline(never)]
 pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
-    // Replies of service connections, and what the node itself sends (kubelet probes,
-    // host-network pods: OVN-Kubernetes lets the node reach its pods whatever the policies).
-    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 || from_local_socket(ctx) {
+    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 {
         return Stage::new(Ok(None));
     }
     let Some(work) = work(ctx, parsed) else {
         return Stage::new(Ok(None));
     };
+    // What the node itself sends (kubelet probes, host-network pods): OVN-Kubernetes lets the
+    // node reach its pods whatever their policies.
+    // SAFETY: the value is only tested for presence.
+    if unsafe { ACL_NODE_ADDRS.get(&work.flow.src) }.is_some() {
+        return Stage::new(Ok(None));
+    }
     // SAFETY: map values stay valid under RCU for the program's run; only read here.
     let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
     if receiver.is_some_and(AclEndpoint::policed) {
@@ -158,13 +162,6 @@ fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
         Some(endpoint) if endpoint.firewall != 0 => checked(firewall(ctx, endpoint)),
         _ => Ok(()),
     }
-}
-
-/// Whether a socket of this node sent the packet (forwarded packets have no socket).
-#[inline(always)]
-fn from_local_socket(ctx: &TcContext) -> bool {
-    // SAFETY: reading a field of our own context; the socket is only compared with null.
-    unsafe { !(*ctx.skb.skb).__bindgen_anon_2.sk.is_null() }
 }
 
 /// The packet's `skb->mark`.

@@ -108,6 +108,11 @@ pub static TAILS: ProgramArray = ProgramArray::with_max_entries(4, 0);
 #[map(name = "DP_ACL_ACTIVE")]
 pub static ACL_ACTIVE: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::pinned(1, 0);
 
+/// This node's own addresses: what it sends to its pods is not judged by their policies.
+#[map(name = "DP_ACL_NODE_ADDRS")]
+pub static ACL_NODE_ADDRS: HashMap<Addr, u32> =
+    HashMap::pinned(dataplane_common::maps::MAX_NODE_LOCAL_ADDRS, 0);
+
 /// Flows NetworkPolicy allowed.
 #[map(name = "DP_ACL_CT")]
 pub static ACL_CT: LruHashMap<AclCtKey, AclCtValue> = LruHashMap::pinned(MAX_ACL_CT_ENTRIES, 0);

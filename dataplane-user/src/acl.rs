@@ -689,6 +689,32 @@ fn map_err(name: &'static str, action: &'static str) -> impl Fn(aya::maps::MapEr
 }
 
 impl Dataplane {
+    /// Makes `ACL_NODE_ADDRS` hold exactly this node's own addresses (what the node sends from
+    /// them reaches its pods whatever their policies).
+    pub fn sync_node_addresses(&mut self, addresses: &[IpAddr]) -> Result<usize, AgentError> {
+        let mut map: BpfHashMap<&mut MapData, Addr, u32> = self.typed_map(maps::ACL_NODE_ADDRS)?;
+        let wanted: BTreeSet<Addr> = addresses.iter().map(|a| addr16(*a)).collect();
+        let mut changed = 0;
+        for key in &wanted {
+            if map.get(key, 0).is_err() {
+                map.insert(key, 0, 0)
+                    .map_err(map_err(maps::ACL_NODE_ADDRS, "write"))?;
+                changed += 1;
+            }
+        }
+        let stale: Vec<Addr> = map
+            .keys()
+            .filter_map(Result::ok)
+            .filter(|k| !wanted.contains(k))
+            .collect();
+        for key in stale {
+            map.remove(&key)
+                .map_err(map_err(maps::ACL_NODE_ADDRS, "remove"))?;
+            changed += 1;
+        }
+        Ok(changed)
+    }
+
     /// Sets the audit records each CPU may send per second.
     pub fn set_audit_rate(&mut self, rate_per_second: u32) -> Result<(), AgentError> {
         let mut config: aya::maps::Array<&mut MapData, AclLogConfig> =

@@ -273,6 +273,8 @@ impl Cluster {
         );
         let first = self.firewalls.is_none();
         configure_services(dataplane, &mut self.lb, &state, &self.node, first)?;
+        let own = netdev::local_addresses().context("listing this node's addresses")?;
+        dataplane.sync_node_addresses(&own)?;
         let inputs = FirewallInputs {
             objects: state.egress_firewalls.clone(),
             policies: state.network_policies.clone(),

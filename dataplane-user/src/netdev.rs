@@ -116,9 +116,52 @@ fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
     })
 }
 
+/// Every IP address of this network namespace's interfaces (getifaddrs).
+pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
+    let mut list: *mut libc::ifaddrs = std::ptr::null_mut();
+    // SAFETY: getifaddrs fills `list` with a linked list we free below.
+    if unsafe { libc::getifaddrs(&mut list) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut addresses = Vec::new();
+    let mut entry = list;
+    while !entry.is_null() {
+        // SAFETY: a node of the list getifaddrs returned, valid until freeifaddrs.
+        let node = unsafe { &*entry };
+        if !node.ifa_addr.is_null() {
+            // SAFETY: ifa_addr points at a sockaddr whose family says its real type.
+            let family = i32::from(unsafe { (*node.ifa_addr).sa_family });
+            if family == libc::AF_INET {
+                // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+                let v4 = unsafe { &*(node.ifa_addr as *const libc::sockaddr_in) };
+                addresses.push(IpAddr::from(u32::from_be(v4.sin_addr.s_addr).to_be_bytes()));
+            } else if family == libc::AF_INET6 {
+                // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+                let v6 = unsafe { &*(node.ifa_addr as *const libc::sockaddr_in6) };
+                addresses.push(IpAddr::from(v6.sin6_addr.s6_addr));
+            }
+        }
+        entry = node.ifa_next;
+    }
+    // SAFETY: the list getifaddrs allocated, freed once.
+    unsafe { libc::freeifaddrs(list) };
+    addresses.sort();
+    addresses.dedup();
+    Ok(addresses)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn local_addresses_include_loopback() {
+        let addresses = local_addresses().expect("getifaddrs");
+        assert!(
+            addresses.contains(&IpAddr::from([127, 0, 0, 1])),
+            "{addresses:?}"
+        );
+    }
 
     #[test]
     fn reads_gro_as_ethtool_does() {

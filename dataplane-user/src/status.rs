@@ -128,7 +128,7 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
                 LpmTrie::try_from(Map::LpmTrie(data))?;
             count(map.keys(), |_| true)
         }
-        maps::NODE_ADDRS => {
+        maps::NODE_ADDRS | maps::ACL_NODE_ADDRS => {
             let map: HashMap<MapData, Addr, u32> = HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)
         }

@@ -235,6 +235,12 @@ fn an_isolated_pod_gets_the_replies_of_the_connections_it_opens() {
         ),
         TC_ACT_SHOT
     );
+    // The node's own addresses reach the isolated pod (kubelet probes), others do not.
+    fixture
+        .sync_node_addresses(&[IpAddr::from([10, 99, 0, 1])])
+        .expect("node addresses");
+    let probe = tcp_v4_flow([10, 99, 0, 1], 46000, A, 8081, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &probe), TC_ACT_OK);
     let counters = fixture.counters();
     assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 1);
     assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
