@@ -50,6 +50,8 @@ use crate::{
 };
 
 const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
+const IPPROTO_SCTP: u8 = 132;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
@@ -126,8 +128,15 @@ fn work(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut AclWork> {
         work.flow.src = read(ctx, ETH_LEN + 8)?;
         work.flow.dst = read(ctx, ETH_LEN + 24)?;
     }
-    work.flow.src_port = u16::from_be_bytes(parsed.src_port);
-    work.flow.dst_port = u16::from_be_bytes(parsed.dst_port);
+    // The ports as they are now: the load-balancer may have rewritten them after the parse.
+    if parsed.l4_offset != 0 && matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP)
+    {
+        let ports: [u8; 4] = ctx.load(parsed.l4_offset).ok()?;
+        work.parsed.src_port = [ports[0], ports[1]];
+        work.parsed.dst_port = [ports[2], ports[3]];
+    }
+    work.flow.src_port = u16::from_be_bytes(work.parsed.src_port);
+    work.flow.dst_port = u16::from_be_bytes(work.parsed.dst_port);
     work.flow.protocol = parsed.protocol;
     work.flow._pad = [0; 3];
     Some(work)

@@ -153,3 +153,8 @@ pub static LB_SCRATCH: PerCpuArray<crate::lb::LbScratch> = PerCpuArray::with_max
 /// walks the stage once instead of once per kind of packet.
 #[map(name = "DP_ACL_SCRATCH")]
 pub static ACL_SCRATCH: PerCpuArray<crate::acl::AclWork> = PerCpuArray::with_max_entries(1, 0);
+
+/// The parse result `tc_from_pod` hands to its second half across the tail call (which then
+/// need not parse again). Not pinned.
+#[map(name = "DP_PARSED")]
+pub static PARSED: PerCpuArray<crate::parse::Parsed> = PerCpuArray::with_max_entries(1, 0);

@@ -13,7 +13,7 @@ use dataplane_common::{DropReason, Hook, PacketClass, maps::TAIL_FROM_POD_DELIVE
 
 use crate::{
     acl, lb,
-    maps::TAILS,
+    maps::{PARSED, TAILS},
     overlay,
     parse::parse_skb,
     stats::{count_drop, count_malformed, count_outcome, count_packet},
@@ -51,6 +51,12 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // The rest runs as its own program, verified on its own: one program holding the
     // load-balancer, access control and the overlay is more than the verifier walks.
     ctx.cb_mut()[CB_REPLY] = reply;
+    let Some(slot) = PARSED.get_ptr_mut(0) else {
+        count_drop(Hook::FromPod, DropReason::TailCallFailed);
+        return TC_ACT_SHOT;
+    };
+    // SAFETY: this CPU's own slot, read by the second half within this packet's run.
+    unsafe { *slot = parsed };
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
     count_drop(Hook::FromPod, DropReason::TailCallFailed);
@@ -61,8 +67,9 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
 /// service connections, judged when they opened), then local delivery or encapsulation.
 #[classifier]
 pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
-    let Ok(parsed) = parse_skb(&ctx) else {
-        // Parsed once already; a packet the first half let through parses again.
+    // The first half's parse result (offsets and protocol still hold: the load-balancer only
+    // rewrites addresses and ports in place).
+    let Some(parsed) = PARSED.get(0).copied() else {
         return TC_ACT_SHOT;
     };
     let reply = ctx.cb()[CB_REPLY] != 0;
