@@ -5,6 +5,7 @@ pub mod acl;
 pub mod attach;
 pub mod ebpf;
 pub mod error;
+pub mod inspect;
 pub mod lb;
 pub mod loader;
 pub mod model;

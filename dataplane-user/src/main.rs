@@ -16,7 +16,7 @@ use dataplane_user::{
         agent::{FirewallAgent, FirewallInputs, Wake},
     },
     attach::XdpModeChoice,
-    lb, model, netdev,
+    inspect, lb, model, netdev,
     overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
     preflight, source,
@@ -79,6 +79,14 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// What the pinned maps hold, decoded (the `cilium bpf ... list` of this dataplane).
+    Inspect {
+        #[arg(value_enum)]
+        table: inspect::Table,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
     /// Remove every pin under the pin root (drops all adopted state).
     Cleanup,
 }
@@ -131,6 +139,26 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", status::render(&report));
+            }
+            Ok(())
+        }
+        Command::Inspect { table, json } => {
+            let rows = inspect::read(&pins, table)?;
+            if json {
+                let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
+                    .rows
+                    .iter()
+                    .map(|row| {
+                        rows.columns
+                            .iter()
+                            .zip(row)
+                            .map(|(c, v)| (c.to_ascii_lowercase(), v.clone().into()))
+                            .collect()
+                    })
+                    .collect();
+                println!("{}", serde_json::to_string_pretty(&objects)?);
+            } else {
+                print!("{}", inspect::render(&rows));
             }
             Ok(())
         }

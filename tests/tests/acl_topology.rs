@@ -14,7 +14,9 @@ use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{echo_backend, echo_server, probe, tcp_answers},
-    topology::{Mode, Topology, exec_in, node_name, pod_cidr, run_in, underlay_ip},
+    topology::{
+        Mode, Topology, dataplane_binary, exec_in, node_name, pod_cidr, run_in, underlay_ip,
+    },
 };
 
 #[test]
@@ -118,6 +120,32 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
         assert_eq!(line, format!("{} {}", team.ip, ext), "{line}");
     }
 
+    // `dataplane inspect firewall`: the team pod's set and its prefixes.
+    let out = std::process::Command::new(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent0.pins.root())
+        .args(["inspect", "firewall"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with(&format!("pod {} ", team.ip))),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains(&format!("{ext}/32")) && l.contains("port table")),
+        "{table}"
+    );
+    assert!(
+        table
+            .lines()
+            .any(|l| l.contains("0.0.0.0/0") && l.contains("deny") && l.trim_end().ends_with('2')),
+        "{table}"
+    );
     let counters = agent0.counters().expect("counters");
     assert!(
         counters.drops(DropReason::FirewallDenied) >= 2,

@@ -10,7 +10,7 @@ use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{echo_backend, probe, probe_in},
-    topology::{Mode, Topology},
+    topology::{Mode, Topology, dataplane_binary},
 };
 
 const MANIFESTS: &str = "\
@@ -169,6 +169,58 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
     if let Some(dir) = audit_log.parent() {
         let _ = std::fs::remove_dir_all(dir);
     }
+    // What the pinned maps hold, decoded by `dataplane inspect`.
+    let inspect = |table: &str, json: bool| -> String {
+        let mut command = std::process::Command::new(dataplane_binary());
+        command
+            .arg("--pin-root")
+            .arg(agent0.pins.root())
+            .args(["inspect", table]);
+        if json {
+            command.arg("--json");
+        }
+        let out = command.output().expect("dataplane inspect");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let services = inspect("services", false);
+    assert!(
+        services
+            .lines()
+            .any(|l| l.starts_with("10.96.0.50:80") && l.contains("tcp") && l.contains("cluster")),
+        "{services}"
+    );
+    let policy = inspect("policy", false);
+    assert!(
+        policy.lines().any(|l| l.starts_with(&format!("pod {s} "))
+            && l.contains("ingress set")
+            && l.contains("egress set -")),
+        "{policy}"
+    );
+    assert!(policy.contains("allowed flow"), "{policy}");
+    let nodes = inspect("nodes", false);
+    assert!(
+        nodes.contains("10.244.2.0/24") && nodes.contains("via node 10.99.0.2"),
+        "{nodes}"
+    );
+    let conntrack: serde_json::Value =
+        serde_json::from_str(&inspect("conntrack", true)).expect("JSON");
+    assert!(
+        conntrack
+            .as_array()
+            .expect("rows")
+            .iter()
+            .any(|row| row["flow"]
+                .as_str()
+                .is_some_and(|f| f.ends_with("-> 10.96.0.50:80"))
+                && row["translated to"] == format!("{s}:8080")),
+        "{conntrack}"
+    );
+
     // A label change: namespace y now carries team: x, so the client's egress policy selects
     // its pods too. The agents see the changed manifest and re-evaluate the selectors.
     topology
