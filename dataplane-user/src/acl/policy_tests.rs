@@ -575,3 +575,83 @@ fn an_invalid_policy_is_named_and_still_isolates() {
     assert!(ingress.rules.is_empty());
     assert!(result.egress.is_none());
 }
+
+#[test]
+fn protocol_specific_and_default_namespace_label_scenarios() {
+    check(
+        "a policy allowing only SCTP still isolates TCP and UDP",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{protocol: SCTP, port: 80}]",
+        ),
+        &ALL,
+        |_, to, protocol, port| to != "x/a" || (protocol == PROTO_SCTP && port == 80),
+    );
+    check(
+        "no TCP when the policy names only UDP",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - ports: [{protocol: UDP, port: 81}]",
+        ),
+        &ALL,
+        |_, to, protocol, port| to != "x/a" || (protocol == PROTO_UDP && port == 81),
+    );
+    check(
+        "namespaceSelector on the default namespace name label",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: y}}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || ns(from) == "y",
+    );
+    check(
+        "namespaceSelector expressions on the default namespace name label",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [y, z]}]}}]",
+        ),
+        &ALL,
+        |from, to, _, _| to != "x/a" || ns(from) != "x",
+    );
+    check(
+        "ingress from pods in all namespaces",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {}}]",
+        ),
+        &ALL,
+        |_, _, _, _| true,
+    );
+    check(
+        "ingress and egress rules together",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress, Egress]\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}}]\n  egress:\n  - to: [{namespaceSelector: {matchLabels: {ns: z}}}]\n    ports: [{port: 80, protocol: UDP}]",
+        ),
+        &ALL,
+        |from, to, protocol, port| {
+            (to != "x/a" || ns(from) == "y")
+                && (from != "x/a" || (ns(to) == "z" && protocol == PROTO_UDP && port == 80))
+        },
+    );
+    check(
+        "named ports in an egress rule match only peers that have them",
+        &policy(
+            "x",
+            "p",
+            "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.2.0/24}}, {podSelector: {matchLabels: {pod: b}}}]\n    ports: [{port: serve-81-tcp}]",
+        ),
+        &ALL,
+        // The ipBlock peers (all of y) have no names to resolve: only x/b on TCP 81.
+        |from, to, protocol, port| {
+            from != "x/a" || (to == "x/b" && protocol == PROTO_TCP && port == 81)
+        },
+    );
+}
