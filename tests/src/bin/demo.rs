@@ -123,6 +123,12 @@ fn main() -> anyhow::Result<()> {
         "   namespace restricted ({}): EgressFirewall allows TCP 8080 to {}, denies the rest; audit logged",
         first.pods[0].ip, external.ip
     );
+    let guarded = topology.nodes[1].pods.last().expect("a pod").clone();
+    topology.add_manifest("policy.yaml", &policy_manifest(&guarded.name))?;
+    println!(
+        "   NetworkPolicy default/only-from-restricted: {} accepts only pods of namespace restricted",
+        guarded.ip
+    );
 
     println!(
         "== starting one agent per node (reads the manifests, builds the Geneve overlay, the service and the firewall)"
@@ -169,6 +175,7 @@ fn main() -> anyhow::Result<()> {
         reached.iter().copied().collect::<Vec<_>>().join(", "),
         if answers.len() == 12 { "" } else { " FAILED" }
     ));
+    summary.push(policy_summary(first, &guarded));
     for mut server in servers {
         let _ = server.kill();
         let _ = server.wait();
@@ -244,6 +251,41 @@ fn restricted_manifests(external: &str) -> String {
          metadata: {{name: default, namespace: restricted}}\nspec:\n  egress:\n\
          \x20 - {{type: Allow, to: {{cidrSelector: {external}/32}}, ports: [{{protocol: TCP, port: 8080}}]}}\n\
          \x20 - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}\n"
+    )
+}
+
+/// A policy isolating `pod` (namespace default): only pods of namespace restricted get in.
+fn policy_manifest(pod: &str) -> String {
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{name: only-from-restricted, namespace: default}}\nspec:\n\
+         \x20 podSelector: {{matchLabels: {{pod: {pod}}}}}\n  ingress:\n\
+         \x20 - from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: restricted}}}}}}]\n"
+    )
+}
+
+/// Who reaches the isolated pod: the restricted namespace's pod does, a default one does not.
+fn policy_summary(node: &Node, guarded: &Pod) -> String {
+    let target = guarded.ip.to_string();
+    let probes = [("tcp", target.as_str(), 8080)];
+    let answered = |pod: &Pod| {
+        probe(pod, &probes)
+            .unwrap_or_default()
+            .first()
+            .is_some_and(|a| a == &target)
+    };
+    let (allowed, refused) = (answered(&node.pods[0]), !answered(&node.pods[1]));
+    format!(
+        "NetworkPolicy: restricted {} -> {target}:8080 {}, default {} -> {target}:8080 {}{}",
+        node.pods[0].ip,
+        if allowed { "answered" } else { "not answered" },
+        node.pods[1].ip,
+        if refused {
+            "no answer (dropped)"
+        } else {
+            "answered"
+        },
+        if allowed && refused { "" } else { " FAILED" }
     )
 }
 
