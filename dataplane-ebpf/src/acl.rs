@@ -21,10 +21,7 @@
     reason = "keys stay in the per-CPU working set"
 )]
 
-use aya_ebpf::{
-    helpers::{bpf_ktime_get_coarse_ns, bpf_ktime_get_ns},
-    programs::TcContext,
-};
+use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::{
@@ -36,15 +33,16 @@ use dataplane_common::{
         AclLengths, AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
     },
     lb::{CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP},
-    overlay::{Addr, ipv4_mapped},
+    overlay::Addr,
 };
 
 use crate::{
+    lb,
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
         ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
-    parse::{Parsed, read},
+    parse::{Parsed, read_addresses},
     stage::Stage,
     stats::count_outcome,
 };
@@ -120,13 +118,8 @@ fn work(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut AclWork> {
     unsafe { core::ptr::write_volatile(&mut work.parsed, *parsed) };
     // Written field by field, straight into the slot (a whole key built first would take
     // stack the program does not have).
-    if ipv4 {
-        let a: [u8; 8] = read(ctx, ETH_LEN + 12)?;
-        work.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        work.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
-    } else {
-        work.flow.src = read(ctx, ETH_LEN + 8)?;
-        work.flow.dst = read(ctx, ETH_LEN + 24)?;
+    if !read_addresses(ctx, ipv4, &mut work.flow.src, &mut work.flow.dst) {
+        return None;
     }
     // The ports as they are now: the load-balancer may have rewritten them after the parse.
     if parsed.l4_offset != 0 && matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP)
@@ -226,7 +219,6 @@ fn police_flow(
     sender: Option<&AclEndpoint>,
     receiver: Option<&AclEndpoint>,
 ) -> Result<(), DropReason> {
-    let ipv4 = work.parsed.ether_type == ETH_P_IP;
     let tcp_flags = tcp_flags(ctx, &work.parsed);
     if tracked(&mut work.flow, tcp_flags) {
         count_outcome(hook, PacketClass::PolicyTracked);
@@ -235,46 +227,55 @@ fn police_flow(
     if let Some(endpoint) = sender
         && endpoint.egress != 0
     {
-        work.lengths = family_lengths(&endpoint.egress_lengths, ipv4);
-        let (verdict, rule) = decide(
-            endpoint.egress,
-            ipv4,
-            &work.flow.dst,
-            &work.lengths,
-            &work.parsed,
-        );
-        let allowed = verdict == ACL_VERDICT_ALLOW;
-        let packed = pack(verdict_of(allowed), ACL_DIRECTION_EGRESS, ACL_KIND_POLICY);
-        log_policy(ctx, endpoint, endpoint.egress, rule, packed, hook);
-        if !allowed {
-            return Err(DropReason::PolicyDeniedEgress);
-        }
+        judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_EGRESS)?;
     }
     if let Some(endpoint) = receiver
         && endpoint.ingress != 0
     {
-        work.lengths = family_lengths(&endpoint.ingress_lengths, ipv4);
-        let (verdict, rule) = decide(
-            endpoint.ingress,
-            ipv4,
-            &work.flow.src,
-            &work.lengths,
-            &work.parsed,
-        );
-        let allowed = verdict == ACL_VERDICT_ALLOW;
-        let packed = pack(verdict_of(allowed), ACL_DIRECTION_INGRESS, ACL_KIND_POLICY);
-        log_policy(ctx, endpoint, endpoint.ingress, rule, packed, hook);
-        if !allowed {
-            return Err(DropReason::PolicyDeniedIngress);
-        }
+        judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_INGRESS)?;
     }
     let entry = AclCtValue {
-        last_seen: now_seconds(),
+        last_seen: lb::now(),
         flags: 0,
     };
     let _ = ACL_CT.insert(&work.flow, &entry, 0);
     count_outcome(hook, PacketClass::PolicyAllowed);
     Ok(())
+}
+
+/// One end's policy set for a new flow: the sender's egress set judges the destination, the
+/// receiver's ingress set the source. The decision is audited when the namespace asks.
+#[inline(always)]
+fn judge_direction(
+    ctx: &TcContext,
+    work: &mut AclWork,
+    hook: Hook,
+    endpoint: &AclEndpoint,
+    direction: u8,
+) -> Result<(), DropReason> {
+    let ipv4 = work.parsed.ether_type == ETH_P_IP;
+    let egress = direction == ACL_DIRECTION_EGRESS;
+    let (set, lengths, peer, denied) = if egress {
+        (
+            endpoint.egress,
+            &endpoint.egress_lengths,
+            &work.flow.dst,
+            DropReason::PolicyDeniedEgress,
+        )
+    } else {
+        (
+            endpoint.ingress,
+            &endpoint.ingress_lengths,
+            &work.flow.src,
+            DropReason::PolicyDeniedIngress,
+        )
+    };
+    work.lengths = family_lengths(lengths, ipv4);
+    let (verdict, rule) = decide(set, ipv4, peer, &work.lengths, &work.parsed);
+    let allowed = verdict == ACL_VERDICT_ALLOW;
+    let packed = pack(verdict_of(allowed), direction, ACL_KIND_POLICY);
+    log_policy(ctx, endpoint, set, rule, packed, hook);
+    if allowed { Ok(()) } else { Err(denied) }
 }
 
 #[inline(always)]
@@ -335,7 +336,7 @@ fn refresh(key: &AclCtKey, tcp_flags: u8) -> bool {
     // SAFETY: an LRU map value, valid for the program's run; only this flow's packets write it
     // and a lost update is harmless.
     let entry = unsafe { &mut *entry };
-    let now = now_seconds();
+    let now = lb::now();
     let closing = entry.flags & ACL_CT_CLOSING != 0;
     let timeout = if closing {
         CT_TIMEOUT_CLOSING
@@ -344,8 +345,7 @@ fn refresh(key: &AclCtKey, tcp_flags: u8) -> bool {
     } else {
         CT_TIMEOUT_OTHER
     };
-    let new_syn = tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN;
-    if now.wrapping_sub(entry.last_seen) > timeout || (closing && new_syn) {
+    if now.wrapping_sub(entry.last_seen) > timeout || (closing && opens_connection(tcp_flags)) {
         return false;
     }
     if entry.last_seen != now {
@@ -355,12 +355,6 @@ fn refresh(key: &AclCtKey, tcp_flags: u8) -> bool {
         entry.flags |= ACL_CT_CLOSING;
     }
     true
-}
-
-#[inline(always)]
-fn now_seconds() -> u32 {
-    // SAFETY: plain helper call.
-    (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32
 }
 
 /// The TCP flags of a TCP segment, 0 otherwise.
@@ -433,7 +427,9 @@ fn firewall(ctx: &TcContext, endpoint: &AclEndpoint) -> u32 {
     // logged once per connection, at its SYN.
     if endpoint.log & wanted != 0
         && rule != ACL_RULE_EXEMPT
-        && (denied || work.parsed.protocol != IPPROTO_TCP || opens_connection(ctx, &work.parsed))
+        && (denied
+            || work.parsed.protocol != IPPROTO_TCP
+            || opens_connection(tcp_flags(ctx, &work.parsed)))
     {
         let packed = pack(verdict_of(!denied), ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL);
         count_outcome(Hook::FromPod, audit(ctx, endpoint.firewall, rule, packed));
@@ -451,15 +447,10 @@ const fn pack(verdict: u8, direction: u8, kind: u8) -> u32 {
     verdict as u32 | (direction as u32) << 8 | (kind as u32) << 16
 }
 
-/// Whether a TCP segment is a connection's first (SYN without ACK).
+/// Whether TCP flags open a connection (SYN without ACK).
 #[inline(always)]
-fn opens_connection(ctx: &TcContext, parsed: &Parsed) -> bool {
-    if parsed.l4_offset == 0 {
-        return false;
-    }
-    // A variable offset: the helper, which the verifier follows without help.
-    let flags: u8 = ctx.load(parsed.l4_offset + 13).unwrap_or(0);
-    flags & (TCP_SYN | TCP_ACK) == TCP_SYN
+const fn opens_connection(tcp_flags: u8) -> bool {
+    tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN
 }
 
 /// Sends an audit record unless this CPU is over the rate limit or the ring is full; returns

@@ -43,7 +43,7 @@ use crate::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
     },
     overlay,
-    parse::{Parsed, read},
+    parse::{Parsed, read_addresses},
     stage::Stage,
 };
 
@@ -93,9 +93,9 @@ pub struct LbScratch {
     node_addr: Addr,
 }
 
-/// Seconds of the kernel's coarse monotonic clock.
+/// Seconds of the kernel's coarse monotonic clock (the clock of every tracked flow).
 #[inline(always)]
-fn now() -> u32 {
+pub fn now() -> u32 {
     // SAFETY: plain helper call.
     (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32
 }
@@ -119,21 +119,8 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
         return false;
     }
     let ipv4 = parsed.ether_type == ETH_P_IP;
-    if ipv4 {
-        let Some(a) = read::<[u8; 8]>(ctx, ETH_LEN + 12) else {
-            return false;
-        };
-        s.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        s.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
-    } else {
-        let (Some(src), Some(dst)) = (
-            read::<Addr>(ctx, ETH_LEN + 8),
-            read::<Addr>(ctx, ETH_LEN + 24),
-        ) else {
-            return false;
-        };
-        s.flow.src = src;
-        s.flow.dst = dst;
+    if !read_addresses(ctx, ipv4, &mut s.flow.src, &mut s.flow.dst) {
+        return false;
     }
     s.tcp_flags = if parsed.protocol == IPPROTO_TCP {
         // A variable offset: the helper, which the verifier follows without help.

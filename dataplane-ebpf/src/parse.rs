@@ -6,7 +6,10 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::TcContext;
 
-use dataplane_common::{DropReason, PacketClass};
+use dataplane_common::{
+    DropReason, PacketClass,
+    overlay::{Addr, ipv4_mapped},
+};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -345,4 +348,30 @@ pub fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     }
     // SAFETY: the bytes lie within the packet (checked just above).
     Some(unsafe { core::ptr::read_unaligned(at as *const T) })
+}
+
+/// Reads the source and destination of an untagged IP packet into `src` and `dst`, in the
+/// 16-byte form (IPv4-mapped for IPv4), straight from the packet; false if the header is not
+/// in the linear data. Written in place, so callers can fill a per-CPU working set without a
+/// copy on the stack.
+#[inline(always)]
+pub fn read_addresses(ctx: &TcContext, ipv4: bool, src: &mut Addr, dst: &mut Addr) -> bool {
+    const ETH_LEN: usize = 14;
+    if ipv4 {
+        let Some(a) = read::<[u8; 8]>(ctx, ETH_LEN + 12) else {
+            return false;
+        };
+        *src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
+        *dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+    } else {
+        let (Some(s), Some(d)) = (
+            read::<Addr>(ctx, ETH_LEN + 8),
+            read::<Addr>(ctx, ETH_LEN + 24),
+        ) else {
+            return false;
+        };
+        *src = s;
+        *dst = d;
+    }
+    true
 }

@@ -47,12 +47,22 @@ use ipnet::IpNet;
 
 use crate::{
     AgentError, Dataplane,
-    overlay::{OverlayView, addr16},
+    overlay::{OverlayView, addr16, sync_hash},
 };
 
 pub const PROTO_TCP: u8 = 6;
 pub const PROTO_UDP: u8 = 17;
 pub const PROTO_SCTP: u8 = 132;
+
+/// The IP protocol number of a Kubernetes protocol name (`TCP`, `UDP`, `SCTP`).
+pub fn protocol_number(name: &str) -> Option<u8> {
+    match name {
+        "TCP" => Some(PROTO_TCP),
+        "UDP" => Some(PROTO_UDP),
+        "SCTP" => Some(PROTO_SCTP),
+        _ => None,
+    }
+}
 
 /// Largest point of the protocol/port space (`protocol << 16 | port`).
 const PORT_SPACE_MAX: u32 = (1 << 24) - 1;
@@ -693,26 +703,9 @@ impl Dataplane {
     /// them reaches its pods whatever their policies).
     pub fn sync_node_addresses(&mut self, addresses: &[IpAddr]) -> Result<usize, AgentError> {
         let mut map: BpfHashMap<&mut MapData, Addr, u32> = self.typed_map(maps::ACL_NODE_ADDRS)?;
-        let wanted: BTreeSet<Addr> = addresses.iter().map(|a| addr16(*a)).collect();
-        let mut changed = 0;
-        for key in &wanted {
-            if map.get(key, 0).is_err() {
-                map.insert(key, 0, 0)
-                    .map_err(map_err(maps::ACL_NODE_ADDRS, "write"))?;
-                changed += 1;
-            }
-        }
-        let stale: Vec<Addr> = map
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !wanted.contains(k))
-            .collect();
-        for key in stale {
-            map.remove(&key)
-                .map_err(map_err(maps::ACL_NODE_ADDRS, "remove"))?;
-            changed += 1;
-        }
-        Ok(changed)
+        let wanted: BTreeMap<Addr, u32> = addresses.iter().map(|a| (addr16(*a), 0)).collect();
+        let synced = sync_hash(&mut map, &wanted).map_err(map_err(maps::ACL_NODE_ADDRS, "sync"))?;
+        Ok(synced.written + synced.deleted)
     }
 
     /// Sets the audit records each CPU may send per second.
@@ -1063,25 +1056,10 @@ impl Dataplane {
     ) -> Result<(), AgentError> {
         let mut endpoints: BpfHashMap<&mut MapData, Addr, AclEndpoint> =
             self.typed_map(maps::ACL_ENDPOINTS)?;
-        for (key, value) in wanted {
-            if endpoints.get(key, 0).ok().as_ref() != Some(value) {
-                endpoints
-                    .insert(key, value, 0)
-                    .map_err(map_err(maps::ACL_ENDPOINTS, "write endpoint"))?;
-                stats.written += 1;
-            }
-        }
-        let stale: Vec<Addr> = endpoints
-            .keys()
-            .filter_map(Result::ok)
-            .filter(|k| !wanted.contains_key(k))
-            .collect();
-        for key in stale {
-            endpoints
-                .remove(&key)
-                .map_err(map_err(maps::ACL_ENDPOINTS, "remove endpoint"))?;
-            stats.deleted += 1;
-        }
+        let synced =
+            sync_hash(&mut endpoints, wanted).map_err(map_err(maps::ACL_ENDPOINTS, "sync"))?;
+        stats.written += synced.written;
+        stats.deleted += synced.deleted;
         // Last: the kernel looks endpoints up only while this says there are some.
         let mut active: aya::maps::Array<&mut MapData, u32> = self.typed_map(maps::ACL_ACTIVE)?;
         active

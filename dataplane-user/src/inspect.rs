@@ -1,10 +1,7 @@
 //! `dataplane inspect <table>`: what the pinned maps hold, decoded, as a table or JSON. It reads
 //! the pins only (a running agent is not needed, nothing is written).
 
-use std::{
-    fmt::Write as _,
-    net::{IpAddr, Ipv6Addr},
-};
+use std::{fmt::Write as _, net::IpAddr};
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
 use dataplane_common::{
@@ -21,7 +18,7 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
-use crate::{AgentError, Pins};
+use crate::{AgentError, Pins, overlay::ip_of};
 
 /// What `inspect` can show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -79,17 +76,8 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     Ok(map.iter().filter_map(Result::ok).collect())
 }
 
-/// An address in the maps' 16-byte form as text (IPv4-mapped shown as IPv4).
-pub fn address(addr: &Addr) -> IpAddr {
-    let v6 = Ipv6Addr::from(*addr);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
-}
-
 fn endpoint(addr: &Addr, port_be: [u8; 2]) -> String {
-    match address(addr) {
+    match ip_of(addr) {
         IpAddr::V4(v4) => format!("{v4}:{}", u16::from_be_bytes(port_be)),
         IpAddr::V6(v6) => format!("[{v6}]:{}", u16::from_be_bytes(port_be)),
     }
@@ -203,7 +191,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                 .iter()
                 .map(|(k, v)| {
                     vec![
-                        address(&k.client).to_string(),
+                        ip_of(&k.client).to_string(),
                         k.service_id.to_string(),
                         v.backend_id.to_string(),
                         v.last_seen.to_string(),
@@ -214,7 +202,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
         Table::Nodes => {
             let mut rows: Vec<Vec<String>> = hash::<Addr, u32>(pins, maps::NODE_ADDRS, false)?
                 .iter()
-                .map(|(a, _)| vec!["node".into(), address(a).to_string(), String::new()])
+                .map(|(a, _)| vec!["node".into(), ip_of(a).to_string(), String::new()])
                 .collect();
             for (name, v4) in [(maps::REMOTE_PODS_V4, true), (maps::REMOTE_PODS_V6, false)] {
                 let data = pinned(pins, name)?;
@@ -241,7 +229,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                     rows.push(vec![
                         "pod CIDR".into(),
                         cidr,
-                        format!("via node {}", address(&tunnel.addr)),
+                        format!("via node {}", ip_of(&tunnel.addr)),
                     ]);
                 }
             }
@@ -254,7 +242,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                 .filter(|(_, e)| e.firewall != 0)
                 .map(|(a, e)| {
                     vec![
-                        format!("pod {}", address(a)),
+                        format!("pod {}", ip_of(a)),
                         format!("set {}", e.firewall),
                         String::new(),
                         String::new(),
@@ -284,7 +272,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                         }
                     };
                     vec![
-                        format!("pod {}", address(a)),
+                        format!("pod {}", ip_of(a)),
                         format!("ingress set {}", set(e.ingress)),
                         format!("egress set {}", set(e.egress)),
                         String::new(),
@@ -316,7 +304,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
 }
 
 fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<String> {
-    let ip = address(&key.addr);
+    let ip = ip_of(&key.addr);
     let prefix = format!("set {} {ip}/{}", key.set, key.len);
     let decision = if value.kind == ACL_ENTRY_FINAL {
         verdict(value.verdict).to_owned()
@@ -356,6 +344,8 @@ pub fn render(rows: &Rows) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::net::Ipv6Addr;
+
     use super::*;
 
     #[test]

@@ -138,16 +138,22 @@ fn pod_name(pod: &Pod) -> String {
 
 /// Whether the pod is a live, pod-network pod scheduled on `node`.
 fn runs_on(pod: &Pod, node: &str) -> bool {
+    in_pod_network(pod) && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
+}
+
+/// Whether the pod is a live pod-network pod (not host-network, not finished).
+pub(crate) fn in_pod_network(pod: &Pod) -> bool {
     let Some(spec) = &pod.spec else { return false };
     let finished = pod
         .status
         .as_ref()
         .and_then(|s| s.phase.as_deref())
         .is_some_and(|p| p == "Succeeded" || p == "Failed");
-    spec.node_name.as_deref() == Some(node) && spec.host_network != Some(true) && !finished
+    spec.host_network != Some(true) && !finished
 }
 
-fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr> {
+/// The pod's addresses (`status.podIPs`, else `status.podIP`); one warning per unparsable one.
+pub(crate) fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr> {
     let status = pod.status.as_ref();
     let mut texts: Vec<String> = status
         .and_then(|s| s.pod_ips.as_ref())

@@ -153,7 +153,16 @@ pub struct OverlayMaps {
     pub local_pods: BTreeMap<Addr, LocalPod>,
 }
 
-/// 16-byte form of an address (IPv4-mapped for IPv4).
+/// The address a 16-byte form stands for (IPv4-mapped read as IPv4).
+pub fn ip_of(addr: &Addr) -> IpAddr {
+    let v6 = Ipv6Addr::from(*addr);
+    match v6.to_ipv4_mapped() {
+        Some(v4) => IpAddr::V4(v4),
+        None => IpAddr::V6(v6),
+    }
+}
+
+/// The 16-byte form of an address (IPv4-mapped for IPv4); [`ip_of`] is its inverse.
 pub fn addr16(ip: IpAddr) -> Addr {
     match ip {
         IpAddr::V4(v4) => ipv4_mapped(v4.octets()),
@@ -286,6 +295,13 @@ pub struct SyncStats {
     pub deleted: usize,
 }
 
+impl SyncStats {
+    pub fn add(&mut self, other: SyncStats) {
+        self.written += other.written;
+        self.deleted += other.deleted;
+    }
+}
+
 impl Dataplane {
     /// Makes the overlay maps equal `desired`, writing only differences. Each map gets its new
     /// and changed entries before its stale ones go; the maps packets are sent to (pods, nodes,
@@ -300,12 +316,10 @@ impl Dataplane {
             }
         };
         let mut pods: HashMap<&mut MapData, Addr, LocalPod> = self.typed_map(maps::LOCAL_PODS)?;
-        sync_hash(&mut pods, &desired.local_pods, &mut stats)
-            .map_err(sync_err(maps::LOCAL_PODS))?;
+        stats.add(sync_hash(&mut pods, &desired.local_pods).map_err(sync_err(maps::LOCAL_PODS))?);
 
         let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
-        sync_hash(&mut nodes, &desired.node_addrs, &mut stats)
-            .map_err(sync_err(maps::NODE_ADDRS))?;
+        stats.add(sync_hash(&mut nodes, &desired.node_addrs).map_err(sync_err(maps::NODE_ADDRS))?);
 
         let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
             self.typed_map(maps::REMOTE_PODS_V4)?;
@@ -330,11 +344,13 @@ impl Dataplane {
     }
 }
 
-fn sync_hash<V: aya::Pod + PartialEq>(
+/// Makes a hash map keyed by address hold exactly `desired`: new and changed entries first,
+/// then stale ones removed. Returns what was written and deleted.
+pub(crate) fn sync_hash<V: aya::Pod + PartialEq>(
     map: &mut HashMap<&mut MapData, Addr, V>,
     desired: &BTreeMap<Addr, V>,
-    stats: &mut SyncStats,
-) -> Result<(), aya::maps::MapError> {
+) -> Result<SyncStats, aya::maps::MapError> {
+    let mut stats = SyncStats::default();
     for (key, value) in desired {
         if map.get(key, 0).ok().as_ref() != Some(value) {
             map.insert(key, value, 0)?;
@@ -350,7 +366,7 @@ fn sync_hash<V: aya::Pod + PartialEq>(
         map.remove(&key)?;
         stats.deleted += 1;
     }
-    Ok(())
+    Ok(stats)
 }
 
 fn sync_lpm<const N: usize>(

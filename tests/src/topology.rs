@@ -256,6 +256,20 @@ impl Topology {
         Ok(())
     }
 
+    /// Routes every node's pod CIDR through that node on `external`, as the cluster's router
+    /// would (so pods can be reached from outside and answered).
+    pub fn route_pod_networks(&self, external: &ExternalHost) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            let route = format!(
+                "ip route add {} via {}",
+                pod_cidr(node.index),
+                node.underlay_ip
+            );
+            sh_in(&external.netns, &route)?;
+        }
+        Ok(())
+    }
+
     /// Adds a manifest file (Services, EndpointSlices, ...) next to the generated cluster
     /// state; agents started afterwards read it. Overlay mode only.
     pub fn add_manifest(&self, file_name: &str, yaml: &str) -> anyhow::Result<()> {

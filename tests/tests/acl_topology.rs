@@ -14,9 +14,7 @@ use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{echo_backend, echo_server, probe, tcp_answers},
-    topology::{
-        Mode, Topology, dataplane_binary, exec_in, node_name, pod_cidr, run_in, underlay_ip,
-    },
+    topology::{Mode, Topology, dataplane_binary, exec_in, node_name, run_in, underlay_ip},
 };
 
 #[test]
@@ -27,21 +25,7 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
     let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let external = topology.add_external_host().expect("external host");
     let ext = external.ip.to_string();
-    // The external host routes the pod networks to their nodes, as the cluster's router would.
-    for node in 0..2 {
-        run_in(
-            &external.netns,
-            &[
-                "ip",
-                "route",
-                "add",
-                &pod_cidr(node),
-                "via",
-                &underlay_ip(node).to_string(),
-            ],
-        )
-        .expect("route");
-    }
+    topology.route_pod_networks(&external).expect("routes");
     topology.set_pod_namespace(0, 0, "team").expect("team pod");
     let team = topology.node(0).pods[0].clone();
     let neighbour = topology.node(0).pods[1].clone();
@@ -184,18 +168,7 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         &["ip", "addr", "add", &format!("{second}/24"), "dev", "eth0"],
     )
     .expect("second address");
-    run_in(
-        &external.netns,
-        &[
-            "ip",
-            "route",
-            "add",
-            &pod_cidr(0),
-            "via",
-            &underlay_ip(0).to_string(),
-        ],
-    )
-    .expect("route");
+    topology.route_pod_networks(&external).expect("routes");
     topology.set_pod_namespace(0, 0, "team").expect("team pod");
     let team = topology.node(0).pods[0].clone();
     topology
@@ -295,18 +268,7 @@ fn audited_namespaces_get_ovn_style_audit_lines_within_the_rate_limit() {
     let mut topology = Topology::build_with(1, 2, Mode::Overlay).expect("build topology");
     let external = topology.add_external_host().expect("external host");
     let ext = external.ip.to_string();
-    run_in(
-        &external.netns,
-        &[
-            "ip",
-            "route",
-            "add",
-            &pod_cidr(0),
-            "via",
-            &underlay_ip(0).to_string(),
-        ],
-    )
-    .expect("route");
+    topology.route_pod_networks(&external).expect("routes");
     topology.set_pod_namespace(0, 0, "team").expect("team pod");
     topology
         .set_ovn_config("policyAuditConfig: {rateLimit: 5, maxFileSize: 1}")

@@ -15,7 +15,7 @@
 use std::{
     fs::{self, File, OpenOptions},
     io::Write as _,
-    net::{IpAddr, SocketAddr, UdpSocket},
+    net::{SocketAddr, UdpSocket},
     os::unix::net::UnixDatagram,
     path::{Path, PathBuf},
     time::{Instant, SystemTime},
@@ -27,6 +27,8 @@ use dataplane_common::acl::{
 };
 use k8s_openapi::api::core::v1::Namespace;
 use serde::Deserialize;
+
+use crate::overlay::ip_of;
 
 /// The namespace annotation that turns audit logging on.
 pub const ACL_LOGGING_ANNOTATION: &str = "k8s.ovn.org/acl-logging";
@@ -258,8 +260,8 @@ pub fn format_record(
     } else {
         "from-lport"
     };
-    let src = address(&event.src);
-    let dst = address(&event.dst);
+    let src = ip_of(&event.src);
+    let dst = ip_of(&event.dst);
     let (proto, (src_key, dst_key)) = match (event.protocol, src.is_ipv4()) {
         (6, true) => ("tcp".to_owned(), ("nw_src", "nw_dst")),
         (17, true) => ("udp".to_owned(), ("nw_src", "nw_dst")),
@@ -292,14 +294,6 @@ pub fn format_record(
         source.acl_name,
         source.severity.name(),
     )
-}
-
-fn address(addr: &[u8; 16]) -> IpAddr {
-    let v6 = std::net::Ipv6Addr::from(*addr);
-    match v6.to_ipv4_mapped() {
-        Some(v4) => IpAddr::V4(v4),
-        None => IpAddr::V6(v6),
-    }
 }
 
 /// UTC time as `YYYY-MM-DDTHH:MM:SS.mmmZ`.

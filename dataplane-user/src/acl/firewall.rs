@@ -22,8 +22,8 @@ use serde::{Deserialize, Serialize};
 use crate::{overlay::OverlayView, source::ClusterState};
 
 use super::{
-    CompiledSet, DesiredFirewalls, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule,
-    Verdict, compile_rules, dns::normalize,
+    CompiledSet, DesiredFirewalls, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict,
+    compile_rules, dns::normalize, protocol_number,
 };
 
 /// The name of the one EgressFirewall per namespace that counts.
@@ -230,12 +230,8 @@ fn rule_of(
 }
 
 fn port_of(port: &EgressFirewallPort) -> Result<PortMatch, String> {
-    let protocol = match port.protocol.as_str() {
-        "TCP" => PROTO_TCP,
-        "UDP" => PROTO_UDP,
-        "SCTP" => PROTO_SCTP,
-        other => return Err(format!("protocol {other:?} is not TCP, UDP or SCTP")),
-    };
+    let protocol = protocol_number(&port.protocol)
+        .ok_or_else(|| format!("protocol {:?} is not TCP, UDP or SCTP", port.protocol))?;
     match port.port {
         None => Ok(PortMatch::all_ports(protocol)),
         Some(p) if (1..=65535).contains(&p) => Ok(PortMatch::port(protocol, p as u16)),

@@ -36,9 +36,9 @@ use k8s_openapi::{
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
 };
 
-use super::{
-    CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict, compile_rules,
-};
+use crate::model::{in_pod_network, pod_addresses};
+
+use super::{CompiledSet, PortMatch, Ports, Rule, Verdict, compile_rules, protocol_number};
 
 /// Ingress or egress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -70,30 +70,16 @@ impl PolicyPod {
 }
 
 fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
-    let spec = pod.spec.as_ref()?;
-    let status = pod.status.as_ref();
-    if spec.host_network == Some(true)
-        || status
-            .and_then(|s| s.phase.as_deref())
-            .is_some_and(|p| p == "Succeeded" || p == "Failed")
-    {
+    if !in_pod_network(pod) {
         return None;
     }
-    let mut texts: Vec<String> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|p| p.ip.clone())
-        .collect();
-    if texts.is_empty() {
-        texts.extend(status.and_then(|s| s.pod_ip.clone()));
-    }
+    let spec = pod.spec.as_ref()?;
     let mut named_ports: BTreeMap<String, Vec<(u8, u16)>> = BTreeMap::new();
     for container in &spec.containers {
         for port in container.ports.iter().flatten() {
             let (Some(name), Some(protocol)) = (
                 port.name.as_ref(),
-                protocol_number(port.protocol.as_deref()),
+                protocol_number(port.protocol.as_deref().unwrap_or("TCP")),
             ) else {
                 continue;
             };
@@ -113,18 +99,10 @@ fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
             .unwrap_or_else(|| "default".into()),
         name: pod.metadata.name.clone().unwrap_or_default(),
         labels: pod.metadata.labels.clone().unwrap_or_default(),
-        addresses: texts.iter().filter_map(|t| t.parse().ok()).collect(),
+        // Unparsable addresses are skipped here; the pod's own node reports them.
+        addresses: pod_addresses(pod, &mut Vec::new()),
         named_ports,
     })
-}
-
-fn protocol_number(protocol: Option<&str>) -> Option<u8> {
-    match protocol.unwrap_or("TCP") {
-        "TCP" => Some(PROTO_TCP),
-        "UDP" => Some(PROTO_UDP),
-        "SCTP" => Some(PROTO_SCTP),
-        _ => None,
-    }
 }
 
 /// Namespace labels by name (`kubernetes.io/metadata.name` included, as the API sets it).
@@ -463,7 +441,7 @@ enum PortSpec {
 }
 
 fn port_spec(port: &NetworkPolicyPort) -> Result<PortSpec, String> {
-    let protocol = protocol_number(port.protocol.as_deref()).ok_or_else(|| {
+    let protocol = protocol_number(port.protocol.as_deref().unwrap_or("TCP")).ok_or_else(|| {
         format!(
             "protocol {:?} is not TCP, UDP or SCTP",
             port.protocol.as_deref().unwrap_or_default()

@@ -12,7 +12,7 @@ use dataplane_tests::{
     service_bed::{
         ServicePort, cluster_ip_manifests, echo_backend, echo_server, probe, tcp_answers,
     },
-    topology::{Agent, Mode, Node, Pod, Topology, dataplane_binary, pod_cidr, run_in, underlay_ip},
+    topology::{Agent, Mode, Node, Pod, Topology, dataplane_binary},
 };
 
 #[derive(Parser)]
@@ -36,19 +36,7 @@ fn main() -> anyhow::Result<()> {
     let mut topology = Topology::build_with(args.nodes, args.pods, Mode::Overlay)?;
     // A host outside the cluster, and a namespace whose pods may reach only its port 8080.
     let external = topology.add_external_host()?;
-    for node in 0..args.nodes {
-        run_in(
-            &external.netns,
-            &[
-                "ip",
-                "route",
-                "add",
-                &pod_cidr(node),
-                "via",
-                &underlay_ip(node).to_string(),
-            ],
-        )?;
-    }
+    topology.route_pod_networks(&external)?;
     topology.set_pod_namespace(0, 0, "restricted")?;
     topology.add_manifest(
         "restricted.yaml",
