@@ -1,7 +1,17 @@
 //! Attaching the programs: XDP on the underlay NIC (trying hardware offload, then native, then
-//! generic, as the operator allows) and tc on the host side of pod veths.
+//! generic, as the operator allows) and tc on the host side of pod veths. Every attachment is a
+//! bpf link pinned under the pin root, so it stays in force while no agent runs; a restarted or
+//! upgraded agent swaps its programs into the pinned links (`BPF_LINK_UPDATE`), which the
+//! kernel does atomically: no packet sees the hook empty.
 
-use aya::programs::{TcAttachType, XdpMode};
+use std::path::Path;
+
+use aya::programs::{
+    TcAttachType, XdpMode,
+    links::{FdLink, LinkError, PinnedLink},
+    tc::SchedClassifierLink,
+    xdp::XdpLink,
+};
 use dataplane_common::{
     Hook,
     maps::{PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
@@ -57,26 +67,50 @@ pub struct Attachment {
 }
 
 impl Dataplane {
-    /// Attaches the underlay XDP program to `interface` in the best mode `choice` allows.
+    /// Attaches the underlay XDP program to `interface` in the best mode `choice` allows. A link
+    /// a previous agent pinned there in an allowed mode is taken over: this agent's program is
+    /// swapped in atomically, so no packet meets an interface without XDP.
     pub fn attach_underlay(
         &mut self,
         interface: &str,
         choice: XdpModeChoice,
     ) -> Result<Attachment, AgentError> {
         let ifindex = preflight::interface_index(interface)?;
-        let program = self.xdp(PROG_UNDERLAY)?;
+        let attachment = |mode: XdpMode| Attachment {
+            interface: interface.into(),
+            ifindex,
+            program: PROG_UNDERLAY.into(),
+            hook: Hook::Underlay.name().into(),
+            mode: mode_name(mode).into(),
+        };
+        for &mode in choice.candidates() {
+            let pin = self
+                .pins()
+                .link(&link_name(PROG_UNDERLAY, ifindex, Some(mode)));
+            if pin.exists() && self.take_over_xdp(&pin, interface) {
+                return Ok(attachment(mode));
+            }
+        }
+        // Links left in a mode the operator no longer allows, or whose interface went away.
+        self.unpin_links(PROG_UNDERLAY, ifindex);
         let mut attempts = Vec::new();
         for &mode in choice.candidates() {
+            let program = self.xdp(PROG_UNDERLAY)?;
             match program.attach_to_if_index(ifindex, mode) {
-                Ok(_) => {
+                Ok(id) => {
+                    let link = program
+                        .take_link(id)
+                        .map_err(|source| AgentError::Program {
+                            name: PROG_UNDERLAY,
+                            action: "take its link",
+                            source,
+                        })?;
+                    let pin = self
+                        .pins()
+                        .link(&link_name(PROG_UNDERLAY, ifindex, Some(mode)));
+                    pin_link(FdLink::try_from(link), &pin, PROG_UNDERLAY, interface)?;
                     tracing::info!(interface, mode = mode_name(mode), "attached XDP");
-                    return Ok(Attachment {
-                        interface: interface.into(),
-                        ifindex,
-                        program: PROG_UNDERLAY.into(),
-                        hook: Hook::Underlay.name().into(),
-                        mode: mode_name(mode).into(),
-                    });
+                    return Ok(attachment(mode));
                 }
                 Err(e) => {
                     tracing::info!(interface, mode = mode_name(mode), error = %e, "XDP mode refused, trying the next");
@@ -115,6 +149,19 @@ impl Dataplane {
         )
     }
 
+    /// Removes the pinned links of interfaces that no longer exist (deleted pods' veths): the
+    /// kernel already detached them, only the pins are left.
+    pub fn unpin_vanished_links(&self) {
+        for name in self.pins().link_names() {
+            let Some(pin) = LinkPin::parse(&name) else {
+                continue;
+            };
+            if preflight::interface_name(pin.ifindex).is_none() {
+                remove_pin(&self.pins().link(&name));
+            }
+        }
+    }
+
     fn attach_tc(
         &mut self,
         name: &'static str,
@@ -123,26 +170,151 @@ impl Dataplane {
         direction: TcAttachType,
     ) -> Result<Attachment, AgentError> {
         let ifindex = preflight::interface_index(interface)?;
-        let program = self.classifier(name)?;
         let mode = match direction {
             TcAttachType::Egress => "tc-egress",
             _ => "tc-ingress",
         };
-        program
-            .attach(interface, direction)
-            .map_err(|e| AgentError::Attach {
-                program: name,
-                interface: interface.into(),
-                attempts: format!("{mode}: {}", error_chain(&e)),
-            })?;
-        tracing::info!(interface, program = name, mode, "attached");
-        Ok(Attachment {
+        let attachment = Attachment {
             interface: interface.into(),
             ifindex,
             program: name.into(),
             hook: hook.name().into(),
             mode: mode.into(),
+        };
+        let pin = self.pins().link(&link_name(name, ifindex, None));
+        if pin.exists() && self.take_over_tc(name, &pin, interface) {
+            return Ok(attachment);
+        }
+        let program = self.classifier(name)?;
+        let attach_error = |e: &dyn std::error::Error| AgentError::Attach {
+            program: name,
+            interface: interface.into(),
+            attempts: format!("{mode}: {}", error_chain(e)),
+        };
+        let id = program
+            .attach(interface, direction)
+            .map_err(|e| attach_error(&e))?;
+        let link = program.take_link(id).map_err(|e| attach_error(&e))?;
+        pin_link(FdLink::try_from(link), &pin, name, interface)?;
+        tracing::info!(interface, program = name, mode, "attached");
+        Ok(attachment)
+    }
+
+    /// Swaps the XDP program into the link pinned at `pin`. False (and the pin removed) when
+    /// the link cannot be taken over, e.g. because its interface was deleted.
+    fn take_over_xdp(&mut self, pin: &Path, interface: &str) -> bool {
+        let swapped = open_link(pin).and_then(|link| {
+            let link = XdpLink::try_from(link).map_err(|e| e.to_string())?;
+            let program = self.xdp(PROG_UNDERLAY).map_err(|e| e.to_string())?;
+            program.attach_to_link(link).map_err(|e| error_chain(&e))
+        });
+        took_over(swapped.map(|_| ()), pin, PROG_UNDERLAY, interface)
+    }
+
+    /// As [`Self::take_over_xdp`], for a tcx link.
+    fn take_over_tc(&mut self, name: &'static str, pin: &Path, interface: &str) -> bool {
+        let swapped = open_link(pin).and_then(|link| {
+            let link = SchedClassifierLink::try_from(link).map_err(|e| e.to_string())?;
+            let program = self.classifier(name).map_err(|e| e.to_string())?;
+            program.attach_to_link(link).map_err(|e| error_chain(&e))
+        });
+        took_over(swapped.map(|_| ()), pin, name, interface)
+    }
+
+    /// Removes every pinned link of `program` on `ifindex`.
+    fn unpin_links(&self, program: &str, ifindex: u32) {
+        for name in self.pins().link_names() {
+            if LinkPin::parse(&name).is_some_and(|p| p.program == program && p.ifindex == ifindex) {
+                remove_pin(&self.pins().link(&name));
+            }
+        }
+    }
+}
+
+/// One pinned link, from its file name `<program>@<ifindex>[@<xdp mode>]`.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct LinkPin {
+    pub program: String,
+    pub ifindex: u32,
+    pub mode: Option<String>,
+}
+
+impl LinkPin {
+    pub fn parse(name: &str) -> Option<Self> {
+        let mut parts = name.split('@');
+        let program = parts.next()?.to_owned();
+        let ifindex = parts.next()?.parse().ok()?;
+        let mode = parts.next().map(str::to_owned);
+        parts.next().is_none().then_some(Self {
+            program,
+            ifindex,
+            mode,
         })
+    }
+}
+
+fn link_name(program: &str, ifindex: u32, mode: Option<XdpMode>) -> String {
+    match mode {
+        Some(mode) => format!("{program}@{ifindex}@{}", mode_name(mode)),
+        None => format!("{program}@{ifindex}"),
+    }
+}
+
+fn open_link(pin: &Path) -> Result<FdLink, String> {
+    PinnedLink::from_pin(pin)
+        .map(FdLink::from)
+        .map_err(|e| error_chain(&e))
+}
+
+/// Logs the outcome of a take-over; a link that could not be taken over is unpinned so that a
+/// fresh one can be attached in its place.
+fn took_over(outcome: Result<(), String>, pin: &Path, program: &str, interface: &str) -> bool {
+    match outcome {
+        Ok(()) => {
+            tracing::info!(
+                interface,
+                program,
+                "took over the pinned link (program swapped in place)"
+            );
+            true
+        }
+        Err(error) => {
+            tracing::info!(
+                interface,
+                program,
+                error,
+                "pinned link not usable; attaching anew"
+            );
+            remove_pin(pin);
+            false
+        }
+    }
+}
+
+/// Pins a new link so that it outlives this agent.
+fn pin_link(
+    link: Result<FdLink, LinkError>,
+    pin: &Path,
+    program: &'static str,
+    interface: &str,
+) -> Result<(), AgentError> {
+    let link = link.map_err(|e| AgentError::Attach {
+        program,
+        interface: interface.into(),
+        attempts: format!("not a bpf link: {e}"),
+    })?;
+    link.pin(pin).map_err(|source| AgentError::Pin {
+        path: pin.to_owned(),
+        source,
+    })?;
+    Ok(())
+}
+
+fn remove_pin(pin: &Path) {
+    if let Err(error) = std::fs::remove_file(pin)
+        && error.kind() != std::io::ErrorKind::NotFound
+    {
+        tracing::warn!(pin = %pin.display(), %error, "removing a pinned link");
     }
 }
 
@@ -172,5 +344,27 @@ mod tests {
         assert_eq!(XdpModeChoice::Native.candidates(), &[XdpMode::Driver]);
         assert_eq!(XdpModeChoice::Generic.candidates(), &[XdpMode::Skb]);
         assert_eq!(XdpModeChoice::Offload.candidates(), &[XdpMode::Hardware]);
+    }
+
+    #[test]
+    fn link_pin_names_round_trip() {
+        let xdp = link_name("xdp_underlay", 7, Some(XdpMode::Driver));
+        assert_eq!(xdp, "xdp_underlay@7@native");
+        assert_eq!(
+            LinkPin::parse(&xdp),
+            Some(LinkPin {
+                program: "xdp_underlay".into(),
+                ifindex: 7,
+                mode: Some("native".into())
+            })
+        );
+        let tc = link_name("tc_from_pod", 12, None);
+        assert_eq!(
+            LinkPin::parse(&tc).map(|p| (p.program, p.ifindex, p.mode)),
+            Some(("tc_from_pod".into(), 12, None))
+        );
+        assert_eq!(LinkPin::parse("tc_from_pod"), None);
+        assert_eq!(LinkPin::parse("tc_from_pod@x"), None);
+        assert_eq!(LinkPin::parse("a@1@b@c"), None);
     }
 }

@@ -139,23 +139,47 @@ impl Dataplane {
                 name: TAILS.into(),
                 action: "fill",
                 source,
-            })
+            })?;
+        // The kernel empties a program array when its last user reference (descriptor or pin)
+        // goes, even while attached programs still jump through it. Pinned under this agent's
+        // own name, the array stays filled while no agent runs and until a successor has
+        // swapped its programs (and its own array) into every link.
+        let path = self.own_tails_pin();
+        remove_if_present(&path, "replacing pinned program array")?;
+        let map = self
+            .ebpf
+            .map(TAILS)
+            .ok_or(AgentError::MissingMap { name: TAILS })?;
+        map.pin(&path)
+            .map_err(|source| AgentError::Pin { path, source })
+    }
+
+    fn own_tails_pin(&self) -> std::path::PathBuf {
+        self.pins
+            .program(&format!("{TAILS}@{}", std::process::id()))
+    }
+
+    /// Unpins the program arrays of previous agents. Call once every link has been taken over:
+    /// a program still attached through an old link would find its tail calls gone.
+    pub fn release_previous_tails(&self) {
+        let own = self.own_tails_pin();
+        let Ok(entries) = fs::read_dir(self.pins.progs_dir()) else {
+            return;
+        };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            let name = entry.file_name();
+            let previous = path != own && name.to_string_lossy().starts_with(&format!("{TAILS}@"));
+            if previous && let Err(error) = fs::remove_file(&path) {
+                tracing::warn!(path = %path.display(), %error, "unpinning an old program array");
+            }
+        }
     }
 
     /// Pins a loaded program, replacing the pin a previous agent left.
     fn pin_program(&mut self, name: &'static str) -> Result<(), AgentError> {
         let path = self.pins.program(name);
-        match fs::remove_file(&path) {
-            Ok(()) => {}
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {}
-            Err(source) => {
-                return Err(AgentError::Io {
-                    action: "replacing pinned program",
-                    path,
-                    source,
-                });
-            }
-        }
+        remove_if_present(&path, "replacing pinned program")?;
         let program = self
             .ebpf
             .program_mut(name)
@@ -181,6 +205,18 @@ impl Dataplane {
                 action: "write layout version",
                 source,
             })
+    }
+}
+
+fn remove_if_present(path: &std::path::Path, action: &'static str) -> Result<(), AgentError> {
+    match fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(AgentError::Io {
+            action,
+            path: path.to_owned(),
+            source,
+        }),
     }
 }
 

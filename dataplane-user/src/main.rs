@@ -47,7 +47,9 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Load the programs, attach them, and run until SIGINT or SIGTERM; then detach.
+    /// Load the programs, attach them (taking over the links a previous agent pinned), and run
+    /// until SIGINT or SIGTERM. The attachments stay pinned: the data path keeps forwarding
+    /// while no agent runs, and the next agent swaps its programs in. `cleanup` detaches.
     Run {
         /// The node's underlay NIC (XDP is attached here).
         #[arg(long)]
@@ -87,7 +89,7 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove every pin under the pin root (drops all adopted state).
+    /// Remove every pin under the pin root: detaches the programs and drops all adopted state.
     Cleanup,
 }
 
@@ -229,16 +231,18 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     for iface in &pod_ifaces {
         agent.attachments.extend(dataplane.attach_pod(iface)?);
     }
+    dataplane.unpin_vanished_links();
+    dataplane.release_previous_tails();
     state::write(run_dir, &agent)?;
     tracing::info!(pin_root = %pins.root().display(), "dataplane running");
 
     runtime.block_on(serve(&mut dataplane, cluster, &mut agent, run_dir))?;
 
-    // Dropping the loaded object detaches every program this agent attached; maps stay pinned
-    // for the next agent.
+    // The links, maps and programs stay pinned: the programs keep forwarding with the last
+    // state until the next agent takes them over (or `dataplane cleanup` detaches them).
     drop(dataplane);
     state::remove(run_dir);
-    tracing::info!("detached, exiting");
+    tracing::info!("exiting; programs stay attached through their pinned links");
     Ok(())
 }
 
@@ -456,7 +460,13 @@ fn attach_new_pods(
     run_dir: &std::path::Path,
     interfaces: &[String],
 ) {
-    let mut added = false;
+    // Veths that went away (their pods deleted) or were recreated under the same name.
+    let before = agent.attachments.len();
+    agent
+        .attachments
+        .retain(|a| preflight::interface_index(&a.interface).ok() == Some(a.ifindex));
+    let mut added = agent.attachments.len() != before;
+    dataplane.unpin_vanished_links();
     for iface in interfaces {
         if agent.attachments.iter().any(|a| &a.interface == iface) {
             continue;

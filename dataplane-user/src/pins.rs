@@ -1,5 +1,8 @@
 //! Every bpffs path the agent owns, in one place. Layout under the pin root:
-//! `maps/<MAP>` for maps (adopted across restarts), `progs/<program>` for loaded programs.
+//! `maps/<MAP>` for maps (adopted across restarts), `progs/<program>` for loaded programs,
+//! `links/<program>@<ifindex>[@<mode>]` for attachments. Pinned links keep the programs attached
+//! while no agent runs, so the data path forwards through an agent restart; a new agent swaps
+//! its programs into them atomically. Removing the pins (`dataplane cleanup`) detaches.
 
 use std::{
     ffi::CString,
@@ -47,13 +50,33 @@ impl Pins {
         self.progs_dir().join(name)
     }
 
+    pub fn links_dir(&self) -> PathBuf {
+        self.root.join("links")
+    }
+
+    pub fn link(&self, name: &str) -> PathBuf {
+        self.links_dir().join(name)
+    }
+
+    /// The pinned links, as file names (`<program>@<ifindex>[@<mode>]`).
+    pub fn link_names(&self) -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(self.links_dir())
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|entry| entry.file_name().into_string().ok())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// Makes sure the pin root lies on a bpf filesystem (mounting one at /sys/fs/bpf if the
     /// root is below it and nothing is mounted) and creates the directories.
     pub fn prepare(&self) -> Result<(), AgentError> {
         if self.root.starts_with(BPFFS_MOUNT) && !is_bpffs(Path::new(BPFFS_MOUNT)) {
             mount_bpffs(Path::new(BPFFS_MOUNT))?;
         }
-        for dir in [self.maps_dir(), self.progs_dir()] {
+        for dir in [self.maps_dir(), self.progs_dir(), self.links_dir()] {
             fs::create_dir_all(&dir).map_err(|source| AgentError::Io {
                 action: "creating pin directory",
                 path: dir.clone(),
@@ -69,10 +92,10 @@ impl Pins {
         Ok(())
     }
 
-    /// Removes every pin (maps and programs) and the directories. Programs that are still
-    /// attached stay attached until their links go; maps are freed once nothing uses them.
+    /// Removes every pin (links, maps and programs) and the directories. Unpinning a link no
+    /// process holds detaches its program; maps are freed once nothing uses them.
     pub fn remove_all(&self) -> Result<(), AgentError> {
-        for dir in [self.maps_dir(), self.progs_dir()] {
+        for dir in [self.links_dir(), self.maps_dir(), self.progs_dir()] {
             remove_dir_contents(&dir)?;
         }
         match fs::remove_dir(&self.root) {

@@ -77,3 +77,16 @@ fn effective_capabilities() -> Option<u64> {
     let hex = status.lines().find_map(|l| l.strip_prefix("CapEff:"))?;
     u64::from_str_radix(hex.trim(), 16).ok()
 }
+
+/// The name of interface `ifindex` in this network namespace, if it exists.
+pub fn interface_name(ifindex: u32) -> Option<String> {
+    let mut buffer = [0 as libc::c_char; libc::IF_NAMESIZE];
+    // SAFETY: buffer holds IF_NAMESIZE bytes, as if_indextoname requires.
+    let name = unsafe { libc::if_indextoname(ifindex, buffer.as_mut_ptr()) };
+    if name.is_null() {
+        return None;
+    }
+    // SAFETY: on success if_indextoname wrote a NUL-terminated name into buffer.
+    let name = unsafe { std::ffi::CStr::from_ptr(buffer.as_ptr()) };
+    Some(name.to_string_lossy().into_owned())
+}

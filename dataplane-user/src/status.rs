@@ -16,6 +16,8 @@ use serde::Serialize;
 
 use crate::{
     AgentError, Pins,
+    attach::LinkPin,
+    preflight,
     state::{self, AgentState},
     stats::{self, Counters},
 };
@@ -26,8 +28,18 @@ pub struct StatusReport {
     /// `running`, `stopped` (state left by an agent that is gone) or `absent`.
     pub agent: &'static str,
     pub state: Option<AgentState>,
+    /// The pinned attachments: in force whether or not an agent runs.
+    pub links: Vec<PinnedAttachment>,
     pub maps: Vec<MapFill>,
     pub counters: Option<Counters>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct PinnedAttachment {
+    #[serde(flatten)]
+    pub pin: LinkPin,
+    /// The interface's current name; none when it is gone (the link is then defunct).
+    pub interface: Option<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -52,6 +64,15 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
             maps.push(fill);
         }
     }
+    let links = pins
+        .link_names()
+        .iter()
+        .filter_map(|name| LinkPin::parse(name))
+        .map(|pin| PinnedAttachment {
+            interface: preflight::interface_name(pin.ifindex),
+            pin,
+        })
+        .collect();
     let counters = if maps.is_empty() {
         None
     } else {
@@ -61,6 +82,7 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
         pin_root: pins.root().display().to_string(),
         agent,
         state,
+        links,
         maps,
         counters,
     })
@@ -214,6 +236,24 @@ pub fn render(report: &StatusReport) -> String {
             let _ = writeln!(out, "agent:    {}", report.agent);
         }
     }
+    if !report.links.is_empty() {
+        let _ = writeln!(out, "\npinned links (stay attached while no agent runs):");
+        let _ = writeln!(
+            out,
+            "  {:<16} {:<8} {:<14} MODE",
+            "INTERFACE", "IFINDEX", "PROGRAM"
+        );
+        for link in &report.links {
+            let _ = writeln!(
+                out,
+                "  {:<16} {:<8} {:<14} {}",
+                link.interface.as_deref().unwrap_or("(gone)"),
+                link.pin.ifindex,
+                link.pin.program,
+                link.pin.mode.as_deref().unwrap_or("tcx")
+            );
+        }
+    }
     let _ = writeln!(out, "\nmaps:");
     let _ = writeln!(
         out,
@@ -267,6 +307,14 @@ mod tests {
                     mode: "native".into(),
                 }],
             }),
+            links: vec![PinnedAttachment {
+                pin: LinkPin {
+                    program: "tc_from_pod".into(),
+                    ifindex: 4,
+                    mode: None,
+                },
+                interface: None,
+            }],
             maps: vec![MapFill {
                 name: "DP_DROPS",
                 map_type: "PerCpuArray".into(),
@@ -290,6 +338,10 @@ mod tests {
         );
         assert!(text.contains("eth0") && text.contains("xdp_underlay") && text.contains("native"));
         assert!(text.contains("DP_DROPS") && text.contains("32"));
+        assert!(
+            text.contains("(gone)           4        tc_from_pod    tcx"),
+            "{text}"
+        );
         assert!(
             text.contains("ipv4_bad_ihl") && text.contains(" 3 "),
             "{text}"

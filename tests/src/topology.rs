@@ -528,7 +528,8 @@ impl Node {
     }
 }
 
-/// A running agent; stopped with SIGTERM (and its pins removed) on drop.
+/// A running agent; stopped with SIGTERM and its pins removed (which detaches its programs)
+/// on drop.
 pub struct Agent {
     child: Option<Child>,
     pub pins: Pins,
@@ -594,7 +595,7 @@ impl Agent {
     pub fn stop(&mut self) -> anyhow::Result<std::process::ExitStatus> {
         let mut child = self.child.take().context("agent already stopped")?;
         let pid = libc::pid_t::try_from(child.id())?;
-        // SAFETY: pid is our own child; SIGTERM asks it to detach and exit.
+        // SAFETY: pid is our own child; SIGTERM asks it to exit (its pinned links stay).
         unsafe { libc::kill(pid, libc::SIGTERM) };
         let deadline = Instant::now() + Duration::from_secs(10);
         while Instant::now() < deadline {

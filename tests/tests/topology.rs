@@ -8,9 +8,10 @@ use dataplane_common::{
 use dataplane_tests::{
     packets,
     privileged::privileged,
-    topology::{Topology, exec_in},
+    topology::{Topology, dataplane_binary, exec_in},
 };
 use dataplane_user::stats::Counters;
+use std::process::Command;
 
 fn delta(after: &Counters, before: &Counters, hook: Hook, class: PacketClass) -> u64 {
     after.packets(hook, class) - before.packets(hook, class)
@@ -23,8 +24,8 @@ fn set_layout_version(pins: &dataplane_user::Pins, version: u32) {
 }
 
 #[test]
-fn agents_attach_count_real_traffic_detach_and_adopt_pins_on_restart() {
-    if !privileged("agents_attach_count_real_traffic_detach_and_adopt_pins_on_restart") {
+fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
+    if !privileged("agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart") {
         return;
     }
     let topology = Topology::build(2, 2).expect("build topology");
@@ -122,17 +123,46 @@ fn agents_attach_count_real_traffic_detach_and_adopt_pins_on_restart() {
     assert_eq!(counters.drops(DropReason::Ipv4BadIhl), 1);
     assert_eq!(counters.packets(Hook::FromPod, PacketClass::Dropped), 3);
 
-    // SIGTERM: clean exit, XDP detached, maps stay pinned.
-    let icmp_total = counters.packets(Hook::FromPod, PacketClass::Icmp);
+    // SIGTERM: clean exit; the programs stay attached through their pinned links and keep
+    // forwarding and counting while no agent runs.
     let (pins, run_dir) = agent0.stop_keeping_pins().expect("stop agent 0");
     let link = exec_in(&node0.netns, &["ip", "link", "show", "eth0"]).expect("ip link");
     assert!(
-        !String::from_utf8_lossy(&link.stdout).contains("xdp"),
-        "XDP detached on exit"
+        String::from_utf8_lossy(&link.stdout).contains("xdp"),
+        "XDP stays attached after the agent exits"
     );
     assert!(
         pins.map(META).exists(),
         "maps stay pinned for the next agent"
+    );
+    // XDP and tc on the underlay, tc both ways on two pod veths.
+    let links = pins.link_names();
+    assert_eq!(links.len(), 6, "pinned links: {links:?}");
+    assert!(
+        links
+            .iter()
+            .any(|l| l.starts_with("xdp_underlay@") && l.ends_with("@native")),
+        "{links:?}"
+    );
+    assert!(
+        pinger.ping(node1.pods[0].ip, 2).unwrap(),
+        "ping with no agent"
+    );
+    let icmp_total = counters.packets(Hook::FromPod, PacketClass::Icmp) + 2;
+    let status = Command::new(dataplane_binary())
+        .arg("--pin-root")
+        .arg(pins.root())
+        .arg("--run-dir")
+        .arg(&run_dir)
+        .args(["status", "--json"])
+        .output()
+        .expect("status");
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).expect("json");
+    assert_eq!(status["agent"], "absent");
+    assert_eq!(
+        status["links"].as_array().map(Vec::len),
+        Some(6),
+        "{status}"
     );
 
     // A restarted agent refuses pins of another layout version, naming it...
@@ -151,6 +181,11 @@ fn agents_attach_count_real_traffic_detach_and_adopt_pins_on_restart() {
     let agent0 = node0
         .start_agent_at(pins, run_dir)
         .expect("restarted agent");
+    assert!(
+        agent0.log().contains("took over the pinned link"),
+        "{}",
+        agent0.log()
+    );
     let adopted = agent0.counters().unwrap();
     assert_eq!(
         adopted.packets(Hook::FromPod, PacketClass::Icmp),
