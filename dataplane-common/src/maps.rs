@@ -113,8 +113,9 @@ pub const ALL_MAPS: &[&str] = &[
 pub const PROG_UNDERLAY: &str = "xdp_underlay";
 /// tc program on the host side of every pod veth (ingress, i.e. packets leaving the pod).
 pub const PROG_FROM_POD: &str = "tc_from_pod";
-/// Program array (not pinned; filled by the loader): programs a stage hands the packet on to
-/// with a tail call, so that each is verified on its own.
+/// Program array: programs a stage hands the packet on to with a tail call, so that each is
+/// verified on its own. Not pinned by name: each agent fills its own and pins it under its own
+/// name (`progs/DP_TAILS@<pid>`), since programs of two agent versions must not mix.
 pub const TAILS: &str = "DP_TAILS";
 /// `TAILS` slot of [`PROG_FROM_POD_DELIVER`].
 pub const TAIL_FROM_POD_DELIVER: u32 = 0;

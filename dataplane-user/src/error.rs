@@ -21,6 +21,13 @@ pub enum AgentError {
     )]
     ForwardingDisabled,
 
+    #[error("cannot listen on {address} for metrics: {source}; pick a free address")]
+    Listen {
+        address: std::net::SocketAddr,
+        #[source]
+        source: io::Error,
+    },
+
     #[error(
         "interface {name:?} not found in this network namespace: create it or name an existing one"
     )]

@@ -8,6 +8,7 @@ pub mod error;
 pub mod inspect;
 pub mod lb;
 pub mod loader;
+pub mod metrics;
 pub mod model;
 pub mod netdev;
 pub mod overlay;

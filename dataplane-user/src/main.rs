@@ -3,7 +3,8 @@
 use std::{
     path::PathBuf,
     process::ExitCode,
-    time::{SystemTime, UNIX_EPOCH},
+    sync::Arc,
+    time::{Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::Context as _;
@@ -16,7 +17,9 @@ use dataplane_user::{
         agent::{FirewallAgent, FirewallInputs, Wake},
     },
     attach::XdpModeChoice,
-    inspect, lb, model, netdev,
+    inspect, lb,
+    metrics::{self, Metrics},
+    model, netdev,
     overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
     preflight, source,
@@ -74,6 +77,9 @@ enum Command {
         /// The ACL audit log file (rotated as policyAuditConfig says).
         #[arg(long, default_value = DEFAULT_AUDIT_LOG)]
         audit_log: PathBuf,
+        /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9476.
+        #[arg(long)]
+        metrics_address: Option<std::net::SocketAddr>,
     },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
@@ -123,6 +129,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             node_name,
             dns_server,
             audit_log,
+            metrics_address,
         } => run(
             &pins,
             &cli.run_dir,
@@ -133,6 +140,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 cluster: manifests.zip(node_name),
                 dns_server,
                 audit_log,
+                metrics_address,
             },
         ),
         Command::Status { json } => {
@@ -181,6 +189,7 @@ struct RunArgs {
     cluster: Option<(PathBuf, String)>,
     dns_server: Option<std::net::IpAddr>,
     audit_log: PathBuf,
+    metrics_address: Option<std::net::SocketAddr>,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -194,6 +203,12 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         .build()
         .context("starting the async runtime")?;
     let mut dataplane = Dataplane::load(pins)?;
+    let metrics = Arc::new(Metrics::new(pins));
+    if let Some(address) = args.metrics_address {
+        // Bound before anything is attached, so a taken port fails the start loudly.
+        let listener = runtime.block_on(metrics::bind(address))?;
+        runtime.spawn(metrics::serve(listener, Arc::clone(&metrics)));
+    }
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
     if let Some((dir, node)) = &args.cluster {
@@ -208,8 +223,12 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             lb: lb::LbState::default(),
             firewalls: None,
             fingerprint: Vec::new(),
+            rejected: Vec::new(),
         };
-        for iface in runtime.block_on(watched.sync(&mut dataplane))? {
+        let started = Instant::now();
+        let synced = runtime.block_on(watched.sync(&mut dataplane));
+        metrics.record_sync(started.elapsed(), synced.is_ok(), &watched.rejected);
+        for iface in synced? {
             if !pod_ifaces.contains(&iface) {
                 pod_ifaces.push(iface);
             }
@@ -236,7 +255,13 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     state::write(run_dir, &agent)?;
     tracing::info!(pin_root = %pins.root().display(), "dataplane running");
 
-    runtime.block_on(serve(&mut dataplane, cluster, &mut agent, run_dir))?;
+    runtime.block_on(serve(
+        &mut dataplane,
+        cluster,
+        &mut agent,
+        run_dir,
+        &metrics,
+    ))?;
 
     // The links, maps and programs stay pinned: the programs keep forwarding with the last
     // state until the next agent takes them over (or `dataplane cleanup` detaches them).
@@ -260,6 +285,8 @@ struct Cluster {
     firewalls: Option<FirewallAgent>,
     /// The manifest files (name, size, modification time) as last read.
     fingerprint: Vec<(PathBuf, u64, SystemTime)>,
+    /// Objects the last sync rejected, by kind (for the metrics).
+    rejected: Vec<(&'static str, usize)>,
 }
 
 impl Cluster {
@@ -272,6 +299,7 @@ impl Cluster {
         for rejected in &state.rejected {
             tracing::warn!(%rejected, "manifest object skipped");
         }
+        self.rejected = vec![("manifest", state.rejected.len())];
         let underlay = &self.underlay;
         let mtu =
             netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
@@ -304,7 +332,9 @@ impl Cluster {
             "overlay configured"
         );
         let first = self.firewalls.is_none();
-        configure_services(dataplane, &mut self.lb, &state, &self.node, first)?;
+        let services_rejected =
+            configure_services(dataplane, &mut self.lb, &state, &self.node, first)?;
+        self.rejected.push(("service", services_rejected));
         let own = netdev::local_addresses().context("listing this node's addresses")?;
         dataplane.sync_node_addresses(&own)?;
         let inputs = FirewallInputs {
@@ -321,6 +351,11 @@ impl Cluster {
         match &mut self.firewalls {
             Some(firewalls) => firewalls.update(dataplane, inputs).await?,
             None => self.firewalls = Some(FirewallAgent::start(dataplane, inputs).await?),
+        }
+        if let Some(firewalls) = &self.firewalls {
+            let (firewalls, policies) = firewalls.rejected();
+            self.rejected.push(("egressfirewall", firewalls));
+            self.rejected.push(("networkpolicy", policies));
         }
         Ok(model.pod_interfaces)
     }
@@ -348,14 +383,14 @@ fn fingerprint(dir: &std::path::Path) -> Vec<(PathBuf, u64, SystemTime)> {
 }
 
 /// Compiles the Services and EndpointSlices and syncs the load-balancer maps, taking over what a
-/// previous agent left pinned.
+/// previous agent left pinned. Returns how many services were rejected.
 fn configure_services(
     dataplane: &mut Dataplane,
     lb_state: &mut lb::LbState,
     state: &source::ClusterState,
     node: &str,
     first: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<usize> {
     let compiled = lb::compile_services(&state.services, &state.endpoint_slices, node);
     for error in &compiled.errors {
         tracing::warn!(%error, "service skipped");
@@ -371,7 +406,7 @@ fn configure_services(
         deleted = stats.deleted,
         "services configured"
     );
-    Ok(())
+    Ok(compiled.errors.len())
 }
 
 /// The host interface a pod address is routed to, in this node's namespace.
@@ -400,6 +435,7 @@ async fn serve(
     mut cluster: Option<Cluster>,
     agent: &mut AgentState,
     run_dir: &std::path::Path,
+    metrics: &Metrics,
 ) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -440,7 +476,10 @@ async fn serve(
             }
             Event::Tick if cluster.changed() => {
                 tracing::info!(dir = %cluster.dir.display(), "manifests changed; syncing");
-                match cluster.sync(dataplane).await {
+                let started = Instant::now();
+                let synced = cluster.sync(dataplane).await;
+                metrics.record_sync(started.elapsed(), synced.is_ok(), &cluster.rejected);
+                match synced {
                     Ok(interfaces) => attach_new_pods(dataplane, agent, run_dir, &interfaces),
                     Err(error) => tracing::error!(
                         error = format!("{error:#}"),

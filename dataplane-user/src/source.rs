@@ -203,7 +203,13 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
                 Err(e) => reject(state, e.to_string()),
             }
         }
-        _ => tracing::debug!(file, api_version, kind, name, "kind not used, skipped"),
+        _ => tracing::info!(
+            file,
+            api_version,
+            kind,
+            name,
+            "kind not used by the dataplane, skipped"
+        ),
     }
 }
 

@@ -88,7 +88,7 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
     })
 }
 
-fn map_fill(pins: &Pins, name: &'static str) -> Result<Option<MapFill>, AgentError> {
+pub fn map_fill(pins: &Pins, name: &'static str) -> Result<Option<MapFill>, AgentError> {
     let path = pins.map(name);
     if !path.exists() {
         return Ok(None);

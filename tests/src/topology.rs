@@ -281,6 +281,16 @@ impl Topology {
         Ok(())
     }
 
+    /// Removes a manifest file added with [`Topology::add_manifest`].
+    pub fn remove_manifest(&self, file_name: &str) -> anyhow::Result<()> {
+        let dir = self
+            .manifests
+            .as_ref()
+            .context("manifests exist in overlay mode only")?;
+        fs::remove_file(dir.join(file_name))?;
+        Ok(())
+    }
+
     /// The cluster as Kubernetes objects: the operator Network, one Node per node (InternalIP,
     /// podCIDRs), one Pod per pod (nodeName, podIPs, OVN-Kubernetes' pod-networks annotation).
     fn manifests_yaml(&self) -> String {

@@ -8,7 +8,7 @@ use dataplane_common::{
 use dataplane_tests::{
     packets,
     privileged::privileged,
-    topology::{Topology, dataplane_binary, exec_in},
+    topology::{Mode, Topology, dataplane_binary, exec_in},
 };
 use dataplane_user::stats::Counters;
 use std::process::Command;
@@ -201,4 +201,131 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
         after.packets(Hook::FromPod, PacketClass::Icmp),
         icmp_total + 1
     );
+}
+
+/// `GET <path>` on the agent's metrics address inside `netns`.
+fn scrape(netns: &str, path: &str) -> String {
+    let script = format!(
+        "import urllib.request, time\n\
+         for attempt in range(50):\n\
+         \x20   try:\n\
+         \x20       print(urllib.request.urlopen('http://127.0.0.1:9476{path}', timeout=5).read().decode(), end=''); break\n\
+         \x20   except OSError: time.sleep(0.1)\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("scrape");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The value of the sample `name` (with its labels, as printed) in an exposition.
+fn sample(text: &str, name: &str) -> Option<u64> {
+    text.lines().find_map(|line| {
+        let value = line.strip_prefix(name)?.strip_prefix(' ')?;
+        value.parse().ok()
+    })
+}
+
+#[test]
+fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
+    if !privileged("metrics_report_counters_map_fill_syncs_and_rejected_objects") {
+        return;
+    }
+    let topology = Topology::build_with(2, 1, Mode::Overlay).expect("build topology");
+    // One object of each kind that the agent must refuse, by name, while the rest works: a Pod
+    // whose spec is not a PodSpec, a second Service on the same address and port, an
+    // EgressFirewall with a bad CIDR.
+    let bad = "apiVersion: v1\nkind: Pod\nmetadata: {name: broken, namespace: default}\n\
+               spec: {containers: 5}\n\
+               ---\napiVersion: v1\nkind: Service\nmetadata: {name: one, namespace: default}\n\
+               spec: {clusterIP: 10.96.0.50, ports: [{port: 80, protocol: TCP, targetPort: 80}]}\n\
+               ---\napiVersion: v1\nkind: Service\nmetadata: {name: two, namespace: default}\n\
+               spec: {clusterIP: 10.96.0.50, ports: [{port: 80, protocol: TCP, targetPort: 80}]}\n\
+               ---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+               metadata: {name: default, namespace: default}\n\
+               spec: {egress: [{type: Deny, to: {cidrSelector: 10.0.0.300/8}}]}\n";
+    topology.add_manifest("bad.yaml", bad).expect("manifest");
+    let node0 = topology.node(0);
+    let agent = node0
+        .start_agent_with(&["--metrics-address", "127.0.0.1:9476"])
+        .expect("agent");
+    let _peer = topology.node(1).start_agent().expect("agent on node 1");
+    let pod = &node0.pods[0];
+    assert!(
+        pod.ping(topology.node(1).pods[0].ip, 3).unwrap(),
+        "cross-node ping"
+    );
+
+    let text = scrape(&node0.netns, "/metrics");
+    let counters = agent.counters().expect("counters");
+    let icmp = format!(
+        "dataplane_packets_total{{hook=\"{}\",class=\"{}\"}}",
+        Hook::FromPod.name(),
+        PacketClass::Icmp.name()
+    );
+    assert_eq!(
+        sample(&text, &icmp),
+        Some(counters.packets(Hook::FromPod, PacketClass::Icmp)),
+        "{text}"
+    );
+    assert_eq!(sample(&text, &icmp), Some(3));
+    assert_eq!(
+        sample(&text, "dataplane_syncs_total{result=\"ok\"}"),
+        Some(1)
+    );
+    assert_eq!(
+        sample(&text, "dataplane_sync_duration_seconds_count"),
+        Some(1)
+    );
+    for (kind, count) in [
+        ("manifest", 1),
+        ("service", 1),
+        ("egressfirewall", 1),
+        ("networkpolicy", 0),
+    ] {
+        let name = format!("dataplane_rejected_objects{{kind=\"{kind}\"}}");
+        assert_eq!(sample(&text, &name), Some(count), "{name} in {text}");
+    }
+    // Map fill as status reports it: both nodes' tunnel endpoints, one local pod.
+    let status = agent.status_json().expect("status");
+    for map in status["maps"].as_array().expect("maps") {
+        let name = map["name"].as_str().expect("name");
+        let capacity = format!("dataplane_map_capacity{{map=\"{name}\"}}");
+        assert_eq!(
+            sample(&text, &capacity),
+            map["max_entries"].as_u64(),
+            "{name}"
+        );
+        if name != "DP_PACKETS" && name != "DP_DROPS" {
+            let entries = format!("dataplane_map_entries{{map=\"{name}\"}}");
+            assert_eq!(sample(&text, &entries), map["used"].as_u64(), "{name}");
+        }
+    }
+    assert!(text.ends_with("# EOF\n"));
+    assert_eq!(scrape(&node0.netns, "/healthz"), "ok\n");
+
+    // The bad objects go: the next sync rejects nothing.
+    topology.remove_manifest("bad.yaml").expect("remove");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let text = loop {
+        let text = scrape(&node0.netns, "/metrics");
+        if sample(&text, "dataplane_syncs_total{result=\"ok\"}") == Some(2)
+            || std::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    };
+    assert_eq!(
+        sample(&text, "dataplane_syncs_total{result=\"ok\"}"),
+        Some(2),
+        "{text}"
+    );
+    for kind in ["manifest", "service", "egressfirewall", "networkpolicy"] {
+        let name = format!("dataplane_rejected_objects{{kind=\"{kind}\"}}");
+        assert_eq!(sample(&text, &name), Some(0), "{name}");
+    }
 }

@@ -72,6 +72,11 @@ pub enum Wake {
 }
 
 impl FirewallAgent {
+    /// How many EgressFirewalls and NetworkPolicies the last compile rejected.
+    pub fn rejected(&self) -> (usize, usize) {
+        (self.compiled.errors.len(), self.policy_errors.len())
+    }
+
     /// Compiles the firewalls, resolves their DNS names (within `FIRST_RESOLUTION_BUDGET`),
     /// adopts what a previous agent left pinned, syncs the maps and opens the audit log.
     pub async fn start(

@@ -1,0 +1,248 @@
+//! The Prometheus endpoint: packets by hook and class and drops by reason (summed over CPUs from
+//! the pinned counters), map fill, sync latency and outcome, and the objects the last sync
+//! rejected. Map-backed figures are read at scrape time, so they are never staler than the
+//! scrape; agent figures are kept in the registry as they happen.
+
+use std::{convert::Infallible, fmt, net::SocketAddr, sync::Arc, time::Duration};
+
+use dataplane_common::maps::ALL_MAPS;
+use http_body_util::Full;
+use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
+use hyper_util::rt::TokioIo;
+use prometheus_client::{
+    collector::Collector,
+    encoding::{DescriptorEncoder, EncodeMetric as _, text},
+    metrics::{
+        counter::{ConstCounter, Counter},
+        family::Family,
+        gauge::{ConstGauge, Gauge},
+        histogram::{Histogram, exponential_buckets},
+    },
+    registry::Registry,
+};
+use tokio::net::TcpListener;
+
+use crate::{AgentError, Pins, stats, status};
+
+/// Kinds of object a sync can reject, as the `kind` label says.
+pub const REJECTED_KINDS: &[&str] = &["manifest", "service", "egressfirewall", "networkpolicy"];
+
+/// What the agent records; shared with the HTTP server.
+pub struct Metrics {
+    registry: Registry,
+    syncs: Family<[(&'static str, &'static str); 1], Counter>,
+    sync_seconds: Histogram,
+    rejected: Family<[(&'static str, &'static str); 1], Gauge>,
+}
+
+impl Metrics {
+    pub fn new(pins: &Pins) -> Self {
+        let mut registry = Registry::with_prefix("dataplane");
+        let syncs = Family::default();
+        registry.register(
+            "syncs",
+            "Syncs of the cluster state into the maps, by result (ok or failed)",
+            syncs.clone(),
+        );
+        // 1 ms .. ~16 s.
+        let sync_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "sync_duration_seconds",
+            "Time from reading the cluster state to the maps holding it",
+            sync_seconds.clone(),
+        );
+        let rejected = Family::default();
+        registry.register(
+            "rejected_objects",
+            "Objects the last sync rejected (named in the log), by kind",
+            rejected.clone(),
+        );
+        registry.register_collector(Box::new(PinnedMaps { pins: pins.clone() }));
+        Self {
+            registry,
+            syncs,
+            sync_seconds,
+            rejected,
+        }
+    }
+
+    /// Records one sync: how long it took, whether it held, and per kind how many objects it
+    /// rejected (kinds it did not report keep their value).
+    pub fn record_sync(&self, took: Duration, ok: bool, rejected: &[(&'static str, usize)]) {
+        let result = if ok { "ok" } else { "failed" };
+        self.syncs.get_or_create(&[("result", result)]).inc();
+        if ok {
+            self.sync_seconds.observe(took.as_secs_f64());
+        }
+        for &(kind, count) in rejected {
+            let count = i64::try_from(count).unwrap_or(i64::MAX);
+            self.rejected.get_or_create(&[("kind", kind)]).set(count);
+        }
+    }
+
+    /// The exposition text (OpenMetrics).
+    pub fn render(&self) -> Result<String, fmt::Error> {
+        let mut out = String::new();
+        text::encode(&mut out, &self.registry)?;
+        Ok(out)
+    }
+}
+
+/// Reads the pinned counters and map fill at each scrape.
+#[derive(Debug)]
+struct PinnedMaps {
+    pins: Pins,
+}
+
+impl Collector for PinnedMaps {
+    fn encode(&self, mut encoder: DescriptorEncoder) -> Result<(), fmt::Error> {
+        // A scrape while the maps are being replaced reports what it can; a scrape error would
+        // lose the agent's own figures too.
+        if let Ok(counters) = stats::read(&self.pins) {
+            let packets = encoder.encode_descriptor(
+                "packets",
+                "Packets seen, by attach point and class",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            let mut packets = packets;
+            for row in &counters.packets {
+                let labels = [("hook", row.hook), ("class", row.class)];
+                ConstCounter::new(row.count).encode(packets.encode_family(&labels)?)?;
+            }
+            let mut drops = encoder.encode_descriptor(
+                "drops",
+                "Packets dropped, by reason",
+                None,
+                prometheus_client::metrics::MetricType::Counter,
+            )?;
+            for row in &counters.drops {
+                let labels = [("reason", row.reason)];
+                ConstCounter::new(row.count).encode(drops.encode_family(&labels)?)?;
+            }
+        }
+        let fills: Vec<status::MapFill> = ALL_MAPS
+            .iter()
+            .filter_map(|&name| status::map_fill(&self.pins, name).ok().flatten())
+            .collect();
+        let mut entries = encoder.encode_descriptor(
+            "map_entries",
+            "Entries in use in each pinned map",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for fill in &fills {
+            let labels = [("map", fill.name)];
+            ConstGauge::new(i64::from(fill.used)).encode(entries.encode_family(&labels)?)?;
+        }
+        let mut capacity = encoder.encode_descriptor(
+            "map_capacity",
+            "Maximum entries of each pinned map",
+            None,
+            prometheus_client::metrics::MetricType::Gauge,
+        )?;
+        for fill in &fills {
+            let labels = [("map", fill.name)];
+            ConstGauge::new(i64::from(fill.max_entries))
+                .encode(capacity.encode_family(&labels)?)?;
+        }
+        Ok(())
+    }
+}
+
+/// Binds the metrics listener.
+pub async fn bind(address: SocketAddr) -> Result<TcpListener, AgentError> {
+    let listener = TcpListener::bind(address)
+        .await
+        .map_err(|source| AgentError::Listen { address, source })?;
+    tracing::info!(%address, "serving metrics on /metrics");
+    Ok(listener)
+}
+
+/// Serves `GET /metrics` (and `GET /healthz`) on `listener` for as long as the runtime runs.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+    loop {
+        let (stream, _) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a metrics connection");
+                continue;
+            }
+        };
+        let metrics = Arc::clone(&metrics);
+        tokio::spawn(async move {
+            let service = service_fn(move |request| answer(request, Arc::clone(&metrics)));
+            if let Err(error) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await
+            {
+                tracing::debug!(%error, "metrics connection");
+            }
+        });
+    }
+}
+
+async fn answer(
+    request: Request<hyper::body::Incoming>,
+    metrics: Arc<Metrics>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let reply = |status: StatusCode, content_type: &str, body: String| {
+        let mut response = Response::new(Full::new(Bytes::from(body)));
+        *response.status_mut() = status;
+        if let Ok(value) = content_type.parse() {
+            response
+                .headers_mut()
+                .insert(hyper::header::CONTENT_TYPE, value);
+        }
+        Ok(response)
+    };
+    match (request.method(), request.uri().path()) {
+        (&Method::GET, "/metrics") => match metrics.render() {
+            Ok(body) => reply(
+                StatusCode::OK,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                body,
+            ),
+            Err(_) => reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "text/plain",
+                "encoding failed\n".into(),
+            ),
+        },
+        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        _ => reply(
+            StatusCode::NOT_FOUND,
+            "text/plain",
+            "only /metrics and /healthz\n".into(),
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn agent_figures_are_exposed_with_their_labels() {
+        let metrics = Metrics::new(&Pins::new("/nonexistent/dataplane-metrics-test"));
+        metrics.record_sync(
+            Duration::from_millis(3),
+            true,
+            &[("manifest", 2), ("service", 0)],
+        );
+        metrics.record_sync(Duration::from_millis(1), false, &[]);
+        let text = metrics.render().expect("render");
+        assert!(
+            text.contains("dataplane_syncs_total{result=\"ok\"} 1"),
+            "{text}"
+        );
+        assert!(text.contains("dataplane_syncs_total{result=\"failed\"} 1"));
+        assert!(text.contains("dataplane_rejected_objects{kind=\"manifest\"} 2"));
+        assert!(text.contains("dataplane_rejected_objects{kind=\"service\"} 0"));
+        // One observation of 3 ms: in the 4 ms bucket, not in the 2 ms one.
+        assert!(text.contains("dataplane_sync_duration_seconds_count 1"));
+        assert!(text.contains("dataplane_sync_duration_seconds_bucket{le=\"0.002\"} 0"));
+        assert!(text.contains("dataplane_sync_duration_seconds_bucket{le=\"0.004\"} 1"));
+        assert!(text.ends_with("# EOF\n"));
+    }
+}
