@@ -4,6 +4,7 @@
 pub mod acl;
 pub mod attach;
 pub mod ebpf;
+pub mod egressip;
 pub mod error;
 pub mod inspect;
 pub mod lb;

@@ -16,6 +16,7 @@ use serde::Deserialize;
 
 use crate::{
     acl::{audit::PolicyAuditConfig, firewall::EgressFirewall},
+    egressip::{self, EgressIP},
     overlay::OvnKubernetesConfig,
 };
 
@@ -31,6 +32,8 @@ pub struct ClusterState {
     pub network_policies: Vec<NetworkPolicy>,
     /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
     pub egress_firewalls: Vec<EgressFirewall>,
+    /// Validated EgressIPs (carried for the egress IP feature; nothing reads them yet).
+    pub egress_ips: Vec<EgressIP>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -160,6 +163,13 @@ fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
                 Err(e) => reject(state, e.to_string()),
             }
         }
+        ("k8s.ovn.org/v1", "EgressIP") => match serde_yaml::from_value::<EgressIP>(value) {
+            Ok(egress_ip) => match egressip::validate(&egress_ip) {
+                Ok(()) => state.egress_ips.push(egress_ip),
+                Err(error) => reject(state, error),
+            },
+            Err(e) => reject(state, e.to_string()),
+        },
         ("operator.openshift.io/v1", "Network") => {
             match serde_yaml::from_value::<NetworkOperator>(value) {
                 Ok(network) if network.metadata.name == "cluster" => {
@@ -294,6 +304,16 @@ apiVersion: v1
 kind: Node
 metadata: {name: broken}
 spec: {podCIDRs: "not-a-list"}
+---
+apiVersion: k8s.ovn.org/v1
+kind: EgressIP
+metadata: {name: prod}
+spec: {egressIPs: [172.18.0.33], namespaceSelector: {matchLabels: {env: prod}}}
+---
+apiVersion: k8s.ovn.org/v1
+kind: EgressIP
+metadata: {name: typo}
+spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
 "#;
 
     #[test]
@@ -320,11 +340,16 @@ spec: {podCIDRs: "not-a-list"}
             nets(&["10.244.0.0/16", "fd00:10:244::/48"])
         );
         assert_eq!(state.service_networks, nets(&["10.96.0.0/16"]));
-        assert_eq!(state.rejected.len(), 1, "{:?}", state.rejected);
+        assert_eq!(state.rejected.len(), 2, "{:?}", state.rejected);
         assert!(
             state.rejected[0].starts_with("cluster.yaml: Node broken:"),
             "{:?}",
             state.rejected
+        );
+        assert_eq!(state.egress_ips.len(), 1);
+        assert_eq!(
+            state.rejected[1],
+            "cluster.yaml: EgressIP typo: spec.egressIPs[0]: \"172.18.0.333\" is not an IP address"
         );
     }
 
