@@ -17,7 +17,9 @@ use dataplane_user::{
         agent::{FirewallAgent, FirewallInputs, Wake},
     },
     attach::XdpModeChoice,
-    inspect, lb,
+    inspect,
+    kubernetes::{self, KubeSource},
+    lb,
     metrics::{self, Metrics},
     model, netdev,
     overlay::{self, Underlay},
@@ -63,12 +65,19 @@ enum Command {
         /// XDP attach mode: auto tries offload, then native, then generic.
         #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
         xdp_mode: XdpModeChoice,
-        /// Directory of Kubernetes YAML manifests (Nodes, Pods, the operator Network): the
-        /// cluster state the overlay is built from. Local pods' veths are found and attached.
-        #[arg(long, requires = "node_name")]
+        /// Directory of Kubernetes YAML manifests (Nodes, Pods, Services, policies, ...): the
+        /// cluster state, followed for changes. Local pods' veths are found and attached.
+        #[arg(long, requires = "node_name", conflicts_with = "kubernetes")]
         manifests: Option<PathBuf>,
-        /// This node's name among the manifests' Nodes.
-        #[arg(long)]
+        /// Watch the cluster's API server instead (in-cluster service account, KUBECONFIG or
+        /// ~/.kube/config; or --kubeconfig).
+        #[arg(long, requires = "node_name")]
+        kubernetes: bool,
+        /// The kubeconfig for --kubernetes.
+        #[arg(long, requires = "kubernetes")]
+        kubeconfig: Option<PathBuf>,
+        /// This node's name among the cluster's Nodes.
+        #[arg(long, env = "NODE_NAME")]
         node_name: Option<String>,
         /// Name server for EgressFirewall dnsName rules (default: the node's
         /// /etc/resolv.conf).
@@ -126,6 +135,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             pod_ifaces,
             xdp_mode,
             manifests,
+            kubernetes,
+            kubeconfig,
             node_name,
             dns_server,
             audit_log,
@@ -137,7 +148,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 underlay,
                 pod_ifaces,
                 xdp_mode,
-                cluster: manifests.zip(node_name),
+                cluster: match (manifests, kubernetes) {
+                    (Some(dir), _) => node_name.map(|node| (SourceArg::Manifests(dir), node)),
+                    (None, true) => node_name.map(|node| (SourceArg::Kubernetes(kubeconfig), node)),
+                    (None, false) => None,
+                },
                 dns_server,
                 audit_log,
                 metrics_address,
@@ -181,12 +196,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
     }
 }
 
+enum SourceArg {
+    Manifests(PathBuf),
+    /// The API server, with this kubeconfig or as inferred.
+    Kubernetes(Option<PathBuf>),
+}
+
 struct RunArgs {
     underlay: String,
     pod_ifaces: Vec<String>,
     xdp_mode: XdpModeChoice,
-    /// Manifest directory and this node's name.
-    cluster: Option<(PathBuf, String)>,
+    /// Where the cluster state comes from, and this node's name.
+    cluster: Option<(SourceArg, String)>,
     dns_server: Option<std::net::IpAddr>,
     audit_log: PathBuf,
     metrics_address: Option<std::net::SocketAddr>,
@@ -211,10 +232,24 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     }
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
-    if let Some((dir, node)) = &args.cluster {
+    if let Some((source, node)) = &args.cluster {
         preflight::check_forwarding()?;
+        let source = match source {
+            SourceArg::Manifests(dir) => Source::Manifests {
+                dir: dir.clone(),
+                fingerprint: Vec::new(),
+            },
+            SourceArg::Kubernetes(kubeconfig) => {
+                let client = runtime.block_on(kubernetes::client(kubeconfig.as_deref()))?;
+                let _entered = runtime.enter();
+                let source = KubeSource::start(&client);
+                runtime.block_on(source.wait_ready());
+                tracing::info!("API server lists received");
+                Source::Kubernetes(source)
+            }
+        };
         let mut watched = Cluster {
-            dir: dir.clone(),
+            source,
             node: node.clone(),
             underlay: args.underlay.clone(),
             underlay_index,
@@ -222,7 +257,6 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             audit_log: args.audit_log.clone(),
             lb: lb::LbState::default(),
             firewalls: None,
-            fingerprint: Vec::new(),
             rejected: Vec::new(),
         };
         let started = Instant::now();
@@ -274,7 +308,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
 /// The cluster as this agent keeps it in sync: where it is read from, and what the syncs need
 /// to remember between reads.
 struct Cluster {
-    dir: PathBuf,
+    source: Source,
     node: String,
     underlay: String,
     underlay_index: u32,
@@ -283,8 +317,6 @@ struct Cluster {
     lb: lb::LbState,
     /// Started at the first sync.
     firewalls: Option<FirewallAgent>,
-    /// The manifest files (name, size, modification time) as last read.
-    fingerprint: Vec<(PathBuf, u64, SystemTime)>,
     /// Objects the last sync rejected, by kind (for the metrics).
     rejected: Vec<(&'static str, usize)>,
 }
@@ -294,8 +326,7 @@ impl Cluster {
     /// access-control maps (the first time taking over what a previous agent pinned). Returns
     /// the host-side interfaces of the local pods.
     async fn sync(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<Vec<String>> {
-        self.fingerprint = fingerprint(&self.dir);
-        let state = source::read_dir(&self.dir)?;
+        let state = self.source.read()?;
         for rejected in &state.rejected {
             tracing::warn!(%rejected, "manifest object skipped");
         }
@@ -360,9 +391,52 @@ impl Cluster {
         Ok(model.pod_interfaces)
     }
 
-    /// Whether a manifest file was added, removed or changed since the last read.
     fn changed(&self) -> bool {
-        fingerprint(&self.dir) != self.fingerprint
+        self.source.changed()
+    }
+}
+
+/// Where the cluster state is read from.
+enum Source {
+    Manifests {
+        dir: PathBuf,
+        /// The manifest files (name, size, modification time) as last read.
+        fingerprint: Vec<(PathBuf, u64, SystemTime)>,
+    },
+    Kubernetes(KubeSource),
+}
+
+impl Source {
+    fn read(&mut self) -> anyhow::Result<source::ClusterState> {
+        match self {
+            Source::Manifests {
+                dir,
+                fingerprint: seen,
+            } => {
+                *seen = fingerprint(dir);
+                Ok(source::read_dir(dir)?)
+            }
+            Source::Kubernetes(kube) => Ok(kube.snapshot()),
+        }
+    }
+
+    /// Whether a manifest file was added, removed or changed, or a watch saw an event, since
+    /// the last read.
+    fn changed(&self) -> bool {
+        match self {
+            Source::Manifests {
+                dir,
+                fingerprint: seen,
+            } => fingerprint(dir) != *seen,
+            Source::Kubernetes(kube) => kube.changed(),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Source::Manifests { dir, .. } => format!("manifests in {}", dir.display()),
+            Source::Kubernetes(_) => "the API server".into(),
+        }
     }
 }
 
@@ -475,7 +549,10 @@ async fn serve(
                 }
             }
             Event::Tick if cluster.changed() => {
-                tracing::info!(dir = %cluster.dir.display(), "manifests changed; syncing");
+                tracing::info!(
+                    source = cluster.source.describe(),
+                    "cluster changed; syncing"
+                );
                 let started = Instant::now();
                 let synced = cluster.sync(dataplane).await;
                 metrics.record_sync(started.elapsed(), synced.is_ok(), &cluster.rejected);

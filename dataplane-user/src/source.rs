@@ -95,7 +95,9 @@ pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
     }
 }
 
-fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
+/// Adds one object (any kind; kinds the dataplane does not use are skipped) to `state`,
+/// rejecting it by `origin`, kind and name when it does not parse or validate.
+pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
     let field = |key: &str| {
         value
             .get(key)

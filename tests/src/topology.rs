@@ -457,6 +457,37 @@ impl Pod {
 }
 
 impl Node {
+    /// Starts the stand-in API server (`fake_apiserver`) in this node's namespace, serving the
+    /// topology's manifest directory on 127.0.0.1:6443, and writes a kubeconfig for it.
+    pub fn start_fake_apiserver(&self) -> anyhow::Result<ApiServer> {
+        let dir = self
+            .manifests
+            .as_ref()
+            .context("an API server serves the manifests of overlay mode")?;
+        let binary = dataplane_binary().with_file_name("fake_apiserver");
+        let child = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg(&binary)
+            .arg("--manifests")
+            .arg(dir)
+            .args(["--listen", "127.0.0.1:6443"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .spawn()
+            .with_context(|| format!("starting {}", binary.display()))?;
+        // Beside the manifests (not a .yaml file, so not served) and removed with them.
+        let kubeconfig = dir.join(format!("{}.kubeconfig", self.netns));
+        fs::write(
+            &kubeconfig,
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{name: fake, cluster: {server: 'http://127.0.0.1:6443'}}]\n\
+             users: [{name: agent, user: {}}]\n\
+             contexts: [{name: fake, context: {cluster: fake, user: agent}}]\n\
+             current-context: fake\n",
+        )?;
+        Ok(ApiServer { child, kubeconfig })
+    }
+
     /// Starts the real agent binary in this node's netns, attached to the underlay NIC and
     /// every pod veth, and waits until it reports itself running.
     pub fn start_agent(&self) -> anyhow::Result<Agent> {
@@ -496,7 +527,12 @@ impl Node {
             .arg("--run-dir")
             .arg(&run_dir)
             .args(["run", "--underlay", &self.underlay_iface]);
+        let from_api = extra.contains(&"--kubernetes");
         match &self.manifests {
+            // The cluster from an API server (see `Node::start_fake_apiserver`).
+            Some(_) if from_api => {
+                command.args(["--node-name", &node_name(self.index)]);
+            }
             // The agent finds the pods' veths itself from the cluster state.
             Some(dir) => {
                 command
@@ -535,6 +571,30 @@ impl Node {
             )));
         }
         Ok(agent)
+    }
+}
+
+/// A running stand-in API server; killed on drop.
+pub struct ApiServer {
+    child: Child,
+    pub kubeconfig: PathBuf,
+}
+
+impl ApiServer {
+    /// The agent arguments that make it watch this server.
+    pub fn agent_args(&self) -> Vec<String> {
+        vec![
+            "--kubernetes".into(),
+            "--kubeconfig".into(),
+            self.kubeconfig.display().to_string(),
+        ]
+    }
+}
+
+impl Drop for ApiServer {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

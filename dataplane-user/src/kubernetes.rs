@@ -1,0 +1,293 @@
+//! The API server source: one kube-rs watcher per watched resource, with backoff, feeding a
+//! reflector store. A sync reads a snapshot of all stores into the same [`ClusterState`] the
+//! manifest directory gives, through the same per-object parsing and validation, so an object
+//! that fails it is named and skipped exactly as from a file.
+//!
+//! Objects are watched untyped (`DynamicObject`): a typed watcher fails its whole list when one
+//! object does not decode, and that one bad object must not stop the others from applying. A
+//! lost connection means the watcher backs off and re-lists while the stores (and the maps)
+//! keep the last good state; the re-list marks the source changed, which brings a full resync.
+
+use std::{
+    collections::BTreeSet,
+    path::Path,
+    sync::{
+        Arc, Mutex,
+        atomic::{AtomicBool, Ordering},
+    },
+    time::Duration,
+};
+
+use futures_util::StreamExt as _;
+use kube::{
+    Api, Client, Config,
+    api::{ApiResource, DynamicObject, GroupVersionKind},
+    config::{KubeConfigOptions, Kubeconfig},
+    runtime::{
+        WatchStreamExt as _,
+        reflector::{self, Store, store::Writer},
+        watcher,
+    },
+};
+
+use crate::source::{self, ClusterState};
+
+/// One resource the agent watches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Watched {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub kind: &'static str,
+    pub plural: &'static str,
+    /// Served only where OVN-Kubernetes (or OpenShift) installed its CRD; absent is empty.
+    pub optional: bool,
+}
+
+/// Everything the agent watches: the deployment's ClusterRole grants exactly these (a test
+/// checks it).
+pub const WATCHED: &[Watched] = &[
+    core("Node", "nodes"),
+    core("Pod", "pods"),
+    core("Namespace", "namespaces"),
+    core("Service", "services"),
+    Watched {
+        group: "discovery.k8s.io",
+        version: "v1",
+        kind: "EndpointSlice",
+        plural: "endpointslices",
+        optional: false,
+    },
+    Watched {
+        group: "networking.k8s.io",
+        version: "v1",
+        kind: "NetworkPolicy",
+        plural: "networkpolicies",
+        optional: false,
+    },
+    Watched {
+        group: "k8s.ovn.org",
+        version: "v1",
+        kind: "EgressFirewall",
+        plural: "egressfirewalls",
+        optional: true,
+    },
+    Watched {
+        group: "k8s.ovn.org",
+        version: "v1",
+        kind: "EgressIP",
+        plural: "egressips",
+        optional: true,
+    },
+    Watched {
+        group: "operator.openshift.io",
+        version: "v1",
+        kind: "Network",
+        plural: "networks",
+        optional: true,
+    },
+];
+
+const fn core(kind: &'static str, plural: &'static str) -> Watched {
+    Watched {
+        group: "",
+        version: "v1",
+        kind,
+        plural,
+        optional: false,
+    }
+}
+
+impl Watched {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    fn api_resource(&self) -> ApiResource {
+        let gvk = GroupVersionKind::gvk(self.group, self.version, self.kind);
+        ApiResource::from_gvk_with_plural(&gvk, self.plural)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum KubeSourceError {
+    #[error("kubeconfig {path}: {source}")]
+    Kubeconfig {
+        path: String,
+        #[source]
+        source: kube::config::KubeconfigError,
+    },
+    #[error(
+        "no Kubernetes configuration found (in-cluster service account, KUBECONFIG, ~/.kube/config): {0}"
+    )]
+    Infer(#[source] kube::config::InferConfigError),
+    #[error("Kubernetes client: {0}")]
+    Client(#[source] kube::Error),
+}
+
+/// The watchers' stores and what they have seen.
+pub struct KubeSource {
+    stores: Vec<(Watched, Store<DynamicObject>)>,
+    /// Optional resources the API server does not serve.
+    absent: Arc<Mutex<BTreeSet<&'static str>>>,
+    changed: Arc<AtomicBool>,
+}
+
+/// The client for `kubeconfig`, or as inferred: in-cluster service account, `KUBECONFIG`,
+/// `~/.kube/config`.
+pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError> {
+    let config = match kubeconfig {
+        Some(path) => {
+            let error = |source| KubeSourceError::Kubeconfig {
+                path: path.display().to_string(),
+                source,
+            };
+            let kubeconfig = Kubeconfig::read_from(path).map_err(error)?;
+            Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                .await
+                .map_err(error)?
+        }
+        None => Config::infer().await.map_err(KubeSourceError::Infer)?,
+    };
+    Client::try_from(config).map_err(KubeSourceError::Client)
+}
+
+impl KubeSource {
+    /// Starts one watcher per watched resource on the current runtime.
+    pub fn start(client: &Client) -> Self {
+        let absent = Arc::new(Mutex::new(BTreeSet::new()));
+        let changed = Arc::new(AtomicBool::new(true));
+        let mut stores = Vec::new();
+        for &watched in WATCHED {
+            let resource = watched.api_resource();
+            let writer = Writer::new(resource.clone());
+            stores.push((watched, writer.as_reader()));
+            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
+            tokio::spawn(follow(
+                watched,
+                api,
+                writer,
+                Arc::clone(&absent),
+                Arc::clone(&changed),
+            ));
+        }
+        Self {
+            stores,
+            absent,
+            changed,
+        }
+    }
+
+    /// Waits until every store holds its first full list (or its resource proved absent),
+    /// so that the first sync never applies a partial cluster: an agent taking over pinned
+    /// maps must not drop, say, the firewalls because their list came late.
+    pub async fn wait_ready(&self) {
+        let mut next_report = tokio::time::Instant::now() + Duration::from_secs(5);
+        loop {
+            let pending: Vec<&str> = self
+                .stores
+                .iter()
+                .filter(|(w, store)| !self.is_absent(w) && !is_ready(store))
+                .map(|(w, _)| w.plural)
+                .collect();
+            if pending.is_empty() {
+                return;
+            }
+            if tokio::time::Instant::now() >= next_report {
+                tracing::info!(?pending, "waiting for the API server's first lists");
+                next_report += Duration::from_secs(5);
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Whether anything changed since the last [`Self::snapshot`].
+    pub fn changed(&self) -> bool {
+        self.changed.load(Ordering::Acquire)
+    }
+
+    /// The cluster as the stores hold it now, through the manifest source's parsing.
+    pub fn snapshot(&self) -> ClusterState {
+        self.changed.store(false, Ordering::Release);
+        let mut state = ClusterState::default();
+        for (watched, store) in &self.stores {
+            let api_version = watched.api_version();
+            for object in store.state() {
+                let Ok(mut value) = serde_yaml::to_value(&*object) else {
+                    continue;
+                };
+                // List items come without their type; the resource says what they are.
+                if let Some(map) = value.as_mapping_mut() {
+                    map.insert("apiVersion".into(), api_version.clone().into());
+                    map.insert("kind".into(), watched.kind.into());
+                }
+                let origin = format!("api:{}", watched.plural);
+                source::add_object(&mut state, &origin, value);
+            }
+        }
+        state
+    }
+
+    fn is_absent(&self, watched: &Watched) -> bool {
+        self.absent
+            .lock()
+            .map(|a| a.contains(watched.plural))
+            .unwrap_or(false)
+    }
+}
+
+fn is_ready(store: &Store<DynamicObject>) -> bool {
+    futures_util::FutureExt::now_or_never(store.wait_until_ready()).is_some()
+}
+
+/// Runs one resource's watcher into its store for as long as the runtime runs, marking the
+/// source changed on every event. Errors are logged and retried with backoff; an optional
+/// resource the server does not serve (404) counts as empty.
+async fn follow(
+    watched: Watched,
+    api: Api<DynamicObject>,
+    writer: Writer<DynamicObject>,
+    absent: Arc<Mutex<BTreeSet<&'static str>>>,
+    changed: Arc<AtomicBool>,
+) {
+    let stream = reflector::reflector(
+        writer,
+        watcher(api, watcher::Config::default()).default_backoff(),
+    );
+    let mut stream = std::pin::pin!(stream);
+    let mut failing = false;
+    while let Some(event) = stream.next().await {
+        match event {
+            Ok(_) => {
+                if failing {
+                    tracing::info!(resource = watched.plural, "watch restored");
+                    failing = false;
+                }
+                changed.store(true, Ordering::Release);
+            }
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
+                if watched.optional && status.code == 404 =>
+            {
+                let newly = absent
+                    .lock()
+                    .map(|mut a| a.insert(watched.plural))
+                    .unwrap_or(false);
+                if newly {
+                    tracing::info!(
+                        resource = watched.plural,
+                        "not served by this API server (CRD not installed); taken as empty"
+                    );
+                }
+            }
+            Err(error) => {
+                if !failing {
+                    tracing::warn!(resource = watched.plural, %error, "watch failed; retrying with backoff, the maps keep the last good state");
+                }
+                failing = true;
+            }
+        }
+    }
+}
