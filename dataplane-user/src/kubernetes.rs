@@ -291,3 +291,94 @@ async fn follow(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use k8s_openapi::api::{apps::v1::DaemonSet, rbac::v1::ClusterRole};
+    use serde::Deserialize as _;
+
+    use super::*;
+
+    fn deploy_file(name: &str) -> String {
+        let path = format!("{}/../deploy/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
+
+    /// The documents of a multi-document YAML file of kind `kind`, as `T`.
+    fn objects<T: serde::de::DeserializeOwned>(text: &str, kind: &str) -> Vec<T> {
+        serde_yaml::Deserializer::from_str(text)
+            .map(|d| serde_yaml::Value::deserialize(d).expect("YAML"))
+            .filter(|v| v.get("kind").and_then(|k| k.as_str()) == Some(kind))
+            .map(|v| serde_yaml::from_value(v).expect(kind))
+            .collect()
+    }
+
+    #[test]
+    fn the_cluster_role_grants_list_and_watch_on_exactly_the_watched_resources() {
+        let roles: Vec<ClusterRole> = objects(&deploy_file("rbac.yaml"), "ClusterRole");
+        assert_eq!(roles.len(), 1);
+        let mut granted = BTreeSet::new();
+        for rule in roles[0].rules.iter().flatten() {
+            assert_eq!(rule.verbs, ["list", "watch"], "read-only, nothing more");
+            for group in rule.api_groups.iter().flatten() {
+                for resource in rule.resources.iter().flatten() {
+                    granted.insert((group.clone(), resource.clone()));
+                }
+            }
+        }
+        let watched: BTreeSet<(String, String)> = WATCHED
+            .iter()
+            .map(|w| (w.group.to_owned(), w.plural.to_owned()))
+            .collect();
+        assert_eq!(granted, watched);
+    }
+
+    #[test]
+    fn the_daemonset_runs_a_privileged_host_network_agent_with_bpffs_on_every_node() {
+        let sets: Vec<DaemonSet> = objects(&deploy_file("daemonset.yaml"), "DaemonSet");
+        let pod = sets[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        assert_eq!(pod.host_network, Some(true));
+        assert_eq!(pod.service_account_name.as_deref(), Some("dataplane-agent"));
+        let tolerations = pod.tolerations.as_deref().unwrap_or_default();
+        assert!(
+            tolerations
+                .iter()
+                .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
+            "tolerates every taint"
+        );
+        let agent = &pod.containers[0];
+        assert_eq!(
+            agent.security_context.as_ref().and_then(|s| s.privileged),
+            Some(true)
+        );
+        let args = agent.args.as_deref().unwrap_or_default();
+        assert!(args.iter().any(|a| a == "--kubernetes"), "{args:?}");
+        let mounts: Vec<(&str, Option<&str>)> = agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .map(|m| (m.mount_path.as_str(), m.mount_propagation.as_deref()))
+            .collect();
+        assert!(
+            mounts.contains(&("/sys/fs/bpf", Some("Bidirectional"))),
+            "{mounts:?}"
+        );
+        assert!(mounts.iter().any(|(path, _)| *path == "/sys"));
+        let host_paths: Vec<&str> = pod
+            .volumes
+            .iter()
+            .flatten()
+            .filter_map(|v| v.host_path.as_ref().map(|h| h.path.as_str()))
+            .collect();
+        assert!(host_paths.contains(&"/sys/fs/bpf") && host_paths.contains(&"/sys"));
+        // The ServiceAccount and binding it names exist.
+        let rbac = deploy_file("rbac.yaml");
+        assert!(rbac.contains("kind: ServiceAccount\nmetadata:\n  name: dataplane-agent"));
+    }
+}

@@ -98,3 +98,34 @@ fn status_without_an_agent_reports_absent() {
     assert_eq!(status["agent"], "absent");
     assert_eq!(status["maps"], serde_json::json!([]));
 }
+
+/// The deployment's DaemonSet passes arguments the agent accepts: run with them (the
+/// variables as the kubelet would expand them), it gets as far as looking for the underlay.
+#[test]
+fn the_daemonset_arguments_are_accepted() {
+    if !privileged("the_daemonset_arguments_are_accepted") {
+        return;
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/daemonset.yaml");
+    let text = std::fs::read_to_string(path).expect("daemonset.yaml");
+    let set: k8s_openapi::api::apps::v1::DaemonSet =
+        serde_yaml::from_str(&text).expect("a DaemonSet");
+    let args: Vec<String> = set
+        .spec
+        .and_then(|s| s.template.spec)
+        .and_then(|p| p.containers.into_iter().next())
+        .and_then(|c| c.args)
+        .expect("container args")
+        .into_iter()
+        .map(|a| {
+            a.replace("$(NODE_NAME)", "node-a")
+                .replace("$(UNDERLAY)", "nosuch2")
+        })
+        // The pin root and run dir are the test's own.
+        .filter(|a| !a.starts_with("--pin-root") && !a.starts_with("--run-dir"))
+        .collect();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (code, stderr) = dataplane(&[], &args);
+    assert_eq!(code, Some(1));
+    assert_one_line_error(&stderr, "interface \"nosuch2\" not found");
+}
