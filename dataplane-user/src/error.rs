@@ -21,6 +21,9 @@ pub enum AgentError {
     )]
     ForwardingDisabled,
 
+    #[error("trace: {0}")]
+    Trace(String),
+
     #[error("cannot listen on {address} for metrics: {source}; pick a free address")]
     Listen {
         address: std::net::SocketAddr,

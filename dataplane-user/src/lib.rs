@@ -21,6 +21,7 @@ pub mod state;
 pub mod stats;
 pub mod status;
 pub mod testrun;
+pub mod trace;
 
 pub use error::AgentError;
 pub use loader::Dataplane;

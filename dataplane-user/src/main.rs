@@ -26,7 +26,7 @@ use dataplane_user::{
     pins::DEFAULT_PIN_ROOT,
     preflight, source,
     state::{self, AgentState, DEFAULT_RUN_DIR},
-    status,
+    status, trace,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -101,6 +101,25 @@ enum Command {
         #[arg(value_enum)]
         table: inspect::Table,
         /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a described packet through the loaded programs (BPF_PROG_TEST_RUN) against copies
+    /// of this node's maps, so nothing live changes; print each program's verdict, the
+    /// counters it hit, the entries it created and the packet as it left.
+    Trace {
+        /// Source address: a local pod's (runs tc_from_pod), or any other (runs the underlay
+        /// programs, as traffic arriving at this node).
+        #[arg(long)]
+        from: std::net::IpAddr,
+        /// Destination, `IP:port` (`[IPv6]:port`), or just the IP for ICMP.
+        #[arg(long)]
+        to: String,
+        #[arg(long, value_enum, default_value_t = trace::Protocol::Tcp)]
+        protocol: trace::Protocol,
+        #[arg(long, default_value_t = 40000)]
+        source_port: u16,
+        /// Print JSON instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -184,6 +203,39 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&objects)?);
             } else {
                 print!("{}", inspect::render(&rows));
+            }
+            Ok(())
+        }
+        Command::Trace {
+            from,
+            to,
+            protocol,
+            source_port,
+            json,
+        } => {
+            let (to, port) = match to.parse::<std::net::SocketAddr>() {
+                Ok(address) => (address.ip(), address.port()),
+                Err(_) => match to.parse::<std::net::IpAddr>() {
+                    Ok(ip) if protocol == trace::Protocol::Icmp => (ip, 0),
+                    _ => anyhow::bail!(
+                        "--to {to:?}: expected IP:port ([IPv6]:port), or an IP for ICMP"
+                    ),
+                },
+            };
+            let report = trace::trace(
+                &pins,
+                &trace::Described {
+                    from,
+                    to,
+                    protocol,
+                    source_port,
+                    port,
+                },
+            )?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&report)?);
+            } else {
+                print!("{}", trace::render(&report));
             }
             Ok(())
         }
