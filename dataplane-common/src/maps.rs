@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 3;
+pub const LAYOUT_VERSION: u32 = 4;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -75,7 +75,7 @@ pub const MAX_ACL_PORT_ENTRIES: u32 = 1_048_576;
 
 /// Capacity of the load-balancer maps.
 pub const MAX_SERVICE_PORTS: u32 = 16_384;
-pub const MAX_BACKENDS: u32 = 65_536;
+pub const MAX_BACKENDS: u32 = 262_144;
 pub const MAX_CT_ENTRIES: u32 = 262_144;
 pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
 

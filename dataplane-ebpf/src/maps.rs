@@ -70,7 +70,7 @@ pub static LB_PORTS: aya_ebpf::maps::Array<u64> =
 
 /// Backends by id.
 #[map(name = "DP_LB_BACKENDS")]
-pub static LB_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, 0);
+pub static LB_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, BPF_F_NO_PREALLOC);
 
 /// Maglev tables by index (4 KB each, allocated only for the service ports that exist).
 #[map(name = "DP_LB_MAGLEV")]

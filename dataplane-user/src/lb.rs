@@ -85,8 +85,28 @@ pub fn compile_services(
     node: &str,
 ) -> CompiledServices {
     let mut out = CompiledServices::default();
+    // Slices by namespace and service name, found once: per-service scans would make the
+    // compile quadratic in the number of services.
+    let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
+    for slice in slices {
+        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+        if let Some(name) = slice
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(SERVICE_NAME_LABEL))
+        {
+            by_service.entry((namespace, name)).or_default().push(slice);
+        }
+    }
     for service in services {
-        match compile_service(service, slices, node) {
+        let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
+        let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
+        let own_slices = by_service
+            .get(&(namespace, name))
+            .map(Vec::as_slice)
+            .unwrap_or_default();
+        match compile_service(service, own_slices, node) {
             Ok((ports, warnings)) => {
                 out.ports.extend(ports);
                 out.errors.extend(warnings);
@@ -115,7 +135,7 @@ pub fn compile_services(
 /// One Service's ports, and warnings for ports skipped; `Err` refuses the whole Service.
 fn compile_service(
     service: &Service,
-    slices: &[EndpointSlice],
+    own_slices: &[&EndpointSlice],
     node: &str,
 ) -> Result<(Vec<ServicePort>, Vec<String>), String> {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
@@ -132,17 +152,6 @@ fn compile_service(
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
     let addresses = service_addresses(service).map_err(|e| format!("{id}: {e}"))?;
-    let own_slices: Vec<&EndpointSlice> = slices
-        .iter()
-        .filter(|s| s.metadata.namespace.as_deref().unwrap_or("default") == namespace)
-        .filter(|s| {
-            s.metadata
-                .labels
-                .as_ref()
-                .and_then(|l| l.get(SERVICE_NAME_LABEL))
-                .is_some_and(|n| n == name)
-        })
-        .collect();
     let mut ports = Vec::new();
     let mut warnings = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
@@ -224,7 +233,7 @@ fn compile_service(
         }
         for (key, address, local_only, port_name) in keys {
             let local = local_only.then_some(node);
-            let (ready, terminating) = endpoints_for(&own_slices, port, address, protocol, local);
+            let (ready, terminating) = endpoints_for(own_slices, port, address, protocol, local);
             if ready.len() + terminating.len() > MAX_BACKENDS_PER_SERVICE {
                 return Err(format!(
                     "{field}: {} endpoints, more than the {MAX_BACKENDS_PER_SERVICE} one service port may have",
@@ -465,6 +474,9 @@ pub struct LbState {
     next_service_id: u32,
     /// The port bitmaps as last written (read from the map on the first sync).
     port_words: Option<Vec<u64>>,
+    /// The backends map as last written (read from the map on the first sync), so that a
+    /// sync compares in memory instead of reading every backend back.
+    backends: Option<HashMap<u32, Backend>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -648,15 +660,25 @@ impl Dataplane {
         }
         stats.backends = wanted_backends.len();
         stats.written += self.sync_port_bitmaps(state, ports)?;
+        // Taken out while the maps change: after a failure, the next sync reads them anew.
+        let mut have = match state.backends.take() {
+            Some(have) => have,
+            None => {
+                let backends: BpfHashMap<&mut MapData, u32, Backend> =
+                    self.typed_map(maps::LB_BACKENDS)?;
+                backends.iter().filter_map(Result::ok).collect()
+            }
+        };
         {
             let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
                 self.typed_map(maps::LB_BACKENDS)?;
             for (&id, &backend) in &wanted_backends {
                 let value = backend_value(backend);
-                if backends.get(&id, 0).ok() != Some(value) {
+                if have.get(&id) != Some(&value) {
                     backends
                         .insert(id, value, 0)
                         .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
+                    have.insert(id, value);
                     stats.written += 1;
                 }
             }
@@ -750,17 +772,19 @@ impl Dataplane {
         {
             let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
                 self.typed_map(maps::LB_BACKENDS)?;
-            let stale: Vec<u32> = backends
+            let stale: Vec<u32> = have
                 .keys()
-                .filter_map(Result::ok)
                 .filter(|id| !wanted_backends.contains_key(id))
+                .copied()
                 .collect();
             for id in stale {
                 backends
                     .remove(&id)
                     .map_err(map_err(maps::LB_BACKENDS, "remove backend"))?;
+                have.remove(&id);
                 stats.deleted += 1;
             }
+            state.backends = Some(have);
             state
                 .backend_ids
                 .retain(|_, id| wanted_backends.contains_key(id));
