@@ -46,8 +46,17 @@ struct Cli {
     /// Directory for the running agent's state file.
     #[arg(long, global = true, default_value = DEFAULT_RUN_DIR)]
     run_dir: PathBuf,
+    /// Log lines as text (`key=value` fields) or as JSON objects.
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text)]
+    log_format: LogFormat,
     #[command(subcommand)]
     command: Command,
+}
+
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 #[derive(Subcommand)]
@@ -128,16 +137,22 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
+    let cli = Cli::parse();
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
-        .with_writer(std::io::stderr)
-        // Colour codes only for a terminal: log files and collectors get plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    match dispatch(Cli::parse()) {
+        .with_writer(std::io::stderr);
+    match cli.log_format {
+        // One JSON object per event, its fields as keys: for log collectors.
+        LogFormat::Json => logs.json().init(),
+        // Colour codes only for a terminal: log files get plain text.
+        LogFormat::Text => logs
+            .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+            .init(),
+    }
+    match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
             eprintln!("error: {error:#}");

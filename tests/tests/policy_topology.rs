@@ -239,7 +239,7 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
         seen = probe(&client, &[("tcp", &o, 8080)]).expect("probe");
     }
     assert_eq!(seen, vec![o.as_str()], "{}", agent0.log());
-    assert!(agent0.log().contains("manifests changed; syncing"));
+    assert!(agent0.log().contains("cluster changed; syncing"));
     // The server's ingress policy did not change: the outsider is still refused.
     assert_eq!(
         probe(&outsider, &[("tcp", &s, 8080)]).expect("probe"),

@@ -13,6 +13,8 @@ use dataplane_tests::{
 use dataplane_user::stats::Counters;
 use std::process::Command;
 
+use serde_json::Value;
+
 fn delta(after: &Counters, before: &Counters, hook: Hook, class: PacketClass) -> u64 {
     after.packets(hook, class) - before.packets(hook, class)
 }
@@ -250,7 +252,12 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
     topology.add_manifest("bad.yaml", bad).expect("manifest");
     let node0 = topology.node(0);
     let agent = node0
-        .start_agent_with(&["--metrics-address", "127.0.0.1:9476"])
+        .start_agent_with(&[
+            "--metrics-address",
+            "127.0.0.1:9476",
+            "--log-format",
+            "json",
+        ])
         .expect("agent");
     let _peer = topology.node(1).start_agent().expect("agent on node 1");
     let pod = &node0.pods[0];
@@ -306,6 +313,20 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
     }
     assert!(text.ends_with("# EOF\n"));
     assert_eq!(scrape(&node0.netns, "/healthz"), "ok\n");
+    // Structured logs: one JSON object per line, fields as keys.
+    let log = agent.log();
+    let events: Vec<Value> = log
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {line}")))
+        .collect();
+    assert!(
+        events
+            .iter()
+            .any(|e| e["fields"]["message"] == "serving metrics on /metrics"
+                && e["fields"]["address"] == "127.0.0.1:9476"
+                && e["level"] == "INFO"),
+        "{log}"
+    );
 
     // The bad objects go: the next sync rejects nothing.
     topology.remove_manifest("bad.yaml").expect("remove");

@@ -214,6 +214,31 @@ fn main() -> anyhow::Result<()> {
         ));
     }
 
+    // What the dataplane would do with one more connection, without sending it.
+    let client = first.pods[0].ip.to_string();
+    let target = format!("{SERVICE_IP}:80");
+    println!(
+        "\n== node 0: dataplane trace --from {client} --to {target} (run against copies of the maps)"
+    );
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", first.netns))
+        .arg(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agents[0].pins.root())
+        .args(["trace", "--from", &client, "--to", &target])
+        .env("RUST_LOG", "warn")
+        .output()?;
+    print!("{}", String::from_utf8_lossy(&out.stdout));
+    let traced = String::from_utf8_lossy(&out.stdout);
+    summary.push(format!(
+        "trace {client} -> {target}: {}",
+        if out.status.success() && traced.contains("service_dnat") {
+            "translated to a backend, shown above, nothing live changed"
+        } else {
+            "FAILED"
+        }
+    ));
+
     println!("\n== summary");
     for line in &summary {
         println!("   {line}");
