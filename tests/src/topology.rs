@@ -574,6 +574,21 @@ impl Node {
     }
 }
 
+/// Removes the pins of stopped agents on drop, so that a test failing between stopping an
+/// agent (`Agent::stop_keeping_pins`) and restarting it leaves nothing behind. Removing pins a
+/// restarted agent already removed is harmless.
+pub struct PinsCleanup(pub Vec<Pins>);
+
+impl Drop for PinsCleanup {
+    fn drop(&mut self) {
+        for pins in &self.0 {
+            if let Err(e) = pins.remove_all() {
+                eprintln!("pin cleanup: {e}");
+            }
+        }
+    }
+}
+
 /// A running stand-in API server; killed on drop.
 pub struct ApiServer {
     child: Child,

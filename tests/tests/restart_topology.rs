@@ -16,7 +16,7 @@ use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{ServicePort, cluster_ip_manifests},
-    topology::{Mode, Topology, exec_in},
+    topology::{Mode, PinsCleanup, Topology, exec_in},
 };
 
 const SERVICE_IP: &str = "10.96.0.40";
@@ -112,6 +112,7 @@ fn a_service_connection_survives_restarting_both_agents() {
     // Both agents stop; the stream goes on through the pinned programs, which keep counting.
     let (pins0, run0) = agent0.stop_keeping_pins().expect("stop agent 0");
     let (pins1, run1) = agent1.stop_keeping_pins().expect("stop agent 1");
+    let _cleanup = PinsCleanup(vec![pins0.clone(), pins1.clone()]);
     let stopped = dataplane_user::stats::read(&pins0).expect("counters");
     thread::sleep(Duration::from_millis(1500));
     let unattended = dataplane_user::stats::read(&pins0).expect("counters");

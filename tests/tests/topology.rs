@@ -8,7 +8,7 @@ use dataplane_common::{
 use dataplane_tests::{
     packets,
     privileged::privileged,
-    topology::{Mode, Topology, dataplane_binary, exec_in},
+    topology::{Mode, PinsCleanup, Topology, dataplane_binary, exec_in},
 };
 use dataplane_user::stats::Counters;
 use std::process::Command;
@@ -128,6 +128,7 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
     // SIGTERM: clean exit; the programs stay attached through their pinned links and keep
     // forwarding and counting while no agent runs.
     let (pins, run_dir) = agent0.stop_keeping_pins().expect("stop agent 0");
+    let _cleanup = PinsCleanup(vec![pins.clone()]);
     let link = exec_in(&node0.netns, &["ip", "link", "show", "eth0"]).expect("ip link");
     assert!(
         String::from_utf8_lossy(&link.stdout).contains("xdp"),
