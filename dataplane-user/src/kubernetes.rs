@@ -19,6 +19,7 @@ use std::{
 };
 
 use futures_util::StreamExt as _;
+use tokio::sync::Notify;
 use kube::{
     Api, Client, Config,
     api::{ApiResource, DynamicObject, GroupVersionKind},
@@ -134,6 +135,8 @@ pub struct KubeSource {
     /// Optional resources the API server does not serve.
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
     changed: Arc<AtomicBool>,
+    /// Woken at every change (a permit is kept when nobody waits, so none is lost).
+    wake: Arc<Notify>,
 }
 
 /// The client for `kubeconfig`, or as inferred: in-cluster service account, `KUBECONFIG`,
@@ -160,6 +163,7 @@ impl KubeSource {
     pub fn start(client: &Client) -> Self {
         let absent = Arc::new(Mutex::new(BTreeSet::new()));
         let changed = Arc::new(AtomicBool::new(true));
+        let wake = Arc::new(Notify::new());
         let mut stores = Vec::new();
         for &watched in WATCHED {
             let resource = watched.api_resource();
@@ -171,13 +175,17 @@ impl KubeSource {
                 api,
                 writer,
                 Arc::clone(&absent),
-                Arc::clone(&changed),
+                Flag {
+                    changed: Arc::clone(&changed),
+                    wake: Arc::clone(&wake),
+                },
             ));
         }
         Self {
             stores,
             absent,
             changed,
+            wake,
         }
     }
 
@@ -207,6 +215,12 @@ impl KubeSource {
     /// Whether anything changed since the last [`Self::snapshot`].
     pub fn changed(&self) -> bool {
         self.changed.load(Ordering::Acquire)
+    }
+
+    /// Returns once something changed (possibly before the last snapshot: check
+    /// [`Self::changed`]).
+    pub async fn wait_changed(&self) {
+        self.wake.notified().await;
     }
 
     /// The cluster as the stores hold it now, through the manifest source's parsing.
@@ -243,6 +257,19 @@ fn is_ready(store: &Store<DynamicObject>) -> bool {
     futures_util::FutureExt::now_or_never(store.wait_until_ready()).is_some()
 }
 
+/// How a watcher says the cluster changed.
+struct Flag {
+    changed: Arc<AtomicBool>,
+    wake: Arc<Notify>,
+}
+
+impl Flag {
+    fn raise(&self) {
+        self.changed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+}
+
 /// Runs one resource's watcher into its store for as long as the runtime runs, marking the
 /// source changed on every event. Errors are logged and retried with backoff; an optional
 /// resource the server does not serve (404) counts as empty.
@@ -251,7 +278,7 @@ async fn follow(
     api: Api<DynamicObject>,
     writer: Writer<DynamicObject>,
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
-    changed: Arc<AtomicBool>,
+    changed: Flag,
 ) {
     let stream = reflector::reflector(
         writer,
@@ -266,7 +293,7 @@ async fn follow(
                     tracing::info!(resource = watched.plural, "watch restored");
                     failing = false;
                 }
-                changed.store(true, Ordering::Release);
+                changed.raise();
             }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if watched.optional && status.code == 404 =>
@@ -276,6 +303,7 @@ async fn follow(
                     .map(|mut a| a.insert(watched.plural))
                     .unwrap_or(false);
                 if newly {
+                    changed.raise();
                     tracing::info!(
                         resource = watched.plural,
                         "not served by this API server (CRD not installed); taken as empty"

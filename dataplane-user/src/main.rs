@@ -589,10 +589,22 @@ async fn serve(
                 None => std::future::pending().await,
             }
         };
+        // The API source says when it changed; the manifest directory is looked at each tick.
+        let source_changed = async {
+            match cluster.as_ref().map(|c| &c.source) {
+                Some(Source::Kubernetes(kube)) => {
+                    kube.wait_changed().await;
+                    // A burst of events (a rollout, a re-list) becomes one sync.
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+                _ => std::future::pending().await,
+            }
+        };
         let event = tokio::select! {
             _ = terminate.recv() => Event::Stop,
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
+            _ = source_changed => Event::Tick,
             _ = tick.tick() => Event::Tick,
         };
         let Some(cluster) = cluster.as_mut() else {
