@@ -19,7 +19,6 @@ use std::{
 };
 
 use futures_util::StreamExt as _;
-use tokio::sync::Notify;
 use kube::{
     Api, Client, Config,
     api::{ApiResource, DynamicObject, GroupVersionKind},
@@ -30,6 +29,7 @@ use kube::{
         watcher,
     },
 };
+use tokio::sync::Notify;
 
 use crate::source::{self, ClusterState};
 
