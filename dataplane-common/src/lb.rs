@@ -9,6 +9,8 @@
 
 use crate::overlay::Addr;
 
+pub mod sctp;
+
 /// Words of one port bitmap (one bit per port).
 pub const PORT_BITMAP_WORDS: u32 = 65_536 / 64;
 /// First word of the bitmap of service ports (destination ports worth a service lookup).
@@ -37,6 +39,9 @@ pub const AFFINITY_TIMEOUT_DEFAULT: u32 = 10_800;
 /// defaults: established TCP long-lived, other protocols short, closing TCP briefly).
 pub const CT_TIMEOUT_TCP: u32 = 21_600;
 pub const CT_TIMEOUT_OTHER: u32 = 60;
+/// An SCTP association's idle limit: its heartbeats (every 30 s by default) keep it alive; the
+/// same as netfilter's for an established association.
+pub const CT_TIMEOUT_SCTP: u32 = 210;
 pub const CT_TIMEOUT_CLOSING: u32 = 10;
 
 /// `ServiceKey::scope`: reached from a pod (ClusterIP, external and load-balancer IPs).

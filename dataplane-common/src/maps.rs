@@ -121,6 +121,12 @@ pub const TAILS: &str = "DP_TAILS";
 pub const TAIL_FROM_POD_DELIVER: u32 = 0;
 /// The second half of `tc_from_pod` (access control and the overlay), reached by tail call.
 pub const PROG_FROM_POD_DELIVER: &str = "tc_from_pod_deliver";
+/// `TAILS` slot of [`PROG_FROM_POD_SCTP`].
+pub const TAIL_FROM_POD_SCTP: u32 = 1;
+/// Between the halves of `tc_from_pod` for SCTP: its CRC32c after the load-balancer's port
+/// rewrite, verified on its own (inside either half it multiplies the paths the verifier walks
+/// past its limit).
+pub const PROG_FROM_POD_SCTP: &str = "tc_from_pod_sctp";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";

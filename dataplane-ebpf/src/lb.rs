@@ -28,10 +28,10 @@ use dataplane_common::{
     DropReason, PacketClass,
     lb::{
         AffinityKey, AffinityValue, BACKEND_PORTS_BASE, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL,
-        CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP, CtKey, CtValue,
-        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
-        SCOPE_NODEPORT, SERVICE_PORTS_BASE, ServiceKey, ServiceValue, flow_hash, maglev_slot,
-        port_bit,
+        CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP,
+        CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, ServiceKey, ServiceValue, flow_hash,
+        maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
 };
@@ -51,6 +51,11 @@ const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const IPPROTO_TCP: u8 = 6;
 const IPPROTO_UDP: u8 = 17;
+const IPPROTO_SCTP: u8 = 132;
+/// SCTP chunk types that open and end an association (RFC 9260, 3.2).
+const SCTP_INIT: u8 = 1;
+const SCTP_ABORT: u8 = 6;
+const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
@@ -108,25 +113,25 @@ fn scratch() -> Option<&'static mut LbScratch> {
     Some(unsafe { &mut *s })
 }
 
-/// Reads the flow of a TCP or UDP packet of an untagged frame into `s.flow`; false for
-/// anything else (SCTP ports are not translated yet: its CRC32c covers the whole packet).
+/// Reads the flow of a TCP, UDP or SCTP packet of an untagged frame into `s.flow`; false for
+/// anything else.
 #[inline(always)]
 fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
         return false;
     }
-    if parsed.protocol != IPPROTO_TCP && parsed.protocol != IPPROTO_UDP {
+    if !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
         return false;
     }
     let ipv4 = parsed.ether_type == ETH_P_IP;
     if !read_addresses(ctx, ipv4, &mut s.flow.src, &mut s.flow.dst) {
         return false;
     }
-    s.tcp_flags = if parsed.protocol == IPPROTO_TCP {
-        // A variable offset: the helper, which the verifier follows without help.
-        ctx.load::<u8>(parsed.l4_offset + 13).unwrap_or(0)
-    } else {
-        0
+    // Variable offsets: the helper, which the verifier follows without help.
+    s.tcp_flags = match parsed.protocol {
+        IPPROTO_TCP => ctx.load::<u8>(parsed.l4_offset + 13).unwrap_or(0),
+        IPPROTO_SCTP => sctp_flags(ctx.load::<u8>(parsed.l4_offset + 12).unwrap_or(0)),
+        _ => 0,
     };
     s.flow.src_port_be = parsed.src_port;
     s.flow.dst_port_be = parsed.dst_port;
@@ -138,6 +143,18 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     true
 }
 
+/// The TCP flags an SCTP packet's first chunk amounts to for connection tracking: INIT opens
+/// (as SYN), ABORT and SHUTDOWN COMPLETE end the association (as RST and FIN).
+#[inline(always)]
+fn sctp_flags(chunk_type: u8) -> u8 {
+    match chunk_type {
+        SCTP_INIT => TCP_SYN,
+        SCTP_ABORT => TCP_RST,
+        SCTP_SHUTDOWN_COMPLETE => TCP_FIN,
+        _ => 0,
+    }
+}
+
 /// Whether a tracked entry has been idle longer than its protocol and state allow.
 #[inline(always)]
 fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
@@ -145,6 +162,8 @@ fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
         CT_TIMEOUT_CLOSING
     } else if protocol == IPPROTO_TCP {
         CT_TIMEOUT_TCP
+    } else if protocol == IPPROTO_SCTP {
+        CT_TIMEOUT_SCTP
     } else {
         CT_TIMEOUT_OTHER
     };
@@ -695,8 +714,8 @@ enum Side {
 }
 
 /// Replaces the source or destination address and port with `s.new_addr/new_port`, keeping
-/// the IPv4 header checksum and the TCP/UDP checksum (pseudo-header included) right. A UDP
-/// checksum of zero (none, IPv4) stays zero.
+/// the IPv4 header checksum and the TCP/UDP checksum (pseudo-header included) or SCTP's CRC32c
+/// (ports only, no pseudo-header) right. A UDP checksum of zero (none, IPv4) stays zero.
 #[inline(never)]
 fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> Stage {
     Stage::value(translate(ctx, parsed, s, side).map(|()| 0))
@@ -712,6 +731,7 @@ fn translate(
     let ipv4 = s.ipv4 != 0;
     let l3 = parsed.l3_offset;
     let l4 = parsed.l4_offset;
+    let sctp = parsed.protocol == IPPROTO_SCTP;
     let check = if parsed.protocol == IPPROTO_TCP {
         l4 + 16
     } else {
@@ -755,15 +775,99 @@ fn translate(
     } else {
         ctx.store(at, &s.new_addr, 0).map_err(failed)?;
     }
-    ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
-        .map_err(failed)?;
+    if !sctp {
+        ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
+            .map_err(failed)?;
+    }
     if s.old_port != s.new_port {
         let port_at = if side == Side::Source { l4 } else { l4 + 2 };
         ctx.store(port_at, &s.new_port, 0).map_err(failed)?;
+        if sctp {
+            // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
+            return Ok(());
+        }
         let from = u16::from_ne_bytes(s.old_port) as u64;
         let to = u16::from_ne_bytes(s.new_port) as u64;
         ctx.l4_csum_replace(check, from, to, 2 | mangled)
             .map_err(failed)?;
     }
     Ok(())
+}
+
+/// SCTP's CRC32c after the load-balancer translated the packet (not when it answered it).
+#[inline(always)]
+pub fn follow_sctp(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    outcome: PacketClass,
+) -> Result<(), DropReason> {
+    if !matches!(
+        outcome,
+        PacketClass::ServiceDnat | PacketClass::ServiceReverseNat
+    ) {
+        return Ok(());
+    }
+    follow_sctp_ports(ctx, parsed).into_value().map(|_| ())
+}
+
+/// Keeps an SCTP packet's CRC32c right after the load-balancer changed its ports (the hooks
+/// call it once, after all rewrites: inside each rewrite it would multiply the paths the
+/// verifier walks). The change comes from the ports as parsed and as they are now, and the
+/// packet's length: the payload is never read. A zero field is a CRC the sender's stack left
+/// to be computed on the way out (offloaded, as over veth): that happens later over the
+/// rewritten bytes, so the field is left alone.
+#[inline(never)]
+pub fn follow_sctp_ports(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::value(sctp_follow_ports(ctx, parsed).map(|()| 0))
+}
+
+#[inline(always)]
+fn sctp_follow_ports(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
+    if parsed.protocol != IPPROTO_SCTP || parsed.l4_offset == 0 {
+        return Ok(());
+    }
+    let failed = |_| DropReason::LbRewriteFailed;
+    let (l3, l4) = (parsed.l3_offset, parsed.l4_offset);
+    let ports: [u8; 4] = ctx.load(l4).map_err(failed)?;
+    let (s, d) = (parsed.src_port, parsed.dst_port);
+    let delta = u32::from_ne_bytes([
+        s[0] ^ ports[0],
+        s[1] ^ ports[1],
+        d[0] ^ ports[2],
+        d[1] ^ ports[3],
+    ]);
+    let field: [u8; 4] = ctx.load(l4 + 8).map_err(failed)?;
+    if delta == 0 || field == [0; 4] {
+        return Ok(());
+    }
+    // The IP packet's end, from its header: frame padding is not SCTP's.
+    let ip_len = if parsed.ether_type == ETH_P_IP {
+        u16::from_be_bytes(ctx.load(l3 + 2).map_err(failed)?) as u32
+    } else {
+        u16::from_be_bytes(ctx.load(l3 + 4).map_err(failed)?) as u32 + 40
+    };
+    let sctp_len = ip_len
+        .checked_sub((l4 - l3) as u32)
+        .filter(|len| (4..=0xFFFF).contains(len))
+        .ok_or(DropReason::LbRewriteFailed)?;
+    let change = sctp_crc_change(delta, sctp_len).to_ne_bytes();
+    let updated = [
+        field[0] ^ change[0],
+        field[1] ^ change[1],
+        field[2] ^ change[2],
+        field[3] ^ change[3],
+    ];
+    ctx.store(l4 + 8, &updated, 0).map_err(failed)
+}
+
+/// The CRC32c change of an SCTP packet of `len` bytes whose ports changed by `delta` (see
+/// `dataplane_common::lb::sctp`). A global BPF function: the verifier checks its arithmetic
+/// once on its own, not again on every path that reaches it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn sctp_crc_change(delta: u32, len: u32) -> u32 {
+    u32::from_ne_bytes(port_rewrite_delta(
+        delta.to_ne_bytes(),
+        (len & 0xFFFF) as u16,
+    ))
 }

@@ -9,7 +9,10 @@ use aya_ebpf::{
     macros::classifier,
     programs::TcContext,
 };
-use dataplane_common::{DropReason, Hook, PacketClass, maps::TAIL_FROM_POD_DELIVER};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_SCTP},
+};
 
 use crate::{
     acl, lb,
@@ -21,6 +24,7 @@ use crate::{
 
 /// `skb->cb` word carrying "this is a service reply" from the first half to the second.
 const CB_REPLY: usize = 0;
+const IPPROTO_SCTP: u8 = 132;
 
 #[classifier]
 pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
@@ -57,6 +61,29 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     };
     // SAFETY: this CPU's own slot, read by the second half within this packet's run.
     unsafe { *slot = parsed };
+    let next = if parsed.protocol == IPPROTO_SCTP {
+        TAIL_FROM_POD_SCTP
+    } else {
+        TAIL_FROM_POD_DELIVER
+    };
+    // SAFETY: a tail call either does not return or returns having done nothing.
+    unsafe { TAILS.tail_call(&ctx, next) };
+    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    TC_ACT_SHOT
+}
+
+/// Between the halves of `tc_from_pod` for SCTP: the CRC32c after the load-balancer's port
+/// rewrite (the ports as parsed and as they are now tell what changed; no change, nothing to
+/// do), then on to the second half.
+#[classifier]
+pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0).copied() else {
+        return TC_ACT_SHOT;
+    };
+    if let Err(reason) = lb::follow_sctp_ports(&ctx, &parsed).into_value() {
+        count_drop(Hook::FromPod, reason);
+        return TC_ACT_SHOT;
+    }
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
     count_drop(Hook::FromPod, DropReason::TailCallFailed);

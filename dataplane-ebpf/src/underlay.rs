@@ -57,6 +57,10 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
     match lb::from_underlay(&ctx, &parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);
+            if let Err(reason) = lb::follow_sctp(&ctx, &parsed, outcome) {
+                count_drop(Hook::UnderlayTc, reason);
+                return TC_ACT_SHOT;
+            }
             // Answered or routed out by the load-balancer: its verdict, plus one.
             if answered != 0 {
                 return (answered - 1) as i32;

@@ -3,14 +3,14 @@
 //! order packets can never see half-applied.
 //!
 //! What is compiled: every ClusterIP (all families of `spec.clusterIPs`), external IP and
-//! load-balancer ingress IP of a Service, for each of its TCP and UDP ports, as reached from
+//! load-balancer ingress IP of a Service, for each of its TCP, UDP and SCTP ports, as reached from
 //! pods; and the NodePort of NodePort and LoadBalancer Services, once per address family, as
 //! reached on this node's addresses from the underlay. Backends come from
 //! the EndpointSlices labelled `kubernetes.io/service-name`, matched to the Service port by port
 //! name; ready endpoints take new flows; serving-but-terminating ones only keep their
 //! established flows (or take new ones when no endpoint is ready, as kube-proxy does).
-//! Headless and ExternalName Services have nothing to balance. SCTP ports are skipped with a
-//! warning: the kernel side does not translate SCTP yet (its CRC32c covers the whole packet).
+//! Headless and ExternalName Services have nothing to balance. SCTP ports may differ from their
+//! target ports: the kernel keeps SCTP's CRC32c right across the rewrite.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
@@ -107,10 +107,7 @@ pub fn compile_services(
             .map(Vec::as_slice)
             .unwrap_or_default();
         match compile_service(service, own_slices, node) {
-            Ok((ports, warnings)) => {
-                out.ports.extend(ports);
-                out.errors.extend(warnings);
-            }
+            Ok(ports) => out.ports.extend(ports),
             Err(error) => out.errors.push(error),
         }
     }
@@ -132,20 +129,20 @@ pub fn compile_services(
     out
 }
 
-/// One Service's ports, and warnings for ports skipped; `Err` refuses the whole Service.
+/// One Service's ports; `Err` refuses the whole Service.
 fn compile_service(
     service: &Service,
     own_slices: &[&EndpointSlice],
     node: &str,
-) -> Result<(Vec<ServicePort>, Vec<String>), String> {
+) -> Result<Vec<ServicePort>, String> {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
     let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
     let id = format!("Service {namespace}/{name}");
     let Some(spec) = &service.spec else {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Vec::new());
     };
     if spec.type_.as_deref() == Some("ExternalName") {
-        return Ok((Vec::new(), Vec::new()));
+        return Ok(Vec::new());
     }
     let affinity_timeout = affinity_timeout(service).map_err(|e| format!("{id}: {e}"))?;
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
@@ -153,18 +150,12 @@ fn compile_service(
     let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
     let addresses = service_addresses(service).map_err(|e| format!("{id}: {e}"))?;
     let mut ports = Vec::new();
-    let mut warnings = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let field = format!("{id}: spec.ports[{index}]");
         let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
             "TCP" => 6,
             "UDP" => 17,
-            "SCTP" => {
-                warnings.push(format!(
-                    "{field}: SCTP is not load-balanced yet, port skipped"
-                ));
-                continue;
-            }
+            "SCTP" => 132,
             other => {
                 return Err(format!(
                     "{field}.protocol: {other:?} is not TCP, UDP or SCTP"
@@ -249,7 +240,7 @@ fn compile_service(
             });
         }
     }
-    Ok((ports, warnings))
+    Ok(ports)
 }
 
 /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -343,7 +334,11 @@ fn endpoints_for(
     local_node: Option<&str>,
 ) -> (Vec<BackendAddr>, Vec<BackendAddr>) {
     let family = if address.is_ipv4() { "IPv4" } else { "IPv6" };
-    let protocol_name = if protocol == 6 { "TCP" } else { "UDP" };
+    let protocol_name = match protocol {
+        6 => "TCP",
+        17 => "UDP",
+        _ => "SCTP",
+    };
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
     for slice in slices.iter().filter(|s| s.address_type == family) {

@@ -10,8 +10,9 @@ use aya::{
     programs::{SchedClassifier, Xdp},
 };
 use dataplane_common::maps::{
-    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_TC_BASELINE,
-    PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAILS,
+    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_SCTP,
+    PROG_TC_BASELINE, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER,
+    TAIL_FROM_POD_SCTP, TAILS,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -99,6 +100,7 @@ impl Dataplane {
         for name in [
             PROG_FROM_POD,
             PROG_FROM_POD_DELIVER,
+            PROG_FROM_POD_SCTP,
             PROG_TO_POD,
             PROG_UNDERLAY_TC,
             PROG_TC_BASELINE,
@@ -118,28 +120,31 @@ impl Dataplane {
 
     /// Puts the programs reached by tail call into their slots.
     fn fill_tails(&mut self) -> Result<(), AgentError> {
-        let fd = self
-            .classifier(PROG_FROM_POD_DELIVER)?
-            .fd()
-            .map_err(|source| AgentError::Program {
-                name: PROG_FROM_POD_DELIVER,
-                action: "get its descriptor",
-                source,
-            })?
-            .try_clone()
-            .map_err(|source| AgentError::Program {
-                name: PROG_FROM_POD_DELIVER,
-                action: "duplicate its descriptor",
-                source: source.into(),
-            })?;
-        let mut tails: ProgramArray<&mut MapData> = self.typed_map(TAILS)?;
-        tails
-            .set(TAIL_FROM_POD_DELIVER, &fd, 0)
-            .map_err(|source| AgentError::Map {
+        for (slot, name) in [
+            (TAIL_FROM_POD_DELIVER, PROG_FROM_POD_DELIVER),
+            (TAIL_FROM_POD_SCTP, PROG_FROM_POD_SCTP),
+        ] {
+            let fd = self
+                .classifier(name)?
+                .fd()
+                .map_err(|source| AgentError::Program {
+                    name,
+                    action: "get its descriptor",
+                    source,
+                })?
+                .try_clone()
+                .map_err(|source| AgentError::Program {
+                    name,
+                    action: "duplicate its descriptor",
+                    source: source.into(),
+                })?;
+            let mut tails: ProgramArray<&mut MapData> = self.typed_map(TAILS)?;
+            tails.set(slot, &fd, 0).map_err(|source| AgentError::Map {
                 name: TAILS.into(),
                 action: "fill",
                 source,
             })?;
+        }
         // The kernel empties a program array when its last user reference (descriptor or pin)
         // goes, even while attached programs still jump through it. Pinned under this agent's
         // own name, the array stays filled while no agent runs and until a successor has

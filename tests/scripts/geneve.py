@@ -5,8 +5,8 @@ Reads one JSON request on stdin, prints one JSON answer on stdout:
   {"op": "encap", ...}  -> {"hex": <the encapsulated frame scapy builds>}
   {"op": "decode", "hex": ...} -> the outer and Geneve fields scapy reads
   {"op": "geneve", ...} -> {"hex": <a Geneve packet with the given header/options>}
-  {"op": "l4", ...} -> {"hex": <a TCP or UDP frame, checksums by scapy>}
-  {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP checksums are right
+  {"op": "l4", ...} -> {"hex": <a TCP, UDP or SCTP frame, checksums by scapy>}
+  {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP/SCTP checksums are right
 """
 import json
 import sys
@@ -130,8 +130,24 @@ def icmp_error(req):
     return answer
 
 
+def sctp(req, payload):
+    """An SCTP packet with one chunk: INIT, ABORT or DATA carrying the payload. Its CRC32c is
+    scapy's, or zero with "zero_checksum" (left to offload, as a sender over veth does)."""
+    from scapy.layers.sctp import SCTP, SCTPChunkAbort, SCTPChunkData, SCTPChunkInit
+
+    chunk = {
+        "INIT": lambda: SCTPChunkInit(init_tag=0x1234ABCD, a_rwnd=65536, n_out_streams=10,
+                                      n_in_streams=10, init_tsn=1),
+        "ABORT": lambda: SCTPChunkAbort(),
+    }.get(req.get("flags", ""), lambda: SCTPChunkData(tsn=7, stream_id=0, proto_id=0, data=payload))()
+    header = SCTP(sport=req["sport"], dport=req["dport"], tag=req.get("tag", 0x1234ABCD))
+    if req.get("zero_checksum"):
+        header.chksum = 0
+    return header / chunk
+
+
 def l4(req):
-    """A TCP or UDP frame with every checksum computed by scapy (IPv4 or IPv6)."""
+    """A TCP, UDP or SCTP frame with every checksum computed by scapy (IPv4 or IPv6)."""
     from scapy.all import TCP
 
     eth = Ether(src=req.get("src_mac", "0a:58:0a:f4:01:09"), dst=req.get("dst_mac", "02:00:00:00:01:09"))
@@ -142,6 +158,9 @@ def l4(req):
     if req["proto"] == "tcp":
         l4 = TCP(sport=req["sport"], dport=req["dport"], flags=req.get("flags", "S"),
                  seq=req.get("seq", 1000), ack=req.get("ack", 0), window=req.get("window", 64240))
+    elif req["proto"] == "sctp":
+        payload = bytes.fromhex(req.get("payload", "68656c6c6f"))
+        return {"hex": bytes(eth / ip / sctp(req, payload)).hex()}
     else:
         l4 = UDP(sport=req["sport"], dport=req["dport"])
     payload = bytes.fromhex(req.get("payload", "68656c6c6f"))
@@ -152,15 +171,17 @@ def l4(req):
 
 
 def checksums(req):
-    """Whether the IPv4 header and TCP/UDP checksums of a frame are right, recomputed by scapy."""
+    """Whether the IPv4 header and TCP/UDP/SCTP checksums of a frame are right, recomputed by
+    scapy (SCTP's is CRC32c over the SCTP packet)."""
     from scapy.all import TCP
+    from scapy.layers.sctp import SCTP
 
     pkt = Ether(bytes.fromhex(req["hex"]))
     fresh = pkt.copy()
     answer = {}
     if IP in pkt:
         del fresh[IP].chksum
-    l4 = TCP if TCP in pkt else UDP
+    l4 = TCP if TCP in pkt else SCTP if SCTP in pkt else UDP
     del fresh[l4].chksum
     rebuilt = Ether(bytes(fresh))
     if IP in pkt:

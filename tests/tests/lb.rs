@@ -9,8 +9,8 @@ use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, CT_ORIGINAL, CT_REPLY, CtKey, CtValue, SCOPE_CLUSTER,
-        ServiceKey, flow_hash, maglev_slot,
+        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
+        SCOPE_CLUSTER, ServiceKey, flow_hash, maglev_slot,
     },
     maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY_TC},
 };
@@ -218,6 +218,128 @@ fn dnat_and_reverse_nat_are_byte_exact_for_tcp_udp_ipv4_and_ipv6() {
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
         3
+    );
+}
+
+/// An SCTP frame with one chunk (`INIT`, `ABORT`, or DATA with `payload`), as scapy builds it;
+/// its CRC32c zero when `zero_checksum` (left to offload by the sender's stack).
+fn sctp_frame(
+    src: &str,
+    sport: u16,
+    dst: &str,
+    dport: u16,
+    chunk: &str,
+    payload: &[u8],
+    zero_checksum: bool,
+) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "l4", "proto": "sctp", "src": src, "dst": dst, "sport": sport,
+            "dport": dport, "flags": chunk, "payload": hex(payload),
+            "zero_checksum": zero_checksum,
+        }))
+        .expect("scapy sctp"),
+    )
+}
+
+#[test]
+fn sctp_is_translated_with_its_crc32c_kept_right() {
+    if !privileged("sctp_is_translated_with_its_crc32c_kept_right") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    // Port 80 to target 8080: the CRC covers the ports. Port 9000 to 9000 over IPv6: only
+    // addresses change, which SCTP's CRC does not cover.
+    let ports = vec![
+        service(
+            "10.96.0.10",
+            80,
+            132,
+            &["10.244.1.3:8080", "10.244.2.5:8080"],
+            0,
+        ),
+        service("fd00:96::10", 9000, 132, &["[fd00:10:244:1::3]:9000"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let long = vec![0xa5; 1200];
+    let cases = [
+        ("10.244.1.9", 40000, "10.96.0.10", &ports[0]),
+        ("fd00:10:244:1::9", 40001, "fd00:96::10", &ports[1]),
+    ];
+    for (client, sport, vip, port) in cases {
+        let vport = u16::from_be_bytes(port.key.port_be);
+        let key = ct_key(client, sport, vip, vport, 132, CT_ORIGINAL);
+        let chosen = predicted(&state, port, &key);
+        let backend_ip = text(chosen.ip);
+        // The association opens, then data flows: short, long (the CRC's length tables past
+        // 256 bytes) and with the CRC left to offload (zero, and left zero).
+        let packets: [(&str, &[u8], bool); 4] = [
+            ("INIT", b"", false),
+            ("", b"hello", false),
+            ("", &long, false),
+            ("", b"offloaded", true),
+        ];
+        for (chunk, payload, zero) in packets {
+            let request = sctp_frame(client, sport, vip, vport, chunk, payload, zero);
+            let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+            assert_eq!(out.action, TC_ACT_OK, "{client} {chunk:?}: continues");
+            let expected = sctp_frame(
+                client,
+                sport,
+                &backend_ip,
+                chosen.port,
+                chunk,
+                payload,
+                zero,
+            );
+            assert_eq!(
+                hex(&out.output),
+                hex(&expected),
+                "{client} {chunk:?} {} bytes: DNAT to {chosen}",
+                payload.len()
+            );
+            if !zero {
+                assert!(checksums_ok(&out.output), "{client}: CRC32c by scapy");
+            }
+        }
+        let original = ct_entry(&mut fixture, &key).expect("original entry");
+        assert_eq!(original.addr, addr16(chosen.ip));
+        assert_eq!(original.port_be, chosen.port.to_be_bytes());
+
+        // Replies get the service address and port back, CRC included.
+        let reply = sctp_frame(&backend_ip, chosen.port, client, sport, "", b"back", false);
+        let expected = sctp_frame(vip, vport, client, sport, "", b"back", false);
+        for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
+            let out = fixture.run_tc(program, &reply, 1).expect("tc run");
+            assert_eq!(out.action, TC_ACT_OK);
+            assert_eq!(
+                hex(&out.output),
+                hex(&expected),
+                "{client}: reverse NAT in {program}"
+            );
+            assert!(checksums_ok(&out.output));
+        }
+
+        // ABORT ends the association: the entry only lingers briefly.
+        let abort = sctp_frame(client, sport, vip, vport, "ABORT", b"", false);
+        let out = fixture.run_tc(PROG_FROM_POD, &abort, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        let closing = ct_entry(&mut fixture, &key).expect("entry after abort");
+        assert_ne!(
+            closing.flags & CT_CLOSING,
+            0,
+            "{client}: ABORT marks closing"
+        );
+    }
+    let counters = fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceDnat),
+        10
+    );
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat),
+        2
     );
 }
 

@@ -51,6 +51,7 @@ addressType: IPv4
 ports:
 - {name: http, port: 8080, protocol: TCP}
 - {name: dns, port: 5353, protocol: UDP}
+- {name: sig, port: 9000, protocol: SCTP}
 endpoints:
 - addresses: [10.244.1.5]
   conditions: {ready: true, serving: true, terminating: false}
@@ -86,10 +87,7 @@ endpoints: [{addresses: [10.9.9.9]}]
 #[test]
 fn multi_port_dual_stack_service_with_named_ports_and_terminating_endpoints() {
     let out = compile_yaml(MULTI_PORT);
-    assert_eq!(
-        out.errors,
-        vec!["Service shop/web: spec.ports[2]: SCTP is not load-balanced yet, port skipped"]
-    );
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
     let find = |ip: &str, port: u16, protocol: u8| {
         let key = ServiceKey {
             addr: addr16(ip.parse().unwrap()),
@@ -102,16 +100,16 @@ fn multi_port_dual_stack_service_with_named_ports_and_terminating_endpoints() {
             .find(|p| p.key == key)
             .unwrap_or_else(|| panic!("no service port {ip}:{port}/{protocol}"))
     };
-    // Four addresses x two ports (UDP on IPv6 exists with no backend: new flows are
-    // answered, not black-holed), and the external and load-balancer IPs again as reached
+    // Four addresses x three ports (UDP and SCTP on IPv6 exist with no backend: new flows
+    // are answered, not black-holed), and the external and load-balancer IPs again as reached
     // from outside.
-    assert_eq!(out.ports.len(), 12);
+    assert_eq!(out.ports.len(), 18);
     let external: Vec<&ServicePort> = out
         .ports
         .iter()
         .filter(|p| p.key.scope == SCOPE_EXTERNAL)
         .collect();
-    assert_eq!(external.len(), 4);
+    assert_eq!(external.len(), 6);
     assert!(external.iter().all(|p| p.ready.len() == 2), "{external:?}");
     for ip in ["10.96.0.10", "192.0.2.10", "198.51.100.7"] {
         let http = find(ip, 80, 6);
@@ -123,12 +121,16 @@ fn multi_port_dual_stack_service_with_named_ports_and_terminating_endpoints() {
         assert_eq!(http.name, "shop/web:http");
         let dns = find(ip, 53, 17);
         assert_eq!(dns.ready, backends(&["10.244.1.5:5353", "10.244.1.8:5353"]));
+        // SCTP, matched to the slice's port of the same name and protocol.
+        let sig = find(ip, 9000, 132);
+        assert_eq!(sig.ready, backends(&["10.244.1.5:9000", "10.244.1.8:9000"]));
     }
     assert_eq!(
         find("fd00:96::10", 80, 6).ready,
         backends(&["[fd00:10:244:1::5]:8080"])
     );
     assert!(find("fd00:96::10", 53, 17).ready.is_empty());
+    assert!(find("fd00:96::10", 9000, 132).ready.is_empty());
     assert!(out.ports.iter().all(|p| p.affinity_timeout == 0));
 }
 
@@ -383,14 +385,16 @@ fn port_bitmaps_mark_service_ports_and_backend_ports() {
         let (word, bit) = port_bit(base, port);
         words[word as usize] & bit != 0
     };
-    for port in [80, 53] {
+    for port in [80, 53, 9000] {
         assert!(marked(SERVICE_PORTS_BASE, port));
     }
-    for port in [8080, 5353] {
+    for port in [8080, 5353, 9000] {
         assert!(marked(BACKEND_PORTS_BASE, port));
+    }
+    for port in [8080, 5353] {
         assert!(!marked(SERVICE_PORTS_BASE, port));
     }
     assert!(!marked(BACKEND_PORTS_BASE, 80));
     let set: u32 = words.iter().map(|w| w.count_ones()).sum();
-    assert_eq!(set, 4, "nothing else is marked");
+    assert_eq!(set, 6, "nothing else is marked");
 }
