@@ -127,6 +127,19 @@ pub const TAIL_FROM_POD_SCTP: u32 = 1;
 /// rewrite, verified on its own (inside either half it multiplies the paths the verifier walks
 /// past its limit).
 pub const PROG_FROM_POD_SCTP: &str = "tc_from_pod_sctp";
+/// `TAILS` slot of [`PROG_FROM_POD_ICMP`].
+pub const TAIL_FROM_POD_ICMP: u32 = 2;
+/// Between the halves of `tc_from_pod` for ICMP and ICMPv6: an error from a local backend
+/// about a service flow gets the service's address back (in the quoted packet too).
+pub const PROG_FROM_POD_ICMP: &str = "tc_from_pod_icmp";
+/// `TAILS` slot of [`PROG_UNDERLAY_ICMP`].
+pub const TAIL_UNDERLAY_ICMP: u32 = 3;
+/// After `tc_underlay` for ICMP and ICMPv6: the same for errors from remote backends.
+pub const PROG_UNDERLAY_ICMP: &str = "tc_underlay_icmp";
+/// `TAILS` slot of [`PROG_UNDERLAY_SCTP`].
+pub const TAIL_UNDERLAY_SCTP: u32 = 4;
+/// `tc_underlay` for SCTP: the same load-balancing, then the CRC32c after a port rewrite.
+pub const PROG_UNDERLAY_SCTP: &str = "tc_underlay_sctp";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";

@@ -871,3 +871,218 @@ pub extern "C" fn sctp_crc_change(delta: u32, len: u32) -> u32 {
         (len & 0xFFFF) as u16,
     ))
 }
+
+/// ICMP error types that quote the packet they are about (RFC 792, RFC 4443).
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMP_PARAMETER_PROBLEM: u8 = 12;
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PARAMETER_PROBLEM: u8 = 4;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_ICMPV6: u8 = 58;
+
+/// An ICMP or ICMPv6 error from a backend about a packet of a service flow (port unreachable,
+/// packet too big, ...), given the service's address back: the quoted packet's destination
+/// address and port become the service's, and so does the error's source when it is the
+/// backend. Without this the client's stack, which sent to the service, matches the error to
+/// no socket. The value is 1 when the error was translated. Flows the load-balancer also
+/// masqueraded (hairpin, NodePort through another node) are left as they are.
+#[inline(never)]
+pub fn icmp_error_reverse_nat(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    Stage::value(translate_icmp_error(ctx, parsed).map(u32::from))
+}
+
+#[inline(always)]
+fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropReason> {
+    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
+        return Ok(false);
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    let icmp = parsed.l4_offset;
+    let Ok(kind) = ctx.load::<u8>(icmp) else {
+        return Ok(false);
+    };
+    let is_error = if ipv4 {
+        parsed.protocol == IPPROTO_ICMP
+            && matches!(
+                kind,
+                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
+            )
+    } else {
+        parsed.protocol == IPPROTO_ICMPV6
+            && (ICMPV6_DEST_UNREACH..=ICMPV6_PARAMETER_PROBLEM).contains(&kind)
+    };
+    let Some(s) = scratch() else {
+        return Ok(false);
+    };
+    if !is_error {
+        return Ok(false);
+    }
+    let Some(quoted_l4) = read_quoted_reply_flow(ctx, icmp + 8, ipv4, s) else {
+        return Ok(false);
+    };
+    let Some(entry) = (unsafe { LB_CT.get(&s.flow) }).copied() else {
+        return Ok(false);
+    };
+    if entry.flags & (CT_SNAT | CT_NODEPORT) != 0 || expired(&entry, s.flow.protocol, now()) {
+        return Ok(false);
+    }
+    let failed = |_| DropReason::LbRewriteFailed;
+    let check = icmp + 2;
+    let quoted = icmp + 8;
+    // The quoted destination: the backend becomes the service.
+    s.old_addr = s.flow.src;
+    s.new_addr = entry.addr;
+    let diff = address_diff(s)?;
+    if ipv4 {
+        ctx.store(quoted + 16, &v4_of(&s.new_addr), 0)
+            .map_err(failed)?;
+        // The quoted header's own checksum moves opposite to the address, so the ICMP
+        // checksum over both stays as it was.
+        ctx.l3_csum_replace(quoted + 10, 0, diff as u64, 0)
+            .map_err(failed)?;
+    } else {
+        ctx.store(quoted + 24, &s.new_addr, 0).map_err(failed)?;
+        ctx.l4_csum_replace(check, 0, diff as u64, 0)
+            .map_err(failed)?;
+    }
+    // The quoted destination port, and the quoted transport checksum when it is quoted.
+    ctx.store(quoted_l4 + 2, &entry.port_be, 0)
+        .map_err(failed)?;
+    let from = u16::from_ne_bytes(s.flow.src_port_be) as u64;
+    let to = u16::from_ne_bytes(entry.port_be) as u64;
+    ctx.l4_csum_replace(check, from, to, 2).map_err(failed)?;
+    let quoted_check = match s.flow.protocol {
+        IPPROTO_TCP => quoted_l4 + 16,
+        IPPROTO_UDP => quoted_l4 + 6,
+        _ => 0,
+    };
+    if quoted_check != 0
+        && let Ok(before) = ctx.load::<u16>(quoted_check)
+        && before != 0
+    {
+        let mangled = if s.flow.protocol == IPPROTO_UDP {
+            BPF_F_MARK_MANGLED_0 as u64
+        } else {
+            0
+        };
+        ctx.l4_csum_replace(quoted_check, 0, diff as u64, mangled)
+            .map_err(failed)?;
+        ctx.l4_csum_replace(quoted_check, from, to, 2 | mangled)
+            .map_err(failed)?;
+        let after = ctx.load::<u16>(quoted_check).map_err(failed)?;
+        ctx.l4_csum_replace(check, before as u64, after as u64, 2)
+            .map_err(failed)?;
+    }
+    // The error's source, when the backend itself sent it (a router on the way keeps its own).
+    if sent_by(ctx, ipv4, &s.old_addr) {
+        if ipv4 {
+            ctx.store(ETH_LEN + 12, &v4_of(&s.new_addr), 0)
+                .map_err(failed)?;
+            ctx.l3_csum_replace(ETH_LEN + 10, 0, diff as u64, 0)
+                .map_err(failed)?;
+        } else {
+            ctx.store(ETH_LEN + 8, &s.new_addr, 0).map_err(failed)?;
+            ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
+                .map_err(failed)?;
+        }
+    }
+    Ok(true)
+}
+
+/// Whether the packet's source address is `addr`.
+#[inline(always)]
+fn sent_by(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
+    if ipv4 {
+        ctx.load::<u32>(ETH_LEN + 12)
+            .is_ok_and(|src| src == u32::from_ne_bytes(v4_of(addr)))
+    } else {
+        let (Ok(high), Ok(low)) = (ctx.load::<u64>(ETH_LEN + 8), ctx.load::<u64>(ETH_LEN + 16))
+        else {
+            return false;
+        };
+        let (a, b) = addr.split_at(8);
+        high == u64::from_ne_bytes(a.try_into().unwrap_or_default())
+            && low == u64::from_ne_bytes(b.try_into().unwrap_or_default())
+    }
+}
+
+/// Reads the packet an ICMP error quotes (its IP header at `quoted`) as the reply direction of
+/// its flow into `s.flow`: from the backend it was sent to back to the client. Returns the
+/// offset of its transport header; `None` when it is not a TCP, UDP or SCTP packet quoted
+/// with its ports.
+#[inline(always)]
+fn read_quoted_reply_flow(
+    ctx: &TcContext,
+    quoted: usize,
+    ipv4: bool,
+    s: &mut LbScratch,
+) -> Option<usize> {
+    let (protocol, quoted_l4) = if ipv4 {
+        let Ok(first) = ctx.load::<u8>(quoted) else {
+            return None;
+        };
+        let header_len = ((first & 0x0F) as usize) * 4;
+        if first >> 4 != 4 || header_len < 20 {
+            return None;
+        }
+        let (Ok(protocol), Ok(a)) = (ctx.load::<u8>(quoted + 9), ctx.load::<[u8; 8]>(quoted + 12))
+        else {
+            return None;
+        };
+        s.flow.dst = ipv4_mapped([a[0], a[1], a[2], a[3]]);
+        s.flow.src = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+        (protocol, quoted + header_len)
+    } else {
+        let (Ok(protocol), Ok(src), Ok(dst)) = (
+            ctx.load::<u8>(quoted + 6),
+            ctx.load::<Addr>(quoted + 8),
+            ctx.load::<Addr>(quoted + 24),
+        ) else {
+            return None;
+        };
+        s.flow.dst = src;
+        s.flow.src = dst;
+        (protocol, quoted + 40)
+    };
+    if !matches!(protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
+        return None;
+    }
+    let Ok(ports) = ctx.load::<[u8; 4]>(quoted_l4) else {
+        return None;
+    };
+    s.flow.src_port_be = [ports[2], ports[3]];
+    s.flow.dst_port_be = [ports[0], ports[1]];
+    s.flow.protocol = protocol;
+    s.flow.direction = CT_REPLY;
+    s.flow._pad = [0; 2];
+    s.ipv4 = ipv4 as u8;
+    Some(quoted_l4)
+}
+
+/// The one's-complement difference from `s.old_addr` to `s.new_addr` (the last four bytes for
+/// IPv4).
+#[inline(always)]
+fn address_diff(s: &mut LbScratch) -> Result<i64, DropReason> {
+    let skip = if s.ipv4 != 0 { 12 } else { 0 };
+    // SAFETY: both buffers are 16 bytes of map memory; the helper reads `16 - skip` of each.
+    let diff = unsafe {
+        bpf_csum_diff(
+            s.old_addr.as_mut_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            s.new_addr.as_mut_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            0,
+        )
+    };
+    if diff < 0 {
+        return Err(DropReason::LbRewriteFailed);
+    }
+    Ok(diff)
+}
+
+/// The IPv4 address of an IPv4-mapped one.
+#[inline(always)]
+fn v4_of(addr: &Addr) -> [u8; 4] {
+    [addr[12], addr[13], addr[14], addr[15]]
+}

@@ -102,7 +102,7 @@ pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
 
 /// Later halves of programs, reached by tail call (filled by the loader).
 #[map(name = "DP_TAILS")]
-pub static TAILS: ProgramArray = ProgramArray::with_max_entries(4, 0);
+pub static TAILS: ProgramArray = ProgramArray::with_max_entries(8, 0);
 
 /// How many local pod addresses are under access control (0: skip the stage).
 #[map(name = "DP_ACL_ACTIVE")]

@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_SCTP},
+    maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP},
 };
 
 use crate::{
@@ -63,6 +63,8 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     unsafe { *slot = parsed };
     let next = if parsed.protocol == IPPROTO_SCTP {
         TAIL_FROM_POD_SCTP
+    } else if matches!(parsed.class, PacketClass::Icmp | PacketClass::Icmpv6) {
+        TAIL_FROM_POD_ICMP
     } else {
         TAIL_FROM_POD_DELIVER
     };
@@ -83,6 +85,31 @@ pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
     if let Err(reason) = lb::follow_sctp_ports(&ctx, &parsed).into_value() {
         count_drop(Hook::FromPod, reason);
         return TC_ACT_SHOT;
+    }
+    // SAFETY: a tail call either does not return or returns having done nothing.
+    unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
+    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    TC_ACT_SHOT
+}
+
+/// Between the halves of `tc_from_pod` for ICMP and ICMPv6: an error a local backend sends
+/// about a service flow is given the service's address back, and then passes as a reply of
+/// that flow; then on to the second half.
+#[classifier]
+pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0).copied() else {
+        return TC_ACT_SHOT;
+    };
+    match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
+        Ok(0) => {}
+        Ok(_) => {
+            count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
+            ctx.cb_mut()[CB_REPLY] = 1;
+        }
+        Err(reason) => {
+            count_drop(Hook::FromPod, reason);
+            return TC_ACT_SHOT;
+        }
     }
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };

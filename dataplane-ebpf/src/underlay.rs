@@ -12,11 +12,17 @@ use aya_ebpf::{
     macros::{classifier, xdp},
     programs::{TcContext, XdpContext},
 };
-use dataplane_common::{Hook, PacketClass, acl::SERVICE_REPLY_MARK};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    acl::SERVICE_REPLY_MARK,
+    maps::{TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP},
+};
 
 use crate::{
-    acl, lb, overlay,
-    parse::{Packet, parse, parse_skb},
+    acl, lb,
+    maps::{PARSED, TAILS},
+    overlay,
+    parse::{Packet, Parsed, parse, parse_skb},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -44,6 +50,46 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
     }
 }
 
+/// Hands the packet (and its parse) on to the program in `TAILS` slot `next`. If that fails
+/// the packet passes as it is, as before those programs existed.
+#[inline(always)]
+fn hand_on(ctx: &TcContext, parsed: &Parsed, next: u32) -> i32 {
+    let Some(slot) = PARSED.get_ptr_mut(0) else {
+        return TC_ACT_OK;
+    };
+    // SAFETY: this CPU's own slot, read by the tail-called program within this packet's run.
+    unsafe { *slot = *parsed };
+    // SAFETY: a tail call either does not return or returns having done nothing.
+    unsafe { TAILS.tail_call(ctx, next) };
+    count_drop(Hook::UnderlayTc, DropReason::TailCallFailed);
+    TC_ACT_OK
+}
+
+/// After `tc_underlay` for ICMP and ICMPv6: an error a remote backend sent about a service flow
+/// (decapsulated by XDP) is given the service's address back and passes as a reply of that
+/// flow, so the client pod's ingress policy lets it in.
+#[classifier]
+pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0).copied() else {
+        return TC_ACT_OK;
+    };
+    match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
+        Ok(0) => TC_ACT_OK,
+        Ok(_) => {
+            count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
+            ctx.set_mark(acl::skb_mark(&ctx) | SERVICE_REPLY_MARK);
+            TC_ACT_OK
+        }
+        Err(reason) => {
+            count_drop(Hook::UnderlayTc, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// tc ingress on the underlay: ICMP and SCTP go on to their own programs (each verified on its
+/// own: in one program the load-balancer's paths times theirs are more than the verifier
+/// walks); everything else is load-balanced here.
 #[classifier]
 pub fn tc_underlay(ctx: TcContext) -> i32 {
     let parsed = match parse_skb(&ctx) {
@@ -54,10 +100,30 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::UnderlayTc, parsed.class);
-    match lb::from_underlay(&ctx, &parsed).result() {
+    match parsed.class {
+        PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),
+        PacketClass::Sctp => hand_on(&ctx, &parsed, TAIL_UNDERLAY_SCTP),
+        _ => underlay_services(&ctx, &parsed, false),
+    }
+}
+
+/// `tc_underlay` for SCTP: the same, with the CRC32c corrected after a port rewrite.
+#[classifier]
+pub fn tc_underlay_sctp(ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0).copied() else {
+        return TC_ACT_OK;
+    };
+    underlay_services(&ctx, &parsed, true)
+}
+
+/// Reverse NAT of replies from remote backends and NodePort DNAT, then delivery of what was
+/// DNAT'd; `sctp`: the packet is SCTP.
+#[inline(always)]
+fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
+    match lb::from_underlay(ctx, parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);
-            if let Err(reason) = lb::follow_sctp(&ctx, &parsed, outcome) {
+            if sctp && let Err(reason) = lb::follow_sctp(ctx, parsed, outcome) {
                 count_drop(Hook::UnderlayTc, reason);
                 return TC_ACT_SHOT;
             }
@@ -67,7 +133,7 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
             }
             if outcome == PacketClass::ServiceReverseNat {
                 // The client pod's ingress policy lets replies of its own connections pass.
-                ctx.set_mark(acl::skb_mark(&ctx) | SERVICE_REPLY_MARK);
+                ctx.set_mark(acl::skb_mark(ctx) | SERVICE_REPLY_MARK);
             }
             if outcome != PacketClass::ServiceDnat {
                 return TC_ACT_OK;
@@ -81,13 +147,13 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
     }
     // A NodePort packet now addressed to its backend: a backend here is handed over without
     // passing its veth's egress, so its ingress policy is applied now.
-    if let Err(reason) = acl::to_pod(&ctx, &parsed, Hook::UnderlayTc).result() {
+    if let Err(reason) = acl::to_pod(ctx, parsed, Hook::UnderlayTc).result() {
         count_drop(Hook::UnderlayTc, reason);
         return TC_ACT_SHOT;
     }
     // Delivered to the pod here or wrapped in Geneve towards the backend's node, as the
     // overlay does for pods.
-    match overlay::from_pod(&ctx, &parsed).result() {
+    match overlay::from_pod(ctx, parsed).result() {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);
             verdict as i32

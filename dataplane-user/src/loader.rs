@@ -10,9 +10,10 @@ use aya::{
     programs::{SchedClassifier, Xdp},
 };
 use dataplane_common::maps::{
-    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_SCTP,
-    PROG_TC_BASELINE, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER,
-    TAIL_FROM_POD_SCTP, TAILS,
+    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_ICMP,
+    PROG_FROM_POD_SCTP, PROG_TC_BASELINE, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_ICMP,
+    PROG_UNDERLAY_SCTP, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP,
+    TAIL_FROM_POD_SCTP, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP, TAILS,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -101,6 +102,9 @@ impl Dataplane {
             PROG_FROM_POD,
             PROG_FROM_POD_DELIVER,
             PROG_FROM_POD_SCTP,
+            PROG_FROM_POD_ICMP,
+            PROG_UNDERLAY_ICMP,
+            PROG_UNDERLAY_SCTP,
             PROG_TO_POD,
             PROG_UNDERLAY_TC,
             PROG_TC_BASELINE,
@@ -123,6 +127,9 @@ impl Dataplane {
         for (slot, name) in [
             (TAIL_FROM_POD_DELIVER, PROG_FROM_POD_DELIVER),
             (TAIL_FROM_POD_SCTP, PROG_FROM_POD_SCTP),
+            (TAIL_FROM_POD_ICMP, PROG_FROM_POD_ICMP),
+            (TAIL_UNDERLAY_ICMP, PROG_UNDERLAY_ICMP),
+            (TAIL_UNDERLAY_SCTP, PROG_UNDERLAY_SCTP),
         ] {
             let fd = self
                 .classifier(name)?

@@ -7,6 +7,7 @@ Reads one JSON request on stdin, prints one JSON answer on stdout:
   {"op": "geneve", ...} -> {"hex": <a Geneve packet with the given header/options>}
   {"op": "l4", ...} -> {"hex": <a TCP, UDP or SCTP frame, checksums by scapy>}
   {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP/SCTP checksums are right
+  {"op": "icmp_about", ...} -> {"hex": <an ICMP/ICMPv6 error quoting a given IP packet>}
 """
 import json
 import sys
@@ -190,11 +191,27 @@ def checksums(req):
     return answer
 
 
+def icmp_about(req):
+    """An ICMP (or ICMPv6) error from `src` to `dst` of `type`/`code` quoting the IP packet
+    `quote` (hex), every checksum computed by scapy."""
+    from scapy.all import ICMP, ICMPv6DestUnreach, ICMPv6PacketTooBig, ICMPv6TimeExceeded
+
+    eth = Ether(src=req.get("src_mac", "0a:58:0a:f4:01:03"), dst=req.get("dst_mac", "02:00:00:00:01:03"))
+    quote = Raw(bytes.fromhex(req["quote"]))
+    if ":" in req["src"]:
+        layer = {1: ICMPv6DestUnreach, 2: ICMPv6PacketTooBig, 3: ICMPv6TimeExceeded}[req["type"]]
+        error = layer(code=req["code"])
+        pkt = eth / IPv6(src=req["src"], dst=req["dst"], hlim=64) / error / quote
+    else:
+        pkt = eth / IP(src=req["src"], dst=req["dst"], ttl=64, id=7) / ICMP(type=req["type"], code=req["code"]) / quote
+    return {"hex": bytes(pkt).hex()}
+
+
 def main():
     req = json.load(sys.stdin)
     handler = {
         "encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error,
-        "l4": l4, "checksums": checksums,
+        "l4": l4, "checksums": checksums, "icmp_about": icmp_about,
     }[req["op"]]
     json.dump(handler(req), sys.stdout)
 

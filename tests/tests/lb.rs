@@ -343,6 +343,98 @@ fn sctp_is_translated_with_its_crc32c_kept_right() {
     );
 }
 
+/// An ICMP (IPv4 source) or ICMPv6 error from `src` to `dst` quoting the IP packet of `frame`
+/// (its Ethernet header left out), as scapy builds it.
+fn icmp_about(src: &str, dst: &str, kind: u8, code: u8, frame: &[u8]) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "icmp_about", "src": src, "dst": dst, "type": kind, "code": code,
+            "quote": hex(&frame[14..]),
+        }))
+        .expect("scapy icmp"),
+    )
+}
+
+#[test]
+fn icmp_errors_from_backends_get_the_service_address_back() {
+    if !privileged("icmp_errors_from_backends_get_the_service_address_back") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![
+        service("10.96.0.10", 53, 17, &["10.244.1.3:5353"], 0),
+        service("fd00:96::10", 443, 6, &["[fd00:10:244:1::3]:8443"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    // (protocol, client, service, backend, error type and code: port unreachable, and a
+    // time exceeded sent by a router on the way.)
+    let cases = [
+        (
+            "udp",
+            "10.244.1.9",
+            ("10.96.0.10", 53),
+            ("10.244.1.3", 5353),
+            (3, 3),
+            None,
+        ),
+        (
+            "udp",
+            "10.244.1.9",
+            ("10.96.0.10", 53),
+            ("10.244.1.3", 5353),
+            (11, 0),
+            Some("10.244.9.1"),
+        ),
+        (
+            "tcp",
+            "fd00:10:244:1::9",
+            ("fd00:96::10", 443),
+            ("fd00:10:244:1::3", 8443),
+            (1, 4),
+            None,
+        ),
+    ];
+    let mut translated = 0;
+    for (n, (proto, client, (vip, vport), (backend, bport), (kind, code), router)) in
+        cases.into_iter().enumerate()
+    {
+        let sport = 41000 + n as u16;
+        let flags = if proto == "tcp" { "S" } else { "" };
+        let request = frame(proto, client, sport, vip, vport, flags);
+        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        let sent = frame(proto, client, sport, backend, bport, flags);
+        assert_eq!(hex(&out.output), hex(&sent), "{proto}: DNAT first");
+
+        // The backend (or a router) answers the packet it got with an error; the client must
+        // get it about the packet it sent, from the service.
+        let from = router.unwrap_or(backend);
+        let error = icmp_about(from, client, kind, code, &sent);
+        let expected = icmp_about(router.unwrap_or(vip), client, kind, code, &request);
+        for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
+            let out = fixture.run_tc(program, &error, 1).expect("tc run");
+            assert_eq!(out.action, TC_ACT_OK, "{proto} {kind}/{code} in {program}");
+            assert_eq!(
+                hex(&out.output),
+                hex(&expected),
+                "{proto} {kind}/{code} from {from} in {program}: every checksum as scapy's"
+            );
+            translated += 1;
+        }
+    }
+    // An error about a flow nobody tracks passes as it is.
+    let stranger = frame("udp", "10.244.1.9", 999, "10.244.1.3", 5353, "");
+    let error = icmp_about("10.244.1.3", "10.244.1.9", 3, 3, &stranger);
+    let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_OK);
+    assert_eq!(hex(&out.output), hex(&error), "untracked: untouched");
+
+    let counters = fixture.counters();
+    let reverse = counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat)
+        + counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
+    assert_eq!(reverse, translated);
+}
+
 #[test]
 fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
     if !privileged("new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend") {
