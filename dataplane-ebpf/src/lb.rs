@@ -20,7 +20,7 @@
 )]
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR},
+    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     helpers::{bpf_csum_diff, bpf_ktime_get_coarse_ns},
     programs::TcContext,
 };
@@ -582,12 +582,6 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     } else {
         s.snat_addr = [0; 16];
     }
-    // The source port the translated packets leave with: the client's own, unless another
-    // client's flow to the same backend already holds it under this node's address.
-    s.snat_port = s.flow.src_port_be;
-    if remote && !hairpin {
-        s.snat_port = free_snat_port(s, backend_id).ok_or(DropReason::LbSnatPortsExhausted)?;
-    }
     let flags = if s.snat != 0 { CT_SNAT } else { 0 };
     let reply_flags = if s.nodeport != 0 {
         flags | CT_NODEPORT
@@ -595,17 +589,6 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
         flags
     };
 
-    let original = &mut s.original_entry;
-    original.addr = s.new_addr;
-    original.port_be = s.new_port;
-    original.flags = flags;
-    original._pad = 0;
-    original.backend_id = backend_id;
-    original.service_id = service.id;
-    original.last_seen = now;
-    original.nat_addr = s.snat_addr;
-    original.nat_port_be = s.snat_port;
-    original._pad2 = [0; 2];
     let reply_entry = &mut s.reply_entry;
     reply_entry.addr = s.flow.dst;
     reply_entry.port_be = s.flow.dst_port_be;
@@ -617,26 +600,55 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     reply_entry.nat_addr = s.flow.src;
     reply_entry.nat_port_be = s.flow.src_port_be;
     reply_entry._pad2 = [0; 2];
-    let reply = &mut s.reply;
-    reply.src = s.new_addr;
-    reply.dst = if s.snat != 0 { s.snat_addr } else { s.flow.src };
-    reply.src_port_be = s.new_port;
-    reply.dst_port_be = s.snat_port;
-    reply.protocol = s.flow.protocol;
-    reply.direction = CT_REPLY;
-    reply._pad = [0; 2];
+    // The source port the translated packets leave with: the client's own, unless another
+    // client's flow to the same backend already holds it under this node's address. The port
+    // is claimed by inserting the reply entry, so two CPUs never hand out the same one.
+    let claimed = remote && !hairpin;
+    s.snat_port = s.flow.src_port_be;
+    if claimed {
+        s.snat_port = claim_snat_port(s, backend_id).ok_or(DropReason::LbSnatPortsExhausted)?;
+    }
+    let original = &mut s.original_entry;
+    original.addr = s.new_addr;
+    original.port_be = s.new_port;
+    original.flags = flags;
+    original._pad = 0;
+    original.backend_id = backend_id;
+    original.service_id = service.id;
+    original.last_seen = now;
+    original.nat_addr = s.snat_addr;
+    original.nat_port_be = s.snat_port;
+    original._pad2 = [0; 2];
     s.flow.direction = CT_ORIGINAL;
-    // The reply entry first: a reply can never arrive before its original is sent.
-    let _ = LB_CT.insert(&s.reply, &s.reply_entry, 0);
+    if !claimed {
+        set_reply_key(s, s.snat_port);
+        // The reply entry first: a reply can never arrive before its original is sent.
+        let _ = LB_CT.insert(&s.reply, &s.reply_entry, 0);
+    }
     let _ = LB_CT.insert(&s.flow, &s.original_entry, 0);
     Ok(())
 }
 
-/// A source port for a masqueraded flow whose reply key (backend to this node's address) no
-/// live flow holds: the client's own port first, then up to seven others spread over the
-/// ephemeral range 32768-60999 by the flow.
+/// `s.reply`: the reply direction of the new flow, from the backend to the client or, when
+/// masqueraded, to `s.snat_addr` at `port`.
 #[inline(always)]
-fn free_snat_port(s: &mut LbScratch, backend_id: u32) -> Option<[u8; 2]> {
+fn set_reply_key(s: &mut LbScratch, port: [u8; 2]) {
+    let reply = &mut s.reply;
+    reply.src = s.new_addr;
+    reply.dst = if s.snat != 0 { s.snat_addr } else { s.flow.src };
+    reply.src_port_be = s.new_port;
+    reply.dst_port_be = port;
+    reply.protocol = s.flow.protocol;
+    reply.direction = CT_REPLY;
+    reply._pad = [0; 2];
+}
+
+/// Claims a source port for a masqueraded flow by inserting its reply entry (`s.reply_entry`)
+/// under the reply key only if no flow holds that key (atomic: `BPF_NOEXIST`; entries of
+/// ended flows leave as the LRU map evicts them): the client's own port first, then up to seven
+/// others spread over the ephemeral range 32768-60999 by the flow.
+#[inline(always)]
+fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Option<[u8; 2]> {
     let client_port = u16::from_be_bytes(s.flow.src_port_be) as u32;
     let seed = (client_port ^ backend_id.rotate_left(16)).wrapping_mul(0x9e37_79b1);
     for attempt in 0..SNAT_PORT_ATTEMPTS {
@@ -645,16 +657,11 @@ fn free_snat_port(s: &mut LbScratch, backend_id: u32) -> Option<[u8; 2]> {
         } else {
             (32_768 + seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % 28_232) as u16
         };
-        let reply = &mut s.reply;
-        reply.src = s.new_addr;
-        reply.dst = s.snat_addr;
-        reply.src_port_be = s.new_port;
-        reply.dst_port_be = port.to_be_bytes();
-        reply.protocol = s.flow.protocol;
-        reply.direction = CT_REPLY;
-        reply._pad = [0; 2];
-        // SAFETY: only presence is checked.
-        if unsafe { LB_CT.get(&s.reply) }.is_none() {
+        set_reply_key(s, port.to_be_bytes());
+        if LB_CT
+            .insert(&s.reply, &s.reply_entry, BPF_NOEXIST as u64)
+            .is_ok()
+        {
             return Some(port.to_be_bytes());
         }
     }
