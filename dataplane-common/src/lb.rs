@@ -44,6 +44,13 @@ pub const CT_TIMEOUT_OTHER: u32 = 60;
 pub const CT_TIMEOUT_SCTP: u32 = 210;
 pub const CT_TIMEOUT_CLOSING: u32 = 10;
 
+/// Source ports of masqueraded flows (NodePort to a backend on another node): above the
+/// kernel's default ephemeral range (32768-60999), and reserved on the node by the agent
+/// (`ip_local_reserved_ports`) so the node's own connections never take one of them: a reply
+/// to a local socket must never look like a reply of a masqueraded flow.
+pub const SNAT_PORT_MIN: u16 = 61_000;
+pub const SNAT_PORT_MAX: u16 = 65_535;
+
 /// `ServiceKey::scope`: reached from a pod (ClusterIP, external and load-balancer IPs).
 pub const SCOPE_CLUSTER: u8 = 0;
 /// `ServiceKey::scope`: a NodePort, reached on any address of this node from the underlay.

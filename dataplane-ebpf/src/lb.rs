@@ -30,8 +30,8 @@ use dataplane_common::{
         AffinityKey, AffinityValue, BACKEND_PORTS_BASE, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL,
         CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP,
         CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, ServiceKey, ServiceValue, flow_hash,
-        maglev_slot, port_bit, sctp::port_rewrite_delta,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN,
+        ServiceKey, ServiceValue, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
 };
@@ -61,7 +61,7 @@ const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 /// Source ports tried for a masqueraded NodePort flow before giving up.
-const SNAT_PORT_ATTEMPTS: u32 = 8;
+const SNAT_PORT_ATTEMPTS: u32 = 4;
 
 /// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
 /// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
@@ -600,13 +600,14 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     reply_entry.nat_addr = s.flow.src;
     reply_entry.nat_port_be = s.flow.src_port_be;
     reply_entry._pad2 = [0; 2];
-    // The source port the translated packets leave with: the client's own, unless another
-    // client's flow to the same backend already holds it under this node's address. The port
-    // is claimed by inserting the reply entry, so two CPUs never hand out the same one.
+    // The source port the translated packets leave with: the client's own, unless the flow is
+    // masqueraded to this node's address; then one of the reserved range that no other flow to
+    // the same backend holds, claimed by inserting the reply entry, so two CPUs never hand
+    // out the same one.
     let claimed = remote && !hairpin;
     s.snat_port = s.flow.src_port_be;
     if claimed {
-        s.snat_port = claim_snat_port(s, backend_id).ok_or(DropReason::LbSnatPortsExhausted)?;
+        s.snat_port = (claim_snat_port(s, backend_id).into_value()? as u16).to_be_bytes();
     }
     let original = &mut s.original_entry;
     original.addr = s.new_addr;
@@ -645,24 +646,33 @@ fn set_reply_key(s: &mut LbScratch, port: [u8; 2]) {
 
 /// Claims a source port for a masqueraded flow by inserting its reply entry (`s.reply_entry`)
 /// under the reply key only if no flow holds that key (atomic: `BPF_NOEXIST`; entries of
-/// ended flows leave as the LRU map evicts them): the client's own port first, then up to seven
-/// others spread over the ephemeral range 32768-60999 by the flow.
+/// ended flows leave as the LRU map evicts them): up to four ports of the reserved range
+/// (`SNAT_PORT_MIN..=SNAT_PORT_MAX`), spread by the flow.
+#[inline(never)]
+fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Stage {
+    Stage::value(
+        claimed_port(s, backend_id)
+            .map(u32::from)
+            .ok_or(DropReason::LbSnatPortsExhausted),
+    )
+}
+
 #[inline(always)]
-fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Option<[u8; 2]> {
-    let client_port = u16::from_be_bytes(s.flow.src_port_be) as u32;
-    let seed = (client_port ^ backend_id.rotate_left(16)).wrapping_mul(0x9e37_79b1);
+fn claimed_port(s: &mut LbScratch, backend_id: u32) -> Option<u16> {
+    const RANGE: u32 = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
+    let a = s.flow.src;
+    let client = u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
+    let port = u16::from_ne_bytes(s.flow.src_port_be) as u32;
+    let seed = (client ^ port << 16 ^ backend_id.rotate_left(8)).wrapping_mul(0x9e37_79b1);
     for attempt in 0..SNAT_PORT_ATTEMPTS {
-        let port = if attempt == 0 {
-            client_port as u16
-        } else {
-            (32_768 + seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % 28_232) as u16
-        };
+        let offset = seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % RANGE;
+        let port = SNAT_PORT_MIN + offset as u16;
         set_reply_key(s, port.to_be_bytes());
         if LB_CT
             .insert(&s.reply, &s.reply_entry, BPF_NOEXIST as u64)
             .is_ok()
         {
-            return Some(port.to_be_bytes());
+            return Some(port);
         }
     }
     None

@@ -23,7 +23,7 @@ use dataplane_common::{
         AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, BACKEND_PORTS_BASE,
         Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4,
         PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
-        ServiceKey, ServiceValue, port_bit,
+        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, port_bit,
     },
     maps::{self, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
@@ -786,6 +786,54 @@ impl Dataplane {
         }
         Ok(stats)
     }
+}
+
+/// The node's list of ports its own sockets never get as ephemeral ports.
+const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+
+/// Reserves the masquerade source ports (`SNAT_PORT_MIN..=SNAT_PORT_MAX`) on this node, so no
+/// local connection to a backend ever shares its ports with a masqueraded flow (its replies
+/// would be taken for that flow's). Ports reserved by others stay reserved.
+pub fn reserve_snat_ports() -> Result<(), AgentError> {
+    let io = |action| {
+        move |source| AgentError::Io {
+            action,
+            path: RESERVED_PORTS.into(),
+            source,
+        }
+    };
+    let current = std::fs::read_to_string(RESERVED_PORTS).map_err(io("reading"))?;
+    if let Some(updated) = with_snat_ports(&current) {
+        std::fs::write(RESERVED_PORTS, &updated).map_err(io("writing"))?;
+        tracing::info!(reserved = %updated, "masquerade source ports reserved on this node");
+    }
+    Ok(())
+}
+
+/// The reserved-ports list (`22,1000-2000`) with the masquerade range added, or `None` when it
+/// already covers every port of it.
+fn with_snat_ports(current: &str) -> Option<String> {
+    let ranges: Vec<(u16, u16)> = current
+        .trim()
+        .split(',')
+        .filter_map(|item| {
+            let (low, high) = item.split_once('-').unwrap_or((item, item));
+            Some((low.trim().parse().ok()?, high.trim().parse().ok()?))
+        })
+        .collect();
+    let covered = |port: u16| {
+        ranges
+            .iter()
+            .any(|&(low, high)| (low..=high).contains(&port))
+    };
+    if (SNAT_PORT_MIN..=SNAT_PORT_MAX).all(covered) {
+        return None;
+    }
+    let range = format!("{SNAT_PORT_MIN}-{SNAT_PORT_MAX}");
+    Some(match current.trim() {
+        "" => range,
+        existing => format!("{existing},{range}"),
+    })
 }
 
 #[cfg(test)]

@@ -301,6 +301,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     let mut cluster = None;
     if let Some((source, node)) = &args.cluster {
         preflight::check_forwarding()?;
+        dataplane_user::lb::reserve_snat_ports()?;
         let source = match source {
             SourceArg::Manifests(dir) => Source::Manifests {
                 dir: dir.clone(),

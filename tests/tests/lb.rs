@@ -10,7 +10,7 @@ use dataplane_common::{
     DropReason, Hook, PacketClass,
     lb::{
         AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
-        SCOPE_CLUSTER, ServiceKey, flow_hash, maglev_slot,
+        SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, flow_hash, maglev_slot,
     },
     maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY_TC},
 };
@@ -928,27 +928,37 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
     assert_eq!(decoded["dst_ip"], "10.99.0.2");
     assert_eq!(decoded["dst_mac"], NODE_B_MAC);
-    let inner = tcp_frame(
+    // The source port: one of the range the agent reserves on the node, never the node's own
+    // ephemeral ports.
+    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+    let first_port = u16::from_be_bytes([inner[34], inner[35]]);
+    assert!(
+        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&first_port),
+        "masquerade port {first_port}"
+    );
+    let want = tcp_frame(
         "10.99.0.1",
-        45001,
+        first_port,
         "10.244.2.5",
         8080,
         "S",
         client_mac,
         &node_mac,
     );
-    assert_eq!(
-        decoded["inner"],
-        hex(&inner),
-        "masqueraded to the node's address"
-    );
+    assert_eq!(hex(&inner), hex(&want), "masqueraded to the node's address");
+    let original = ct_entry(
+        fixture,
+        &ct_key("10.99.0.50", 45001, "10.99.0.1", 30081, 6, CT_ORIGINAL),
+    )
+    .expect("original entry");
+    assert_eq!(original.nat_port_be, first_port.to_be_bytes());
     // The backend answers the node (plainly routed on the underlay); the answer goes back to
     // the client from the NodePort.
     let reply = tcp_frame(
         "10.244.2.5",
         8080,
         "10.99.0.1",
-        45001,
+        first_port,
         "SA",
         NODE_B_MAC,
         &node_mac,
@@ -971,7 +981,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
 
     // A second client with the same source port to the same backend: its flow gets another
-    // source port under the node's address, and each reply finds its own client.
+    // source port of the range, and each reply finds its own client.
     let other_mac = "02:00:00:00:99:51";
     let syn = tcp_frame(
         "10.99.0.51",
@@ -987,7 +997,10 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
     let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
     let port = u16::from_be_bytes([inner[34], inner[35]]);
-    assert!((32_768..61_000).contains(&port), "masquerade port {port}");
+    assert!(
+        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&port) && port != first_port,
+        "masquerade port {port}"
+    );
     let want = tcp_frame(
         "10.99.0.1",
         port,
@@ -1022,7 +1035,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         "10.244.2.5",
         8080,
         "10.99.0.1",
-        45001,
+        first_port,
         "A",
         NODE_B_MAC,
         &node_mac,

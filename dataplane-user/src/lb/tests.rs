@@ -398,3 +398,19 @@ fn port_bitmaps_mark_service_ports_and_backend_ports() {
     let set: u32 = words.iter().map(|w| w.count_ones()).sum();
     assert_eq!(set, 6, "nothing else is marked");
 }
+
+#[test]
+fn masquerade_ports_are_added_to_the_reserved_ports_once() {
+    assert_eq!(with_snat_ports("\n").as_deref(), Some("61000-65535"));
+    assert_eq!(
+        with_snat_ports("22,100-200\n").as_deref(),
+        Some("22,100-200,61000-65535")
+    );
+    assert_eq!(with_snat_ports("61000-65535\n"), None);
+    assert_eq!(with_snat_ports("8080,60000-65535"), None);
+    // Half covered: the whole range is added (the kernel merges overlaps).
+    assert_eq!(
+        with_snat_ports("61000-62000").as_deref(),
+        Some("61000-62000,61000-65535")
+    );
+}
