@@ -36,6 +36,10 @@ pub const OVERLAY_HAS_IPV4: u16 = 1 << 0;
 pub const OVERLAY_HAS_IPV6: u16 = 1 << 1;
 /// `OverlayConfig::flags`: the overlay is configured (maps filled by an agent).
 pub const OVERLAY_ENABLED: u16 = 1 << 2;
+/// `OverlayConfig::flags`: XDP may send NodePort packets of established flows to backends on
+/// other nodes itself (Geneve, then XDP_TX or a redirect). Off where the underlay cannot take
+/// frames back from XDP (a veth whose peer runs no NAPI drops them).
+pub const OVERLAY_XDP_FORWARD: u16 = 1 << 3;
 
 /// An address in the 16-byte form used by every overlay key.
 pub type Addr = [u8; 16];

@@ -47,6 +47,8 @@ use crate::{
     stage::Stage,
 };
 
+pub mod xdp;
+
 const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const IPPROTO_TCP: u8 = 6;

@@ -137,7 +137,7 @@ fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
 }
 
 #[inline(always)]
-fn remote_endpoint(ether_type: u16, dst: &Addr) -> Option<TunnelEndpoint> {
+pub(crate) fn remote_endpoint(ether_type: u16, dst: &Addr) -> Option<TunnelEndpoint> {
     if ether_type == ETH_P_IP {
         let v4 = [dst[12], dst[13], dst[14], dst[15]];
         REMOTE_PODS_V4.get(Key::new(32, v4)).copied()
@@ -305,7 +305,12 @@ fn wrap(
 }
 
 #[inline(always)]
-fn write_ethernet(block: &mut [u8; ENCAP_SCRATCH_LEN], dst: &[u8; 6], src: &[u8; 6], ty: u16) {
+pub(crate) fn write_ethernet(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    dst: &[u8; 6],
+    src: &[u8; 6],
+    ty: u16,
+) {
     block[0..6].copy_from_slice(dst);
     block[6..12].copy_from_slice(src);
     block[12..14].copy_from_slice(&ty.to_be_bytes());
@@ -314,7 +319,7 @@ fn write_ethernet(block: &mut [u8; ENCAP_SCRATCH_LEN], dst: &[u8; 6], src: &[u8;
 /// Outer IPv6 header at offset 14: traffic class 0, flow label from the inner flow hash,
 /// hop limit 64.
 #[inline(always)]
-fn write_ipv6(
+pub(crate) fn write_ipv6(
     block: &mut [u8; ENCAP_SCRATCH_LEN],
     payload_len: u16,
     src: &Addr,
@@ -340,7 +345,7 @@ fn write_ipv6(
 /// UDP (checksum zero, see the module comment) and the Geneve base header at `at`: version 0,
 /// no options, O and C clear, Ethernet payload, the VNI.
 #[inline(always)]
-fn write_udp_geneve(
+pub(crate) fn write_udp_geneve(
     block: &mut [u8; ENCAP_SCRATCH_LEN],
     at: usize,
     source_port: u16,
@@ -430,7 +435,7 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
 /// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF
 /// stack cannot spare).
 #[inline(always)]
-fn fill_fib_params(
+pub(crate) fn fill_fib_params(
     fib: &mut FibParams,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,

@@ -1,6 +1,6 @@
 //! XDP on the node's underlay NIC: every packet arriving at the node passes here first.
 //! Parse (malformed packets dropped with their reason), then Geneve decapsulation for local
-//! pods. NodePort load-balancing hooks in after the overlay stage.
+//! pods, then the NodePort fast path for established flows (`lb::xdp`).
 //!
 //! tc ingress on the same NIC then sees what XDP passed up, decapsulated frames included, as
 //! socket buffers, and works with the kernel's checksum and encapsulation helpers: replies of
@@ -40,6 +40,26 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
     match overlay::decapsulate(&ctx, &packet, &parsed) {
         Ok(Some(action)) => {
             count_outcome(Hook::Underlay, PacketClass::GeneveDecap);
+            action
+        }
+        Ok(None) => nodeport_fast_path(&ctx, &parsed),
+        Err(reason) => {
+            count_drop(Hook::Underlay, reason);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// Established NodePort flows translated and delivered in XDP (`lb::xdp`); everything else
+/// passes up to `tc_underlay` untouched.
+#[inline(always)]
+fn nodeport_fast_path(ctx: &XdpContext, parsed: &Parsed) -> u32 {
+    match lb::xdp::nodeport(ctx, parsed).result() {
+        Ok(Some((action, outcome))) => {
+            count_outcome(Hook::Underlay, PacketClass::ServiceDnat);
+            if outcome == PacketClass::GeneveEncap {
+                count_outcome(Hook::Underlay, PacketClass::GeneveEncap);
+            }
             action
         }
         Ok(None) => xdp_action::XDP_PASS,

@@ -74,6 +74,11 @@ enum Command {
         /// XDP attach mode: auto tries offload, then native, then generic.
         #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
         xdp_mode: XdpModeChoice,
+        /// Whether XDP sends NodePort packets of established flows to backends on other nodes
+        /// itself (Geneve, then back out of the NIC). auto: on, except on a veth underlay,
+        /// whose peer drops frames from XDP unless it runs GRO or XDP itself.
+        #[arg(long, value_enum, default_value_t = XdpForward::Auto)]
+        xdp_forward: XdpForward,
         /// Directory of Kubernetes YAML manifests (Nodes, Pods, Services, policies, ...): the
         /// cluster state, followed for changes. Local pods' veths are found and attached.
         #[arg(long, requires = "node_name", conflicts_with = "kubernetes")]
@@ -168,6 +173,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             underlay,
             pod_ifaces,
             xdp_mode,
+            xdp_forward,
             manifests,
             kubernetes,
             kubeconfig,
@@ -182,6 +188,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 underlay,
                 pod_ifaces,
                 xdp_mode,
+                xdp_forward,
                 cluster: match (manifests, kubernetes) {
                     (Some(dir), _) => node_name.map(|node| (SourceArg::Manifests(dir), node)),
                     (None, true) => node_name.map(|node| (SourceArg::Kubernetes(kubeconfig), node)),
@@ -273,6 +280,7 @@ struct RunArgs {
     underlay: String,
     pod_ifaces: Vec<String>,
     xdp_mode: XdpModeChoice,
+    xdp_forward: XdpForward,
     /// Where the cluster state comes from, and this node's name.
     cluster: Option<(SourceArg, String)>,
     dns_server: Option<std::net::IpAddr>,
@@ -321,6 +329,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             node: node.clone(),
             underlay: args.underlay.clone(),
             underlay_index,
+            xdp_forward: xdp_forward_allowed(&args.underlay, args.xdp_forward),
             dns_server: args.dns_server,
             audit_log: args.audit_log.clone(),
             lb: lb::LbState::default(),
@@ -380,6 +389,7 @@ struct Cluster {
     node: String,
     underlay: String,
     underlay_index: u32,
+    xdp_forward: bool,
     dns_server: Option<std::net::IpAddr>,
     audit_log: PathBuf,
     lb: lb::LbState,
@@ -410,6 +420,7 @@ impl Cluster {
         }
         let underlay = Underlay {
             ifindex: self.underlay_index,
+            xdp_forward: self.xdp_forward,
             mac,
         };
         let model = model::build(&state, &self.node, underlay, settings, host_interface);
@@ -678,6 +689,38 @@ fn attach_new_pods(
     if added && let Err(error) = state::write(run_dir, agent) {
         tracing::warn!(%error, "updating the state file");
     }
+}
+
+/// `--xdp-forward`: whether XDP may send frames back out of the underlay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum XdpForward {
+    Auto,
+    On,
+    Off,
+}
+
+/// Resolves `--xdp-forward` for `underlay`, saying what was decided and why.
+fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
+    let allowed = match choice {
+        XdpForward::On => true,
+        XdpForward::Off => false,
+        // A veth hands XDP_TX frames to its peer only when the peer polls (NAPI: GRO or an
+        // XDP program on it), which this node cannot see or change.
+        XdpForward::Auto => match netdev::driver(underlay) {
+            Ok(driver) => driver != "veth",
+            Err(error) => {
+                tracing::warn!(underlay, %error, "cannot read the underlay's driver");
+                false
+            }
+        },
+    };
+    tracing::info!(
+        underlay,
+        choice = ?choice,
+        allowed,
+        "NodePort forwarding to remote backends in XDP"
+    );
+    allowed
 }
 
 /// Decapsulated frames go up the stack one wire frame at a time; without GRO on the underlay

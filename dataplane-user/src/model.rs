@@ -282,6 +282,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
         let underlay = Underlay {
             ifindex: 2,
             mac: [2, 0, 0, 0, 0, 1],
+            xdp_forward: false,
         };
         let settings = OvnKubernetesConfig::default()
             .validate(1500)

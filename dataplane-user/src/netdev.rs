@@ -53,6 +53,29 @@ pub fn gro_enabled(name: &str) -> io::Result<bool> {
     Ok(value.data != 0)
 }
 
+/// The name of the driver behind `name` ("veth", "mlx5_core", ...).
+pub fn driver(name: &str) -> io::Result<String> {
+    /// `ETHTOOL_GDRVINFO` from linux/ethtool.h, filling `struct ethtool_drvinfo`.
+    const ETHTOOL_GDRVINFO: u32 = 0x03;
+    #[repr(C)]
+    struct DriverInfo {
+        cmd: u32,
+        driver: [u8; 32],
+        rest: [u8; 160],
+    }
+    let mut info = DriverInfo {
+        cmd: ETHTOOL_GDRVINFO,
+        driver: [0; 32],
+        rest: [0; 160],
+    };
+    let data = (&raw mut info).cast::<libc::c_char>();
+    ifreq_ioctl_with(name, libc::SIOCETHTOOL, |ifreq| {
+        ifreq.ifr_ifru.ifru_data = data
+    })?;
+    let len = info.driver.iter().position(|b| *b == 0).unwrap_or(32);
+    Ok(String::from_utf8_lossy(&info.driver[..len]).into_owned())
+}
+
 fn ifreq_ioctl(name: &str, request: libc::c_ulong) -> io::Result<libc::ifreq> {
     ifreq_ioctl_with(name, request, |_| {})
 }

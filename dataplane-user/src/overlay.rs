@@ -12,7 +12,8 @@ use dataplane_common::{
     overlay::{
         Addr, DEFAULT_NETWORK_VNI, ENCAP_OVERHEAD_V6, FAMILY_IPV4, FAMILY_IPV6,
         GENEVE_DEFAULT_PORT, LocalPod, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OverlayConfig, TunnelEndpoint, VXLAN_PORT, ipv4_mapped,
+        OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, VXLAN_PORT,
+        ipv4_mapped,
     },
 };
 use ipnet::IpNet;
@@ -116,6 +117,8 @@ pub struct LocalPodView {
 pub struct Underlay {
     pub ifindex: u32,
     pub mac: [u8; 6],
+    /// Whether XDP may send NodePort packets to remote backends itself (`--xdp-forward`).
+    pub xdp_forward: bool,
 }
 
 /// Everything the overlay compile needs.
@@ -184,7 +187,11 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
         vni: view.settings.vni,
         pod_mtu: view.settings.pod_mtu,
         geneve_port: view.settings.geneve_port,
-        flags: OVERLAY_ENABLED,
+        flags: if view.underlay.xdp_forward {
+            OVERLAY_ENABLED | OVERLAY_XDP_FORWARD
+        } else {
+            OVERLAY_ENABLED
+        },
         underlay_mac: view.underlay.mac,
         ..OverlayConfig::default()
     };
@@ -488,6 +495,7 @@ mod tests {
             underlay: Underlay {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 2],
+                xdp_forward: false,
             },
             settings: OvnKubernetesConfig::default()
                 .validate(1500)

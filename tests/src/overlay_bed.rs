@@ -81,6 +81,7 @@ pub fn bed() -> anyhow::Result<Bed> {
         underlay: Underlay {
             ifindex: ifindex("ul0")?,
             mac: UNDERLAY_MAC,
+            xdp_forward: true,
         },
         settings: OvnKubernetesConfig::default().validate(1500)?,
     };

@@ -180,6 +180,8 @@ impl Topology {
                 manifests: None,
             });
         }
+        let ports: Vec<String> = (0..nodes).map(|n| format!("n{n}")).collect();
+        attach_wire_xdp(&fabric, &ports)?;
         for n in 0..nodes {
             let netns = topology.nodes[n].netns.clone();
             for other in (0..nodes).filter(|o| *o != n && mode == Mode::Routed) {
@@ -221,6 +223,10 @@ impl Topology {
             &format!("ip addr add {EXTERNAL_HOST_IP}/24 dev eth0"),
         )?;
         sh_in(&netns, "ip link set eth0 up")?;
+        // Complete checksums, as every packet that crossed a real wire carries: over veth a
+        // local sender would otherwise leave them to an offload that never happens, which
+        // only the receiving host's own stack forgives.
+        sh_in(&netns, "ethtool -K eth0 tx off")?;
         Ok(ExternalHost {
             netns,
             ip: EXTERNAL_HOST_IP,
@@ -526,7 +532,9 @@ impl Node {
             .arg(pins.root())
             .arg("--run-dir")
             .arg(&run_dir)
-            .args(["run", "--underlay", &self.underlay_iface]);
+            .args(["run", "--underlay", &self.underlay_iface])
+            // The fabric's side of eth0 polls (see `build_with`): XDP may send frames back.
+            .args(["--xdp-forward", "on"]);
         let from_api = extra.contains(&"--kubernetes");
         match &self.manifests {
             // The cluster from an API server (see `Node::start_fake_apiserver`).
@@ -729,6 +737,31 @@ pub fn dataplane_binary() -> PathBuf {
         path.display()
     );
     path
+}
+
+/// Attaches a pass-everything XDP program to the fabric's end of each node's underlay veth. A
+/// veth hands the frames its XDP program sends back (XDP_TX) to its peer's receive ring, and
+/// wakes the peer only when the peer runs XDP itself; without this, the frames a node's XDP
+/// fast path sends would wait in that ring. A NIC's wire takes them at once.
+fn attach_wire_xdp(fabric: &str, ports: &[String]) -> anyhow::Result<()> {
+    let mut fixture = crate::fixture::Fixture::load()?;
+    let pin = PathBuf::from(format!("/sys/fs/bpf/{}", crate::unique_name("wire")));
+    let program = fixture.xdp(dataplane_common::maps::PROG_BASELINE)?;
+    program
+        .pin(&pin)
+        .with_context(|| format!("pinning the wire program at {}", pin.display()))?;
+    let pinned = pin.display().to_string();
+    // Each interface keeps its own reference to the program: the pin can go afterwards.
+    let attached = ports.iter().try_for_each(|port| {
+        run_in(
+            fabric,
+            &[
+                "ip", "link", "set", "dev", port, "xdpdrv", "pinned", &pinned,
+            ],
+        )
+    });
+    let _ = fs::remove_file(&pin);
+    attached
 }
 
 /// Runs `ip` with whitespace-separated `args` in the host netns (for `ip netns` and

@@ -12,7 +12,7 @@ use dataplane_common::{
         AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
         SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, flow_hash, maglev_slot,
     },
-    maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY_TC},
+    maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
 };
 use dataplane_tests::{
     fixture::Fixture,
@@ -797,6 +797,25 @@ fn tcp_frame(
     )
 }
 
+const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
+
+/// `inner` wrapped by node a for node b as scapy builds it, with the outer source port XDP
+/// derives from the flow's original key.
+fn geneve_to_node_b(inner: &[u8], flow: &CtKey) -> Vec<u8> {
+    use dataplane_tests::overlay_bed::{NODE_B_MAC, UNDERLAY_MAC};
+    let sport = 0xC000 | (flow_hash(flow) as u16 & 0x3FFF);
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "encap", "inner": hex(inner),
+            "src_mac": dataplane_tests::packets::mac_text(&UNDERLAY_MAC), "dst_mac": NODE_B_MAC,
+            "src_ip": "10.99.0.1", "dst_ip": "10.99.0.2",
+            "sport": sport, "dport": 6081, "vni": 1,
+        }))
+        .expect("scapy encap"),
+    )
+}
+
 #[test]
 fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends() {
     if !privileged("node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends") {
@@ -836,9 +855,12 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     };
     // 30080: the backend is on this node (as with externalTrafficPolicy Local); 30081: on
     // node b.
+    let mut udp_port = node_port(30082, "10.244.2.5:5353");
+    udp_port.key.protocol = 17;
     let ports = vec![
         node_port(30080, "10.244.1.3:8080"),
         node_port(30081, "10.244.2.5:8080"),
+        udp_port,
     ];
     fixture.sync_lb(&mut state, &ports).expect("sync");
     let (client_mac, node_mac) = (
@@ -906,6 +928,49 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&out.output),
         hex(&want),
         "reverse NAT and FIB route out"
+    );
+    // The flow's next packets are translated in XDP already and passed up for the stack to
+    // route into the pod (its veth's tc program applies the pod's ingress policy).
+    let ack = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.99.0.1",
+        30080,
+        "A",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+    assert_eq!(out.action, XDP_PASS);
+    let want = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.244.1.3",
+        8080,
+        "A",
+        client_mac,
+        &node_mac,
+    );
+    assert_eq!(hex(&out.output), hex(&want), "DNAT in XDP, byte-exact");
+    assert!(checksums_ok(&out.output));
+    // A flow's first packet is left to tc untouched: XDP creates no conntrack entry.
+    let syn = tcp_frame(
+        "10.99.0.50",
+        45009,
+        "10.99.0.1",
+        30080,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_xdp(PROG_UNDERLAY, &syn, 1).expect("xdp run");
+    assert_eq!((out.action, hex(&out.output)), (XDP_PASS, hex(&syn)));
+    assert!(
+        ct_entry(
+            fixture,
+            &ct_key("10.99.0.50", 45009, "10.99.0.1", 30080, 6, CT_ORIGINAL)
+        )
+        .is_none()
     );
 
     // Remote backend: the source becomes this node's address, then Geneve to node b.
@@ -978,6 +1043,35 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&out.output),
         hex(&want),
         "both addresses restored, routed out"
+    );
+    // The next packet takes XDP's shortcut: masqueraded the same way, wrapped in Geneve to
+    // node b and redirected to the underlay, every byte as scapy builds it. The outer source
+    // port follows the flow.
+    let ack = tcp_frame(
+        "10.99.0.50",
+        45001,
+        "10.99.0.1",
+        30081,
+        "A",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+    assert_eq!(out.action, XDP_REDIRECT, "{:?}", fixture.counters().drops);
+    let inner = tcp_frame(
+        "10.99.0.1",
+        first_port,
+        "10.244.2.5",
+        8080,
+        "A",
+        client_mac,
+        &node_mac,
+    );
+    let flow = ct_key("10.99.0.50", 45001, "10.99.0.1", 30081, 6, CT_ORIGINAL);
+    assert_eq!(
+        hex(&out.output),
+        hex(&geneve_to_node_b(&inner, &flow)),
+        "XDP: masquerade and Geneve"
     );
 
     // A second client with the same source port to the same backend: its flow gets another
@@ -1055,10 +1149,62 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&want),
         "the first client's flow is untouched"
     );
+    // UDP: the first datagram through tc, the next through XDP, whose checksum update
+    // scapy checks (and an IPv4 datagram without a checksum keeps none).
+    let udp = |src: &str, sport: u16, dst: &str, dport: u16, payload: &str| {
+        bytes_of(
+            &scapy::call(&json!({
+                "op": "l4", "proto": "udp", "src": src, "dst": dst, "sport": sport,
+                "dport": dport, "src_mac": client_mac, "dst_mac": &node_mac, "payload": payload,
+            }))
+            .expect("scapy l4"),
+        )
+    };
+    let first = udp("10.99.0.50", 46000, "10.99.0.1", 30082, "6669727374");
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &first, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+    let udp_port = u16::from_be_bytes([inner[34], inner[35]]);
+    let flow = ct_key("10.99.0.50", 46000, "10.99.0.1", 30082, 17, CT_ORIGINAL);
+    for payload in ["7365636f6e64", "74686972642d6c6f6e676572"] {
+        let next = udp("10.99.0.50", 46000, "10.99.0.1", 30082, payload);
+        let out = fixture.run_xdp(PROG_UNDERLAY, &next, 1).expect("xdp run");
+        assert_eq!(out.action, XDP_REDIRECT);
+        let inner = udp("10.99.0.1", udp_port, "10.244.2.5", 5353, payload);
+        assert_eq!(
+            hex(&out.output),
+            hex(&geneve_to_node_b(&inner, &flow)),
+            "XDP UDP"
+        );
+    }
+    let mut unchecked = udp("10.99.0.50", 46000, "10.99.0.1", 30082, "6e6f6e65");
+    unchecked[40..42].copy_from_slice(&[0, 0]);
+    let out = fixture
+        .run_xdp(PROG_UNDERLAY, &unchecked, 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_REDIRECT);
+    let mut inner = udp("10.99.0.1", udp_port, "10.244.2.5", 5353, "6e6f6e65");
+    inner[40..42].copy_from_slice(&[0, 0]);
+    assert_eq!(
+        hex(&out.output),
+        hex(&geneve_to_node_b(&inner, &flow)),
+        "no UDP checksum stays none"
+    );
+
     let counters = fixture.counters();
     assert_eq!(
+        counters.packets(Hook::Underlay, PacketClass::ServiceDnat),
+        5,
+        "XDP: one local, four remote"
+    );
+    assert_eq!(
+        counters.packets(Hook::Underlay, PacketClass::GeneveEncap),
+        4
+    );
+    assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
-        3
+        4
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
@@ -1066,7 +1212,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),
-        2
+        3
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),

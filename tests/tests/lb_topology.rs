@@ -228,6 +228,28 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
     for line in tcp_answers(&external.netns, "192.0.2.10", 80, 3).expect("client") {
         assert_eq!(line, format!("{} {}", backend.ip, node1), "{line}");
     }
+    // Each connection's first packet went through tc, its later ones (ACKs, FIN) through the
+    // XDP fast path: passed up to the local backend on node 0, wrapped and sent back out on
+    // node 1 (8 connections to a remote backend, at least 2 later packets each).
+    let (on_backend_node, on_other_node) = (
+        _agents.0.counters().expect("counters"),
+        _agents.1.counters().expect("counters"),
+    );
+    assert_eq!(
+        on_backend_node.packets(Hook::Underlay, PacketClass::GeneveEncap),
+        0
+    );
+    assert!(on_backend_node.packets(Hook::Underlay, PacketClass::ServiceDnat) >= 2 * 13);
+    assert!(on_other_node.packets(Hook::Underlay, PacketClass::GeneveEncap) >= 2 * 8);
+    assert_eq!(
+        on_other_node.packets(Hook::Underlay, PacketClass::GeneveEncap),
+        on_other_node.packets(Hook::Underlay, PacketClass::ServiceDnat),
+    );
+    assert_eq!(
+        on_other_node.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
+        8,
+        "tc: the first packet of each connection"
+    );
     let _ = server.kill();
     let _ = server.wait();
 }

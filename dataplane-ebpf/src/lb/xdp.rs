@@ -1,0 +1,504 @@
+//! The NodePort fast path in XDP: packets of established flows to a NodePort, external or
+//! load-balancer address are translated before the kernel allocates a socket buffer for them.
+//!
+//! Only what the conntrack already decided is done here: a flow's first packet (the backend
+//! choice, the affinity entry, the masquerade port claim, the client's answer when there is no
+//! backend) and anything unusual (VLAN tags, SCTP, a packet over the pod MTU, a next hop not
+//! resolved yet) pass up untouched to `tc_underlay`, which handles every packet completely.
+//! So this path can only ever take a shortcut that tc would have taken too:
+//! - a backend on this node: the packet is translated and passed up; the stack routes it to
+//!   the pod's veth, whose tc program applies the pod's ingress policy;
+//! - a backend on another node: translated (masqueraded to this node's address, as tc did for
+//!   the flow's first packet), wrapped in Geneve and sent back out of the NIC (XDP_TX) or
+//!   redirected to the underlay device the route names. Allowed by `OVERLAY_XDP_FORWARD`.
+//!
+//! Checksums are updated incrementally (RFC 1624) from `bpf_csum_diff` of the changed words:
+//! XDP has no checksum helpers, and the payload is never read.
+
+use aya_ebpf::{
+    EbpfContext as _,
+    bindings::{
+        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, bpf_fib_lookup as FibParams, xdp_action,
+    },
+    helpers::{bpf_csum_diff, bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
+    programs::XdpContext,
+};
+use dataplane_common::{
+    DropReason, PacketClass,
+    lb::{
+        CT_CLOSING, CT_ORIGINAL, CT_SNAT, NODEPORT_ANY_V4, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+        SERVICE_PORTS_BASE, flow_hash,
+    },
+    overlay::{
+        ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
+        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, ipv4_mapped,
+    },
+};
+
+use super::{
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, now, port_marked,
+    refresh_affinity, scratch, touch,
+};
+use crate::{
+    csum::write_ipv4,
+    maps::{FIB_SCRATCH, LB_BACKENDS, LB_CT, LB_SERVICES, LOCAL_PODS, SCRATCH},
+    overlay::{
+        self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
+    },
+    parse::Parsed,
+    stage::Stage,
+};
+
+/// Transport headers further in than this (deep IPv6 extension chains) are left to tc; the
+/// bound also lets the verifier follow the variable offset.
+const MAX_L4_OFFSET: usize = 128;
+const UDP_HEADER: usize = 8;
+const TCP_HEADER: usize = 20;
+
+/// Translates and delivers a NodePort packet of a tracked flow. Nothing done (`Ok(None)`):
+/// pass it up untouched. A value: the XDP action, with `ServiceDnat` (passed up to the local
+/// backend) or `GeneveEncap` (sent to a remote backend). A drop only after the packet was
+/// already changed and could not be finished.
+#[inline(never)]
+pub fn nodeport(ctx: &XdpContext, parsed: &Parsed) -> Stage {
+    Stage::new(forward(ctx, parsed))
+}
+
+#[inline(always)]
+fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass)>, DropReason> {
+    let l4 = parsed.l4_offset;
+    if parsed.l3_offset != ETH_LEN || l4 == 0 || l4 > MAX_L4_OFFSET {
+        return Ok(None);
+    }
+    if !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP) {
+        return Ok(None);
+    }
+    let Some(config) = overlay::config() else {
+        return Ok(None);
+    };
+    let Some(s) = scratch() else {
+        return Ok(None);
+    };
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    if !read_flow(ctx, parsed, ipv4, s) {
+        return Ok(None);
+    }
+    if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
+        return Ok(None);
+    }
+    set_service_key(config, ipv4, s);
+    // SAFETY: the value is copied out at once.
+    let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
+        return Ok(None);
+    };
+    s.flow.direction = CT_ORIGINAL;
+    let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
+        return Ok(None);
+    };
+    // SAFETY: a valid map value pointer for this program run.
+    let entry = unsafe { &mut *entry };
+    let now = now();
+    let reopened = s.tcp_flags & TCP_SYN != 0 && entry.flags & CT_CLOSING != 0;
+    if expired(entry, s.flow.protocol, now) || reopened {
+        return Ok(None);
+    }
+    // A backend that went away: tc resets TCP and re-picks for the others.
+    // SAFETY: only compared, within this program run.
+    let valid = match unsafe { LB_BACKENDS.get(&entry.backend_id) } {
+        Some(b) => b.addr == entry.addr && b.port_be == entry.port_be,
+        None => false,
+    };
+    if !valid {
+        return Ok(None);
+    }
+    s.new_addr = entry.addr;
+    s.new_port = entry.port_be;
+    let snat = entry.flags & CT_SNAT != 0;
+    s.snat_addr = if snat { entry.nat_addr } else { s.flow.src };
+    s.snat_port = if snat {
+        entry.nat_port_be
+    } else {
+        s.flow.src_port_be
+    };
+    // SAFETY: only presence is checked.
+    let local = unsafe { LOCAL_PODS.get(&s.new_addr) }.is_some();
+    let endpoint = if local {
+        None
+    } else {
+        match remote_route(ctx, parsed, config, s) {
+            Some(endpoint) => Some(endpoint),
+            None => return Ok(None),
+        }
+    };
+    // Decided: from here on the packet is this path's.
+    touch(entry, s.tcp_flags, now);
+    if service.affinity_timeout != 0 {
+        refresh_affinity(s, &service, entry.backend_id, now);
+    }
+    let Some(endpoint) = endpoint else {
+        translate(ctx, 0, l4, ipv4, s)?;
+        return Ok(Some((xdp_action::XDP_PASS, PacketClass::ServiceDnat)));
+    };
+    let overhead = if endpoint.family == FAMILY_IPV6 {
+        ENCAP_OVERHEAD_V6
+    } else {
+        ENCAP_OVERHEAD_V4
+    } as usize;
+    let frame_len = ctx.data_end() - ctx.data();
+    // SAFETY: plain helper call; the headroom XDP keeps in front of every frame is 256 bytes.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
+        // Untouched still: tc does it all.
+        return Ok(None);
+    }
+    translate(ctx, overhead, l4, ipv4, s).map_err(|_| DropReason::OverlayEncapFailed)?;
+    let action = encapsulate(ctx, config, &endpoint, frame_len, s)?;
+    Ok(Some((action, PacketClass::GeneveEncap)))
+}
+
+/// Reads the packet's flow into `s.flow` (direction unset) straight from the packet.
+#[inline(always)]
+fn read_flow(ctx: &XdpContext, parsed: &Parsed, ipv4: bool, s: &mut LbScratch) -> bool {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if ipv4 {
+        if start + ETH_LEN + 20 > end {
+            return false;
+        }
+        // SAFETY: within the 20 bytes checked above.
+        let a = unsafe { core::ptr::read_unaligned((start + ETH_LEN + 12) as *const [u8; 8]) };
+        s.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
+        s.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+    } else {
+        if start + ETH_LEN + 40 > end {
+            return false;
+        }
+        // SAFETY: within the 40 bytes checked above.
+        unsafe {
+            s.flow.src = core::ptr::read_unaligned((start + ETH_LEN + 8) as *const [u8; 16]);
+            s.flow.dst = core::ptr::read_unaligned((start + ETH_LEN + 24) as *const [u8; 16]);
+        }
+    }
+    s.tcp_flags = 0;
+    if parsed.protocol == IPPROTO_TCP {
+        let at = start + (parsed.l4_offset & 0xFF) + 13;
+        if at + 1 > end {
+            return false;
+        }
+        // SAFETY: the byte was bounds-checked just above.
+        s.tcp_flags = unsafe { *(at as *const u8) };
+    }
+    s.flow.src_port_be = parsed.src_port;
+    s.flow.dst_port_be = parsed.dst_port;
+    s.flow.protocol = parsed.protocol;
+    s.flow._pad = [0; 2];
+    s.ipv4 = ipv4 as u8;
+    s.snat = 0;
+    s.nodeport = 1;
+    true
+}
+
+/// The service key of a packet from outside: this node's own address makes it a NodePort,
+/// any other an external or load-balancer IP routed here (as `lb::from_underlay` decides).
+#[inline(always)]
+fn set_service_key(config: &OverlayConfig, ipv4: bool, s: &mut LbScratch) {
+    let has_address = if ipv4 {
+        s.node_addr = ipv4_mapped(config.node_ipv4);
+        config.flags & OVERLAY_HAS_IPV4 != 0
+    } else {
+        s.node_addr = config.node_ipv6;
+        config.flags & OVERLAY_HAS_IPV6 != 0
+    };
+    let nodeport = has_address && s.flow.dst == s.node_addr;
+    s.service.addr = if !nodeport {
+        s.flow.dst
+    } else if ipv4 {
+        NODEPORT_ANY_V4
+    } else {
+        [0; 16]
+    };
+    s.service.port_be = s.flow.dst_port_be;
+    s.service.protocol = s.flow.protocol;
+    s.service.scope = if nodeport {
+        SCOPE_NODEPORT
+    } else {
+        SCOPE_EXTERNAL
+    };
+}
+
+/// The tunnel endpoint of a remote backend when this path may send to it now: forwarding
+/// allowed, the packet within the pod MTU, and the route to the backend's node resolved down
+/// to its next hop's MAC (in `FIB_SCRATCH`). Otherwise `None`, and tc takes the packet.
+#[inline(always)]
+fn remote_route(
+    ctx: &XdpContext,
+    parsed: &Parsed,
+    config: &OverlayConfig,
+    s: &LbScratch,
+) -> Option<TunnelEndpoint> {
+    if config.flags & OVERLAY_XDP_FORWARD == 0 {
+        return None;
+    }
+    let endpoint = remote_endpoint(parsed.ether_type, &s.new_addr)?;
+    let has_source = if endpoint.family == FAMILY_IPV6 {
+        config.flags & OVERLAY_HAS_IPV6 != 0
+    } else {
+        config.flags & OVERLAY_HAS_IPV4 != 0
+    };
+    if !has_source {
+        return None;
+    }
+    let frame_len = (ctx.data_end() - ctx.data()) as u32;
+    // Over the pod MTU: tc answers it (fragmentation needed / packet too big).
+    if frame_len - ETH_LEN as u32 > config.pod_mtu {
+        return None;
+    }
+    let overhead = if endpoint.family == FAMILY_IPV6 {
+        ENCAP_OVERHEAD_V6
+    } else {
+        ENCAP_OVERHEAD_V4
+    };
+    let fib = FIB_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: per-CPU map memory, used only by this program run.
+    let fib = unsafe { &mut *fib };
+    fill_fib_params(
+        fib,
+        config,
+        &endpoint,
+        frame_len + overhead - ETH_LEN as u32,
+    );
+    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            fib,
+            core::mem::size_of::<FibParams>() as i32,
+            BPF_FIB_LOOKUP_OUTPUT,
+        )
+    } as u32;
+    // No neighbour yet, a smaller route MTU, no route: tc's path knows what to do.
+    (rc == BPF_FIB_LKUP_RET_SUCCESS).then_some(endpoint)
+}
+
+/// Writes the flow's translation into the packet whose Ethernet header starts at `base`:
+/// destination to the backend (`s.new_addr/new_port`), source to `s.snat_addr/snat_port`
+/// (the client's own unless masqueraded), and both checksums updated for what changed.
+#[inline(always)]
+fn translate(
+    ctx: &XdpContext,
+    base: usize,
+    l4: usize,
+    ipv4: bool,
+    s: &mut LbScratch,
+) -> Result<(), DropReason> {
+    let failed = DropReason::LbRewriteFailed;
+    let skip = if ipv4 { 12 } else { 0 };
+    let addresses = csum_diff(&s.flow.dst, &s.new_addr, skip, 0)?;
+    let addresses = csum_diff(&s.flow.src, &s.snat_addr, skip, addresses)?;
+    let mut old_ports = [0u8; 4];
+    old_ports[..2].copy_from_slice(&s.flow.src_port_be);
+    old_ports[2..].copy_from_slice(&s.flow.dst_port_be);
+    let mut new_ports = [0u8; 4];
+    new_ports[..2].copy_from_slice(&s.snat_port);
+    new_ports[2..].copy_from_slice(&s.new_port);
+    // SAFETY: both are 4-byte buffers on the stack.
+    let transport = unsafe {
+        bpf_csum_diff(
+            old_ports.as_mut_ptr().cast(),
+            4,
+            new_ports.as_mut_ptr().cast(),
+            4,
+            addresses,
+        )
+    };
+    if transport < 0 {
+        return Err(failed);
+    }
+    let transport = transport as u32;
+
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let ip = start + base + ETH_LEN;
+    if ipv4 {
+        if ip + 20 > end {
+            return Err(failed);
+        }
+        // SAFETY: the 20-byte header was bounds-checked just above.
+        unsafe {
+            let src = &s.snat_addr;
+            let dst = &s.new_addr;
+            core::ptr::write_unaligned(
+                (ip + 12) as *mut [u8; 4],
+                [src[12], src[13], src[14], src[15]],
+            );
+            core::ptr::write_unaligned(
+                (ip + 16) as *mut [u8; 4],
+                [dst[12], dst[13], dst[14], dst[15]],
+            );
+            let check = (ip + 10) as *mut [u8; 2];
+            core::ptr::write_unaligned(check, updated(core::ptr::read_unaligned(check), addresses));
+        }
+    } else {
+        if ip + 40 > end {
+            return Err(failed);
+        }
+        // SAFETY: the 40-byte header was bounds-checked just above.
+        unsafe {
+            core::ptr::write_unaligned((ip + 8) as *mut [u8; 16], s.snat_addr);
+            core::ptr::write_unaligned((ip + 24) as *mut [u8; 16], s.new_addr);
+        }
+    }
+    // One branch per protocol, each with its own constant bounds: the verifier cannot relate
+    // a length chosen in one place to an offset chosen in another.
+    let at = start + base + (l4 & 0xFF);
+    if s.flow.protocol == IPPROTO_TCP {
+        if at + TCP_HEADER > end {
+            return Err(failed);
+        }
+        // SAFETY: the 20-byte TCP header was bounds-checked just above.
+        unsafe {
+            core::ptr::write_unaligned(at as *mut [u8; 4], new_ports);
+            let check = (at + 16) as *mut [u8; 2];
+            core::ptr::write_unaligned(check, updated(core::ptr::read_unaligned(check), transport));
+        }
+    } else {
+        if at + UDP_HEADER > end {
+            return Err(failed);
+        }
+        // SAFETY: the 8-byte UDP header was bounds-checked just above.
+        unsafe {
+            core::ptr::write_unaligned(at as *mut [u8; 4], new_ports);
+            let check = (at + 6) as *mut [u8; 2];
+            let before = core::ptr::read_unaligned(check);
+            // An IPv4 UDP checksum of zero means none was computed: it stays so.
+            if before != [0, 0] {
+                let mut after = updated(before, transport);
+                // In UDP zero means "no checksum": a computed zero is sent as its other form.
+                if after == [0, 0] {
+                    after = [0xFF, 0xFF];
+                }
+                core::ptr::write_unaligned(check, after);
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `bpf_csum_diff` from `from[skip..]` to `to[skip..]` (16-byte addresses; `skip` 12 for
+/// IPv4), added to `seed`.
+#[inline(always)]
+fn csum_diff(from: &[u8; 16], to: &[u8; 16], skip: usize, seed: u32) -> Result<u32, DropReason> {
+    // SAFETY: both buffers are 16 bytes; the helper reads `16 - skip` of each and writes none.
+    let diff = unsafe {
+        bpf_csum_diff(
+            from.as_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            to.as_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            seed,
+        )
+    };
+    if diff < 0 {
+        return Err(DropReason::LbRewriteFailed);
+    }
+    Ok(diff as u32)
+}
+
+/// A checksum field (as stored) after the covered data changed by `diff` (RFC 1624, eqn. 3).
+#[inline(always)]
+fn updated(check: [u8; 2], diff: u32) -> [u8; 2] {
+    let mut sum = (!u16::from_ne_bytes(check)) as u64 + diff as u64;
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    (!(sum as u16)).to_ne_bytes()
+}
+
+/// Writes the outer Ethernet, IP, UDP and Geneve headers in the room made in front of the
+/// translated frame (`frame_len` bytes) and sends it: back out of the NIC it came in by, or
+/// redirected to the device the route to the backend's node leaves by.
+#[inline(always)]
+fn encapsulate(
+    ctx: &XdpContext,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    frame_len: usize,
+    s: &LbScratch,
+) -> Result<u32, DropReason> {
+    let failed = DropReason::OverlayEncapFailed;
+    let block = SCRATCH.get_ptr_mut(0).ok_or(failed)?;
+    // SAFETY: per-CPU map memory, used only by this program run.
+    let block = unsafe { &mut *block };
+    let fib = FIB_SCRATCH.get_ptr_mut(0).ok_or(failed)?;
+    // SAFETY: as above; filled by the route lookup of this run.
+    let fib = unsafe { &*fib };
+    // The same flow always leaves by the same source port: ECMP and receive queues keep it
+    // in order.
+    let hash = flow_hash(&s.flow);
+    let source_port = 0xC000u16 | (hash as u16 & 0x3FFF);
+    let ipv6 = endpoint.family == FAMILY_IPV6;
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if ipv6 {
+        const LEN: usize = ENCAP_OVERHEAD_V6 as usize - ETH_LEN;
+        let udp_len = (frame_len + LEN - 40) as u16;
+        write_ethernet(block, &fib.dmac, &fib.smac, 0x86DD);
+        write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
+        write_udp_geneve(
+            block,
+            14 + 40,
+            source_port,
+            config.geneve_port,
+            udp_len,
+            config.vni,
+        );
+        if start + ENCAP_OVERHEAD_V6 as usize > end {
+            return Err(failed);
+        }
+        // SAFETY: the room was bounds-checked just above; the block is longer.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                block.as_ptr(),
+                start as *mut u8,
+                ENCAP_OVERHEAD_V6 as usize,
+            )
+        };
+    } else {
+        const LEN: usize = ENCAP_OVERHEAD_V4 as usize - ETH_LEN;
+        let total_len = (frame_len + LEN) as u16;
+        let dst = [
+            endpoint.addr[12],
+            endpoint.addr[13],
+            endpoint.addr[14],
+            endpoint.addr[15],
+        ];
+        write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IP);
+        write_ipv4(block, total_len, IPPROTO_UDP, true, &config.node_ipv4, &dst);
+        write_udp_geneve(
+            block,
+            14 + 20,
+            source_port,
+            config.geneve_port,
+            total_len - 20,
+            config.vni,
+        );
+        if start + ENCAP_OVERHEAD_V4 as usize > end {
+            return Err(failed);
+        }
+        // SAFETY: the room was bounds-checked just above; the block is longer.
+        unsafe {
+            core::ptr::copy_nonoverlapping(
+                block.as_ptr(),
+                start as *mut u8,
+                ENCAP_OVERHEAD_V4 as usize,
+            )
+        };
+    }
+    // SAFETY: reading a field of our own context.
+    let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
+    if fib.ifindex == ingress {
+        return Ok(xdp_action::XDP_TX);
+    }
+    // SAFETY: plain helper call.
+    let action = unsafe { bpf_redirect(fib.ifindex, 0) } as u32;
+    if action != xdp_action::XDP_REDIRECT {
+        return Err(DropReason::OverlayNoRoute);
+    }
+    Ok(action)
+}
