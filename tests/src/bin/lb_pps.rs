@@ -10,6 +10,11 @@
 //! sender alone (the datagrams dropped as they reach the host side of the client's veth), and
 //! the report gives each path's own cost, `1/pps - 1/sender-only pps`, and their ratio next
 //! to the raw rates.
+//!
+//! A second comparison: an external host sends to a NodePort of node 0 whose backend is a pod
+//! on node 1. Ours: the flow's first packet through tc, the rest translated, wrapped in Geneve
+//! and sent back out by XDP on node 0, unwrapped by XDP on node 1. nftables: kube-proxy's
+//! NodePort DNAT and masquerade, then plain routing to node 1's pod CIDR.
 //! A benchmark: it reports, it does not pass or fail.
 
 use std::process::Command;
@@ -41,6 +46,8 @@ struct Report {
     socket: Comparison,
     /// Sender: prebuilt frames written to the client pod's interface.
     raw_frames: Comparison,
+    /// An external host's UDP socket to a NodePort whose backend is on another node.
+    node_port: Comparison,
 }
 
 #[derive(Serialize)]
@@ -76,7 +83,7 @@ impl Comparison {
         }
     }
 
-    fn print(&self, sender: &str) {
+    fn print(&self, sender: &str, ours: &str, theirs: &str) {
         let list = |v: &[f64]| {
             v.iter()
                 .map(|p| format!("{p:.0}"))
@@ -85,17 +92,17 @@ impl Comparison {
         };
         println!("  sender: {sender}");
         println!(
-            "    dataplane (tc DNAT, redirect into the pod): median {:.0} pkt/s  [{}]",
+            "    dataplane ({ours}): median {:.0} pkt/s  [{}]",
             self.dataplane_median_pps,
             list(&self.dataplane_pps)
         );
         println!(
-            "    nftables (kube-proxy nftables mode):       median {:.0} pkt/s  [{}]",
+            "    nftables ({theirs}): median {:.0} pkt/s  [{}]",
             self.nftables_median_pps,
             list(&self.nftables_pps)
         );
         println!(
-            "    sender alone (dropped at the veth):        median {:.0} pkt/s  [{}]",
+            "    sender alone (dropped on arrival): median {:.0} pkt/s  [{}]",
             self.sender_only_median_pps,
             list(&self.sender_only_pps)
         );
@@ -164,6 +171,27 @@ fn blast(
     seconds: u64,
     raw_gateway: Option<&str>,
 ) -> anyhow::Result<f64> {
+    let source = client.ip.to_string();
+    let target = format!("{SERVICE_IP}:80");
+    blast_from(
+        &client.netns,
+        &source,
+        &target,
+        counted,
+        seconds,
+        raw_gateway,
+    )
+}
+
+/// As [`blast`], from any namespace (`source`: its address) to `target` (address:port).
+fn blast_from(
+    netns: &str,
+    source: &str,
+    target: &str,
+    counted: &[(&str, &str)],
+    seconds: u64,
+    raw_gateway: Option<&str>,
+) -> anyhow::Result<f64> {
     let received = || {
         counted
             .iter()
@@ -173,16 +201,16 @@ fn blast(
     let before = received()?;
     let blaster = std::env::current_exe()?.with_file_name("udp_blast");
     let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", client.netns))
+        .arg(format!("--net=/run/netns/{netns}"))
         .arg(&blaster)
-        .arg(format!("{SERVICE_IP}:80"))
+        .arg(target)
         .args(["--seconds", &seconds.to_string()])
         .args(match raw_gateway {
             Some(mac) => vec![
                 "--raw".to_owned(),
                 "eth0".to_owned(),
                 "--source".to_owned(),
-                client.ip.to_string(),
+                source.to_owned(),
                 "--gateway-mac".to_owned(),
                 mac.to_owned(),
             ],
@@ -301,6 +329,7 @@ fn main() -> anyhow::Result<()> {
         results.push(Comparison::new(ours, nft, sender));
     }
     let _ = std::fs::remove_file(&rules);
+    drop(topology);
     let raw_frames = results.pop().context("raw results")?;
     let socket = results.pop().context("socket results")?;
     let report = Report {
@@ -308,6 +337,7 @@ fn main() -> anyhow::Result<()> {
         seconds: args.seconds,
         socket,
         raw_frames,
+        node_port: node_port_comparison(&args)?,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -317,9 +347,148 @@ fn main() -> anyhow::Result<()> {
         "service packet rate, UDP to a ClusterIP with 2 same-node backends ({} x {} s alternating)",
         args.rounds, args.seconds
     );
-    report.socket.print("UDP socket in the client pod");
+    let cluster_ip = ("tc DNAT, redirect into the pod", "kube-proxy nftables mode");
     report
-        .raw_frames
-        .print("prebuilt frames on the client pod's interface (AF_PACKET)");
+        .socket
+        .print("UDP socket in the client pod", cluster_ip.0, cluster_ip.1);
+    report.raw_frames.print(
+        "prebuilt frames on the client pod's interface (AF_PACKET)",
+        cluster_ip.0,
+        cluster_ip.1,
+    );
+    println!(
+        "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating)",
+        args.rounds, args.seconds
+    );
+    report.node_port.print(
+        "UDP socket on the external host",
+        "XDP DNAT + masquerade + Geneve, XDP_TX",
+        "kube-proxy nftables NodePort DNAT + masquerade, routed",
+    );
     Ok(())
+}
+
+const NODE_PORT: u16 = 30090;
+
+/// kube-proxy's nftables mode for one UDP NodePort with one endpoint: DNAT to the endpoint,
+/// marked for masquerade as traffic from outside with externalTrafficPolicy Cluster.
+fn nftables_node_port_rules(backend: &Pod) -> String {
+    format!(
+        "table ip kube-proxy {{
+  map service-nodeports {{
+    type inet_proto . inet_service : verdict
+    elements = {{ udp . {NODE_PORT} : goto external-blast }}
+  }}
+  chain nat-prerouting {{
+    type nat hook prerouting priority dstnat; policy accept;
+    fib daddr type local ip daddr != 127.0.0.0/8 jump nodeports
+  }}
+  chain nodeports {{
+    meta l4proto . th dport vmap @service-nodeports
+  }}
+  chain external-blast {{
+    meta mark set mark or 0x4000
+    goto endpoint-0
+  }}
+  chain endpoint-0 {{
+    meta l4proto udp dnat to {b}:8080
+  }}
+  chain nat-postrouting {{
+    type nat hook postrouting priority srcnat; policy accept;
+    mark and 0x4000 != 0 masquerade
+  }}
+}}
+",
+        b = backend.ip
+    )
+}
+
+/// Rounds of: our agents on both nodes, then nftables on node 0 with node 1's pod CIDR
+/// routed, then the sender alone (dropped as it reaches node 0).
+fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay)?;
+    let external = topology.add_external_host()?;
+    let backend = topology.node(1).pods[0].clone();
+    let service = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: blast, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.11, ports: [{{port: 80, protocol: UDP, targetPort: 8080, nodePort: {NODE_PORT}}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: blast-1, namespace: default, labels: {{kubernetes.io/service-name: blast}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: UDP}}]\n\
+         endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+        ip = backend.ip,
+        node = dataplane_tests::topology::node_name(1),
+    );
+    topology.add_manifest("blast.yaml", &service)?;
+    sink_udp(&backend.netns, "eth0", 8080)?;
+    let (node0, node1) = (topology.node(0), topology.node(1));
+    let target = format!("{}:{NODE_PORT}", node0.underlay_ip);
+    let source = external.ip.to_string();
+    let rules = std::env::temp_dir().join(dataplane_tests::unique_name("nft"));
+    std::fs::write(&rules, nftables_node_port_rules(&backend))?;
+    let route = format!(
+        "{} via {}",
+        dataplane_tests::topology::pod_cidr(1),
+        node1.underlay_ip
+    );
+    let at_backend = [(backend.netns.as_str(), "eth0")];
+    let at_node = [(node0.netns.as_str(), "eth0")];
+    let (mut ours, mut nft, mut sender) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..args.rounds {
+        {
+            let _agents = (node0.start_agent()?, node1.start_agent()?);
+            ours.push(blast_from(
+                &external.netns,
+                &source,
+                &target,
+                &at_backend,
+                args.seconds,
+                None,
+            )?);
+        }
+        run_in(&node0.netns, &["nft", "-f", &rules.display().to_string()])?;
+        sh_in(&node0.netns, &format!("ip route add {route}"))?;
+        let result = blast_from(
+            &external.netns,
+            &source,
+            &target,
+            &at_backend,
+            args.seconds,
+            None,
+        );
+        sh_in(&node0.netns, &format!("ip route del {route}"))?;
+        sh_in(&node0.netns, "nft delete table ip kube-proxy")?;
+        nft.push(result?);
+        sink_udp(&node0.netns, "eth0", NODE_PORT)?;
+        let result = blast_from(
+            &external.netns,
+            &source,
+            &target,
+            &at_node,
+            args.seconds,
+            None,
+        );
+        sh_in(&node0.netns, "nft delete table netdev sink")?;
+        sender.push(result?);
+    }
+    let _ = std::fs::remove_file(&rules);
+    Ok(Comparison::new(ours, nft, sender))
+}
+
+/// Drops UDP to `port` as it arrives on `iface` in `netns` (its rx counter still counts it),
+/// in a netdev table `sink`.
+fn sink_udp(netns: &str, iface: &str, port: u16) -> anyhow::Result<()> {
+    run_in(netns, &["nft", "add", "table", "netdev", "sink"])?;
+    let chain = format!("{{ type filter hook ingress device {iface} priority 0; policy accept; }}");
+    run_in(
+        netns,
+        &["nft", "add", "chain", "netdev", "sink", "drops", &chain],
+    )?;
+    let port = port.to_string();
+    run_in(
+        netns,
+        &[
+            "nft", "add", "rule", "netdev", "sink", "drops", "udp", "dport", &port, "drop",
+        ],
+    )
 }
