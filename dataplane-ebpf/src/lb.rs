@@ -33,7 +33,7 @@ use dataplane_common::{
         SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN,
         ServiceKey, ServiceValue, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
-    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, ipv4_mapped},
+    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig, ipv4_mapped},
 };
 
 use crate::{
@@ -211,6 +211,16 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let Some(config) = overlay::config() else {
         return Stage::new(Ok(None));
     };
+    let scope = outside_scope(config, s);
+    s.nodeport = 1;
+    answer_failures(ctx, parsed, dnat(ctx, parsed, s, scope))
+}
+
+/// The scope of a packet from outside, with `s.node_addr` set to this node's address of its
+/// family: to that address, a NodePort; to another, an external or load-balancer IP routed
+/// to this node.
+#[inline(always)]
+fn outside_scope(config: &OverlayConfig, s: &mut LbScratch) -> u8 {
     let has_address = if s.ipv4 != 0 {
         s.node_addr = ipv4_mapped(config.node_ipv4);
         config.flags & OVERLAY_HAS_IPV4 != 0
@@ -218,15 +228,27 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
         s.node_addr = config.node_ipv6;
         config.flags & OVERLAY_HAS_IPV6 != 0
     };
-    // To this node's address: a NodePort; to another address: an external or load-balancer
-    // IP routed to this node.
-    let scope = if has_address && s.flow.dst == s.node_addr {
+    if has_address && s.flow.dst == s.node_addr {
         SCOPE_NODEPORT
     } else {
         SCOPE_EXTERNAL
+    }
+}
+
+/// `s.service`: the key of the service port the flow is addressed to in `scope` (NodePorts
+/// are keyed by port alone).
+#[inline(always)]
+fn set_service_key(s: &mut LbScratch, scope: u8) {
+    s.service.addr = if scope != SCOPE_NODEPORT {
+        s.flow.dst
+    } else if s.ipv4 != 0 {
+        NODEPORT_ANY_V4
+    } else {
+        [0; 16]
     };
-    s.nodeport = 1;
-    answer_failures(ctx, parsed, dnat(ctx, parsed, s, scope))
+    s.service.port_be = s.flow.dst_port_be;
+    s.service.protocol = s.flow.protocol;
+    s.service.scope = scope;
 }
 
 /// The packet's flow in this CPU's working set, or the finished stage when the load-balancer
@@ -384,16 +406,7 @@ fn dnat(
     if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
-    s.service.addr = if scope != SCOPE_NODEPORT {
-        s.flow.dst
-    } else if s.ipv4 != 0 {
-        NODEPORT_ANY_V4
-    } else {
-        [0; 16]
-    };
-    s.service.port_be = s.flow.dst_port_be;
-    s.service.protocol = s.flow.protocol;
-    s.service.scope = scope;
+    set_service_key(s, scope);
     // SAFETY: the value is copied out at once.
     let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
         return Ok(None);

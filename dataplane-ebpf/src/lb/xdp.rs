@@ -25,10 +25,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, PacketClass,
-    lb::{
-        CT_CLOSING, CT_ORIGINAL, CT_SNAT, NODEPORT_ANY_V4, SCOPE_EXTERNAL, SCOPE_NODEPORT,
-        SERVICE_PORTS_BASE, flow_hash,
-    },
+    lb::{CT_CLOSING, CT_ORIGINAL, CT_SNAT, SERVICE_PORTS_BASE, flow_hash},
     overlay::{
         ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
         OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, ipv4_mapped,
@@ -36,8 +33,8 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, now, port_marked,
-    refresh_affinity, scratch, touch,
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, now, outside_scope,
+    port_marked, refresh_affinity, scratch, set_service_key, touch,
 };
 use crate::{
     csum::write_ipv4,
@@ -86,7 +83,8 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
-    set_service_key(config, ipv4, s);
+    let scope = outside_scope(config, s);
+    set_service_key(s, scope);
     // SAFETY: the value is copied out at once.
     let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
         return Ok(None);
@@ -194,34 +192,6 @@ fn read_flow(ctx: &XdpContext, parsed: &Parsed, ipv4: bool, s: &mut LbScratch) -
     s.snat = 0;
     s.nodeport = 1;
     true
-}
-
-/// The service key of a packet from outside: this node's own address makes it a NodePort,
-/// any other an external or load-balancer IP routed here (as `lb::from_underlay` decides).
-#[inline(always)]
-fn set_service_key(config: &OverlayConfig, ipv4: bool, s: &mut LbScratch) {
-    let has_address = if ipv4 {
-        s.node_addr = ipv4_mapped(config.node_ipv4);
-        config.flags & OVERLAY_HAS_IPV4 != 0
-    } else {
-        s.node_addr = config.node_ipv6;
-        config.flags & OVERLAY_HAS_IPV6 != 0
-    };
-    let nodeport = has_address && s.flow.dst == s.node_addr;
-    s.service.addr = if !nodeport {
-        s.flow.dst
-    } else if ipv4 {
-        NODEPORT_ANY_V4
-    } else {
-        [0; 16]
-    };
-    s.service.port_be = s.flow.dst_port_be;
-    s.service.protocol = s.flow.protocol;
-    s.service.scope = if nodeport {
-        SCOPE_NODEPORT
-    } else {
-        SCOPE_EXTERNAL
-    };
 }
 
 /// The tunnel endpoint of a remote backend when this path may send to it now: forwarding
