@@ -1,6 +1,9 @@
 //! The Internet checksum (RFC 1071) over headers assembled in the per-CPU scratch block, and
 //! the IPv4 header every packet the dataplane builds (Geneve, ICMP errors, resets) starts with.
 
+use aya_ebpf::helpers::bpf_csum_diff;
+use dataplane_common::DropReason;
+
 use crate::maps::ENCAP_SCRATCH_LEN;
 
 /// One's-complement sum of the 16-bit words of `block[start..start + len]` (len even), added
@@ -55,4 +58,39 @@ pub fn write_ipv4(
     ];
     block[14..34].copy_from_slice(&header);
     store_checksum(block, 24, sum_words(block, 14, 20, 0));
+}
+
+/// `bpf_csum_diff` from `from[skip..]` to `to[skip..]` (16-byte addresses; `skip` 12 for
+/// IPv4), added to `seed`.
+#[inline(always)]
+pub fn csum_diff(
+    from: &[u8; 16],
+    to: &[u8; 16],
+    skip: usize,
+    seed: u32,
+) -> Result<u32, DropReason> {
+    // SAFETY: both buffers are 16 bytes; the helper reads `16 - skip` of each and writes none.
+    let diff = unsafe {
+        bpf_csum_diff(
+            from.as_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            to.as_ptr().add(skip) as *mut u32,
+            (16 - skip) as u32,
+            seed,
+        )
+    };
+    if diff < 0 {
+        return Err(DropReason::LbRewriteFailed);
+    }
+    Ok(diff as u32)
+}
+
+/// A checksum field (as stored) after the covered data changed by `diff` (RFC 1624, eqn. 3).
+#[inline(always)]
+pub fn updated(check: [u8; 2], diff: u32) -> [u8; 2] {
+    let mut sum = (!u16::from_ne_bytes(check)) as u64 + diff as u64;
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    sum = (sum & 0xFFFF) + (sum >> 16);
+    (!(sum as u16)).to_ne_bytes()
 }

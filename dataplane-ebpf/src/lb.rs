@@ -20,7 +20,7 @@
 )]
 
 use aya_ebpf::{
-    bindings::{BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
+    bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
     helpers::{bpf_csum_diff, bpf_ktime_get_coarse_ns},
     programs::TcContext,
 };
@@ -37,7 +37,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    csum::{store_checksum, sum_words, write_ipv4},
+    csum::{csum_diff, store_checksum, sum_words, updated, write_ipv4},
     icmp,
     maps::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
@@ -64,6 +64,8 @@ const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
 /// Source ports tried for a masqueraded NodePort flow before giving up.
 const SNAT_PORT_ATTEMPTS: u32 = 4;
+/// Deepest transport header the rewrite writes in place (a mask: one less than a power of two).
+const MAX_DIRECT_L4: usize = 0xFF;
 
 /// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
 /// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
@@ -748,80 +750,197 @@ enum Side {
 /// Replaces the source or destination address and port with `s.new_addr/new_port`, keeping
 /// the IPv4 header checksum and the TCP/UDP checksum (pseudo-header included) or SCTP's CRC32c
 /// (ports only, no pseudo-header) right. A UDP checksum of zero (none, IPv4) stays zero.
-#[inline(never)]
+#[inline(always)]
 fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> Stage {
-    Stage::value(translate(ctx, parsed, s, side).map(|()| 0))
+    let side = match side {
+        Side::Source => REWRITE_SOURCE,
+        Side::Destination => REWRITE_DESTINATION,
+    };
+    let l4 = parsed.l4_offset as u32;
+    let protocol = parsed.protocol as u32;
+    match lb_rewrite(ctx.skb.skb, s, l4, protocol, side) {
+        0 => Stage::value(Ok(0)),
+        _ => Stage::value(Err(DropReason::LbRewriteFailed)),
+    }
+}
+
+const REWRITE_SOURCE: u32 = 0;
+const REWRITE_DESTINATION: u32 = 1;
+
+/// [`rewrite`] as a global BPF function: the verifier checks it once on its own (with any
+/// offset, protocol and side) instead of again at each of its call sites on every path that
+/// reaches them, which kept `tc_from_pod` at the verifier's limit. 0 on success.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn lb_rewrite(
+    skb: *mut __sk_buff,
+    s: *mut LbScratch,
+    l4: u32,
+    protocol: u32,
+    side: u32,
+) -> i32 {
+    if s.is_null() {
+        return -1;
+    }
+    let ctx = TcContext::new(skb);
+    // SAFETY: the caller's per-CPU working set (checked non-null above).
+    let s = unsafe { &mut *s };
+    let side = if side == REWRITE_SOURCE {
+        Side::Source
+    } else {
+        Side::Destination
+    };
+    match translate(&ctx, l4 as usize, protocol as u8, s, side) {
+        Ok(()) => 0,
+        Err(_) => -1,
+    }
 }
 
 #[inline(always)]
 fn translate(
     ctx: &TcContext,
-    parsed: &Parsed,
+    l4: usize,
+    protocol: u8,
     s: &mut LbScratch,
     side: Side,
 ) -> Result<(), DropReason> {
     let ipv4 = s.ipv4 != 0;
-    let l3 = parsed.l3_offset;
-    let l4 = parsed.l4_offset;
-    let sctp = parsed.protocol == IPPROTO_SCTP;
-    let check = if parsed.protocol == IPPROTO_TCP {
+    let sctp = protocol == IPPROTO_SCTP;
+    let check = if protocol == IPPROTO_TCP {
         l4 + 16
     } else {
         l4 + 6
     };
-    let mangled = if parsed.protocol == IPPROTO_UDP {
+    let mangled = if protocol == IPPROTO_UDP {
         BPF_F_MARK_MANGLED_0 as u64
     } else {
         0
     };
     let failed = |_| DropReason::LbRewriteFailed;
-    let (at, skip) = match (ipv4, side) {
-        (true, Side::Source) => (l3 + 12, 12),
-        (true, Side::Destination) => (l3 + 16, 12),
-        (false, Side::Source) => (l3 + 8, 0),
-        (false, Side::Destination) => (l3 + 24, 0),
-    };
-    // SAFETY: both buffers are 16 bytes of map memory; the helper reads `16 - skip` of each.
-    let diff = unsafe {
-        bpf_csum_diff(
-            s.old_addr.as_mut_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            s.new_addr.as_mut_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            0,
-        )
-    };
-    if diff < 0 {
-        return Err(DropReason::LbRewriteFailed);
+    let skip = if ipv4 { 12 } else { 0 };
+    let diff = csum_diff(&s.old_addr, &s.new_addr, skip, 0)?;
+    let port_changed = s.old_port != s.new_port;
+    // The headers are written in place (cheaper than a store helper per field); the helpers
+    // that follow invalidate the packet pointers, so every direct write comes first.
+    write_headers(ctx, l4, s, side, diff)?;
+    if sctp {
+        // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
+        return Ok(());
     }
-    if ipv4 {
-        let v4 = [
-            s.new_addr[12],
-            s.new_addr[13],
-            s.new_addr[14],
-            s.new_addr[15],
-        ];
-        ctx.store(at, &v4, 0).map_err(failed)?;
-        ctx.l3_csum_replace(l3 + 10, 0, diff as u64, 0)
-            .map_err(failed)?;
-    } else {
-        ctx.store(at, &s.new_addr, 0).map_err(failed)?;
-    }
-    if !sctp {
-        ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
-            .map_err(failed)?;
-    }
-    if s.old_port != s.new_port {
-        let port_at = if side == Side::Source { l4 } else { l4 + 2 };
-        ctx.store(port_at, &s.new_port, 0).map_err(failed)?;
-        if sctp {
-            // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
-            return Ok(());
-        }
+    // The transport checksum goes through the kernel, which alone knows whether it is a full
+    // checksum or an offload's pseudo-header seed (then only the addresses count).
+    ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
+        .map_err(failed)?;
+    if port_changed {
         let from = u16::from_ne_bytes(s.old_port) as u64;
         let to = u16::from_ne_bytes(s.new_port) as u64;
         ctx.l4_csum_replace(check, from, to, 2 | mangled)
             .map_err(failed)?;
+    }
+    Ok(())
+}
+
+/// Writes `s.new_addr` (and `s.new_port` when it differs) over the source or destination in
+/// place, and the IPv4 header checksum by the address change `diff` (RFC 1624). Headers
+/// outside the skb's linear data are pulled in first.
+#[inline(always)]
+fn write_headers(
+    ctx: &TcContext,
+    l4: usize,
+    s: &LbScratch,
+    side: Side,
+    diff: u32,
+) -> Result<(), DropReason> {
+    let failed = DropReason::LbRewriteFailed;
+    // Ports live in the first 4 bytes of TCP, UDP and SCTP alike. Offsets are masked so the
+    // verifier sees them bounded; a header deeper than that takes the helper path below.
+    if l4 > MAX_DIRECT_L4 {
+        return store_headers(ctx, l4, s, side, diff);
+    }
+    let needed = (l4 + 4) as u32;
+    if ctx.data() + needed as usize > ctx.data_end() {
+        ctx.pull_data(needed).map_err(|_| failed)?;
+    }
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let ip = start + ETH_LEN;
+    let ports = start + (l4 & MAX_DIRECT_L4);
+    if ports + 4 > end {
+        return Err(failed);
+    }
+    if s.ipv4 != 0 {
+        if ip + 20 > end {
+            return Err(failed);
+        }
+        let at = if side == Side::Source {
+            ip + 12
+        } else {
+            ip + 16
+        };
+        let a = &s.new_addr;
+        // SAFETY: the 20-byte IPv4 header was bounds-checked just above.
+        unsafe {
+            core::ptr::write_unaligned(at as *mut [u8; 4], [a[12], a[13], a[14], a[15]]);
+            let check = (ip + 10) as *mut [u8; 2];
+            core::ptr::write_unaligned(check, updated(core::ptr::read_unaligned(check), diff));
+        }
+    } else {
+        if ip + 40 > end {
+            return Err(failed);
+        }
+        let at = if side == Side::Source {
+            ip + 8
+        } else {
+            ip + 24
+        };
+        // SAFETY: the 40-byte IPv6 header was bounds-checked just above.
+        unsafe { core::ptr::write_unaligned(at as *mut [u8; 16], s.new_addr) };
+    }
+    if s.old_port != s.new_port {
+        let at = if side == Side::Source {
+            ports
+        } else {
+            ports + 2
+        };
+        // SAFETY: the 4 bytes of ports were bounds-checked above.
+        unsafe { core::ptr::write_unaligned(at as *mut [u8; 2], s.new_port) };
+    }
+    Ok(())
+}
+
+/// [`write_headers`] through the store helpers, for a transport header deeper than
+/// `MAX_DIRECT_L4` (IPv6 with long extension headers).
+#[inline(never)]
+fn store_headers(
+    ctx: &TcContext,
+    l4: usize,
+    s: &LbScratch,
+    side: Side,
+    diff: u32,
+) -> Result<(), DropReason> {
+    let failed = |_| DropReason::LbRewriteFailed;
+    let l3 = ETH_LEN;
+    if s.ipv4 != 0 {
+        let at = if side == Side::Source {
+            l3 + 12
+        } else {
+            l3 + 16
+        };
+        let a = &s.new_addr;
+        ctx.store(at, &[a[12], a[13], a[14], a[15]], 0)
+            .map_err(failed)?;
+        ctx.l3_csum_replace(l3 + 10, 0, diff as u64, 0)
+            .map_err(failed)?;
+    } else {
+        let at = if side == Side::Source {
+            l3 + 8
+        } else {
+            l3 + 24
+        };
+        ctx.store(at, &s.new_addr, 0).map_err(failed)?;
+    }
+    if s.old_port != s.new_port {
+        let at = if side == Side::Source { l4 } else { l4 + 2 };
+        ctx.store(at, &s.new_port, 0).map_err(failed)?;
     }
     Ok(())
 }

@@ -126,11 +126,14 @@ fn deliver(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)
 /// into the pod's namespace without a second pass through the host stack.
 #[inline(always)]
 fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
-    let mut macs = [0u8; 12];
-    macs[..6].copy_from_slice(&pod.pod_mac);
-    macs[6..].copy_from_slice(&pod.host_mac);
-    if ctx.store(0, &macs, 0).is_err() {
+    let start = ctx.data();
+    if start + 12 > ctx.data_end() {
         return aya_ebpf::bindings::TC_ACT_SHOT;
+    }
+    // SAFETY: the 12 bytes of MAC addresses were bounds-checked just above.
+    unsafe {
+        core::ptr::write_unaligned(start as *mut [u8; 6], pod.pod_mac);
+        core::ptr::write_unaligned((start + 6) as *mut [u8; 6], pod.host_mac);
     }
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(pod.ifindex, 0) as i32 }

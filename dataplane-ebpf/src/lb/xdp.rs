@@ -37,7 +37,7 @@ use super::{
     port_marked, refresh_affinity, scratch, set_service_key, touch,
 };
 use crate::{
-    csum::write_ipv4,
+    csum::{csum_diff, updated, write_ipv4},
     maps::{FIB_SCRATCH, LB_BACKENDS, LB_CT, LB_SERVICES, LOCAL_PODS, SCRATCH},
     overlay::{
         self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
@@ -349,36 +349,6 @@ fn translate(
         }
     }
     Ok(())
-}
-
-/// `bpf_csum_diff` from `from[skip..]` to `to[skip..]` (16-byte addresses; `skip` 12 for
-/// IPv4), added to `seed`.
-#[inline(always)]
-fn csum_diff(from: &[u8; 16], to: &[u8; 16], skip: usize, seed: u32) -> Result<u32, DropReason> {
-    // SAFETY: both buffers are 16 bytes; the helper reads `16 - skip` of each and writes none.
-    let diff = unsafe {
-        bpf_csum_diff(
-            from.as_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            to.as_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            seed,
-        )
-    };
-    if diff < 0 {
-        return Err(DropReason::LbRewriteFailed);
-    }
-    Ok(diff as u32)
-}
-
-/// A checksum field (as stored) after the covered data changed by `diff` (RFC 1624, eqn. 3).
-#[inline(always)]
-fn updated(check: [u8; 2], diff: u32) -> [u8; 2] {
-    let mut sum = (!u16::from_ne_bytes(check)) as u64 + diff as u64;
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    sum = (sum & 0xFFFF) + (sum >> 16);
-    (!(sum as u16)).to_ne_bytes()
 }
 
 /// Writes the outer Ethernet, IP, UDP and Geneve headers in the room made in front of the
