@@ -1036,22 +1036,40 @@ const IPPROTO_ICMPV6: u8 = 58;
 /// packet too big, ...), given the service's address back: the quoted packet's destination
 /// address and port become the service's, and so does the error's source when it is the
 /// backend. Without this the client's stack, which sent to the service, matches the error to
-/// no socket. The value is 1 when the error was translated. Flows the load-balancer also
-/// masqueraded (hairpin, NodePort through another node) are left as they are.
+/// no socket. A flow the load-balancer also masqueraded (hairpin, NodePort through another
+/// node) gets its client back too: the quoted source and the error's destination. An error
+/// about a NodePort flow is routed out to its client here (its source may now be this node's
+/// address, which the stack would not forward).
+///
+/// The value: 0 untouched, 1 translated, `verdict + 2` translated and routed out.
 #[inline(never)]
 pub fn icmp_error_reverse_nat(ctx: &TcContext, parsed: &Parsed) -> Stage {
-    Stage::value(translate_icmp_error(ctx, parsed).map(u32::from))
+    Stage::value(match translate_icmp_error(ctx, parsed) {
+        Ok(Translated::No) => Ok(0),
+        Ok(Translated::Yes) => Ok(1),
+        Ok(Translated::RouteOut) => overlay::route_out(ctx, parsed)
+            .into_value()
+            .map(|verdict| verdict + 2),
+        Err(reason) => Err(reason),
+    })
+}
+
+/// What [`translate_icmp_error`] did.
+enum Translated {
+    No,
+    Yes,
+    RouteOut,
 }
 
 #[inline(always)]
-fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropReason> {
+fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, DropReason> {
     if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
-        return Ok(false);
+        return Ok(Translated::No);
     }
     let ipv4 = parsed.ether_type == ETH_P_IP;
     let icmp = parsed.l4_offset;
     let Ok(kind) = ctx.load::<u8>(icmp) else {
-        return Ok(false);
+        return Ok(Translated::No);
     };
     let is_error = if ipv4 {
         parsed.protocol == IPPROTO_ICMP
@@ -1064,44 +1082,120 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropRe
             && (ICMPV6_DEST_UNREACH..=ICMPV6_PARAMETER_PROBLEM).contains(&kind)
     };
     let Some(s) = scratch() else {
-        return Ok(false);
+        return Ok(Translated::No);
     };
     if !is_error {
-        return Ok(false);
+        return Ok(Translated::No);
     }
     let Some(quoted_l4) = read_quoted_reply_flow(ctx, icmp + 8, ipv4, s) else {
-        return Ok(false);
+        return Ok(Translated::No);
     };
     let Some(entry) = (unsafe { LB_CT.get(&s.flow) }).copied() else {
-        return Ok(false);
+        return Ok(Translated::No);
     };
-    if entry.flags & (CT_SNAT | CT_NODEPORT) != 0 || expired(&entry, s.flow.protocol, now()) {
-        return Ok(false);
+    if expired(&entry, s.flow.protocol, now()) {
+        return Ok(Translated::No);
     }
-    let failed = |_| DropReason::LbRewriteFailed;
-    let check = icmp + 2;
-    let quoted = icmp + 8;
+    let (icmp, quoted_l4) = (icmp as u32, quoted_l4 as u32);
     // The quoted destination: the backend becomes the service.
     s.old_addr = s.flow.src;
+    s.old_port = s.flow.src_port_be;
     s.new_addr = entry.addr;
+    s.new_port = entry.port_be;
+    quoted_rewrite(ctx, s, icmp, quoted_l4, REWRITE_DESTINATION)?;
+    // The error's source, when the backend itself sent it (a router on the way keeps its own).
+    if sent_by(ctx, ipv4, &s.old_addr) {
+        error_rewrite(ctx, s, icmp, REWRITE_SOURCE)?;
+    }
+    if entry.flags & CT_SNAT != 0 {
+        // The quoted source and the error's destination: the masquerade address and port
+        // become the client's.
+        s.old_addr = s.flow.dst;
+        s.old_port = s.flow.dst_port_be;
+        s.new_addr = entry.nat_addr;
+        s.new_port = entry.nat_port_be;
+        quoted_rewrite(ctx, s, icmp, quoted_l4, REWRITE_SOURCE)?;
+        if addressed_to(ctx, ipv4, &s.old_addr) {
+            error_rewrite(ctx, s, icmp, REWRITE_DESTINATION)?;
+        }
+    }
+    if entry.flags & CT_NODEPORT != 0 {
+        return Ok(Translated::RouteOut);
+    }
+    Ok(Translated::Yes)
+}
+
+/// Inside an ICMP error at `icmp` quoting a packet whose transport header is at `quoted_l4`:
+/// replaces the quoted source or destination address and port, `s.old_*` by `s.new_*`, with
+/// every checksum the change touches (the quoted IPv4 header's, the quoted transport one when
+/// it is quoted, and the error's own). A global BPF function, verified once. 0 on success.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn quoted_rewrite_at(
+    skb: *mut __sk_buff,
+    s: *mut LbScratch,
+    icmp: u32,
+    quoted_l4: u32,
+    side: u32,
+) -> i32 {
+    if s.is_null() {
+        return -1;
+    }
+    let ctx = TcContext::new(skb);
+    // SAFETY: the caller's per-CPU working set (checked non-null above).
+    let s = unsafe { &mut *s };
+    match rewrite_quoted(&ctx, s, icmp as usize, quoted_l4 as usize, side) {
+        Ok(()) => 0,
+        Err(_) => -1,
+    }
+}
+
+#[inline(always)]
+fn quoted_rewrite(
+    ctx: &TcContext,
+    s: &mut LbScratch,
+    icmp: u32,
+    quoted_l4: u32,
+    side: u32,
+) -> Result<(), DropReason> {
+    match quoted_rewrite_at(ctx.skb.skb, s, icmp, quoted_l4, side) {
+        0 => Ok(()),
+        _ => Err(DropReason::LbRewriteFailed),
+    }
+}
+
+#[inline(always)]
+fn rewrite_quoted(
+    ctx: &TcContext,
+    s: &mut LbScratch,
+    icmp: usize,
+    quoted_l4: usize,
+    side: u32,
+) -> Result<(), DropReason> {
+    let failed = |_| DropReason::LbRewriteFailed;
+    let ipv4 = s.ipv4 != 0;
+    let check = icmp + 2;
+    let quoted = icmp + 8;
+    let source = side == REWRITE_SOURCE;
     let diff = address_diff(s)?;
     if ipv4 {
-        ctx.store(quoted + 16, &v4_of(&s.new_addr), 0)
-            .map_err(failed)?;
+        let at = if source { quoted + 12 } else { quoted + 16 };
+        ctx.store(at, &v4_of(&s.new_addr), 0).map_err(failed)?;
         // The quoted header's own checksum moves opposite to the address, so the ICMP
         // checksum over both stays as it was.
         ctx.l3_csum_replace(quoted + 10, 0, diff as u64, 0)
             .map_err(failed)?;
     } else {
-        ctx.store(quoted + 24, &s.new_addr, 0).map_err(failed)?;
+        let at = if source { quoted + 8 } else { quoted + 24 };
+        ctx.store(at, &s.new_addr, 0).map_err(failed)?;
         ctx.l4_csum_replace(check, 0, diff as u64, 0)
             .map_err(failed)?;
     }
-    // The quoted destination port, and the quoted transport checksum when it is quoted.
-    ctx.store(quoted_l4 + 2, &entry.port_be, 0)
-        .map_err(failed)?;
-    let from = u16::from_ne_bytes(s.flow.src_port_be) as u64;
-    let to = u16::from_ne_bytes(entry.port_be) as u64;
+    // The quoted port, and the quoted transport checksum when it is quoted.
+    let port_at = if source { quoted_l4 } else { quoted_l4 + 2 };
+    ctx.store(port_at, &s.new_port, 0).map_err(failed)?;
+    let from = u16::from_ne_bytes(s.old_port) as u64;
+    let to = u16::from_ne_bytes(s.new_port) as u64;
     ctx.l4_csum_replace(check, from, to, 2).map_err(failed)?;
     let quoted_check = match s.flow.protocol {
         IPPROTO_TCP => quoted_l4 + 16,
@@ -1125,31 +1219,56 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropRe
         ctx.l4_csum_replace(check, before as u64, after as u64, 2)
             .map_err(failed)?;
     }
-    // The error's source, when the backend itself sent it (a router on the way keeps its own).
-    if sent_by(ctx, ipv4, &s.old_addr) {
-        if ipv4 {
-            ctx.store(ETH_LEN + 12, &v4_of(&s.new_addr), 0)
-                .map_err(failed)?;
-            ctx.l3_csum_replace(ETH_LEN + 10, 0, diff as u64, 0)
-                .map_err(failed)?;
-        } else {
-            ctx.store(ETH_LEN + 8, &s.new_addr, 0).map_err(failed)?;
-            ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
-                .map_err(failed)?;
-        }
+    Ok(())
+}
+
+/// The ICMP error's own source or destination address, `s.old_addr` to `s.new_addr`, with the
+/// IPv4 header checksum or the ICMPv6 checksum (its pseudo-header) following.
+#[inline(never)]
+fn error_rewrite(
+    ctx: &TcContext,
+    s: &mut LbScratch,
+    icmp: u32,
+    side: u32,
+) -> Result<(), DropReason> {
+    let failed = |_| DropReason::LbRewriteFailed;
+    let source = side == REWRITE_SOURCE;
+    let diff = address_diff(s)?;
+    if s.ipv4 != 0 {
+        let at = if source { ETH_LEN + 12 } else { ETH_LEN + 16 };
+        ctx.store(at, &v4_of(&s.new_addr), 0).map_err(failed)?;
+        ctx.l3_csum_replace(ETH_LEN + 10, 0, diff as u64, 0)
+            .map_err(failed)
+    } else {
+        let at = if source { ETH_LEN + 8 } else { ETH_LEN + 24 };
+        ctx.store(at, &s.new_addr, 0).map_err(failed)?;
+        ctx.l4_csum_replace(icmp as usize + 2, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
+            .map_err(failed)
     }
-    Ok(true)
+}
+
+/// Whether the packet's destination address is `addr`.
+#[inline(always)]
+fn addressed_to(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
+    let at = if ipv4 { ETH_LEN + 16 } else { ETH_LEN + 24 };
+    address_at(ctx, ipv4, at, addr)
 }
 
 /// Whether the packet's source address is `addr`.
 #[inline(always)]
 fn sent_by(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
+    let at = if ipv4 { ETH_LEN + 12 } else { ETH_LEN + 8 };
+    address_at(ctx, ipv4, at, addr)
+}
+
+/// Whether the address at `at` in the packet is `addr`.
+#[inline(always)]
+fn address_at(ctx: &TcContext, ipv4: bool, at: usize, addr: &Addr) -> bool {
     if ipv4 {
-        ctx.load::<u32>(ETH_LEN + 12)
-            .is_ok_and(|src| src == u32::from_ne_bytes(v4_of(addr)))
+        ctx.load::<u32>(at)
+            .is_ok_and(|a| a == u32::from_ne_bytes(v4_of(addr)))
     } else {
-        let (Ok(high), Ok(low)) = (ctx.load::<u64>(ETH_LEN + 8), ctx.load::<u64>(ETH_LEN + 16))
-        else {
+        let (Ok(high), Ok(low)) = (ctx.load::<u64>(at), ctx.load::<u64>(at + 8)) else {
             return false;
         };
         let (a, b) = addr.split_at(8);

@@ -102,9 +102,14 @@ pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
     };
     match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
         Ok(0) => {}
-        Ok(_) => {
+        Ok(1) => {
             count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
             ctx.cb_mut()[CB_REPLY] = 1;
+        }
+        // Routed out to a NodePort client by the load-balancer itself.
+        Ok(routed) => {
+            count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
+            return (routed - 2) as i32;
         }
         Err(reason) => {
             count_drop(Hook::FromPod, reason);

@@ -95,10 +95,15 @@ pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
     };
     match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
         Ok(0) => TC_ACT_OK,
-        Ok(_) => {
+        Ok(1) => {
             count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
             ctx.set_mark(acl::skb_mark(&ctx) | SERVICE_REPLY_MARK);
             TC_ACT_OK
+        }
+        // Routed out to a NodePort client by the load-balancer itself.
+        Ok(routed) => {
+            count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
+            (routed - 2) as i32
         }
         Err(reason) => {
             count_drop(Hook::UnderlayTc, reason);

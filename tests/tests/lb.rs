@@ -355,6 +355,23 @@ fn icmp_about(src: &str, dst: &str, kind: u8, code: u8, frame: &[u8]) -> Vec<u8>
     )
 }
 
+/// [`icmp_about`] with the given Ethernet addresses.
+fn icmp_about_between(
+    (src, src_mac): (&str, &str),
+    (dst, dst_mac): (&str, &str),
+    kind: u8,
+    code: u8,
+    frame: &[u8],
+) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "icmp_about", "src": src, "dst": dst, "type": kind, "code": code,
+            "quote": hex(&frame[14..]), "src_mac": src_mac, "dst_mac": dst_mac,
+        }))
+        .expect("scapy icmp"),
+    )
+}
+
 #[test]
 fn icmp_errors_from_backends_get_the_service_address_back() {
     if !privileged("icmp_errors_from_backends_get_the_service_address_back") {
@@ -764,6 +781,17 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
             "{vip}: both addresses restored"
         );
         assert!(checksums_ok(&out.output));
+        // An ICMP error the pod sends about what it received (to the masquerade address)
+        // reaches it about what it sent: from the service, the quoted packet its own.
+        let received = frame("tcp", masquerade, 47000, pod, 8080, "S");
+        let error = icmp_about(pod, masquerade, 3, 3, &received);
+        let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        assert_eq!(
+            hex(&out.output),
+            hex(&icmp_about(vip, pod, 3, 3, &request)),
+            "{vip}: the error translated on both sides, every checksum as scapy's"
+        );
         // Later packets of the flow are translated the same way.
         let ack = frame("tcp", pod, 47000, vip, 80, "A");
         let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
@@ -929,6 +957,47 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&want),
         "reverse NAT and FIB route out"
     );
+    // An ICMP error the backend sends about the client's packet: from the node's address
+    // about the packet the client sent, routed out to the client like the replies.
+    let delivered = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.244.1.3",
+        8080,
+        "S",
+        &host_mac,
+        &pod_mac,
+    );
+    let error = icmp_about_between(
+        ("10.244.1.3", &pod_mac),
+        ("10.99.0.50", &host_mac),
+        3,
+        3,
+        &delivered,
+    );
+    let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let client_syn = tcp_frame(
+        "10.99.0.50",
+        45000,
+        "10.99.0.1",
+        30080,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let want = icmp_about_between(
+        ("10.99.0.1", &node_mac),
+        ("10.99.0.50", client_mac),
+        3,
+        3,
+        &client_syn,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "ICMP error from a local NodePort backend: translated, routed out"
+    );
     // The flow's next packets are translated in XDP already and passed up for the stack to
     // route into the pod (its veth's tc program applies the pod's ingress policy).
     let ack = tcp_frame(
@@ -1043,6 +1112,38 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&out.output),
         hex(&want),
         "both addresses restored, routed out"
+    );
+    // An ICMP error from the backend about the masqueraded packet (to the node's address)
+    // reaches the client about the packet it sent, from the NodePort's address.
+    let masqueraded = tcp_frame(
+        "10.99.0.1",
+        first_port,
+        "10.244.2.5",
+        8080,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let error = icmp_about_between(
+        ("10.244.2.5", NODE_B_MAC),
+        ("10.99.0.1", &node_mac),
+        3,
+        3,
+        &masqueraded,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &error, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_REDIRECT);
+    let want = icmp_about_between(
+        ("10.99.0.1", &node_mac),
+        ("10.99.0.50", client_mac),
+        3,
+        3,
+        &syn,
+    );
+    assert_eq!(
+        hex(&out.output),
+        hex(&want),
+        "ICMP error about a masqueraded NodePort flow: both sides restored, routed out"
     );
     // The next packet takes XDP's shortcut: masqueraded the same way, wrapped in Geneve to
     // node b and redirected to the underlay, every byte as scapy builds it. The outer source
@@ -1208,7 +1309,8 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
-        3
+        4,
+        "three replies and an ICMP error"
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),

@@ -177,6 +177,19 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
             node = dataplane_tests::topology::node_name(0),
         )
     };
+    // A UDP NodePort whose backend has no socket on its port: the backend's port unreachable
+    // must reach the external client as an error about what the client sent.
+    let closed = format!(
+        "---\napiVersion: v1\nkind: Service\nmetadata: {{name: closed, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.22, \
+         ports: [{{port: 53, targetPort: 9999, nodePort: 30082, protocol: UDP}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: closed-1, namespace: default, labels: {{kubernetes.io/service-name: closed}}}}\n\
+         addressType: IPv4\nports: [{{port: 9999, protocol: UDP}}]\n\
+         endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+        ip = backend.ip,
+        node = dataplane_tests::topology::node_name(0),
+    );
     let manifests = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: local, namespace: default}}\n\
          spec: {{type: NodePort, clusterIP: 10.96.0.20, externalIPs: [192.0.2.11], externalTrafficPolicy: Local, \
@@ -186,7 +199,7 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
          ports: [{{port: 80, targetPort: 8080, nodePort: 30081}}]}}\n{}",
         slice("local"),
         slice("cluster")
-    );
+    ) + &closed;
     topology
         .add_manifest("nodeports.yaml", &manifests)
         .expect("manifests");
@@ -249,6 +262,30 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
         on_other_node.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
         8,
         "tc: the first packet of each connection"
+    );
+    // ICMP port unreachable from the backend, translated back to the NodePort the client
+    // sent to: by node 0 for its own backend, by node 1 for the flow it masqueraded (the error
+    // comes to node 1's address). The client's connected socket sees the refusal.
+    let probe = format!(
+        "import socket\n\
+         out = []\n\
+         for host in ('{node0}', '{node1}'):\n\
+         \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n\
+         \x20   s.connect((host, 30082)); s.send(b'x')\n\
+         \x20   try:\n\
+         \x20       s.recv(100); out.append('answered')\n\
+         \x20   except ConnectionRefusedError:\n\
+         \x20       out.append('refused')\n\
+         \x20   except socket.timeout:\n\
+         \x20       out.append('timeout')\n\
+         print(' '.join(out))\n"
+    );
+    let out = exec_in(&external.netns, &["python3", "-c", &probe]).expect("udp probe");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "refused refused",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let _ = server.kill();
     let _ = server.wait();
