@@ -150,3 +150,17 @@ pub const PROG_UNDERLAY_TC: &str = "tc_underlay";
 pub const PROG_BASELINE: &str = "xdp_baseline";
 /// A tc program that does nothing but accept: the baseline of tc benchmarks.
 pub const PROG_TC_BASELINE: &str = "tc_baseline";
+/// Every program the dataplane loads.
+pub const ALL_PROGRAMS: &[&str] = &[
+    PROG_UNDERLAY,
+    PROG_FROM_POD,
+    PROG_FROM_POD_DELIVER,
+    PROG_FROM_POD_SCTP,
+    PROG_FROM_POD_ICMP,
+    PROG_UNDERLAY_ICMP,
+    PROG_UNDERLAY_SCTP,
+    PROG_TO_POD,
+    PROG_UNDERLAY_TC,
+    PROG_BASELINE,
+    PROG_TC_BASELINE,
+];

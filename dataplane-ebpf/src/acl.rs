@@ -63,6 +63,13 @@ const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 
+/// Whether any pod of this node is under access control (else the stage has nothing to do,
+/// and its callers skip the call).
+#[inline(always)]
+pub fn active() -> bool {
+    ACL_ACTIVE.get(0).is_some_and(|n| *n != 0)
+}
+
 /// The access-control stage for a packet leaving a pod (after the load-balancer, so a service
 /// packet is judged by the backend it was sent to): the sender's egress policy, the receiver's
 /// ingress policy when it is a pod on this node, then the sender's EgressFirewall. Outcomes

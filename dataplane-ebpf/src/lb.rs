@@ -438,7 +438,7 @@ fn port_marked(base: u32, port_be: [u8; 2]) -> bool {
 }
 
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.
-#[inline(never)]
+#[inline(always)]
 fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
     Stage::value(reverse_nat_flow(ctx, parsed, s))
 }
@@ -490,7 +490,7 @@ fn reverse_nat_flow(
 /// not expired, not a new TCP connection reusing the ports of a closed one, and its backend
 /// still present. A TCP flow whose backend went away is ended (`LbBackendGone`: the client
 /// gets a reset); other protocols fall through to a fresh choice.
-#[inline(never)]
+#[inline(always)]
 fn tracked_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Stage {
     Stage::value(tracked(s, service, now).map(u32::from))
 }

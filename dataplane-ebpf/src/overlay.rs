@@ -83,7 +83,7 @@ fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
 
 /// The tc stage for a packet leaving a pod: the verdict and what was done (encapsulated or
 /// redirected to a local pod). `Ok(None)`: not overlay traffic, let it continue.
-#[inline(never)]
+#[inline(always)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
     Stage::new(
         deliver(ctx, parsed).map(|done| done.map(|(verdict, class)| (verdict as u32, class))),

@@ -132,7 +132,10 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         return TC_ACT_SHOT;
     };
     let reply = ctx.cb()[CB_REPLY] != 0;
-    if !reply && let Err(reason) = acl::from_pod(&ctx, &parsed).result() {
+    if !reply
+        && acl::active()
+        && let Err(reason) = acl::from_pod(&ctx, &parsed).result()
+    {
         count_drop(Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }

@@ -31,7 +31,20 @@ pub struct StatusReport {
     /// The pinned attachments: in force whether or not an agent runs.
     pub links: Vec<PinnedAttachment>,
     pub maps: Vec<MapFill>,
+    pub programs: Vec<ProgramCost>,
     pub counters: Option<Counters>,
+}
+
+/// One of the loaded programs: how much of the verifier's budget it took, and what it costs
+/// per run when the kernel's BPF statistics are on (`sysctl kernel.bpf_stats_enabled=1`).
+#[derive(Debug, Serialize)]
+pub struct ProgramCost {
+    pub name: &'static str,
+    pub id: u32,
+    /// Instructions the verifier walked (its limit is 1,000,000).
+    pub verified_instructions: Option<u32>,
+    pub runs: u64,
+    pub run_time_ns: u64,
 }
 
 #[derive(Debug, Serialize)]
@@ -73,6 +86,7 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
             pin,
         })
         .collect();
+    let programs = program_costs(pins);
     let counters = if maps.is_empty() {
         None
     } else {
@@ -84,6 +98,7 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
         state,
         links,
         maps,
+        programs,
         counters,
     })
 }
@@ -207,6 +222,43 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
     }
 }
 
+/// The programs that use this pin root's packet counters (so not those of another dataplane
+/// loaded on the machine, such as a test's), by the names the kernel keeps (15 characters).
+fn program_costs(pins: &Pins) -> Vec<ProgramCost> {
+    let Ok(counters) = MapInfo::from_pin(pins.map(maps::PACKETS)) else {
+        return Vec::new();
+    };
+    let mut programs: Vec<ProgramCost> = aya::programs::loaded_programs()
+        .filter_map(Result::ok)
+        .filter(|info| {
+            info.map_ids()
+                .ok()
+                .flatten()
+                .is_some_and(|ids| ids.contains(&counters.id()))
+        })
+        .filter_map(|info| {
+            let kernel_name = info.name_as_str()?.to_owned();
+            let name = maps::ALL_PROGRAMS
+                .iter()
+                .find(|full| kernel_keeps(full) == kernel_name)?;
+            Some(ProgramCost {
+                name,
+                id: info.id(),
+                verified_instructions: info.verified_instruction_count(),
+                runs: info.run_count(),
+                run_time_ns: info.run_time().as_nanos() as u64,
+            })
+        })
+        .collect();
+    programs.sort_by_key(|p| (p.name, p.id));
+    programs
+}
+
+/// The part of a program's name the kernel keeps (`BPF_OBJ_NAME_LEN`, 16 with the NUL).
+fn kernel_keeps(name: &str) -> &str {
+    name.get(..15).unwrap_or(name)
+}
+
 /// The report as aligned text tables.
 pub fn render(report: &StatusReport) -> String {
     let mut out = String::new();
@@ -267,6 +319,32 @@ pub fn render(report: &StatusReport) -> String {
             m.name, m.map_type, m.used, m.max_entries
         );
     }
+    if !report.programs.is_empty() {
+        let _ = writeln!(
+            out,
+            "\nprograms (run time with `sysctl kernel.bpf_stats_enabled=1`; a tail-called program's \
+             time is also its caller's):"
+        );
+        let _ = writeln!(
+            out,
+            "  {:<20} {:>6} {:>14} {:>12} {:>10}",
+            "NAME", "ID", "VERIFIED INSNS", "RUNS", "NS/RUN"
+        );
+        for p in &report.programs {
+            let per_run = p
+                .run_time_ns
+                .checked_div(p.runs)
+                .map_or_else(|| "-".to_owned(), |ns| ns.to_string());
+            let verified = p
+                .verified_instructions
+                .map_or_else(|| "-".to_owned(), |n| n.to_string());
+            let _ = writeln!(
+                out,
+                "  {:<20} {:>6} {:>14} {:>12} {:>10}",
+                p.name, p.id, verified, p.runs, per_run
+            );
+        }
+    }
     if let Some(counters) = &report.counters {
         let _ = writeln!(out, "\npackets:");
         let _ = writeln!(out, "  {:<12} {:<26} {:>12}", "HOOK", "CLASS", "COUNT");
@@ -321,6 +399,22 @@ mod tests {
                 max_entries: 32,
                 used: 1,
             }],
+            programs: vec![
+                ProgramCost {
+                    name: "tc_from_pod",
+                    id: 41,
+                    verified_instructions: Some(812_345),
+                    runs: 1000,
+                    run_time_ns: 640_000,
+                },
+                ProgramCost {
+                    name: "tc_to_pod",
+                    id: 42,
+                    verified_instructions: None,
+                    runs: 0,
+                    run_time_ns: 0,
+                },
+            ],
             counters: Some(Counters {
                 packets: vec![],
                 drops: vec![DropCount {
@@ -346,5 +440,30 @@ mod tests {
             text.contains("ipv4_bad_ihl") && text.contains(" 3 "),
             "{text}"
         );
+        assert!(
+            text.contains("tc_from_pod              41         812345         1000        640"),
+            "{text}"
+        );
+        assert!(
+            text.contains("tc_to_pod                42              -            0          -"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn program_names_are_matched_as_the_kernel_truncates_them() {
+        assert_eq!(kernel_keeps("tc_from_pod_deliver"), "tc_from_pod_del");
+        assert_eq!(kernel_keeps("tc_underlay"), "tc_underlay");
+        let matches = |kernel: &str| {
+            maps::ALL_PROGRAMS
+                .iter()
+                .filter(|full| kernel_keeps(full) == kernel)
+                .count()
+        };
+        assert_eq!(matches("tc_underlay"), 1);
+        // Every program keeps a name no other shares.
+        for name in maps::ALL_PROGRAMS {
+            assert_eq!(matches(kernel_keeps(name)), 1, "{name}");
+        }
     }
 }

@@ -21,9 +21,10 @@ use std::process::Command;
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use dataplane_common::maps::PROG_FROM_POD;
 use dataplane_tests::median;
 use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
-use dataplane_tests::topology::{Mode, Pod, Topology, exec_in, run_in, sh_in};
+use dataplane_tests::topology::{Agent, Mode, Pod, Topology, exec_in, run_in, sh_in};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -48,6 +49,10 @@ struct Report {
     raw_frames: Comparison,
     /// An external host's UDP socket to a NodePort whose backend is on another node.
     node_port: Comparison,
+    /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod` with its
+    /// tail call: conntrack hit, DNAT, local delivery), from the kernel's BPF statistics in an
+    /// extra run of the socket sender.
+    tc_program_ns: f64,
 }
 
 #[derive(Serialize)]
@@ -225,6 +230,21 @@ fn blast_from(
     Ok((after - before) as f64 / seconds as f64)
 }
 
+/// Runs and total run time (ns) of one of the agent's programs, from its status report.
+fn program_cost(agent: &Agent, name: &str) -> anyhow::Result<(u64, u64)> {
+    let status = agent.status_json()?;
+    let program = status["programs"]
+        .as_array()
+        .and_then(|programs| programs.iter().find(|p| p["name"] == name))
+        .with_context(|| format!("{name} in the agent's status"))?;
+    let field = |key: &str| {
+        program[key]
+            .as_u64()
+            .with_context(|| format!("{name}: {key}"))
+    };
+    Ok((field("runs")?, field("run_time_ns")?))
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -328,6 +348,17 @@ fn main() -> anyhow::Result<()> {
         }
         results.push(Comparison::new(ours, nft, sender));
     }
+    let tc_program_ns = {
+        let agent = node.start_agent()?;
+        // On only for this run: the statistics' clock reads would tax the compared rates.
+        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("enabling the kernel's BPF run-time statistics")?;
+        let before = program_cost(&agent, PROG_FROM_POD)?;
+        blast(client, &at_backends, args.seconds, None)?;
+        let after = program_cost(&agent, PROG_FROM_POD)?;
+        anyhow::ensure!(after.0 > before.0, "{PROG_FROM_POD} did not run");
+        (after.1 - before.1) as f64 / (after.0 - before.0) as f64
+    };
     let _ = std::fs::remove_file(&rules);
     drop(topology);
     let raw_frames = results.pop().context("raw results")?;
@@ -338,6 +369,7 @@ fn main() -> anyhow::Result<()> {
         socket,
         raw_frames,
         node_port: node_port_comparison(&args)?,
+        tc_program_ns,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -355,6 +387,11 @@ fn main() -> anyhow::Result<()> {
         "prebuilt frames on the client pod's interface (AF_PACKET)",
         cluster_ip.0,
         cluster_ip.1,
+    );
+    println!(
+        "  our tc program per packet (tc_from_pod and its tail call, kernel BPF statistics, \
+         their clock reads included): {:.0} ns",
+        report.tc_program_ns
     );
     println!(
         "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating)",
