@@ -21,7 +21,7 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
-    helpers::{bpf_csum_diff, bpf_ktime_get_coarse_ns},
+    helpers::bpf_ktime_get_coarse_ns,
     programs::TcContext,
 };
 use dataplane_common::{
@@ -741,10 +741,23 @@ fn maglev_lookup(s: &LbScratch, service: &ServiceValue) -> Result<u32, DropReaso
     Ok(table[slot])
 }
 
+/// Which address and port a rewrite replaces. Crosses the global BPF functions as its `u32`.
 #[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
 enum Side {
-    Source,
-    Destination,
+    Source = 0,
+    Destination = 1,
+}
+
+impl Side {
+    #[inline(always)]
+    fn from_raw(raw: u32) -> Self {
+        if raw == Side::Source as u32 {
+            Side::Source
+        } else {
+            Side::Destination
+        }
+    }
 }
 
 /// Replaces the source or destination address and port with `s.new_addr/new_port`, keeping
@@ -752,20 +765,13 @@ enum Side {
 /// (ports only, no pseudo-header) right. A UDP checksum of zero (none, IPv4) stays zero.
 #[inline(always)]
 fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> Stage {
-    let side = match side {
-        Side::Source => REWRITE_SOURCE,
-        Side::Destination => REWRITE_DESTINATION,
-    };
     let l4 = parsed.l4_offset as u32;
     let protocol = parsed.protocol as u32;
-    match lb_rewrite(ctx.skb.skb, s, l4, protocol, side) {
+    match lb_rewrite(ctx.skb.skb, s, l4, protocol, side as u32) {
         0 => Stage::value(Ok(0)),
         _ => Stage::value(Err(DropReason::LbRewriteFailed)),
     }
 }
-
-const REWRITE_SOURCE: u32 = 0;
-const REWRITE_DESTINATION: u32 = 1;
 
 /// [`rewrite`] as a global BPF function: the verifier checks it once on its own (with any
 /// offset, protocol and side) instead of again at each of its call sites on every path that
@@ -785,12 +791,7 @@ pub extern "C" fn lb_rewrite(
     let ctx = TcContext::new(skb);
     // SAFETY: the caller's per-CPU working set (checked non-null above).
     let s = unsafe { &mut *s };
-    let side = if side == REWRITE_SOURCE {
-        Side::Source
-    } else {
-        Side::Destination
-    };
-    match translate(&ctx, l4 as usize, protocol as u8, s, side) {
+    match translate(&ctx, l4 as usize, protocol as u8, s, Side::from_raw(side)) {
         Ok(()) => 0,
         Err(_) => -1,
     }
@@ -804,7 +805,6 @@ fn translate(
     s: &mut LbScratch,
     side: Side,
 ) -> Result<(), DropReason> {
-    let ipv4 = s.ipv4 != 0;
     let sctp = protocol == IPPROTO_SCTP;
     let check = if protocol == IPPROTO_TCP {
         l4 + 16
@@ -817,8 +817,7 @@ fn translate(
         0
     };
     let failed = |_| DropReason::LbRewriteFailed;
-    let skip = if ipv4 { 12 } else { 0 };
-    let diff = csum_diff(&s.old_addr, &s.new_addr, skip, 0)?;
+    let diff = address_diff(s)?;
     let port_changed = s.old_port != s.new_port;
     // The headers are written in place (cheaper than a store helper per field); the helpers
     // that follow invalidate the packet pointers, so every direct write comes first.
@@ -863,7 +862,10 @@ fn write_headers(
     }
     let (start, end) = (ctx.data(), ctx.data_end());
     let ip = start + ETH_LEN;
-    let ports = start + (l4 & MAX_DIRECT_L4);
+    // Read back opaquely: LLVM knows `l4 <= MAX_DIRECT_L4` from the check above and would
+    // drop the mask the verifier needs to bound the pointer.
+    // SAFETY: a volatile read of a local.
+    let ports = start + (unsafe { core::ptr::read_volatile(&l4) } & MAX_DIRECT_L4);
     if ports + 4 > end {
         return Err(failed);
     }
@@ -1102,10 +1104,10 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
     s.old_port = s.flow.src_port_be;
     s.new_addr = entry.addr;
     s.new_port = entry.port_be;
-    quoted_rewrite(ctx, s, icmp, quoted_l4, REWRITE_DESTINATION)?;
+    quoted_rewrite(ctx, s, icmp, quoted_l4, Side::Destination)?;
     // The error's source, when the backend itself sent it (a router on the way keeps its own).
     if sent_by(ctx, ipv4, &s.old_addr) {
-        error_rewrite(ctx, s, icmp, REWRITE_SOURCE)?;
+        error_rewrite(ctx, s, icmp, Side::Source)?;
     }
     if entry.flags & CT_SNAT != 0 {
         // The quoted source and the error's destination: the masquerade address and port
@@ -1114,9 +1116,9 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
         s.old_port = s.flow.dst_port_be;
         s.new_addr = entry.nat_addr;
         s.new_port = entry.nat_port_be;
-        quoted_rewrite(ctx, s, icmp, quoted_l4, REWRITE_SOURCE)?;
+        quoted_rewrite(ctx, s, icmp, quoted_l4, Side::Source)?;
         if addressed_to(ctx, ipv4, &s.old_addr) {
-            error_rewrite(ctx, s, icmp, REWRITE_DESTINATION)?;
+            error_rewrite(ctx, s, icmp, Side::Destination)?;
         }
     }
     if entry.flags & CT_NODEPORT != 0 {
@@ -1144,7 +1146,13 @@ pub extern "C" fn quoted_rewrite_at(
     let ctx = TcContext::new(skb);
     // SAFETY: the caller's per-CPU working set (checked non-null above).
     let s = unsafe { &mut *s };
-    match rewrite_quoted(&ctx, s, icmp as usize, quoted_l4 as usize, side) {
+    match rewrite_quoted(
+        &ctx,
+        s,
+        icmp as usize,
+        quoted_l4 as usize,
+        Side::from_raw(side),
+    ) {
         Ok(()) => 0,
         Err(_) => -1,
     }
@@ -1156,9 +1164,9 @@ fn quoted_rewrite(
     s: &mut LbScratch,
     icmp: u32,
     quoted_l4: u32,
-    side: u32,
+    side: Side,
 ) -> Result<(), DropReason> {
-    match quoted_rewrite_at(ctx.skb.skb, s, icmp, quoted_l4, side) {
+    match quoted_rewrite_at(ctx.skb.skb, s, icmp, quoted_l4, side as u32) {
         0 => Ok(()),
         _ => Err(DropReason::LbRewriteFailed),
     }
@@ -1170,13 +1178,13 @@ fn rewrite_quoted(
     s: &mut LbScratch,
     icmp: usize,
     quoted_l4: usize,
-    side: u32,
+    side: Side,
 ) -> Result<(), DropReason> {
     let failed = |_| DropReason::LbRewriteFailed;
     let ipv4 = s.ipv4 != 0;
     let check = icmp + 2;
     let quoted = icmp + 8;
-    let source = side == REWRITE_SOURCE;
+    let source = side == Side::Source;
     let diff = address_diff(s)?;
     if ipv4 {
         let at = if source { quoted + 12 } else { quoted + 16 };
@@ -1229,10 +1237,10 @@ fn error_rewrite(
     ctx: &TcContext,
     s: &mut LbScratch,
     icmp: u32,
-    side: u32,
+    side: Side,
 ) -> Result<(), DropReason> {
     let failed = |_| DropReason::LbRewriteFailed;
-    let source = side == REWRITE_SOURCE;
+    let source = side == Side::Source;
     let diff = address_diff(s)?;
     if s.ipv4 != 0 {
         let at = if source { ETH_LEN + 12 } else { ETH_LEN + 16 };
@@ -1333,22 +1341,9 @@ fn read_quoted_reply_flow(
 /// The one's-complement difference from `s.old_addr` to `s.new_addr` (the last four bytes for
 /// IPv4).
 #[inline(always)]
-fn address_diff(s: &mut LbScratch) -> Result<i64, DropReason> {
+fn address_diff(s: &LbScratch) -> Result<u32, DropReason> {
     let skip = if s.ipv4 != 0 { 12 } else { 0 };
-    // SAFETY: both buffers are 16 bytes of map memory; the helper reads `16 - skip` of each.
-    let diff = unsafe {
-        bpf_csum_diff(
-            s.old_addr.as_mut_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            s.new_addr.as_mut_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            0,
-        )
-    };
-    if diff < 0 {
-        return Err(DropReason::LbRewriteFailed);
-    }
-    Ok(diff)
+    csum_diff(&s.old_addr, &s.new_addr, skip, 0)
 }
 
 /// The IPv4 address of an IPv4-mapped one.
