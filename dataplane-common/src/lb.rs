@@ -76,6 +76,10 @@ pub const CT_SNAT: u8 = 1 << 1;
 /// of the underlay directly (its source is this node's address, which the stack would refuse
 /// to forward).
 pub const CT_NODEPORT: u8 = 1 << 2;
+/// `CtValue::flags` (original direction): the service has ClientIP affinity; every packet of
+/// the flow restarts the client's affinity timer (`service_id`, `backend_id`). Kept in the
+/// entry so an established flow needs no service lookup.
+pub const CT_AFFINITY: u8 = 1 << 3;
 
 /// The source a pod's packets get when they reach the pod itself through a service (hairpin),
 /// so its replies leave the pod and come back through the load-balancer: OVN-Kubernetes'

@@ -37,6 +37,7 @@ use dataplane_common::{
 };
 
 use crate::{
+    copy::copy_bytes,
     lb,
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
@@ -138,7 +139,9 @@ fn work(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut AclWork> {
     work.flow.src_port = u16::from_be_bytes(work.parsed.src_port);
     work.flow.dst_port = u16::from_be_bytes(work.parsed.dst_port);
     work.flow.protocol = parsed.protocol;
-    work.flow._pad = [0; 3];
+    // SAFETY: the three padding bytes of the key (a plain store of the array would become a
+    // call to `memset`).
+    unsafe { copy_bytes::<3>(work.flow._pad.as_mut_ptr(), [0u8; 3].as_ptr()) };
     Some(work)
 }
 

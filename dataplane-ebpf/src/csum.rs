@@ -1,9 +1,6 @@
 //! The Internet checksum (RFC 1071) over headers assembled in the per-CPU scratch block, and
 //! the IPv4 header every packet the dataplane builds (Geneve, ICMP errors, resets) starts with.
 
-use aya_ebpf::helpers::bpf_csum_diff;
-use dataplane_common::DropReason;
-
 use crate::maps::ENCAP_SCRATCH_LEN;
 
 /// One's-complement sum of the 16-bit words of `block[start..start + len]` (len even), added
@@ -60,29 +57,31 @@ pub fn write_ipv4(
     store_checksum(block, 24, sum_words(block, 14, 20, 0));
 }
 
-/// `bpf_csum_diff` from `from[skip..]` to `to[skip..]` (16-byte addresses; `skip` 12 for
-/// IPv4), added to `seed`.
+/// The one's-complement difference from `from[skip..]` to `to[skip..]` (`N` even; for
+/// 16-byte addresses `skip` is 12 for IPv4), added to `seed`: what `bpf_csum_diff` returns, computed inline (a
+/// helper call costs more than these few additions). Words are taken in memory order, as the
+/// kernel's checksum helpers and [`updated`] take them.
 #[inline(always)]
-pub fn csum_diff(
-    from: &[u8; 16],
-    to: &[u8; 16],
-    skip: usize,
-    seed: u32,
-) -> Result<u32, DropReason> {
-    // SAFETY: both buffers are 16 bytes; the helper reads `16 - skip` of each and writes none.
-    let diff = unsafe {
-        bpf_csum_diff(
-            from.as_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            to.as_ptr().add(skip) as *mut u32,
-            (16 - skip) as u32,
-            seed,
-        )
-    };
-    if diff < 0 {
-        return Err(DropReason::LbRewriteFailed);
+pub fn csum_diff<const N: usize>(from: &[u8; N], to: &[u8; N], skip: usize, seed: u32) -> u32 {
+    let mut sum = seed as u64;
+    let mut i = 0;
+    while 2 * i + 1 < N {
+        if 2 * i >= skip {
+            let old = u16::from_ne_bytes([from[2 * i], from[2 * i + 1]]);
+            let new = u16::from_ne_bytes([to[2 * i], to[2 * i + 1]]);
+            sum += (!old) as u64 + new as u64;
+        }
+        i += 1;
     }
-    Ok(diff as u32)
+    fold32(sum)
+}
+
+/// Folds a 64-bit one's-complement sum to 32 bits (end-around carry).
+#[inline(always)]
+pub fn fold32(mut sum: u64) -> u32 {
+    sum = (sum & 0xFFFF_FFFF) + (sum >> 32);
+    sum = (sum & 0xFFFF_FFFF) + (sum >> 32);
+    sum as u32
 }
 
 /// A checksum field (as stored) after the covered data changed by `diff` (RFC 1624, eqn. 3).

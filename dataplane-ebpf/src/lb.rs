@@ -27,16 +27,18 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, BACKEND_PORTS_BASE, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL,
-        CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP,
-        CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN,
-        ServiceKey, ServiceValue, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
+        AffinityKey, AffinityValue, BACKEND_PORTS_BASE, CT_AFFINITY, CT_CLOSING, CT_NODEPORT,
+        CT_ORIGINAL, CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP,
+        CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4,
+        SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX,
+        SNAT_PORT_MIN, ServiceKey, ServiceValue, flow_hash, maglev_slot, port_bit,
+        sctp::port_rewrite_delta,
     },
-    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig, ipv4_mapped},
+    overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
 use crate::{
+    copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{csum_diff, store_checksum, sum_words, updated, write_ipv4},
     icmp,
     maps::{
@@ -224,10 +226,10 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
 #[inline(always)]
 fn outside_scope(config: &OverlayConfig, s: &mut LbScratch) -> u8 {
     let has_address = if s.ipv4 != 0 {
-        s.node_addr = ipv4_mapped(config.node_ipv4);
+        set_ipv4_mapped(&mut s.node_addr, config.node_ipv4);
         config.flags & OVERLAY_HAS_IPV4 != 0
     } else {
-        s.node_addr = config.node_ipv6;
+        copy_addr(&mut s.node_addr, &config.node_ipv6);
         config.flags & OVERLAY_HAS_IPV6 != 0
     };
     if has_address && s.flow.dst == s.node_addr {
@@ -241,13 +243,14 @@ fn outside_scope(config: &OverlayConfig, s: &mut LbScratch) -> u8 {
 /// are keyed by port alone).
 #[inline(always)]
 fn set_service_key(s: &mut LbScratch, scope: u8) {
-    s.service.addr = if scope != SCOPE_NODEPORT {
-        s.flow.dst
+    let addr = if scope != SCOPE_NODEPORT {
+        &s.flow.dst
     } else if s.ipv4 != 0 {
-        NODEPORT_ANY_V4
+        &NODEPORT_ANY_V4
     } else {
-        [0; 16]
+        &[0; 16]
     };
+    copy_addr(&mut s.service.addr, addr);
     s.service.port_be = s.flow.dst_port_be;
     s.service.protocol = s.flow.protocol;
     s.service.scope = scope;
@@ -408,22 +411,24 @@ fn dnat(
     if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
-    set_service_key(s, scope);
-    // SAFETY: the value is copied out at once.
-    let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
-        return Ok(None);
-    };
     let now = now();
-    if tracked_backend(s, &service, now).into_value()? == 0 {
+    // An established flow first: it needs no service lookup (its entry holds all it needs),
+    // and keeps its backend even while its service changes.
+    if tracked_backend(s, now).into_value()? == 0 {
+        set_service_key(s, scope);
+        // SAFETY: the value is copied out at once.
+        let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
+            return Ok(None);
+        };
         new_flow(s, &service, now).into_value()?;
     }
-    s.old_addr = s.flow.dst;
+    copy_addr(&mut s.old_addr, &s.flow.dst);
     s.old_port = s.flow.dst_port_be;
     rewrite(ctx, parsed, s, Side::Destination).into_value()?;
     if s.snat != 0 {
-        s.old_addr = s.flow.src;
+        copy_addr(&mut s.old_addr, &s.flow.src);
         s.old_port = s.flow.src_port_be;
-        s.new_addr = s.snat_addr;
+        copy_addr(&mut s.new_addr, &s.snat_addr);
         s.new_port = s.snat_port;
         rewrite(ctx, parsed, s, Side::Source).into_value()?;
     }
@@ -464,16 +469,16 @@ fn reverse_nat_flow(
         return Ok(0);
     }
     touch(entry, s.tcp_flags, now);
-    s.old_addr = s.flow.src;
+    copy_addr(&mut s.old_addr, &s.flow.src);
     s.old_port = s.flow.src_port_be;
-    s.new_addr = entry.addr;
+    copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
     rewrite(ctx, parsed, s, Side::Source).into_value()?;
     if entry.flags & CT_SNAT != 0 {
         // A hairpin reply: addressed to the masquerade address, it goes back to the client.
-        s.old_addr = s.flow.dst;
+        copy_addr(&mut s.old_addr, &s.flow.dst);
         s.old_port = s.flow.dst_port_be;
-        s.new_addr = entry.nat_addr;
+        copy_addr(&mut s.new_addr, &entry.nat_addr);
         s.new_port = entry.nat_port_be;
         rewrite(ctx, parsed, s, Side::Destination).into_value()?;
     }
@@ -491,12 +496,12 @@ fn reverse_nat_flow(
 /// still present. A TCP flow whose backend went away is ended (`LbBackendGone`: the client
 /// gets a reset); other protocols fall through to a fresh choice.
 #[inline(always)]
-fn tracked_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Stage {
-    Stage::value(tracked(s, service, now).map(u32::from))
+fn tracked_backend(s: &mut LbScratch, now: u32) -> Stage {
+    Stage::value(tracked(s, now).map(u32::from))
 }
 
 #[inline(always)]
-fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, DropReason> {
+fn tracked(s: &mut LbScratch, now: u32) -> Result<bool, DropReason> {
     s.flow.direction = CT_ORIGINAL;
     let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
         return Ok(false);
@@ -519,14 +524,14 @@ fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, 
         return Ok(false);
     }
     touch(entry, s.tcp_flags, now);
-    if service.affinity_timeout != 0 {
-        refresh_affinity(s, service, entry.backend_id, now);
+    if entry.flags & CT_AFFINITY != 0 {
+        refresh_affinity(s, entry.service_id, entry.backend_id, now);
     }
-    s.new_addr = entry.addr;
+    copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
     if entry.flags & CT_SNAT != 0 {
         s.snat = 1;
-        s.snat_addr = entry.nat_addr;
+        copy_addr(&mut s.snat_addr, &entry.nat_addr);
         s.snat_port = entry.nat_port_be;
     }
     Ok(true)
@@ -534,9 +539,9 @@ fn tracked(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result<bool, 
 
 /// Restarts a client's affinity timer from this packet (established flows count too).
 #[inline(always)]
-fn refresh_affinity(s: &mut LbScratch, service: &ServiceValue, backend_id: u32, now: u32) {
-    s.affinity.client = s.flow.src;
-    s.affinity.service_id = service.id;
+fn refresh_affinity(s: &mut LbScratch, service_id: u32, backend_id: u32, now: u32) {
+    copy_addr(&mut s.affinity.client, &s.flow.src);
+    s.affinity.service_id = service_id;
     if let Some(entry) = LB_AFFINITY.get_ptr_mut(&s.affinity) {
         // SAFETY: a valid map value pointer; only the clock is written, and only when it moved.
         unsafe {
@@ -574,7 +579,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     };
     // SAFETY: copied out at once.
     let backend = unsafe { LB_BACKENDS.get(&backend_id) }.ok_or(DropReason::LbNoEndpoints)?;
-    s.new_addr = backend.addr;
+    copy_addr(&mut s.new_addr, &backend.addr);
     s.new_port = backend.port_be;
     // A pod reaching itself through its service (hairpin): its own address as the source
     // would make the pod drop the packet and answer itself locally, so the source becomes
@@ -588,16 +593,16 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     let remote = s.nodeport != 0 && unsafe { LOCAL_PODS.get(&s.new_addr) }.is_none();
     if hairpin {
         s.snat = 1;
-        s.snat_addr = if s.ipv4 != 0 {
-            ipv4_mapped(HAIRPIN_V4)
+        if s.ipv4 != 0 {
+            set_ipv4_mapped(&mut s.snat_addr, HAIRPIN_V4);
         } else {
-            HAIRPIN_V6
-        };
+            copy_addr(&mut s.snat_addr, &HAIRPIN_V6);
+        }
     } else if remote {
         s.snat = 1;
-        s.snat_addr = s.node_addr;
+        copy_addr(&mut s.snat_addr, &s.node_addr);
     } else {
-        s.snat_addr = [0; 16];
+        copy_addr(&mut s.snat_addr, &[0; 16]);
     }
     let flags = if s.snat != 0 { CT_SNAT } else { 0 };
     let reply_flags = if s.nodeport != 0 {
@@ -607,14 +612,14 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     };
 
     let reply_entry = &mut s.reply_entry;
-    reply_entry.addr = s.flow.dst;
+    copy_addr(&mut reply_entry.addr, &s.flow.dst);
     reply_entry.port_be = s.flow.dst_port_be;
     reply_entry.flags = reply_flags;
     reply_entry._pad = 0;
     reply_entry.backend_id = backend_id;
     reply_entry.service_id = service.id;
     reply_entry.last_seen = now;
-    reply_entry.nat_addr = s.flow.src;
+    copy_addr(&mut reply_entry.nat_addr, &s.flow.src);
     reply_entry.nat_port_be = s.flow.src_port_be;
     reply_entry._pad2 = [0; 2];
     // The source port the translated packets leave with: the client's own, unless the flow is
@@ -627,14 +632,18 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
         s.snat_port = (claim_snat_port(s, backend_id).into_value()? as u16).to_be_bytes();
     }
     let original = &mut s.original_entry;
-    original.addr = s.new_addr;
+    copy_addr(&mut original.addr, &s.new_addr);
     original.port_be = s.new_port;
-    original.flags = flags;
+    original.flags = if service.affinity_timeout != 0 {
+        flags | CT_AFFINITY
+    } else {
+        flags
+    };
     original._pad = 0;
     original.backend_id = backend_id;
     original.service_id = service.id;
     original.last_seen = now;
-    original.nat_addr = s.snat_addr;
+    copy_addr(&mut original.nat_addr, &s.snat_addr);
     original.nat_port_be = s.snat_port;
     original._pad2 = [0; 2];
     s.flow.direction = CT_ORIGINAL;
@@ -652,8 +661,15 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
 #[inline(always)]
 fn set_reply_key(s: &mut LbScratch, port: [u8; 2]) {
     let reply = &mut s.reply;
-    reply.src = s.new_addr;
-    reply.dst = if s.snat != 0 { s.snat_addr } else { s.flow.src };
+    copy_addr(&mut reply.src, &s.new_addr);
+    copy_addr(
+        &mut reply.dst,
+        if s.snat != 0 {
+            &s.snat_addr
+        } else {
+            &s.flow.src
+        },
+    );
     reply.src_port_be = s.new_port;
     reply.dst_port_be = port;
     reply.protocol = s.flow.protocol;
@@ -702,7 +718,7 @@ fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Option
     if service.affinity_timeout == 0 {
         return None;
     }
-    s.affinity.client = s.flow.src;
+    copy_addr(&mut s.affinity.client, &s.flow.src);
     s.affinity.service_id = service.id;
     let entry = LB_AFFINITY.get_ptr_mut(&s.affinity)?;
     // SAFETY: a valid map value pointer for this program run.
@@ -817,7 +833,7 @@ fn translate(
         0
     };
     let failed = |_| DropReason::LbRewriteFailed;
-    let diff = address_diff(s)?;
+    let diff = address_diff(s);
     let port_changed = s.old_port != s.new_port;
     // The headers are written in place (cheaper than a store helper per field); the helpers
     // that follow invalidate the packet pointers, so every direct write comes first.
@@ -895,7 +911,7 @@ fn write_headers(
             ip + 24
         };
         // SAFETY: the 40-byte IPv6 header was bounds-checked just above.
-        unsafe { core::ptr::write_unaligned(at as *mut [u8; 16], s.new_addr) };
+        unsafe { copy_bytes::<16>(at as *mut u8, s.new_addr.as_ptr()) };
     }
     if s.old_port != s.new_port {
         let at = if side == Side::Source {
@@ -1092,17 +1108,18 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
     let Some(quoted_l4) = read_quoted_reply_flow(ctx, icmp + 8, ipv4, s) else {
         return Ok(Translated::No);
     };
-    let Some(entry) = (unsafe { LB_CT.get(&s.flow) }).copied() else {
+    // SAFETY: only read, within this program run.
+    let Some(entry) = (unsafe { LB_CT.get(&s.flow) }) else {
         return Ok(Translated::No);
     };
-    if expired(&entry, s.flow.protocol, now()) {
+    if expired(entry, s.flow.protocol, now()) {
         return Ok(Translated::No);
     }
     let (icmp, quoted_l4) = (icmp as u32, quoted_l4 as u32);
     // The quoted destination: the backend becomes the service.
-    s.old_addr = s.flow.src;
+    copy_addr(&mut s.old_addr, &s.flow.src);
     s.old_port = s.flow.src_port_be;
-    s.new_addr = entry.addr;
+    copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
     quoted_rewrite(ctx, s, icmp, quoted_l4, Side::Destination)?;
     // The error's source, when the backend itself sent it (a router on the way keeps its own).
@@ -1112,9 +1129,9 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
     if entry.flags & CT_SNAT != 0 {
         // The quoted source and the error's destination: the masquerade address and port
         // become the client's.
-        s.old_addr = s.flow.dst;
+        copy_addr(&mut s.old_addr, &s.flow.dst);
         s.old_port = s.flow.dst_port_be;
-        s.new_addr = entry.nat_addr;
+        copy_addr(&mut s.new_addr, &entry.nat_addr);
         s.new_port = entry.nat_port_be;
         quoted_rewrite(ctx, s, icmp, quoted_l4, Side::Source)?;
         if addressed_to(ctx, ipv4, &s.old_addr) {
@@ -1185,7 +1202,7 @@ fn rewrite_quoted(
     let check = icmp + 2;
     let quoted = icmp + 8;
     let source = side == Side::Source;
-    let diff = address_diff(s)?;
+    let diff = address_diff(s);
     if ipv4 {
         let at = if source { quoted + 12 } else { quoted + 16 };
         ctx.store(at, &v4_of(&s.new_addr), 0).map_err(failed)?;
@@ -1241,7 +1258,7 @@ fn error_rewrite(
 ) -> Result<(), DropReason> {
     let failed = |_| DropReason::LbRewriteFailed;
     let source = side == Side::Source;
-    let diff = address_diff(s)?;
+    let diff = address_diff(s);
     if s.ipv4 != 0 {
         let at = if source { ETH_LEN + 12 } else { ETH_LEN + 16 };
         ctx.store(at, &v4_of(&s.new_addr), 0).map_err(failed)?;
@@ -1308,8 +1325,8 @@ fn read_quoted_reply_flow(
         else {
             return None;
         };
-        s.flow.dst = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        s.flow.src = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+        set_ipv4_mapped(&mut s.flow.dst, [a[0], a[1], a[2], a[3]]);
+        set_ipv4_mapped(&mut s.flow.src, [a[4], a[5], a[6], a[7]]);
         (protocol, quoted + header_len)
     } else {
         let (Ok(protocol), Ok(src), Ok(dst)) = (
@@ -1319,8 +1336,8 @@ fn read_quoted_reply_flow(
         ) else {
             return None;
         };
-        s.flow.dst = src;
-        s.flow.src = dst;
+        copy_addr(&mut s.flow.dst, &src);
+        copy_addr(&mut s.flow.src, &dst);
         (protocol, quoted + 40)
     };
     if !matches!(protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
@@ -1341,7 +1358,7 @@ fn read_quoted_reply_flow(
 /// The one's-complement difference from `s.old_addr` to `s.new_addr` (the last four bytes for
 /// IPv4).
 #[inline(always)]
-fn address_diff(s: &LbScratch) -> Result<u32, DropReason> {
+fn address_diff(s: &LbScratch) -> u32 {
     let skip = if s.ipv4 != 0 { 12 } else { 0 };
     csum_diff(&s.old_addr, &s.new_addr, skip, 0)
 }

@@ -8,6 +8,8 @@ mod acl;
 #[cfg(target_arch = "bpf")]
 mod baseline;
 #[cfg(target_arch = "bpf")]
+mod copy;
+#[cfg(target_arch = "bpf")]
 mod csum;
 #[cfg(target_arch = "bpf")]
 mod icmp;

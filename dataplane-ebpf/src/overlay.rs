@@ -37,13 +37,14 @@ use dataplane_common::{
 };
 
 use crate::{
+    copy::{copy_bytes, zero},
     csum::write_ipv4,
     icmp,
     maps::{
         ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4,
         REMOTE_PODS_V6, SCRATCH,
     },
-    parse::{Packet, Parsed},
+    parse::{Packet, Parsed, read},
     stage::Stage,
 };
 
@@ -68,15 +69,20 @@ pub fn config() -> Option<&'static OverlayConfig> {
     Some(config)
 }
 
-/// Destination address of the parsed IP packet in 16-byte form.
+/// Destination address of an untagged IP packet in 16-byte form. An IPv4 one is read straight
+/// from the packet when its header is linear (nearly always; a helper call costs more).
 #[inline(always)]
 fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
     match parsed.ether_type {
         ETH_P_IP => {
-            let v4: [u8; 4] = ctx.load(parsed.l3_offset + 16).ok()?;
+            let at = ETH_LEN + 16;
+            let v4: [u8; 4] = match read(ctx, at) {
+                Some(v4) => v4,
+                None => ctx.load(at).ok()?,
+            };
             Some(ipv4_mapped(v4))
         }
-        ETH_P_IPV6 => ctx.load(parsed.l3_offset + 24).ok(),
+        ETH_P_IPV6 => ctx.load(ETH_LEN + 24).ok(),
         _ => None,
     }
 }
@@ -132,8 +138,8 @@ fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
     }
     // SAFETY: the 12 bytes of MAC addresses were bounds-checked just above.
     unsafe {
-        core::ptr::write_unaligned(start as *mut [u8; 6], pod.pod_mac);
-        core::ptr::write_unaligned((start + 6) as *mut [u8; 6], pod.host_mac);
+        copy_bytes::<6>(start as *mut u8, pod.pod_mac.as_ptr());
+        copy_bytes::<6>((start + 6) as *mut u8, pod.host_mac.as_ptr());
     }
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(pod.ifindex, 0) as i32 }
@@ -389,8 +395,8 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
         .ok_or(DropReason::OverlayNoRoute)?;
     // SAFETY: per-CPU map memory, used only by this program invocation.
     let fib = unsafe { &mut *fib };
-    // SAFETY: an all-zero bpf_fib_lookup is a valid starting point.
-    *fib = unsafe { core::mem::zeroed() };
+    // An all-zero bpf_fib_lookup is a valid starting point.
+    zero(fib);
     fib.ifindex = config.underlay_ifindex;
     let l3 = parsed.l3_offset;
     if parsed.ether_type == ETH_P_IP {
@@ -444,8 +450,8 @@ pub(crate) fn fill_fib_params(
     endpoint: &TunnelEndpoint,
     tot_len: u32,
 ) {
-    // SAFETY: an all-zero bpf_fib_lookup is a valid starting point.
-    *fib = unsafe { core::mem::zeroed() };
+    // An all-zero bpf_fib_lookup is a valid starting point.
+    zero(fib);
     fib.l4_protocol = IPPROTO_UDP;
     fib.ifindex = config.underlay_ifindex;
     fib.__bindgen_anon_1.tot_len = tot_len as u16;
@@ -518,7 +524,7 @@ pub fn decapsulate(
         return Err(DropReason::GeneveInnerMalformed);
     }
     // SAFETY: the 6 bytes at start were bounds-checked just above.
-    unsafe { core::ptr::write_unaligned(start as *mut [u8; 6], config.underlay_mac) };
+    unsafe { copy_bytes::<6>(start as *mut u8, config.underlay_mac.as_ptr()) };
     Ok(Some(xdp_action::XDP_PASS))
 }
 

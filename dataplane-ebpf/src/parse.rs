@@ -6,10 +6,8 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::TcContext;
 
-use dataplane_common::{
-    DropReason, PacketClass,
-    overlay::{Addr, ipv4_mapped},
-};
+use crate::copy::set_ipv4_mapped;
+use dataplane_common::{DropReason, PacketClass, overlay::Addr};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -361,8 +359,8 @@ pub fn read_addresses(ctx: &TcContext, ipv4: bool, src: &mut Addr, dst: &mut Add
         let Some(a) = read::<[u8; 8]>(ctx, ETH_LEN + 12) else {
             return false;
         };
-        *src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        *dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+        set_ipv4_mapped(src, [a[0], a[1], a[2], a[3]]);
+        set_ipv4_mapped(dst, [a[4], a[5], a[6], a[7]]);
     } else {
         let (Some(s), Some(d)) = (
             read::<Addr>(ctx, ETH_LEN + 8),

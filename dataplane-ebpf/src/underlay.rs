@@ -128,8 +128,23 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
     match parsed.class {
         PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),
         PacketClass::Sctp => hand_on(&ctx, &parsed, TAIL_UNDERLAY_SCTP),
-        _ => underlay_services(&ctx, &parsed, false),
+        _ => match opaque(&parsed) {
+            Some(parsed) => underlay_services(&ctx, parsed, false),
+            None => TC_ACT_OK,
+        },
     }
+}
+
+/// The parse result passed through this CPU's `PARSED` slot: read back from map memory (a
+/// second lookup, so the compiler cannot forward what was stored) it is one unknown value to
+/// the verifier, not the constants of each parse path, so the stages after it are walked once
+/// rather than once per kind of packet.
+#[inline(always)]
+fn opaque(parsed: &Parsed) -> Option<&'static Parsed> {
+    let slot = PARSED.get_ptr_mut(0)?;
+    // SAFETY: this CPU's own slot, written and read back within this program run.
+    unsafe { *slot = *parsed };
+    PARSED.get(0)
 }
 
 /// `tc_underlay` for SCTP: the same, with the CRC32c corrected after a port rewrite.

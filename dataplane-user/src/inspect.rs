@@ -10,8 +10,8 @@ use dataplane_common::{
         AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint,
     },
     lb::{
-        AffinityKey, AffinityValue, Backend, CT_CLOSING, CT_NODEPORT, CT_REPLY, CT_SNAT, CtKey,
-        CtValue, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey, ServiceValue,
+        AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
+        CT_SNAT, CtKey, CtValue, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey, ServiceValue,
     },
     maps,
     overlay::{Addr, TunnelEndpoint},
@@ -159,6 +159,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                         (CT_CLOSING, "closing"),
                         (CT_SNAT, "snat"),
                         (CT_NODEPORT, "nodeport"),
+                        (CT_AFFINITY, "affinity"),
                     ] {
                         if v.flags & bit != 0 {
                             flags.push(name);

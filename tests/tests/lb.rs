@@ -9,7 +9,7 @@ use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
+        AffinityKey, AffinityValue, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
         SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, flow_hash, maglev_slot,
     },
     maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
@@ -611,6 +611,41 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
     assert!(
         refreshed.last_seen >= started + 9,
         "timer restarted by every packet"
+    );
+
+    // One established connection alone keeps the client's timer going too: its conntrack
+    // entry is marked as under affinity, so its packets refresh the timer without a service
+    // lookup; a new connection after 3 s (three timeouts) still lands on the same backend.
+    let ct: HashMap<&mut MapData, CtKey, CtValue> = fixture.typed_map(LB_CT).expect("ct map");
+    let marked = ct
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|(k, _)| k.direction == CT_ORIGINAL)
+        .all(|(_, v)| v.flags & CT_AFFINITY != 0);
+    assert!(
+        marked,
+        "original entries of an affinity service carry CT_AFFINITY"
+    );
+    let before = affinity(&mut fixture).expect("affinity entry").last_seen;
+    for _ in 0..6 {
+        sleep(Duration::from_millis(500));
+        let ack = tcp_v4_flow(CLIENT, 43020, [10, 96, 0, 40], 80, false);
+        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        assert_eq!(
+            destination(&out.output),
+            first,
+            "established flow keeps its backend"
+        );
+    }
+    assert!(
+        affinity(&mut fixture).expect("affinity entry").last_seen >= before + 2,
+        "established packets restart the timer"
+    );
+    assert_eq!(
+        connect(&mut fixture, 43100),
+        first,
+        "still affine after 3 s"
     );
 
     // After the timeout with no packet, a fresh choice; repeated, the choices differ.

@@ -12,33 +12,34 @@
 //!   the flow's first packet), wrapped in Geneve and sent back out of the NIC (XDP_TX) or
 //!   redirected to the underlay device the route names. Allowed by `OVERLAY_XDP_FORWARD`.
 //!
-//! Checksums are updated incrementally (RFC 1624) from `bpf_csum_diff` of the changed words:
-//! XDP has no checksum helpers, and the payload is never read.
+//! Checksums are updated incrementally (RFC 1624) from the one's-complement difference of the
+//! changed words: XDP has no checksum helpers, and the payload is never read.
 
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
         BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, bpf_fib_lookup as FibParams, xdp_action,
     },
-    helpers::{bpf_csum_diff, bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
+    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
 use dataplane_common::{
     DropReason, PacketClass,
-    lb::{CT_CLOSING, CT_ORIGINAL, CT_SNAT, SERVICE_PORTS_BASE, flow_hash},
+    lb::{CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_SNAT, SERVICE_PORTS_BASE, flow_hash},
     overlay::{
         ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
-        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, ipv4_mapped,
+        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint,
     },
 };
 
 use super::{
     ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, now, outside_scope,
-    port_marked, refresh_affinity, scratch, set_service_key, touch,
+    port_marked, refresh_affinity, scratch, touch,
 };
 use crate::{
+    copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{csum_diff, updated, write_ipv4},
-    maps::{FIB_SCRATCH, LB_BACKENDS, LB_CT, LB_SERVICES, LOCAL_PODS, SCRATCH},
+    maps::{FIB_SCRATCH, LB_BACKENDS, LB_CT, LOCAL_PODS, SCRATCH},
     overlay::{
         self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
     },
@@ -83,12 +84,8 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
-    let scope = outside_scope(config, s);
-    set_service_key(s, scope);
-    // SAFETY: the value is copied out at once.
-    let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
-        return Ok(None);
-    };
+    // Sets `s.node_addr`, the masquerade source towards remote backends.
+    outside_scope(config, s);
     s.flow.direction = CT_ORIGINAL;
     let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
         return Ok(None);
@@ -109,10 +106,13 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if !valid {
         return Ok(None);
     }
-    s.new_addr = entry.addr;
+    copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
     let snat = entry.flags & CT_SNAT != 0;
-    s.snat_addr = if snat { entry.nat_addr } else { s.flow.src };
+    copy_addr(
+        &mut s.snat_addr,
+        if snat { &entry.nat_addr } else { &s.flow.src },
+    );
     s.snat_port = if snat {
         entry.nat_port_be
     } else {
@@ -130,8 +130,8 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     };
     // Decided: from here on the packet is this path's.
     touch(entry, s.tcp_flags, now);
-    if service.affinity_timeout != 0 {
-        refresh_affinity(s, &service, entry.backend_id, now);
+    if entry.flags & CT_AFFINITY != 0 {
+        refresh_affinity(s, entry.service_id, entry.backend_id, now);
     }
     let Some(endpoint) = endpoint else {
         translate(ctx, 0, l4, ipv4, s)?;
@@ -163,16 +163,16 @@ fn read_flow(ctx: &XdpContext, parsed: &Parsed, ipv4: bool, s: &mut LbScratch) -
         }
         // SAFETY: within the 20 bytes checked above.
         let a = unsafe { core::ptr::read_unaligned((start + ETH_LEN + 12) as *const [u8; 8]) };
-        s.flow.src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        s.flow.dst = ipv4_mapped([a[4], a[5], a[6], a[7]]);
+        set_ipv4_mapped(&mut s.flow.src, [a[0], a[1], a[2], a[3]]);
+        set_ipv4_mapped(&mut s.flow.dst, [a[4], a[5], a[6], a[7]]);
     } else {
         if start + ETH_LEN + 40 > end {
             return false;
         }
         // SAFETY: within the 40 bytes checked above.
         unsafe {
-            s.flow.src = core::ptr::read_unaligned((start + ETH_LEN + 8) as *const [u8; 16]);
-            s.flow.dst = core::ptr::read_unaligned((start + ETH_LEN + 24) as *const [u8; 16]);
+            copy_bytes::<16>(s.flow.src.as_mut_ptr(), (start + ETH_LEN + 8) as *const u8);
+            copy_bytes::<16>(s.flow.dst.as_mut_ptr(), (start + ETH_LEN + 24) as *const u8);
         }
     }
     s.tcp_flags = 0;
@@ -261,28 +261,16 @@ fn translate(
 ) -> Result<(), DropReason> {
     let failed = DropReason::LbRewriteFailed;
     let skip = if ipv4 { 12 } else { 0 };
-    let addresses = csum_diff(&s.flow.dst, &s.new_addr, skip, 0)?;
-    let addresses = csum_diff(&s.flow.src, &s.snat_addr, skip, addresses)?;
-    let mut old_ports = [0u8; 4];
-    old_ports[..2].copy_from_slice(&s.flow.src_port_be);
-    old_ports[2..].copy_from_slice(&s.flow.dst_port_be);
-    let mut new_ports = [0u8; 4];
-    new_ports[..2].copy_from_slice(&s.snat_port);
-    new_ports[2..].copy_from_slice(&s.new_port);
-    // SAFETY: both are 4-byte buffers on the stack.
-    let transport = unsafe {
-        bpf_csum_diff(
-            old_ports.as_mut_ptr().cast(),
-            4,
-            new_ports.as_mut_ptr().cast(),
-            4,
-            addresses,
-        )
-    };
-    if transport < 0 {
-        return Err(failed);
-    }
-    let transport = transport as u32;
+    let addresses = csum_diff(&s.flow.dst, &s.new_addr, skip, 0);
+    let addresses = csum_diff(&s.flow.src, &s.snat_addr, skip, addresses);
+    let old_ports = [
+        s.flow.src_port_be[0],
+        s.flow.src_port_be[1],
+        s.flow.dst_port_be[0],
+        s.flow.dst_port_be[1],
+    ];
+    let new_ports = [s.snat_port[0], s.snat_port[1], s.new_port[0], s.new_port[1]];
+    let transport = csum_diff(&old_ports, &new_ports, 0, addresses);
 
     let (start, end) = (ctx.data(), ctx.data_end());
     let ip = start + base + ETH_LEN;
@@ -311,8 +299,8 @@ fn translate(
         }
         // SAFETY: the 40-byte header was bounds-checked just above.
         unsafe {
-            core::ptr::write_unaligned((ip + 8) as *mut [u8; 16], s.snat_addr);
-            core::ptr::write_unaligned((ip + 24) as *mut [u8; 16], s.new_addr);
+            copy_bytes::<16>((ip + 8) as *mut u8, s.snat_addr.as_ptr());
+            copy_bytes::<16>((ip + 24) as *mut u8, s.new_addr.as_ptr());
         }
     }
     // One branch per protocol, each with its own constant bounds: the verifier cannot relate
