@@ -8,10 +8,27 @@ use anyhow::{Context as _, bail};
 
 use crate::topology::{Pod, exec_in};
 
+/// A server process in a test namespace, killed (and reaped) when dropped: a test that fails
+/// half-way leaves no process behind.
+pub struct Server(Child);
+
+impl From<Child> for Server {
+    fn from(child: Child) -> Self {
+        Self(child)
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Starts a backend in `pod` (IPv4, or IPv6-only sockets with `ipv6`): every TCP connection on
 /// 8080 and every UDP datagram on 5353 is answered with "<its address> <the client address it
 /// saw>".
-pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Child> {
+pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Server> {
     let me = if ipv6 {
         pod.ip6
             .context("an IPv6 backend needs a dual-stack pod")?
@@ -23,7 +40,7 @@ pub fn echo_backend(pod: &Pod, ipv6: bool) -> anyhow::Result<Child> {
 }
 
 /// The server of [`echo_backend`] in any namespace, answering as `me`.
-pub fn echo_server(netns: &str, me: &str, ipv6: bool) -> anyhow::Result<Child> {
+pub fn echo_server(netns: &str, me: &str, ipv6: bool) -> anyhow::Result<Server> {
     let (family, any, v6only) = if ipv6 {
         (
             "socket.AF_INET6",
@@ -51,6 +68,7 @@ pub fn echo_server(netns: &str, me: &str, ipv6: bool) -> anyhow::Result<Child> {
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
+        .map(Server)
         .context("starting a backend")
 }
 

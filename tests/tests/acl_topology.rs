@@ -5,7 +5,7 @@
 //! namespaces, pod-to-pod traffic and NodePort connections from outside are not affected.
 
 use std::{
-    process::{Child, Command, Stdio},
+    process::{Command, Stdio},
     thread::sleep,
     time::{Duration, Instant},
 };
@@ -13,7 +13,7 @@ use std::{
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{echo_backend, echo_server, probe, tcp_answers},
+    service_bed::{Server, echo_backend, echo_server, probe, tcp_answers},
     topology::{Mode, Topology, dataplane_binary, exec_in, node_name, run_in, underlay_ip},
 };
 
@@ -49,7 +49,7 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
     topology
         .add_manifest("team.yaml", &manifests)
         .expect("manifests");
-    let mut servers: Vec<Child> = vec![
+    let servers: Vec<Server> = vec![
         echo_server(&external.netns, &ext, false).expect("external server"),
         echo_backend(&team, false).expect("team server"),
         echo_backend(&remote, false).expect("remote server"),
@@ -136,14 +136,11 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
         "{counters:?}"
     );
     assert!(counters.packets(Hook::FromPod, PacketClass::FirewallAllowed) >= 4);
-    for server in &mut servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
 }
 
 /// Starts the test bed's DNS server in `netns` on port 53, answering from `answers` (JSON).
-fn dns_server(netns: &str, answers: &std::path::Path) -> Child {
+fn dns_server(netns: &str, answers: &std::path::Path) -> Server {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/dns_server.py");
     Command::new("nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
@@ -153,6 +150,7 @@ fn dns_server(netns: &str, answers: &std::path::Path) -> Child {
         .stderr(Stdio::null())
         .spawn()
         .expect("DNS server")
+        .into()
 }
 
 #[test]
@@ -220,10 +218,7 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
     assert!(log.contains("updated in place"), "{log}");
 
     // The server goes away: lookups fail, the last good address stays allowed.
-    for server in &mut servers[..1] {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers.remove(0));
     let deadline = Instant::now() + Duration::from_secs(15);
     while !agent.log().contains("keeping the last good addresses") && Instant::now() < deadline {
         sleep(Duration::from_millis(500));
@@ -237,10 +232,7 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         probe(&team, &probes).expect("probe"),
         vec!["timeout", "external"]
     );
-    for server in &mut servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
     let _ = std::fs::remove_file(&answers);
 }
 
@@ -289,7 +281,7 @@ fn audited_namespaces_get_ovn_style_audit_lines_within_the_rate_limit() {
             ),
         )
         .expect("manifests");
-    let mut server = echo_server(&external.netns, "external", false).expect("server");
+    let server = echo_server(&external.netns, "external", false).expect("server");
     let audit_log = std::env::temp_dir()
         .join(dataplane_tests::unique_name("audit"))
         .join("acl-audit-log.log");
@@ -354,8 +346,7 @@ fn audited_namespaces_get_ovn_style_audit_lines_within_the_rate_limit() {
         counters.packets(Hook::FromPod, PacketClass::AuditSuppressed) >= 40,
         "{counters:?}"
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
     if let Some(dir) = audit_log.parent() {
         let _ = std::fs::remove_dir_all(dir);
     }

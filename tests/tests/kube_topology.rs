@@ -70,7 +70,7 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
              spec: {egress: [{type: Deny, to: {cidrSelector: 10.0.0.300/8}}]}\n",
         )
         .expect("bad object");
-    let mut server = echo_backend(backend, false).expect("backend");
+    let server = echo_backend(backend, false).expect("backend");
     let mut servers: Vec<_> = (0..2)
         .map(|n| topology.node(n).start_fake_apiserver().expect("API server"))
         .collect();
@@ -137,6 +137,5 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
     );
     assert!(agents[1].log().contains("watch restored"));
     drop(servers);
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }

@@ -5,12 +5,12 @@
 //! through an unconnected socket) that replies come from the service address. One backend
 //! also reaches its own service, through itself (hairpin) or the other backend.
 
-use std::{collections::BTreeSet, process::Child};
+use std::collections::BTreeSet;
 
 use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{ServicePort, cluster_ip_manifests, echo_backend, tcp_answers},
+    service_bed::{Server, ServicePort, cluster_ip_manifests, echo_backend, tcp_answers},
     topology::{Mode, Pod, Topology, exec_in, run_in},
 };
 
@@ -116,7 +116,7 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
     topology
         .add_manifest("web.yaml", &web_manifests(&backends))
         .expect("service manifests");
-    let mut servers: Vec<Child> = backends
+    let servers: Vec<Server> = backends
         .iter()
         .map(|p| echo_backend(p, false).expect("backend"))
         .collect();
@@ -151,10 +151,7 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
         assert!(counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat) > 0);
         assert!(counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat) > 0);
     }
-    for server in &mut servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
 }
 
 #[test]
@@ -203,7 +200,7 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
     topology
         .add_manifest("nodeports.yaml", &manifests)
         .expect("manifests");
-    let mut server = echo_backend(&backend, false).expect("backend");
+    let server = echo_backend(&backend, false).expect("backend");
     let _agents = (
         topology.node(0).start_agent().expect("agent on node 0"),
         topology.node(1).start_agent().expect("agent on node 1"),
@@ -287,8 +284,7 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let _ = server.kill();
-    let _ = server.wait();
+    drop(server);
 }
 
 #[test]
@@ -328,7 +324,7 @@ fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
     topology
         .add_manifest("web6.yaml", &manifests)
         .expect("manifests");
-    let mut servers: Vec<Child> = backends
+    let servers: Vec<Server> = backends
         .iter()
         .map(|p| echo_backend(p, true).expect("backend"))
         .collect();
@@ -347,8 +343,5 @@ fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
         let reached = check_answers(&lines, &backend_ips, SERVICE_IP6, |_| client_ip.clone());
         assert_eq!(reached.len(), 4, "client {}: {reached:?}", client.ip);
     }
-    for server in &mut servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
 }

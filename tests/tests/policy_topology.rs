@@ -4,12 +4,10 @@
 //! (only pods of x); replies of allowed connections pass, also to an isolated pod that opened
 //! them.
 
-use std::process::Child;
-
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{echo_backend, probe, probe_in},
+    service_bed::{Server, echo_backend, probe, probe_in},
     topology::{Mode, Topology, dataplane_binary},
 };
 
@@ -83,7 +81,7 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
     topology
         .add_manifest("policies.yaml", MANIFESTS)
         .expect("manifests");
-    let mut servers: Vec<Child> = [&server, &outsider, &peer]
+    let servers: Vec<Server> = [&server, &outsider, &peer]
         .iter()
         .map(|p| echo_backend(p, false).expect("server"))
         .collect();
@@ -254,8 +252,5 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
         "{c0:?}"
     );
     let _ = agent1;
-    for server in &mut servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
 }

@@ -164,19 +164,14 @@ fn main() -> anyhow::Result<()> {
         if answers.len() == 12 { "" } else { " FAILED" }
     ));
     summary.push(policy_summary(first, &guarded));
-    for mut server in servers {
-        let _ = server.kill();
-        let _ = server.wait();
-    }
+    drop(servers);
 
     summary.extend(firewall_summary(
         first,
         &external.ip.to_string(),
         &audit_log,
     ));
-    let mut external_server = external_server;
-    let _ = external_server.kill();
-    let _ = external_server.wait();
+    drop(external_server);
 
     let mut bad = packets::ipv4_udp();
     bad[packets::L3] = 0x44;
