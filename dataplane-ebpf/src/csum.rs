@@ -58,9 +58,9 @@ pub fn write_ipv4(
 }
 
 /// The one's-complement difference from `from[skip..]` to `to[skip..]` (`N` even; for
-/// 16-byte addresses `skip` is 12 for IPv4), added to `seed`: what `bpf_csum_diff` returns, computed inline (a
-/// helper call costs more than these few additions). Words are taken in memory order, as the
-/// kernel's checksum helpers and [`updated`] take them.
+/// 16-byte addresses `skip` is 12 for IPv4), added to `seed`: what `bpf_csum_diff` returns,
+/// computed inline (a helper call costs more than these few additions). Words are taken in
+/// memory order, as the kernel's checksum helpers and [`updated`] take them.
 #[inline(always)]
 pub fn csum_diff<const N: usize>(from: &[u8; N], to: &[u8; N], skip: usize, seed: u32) -> u32 {
     let mut sum = seed as u64;
@@ -78,7 +78,7 @@ pub fn csum_diff<const N: usize>(from: &[u8; N], to: &[u8; N], skip: usize, seed
 
 /// Folds a 64-bit one's-complement sum to 32 bits (end-around carry).
 #[inline(always)]
-pub fn fold32(mut sum: u64) -> u32 {
+fn fold32(mut sum: u64) -> u32 {
     sum = (sum & 0xFFFF_FFFF) + (sum >> 32);
     sum = (sum & 0xFFFF_FFFF) + (sum >> 32);
     sum as u32

@@ -6,7 +6,7 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::TcContext;
 
-use crate::copy::set_ipv4_mapped;
+use crate::{copy::set_ipv4_mapped, maps::PARSED};
 use dataplane_common::{DropReason, PacketClass, overlay::Addr};
 use network_types::{
     eth::EthHdr,
@@ -346,6 +346,18 @@ pub fn read<T: Copy>(ctx: &TcContext, offset: usize) -> Option<T> {
     }
     // SAFETY: the bytes lie within the packet (checked just above).
     Some(unsafe { core::ptr::read_unaligned(at as *const T) })
+}
+
+/// Stores the parse result in this CPU's `PARSED` slot, where a tail-called program or a later
+/// stage of this run reads it; false if the slot is missing.
+#[inline(always)]
+pub fn stash(parsed: &Parsed) -> bool {
+    let Some(slot) = PARSED.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's own slot, read back within this packet's run.
+    unsafe { *slot = *parsed };
+    true
 }
 
 /// Reads the source and destination of an untagged IP packet into `src` and `dst`, in the

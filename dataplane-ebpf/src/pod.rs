@@ -18,7 +18,7 @@ use crate::{
     acl, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::parse_skb,
+    parse::{parse_skb, stash},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -55,12 +55,10 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // The rest runs as its own program, verified on its own: one program holding the
     // load-balancer, access control and the overlay is more than the verifier walks.
     ctx.cb_mut()[CB_REPLY] = reply;
-    let Some(slot) = PARSED.get_ptr_mut(0) else {
+    if !stash(&parsed) {
         count_drop(Hook::FromPod, DropReason::TailCallFailed);
         return TC_ACT_SHOT;
-    };
-    // SAFETY: this CPU's own slot, read by the second half within this packet's run.
-    unsafe { *slot = parsed };
+    }
     let next = if parsed.protocol == IPPROTO_SCTP {
         TAIL_FROM_POD_SCTP
     } else if matches!(parsed.class, PacketClass::Icmp | PacketClass::Icmpv6) {

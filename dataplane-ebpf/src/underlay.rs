@@ -22,7 +22,7 @@ use crate::{
     acl, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::{Packet, Parsed, parse, parse_skb},
+    parse::{Packet, Parsed, parse, parse_skb, stash},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -74,11 +74,9 @@ fn nodeport_fast_path(ctx: &XdpContext, parsed: &Parsed) -> u32 {
 /// the packet passes as it is, as before those programs existed.
 #[inline(always)]
 fn hand_on(ctx: &TcContext, parsed: &Parsed, next: u32) -> i32 {
-    let Some(slot) = PARSED.get_ptr_mut(0) else {
+    if !stash(parsed) {
         return TC_ACT_OK;
-    };
-    // SAFETY: this CPU's own slot, read by the tail-called program within this packet's run.
-    unsafe { *slot = *parsed };
+    }
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(ctx, next) };
     count_drop(Hook::UnderlayTc, DropReason::TailCallFailed);
@@ -141,9 +139,9 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
 /// rather than once per kind of packet.
 #[inline(always)]
 fn opaque(parsed: &Parsed) -> Option<&'static Parsed> {
-    let slot = PARSED.get_ptr_mut(0)?;
-    // SAFETY: this CPU's own slot, written and read back within this program run.
-    unsafe { *slot = *parsed };
+    if !stash(parsed) {
+        return None;
+    }
     PARSED.get(0)
 }
 

@@ -7,13 +7,13 @@ use std::{fs, io};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData, ProgramArray},
-    programs::{SchedClassifier, Xdp},
+    programs::{Program, SchedClassifier, Xdp},
 };
 use dataplane_common::maps::{
-    LAYOUT_VERSION, META, PROG_BASELINE, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_ICMP,
-    PROG_FROM_POD_SCTP, PROG_TC_BASELINE, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_ICMP,
-    PROG_UNDERLAY_SCTP, PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP,
-    TAIL_FROM_POD_SCTP, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP, TAILS,
+    ALL_PROGRAMS, LAYOUT_VERSION, META, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_ICMP,
+    PROG_FROM_POD_SCTP, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_ICMP, PROG_UNDERLAY_SCTP,
+    PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP,
+    TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP, TAILS,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -89,28 +89,16 @@ impl Dataplane {
             .ok_or(AgentError::MissingProgram { name })
     }
 
+    /// Loads every program of `ALL_PROGRAMS` (the list `status` names programs by), each as
+    /// the type the object gives it.
     fn load_programs(&mut self) -> Result<(), AgentError> {
-        for name in [PROG_UNDERLAY, PROG_BASELINE] {
-            let program = self.xdp(name)?;
-            program.load().map_err(|source| AgentError::Program {
-                name,
-                action: "load (verifier)",
-                source,
-            })?;
-        }
-        for name in [
-            PROG_FROM_POD,
-            PROG_FROM_POD_DELIVER,
-            PROG_FROM_POD_SCTP,
-            PROG_FROM_POD_ICMP,
-            PROG_UNDERLAY_ICMP,
-            PROG_UNDERLAY_SCTP,
-            PROG_TO_POD,
-            PROG_UNDERLAY_TC,
-            PROG_TC_BASELINE,
-        ] {
-            let program = self.classifier(name)?;
-            program.load().map_err(|source| AgentError::Program {
+        for &name in ALL_PROGRAMS {
+            let loaded = match self.ebpf.program_mut(name) {
+                Some(Program::Xdp(program)) => program.load(),
+                Some(Program::SchedClassifier(program)) => program.load(),
+                _ => return Err(AgentError::MissingProgram { name }),
+            };
+            loaded.map_err(|source| AgentError::Program {
                 name,
                 action: "load (verifier)",
                 source,
