@@ -35,6 +35,23 @@ pub const AFFINITY_TIMEOUT_MIN: u32 = 1;
 pub const AFFINITY_TIMEOUT_MAX: u32 = 86_400;
 pub const AFFINITY_TIMEOUT_DEFAULT: u32 = 10_800;
 
+/// Name of the kernel programs' global holding the kernel's tick rate (HZ), set by the loader.
+/// With it the clock of tracked flows is read from `jiffies_64`, which the verifier inlines
+/// (no helper call per packet); while it is 0 the programs read the coarse monotonic clock.
+pub const CLOCK_HZ_GLOBAL: &str = "CLOCK_HZ";
+
+/// `jiffies_64` at boot on a 64-bit kernel: `INITIAL_JIFFIES`, -300 seconds of ticks as a u32,
+/// so that 32-bit jiffies wrap five minutes after boot.
+pub const fn jiffies_at_boot(hz: u64) -> u64 {
+    (1u64 << 32) - 300 * hz
+}
+
+/// Seconds since boot from `jiffies_64` (the same clock as the coarse monotonic one, to within
+/// a tick).
+pub const fn jiffies_to_seconds(jiffies: u64, hz: u64) -> u32 {
+    (jiffies.wrapping_sub(jiffies_at_boot(hz)) / hz) as u32
+}
+
 /// Idle timeouts of connection-tracking entries, in seconds (as kube-proxy's conntrack
 /// defaults: established TCP long-lived, other protocols short, closing TCP briefly).
 pub const CT_TIMEOUT_TCP: u32 = 21_600;
@@ -114,16 +131,54 @@ pub struct ServiceValue {
     pub affinity_timeout: u32,
 }
 
-/// One backend (value of the backends map, keyed by a u32 backend id).
+/// One slot of the backends array (indexed by [`backend_slot`] of a backend id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Backend {
     pub addr: Addr,
     /// Target port in network byte order.
     pub port_be: [u8; 2],
-    /// `FAMILY_IPV4` or `FAMILY_IPV6`.
+    /// `FAMILY_IPV4` or `FAMILY_IPV6`; 0 once the backend is removed (the slot keeps its id, so
+    /// the next backend in it gets a newer generation).
     pub family: u8,
     pub _pad: u8,
+    /// The id of the backend in this slot (or of the last one, once removed); 0 if never used.
+    pub id: u32,
+}
+
+impl Backend {
+    /// Whether this slot holds the live backend `id`: not removed, and not a later backend
+    /// reusing the slot under a newer generation.
+    pub const fn is_live(&self, id: u32) -> bool {
+        self.id == id && self.family != 0
+    }
+}
+
+/// Bits of a backend id that index its slot; the bits above are the slot's generation, which
+/// grows each time the slot is reused, so a conntrack or affinity entry naming a removed
+/// backend never reaches the backend that took its slot.
+pub const BACKEND_SLOT_BITS: u32 = 16;
+
+/// The backends array index of a backend id.
+pub const fn backend_slot(id: u32) -> u32 {
+    id & ((1 << BACKEND_SLOT_BITS) - 1)
+}
+
+/// The id of generation `generation` (1 to 65,535: never 0, so no id is 0) of slot `slot`.
+pub const fn backend_id(slot: u32, generation: u32) -> u32 {
+    generation << BACKEND_SLOT_BITS | slot
+}
+
+/// The generation of a backend id.
+pub const fn backend_generation(id: u32) -> u32 {
+    id >> BACKEND_SLOT_BITS
+}
+
+/// The id the next backend in `slot` gets, after `previous` (0 for a slot never used): the
+/// next generation, from 65,535 back to 1.
+pub const fn next_backend_id(slot: u32, previous: u32) -> u32 {
+    let generations = u32::MAX >> BACKEND_SLOT_BITS;
+    backend_id(slot, backend_generation(previous) % generations + 1)
 }
 
 /// A Maglev lookup table: backend ids (value of the tables map).
@@ -188,7 +243,7 @@ pub struct AffinityValue {
 const _: () = {
     assert!(core::mem::size_of::<ServiceKey>() == 20);
     assert!(core::mem::size_of::<ServiceValue>() == 16);
-    assert!(core::mem::size_of::<Backend>() == 20);
+    assert!(core::mem::size_of::<Backend>() == 24);
     assert!(core::mem::size_of::<CtKey>() == 40);
     assert!(core::mem::size_of::<CtValue>() == 52);
     assert!(core::mem::size_of::<AffinityKey>() == 20);

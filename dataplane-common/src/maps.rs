@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 4;
+pub const LAYOUT_VERSION: u32 = 5;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -27,7 +27,8 @@ pub const LOCAL_PODS: &str = "DP_OVL_PODS";
 
 /// Hash: [`crate::lb::ServiceKey`] -> [`crate::lb::ServiceValue`].
 pub const LB_SERVICES: &str = "DP_LB_SERVICES";
-/// Hash: backend id (u32) -> [`crate::lb::Backend`].
+/// Array: [`crate::lb::backend_slot`] of a backend id -> [`crate::lb::Backend`] (an array, so
+/// the kernel's lookup is inlined: no call per packet).
 pub const LB_BACKENDS: &str = "DP_LB_BACKENDS";
 /// Hash (allocated on use): table index -> [`crate::lb::MaglevTable`]. Two indexes per service
 /// port, the live table and the one the next update is built in.
@@ -75,7 +76,8 @@ pub const MAX_ACL_PORT_ENTRIES: u32 = 1_048_576;
 
 /// Capacity of the load-balancer maps.
 pub const MAX_SERVICE_PORTS: u32 = 16_384;
-pub const MAX_BACKENDS: u32 = 262_144;
+/// Backends: one array slot each, so one slot per value of [`crate::lb::backend_slot`].
+pub const MAX_BACKENDS: u32 = 1 << crate::lb::BACKEND_SLOT_BITS;
 pub const MAX_CT_ENTRIES: u32 = 262_144;
 pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
 
@@ -150,6 +152,11 @@ pub const PROG_UNDERLAY_TC: &str = "tc_underlay";
 pub const PROG_BASELINE: &str = "xdp_baseline";
 /// A tc program that does nothing but accept: the baseline of tc benchmarks.
 pub const PROG_TC_BASELINE: &str = "tc_baseline";
+/// A tc program that redirects every packet into one pod, deciding nothing: the floor of the
+/// service packet-rate benchmark.
+pub const PROG_TC_REDIRECT_BASELINE: &str = "tc_redirect_baseline";
+/// One entry: the host-side veth [`PROG_TC_REDIRECT_BASELINE`] redirects to (its peer).
+pub const BASELINE_REDIRECT: &str = "DP_BASELINE_REDIRECT";
 /// Every program the dataplane loads.
 pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY,
@@ -163,4 +170,5 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY_TC,
     PROG_BASELINE,
     PROG_TC_BASELINE,
+    PROG_TC_REDIRECT_BASELINE,
 ];

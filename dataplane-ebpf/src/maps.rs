@@ -70,7 +70,8 @@ pub static LB_PORTS: aya_ebpf::maps::Array<u64> =
 
 /// Backends by id.
 #[map(name = "DP_LB_BACKENDS")]
-pub static LB_BACKENDS: HashMap<u32, Backend> = HashMap::pinned(MAX_BACKENDS, BPF_F_NO_PREALLOC);
+pub static LB_BACKENDS: aya_ebpf::maps::Array<Backend> =
+    aya_ebpf::maps::Array::pinned(MAX_BACKENDS, 0);
 
 /// Maglev tables by index (4 KB each, allocated only for the service ports that exist).
 #[map(name = "DP_LB_MAGLEV")]
@@ -158,3 +159,9 @@ pub static ACL_SCRATCH: PerCpuArray<crate::acl::AclWork> = PerCpuArray::with_max
 /// need not parse again). Not pinned.
 #[map(name = "DP_PARSED")]
 pub static PARSED: PerCpuArray<crate::parse::Parsed> = PerCpuArray::with_max_entries(1, 0);
+
+/// The host-side veth `tc_redirect_baseline` sends every packet to (its pod's side). Set only
+/// by benchmarks. Not pinned.
+#[map(name = "DP_BASELINE_REDIRECT")]
+pub static BASELINE_REDIRECT: aya_ebpf::maps::Array<u32> =
+    aya_ebpf::maps::Array::with_max_entries(1, 0);

@@ -76,6 +76,19 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     Ok(map.iter().filter_map(Result::ok).collect())
 }
 
+/// The live backends of the backends array, by id.
+fn live_backends(pins: &Pins) -> Result<Vec<Backend>, AgentError> {
+    let name = maps::LB_BACKENDS;
+    let map: aya::maps::Array<MapData, Backend> =
+        aya::maps::Array::try_from(Map::Array(pinned(pins, name)?))
+            .map_err(open_err(name, "open"))?;
+    Ok(map
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|b| b.is_live(b.id))
+        .collect())
+}
+
 fn endpoint(addr: &Addr, port_be: [u8; 2]) -> String {
     match ip_of(addr) {
         IpAddr::V4(v4) => format!("{v4}:{}", u16::from_be_bytes(port_be)),
@@ -136,9 +149,9 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
         ),
         Table::Backends => (
             vec!["ID", "BACKEND"],
-            hash::<u32, Backend>(pins, maps::LB_BACKENDS, false)?
+            live_backends(pins)?
                 .iter()
-                .map(|(id, b)| vec![id.to_string(), endpoint(&b.addr, b.port_be)])
+                .map(|b| vec![b.id.to_string(), endpoint(&b.addr, b.port_be)])
                 .collect(),
         ),
         Table::Conntrack => (

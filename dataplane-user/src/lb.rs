@@ -13,7 +13,7 @@
 //! target ports: the kernel keeps SCTP's CRC32c right across the rewrite.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     net::IpAddr,
 };
 
@@ -23,9 +23,10 @@ use dataplane_common::{
         AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, BACKEND_PORTS_BASE,
         Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4,
         PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
-        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, port_bit,
+        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, backend_slot, next_backend_id,
+        port_bit,
     },
-    maps::{self, MAX_SERVICE_PORTS},
+    maps::{self, MAX_BACKENDS, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
 };
 use k8s_openapi::api::{
@@ -462,7 +463,12 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
 #[derive(Debug, Default)]
 pub struct LbState {
     backend_ids: HashMap<BackendAddr, u32>,
-    next_backend_id: u32,
+    /// The last id each slot of the backends array held (index: slot), live or removed, for
+    /// every slot used so far.
+    slot_ids: Vec<u32>,
+    /// Slots free again, longest free first. Reused only once every slot has been used, and
+    /// then in that order, so each slot's generation turns over as slowly as it can.
+    free_slots: VecDeque<u32>,
     installed: BTreeMap<ServiceKey, Installed>,
     /// Service-port ids below `next_service_id` given back by removed service ports.
     free_service_ids: Vec<u32>,
@@ -491,15 +497,60 @@ pub struct LbSyncStats {
 }
 
 impl LbState {
-    /// The id of a backend (allocated on first use; ids are not reused while the agent runs,
-    /// so a stale conntrack entry can never reach a different backend under an old id).
-    fn backend_id(&mut self, backend: BackendAddr) -> u32 {
+    /// The id of a backend, allocated on first use: a slot of the backends array and that
+    /// slot's next generation, so a conntrack or affinity entry naming an earlier backend of
+    /// the slot never matches it. None when every slot is taken.
+    fn backend_id(&mut self, backend: BackendAddr) -> Option<u32> {
         if let Some(&id) = self.backend_ids.get(&backend) {
-            return id;
+            return Some(id);
         }
-        self.next_backend_id = self.next_backend_id.wrapping_add(1).max(1);
-        self.backend_ids.insert(backend, self.next_backend_id);
-        self.next_backend_id
+        let used = self.slot_ids.len() as u32;
+        let id = if used < MAX_BACKENDS {
+            let id = next_backend_id(used, 0);
+            self.slot_ids.push(id);
+            id
+        } else {
+            let slot = self.free_slots.pop_front()?;
+            let id = next_backend_id(slot, self.slot_ids[slot as usize]);
+            self.slot_ids[slot as usize] = id;
+            id
+        };
+        self.backend_ids.insert(backend, id);
+        Some(id)
+    }
+
+    /// Forgets the backends whose id is not `wanted`: their slots are free from now on.
+    fn release_backends(&mut self, wanted: impl Fn(u32) -> bool) {
+        let free_slots = &mut self.free_slots;
+        self.backend_ids.retain(|_, &mut id| {
+            if !wanted(id) {
+                free_slots.push_back(backend_slot(id));
+            }
+            wanted(id)
+        });
+    }
+
+    /// Records a backends array slot as read from the pinned map.
+    fn adopt_slot(&mut self, slot: u32, backend: &Backend) {
+        if backend.id == 0 {
+            return;
+        }
+        let slot = slot as usize;
+        if self.slot_ids.len() <= slot {
+            self.slot_ids.resize(slot + 1, 0);
+        }
+        self.slot_ids[slot] = backend.id;
+        if backend.is_live(backend.id) {
+            self.backend_ids.insert(backend_addr(backend), backend.id);
+        }
+    }
+
+    /// After adoption: every used slot that holds no live backend is free.
+    fn free_unused_slots(&mut self) {
+        let live: HashSet<u32> = self.backend_ids.values().copied().collect();
+        self.free_slots = (0..self.slot_ids.len() as u32)
+            .filter(|&slot| !live.contains(&self.slot_ids[slot as usize]))
+            .collect();
     }
 
     /// The id of the backend `backend` in the maps, if this agent wrote it.
@@ -530,7 +581,7 @@ impl LbState {
     }
 }
 
-fn backend_value(backend: BackendAddr) -> Backend {
+fn backend_value(backend: BackendAddr, id: u32) -> Backend {
     Backend {
         addr: addr16(backend.ip),
         port_be: backend.port.to_be_bytes(),
@@ -540,6 +591,29 @@ fn backend_value(backend: BackendAddr) -> Backend {
             FAMILY_IPV6
         },
         _pad: 0,
+        id,
+    }
+}
+
+/// The slot of a removed backend: its id kept (its generation is remembered), marked gone.
+fn removed_backend(id: u32) -> Backend {
+    Backend {
+        id,
+        ..Backend::default()
+    }
+}
+
+/// The address and port a live backends-array entry holds.
+fn backend_addr(backend: &Backend) -> BackendAddr {
+    let ip = if backend.family == FAMILY_IPV4 {
+        let a = backend.addr;
+        IpAddr::from([a[12], a[13], a[14], a[15]])
+    } else {
+        IpAddr::from(backend.addr)
+    };
+    BackendAddr {
+        ip,
+        port: u16::from_be_bytes(backend.port_be),
     }
 }
 
@@ -598,18 +672,13 @@ impl Dataplane {
     /// attached to the same backends (tracked flows keep them), service ports keep their ids
     /// and live tables until the first sync replaces or removes them.
     pub fn adopt_lb(&mut self, state: &mut LbState) -> Result<(), AgentError> {
-        let backends: BpfHashMap<&mut MapData, u32, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-        for (id, backend) in backends.iter().filter_map(Result::ok) {
-            let ip = if backend.family == FAMILY_IPV4 {
-                let a = backend.addr;
-                IpAddr::from([a[12], a[13], a[14], a[15]])
-            } else {
-                IpAddr::from(backend.addr)
-            };
-            let port = u16::from_be_bytes(backend.port_be);
-            state.backend_ids.insert(BackendAddr { ip, port }, id);
-            state.next_backend_id = state.next_backend_id.max(id);
+        let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+        for (slot, backend) in backends.iter().enumerate() {
+            if let Ok(backend) = backend {
+                state.adopt_slot(slot as u32, &backend);
+            }
         }
+        state.free_unused_slots();
         let services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
             self.typed_map(maps::LB_SERVICES)?;
         for (key, value) in services.iter().filter_map(Result::ok) {
@@ -650,7 +719,11 @@ impl Dataplane {
         let mut wanted_backends: BTreeMap<u32, BackendAddr> = BTreeMap::new();
         for port in ports {
             for &backend in port.ready.iter().chain(&port.terminating) {
-                wanted_backends.insert(state.backend_id(backend), backend);
+                let id = state.backend_id(backend).ok_or(AgentError::Capacity {
+                    what: "backends",
+                    limit: MAX_BACKENDS,
+                })?;
+                wanted_backends.insert(id, backend);
             }
         }
         stats.backends = wanted_backends.len();
@@ -659,19 +732,22 @@ impl Dataplane {
         let mut have = match state.backends.take() {
             Some(have) => have,
             None => {
-                let backends: BpfHashMap<&mut MapData, u32, Backend> =
-                    self.typed_map(maps::LB_BACKENDS)?;
-                backends.iter().filter_map(Result::ok).collect()
+                let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+                backends
+                    .iter()
+                    .filter_map(Result::ok)
+                    .filter(|b| b.is_live(b.id))
+                    .map(|b| (b.id, b))
+                    .collect()
             }
         };
         {
-            let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
-                self.typed_map(maps::LB_BACKENDS)?;
+            let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
             for (&id, &backend) in &wanted_backends {
-                let value = backend_value(backend);
+                let value = backend_value(backend, id);
                 if have.get(&id) != Some(&value) {
                     backends
-                        .insert(id, value, 0)
+                        .set(backend_slot(id), value, 0)
                         .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
                     have.insert(id, value);
                     stats.written += 1;
@@ -765,8 +841,7 @@ impl Dataplane {
             }
         }
         {
-            let mut backends: BpfHashMap<&mut MapData, u32, Backend> =
-                self.typed_map(maps::LB_BACKENDS)?;
+            let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
             let stale: Vec<u32> = have
                 .keys()
                 .filter(|id| !wanted_backends.contains_key(id))
@@ -774,15 +849,13 @@ impl Dataplane {
                 .collect();
             for id in stale {
                 backends
-                    .remove(&id)
+                    .set(backend_slot(id), removed_backend(id), 0)
                     .map_err(map_err(maps::LB_BACKENDS, "remove backend"))?;
                 have.remove(&id);
                 stats.deleted += 1;
             }
             state.backends = Some(have);
-            state
-                .backend_ids
-                .retain(|_, id| wanted_backends.contains_key(id));
+            state.release_backends(|id| wanted_backends.contains_key(&id));
         }
         Ok(stats)
     }

@@ -9,6 +9,7 @@ use aya::{
     maps::{Array, MapData, ProgramArray},
     programs::{Program, SchedClassifier, Xdp},
 };
+use dataplane_common::lb::CLOCK_HZ_GLOBAL;
 use dataplane_common::maps::{
     ALL_PROGRAMS, LAYOUT_VERSION, META, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_ICMP,
     PROG_FROM_POD_SCTP, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_ICMP, PROG_UNDERLAY_SCTP,
@@ -33,8 +34,11 @@ impl Dataplane {
         pins.prepare()?;
         check_layout_version(pins)?;
 
+        // The programs' clock reads jiffies when they know the tick rate (see `now`).
+        let tick_hz = preflight::kernel_tick_hz().unwrap_or(0);
         let ebpf = EbpfLoader::new()
             .default_map_pin_directory(pins.maps_dir())
+            .override_global(CLOCK_HZ_GLOBAL, &tick_hz, true)
             .load(ebpf::object())
             .map_err(AgentError::Load)?;
         let mut dataplane = Self {

@@ -90,3 +90,52 @@ pub fn interface_name(ifindex: u32) -> Option<String> {
     let name = unsafe { std::ffi::CStr::from_ptr(buffer.as_ptr()) };
     Some(name.to_string_lossy().into_owned())
 }
+
+/// The kernel's tick rate (HZ), for the programs' clock: the coarse monotonic clock's
+/// resolution is one tick. None when the kernel does not say (the programs then keep the
+/// coarse clock helper).
+pub fn kernel_tick_hz() -> Option<u32> {
+    let mut resolution = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out pointer.
+    if unsafe { libc::clock_getres(libc::CLOCK_MONOTONIC_COARSE, &mut resolution) } != 0 {
+        return None;
+    }
+    let nanos = resolution.tv_sec as u64 * 1_000_000_000 + resolution.tv_nsec as u64;
+    tick_hz_from_resolution(nanos)
+}
+
+/// HZ from a tick length in nanoseconds: the nearest whole rate, if the kernel could be built
+/// with it (10 to 10,000 ticks a second) and the tick is that rate's to within a nanosecond
+/// per tick (HZ=300 gives 3,333,333 ns).
+fn tick_hz_from_resolution(nanos: u64) -> Option<u32> {
+    if nanos == 0 {
+        return None;
+    }
+    let hz = (1_000_000_000 + nanos / 2) / nanos;
+    let exact = (10..=10_000).contains(&hz) && (1_000_000_000 / hz).abs_diff(nanos) <= 1;
+    exact.then_some(hz as u32)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::tick_hz_from_resolution;
+
+    #[test]
+    fn tick_rates_the_kernel_can_be_built_with() {
+        assert_eq!(tick_hz_from_resolution(10_000_000), Some(100));
+        assert_eq!(tick_hz_from_resolution(4_000_000), Some(250));
+        assert_eq!(tick_hz_from_resolution(3_333_333), Some(300));
+        assert_eq!(tick_hz_from_resolution(1_000_000), Some(1000));
+    }
+
+    #[test]
+    fn no_rate_from_a_resolution_that_is_not_a_tick() {
+        // A high-resolution clock's 1 ns, nothing, and a length no whole rate gives.
+        assert_eq!(tick_hz_from_resolution(1), None);
+        assert_eq!(tick_hz_from_resolution(0), None);
+        assert_eq!(tick_hz_from_resolution(3_500_000), None);
+    }
+}

@@ -183,8 +183,8 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
             count(map.iter(), |w| *w != 0)
         }
         maps::LB_BACKENDS => {
-            let map: HashMap<MapData, u32, Backend> = HashMap::try_from(Map::HashMap(data))?;
-            count(map.keys(), |_| true)
+            let map: Array<MapData, Backend> = Array::try_from(Map::Array(data))?;
+            count(map.iter(), |b| b.is_live(b.id))
         }
         maps::LB_MAGLEV => {
             let map: HashMap<MapData, u32, MaglevTable> = HashMap::try_from(Map::HashMap(data))?;

@@ -106,6 +106,20 @@ fn predicted(state: &LbState, port: &ServicePort, key: &CtKey) -> BackendAddr {
 const CLIENT: [u8; 4] = [10, 244, 1, 9];
 
 /// The IPv4 destination of an untagged frame.
+/// Whole seconds of CLOCK_MONOTONIC.
+fn monotonic_seconds() -> u32 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: a valid clock id and a valid out pointer.
+    assert_eq!(
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+        0
+    );
+    now.tv_sec as u32
+}
+
 fn destination(frame: &[u8]) -> [u8; 4] {
     [frame[30], frame[31], frame[32], frame[33]]
 }
@@ -599,6 +613,13 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
     // backend, and the one affinity entry's clock moves with the client.
     let first = connect(&mut fixture, 43000);
     let started = affinity(&mut fixture).expect("affinity entry").last_seen;
+    // The programs' clock (jiffies, given the tick rate the loader found) is the monotonic
+    // clock in seconds, to within the tick and the read's own second boundary.
+    let monotonic = monotonic_seconds();
+    assert!(
+        started.abs_diff(monotonic) <= 1,
+        "program clock {started} s against CLOCK_MONOTONIC {monotonic} s"
+    );
     for i in 1..=20u16 {
         sleep(Duration::from_millis(500));
         assert_eq!(

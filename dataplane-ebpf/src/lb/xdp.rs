@@ -33,13 +33,13 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, now, outside_scope,
-    port_marked, refresh_affinity, scratch, touch,
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, live_backend, now,
+    outside_scope, port_marked, refresh_affinity, scratch, touch,
 };
 use crate::{
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{csum_diff, updated, write_ipv4},
-    maps::{FIB_SCRATCH, LB_BACKENDS, LB_CT, LOCAL_PODS, SCRATCH},
+    maps::{FIB_SCRATCH, LB_CT, LOCAL_PODS, SCRATCH},
     overlay::{
         self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
     },
@@ -98,12 +98,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
         return Ok(None);
     }
     // A backend that went away: tc resets TCP and re-picks for the others.
-    // SAFETY: only compared, within this program run.
-    let valid = match unsafe { LB_BACKENDS.get(&entry.backend_id) } {
-        Some(b) => b.addr == entry.addr && b.port_be == entry.port_be,
-        None => false,
-    };
-    if !valid {
+    if live_backend(entry.backend_id).is_none() {
         return Ok(None);
     }
     copy_addr(&mut s.new_addr, &entry.addr);

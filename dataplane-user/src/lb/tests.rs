@@ -414,3 +414,68 @@ fn masquerade_ports_are_added_to_the_reserved_ports_once() {
         Some("61000-62000,61000-65535")
     );
 }
+
+fn numbered_backend(n: u32) -> BackendAddr {
+    BackendAddr {
+        ip: IpAddr::from((0x0a00_0000 | n).to_be_bytes()),
+        port: 8080,
+    }
+}
+
+#[test]
+fn backend_ids_take_fresh_slots_first_then_the_longest_free_with_a_newer_generation() {
+    use dataplane_common::lb::{backend_generation, backend_slot};
+    let mut state = LbState::default();
+    let first = state.backend_id(numbered_backend(0)).unwrap();
+    assert_eq!((backend_slot(first), backend_generation(first)), (0, 1));
+    assert_eq!(state.backend_id(numbered_backend(0)), Some(first), "stable");
+    for n in 1..MAX_BACKENDS {
+        let id = state.backend_id(numbered_backend(n)).unwrap();
+        assert_eq!((backend_slot(id), backend_generation(id)), (n, 1));
+    }
+    assert_eq!(
+        state.backend_id(numbered_backend(MAX_BACKENDS)),
+        None,
+        "full"
+    );
+    // Slots 7 then 3 freed: reused in that order, one generation up.
+    state.release_backends(|id| backend_slot(id) != 7);
+    state.release_backends(|id| backend_slot(id) != 3);
+    let a = state.backend_id(numbered_backend(MAX_BACKENDS)).unwrap();
+    let b = state
+        .backend_id(numbered_backend(MAX_BACKENDS + 1))
+        .unwrap();
+    assert_eq!((backend_slot(a), backend_generation(a)), (7, 2));
+    assert_eq!((backend_slot(b), backend_generation(b)), (3, 2));
+    assert_eq!(state.backend_id(numbered_backend(MAX_BACKENDS + 2)), None);
+}
+
+#[test]
+fn adopted_slots_keep_their_ids_and_removed_ones_come_back_a_generation_later() {
+    use dataplane_common::lb::{backend_generation, backend_id, backend_slot};
+    let live = backend_value(numbered_backend(1), backend_id(0, 4));
+    let removed = Backend {
+        id: backend_id(2, 9),
+        ..Backend::default()
+    };
+    let mut state = LbState::default();
+    state.adopt_slot(0, &live);
+    state.adopt_slot(1, &Backend::default());
+    state.adopt_slot(2, &removed);
+    state.free_unused_slots();
+    assert_eq!(state.id_of(numbered_backend(1)), Some(backend_id(0, 4)));
+    // Fresh slots first (3 onwards), then the adopted free ones in slot order.
+    let fresh = state.backend_id(numbered_backend(2)).unwrap();
+    assert_eq!((backend_slot(fresh), backend_generation(fresh)), (3, 1));
+    assert_eq!(state.free_slots, [1, 2]);
+    assert!(Backend::default().id == 0 && !removed.is_live(removed.id));
+    assert!(live.is_live(backend_id(0, 4)) && !live.is_live(backend_id(0, 3)));
+}
+
+#[test]
+fn a_slot_generation_wraps_past_zero() {
+    use dataplane_common::lb::{backend_generation, backend_id, next_backend_id};
+    let last = backend_id(5, u32::MAX >> 16);
+    assert_eq!(backend_generation(next_backend_id(5, last)), 1);
+    assert_ne!(next_backend_id(0, 0), 0, "no backend id is 0");
+}

@@ -11,17 +11,23 @@
 //! the report gives each path's own cost, `1/pps - 1/sender-only pps`, and their ratio next
 //! to the raw rates.
 //!
+//! A third path sets the floor: a tc program that redirects every packet into one backend pod
+//! and decides nothing (no lookup, no rewrite). What it costs beyond the sender, no tc
+//! dataplane on this kernel can go below, so `nftables path / floor path` bounds the path
+//! ratio any of them could report here.
+//!
 //! A second comparison: an external host sends to a NodePort of node 0 whose backend is a pod
 //! on node 1. Ours: the flow's first packet through tc, the rest translated, wrapped in Geneve
 //! and sent back out by XDP on node 0, unwrapped by XDP on node 1. nftables: kube-proxy's
 //! NodePort DNAT and masquerade, then plain routing to node 1's pod CIDR.
 //! A benchmark: it reports, it does not pass or fail.
 
-use std::process::Command;
+use std::{os::fd::AsRawFd as _, process::Command};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use dataplane_common::maps::PROG_FROM_POD;
+use dataplane_common::maps::{BASELINE_REDIRECT, PROG_FROM_POD, PROG_TC_REDIRECT_BASELINE};
+use dataplane_tests::fixture::Fixture;
 use dataplane_tests::median;
 use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
 use dataplane_tests::topology::{Agent, Mode, Pod, Topology, exec_in, run_in, sh_in};
@@ -60,6 +66,8 @@ struct Comparison {
     dataplane_pps: Vec<f64>,
     nftables_pps: Vec<f64>,
     sender_only_pps: Vec<f64>,
+    /// The redirect floor (ClusterIP comparisons only).
+    floor_pps: Vec<f64>,
     dataplane_median_pps: f64,
     nftables_median_pps: f64,
     sender_only_median_pps: f64,
@@ -68,13 +76,29 @@ struct Comparison {
     dataplane_path_ns: f64,
     nftables_path_ns: f64,
     path_ratio: f64,
+    /// The floor's cost beyond the sender, and the path ratio a dataplane costing no more
+    /// than it would reach (0 when not measured).
+    floor_path_ns: f64,
+    floor_path_ratio: f64,
 }
 
 impl Comparison {
-    fn new(ours: Vec<f64>, nft: Vec<f64>, sender: Vec<f64>) -> Self {
+    fn new(ours: Vec<f64>, nft: Vec<f64>, sender: Vec<f64>, floor: Vec<f64>) -> Self {
         let (ours_pps, nft_pps, sender_pps) = (median(&ours), median(&nft), median(&sender));
         let path_ns = |pps: f64| 1e9 / pps - 1e9 / sender_pps;
+        let floor_path_ns = if floor.is_empty() {
+            0.0
+        } else {
+            path_ns(median(&floor))
+        };
         Self {
+            floor_path_ns,
+            floor_path_ratio: if floor_path_ns > 0.0 {
+                path_ns(nft_pps) / floor_path_ns
+            } else {
+                0.0
+            },
+            floor_pps: floor,
             dataplane_median_pps: ours_pps,
             nftables_median_pps: nft_pps,
             sender_only_median_pps: sender_pps,
@@ -117,6 +141,18 @@ impl Comparison {
              ratio nftables / dataplane (target >= 4): {:.2}",
             self.dataplane_path_ns, self.nftables_path_ns, self.path_ratio
         );
+        if !self.floor_pps.is_empty() {
+            println!(
+                "    floor (a tc redirect into the backend, no lookup, no rewrite): median {:.0} pkt/s  [{}]",
+                median(&self.floor_pps),
+                list(&self.floor_pps)
+            );
+            println!(
+                "    floor cost beyond the sender: {:.0} ns; the best path ratio any tc dataplane \
+                 could reach here: {:.2}",
+                self.floor_path_ns, self.floor_path_ratio
+            );
+        }
     }
 }
 
@@ -230,6 +266,46 @@ fn blast_from(
     Ok((after - before) as f64 / seconds as f64)
 }
 
+/// The index of `iface` in `netns`.
+fn interface_index(netns: &str, iface: &str) -> anyhow::Result<u32> {
+    // `ip -o link show` lines start with "<index>: <name>".
+    let out = exec_in(netns, &["ip", "-o", "link", "show", "dev", iface])?;
+    String::from_utf8_lossy(&out.stdout)
+        .split(':')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .parse()
+        .with_context(|| format!("ifindex of {iface} in {netns}"))
+}
+
+/// The programs loaded on their own (no agent), with the redirect floor attached to the
+/// ingress of `iface` in `netns` and sending everything into the pod behind `target_ifindex`.
+/// Detached when dropped.
+fn redirect_floor(netns: &str, iface: &str, target_ifindex: u32) -> anyhow::Result<Fixture> {
+    let mut fixture = Fixture::load()?;
+    let mut target: aya::maps::Array<_, u32> = fixture.typed_map(BASELINE_REDIRECT)?;
+    target.set(0, target_ifindex, 0)?;
+    let program = fixture.classifier(PROG_TC_REDIRECT_BASELINE)?;
+    // The interface name resolves in the calling thread's namespace: attach from a thread
+    // that enters the node's.
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| -> anyhow::Result<()> {
+                let node = std::fs::File::open(format!("/run/netns/{netns}"))?;
+                // SAFETY: a valid namespace descriptor; setns affects only this thread.
+                if unsafe { libc::setns(node.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    bail!("setns into {netns}: {}", std::io::Error::last_os_error());
+                }
+                program.attach(iface, aya::programs::TcAttachType::Ingress)?;
+                Ok(())
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))?
+    })?;
+    Ok(fixture)
+}
+
 /// Runs and total run time (ns) of one of the agent's programs, from its status report.
 fn program_cost(agent: &Agent, name: &str) -> anyhow::Result<(u64, u64)> {
     let status = agent.status_json()?;
@@ -273,8 +349,18 @@ fn main() -> anyhow::Result<()> {
             &["nft", "add", "chain", "netdev", "sink", "drops", chain],
         )?;
         // Only the benchmark's datagrams: ARP must still be answered for the nftables path.
+        // Port 80 too: the floor delivers them untranslated.
         let rule = [
-            "nft", "add", "rule", "netdev", "sink", "drops", "udp", "dport", "8080", "drop",
+            "nft",
+            "add",
+            "rule",
+            "netdev",
+            "sink",
+            "drops",
+            "udp",
+            "dport",
+            "{ 80, 8080 }",
+            "drop",
         ];
         run_in(&pod.netns, &rule)?;
     }
@@ -327,9 +413,11 @@ fn main() -> anyhow::Result<()> {
             "drop",
         ],
     ];
+    let backend_host_ifindex = interface_index(&node.netns, &backends[0].host_iface)?;
     let mut results = Vec::new();
     for raw in [None, Some(gateway_mac.as_str())] {
-        let (mut ours, mut nft, mut sender) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut ours, mut nft, mut sender, mut floor) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
         for _ in 0..args.rounds {
             {
                 let _agent = node.start_agent()?;
@@ -345,8 +433,12 @@ fn main() -> anyhow::Result<()> {
             let result = blast(client, &at_gateway, args.seconds, raw);
             sh_in(&node.netns, "nft delete table netdev sender-only")?;
             sender.push(result?);
+            {
+                let _floor = redirect_floor(&node.netns, &client.host_iface, backend_host_ifindex)?;
+                floor.push(blast(client, &at_backends, args.seconds, raw)?);
+            }
         }
-        results.push(Comparison::new(ours, nft, sender));
+        results.push(Comparison::new(ours, nft, sender, floor));
     }
     let tc_program_ns = {
         let agent = node.start_agent()?;
@@ -509,7 +601,7 @@ fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
         sender.push(result?);
     }
     let _ = std::fs::remove_file(&rules);
-    Ok(Comparison::new(ours, nft, sender))
+    Ok(Comparison::new(ours, nft, sender, Vec::new()))
 }
 
 /// Drops UDP to `port` as it arrives on `iface` in `netns` (its rx counter still counts it),
