@@ -89,15 +89,21 @@ fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
 
 /// The tc stage for a packet leaving a pod: the verdict and what was done (encapsulated or
 /// redirected to a local pod). `Ok(None)`: not overlay traffic, let it continue.
+/// `not_local`: the destination is already known not to be a local pod.
 #[inline(always)]
-pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
+pub fn from_pod(ctx: &TcContext, parsed: &Parsed, not_local: bool) -> Stage {
     Stage::new(
-        deliver(ctx, parsed).map(|done| done.map(|(verdict, class)| (verdict as u32, class))),
+        deliver(ctx, parsed, not_local)
+            .map(|done| done.map(|(verdict, class)| (verdict as u32, class))),
     )
 }
 
 #[inline(always)]
-fn deliver(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)>, DropReason> {
+fn deliver(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    not_local: bool,
+) -> Result<Option<(i32, PacketClass)>, DropReason> {
     // Only untagged IP frames come from pods; anything else is left to the stack.
     if parsed.l3_offset != ETH_LEN {
         return Ok(None);
@@ -109,7 +115,7 @@ fn deliver(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)
         return Ok(None);
     };
     // SAFETY: the value is copied out before anything can change the map.
-    if let Some(pod) = unsafe { LOCAL_PODS.get(dst) } {
+    if !not_local && let Some(pod) = unsafe { LOCAL_PODS.get(dst) } {
         return Ok(Some((to_local_pod(ctx, *pod), PacketClass::LocalRedirect)));
     }
     let Some(endpoint) = remote_endpoint(parsed.ether_type, &dst) else {
@@ -126,6 +132,22 @@ fn deliver(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)
     }
     let verdict = encapsulate(ctx, config, &endpoint).into_value()? as i32;
     Ok(Some((verdict, PacketClass::GeneveEncap)))
+}
+
+/// The local half of [`from_pod`] alone: `Ok(verdict)` of handing the packet to a pod on this
+/// node; `Err(true)` when its destination is known not to be a local pod (so [`from_pod`]
+/// need not look again), `Err(false)` when not looked up. Lets `tc_from_pod` deliver to a
+/// local pod itself when no access control applies, without the tail call into its second
+/// half.
+#[inline(always)]
+pub fn to_local_pod_only(ctx: &TcContext, parsed: &Parsed) -> Result<i32, bool> {
+    if parsed.l3_offset != ETH_LEN || config().is_none() {
+        return Err(false);
+    }
+    let dst = destination(ctx, parsed).ok_or(false)?;
+    // SAFETY: the value is copied out before anything can change the map.
+    let pod = unsafe { LOCAL_PODS.get(dst) }.ok_or(true)?;
+    Ok(to_local_pod(ctx, *pod))
 }
 
 /// Hands a packet straight to a pod on this node: addressed as its gateway would, delivered

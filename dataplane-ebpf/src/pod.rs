@@ -24,7 +24,11 @@ use crate::{
 
 /// `skb->cb` word carrying "this is a service reply" from the first half to the second.
 const CB_REPLY: usize = 0;
+/// `skb->cb` word carrying "the destination is not a local pod" (already looked up).
+const CB_NOT_LOCAL: usize = 1;
 const IPPROTO_SCTP: u8 = 132;
+const IPPROTO_TCP: u8 = 6;
+const IPPROTO_UDP: u8 = 17;
 
 #[classifier]
 pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
@@ -52,9 +56,24 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
+    let tcp_or_udp = parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP;
+    // With no pod under access control, a TCP or UDP packet for a pod of this node is handed
+    // over here: the second half would only do the same, after a tail call and the hand-over
+    // of the parse result.
+    let mut not_local = false;
+    if tcp_or_udp && !acl::active() {
+        match overlay::to_local_pod_only(&ctx, &parsed) {
+            Ok(verdict) => {
+                count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
+                return verdict;
+            }
+            Err(looked_up) => not_local = looked_up,
+        }
+    }
     // The rest runs as its own program, verified on its own: one program holding the
     // load-balancer, access control and the overlay is more than the verifier walks.
     ctx.cb_mut()[CB_REPLY] = reply;
+    ctx.cb_mut()[CB_NOT_LOCAL] = not_local as u32;
     if !stash(&parsed) {
         count_drop(Hook::FromPod, DropReason::TailCallFailed);
         return TC_ACT_SHOT;
@@ -137,7 +156,9 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         count_drop(Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
-    match overlay::from_pod(&ctx, &parsed).result() {
+    // Only `tc_from_pod` sets it; the SCTP and ICMP halves pass it on as cleared.
+    let not_local = ctx.cb()[CB_NOT_LOCAL] != 0;
+    match overlay::from_pod(&ctx, &parsed, not_local).result() {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
             verdict as i32

@@ -191,7 +191,7 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
     }
     // Delivered to the pod here or wrapped in Geneve towards the backend's node, as the
     // overlay does for pods.
-    match overlay::from_pod(ctx, parsed).result() {
+    match overlay::from_pod(ctx, parsed, false).result() {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);
             verdict as i32
