@@ -43,14 +43,11 @@ use crate::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
         ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
-    parse::{Parsed, read_addresses},
+    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Parsed, read_addresses},
     stage::Stage,
     stats::count_outcome,
 };
 
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const IPPROTO_SCTP: u8 = 132;
 const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;

@@ -45,7 +45,7 @@ use crate::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
     },
     overlay,
-    parse::{Parsed, read_addresses},
+    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Parsed, read_addresses},
     stage::Stage,
 };
 
@@ -53,9 +53,6 @@ pub mod xdp;
 
 const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
-const IPPROTO_SCTP: u8 = 132;
 /// SCTP chunk types that open and end an association (RFC 9260, 3.2).
 const SCTP_INIT: u8 = 1;
 const SCTP_ABORT: u8 = 6;

@@ -68,7 +68,7 @@ pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_
 pub static LB_PORTS: aya_ebpf::maps::Array<u64> =
     aya_ebpf::maps::Array::pinned(dataplane_common::lb::PORT_BITMAP_WORDS * 2, 0);
 
-/// Backends by id.
+/// Backends by slot (`backend_slot` of their id).
 #[map(name = "DP_LB_BACKENDS")]
 pub static LB_BACKENDS: aya_ebpf::maps::Array<Backend> =
     aya_ebpf::maps::Array::pinned(MAX_BACKENDS, 0);

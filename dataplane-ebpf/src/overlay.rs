@@ -44,7 +44,7 @@ use crate::{
         ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4,
         REMOTE_PODS_V6, SCRATCH,
     },
-    parse::{Packet, Parsed, read},
+    parse::{IPPROTO_UDP, Packet, Parsed, read},
     stage::Stage,
 };
 
@@ -54,7 +54,6 @@ const ETH_P_IP: u16 = 0x0800;
 const ETH_P_IPV6: u16 = 0x86DD;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
-const IPPROTO_UDP: u8 = 17;
 const OUTER_TTL: u8 = 64;
 /// Geneve options are walked one by one to find critical ones; each is at least 4 bytes.
 const MAX_GENEVE_OPTIONS: usize = GENEVE_MAX_OPTIONS_LEN / 4;

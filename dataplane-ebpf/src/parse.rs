@@ -30,14 +30,14 @@ const ETH_P_8021AD: u16 = 0x88A8;
 
 const IPPROTO_HOPOPTS: u8 = 0;
 const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
+pub const IPPROTO_TCP: u8 = 6;
+pub const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
 const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
-const IPPROTO_SCTP: u8 = 132;
+pub const IPPROTO_SCTP: u8 = 132;
 const IPPROTO_MOBILITY: u8 = 135;
 const IPPROTO_HIP: u8 = 139;
 const IPPROTO_SHIM6: u8 = 140;

@@ -18,7 +18,7 @@ use crate::{
     acl, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::{parse_skb, stash},
+    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, parse_skb, stash},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -26,9 +26,6 @@ use crate::{
 const CB_REPLY: usize = 0;
 /// `skb->cb` word carrying "the destination is not a local pod" (already looked up).
 const CB_NOT_LOCAL: usize = 1;
-const IPPROTO_SCTP: u8 = 132;
-const IPPROTO_TCP: u8 = 6;
-const IPPROTO_UDP: u8 = 17;
 
 #[classifier]
 pub fn tc_from_pod(mut ctx: TcContext) -> i32 {

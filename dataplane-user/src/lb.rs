@@ -523,10 +523,11 @@ impl LbState {
     fn release_backends(&mut self, wanted: impl Fn(u32) -> bool) {
         let free_slots = &mut self.free_slots;
         self.backend_ids.retain(|_, &mut id| {
-            if !wanted(id) {
+            let keep = wanted(id);
+            if !keep {
                 free_slots.push_back(backend_slot(id));
             }
-            wanted(id)
+            keep
         });
     }
 
