@@ -7,7 +7,7 @@
 //! `table[flow_hash % MAGLEV_TABLE_SIZE]`, so its cost does not depend on the number of
 //! services or backends. Addresses use the 16-byte form of [`crate::overlay::Addr`].
 
-use crate::overlay::Addr;
+use crate::overlay::{Addr, LocalPod};
 
 pub mod sctp;
 
@@ -223,6 +223,53 @@ pub struct CtValue {
     pub _pad2: [u8; 2],
 }
 
+/// Entries per CPU of the service flow cache (a power of two: a flow's slot is its hash's low
+/// bits).
+pub const FLOW_CACHE_SLOTS: u32 = 2048;
+
+/// One service flow as `tc_from_pod` last translated and delivered it to a pod of this node,
+/// cached per CPU (direct-mapped by [`flow_cache_slot`]) so the flow's next packets skip the
+/// conntrack and pod lookups. Valid only within the clock second it was filled in (every
+/// flow's first packet of a second takes the full path, which refreshes the conntrack and
+/// affinity timers as before) and while the local pods are unchanged (`pods_epoch`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCacheEntry {
+    /// The packet's flow as it leaves the pod (`direction` always 0: the tuple alone).
+    pub flow: CtKey,
+    /// The address and port written: the destination's (a backend) for a flow to a service,
+    /// the source's (the service) for a backend's reply.
+    pub addr: Addr,
+    pub port_be: [u8; 2],
+    /// `CT_ORIGINAL` (destination rewritten) or `CT_REPLY` (source rewritten).
+    pub direction: u8,
+    pub _pad: u8,
+    /// The backend of a flow to a service (original direction), checked live on every packet.
+    pub backend_id: u32,
+    /// Clock second of the fill (seconds since boot, as `CtValue::last_seen`).
+    pub second: u32,
+    /// `OverlayConfig::pods_epoch` at the fill.
+    pub epoch: u32,
+    /// Where the packet was delivered.
+    pub pod: LocalPod,
+}
+
+/// The flow cache slot of a flow (its direction ignored): the words of its addresses, ports
+/// and protocol folded by XOR, then Fibonacci hashing (one multiply; the product's top bits
+/// depend on every input bit). Cheaper than [`flow_hash`], which a cache need not match.
+#[inline(always)]
+pub fn flow_cache_slot(key: &CtKey) -> u32 {
+    let (s, d) = (key.src_port_be, key.dst_port_be);
+    let ports = u32::from_ne_bytes([s[0], s[1], d[0], d[1]]);
+    let mut folded = ports ^ key.protocol as u32;
+    let mut i = 0;
+    while i < 16 {
+        folded ^= word(&key.src, i) ^ word(&key.dst, i).rotate_left(16);
+        i += 4;
+    }
+    folded.wrapping_mul(0x9e37_79b1) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
+}
+
 /// Key of the affinity map: one client of one service port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -248,6 +295,8 @@ const _: () = {
     assert!(core::mem::size_of::<CtValue>() == 52);
     assert!(core::mem::size_of::<AffinityKey>() == 20);
     assert!(core::mem::size_of::<AffinityValue>() == 8);
+    assert!(core::mem::size_of::<FlowCacheEntry>() == 88);
+    assert!(FLOW_CACHE_SLOTS.is_power_of_two());
 };
 
 /// Mixes one 32-bit word into the running hash (the murmur3 block step).
@@ -318,12 +367,39 @@ mod pod_impls {
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::FlowCacheEntry {}
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::overlay::ipv4_mapped;
+
+    #[test]
+    fn flow_cache_slots_spread_clients_and_ignore_the_direction() {
+        let dst = ipv4_mapped([10, 96, 0, 10]);
+        let mut used = [false; FLOW_CACHE_SLOTS as usize];
+        for client in 0..FLOW_CACHE_SLOTS {
+            let [_, _, c, d] = client.to_be_bytes();
+            let mut key = CtKey {
+                src: ipv4_mapped([10, 244, c, d]),
+                dst,
+                src_port_be: 40000u16.to_be_bytes(),
+                dst_port_be: 80u16.to_be_bytes(),
+                protocol: 6,
+                ..CtKey::default()
+            };
+            let slot = flow_cache_slot(&key);
+            assert!(slot < FLOW_CACHE_SLOTS);
+            key.direction = CT_REPLY;
+            assert_eq!(flow_cache_slot(&key), slot);
+            used[slot as usize] = true;
+        }
+        // As many clients as slots: a uniform hash fills about 1 - 1/e of them (63%).
+        let filled = used.iter().filter(|&&u| u).count();
+        assert!(filled > FLOW_CACHE_SLOTS as usize / 2, "{filled} slots");
+    }
 
     #[test]
     fn flow_hash_spreads_source_ports_over_the_table() {

@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 5;
+pub const LAYOUT_VERSION: u32 = 6;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -38,6 +38,8 @@ pub const LB_MAGLEV: &str = "DP_LB_MAGLEV";
 pub const LB_PORTS: &str = "DP_LB_PORTS";
 /// LRU hash: [`crate::lb::CtKey`] -> [`crate::lb::CtValue`], both directions of every flow.
 pub const LB_CT: &str = "DP_LB_CT";
+/// Per-CPU array (not pinned): [`crate::lb::flow_cache_slot`] -> [`crate::lb::FlowCacheEntry`].
+pub const LB_FLOW_CACHE: &str = "DP_LB_FLOW_CACHE";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
 pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
 

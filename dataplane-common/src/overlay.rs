@@ -73,6 +73,9 @@ pub struct OverlayConfig {
     pub node_ipv4: [u8; 4],
     /// This node's IPv6 underlay address (valid with `OVERLAY_HAS_IPV6`).
     pub node_ipv6: [u8; 16],
+    /// Moves on (wrapping) with every change of `LOCAL_PODS`: what the kernel cached from that
+    /// map under another epoch is stale (`crate::lb::FlowCacheEntry`).
+    pub pods_epoch: u32,
 }
 
 /// Where a remote pod CIDR lives: the underlay address of its node (value of the pod-CIDR
@@ -100,7 +103,7 @@ pub struct LocalPod {
 }
 
 const _: () = {
-    assert!(core::mem::size_of::<OverlayConfig>() == 44);
+    assert!(core::mem::size_of::<OverlayConfig>() == 48);
     assert!(core::mem::size_of::<TunnelEndpoint>() == 20);
     assert!(core::mem::size_of::<LocalPod>() == 16);
     assert!(core::mem::align_of::<OverlayConfig>() == 4);

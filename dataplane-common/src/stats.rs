@@ -78,6 +78,9 @@ pub enum PacketClass {
     PolicyAllowed = 22,
     /// A packet of a flow NetworkPolicy already allowed (either direction).
     PolicyTracked = 23,
+    /// A service packet translated and delivered from the flow cache (also counted as its
+    /// translation and as a local redirect).
+    ServiceFlowCached = 24,
 }
 
 impl PacketClass {
@@ -106,6 +109,7 @@ impl PacketClass {
         PacketClass::AuditSuppressed,
         PacketClass::PolicyAllowed,
         PacketClass::PolicyTracked,
+        PacketClass::ServiceFlowCached,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -136,6 +140,7 @@ impl PacketClass {
             21 => PacketClass::AuditSuppressed,
             22 => PacketClass::PolicyAllowed,
             23 => PacketClass::PolicyTracked,
+            24 => PacketClass::ServiceFlowCached,
             _ => return None,
         })
     }
@@ -166,6 +171,7 @@ impl PacketClass {
             PacketClass::AuditSuppressed => "audit_suppressed",
             PacketClass::PolicyAllowed => "policy_allowed",
             PacketClass::PolicyTracked => "policy_tracked",
+            PacketClass::ServiceFlowCached => "service_flow_cached",
         }
     }
 }

@@ -49,6 +49,7 @@ use crate::{
     stage::Stage,
 };
 
+pub mod cache;
 pub mod xdp;
 
 const ETH_LEN: usize = 14;
@@ -65,6 +66,11 @@ const TCP_ACK: u8 = 0x10;
 const SNAT_PORT_ATTEMPTS: u32 = 4;
 /// Deepest transport header the rewrite writes in place (a mask: one less than a power of two).
 const MAX_DIRECT_L4: usize = 0xFF;
+/// Deepest transport checksum field read and written in place (a mask, covering TCP's at
+/// `MAX_DIRECT_L4 + 16`).
+const MAX_DIRECT_CHECK: usize = 0x1FF;
+/// What a UDP checksum that computes to zero is sent as (zero means "no checksum").
+const CSUM_MANGLED_0: u16 = 0xFFFF;
 
 /// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
 /// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
@@ -99,6 +105,12 @@ pub struct LbScratch {
     /// This node's address of the packet's family (from outside: the source towards remote
     /// backends).
     node_addr: Addr,
+    /// The backend of the packet's flow (tracked or just chosen).
+    backend_id: u32,
+    /// Whether this packet's translation was a single rewrite (no masquerade, not from
+    /// outside) that the flow cache may replay.
+    cacheable: u8,
+    _pad3: [u8; 3],
 }
 
 /// The kernel's tick rate, set by the loader (`CLOCK_HZ_GLOBAL`); 0 until then.
@@ -163,6 +175,7 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     s.ipv4 = ipv4 as u8;
     s.snat = 0;
     s.nodeport = 0;
+    s.cacheable = 0;
     true
 }
 
@@ -449,6 +462,7 @@ fn dnat(
         s.new_port = s.snat_port;
         rewrite(ctx, parsed, s, Side::Source).into_value()?;
     }
+    s.cacheable = (s.snat == 0 && s.nodeport == 0) as u8;
     Ok(Some(PacketClass::ServiceDnat))
 }
 
@@ -491,6 +505,8 @@ fn reverse_nat_flow(
     copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
     rewrite(ctx, parsed, s, Side::Source).into_value()?;
+    s.cacheable = (entry.flags & (CT_SNAT | CT_NODEPORT) == 0) as u8;
+    s.backend_id = entry.backend_id;
     if entry.flags & CT_SNAT != 0 {
         // A hairpin reply: addressed to the masquerade address, it goes back to the client.
         copy_addr(&mut s.old_addr, &s.flow.dst);
@@ -541,6 +557,7 @@ fn tracked(s: &mut LbScratch, now: u32) -> Result<bool, DropReason> {
     }
     copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
+    s.backend_id = entry.backend_id;
     if entry.flags & CT_SNAT != 0 {
         s.snat = 1;
         copy_addr(&mut s.snat_addr, &entry.nat_addr);
@@ -592,6 +609,7 @@ fn choose_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Result
     let backend = live_backend(backend_id).ok_or(DropReason::LbNoEndpoints)?;
     copy_addr(&mut s.new_addr, &backend.addr);
     s.new_port = backend.port_be;
+    s.backend_id = backend_id;
     // A pod reaching itself through its service (hairpin): its own address as the source
     // would make the pod drop the packet and answer itself locally, so the source becomes
     // the masquerade address and the replies come back here to be translated.
@@ -854,15 +872,132 @@ fn translate(
     }
     // The transport checksum goes through the kernel, which alone knows whether it is a full
     // checksum or an offload's pseudo-header seed (then only the addresses count).
+    let before = checksum_field(ctx, check);
     ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
         .map_err(failed)?;
     if port_changed {
-        let from = u16::from_ne_bytes(s.old_port) as u64;
-        let to = u16::from_ne_bytes(s.new_port) as u64;
-        ctx.l4_csum_replace(check, from, to, 2 | mangled)
-            .map_err(failed)?;
+        let from = u16::from_ne_bytes(s.old_port);
+        let to = u16::from_ne_bytes(s.new_port);
+        let udp = protocol == IPPROTO_UDP;
+        if !port_fixed_in_place(ctx, check, before, diff, udp, from, to) {
+            ctx.l4_csum_replace(check, from as u64, to as u64, 2 | mangled)
+                .map_err(failed)?;
+        }
     }
     Ok(())
+}
+
+/// The transport checksum field at `at`, read in place (`None` when not directly readable).
+#[inline(always)]
+fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
+    if at > MAX_DIRECT_CHECK {
+        return None;
+    }
+    // SAFETY: a volatile read of a local (the mask must survive: see `write_headers`).
+    let at = ctx.data() + (unsafe { core::ptr::read_volatile(&at) } & MAX_DIRECT_CHECK);
+    if at + 2 > ctx.data_end() {
+        return None;
+    }
+    // SAFETY: the two bytes were bounds-checked just above.
+    Some(u16::from_ne_bytes(unsafe {
+        core::ptr::read_unaligned(at as *const [u8; 2])
+    }))
+}
+
+/// What `bpf_l4_csum_replace` made of a pseudo-header change, told by the value it wrote.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum ChecksumKind {
+    /// A full checksum: the ports count too.
+    Full,
+    /// An offload's pseudo-header seed (`CHECKSUM_PARTIAL`): only the addresses count.
+    Seed,
+    /// Cannot tell.
+    Unknown,
+}
+
+/// Corrects the checksum field at `check` for a port change in place, when the address
+/// change's result (`before` the helper applied `diff`, and now) tells which kind of field it
+/// is: a seed needs nothing, a full checksum the port's difference. `false`: could not tell
+/// (or the field is not directly writable); the caller's helper call decides then. Saves a
+/// helper call per translated packet, whose internal calls and returns cost about 40 ns here.
+#[inline(always)]
+fn port_fixed_in_place(
+    ctx: &TcContext,
+    check: usize,
+    before: Option<u16>,
+    diff: u32,
+    udp: bool,
+    from: u16,
+    to: u16,
+) -> bool {
+    let (Some(before), Some(after)) = (before, checksum_field(ctx, check)) else {
+        return false;
+    };
+    match checksum_kind(before, after, diff, udp) {
+        ChecksumKind::Seed => true,
+        ChecksumKind::Full => {
+            let sum = csum_add(csum_add(!after as u32, !from as u32), to as u32);
+            let mut fixed = kernel_fold(sum);
+            if udp && fixed == 0 {
+                fixed = CSUM_MANGLED_0;
+            }
+            write_checksum_field(ctx, check, fixed)
+        }
+        ChecksumKind::Unknown => false,
+    }
+}
+
+/// Which kind of field `bpf_l4_csum_replace(BPF_F_PSEUDO_HDR)` found, from its result: a full
+/// checksum moves by `-diff`, a seed by `+diff` (its formulas reproduced bit for bit, UDP's
+/// zero rule included). An address change that leaves the sum's residue unchanged moves
+/// neither, and then nothing can be told.
+#[inline(always)]
+fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> ChecksumKind {
+    let residue = !kernel_fold(diff);
+    if residue == 0 || residue == 0xFFFF || (udp && before == 0) {
+        return ChecksumKind::Unknown;
+    }
+    let mangled = |v: u16| if udp && v == 0 { CSUM_MANGLED_0 } else { v };
+    let full = mangled(kernel_fold(csum_add(diff, !(before as u32))));
+    let seed = mangled(!kernel_fold(csum_add(before as u32, diff)));
+    if after == full && after != seed {
+        ChecksumKind::Full
+    } else if after == seed && after != full {
+        ChecksumKind::Seed
+    } else {
+        ChecksumKind::Unknown
+    }
+}
+
+/// The kernel's `csum_add`: a 32-bit one's-complement addition.
+#[inline(always)]
+const fn csum_add(a: u32, b: u32) -> u32 {
+    let (sum, carry) = a.overflowing_add(b);
+    sum.wrapping_add(carry as u32)
+}
+
+/// The kernel's `csum_fold`: folded to 16 bits and complemented.
+#[inline(always)]
+const fn kernel_fold(sum: u32) -> u16 {
+    let sum = (sum & 0xFFFF) + (sum >> 16);
+    let sum = (sum & 0xFFFF) + (sum >> 16);
+    !(sum as u16)
+}
+
+/// Writes the transport checksum field at `at` in place; false if not directly writable.
+#[inline(always)]
+fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bool {
+    if at > MAX_DIRECT_CHECK {
+        return false;
+    }
+    // SAFETY: a volatile read of a local (the mask must survive: see `write_headers`).
+    let at = ctx.data() + (unsafe { core::ptr::read_volatile(&at) } & MAX_DIRECT_CHECK);
+    if at + 2 > ctx.data_end() {
+        return false;
+    }
+    // SAFETY: the two bytes were bounds-checked just above.
+    unsafe { core::ptr::write_unaligned(at as *mut [u8; 2], value.to_ne_bytes()) };
+    true
 }
 
 /// Writes `s.new_addr` (and `s.new_port` when it differs) over the source or destination in

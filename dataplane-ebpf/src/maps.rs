@@ -14,7 +14,8 @@ use dataplane_common::{
     },
     drop::DROP_REASON_SLOTS,
     lb::{
-        AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
+        AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
+        MaglevTable, ServiceKey, ServiceValue,
     },
     maps::{
         ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
@@ -144,6 +145,12 @@ pub static SCRATCH: PerCpuArray<[u8; ENCAP_SCRATCH_LEN]> = PerCpuArray::with_max
 #[map(name = "DP_FIB_SCRATCH")]
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
     PerCpuArray::with_max_entries(1, 0);
+
+/// Per-CPU service flow cache: the translation and local delivery of recent flows, by
+/// `flow_cache_slot`. Not pinned: a cache, refilled by the first packet of each flow and second.
+#[map(name = "DP_LB_FLOW_CACHE")]
+pub static LB_FLOW_CACHE: PerCpuArray<FlowCacheEntry> =
+    PerCpuArray::with_max_entries(FLOW_CACHE_SLOTS, 0);
 
 /// Per-CPU working set of the load-balancer (keys and entries being built). Not pinned.
 #[map(name = "DP_LB_SCRATCH")]

@@ -133,26 +133,28 @@ fn deliver(
     Ok(Some((verdict, PacketClass::GeneveEncap)))
 }
 
-/// The local half of [`from_pod`] alone: `Ok(verdict)` of handing the packet to a pod on this
-/// node; `Err(true)` when its destination is known not to be a local pod (so [`from_pod`]
-/// need not look again), `Err(false)` when not looked up. Lets `tc_from_pod` deliver to a
-/// local pod itself when no access control applies, without the tail call into its second
-/// half.
+/// The local half of [`from_pod`]'s lookup alone: `Ok((pod, epoch))` when the packet is for a
+/// pod on this node (`epoch`: the pods' epoch read before the lookup, for the flow cache);
+/// `Err(true)` when its destination is known not to be a local pod (so [`from_pod`] need not
+/// look again), `Err(false)` when not looked up. Lets `tc_from_pod` deliver to a local pod
+/// itself ([`to_local_pod`]) when no access control applies, without the tail call into its
+/// second half.
 #[inline(always)]
-pub fn to_local_pod_only(ctx: &TcContext, parsed: &Parsed) -> Result<i32, bool> {
-    if parsed.l3_offset != ETH_LEN || config().is_none() {
+pub fn local_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(LocalPod, u32), bool> {
+    if parsed.l3_offset != ETH_LEN {
         return Err(false);
     }
+    let epoch = config().ok_or(false)?.pods_epoch;
     let dst = destination(ctx, parsed).ok_or(false)?;
     // SAFETY: the value is copied out before anything can change the map.
     let pod = unsafe { LOCAL_PODS.get(dst) }.ok_or(true)?;
-    Ok(to_local_pod(ctx, *pod))
+    Ok((*pod, epoch))
 }
 
 /// Hands a packet straight to a pod on this node: addressed as its gateway would, delivered
 /// into the pod's namespace without a second pass through the host stack.
 #[inline(always)]
-fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
+pub fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
     let start = ctx.data();
     if start + 12 > ctx.data_end() {
         return aya_ebpf::bindings::TC_ACT_SHOT;

@@ -37,7 +37,28 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::FromPod, parsed.class);
+    // With no pod under access control, TCP and UDP to a pod of this node are delivered here
+    // (the second half would only do the same, after a tail call and the hand-over of the
+    // parse result), and a service flow's packets first try the flow cache.
+    let direct =
+        (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !acl::active();
+    if direct {
+        match lb::cache::replay(&ctx, &parsed) {
+            Ok(Some((verdict, translation))) => {
+                count_outcome(Hook::FromPod, translation);
+                count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
+                count_outcome(Hook::FromPod, PacketClass::ServiceFlowCached);
+                return verdict;
+            }
+            Ok(None) => {}
+            Err(reason) => {
+                count_drop(Hook::FromPod, reason);
+                return TC_ACT_SHOT;
+            }
+        }
+    }
     let mut reply = 0;
+    let mut translated = false;
     match lb::from_pod(&ctx, &parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
@@ -46,6 +67,8 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
                 return (answered - 1) as i32;
             }
             reply = (outcome == PacketClass::ServiceReverseNat) as u32;
+            translated =
+                outcome == PacketClass::ServiceDnat || outcome == PacketClass::ServiceReverseNat;
         }
         Ok(None) => {}
         Err(reason) => {
@@ -53,16 +76,15 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    let tcp_or_udp = parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP;
-    // With no pod under access control, a TCP or UDP packet for a pod of this node is handed
-    // over here: the second half would only do the same, after a tail call and the hand-over
-    // of the parse result.
     let mut not_local = false;
-    if tcp_or_udp && !acl::active() {
-        match overlay::to_local_pod_only(&ctx, &parsed) {
-            Ok(verdict) => {
+    if direct {
+        match overlay::local_pod(&ctx, &parsed) {
+            Ok((pod, epoch)) => {
+                if translated {
+                    lb::cache::remember(epoch, &pod);
+                }
                 count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
-                return verdict;
+                return overlay::to_local_pod(&ctx, pod);
             }
             Err(looked_up) => not_local = looked_up,
         }

@@ -312,7 +312,9 @@ impl SyncStats {
 impl Dataplane {
     /// Makes the overlay maps equal `desired`, writing only differences. Each map gets its new
     /// and changed entries before its stale ones go; the maps packets are sent to (pods, nodes,
-    /// remote CIDRs) are complete before the config that enables the overlay is written.
+    /// remote CIDRs) are complete before the config that enables the overlay is written. The
+    /// config's `pods_epoch` moves on when the local pods changed (the kernel's flow cache
+    /// drops what it cached from them).
     pub fn sync_overlay(&mut self, desired: &OverlayMaps) -> Result<SyncStats, AgentError> {
         let mut stats = SyncStats::default();
         let sync_err = |name: &'static str| {
@@ -323,7 +325,10 @@ impl Dataplane {
             }
         };
         let mut pods: HashMap<&mut MapData, Addr, LocalPod> = self.typed_map(maps::LOCAL_PODS)?;
-        stats.add(sync_hash(&mut pods, &desired.local_pods).map_err(sync_err(maps::LOCAL_PODS))?);
+        let pod_changes =
+            sync_hash(&mut pods, &desired.local_pods).map_err(sync_err(maps::LOCAL_PODS))?;
+        let pods_changed = pod_changes.written + pod_changes.deleted > 0;
+        stats.add(pod_changes);
 
         let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
         stats.add(sync_hash(&mut nodes, &desired.node_addrs).map_err(sync_err(maps::NODE_ADDRS))?);
@@ -341,9 +346,14 @@ impl Dataplane {
         let mut config: Array<&mut MapData, OverlayConfig> =
             self.typed_map(maps::OVERLAY_CONFIG)?;
         let current = config.get(&0, 0).map_err(sync_err(maps::OVERLAY_CONFIG))?;
-        if current != desired.config {
+        // Written after the pods: what the kernel cached from the old ones is stale from here.
+        let wanted = OverlayConfig {
+            pods_epoch: current.pods_epoch.wrapping_add(pods_changed as u32),
+            ..desired.config
+        };
+        if current != wanted {
             config
-                .set(0, desired.config, 0)
+                .set(0, wanted, 0)
                 .map_err(sync_err(maps::OVERLAY_CONFIG))?;
             stats.written += 1;
         }

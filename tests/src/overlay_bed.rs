@@ -23,6 +23,8 @@ pub const LOCAL_HOST_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x01, 0x03];
 /// The loaded programs with the overlay configured, inside the bed's namespace.
 pub struct Bed {
     pub fixture: Fixture,
+    /// What the overlay maps were compiled from (change and sync it again to move pods).
+    pub view: OverlayView,
     _netns: ThreadNetns,
 }
 
@@ -89,6 +91,7 @@ pub fn bed() -> anyhow::Result<Bed> {
     fixture.sync_overlay(&compile(&view)?)?;
     Ok(Bed {
         fixture,
+        view,
         _netns: netns,
     })
 }

@@ -1377,3 +1377,249 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         1
     );
 }
+
+/// A frame of `proto` ("tcp" with `flags`, or "udp") between the given MACs, as scapy builds it.
+#[allow(
+    clippy::too_many_arguments,
+    reason = "a frame's fields, named at each call"
+)]
+fn l4_frame(
+    proto: &str,
+    src: &str,
+    sport: u16,
+    dst: &str,
+    dport: u16,
+    flags: &str,
+    src_mac: &str,
+    dst_mac: &str,
+) -> Vec<u8> {
+    bytes_of(
+        &scapy::call(&json!({
+            "op": "l4", "proto": proto, "src": src, "dst": dst, "sport": sport, "dport": dport,
+            "flags": flags, "src_mac": src_mac, "dst_mac": dst_mac,
+        }))
+        .expect("scapy l4"),
+    )
+}
+
+/// Waits until CLOCK_MONOTONIC is early in a second later than `after`, so a short sequence
+/// of packets runs within one second of the kernel's flow clock.
+fn early_in_a_second(after: u32) -> u32 {
+    loop {
+        let mut now = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 0,
+        };
+        // SAFETY: a valid clock id and a valid out pointer.
+        assert_eq!(
+            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+            0
+        );
+        if now.tv_sec as u32 > after && (50_000_000..400_000_000).contains(&now.tv_nsec) {
+            return now.tv_sec as u32;
+        }
+        sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_changes() {
+    if !privileged("established_flows_replay_from_the_flow_cache_until_what_they_depend_on_changes")
+    {
+        return;
+    }
+    use dataplane_tests::overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC};
+    use dataplane_tests::packets::mac_text;
+    use dataplane_user::overlay::{LocalPodView, compile};
+    const TC_ACT_REDIRECT: u32 = 7;
+    // The cache is per CPU, as a flow's packets mostly are: every test run on one CPU.
+    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    // The client is a pod of this node too (same veth: test runs do not redirect).
+    let client_mac = [0x0a, 0x58, 10, 244, 1, 9];
+    let client_host_mac = [0x02, 0, 0, 0, 0x01, 0x09];
+    let backend_pod = bed.view.local_pods[0].clone();
+    bed.view.local_pods.push(LocalPodView {
+        name: "default/client".into(),
+        addresses: vec![ip("10.244.1.9")],
+        pod_mac: client_mac,
+        host_mac: client_host_mac,
+        ..backend_pod.clone()
+    });
+    let view = bed.view.clone();
+    let fixture = &mut bed.fixture;
+    fixture
+        .sync_overlay(&compile(&view).expect("compile"))
+        .expect("sync overlay");
+    let mut state = LbState::default();
+    let ports = vec![
+        service("10.96.0.10", 80, 6, &["10.244.1.3:8080"], 0),
+        service("10.96.0.10", 53, 17, &["10.244.1.3:5353"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync lb");
+    let (client, backend_ip, vip) = ("10.244.1.9", "10.244.1.3", "10.96.0.10");
+    let (pod_mac, host_mac) = (mac_text(&LOCAL_POD_MAC), mac_text(&LOCAL_HOST_MAC));
+    let (client_mac, client_host_mac) = (mac_text(&client_mac), mac_text(&client_host_mac));
+    let cached = |fixture: &Fixture| {
+        fixture
+            .counters()
+            .packets(Hook::FromPod, PacketClass::ServiceFlowCached)
+    };
+    // Sent by a pod (to its gateway) and as delivered into the other pod, byte for byte.
+    let to_service = |proto: &str, sport: u16, dport: u16, flags: &str| {
+        l4_frame(
+            proto,
+            client,
+            sport,
+            vip,
+            dport,
+            flags,
+            &client_mac,
+            &client_host_mac,
+        )
+    };
+    let at_backend = |proto: &str, sport: u16, dport: u16, flags: &str, pod_mac: &str| {
+        l4_frame(
+            proto, client, sport, backend_ip, dport, flags, &host_mac, pod_mac,
+        )
+    };
+    let from_backend = |flags: &str| {
+        l4_frame(
+            "tcp", backend_ip, 8080, client, 41000, flags, &pod_mac, &host_mac,
+        )
+    };
+    let at_client = |flags: &str| {
+        l4_frame(
+            "tcp",
+            vip,
+            80,
+            client,
+            41000,
+            flags,
+            &client_host_mac,
+            &client_mac,
+        )
+    };
+    // Runs a frame (timed sequences only run frames: scapy is called before and after).
+    let run = |fixture: &mut Fixture, frame: &[u8]| {
+        let out = fixture.run_tc(PROG_FROM_POD, frame, 1).expect("tc run");
+        (out.action, out.output, cached(fixture))
+    };
+    let check = |(action, output, _): &(u32, Vec<u8>, u64), want: &[u8], what: &str| {
+        assert_eq!(*action, TC_ACT_REDIRECT, "{what}");
+        assert_eq!(hex(output), hex(want), "{what}");
+        assert!(checksums_ok(output), "{what}: checksums");
+    };
+    let (syn, ack, udp) = (
+        to_service("tcp", 41000, 80, "S"),
+        to_service("tcp", 41000, 80, "A"),
+        to_service("udp", 42000, 53, ""),
+    );
+    let (syn_ack, reply) = (from_backend("SA"), from_backend("PA"));
+    let (syn_at, ack_at, udp_at) = (
+        at_backend("tcp", 41000, 8080, "S", &pod_mac),
+        at_backend("tcp", 41000, 8080, "A", &pod_mac),
+        at_backend("udp", 42000, 5353, "", &pod_mac),
+    );
+
+    // Opening segments take the full path (and fill the cache); the rest replay it, in both
+    // directions, byte for byte as the full path writes them.
+    let second = early_in_a_second(0);
+    let outs: Vec<_> = [&syn, &syn_ack, &ack, &reply, &udp, &udp]
+        .into_iter()
+        .map(|frame| run(fixture, frame))
+        .collect();
+    assert_eq!(
+        monotonic_seconds(),
+        second,
+        "the sequence ran within one second"
+    );
+    let counts: Vec<u64> = outs.iter().map(|o| o.2).collect();
+    assert_eq!(
+        counts,
+        [0, 0, 1, 2, 2, 3],
+        "flow cache hits after each packet"
+    );
+    let wants = [
+        &syn_at,
+        &at_client("SA"),
+        &ack_at,
+        &at_client("PA"),
+        &udp_at,
+        &udp_at,
+    ];
+    for (n, (out, want)) in outs.iter().zip(wants).enumerate() {
+        check(out, want, &format!("packet {n}"));
+    }
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::ServiceDnat), 4);
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat),
+        2
+    );
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::LocalRedirect),
+        6
+    );
+
+    // The backend pod recreated behind another MAC: the agent moves the pods' epoch, so the
+    // cached delivery is not used; the full path delivers to the new MAC and caches it.
+    let new_pod_mac = [0x0a, 0x58, 10, 244, 1, 0x33];
+    let mut moved = view.clone();
+    moved.local_pods[0].pod_mac = new_pod_mac;
+    fixture
+        .sync_overlay(&compile(&moved).expect("compile"))
+        .expect("sync overlay");
+    let ack_at_moved = at_backend("tcp", 41000, 8080, "A", &mac_text(&new_pod_mac));
+    let moved_at = early_in_a_second(0);
+    let outs = [run(fixture, &ack), run(fixture, &ack)];
+    assert_eq!(monotonic_seconds(), moved_at);
+    assert_eq!(
+        [outs[0].2, outs[1].2],
+        [3, 4],
+        "a stale epoch misses, then refills"
+    );
+    for out in &outs {
+        check(out, &ack_at_moved, "after the move");
+    }
+
+    // Each flow's first packet of a second takes the full path, which refreshes its conntrack
+    // entry's clock (a replay writes no map).
+    let later = early_in_a_second(moved_at);
+    let outs = [run(fixture, &ack), run(fixture, &ack)];
+    assert_eq!(
+        [outs[0].2, outs[1].2],
+        [4, 5],
+        "a new second misses, then refills"
+    );
+    let key = ct_key(client, 41000, vip, 80, 6, CT_ORIGINAL);
+    let entry = ct_entry(fixture, &key).expect("tracked");
+    assert!(
+        entry.last_seen.abs_diff(later) <= 1,
+        "{} vs {later}",
+        entry.last_seen
+    );
+
+    // The backend removed: not replayed; the full path answers the segment with a reset.
+    let mut gone = ports.clone();
+    gone[0].ready = vec![backend("10.244.1.4:8080")];
+    fixture.sync_lb(&mut state, &gone).expect("sync lb");
+    let out = run(fixture, &ack);
+    assert_eq!(out.2, 5, "a removed backend is a miss");
+    assert_eq!(
+        fixture
+            .counters()
+            .packets(Hook::FromPod, PacketClass::ServiceResetBackendGone),
+        1,
+        "verdict {}",
+        out.0
+    );
+}

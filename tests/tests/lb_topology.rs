@@ -345,3 +345,88 @@ fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
     }
     drop(servers);
 }
+
+/// The one's-complement sum of an IPv4 UDP pseudo-header, folded (not complemented): the seed
+/// a sender's stack leaves in the checksum field when the device computes the rest.
+fn udp_seed(src: &str, dst: &str, udp_length: u32) -> u16 {
+    let words = |a: &str| {
+        let o = a.parse::<std::net::Ipv4Addr>().expect("IPv4").octets();
+        u16::from_be_bytes([o[0], o[1]]) as u32 + u16::from_be_bytes([o[2], o[3]]) as u32
+    };
+    let mut sum = words(src) + words(dst) + 17 + udp_length;
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum as u16
+}
+
+#[test]
+fn offloaded_checksums_stay_seeds_of_the_translated_addresses_on_the_flow_cache() {
+    if !privileged("offloaded_checksums_stay_seeds_of_the_translated_addresses_on_the_flow_cache") {
+        return;
+    }
+    use dataplane_tests::capture::Capture;
+    let topology = Topology::build_with(1, 2, Mode::Overlay).expect("build topology");
+    let (client, backend) = (&topology.node(0).pods[0], &topology.node(0).pods[1]);
+    let port = ServicePort {
+        name: "dns",
+        port: 53,
+        protocol: "UDP",
+        target: 5353,
+    };
+    topology
+        .add_manifest(
+            "dns.yaml",
+            &cluster_ip_manifests("dns", SERVICE_IP, &[port], &[backend]),
+        )
+        .expect("service manifests");
+    let agent = topology.node(0).start_agent().expect("agent");
+    let fields = [
+        "ip.src",
+        "ip.dst",
+        "udp.dstport",
+        "udp.length",
+        "udp.checksum",
+    ];
+    let capture =
+        Capture::start(&backend.netns, "eth0", "udp port 5353", 8, &fields).expect("capture");
+    // One socket, eight datagrams at once: the first takes the full path, the rest (within
+    // the same second) the flow cache. The socket leaves the checksum to the veth's offload,
+    // so each datagram carries the seed of its pseudo-header, which the translation must
+    // move to the backend's address and nothing else (the port is not part of it).
+    let script = format!(
+        "import socket\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         for i in range(8): u.sendto(b'q' * (i + 1), ('{SERVICE_IP}', 53))\n"
+    );
+    run_in(&client.netns, &["python3", "-c", &script]).expect("client");
+    let lines = capture.finish().expect("capture");
+    assert_eq!(lines.len(), 8, "{lines:?}");
+    for line in &lines {
+        let f: Vec<&str> = line.split('|').collect();
+        let [src, dst, dport, length, checksum] = f[..] else {
+            panic!("capture line {line:?}");
+        };
+        assert_eq!(
+            (src, dst, dport),
+            (
+                client.ip.to_string().as_str(),
+                backend.ip.to_string().as_str(),
+                "5353"
+            ),
+            "{line}"
+        );
+        let length: u32 = length.parse().expect("length");
+        let checksum = u16::from_str_radix(checksum.trim_start_matches("0x"), 16).expect("hex");
+        assert_eq!(
+            checksum,
+            udp_seed(src, dst, length),
+            "seed of the translated header: {line}"
+        );
+    }
+    let counters = agent.counters().expect("counters");
+    assert!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceFlowCached) >= 1,
+        "no datagram replayed from the cache"
+    );
+}

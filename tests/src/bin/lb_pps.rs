@@ -55,9 +55,9 @@ struct Report {
     raw_frames: Comparison,
     /// An external host's UDP socket to a NodePort whose backend is on another node.
     node_port: Comparison,
-    /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod` with its
-    /// tail call: conntrack hit, DNAT, local delivery), from the kernel's BPF statistics in an
-    /// extra run of the socket sender.
+    /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod`: a flow cache
+    /// hit, DNAT, local delivery; each flow's first packet of a second takes the full path),
+    /// from the kernel's BPF statistics in an extra run of the socket sender.
     tc_program_ns: f64,
 }
 
@@ -76,6 +76,11 @@ struct Comparison {
     dataplane_path_ns: f64,
     nftables_path_ns: f64,
     path_ratio: f64,
+    /// The path ratio of each round from that round's own rates (its four measurements ran
+    /// back to back, so a drift of the machine's speed between rounds cancels out), and
+    /// their median.
+    round_path_ratios: Vec<f64>,
+    round_path_ratio_median: f64,
     /// The floor's cost beyond the sender, and the path ratio a dataplane costing no more
     /// than it would reach (0 when not measured).
     floor_path_ns: f64,
@@ -85,6 +90,12 @@ struct Comparison {
 impl Comparison {
     fn new(ours: Vec<f64>, nft: Vec<f64>, sender: Vec<f64>, floor: Vec<f64>) -> Self {
         let (ours_pps, nft_pps, sender_pps) = (median(&ours), median(&nft), median(&sender));
+        let round_path_ratios: Vec<f64> = (0..ours.len().min(nft.len()).min(sender.len()))
+            .map(|i| {
+                let path = |pps: f64| 1e9 / pps - 1e9 / sender[i];
+                path(nft[i]) / path(ours[i])
+            })
+            .collect();
         let path_ns = |pps: f64| 1e9 / pps - 1e9 / sender_pps;
         let floor_path_ns = if floor.is_empty() {
             0.0
@@ -106,6 +117,8 @@ impl Comparison {
             dataplane_path_ns: path_ns(ours_pps),
             nftables_path_ns: path_ns(nft_pps),
             path_ratio: path_ns(nft_pps) / path_ns(ours_pps),
+            round_path_ratio_median: median(&round_path_ratios),
+            round_path_ratios,
             dataplane_pps: ours,
             nftables_pps: nft,
             sender_only_pps: sender,
@@ -140,6 +153,15 @@ impl Comparison {
             "    cost of each path beyond the sender: dataplane {:.0} ns, nftables {:.0} ns; \
              ratio nftables / dataplane (target >= 4): {:.2}",
             self.dataplane_path_ns, self.nftables_path_ns, self.path_ratio
+        );
+        println!(
+            "    the same ratio round by round (each from its own round's rates): median {:.2}  [{}]",
+            self.round_path_ratio_median,
+            self.round_path_ratios
+                .iter()
+                .map(|r| format!("{r:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
         if !self.floor_pps.is_empty() {
             println!(
@@ -481,7 +503,7 @@ fn main() -> anyhow::Result<()> {
         cluster_ip.1,
     );
     println!(
-        "  our tc program per packet (tc_from_pod and its tail call, kernel BPF statistics, \
+        "  our tc program per packet (tc_from_pod, kernel BPF statistics, \
          their clock reads included): {:.0} ns",
         report.tc_program_ns
     );
