@@ -46,12 +46,6 @@ pub const fn jiffies_at_boot(hz: u64) -> u64 {
     (1u64 << 32) - 300 * hz
 }
 
-/// Seconds since boot from `jiffies_64` (the same clock as the coarse monotonic one, to within
-/// a tick).
-pub const fn jiffies_to_seconds(jiffies: u64, hz: u64) -> u32 {
-    (jiffies.wrapping_sub(jiffies_at_boot(hz)) / hz) as u32
-}
-
 /// Idle timeouts of connection-tracking entries, in seconds (as kube-proxy's conntrack
 /// defaults: established TCP long-lived, other protocols short, closing TCP briefly).
 pub const CT_TIMEOUT_TCP: u32 = 21_600;
@@ -246,12 +240,14 @@ pub struct FlowCacheEntry {
     pub _pad: u8,
     /// The backend of a flow to a service (original direction), checked live on every packet.
     pub backend_id: u32,
-    /// Clock second of the fill (seconds since boot, as `CtValue::last_seen`).
-    pub second: u32,
+    /// The end of the fill's clock second, in the kernel clock's ticks since boot (the clock
+    /// of `CtValue::last_seen`): the entry is valid while the clock is below it.
+    pub until: u64,
     /// `OverlayConfig::pods_epoch` at the fill.
     pub epoch: u32,
     /// Where the packet was delivered.
     pub pod: LocalPod,
+    pub _pad2: u32,
 }
 
 /// The flow cache slot of a flow (its direction ignored): the words of its addresses, ports
@@ -267,6 +263,28 @@ pub fn flow_cache_slot(key: &CtKey) -> u32 {
         folded ^= word(&key.src, i) ^ word(&key.dst, i).rotate_left(16);
         i += 4;
     }
+    flow_cache_spread(folded)
+}
+
+/// [`flow_cache_slot`] of the IPv4 flow `src` to `dst` (the key's addresses IPv4-mapped),
+/// computed from the packet's fields without assembling the key: the mapped prefix's words
+/// fold to a constant.
+#[inline(always)]
+pub fn flow_cache_slot_v4(src: [u8; 4], dst: [u8; 4], ports: u32, protocol: u8) -> u32 {
+    // `::ffff:0:0/96`: words 0 and 0xffff of the source, the latter rotated for the
+    // destination; the zero words fold to nothing.
+    const MAPPED_PREFIX: u32 = 0x0000_ffff ^ 0xffff_0000;
+    let folded = ports
+        ^ protocol as u32
+        ^ MAPPED_PREFIX
+        ^ u32::from_be_bytes(src)
+        ^ u32::from_be_bytes(dst).rotate_left(16);
+    flow_cache_spread(folded)
+}
+
+/// Fibonacci hashing of a folded key down to a slot.
+#[inline(always)]
+fn flow_cache_spread(folded: u32) -> u32 {
     folded.wrapping_mul(0x9e37_79b1) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
 }
 
@@ -295,7 +313,7 @@ const _: () = {
     assert!(core::mem::size_of::<CtValue>() == 52);
     assert!(core::mem::size_of::<AffinityKey>() == 20);
     assert!(core::mem::size_of::<AffinityValue>() == 8);
-    assert!(core::mem::size_of::<FlowCacheEntry>() == 88);
+    assert!(core::mem::size_of::<FlowCacheEntry>() == 96);
     assert!(FLOW_CACHE_SLOTS.is_power_of_two());
 };
 
@@ -399,6 +417,31 @@ mod tests {
         // As many clients as slots: a uniform hash fills about 1 - 1/e of them (63%).
         let filled = used.iter().filter(|&&u| u).count();
         assert!(filled > FLOW_CACHE_SLOTS as usize / 2, "{filled} slots");
+    }
+
+    #[test]
+    fn the_ipv4_flow_cache_slot_is_the_slot_of_the_mapped_key() {
+        for (i, protocol) in (0..500u32).zip([6u8, 17, 132].into_iter().cycle()) {
+            let [a, b, c, d] = i.wrapping_mul(0x0101_6d2b).to_be_bytes();
+            let (src, dst) = ([10, a, b, c], [172, d, a ^ c, b]);
+            let (sport, dport) = ((i as u16).wrapping_mul(131), 80 + i as u16);
+            let key = CtKey {
+                src: ipv4_mapped(src),
+                dst: ipv4_mapped(dst),
+                src_port_be: sport.to_be_bytes(),
+                dst_port_be: dport.to_be_bytes(),
+                protocol,
+                ..CtKey::default()
+            };
+            let (s, p) = (sport.to_be_bytes(), dport.to_be_bytes());
+            // The ports word as the kernel reads it off the packet.
+            let ports = u32::from_ne_bytes([s[0], s[1], p[0], p[1]]);
+            assert_eq!(
+                flow_cache_slot_v4(src, dst, ports, protocol),
+                flow_cache_slot(&key),
+                "{key:?}"
+            );
+        }
     }
 
     #[test]

@@ -32,7 +32,7 @@ use dataplane_common::{
         CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE,
         NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
         SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, backend_slot, flow_hash,
-        jiffies_to_seconds, maglev_slot, port_bit, sctp::port_rewrite_delta,
+        jiffies_at_boot, maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -122,14 +122,23 @@ static CLOCK_HZ: u32 = 0;
 /// coarse clock is a helper call (about 6% of a tracked packet's time on this path).
 #[inline(always)]
 pub fn now() -> u32 {
+    let (ticks, per_second) = clock();
+    (ticks / per_second) as u32
+}
+
+/// The clock behind [`now`] as ticks since boot and ticks per second, for comparisons that
+/// must not pay a division on every packet (the flow cache's).
+#[inline(always)]
+pub fn clock() -> (u64, u64) {
     // SAFETY: a read of a global the loader sets; volatile, or LLVM folds its initial 0.
     let hz = unsafe { core::ptr::read_volatile(&CLOCK_HZ) } as u64;
     if hz == 0 {
         // SAFETY: plain helper call.
-        return (unsafe { bpf_ktime_get_coarse_ns() } / 1_000_000_000) as u32;
+        return (unsafe { bpf_ktime_get_coarse_ns() }, 1_000_000_000);
     }
     // SAFETY: plain helper call (inlined by the verifier).
-    jiffies_to_seconds(unsafe { bpf_jiffies64() }, hz)
+    let jiffies = unsafe { bpf_jiffies64() };
+    (jiffies.wrapping_sub(jiffies_at_boot(hz)), hz)
 }
 
 /// The backend `id` if it is still live (its slot not emptied or reused since).
@@ -794,6 +803,16 @@ enum Side {
 }
 
 impl Side {
+    /// How a rewrite of this side is counted: a destination rewritten is a DNAT (towards a
+    /// backend), a source rewritten a reply's reverse NAT.
+    #[inline(always)]
+    fn translation(self) -> PacketClass {
+        match self {
+            Side::Destination => PacketClass::ServiceDnat,
+            Side::Source => PacketClass::ServiceReverseNat,
+        }
+    }
+
     #[inline(always)]
     fn from_raw(raw: u32) -> Self {
         if raw == Side::Source as u32 {
@@ -849,7 +868,29 @@ fn translate(
     s: &mut LbScratch,
     side: Side,
 ) -> Result<(), DropReason> {
-    let sctp = protocol == IPPROTO_SCTP;
+    let diff = address_diff(s);
+    // The headers are written in place (cheaper than a store helper per field); the helpers
+    // that follow invalidate the packet pointers, so every direct write comes first.
+    write_headers(ctx, l4, s, side, diff)?;
+    if protocol == IPPROTO_SCTP {
+        // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
+        return Ok(());
+    }
+    follow_transport_checksum(ctx, l4, protocol, diff, s.old_port, s.new_port)
+}
+
+/// Corrects the TCP or UDP checksum of the transport header at `l4` after the addresses
+/// changed by `diff` (the pseudo-header) and the port `old_port` became `new_port`; the
+/// headers themselves are already rewritten.
+#[inline(always)]
+fn follow_transport_checksum(
+    ctx: &TcContext,
+    l4: usize,
+    protocol: u8,
+    diff: u32,
+    old_port: [u8; 2],
+    new_port: [u8; 2],
+) -> Result<(), DropReason> {
     let check = if protocol == IPPROTO_TCP {
         l4 + 16
     } else {
@@ -861,23 +902,14 @@ fn translate(
         0
     };
     let failed = |_| DropReason::LbRewriteFailed;
-    let diff = address_diff(s);
-    let port_changed = s.old_port != s.new_port;
-    // The headers are written in place (cheaper than a store helper per field); the helpers
-    // that follow invalidate the packet pointers, so every direct write comes first.
-    write_headers(ctx, l4, s, side, diff)?;
-    if sctp {
-        // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
-        return Ok(());
-    }
     // The transport checksum goes through the kernel, which alone knows whether it is a full
     // checksum or an offload's pseudo-header seed (then only the addresses count).
     let before = checksum_field(ctx, check);
     ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64 | mangled)
         .map_err(failed)?;
-    if port_changed {
-        let from = u16::from_ne_bytes(s.old_port);
-        let to = u16::from_ne_bytes(s.new_port);
+    if old_port != new_port {
+        let from = u16::from_ne_bytes(old_port);
+        let to = u16::from_ne_bytes(new_port);
         let udp = protocol == IPPROTO_UDP;
         if !port_fixed_in_place(ctx, check, before, diff, udp, from, to) {
             ctx.l4_csum_replace(check, from as u64, to as u64, 2 | mangled)

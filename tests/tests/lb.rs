@@ -1446,10 +1446,14 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     // The client is a pod of this node too (same veth: test runs do not redirect).
     let client_mac = [0x0a, 0x58, 10, 244, 1, 9];
     let client_host_mac = [0x02, 0, 0, 0, 0x01, 0x09];
+    // Dual-stack pods: IPv6 flows replay through the cache's general path.
+    bed.view.local_pods[0]
+        .addresses
+        .push(ip("fd00:10:244:1::3"));
     let backend_pod = bed.view.local_pods[0].clone();
     bed.view.local_pods.push(LocalPodView {
         name: "default/client".into(),
-        addresses: vec![ip("10.244.1.9")],
+        addresses: vec![ip("10.244.1.9"), ip("fd00:10:244:1::9")],
         pod_mac: client_mac,
         host_mac: client_host_mac,
         ..backend_pod.clone()
@@ -1463,6 +1467,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     let ports = vec![
         service("10.96.0.10", 80, 6, &["10.244.1.3:8080"], 0),
         service("10.96.0.10", 53, 17, &["10.244.1.3:5353"], 0),
+        service("fd00:10:96::10", 53, 17, &["[fd00:10:244:1::3]:5353"], 0),
     ];
     fixture.sync_lb(&mut state, &ports).expect("sync lb");
     let (client, backend_ip, vip) = ("10.244.1.9", "10.244.1.3", "10.96.0.10");
@@ -1622,4 +1627,35 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
         "verdict {}",
         out.0
     );
+
+    // IPv6: the first datagram takes the full path, the next replays it, byte for byte alike.
+    let (client6, backend6, vip6) = ("fd00:10:244:1::9", "fd00:10:244:1::3", "fd00:10:96::10");
+    let udp6 = l4_frame(
+        "udp",
+        client6,
+        42000,
+        vip6,
+        53,
+        "",
+        &client_mac,
+        &client_host_mac,
+    );
+    // Delivered to the backend's MAC since its move above.
+    let udp6_at = l4_frame(
+        "udp",
+        client6,
+        42000,
+        backend6,
+        5353,
+        "",
+        &host_mac,
+        &mac_text(&new_pod_mac),
+    );
+    let at = early_in_a_second(later);
+    let outs = [run(fixture, &udp6), run(fixture, &udp6)];
+    assert_eq!(monotonic_seconds(), at);
+    assert_eq!([outs[0].2, outs[1].2], [5, 6], "IPv6: a miss, then a hit");
+    for out in &outs {
+        check(out, &udp6_at, "IPv6");
+    }
 }
