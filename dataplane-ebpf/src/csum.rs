@@ -20,12 +20,20 @@ pub fn sum_words(block: &[u8; ENCAP_SCRATCH_LEN], start: usize, len: usize, seed
     sum
 }
 
-/// Folds a sum to 16 bits and complements it: the checksum field's value.
+/// Folds a sum to 16 bits and complements it: the checksum field's value (the kernel's
+/// `csum_fold`).
 #[inline(always)]
 pub fn fold(mut sum: u32) -> u16 {
     sum = (sum & 0xFFFF) + (sum >> 16);
     sum = (sum & 0xFFFF) + (sum >> 16);
     !(sum as u16)
+}
+
+/// The kernel's `csum_add`: a 32-bit one's-complement addition (end-around carry).
+#[inline(always)]
+pub const fn csum_add(a: u32, b: u32) -> u32 {
+    let (sum, carry) = a.overflowing_add(b);
+    sum.wrapping_add(carry as u32)
 }
 
 /// Folds `sum` and stores the checksum at `block[at..at + 2]`.

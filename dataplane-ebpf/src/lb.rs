@@ -39,7 +39,7 @@ use dataplane_common::{
 
 use crate::{
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
-    csum::{csum_diff, store_checksum, sum_words, updated, write_ipv4},
+    csum::{csum_add, csum_diff, fold, store_checksum, sum_words, updated, write_ipv4},
     icmp,
     maps::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
@@ -919,9 +919,10 @@ fn follow_transport_checksum(
     Ok(())
 }
 
-/// The transport checksum field at `at`, read in place (`None` when not directly readable).
+/// The transport checksum field at `at` as a pointer into the packet, bounds-checked (`None`
+/// when not directly reachable).
 #[inline(always)]
-fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
+fn checksum_field_ptr(ctx: &TcContext, at: usize) -> Option<*mut [u8; 2]> {
     if at > MAX_DIRECT_CHECK {
         return None;
     }
@@ -930,9 +931,16 @@ fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
     if at + 2 > ctx.data_end() {
         return None;
     }
-    // SAFETY: the two bytes were bounds-checked just above.
+    Some(at as *mut [u8; 2])
+}
+
+/// The transport checksum field at `at`, read in place (`None` when not directly readable).
+#[inline(always)]
+fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
+    let field = checksum_field_ptr(ctx, at)?;
+    // SAFETY: the two bytes were bounds-checked by `checksum_field_ptr`.
     Some(u16::from_ne_bytes(unsafe {
-        core::ptr::read_unaligned(at as *const [u8; 2])
+        core::ptr::read_unaligned(field)
     }))
 }
 
@@ -968,8 +976,9 @@ fn port_fixed_in_place(
     match checksum_kind(before, after, diff, udp) {
         ChecksumKind::Seed => true,
         ChecksumKind::Full => {
-            let sum = csum_add(csum_add(!after as u32, !from as u32), to as u32);
-            let mut fixed = kernel_fold(sum);
+            // RFC 1624 over the port's one word.
+            let mut fixed =
+                u16::from_ne_bytes(updated(after.to_ne_bytes(), (!from) as u32 + to as u32));
             if udp && fixed == 0 {
                 fixed = CSUM_MANGLED_0;
             }
@@ -985,13 +994,13 @@ fn port_fixed_in_place(
 /// neither, and then nothing can be told.
 #[inline(always)]
 fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> ChecksumKind {
-    let residue = !kernel_fold(diff);
+    let residue = !fold(diff);
     if residue == 0 || residue == 0xFFFF || (udp && before == 0) {
         return ChecksumKind::Unknown;
     }
     let mangled = |v: u16| if udp && v == 0 { CSUM_MANGLED_0 } else { v };
-    let full = mangled(kernel_fold(csum_add(diff, !(before as u32))));
-    let seed = mangled(!kernel_fold(csum_add(before as u32, diff)));
+    let full = mangled(fold(csum_add(diff, !(before as u32))));
+    let seed = mangled(!fold(csum_add(before as u32, diff)));
     if after == full && after != seed {
         ChecksumKind::Full
     } else if after == seed && after != full {
@@ -1001,34 +1010,14 @@ fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> ChecksumKind 
     }
 }
 
-/// The kernel's `csum_add`: a 32-bit one's-complement addition.
-#[inline(always)]
-const fn csum_add(a: u32, b: u32) -> u32 {
-    let (sum, carry) = a.overflowing_add(b);
-    sum.wrapping_add(carry as u32)
-}
-
-/// The kernel's `csum_fold`: folded to 16 bits and complemented.
-#[inline(always)]
-const fn kernel_fold(sum: u32) -> u16 {
-    let sum = (sum & 0xFFFF) + (sum >> 16);
-    let sum = (sum & 0xFFFF) + (sum >> 16);
-    !(sum as u16)
-}
-
 /// Writes the transport checksum field at `at` in place; false if not directly writable.
 #[inline(always)]
 fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bool {
-    if at > MAX_DIRECT_CHECK {
+    let Some(field) = checksum_field_ptr(ctx, at) else {
         return false;
-    }
-    // SAFETY: a volatile read of a local (the mask must survive: see `write_headers`).
-    let at = ctx.data() + (unsafe { core::ptr::read_volatile(&at) } & MAX_DIRECT_CHECK);
-    if at + 2 > ctx.data_end() {
-        return false;
-    }
-    // SAFETY: the two bytes were bounds-checked just above.
-    unsafe { core::ptr::write_unaligned(at as *mut [u8; 2], value.to_ne_bytes()) };
+    };
+    // SAFETY: the two bytes were bounds-checked by `checksum_field_ptr`.
+    unsafe { core::ptr::write_unaligned(field, value.to_ne_bytes()) };
     true
 }
 

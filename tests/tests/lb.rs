@@ -872,13 +872,7 @@ fn tcp_frame(
     src_mac: &str,
     dst_mac: &str,
 ) -> Vec<u8> {
-    bytes_of(
-        &scapy::call(&json!({
-            "op": "l4", "proto": "tcp", "src": src, "dst": dst, "sport": sport, "dport": dport,
-            "flags": flags, "src_mac": src_mac, "dst_mac": dst_mac,
-        }))
-        .expect("scapy l4"),
-    )
+    l4_frame("tcp", src, sport, dst, dport, flags, src_mac, dst_mac)
 }
 
 const XDP_PASS: u32 = 2;
