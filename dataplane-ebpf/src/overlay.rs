@@ -115,7 +115,7 @@ fn deliver(
     };
     // SAFETY: the value is copied out before anything can change the map.
     if !not_local && let Some(pod) = unsafe { LOCAL_PODS.get(dst) } {
-        return Ok(Some((to_local_pod(ctx, *pod), PacketClass::LocalRedirect)));
+        return Ok(Some((to_local_pod(ctx, pod), PacketClass::LocalRedirect)));
     }
     let Some(endpoint) = remote_endpoint(parsed.ether_type, &dst) else {
         return Ok(None);
@@ -154,7 +154,7 @@ pub fn local_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(LocalPod, u32), bo
 /// Hands a packet straight to a pod on this node: addressed as its gateway would, delivered
 /// into the pod's namespace without a second pass through the host stack.
 #[inline(always)]
-pub fn to_local_pod(ctx: &TcContext, pod: LocalPod) -> i32 {
+pub fn to_local_pod(ctx: &TcContext, pod: &LocalPod) -> i32 {
     let start = ctx.data();
     if start + 12 > ctx.data_end() {
         return aya_ebpf::bindings::TC_ACT_SHOT;

@@ -29,6 +29,22 @@ const CB_NOT_LOCAL: usize = 1;
 
 #[classifier]
 pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
+    // With no pod under access control, a service flow's packets first try the flow cache;
+    // the common IPv4 case before the parse, which it makes unnecessary on a hit.
+    let controlled = acl::active();
+    if !controlled && let Some((class, done)) = lb::cache::replay_plain_v4(&ctx) {
+        count_packet(Hook::FromPod, class);
+        return match done {
+            Ok((verdict, translation)) => {
+                count_replayed(translation);
+                verdict
+            }
+            Err(reason) => {
+                count_drop(Hook::FromPod, reason);
+                TC_ACT_SHOT
+            }
+        };
+    }
     let parsed = match parse_skb(&ctx) {
         Ok(parsed) => parsed,
         Err(reason) => {
@@ -39,15 +55,12 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     count_packet(Hook::FromPod, parsed.class);
     // With no pod under access control, TCP and UDP to a pod of this node are delivered here
     // (the second half would only do the same, after a tail call and the hand-over of the
-    // parse result), and a service flow's packets first try the flow cache.
-    let direct =
-        (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !acl::active();
+    // parse result), and the other service flows' packets try the flow cache.
+    let direct = (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !controlled;
     if direct {
         match lb::cache::replay(&ctx, &parsed) {
             Ok(Some((verdict, translation))) => {
-                count_outcome(Hook::FromPod, translation);
-                count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
-                count_outcome(Hook::FromPod, PacketClass::ServiceFlowCached);
+                count_replayed(translation);
                 return verdict;
             }
             Ok(None) => {}
@@ -84,7 +97,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
                     lb::cache::remember(epoch, &pod);
                 }
                 count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
-                return overlay::to_local_pod(&ctx, pod);
+                return overlay::to_local_pod(&ctx, &pod);
             }
             Err(looked_up) => not_local = looked_up,
         }
@@ -108,6 +121,14 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     unsafe { TAILS.tail_call(&ctx, next) };
     count_drop(Hook::FromPod, DropReason::TailCallFailed);
     TC_ACT_SHOT
+}
+
+/// Counts a packet the flow cache translated (`translation`) and delivered.
+#[inline(always)]
+fn count_replayed(translation: PacketClass) {
+    count_outcome(Hook::FromPod, translation);
+    count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
+    count_outcome(Hook::FromPod, PacketClass::ServiceFlowCached);
 }
 
 /// Between the halves of `tc_from_pod` for SCTP: the CRC32c after the load-balancer's port

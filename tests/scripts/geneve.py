@@ -148,7 +148,8 @@ def sctp(req, payload):
 
 
 def l4(req):
-    """A TCP, UDP or SCTP frame with every checksum computed by scapy (IPv4 or IPv6)."""
+    """A TCP, UDP or SCTP frame with every checksum computed by scapy (IPv4 or IPv6), but
+    the UDP checksum set to `udp_chksum` when given (0: sent without one)."""
     from scapy.all import TCP
 
     eth = Ether(src=req.get("src_mac", "0a:58:0a:f4:01:09"), dst=req.get("dst_mac", "02:00:00:00:01:09"))
@@ -164,6 +165,8 @@ def l4(req):
         return {"hex": bytes(eth / ip / sctp(req, payload)).hex()}
     else:
         l4 = UDP(sport=req["sport"], dport=req["dport"])
+        if "udp_chksum" in req:
+            l4.chksum = req["udp_chksum"]
     payload = bytes.fromhex(req.get("payload", "68656c6c6f"))
     pkt = eth / ip / l4
     if payload:

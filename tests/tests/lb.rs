@@ -1652,4 +1652,61 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     for out in &outs {
         check(out, &udp6_at, "IPv6");
     }
+
+    // A datagram sent without a checksum (a zero field, as raw senders and tunnels send them)
+    // keeps it zero through the full path and the cache alike; the IPv4 header's is updated.
+    let unsummed = |dst: &str, dport: u16, src_mac: &str, dst_mac: &str| {
+        bytes_of(
+            &scapy::call(&json!({
+                "op": "l4", "proto": "udp", "src": client, "dst": dst, "sport": 42001,
+                "dport": dport, "src_mac": src_mac, "dst_mac": dst_mac, "udp_chksum": 0,
+            }))
+            .expect("scapy l4"),
+        )
+    };
+    let udp0 = unsummed(vip, 53, &client_mac, &client_host_mac);
+    let udp0_at = unsummed(backend_ip, 5353, &host_mac, &mac_text(&new_pod_mac));
+    let at = early_in_a_second(at);
+    let outs = [run(fixture, &udp0), run(fixture, &udp0)];
+    assert_eq!(monotonic_seconds(), at);
+    assert_eq!(
+        [outs[0].2, outs[1].2],
+        [6, 7],
+        "no checksum: a miss, then a hit"
+    );
+    for (action, output, _) in &outs {
+        assert_eq!(*action, TC_ACT_REDIRECT, "no checksum");
+        assert_eq!(hex(output), hex(&udp0_at), "no checksum");
+        let answer = scapy::call(&json!({"op": "checksums", "hex": hex(output)})).expect("scapy");
+        assert_eq!(
+            answer["ip_chksum_ok"], true,
+            "no checksum: the IPv4 header's"
+        );
+    }
+
+    // A cached flow's packet is still checked as the parser checks it: one whose IPv4 total
+    // length runs past the frame, or a TCP segment with a data offset under 5 words, is
+    // dropped for its defect, not replayed.
+    let mut too_long = udp0.clone();
+    too_long[16..18].copy_from_slice(&0xffffu16.to_be_bytes());
+    let mut short_offset = ack.clone();
+    short_offset[46] = 0x40;
+    let checked_at = early_in_a_second(at);
+    let outs = [
+        run(fixture, &udp0),
+        run(fixture, &too_long),
+        run(fixture, &short_offset),
+    ];
+    assert_eq!(monotonic_seconds(), checked_at);
+    assert_eq!(
+        outs[0].2, 7,
+        "a new second's first datagram refills the entry"
+    );
+    for (what, out) in ["total length", "data offset"].iter().zip(&outs[1..]) {
+        assert_eq!(out.0, TC_ACT_SHOT, "{what}: dropped");
+        assert_eq!(out.2, 7, "{what}: not replayed");
+    }
+    let counters = fixture.counters();
+    assert_eq!(counters.drops(DropReason::Ipv4BadTotalLength), 1);
+    assert_eq!(counters.drops(DropReason::TcpBadDataOffset), 1);
 }
