@@ -7,7 +7,7 @@ use std::{fs, io};
 use aya::{
     Ebpf, EbpfLoader,
     maps::{Array, MapData, ProgramArray},
-    programs::{Program, SchedClassifier, Xdp},
+    programs::{Program, ProgramError, SchedClassifier, Xdp},
 };
 use dataplane_common::lb::CLOCK_HZ_GLOBAL;
 use dataplane_common::maps::{
@@ -18,6 +18,10 @@ use dataplane_common::maps::{
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
+
+/// Loads of one program tried before giving up on a verifier interrupted each time (as
+/// libbpf's default).
+const LOAD_ATTEMPTS: u32 = 5;
 
 /// The loaded kernel programs and maps of one agent.
 pub struct Dataplane {
@@ -97,21 +101,45 @@ impl Dataplane {
     /// the type the object gives it.
     fn load_programs(&mut self) -> Result<(), AgentError> {
         for &name in ALL_PROGRAMS {
-            let loaded = match self.ebpf.program_mut(name) {
-                Some(Program::Xdp(program)) => program.load(),
-                Some(Program::SchedClassifier(program)) => program.load(),
-                _ => return Err(AgentError::MissingProgram { name }),
-            };
-            loaded.map_err(|source| AgentError::Program {
-                name,
-                action: "load (verifier)",
-                source,
-            })?;
+            self.load_program(name)?;
         }
         for name in [PROG_UNDERLAY, PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY_TC] {
             self.pin_program(name)?;
         }
         self.fill_tails()
+    }
+
+    /// Loads one program, again when the verifier was interrupted: it gives up with EAGAIN when
+    /// a signal is pending for the loading thread, which says nothing about the program
+    /// (libbpf retries such loads too).
+    fn load_program(&mut self, name: &'static str) -> Result<(), AgentError> {
+        let mut attempt = 1;
+        loop {
+            let loaded = match self.ebpf.program_mut(name) {
+                Some(Program::Xdp(program)) => program.load(),
+                Some(Program::SchedClassifier(program)) => program.load(),
+                _ => return Err(AgentError::MissingProgram { name }),
+            };
+            match loaded {
+                Err(ProgramError::LoadError { io_error, .. })
+                    if io_error.raw_os_error() == Some(libc::EAGAIN) && attempt < LOAD_ATTEMPTS =>
+                {
+                    tracing::debug!(
+                        program = name,
+                        attempt,
+                        "verifier interrupted, loading again"
+                    );
+                    attempt += 1;
+                }
+                other => {
+                    return other.map_err(|source| AgentError::Program {
+                        name,
+                        action: "load (verifier)",
+                        source,
+                    });
+                }
+            }
+        }
     }
 
     /// Puts the programs reached by tail call into their slots.
