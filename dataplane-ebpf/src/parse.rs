@@ -129,6 +129,18 @@ pub fn parse(packet: &Packet) -> Result<Parsed, DropReason> {
     }
 }
 
+/// [`parse`] for an untagged IPv4 frame only, within the linear data: `None` for anything
+/// else and for a malformed packet (which the full parse then names and drops).
+#[inline(always)]
+pub fn parse_untagged_ipv4(packet: &Packet) -> Option<Parsed> {
+    let ether_type: *const [u8; 2] = packet.header(12)?;
+    // SAFETY: the two bytes lie within the linear data (checked by `header`).
+    if u16::from_be_bytes(unsafe { *ether_type }) != ETH_P_IP {
+        return None;
+    }
+    parse_ipv4(packet, EthHdr::LEN, ETH_P_IP).ok()
+}
+
 #[inline(always)]
 fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, DropReason> {
     let ip: *const Ipv4Hdr = packet.header(l3).ok_or(DropReason::Ipv4Truncated)?;

@@ -3,10 +3,10 @@
 //! flow's next packets in the same clock second. A hit costs one per-CPU array read (inlined
 //! by the verifier) where the full path pays the conntrack lookup, the pod lookup and two
 //! function calls; on this machine every call's return is a measurable share of a packet.
-//! IPv4 without options, the common case, is tried before the packet is parsed, its headers
-//! checked as the parser checks them, and replayed from the packet's own fields (word
-//! compares and in-place writes, no key assembled, no division for the clock, no BPF call);
-//! IPv6 after the parse, through the working set, as the full path does.
+//! IPv4 without options, the common case, is tried before the full parse (the parser's IPv4
+//! branch checks it) and replayed from the packet's own fields (word compares and in-place
+//! writes, no key assembled, no division for the clock, no BPF call); IPv6 after the parse,
+//! through the working set, as the full path does.
 //!
 //! What keeps a replay equal to what the full path would do:
 //! - an entry is used only within the clock second it was filled in, so each flow's first
@@ -37,7 +37,7 @@ use crate::{
     csum::{csum_diff, updated},
     maps::LB_FLOW_CACHE,
     overlay,
-    parse::{IPPROTO_TCP, IPPROTO_UDP, Parsed, read, read_addresses},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, parse_untagged_ipv4, read, read_addresses},
 };
 
 /// Translates and delivers a TCP or UDP packet as the cache says, if it holds a valid entry
@@ -53,12 +53,7 @@ pub fn replay(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketCla
     if parsed.ether_type == ETH_P_IP && parsed.l4_offset == V4_L4 {
         return Ok(None);
     }
-    let flow = u32::from_ne_bytes([
-        parsed.src_port[0],
-        parsed.src_port[1],
-        parsed.dst_port[0],
-        parsed.dst_port[1],
-    ]);
+    let flow = flow_ports(parsed);
     let ipv4 = (parsed.ether_type == ETH_P_IP) as u32;
     let done = lb_flow_cache_replay(
         ctx.skb.skb,
@@ -164,66 +159,35 @@ fn replay_flow(
 /// A replayed packet's verdict and translation, or the reason to drop it (partly rewritten).
 pub type Replayed = Result<(i32, PacketClass), DropReason>;
 
-/// [`replay`] for an untagged IPv4 TCP or UDP packet without options, tried before the packet
-/// is parsed: its headers checked here as the parser would check them, then [`replay_v4`]
-/// inlined into the caller, so a hit costs no parse and no BPF-to-BPF call (whose return,
-/// under the SRSO mitigation, costs tens of nanoseconds here). `None`: anything else or not
-/// cached (the packet is untouched, for the full path). `Some((class, done))`: the packet's
-/// class as the parser would count it, and the verdict with the translation, or the reason
-/// to drop a packet partly rewritten.
+/// [`replay`] for an untagged IPv4 TCP or UDP packet without options, tried before the full
+/// parse: the parser's own IPv4 branch checks it, then [`replay_v4`] is inlined into the
+/// caller, so a hit costs no BPF-to-BPF call (whose return, under the SRSO mitigation, costs
+/// tens of nanoseconds here). `None`: anything else, malformed, or not cached (the packet is
+/// untouched, for the full path). `Some((class, done))`: the packet's class as parsed, and
+/// the verdict with the translation, or the reason to drop a packet partly rewritten.
 #[inline(always)]
 pub fn replay_plain_v4(ctx: &TcContext) -> Option<(PacketClass, Replayed)> {
-    let (protocol, class) = plain_v4_transport(ctx)?;
-    let ports = read::<u32>(ctx, V4_L4)?;
-    match replay_v4(ctx, protocol, ports) {
+    let packet = Packet::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let parsed = parse_untagged_ipv4(&packet)?;
+    if parsed.l4_offset != V4_L4 || !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP) {
+        return None;
+    }
+    match replay_v4(ctx, parsed.protocol, flow_ports(&parsed)) {
         Ok(None) => None,
-        Ok(Some((verdict, side))) => Some((class, Ok((verdict, side.translation())))),
-        Err(reason) => Some((class, Err(reason))),
+        Ok(Some((verdict, side))) => Some((parsed.class, Ok((verdict, side.translation())))),
+        Err(reason) => Some((parsed.class, Err(reason))),
     }
 }
 
-/// The protocol and class of an untagged IPv4 TCP or UDP packet without options (not a later
-/// fragment) whose headers lie in the linear data and pass every check the parser makes of
-/// them; `None` for anything else, left to the parser (which drops what is malformed).
+/// The source and destination ports as parsed, in one word as on the wire.
 #[inline(always)]
-fn plain_v4_transport(ctx: &TcContext) -> Option<(u8, PacketClass)> {
-    const UDP_LEN: usize = 8;
-    const TCP_LEN: usize = 20;
-    let (start, end) = (ctx.data(), ctx.data_end());
-    if start + V4_L4 + UDP_LEN > end {
-        return None;
-    }
-    // SAFETY: every offset read lies below `V4_L4 + UDP_LEN`, bounds-checked just above.
-    let byte = |at: usize| unsafe { *((start + at) as *const u8) };
-    // Ethertype IPv4, version 4 with a 20-byte header.
-    if byte(12) != 0x08 || byte(13) != 0x00 || byte(ETH_LEN) != 0x45 {
-        return None;
-    }
-    let total = u16::from_be_bytes([byte(ETH_LEN + 2), byte(ETH_LEN + 3)]) as usize;
-    let len = ctx.len() as usize;
-    if total < V4_L4 - ETH_LEN || ETH_LEN + total > len {
-        return None;
-    }
-    // A later fragment (its offset not zero) carries no transport header.
-    if byte(ETH_LEN + 6) & 0x1F != 0 || byte(ETH_LEN + 7) != 0 {
-        return None;
-    }
-    match byte(ETH_LEN + 9) {
-        IPPROTO_UDP => Some((IPPROTO_UDP, PacketClass::Udp)),
-        IPPROTO_TCP => {
-            if start + V4_L4 + TCP_LEN > end {
-                return None;
-            }
-            // SAFETY: the data offset's byte lies within the 20 bytes checked just above.
-            let data_offset = unsafe { *((start + V4_L4 + 12) as *const u8) };
-            let header = (data_offset >> 4) as usize * 4;
-            if header < TCP_LEN || V4_L4 + header > len {
-                return None;
-            }
-            Some((IPPROTO_TCP, PacketClass::Tcp))
-        }
-        _ => None,
-    }
+fn flow_ports(parsed: &Parsed) -> u32 {
+    u32::from_ne_bytes([
+        parsed.src_port[0],
+        parsed.src_port[1],
+        parsed.dst_port[0],
+        parsed.dst_port[1],
+    ])
 }
 
 /// Where the fields of an IPv4 header without options lie in an untagged frame.
@@ -235,6 +199,7 @@ const V4_L4: usize = ETH_LEN + 20;
 /// [`replay_flow`] for IPv4 without options, the common case, cut to what it needs: the flow
 /// compared word by word with the packet's fields (no key assembled in the working set), the
 /// address, its header checksum and the port written in place. What it decides is the same.
+/// Called by [`replay_plain_v4`], before the full parse.
 #[inline(always)]
 fn replay_v4(ctx: &TcContext, protocol: u8, ports: u32) -> Result<Option<(i32, Side)>, DropReason> {
     if protocol == IPPROTO_TCP && opens_or_closes(ctx, V4_L4) {
