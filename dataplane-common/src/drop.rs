@@ -74,6 +74,9 @@ drop_reasons! {
     PolicyDeniedEgress = 36, "policy_denied_egress", "a new flow from a pod that no NetworkPolicy of the pod allows (egress)";
     PolicyDeniedIngress = 37, "policy_denied_ingress", "a new flow to a pod that no NetworkPolicy of the pod allows (ingress)";
     TailCallFailed = 38, "tail_call_failed", "the next stage of a program could not be reached (its program array slot is empty)";
+    GeneveUnknownVni = 40, "geneve_unknown_vni", "Geneve with a VNI other than the default pod network's";
+    GeneveWrongVlan = 41, "geneve_wrong_vlan", "Geneve to this node in a VLAN the underlay does not carry the overlay in";
+    ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.

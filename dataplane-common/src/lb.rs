@@ -336,7 +336,9 @@ fn word(addr: &Addr, at: usize) -> u32 {
     // SAFETY: `at` is 0, 4, 8 or 12 and the address sits at a 4-aligned offset of a 4-aligned
     // `CtKey`, so the read is in bounds and aligned. Word loads (not byte loads) keep the
     // kernel build from spilling sixteen bytes per address to the 512-byte BPF stack.
-    u32::from_be(unsafe { core::ptr::read(addr.as_ptr().add(at).cast::<u32>()) })
+    // Volatile: the words are mixed as they are read; LLVM would load all eight first and
+    // spill them.
+    u32::from_be(unsafe { core::ptr::read_volatile(addr.as_ptr().add(at).cast::<u32>()) })
 }
 
 /// The hash the kernel uses to pick a Maglev slot for a new flow: murmur3 over the addresses,

@@ -159,6 +159,43 @@ pub const PROG_TC_BASELINE: &str = "tc_baseline";
 pub const PROG_TC_REDIRECT_BASELINE: &str = "tc_redirect_baseline";
 /// One entry: the host-side veth [`PROG_TC_REDIRECT_BASELINE`] redirects to (its peer).
 pub const BASELINE_REDIRECT: &str = "DP_BASELINE_REDIRECT";
+/// A program reached by tail call: its `TAILS` slot, and the programs that hand packets to it.
+pub struct TailStage {
+    pub slot: u32,
+    pub program: &'static str,
+    pub reached_from: &'static [&'static str],
+}
+
+/// The pipeline's tail-call stages, one entry per `TAILS` slot: the loader fills the slots
+/// from it, and `dataplane verify` counts the stages a packet can cross.
+pub const TAIL_STAGES: &[TailStage] = &[
+    TailStage {
+        slot: TAIL_FROM_POD_DELIVER,
+        program: PROG_FROM_POD_DELIVER,
+        reached_from: &[PROG_FROM_POD, PROG_FROM_POD_SCTP, PROG_FROM_POD_ICMP],
+    },
+    TailStage {
+        slot: TAIL_FROM_POD_SCTP,
+        program: PROG_FROM_POD_SCTP,
+        reached_from: &[PROG_FROM_POD],
+    },
+    TailStage {
+        slot: TAIL_FROM_POD_ICMP,
+        program: PROG_FROM_POD_ICMP,
+        reached_from: &[PROG_FROM_POD],
+    },
+    TailStage {
+        slot: TAIL_UNDERLAY_ICMP,
+        program: PROG_UNDERLAY_ICMP,
+        reached_from: &[PROG_UNDERLAY_TC],
+    },
+    TailStage {
+        slot: TAIL_UNDERLAY_SCTP,
+        program: PROG_UNDERLAY_SCTP,
+        reached_from: &[PROG_UNDERLAY_TC],
+    },
+];
+
 /// Every program the dataplane loads.
 pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY,

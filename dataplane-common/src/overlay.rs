@@ -68,7 +68,9 @@ pub struct OverlayConfig {
     /// MAC of the underlay NIC: decapsulated frames are addressed to it before the stack
     /// routes them to the pod.
     pub underlay_mac: [u8; 6],
-    pub _pad: [u8; 2],
+    /// The VLAN the underlay carries Geneve in (0: untagged). Geneve tagged otherwise is not
+    /// this node's overlay traffic.
+    pub underlay_vlan: u16,
     /// This node's IPv4 underlay address (valid with `OVERLAY_HAS_IPV4`).
     pub node_ipv4: [u8; 4],
     /// This node's IPv6 underlay address (valid with `OVERLAY_HAS_IPV6`).

@@ -29,23 +29,24 @@ use dataplane_common::{
         ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_KIND_FIREWALL, ACL_KIND_POLICY, ACL_LOG_ALLOW,
         ACL_LOG_DENY, ACL_MAX_LENGTHS, ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT,
         ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
-        ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclEvent,
-        AclLengths, AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
+        ACL_VERDICT_NONE, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclEvent, AclLengths,
+        AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
     },
     lb::{CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP},
     overlay::Addr,
 };
 
 use crate::{
+    clock::now,
     copy::copy_bytes,
-    lb,
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
         ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
-    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Parsed, read_addresses},
+    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
     stage::Stage,
     stats::count_outcome,
+    work::{AclWork, Parsed},
 };
 
 const TCP_FIN: u8 = 0x01;
@@ -149,15 +150,6 @@ fn current_work() -> Option<&'static mut AclWork> {
     ACL_SCRATCH.get_ptr_mut(0).map(|slot| unsafe { &mut *slot })
 }
 
-/// The stage's working set (value of `ACL_SCRATCH`).
-pub struct AclWork {
-    parsed: Parsed,
-    /// The packet's flow, in its direction.
-    flow: AclCtKey,
-    /// The prefix lengths of the set being looked up.
-    lengths: [u8; ACL_MAX_LENGTHS],
-}
-
 #[inline(always)]
 fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
     // SAFETY: map values stay valid under RCU for the program's run; only read here.
@@ -202,7 +194,7 @@ fn checked(code: u32) -> Result<(), DropReason> {
 /// set (if it is isolated) and the receiver's ingress set (if it is isolated, and on this node)
 /// to allow it, and is then tracked. Returns 0 or the drop reason's code (a plain integer: a
 /// subprogram's `Result` can leave register bits undefined for the verifier).
-#[inline(never)]
+#[inline(always)]
 fn police(
     ctx: &TcContext,
     hook: Hook,
@@ -242,7 +234,7 @@ fn police_flow(
         judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_INGRESS)?;
     }
     let entry = AclCtValue {
-        last_seen: lb::now(),
+        last_seen: now(),
         flags: 0,
     };
     let _ = ACL_CT.insert(&work.flow, &entry, 0);
@@ -262,23 +254,21 @@ fn judge_direction(
 ) -> Result<(), DropReason> {
     let ipv4 = work.parsed.ether_type == ETH_P_IP;
     let egress = direction == ACL_DIRECTION_EGRESS;
-    let (set, lengths, peer, denied) = if egress {
+    let (set, lengths, denied) = if egress {
         (
             endpoint.egress,
             &endpoint.egress_lengths,
-            &work.flow.dst,
             DropReason::PolicyDeniedEgress,
         )
     } else {
         (
             endpoint.ingress,
             &endpoint.ingress_lengths,
-            &work.flow.src,
             DropReason::PolicyDeniedIngress,
         )
     };
     work.lengths = family_lengths(lengths, ipv4);
-    let (verdict, rule) = decide(set, ipv4, peer, &work.lengths, &work.parsed);
+    let (verdict, rule) = decide(set, !egress);
     let allowed = verdict == ACL_VERDICT_ALLOW;
     let packed = pack(verdict_of(allowed), direction, ACL_KIND_POLICY);
     log_policy(ctx, endpoint, set, rule, packed, hook);
@@ -343,7 +333,7 @@ fn refresh(key: &AclCtKey, tcp_flags: u8) -> bool {
     // SAFETY: an LRU map value, valid for the program's run; only this flow's packets write it
     // and a lost update is harmless.
     let entry = unsafe { &mut *entry };
-    let now = lb::now();
+    let now = now();
     let closing = entry.flags & ACL_CT_CLOSING != 0;
     let timeout = if closing {
         CT_TIMEOUT_CLOSING
@@ -379,35 +369,29 @@ fn family_lengths(lengths: &AclLengths, ipv4: bool) -> [u8; ACL_MAX_LENGTHS] {
     if ipv4 { lengths.v4 } else { lengths.v6 }
 }
 
-/// The verdict and deciding rule of `set` for a packet whose peer is `peer`: the longest
-/// prefix, then its port table. `ACL_VERDICT_NONE`: no rule matched.
+/// The verdict and deciding rule of `set` for the packet in the working set, whose peer is
+/// its source (`from_source`) or destination, looked up with the prefix lengths in
+/// `work.lengths`: the longest prefix, then its port table. `ACL_VERDICT_NONE`: no rule
+/// matched.
 #[inline(always)]
-fn decide(
-    set: u32,
-    ipv4: bool,
-    peer: &Addr,
-    lengths: &[u8; ACL_MAX_LENGTHS],
-    parsed: &Parsed,
-) -> (u8, u32) {
-    let packed = lookup_set(set, ipv4, peer, lengths, parsed);
+fn decide(set: u32, from_source: bool) -> (u8, u32) {
+    let packed = lookup_set(set, from_source as u32);
     ((packed >> 32) as u8, packed as u32)
 }
 
 /// [`decide`] as a subprogram returning `verdict << 32 | rule`: each caller then continues
 /// from one unknown result instead of one state per path through the lengths loop, which
-/// keeps the verifier's work linear in the number of rule sets a packet meets.
+/// keeps the verifier's work linear in the number of rule sets a packet meets. Its keys are
+/// built in the working set, not on the stack.
 #[inline(never)]
-fn lookup_set(
-    set: u32,
-    ipv4: bool,
-    peer: &Addr,
-    lengths: &[u8; ACL_MAX_LENGTHS],
-    parsed: &Parsed,
-) -> u64 {
-    let (verdict, rule) = match longest_match(set, ipv4, peer, lengths) {
+fn lookup_set(set: u32, from_source: u32) -> u64 {
+    let (verdict, rule) = match current_work() {
         None => (ACL_VERDICT_NONE, ACL_RULE_DEFAULT),
-        Some(entry) if entry.kind == ACL_ENTRY_FINAL => (entry.verdict, entry.rule),
-        Some(entry) => port_verdict(&entry, parsed),
+        Some(work) => match longest_match(work, set, from_source != 0) {
+            None => (ACL_VERDICT_NONE, ACL_RULE_DEFAULT),
+            Some(entry) if entry.kind == ACL_ENTRY_FINAL => (entry.verdict, entry.rule),
+            Some(entry) => port_verdict(work, entry),
+        },
     };
     (verdict as u64) << 32 | rule as u64
 }
@@ -421,13 +405,7 @@ fn firewall(ctx: &TcContext, endpoint: &AclEndpoint) -> u32 {
     };
     let ipv4 = work.parsed.ether_type == ETH_P_IP;
     work.lengths = family_lengths(&endpoint.firewall_lengths, ipv4);
-    let (verdict, rule) = decide(
-        endpoint.firewall,
-        ipv4,
-        &work.flow.dst,
-        &work.lengths,
-        &work.parsed,
-    );
+    let (verdict, rule) = decide(endpoint.firewall, false);
     let denied = verdict == ACL_VERDICT_DENY;
     let wanted = if denied { ACL_LOG_DENY } else { ACL_LOG_ALLOW };
     // The cluster's own traffic is never the firewall's business, nor its log's. Allowed TCP is
@@ -526,32 +504,31 @@ fn take_token(bucket: &mut AclLogBucket, now: u64) -> bool {
     true
 }
 
-/// The entry of the longest of the set's prefix lengths that has one for `dst`.
+/// The entry of the longest of `work.lengths` that has one for the packet's peer (its source
+/// when `from_source`, else its destination) in `set`.
 #[inline(always)]
-fn longest_match(
-    set: u32,
-    ipv4: bool,
-    dst: &Addr,
-    lengths: &[u8; ACL_MAX_LENGTHS],
-) -> Option<AclAddrValue> {
-    let mut key = AclAddrKey {
-        set,
-        family: if ipv4 { ACL_FAMILY_V4 } else { ACL_FAMILY_V6 },
-        len: 0,
-        _pad: [0; 2],
-        addr: *dst,
+fn longest_match(work: &mut AclWork, set: u32, from_source: bool) -> Option<&'static AclAddrValue> {
+    let ipv4 = work.parsed.ether_type == ETH_P_IP;
+    let key = &mut work.addr_key;
+    key.set = set;
+    key.family = if ipv4 { ACL_FAMILY_V4 } else { ACL_FAMILY_V6 };
+    key._pad = [0; 2];
+    let peer = if from_source {
+        &work.flow.src
+    } else {
+        &work.flow.dst
     };
     // IPv4 is IPv4-mapped: its prefix starts after the 96 leading bits.
     let offset: u32 = if ipv4 { 96 } else { 0 };
-    for &len in lengths {
+    for &len in &work.lengths {
         if len == ACL_NO_LENGTH {
             break;
         }
         key.len = len;
-        mask_into(&mut key.addr, dst, offset + u32::from(len));
-        // SAFETY: the value is copied out before anything can change the map.
-        if let Some(entry) = unsafe { ACL_ADDRS.get(key) } {
-            return Some(*entry);
+        mask_into(&mut key.addr, peer, offset + u32::from(len));
+        // SAFETY: map values stay valid under RCU for the program's run; only read.
+        if let Some(entry) = unsafe { ACL_ADDRS.get(&*key) } {
+            return Some(entry);
         }
     }
     None
@@ -604,30 +581,29 @@ const fn prefix_masks() -> [[u8; 16]; 129] {
 /// port (port 0 for protocols without ports and for non-first fragments): an exact port, then
 /// the port's 256-port bucket, then the protocol, then the table's default held in `entry`.
 #[inline(always)]
-fn port_verdict(entry: &AclAddrValue, parsed: &Parsed) -> (u8, u32) {
-    let port = u16::from_be_bytes(parsed.dst_port);
-    let mut key = AclPortKey {
-        table: entry.table,
-        protocol: parsed.protocol,
-        kind: ACL_PORT_EXACT,
-        port,
-    };
+fn port_verdict(work: &mut AclWork, entry: &AclAddrValue) -> (u8, u32) {
+    let port = u16::from_be_bytes(work.parsed.dst_port);
+    let key = &mut work.port_key;
+    key.table = entry.table;
+    key.protocol = work.parsed.protocol;
+    key.kind = ACL_PORT_EXACT;
+    key.port = port;
     if entry.port_kinds & ACL_PORT_EXACT != 0
-        && let Some(found) = port_entry(&key)
+        && let Some(found) = port_entry(key)
     {
         return found;
     }
     if entry.port_kinds & ACL_PORT_BUCKET != 0 {
         key.kind = ACL_PORT_BUCKET;
         key.port = port & 0xFF00;
-        if let Some(found) = port_entry(&key) {
+        if let Some(found) = port_entry(key) {
             return found;
         }
     }
     if entry.port_kinds & ACL_PORT_PROTOCOL != 0 {
         key.kind = ACL_PORT_PROTOCOL;
         key.port = 0;
-        if let Some(found) = port_entry(&key) {
+        if let Some(found) = port_entry(key) {
             return found;
         }
     }

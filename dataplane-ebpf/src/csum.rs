@@ -1,6 +1,8 @@
 //! The Internet checksum (RFC 1071) over headers assembled in the per-CPU scratch block, and
 //! the IPv4 header every packet the dataplane builds (Geneve, ICMP errors, resets) starts with.
 
+use dataplane_common::overlay::Addr;
+
 use crate::maps::ENCAP_SCRATCH_LEN;
 
 /// One's-complement sum of the 16-bit words of `block[start..start + len]` (len even), added
@@ -55,13 +57,23 @@ pub fn write_ipv4(
     src: &[u8; 4],
     dst: &[u8; 4],
 ) {
+    // Field by field: a 20-byte array built first would hold every byte in a register at
+    // once and spill most of them to the stack.
     let len = total_len.to_be_bytes();
-    let flags = if dont_fragment { 0x40 } else { 0 };
-    let header: [u8; 20] = [
-        0x45, 0, len[0], len[1], 0, 0, flags, 0, 64, protocol, 0, 0, src[0], src[1], src[2],
-        src[3], dst[0], dst[1], dst[2], dst[3],
-    ];
-    block[14..34].copy_from_slice(&header);
+    block[14] = 0x45;
+    block[15] = 0;
+    block[16] = len[0];
+    block[17] = len[1];
+    block[18] = 0;
+    block[19] = 0;
+    block[20] = if dont_fragment { 0x40 } else { 0 };
+    block[21] = 0;
+    block[22] = 64;
+    block[23] = protocol;
+    block[24] = 0;
+    block[25] = 0;
+    block[26..30].copy_from_slice(src);
+    block[30..34].copy_from_slice(dst);
     store_checksum(block, 24, sum_words(block, 14, 20, 0));
 }
 
@@ -79,6 +91,33 @@ pub fn csum_diff<const N: usize>(from: &[u8; N], to: &[u8; N], skip: usize, seed
             let new = u16::from_ne_bytes([to[2 * i], to[2 * i + 1]]);
             sum += (!old) as u64 + new as u64;
         }
+        i += 1;
+    }
+    fold32(sum)
+}
+
+/// [`csum_diff`] of two 16-byte addresses (the last four bytes only for IPv4), read as 32-bit
+/// words: one load per word where the byte-wise sum loads every byte, and volatile so the
+/// words are summed as they are read (LLVM would otherwise load them all first and spill).
+/// A one's-complement sum of 32-bit words folds to the same 16-bit sum as one of their
+/// halves, in the same memory order.
+///
+/// # Safety
+/// Both addresses must be 4-aligned (those of the per-CPU working sets and map values are).
+#[inline(always)]
+pub unsafe fn addr_diff(from: &Addr, to: &Addr, ipv4: bool, seed: u32) -> u32 {
+    let (from, to) = (from.as_ptr().cast::<u32>(), to.as_ptr().cast::<u32>());
+    let mut sum = seed as u64;
+    let mut i = if ipv4 { 3 } else { 0 };
+    while i < 4 {
+        // SAFETY: word `i < 4` of a 16-byte, 4-aligned address (the caller's contract).
+        let (old, new) = unsafe {
+            (
+                core::ptr::read_volatile(from.add(i)),
+                core::ptr::read_volatile(to.add(i)),
+            )
+        };
+        sum += (!old) as u64 + new as u64;
         i += 1;
     }
     fold32(sum)

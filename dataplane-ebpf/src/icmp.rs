@@ -13,6 +13,7 @@ use dataplane_common::{
 };
 
 use crate::{
+    copy::copy_bytes,
     csum::{store_checksum, sum_words, write_ipv4},
     maps::{ENCAP_SCRATCH_LEN, SCRATCH},
     stage::Stage,
@@ -97,9 +98,16 @@ pub fn reply_block(
     let block = SCRATCH.get_ptr_mut(0).ok_or(failed)?;
     // SAFETY: per-CPU map memory, used only by this program invocation.
     let block = unsafe { &mut *block };
-    let original_eth: [u8; 14] = ctx.load(0).map_err(|_| DropReason::EthTruncated)?;
-    block[0..6].copy_from_slice(&original_eth[6..12]);
-    block[6..12].copy_from_slice(&original_eth[0..6]);
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + 12 > end {
+        return Err(DropReason::EthTruncated);
+    }
+    // SAFETY: the two MAC addresses lie within the linear packet (checked just above); copied
+    // straight into the block, swapped.
+    unsafe {
+        copy_bytes::<6>(block.as_mut_ptr(), (start + 6) as *const u8);
+        copy_bytes::<6>(block.as_mut_ptr().add(6), start as *const u8);
+    }
     Ok(block)
 }
 
@@ -145,8 +153,8 @@ fn build_error_v4(
     rest: [u8; 4],
     source: [u8; 4],
 ) -> Result<usize, DropReason> {
-    let header: [u8; 20] = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
-    let quote_len = ((header[0] & 0x0F) as usize) * 4 + 8;
+    let version_ihl: u8 = ctx.load(ETH_LEN).map_err(|_| DropReason::Ipv4Truncated)?;
+    let quote_len = ((version_ihl & 0x0F) as usize) * 4 + 8;
     if !(28..=QUOTE_V4_MAX).contains(&quote_len) {
         return Err(DropReason::Ipv4BadIhl);
     }
@@ -157,7 +165,8 @@ fn build_error_v4(
     let ip_len = 20 + icmp_len;
     write_icmp_header(block, 34, type_code, rest);
     store_checksum(block, 36, sum_words(block, 34, icmp_len, 0));
-    let destination = [header[12], header[13], header[14], header[15]];
+    // The destination is the offending packet's source (quoted at 42, source at +12).
+    let destination = [block[54], block[55], block[56], block[57]];
     write_ipv4(
         block,
         ip_len as u16,

@@ -21,32 +21,32 @@
 
 use aya_ebpf::{
     bindings::{__sk_buff, BPF_F_MARK_MANGLED_0, BPF_F_PSEUDO_HDR, BPF_NOEXIST},
-    helpers::{bpf_jiffies64, bpf_ktime_get_coarse_ns},
     programs::TcContext,
 };
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        AffinityKey, AffinityValue, BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING,
-        CT_NODEPORT, CT_ORIGINAL, CT_REPLY, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER,
-        CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE,
-        NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
-        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, backend_slot, flow_hash,
-        jiffies_at_boot, maglev_slot, port_bit, sctp::port_rewrite_delta,
+        BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
+        CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtValue,
+        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
+        SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceValue,
+        backend_slot, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
 use crate::{
+    clock::now,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
-    csum::{csum_add, csum_diff, fold, store_checksum, sum_words, updated, write_ipv4},
+    csum::{addr_diff, csum_add, fold, store_checksum, sum_words, updated, write_ipv4},
     icmp,
     maps::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
     },
     overlay,
-    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Parsed, read_addresses},
+    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, load_bytes, read_addresses},
     stage::Stage,
+    work::{LbScratch, Parsed},
 };
 
 pub mod cache;
@@ -71,75 +71,6 @@ const MAX_DIRECT_L4: usize = 0xFF;
 const MAX_DIRECT_CHECK: usize = 0x1FF;
 /// What a UDP checksum that computes to zero is sent as (zero means "no checksum").
 const CSUM_MANGLED_0: u16 = 0xFFFF;
-
-/// The load-balancer's working set for one packet. It lives in a per-CPU map, not on the BPF
-/// stack (512 bytes, shared with the overlay stage): keys are built in place and handed to the
-/// map helpers from here.
-#[repr(C)]
-pub struct LbScratch {
-    /// The packet's flow; `direction` is set before each lookup.
-    flow: CtKey,
-    /// The reply direction of a new flow.
-    reply: CtKey,
-    /// Entries written for a new flow.
-    original_entry: CtValue,
-    reply_entry: CtValue,
-    service: ServiceKey,
-    affinity: AffinityKey,
-    affinity_entry: AffinityValue,
-    /// The translation to apply: address and port before and after.
-    old_addr: Addr,
-    new_addr: Addr,
-    old_port: [u8; 2],
-    new_port: [u8; 2],
-    tcp_flags: u8,
-    ipv4: u8,
-    /// Whether the source is translated too (hairpin, NodePort to another node), to
-    /// `snat_addr`.
-    snat: u8,
-    /// Whether the packet came from outside (a NodePort, an external or load-balancer IP).
-    nodeport: u8,
-    snat_addr: Addr,
-    snat_port: [u8; 2],
-    _pad2: [u8; 2],
-    /// This node's address of the packet's family (from outside: the source towards remote
-    /// backends).
-    node_addr: Addr,
-    /// The backend of the packet's flow (tracked or just chosen).
-    backend_id: u32,
-    /// Whether this packet's translation was a single rewrite (no masquerade, not from
-    /// outside) that the flow cache may replay.
-    cacheable: u8,
-    _pad3: [u8; 3],
-}
-
-/// The kernel's tick rate, set by the loader (`CLOCK_HZ_GLOBAL`); 0 until then.
-#[unsafe(no_mangle)]
-static CLOCK_HZ: u32 = 0;
-
-/// Seconds since boot on the kernel's monotonic clock (the clock of every tracked flow). From
-/// `jiffies_64` when the loader gave the tick rate: the verifier inlines that read, where the
-/// coarse clock is a helper call (about 6% of a tracked packet's time on this path).
-#[inline(always)]
-pub fn now() -> u32 {
-    let (ticks, per_second) = clock();
-    (ticks / per_second) as u32
-}
-
-/// The clock behind [`now`] as ticks since boot and ticks per second, for comparisons that
-/// must not pay a division on every packet (the flow cache's).
-#[inline(always)]
-pub fn clock() -> (u64, u64) {
-    // SAFETY: a read of a global the loader sets; volatile, or LLVM folds its initial 0.
-    let hz = unsafe { core::ptr::read_volatile(&CLOCK_HZ) } as u64;
-    if hz == 0 {
-        // SAFETY: plain helper call.
-        return (unsafe { bpf_ktime_get_coarse_ns() }, 1_000_000_000);
-    }
-    // SAFETY: plain helper call (inlined by the verifier).
-    let jiffies = unsafe { bpf_jiffies64() };
-    (jiffies.wrapping_sub(jiffies_at_boot(hz)), hz)
-}
 
 /// The backend `id` if it is still live (its slot not emptied or reused since).
 #[inline(always)]
@@ -779,10 +710,11 @@ fn maglev_backend(s: &LbScratch, service: &ServiceValue) -> Stage {
 
 #[inline(always)]
 fn maglev_lookup(s: &LbScratch, service: &ServiceValue) -> Result<u32, DropReason> {
-    let hash = flow_hash(&s.flow);
     // SAFETY: the table is read before this program run ends; updates replace whole tables
     // under another index, never this one in place.
     let table = unsafe { LB_MAGLEV.get(&service.table) }.ok_or(DropReason::LbNoEndpoints)?;
+    // After the lookup: its call would have every word of the hash's input spilled.
+    let hash = flow_hash(&s.flow);
     // The verifier cannot bound a modulo that the compiler turned into multiplications: read
     // the slot back through a volatile load so the bounds check below stays in the program.
     let slot = maglev_slot(hash);
@@ -1505,15 +1437,15 @@ fn read_quoted_reply_flow(
         set_ipv4_mapped(&mut s.flow.src, [a[4], a[5], a[6], a[7]]);
         (protocol, quoted + header_len)
     } else {
-        let (Ok(protocol), Ok(src), Ok(dst)) = (
-            ctx.load::<u8>(quoted + 6),
-            ctx.load::<Addr>(quoted + 8),
-            ctx.load::<Addr>(quoted + 24),
-        ) else {
+        let Ok(protocol) = ctx.load::<u8>(quoted + 6) else {
             return None;
         };
-        copy_addr(&mut s.flow.dst, &src);
-        copy_addr(&mut s.flow.src, &dst);
+        // The quoted source is the flow's destination and the other way round.
+        if !load_bytes(ctx, quoted + 8, &mut s.flow.dst)
+            || !load_bytes(ctx, quoted + 24, &mut s.flow.src)
+        {
+            return None;
+        }
         (protocol, quoted + 40)
     };
     if !matches!(protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
@@ -1535,8 +1467,8 @@ fn read_quoted_reply_flow(
 /// IPv4).
 #[inline(always)]
 fn address_diff(s: &LbScratch) -> u32 {
-    let skip = if s.ipv4 != 0 { 12 } else { 0 };
-    csum_diff(&s.old_addr, &s.new_addr, skip, 0)
+    // SAFETY: both lie 4-aligned in the working set (asserted with its layout).
+    unsafe { addr_diff(&s.old_addr, &s.new_addr, s.ipv4 != 0, 0) }
 }
 
 /// The IPv4 address of an IPv4-mapped one.

@@ -8,6 +8,8 @@ mod acl;
 #[cfg(target_arch = "bpf")]
 mod baseline;
 #[cfg(target_arch = "bpf")]
+mod clock;
+#[cfg(target_arch = "bpf")]
 mod copy;
 #[cfg(target_arch = "bpf")]
 mod csum;
@@ -29,6 +31,8 @@ mod stage;
 mod stats;
 #[cfg(target_arch = "bpf")]
 mod underlay;
+#[cfg(target_arch = "bpf")]
+mod work;
 
 #[cfg(target_arch = "bpf")]
 #[panic_handler]

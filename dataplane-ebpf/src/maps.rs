@@ -26,6 +26,8 @@ use dataplane_common::{
     stats::PACKET_COUNTER_SLOTS,
 };
 
+use crate::work::{AclWork, LbScratch, Parsed};
+
 /// Drop counters by reason code.
 #[map(name = "DP_DROPS")]
 pub static DROPS: PerCpuArray<u64> = PerCpuArray::pinned(DROP_REASON_SLOTS, 0);
@@ -141,6 +143,13 @@ pub const ENCAP_SCRATCH_LEN: usize = 128;
 #[map(name = "DP_SCRATCH")]
 pub static SCRATCH: PerCpuArray<[u8; ENCAP_SCRATCH_LEN]> = PerCpuArray::with_max_entries(1, 0);
 
+/// Per-CPU room for a 16-byte address being looked up (the pod, node and pod-CIDR maps), as
+/// an LPM key whose data doubles as the plain address: 16 bytes (and their copies) the
+/// deepest paths have no stack for. Not pinned.
+#[map(name = "DP_ADDR_SCRATCH")]
+pub static ADDR_SCRATCH: PerCpuArray<aya_ebpf::maps::lpm_trie::Key<[u8; 16]>> =
+    PerCpuArray::with_max_entries(1, 0);
+
 /// Per-CPU room for the FIB lookup parameters of the encapsulation. Not pinned.
 #[map(name = "DP_FIB_SCRATCH")]
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
@@ -154,18 +163,18 @@ pub static LB_FLOW_CACHE: PerCpuArray<FlowCacheEntry> =
 
 /// Per-CPU working set of the load-balancer (keys and entries being built). Not pinned.
 #[map(name = "DP_LB_SCRATCH")]
-pub static LB_SCRATCH: PerCpuArray<crate::lb::LbScratch> = PerCpuArray::with_max_entries(1, 0);
+pub static LB_SCRATCH: PerCpuArray<LbScratch> = PerCpuArray::with_max_entries(1, 0);
 
 /// Per-CPU copy of the parse result for the access-control stage. Not pinned. Read back from
 /// here, the parse result is no longer a set of constants per parse path, so the verifier
 /// walks the stage once instead of once per kind of packet.
 #[map(name = "DP_ACL_SCRATCH")]
-pub static ACL_SCRATCH: PerCpuArray<crate::acl::AclWork> = PerCpuArray::with_max_entries(1, 0);
+pub static ACL_SCRATCH: PerCpuArray<AclWork> = PerCpuArray::with_max_entries(1, 0);
 
 /// The parse result `tc_from_pod` hands to its second half across the tail call (which then
 /// need not parse again). Not pinned.
 #[map(name = "DP_PARSED")]
-pub static PARSED: PerCpuArray<crate::parse::Parsed> = PerCpuArray::with_max_entries(1, 0);
+pub static PARSED: PerCpuArray<Parsed> = PerCpuArray::with_max_entries(1, 0);
 
 /// The host-side veth `tc_redirect_baseline` sends every packet to (its pod's side). Set only
 /// by benchmarks. Not pinned.

@@ -11,6 +11,13 @@
 //! tunnel endpoints, which our receive path does). A computed checksum would need the whole
 //! payload, which tc cannot do for GSO packets without the kernel's tunnel checksum offload.
 
+// Keys are passed to the map helpers by reference on purpose: by value they would be copied
+// to the BPF stack, which the per-CPU lookup key is there to spare.
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys stay in per-CPU memory"
+)]
+
 use aya_ebpf::{
     EbpfContext as _,
     bindings::{
@@ -22,7 +29,7 @@ use aya_ebpf::{
     },
     helpers::{
         bpf_fib_lookup, bpf_get_hash_recalc, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
-        bpf_skb_adjust_room, bpf_skb_store_bytes, bpf_xdp_adjust_head,
+        bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
     },
     maps::lpm_trie::Key,
     programs::{TcContext, XdpContext},
@@ -32,20 +39,21 @@ use dataplane_common::{
     overlay::{
         Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
         GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OverlayConfig, TunnelEndpoint, ipv4_mapped,
+        OVERLAY_HAS_IPV6, OverlayConfig, TunnelEndpoint,
     },
 };
 
 use crate::{
-    copy::{copy_bytes, zero},
+    copy::{copy_addr, copy_bytes, set_ipv4_mapped, zero},
     csum::write_ipv4,
     icmp,
     maps::{
-        ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG, REMOTE_PODS_V4,
-        REMOTE_PODS_V6, SCRATCH,
+        ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG,
+        REMOTE_PODS_V4, REMOTE_PODS_V6, SCRATCH,
     },
-    parse::{IPPROTO_UDP, Packet, Parsed, read},
+    parse::{IPPROTO_UDP, Packet, read},
     stage::Stage,
+    work::Parsed,
 };
 
 const ETH_LEN: usize = 14;
@@ -68,10 +76,16 @@ pub fn config() -> Option<&'static OverlayConfig> {
     Some(config)
 }
 
-/// Destination address of an untagged IP packet in 16-byte form. An IPv4 one is read straight
-/// from the packet when its header is linear (nearly always; a helper call costs more).
+/// Destination address of an untagged IP packet in 16-byte form, written into this CPU's
+/// lookup key (prefix length 128): the pod lookups take it from there, not from copies on the
+/// stack. An IPv4 one is read straight from the packet when its header is linear (nearly
+/// always; a helper call costs more).
 #[inline(always)]
-fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
+fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<&'static mut Key<Addr>> {
+    let key = ADDR_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    let key = unsafe { &mut *key };
+    key.prefix_len = 128;
     match parsed.ether_type {
         ETH_P_IP => {
             let at = ETH_LEN + 16;
@@ -79,11 +93,19 @@ fn destination(ctx: &TcContext, parsed: &Parsed) -> Option<Addr> {
                 Some(v4) => v4,
                 None => ctx.load(at).ok()?,
             };
-            Some(ipv4_mapped(v4))
+            set_ipv4_mapped(&mut key.data, v4);
         }
-        ETH_P_IPV6 => ctx.load(ETH_LEN + 24).ok(),
-        _ => None,
+        ETH_P_IPV6 => {
+            let at = ctx.data() + ETH_LEN + 24;
+            if at + 16 > ctx.data_end() {
+                return None;
+            }
+            // SAFETY: the address lies within the linear packet (checked just above).
+            unsafe { copy_bytes::<16>(key.data.as_mut_ptr(), at as *const u8) };
+        }
+        _ => return None,
     }
+    Some(key)
 }
 
 /// The tc stage for a packet leaving a pod: the verdict and what was done (encapsulated or
@@ -113,11 +135,11 @@ fn deliver(
     let Some(dst) = destination(ctx, parsed) else {
         return Ok(None);
     };
-    // SAFETY: the value is copied out before anything can change the map.
-    if !not_local && let Some(pod) = unsafe { LOCAL_PODS.get(dst) } {
+    // SAFETY: map values stay valid under RCU for the program's run; only read.
+    if !not_local && let Some(pod) = unsafe { LOCAL_PODS.get(&dst.data) } {
         return Ok(Some((to_local_pod(ctx, pod), PacketClass::LocalRedirect)));
     }
-    let Some(endpoint) = remote_endpoint(parsed.ether_type, &dst) else {
+    let Some(endpoint) = remote_endpoint_of(parsed.ether_type, dst) else {
         return Ok(None);
     };
     // A single packet over the pod MTU is answered (ICMP fragmentation needed / packet too
@@ -129,7 +151,7 @@ fn deliver(
         let verdict = icmp::too_big(ctx, ipv6, config.pod_mtu, config).into_value()? as i32;
         return Ok(Some((verdict, PacketClass::TooBigAnswered)));
     }
-    let verdict = encapsulate(ctx, config, &endpoint).into_value()? as i32;
+    let verdict = encapsulate(ctx, config, endpoint).into_value()? as i32;
     Ok(Some((verdict, PacketClass::GeneveEncap)))
 }
 
@@ -147,7 +169,7 @@ pub fn local_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(LocalPod, u32), bo
     let epoch = config().ok_or(false)?.pods_epoch;
     let dst = destination(ctx, parsed).ok_or(false)?;
     // SAFETY: the value is copied out before anything can change the map.
-    let pod = unsafe { LOCAL_PODS.get(dst) }.ok_or(true)?;
+    let pod = unsafe { LOCAL_PODS.get(&dst.data) }.ok_or(true)?;
     Ok((*pod, epoch))
 }
 
@@ -168,13 +190,26 @@ pub fn to_local_pod(ctx: &TcContext, pod: &LocalPod) -> i32 {
     unsafe { bpf_redirect_peer(pod.ifindex, 0) as i32 }
 }
 
+/// The node hosting the pod CIDR `dst` lies in, if it is a remote pod's address. The IPv6
+/// key is built in per-CPU memory: 20 more bytes on the stack would not fit the deepest paths.
 #[inline(always)]
-pub(crate) fn remote_endpoint(ether_type: u16, dst: &Addr) -> Option<TunnelEndpoint> {
+pub(crate) fn remote_endpoint(ether_type: u16, dst: &Addr) -> Option<&'static TunnelEndpoint> {
+    let key = ADDR_SCRATCH.get_ptr_mut(0)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    let key = unsafe { &mut *key };
+    key.prefix_len = 128;
+    copy_addr(&mut key.data, dst);
+    remote_endpoint_of(ether_type, key)
+}
+
+/// [`remote_endpoint`] for an address already in this CPU's lookup key.
+#[inline(always)]
+fn remote_endpoint_of(ether_type: u16, key: &Key<Addr>) -> Option<&'static TunnelEndpoint> {
     if ether_type == ETH_P_IP {
-        let v4 = [dst[12], dst[13], dst[14], dst[15]];
-        REMOTE_PODS_V4.get(Key::new(32, v4)).copied()
+        let d = &key.data;
+        REMOTE_PODS_V4.get(&Key::new(32, [d[12], d[13], d[14], d[15]]))
     } else {
-        REMOTE_PODS_V6.get(Key::new(128, *dst)).copied()
+        REMOTE_PODS_V6.get(key)
     }
 }
 
@@ -211,8 +246,12 @@ fn wrap(
         .ok_or(DropReason::OverlayEncapFailed)?;
     // SAFETY: per-CPU map memory, used only by this program invocation.
     let block = unsafe { &mut *block };
-    // The pod's Ethernet header becomes the inner one; it sits at the end of the block.
-    let inner_eth: [u8; 14] = ctx.load(0).map_err(|_| DropReason::EthTruncated)?;
+    // The pod's Ethernet header becomes the inner one, at the end of the block: copied
+    // straight from the packet (a pod's frame always has it in the linear data).
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + ETH_LEN > end {
+        return Err(DropReason::EthTruncated);
+    }
 
     // The route to the remote node is looked up before the packet is touched, so a failure
     // leaves it intact.
@@ -265,7 +304,13 @@ fn wrap(
             udp_len,
             config.vni,
         );
-        block[ENCAP_BLOCK_V6 - 14..ENCAP_BLOCK_V6].copy_from_slice(&inner_eth);
+        // SAFETY: 14 bytes of the linear packet (checked above) into the block.
+        unsafe {
+            copy_bytes::<14>(
+                block[ENCAP_BLOCK_V6 - 14..].as_mut_ptr(),
+                start as *const u8,
+            )
+        };
         ENCAP_BLOCK_V6
     } else {
         let udp_len = (outer_len - 20) as u16;
@@ -294,7 +339,13 @@ fn wrap(
             udp_len,
             config.vni,
         );
-        block[ENCAP_BLOCK_V4 - 14..ENCAP_BLOCK_V4].copy_from_slice(&inner_eth);
+        // SAFETY: 14 bytes of the linear packet (checked above) into the block.
+        unsafe {
+            copy_bytes::<14>(
+                block[ENCAP_BLOCK_V4 - 14..].as_mut_ptr(),
+                start as *const u8,
+            )
+        };
         ENCAP_BLOCK_V4
     };
 
@@ -385,21 +436,14 @@ pub(crate) fn write_udp_geneve(
     udp_len: u16,
     vni: u32,
 ) {
-    let (s, d, l) = (
-        source_port.to_be_bytes(),
-        dest_port.to_be_bytes(),
-        udp_len.to_be_bytes(),
-    );
-    let p = GENEVE_PROTO_ETHERNET.to_be_bytes();
-    let v = (vni << 8).to_be_bytes();
-    let header = [
-        s[0], s[1], d[0], d[1], l[0], l[1], 0, 0, 0, 0, p[0], p[1], v[0], v[1], v[2], 0,
-    ];
-    if at == 14 + 40 {
-        block[54..70].copy_from_slice(&header);
-    } else {
-        block[34..50].copy_from_slice(&header);
-    }
+    // Field by field (see `write_ipv4`).
+    let at = if at == 14 + 40 { 54 } else { 34 };
+    block[at..at + 2].copy_from_slice(&source_port.to_be_bytes());
+    block[at + 2..at + 4].copy_from_slice(&dest_port.to_be_bytes());
+    block[at + 4..at + 6].copy_from_slice(&udp_len.to_be_bytes());
+    block[at + 6..at + 12].copy_from_slice(&[0, 0, 0, 0, 0, 0]);
+    block[at + 10..at + 12].copy_from_slice(&GENEVE_PROTO_ETHERNET.to_be_bytes());
+    block[at + 12..at + 16].copy_from_slice(&(vni << 8).to_be_bytes());
 }
 
 /// Sends a packet this node originates in effect (a NodePort reply, its source now this node's
@@ -428,11 +472,26 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes([a[0], a[1], a[2], a[3]]);
         fib.__bindgen_anon_4.ipv4_dst = u32::from_ne_bytes([a[4], a[5], a[6], a[7]]);
     } else {
-        let src: Addr = ctx.load(l3 + 8).map_err(|_| DropReason::Ipv6Truncated)?;
-        let dst: Addr = ctx.load(l3 + 24).map_err(|_| DropReason::Ipv6Truncated)?;
         fib.family = AF_INET6;
-        fib.__bindgen_anon_3.ipv6_src = words(&src);
-        fib.__bindgen_anon_4.ipv6_dst = words(&dst);
+        // Loaded by the helper straight into the parameters (a variable offset; no copy on
+        // the stack).
+        // SAFETY: each destination is a [u32; 4] of 16 bytes in map memory.
+        let loaded = unsafe {
+            bpf_skb_load_bytes(
+                ctx.as_ptr(),
+                (l3 + 8) as u32,
+                fib.__bindgen_anon_3.ipv6_src.as_mut_ptr().cast(),
+                16,
+            ) | bpf_skb_load_bytes(
+                ctx.as_ptr(),
+                (l3 + 24) as u32,
+                fib.__bindgen_anon_4.ipv6_dst.as_mut_ptr().cast(),
+                16,
+            )
+        };
+        if loaded != 0 {
+            return Err(DropReason::Ipv6Truncated);
+        }
     }
     fib.l4_protocol = parsed.protocol;
     // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
@@ -480,8 +539,11 @@ pub(crate) fn fill_fib_params(
     fib.__bindgen_anon_1.tot_len = tot_len as u16;
     if endpoint.family == FAMILY_IPV6 {
         fib.family = AF_INET6;
-        fib.__bindgen_anon_3.ipv6_src = words(&config.node_ipv6);
-        fib.__bindgen_anon_4.ipv6_dst = words(&endpoint.addr);
+        // SAFETY: the union fields are [u32; 4], 16 bytes each.
+        unsafe {
+            set_words(&mut fib.__bindgen_anon_3.ipv6_src, &config.node_ipv6);
+            set_words(&mut fib.__bindgen_anon_4.ipv6_dst, &endpoint.addr);
+        }
     } else {
         fib.family = AF_INET;
         fib.__bindgen_anon_3.ipv4_src = u32::from_ne_bytes(config.node_ipv4);
@@ -494,20 +556,34 @@ pub(crate) fn fill_fib_params(
     }
 }
 
-/// 16 network-order bytes as the four u32 words the kernel's structures hold them in.
+/// Writes 16 network-order bytes into the four u32 words the kernel's structures hold them
+/// in, byte by byte (no array of words assembled on the stack).
 #[inline(always)]
-fn words(addr: &Addr) -> [u32; 4] {
-    [
-        u32::from_ne_bytes([addr[0], addr[1], addr[2], addr[3]]),
-        u32::from_ne_bytes([addr[4], addr[5], addr[6], addr[7]]),
-        u32::from_ne_bytes([addr[8], addr[9], addr[10], addr[11]]),
-        u32::from_ne_bytes([addr[12], addr[13], addr[14], addr[15]]),
-    ]
+fn set_words(words: &mut [u32; 4], addr: &Addr) {
+    // SAFETY: 16 bytes each, distinct.
+    unsafe { copy_bytes::<16>(words.as_mut_ptr().cast(), addr.as_ptr()) }
 }
 
-/// The XDP stage for Geneve arriving on the underlay. `Ok(None)`: not Geneve for this node.
+/// Whether a parsed packet is UDP to this node's Geneve port (what [`decapsulate`] looks at).
 #[inline(always)]
-pub fn decapsulate(
+pub fn geneve_port(parsed: &Parsed) -> bool {
+    parsed.class == PacketClass::Udp
+        && config().is_some_and(|config| u16::from_be_bytes(parsed.dst_port) == config.geneve_port)
+}
+
+/// The XDP stage for Geneve arriving on the underlay: the XDP action when the packet was
+/// Geneve for a pod of this node, nothing when it is no Geneve for this node.
+#[inline(always)]
+pub fn decapsulate(ctx: &XdpContext, parsed: &Parsed) -> Stage {
+    let packet = Packet::new(ctx.data(), ctx.data_end(), ctx.data_end() - ctx.data());
+    Stage::new(
+        unwrap_geneve(ctx, &packet, parsed)
+            .map(|done| done.map(|action| (action, PacketClass::GeneveDecap))),
+    )
+}
+
+#[inline(always)]
+fn unwrap_geneve(
     ctx: &XdpContext,
     packet: &Packet,
     parsed: &Parsed,
@@ -521,20 +597,25 @@ pub fn decapsulate(
     if u16::from_be_bytes(parsed.dst_port) != config.geneve_port {
         return Ok(None);
     }
-    let (src, dst_is_ours) = outer_addresses(packet, parsed, config)?;
-    if !dst_is_ours {
+    let key = ADDR_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::ScratchUnavailable)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    let key = unsafe { &mut *key };
+    if !outer_addresses(packet, parsed, config, &mut key.data)? {
         return Ok(None);
     }
+    check_vlan(packet, parsed, config)?;
     // SAFETY: only presence is checked.
-    if unsafe { NODE_ADDRS.get(src) }.is_none() {
+    if unsafe { NODE_ADDRS.get(&key.data) }.is_none() {
         return Err(DropReason::GeneveUnknownNode);
     }
     let geneve = parsed.l4_offset + UDP_LEN;
-    let options_len = check_geneve(packet, geneve)?;
+    let options_len = check_geneve(packet, geneve, config.vni)?;
     let inner = geneve + GENEVE_HEADER_LEN + options_len;
-    let inner_dst = inner_destination(packet, inner)?;
+    inner_destination(packet, inner, &mut key.data)?;
     // SAFETY: only presence is checked.
-    if unsafe { LOCAL_PODS.get(inner_dst) }.is_none() {
+    if unsafe { LOCAL_PODS.get(&key.data) }.is_none() {
         return Err(DropReason::GeneveNoLocalPod);
     }
     // SAFETY: plain helper call; shrinking from the front by a length checked above.
@@ -551,35 +632,58 @@ pub fn decapsulate(
     Ok(Some(xdp_action::XDP_PASS))
 }
 
-/// The outer source (16-byte form) and whether the outer destination is this node.
+/// Writes the outer source (16-byte form) into `src`; whether the outer destination is this
+/// node.
 #[inline(always)]
 fn outer_addresses(
     packet: &Packet,
     parsed: &Parsed,
     config: &OverlayConfig,
-) -> Result<(Addr, bool), DropReason> {
+    src: &mut Addr,
+) -> Result<bool, DropReason> {
     let l3 = parsed.l3_offset;
     if parsed.ether_type == ETH_P_IP {
         let addrs: *const [u8; 8] = packet.header(l3 + 12).ok_or(DropReason::Ipv4Truncated)?;
         // SAFETY: bounds-checked by header().
         let a = unsafe { *addrs };
-        let src = ipv4_mapped([a[0], a[1], a[2], a[3]]);
-        let ours = config.flags & OVERLAY_HAS_IPV4 != 0 && a[4..8] == config.node_ipv4;
-        Ok((src, ours))
+        set_ipv4_mapped(src, [a[0], a[1], a[2], a[3]]);
+        Ok(config.flags & OVERLAY_HAS_IPV4 != 0 && a[4..8] == config.node_ipv4)
     } else {
         let addrs: *const [u8; 32] = packet.header(l3 + 8).ok_or(DropReason::Ipv6Truncated)?;
-        // SAFETY: bounds-checked by header().
-        let a = unsafe { &*addrs };
-        let mut src = [0u8; 16];
-        src.copy_from_slice(&a[..16]);
-        let ours = config.flags & OVERLAY_HAS_IPV6 != 0 && a[16..32] == config.node_ipv6;
-        Ok((src, ours))
+        // SAFETY: bounds-checked by header(); copied straight into place.
+        unsafe { copy_bytes::<16>(src.as_mut_ptr(), addrs.cast()) };
+        // SAFETY: as above.
+        let dst = unsafe { &(&*addrs)[16..32] };
+        Ok(config.flags & OVERLAY_HAS_IPV6 != 0 && *dst == config.node_ipv6)
+    }
+}
+
+/// Geneve to this node counts as its overlay traffic only in the VLAN the underlay carries
+/// it in (untagged unless configured): a tag the underlay does not use is someone else's
+/// network, however the packet is addressed.
+#[inline(always)]
+fn check_vlan(packet: &Packet, parsed: &Parsed, config: &OverlayConfig) -> Result<(), DropReason> {
+    if parsed.l3_offset == ETH_LEN {
+        return if config.underlay_vlan == 0 {
+            Ok(())
+        } else {
+            Err(DropReason::GeneveWrongVlan)
+        };
+    }
+    // One tag, carrying the underlay's VLAN id; QinQ never.
+    let tag: *const [u8; 2] = packet.header(ETH_LEN).ok_or(DropReason::VlanTruncated)?;
+    // SAFETY: bounds-checked by header().
+    let vid = u16::from_be_bytes(unsafe { *tag }) & 0x0FFF;
+    if parsed.l3_offset == ETH_LEN + 4 && config.underlay_vlan != 0 && vid == config.underlay_vlan {
+        Ok(())
+    } else {
+        Err(DropReason::GeneveWrongVlan)
     }
 }
 
 /// Applies RFC 8926's receive rules to the Geneve header at `at`; returns the options length.
 #[inline(always)]
-fn check_geneve(packet: &Packet, at: usize) -> Result<usize, DropReason> {
+fn check_geneve(packet: &Packet, at: usize, vni: u32) -> Result<usize, DropReason> {
     let base: *const [u8; 8] = packet
         .header(at)
         .ok_or(DropReason::GeneveOptionsTruncated)?;
@@ -597,6 +701,10 @@ fn check_geneve(packet: &Packet, at: usize) -> Result<usize, DropReason> {
     }
     if u16::from_be_bytes([base[2], base[3]]) != GENEVE_PROTO_ETHERNET {
         return Err(DropReason::GeneveBadProtocol);
+    }
+    // Only the default pod network's segment is delivered into it.
+    if u32::from_be_bytes([0, base[4], base[5], base[6]]) != vni {
+        return Err(DropReason::GeneveUnknownVni);
     }
     let options_len = ((base[0] & 0x3F) as usize) * 4;
     let options_start = at + GENEVE_HEADER_LEN;
@@ -627,9 +735,10 @@ fn check_geneve(packet: &Packet, at: usize) -> Result<usize, DropReason> {
     Ok(options_len)
 }
 
-/// Destination address of the inner frame at `at` (Ethernet, then IPv4 or IPv6).
+/// Writes the destination address of the inner frame at `at` (Ethernet, then IPv4 or IPv6)
+/// into `dst`, in the 16-byte form.
 #[inline(always)]
-fn inner_destination(packet: &Packet, at: usize) -> Result<Addr, DropReason> {
+fn inner_destination(packet: &Packet, at: usize, dst: &mut Addr) -> Result<(), DropReason> {
     let eth: *const [u8; 14] = packet.header(at).ok_or(DropReason::GeneveInnerMalformed)?;
     // SAFETY: bounds-checked by header().
     let ether_type = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
@@ -638,11 +747,12 @@ fn inner_destination(packet: &Packet, at: usize) -> Result<Addr, DropReason> {
         ETH_P_IP => {
             let ip: *const [u8; 20] = packet.header(l3).ok_or(DropReason::GeneveInnerMalformed)?;
             // SAFETY: bounds-checked by header().
-            let ip = unsafe { *ip };
+            let ip = unsafe { &*ip };
             if ip[0] >> 4 != 4 {
                 return Err(DropReason::GeneveInnerMalformed);
             }
-            Ok(ipv4_mapped([ip[16], ip[17], ip[18], ip[19]]))
+            set_ipv4_mapped(dst, [ip[16], ip[17], ip[18], ip[19]]);
+            Ok(())
         }
         ETH_P_IPV6 => {
             let ip: *const [u8; 40] = packet.header(l3).ok_or(DropReason::GeneveInnerMalformed)?;
@@ -651,9 +761,9 @@ fn inner_destination(packet: &Packet, at: usize) -> Result<Addr, DropReason> {
             if ip[0] >> 4 != 6 {
                 return Err(DropReason::GeneveInnerMalformed);
             }
-            let mut dst = [0u8; 16];
-            dst.copy_from_slice(&ip[24..40]);
-            Ok(dst)
+            // SAFETY: the 16 bytes lie within the checked header.
+            unsafe { copy_bytes::<16>(dst.as_mut_ptr(), ip[24..].as_ptr()) };
+            Ok(())
         }
         _ => Err(DropReason::GeneveInnerMalformed),
     }

@@ -6,7 +6,11 @@ use core::mem::size_of;
 
 use aya_ebpf::programs::TcContext;
 
-use crate::{copy::set_ipv4_mapped, maps::PARSED};
+use crate::{
+    copy::{copy_bytes, set_ipv4_mapped},
+    maps::PARSED,
+    work::Parsed,
+};
 use dataplane_common::{DropReason, PacketClass, overlay::Addr};
 use network_types::{
     eth::EthHdr,
@@ -67,40 +71,6 @@ impl Packet {
             return None;
         }
         Some(at as *const T)
-    }
-}
-
-/// What the parser found: offsets for the later stages and the packet class for counters.
-#[derive(Clone, Copy)]
-pub struct Parsed {
-    /// Ethertype after any VLAN tags (host byte order).
-    pub ether_type: u16,
-    /// Offset of the IPv4/IPv6 header (0 when there is none).
-    pub l3_offset: usize,
-    /// Offset of the transport header (0 when there is none, e.g. a non-first fragment).
-    pub l4_offset: usize,
-    /// IP protocol / final IPv6 next header (0 when not IP).
-    #[allow(dead_code, reason = "read by the LB and policy stages")]
-    pub protocol: u8,
-    /// Transport ports in network byte order as on the wire (0 when the protocol has none).
-    #[allow(dead_code, reason = "read by the LB and policy stages")]
-    pub src_port: [u8; 2],
-    pub dst_port: [u8; 2],
-    pub class: PacketClass,
-}
-
-impl Parsed {
-    #[inline(always)]
-    const fn l2(ether_type: u16, class: PacketClass) -> Self {
-        Self {
-            ether_type,
-            l3_offset: 0,
-            l4_offset: 0,
-            protocol: 0,
-            src_port: [0; 2],
-            dst_port: [0; 2],
-            class,
-        }
     }
 }
 
@@ -367,9 +337,21 @@ pub fn stash(parsed: &Parsed) -> bool {
     let Some(slot) = PARSED.get_ptr_mut(0) else {
         return false;
     };
-    // SAFETY: this CPU's own slot, read back within this packet's run.
-    unsafe { *slot = *parsed };
+    // SAFETY: this CPU's own slot; volatile, so the compiler cannot forward the stored
+    // values to what reads the slot back (see `stashed`).
+    unsafe { core::ptr::write_volatile(slot, *parsed) };
     true
+}
+
+/// [`stash`], then the slot itself: read back from map memory, the parse result is one
+/// unknown value to the verifier, not the constants of each parse path, so the stages after
+/// it are walked once rather than once per kind of packet.
+#[inline(always)]
+pub fn stashed(parsed: &Parsed) -> Option<&'static Parsed> {
+    if !stash(parsed) {
+        return None;
+    }
+    PARSED.get(0)
 }
 
 /// Reads the source and destination of an untagged IP packet into `src` and `dst`, in the
@@ -386,14 +368,31 @@ pub fn read_addresses(ctx: &TcContext, ipv4: bool, src: &mut Addr, dst: &mut Add
         set_ipv4_mapped(src, [a[0], a[1], a[2], a[3]]);
         set_ipv4_mapped(dst, [a[4], a[5], a[6], a[7]]);
     } else {
-        let (Some(s), Some(d)) = (
-            read::<Addr>(ctx, ETH_LEN + 8),
-            read::<Addr>(ctx, ETH_LEN + 24),
-        ) else {
+        let at = ctx.data() + ETH_LEN + 8;
+        if at + 32 > ctx.data_end() {
             return false;
-        };
-        *src = s;
-        *dst = d;
+        }
+        // SAFETY: both addresses lie within the packet (checked just above); copied straight
+        // into place, not through the stack.
+        unsafe {
+            copy_bytes::<16>(src.as_mut_ptr(), at as *const u8);
+            copy_bytes::<16>(dst.as_mut_ptr(), (at + 16) as *const u8);
+        }
     }
     true
+}
+
+/// Copies `N` bytes of the packet from `offset` (anywhere, linear or not) straight into `dst`
+/// with the load helper: no copy through the stack. False if the packet is shorter.
+#[inline(always)]
+pub fn load_bytes<const N: usize>(ctx: &TcContext, offset: usize, dst: &mut [u8; N]) -> bool {
+    // SAFETY: `dst` is N writable bytes; the helper checks the packet side.
+    unsafe {
+        aya_ebpf::helpers::bpf_skb_load_bytes(
+            ctx.skb.skb.cast(),
+            offset as u32,
+            dst.as_mut_ptr().cast(),
+            N as u32,
+        ) == 0
+    }
 }

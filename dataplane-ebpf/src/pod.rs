@@ -18,7 +18,9 @@ use crate::{
     acl, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, parse_skb, stash},
+    parse::{
+        IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, parse_skb, parse_untagged_ipv4, stashed,
+    },
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -29,11 +31,29 @@ const CB_NOT_LOCAL: usize = 1;
 
 #[classifier]
 pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
-    // With no pod under access control, a service flow's packets first try the flow cache;
-    // the common IPv4 case before the parse, which it makes unnecessary on a hit.
+    // The common case first: an untagged IPv4 frame within the linear data, parsed by the
+    // parser's own IPv4 branch; anything else (or a malformed frame, which the full parse
+    // names) is parsed in full.
+    let packet = Packet::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let parsed = match parse_untagged_ipv4(&packet).map_or_else(|| parse_skb(&ctx), Ok) {
+        Ok(parsed) => parsed,
+        Err(reason) => {
+            count_malformed(Hook::FromPod, reason);
+            return TC_ACT_SHOT;
+        }
+    };
+    count_packet(Hook::FromPod, parsed.class);
+    // From here on the parse result is read back from this CPU's slot: one unknown value for
+    // the verifier instead of the constants of each parse path, so what follows is walked
+    // once rather than once per kind of packet.
+    let Some(parsed) = stashed(&parsed) else {
+        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        return TC_ACT_SHOT;
+    };
+    // With no pod under access control, a service flow's packets try the flow cache, which
+    // makes the rest unnecessary on a hit: the common IPv4 case without a call.
     let controlled = acl::active();
-    if !controlled && let Some((class, done)) = lb::cache::replay_plain_v4(&ctx) {
-        count_packet(Hook::FromPod, class);
+    if !controlled && let Some(done) = lb::cache::replay_plain_v4(&ctx, parsed) {
         return match done {
             Ok((verdict, translation)) => {
                 count_replayed(translation);
@@ -45,20 +65,12 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             }
         };
     }
-    let parsed = match parse_skb(&ctx) {
-        Ok(parsed) => parsed,
-        Err(reason) => {
-            count_malformed(Hook::FromPod, reason);
-            return TC_ACT_SHOT;
-        }
-    };
-    count_packet(Hook::FromPod, parsed.class);
     // With no pod under access control, TCP and UDP to a pod of this node are delivered here
     // (the second half would only do the same, after a tail call and the hand-over of the
     // parse result), and the other service flows' packets try the flow cache.
     let direct = (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !controlled;
     if direct {
-        match lb::cache::replay(&ctx, &parsed) {
+        match lb::cache::replay(&ctx, parsed) {
             Ok(Some((verdict, translation))) => {
                 count_replayed(translation);
                 return verdict;
@@ -72,7 +84,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     }
     let mut reply = 0;
     let mut translated = false;
-    match lb::from_pod(&ctx, &parsed).result() {
+    match lb::from_pod(&ctx, parsed).result() {
         Ok(Some((answered, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
             // The load-balancer answered the packet itself: its verdict, plus one.
@@ -91,7 +103,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     }
     let mut not_local = false;
     if direct {
-        match overlay::local_pod(&ctx, &parsed) {
+        match overlay::local_pod(&ctx, parsed) {
             Ok((pod, epoch)) => {
                 if translated {
                     lb::cache::remember(epoch, &pod);
@@ -106,19 +118,23 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // load-balancer, access control and the overlay is more than the verifier walks.
     ctx.cb_mut()[CB_REPLY] = reply;
     ctx.cb_mut()[CB_NOT_LOCAL] = not_local as u32;
-    if !stash(&parsed) {
-        count_drop(Hook::FromPod, DropReason::TailCallFailed);
-        return TC_ACT_SHOT;
-    }
-    let next = if parsed.protocol == IPPROTO_SCTP {
-        TAIL_FROM_POD_SCTP
+    // Each tail call with a constant slot: the JIT turns those into direct jumps, where a
+    // slot chosen at run time costs an indirect one.
+    if parsed.protocol == IPPROTO_SCTP {
+        hand_on(&ctx, TAIL_FROM_POD_SCTP)
     } else if matches!(parsed.class, PacketClass::Icmp | PacketClass::Icmpv6) {
-        TAIL_FROM_POD_ICMP
+        hand_on(&ctx, TAIL_FROM_POD_ICMP)
     } else {
-        TAIL_FROM_POD_DELIVER
-    };
+        hand_on(&ctx, TAIL_FROM_POD_DELIVER)
+    }
+}
+
+/// Tail-calls the program in `TAILS` slot `next` (give it a constant); the packet is dropped,
+/// counted, if that fails.
+#[inline(always)]
+fn hand_on(ctx: &TcContext, next: u32) -> i32 {
     // SAFETY: a tail call either does not return or returns having done nothing.
-    unsafe { TAILS.tail_call(&ctx, next) };
+    unsafe { TAILS.tail_call(ctx, next) };
     count_drop(Hook::FromPod, DropReason::TailCallFailed);
     TC_ACT_SHOT
 }
@@ -136,10 +152,11 @@ fn count_replayed(translation: PacketClass) {
 /// do), then on to the second half.
 #[classifier]
 pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
-    let Some(parsed) = PARSED.get(0).copied() else {
+    let Some(parsed) = PARSED.get(0) else {
+        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
         return TC_ACT_SHOT;
     };
-    if let Err(reason) = lb::follow_sctp_ports(&ctx, &parsed).into_value() {
+    if let Err(reason) = lb::follow_sctp_ports(&ctx, parsed).into_value() {
         count_drop(Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
@@ -154,10 +171,11 @@ pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
 /// that flow; then on to the second half.
 #[classifier]
 pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
-    let Some(parsed) = PARSED.get(0).copied() else {
+    let Some(parsed) = PARSED.get(0) else {
+        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
         return TC_ACT_SHOT;
     };
-    match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
+    match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
         Ok(0) => {}
         Ok(1) => {
             count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
@@ -185,20 +203,21 @@ pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
 pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
     // The first half's parse result (offsets and protocol still hold: the load-balancer only
     // rewrites addresses and ports in place).
-    let Some(parsed) = PARSED.get(0).copied() else {
+    let Some(parsed) = PARSED.get(0) else {
+        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
         return TC_ACT_SHOT;
     };
     let reply = ctx.cb()[CB_REPLY] != 0;
     if !reply
         && acl::active()
-        && let Err(reason) = acl::from_pod(&ctx, &parsed).result()
+        && let Err(reason) = acl::from_pod(&ctx, parsed).result()
     {
         count_drop(Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
     // Only `tc_from_pod` sets it; the SCTP and ICMP halves pass it on as cleared.
     let not_local = ctx.cb()[CB_NOT_LOCAL] != 0;
-    match overlay::from_pod(&ctx, &parsed, not_local).result() {
+    match overlay::from_pod(&ctx, parsed, not_local).result() {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
             verdict as i32

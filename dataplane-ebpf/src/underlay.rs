@@ -22,8 +22,9 @@ use crate::{
     acl, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::{Packet, Parsed, parse, parse_skb, stash},
+    parse::{Packet, parse, parse_skb, stash},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
+    work::Parsed,
 };
 
 #[xdp]
@@ -37,8 +38,12 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
         }
     };
     count_packet(Hook::Underlay, parsed.class);
-    match overlay::decapsulate(&ctx, &packet, &parsed) {
-        Ok(Some(action)) => {
+    // The call into decapsulation only for what looks like Geneve to this node.
+    if !overlay::geneve_port(&parsed) {
+        return nodeport_fast_path(&ctx, &parsed);
+    }
+    match overlay::decapsulate(&ctx, &parsed).result() {
+        Ok(Some((action, _))) => {
             count_outcome(Hook::Underlay, PacketClass::GeneveDecap);
             action
         }
@@ -88,10 +93,10 @@ fn hand_on(ctx: &TcContext, parsed: &Parsed, next: u32) -> i32 {
 /// flow, so the client pod's ingress policy lets it in.
 #[classifier]
 pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
-    let Some(parsed) = PARSED.get(0).copied() else {
+    let Some(parsed) = PARSED.get(0) else {
         return TC_ACT_OK;
     };
-    match lb::icmp_error_reverse_nat(&ctx, &parsed).into_value() {
+    match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
         Ok(0) => TC_ACT_OK,
         Ok(1) => {
             count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
@@ -148,10 +153,10 @@ fn opaque(parsed: &Parsed) -> Option<&'static Parsed> {
 /// `tc_underlay` for SCTP: the same, with the CRC32c corrected after a port rewrite.
 #[classifier]
 pub fn tc_underlay_sctp(ctx: TcContext) -> i32 {
-    let Some(parsed) = PARSED.get(0).copied() else {
+    let Some(parsed) = PARSED.get(0) else {
         return TC_ACT_OK;
     };
-    underlay_services(&ctx, &parsed, true)
+    underlay_services(&ctx, parsed, true)
 }
 
 /// Reverse NAT of replies from remote backends and NodePort DNAT, then delivery of what was

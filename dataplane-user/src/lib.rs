@@ -22,6 +22,7 @@ pub mod stats;
 pub mod status;
 pub mod testrun;
 pub mod trace;
+pub mod verify;
 
 pub use error::AgentError;
 pub use loader::Dataplane;

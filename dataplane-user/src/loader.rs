@@ -11,10 +11,8 @@ use aya::{
 };
 use dataplane_common::lb::CLOCK_HZ_GLOBAL;
 use dataplane_common::maps::{
-    ALL_PROGRAMS, LAYOUT_VERSION, META, PROG_FROM_POD, PROG_FROM_POD_DELIVER, PROG_FROM_POD_ICMP,
-    PROG_FROM_POD_SCTP, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_ICMP, PROG_UNDERLAY_SCTP,
-    PROG_UNDERLAY_TC, TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP,
-    TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP, TAILS,
+    ALL_PROGRAMS, LAYOUT_VERSION, META, PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY,
+    PROG_UNDERLAY_TC, TAIL_STAGES, TAILS, TailStage,
 };
 
 use crate::{AgentError, Pins, ebpf, preflight};
@@ -144,13 +142,12 @@ impl Dataplane {
 
     /// Puts the programs reached by tail call into their slots.
     fn fill_tails(&mut self) -> Result<(), AgentError> {
-        for (slot, name) in [
-            (TAIL_FROM_POD_DELIVER, PROG_FROM_POD_DELIVER),
-            (TAIL_FROM_POD_SCTP, PROG_FROM_POD_SCTP),
-            (TAIL_FROM_POD_ICMP, PROG_FROM_POD_ICMP),
-            (TAIL_UNDERLAY_ICMP, PROG_UNDERLAY_ICMP),
-            (TAIL_UNDERLAY_SCTP, PROG_UNDERLAY_SCTP),
-        ] {
+        for &TailStage {
+            slot,
+            program: name,
+            ..
+        } in TAIL_STAGES
+        {
             let fd = self
                 .classifier(name)?
                 .fd()

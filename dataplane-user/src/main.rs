@@ -26,7 +26,7 @@ use dataplane_user::{
     pins::DEFAULT_PIN_ROOT,
     preflight, source,
     state::{self, AgentState, DEFAULT_RUN_DIR},
-    status, trace,
+    status, trace, verify,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
@@ -139,6 +139,20 @@ enum Command {
     },
     /// Remove every pin under the pin root: detaches the programs and drops all adopted state.
     Cleanup,
+    /// Load every program into this kernel (nothing attached, private pins) and show the room
+    /// each leaves: verified instructions against the 1M budget, the stack of its deepest
+    /// call chain against 512 bytes, the tail-call stages after it.
+    Verify {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Fail when a program verifies at more than this share of the budget (percent).
+        #[arg(long)]
+        max_budget_percent: Option<f64>,
+        /// Fail when a program's deepest call chain needs more stack than this (bytes).
+        #[arg(long)]
+        max_stack: Option<u32>,
+    },
 }
 
 fn main() -> ExitCode {
@@ -258,6 +272,40 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 println!("{}", serde_json::to_string_pretty(&report)?);
             } else {
                 print!("{}", trace::render(&report));
+            }
+            Ok(())
+        }
+        Command::Verify {
+            json,
+            max_budget_percent,
+            max_stack,
+        } => {
+            let budgets = verify::measure()?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&budgets)?);
+            } else {
+                print!("{}", verify::render(&budgets));
+            }
+            let over: Vec<String> = budgets
+                .iter()
+                .filter(|b| {
+                    max_budget_percent.is_some_and(|max| b.budget_percent > max)
+                        || max_stack.is_some_and(|max| b.stack_bytes > max)
+                })
+                .map(|b| {
+                    format!(
+                        "{} ({:.1}%, {} bytes of stack)",
+                        b.name, b.budget_percent, b.stack_bytes
+                    )
+                })
+                .collect();
+            if !over.is_empty() {
+                anyhow::bail!(
+                    "over the verifier margin (at most {}% of the budget, {} bytes of stack): {}",
+                    max_budget_percent.map_or("-".into(), |m| m.to_string()),
+                    max_stack.map_or("-".into(), |m| m.to_string()),
+                    over.join(", ")
+                );
             }
             Ok(())
         }

@@ -6,6 +6,7 @@ mod build_ebpf;
 mod demo;
 mod setup;
 mod test;
+mod verify;
 
 use std::{path::PathBuf, process::Command};
 
@@ -31,6 +32,9 @@ enum Task {
     Bench(bench::Args),
     /// Bring up simulated nodes with pods, run the agent on each, show traffic, clean up.
     Demo(demo::Args),
+    /// Load every kernel program into this kernel and show each one's verifier and stack
+    /// margin; with limits, fail when one is over them.
+    Verify(verify::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -40,6 +44,7 @@ fn main() -> anyhow::Result<()> {
         Task::Test(args) => test::run(&args),
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
+        Task::Verify(args) => verify::run(&args),
     }
 }
 

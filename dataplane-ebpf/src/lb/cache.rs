@@ -29,15 +29,17 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, MAX_DIRECT_L4, Side, TCP_FIN, TCP_RST, TCP_SYN, clock,
-    follow_transport_checksum, live_backend, scratch, translate,
+    ETH_LEN, ETH_P_IP, MAX_DIRECT_L4, Side, TCP_FIN, TCP_RST, TCP_SYN, follow_transport_checksum,
+    live_backend, scratch, translate,
 };
 use crate::{
+    clock::clock,
     copy::{copy_addr, copy_bytes},
     csum::{csum_diff, updated},
     maps::LB_FLOW_CACHE,
     overlay,
-    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, Parsed, parse_untagged_ipv4, read, read_addresses},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, read, read_addresses},
+    work::Parsed,
 };
 
 /// Translates and delivers a TCP or UDP packet as the cache says, if it holds a valid entry
@@ -159,23 +161,24 @@ fn replay_flow(
 /// A replayed packet's verdict and translation, or the reason to drop it (partly rewritten).
 pub type Replayed = Result<(i32, PacketClass), DropReason>;
 
-/// [`replay`] for an untagged IPv4 TCP or UDP packet without options, tried before the full
-/// parse: the parser's own IPv4 branch checks it, then [`replay_v4`] is inlined into the
+/// [`replay`] for an untagged IPv4 TCP or UDP packet without options (`parsed` by the
+/// parser's IPv4 branch alone), tried before anything else: [`replay_v4`] is inlined into the
 /// caller, so a hit costs no BPF-to-BPF call (whose return, under the SRSO mitigation, costs
-/// tens of nanoseconds here). `None`: anything else, malformed, or not cached (the packet is
-/// untouched, for the full path). `Some((class, done))`: the packet's class as parsed, and
-/// the verdict with the translation, or the reason to drop a packet partly rewritten.
+/// tens of nanoseconds here). `None`: anything else, or not cached (the packet is untouched,
+/// for the full path). `Some(done)`: the verdict with the translation, or the reason to drop
+/// a packet partly rewritten.
 #[inline(always)]
-pub fn replay_plain_v4(ctx: &TcContext) -> Option<(PacketClass, Replayed)> {
-    let packet = Packet::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
-    let parsed = parse_untagged_ipv4(&packet)?;
-    if parsed.l4_offset != V4_L4 || !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP) {
+pub fn replay_plain_v4(ctx: &TcContext, parsed: &Parsed) -> Option<Replayed> {
+    if parsed.ether_type != ETH_P_IP
+        || parsed.l4_offset != V4_L4
+        || !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP)
+    {
         return None;
     }
-    match replay_v4(ctx, parsed.protocol, flow_ports(&parsed)) {
+    match replay_v4(ctx, parsed.protocol, flow_ports(parsed)) {
         Ok(None) => None,
-        Ok(Some((verdict, side))) => Some((parsed.class, Ok((verdict, side.translation())))),
-        Err(reason) => Some((parsed.class, Err(reason))),
+        Ok(Some((verdict, side))) => Some(Ok((verdict, side.translation()))),
+        Err(reason) => Some(Err(reason)),
     }
 }
 
@@ -226,14 +229,16 @@ fn replay_v4(ctx: &TcContext, protocol: u8, ports: u32) -> Result<Option<(i32, S
     if entry.epoch != config.pods_epoch {
         return Ok(None);
     }
+    // The backend check first: its lookup would have the values read below spilled.
+    let original = entry.direction == CT_ORIGINAL;
+    if original && live_backend(entry.backend_id).is_none() {
+        return Ok(None);
+    }
     let ports = ports.to_ne_bytes();
     let a = &entry.addr;
     let new = [a[12], a[13], a[14], a[15]];
     let new_port = entry.port_be;
-    let (side, old, old_port) = if entry.direction == CT_ORIGINAL {
-        if live_backend(entry.backend_id).is_none() {
-            return Ok(None);
-        }
+    let (side, old, old_port) = if original {
         (Side::Destination, dst, [ports[2], ports[3]])
     } else {
         (Side::Source, src, [ports[0], ports[1]])

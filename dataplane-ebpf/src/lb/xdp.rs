@@ -33,18 +33,19 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, LbScratch, TCP_SYN, expired, live_backend, now,
-    outside_scope, port_marked, refresh_affinity, scratch, touch,
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, TCP_SYN, expired, live_backend, outside_scope,
+    port_marked, refresh_affinity, scratch, touch,
 };
 use crate::{
+    clock::now,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
-    csum::{csum_diff, updated, write_ipv4},
+    csum::{addr_diff, csum_diff, updated, write_ipv4},
     maps::{FIB_SCRATCH, LB_CT, LOCAL_PODS, SCRATCH},
     overlay::{
         self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
     },
-    parse::Parsed,
     stage::Stage,
+    work::{LbScratch, Parsed},
 };
 
 /// Transport headers further in than this (deep IPv6 extension chains) are left to tc; the
@@ -144,7 +145,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
         return Ok(None);
     }
     translate(ctx, overhead, l4, ipv4, s).map_err(|_| DropReason::OverlayEncapFailed)?;
-    let action = encapsulate(ctx, config, &endpoint, frame_len, s)?;
+    let action = encapsulate(ctx, config, endpoint, frame_len, s)?;
     Ok(Some((action, PacketClass::GeneveEncap)))
 }
 
@@ -198,7 +199,7 @@ fn remote_route(
     parsed: &Parsed,
     config: &OverlayConfig,
     s: &LbScratch,
-) -> Option<TunnelEndpoint> {
+) -> Option<&'static TunnelEndpoint> {
     if config.flags & OVERLAY_XDP_FORWARD == 0 {
         return None;
     }
@@ -224,12 +225,7 @@ fn remote_route(
     let fib = FIB_SCRATCH.get_ptr_mut(0)?;
     // SAFETY: per-CPU map memory, used only by this program run.
     let fib = unsafe { &mut *fib };
-    fill_fib_params(
-        fib,
-        config,
-        &endpoint,
-        frame_len + overhead - ETH_LEN as u32,
-    );
+    fill_fib_params(fib, config, endpoint, frame_len + overhead - ETH_LEN as u32);
     // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
     let rc = unsafe {
         bpf_fib_lookup(
@@ -255,9 +251,11 @@ fn translate(
     s: &mut LbScratch,
 ) -> Result<(), DropReason> {
     let failed = DropReason::LbRewriteFailed;
-    let skip = if ipv4 { 12 } else { 0 };
-    let addresses = csum_diff(&s.flow.dst, &s.new_addr, skip, 0);
-    let addresses = csum_diff(&s.flow.src, &s.snat_addr, skip, addresses);
+    // SAFETY: all four lie 4-aligned in the working set (asserted with its layout).
+    let addresses = unsafe {
+        let addresses = addr_diff(&s.flow.dst, &s.new_addr, ipv4, 0);
+        addr_diff(&s.flow.src, &s.snat_addr, ipv4, addresses)
+    };
     let old_ports = [
         s.flow.src_port_be[0],
         s.flow.src_port_be[1],
