@@ -76,6 +76,15 @@ drop_reasons! {
     TailCallFailed = 38, "tail_call_failed", "the next stage of a program could not be reached (its program array slot is empty)";
     GeneveUnknownVni = 40, "geneve_unknown_vni", "Geneve with a VNI other than the default pod network's";
     GeneveWrongVlan = 41, "geneve_wrong_vlan", "Geneve to this node in a VLAN the underlay does not carry the overlay in";
+    PortUnknown = 42, "port_unknown", "a packet on a pod veth the agent has no port-security record for";
+    PortSrcMac = 43, "port_src_mac", "a pod sent with a source MAC that is not its own";
+    PortSrcIp = 44, "port_src_ip", "a pod sent with a source address that is not its own";
+    PortArp = 45, "port_arp", "a pod's ARP with a sender MAC or address that is not its own";
+    PortNd = 46, "port_nd", "a pod's neighbour discovery with a link-layer address or target that is not its own, or a router advertisement or redirect";
+    PortEthertype = 47, "port_ethertype", "a frame from or to a pod that is neither untagged IP nor ARP";
+    PortDstMac = 48, "port_dst_mac", "a frame to a pod for a unicast MAC that is not the pod's";
+    PortDstIp = 49, "port_dst_ip", "a packet to a pod for a unicast address that is not the pod's";
+    FragmentWithoutFirst = 50, "fragment_without_first", "a later fragment of a datagram whose first fragment (with the ports) was not seen here";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 

@@ -247,7 +247,12 @@ pub struct FlowCacheEntry {
     pub epoch: u32,
     /// Where the packet was delivered.
     pub pod: LocalPod,
-    pub _pad2: u32,
+    /// The veth the packet arrived on and its source MAC: a replay needs the same, which
+    /// port security checked for the packet that filled the entry (the flow's source address
+    /// is in `flow`), so a replayed packet needs no check of its own.
+    pub from_ifindex: u32,
+    pub from_mac: [u8; 6],
+    pub _pad2: [u8; 2],
 }
 
 /// The flow cache slot of a flow (its direction ignored): the words of its addresses, ports
@@ -288,6 +293,16 @@ fn flow_cache_spread(folded: u32) -> u32 {
     folded.wrapping_mul(0x9e37_79b1) >> (32 - FLOW_CACHE_SLOTS.trailing_zeros())
 }
 
+/// Key of the membership map: one ready backend of one service port with ClientIP affinity.
+/// Backends are shared by address and port across service ports, so whether a client's
+/// affine backend still serves *this* service port is asked here, not of the backend.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct MemberKey {
+    pub service_id: u32,
+    pub backend_id: u32,
+}
+
 /// Key of the affinity map: one client of one service port.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -313,7 +328,8 @@ const _: () = {
     assert!(core::mem::size_of::<CtValue>() == 52);
     assert!(core::mem::size_of::<AffinityKey>() == 20);
     assert!(core::mem::size_of::<AffinityValue>() == 8);
-    assert!(core::mem::size_of::<FlowCacheEntry>() == 96);
+    assert!(core::mem::size_of::<MemberKey>() == 8);
+    assert!(core::mem::size_of::<FlowCacheEntry>() == 104);
     assert!(FLOW_CACHE_SLOTS.is_power_of_two());
 };
 
@@ -387,6 +403,8 @@ mod pod_impls {
     unsafe impl aya::Pod for super::AffinityKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::AffinityValue {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::MemberKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowCacheEntry {}
 }

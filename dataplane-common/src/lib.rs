@@ -5,9 +5,11 @@
 
 pub mod acl;
 pub mod drop;
+pub mod frag;
 pub mod lb;
 pub mod maps;
 pub mod overlay;
+pub mod port;
 pub mod stats;
 
 pub use drop::DropReason;

@@ -25,6 +25,12 @@ pub const NODE_ADDRS: &str = "DP_OVL_NODES";
 /// Hash: address of every local pod (16-byte form) -> [`crate::overlay::LocalPod`].
 pub const LOCAL_PODS: &str = "DP_OVL_PODS";
 
+/// Hash: ifindex of a local pod's host-side veth -> [`crate::port::PodPort`], the addresses
+/// the pod may send as and be sent to (port security).
+pub const POD_PORTS: &str = "DP_POD_PORTS";
+/// Per-CPU array (not pinned): [`crate::port::PortCacheEntry`] by ifindex slot.
+pub const PORT_CACHE: &str = "DP_PORT_CACHE";
+
 /// Hash: [`crate::lb::ServiceKey`] -> [`crate::lb::ServiceValue`].
 pub const LB_SERVICES: &str = "DP_LB_SERVICES";
 /// Array: [`crate::lb::backend_slot`] of a backend id -> [`crate::lb::Backend`] (an array, so
@@ -42,6 +48,10 @@ pub const LB_CT: &str = "DP_LB_CT";
 pub const LB_FLOW_CACHE: &str = "DP_LB_FLOW_CACHE";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
 pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
+/// (service port, backend) pairs of the service ports with ClientIP affinity.
+pub const LB_MEMBERS: &str = "DP_LB_MEMBERS";
+/// Datagrams being fragmented -> their first fragment's ports (LRU).
+pub const FRAGS: &str = "DP_FRAGS";
 
 /// Hash: address of every local pod under access control (16-byte form) ->
 /// [`crate::acl::AclEndpoint`], the rule sets that apply to it.
@@ -82,6 +92,10 @@ pub const MAX_SERVICE_PORTS: u32 = 16_384;
 pub const MAX_BACKENDS: u32 = 1 << crate::lb::BACKEND_SLOT_BITS;
 pub const MAX_CT_ENTRIES: u32 = 262_144;
 pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
+/// Datagrams in flight in fragments, on all of a node's pods and its underlay.
+pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
+/// Ready backends summed over the service ports with ClientIP affinity.
+pub const MAX_AFFINITY_MEMBERS: u32 = 65_536;
 
 /// Capacity of the node, pod-CIDR and local-pod maps.
 pub const MAX_NODES: u32 = 5000;
@@ -97,12 +111,15 @@ pub const ALL_MAPS: &[&str] = &[
     REMOTE_PODS_V6,
     NODE_ADDRS,
     LOCAL_PODS,
+    POD_PORTS,
     LB_SERVICES,
     LB_PORTS,
     LB_BACKENDS,
     LB_MAGLEV,
     LB_CT,
     LB_AFFINITY,
+    LB_MEMBERS,
+    FRAGS,
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,

@@ -24,7 +24,8 @@ use aya_ebpf::{
     programs::TcContext,
 };
 use dataplane_common::{
-    DropReason, PacketClass,
+    DropReason, Hook, PacketClass,
+    frag::FRAG_LATER,
     lb::{
         BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
         CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtValue,
@@ -39,13 +40,15 @@ use crate::{
     clock::now,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{addr_diff, csum_add, fold, store_checksum, sum_words, updated, write_ipv4},
-    icmp,
+    frag, icmp,
     maps::{
-        LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_PORTS, LB_SCRATCH, LB_SERVICES, LOCAL_PODS,
+        LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_MEMBERS, LB_PORTS, LB_SCRATCH, LB_SERVICES,
+        LOCAL_PODS,
     },
     overlay,
     parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, load_bytes, read_addresses},
     stage::Stage,
+    stats::{count_drop, count_outcome},
     work::{LbScratch, Parsed},
 };
 
@@ -92,7 +95,9 @@ fn scratch() -> Option<&'static mut LbScratch> {
 /// anything else.
 #[inline(always)]
 fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
-    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
+    // A later fragment has no transport header but its first fragment's ports (`frag`).
+    let later_fragment = parsed.fragment == FRAG_LATER;
+    if parsed.l3_offset != ETH_LEN || (parsed.l4_offset == 0 && !later_fragment) {
         return false;
     }
     if !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
@@ -104,6 +109,7 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     }
     // Variable offsets: the helper, which the verifier follows without help.
     s.tcp_flags = match parsed.protocol {
+        _ if later_fragment => 0,
         IPPROTO_TCP => ctx.load::<u8>(parsed.l4_offset + 13).unwrap_or(0),
         IPPROTO_SCTP => sctp_flags(ctx.load::<u8>(parsed.l4_offset + 12).unwrap_or(0)),
         _ => 0,
@@ -162,14 +168,16 @@ fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
 /// a packet to a service port. `Ok(None)`: not service traffic.
 ///
 /// The stage's value is 0 when the packet continues (rewritten or not) and `verdict + 1` when
-/// the load-balancer has answered it itself (a service without endpoints).
+/// the load-balancer has routed it out itself. A service without endpoints or a TCP flow
+/// whose backend is gone is the drop `LbNoEndpoints` or `LbBackendGone`, which the caller
+/// answers with [`answer`].
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let s = match unreplied_flow(ctx, parsed) {
         Ok(s) => s,
         Err(done) => return done,
     };
-    answer_failures(ctx, parsed, dnat(ctx, parsed, s, SCOPE_CLUSTER))
+    dnat_stage(dnat(ctx, parsed, s, SCOPE_CLUSTER))
 }
 
 /// The tc stage on the underlay NIC: reverse NAT of replies from remote backends (XDP has
@@ -187,7 +195,42 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     };
     let scope = outside_scope(config, s);
     s.nodeport = 1;
-    answer_failures(ctx, parsed, dnat(ctx, parsed, s, scope))
+    dnat_stage(dnat(ctx, parsed, s, scope))
+}
+
+/// The DNAT result as the stage's outcome.
+#[inline(always)]
+fn dnat_stage(result: Result<Option<PacketClass>, DropReason>) -> Stage {
+    Stage::new(result.map(|done| done.map(|class| (0, class))))
+}
+
+/// Whether a drop of the load-balancer is one it answers ([`answer`]).
+#[inline(always)]
+pub fn answerable(reason: DropReason) -> bool {
+    matches!(
+        reason,
+        DropReason::LbNoEndpoints | DropReason::LbBackendGone
+    )
+}
+
+/// Answers what the load-balancer refused (`reason`, see [`answerable`]) instead of dropping
+/// it silently, so the client learns at once instead of timing out: a new flow to a service
+/// port without endpoints, a TCP segment of a flow whose backend is gone. The stage's value is
+/// the verdict, its class what was answered. Called by the programs after the load-balancer's
+/// stage (not inside it), so the answer's frame is not stacked on the stage's.
+#[inline(never)]
+pub fn answer(ctx: &TcContext, parsed: &Parsed, reason: u32) -> Stage {
+    match DropReason::from_code(reason) {
+        Some(DropReason::LbNoEndpoints) => Stage::new(
+            reject(ctx, parsed).map(|verdict| Some((verdict as u32, PacketClass::ServiceRejected))),
+        ),
+        Some(DropReason::LbBackendGone) => Stage::new(
+            reject(ctx, parsed)
+                .map(|verdict| Some((verdict as u32, PacketClass::ServiceResetBackendGone)))
+                .map_err(|_| DropReason::LbBackendGone),
+        ),
+        _ => Stage::new(Err(DropReason::LbRewriteFailed)),
+    }
 }
 
 /// The scope of a packet from outside, with `s.node_addr` set to this node's address of its
@@ -255,25 +298,19 @@ fn replied(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Option<Stage>
     }
 }
 
-/// Turns the DNAT result into the stage's outcome, answering what has no backend.
+/// [`answer`] with its outcome or drop counted at `hook`; the program's verdict.
 #[inline(always)]
-fn answer_failures(
-    ctx: &TcContext,
-    parsed: &Parsed,
-    result: Result<Option<PacketClass>, DropReason>,
-) -> Stage {
-    match result {
-        // Answered rather than dropped: clients learn at once instead of timing out.
-        Err(DropReason::LbNoEndpoints) => Stage::new(
-            reject(ctx, parsed)
-                .map(|verdict| Some((verdict as u32 + 1, PacketClass::ServiceRejected))),
-        ),
-        Err(DropReason::LbBackendGone) => Stage::new(
-            reject(ctx, parsed)
-                .map(|verdict| Some((verdict as u32 + 1, PacketClass::ServiceResetBackendGone)))
-                .map_err(|_| DropReason::LbBackendGone),
-        ),
-        other => Stage::new(other.map(|done| done.map(|class| (0, class)))),
+pub fn answer_counted(ctx: &TcContext, parsed: &Parsed, reason: DropReason, hook: Hook) -> i32 {
+    match answer(ctx, parsed, reason as u32).result() {
+        Ok(Some((verdict, outcome))) => {
+            count_outcome(hook, outcome);
+            verdict as i32
+        }
+        Ok(None) => aya_ebpf::bindings::TC_ACT_OK,
+        Err(reason) => {
+            count_drop(hook, reason);
+            aya_ebpf::bindings::TC_ACT_SHOT
+        }
     }
 }
 
@@ -696,6 +733,9 @@ fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Option
         return None;
     }
     live_backend(entry.backend_id)?;
+    s.member.service_id = service.id;
+    s.member.backend_id = entry.backend_id;
+    LB_MEMBERS.get_ptr(&s.member)?;
     if entry.last_seen != now {
         entry.last_seen = now;
     }
@@ -763,7 +803,12 @@ fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> S
     let l4 = parsed.l4_offset as u32;
     let protocol = parsed.protocol as u32;
     match lb_rewrite(ctx.skb.skb, s, l4, protocol, side as u32) {
-        0 => Stage::value(Ok(0)),
+        0 => {
+            if l4 == 0 {
+                frag::translated(side == Side::Source, s.new_port);
+            }
+            Stage::value(Ok(0))
+        }
         _ => Stage::value(Err(DropReason::LbRewriteFailed)),
     }
 }
@@ -804,7 +849,9 @@ fn translate(
     // The headers are written in place (cheaper than a store helper per field); the helpers
     // that follow invalidate the packet pointers, so every direct write comes first.
     write_headers(ctx, l4, s, side, diff)?;
-    if protocol == IPPROTO_SCTP {
+    // A later fragment (no transport header): the address alone; the transport checksum
+    // travels in the first fragment, which was corrected for the whole datagram.
+    if protocol == IPPROTO_SCTP || l4 == 0 {
         // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
         return Ok(());
     }
@@ -1021,7 +1068,7 @@ fn write_headers(
         // SAFETY: the 40-byte IPv6 header was bounds-checked just above.
         unsafe { copy_bytes::<16>(at as *mut u8, s.new_addr.as_ptr()) };
     }
-    if s.old_port != s.new_port {
+    if s.old_port != s.new_port && l4 != 0 {
         let at = if side == Side::Source {
             ports
         } else {

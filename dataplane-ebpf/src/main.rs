@@ -14,6 +14,8 @@ mod copy;
 #[cfg(target_arch = "bpf")]
 mod csum;
 #[cfg(target_arch = "bpf")]
+mod frag;
+#[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lb;
@@ -25,6 +27,8 @@ mod overlay;
 mod parse;
 #[cfg(target_arch = "bpf")]
 mod pod;
+#[cfg(target_arch = "bpf")]
+mod port;
 #[cfg(target_arch = "bpf")]
 mod stage;
 #[cfg(target_arch = "bpf")]

@@ -13,16 +13,18 @@ use dataplane_common::{
         AclPortKey, AclVerdict,
     },
     drop::DROP_REASON_SLOTS,
+    frag::{FragKey, FragPorts},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
-        MaglevTable, ServiceKey, ServiceValue,
+        MaglevTable, MemberKey, ServiceKey, ServiceValue,
     },
     maps::{
         ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
-        MAX_AFFINITY_ENTRIES, MAX_BACKENDS, MAX_CT_ENTRIES, MAX_LOCAL_PODS, MAX_NODES,
-        MAX_SERVICE_PORTS,
+        MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_CT_ENTRIES,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
+    port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
     stats::PACKET_COUNTER_SLOTS,
 };
 
@@ -62,6 +64,17 @@ pub static NODE_ADDRS: HashMap<Addr, u32> = HashMap::pinned(MAX_NODES * 2, 0);
 #[map(name = "DP_OVL_PODS")]
 pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
 
+/// Pods on this node by the ifindex of their host-side veth: what they may send as and be
+/// sent to (port security).
+#[map(name = "DP_POD_PORTS")]
+pub static POD_PORTS: HashMap<u32, PodPort> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// Per-CPU copies of `POD_PORTS` entries by ifindex slot, valid within the local pods' epoch.
+/// Not pinned: a cache.
+#[map(name = "DP_PORT_CACHE")]
+pub static PORT_CACHE: PerCpuArray<PortCacheEntry> =
+    PerCpuArray::with_max_entries(PORT_CACHE_SLOTS, 0);
+
 /// Service ports -> how to balance them.
 #[map(name = "DP_LB_SERVICES")]
 pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_PORTS, 0);
@@ -89,6 +102,20 @@ pub static LB_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT_ENTRIES
 #[map(name = "DP_LB_AFFINITY")]
 pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
     LruHashMap::pinned(MAX_AFFINITY_ENTRIES, 0);
+
+/// Ready backends of the service ports with ClientIP affinity: an affine backend that left
+/// the service port is not used for its new flows, whatever other service ports it serves.
+#[map(name = "DP_LB_MEMBERS")]
+pub static LB_MEMBERS: HashMap<MemberKey, u32> = HashMap::pinned(MAX_AFFINITY_MEMBERS, 0);
+
+/// Datagrams in flight in fragments -> their first fragment's ports (`frag`). LRU: a datagram
+/// whose last fragment never came ages out.
+#[map(name = "DP_FRAGS")]
+pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::pinned(MAX_FRAGMENTED_DATAGRAMS, 0);
+
+/// The key of `FRAGS` being built, per CPU (not on the stack). Not pinned.
+#[map(name = "DP_FRAG_KEY")]
+pub static FRAG_KEY: PerCpuArray<FragKey> = PerCpuArray::with_max_entries(1, 0);
 
 /// Local pods under access control -> the rule sets that apply to them.
 #[map(name = "DP_ACL_ENDPOINTS")]

@@ -11,7 +11,11 @@ use crate::{
     maps::PARSED,
     work::Parsed,
 };
-use dataplane_common::{DropReason, PacketClass, overlay::Addr};
+use dataplane_common::{
+    DropReason, PacketClass,
+    frag::{FRAG_FIRST, FRAG_LATER, FRAG_NONE},
+    overlay::Addr,
+};
 use network_types::{
     eth::EthHdr,
     ip::{Ipv4Hdr, Ipv6Hdr},
@@ -26,20 +30,20 @@ const MAX_VLAN_TAGS: usize = 2;
 /// IPv6 extension headers walked before giving up with `Ipv6ExtTooDeep`.
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
-const ETH_P_ARP: u16 = 0x0806;
+pub const ETH_P_IP: u16 = 0x0800;
+pub const ETH_P_IPV6: u16 = 0x86DD;
+pub const ETH_P_ARP: u16 = 0x0806;
 const ETH_P_8021Q: u16 = 0x8100;
 const ETH_P_8021AD: u16 = 0x88A8;
 
 const IPPROTO_HOPOPTS: u8 = 0;
-const IPPROTO_ICMP: u8 = 1;
+pub const IPPROTO_ICMP: u8 = 1;
 pub const IPPROTO_TCP: u8 = 6;
 pub const IPPROTO_UDP: u8 = 17;
 const IPPROTO_ROUTING: u8 = 43;
 const IPPROTO_FRAGMENT: u8 = 44;
 const IPPROTO_AH: u8 = 51;
-const IPPROTO_ICMPV6: u8 = 58;
+pub const IPPROTO_ICMPV6: u8 = 58;
 const IPPROTO_DSTOPTS: u8 = 60;
 pub const IPPROTO_SCTP: u8 = 132;
 const IPPROTO_MOBILITY: u8 = 135;
@@ -48,6 +52,9 @@ const IPPROTO_SHIM6: u8 = 140;
 
 /// ICMP and ICMPv6 messages all start with an 8-byte header.
 const ICMP_HEADER_LEN: usize = 8;
+/// IPv4 flags and fragment offset: more fragments follow; the offset in 8-byte units.
+const IPV4_MORE_FRAGMENTS: u16 = 0x2000;
+const IPV4_OFFSET_MASK: u16 = 0x1FFF;
 
 /// The packet as the program sees it: `start..end` is the directly readable (linear) data,
 /// `len` the whole packet length (larger than `end - start` for non-linear skbs).
@@ -139,10 +146,18 @@ fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
         src_port: [0; 2],
         dst_port: [0; 2],
         class: PacketClass::Fragment,
+        fragment: FRAG_NONE,
+        frag_id: [0; 4],
     };
-    // A non-first fragment carries no transport header: recognise it, do not parse it.
-    if frags & 0x1FFF != 0 {
-        return Ok(parsed);
+    if frags & (IPV4_MORE_FRAGMENTS | IPV4_OFFSET_MASK) != 0 {
+        let id = unsafe { (*ip).id };
+        parsed.frag_id = [id[0], id[1], 0, 0];
+        // A non-first fragment carries no transport header: recognise it, do not parse it.
+        if frags & IPV4_OFFSET_MASK != 0 {
+            parsed.fragment = FRAG_LATER;
+            return Ok(parsed);
+        }
+        parsed.fragment = FRAG_FIRST;
     }
     parse_l4(packet, l3 + header_len, protocol, &mut parsed)?;
     Ok(parsed)
@@ -168,6 +183,8 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
         src_port: [0; 2],
         dst_port: [0; 2],
         class: PacketClass::OtherL4,
+        fragment: FRAG_NONE,
+        frag_id: [0; 4],
     };
 
     // One iteration per extension header plus the one that reaches the transport header.
@@ -197,10 +214,16 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
                 next = frag[0];
                 offset += 8;
                 let fragment_offset = u16::from_be_bytes([frag[2], frag[3]]) >> 3;
+                parsed.frag_id = [frag[4], frag[5], frag[6], frag[7]];
                 if fragment_offset != 0 {
                     parsed.protocol = next;
                     parsed.class = PacketClass::Fragment;
+                    parsed.fragment = FRAG_LATER;
                     return Ok(parsed);
+                }
+                // An atomic fragment (offset 0, no more) is a whole datagram (RFC 6946).
+                if frag[3] & 1 != 0 {
+                    parsed.fragment = FRAG_FIRST;
                 }
             }
             _ => {

@@ -15,12 +15,13 @@ use dataplane_common::{
 };
 
 use crate::{
-    acl, lb,
+    acl, frag, lb,
     maps::{PARSED, TAILS},
     overlay,
     parse::{
         IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, parse_skb, parse_untagged_ipv4, stashed,
     },
+    port,
     stats::{count_drop, count_malformed, count_outcome, count_packet},
 };
 
@@ -51,7 +52,8 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
         return TC_ACT_SHOT;
     };
     // With no pod under access control, a service flow's packets try the flow cache, which
-    // makes the rest unnecessary on a hit: the common IPv4 case without a call.
+    // makes the rest unnecessary on a hit: the common IPv4 case without a call. A hit needs
+    // the veth and source MAC of the packet that filled the entry: one port security passed.
     let controlled = acl::active();
     if !controlled && let Some(done) = lb::cache::replay_plain_v4(&ctx, parsed) {
         return match done {
@@ -64,6 +66,21 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
                 TC_ACT_SHOT
             }
         };
+    }
+    // Port security: nothing after this sees a packet the pod may not send.
+    match port::from_pod(&ctx, parsed).into_value() {
+        Ok(0) => {}
+        // ARP the pod may send: for the stack, which answers it.
+        Ok(_) => return TC_ACT_OK,
+        Err(reason) => {
+            count_drop(Hook::FromPod, reason);
+            return TC_ACT_SHOT;
+        }
+    }
+    // A later fragment gets its first fragment's ports, for the load-balancer and policy.
+    if let Err(reason) = frag::follow_first(&ctx, parsed) {
+        count_drop(Hook::FromPod, reason);
+        return TC_ACT_SHOT;
     }
     // With no pod under access control, TCP and UDP to a pod of this node are delivered here
     // (the second half would only do the same, after a tail call and the hand-over of the
@@ -85,17 +102,20 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     let mut reply = 0;
     let mut translated = false;
     match lb::from_pod(&ctx, parsed).result() {
-        Ok(Some((answered, outcome))) => {
+        Ok(Some((routed, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
-            // The load-balancer answered the packet itself: its verdict, plus one.
-            if answered != 0 {
-                return (answered - 1) as i32;
+            // The load-balancer routed the packet out itself: its verdict, plus one.
+            if routed != 0 {
+                return (routed - 1) as i32;
             }
             reply = (outcome == PacketClass::ServiceReverseNat) as u32;
             translated =
                 outcome == PacketClass::ServiceDnat || outcome == PacketClass::ServiceReverseNat;
         }
         Ok(None) => {}
+        Err(reason) if lb::answerable(reason) => {
+            return lb::answer_counted(&ctx, parsed, reason, Hook::FromPod);
+        }
         Err(reason) => {
             count_drop(Hook::FromPod, reason);
             return TC_ACT_SHOT;
@@ -106,7 +126,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
         match overlay::local_pod(&ctx, parsed) {
             Ok((pod, epoch)) => {
                 if translated {
-                    lb::cache::remember(epoch, &pod);
+                    lb::cache::remember(&ctx, epoch, &pod);
                 }
                 count_outcome(Hook::FromPod, PacketClass::LocalRedirect);
                 return overlay::to_local_pod(&ctx, &pod);
@@ -175,6 +195,11 @@ pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
         count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
         return TC_ACT_SHOT;
     };
+    // Neighbour discovery names the pod's own link-layer address and addresses.
+    if let Err(reason) = port::nd_from_pod(&ctx, parsed) {
+        count_drop(Hook::FromPod, reason);
+        return TC_ACT_SHOT;
+    }
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
         Ok(0) => {}
         Ok(1) => {
@@ -243,7 +268,21 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::ToPod, parsed.class);
-    match acl::to_pod(&ctx, &parsed, Hook::ToPod).result() {
+    let Some(parsed) = stashed(&parsed) else {
+        count_drop(Hook::ToPod, DropReason::ScratchUnavailable);
+        return TC_ACT_SHOT;
+    };
+    // Port security: only what is addressed to the pod (or a group) reaches it.
+    if let Err(reason) = port::to_pod(&ctx, parsed).into_value() {
+        count_drop(Hook::ToPod, reason);
+        return TC_ACT_SHOT;
+    }
+    // A later fragment is judged by its first fragment's ports.
+    if let Err(reason) = frag::follow_first(&ctx, parsed) {
+        count_drop(Hook::ToPod, reason);
+        return TC_ACT_SHOT;
+    }
+    match acl::to_pod(&ctx, parsed, Hook::ToPod).result() {
         Ok(_) => TC_ACT_OK,
         Err(reason) => {
             count_drop(Hook::ToPod, reason);

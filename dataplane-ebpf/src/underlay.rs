@@ -19,7 +19,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    acl, lb,
+    acl, frag, lb,
     maps::{PARSED, TAILS},
     overlay,
     parse::{Packet, parse, parse_skb, stash},
@@ -132,7 +132,12 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
         PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),
         PacketClass::Sctp => hand_on(&ctx, &parsed, TAIL_UNDERLAY_SCTP),
         _ => match opaque(&parsed) {
-            Some(parsed) => underlay_services(&ctx, parsed, false),
+            // A later fragment whose first was not seen here is not ours to judge: the node's
+            // own traffic, or a pod's, whose veth judges it.
+            Some(parsed) => match frag::follow_first(&ctx, parsed) {
+                Ok(()) => underlay_services(&ctx, parsed, false),
+                Err(_) => TC_ACT_OK,
+            },
             None => TC_ACT_OK,
         },
     }
@@ -164,15 +169,15 @@ pub fn tc_underlay_sctp(ctx: TcContext) -> i32 {
 #[inline(always)]
 fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
     match lb::from_underlay(ctx, parsed).result() {
-        Ok(Some((answered, outcome))) => {
+        Ok(Some((routed, outcome))) => {
             count_outcome(Hook::UnderlayTc, outcome);
             if sctp && let Err(reason) = lb::follow_sctp(ctx, parsed, outcome) {
                 count_drop(Hook::UnderlayTc, reason);
                 return TC_ACT_SHOT;
             }
-            // Answered or routed out by the load-balancer: its verdict, plus one.
-            if answered != 0 {
-                return (answered - 1) as i32;
+            // Routed out by the load-balancer: its verdict, plus one.
+            if routed != 0 {
+                return (routed - 1) as i32;
             }
             if outcome == PacketClass::ServiceReverseNat {
                 // The client pod's ingress policy lets replies of its own connections pass.
@@ -183,6 +188,9 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
             }
         }
         Ok(None) => return TC_ACT_OK,
+        Err(reason) if lb::answerable(reason) => {
+            return lb::answer_counted(ctx, parsed, reason, Hook::UnderlayTc);
+        }
         Err(reason) => {
             count_drop(Hook::UnderlayTc, reason);
             return TC_ACT_SHOT;

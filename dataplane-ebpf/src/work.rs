@@ -6,7 +6,8 @@
 use dataplane_common::{
     PacketClass,
     acl::{ACL_MAX_LENGTHS, AclAddrKey, AclCtKey, AclPortKey},
-    lb::{AffinityKey, AffinityValue, CtKey, CtValue, ServiceKey},
+    frag::FRAG_NONE,
+    lb::{AffinityKey, AffinityValue, CtKey, CtValue, MemberKey, ServiceKey},
     overlay::Addr,
 };
 
@@ -27,6 +28,11 @@ pub struct Parsed {
     pub src_port: [u8; 2],
     pub dst_port: [u8; 2],
     pub class: PacketClass,
+    /// `FRAG_NONE`, `FRAG_FIRST` or `FRAG_LATER`. A later fragment's ports are its first
+    /// fragment's, filled in by `frag::follow_first` (its `l4_offset` stays 0).
+    pub fragment: u8,
+    /// The fragment's datagram identification (network byte order; IPv4's in the first two).
+    pub frag_id: [u8; 4],
 }
 
 impl Parsed {
@@ -40,6 +46,8 @@ impl Parsed {
             src_port: [0; 2],
             dst_port: [0; 2],
             class,
+            fragment: FRAG_NONE,
+            frag_id: [0; 4],
         }
     }
 }
@@ -59,6 +67,7 @@ pub struct LbScratch {
     pub(crate) service: ServiceKey,
     pub(crate) affinity: AffinityKey,
     pub(crate) affinity_entry: AffinityValue,
+    pub(crate) member: MemberKey,
     /// The translation to apply: address and port before and after.
     pub(crate) old_addr: Addr,
     pub(crate) new_addr: Addr,

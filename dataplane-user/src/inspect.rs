@@ -1,7 +1,11 @@
 //! `dataplane inspect <table>`: what the pinned maps hold, decoded, as a table or JSON. It reads
 //! the pins only (a running agent is not needed, nothing is written).
 
-use std::{fmt::Write as _, net::IpAddr};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    fmt::Write as _,
+    net::IpAddr,
+};
 
 use aya::maps::{HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
 use dataplane_common::{
@@ -11,7 +15,8 @@ use dataplane_common::{
     },
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
-        CT_SNAT, CtKey, CtValue, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey, ServiceValue,
+        CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
+        ServiceValue,
     },
     maps,
     overlay::{Addr, TunnelEndpoint},
@@ -39,11 +44,69 @@ pub enum Table {
     Policy,
 }
 
-/// A decoded table: column names and rows of text.
+/// A decoded table: column names and rows of cells.
 #[derive(Debug, Serialize)]
 pub struct Rows {
     pub columns: Vec<&'static str>,
-    pub rows: Vec<Vec<String>>,
+    pub rows: Vec<Vec<Cell>>,
+}
+
+/// One value of a row: a number (ids, counts, seconds) stays a number in JSON, an address or a
+/// name is a string, and a list (a service's backends) is a list of strings.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
+#[serde(untagged)]
+pub enum Cell {
+    Number(u64),
+    Text(String),
+    List(Vec<String>),
+}
+
+impl std::fmt::Display for Cell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Number(n) => write!(f, "{n}"),
+            Self::Text(text) => f.write_str(text),
+            Self::List(items) if items.is_empty() => f.write_str("-"),
+            Self::List(items) => f.write_str(&items.join(",")),
+        }
+    }
+}
+
+impl From<String> for Cell {
+    fn from(text: String) -> Self {
+        Self::Text(text)
+    }
+}
+
+impl From<&str> for Cell {
+    fn from(text: &str) -> Self {
+        Self::Text(text.to_owned())
+    }
+}
+
+impl From<u32> for Cell {
+    fn from(n: u32) -> Self {
+        Self::Number(n.into())
+    }
+}
+
+impl Rows {
+    /// One JSON object per row, keyed by the lower-case column names.
+    pub fn to_json(&self) -> serde_json::Value {
+        self.rows
+            .iter()
+            .map(|row| {
+                self.columns
+                    .iter()
+                    .zip(row)
+                    .map(|(column, cell)| {
+                        let value = serde_json::to_value(cell).unwrap_or_default();
+                        (column.to_ascii_lowercase(), value)
+                    })
+                    .collect::<serde_json::Map<_, _>>()
+            })
+            .collect()
+    }
 }
 
 fn open_err(
@@ -89,6 +152,40 @@ fn live_backends(pins: &Pins) -> Result<Vec<Backend>, AgentError> {
         .collect())
 }
 
+/// Each service port's backends by address, from its live Maglev table (the ready backends:
+/// the ones new flows go to), keyed by table index.
+fn service_backends(
+    pins: &Pins,
+    services: &[(ServiceKey, ServiceValue)],
+) -> Result<BTreeMap<u32, Vec<String>>, AgentError> {
+    let by_id: BTreeMap<u32, String> = live_backends(pins)?
+        .iter()
+        .map(|b| (b.id, endpoint(&b.addr, b.port_be)))
+        .collect();
+    let name = maps::LB_MAGLEV;
+    let tables: HashMap<MapData, u32, MaglevTable> =
+        HashMap::try_from(Map::HashMap(pinned(pins, name)?)).map_err(open_err(name, "open"))?;
+    let mut out = BTreeMap::new();
+    for (_, service) in services.iter().filter(|(_, s)| s.backends != 0) {
+        let Ok(table) = tables.get(&service.table, 0) else {
+            continue;
+        };
+        let ids: BTreeSet<u32> = table.iter().copied().collect();
+        let mut addresses: Vec<String> = ids
+            .iter()
+            .map(|id| {
+                by_id
+                    .get(id)
+                    .cloned()
+                    .unwrap_or_else(|| format!("gone#{id}"))
+            })
+            .collect();
+        addresses.sort();
+        out.insert(service.table, addresses);
+    }
+    Ok(out)
+}
+
 fn endpoint(addr: &Addr, port_be: [u8; 2]) -> String {
     match ip_of(addr) {
         IpAddr::V4(v4) => format!("{v4}:{}", u16::from_be_bytes(port_be)),
@@ -125,33 +222,46 @@ fn verdict(code: u8) -> &'static str {
 
 /// Reads and decodes one table from the pins under `pins`.
 pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
-    let (columns, mut rows): (Vec<&'static str>, Vec<Vec<String>>) = match table {
-        Table::Services => (
-            vec!["ADDRESS", "PROTO", "SCOPE", "ID", "BACKENDS", "AFFINITY_S"],
-            hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?
-                .iter()
-                .map(|(k, v)| {
-                    let scope = match k.scope {
-                        SCOPE_NODEPORT => "nodeport",
-                        SCOPE_EXTERNAL => "external",
-                        _ => "cluster",
-                    };
-                    vec![
-                        endpoint(&k.addr, k.port_be),
-                        protocol(k.protocol),
-                        scope.into(),
-                        v.id.to_string(),
-                        v.backends.to_string(),
-                        v.affinity_timeout.to_string(),
-                    ]
-                })
-                .collect(),
-        ),
+    let (columns, mut rows): (Vec<&'static str>, Vec<Vec<Cell>>) = match table {
+        Table::Services => {
+            let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
+            let mut backends = service_backends(pins, &services)?;
+            (
+                vec![
+                    "ADDRESS",
+                    "PROTO",
+                    "SCOPE",
+                    "ID",
+                    "BACKENDS",
+                    "AFFINITY_S",
+                    "BACKEND_ADDRESSES",
+                ],
+                services
+                    .iter()
+                    .map(|(k, v)| {
+                        let scope = match k.scope {
+                            SCOPE_NODEPORT => "nodeport",
+                            SCOPE_EXTERNAL => "external",
+                            _ => "cluster",
+                        };
+                        vec![
+                            endpoint(&k.addr, k.port_be).into(),
+                            protocol(k.protocol).into(),
+                            scope.into(),
+                            v.id.into(),
+                            v.backends.into(),
+                            v.affinity_timeout.into(),
+                            Cell::List(backends.remove(&v.table).unwrap_or_default()),
+                        ]
+                    })
+                    .collect(),
+            )
+        }
         Table::Backends => (
             vec!["ID", "BACKEND"],
             live_backends(pins)?
                 .iter()
-                .map(|b| vec![b.id.to_string(), endpoint(&b.addr, b.port_be)])
+                .map(|b| vec![b.id.into(), endpoint(&b.addr, b.port_be).into()])
                 .collect(),
         ),
         Table::Conntrack => (
@@ -159,7 +269,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                 "FLOW",
                 "PROTO",
                 "DIR",
-                "TRANSLATED TO",
+                "TRANSLATED_TO",
                 "BACKEND",
                 "FLAGS",
                 "LAST_SEEN_S",
@@ -183,40 +293,51 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                             "{} -> {}",
                             endpoint(&k.src, k.src_port_be),
                             endpoint(&k.dst, k.dst_port_be)
-                        ),
-                        protocol(k.protocol),
+                        )
+                        .into(),
+                        protocol(k.protocol).into(),
                         if k.direction == CT_REPLY {
                             "reply"
                         } else {
                             "original"
                         }
                         .into(),
-                        endpoint(&v.addr, v.port_be),
-                        v.backend_id.to_string(),
-                        flags.join(","),
-                        v.last_seen.to_string(),
+                        endpoint(&v.addr, v.port_be).into(),
+                        v.backend_id.into(),
+                        flags.join(",").into(),
+                        v.last_seen.into(),
                     ]
                 })
                 .collect(),
         ),
-        Table::Affinity => (
-            vec!["CLIENT", "SERVICE_ID", "BACKEND", "LAST_SEEN_S"],
-            hash::<AffinityKey, AffinityValue>(pins, maps::LB_AFFINITY, true)?
-                .iter()
-                .map(|(k, v)| {
-                    vec![
-                        ip_of(&k.client).to_string(),
-                        k.service_id.to_string(),
-                        v.backend_id.to_string(),
-                        v.last_seen.to_string(),
-                    ]
-                })
-                .collect(),
-        ),
+        Table::Affinity => {
+            let backends = live_backends(pins)?;
+            (
+                vec![
+                    "CLIENT",
+                    "SERVICE_ID",
+                    "BACKEND",
+                    "BACKEND_ADDRESS",
+                    "LAST_SEEN_S",
+                ],
+                hash::<AffinityKey, AffinityValue>(pins, maps::LB_AFFINITY, true)?
+                    .iter()
+                    .map(|(k, v)| {
+                        vec![
+                            ip_of(&k.client).to_string().into(),
+                            k.service_id.into(),
+                            v.backend_id.into(),
+                            endpoint_of(&backends, v.backend_id).into(),
+                            v.last_seen.into(),
+                        ]
+                    })
+                    .collect(),
+            )
+        }
         Table::Nodes => {
-            let mut rows: Vec<Vec<String>> = hash::<Addr, u32>(pins, maps::NODE_ADDRS, false)?
+            let mut rows: Vec<Vec<Cell>> = hash::<Addr, u32>(pins, maps::NODE_ADDRS, false)?
                 .iter()
-                .map(|(a, _)| vec!["node".into(), ip_of(a).to_string(), String::new()])
+                .map(|(a, _)| vec!["node".into(), ip_of(a).to_string().into(), "".into()])
                 .collect();
             for (name, v4) in [(maps::REMOTE_PODS_V4, true), (maps::REMOTE_PODS_V6, false)] {
                 let data = pinned(pins, name)?;
@@ -242,8 +363,8 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                 for (cidr, tunnel) in cidrs {
                     rows.push(vec![
                         "pod CIDR".into(),
-                        cidr,
-                        format!("via node {}", ip_of(&tunnel.addr)),
+                        cidr.into(),
+                        format!("via node {}", ip_of(&tunnel.addr)).into(),
                     ]);
                 }
             }
@@ -251,15 +372,15 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
         }
         Table::Firewall => {
             let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
-            let mut rows: Vec<Vec<String>> = endpoints
+            let mut rows: Vec<Vec<Cell>> = endpoints
                 .iter()
                 .filter(|(_, e)| e.firewall != 0)
                 .map(|(a, e)| {
                     vec![
-                        format!("pod {}", ip_of(a)),
-                        format!("set {}", e.firewall),
-                        String::new(),
-                        String::new(),
+                        format!("pod {}", ip_of(a)).into(),
+                        format!("set {}", e.firewall).into(),
+                        "".into(),
+                        "".into(),
                     ]
                 })
                 .collect();
@@ -274,7 +395,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
         }
         Table::Policy => {
             let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
-            let mut rows: Vec<Vec<String>> = endpoints
+            let mut rows: Vec<Vec<Cell>> = endpoints
                 .iter()
                 .filter(|(_, e)| e.policed())
                 .map(|(a, e)| {
@@ -286,10 +407,10 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                         }
                     };
                     vec![
-                        format!("pod {}", ip_of(a)),
-                        format!("ingress set {}", set(e.ingress)),
-                        format!("egress set {}", set(e.egress)),
-                        String::new(),
+                        format!("pod {}", ip_of(a)).into(),
+                        format!("ingress set {}", set(e.ingress)).into(),
+                        format!("egress set {}", set(e.egress)).into(),
+                        "".into(),
                     ]
                 })
                 .collect();
@@ -301,13 +422,15 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                         "{} -> {}",
                         endpoint(&k.src, port(k.src_port)),
                         endpoint(&k.dst, port(k.dst_port))
-                    ),
-                    protocol(k.protocol),
+                    )
+                    .into(),
+                    protocol(k.protocol).into(),
                     format!(
                         "last seen {} s{}",
                         v.last_seen,
                         if v.flags != 0 { ", closing" } else { "" }
-                    ),
+                    )
+                    .into(),
                 ]);
             }
             (vec!["WHAT", "WHO", "DETAIL", "STATE"], rows)
@@ -317,7 +440,15 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
     Ok(Rows { columns, rows })
 }
 
-fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<String> {
+/// The address of the live backend `id`, or `gone` when its slot holds another one now.
+fn endpoint_of(backends: &[Backend], id: u32) -> String {
+    backends
+        .iter()
+        .find(|b| b.id == id)
+        .map_or_else(|| "gone".into(), |b| endpoint(&b.addr, b.port_be))
+}
+
+fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<Cell> {
     let ip = ip_of(&key.addr);
     let prefix = format!("set {} {ip}/{}", key.set, key.len);
     let decision = if value.kind == ACL_ENTRY_FINAL {
@@ -329,13 +460,23 @@ fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<String> {
             verdict(value.verdict)
         )
     };
-    vec!["prefix".into(), prefix, decision, rule(value.rule)]
+    vec![
+        "prefix".into(),
+        prefix.into(),
+        decision.into(),
+        rule(value.rule).into(),
+    ]
 }
 
 /// The rows as aligned text columns.
 pub fn render(rows: &Rows) -> String {
+    let cells: Vec<Vec<String>> = rows
+        .rows
+        .iter()
+        .map(|row| row.iter().map(ToString::to_string).collect())
+        .collect();
     let mut widths: Vec<usize> = rows.columns.iter().map(|c| c.len()).collect();
-    for row in &rows.rows {
+    for row in &cells {
         for (width, cell) in widths.iter_mut().zip(row) {
             *width = (*width).max(cell.len());
         }
@@ -350,7 +491,7 @@ pub fn render(rows: &Rows) -> String {
         let _ = writeln!(out, "{}", text.join("  ").trim_end());
     };
     line(rows.columns.clone(), &mut out);
-    for row in &rows.rows {
+    for row in &cells {
         line(row.iter().map(String::as_str).collect(), &mut out);
     }
     out
@@ -370,9 +511,25 @@ mod tests {
         assert_eq!(endpoint(&v6, 443u16.to_be_bytes()), "[fd00::1]:443");
         let rows = Rows {
             columns: vec!["A", "LONGER"],
-            rows: vec![vec!["wide cell".into(), "x".into()]],
+            rows: vec![vec!["wide cell".into(), 7u32.into()]],
         };
-        assert_eq!(render(&rows), "A          LONGER\nwide cell  x\n");
+        assert_eq!(render(&rows), "A          LONGER\nwide cell  7\n");
+        // Numbers stay numbers in JSON, addresses and lists are strings.
+        let rows = Rows {
+            columns: vec!["ID", "BACKEND_ADDRESSES"],
+            rows: vec![vec![
+                3u32.into(),
+                Cell::List(vec!["10.244.1.3:8080".into(), "[fd00::3]:8080".into()]),
+            ]],
+        };
+        assert_eq!(
+            rows.to_json(),
+            serde_json::json!([{"id": 3, "backend_addresses": ["10.244.1.3:8080", "[fd00::3]:8080"]}])
+        );
+        assert_eq!(
+            render(&rows),
+            "ID  BACKEND_ADDRESSES\n3   10.244.1.3:8080,[fd00::3]:8080\n"
+        );
         assert_eq!(rule(ACL_RULE_EXEMPT), "exempt");
         assert_eq!(protocol(132), "sctp");
     }

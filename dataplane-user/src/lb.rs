@@ -20,13 +20,13 @@ use std::{
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     lb::{
-        AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, BACKEND_PORTS_BASE,
-        Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE, MaglevTable, NODEPORT_ANY_V4,
-        PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
-        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, backend_slot, next_backend_id,
-        port_bit,
+        AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, AffinityKey,
+        AffinityValue, BACKEND_PORTS_BASE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE,
+        MaglevTable, MemberKey, NODEPORT_ANY_V4, PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL,
+        SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
+        backend_slot, next_backend_id, port_bit,
     },
-    maps::{self, MAX_BACKENDS, MAX_SERVICE_PORTS},
+    maps::{self, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_SERVICE_PORTS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
 };
 use k8s_openapi::api::{
@@ -478,6 +478,8 @@ pub struct LbState {
     /// The backends map as last written (read from the map on the first sync), so that a
     /// sync compares in memory instead of reading every backend back.
     backends: Option<HashMap<u32, Backend>>,
+    /// The membership map as last written (read from the map on the first sync).
+    members: Option<BTreeSet<MemberKey>>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -756,6 +758,15 @@ impl Dataplane {
             }
         }
 
+        let mut have_members = match state.members.take() {
+            Some(have) => have,
+            None => {
+                let members: BpfHashMap<&mut MapData, MemberKey, u32> =
+                    self.typed_map(maps::LB_MEMBERS)?;
+                members.keys().filter_map(Result::ok).collect()
+            }
+        };
+        let mut wanted_members = BTreeSet::new();
         let mut stale_tables = Vec::new();
         for port in ports {
             let ready: Vec<u32> = port.ready.iter().map(|b| state.backend_ids[b]).collect();
@@ -800,6 +811,30 @@ impl Dataplane {
                 backends: ready.len() as u32,
                 affinity_timeout: port.affinity_timeout,
             };
+            if port.affinity_timeout != 0 {
+                // Before the service entry: its new backends are members from their first flow.
+                let mut members: BpfHashMap<&mut MapData, MemberKey, u32> =
+                    self.typed_map(maps::LB_MEMBERS)?;
+                for &backend_id in &ready {
+                    let member = MemberKey {
+                        service_id: id,
+                        backend_id,
+                    };
+                    wanted_members.insert(member);
+                    if have_members.insert(member) {
+                        if wanted_members.len() > MAX_AFFINITY_MEMBERS as usize {
+                            return Err(AgentError::Capacity {
+                                what: "backends of service ports with ClientIP affinity",
+                                limit: MAX_AFFINITY_MEMBERS,
+                            });
+                        }
+                        members
+                            .insert(member, 1, 0)
+                            .map_err(map_err(maps::LB_MEMBERS, "write member"))?;
+                        stats.written += 1;
+                    }
+                }
+            }
             if current.as_ref().map(|c| c.value) != Some(value) {
                 let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
                     self.typed_map(maps::LB_SERVICES)?;
@@ -841,6 +876,8 @@ impl Dataplane {
                 }
             }
         }
+        stats.deleted += self.remove_members(&mut have_members, &wanted_members)?;
+        state.members = Some(have_members);
         {
             let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
             let stale: Vec<u32> = have
@@ -859,6 +896,62 @@ impl Dataplane {
             state.release_backends(|id| wanted_backends.contains_key(&id));
         }
         Ok(stats)
+    }
+}
+
+impl Dataplane {
+    /// Removes the members no service port has any more, then the affinity entries that name
+    /// them: a client stuck to a backend that left the service port starts afresh (the
+    /// programs would not use the entry, and `inspect affinity` must not show it).
+    fn remove_members(
+        &mut self,
+        have: &mut BTreeSet<MemberKey>,
+        wanted: &BTreeSet<MemberKey>,
+    ) -> Result<usize, AgentError> {
+        let map_err = |name: &'static str, action: &'static str| {
+            move |source| AgentError::Map {
+                name: name.into(),
+                action,
+                source,
+            }
+        };
+        let gone: Vec<MemberKey> = have.difference(wanted).copied().collect();
+        if gone.is_empty() {
+            return Ok(0);
+        }
+        let mut deleted = 0;
+        {
+            let mut members: BpfHashMap<&mut MapData, MemberKey, u32> =
+                self.typed_map(maps::LB_MEMBERS)?;
+            for member in &gone {
+                members
+                    .remove(member)
+                    .map_err(map_err(maps::LB_MEMBERS, "remove member"))?;
+                have.remove(member);
+                deleted += 1;
+            }
+        }
+        let gone: BTreeSet<MemberKey> = gone.into_iter().collect();
+        let mut affinity: BpfHashMap<&mut MapData, AffinityKey, AffinityValue> =
+            self.typed_map(maps::LB_AFFINITY)?;
+        let stale: Vec<AffinityKey> = affinity
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|(key, value)| {
+                gone.contains(&MemberKey {
+                    service_id: key.service_id,
+                    backend_id: value.backend_id,
+                })
+            })
+            .map(|(key, _)| key)
+            .collect();
+        for key in stale {
+            // Gone already if the client's entry aged out of the LRU meanwhile.
+            if affinity.remove(&key).is_ok() {
+                deleted += 1;
+            }
+        }
+        Ok(deleted)
     }
 }
 

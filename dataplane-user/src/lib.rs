@@ -15,6 +15,7 @@ pub mod model;
 pub mod netdev;
 pub mod overlay;
 pub mod pins;
+pub mod port;
 pub mod preflight;
 pub mod source;
 pub mod state;

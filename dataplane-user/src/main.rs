@@ -24,7 +24,7 @@ use dataplane_user::{
     model, netdev,
     overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
-    preflight, source,
+    port, preflight, source,
     state::{self, AgentState, DEFAULT_RUN_DIR},
     status, trace, verify,
 };
@@ -225,18 +225,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { table, json } => {
             let rows = inspect::read(&pins, table)?;
             if json {
-                let objects: Vec<serde_json::Map<String, serde_json::Value>> = rows
-                    .rows
-                    .iter()
-                    .map(|row| {
-                        rows.columns
-                            .iter()
-                            .zip(row)
-                            .map(|(c, v)| (c.to_ascii_lowercase(), v.clone().into()))
-                            .collect()
-                    })
-                    .collect();
-                println!("{}", serde_json::to_string_pretty(&objects)?);
+                println!("{}", serde_json::to_string_pretty(&rows.to_json())?);
             } else {
                 print!("{}", inspect::render(&rows));
             }
@@ -380,6 +369,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             xdp_forward: xdp_forward_allowed(&args.underlay, args.xdp_forward),
             dns_server: args.dns_server,
             audit_log: args.audit_log.clone(),
+            named_ifaces: args.pod_ifaces.clone(),
             lb: lb::LbState::default(),
             firewalls: None,
             rejected: Vec::new(),
@@ -393,6 +383,14 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             }
         }
         cluster = Some(watched);
+    } else {
+        // No cluster state: no pod is known behind the named veths.
+        let mut ports = std::collections::BTreeMap::new();
+        for iface in &pod_ifaces {
+            warn_unrestricted(iface);
+            ports.insert(preflight::interface_index(iface)?, port::unrestricted());
+        }
+        dataplane.write_ports(&ports)?;
     }
     let mut agent = AgentState {
         pid: std::process::id(),
@@ -430,6 +428,15 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     Ok(())
 }
 
+/// Says that port security does not apply to a veth named on the command line that no pod
+/// of the cluster state claims.
+fn warn_unrestricted(iface: &str) {
+    tracing::warn!(
+        iface,
+        "no pod is known behind this --pod-iface: port security does not apply to it"
+    );
+}
+
 /// The cluster as this agent keeps it in sync: where it is read from, and what the syncs need
 /// to remember between reads.
 struct Cluster {
@@ -440,6 +447,8 @@ struct Cluster {
     xdp_forward: bool,
     dns_server: Option<std::net::IpAddr>,
     audit_log: PathBuf,
+    /// The pod veths named on the command line (`--pod-iface`).
+    named_ifaces: Vec<String>,
     lb: lb::LbState,
     /// Started at the first sync.
     firewalls: Option<FirewallAgent>,
@@ -471,9 +480,16 @@ impl Cluster {
             xdp_forward: self.xdp_forward,
             mac,
         };
-        let model = model::build(&state, &self.node, underlay, settings, host_interface);
+        let mut model = model::build(&state, &self.node, underlay, settings, host_interface);
         for warning in &model.warnings {
             tracing::warn!(%warning, "cluster state");
+        }
+        for iface in &self.named_ifaces {
+            if !model.pod_interfaces.contains(iface) {
+                warn_unrestricted(iface);
+                let ifindex = preflight::interface_index(iface)?;
+                model.view.unrestricted_ifindexes.push(ifindex);
+            }
         }
         let desired = overlay::compile(&model.view)?;
         let stats = dataplane.sync_overlay(&desired)?;

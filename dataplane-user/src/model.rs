@@ -40,11 +40,15 @@ pub fn build(
     find_host_interface: impl Fn(IpAddr) -> Option<HostInterface>,
 ) -> NodeModel {
     let mut warnings = Vec::new();
-    let nodes = state
+    let nodes: Vec<NodeView> = state
         .nodes
         .iter()
         .filter_map(|n| node_view(n, &mut warnings))
         .collect();
+    let own_cidrs: &[IpNet] = nodes
+        .iter()
+        .find(|n| n.name == this_node)
+        .map_or(&[], |n| &n.pod_cidrs);
     let mut local_pods = Vec::new();
     let mut pod_interfaces = Vec::new();
     for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
@@ -53,6 +57,18 @@ pub fn build(
         let Some(first) = addresses.first() else {
             continue;
         };
+        // An address outside this node's pod CIDRs is not the pod network's to give: taking
+        // it would let the pod's veth speak for someone else's address.
+        if let Some(outside) = addresses
+            .iter()
+            .find(|a| !own_cidrs.iter().any(|c| c.contains(*a)))
+        {
+            warnings.push(format!(
+                "pod {name}: status.podIPs {outside} is outside node {this_node}'s spec.podCIDRs {}; not wired",
+                cidr_list(own_cidrs)
+            ));
+            continue;
+        }
         let Some(interface) = find_host_interface(*first) else {
             warnings.push(format!(
                 "pod {name}: no host route to {first} yet; not wired"
@@ -78,12 +94,24 @@ pub fn build(
             this_node: this_node.to_owned(),
             nodes,
             local_pods,
+            unrestricted_ifindexes: Vec::new(),
             underlay,
             settings,
         },
         pod_interfaces,
         warnings,
     }
+}
+
+fn cidr_list(cidrs: &[IpNet]) -> String {
+    if cidrs.is_empty() {
+        return "(none)".into();
+    }
+    cidrs
+        .iter()
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
@@ -270,6 +298,12 @@ status: {phase: Succeeded, podIPs: [{ip: 10.244.1.9}]}
 ---
 apiVersion: v1
 kind: Pod
+metadata: {name: squatter}
+spec: {nodeName: a, containers: [{name: c, image: i}]}
+status: {podIPs: [{ip: 10.244.2.9}]}
+---
+apiVersion: v1
+kind: Pod
 metadata: {name: unwired}
 spec: {nodeName: a, containers: [{name: c, image: i}]}
 status: {podIPs: [{ip: 10.244.1.7}]}
@@ -291,6 +325,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
             let name = match ip.to_string().as_str() {
                 "10.244.1.2" => "vp0",
                 "10.244.1.3" => "vp1",
+                "10.244.2.9" => "vp2",
                 _ => return None,
             };
             Some(HostInterface {
@@ -329,7 +364,12 @@ status: {podIPs: [{ip: 10.244.1.7}]}
         );
         assert_eq!(
             model.warnings,
-            vec!["pod default/unwired: no host route to 10.244.1.7 yet; not wired".to_owned()]
+            vec![
+                "pod default/squatter: status.podIPs 10.244.2.9 is outside node a's \
+                 spec.podCIDRs 10.244.1.0/24, fd00:10:244:1::/64; not wired"
+                    .to_owned(),
+                "pod default/unwired: no host route to 10.244.1.7 yet; not wired".to_owned()
+            ]
         );
     }
 }

@@ -15,10 +15,11 @@ use dataplane_common::{
         OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, VXLAN_PORT,
         ipv4_mapped,
     },
+    port::PodPort,
 };
 use ipnet::IpNet;
 
-use crate::{AgentError, Dataplane};
+use crate::{AgentError, Dataplane, port};
 
 /// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
 pub const IPV6_MIN_MTU: u32 = 1280;
@@ -127,6 +128,9 @@ pub struct OverlayView {
     pub this_node: String,
     pub nodes: Vec<NodeView>,
     pub local_pods: Vec<LocalPodView>,
+    /// Veths named on the command line that no local pod claims: port security does not
+    /// apply to them (`crate::port::unrestricted`).
+    pub unrestricted_ifindexes: Vec<u32>,
     pub underlay: Underlay,
     pub settings: OverlaySettings,
 }
@@ -154,6 +158,8 @@ pub struct OverlayMaps {
     pub remote_v6: BTreeMap<(u32, [u8; 16]), TunnelEndpoint>,
     pub node_addrs: BTreeMap<Addr, u32>,
     pub local_pods: BTreeMap<Addr, LocalPod>,
+    /// Port security of the local pods, by host-side veth (`crate::port`).
+    pub pod_ports: BTreeMap<u32, PodPort>,
 }
 
 /// The address a 16-byte form stands for (IPv4-mapped read as IPv4).
@@ -250,6 +256,12 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
             }
         }
     }
+    maps.pod_ports = port::compile(&view.local_pods);
+    for ifindex in &view.unrestricted_ifindexes {
+        maps.pod_ports
+            .entry(*ifindex)
+            .or_insert_with(port::unrestricted);
+    }
     for pod in &view.local_pods {
         for address in &pod.addresses {
             maps.local_pods.insert(
@@ -313,8 +325,8 @@ impl Dataplane {
     /// Makes the overlay maps equal `desired`, writing only differences. Each map gets its new
     /// and changed entries before its stale ones go; the maps packets are sent to (pods, nodes,
     /// remote CIDRs) are complete before the config that enables the overlay is written. The
-    /// config's `pods_epoch` moves on when the local pods changed (the kernel's flow cache
-    /// drops what it cached from them).
+    /// config's `pods_epoch` moves on when the local pods or their port records changed (the
+    /// kernel's flow cache and port-security copies drop what they cached from them).
     pub fn sync_overlay(&mut self, desired: &OverlayMaps) -> Result<SyncStats, AgentError> {
         let mut stats = SyncStats::default();
         let sync_err = |name: &'static str| {
@@ -324,10 +336,18 @@ impl Dataplane {
                 source,
             }
         };
+        // A pod's port-security record before its addresses: nothing is delivered to a pod, or
+        // judged from it, that port security does not know.
+        let mut ports: HashMap<&mut MapData, u32, PodPort> = self.typed_map(maps::POD_PORTS)?;
+        let port_changes =
+            sync_hash(&mut ports, &desired.pod_ports).map_err(sync_err(maps::POD_PORTS))?;
+        stats.add(port_changes);
         let mut pods: HashMap<&mut MapData, Addr, LocalPod> = self.typed_map(maps::LOCAL_PODS)?;
         let pod_changes =
             sync_hash(&mut pods, &desired.local_pods).map_err(sync_err(maps::LOCAL_PODS))?;
-        let pods_changed = pod_changes.written + pod_changes.deleted > 0;
+        // The kernel's per-CPU copies of port records are of an epoch too.
+        let pods_changed = pod_changes.written + pod_changes.deleted > 0
+            || port_changes.written + port_changes.deleted > 0;
         stats.add(pod_changes);
 
         let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
@@ -363,9 +383,9 @@ impl Dataplane {
 
 /// Makes a hash map keyed by address hold exactly `desired`: new and changed entries first,
 /// then stale ones removed. Returns what was written and deleted.
-pub(crate) fn sync_hash<V: aya::Pod + PartialEq>(
-    map: &mut HashMap<&mut MapData, Addr, V>,
-    desired: &BTreeMap<Addr, V>,
+pub(crate) fn sync_hash<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
+    map: &mut HashMap<&mut MapData, K, V>,
+    desired: &BTreeMap<K, V>,
 ) -> Result<SyncStats, aya::maps::MapError> {
     let mut stats = SyncStats::default();
     for (key, value) in desired {
@@ -374,7 +394,7 @@ pub(crate) fn sync_hash<V: aya::Pod + PartialEq>(
             stats.written += 1;
         }
     }
-    let stale: Vec<Addr> = map
+    let stale: Vec<K> = map
         .keys()
         .filter_map(Result::ok)
         .filter(|k| !desired.contains_key(k))
@@ -502,6 +522,7 @@ mod tests {
                 host_ifindex: 7,
                 host_mac: [2, 0, 0, 0, 0, 7],
             }],
+            unrestricted_ifindexes: Vec::new(),
             underlay: Underlay {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 2],

@@ -1,16 +1,18 @@
 //! `dataplane status`: what is attached where and in which mode, how full each map is, and the
 //! packet and drop counters, read from the run directory and the pinned maps.
 
-use std::{fmt::Write as _, path::Path};
+use std::{fmt::Write as _, os::fd::AsRawFd as _, path::Path};
 
 use aya::maps::{Array, HashMap, LpmTrie, Map, MapData, MapError, MapInfo, PerCpuArray};
 use dataplane_common::{
     acl::{AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclPortKey, AclVerdict},
     lb::{
-        AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, ServiceKey, ServiceValue,
+        AffinityKey, AffinityValue, Backend, CtKey, CtValue, MaglevTable, MemberKey, ServiceKey,
+        ServiceValue,
     },
     maps::{self, ALL_MAPS},
     overlay::{Addr, LocalPod, OVERLAY_ENABLED, OverlayConfig, TunnelEndpoint},
+    port::PodPort,
 };
 use serde::Serialize;
 
@@ -28,6 +30,10 @@ pub struct StatusReport {
     /// `running`, `stopped` (state left by an agent that is gone) or `absent`.
     pub agent: &'static str,
     pub state: Option<AgentState>,
+    /// Where the links' interface names come from: `agent namespace` (the running agent's
+    /// network namespace, entered to ask), `agent record` (the names a stopped agent wrote
+    /// down) or `this namespace` (no agent state: the caller's own).
+    pub interfaces_seen_from: &'static str,
     /// The pinned attachments: in force whether or not an agent runs.
     pub links: Vec<PinnedAttachment>,
     pub maps: Vec<MapFill>,
@@ -77,14 +83,17 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
             maps.push(fill);
         }
     }
-    let links = pins
+    let pinned: Vec<LinkPin> = pins
         .link_names()
         .iter()
         .filter_map(|name| LinkPin::parse(name))
-        .map(|pin| PinnedAttachment {
-            interface: preflight::interface_name(pin.ifindex),
-            pin,
-        })
+        .collect();
+    let ifindexes: Vec<u32> = pinned.iter().map(|pin| pin.ifindex).collect();
+    let (names, interfaces_seen_from) = interface_names(state.as_ref(), &ifindexes);
+    let links = pinned
+        .into_iter()
+        .zip(names)
+        .map(|(pin, interface)| PinnedAttachment { interface, pin })
         .collect();
     let programs = program_costs(pins);
     let counters = if maps.is_empty() {
@@ -96,11 +105,62 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
         pin_root: pins.root().display().to_string(),
         agent,
         state,
+        interfaces_seen_from,
         links,
         maps,
         programs,
         counters,
     })
+}
+
+/// The interface names of `ifindexes` as the node sees them. An ifindex means something only
+/// in its own network namespace, and a node's agent often runs in another one than the caller
+/// (a node in a namespace, `status` run from the host): the names are asked in the running
+/// agent's namespace, from a helper thread so that the caller's own stays as it was.
+fn interface_names(
+    state: Option<&AgentState>,
+    ifindexes: &[u32],
+) -> (Vec<Option<String>>, &'static str) {
+    let ask_here = |ifindexes: &[u32]| -> Vec<Option<String>> {
+        ifindexes
+            .iter()
+            .map(|&i| preflight::interface_name(i))
+            .collect()
+    };
+    let Some(state) = state else {
+        return (ask_here(ifindexes), "this namespace");
+    };
+    if state::process_alive(state.pid) {
+        let netns = format!("/proc/{}/ns/net", state.pid);
+        let wanted = ifindexes.to_vec();
+        let asked = std::thread::spawn(move || -> std::io::Result<Vec<Option<String>>> {
+            let namespace = std::fs::File::open(&netns)?;
+            // SAFETY: a valid namespace descriptor; setns changes only this helper thread.
+            if unsafe { libc::setns(namespace.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(ask_here(&wanted))
+        })
+        .join();
+        match asked {
+            Ok(Ok(names)) => return (names, "agent namespace"),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, pid = state.pid, "entering the agent's network namespace")
+            }
+            Err(_) => tracing::debug!("the namespace helper thread panicked"),
+        }
+    }
+    let recorded = ifindexes
+        .iter()
+        .map(|&ifindex| {
+            state
+                .attachments
+                .iter()
+                .find(|a| a.ifindex == ifindex)
+                .map(|a| a.interface.clone())
+        })
+        .collect();
+    (recorded, "agent record")
 }
 
 pub fn map_fill(pins: &Pins, name: &'static str) -> Result<Option<MapFill>, AgentError> {
@@ -199,6 +259,14 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
                 HashMap::try_from(Map::LruHashMap(data))?;
             count(map.keys(), |_| true)
         }
+        maps::LB_MEMBERS => {
+            let map: HashMap<MapData, MemberKey, u32> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
+        maps::POD_PORTS => {
+            let map: HashMap<MapData, u32, PodPort> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
         maps::ACL_CT => {
             let map: HashMap<MapData, AclCtKey, AclCtValue> =
                 HashMap::try_from(Map::LruHashMap(data))?;
@@ -289,7 +357,11 @@ pub fn render(report: &StatusReport) -> String {
         }
     }
     if !report.links.is_empty() {
-        let _ = writeln!(out, "\npinned links (stay attached while no agent runs):");
+        let _ = writeln!(
+            out,
+            "\npinned links (stay attached while no agent runs; interfaces as seen from the {}):",
+            report.interfaces_seen_from
+        );
         let _ = writeln!(
             out,
             "  {:<16} {:<8} {:<14} MODE",
@@ -385,6 +457,7 @@ mod tests {
                     mode: "native".into(),
                 }],
             }),
+            interfaces_seen_from: "agent namespace",
             links: vec![PinnedAttachment {
                 pin: LinkPin {
                     program: "tc_from_pod".into(),

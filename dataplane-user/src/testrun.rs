@@ -43,7 +43,38 @@ impl Dataplane {
         let program = self.classifier(name)?;
         run(name, input, repeat, |opts| program.test_run(opts))
     }
+
+    /// [`Dataplane::run_tc`] on the device `ifindex` of the calling thread's namespace (the
+    /// kernel runs test frames on the loopback device otherwise), as if `input` arrived there.
+    pub fn run_tc_on(
+        &mut self,
+        name: &'static str,
+        input: &[u8],
+        repeat: u32,
+        ifindex: u32,
+    ) -> Result<RunOutcome, AgentError> {
+        let program = self.classifier(name)?;
+        let context = skb_context(ifindex);
+        run(name, input, repeat, |opts| {
+            program.test_run(TestRunOptions {
+                ctx_in: Some(&context),
+                ..opts
+            })
+        })
+    }
 }
+
+/// The start of a `struct __sk_buff` for BPF_PROG_TEST_RUN: zero (what the kernel requires of
+/// the fields a test may not set) but `ifindex`, the device the frame is run on. The kernel
+/// zero-fills the rest.
+fn skb_context(ifindex: u32) -> [u8; SKB_IFINDEX_OFFSET + 4] {
+    let mut context = [0u8; SKB_IFINDEX_OFFSET + 4];
+    context[SKB_IFINDEX_OFFSET..].copy_from_slice(&ifindex.to_ne_bytes());
+    context
+}
+
+/// Offset of `ifindex` in `struct __sk_buff` (uapi/linux/bpf.h: ten u32 fields before it).
+const SKB_IFINDEX_OFFSET: usize = 40;
 
 fn run(
     name: &'static str,

@@ -108,8 +108,10 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
     let frame = build_frame(packet, local.as_ref())?;
     let before = stateful_rows(live)?;
     let mut steps = Vec::new();
-    let entry = if local.is_some() {
-        let outcome = copy.run_tc(PROG_FROM_POD, &frame, 1)?;
+    let entry = if let Some(pod) = &local {
+        // Run on the pod's own veth: port security checks the sender against the record of
+        // the interface the frame came in on.
+        let outcome = copy.run_tc_on(PROG_FROM_POD, &frame, 1, pod.ifindex)?;
         steps.push(step(
             private,
             PROG_FROM_POD,
@@ -192,7 +194,8 @@ fn stateful_rows(pins: &Pins) -> Result<BTreeSet<(&'static str, String)>, AgentE
         ("policy", Table::Policy),
     ] {
         for row in inspect::read(pins, table)?.rows {
-            rows.insert((name, row.join(" ")));
+            let cells: Vec<String> = row.iter().map(ToString::to_string).collect();
+            rows.insert((name, cells.join(" ")));
         }
     }
     Ok(rows)

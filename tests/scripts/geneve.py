@@ -8,6 +8,8 @@ Reads one JSON request on stdin, prints one JSON answer on stdout:
   {"op": "l4", ...} -> {"hex": <a TCP, UDP or SCTP frame, checksums by scapy>}
   {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP/SCTP checksums are right
   {"op": "icmp_about", ...} -> {"hex": <an ICMP/ICMPv6 error quoting a given IP packet>}
+  {"op": "build", "expr": ...} -> {"hex": <the frame a scapy expression builds>} (ARP,
+      neighbour discovery, MLD, DHCP: whatever a test needs scapy to encode)
 """
 import json
 import sys
@@ -17,7 +19,11 @@ from scapy.contrib.geneve import GENEVE, GeneveOptions
 
 
 def outer(req):
+    from scapy.all import Dot1Q
+
     eth = Ether(src=req["src_mac"], dst=req["dst_mac"])
+    if "vlan" in req:
+        eth = eth / Dot1Q(vlan=req["vlan"])
     if ":" in req["src_ip"]:
         ip = IPv6(src=req["src_ip"], dst=req["dst_ip"], hlim=64, fl=req.get("flow_label", 0))
     else:
@@ -56,7 +62,7 @@ def geneve(req):
     # the Geneve options field is wrong).
     extra = req.get("claim_extra_option_words", 0)
     if extra:
-        at = 14 + (40 if ":" in req["src_ip"] else 20) + 8
+        at = 14 + (4 if "vlan" in req else 0) + (40 if ":" in req["src_ip"] else 20) + 8
         data = bytearray(data)
         data[at] = (data[at] & 0xC0) | min(0x3F, (data[at] & 0x3F) + extra)
         data = bytes(data)
@@ -210,11 +216,20 @@ def icmp_about(req):
     return {"hex": bytes(pkt).hex()}
 
 
+def build(req):
+    """The bytes of a scapy expression, e.g. `Ether(...)/ARP(op=2, psrc=...)`."""
+    import scapy.all as scapy_all
+    import scapy.contrib.geneve as geneve_layer
+
+    names = dict(vars(scapy_all), GENEVE=geneve_layer.GENEVE)
+    return {"hex": bytes(eval(req["expr"], names)).hex()}
+
+
 def main():
     req = json.load(sys.stdin)
     handler = {
         "encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error,
-        "l4": l4, "checksums": checksums, "icmp_about": icmp_about,
+        "l4": l4, "checksums": checksums, "icmp_about": icmp_about, "build": build,
     }[req["op"]]
     json.dump(handler(req), sys.stdout)
 

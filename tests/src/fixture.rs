@@ -3,7 +3,21 @@
 
 use std::ops::{Deref, DerefMut};
 
-use dataplane_user::{Dataplane, Pins, stats::Counters};
+use std::net::IpAddr;
+
+use aya::maps::{Array, HashMap, MapData};
+use dataplane_common::{
+    maps::{OVERLAY_CONFIG, POD_PORTS},
+    overlay::OverlayConfig,
+    port::PodPort,
+};
+use dataplane_user::{Dataplane, Pins, overlay::LocalPodView, stats::Counters};
+
+use crate::packets::{POD_MAC, SRC_V4, SRC_V6};
+
+/// The device BPF_PROG_TEST_RUN runs tc programs on (loopback): port security looks up the
+/// record of the pod a test frame comes from, or goes to, under its ifindex.
+pub const TEST_RUN_IFINDEX: u32 = 1;
 
 pub struct Fixture {
     dataplane: Option<Dataplane>,
@@ -22,10 +36,50 @@ impl Fixture {
                 return Err(error.into());
             }
         };
-        Ok(Self {
+        let mut fixture = Self {
             dataplane: Some(dataplane),
             pins,
-        })
+        };
+        fixture.port_as_test_pod()?;
+        Ok(fixture)
+    }
+
+    /// Makes the test runs' device the veth of the pod with `mac` and `addresses`: the pod
+    /// the next tc test frames come from (or, for `tc_to_pod`, go to).
+    pub fn port_as(&mut self, mac: [u8; 6], addresses: &[IpAddr]) -> anyhow::Result<()> {
+        let pod = LocalPodView {
+            name: "test/sender".into(),
+            addresses: addresses.to_vec(),
+            pod_mac: mac,
+            host_ifindex: TEST_RUN_IFINDEX,
+            host_mac: [0; 6],
+        };
+        let record = dataplane_user::port::compile(&[pod])[&TEST_RUN_IFINDEX];
+        let mut ports: HashMap<&mut MapData, u32, PodPort> = self.typed_map(POD_PORTS)?;
+        ports.insert(TEST_RUN_IFINDEX, record, 0)?;
+        // The kernel's per-CPU copies of the old record are stale from here, as after a sync.
+        let mut config: Array<&mut MapData, OverlayConfig> = self.typed_map(OVERLAY_CONFIG)?;
+        let mut current = config.get(&0, 0)?;
+        current.pods_epoch = current.pods_epoch.wrapping_add(1);
+        config.set(0, current, 0)?;
+        Ok(())
+    }
+
+    /// [`Fixture::port_as`] the pod `frame` comes from: its source MAC and address.
+    pub fn port_as_sender_of(&mut self, frame: &[u8]) -> anyhow::Result<()> {
+        let (mac, address) = crate::packets::source_of(frame)?;
+        self.port_as(mac, &[address])
+    }
+
+    /// [`Fixture::port_as`] the pod `frame` is delivered to: its destination MAC and address.
+    pub fn port_as_receiver_of(&mut self, frame: &[u8]) -> anyhow::Result<()> {
+        let (mac, address) = crate::packets::destination_of(frame)?;
+        self.port_as(mac, &[address])
+    }
+
+    /// [`Fixture::port_as`] the pod the frames of `crate::packets` come from.
+    pub fn port_as_test_pod(&mut self) -> anyhow::Result<()> {
+        self.port_as(POD_MAC, &[IpAddr::from(SRC_V4), IpAddr::from(SRC_V6)])
     }
 
     /// The counters as the maps hold them now.

@@ -3,8 +3,9 @@
 //!
 //! Node a is 10.99.0.1 / fd99::1 on underlay veth `ul0`; node b (10.99.0.2, IPv4 underlay)
 //! hosts 10.244.2.0/24 and fd00:102a:0:2::/64; node c (fd99::3, IPv6 underlay) hosts
-//! 10.244.3.0/24; the local pod 10.244.1.3 sits behind `vp1`. Static neighbours make the FIB
-//! lookups deterministic.
+//! 10.244.3.0/24; the local pod 10.244.1.3 sits behind `vp1`, the pod the test frames come
+//! from (10.244.1.2, fd00:102a:0:1::2) behind the test runs' device. Static neighbours make
+//! the FIB lookups deterministic.
 
 use std::net::IpAddr;
 
@@ -12,7 +13,11 @@ use dataplane_user::overlay::{
     LocalPodView, NodeView, OverlayView, OvnKubernetesConfig, Underlay, compile,
 };
 
-use crate::{fixture::Fixture, netns::ThreadNetns};
+use crate::{
+    fixture::{Fixture, TEST_RUN_IFINDEX},
+    netns::ThreadNetns,
+    packets::{GW_MAC, POD_MAC, SRC_V4, SRC_V6},
+};
 
 pub const UNDERLAY_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x99, 0x01];
 pub const NODE_B_MAC: &str = "02:00:00:00:99:02";
@@ -26,6 +31,16 @@ pub struct Bed {
     /// What the overlay maps were compiled from (change and sync it again to move pods).
     pub view: OverlayView,
     _netns: ThreadNetns,
+}
+
+impl Bed {
+    /// Adds a pod veth pair (`host` on the node's side) to the bed's namespace; returns the
+    /// host side's ifindex, for a pod's view and for test runs on that device.
+    pub fn add_pod_veth(&self, host: &str, pod: &str) -> anyhow::Result<u32> {
+        self._netns
+            .sh(&format!("link add {host} type veth peer name {pod}"))?;
+        Ok(dataplane_user::preflight::interface_index(host)?)
+    }
 }
 
 /// Builds the bed; the calling thread stays in its namespace until the bed drops.
@@ -73,13 +88,25 @@ pub fn bed() -> anyhow::Result<Bed> {
                 pod_cidrs: vec![net("10.244.3.0/24")],
             },
         ],
-        local_pods: vec![LocalPodView {
-            name: "default/local".into(),
-            addresses: vec![ip("10.244.1.3")],
-            pod_mac: LOCAL_POD_MAC,
-            host_ifindex: ifindex("vp1")?,
-            host_mac: LOCAL_HOST_MAC,
-        }],
+        local_pods: vec![
+            LocalPodView {
+                name: "default/local".into(),
+                addresses: vec![ip("10.244.1.3")],
+                pod_mac: LOCAL_POD_MAC,
+                host_ifindex: ifindex("vp1")?,
+                host_mac: LOCAL_HOST_MAC,
+            },
+            // The pod the test frames come from (`crate::packets`), behind the device test
+            // runs use.
+            LocalPodView {
+                name: "default/sender".into(),
+                addresses: vec![IpAddr::from(SRC_V4), IpAddr::from(SRC_V6)],
+                pod_mac: POD_MAC,
+                host_ifindex: TEST_RUN_IFINDEX,
+                host_mac: GW_MAC,
+            },
+        ],
+        unrestricted_ifindexes: Vec::new(),
         underlay: Underlay {
             ifindex: ifindex("ul0")?,
             mac: UNDERLAY_MAC,

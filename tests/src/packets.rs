@@ -413,3 +413,48 @@ pub fn tcp_v6_flow(src: [u8; 16], sport: u16, dst: [u8; 16], dport: u16) -> Vec<
             .write(o, PAYLOAD)
     })
 }
+
+/// The source MAC and IP address of an Ethernet frame (as etherparse reads it).
+pub fn source_of(frame: &[u8]) -> anyhow::Result<([u8; 6], std::net::IpAddr)> {
+    let (mac, source, _) = addresses_of(frame)?;
+    Ok((mac.0, source))
+}
+
+/// The destination MAC and IP address of an Ethernet frame.
+pub fn destination_of(frame: &[u8]) -> anyhow::Result<([u8; 6], std::net::IpAddr)> {
+    let (mac, _, destination) = addresses_of(frame)?;
+    Ok((mac.1, destination))
+}
+
+type Macs = ([u8; 6], [u8; 6]);
+
+fn addresses_of(frame: &[u8]) -> anyhow::Result<(Macs, std::net::IpAddr, std::net::IpAddr)> {
+    use etherparse::{NetSlice, SlicedPacket};
+    let sliced = SlicedPacket::from_ethernet(frame)?;
+    let Some(etherparse::LinkSlice::Ethernet2(eth)) = &sliced.link else {
+        anyhow::bail!("not an Ethernet II frame");
+    };
+    let macs = (eth.source(), eth.destination());
+    match &sliced.net {
+        Some(NetSlice::Ipv4(ip)) => Ok((
+            macs,
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+        )),
+        Some(NetSlice::Ipv6(ip)) => Ok((
+            macs,
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+        )),
+        _ => anyhow::bail!("not an IP frame"),
+    }
+}
+
+/// `frame` as the node delivers it to the pod it is addressed to: from the pod's gateway MAC to
+/// the pod's MAC.
+pub fn delivered(frame: &[u8]) -> Vec<u8> {
+    let mut out = frame.to_vec();
+    out[0..6].copy_from_slice(&POD_MAC);
+    out[6..12].copy_from_slice(&GW_MAC);
+    out
+}

@@ -46,3 +46,12 @@ pub fn unhex(text: &str) -> Vec<u8> {
 pub fn bytes_of(answer: &Value) -> Vec<u8> {
     unhex(answer["hex"].as_str().expect("hex field"))
 }
+
+/// The frame scapy builds from `expr` (a scapy expression such as
+/// `Ether(src=...)/ARP(op=2, psrc=...)`): ARP, neighbour discovery and the like encoded by an
+/// implementation independent of ours.
+pub fn build(expr: &str) -> anyhow::Result<Vec<u8>> {
+    Ok(bytes_of(&call(
+        &serde_json::json!({"op": "build", "expr": expr}),
+    )?))
+}

@@ -88,6 +88,7 @@ spec:
 ";
 
 fn verdict(fixture: &mut Fixture, frame: &[u8]) -> u32 {
+    fixture.port_as_sender_of(frame).expect("port");
     let out = fixture.run_tc(PROG_FROM_POD, frame, 1).expect("tc run");
     if out.action == TC_ACT_OK {
         assert_eq!(out.output, frame, "an allowed packet is not changed");

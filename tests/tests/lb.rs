@@ -8,26 +8,55 @@ use std::{net::IpAddr, thread::sleep, time::Duration};
 use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
+    frag::{FragKey, FragPorts},
     lb::{
         AffinityKey, AffinityValue, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
-        SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, flow_hash, maglev_slot,
+        MemberKey, SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
+        flow_hash, maglev_slot,
     },
-    maps::{LB_AFFINITY, LB_CT, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    maps::{
+        FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, PROG_FROM_POD, PROG_UNDERLAY,
+        PROG_UNDERLAY_TC,
+    },
 };
 use dataplane_tests::{
     fixture::Fixture,
-    packets::{tcp_v4_flow, udp_v4_flow},
+    packets::{self, tcp_v4_flow, udp_v4_flow},
     privileged::privileged,
     scapy::{self, bytes_of, hex},
 };
 use dataplane_user::{
+    AgentError,
     lb::{BackendAddr, LbState, ServicePort, maglev_table},
     overlay::addr16,
+    testrun::RunOutcome,
 };
 use serde_json::json;
 
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
+
+/// Runs `frame` through `tc_from_pod` as sent by the pod its source names (port security set
+/// up for the test run; a frame too malformed to name its source is sent by the last pod).
+fn from_pod(fixture: &mut Fixture, frame: &[u8]) -> Result<RunOutcome, AgentError> {
+    if packets::source_of(frame).is_ok() {
+        fixture.port_as_sender_of(frame).expect("port");
+    }
+    fixture.run_tc(PROG_FROM_POD, frame, 1)
+}
+
+/// Runs `frame` through `program`: from the pod its source names for `tc_from_pod`, as it
+/// arrives for the others.
+fn run_at(
+    fixture: &mut Fixture,
+    program: &'static str,
+    frame: &[u8],
+) -> Result<RunOutcome, AgentError> {
+    if program == PROG_FROM_POD {
+        return from_pod(fixture, frame);
+    }
+    fixture.run_tc(program, frame, 1)
+}
 
 fn ip(text: &str) -> IpAddr {
     text.parse().expect("address")
@@ -170,7 +199,7 @@ fn dnat_and_reverse_nat_are_byte_exact_for_tcp_udp_ipv4_and_ipv6() {
         let flags = if proto == "tcp" { "S" } else { "" };
 
         let request = frame(proto, client, sport, vip, vport, flags);
-        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &request).expect("tc run");
         assert_eq!(
             out.action, TC_ACT_OK,
             "{proto} {client}: continues to the stack"
@@ -213,7 +242,7 @@ fn dnat_and_reverse_nat_are_byte_exact_for_tcp_udp_ipv4_and_ipv6() {
         );
         let expected = frame(proto, vip, vport, client, sport, reply_flags);
         for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
-            let out = fixture.run_tc(program, &reply, 1).expect("tc run");
+            let out = run_at(&mut fixture, program, &reply).expect("tc run");
             assert_eq!(out.action, TC_ACT_OK);
             assert_eq!(
                 hex(&out.output),
@@ -296,7 +325,7 @@ fn sctp_is_translated_with_its_crc32c_kept_right() {
         ];
         for (chunk, payload, zero) in packets {
             let request = sctp_frame(client, sport, vip, vport, chunk, payload, zero);
-            let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+            let out = from_pod(&mut fixture, &request).expect("tc run");
             assert_eq!(out.action, TC_ACT_OK, "{client} {chunk:?}: continues");
             let expected = sctp_frame(
                 client,
@@ -325,7 +354,7 @@ fn sctp_is_translated_with_its_crc32c_kept_right() {
         let reply = sctp_frame(&backend_ip, chosen.port, client, sport, "", b"back", false);
         let expected = sctp_frame(vip, vport, client, sport, "", b"back", false);
         for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
-            let out = fixture.run_tc(program, &reply, 1).expect("tc run");
+            let out = run_at(&mut fixture, program, &reply).expect("tc run");
             assert_eq!(out.action, TC_ACT_OK);
             assert_eq!(
                 hex(&out.output),
@@ -337,7 +366,7 @@ fn sctp_is_translated_with_its_crc32c_kept_right() {
 
         // ABORT ends the association: the entry only lingers briefly.
         let abort = sctp_frame(client, sport, vip, vport, "ABORT", b"", false);
-        let out = fixture.run_tc(PROG_FROM_POD, &abort, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &abort).expect("tc run");
         assert_eq!(out.action, TC_ACT_OK);
         let closing = ct_entry(&mut fixture, &key).expect("entry after abort");
         assert_ne!(
@@ -433,7 +462,7 @@ fn icmp_errors_from_backends_get_the_service_address_back() {
         let sport = 41000 + n as u16;
         let flags = if proto == "tcp" { "S" } else { "" };
         let request = frame(proto, client, sport, vip, vport, flags);
-        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &request).expect("tc run");
         let sent = frame(proto, client, sport, backend, bport, flags);
         assert_eq!(hex(&out.output), hex(&sent), "{proto}: DNAT first");
 
@@ -442,8 +471,15 @@ fn icmp_errors_from_backends_get_the_service_address_back() {
         let from = router.unwrap_or(backend);
         let error = icmp_about(from, client, kind, code, &sent);
         let expected = icmp_about(router.unwrap_or(vip), client, kind, code, &request);
-        for program in [PROG_FROM_POD, PROG_UNDERLAY_TC] {
-            let out = fixture.run_tc(program, &error, 1).expect("tc run");
+        // A router's error reaches the node from the underlay only: from a pod's veth, port
+        // security refuses a source the pod does not own.
+        let programs: &[&'static str] = if router.is_some() {
+            &[PROG_UNDERLAY_TC]
+        } else {
+            &[PROG_FROM_POD, PROG_UNDERLAY_TC]
+        };
+        for &program in programs {
+            let out = run_at(&mut fixture, program, &error).expect("tc run");
             assert_eq!(out.action, TC_ACT_OK, "{proto} {kind}/{code} in {program}");
             assert_eq!(
                 hex(&out.output),
@@ -456,7 +492,7 @@ fn icmp_errors_from_backends_get_the_service_address_back() {
     // An error about a flow nobody tracks passes as it is.
     let stranger = frame("udp", "10.244.1.9", 999, "10.244.1.3", 5353, "");
     let error = icmp_about("10.244.1.3", "10.244.1.9", 3, 3, &stranger);
-    let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+    let out = from_pod(&mut fixture, &error).expect("tc run");
     assert_eq!(out.action, TC_ACT_OK);
     assert_eq!(hex(&out.output), hex(&error), "untracked: untouched");
 
@@ -481,7 +517,7 @@ fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
         let key = ct_key("10.244.1.9", sport, "10.96.0.20", 80, 6, CT_ORIGINAL);
         let want = predicted(&state, &ports[0], &key);
         let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 20], 80, true);
-        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &syn).expect("tc run");
         assert_eq!(
             IpAddr::from(destination(&out.output)),
             want.ip,
@@ -504,7 +540,7 @@ fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
     fixture.sync_lb(&mut state, &ports).expect("sync");
     for (i, sport) in (41000..41200u16).enumerate() {
         let ack = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 20], 80, false);
-        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &ack).expect("tc run");
         let dst = IpAddr::from(destination(&out.output));
         assert_eq!(dst, chosen[i].ip, "flow {sport} stays on its backend");
     }
@@ -525,21 +561,15 @@ fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered() {
     fixture.sync_lb(&mut state, &ports).expect("sync");
     let tcp = tcp_v4_flow(CLIENT, 42000, [10, 96, 0, 30], 80, true);
     let udp = udp_v4_flow(CLIENT, 42001, [10, 96, 0, 30], 53);
-    assert_eq!(
-        fixture.run_tc(PROG_FROM_POD, &tcp, 1).unwrap().action,
-        TC_ACT_OK
-    );
-    assert_eq!(
-        fixture.run_tc(PROG_FROM_POD, &udp, 1).unwrap().action,
-        TC_ACT_OK
-    );
+    assert_eq!(from_pod(&mut fixture, &tcp).unwrap().action, TC_ACT_OK);
+    assert_eq!(from_pod(&mut fixture, &udp).unwrap().action, TC_ACT_OK);
 
     // The only backend is replaced by another.
     ports[0] = service("10.96.0.30", 80, 6, &["10.244.2.5:8080"], 0);
     ports[1] = service("10.96.0.30", 53, 17, &["10.244.2.5:5353"], 0);
     fixture.sync_lb(&mut state, &ports).expect("sync");
     let ack = tcp_v4_flow(CLIENT, 42000, [10, 96, 0, 30], 80, false);
-    let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).unwrap();
+    let out = from_pod(&mut fixture, &ack).unwrap();
     assert_eq!(
         out.action, TC_ACT_REDIRECT,
         "the TCP flow is reset, not black-holed"
@@ -550,7 +580,7 @@ fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered() {
         &[10, 96, 0, 30],
         "from the service address"
     );
-    let out = fixture.run_tc(PROG_FROM_POD, &udp, 1).unwrap();
+    let out = from_pod(&mut fixture, &udp).unwrap();
     assert_eq!(out.action, TC_ACT_OK);
     assert_eq!(
         &out.output[30..34],
@@ -559,12 +589,12 @@ fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered() {
     );
     // A new TCP connection on the same ports is a new flow.
     let syn = tcp_v4_flow(CLIENT, 42002, [10, 96, 0, 30], 80, true);
-    let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).unwrap();
+    let out = from_pod(&mut fixture, &syn).unwrap();
     assert_eq!(&out.output[30..34], &[10, 244, 2, 5]);
 
     let empty = tcp_v4_flow(CLIENT, 42003, [10, 96, 0, 31], 80, true);
     assert_eq!(
-        fixture.run_tc(PROG_FROM_POD, &empty, 1).unwrap().action,
+        from_pod(&mut fixture, &empty).unwrap().action,
         TC_ACT_REDIRECT,
         "answered with a reset"
     );
@@ -599,7 +629,7 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
     fixture.sync_lb(&mut state, &ports).expect("sync");
     let connect = |fixture: &mut Fixture, sport: u16| -> [u8; 4] {
         let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 40], 80, true);
-        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        let out = from_pod(fixture, &syn).expect("tc run");
         assert_eq!(out.action, TC_ACT_OK);
         destination(&out.output)
     };
@@ -651,7 +681,7 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
     for _ in 0..6 {
         sleep(Duration::from_millis(500));
         let ack = tcp_v4_flow(CLIENT, 43020, [10, 96, 0, 40], 80, false);
-        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &ack).expect("tc run");
         assert_eq!(out.action, TC_ACT_OK);
         assert_eq!(
             destination(&out.output),
@@ -703,6 +733,236 @@ fn client_ip_affinity_runs_from_the_last_packet_and_repicks_when_its_backend_goe
     }
 }
 
+#[test]
+fn a_backend_that_leaves_a_service_gets_none_of_its_new_flows_though_it_serves_another() {
+    if !privileged(
+        "a_backend_that_leaves_a_service_gets_none_of_its_new_flows_though_it_serves_another",
+    ) {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let backends = [
+        "10.244.1.3:8080",
+        "10.244.2.5:8080",
+        "10.244.3.7:8080",
+        "10.244.4.9:8080",
+    ];
+    // Two services of the same four pods (backends are shared by address and port), the
+    // first with ClientIP affinity.
+    let sticky = service("10.96.0.41", 80, 6, &backends, 86_400);
+    let other = service("10.96.0.42", 80, 6, &backends, 0);
+    fixture
+        .sync_lb(&mut state, &[sticky.clone(), other.clone()])
+        .expect("sync");
+    let connect = |fixture: &mut Fixture, sport: u16| -> [u8; 4] {
+        let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 41], 80, true);
+        let out = from_pod(fixture, &syn).expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK);
+        destination(&out.output)
+    };
+    let affinity_rows = |fixture: &mut Fixture| -> Vec<(AffinityKey, AffinityValue)> {
+        let map: HashMap<&mut MapData, AffinityKey, AffinityValue> =
+            fixture.typed_map(LB_AFFINITY).expect("affinity map");
+        map.iter().filter_map(Result::ok).collect()
+    };
+    let members = |fixture: &mut Fixture| -> Vec<MemberKey> {
+        let map: HashMap<&mut MapData, MemberKey, u32> =
+            fixture.typed_map(LB_MEMBERS).expect("members map");
+        let mut keys: Vec<MemberKey> = map.keys().filter_map(Result::ok).collect();
+        keys.sort();
+        keys
+    };
+    let service_id = |fixture: &mut Fixture, key: &ServiceKey| -> u32 {
+        let map: HashMap<&mut MapData, ServiceKey, ServiceValue> =
+            fixture.typed_map(LB_SERVICES).expect("services map");
+        map.get(key, 0).expect("service entry").id
+    };
+    let sticky_id = service_id(&mut fixture, &sticky.key);
+    let id_of = |state: &LbState, b: &str| state.id_of(backend(b)).expect("backend id");
+    // Only the service with affinity has members: its four backends.
+    let mut expected: Vec<MemberKey> = backends
+        .iter()
+        .map(|b| MemberKey {
+            service_id: sticky_id,
+            backend_id: id_of(&state, b),
+        })
+        .collect();
+    expected.sort();
+    assert_eq!(members(&mut fixture), expected);
+
+    let first = connect(&mut fixture, 46000);
+    let leaving = *backends
+        .iter()
+        .find(|b| backend(b).ip == IpAddr::from(first))
+        .expect("one of the backends");
+    let leaving_id = id_of(&state, leaving);
+    assert_eq!(
+        affinity_rows(&mut fixture)
+            .iter()
+            .map(|(k, v)| (k.service_id, v.backend_id))
+            .collect::<Vec<_>>(),
+        vec![(sticky_id, leaving_id)]
+    );
+
+    // The chosen pod leaves the sticky service only; it still serves the other.
+    let remaining: Vec<&str> = backends.iter().copied().filter(|b| *b != leaving).collect();
+    let sticky_after = service("10.96.0.41", 80, 6, &remaining, 86_400);
+    fixture
+        .sync_lb(&mut state, &[sticky_after.clone(), other.clone()])
+        .expect("sync");
+    assert_eq!(
+        state.id_of(backend(leaving)),
+        Some(leaving_id),
+        "still a backend"
+    );
+    assert!(
+        affinity_rows(&mut fixture).is_empty(),
+        "the entry naming the leaver is cleared"
+    );
+    assert!(
+        !members(&mut fixture)
+            .iter()
+            .any(|m| m.backend_id == leaving_id)
+    );
+
+    // Even an entry naming it (as a program could write in the instant before the sync
+    // switched the table) is not followed: the programs ask the membership map.
+    {
+        let mut map: HashMap<&mut MapData, AffinityKey, AffinityValue> =
+            fixture.typed_map(LB_AFFINITY).expect("affinity map");
+        let key = AffinityKey {
+            client: addr16(IpAddr::from(CLIENT)),
+            service_id: sticky_id,
+        };
+        let now = monotonic_seconds();
+        map.insert(
+            key,
+            AffinityValue {
+                backend_id: leaving_id,
+                last_seen: now,
+            },
+            0,
+        )
+        .expect("stale entry");
+    }
+    let repicked = connect(&mut fixture, 46001);
+    assert_ne!(repicked, first, "the leaver gets no new flow");
+    for sport in 46002..46008 {
+        assert_eq!(
+            connect(&mut fixture, sport),
+            repicked,
+            "sticks to the new pick"
+        );
+    }
+    // The other service still reaches the pod that left the sticky one.
+    let other_backends: std::collections::BTreeSet<[u8; 4]> = (47000..47040)
+        .map(|sport| {
+            let syn = tcp_v4_flow(CLIENT, sport, [10, 96, 0, 42], 80, true);
+            let out = from_pod(&mut fixture, &syn).expect("tc run");
+            destination(&out.output)
+        })
+        .collect();
+    assert!(other_backends.contains(&first), "{other_backends:?}");
+}
+
+/// Fragment `index` of the datagram scapy builds from `ip` (an IPv4 or IPv6 expression with
+/// its transport and payload), cut at 1000 bytes, in the frame a pod sends.
+fn fragment_frame(ip: &str, index: usize) -> Vec<u8> {
+    let cut = if ip.starts_with("IPv6") {
+        format!("fragment6({ip}, 1000)")
+    } else {
+        format!("fragment({ip}, fragsize=1000)")
+    };
+    scapy::build(&format!(
+        "Ether(src='0a:58:0a:f4:01:09', dst='02:00:00:00:01:09')/{cut}[{index}]"
+    ))
+    .expect("scapy fragment")
+}
+
+#[test]
+fn every_fragment_of_a_datagram_is_translated_as_its_first() {
+    if !privileged("every_fragment_of_a_datagram_is_translated_as_its_first") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![
+        service("10.96.0.45", 53, 17, &["10.244.2.5:5353"], 0),
+        service("fd00:96::45", 53, 17, &["[fd00:10:244:2::5]:5353"], 0),
+    ];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    for (client, vip, backend, header) in [
+        (
+            "10.244.1.9",
+            "10.96.0.45",
+            "10.244.2.5",
+            "IP(src='{s}', dst='{d}', id=777)",
+        ),
+        (
+            "fd00:10:244:1::9",
+            "fd00:96::45",
+            "fd00:10:244:2::5",
+            "IPv6(src='{s}', dst='{d}')/IPv6ExtHdrFragment(id=777)",
+        ),
+    ] {
+        let datagram = |dst: &str, dport: u16| {
+            header.replace("{s}", client).replace("{d}", dst)
+                + &format!("/UDP(sport=40000, dport={dport})/Raw(b'0123456789' * 250)")
+        };
+        // Three fragments; each leaves addressed to the backend, byte for byte as scapy
+        // builds the datagram sent to the backend itself: the first with the port and the
+        // whole datagram's UDP checksum, the later ones with the address alone.
+        for index in 0..3 {
+            let sent = fragment_frame(&datagram(vip, 53), index);
+            let out = from_pod(&mut fixture, &sent).expect("tc run");
+            assert_eq!(out.action, TC_ACT_OK, "{client}: fragment {index}");
+            assert_eq!(
+                hex(&out.output),
+                hex(&fragment_frame(&datagram(backend, 5353), index)),
+                "{client}: fragment {index}"
+            );
+        }
+    }
+    // The first fragments' ports are remembered by datagram.
+    let frags: HashMap<&mut MapData, FragKey, FragPorts> =
+        fixture.typed_map(FRAGS).expect("fragments map");
+    let mut remembered: Vec<(FragKey, FragPorts)> = frags.iter().filter_map(Result::ok).collect();
+    remembered.sort_by_key(|(k, _)| k.src);
+    let ports = FragPorts {
+        src_port: 40000u16.to_be_bytes(),
+        dst_port: 53u16.to_be_bytes(),
+    };
+    let key = |src: &str, dst: &str, id: [u8; 4]| FragKey {
+        src: addr16(ip(src)),
+        dst: addr16(ip(dst)),
+        id,
+        protocol: 17,
+        _pad: [0; 3],
+    };
+    let mut expected = vec![
+        (key("10.244.1.9", "10.96.0.45", [0x03, 0x09, 0, 0]), ports),
+        (
+            key("fd00:10:244:1::9", "fd00:96::45", 777u32.to_be_bytes()),
+            ports,
+        ),
+    ];
+    expected.sort_by_key(|(k, _)| k.src);
+    assert_eq!(remembered, expected);
+
+    // A later fragment of a datagram whose first was never seen: dropped, for its own reason.
+    let lone = fragment_frame(
+        "IP(src='10.244.1.9', dst='10.96.0.45', id=778)/UDP(sport=40000, dport=53)/Raw(b'x' * 2500)",
+        1,
+    );
+    let out = from_pod(&mut fixture, &lone).expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT);
+    assert_eq!(
+        fixture.counters().drops(DropReason::FragmentWithoutFirst),
+        1
+    );
+}
+
 const TC_ACT_REDIRECT: u32 = 7;
 
 /// The reset scapy builds for the answer: from the service back to the client, gateway MAC to
@@ -740,7 +1000,7 @@ fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreac
     ] {
         // A SYN with 5 bytes of data: the reset acknowledges SEQ + 5 + 1 and has no sequence.
         let syn = frame("tcp", client, 46000, vip, 80, "S");
-        let out = fixture.run_tc(PROG_FROM_POD, &syn, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &syn).expect("tc run");
         assert_eq!(
             out.action, TC_ACT_REDIRECT,
             "{vip}: the answer goes back to the pod"
@@ -756,7 +1016,7 @@ fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreac
             }))
             .expect("scapy"),
         );
-        let out = fixture.run_tc(PROG_FROM_POD, &stray, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &stray).expect("tc run");
         assert_eq!(
             hex(&out.output),
             hex(&expected_reset(vip, client, 46001, 5555, 0, "R"))
@@ -764,7 +1024,7 @@ fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreac
 
         // UDP: port unreachable from the service address, quoting the datagram.
         let datagram = frame("udp", client, 46002, vip, 53, "");
-        let out = fixture.run_tc(PROG_FROM_POD, &datagram, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &datagram).expect("tc run");
         assert_eq!(out.action, TC_ACT_REDIRECT);
         let answer =
             scapy::call(&json!({"op": "icmp_error", "hex": hex(&out.output)})).expect("decode");
@@ -789,10 +1049,7 @@ fn a_service_without_endpoints_answers_tcp_with_a_reset_and_udp_with_port_unreac
     }
     // A reset is never answered.
     let reset = frame("tcp", "10.244.1.9", 46003, "10.96.0.50", 80, "R");
-    assert_eq!(
-        fixture.run_tc(PROG_FROM_POD, &reset, 1).unwrap().action,
-        TC_ACT_SHOT
-    );
+    assert_eq!(from_pod(&mut fixture, &reset).unwrap().action, TC_ACT_SHOT);
     let counters = fixture.counters();
     assert_eq!(
         counters.packets(Hook::FromPod, PacketClass::ServiceRejected),
@@ -822,14 +1079,14 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
         // The pod's only backend is itself: the source becomes OVN-Kubernetes' hairpin
         // masquerade address so the pod accepts the packet and answers through us.
         let request = frame("tcp", pod, 47000, vip, 80, "S");
-        let out = fixture.run_tc(PROG_FROM_POD, &request, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &request).expect("tc run");
         assert_eq!(out.action, TC_ACT_OK);
         let want = frame("tcp", masquerade, 47000, pod, 8080, "S");
         assert_eq!(hex(&out.output), hex(&want), "{vip}: DNAT and masquerade");
         assert!(checksums_ok(&out.output));
         // Its answer to the masquerade address goes back to the pod, from the service.
         let answer = frame("tcp", pod, 8080, masquerade, 47000, "SA");
-        let out = fixture.run_tc(PROG_FROM_POD, &answer, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &answer).expect("tc run");
         let want = frame("tcp", vip, 80, pod, 47000, "SA");
         assert_eq!(
             hex(&out.output),
@@ -841,7 +1098,7 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
         // reaches it about what it sent: from the service, the quoted packet its own.
         let received = frame("tcp", masquerade, 47000, pod, 8080, "S");
         let error = icmp_about(pod, masquerade, 3, 3, &received);
-        let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &error).expect("tc run");
         assert_eq!(out.action, TC_ACT_OK);
         assert_eq!(
             hex(&out.output),
@@ -850,7 +1107,7 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
         );
         // Later packets of the flow are translated the same way.
         let ack = frame("tcp", pod, 47000, vip, 80, "A");
-        let out = fixture.run_tc(PROG_FROM_POD, &ack, 1).expect("tc run");
+        let out = from_pod(&mut fixture, &ack).expect("tc run");
         assert_eq!(
             hex(&out.output),
             hex(&frame("tcp", masquerade, 47000, pod, 8080, "A"))
@@ -991,7 +1248,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         &pod_mac,
         &host_mac,
     );
-    let out = fixture.run_tc(PROG_FROM_POD, &reply, 1).expect("tc run");
+    let out = from_pod(fixture, &reply).expect("tc run");
     assert_eq!(out.action, TC_ACT_REDIRECT);
     let want = tcp_frame(
         "10.99.0.1",
@@ -1025,7 +1282,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         3,
         &delivered,
     );
-    let out = fixture.run_tc(PROG_FROM_POD, &error, 1).expect("tc run");
+    let out = from_pod(fixture, &error).expect("tc run");
     assert_eq!(out.action, TC_ACT_REDIRECT);
     let client_syn = tcp_frame(
         "10.99.0.50",
@@ -1437,20 +1694,22 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
         );
     }
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
-    // The client is a pod of this node too (same veth: test runs do not redirect).
+    // The client is a pod of this node too, behind a veth of its own: each side's frames are
+    // run on its pod's device, as port security and the cache's sender check expect.
+    let client_ifindex = bed.add_pod_veth("vp9", "pod9").expect("client veth");
+    let backend_ifindex = bed.view.local_pods[0].host_ifindex;
     let client_mac = [0x0a, 0x58, 10, 244, 1, 9];
     let client_host_mac = [0x02, 0, 0, 0, 0x01, 0x09];
     // Dual-stack pods: IPv6 flows replay through the cache's general path.
     bed.view.local_pods[0]
         .addresses
         .push(ip("fd00:10:244:1::3"));
-    let backend_pod = bed.view.local_pods[0].clone();
     bed.view.local_pods.push(LocalPodView {
         name: "default/client".into(),
         addresses: vec![ip("10.244.1.9"), ip("fd00:10:244:1::9")],
         pod_mac: client_mac,
         host_mac: client_host_mac,
-        ..backend_pod.clone()
+        host_ifindex: client_ifindex,
     });
     let view = bed.view.clone();
     let fixture = &mut bed.fixture;
@@ -1509,7 +1768,16 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     };
     // Runs a frame (timed sequences only run frames: scapy is called before and after).
     let run = |fixture: &mut Fixture, frame: &[u8]| {
-        let out = fixture.run_tc(PROG_FROM_POD, frame, 1).expect("tc run");
+        // A frame too malformed to name its source is the client's.
+        let source = dataplane_tests::packets::source_of(frame).map(|(_, source)| source);
+        let device = if source.is_ok_and(|s| s == ip(backend_ip) || s == ip("fd00:10:244:1::3")) {
+            backend_ifindex
+        } else {
+            client_ifindex
+        };
+        let out = fixture
+            .run_tc_on(PROG_FROM_POD, frame, 1, device)
+            .expect("tc run");
         (out.action, out.output, cached(fixture))
     };
     let check = |(action, output, _): &(u32, Vec<u8>, u64), want: &[u8], what: &str| {

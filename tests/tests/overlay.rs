@@ -269,6 +269,21 @@ fn decapsulation_follows_rfc_8926() {
             geneve(json!({}), &not_local),
             DropReason::GeneveNoLocalPod,
         ),
+        (
+            "VNI 0, not the default network's",
+            geneve(json!({"vni": 0}), &inner),
+            DropReason::GeneveUnknownVni,
+        ),
+        (
+            "VNI 0xC012E, not the default network's",
+            geneve(json!({"vni": 0xC012E}), &inner),
+            DropReason::GeneveUnknownVni,
+        ),
+        (
+            "in a VLAN the underlay does not carry the overlay in",
+            geneve(json!({"vlan": 7}), &inner),
+            DropReason::GeneveWrongVlan,
+        ),
     ];
     for (name, packet, reason) in refused {
         let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");

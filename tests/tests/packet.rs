@@ -104,6 +104,30 @@ fn assert_dropped(fixture: &mut Fixture, name: &str, frame: &[u8], reason: DropR
     );
 }
 
+/// Runs `frame`, well formed, through both attach points: the underlay passes it unchanged as
+/// `class`, the pod edge refuses it (a pod sends untagged IP and ARP only).
+fn assert_refused_from_pod(fixture: &mut Fixture, name: &str, frame: &[u8], class: PacketClass) {
+    let xdp = fixture
+        .run_xdp(PROG_UNDERLAY, frame, 1)
+        .expect("xdp test run");
+    assert_eq!(xdp.action, XDP_PASS, "{name}: underlay verdict");
+    assert_eq!(xdp.output, frame, "{name}: underlay must not change a byte");
+    let tc = fixture
+        .run_tc(PROG_FROM_POD, frame, 1)
+        .expect("tc test run");
+    assert_eq!(tc.action, TC_ACT_SHOT, "{name}: from-pod verdict");
+    let counters = fixture.counters();
+    for hook in [Hook::Underlay, Hook::FromPod] {
+        assert_eq!(
+            counters.packets(hook, class),
+            1,
+            "{name}: {hook:?} {class:?}"
+        );
+    }
+    assert_eq!(counters.drops(DropReason::PortEthertype), 1, "{name}");
+    assert_eq!(counters.drops.len(), 1, "{name}: {:?}", counters.drops);
+}
+
 /// One fresh fixture per case so every counter assertion is exact.
 fn each_case(cases: Vec<(&str, Vec<u8>, PacketClass)>) {
     for (name, frame, class) in cases {
@@ -182,21 +206,6 @@ fn well_formed_packets_pass_unchanged_and_are_classified() {
             PacketClass::Arp,
         ),
         (
-            "lldp",
-            packets::padded(packets::lldp()),
-            PacketClass::OtherL2,
-        ),
-        (
-            "802.1q ipv4 udp",
-            packets::vlan_ipv4_udp(),
-            PacketClass::Udp,
-        ),
-        (
-            "802.1ad qinq ipv4 tcp",
-            packets::qinq_ipv4_tcp(),
-            PacketClass::Tcp,
-        ),
-        (
             "ipv4 options ihl=8",
             packets::with_ipv4_options(&v4_udp, 3),
             PacketClass::Udp,
@@ -254,6 +263,33 @@ fn well_formed_packets_pass_unchanged_and_are_classified() {
             PacketClass::OtherL4,
         ),
     ]);
+}
+
+#[test]
+fn tagged_and_non_ip_frames_pass_the_underlay_and_are_refused_from_pods() {
+    if !privileged("tagged_and_non_ip_frames_pass_the_underlay_and_are_refused_from_pods") {
+        return;
+    }
+    for (name, frame, class) in [
+        (
+            "lldp",
+            packets::padded(packets::lldp()),
+            PacketClass::OtherL2,
+        ),
+        (
+            "802.1q ipv4 udp",
+            packets::vlan_ipv4_udp(),
+            PacketClass::Udp,
+        ),
+        (
+            "802.1ad qinq ipv4 tcp",
+            packets::qinq_ipv4_tcp(),
+            PacketClass::Tcp,
+        ),
+    ] {
+        let mut fixture = Fixture::load().expect("load programs");
+        assert_refused_from_pod(&mut fixture, name, &frame, class);
+    }
 }
 
 #[test]

@@ -14,7 +14,7 @@ use dataplane_common::{
 };
 use dataplane_tests::{
     fixture::Fixture,
-    packets::{tcp_v4_flow, udp_v4_flow},
+    packets::{self, tcp_v4_flow, udp_v4_flow},
     privileged::privileged,
 };
 use dataplane_user::{
@@ -108,8 +108,18 @@ fn installed() -> (Fixture, AclState) {
     (fixture, state)
 }
 
+/// Runs `frame` from its source pod (`tc_from_pod`) or, delivered by the node, to its
+/// destination pod (`tc_to_pod`), that pod's port security set up for the test run.
 fn run(fixture: &mut Fixture, program: &'static str, frame: &[u8]) -> u32 {
-    let out = fixture.run_tc(program, frame, 1).expect("tc run");
+    let frame = if program == PROG_TO_POD {
+        let delivered = packets::delivered(frame);
+        fixture.port_as_receiver_of(&delivered).expect("port");
+        delivered
+    } else {
+        fixture.port_as_sender_of(frame).expect("port");
+        frame.to_vec()
+    };
+    let out = fixture.run_tc(program, &frame, 1).expect("tc run");
     if out.action == TC_ACT_OK {
         assert_eq!(out.output, frame, "policy never changes a packet");
     }

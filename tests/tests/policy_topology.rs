@@ -192,6 +192,23 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
             .any(|l| l.starts_with("10.96.0.50:80") && l.contains("tcp") && l.contains("cluster")),
         "{services}"
     );
+    // In JSON, numbers are numbers and the backends are named by address.
+    let services: serde_json::Value =
+        serde_json::from_str(&inspect("services", true)).expect("JSON");
+    let service = services
+        .as_array()
+        .expect("rows")
+        .iter()
+        .find(|row| row["address"] == "10.96.0.50:80")
+        .unwrap_or_else(|| panic!("{services}"));
+    assert!(service["id"].is_u64(), "{service}");
+    assert_eq!(service["backends"], 1, "{service}");
+    assert_eq!(service["affinity_s"], 0, "{service}");
+    assert_eq!(
+        service["backend_addresses"],
+        serde_json::json!([format!("{s}:8080")]),
+        "{service}"
+    );
     let policy = inspect("policy", false);
     assert!(
         policy.lines().any(|l| l.starts_with(&format!("pod {s} "))
@@ -215,7 +232,7 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
             .any(|row| row["flow"]
                 .as_str()
                 .is_some_and(|f| f.ends_with("-> 10.96.0.50:80"))
-                && row["translated to"] == format!("{s}:8080")),
+                && row["translated_to"] == format!("{s}:8080")),
         "{conntrack}"
     );
 

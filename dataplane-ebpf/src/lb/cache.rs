@@ -39,6 +39,7 @@ use crate::{
     maps::LB_FLOW_CACHE,
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP, read, read_addresses},
+    port,
     work::Parsed,
 };
 
@@ -47,7 +48,8 @@ use crate::{
 /// packet is untouched). An error: the packet was partly rewritten and must be dropped.
 #[inline(always)]
 pub fn replay(ctx: &TcContext, parsed: &Parsed) -> Result<Option<(i32, PacketClass)>, DropReason> {
-    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
+    // Fragments take the full path, which remembers a first fragment's ports.
+    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 || parsed.fragment != 0 {
         return Ok(None);
     }
     // Tried before parsing ([`replay_plain_v4`]); what it missed, this would miss too but for
@@ -171,6 +173,7 @@ pub type Replayed = Result<(i32, PacketClass), DropReason>;
 pub fn replay_plain_v4(ctx: &TcContext, parsed: &Parsed) -> Option<Replayed> {
     if parsed.ether_type != ETH_P_IP
         || parsed.l4_offset != V4_L4
+        || parsed.fragment != 0
         || !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP)
     {
         return None;
@@ -221,6 +224,9 @@ fn replay_v4(ctx: &TcContext, protocol: u8, ports: u32) -> Result<Option<(i32, S
         return Ok(None);
     };
     if !same_v4_flow(&entry.flow, src, dst, ports, protocol) || !current(entry) {
+        return Ok(None);
+    }
+    if !same_sender(ctx, entry) {
         return Ok(None);
     }
     let Some(config) = overlay::config() else {
@@ -322,11 +328,15 @@ fn rewrite_v4(
 /// `epoch`. Only when the load-balancer translated this very packet (`ServiceDnat` or
 /// `ServiceReverseNat`): the working set's flag is from the last translation on this CPU.
 #[inline(always)]
-pub fn remember(epoch: u32, pod: &LocalPod) {
+pub fn remember(ctx: &TcContext, epoch: u32, pod: &LocalPod) {
     let Some(s) = scratch() else {
         return;
     };
     if s.cacheable == 0 {
+        return;
+    }
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + 12 > end {
         return;
     }
     let direction = s.flow.direction;
@@ -356,6 +366,28 @@ pub fn remember(epoch: u32, pod: &LocalPod) {
         copy_bytes::<6>(entry.pod.pod_mac.as_mut_ptr(), pod.pod_mac.as_ptr());
         copy_bytes::<6>(entry.pod.host_mac.as_mut_ptr(), pod.host_mac.as_ptr());
     }
+    // SAFETY: reading a field of our own context.
+    entry.from_ifindex = unsafe { (*ctx.skb.skb).ifindex };
+    // SAFETY: the source MAC lies within the packet (checked above).
+    unsafe { copy_bytes::<6>(entry.from_mac.as_mut_ptr(), (start + 6) as *const u8) };
+}
+
+/// Whether the packet comes from where the entry's did: the same veth and source MAC. With
+/// the flow's source address (part of the key) that is what port security checked when the
+/// entry was filled, so a replayed packet is one port security would pass.
+#[inline(always)]
+fn same_sender(ctx: &TcContext, entry: &FlowCacheEntry) -> bool {
+    // SAFETY: reading a field of our own context.
+    if unsafe { (*ctx.skb.skb).ifindex } != entry.from_ifindex {
+        return false;
+    }
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + 12 > end {
+        return false;
+    }
+    // SAFETY: the source MAC lies within the packet (checked above); both sides at even
+    // offsets.
+    unsafe { port::same_mac((start + 6) as *const u8, &entry.from_mac) }
 }
 
 /// Whether the entry was filled in the clock's current second: a comparison, where the

@@ -66,7 +66,8 @@ pub fn nodeport(ctx: &XdpContext, parsed: &Parsed) -> Stage {
 #[inline(always)]
 fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass)>, DropReason> {
     let l4 = parsed.l4_offset;
-    if parsed.l3_offset != ETH_LEN || l4 == 0 || l4 > MAX_L4_OFFSET {
+    // Fragments are tc's: it remembers a first fragment's ports for the later ones.
+    if parsed.l3_offset != ETH_LEN || l4 == 0 || l4 > MAX_L4_OFFSET || parsed.fragment != 0 {
         return Ok(None);
     }
     if !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP) {

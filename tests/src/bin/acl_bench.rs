@@ -248,6 +248,8 @@ fn main() -> anyhow::Result<()> {
     for _ in 0..args.rounds {
         for (f, fixture) in fixtures.iter_mut().enumerate() {
             for (p, (_, frame)) in probes(SIZES[f]).iter().enumerate() {
+                // The probe's pod passes port security; the firewall decides.
+                fixture.port_as_sender_of(frame)?;
                 let run = fixture.run_tc(PROG_FROM_POD, frame, args.repeat)?;
                 samples[f][p].push(run.duration.as_nanos() as f64);
             }
