@@ -172,11 +172,15 @@ pub struct AclCtKey {
 pub struct AclCtValue {
     /// Clock seconds (`bpf_ktime_get_coarse_ns / 1e9`) of the last packet.
     pub last_seen: u32,
-    /// `ACL_CT_CLOSING` once a FIN or RST was seen.
+    /// `ACL_CT_CLOSING` once a FIN or RST was seen; `ACL_CT_INBOUND` for a flow that came in
+    /// to the pod.
     pub flags: u32,
 }
 
 pub const ACL_CT_CLOSING: u32 = 1;
+/// The flow's first packet was delivered to a pod (from another node, a NodePort, outside):
+/// the pod's replies are answers, not its own egress, and no EgressFirewall judges them.
+pub const ACL_CT_INBOUND: u32 = 2;
 
 /// `skb->mark` bit set by `tc_underlay` on service replies it reverse-NATed: the pod's
 /// ingress policy does not judge replies of a connection the pod opened.

@@ -25,12 +25,12 @@ use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::{
-        ACL_CT_CLOSING, ACL_DIRECTION_EGRESS, ACL_DIRECTION_INGRESS, ACL_ENTRY_FINAL,
-        ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_KIND_FIREWALL, ACL_KIND_POLICY, ACL_LOG_ALLOW,
-        ACL_LOG_DENY, ACL_MAX_LENGTHS, ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT,
-        ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
-        ACL_VERDICT_NONE, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint, AclEvent, AclLengths,
-        AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
+        ACL_CT_CLOSING, ACL_CT_INBOUND, ACL_DIRECTION_EGRESS, ACL_DIRECTION_INGRESS,
+        ACL_ENTRY_FINAL, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_KIND_FIREWALL, ACL_KIND_POLICY,
+        ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS, ACL_NO_LENGTH, ACL_PORT_BUCKET,
+        ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW,
+        ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint,
+        AclEvent, AclLengths, AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
     },
     lb::{CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP},
     overlay::Addr,
@@ -38,12 +38,12 @@ use dataplane_common::{
 
 use crate::{
     clock::now,
-    copy::copy_bytes,
+    copy::{copy_bytes, set_ipv4_mapped},
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
         ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
-    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
+    parse::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
     stage::Stage,
     stats::count_outcome,
     work::{AclWork, Parsed},
@@ -102,7 +102,44 @@ pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
     if receiver.is_some_and(AclEndpoint::policed) {
         return Stage::new(checked(police(ctx, hook, None, receiver)).map(|()| None));
     }
+    // A pod under an EgressFirewall only: the connection is tracked all the same, so that
+    // the pod's answers are known as such (a NodePort client through another node is seen
+    // here with that node's address, which the firewall would judge as new egress).
+    if receiver.is_some_and(|r| r.firewall != 0) {
+        track_inbound(ctx, work);
+    }
     Stage::new(Ok(None))
+}
+
+/// Tracks a flow coming in to a pod that is not isolated for ingress (nothing to judge): a
+/// TCP connection from its SYN, other protocols from any packet of a flow not tracked yet.
+#[inline(always)]
+fn track_inbound(ctx: &TcContext, work: &mut AclWork) {
+    let tcp_flags = tcp_flags(ctx, &work.parsed);
+    if tracked(&mut work.flow, tcp_flags) {
+        return;
+    }
+    if work.parsed.protocol == IPPROTO_TCP && !opens_connection(tcp_flags) {
+        return;
+    }
+    let entry = AclCtValue {
+        last_seen: now(),
+        flags: ACL_CT_INBOUND,
+    };
+    let _ = ACL_CT.insert(&work.flow, &entry, 0);
+}
+
+/// Whether the packet answers a tracked flow that came in to the pod sending it: the reverse
+/// of its flow is tracked and marked inbound (the entry is refreshed).
+#[inline(always)]
+fn answers_inbound(ctx: &TcContext, work: &mut AclWork) -> bool {
+    let tcp_flags = tcp_flags(ctx, &work.parsed);
+    reverse(&mut work.flow);
+    // SAFETY: the flags are read at once.
+    let inbound = unsafe { ACL_CT.get(&work.flow) }.is_some_and(|e| e.flags & ACL_CT_INBOUND != 0)
+        && refresh(&work.flow, tcp_flags);
+    reverse(&mut work.flow);
+    inbound
 }
 
 /// What the stage works on, in this CPU's scratch slot: a copy of the parse result and the
@@ -160,7 +197,13 @@ fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
         checked(police(ctx, Hook::FromPod, sender, receiver))?;
     }
     match sender {
-        Some(endpoint) if endpoint.firewall != 0 => checked(firewall(ctx, endpoint)),
+        Some(endpoint) if endpoint.firewall != 0 => {
+            // Answers to connections that came in to the pod are not its egress.
+            if current_work().is_some_and(|work| answers_inbound(ctx, work)) {
+                return Ok(());
+            }
+            checked(firewall(ctx, endpoint))
+        }
         _ => Ok(()),
     }
 }
@@ -223,6 +266,12 @@ fn police_flow(
         count_outcome(hook, PacketClass::PolicyTracked);
         return Ok(());
     }
+    // An ICMP error about a tracked flow belongs to it, as the kernel's conntrack has it
+    // (RELATED): a router's fragmentation needed, a peer's port unreachable.
+    if is_icmp_error(ctx, &work.parsed) && related(ctx) != 0 {
+        count_outcome(hook, PacketClass::PolicyTracked);
+        return Ok(());
+    }
     if let Some(endpoint) = sender
         && endpoint.egress != 0
     {
@@ -233,13 +282,105 @@ fn police_flow(
     {
         judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_INGRESS)?;
     }
+    // Judged for its receiver alone (`to_pod`): the flow came in to the pod.
     let entry = AclCtValue {
         last_seen: now(),
-        flags: 0,
+        flags: if sender.is_none() { ACL_CT_INBOUND } else { 0 },
     };
     let _ = ACL_CT.insert(&work.flow, &entry, 0);
     count_outcome(hook, PacketClass::PolicyAllowed);
     Ok(())
+}
+
+/// Whether the packet is an ICMP error (IPv4: destination unreachable, time exceeded,
+/// parameter problem; ICMPv6: destination unreachable, packet too big, time exceeded,
+/// parameter problem), which quotes the packet it is about.
+#[inline(always)]
+fn is_icmp_error(ctx: &TcContext, parsed: &Parsed) -> bool {
+    if parsed.l4_offset == 0 {
+        return false;
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    let icmp = if ipv4 { IPPROTO_ICMP } else { IPPROTO_ICMPV6 };
+    if parsed.protocol != icmp {
+        return false;
+    }
+    let Ok(icmp_type) = ctx.load::<u8>(parsed.l4_offset) else {
+        return false;
+    };
+    if ipv4 {
+        matches!(icmp_type, 3 | 11 | 12)
+    } else {
+        (1..=4).contains(&icmp_type)
+    }
+}
+
+/// Whether the ICMP error in this CPU's work slot quotes a packet of a tracked flow (either
+/// direction): 1 or 0. A subprogram: rare, and its loads stay out of the common path.
+#[inline(never)]
+fn related(ctx: &TcContext) -> u32 {
+    let Some(work) = current_work() else {
+        return 0;
+    };
+    (read_quoted(ctx, work) && tracked(&mut work.quoted, 0)) as u32
+}
+
+/// Reads the flow of the packet an ICMP error quotes (its IP header and the first bytes of
+/// its transport header, RFC 792 and RFC 4443) into `work.quoted`; false if it is not there.
+#[inline(always)]
+fn read_quoted(ctx: &TcContext, work: &mut AclWork) -> bool {
+    let inner = work.parsed.l4_offset + 8;
+    let quoted = &mut work.quoted;
+    let inner_l4 = if work.parsed.ether_type == ETH_P_IP {
+        let Ok(head) = ctx.load::<[u8; 4]>(inner) else {
+            return false;
+        };
+        let Ok(rest) = ctx.load::<[u8; 16]>(inner + 4) else {
+            return false;
+        };
+        if head[0] >> 4 != 4 {
+            return false;
+        }
+        quoted.protocol = rest[5];
+        set_ipv4_mapped(&mut quoted.src, [rest[8], rest[9], rest[10], rest[11]]);
+        set_ipv4_mapped(&mut quoted.dst, [rest[12], rest[13], rest[14], rest[15]]);
+        inner + ((head[0] & 0x0F) as usize) * 4
+    } else {
+        let Ok(head) = ctx.load::<[u8; 8]>(inner) else {
+            return false;
+        };
+        if head[0] >> 4 != 6 {
+            return false;
+        }
+        quoted.protocol = head[6];
+        // Fixed-size loads (the helper with a slice may be asked for zero bytes, which the
+        // verifier refuses).
+        let Ok(src) = ctx.load::<Addr>(inner + 8) else {
+            return false;
+        };
+        quoted.src = src;
+        let Ok(dst) = ctx.load::<Addr>(inner + 24) else {
+            return false;
+        };
+        quoted.dst = dst;
+        inner + 40
+    };
+    let (src_port, dst_port) =
+        if matches!(quoted.protocol, IPPROTO_TCP | IPPROTO_UDP | IPPROTO_SCTP) {
+            let Ok(ports) = ctx.load::<[u8; 4]>(inner_l4) else {
+                return false;
+            };
+            (
+                u16::from_be_bytes([ports[0], ports[1]]),
+                u16::from_be_bytes([ports[2], ports[3]]),
+            )
+        } else {
+            (0, 0)
+        };
+    quoted.src_port = src_port;
+    quoted.dst_port = dst_port;
+    quoted._pad = [0; 3];
+    true
 }
 
 /// One end's policy set for a new flow: the sender's egress set judges the destination, the

@@ -108,6 +108,8 @@ pub struct AclWork {
     pub(crate) parsed: Parsed,
     /// The packet's flow, in its direction.
     pub(crate) flow: AclCtKey,
+    /// For an ICMP error: the flow of the packet it quotes.
+    pub(crate) quoted: AclCtKey,
     /// The prefix lengths of the set being looked up.
     pub(crate) lengths: [u8; ACL_MAX_LENGTHS],
     /// The keys of the lookups in a rule set.

@@ -10,8 +10,9 @@ use std::{
 use aya::maps::{HashMap, LpmTrie, Map, MapData, lpm_trie::Key};
 use dataplane_common::{
     acl::{
-        ACL_ENTRY_FINAL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY,
-        AclAddrKey, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint,
+        ACL_CT_CLOSING, ACL_CT_INBOUND, ACL_ENTRY_FINAL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT,
+        ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclCtKey, AclCtValue,
+        AclEndpoint,
     },
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
@@ -426,9 +427,18 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                     .into(),
                     protocol(k.protocol).into(),
                     format!(
-                        "last seen {} s{}",
+                        "last seen {} s{}{}",
                         v.last_seen,
-                        if v.flags != 0 { ", closing" } else { "" }
+                        if v.flags & ACL_CT_INBOUND != 0 {
+                            ", inbound"
+                        } else {
+                            ""
+                        },
+                        if v.flags & ACL_CT_CLOSING != 0 {
+                            ", closing"
+                        } else {
+                            ""
+                        }
                     )
                     .into(),
                 ]);

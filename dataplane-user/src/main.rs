@@ -368,6 +368,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             underlay_index,
             xdp_forward: xdp_forward_allowed(&args.underlay, args.xdp_forward),
             dns_server: args.dns_server,
+            dns_cache: run_dir.join(acl::dns::CACHE_FILE),
             audit_log: args.audit_log.clone(),
             named_ifaces: args.pod_ifaces.clone(),
             lb: lb::LbState::default(),
@@ -446,6 +447,8 @@ struct Cluster {
     underlay_index: u32,
     xdp_forward: bool,
     dns_server: Option<std::net::IpAddr>,
+    /// Where the DNS names' last good addresses outlive the agent (`acl::dns::CACHE_FILE`).
+    dns_cache: PathBuf,
     audit_log: PathBuf,
     /// The pod veths named on the command line (`--pod-iface`).
     named_ifaces: Vec<String>,
@@ -519,6 +522,7 @@ impl Cluster {
             context: acl::firewall::context(&state, &model.view),
             pods: acl::pods_of(&model.view),
             dns_server: self.dns_server,
+            dns_cache: self.dns_cache.clone(),
             audit: state.policy_audit.clone(),
             audit_path: self.audit_log.clone(),
         };

@@ -514,7 +514,8 @@ impl Node {
         self.start_agent_at_with(pins, run_dir, &[])
     }
 
-    fn start_agent_at_with(
+    /// [`Node::start_agent_at`] with more arguments for `dataplane run`.
+    pub fn start_agent_at_with(
         &self,
         pins: Pins,
         run_dir: PathBuf,

@@ -14,7 +14,9 @@ use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{Server, echo_backend, echo_server, probe, tcp_answers},
-    topology::{Mode, Topology, dataplane_binary, exec_in, node_name, run_in, underlay_ip},
+    topology::{
+        Mode, PinsCleanup, Topology, dataplane_binary, exec_in, node_name, run_in, underlay_ip,
+    },
 };
 
 #[test]
@@ -41,6 +43,13 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
          ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]}}\n\
          ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
          metadata: {{name: team-web-1, namespace: team, labels: {{kubernetes.io/service-name: team-web}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+         endpoints: [{{addresses: [{team_ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n\
+         ---\napiVersion: v1\nkind: Service\nmetadata: {{name: team-any, namespace: team}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.41, externalTrafficPolicy: Cluster, \
+         ports: [{{port: 80, targetPort: 8080, nodePort: 30091}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: team-any-1, namespace: team, labels: {{kubernetes.io/service-name: team-any}}}}\n\
          addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
          endpoints: [{{addresses: [{team_ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
         team_ip = team.ip,
@@ -103,6 +112,28 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
     for line in tcp_answers(&external.netns, &node0, 30090, 3).expect("NodePort client") {
         assert_eq!(line, format!("{} {}", team.ip, ext), "{line}");
     }
+
+    // The same through the other node (externalTrafficPolicy: Cluster): node 1 sends the
+    // connection on with its own address as the source, and the team pod's answers to that
+    // address are answers, not egress its firewall (`Deny 0.0.0.0/0`) would refuse.
+    let node1 = underlay_ip(1).to_string();
+    for line in tcp_answers(&external.netns, &node1, 30091, 3).expect("NodePort via node 1") {
+        assert_eq!(line, format!("{} {}", team.ip, node1), "{line}");
+    }
+    // The inbound flows are tracked as such.
+    let out = std::process::Command::new(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent0.pins.root())
+        .args(["inspect", "policy"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.lines().any(|l| l.contains(&format!("{node1}:"))
+            && l.contains(&format!("-> {}:8080", team.ip))
+            && l.contains("inbound")),
+        "{table}"
+    );
 
     // `dataplane inspect firewall`: the team pod's set and its prefixes.
     let out = std::process::Command::new(dataplane_binary())
@@ -232,6 +263,37 @@ fn a_dns_name_rule_follows_the_names_addresses_as_they_change() {
         probe(&team, &probes).expect("probe"),
         vec!["timeout", "external"]
     );
+
+    // The server is back but the name is gone (NXDOMAIN), and the agent restarts meanwhile:
+    // the restarted agent starts from the last good address, which stays allowed until a
+    // lookup answers.
+    std::fs::write(&answers, "{}").expect("answers");
+    servers.insert(0, dns_server(&external.netns, &answers));
+    let (pins, run_dir) = agent.stop_keeping_pins().expect("stop");
+    let _cleanup = PinsCleanup(vec![pins.clone()]);
+    let agent = topology
+        .node(0)
+        .start_agent_at_with(pins, run_dir, &["--dns-server", first])
+        .expect("restarted agent");
+    let log = agent.log();
+    assert!(
+        log.contains("DNS names start from the last good addresses"),
+        "{log}"
+    );
+    assert_eq!(
+        probe(&team, &probes).expect("probe"),
+        vec!["timeout", "external"],
+        "{}",
+        agent.log()
+    );
+    let out = Command::new(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent.pins.root())
+        .args(["inspect", "firewall"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(table.contains(&format!("{second}/32")), "{table}");
     drop(servers);
     let _ = std::fs::remove_file(&answers);
 }

@@ -221,11 +221,6 @@ fn well_formed_packets_pass_unchanged_and_are_classified() {
             PacketClass::Udp,
         ),
         (
-            "ipv4 later fragment",
-            packets::as_ipv4_fragment(&v4_udp, 185, false),
-            PacketClass::Fragment,
-        ),
-        (
             "ipv4 padded to 60 bytes",
             packets::padded(packets::ipv4_udp_short()),
             PacketClass::Udp,
@@ -253,16 +248,83 @@ fn well_formed_packets_pass_unchanged_and_are_classified() {
             PacketClass::Udp,
         ),
         (
-            "ipv6 later fragment",
-            packets::with_ipv6_extensions(&v6_udp, &[Ext::fragment(100)]),
-            PacketClass::Fragment,
-        ),
-        (
             "ipv4 gre (other transport)",
             packets::ipv4_with_protocol(47),
             PacketClass::OtherL4,
         ),
     ]);
+}
+
+/// `frame` as the first fragment of a datagram: a fragment header with offset 0 and the M
+/// flag (more fragments) set; without M it would be an atomic fragment, a whole datagram.
+fn ipv6_first_fragment(frame: &[u8]) -> Vec<u8> {
+    let mut first = packets::with_ipv6_extensions(frame, &[Ext::fragment(0)]);
+    // Ethernet (14) and IPv6 (40), then the fragment header: its fourth byte ends in M.
+    first[14 + 40 + 3] |= 1;
+    first
+}
+
+#[test]
+fn a_later_fragment_passes_after_its_first_and_is_dropped_without_it() {
+    if !privileged("a_later_fragment_passes_after_its_first_and_is_dropped_without_it") {
+        return;
+    }
+    let v4_udp = packets::ipv4_udp();
+    let v6_udp = packets::ipv6_udp();
+    for (name, first, later) in [
+        (
+            "ipv4",
+            packets::as_ipv4_fragment(&v4_udp, 0, true),
+            packets::as_ipv4_fragment(&v4_udp, 185, false),
+        ),
+        (
+            "ipv6",
+            ipv6_first_fragment(&v6_udp),
+            packets::with_ipv6_extensions(&v6_udp, &[Ext::fragment(100)]),
+        ),
+    ] {
+        // Alone: the underlay passes it up untouched (the node's own traffic is the stack's),
+        // a pod's veth drops it, for its own reason.
+        let mut fixture = Fixture::load().expect("load programs");
+        let xdp = fixture
+            .run_xdp(PROG_UNDERLAY, &later, 1)
+            .expect("xdp test run");
+        assert_eq!(xdp.action, XDP_PASS, "{name}");
+        assert_eq!(xdp.output, later, "{name}");
+        let tc = fixture
+            .run_tc(PROG_FROM_POD, &later, 1)
+            .expect("tc test run");
+        assert_eq!(tc.action, TC_ACT_SHOT, "{name}");
+        let counters = fixture.counters();
+        assert_eq!(
+            counters.packets(Hook::FromPod, PacketClass::Fragment),
+            1,
+            "{name}"
+        );
+        assert_eq!(
+            counters.drops(DropReason::FragmentWithoutFirst),
+            1,
+            "{name}"
+        );
+        assert_eq!(counters.drops.len(), 1, "{name}: {:?}", counters.drops);
+
+        // After its first fragment: both pass unchanged.
+        let mut fixture = Fixture::load().expect("load programs");
+        for frame in [&first, &later] {
+            let tc = fixture
+                .run_tc(PROG_FROM_POD, frame, 1)
+                .expect("tc test run");
+            assert_eq!(tc.action, TC_ACT_OK, "{name}");
+            assert_eq!(&tc.output, frame, "{name}: not a byte changed");
+        }
+        let counters = fixture.counters();
+        assert_eq!(
+            counters.packets(Hook::FromPod, PacketClass::Fragment),
+            1,
+            "{name}"
+        );
+        assert!(counters.drops.is_empty(), "{name}: {:?}", counters.drops);
+    }
 }
 
 #[test]

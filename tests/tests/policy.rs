@@ -255,3 +255,60 @@ fn an_isolated_pod_gets_the_replies_of_the_connections_it_opens() {
     assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 1);
     assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
 }
+
+/// An ICMP error from `from` to x/a quoting `quoted` (a scapy IP expression).
+fn icmp_error_to_a(from: &str, icmp: &str, quoted: &str) -> Vec<u8> {
+    dataplane_tests::scapy::build(&format!(
+        "Ether(src='02:00:00:00:00:01', dst='0a:58:0a:f4:01:09')/\
+         IP(src='{from}', dst='10.244.1.9')/{icmp}/{quoted}"
+    ))
+    .expect("scapy")
+}
+
+#[test]
+fn icmp_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not() {
+    if !privileged("icmp_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not") {
+        return;
+    }
+    let (mut fixture, _) = installed();
+    // a (isolated for ingress) opens TCP to c on another node and sends UDP to it.
+    for frame in [
+        tcp_v4_flow(A, 45100, C, 443, true),
+        udp_v4_flow(A, 45101, C, 53),
+    ] {
+        assert_eq!(run(&mut fixture, PROG_FROM_POD, &frame), TC_ACT_OK);
+    }
+    let tcp = "IP(src='10.244.1.9', dst='10.244.2.5')/TCP(sport=45100, dport=443, flags='S')";
+    let udp = "IP(src='10.244.1.9', dst='10.244.2.5')/UDP(sport=45101, dport=53)/Raw(b'q')";
+    // About those flows: a router's fragmentation needed and time exceeded, the peer's port
+    // unreachable. Each belongs to its flow and reaches a, though a's ingress allows only b.
+    for (from, icmp, quoted) in [
+        ("10.99.0.254", "ICMP(type=3, code=4, nexthopmtu=1400)", tcp),
+        ("10.99.0.254", "ICMP(type=11, code=0)", tcp),
+        ("10.244.2.5", "ICMP(type=3, code=3)", udp),
+    ] {
+        let error = icmp_error_to_a(from, icmp, quoted);
+        assert_eq!(run(&mut fixture, PROG_TO_POD, &error), TC_ACT_OK, "{icmp}");
+    }
+    // About flows that were never allowed (another port; a flow c opened): dropped.
+    let unknown = "IP(src='10.244.1.9', dst='10.244.2.5')/TCP(sport=45999, dport=443, flags='S')";
+    let from_c = "IP(src='10.244.2.5', dst='10.244.1.9')/TCP(sport=443, dport=45998, flags='S')";
+    for quoted in [unknown, from_c] {
+        let error = icmp_error_to_a(
+            "10.99.0.254",
+            "ICMP(type=3, code=4, nexthopmtu=1400)",
+            quoted,
+        );
+        assert_eq!(
+            run(&mut fixture, PROG_TO_POD, &error),
+            TC_ACT_SHOT,
+            "{quoted}"
+        );
+    }
+    // Nor is an echo request "related" to anything.
+    let echo = icmp_error_to_a("10.244.2.5", "ICMP(type=8)", "Raw(b'ping')");
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &echo), TC_ACT_SHOT);
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 3);
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 3);
+}

@@ -21,7 +21,7 @@ use tokio::io::{Interest, unix::AsyncFd};
 use super::{
     AclPod, AclState, AclSyncStats,
     audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
-    dns::{DnsNames, Resolver},
+    dns::{self, DnsNames, Resolver},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls},
     policy::{Direction, PolicyCluster, PolicyPod, namespace_labels, policy_sets},
 };
@@ -41,6 +41,8 @@ pub struct FirewallInputs {
     pub context: FirewallContext,
     pub pods: Vec<AclPod>,
     pub dns_server: Option<IpAddr>,
+    /// The file the names' last good addresses are kept in across agent restarts.
+    pub dns_cache: PathBuf,
     pub audit: PolicyAuditConfig,
     /// The audit log file.
     pub audit_path: PathBuf,
@@ -59,6 +61,7 @@ pub struct FirewallAgent {
     levels: BTreeMap<String, NamespaceLogging>,
     state: AclState,
     names: DnsNames,
+    dns_cache: PathBuf,
     resolver: Option<Resolver>,
     compiled: CompiledFirewalls,
     audit: Option<AuditLog>,
@@ -98,6 +101,7 @@ impl FirewallAgent {
             levels: levels.into_iter().collect(),
             state: AclState::default(),
             names: DnsNames::default(),
+            dns_cache: inputs.dns_cache.clone(),
             resolver: None,
             compiled: CompiledFirewalls::default(),
             audit: None,
@@ -112,6 +116,12 @@ impl FirewallAgent {
         }
         let wanted = agent.compiled.all_names();
         agent.names.track(&wanted, Instant::now());
+        // What a previous agent last resolved stays in force until a lookup answers: a restart
+        // while DNS fails must not take addresses away from the rules.
+        let kept = agent.names.seed(&dns::load_cache(&agent.dns_cache));
+        if kept != 0 {
+            tracing::info!(names = kept, path = %agent.dns_cache.display(), "DNS names start from the last good addresses");
+        }
         if !wanted.is_empty() {
             match Resolver::new(inputs.dns_server) {
                 Ok(resolver) => agent.resolver = Some(resolver),
@@ -407,6 +417,11 @@ impl FirewallAgent {
                 );
                 changed.insert(name);
             }
+        }
+        if !changed.is_empty()
+            && let Err(error) = dns::save_cache(&self.dns_cache, &self.names.addresses())
+        {
+            tracing::warn!(%error, "keeping the DNS names' addresses for the next agent");
         }
         changed
     }

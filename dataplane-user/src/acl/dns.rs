@@ -8,6 +8,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -70,6 +71,22 @@ impl DnsNames {
         self.names.values().map(|s| s.next_refresh).min()
     }
 
+    /// Gives the names that have no addresses yet the ones `known` holds for them (a previous
+    /// agent's last good answers), to use until a lookup answers; returns how many got some.
+    pub fn seed(&mut self, known: &BTreeMap<String, BTreeSet<IpAddr>>) -> usize {
+        let mut seeded = 0;
+        for (name, state) in &mut self.names {
+            if let Some(addresses) = known.get(name)
+                && state.addresses.is_empty()
+                && !addresses.is_empty()
+            {
+                state.addresses = addresses.clone();
+                seeded += 1;
+            }
+        }
+        seeded
+    }
+
     /// Records a lookup's result; returns whether the name's addresses changed. A good answer
     /// is used until its expiry (clamped to `MIN_REFRESH..=MAX_REFRESH`); a failure or an
     /// empty answer keeps the last good addresses and retries after a backoff.
@@ -113,6 +130,41 @@ impl DnsNames {
     pub fn state(&self, name: &str) -> Option<&NameState> {
         self.names.get(name)
     }
+}
+
+/// The file in the agent's run directory that keeps every name's last good addresses, so
+/// that a restarted agent starts from them.
+pub const CACHE_FILE: &str = "dns-names.json";
+
+/// The names' addresses kept in `path`; nothing when there is no file or it does not parse
+/// (said in the log: the names are then resolved afresh).
+pub fn load_cache(path: &Path) -> BTreeMap<String, BTreeSet<IpAddr>> {
+    let text = match std::fs::read(path) {
+        Ok(text) => text,
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => return BTreeMap::new(),
+        Err(error) => {
+            tracing::warn!(%error, path = %path.display(), "reading the DNS names' last addresses");
+            return BTreeMap::new();
+        }
+    };
+    serde_json::from_slice(&text).unwrap_or_else(|error| {
+        tracing::warn!(%error, path = %path.display(), "the DNS names' last addresses do not parse");
+        BTreeMap::new()
+    })
+}
+
+/// Writes the names' addresses to `path` atomically (aside, then renamed).
+pub fn save_cache(
+    path: &Path,
+    addresses: &BTreeMap<String, BTreeSet<IpAddr>>,
+) -> std::io::Result<()> {
+    let text = serde_json::to_vec_pretty(addresses).map_err(std::io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    let aside = path.with_extension("json.tmp");
+    std::fs::write(&aside, text)?;
+    std::fs::rename(&aside, path)
 }
 
 /// Looks names up (A and AAAA) against the node's resolver configuration, or against one
