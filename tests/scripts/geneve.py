@@ -8,6 +8,7 @@ Reads one JSON request on stdin, prints one JSON answer on stdout:
   {"op": "l4", ...} -> {"hex": <a TCP, UDP or SCTP frame, checksums by scapy>}
   {"op": "checksums", "hex": ...} -> whether the IPv4 and TCP/UDP/SCTP checksums are right
   {"op": "icmp_about", ...} -> {"hex": <an ICMP/ICMPv6 error quoting a given IP packet>}
+  {"op": "build_many", "exprs": [...]} -> {"hex": [...]}: the same for many at once
   {"op": "build", "expr": ...} -> {"hex": <the frame a scapy expression builds>} (ARP,
       neighbour discovery, MLD, DHCP: whatever a test needs scapy to encode)
 """
@@ -225,11 +226,17 @@ def build(req):
     return {"hex": bytes(eval(req["expr"], names)).hex()}
 
 
+def build_many(req):
+    """The bytes of each of a list of scapy expressions, in one run of the interpreter."""
+    return {"hex": [build({"expr": expr})["hex"] for expr in req["exprs"]]}
+
+
 def main():
     req = json.load(sys.stdin)
     handler = {
         "encap": encap, "decode": decode, "geneve": geneve, "icmp_error": icmp_error,
         "l4": l4, "checksums": checksums, "icmp_about": icmp_about, "build": build,
+        "build_many": build_many,
     }[req["op"]]
     json.dump(handler(req), sys.stdout)
 

@@ -10,6 +10,7 @@
 
 pub mod capture;
 pub mod fixture;
+pub mod fuzz;
 pub mod netns;
 pub mod overlay_bed;
 pub mod packets;

@@ -55,3 +55,14 @@ pub fn build(expr: &str) -> anyhow::Result<Vec<u8>> {
         &serde_json::json!({"op": "build", "expr": expr}),
     )?))
 }
+
+/// [`build`] for many expressions in one run of the interpreter.
+pub fn build_many(exprs: &[String]) -> anyhow::Result<Vec<Vec<u8>>> {
+    let answer = call(&serde_json::json!({"op": "build_many", "exprs": exprs}))?;
+    answer["hex"]
+        .as_array()
+        .context("hex list")?
+        .iter()
+        .map(|h| h.as_str().map(unhex).context("hex string"))
+        .collect()
+}

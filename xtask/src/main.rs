@@ -4,6 +4,7 @@
 mod bench;
 mod build_ebpf;
 mod demo;
+mod fuzz;
 mod setup;
 mod test;
 mod verify;
@@ -35,6 +36,8 @@ enum Task {
     /// Load every kernel program into this kernel and show each one's verifier and stack
     /// margin; with limits, fail when one is over them.
     Verify(verify::Args),
+    /// Random and mutated frames through every program, invariants checked on each result.
+    Fuzz(fuzz::Args),
 }
 
 fn main() -> anyhow::Result<()> {
@@ -45,6 +48,7 @@ fn main() -> anyhow::Result<()> {
         Task::Bench(args) => bench::run(&args),
         Task::Demo(args) => demo::run(&args),
         Task::Verify(args) => verify::run(&args),
+        Task::Fuzz(args) => fuzz::run(&args),
     }
 }
 
