@@ -180,6 +180,18 @@ pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
     dnat_stage(dnat(ctx, parsed, s, SCOPE_CLUSTER))
 }
 
+/// The stage on a pod veth's egress (`tc_to_pod`): reverse NAT of the replies of service
+/// flows whose backend is this node itself (a host-network endpoint, such as the API server
+/// behind the `kubernetes` Service): the node's stack sends those straight to the pod, past
+/// every other place replies are translated. Values as for [`from_pod`]; nothing else done.
+#[inline(never)]
+pub fn to_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
+    match unreplied_flow(ctx, parsed) {
+        Ok(_) => Stage::new(Ok(None)),
+        Err(done) => done,
+    }
+}
+
 /// The tc stage on the underlay NIC: reverse NAT of replies from remote backends (XDP has
 /// already decapsulated them) and of NodePort replies, and DNAT of NodePort packets to this
 /// node's own addresses. Values as for [`from_pod`]; a DNAT'd packet continues to the overlay

@@ -282,6 +282,23 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
         count_drop(Hook::ToPod, reason);
         return TC_ACT_SHOT;
     }
+    // A reply of a service flow whose backend is this node: the service's address back. It
+    // answers a connection the pod opened (judged at its egress), so no policy judges it.
+    match lb::to_pod(&ctx, parsed).result() {
+        Ok(Some((routed, outcome))) => {
+            count_outcome(Hook::ToPod, outcome);
+            return if routed != 0 {
+                (routed - 1) as i32
+            } else {
+                TC_ACT_OK
+            };
+        }
+        Ok(None) => {}
+        Err(reason) => {
+            count_drop(Hook::ToPod, reason);
+            return TC_ACT_SHOT;
+        }
+    }
     match acl::to_pod(&ctx, parsed, Hook::ToPod).result() {
         Ok(_) => TC_ACT_OK,
         Err(reason) => {

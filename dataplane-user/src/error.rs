@@ -96,6 +96,11 @@ pub enum AgentError {
     #[error("{what}: more than the {limit} the maps hold")]
     Capacity { what: &'static str, limit: u32 },
 
+    /// A change to the node's interfaces, neighbours or routes failed (what was asked, and
+    /// what the kernel or `ip` said).
+    #[error("configuring the node's network: {0}")]
+    Netdev(String),
+
     #[error("{action} {path}")]
     Io {
         action: &'static str,

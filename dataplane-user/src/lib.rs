@@ -11,6 +11,7 @@ pub mod kubernetes;
 pub mod lb;
 pub mod loader;
 pub mod metrics;
+pub mod mgmt;
 pub mod model;
 pub mod netdev;
 pub mod overlay;

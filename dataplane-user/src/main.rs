@@ -21,7 +21,7 @@ use dataplane_user::{
     kubernetes::{self, KubeSource},
     lb,
     metrics::{self, Metrics},
-    model, netdev,
+    mgmt, model, netdev,
     overlay::{self, Underlay},
     pins::DEFAULT_PIN_ROOT,
     port, preflight, source,
@@ -494,6 +494,17 @@ impl Cluster {
                 model.view.unrestricted_ifindexes.push(ifindex);
             }
         }
+        // The node's own way to other nodes' pods: its packets enter the overlay as a pod's.
+        let port = mgmt::sync(&model.view, &settings, &self.underlay)?;
+        if port.routes_added + port.routes_removed != 0 {
+            tracing::info!(
+                added = port.routes_added,
+                removed = port.routes_removed,
+                "routes to other nodes' pods through the management port"
+            );
+        }
+        model.view.unrestricted_ifindexes.push(port.ifindex);
+        model.pod_interfaces.push(mgmt::OVERLAY_SIDE.to_owned());
         let desired = overlay::compile(&model.view)?;
         let stats = dataplane.sync_overlay(&desired)?;
         tracing::info!(
