@@ -145,6 +145,8 @@ fn cluster(pods_per_node: usize, extra: &str) -> (Topology, Agent, Agent) {
         assert!(!links.is_empty());
         let mut expected: Vec<&str> = node.pods.iter().map(|p| p.host_iface.as_str()).collect();
         expected.push(&node.underlay_iface);
+        // The management port's overlay side runs tc_from_pod as a pod veth does.
+        expected.push("dp-mp1");
         for link in links {
             let interface = link["interface"].as_str().expect("named");
             assert!(expected.contains(&interface), "{link} not in {expected:?}");
