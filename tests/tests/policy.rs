@@ -33,6 +33,8 @@ const TC_ACT_SHOT: u32 = 2;
 const A: [u8; 4] = [10, 244, 1, 9];
 const B: [u8; 4] = [10, 244, 1, 10];
 const C: [u8; 4] = [10, 244, 2, 5];
+/// x/a's IPv6 address (x/a is dual-stack).
+const A6: &str = "fd00:10:244:1::9";
 
 fn cluster_pod(namespace: &str, name: &str, ip: [u8; 4]) -> PolicyPod {
     PolicyPod {
@@ -69,11 +71,9 @@ fn installed() -> (Fixture, AclState) {
     let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(POLICIES)
         .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
         .collect();
-    let pods = vec![
-        cluster_pod("x", "a", A),
-        cluster_pod("x", "b", B),
-        cluster_pod("y", "c", C),
-    ];
+    let mut a = cluster_pod("x", "a", A);
+    a.addresses.push(A6.parse().expect("address"));
+    let pods = vec![a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)];
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let cluster = PolicyCluster {
         pods: &pods,
@@ -91,7 +91,7 @@ fn installed() -> (Fixture, AclState) {
         AclPod {
             namespace: "x".into(),
             name: "a".into(),
-            addresses: vec![IpAddr::from(A)],
+            addresses: vec![IpAddr::from(A), A6.parse().expect("address")],
         },
         AclPod {
             namespace: "x".into(),
@@ -311,4 +311,48 @@ fn icmp_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not() {
     let counters = fixture.counters();
     assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 3);
     assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 3);
+}
+
+#[test]
+fn icmpv6_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not() {
+    if !privileged("icmpv6_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not") {
+        return;
+    }
+    let (mut fixture, _) = installed();
+    let frame = |rest: &str| {
+        dataplane_tests::scapy::build(&format!(
+            "Ether(src='0a:58:0a:f4:01:09', dst='02:00:00:00:01:01')/{rest}"
+        ))
+        .expect("scapy")
+    };
+    // a opens TCP over IPv6 to a peer on another node.
+    let syn = frame(&format!(
+        "IPv6(src='{A6}', dst='fd00:10:244:2::5')/TCP(sport=45200, dport=443, flags='S')"
+    ));
+    assert_eq!(run(&mut fixture, PROG_FROM_POD, &syn), TC_ACT_OK);
+    let quoted = |sport: u16| {
+        format!("IPv6(src='{A6}', dst='fd00:10:244:2::5')/TCP(sport={sport}, dport=443, flags='S')")
+    };
+    // A router's packet too big and time exceeded about it, the peer's port unreachable:
+    // related, they reach a.
+    for (from, icmp) in [
+        ("fd99::fe", "ICMPv6PacketTooBig(mtu=1280)"),
+        ("fd99::fe", "ICMPv6TimeExceeded()"),
+        ("fd00:10:244:2::5", "ICMPv6DestUnreach(code=4)"),
+    ] {
+        let error = frame(&format!(
+            "IPv6(src='{from}', dst='{A6}')/{icmp}/{}",
+            quoted(45200)
+        ));
+        assert_eq!(run(&mut fixture, PROG_TO_POD, &error), TC_ACT_OK, "{icmp}");
+    }
+    // About a flow never allowed: dropped.
+    let unrelated = frame(&format!(
+        "IPv6(src='fd99::fe', dst='{A6}')/ICMPv6PacketTooBig(mtu=1280)/{}",
+        quoted(45999)
+    ));
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &unrelated), TC_ACT_SHOT);
+    let counters = fixture.counters();
+    assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 3);
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
 }
