@@ -7,6 +7,7 @@ pub mod ebpf;
 pub mod egressip;
 pub mod error;
 pub mod inspect;
+pub mod ipam;
 pub mod kubernetes;
 pub mod lb;
 pub mod loader;

@@ -26,10 +26,17 @@ pub struct Args {
     /// Alternating iperf3 rounds per path in the throughput comparison.
     #[arg(long, default_value_t = 5)]
     throughput_rounds: u32,
+    /// Run every benchmark once with the least work, in the test profile (which `cargo xtask
+    /// test` has built), to show each still runs: for CI, not for figures.
+    #[arg(long)]
+    smoke: bool,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::setup::run()?;
+    if args.smoke {
+        return smoke();
+    }
     let json: Vec<String> = if args.json {
         vec!["--json".into()]
     } else {
@@ -59,4 +66,48 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
     throughput.extend(json);
     crate::run_testbed("throughput", &throughput)
+}
+
+/// Every benchmark once, with the least work each takes, from the test profile: a benchmark
+/// that no longer runs fails here, the day it breaks. The figures mean nothing.
+fn smoke() -> anyhow::Result<()> {
+    let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
+    // The packet-rate benchmark's load generator runs from the same target directory.
+    crate::run_checked(crate::cargo().args([
+        "build",
+        "--quiet",
+        "--package",
+        "dataplane-tests",
+        "--bin",
+        "udp_blast",
+    ]))?;
+    for (binary, arguments) in [
+        (
+            "bench",
+            args(&["--rounds", "1", "--repeat", "1000", "--singles", "20"]),
+        ),
+        ("lb_bench", args(&["--rounds", "1", "--singles", "20"])),
+        (
+            "acl_bench",
+            args(&["--rounds", "1", "--repeat", "1000", "--send-ms", "20"]),
+        ),
+        ("sync_bench", Vec::new()),
+        ("lb_pps", args(&["--rounds", "1", "--seconds", "1"])),
+        ("throughput", args(&["--rounds", "1", "--seconds", "1"])),
+    ] {
+        crate::run_checked(
+            crate::cargo()
+                .args([
+                    "run",
+                    "--quiet",
+                    "--package",
+                    "dataplane-tests",
+                    "--bin",
+                    binary,
+                    "--",
+                ])
+                .args(&arguments),
+        )?;
+    }
+    Ok(())
 }

@@ -474,8 +474,10 @@ fn adopted_slots_keep_their_ids_and_removed_ones_come_back_a_generation_later() 
 
 #[test]
 fn a_slot_generation_wraps_past_zero() {
-    use dataplane_common::lb::{backend_generation, backend_id, next_backend_id};
-    let last = backend_id(5, u32::MAX >> 16);
+    use dataplane_common::lb::{
+        BACKEND_SLOT_BITS, backend_generation, backend_id, next_backend_id,
+    };
+    let last = backend_id(5, u32::MAX >> BACKEND_SLOT_BITS);
     assert_eq!(backend_generation(next_backend_id(5, last)), 1);
     assert_ne!(next_backend_id(0, 0), 0, "no backend id is 0");
 }

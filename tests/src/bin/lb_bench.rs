@@ -113,7 +113,8 @@ fn service(vip: [u8; 4], affinity: u32) -> ServicePort {
 fn loaded_with(count: usize) -> anyhow::Result<Fixture> {
     let mut fixture = Fixture::load()?;
     let mut ports: Vec<ServicePort> = (0..count)
-        .map(|i| service([10, 96, (i >> 8) as u8, (i & 0xff) as u8 + 1], 0))
+        // 254 per /24, skipping .0 and .255 (`i & 0xff` + 1 overflowed at 255).
+        .map(|i| service([10, 96, (i / 254) as u8, (i % 254) as u8 + 1], 0))
         .collect();
     ports.push(service([10, 95, 0, 1], 10_800));
     fixture.sync_lb(&mut LbState::default(), &ports)?;

@@ -598,6 +598,12 @@ fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
             )?);
         }
         run_in(&node0.netns, &["nft", "-f", &rules.display().to_string()])?;
+        // kube-proxy's world routes the pod CIDRs over the underlay: the agent's management
+        // port (and its route to node 1's pods), which outlives the agent, goes first.
+        let _ = sh_in(
+            &node0.netns,
+            &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
+        );
         sh_in(&node0.netns, &format!("ip route add {route}"))?;
         let result = blast_from(
             &external.netns,

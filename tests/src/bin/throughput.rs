@@ -94,6 +94,12 @@ fn vxlan_up(nodes: &[Node]) -> anyhow::Result<()> {
     for node in nodes {
         let peer = &nodes[1 - node.index];
         let ns = &node.netns;
+        // The kernel's overlay alone: the agent's management port (and its routes to the other
+        // node's pods), which outlives the agent, goes first.
+        let _ = sh_in(
+            ns,
+            &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
+        );
         sh_in(
             ns,
             &format!(

@@ -138,10 +138,11 @@ fn packet_socket(iface: &str) -> anyhow::Result<(OwnedFd, [u8; 6])> {
     if rc != 0 {
         bail!("binding to {iface}: {}", std::io::Error::last_os_error());
     }
-    let mac = std::fs::read_to_string(format!("/sys/class/net/{iface}/address"))
-        .ok()
-        .and_then(|m| parse_mac(m.trim()).ok())
-        .unwrap_or([0x02, 0, 0, 0, 0, 1]);
+    // Asked of the kernel in this thread's namespace: /sys/class/net shows the namespace that
+    // mounted it (the host's, under nsenter), whose `eth0` is another interface. A frame with
+    // another MAC than the pod's is refused by port security.
+    let mac = dataplane_user::netdev::mac(iface)
+        .with_context(|| format!("reading the MAC of {iface}"))?;
     Ok((fd, mac))
 }
 
