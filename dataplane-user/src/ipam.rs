@@ -19,7 +19,6 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    io::Write as _,
     net::IpAddr,
     path::{Path, PathBuf},
 };
@@ -182,24 +181,14 @@ impl Ipam {
         self.stored.allocations.values()
     }
 
-    /// Writes the state aside, syncs it to disk and renames it over the file: a crash leaves
-    /// the old state or the new one, never half of either.
+    /// Writes the state atomically: a crash leaves the old state or the new one.
     fn save(&self) -> Result<(), IpamError> {
-        let state_error = |detail: String| IpamError::State {
-            path: self.path.clone(),
-            detail,
-        };
-        let text = serde_json::to_vec_pretty(&self.stored)
-            .map_err(|e| state_error(format!("encoding: {e}")))?;
-        if let Some(dir) = self.path.parent() {
-            std::fs::create_dir_all(dir).map_err(|e| state_error(e.to_string()))?;
-        }
-        let aside = self.path.with_extension("json.tmp");
-        let mut file = std::fs::File::create(&aside).map_err(|e| state_error(e.to_string()))?;
-        file.write_all(&text)
-            .and_then(|()| file.sync_all())
-            .map_err(|e| state_error(e.to_string()))?;
-        std::fs::rename(&aside, &self.path).map_err(|e| state_error(e.to_string()))
+        crate::state::write_json_atomically(&self.path, &self.stored).map_err(|e| {
+            IpamError::State {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            }
+        })
     }
 }
 

@@ -96,11 +96,7 @@ pub fn sync(
         path: OVERLAY_SIDE.into(),
         source,
     })?;
-    let mac = overlay_mac
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":");
+    let mac = netdev::mac_text(&overlay_mac);
     ip(&[
         "neigh",
         "replace",

@@ -9,6 +9,15 @@ use std::{
     os::fd::{AsRawFd as _, FromRawFd as _, OwnedFd},
 };
 
+/// A MAC address as `ip` and the logs write it (`0a:58:0a:f4:01:02`).
+pub fn mac_text(bytes: &[u8; 6]) -> String {
+    bytes
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
+}
+
 /// MAC address of `name`.
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
     let request = ifreq_ioctl(name, libc::SIOCGIFHWADDR)?;

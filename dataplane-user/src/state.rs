@@ -29,24 +29,29 @@ pub fn state_path(run_dir: &Path) -> PathBuf {
 
 /// Writes the state atomically (write aside, rename), so a reader never sees half a file.
 pub fn write(run_dir: &Path, state: &AgentState) -> Result<(), AgentError> {
-    let io_err = |action, path: &Path| {
-        let path = path.to_owned();
-        move |source| AgentError::Io {
-            action,
-            path,
-            source,
-        }
-    };
-    fs::create_dir_all(run_dir).map_err(io_err("creating run directory", run_dir))?;
     let path = state_path(run_dir);
-    let tmp = run_dir.join(format!("{STATE_FILE}.tmp"));
-    let text = serde_json::to_vec_pretty(state).map_err(|e| AgentError::Io {
-        action: "encoding",
-        path: path.clone(),
-        source: io::Error::other(e),
-    })?;
-    fs::write(&tmp, text).map_err(io_err("writing", &tmp))?;
-    fs::rename(&tmp, &path).map_err(io_err("renaming into place", &path))
+    write_json_atomically(&path, state).map_err(|source| AgentError::Io {
+        action: "writing",
+        path,
+        source,
+    })
+}
+
+/// Writes `value` as JSON to `path`: its directory made if missing, the text written aside,
+/// synced to disk and renamed over the file, so a reader (or a restart after a crash) sees
+/// the old content or the new, never half of either.
+pub fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+    let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
+    if let Some(dir) = path.parent() {
+        fs::create_dir_all(dir)?;
+    }
+    let mut aside = path.as_os_str().to_owned();
+    aside.push(".tmp");
+    let aside = std::path::PathBuf::from(aside);
+    let mut file = fs::File::create(&aside)?;
+    io::Write::write_all(&mut file, &text)?;
+    file.sync_all()?;
+    fs::rename(&aside, path)
 }
 
 /// Reads the state a running (or crashed) agent left, if any.

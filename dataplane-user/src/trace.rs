@@ -28,6 +28,7 @@ use serde::Serialize;
 use crate::{
     AgentError, Dataplane, Pins,
     inspect::{self, Table},
+    netdev,
     overlay::addr16,
     stats,
 };
@@ -284,8 +285,8 @@ pub fn describe_frame(frame: &[u8]) -> String {
     if let Some(etherparse::LinkSlice::Ethernet2(eth)) = &packet.link {
         text.push_str(&format!(
             "eth {} > {}",
-            mac(&eth.source()),
-            mac(&eth.destination())
+            netdev::mac_text(&eth.source()),
+            netdev::mac_text(&eth.destination())
         ));
     }
     match &packet.net {
@@ -356,14 +357,6 @@ fn geneve_inner(payload: &[u8]) -> Option<(u32, &[u8])> {
     }
     let vni = u32::from_be_bytes([0, header[4], header[5], header[6]]);
     Some((vni, payload.get(8 + options..)?))
-}
-
-fn mac(bytes: &[u8; 6]) -> String {
-    bytes
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// The report as text.

@@ -8,6 +8,7 @@ use dataplane_common::{
 };
 use dataplane_tests::{
     fixture::Fixture,
+    fuzz::XorShift,
     packets::{self, Ext, L3},
     privileged::privileged,
 };
@@ -508,20 +509,20 @@ fn fuzzed_frames_never_abort_and_are_all_accounted_for() {
         ),
         packets::with_ipv4_options(&packets::ipv4_udp(), 4),
     ];
-    let mut rng = XorShift(0x9e37_79b9_7f4a_7c15);
+    let mut rng = XorShift::new(0x9e37_79b9_7f4a_7c15);
     let rounds = 3000u64;
     let (mut passed, mut dropped) = (0u64, 0u64);
     for round in 0..rounds {
         let seed = &seeds[(round as usize) % seeds.len()];
         let mut frame = seed.clone();
         // Flip a few bytes in the headers and maybe cut the frame.
-        for _ in 0..1 + rng.next() % 4 {
-            let at = (rng.next() as usize) % frame.len().min(80);
-            frame[at] = rng.next() as u8;
+        for _ in 0..1 + rng.next_u64() % 4 {
+            let at = (rng.next_u64() as usize) % frame.len().min(80);
+            frame[at] = rng.next_u64() as u8;
         }
         // Cut it, keeping the 14 bytes the kernel's test run requires.
-        if rng.next().is_multiple_of(3) {
-            let len = 14 + (rng.next() as usize) % (frame.len() - 14);
+        if rng.next_u64().is_multiple_of(3) {
+            let len = 14 + (rng.next_u64() as usize) % (frame.len() - 14);
             frame.truncate(len);
         }
         let outcome = fixture
@@ -548,16 +549,4 @@ fn fuzzed_frames_never_abort_and_are_all_accounted_for() {
         passed > 0 && dropped > 0,
         "the mutations exercise both outcomes"
     );
-}
-
-/// A small deterministic generator: reproducible fuzzing without a dependency.
-struct XorShift(u64);
-
-impl XorShift {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 << 13;
-        self.0 ^= self.0 >> 7;
-        self.0 ^= self.0 << 17;
-        self.0
-    }
 }

@@ -95,19 +95,7 @@ fn smoke() -> anyhow::Result<()> {
         ("lb_pps", args(&["--rounds", "1", "--seconds", "1"])),
         ("throughput", args(&["--rounds", "1", "--seconds", "1"])),
     ] {
-        crate::run_checked(
-            crate::cargo()
-                .args([
-                    "run",
-                    "--quiet",
-                    "--package",
-                    "dataplane-tests",
-                    "--bin",
-                    binary,
-                    "--",
-                ])
-                .args(&arguments),
-        )?;
+        crate::run_test_profile("dataplane-tests", binary, &arguments)?;
     }
     Ok(())
 }

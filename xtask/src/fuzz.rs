@@ -15,18 +15,14 @@ pub struct Args {
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::setup::run()?;
-    crate::run_checked(
-        crate::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "dataplane-tests",
-                "--bin",
-                "fuzz",
-                "--",
-            ])
-            .args(["--frames", &args.frames.to_string()])
-            .args(["--seed", &args.seed.to_string()]),
+    crate::run_test_profile(
+        "dataplane-tests",
+        "fuzz",
+        &[
+            "--frames".into(),
+            args.frames.to_string(),
+            "--seed".into(),
+            args.seed.to_string(),
+        ],
     )
 }

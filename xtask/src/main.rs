@@ -101,6 +101,24 @@ fn run_testbed(binary: &str, args: &[String]) -> anyhow::Result<()> {
     )
 }
 
+/// Runs `binary` of `package` in the test profile (which `cargo xtask test` has built) with
+/// `args`.
+fn run_test_profile(package: &str, binary: &str, args: &[String]) -> anyhow::Result<()> {
+    run_checked(
+        cargo()
+            .args([
+                "run",
+                "--quiet",
+                "--package",
+                package,
+                "--bin",
+                binary,
+                "--",
+            ])
+            .args(args),
+    )
+}
+
 /// Runs `command`, echoing it, and fails on a non-zero exit.
 fn run_checked(command: &mut Command) -> anyhow::Result<()> {
     eprintln!("+ {}", describe(command));

@@ -27,17 +27,5 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(max) = args.max_stack {
         verify.extend(["--max-stack".into(), max.to_string()]);
     }
-    crate::run_checked(
-        crate::cargo()
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "dataplane-user",
-                "--bin",
-                "dataplane",
-                "--",
-            ])
-            .args(&verify),
-    )
+    crate::run_test_profile("dataplane-user", "dataplane", &verify)
 }

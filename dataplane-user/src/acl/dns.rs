@@ -153,18 +153,12 @@ pub fn load_cache(path: &Path) -> BTreeMap<String, BTreeSet<IpAddr>> {
     })
 }
 
-/// Writes the names' addresses to `path` atomically (aside, then renamed).
+/// Writes the names' addresses to `path` atomically.
 pub fn save_cache(
     path: &Path,
     addresses: &BTreeMap<String, BTreeSet<IpAddr>>,
 ) -> std::io::Result<()> {
-    let text = serde_json::to_vec_pretty(addresses).map_err(std::io::Error::other)?;
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let aside = path.with_extension("json.tmp");
-    std::fs::write(&aside, text)?;
-    std::fs::rename(&aside, path)
+    crate::state::write_json_atomically(path, addresses)
 }
 
 /// Looks names up (A and AAAA) against the node's resolver configuration, or against one
