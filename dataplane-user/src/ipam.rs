@@ -33,6 +33,10 @@ pub enum IpamError {
     Exhausted { pool: IpNet, allocated: usize },
     #[error("this node has no pod CIDR (its Node object's spec.podCIDRs is empty)")]
     NoPool,
+    #[error("{address} is held by container {holder}; DEL it (or let the runtime's GC) first")]
+    Held { address: IpAddr, holder: String },
+    #[error("{address} is not in this node's pod CIDRs ({pools})")]
+    OutsidePools { address: IpAddr, pools: String },
     #[error("IPAM state {path}: {detail}")]
     State { path: PathBuf, detail: String },
 }
@@ -138,6 +142,61 @@ impl Ipam {
         self.stored.allocations.insert(key, allocation.clone());
         self.save()?;
         Ok(allocation)
+    }
+
+    /// Gives `container_id`'s `ifname` exactly `addresses` (a pod whose manifest names its
+    /// own), each within one of `pools` and held by no other allocation.
+    pub fn claim(
+        &mut self,
+        pools: &[IpNet],
+        addresses: &[IpAddr],
+        container_id: &str,
+        ifname: &str,
+        pod: Option<PodRef>,
+    ) -> Result<Allocation, IpamError> {
+        let key = key(container_id, ifname);
+        if let Some(existing) = self.stored.allocations.get(&key) {
+            return Ok(existing.clone());
+        }
+        let mut claimed = Vec::new();
+        for address in addresses {
+            let Some(pool) = pools.iter().find(|p| p.contains(address)) else {
+                return Err(IpamError::OutsidePools {
+                    address: *address,
+                    pools: pools
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                });
+            };
+            if let Some(holder) = self
+                .stored
+                .allocations
+                .values()
+                .find(|a| a.addresses.iter().any(|h| h.addr() == *address))
+            {
+                return Err(IpamError::Held {
+                    address: *address,
+                    holder: holder.container_id.clone(),
+                });
+            }
+            claimed.push(IpNet::new(*address, pool.prefix_len()).expect("a pool's prefix"));
+        }
+        let allocation = Allocation {
+            container_id: container_id.to_owned(),
+            ifname: ifname.to_owned(),
+            pod,
+            addresses: claimed,
+        };
+        self.stored.allocations.insert(key, allocation.clone());
+        self.save()?;
+        Ok(allocation)
+    }
+
+    /// The allocation of `container_id`'s `ifname`, if any.
+    pub fn get(&self, container_id: &str, ifname: &str) -> Option<&Allocation> {
+        self.stored.allocations.get(&key(container_id, ifname))
     }
 
     /// Releases the addresses of `container_id`'s `ifname`, if it has any.

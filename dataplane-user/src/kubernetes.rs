@@ -405,6 +405,55 @@ mod tests {
             .filter_map(|v| v.host_path.as_ref().map(|h| h.path.as_str()))
             .collect();
         assert!(host_paths.contains(&"/sys/fs/bpf") && host_paths.contains(&"/sys"));
+        // It is the network plugin: the init container installs the plugin into the host's
+        // /opt/cni/bin; the agent writes the configuration into the host's /etc/cni/net.d,
+        // keeps the allocations on the host's disk and sees the pods' namespaces.
+        assert_eq!(pod.host_pid, Some(true));
+        let init = &pod.init_containers.as_deref().unwrap_or_default()[0];
+        let init_args = init.args.as_deref().unwrap_or_default();
+        assert_eq!(init_args, ["install-cni", "--bin-dir=/host/opt/cni/bin"]);
+        let mounted_from = |container: &k8s_openapi::api::core::v1::Container, path: &str| {
+            let mount = container
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.mount_path == path)?;
+            pod.volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == mount.name)?
+                .host_path
+                .as_ref()
+                .map(|h| h.path.clone())
+        };
+        assert_eq!(
+            mounted_from(init, "/host/opt/cni/bin").as_deref(),
+            Some("/opt/cni/bin")
+        );
+        assert!(
+            args.iter()
+                .any(|a| a == "--cni-conf-dir=/host/etc/cni/net.d")
+        );
+        assert_eq!(
+            mounted_from(agent, "/host/etc/cni/net.d").as_deref(),
+            Some("/etc/cni/net.d")
+        );
+        assert!(
+            args.iter()
+                .any(|a| a == "--ipam-file=/var/lib/dataplane/ipam.json")
+        );
+        assert_eq!(
+            mounted_from(agent, "/var/lib/dataplane").as_deref(),
+            Some("/var/lib/dataplane")
+        );
+        assert_eq!(
+            mounted_from(agent, "/run/netns").as_deref(),
+            Some("/run/netns")
+        );
+        assert_eq!(
+            mounted_from(agent, "/run/dataplane").as_deref(),
+            Some("/run/dataplane")
+        );
         // The ServiceAccount and binding it names exist.
         let rbac = deploy_file("rbac.yaml");
         assert!(rbac.contains("kind: ServiceAccount\nmetadata:\n  name: dataplane-agent"));

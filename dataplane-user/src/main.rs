@@ -17,6 +17,12 @@ use dataplane_user::{
         agent::{FirewallAgent, FirewallInputs, Wake},
     },
     attach::XdpModeChoice,
+    cni::{
+        self,
+        protocol::{Reply, Request},
+        server::{CniPods, Job, NodePods},
+        spec::{CniError, code},
+    },
     inspect,
     kubernetes::{self, KubeSource},
     lb,
@@ -53,6 +59,62 @@ struct Cli {
     command: Command,
 }
 
+/// `dataplane run`'s options.
+#[derive(clap::Args)]
+struct RunOptions {
+    /// The node's underlay NIC (XDP is attached here).
+    #[arg(long)]
+    underlay: String,
+    /// Host-side veth of a local pod (tc is attached to its ingress); repeatable.
+    #[arg(long = "pod-iface")]
+    pod_ifaces: Vec<String>,
+    /// XDP attach mode: auto tries offload, then native, then generic.
+    #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
+    xdp_mode: XdpModeChoice,
+    /// Whether XDP sends NodePort packets of established flows to backends on other nodes
+    /// itself (Geneve, then back out of the NIC). auto: on, except on a veth underlay,
+    /// whose peer drops frames from XDP unless it runs GRO or XDP itself.
+    #[arg(long, value_enum, default_value_t = XdpForward::Auto)]
+    xdp_forward: XdpForward,
+    /// Directory of Kubernetes YAML manifests (Nodes, Pods, Services, policies, ...): the
+    /// cluster state, followed for changes. Local pods' veths are found and attached.
+    #[arg(long, requires = "node_name", conflicts_with = "kubernetes")]
+    manifests: Option<PathBuf>,
+    /// Watch the cluster's API server instead (in-cluster service account, KUBECONFIG or
+    /// ~/.kube/config; or --kubeconfig).
+    #[arg(long, requires = "node_name")]
+    kubernetes: bool,
+    /// The kubeconfig for --kubernetes.
+    #[arg(long, requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// This node's name among the cluster's Nodes.
+    #[arg(long, env = "NODE_NAME")]
+    node_name: Option<String>,
+    /// Name server for EgressFirewall dnsName rules (default: the node's
+    /// /etc/resolv.conf).
+    #[arg(long)]
+    dns_server: Option<std::net::IpAddr>,
+    /// The ACL audit log file (rotated as policyAuditConfig says).
+    #[arg(long, default_value = DEFAULT_AUDIT_LOG)]
+    audit_log: PathBuf,
+    /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9476.
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
+    /// The unix socket the CNI plugin (`dataplane-cni`) asks (default: `cni.sock` in the
+    /// run directory). Served once the first sync is done, with a cluster state.
+    #[arg(long)]
+    cni_socket: Option<PathBuf>,
+    /// Where the pods' address allocations are kept; on the node's disk, so they outlive
+    /// agent restarts and reboots.
+    #[arg(long, default_value = cni::DEFAULT_IPAM_FILE)]
+    ipam_file: PathBuf,
+    /// Write the plugin's network configuration list into this directory (the runtime's,
+    /// e.g. /etc/cni/net.d) once the plugin is served: until then the node's network is
+    /// not ready.
+    #[arg(long)]
+    cni_conf_dir: Option<PathBuf>,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum LogFormat {
     Text,
@@ -64,45 +126,16 @@ enum Command {
     /// Load the programs, attach them (taking over the links a previous agent pinned), and run
     /// until SIGINT or SIGTERM. The attachments stay pinned: the data path keeps forwarding
     /// while no agent runs, and the next agent swaps its programs in. `cleanup` detaches.
-    Run {
-        /// The node's underlay NIC (XDP is attached here).
+    Run(Box<RunOptions>),
+    /// Install the CNI plugin binary into the runtime's plugin directory (the DaemonSet's init
+    /// container runs this).
+    InstallCni {
+        /// The runtime's plugin directory, e.g. /opt/cni/bin (mounted from the host).
         #[arg(long)]
-        underlay: String,
-        /// Host-side veth of a local pod (tc is attached to its ingress); repeatable.
-        #[arg(long = "pod-iface")]
-        pod_ifaces: Vec<String>,
-        /// XDP attach mode: auto tries offload, then native, then generic.
-        #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
-        xdp_mode: XdpModeChoice,
-        /// Whether XDP sends NodePort packets of established flows to backends on other nodes
-        /// itself (Geneve, then back out of the NIC). auto: on, except on a veth underlay,
-        /// whose peer drops frames from XDP unless it runs GRO or XDP itself.
-        #[arg(long, value_enum, default_value_t = XdpForward::Auto)]
-        xdp_forward: XdpForward,
-        /// Directory of Kubernetes YAML manifests (Nodes, Pods, Services, policies, ...): the
-        /// cluster state, followed for changes. Local pods' veths are found and attached.
-        #[arg(long, requires = "node_name", conflicts_with = "kubernetes")]
-        manifests: Option<PathBuf>,
-        /// Watch the cluster's API server instead (in-cluster service account, KUBECONFIG or
-        /// ~/.kube/config; or --kubeconfig).
-        #[arg(long, requires = "node_name")]
-        kubernetes: bool,
-        /// The kubeconfig for --kubernetes.
-        #[arg(long, requires = "kubernetes")]
-        kubeconfig: Option<PathBuf>,
-        /// This node's name among the cluster's Nodes.
-        #[arg(long, env = "NODE_NAME")]
-        node_name: Option<String>,
-        /// Name server for EgressFirewall dnsName rules (default: the node's
-        /// /etc/resolv.conf).
+        bin_dir: PathBuf,
+        /// The plugin binary to install (default: `dataplane-cni` beside this binary).
         #[arg(long)]
-        dns_server: Option<std::net::IpAddr>,
-        /// The ACL audit log file (rotated as policyAuditConfig says).
-        #[arg(long, default_value = DEFAULT_AUDIT_LOG)]
-        audit_log: PathBuf,
-        /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9476.
-        #[arg(long)]
-        metrics_address: Option<std::net::SocketAddr>,
+        plugin: Option<PathBuf>,
     },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
@@ -183,36 +216,60 @@ fn main() -> ExitCode {
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let pins = Pins::new(&cli.pin_root);
     match cli.command {
-        Command::Run {
-            underlay,
-            pod_ifaces,
-            xdp_mode,
-            xdp_forward,
-            manifests,
-            kubernetes,
-            kubeconfig,
-            node_name,
-            dns_server,
-            audit_log,
-            metrics_address,
-        } => run(
-            &pins,
-            &cli.run_dir,
-            &RunArgs {
+        Command::Run(options) => {
+            let RunOptions {
                 underlay,
                 pod_ifaces,
                 xdp_mode,
                 xdp_forward,
-                cluster: match (manifests, kubernetes) {
-                    (Some(dir), _) => node_name.map(|node| (SourceArg::Manifests(dir), node)),
-                    (None, true) => node_name.map(|node| (SourceArg::Kubernetes(kubeconfig), node)),
-                    (None, false) => None,
-                },
+                manifests,
+                kubernetes,
+                kubeconfig,
+                node_name,
                 dns_server,
                 audit_log,
                 metrics_address,
-            },
-        ),
+                cni_socket,
+                ipam_file,
+                cni_conf_dir,
+            } = *options;
+            run(
+                &pins,
+                &cli.run_dir,
+                &RunArgs {
+                    underlay,
+                    pod_ifaces,
+                    xdp_mode,
+                    xdp_forward,
+                    cluster: match (manifests, kubernetes) {
+                        (Some(dir), _) => node_name.map(|node| (SourceArg::Manifests(dir), node)),
+                        (None, true) => {
+                            node_name.map(|node| (SourceArg::Kubernetes(kubeconfig), node))
+                        }
+                        (None, false) => None,
+                    },
+                    dns_server,
+                    audit_log,
+                    metrics_address,
+                    cni_socket: cni_socket.unwrap_or_else(|| cli.run_dir.join(cni::SOCKET_FILE)),
+                    ipam_file,
+                    cni_conf_dir,
+                },
+            )
+        }
+        Command::InstallCni { bin_dir, plugin } => {
+            let plugin = match plugin {
+                Some(plugin) => plugin,
+                None => std::env::current_exe()
+                    .context("locating this binary")?
+                    .with_file_name("dataplane-cni"),
+            };
+            let installed = cni::install_plugin(&plugin, &bin_dir).with_context(|| {
+                format!("installing {} into {}", plugin.display(), bin_dir.display())
+            })?;
+            println!("installed {}", installed.display());
+            Ok(())
+        }
         Command::Status { json } => {
             let report = status::collect(&pins, &cli.run_dir)?;
             if json {
@@ -323,6 +380,9 @@ struct RunArgs {
     dns_server: Option<std::net::IpAddr>,
     audit_log: PathBuf,
     metrics_address: Option<std::net::SocketAddr>,
+    cni_socket: PathBuf,
+    ipam_file: PathBuf,
+    cni_conf_dir: Option<PathBuf>,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -361,7 +421,13 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 Source::Kubernetes(source)
             }
         };
+        let own_addresses = matches!(source, Source::Manifests { .. });
+        let cni = CniPods::open(&args.ipam_file)?;
         let mut watched = Cluster {
+            cni,
+            node_pods: NodePods::default(),
+            own_addresses,
+            warnings: Vec::new(),
             source,
             node: node.clone(),
             underlay: args.underlay.clone(),
@@ -411,15 +477,44 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     dataplane.unpin_vanished_links();
     dataplane.release_previous_tails();
     state::write(run_dir, &agent)?;
+    // The CNI plugin is served once this node's state is in the maps: until then STATUS
+    // says the network is not ready.
+    let jobs = match &cluster {
+        Some(_) => {
+            let _entered = runtime.enter();
+            let listener = cni::server::bind(&args.cni_socket).with_context(|| {
+                format!(
+                    "listening for the CNI plugin at {}",
+                    args.cni_socket.display()
+                )
+            })?;
+            let (queue, jobs) = tokio::sync::mpsc::unbounded_channel();
+            runtime.spawn(cni::server::accept(listener, queue));
+            tracing::info!(socket = %args.cni_socket.display(), "serving the CNI plugin");
+            if let Some(dir) = &args.cni_conf_dir {
+                let written = cni::write_conflist(dir, &args.cni_socket).with_context(|| {
+                    format!("writing the CNI configuration into {}", dir.display())
+                })?;
+                tracing::info!(file = %written.display(), "CNI configuration written");
+            }
+            Some(jobs)
+        }
+        None => None,
+    };
     tracing::info!(pin_root = %pins.root().display(), "dataplane running");
 
-    runtime.block_on(serve(
+    let served = runtime.block_on(serve(
         &mut dataplane,
         cluster,
+        jobs,
         &mut agent,
         run_dir,
         &metrics,
-    ))?;
+    ));
+    if args.cluster.is_some() {
+        let _ = std::fs::remove_file(&args.cni_socket);
+    }
+    served?;
 
     // The links, maps and programs stay pinned: the programs keep forwarding with the last
     // state until the next agent takes them over (or `dataplane cleanup` detaches them).
@@ -441,6 +536,15 @@ fn warn_unrestricted(iface: &str) {
 /// The cluster as this agent keeps it in sync: where it is read from, and what the syncs need
 /// to remember between reads.
 struct Cluster {
+    /// The pods the CNI plugin had this agent wire.
+    cni: CniPods,
+    /// What the last good sync said about this node's pods, for the CNI.
+    node_pods: NodePods,
+    /// Whether Pod objects' `status.podIPs` are theirs to keep (manifests) or the last
+    /// sandbox's (the API server).
+    own_addresses: bool,
+    /// The last sync's warnings about the cluster state.
+    warnings: Vec<String>,
     source: Source,
     node: String,
     underlay: String,
@@ -464,7 +568,8 @@ impl Cluster {
     /// access-control maps (the first time taking over what a previous agent pinned). Returns
     /// the host-side interfaces of the local pods.
     async fn sync(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<Vec<String>> {
-        let state = self.source.read()?;
+        let mut state = self.source.read()?;
+        self.cni.merge_into(&mut state, &self.node);
         for rejected in &state.rejected {
             tracing::warn!(%rejected, "manifest object skipped");
         }
@@ -487,6 +592,21 @@ impl Cluster {
         for warning in &model.warnings {
             tracing::warn!(%warning, "cluster state");
         }
+        self.warnings = model.warnings.clone();
+        let pools = model
+            .view
+            .nodes
+            .iter()
+            .find(|n| n.name == self.node)
+            .map(|n| n.pod_cidrs.clone())
+            .unwrap_or_default();
+        let node_pods = NodePods::from_state(
+            &state,
+            &self.node,
+            pools,
+            settings.pod_mtu,
+            self.own_addresses,
+        );
         for iface in &self.named_ifaces {
             if !model.pod_interfaces.contains(iface) {
                 warn_unrestricted(iface);
@@ -546,6 +666,7 @@ impl Cluster {
             self.rejected.push(("egressfirewall", firewalls));
             self.rejected.push(("networkpolicy", policies));
         }
+        self.node_pods = node_pods;
         Ok(model.pod_interfaces)
     }
 
@@ -654,6 +775,8 @@ fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
 /// What woke the serving loop.
 enum Event {
     Stop,
+    /// A CNI request, and any others queued behind it.
+    Cni(Job),
     Firewalls(Wake),
     Tick,
 }
@@ -665,6 +788,7 @@ enum Event {
 async fn serve(
     dataplane: &mut Dataplane,
     mut cluster: Option<Cluster>,
+    mut jobs: Option<tokio::sync::mpsc::UnboundedReceiver<Job>>,
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
@@ -691,8 +815,15 @@ async fn serve(
                 _ => std::future::pending().await,
             }
         };
+        let job = async {
+            match jobs.as_mut() {
+                Some(jobs) => jobs.recv().await,
+                None => std::future::pending().await,
+            }
+        };
         let event = tokio::select! {
             _ = terminate.recv() => Event::Stop,
+            Some(job) = job => Event::Cni(job),
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
             _ = source_changed => Event::Tick,
@@ -718,24 +849,182 @@ async fn serve(
                     tracing::error!(error = %anyhow::Error::from(error), "updating the access control");
                 }
             }
+            Event::Cni(job) => {
+                let mut batch = vec![job];
+                if let Some(jobs) = jobs.as_mut() {
+                    while let Ok(job) = jobs.try_recv() {
+                        batch.push(job);
+                    }
+                }
+                handle_cni(dataplane, cluster, agent, run_dir, metrics, batch).await;
+            }
             Event::Tick if cluster.changed() => {
                 tracing::info!(
                     source = cluster.source.describe(),
                     "cluster changed; syncing"
                 );
-                let started = Instant::now();
-                let synced = cluster.sync(dataplane).await;
-                metrics.record_sync(started.elapsed(), synced.is_ok(), &cluster.rejected);
-                match synced {
-                    Ok(interfaces) => attach_new_pods(dataplane, agent, run_dir, &interfaces),
-                    Err(error) => tracing::error!(
+                if let Err(error) =
+                    sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await
+                {
+                    tracing::error!(
                         error = format!("{error:#}"),
                         "sync failed; the last good state stays in force"
-                    ),
+                    );
                 }
             }
             Event::Tick => {}
         }
+    }
+}
+
+/// Syncs the maps with the cluster state and attaches tc to new pods' veths; returns the
+/// local pods' host-side veths.
+async fn sync_and_attach(
+    dataplane: &mut Dataplane,
+    cluster: &mut Cluster,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
+    metrics: &Metrics,
+) -> anyhow::Result<Vec<String>> {
+    let started = Instant::now();
+    let synced = cluster.sync(dataplane).await;
+    metrics.record_sync(started.elapsed(), synced.is_ok(), &cluster.rejected);
+    let interfaces = synced?;
+    attach_new_pods(dataplane, agent, run_dir, &interfaces);
+    Ok(interfaces)
+}
+
+/// Whether both of the pod programs are attached to `iface`.
+fn programs_attached(agent: &AgentState, iface: &str) -> bool {
+    agent
+        .attachments
+        .iter()
+        .filter(|a| a.interface == iface)
+        .count()
+        >= 2
+}
+
+/// Serves a batch of CNI requests: wires every ADD, removes every DEL, then syncs once, so
+/// the new pods' overlay entries, policies and services are in the maps and their programs
+/// attached; only then are ADDs answered. An ADD whose pod did not make it into the maps is
+/// undone and fails, naming why.
+async fn handle_cni(
+    dataplane: &mut Dataplane,
+    cluster: &mut Cluster,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
+    metrics: &Metrics,
+    batch: Vec<Job>,
+) {
+    let mut added = Vec::new();
+    let mut answered_after_sync = Vec::new();
+    let mut changed = false;
+    for job in batch {
+        match job.request.clone() {
+            Request::Status => job.answer(Reply::Done),
+            Request::Add(target) => match cluster.cni.add(&target, &cluster.node_pods) {
+                Ok(attachment) => {
+                    tracing::info!(
+                        container = target.container_id,
+                        pod = ?target.pod,
+                        host_iface = attachment.host_iface,
+                        addresses = ?attachment.addresses,
+                        "CNI ADD wired"
+                    );
+                    added.push((job, target, attachment));
+                    changed = true;
+                }
+                Err(error) => {
+                    tracing::warn!(container = target.container_id, %error, "CNI ADD failed");
+                    job.answer(Reply::Failed(error));
+                }
+            },
+            Request::Del(target) => match cluster.cni.del(&target.container_id, &target.ifname) {
+                Ok(removed) => {
+                    tracing::info!(container = target.container_id, removed, "CNI DEL");
+                    changed |= removed;
+                    answered_after_sync.push((job, Reply::Done));
+                }
+                Err(error) => job.answer(Reply::Failed(error)),
+            },
+            Request::Check(target) => {
+                let reply = match cluster.cni.check(&target, &cluster.node_pods) {
+                    Ok(attachment) if !programs_attached(agent, &attachment.host_iface) => {
+                        Reply::Failed(CniError::new(
+                            code::CHECK_FAILED,
+                            format!(
+                                "the dataplane programs are not attached to {}",
+                                attachment.host_iface
+                            ),
+                        ))
+                    }
+                    Ok(attachment) => Reply::Attached(attachment),
+                    Err(error) => Reply::Failed(error),
+                };
+                job.answer(reply);
+            }
+            Request::Gc(valid) => match cluster.cni.gc(&valid) {
+                Ok(released) => {
+                    changed |= released > 0;
+                    answered_after_sync.push((job, Reply::Done));
+                }
+                Err(error) => job.answer(Reply::Failed(error)),
+            },
+        }
+    }
+    if changed {
+        let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await;
+        let mut undone = false;
+        for (job, target, attachment) in added {
+            let installed = match &synced {
+                Ok(interfaces) => {
+                    interfaces.contains(&attachment.host_iface)
+                        && programs_attached(agent, &attachment.host_iface)
+                }
+                Err(_) => false,
+            };
+            if installed {
+                job.answer(Reply::Attached(attachment));
+                continue;
+            }
+            let why = match &synced {
+                Err(error) => format!("the sync failed: {error:#}"),
+                Ok(_) => {
+                    let name = target
+                        .pod
+                        .as_ref()
+                        .map(|p| format!("{}/{}", p.namespace, p.name))
+                        .unwrap_or_default();
+                    let related: Vec<&str> = cluster
+                        .warnings
+                        .iter()
+                        .filter(|w| !name.is_empty() && w.contains(&name))
+                        .map(String::as_str)
+                        .collect();
+                    format!(
+                        "the pod is not among the node's wired pods ({})",
+                        related.join("; ")
+                    )
+                }
+            };
+            tracing::error!(container = target.container_id, why, "CNI ADD undone");
+            if let Err(error) = cluster.cni.del(&target.container_id, &target.ifname) {
+                tracing::error!(%error, "undoing a CNI ADD");
+            }
+            undone = true;
+            job.answer(Reply::Failed(CniError::new(
+                code::NOT_INSTALLED,
+                format!("the pod's dataplane state could not be installed, so it gets no interface: {why}"),
+            )));
+        }
+        if undone
+            && let Err(error) = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await
+        {
+            tracing::error!(error = format!("{error:#}"), "sync after undoing an ADD");
+        }
+    }
+    for (job, reply) in answered_after_sync {
+        job.answer(reply);
     }
 }
 

@@ -156,7 +156,7 @@ fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
     })
 }
 
-fn pod_name(pod: &Pod) -> String {
+pub(crate) fn pod_name(pod: &Pod) -> String {
     format!(
         "{}/{}",
         pod.metadata.namespace.as_deref().unwrap_or("default"),
@@ -209,7 +209,12 @@ pub(crate) fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr
 
 /// The pod's MAC: from OVN-Kubernetes' annotation, else derived from its IPv4 address as
 /// OVN-Kubernetes does (0a:58 followed by the four address bytes).
-fn pod_mac(pod: &Pod, addresses: &[IpAddr], warnings: &mut Vec<String>) -> Option<[u8; 6]> {
+/// The pod's MAC: the one OVN-Kubernetes' annotation names, else derived from its addresses.
+pub(crate) fn pod_mac(
+    pod: &Pod,
+    addresses: &[IpAddr],
+    warnings: &mut Vec<String>,
+) -> Option<[u8; 6]> {
     let annotation = pod
         .metadata
         .annotations
@@ -228,13 +233,7 @@ fn pod_mac(pod: &Pod, addresses: &[IpAddr], warnings: &mut Vec<String>) -> Optio
             )),
         }
     }
-    addresses.iter().find_map(|a| match a {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            Some([0x0a, 0x58, o[0], o[1], o[2], o[3]])
-        }
-        IpAddr::V6(_) => None,
-    })
+    crate::cni::wire::pod_mac(addresses)
 }
 
 fn parse_mac(text: &str) -> Option<[u8; 6]> {

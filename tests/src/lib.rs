@@ -1,6 +1,7 @@
 //! The test bed: what the packet tests, the topology tests, the benchmarks and the demo share.
 //! - [`privileged`]: the gate every kernel-touching test passes (fails under CI=true when it
 //!   cannot run, never skips there);
+//! - [`cni`]: the CNI plugin run as a container runtime runs it;
 //! - [`fixture`]: the real programs loaded under a private pin root, removed on drop;
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
 //! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
@@ -9,6 +10,7 @@
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
 
 pub mod capture;
+pub mod cni;
 pub mod fixture;
 pub mod fuzz;
 pub mod netns;

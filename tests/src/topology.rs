@@ -339,6 +339,11 @@ impl Topology {
         yaml
     }
 
+    /// A network namespace for a pod the CNI plugin wires (removed with the topology).
+    pub fn add_pod_netns(&mut self, suffix: &str) -> anyhow::Result<String> {
+        self.add_namespace(suffix)
+    }
+
     fn add_namespace(&mut self, suffix: &str) -> anyhow::Result<String> {
         let name = crate::unique_name(suffix);
         ip(&format!("netns add {name}"))?;
@@ -554,6 +559,11 @@ impl Node {
                     command.args(["--pod-iface", &pod.host_iface]);
                 }
             }
+        }
+        if self.manifests.is_some() {
+            // The CNI plugin's allocations: kept with the run directory, so a restarted
+            // agent (given the same one) finds them.
+            command.arg("--ipam-file").arg(run_dir.join("ipam.json"));
         }
         command.args(extra);
         let child = command

@@ -129,3 +129,28 @@ fn the_daemonset_arguments_are_accepted() {
     assert_eq!(code, Some(1));
     assert_one_line_error(&stderr, "interface \"nosuch2\" not found");
 }
+
+/// `install-cni` (the DaemonSet's init container) puts the plugin binary into the runtime's
+/// plugin directory, executable, and the installed plugin answers VERSION.
+#[test]
+fn install_cni_installs_a_working_plugin() {
+    let dir = std::env::temp_dir().join(dataplane_tests::unique_name("cni-bin"));
+    let bin_dir = dir.join("opt/cni/bin");
+    let bin_arg = bin_dir.display().to_string();
+    let (code, stderr) = dataplane(&[], &["install-cni", "--bin-dir", &bin_arg]);
+    assert_eq!(code, Some(0), "{stderr}");
+    let installed = bin_dir.join("dataplane-cni");
+    let out = std::process::Command::new(&installed)
+        .env_clear()
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(std::process::Stdio::null())
+        .output()
+        .expect("run the installed plugin");
+    assert!(out.status.success());
+    let version: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert_eq!(
+        version["supportedVersions"],
+        serde_json::json!(["0.4.0", "1.0.0", "1.1.0"])
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -28,14 +28,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
         "warnings",
     ]))?;
     crate::build_ebpf::build(true)?;
-    // The topology and CLI tests run the real agent binary.
-    run_checked(crate::cargo().args([
-        "build",
-        "--package",
-        "dataplane-user",
-        "--bin",
-        "dataplane",
-    ]))?;
+    // The topology and CLI tests run the real agent and plugin binaries.
+    run_checked(crate::cargo().args(["build", "--package", "dataplane-user", "--bins"]))?;
     let mut test = crate::cargo();
     test.args(["test", "--workspace"]);
     if let Some(filter) = &args.filter {

@@ -1,0 +1,524 @@
+//! The agent's side of the plugin: the unix socket, and the pods it wires.
+//!
+//! Requests are queued to the agent's serving loop (which owns the maps) as [`Job`]s. The loop
+//! allocates and wires every ADD of a batch, syncs the maps once with the new pods in the
+//! cluster state ([`CniPods::merge_into`]: a pod's Pod object gets the addresses of its
+//! attachment; a pod whose object has not arrived is a pod without labels in its namespace),
+//! attaches the programs, and only then answers. An ADD the sync could not install is undone
+//! and fails: no pod runs with an unpoliced interface.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+    os::unix::fs::PermissionsExt as _,
+    path::{Path, PathBuf},
+};
+
+use ipnet::IpNet;
+use k8s_openapi::{
+    api::core::v1::{Pod, PodIP, PodSpec, PodStatus},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use tokio::{
+    io::{AsyncReadExt as _, AsyncWriteExt as _},
+    net::UnixListener,
+    sync::{mpsc, oneshot},
+};
+
+use super::{
+    protocol::{Attachment, Reply, Request, Target},
+    spec::{CniError, code},
+    wire::{self, PodWiring},
+};
+use crate::{
+    ipam::{Allocation, Ipam, IpamError},
+    model, netdev,
+    source::ClusterState,
+};
+
+/// One request from the plugin and where its answer goes.
+pub struct Job {
+    pub request: Request,
+    reply: oneshot::Sender<Reply>,
+}
+
+impl Job {
+    pub fn answer(self, reply: Reply) {
+        // A plugin that gave up waiting has nobody to read the answer.
+        let _ = self.reply.send(reply);
+    }
+}
+
+/// Listens at `path` (a stale socket of an earlier agent is replaced); only root may connect.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Accepts connections for ever, each read as one request and queued to `jobs`.
+pub async fn accept(listener: UnixListener, jobs: mpsc::UnboundedSender<Job>) {
+    loop {
+        let stream = match listener.accept().await {
+            Ok((stream, _)) => stream,
+            Err(error) => {
+                tracing::warn!(%error, "accepting a CNI connection");
+                continue;
+            }
+        };
+        let jobs = jobs.clone();
+        tokio::spawn(async move {
+            if let Err(error) = serve_one(stream, jobs).await {
+                tracing::warn!(%error, "serving a CNI request");
+            }
+        });
+    }
+}
+
+async fn serve_one(
+    mut stream: tokio::net::UnixStream,
+    jobs: mpsc::UnboundedSender<Job>,
+) -> std::io::Result<()> {
+    let mut text = Vec::new();
+    stream.read_to_end(&mut text).await?;
+    let reply = match serde_json::from_slice::<Request>(&text) {
+        Ok(request) => {
+            let (reply, answer) = oneshot::channel();
+            if jobs.send(Job { request, reply }).is_err() {
+                return Ok(());
+            }
+            match answer.await {
+                Ok(reply) => reply,
+                Err(_) => return Ok(()),
+            }
+        }
+        Err(error) => Reply::Failed(CniError::new(
+            code::DECODE_FAILURE,
+            format!(
+                "the agent could not read the plugin's request ({error}); are the plugin and the agent of the same release?"
+            ),
+        )),
+    };
+    let text = serde_json::to_vec(&reply).expect("a reply serializes");
+    stream.write_all(&text).await?;
+    stream.shutdown().await
+}
+
+/// A Pod object scheduled on this node, as the CNI needs it.
+#[derive(Clone, Debug)]
+pub struct KnownPod {
+    pub uid: String,
+    /// The addresses its manifest names (manifest mode only): it gets these.
+    pub own_addresses: Vec<IpAddr>,
+    /// Its MAC when OVN-Kubernetes' annotation names one.
+    pub mac: Option<[u8; 6]>,
+}
+
+/// What the last good sync says about this node, for the CNI.
+#[derive(Clone, Debug, Default)]
+pub struct NodePods {
+    /// The node's `spec.podCIDRs`.
+    pub pools: Vec<IpNet>,
+    pub pod_mtu: u32,
+    /// By (namespace, name).
+    pub known: BTreeMap<(String, String), KnownPod>,
+}
+
+impl NodePods {
+    /// This node's pools and Pod objects. `own_addresses` says whether a Pod's
+    /// `status.podIPs` are its own to keep (a manifest directory) or the last sandbox's (the
+    /// API server: a new sandbox gets new addresses).
+    pub fn from_state(
+        state: &ClusterState,
+        node: &str,
+        pools: Vec<IpNet>,
+        pod_mtu: u32,
+        own_addresses: bool,
+    ) -> Self {
+        let mut known = BTreeMap::new();
+        for pod in &state.pods {
+            let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
+            if !on_node || !model::in_pod_network(pod) {
+                continue;
+            }
+            let mut ignored = Vec::new();
+            let addresses = if own_addresses {
+                model::pod_addresses(pod, &mut ignored)
+            } else {
+                Vec::new()
+            };
+            let mac = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(model::POD_NETWORKS_ANNOTATION))
+                .then(|| model::pod_mac(pod, &addresses, &mut ignored))
+                .flatten();
+            known.insert(
+                (
+                    pod.metadata
+                        .namespace
+                        .clone()
+                        .unwrap_or_else(|| "default".into()),
+                    pod.metadata.name.clone().unwrap_or_default(),
+                ),
+                KnownPod {
+                    uid: pod.metadata.uid.clone().unwrap_or_default(),
+                    own_addresses: addresses,
+                    mac,
+                },
+            );
+        }
+        Self {
+            pools,
+            pod_mtu,
+            known,
+        }
+    }
+
+    /// Addresses that manifests give their own pods: never allocated to another.
+    fn reserved(&self) -> Vec<IpAddr> {
+        self.known
+            .values()
+            .flat_map(|p| p.own_addresses.iter().copied())
+            .collect()
+    }
+
+    fn known(&self, target: &Target) -> Option<&KnownPod> {
+        let pod = target.pod.as_ref()?;
+        self.known
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .filter(|k| pod.uid.is_empty() || k.uid.is_empty() || k.uid == pod.uid)
+    }
+
+    fn mac(&self, target: &Target, addresses: &[IpAddr]) -> Option<[u8; 6]> {
+        self.known(target)
+            .and_then(|k| k.mac)
+            .or_else(|| wire::pod_mac(addresses))
+    }
+}
+
+/// The pods this agent wired, kept by their address allocations.
+pub struct CniPods {
+    ipam: Ipam,
+}
+
+impl CniPods {
+    pub fn open(ipam_file: &Path) -> Result<Self, IpamError> {
+        Ok(Self {
+            ipam: Ipam::open(ipam_file)?,
+        })
+    }
+
+    /// Allocates the pod's addresses (or takes those its manifest names) and wires it. The
+    /// maps are not touched: the caller syncs, then answers.
+    pub fn add(&mut self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
+        let netns = target.netns.clone().ok_or_else(|| {
+            CniError::new(code::INVALID_ENVIRONMENT, "CNI_NETNS is required for ADD")
+        })?;
+        let retried = self
+            .ipam
+            .get(&target.container_id, &target.ifname)
+            .is_some();
+        let own = node
+            .known(target)
+            .map(|k| k.own_addresses.clone())
+            .unwrap_or_default();
+        let allocated = if own.is_empty() {
+            self.ipam.allocate(
+                &node.pools,
+                &node.reserved(),
+                &target.container_id,
+                &target.ifname,
+                target.pod.clone(),
+            )
+        } else {
+            self.ipam.claim(
+                &node.pools,
+                &own,
+                &target.container_id,
+                &target.ifname,
+                target.pod.clone(),
+            )
+        }
+        .map_err(ipam_error)?;
+        let wiring = wiring(&allocated, &netns, node);
+        // A runtime retrying ADD of a pod that is wired as it should be: leave it be.
+        if retried && wire::check(&wiring).is_ok() {
+            return Ok(attachment(&allocated, &wiring));
+        }
+        if let Err(error) = wire::create(&wiring) {
+            let _ = self.ipam.release(&target.container_id, &target.ifname);
+            let code = match error {
+                wire::WireError::Netns { .. } => code::UNKNOWN_CONTAINER,
+                _ => code::WIRING_FAILED,
+            };
+            return Err(CniError::new(code, format!("wiring the pod: {error}")));
+        }
+        Ok(attachment(&allocated, &wiring))
+    }
+
+    /// Removes the pod's wiring and releases its addresses; nothing to remove is success.
+    pub fn del(&mut self, container_id: &str, ifname: &str) -> Result<bool, CniError> {
+        let removed = wire::remove(&wire::host_iface_name(container_id, ifname)).map_err(|e| {
+            CniError::new(
+                code::TRY_AGAIN_LATER,
+                format!("removing the pod's veth: {e}"),
+            )
+        })?;
+        let released = self
+            .ipam
+            .release(container_id, ifname)
+            .map_err(ipam_error)?;
+        Ok(removed || released.is_some())
+    }
+
+    /// Checks the pod's wiring against its allocation.
+    pub fn check(&self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
+        let Some(allocated) = self.ipam.get(&target.container_id, &target.ifname) else {
+            return Err(CniError::new(
+                code::UNKNOWN_CONTAINER,
+                format!(
+                    "no attachment of container {} interface {} on this node",
+                    target.container_id, target.ifname
+                ),
+            ));
+        };
+        let netns = target.netns.clone().ok_or_else(|| {
+            CniError::new(code::INVALID_ENVIRONMENT, "CNI_NETNS is required for CHECK")
+        })?;
+        let wiring = wiring(allocated, &netns, node);
+        wire::check(&wiring).map_err(|e| CniError::new(code::CHECK_FAILED, e.to_string()))?;
+        Ok(attachment(allocated, &wiring))
+    }
+
+    /// Releases every attachment not in `valid` and removes its veth; returns how many.
+    pub fn gc(&mut self, valid: &[(String, String)]) -> Result<usize, CniError> {
+        let valid: BTreeSet<(String, String)> = valid.iter().cloned().collect();
+        let released = self.ipam.gc(&valid).map_err(ipam_error)?;
+        for stale in &released {
+            let host = wire::host_iface_name(&stale.container_id, &stale.ifname);
+            if let Err(error) = wire::remove(&host) {
+                tracing::warn!(host, %error, "removing a stale pod veth");
+            }
+            tracing::info!(
+                container = stale.container_id,
+                addresses = ?stale.addresses,
+                "CNI GC released a stale attachment"
+            );
+        }
+        Ok(released.len())
+    }
+
+    /// The host-side veth of every attachment.
+    pub fn host_ifaces(&self) -> impl Iterator<Item = String> + '_ {
+        self.ipam
+            .allocations()
+            .map(|a| wire::host_iface_name(&a.container_id, &a.ifname))
+    }
+
+    /// Puts the attachments' pods into `state`: the Pod object (matched by namespace, name
+    /// and, when both have one, UID) gets this node and the attachment's addresses; a pod
+    /// whose object has not arrived is added without labels, so its namespace's policies
+    /// judge it as they judge such a pod.
+    pub fn merge_into(&self, state: &mut ClusterState, node: &str) {
+        for allocation in self.ipam.allocations() {
+            let Some(pod_ref) = &allocation.pod else {
+                continue;
+            };
+            let pod_ips: Vec<PodIP> = allocation
+                .addresses
+                .iter()
+                .map(|a| PodIP {
+                    ip: a.addr().to_string(),
+                })
+                .collect();
+            let existing = state.pods.iter_mut().find(|p| {
+                p.metadata.namespace.as_deref().unwrap_or("default") == pod_ref.namespace
+                    && p.metadata.name.as_deref() == Some(pod_ref.name.as_str())
+            });
+            let pod = match existing {
+                Some(pod) => {
+                    let uid = pod.metadata.uid.as_deref().unwrap_or("");
+                    if !uid.is_empty() && !pod_ref.uid.is_empty() && uid != pod_ref.uid {
+                        // Another pod of the same name: until ours arrives, no labels.
+                        *pod = placeholder(&pod_ref.namespace, &pod_ref.name, &pod_ref.uid);
+                    }
+                    pod
+                }
+                None => {
+                    state
+                        .pods
+                        .push(placeholder(&pod_ref.namespace, &pod_ref.name, &pod_ref.uid));
+                    state.pods.last_mut().expect("just pushed")
+                }
+            };
+            let spec = pod.spec.get_or_insert_with(PodSpec::default);
+            spec.node_name = Some(node.to_owned());
+            let status = pod.status.get_or_insert_with(PodStatus::default);
+            status.pod_ip = pod_ips.first().map(|p| p.ip.clone());
+            status.pod_ips = Some(pod_ips);
+            if status.phase.is_none() {
+                status.phase = Some("Running".into());
+            }
+        }
+    }
+}
+
+/// A Pod object for a pod whose own has not arrived.
+fn placeholder(namespace: &str, name: &str, uid: &str) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(namespace.to_owned()),
+            name: Some(name.to_owned()),
+            uid: (!uid.is_empty()).then(|| uid.to_owned()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec::default()),
+        status: Some(PodStatus::default()),
+    }
+}
+
+fn wiring(allocated: &Allocation, netns: &str, node: &NodePods) -> PodWiring {
+    let addresses: Vec<IpAddr> = allocated.addresses.iter().map(IpNet::addr).collect();
+    let target = Target {
+        container_id: allocated.container_id.clone(),
+        netns: None,
+        ifname: allocated.ifname.clone(),
+        pod: allocated.pod.clone(),
+    };
+    PodWiring {
+        host_iface: wire::host_iface_name(&allocated.container_id, &allocated.ifname),
+        ifname: allocated.ifname.clone(),
+        netns: PathBuf::from(netns),
+        mac: node
+            .mac(&target, &addresses)
+            .expect("an allocation has an address"),
+        addresses,
+        mtu: node.pod_mtu,
+    }
+}
+
+fn attachment(allocated: &Allocation, wiring: &PodWiring) -> Attachment {
+    Attachment {
+        host_mac: netdev::mac(&wiring.host_iface)
+            .map(|m| netdev::mac_text(&m))
+            .unwrap_or_default(),
+        host_iface: wiring.host_iface.clone(),
+        ifname: wiring.ifname.clone(),
+        pod_mac: netdev::mac_text(&wiring.mac),
+        netns: wiring.netns.display().to_string(),
+        addresses: allocated
+            .addresses
+            .iter()
+            .map(|a| IpNet::from(a.addr()))
+            .collect(),
+        mtu: wiring.mtu,
+    }
+}
+
+fn ipam_error(error: IpamError) -> CniError {
+    let code = match error {
+        IpamError::Exhausted { .. } => code::POOL_EXHAUSTED,
+        IpamError::NoPool => code::TRY_AGAIN_LATER,
+        IpamError::Held { .. } | IpamError::OutsidePools { .. } => code::INVALID_CONFIG,
+        IpamError::State { .. } => code::IO_FAILURE,
+    };
+    let advice = match error {
+        IpamError::Exhausted { .. } => {
+            "; delete pods on this node, or give nodes larger pod CIDRs (the Network's clusterNetwork hostPrefix)"
+        }
+        IpamError::NoPool => "; the node's pod CIDRs are not known yet: try again later",
+        _ => "",
+    };
+    CniError::new(
+        code,
+        format!("allocating the pod's addresses: {error}{advice}"),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn target(id: &str) -> Target {
+        Target {
+            container_id: id.into(),
+            netns: Some("/nonexistent/netns".into()),
+            ifname: "eth0".into(),
+            pod: None,
+        }
+    }
+
+    #[test]
+    fn a_full_pool_is_a_clear_error_and_never_a_duplicate() {
+        let dir = std::env::temp_dir().join(format!("cni-pool-{}", std::process::id()));
+        let mut pods = CniPods::open(&dir.join("ipam.json")).unwrap();
+        let node = NodePods {
+            // A /30: the network, the gateway and the broadcast address leave one.
+            pools: vec!["10.244.9.0/30".parse().unwrap()],
+            pod_mtu: 1400,
+            known: BTreeMap::new(),
+        };
+        // The one address is taken; the next ADD fails before anything is wired.
+        pods.ipam
+            .allocate(&node.pools, &[], "holder", "eth0", None)
+            .unwrap();
+        let full = pods.add(&target("second"), &node).unwrap_err();
+        assert_eq!(full.code, code::POOL_EXHAUSTED);
+        assert!(full.msg.contains("10.244.9.0/30"), "{}", full.msg);
+        assert!(full.msg.contains("hostPrefix"), "{}", full.msg);
+        // A container whose namespace is gone: unknown container, and its address is back.
+        pods.ipam.release("holder", "eth0").unwrap();
+        let gone = pods.add(&target("third"), &node).unwrap_err();
+        assert_eq!(gone.code, code::UNKNOWN_CONTAINER, "{}", gone.msg);
+        assert_eq!(pods.ipam.allocations().count(), 0);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn attachments_give_their_pods_addresses_or_stand_in_for_missing_objects() {
+        let dir = std::env::temp_dir().join(format!("cni-merge-{}", std::process::id()));
+        let mut pods = CniPods::open(&dir.join("ipam.json")).unwrap();
+        let pools: Vec<IpNet> = vec!["10.244.1.0/24".parse().unwrap()];
+        let pod = |name: &str| crate::ipam::PodRef {
+            namespace: "web".into(),
+            name: name.into(),
+            uid: String::new(),
+        };
+        pods.ipam
+            .allocate(&pools, &[], "c1", "eth0", Some(pod("known")))
+            .unwrap();
+        pods.ipam
+            .allocate(&pools, &[], "c2", "eth0", Some(pod("arriving")))
+            .unwrap();
+        let mut state = ClusterState::default();
+        let mut known = placeholder("web", "known", "");
+        known.metadata.labels = Some([("app".to_owned(), "a".to_owned())].into());
+        state.pods.push(known);
+        pods.merge_into(&mut state, "node0");
+        assert_eq!(state.pods.len(), 2);
+        let ips = |p: &Pod| {
+            p.status.as_ref().unwrap().pod_ips.as_ref().unwrap()[0]
+                .ip
+                .clone()
+        };
+        assert_eq!(state.pods[0].metadata.labels.as_ref().unwrap()["app"], "a");
+        assert_eq!(ips(&state.pods[0]), "10.244.1.2");
+        assert_eq!(state.pods[1].metadata.name.as_deref(), Some("arriving"));
+        assert_eq!(state.pods[1].metadata.labels, None);
+        assert_eq!(ips(&state.pods[1]), "10.244.1.3");
+        assert_eq!(
+            state.pods[1].spec.as_ref().unwrap().node_name.as_deref(),
+            Some("node0")
+        );
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}

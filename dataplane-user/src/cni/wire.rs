@@ -1,0 +1,374 @@
+//! One pod's wiring, the way the kernel programs expect it (and as the test bed wires pods by
+//! hand): a veth pair, the pod's end named as the runtime asks and moved into its network
+//! namespace with the pod's MAC and the pod MTU; the pod's addresses as /32 and /128 on it,
+//! default routes through link-local gateways (169.254.1.1, fe80::1) that every host-side
+//! veth holds, so the node answers for them without a bridge; on the host, a /32 (/128)
+//! route per pod address to its veth (the agent finds local pods by these routes).
+//!
+//! iproute2 does the netlink work (`ip -batch`, one process per namespace); the commands in
+//! the pod's namespace run from a thread that entered it (`setns`), whose children inherit
+//! it, so any namespace path the runtime passes works, named or not.
+
+use std::{
+    fs::File,
+    io::Write as _,
+    net::IpAddr,
+    os::fd::AsRawFd as _,
+    path::{Path, PathBuf},
+    process::{Command, Stdio},
+};
+
+use ipnet::IpNet;
+
+use super::{GATEWAY_V4, GATEWAY_V6};
+use crate::netdev;
+
+#[derive(Debug, thiserror::Error)]
+pub enum WireError {
+    #[error("network namespace {path}: {source}")]
+    Netns {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{place}: `ip {command}` failed: {detail}")]
+    Ip {
+        place: String,
+        command: String,
+        detail: String,
+    },
+    #[error("{0}")]
+    Mismatch(String),
+}
+
+/// What one pod's wiring is made of.
+#[derive(Clone, Debug)]
+pub struct PodWiring {
+    pub host_iface: String,
+    pub ifname: String,
+    pub netns: PathBuf,
+    pub mac: [u8; 6],
+    /// Host addresses (/32, /128).
+    pub addresses: Vec<IpAddr>,
+    pub mtu: u32,
+}
+
+/// The host-side veth name of a container interface: `dp` and 13 hex digits of a hash of
+/// (container id, interface name). Stable, so DEL finds it without any state; within the 15
+/// characters an interface name may have.
+pub fn host_iface_name(container_id: &str, ifname: &str) -> String {
+    // FNV-1a, 64 bits: stable across builds, unlike std's hasher.
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in container_id.bytes().chain([b'/']).chain(ifname.bytes()) {
+        hash ^= u64::from(byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("dp{:013x}", hash >> 12)
+}
+
+/// The MAC OVN-Kubernetes gives a pod: 0a:58 and its IPv4 address, or for an IPv6-only pod
+/// the last four bytes of its IPv6 address.
+pub fn pod_mac(addresses: &[IpAddr]) -> Option<[u8; 6]> {
+    let last4 = |a: &IpAddr| match a {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    let chosen = addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addresses.first())?;
+    let o = last4(chosen);
+    Some([0x0a, 0x58, o[0], o[1], o[2], o[3]])
+}
+
+/// Makes the pod's wiring. Anything left from an earlier attempt under the same host name is
+/// removed first; a failure removes what was made.
+pub fn create(wiring: &PodWiring) -> Result<(), WireError> {
+    let netns = open_netns(&wiring.netns)?;
+    remove(&wiring.host_iface)?;
+    let made = make(wiring, &netns);
+    if made.is_err() {
+        let _ = remove(&wiring.host_iface);
+    }
+    made
+}
+
+fn make(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
+    let PodWiring {
+        host_iface: host,
+        ifname,
+        mtu,
+        ..
+    } = wiring;
+    let mac = netdev::mac_text(&wiring.mac);
+    let mut host_batch = vec![format!(
+        "link add {host} mtu {mtu} type veth peer name {ifname} mtu {mtu} address {mac} netns {}",
+        wiring.netns.display()
+    )];
+    let has_v4 = wiring.addresses.iter().any(IpAddr::is_ipv4);
+    let has_v6 = wiring.addresses.iter().any(IpAddr::is_ipv6);
+    if has_v4 {
+        host_batch.push(format!("addr add {GATEWAY_V4}/32 dev {host}"));
+    }
+    if has_v6 {
+        host_batch.push(format!("addr add {GATEWAY_V6}/64 dev {host} nodad"));
+    }
+    host_batch.push(format!("link set {host} up"));
+    for address in &wiring.addresses {
+        host_batch.push(format!("route replace {} dev {host}", host_net(*address)));
+    }
+    ip_batch("the node", &host_batch)?;
+    // The routes are the pod's; nothing on the pair should take addresses from router
+    // advertisements.
+    set_sysctl(&format!("net/ipv6/conf/{host}/accept_ra"), "0");
+
+    in_netns(netns, || {
+        // Before the link is up: no DAD delay for the link-local address the pod's first
+        // neighbour solicitation comes from.
+        set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
+        set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_ra"), "0");
+        let mut pod_batch = vec!["link set lo up".to_owned(), format!("link set {ifname} up")];
+        for address in &wiring.addresses {
+            let nodad = if address.is_ipv6() { " nodad" } else { "" };
+            pod_batch.push(format!(
+                "addr add {} dev {ifname}{nodad}",
+                host_net(*address)
+            ));
+        }
+        if has_v4 {
+            pod_batch.push(format!("route add {GATEWAY_V4}/32 dev {ifname} scope link"));
+            pod_batch.push(format!("route add 0.0.0.0/0 via {GATEWAY_V4} dev {ifname}"));
+        }
+        if has_v6 {
+            pod_batch.push(format!("route add ::/0 via {GATEWAY_V6} dev {ifname}"));
+        }
+        ip_batch(
+            &format!("the pod's namespace {}", wiring.netns.display()),
+            &pod_batch,
+        )
+    })
+}
+
+/// Removes a pod's host-side veth (its peer goes with it) and the routes through it. Returns
+/// whether there was one.
+pub fn remove(host_iface: &str) -> Result<bool, WireError> {
+    if !exists(host_iface) {
+        return Ok(false);
+    }
+    ip_batch("the node", &[format!("link del {host_iface}")])?;
+    Ok(true)
+}
+
+/// Checks that the pod's wiring is as [`create`] made it: the host veth and its routes, the
+/// pod's interface with its MAC, MTU and addresses, and its default routes.
+pub fn check(wiring: &PodWiring) -> Result<(), WireError> {
+    let host = &wiring.host_iface;
+    if !exists(host) {
+        return Err(WireError::Mismatch(format!(
+            "the pod's host-side veth {host} is missing"
+        )));
+    }
+    for address in &wiring.addresses {
+        let device = netdev::host_route_device(*address);
+        if device.as_deref() != Some(host.as_str()) {
+            return Err(WireError::Mismatch(format!(
+                "the node routes {address} to {device:?}, not to {host}"
+            )));
+        }
+    }
+    let netns = open_netns(&wiring.netns)?;
+    in_netns(&netns, || check_pod_side(wiring))
+}
+
+fn check_pod_side(wiring: &PodWiring) -> Result<(), WireError> {
+    let ifname = &wiring.ifname;
+    let place = format!("the pod's namespace {}", wiring.netns.display());
+    let links = ip_json(&place, &["-json", "addr", "show", "dev", ifname])?;
+    let link = links
+        .as_array()
+        .and_then(|l| l.first())
+        .ok_or_else(|| WireError::Mismatch(format!("{place} has no interface {ifname}")))?;
+    let mac = netdev::mac_text(&wiring.mac);
+    if link["address"].as_str() != Some(mac.as_str()) {
+        return Err(WireError::Mismatch(format!(
+            "{ifname} has MAC {}, not {mac}",
+            link["address"]
+        )));
+    }
+    if link["mtu"].as_u64() != Some(u64::from(wiring.mtu)) {
+        return Err(WireError::Mismatch(format!(
+            "{ifname} has MTU {}, not {}",
+            link["mtu"], wiring.mtu
+        )));
+    }
+    let held: Vec<String> = link["addr_info"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|a| Some(format!("{}/{}", a["local"].as_str()?, a["prefixlen"])))
+        .collect();
+    for address in &wiring.addresses {
+        let wanted = host_net(*address).to_string();
+        if !held.contains(&wanted) {
+            return Err(WireError::Mismatch(format!(
+                "{ifname} lacks address {wanted} (has {})",
+                held.join(", ")
+            )));
+        }
+    }
+    for (family, gateway, present) in [
+        (
+            "-4",
+            IpAddr::from(GATEWAY_V4),
+            wiring.addresses.iter().any(IpAddr::is_ipv4),
+        ),
+        (
+            "-6",
+            IpAddr::from(GATEWAY_V6),
+            wiring.addresses.iter().any(IpAddr::is_ipv6),
+        ),
+    ] {
+        if !present {
+            continue;
+        }
+        let routes = ip_json(&place, &[family, "-json", "route", "show", "default"])?;
+        let found = routes.as_array().into_iter().flatten().any(|r| {
+            r["gateway"].as_str() == Some(gateway.to_string().as_str())
+                && r["dev"].as_str() == Some(ifname.as_str())
+        });
+        if !found {
+            return Err(WireError::Mismatch(format!(
+                "{place} has no default route via {gateway} dev {ifname}"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// Whether this namespace has interface `name` (asked of the kernel: /sys may show another
+/// namespace's).
+fn exists(name: &str) -> bool {
+    crate::preflight::interface_index(name).is_ok()
+}
+
+/// `address` as a host prefix.
+fn host_net(address: IpAddr) -> IpNet {
+    IpNet::from(address)
+}
+
+fn open_netns(path: &Path) -> Result<File, WireError> {
+    File::open(path).map_err(|source| WireError::Netns {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// Runs `work` on a thread that entered `netns` (the thread, and what it spawns, only).
+fn in_netns<T: Send>(
+    netns: &File,
+    work: impl FnOnce() -> Result<T, WireError> + Send,
+) -> Result<T, WireError> {
+    std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                // SAFETY: setns on this thread with a namespace file descriptor held open.
+                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    return Err(WireError::Netns {
+                        path: PathBuf::from("(entering)"),
+                        source: std::io::Error::last_os_error(),
+                    });
+                }
+                work()
+            })
+            .join()
+            .unwrap_or_else(|_| {
+                Err(WireError::Mismatch(
+                    "the namespace thread panicked".to_owned(),
+                ))
+            })
+    })
+}
+
+/// Writes a sysctl of the current thread's network namespace; a missing key (IPv6 off) is
+/// left alone.
+fn set_sysctl(key: &str, value: &str) {
+    let path = Path::new("/proc/sys").join(key);
+    if let Err(error) = std::fs::write(&path, value) {
+        tracing::debug!(path = %path.display(), %error, "sysctl not set");
+    }
+}
+
+fn ip_batch(place: &str, commands: &[String]) -> Result<(), WireError> {
+    let failed = |detail: String| WireError::Ip {
+        place: place.to_owned(),
+        command: format!("-batch ({})", commands.join("; ")),
+        detail,
+    };
+    let mut child = Command::new("ip")
+        .args(["-batch", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| failed(format!("cannot run ip: {e}")))?;
+    let mut stdin = child.stdin.take().expect("piped stdin");
+    stdin
+        .write_all(commands.join("\n").as_bytes())
+        .and_then(|()| stdin.write_all(b"\n"))
+        .map_err(|e| failed(e.to_string()))?;
+    drop(stdin);
+    let out = child
+        .wait_with_output()
+        .map_err(|e| failed(e.to_string()))?;
+    if !out.status.success() {
+        return Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    Ok(())
+}
+
+fn ip_json(place: &str, args: &[&str]) -> Result<serde_json::Value, WireError> {
+    let failed = |detail: String| WireError::Ip {
+        place: place.to_owned(),
+        command: args.join(" "),
+        detail,
+    };
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .map_err(|e| failed(format!("cannot run ip: {e}")))?;
+    if !out.status.success() {
+        return Err(failed(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        ));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_names_are_stable_and_fit_an_interface_name() {
+        let name = host_iface_name("0123456789abcdef", "eth0");
+        assert_eq!(name.len(), 15);
+        assert!(name.starts_with("dp"));
+        assert_eq!(name, host_iface_name("0123456789abcdef", "eth0"));
+        assert_ne!(name, host_iface_name("0123456789abcdef", "eth1"));
+        assert_ne!(name, host_iface_name("0123456789abcdee", "eth0"));
+    }
+
+    #[test]
+    fn pod_macs_follow_ovn_kubernetes() {
+        let v4: IpAddr = "10.244.1.3".parse().unwrap();
+        let v6: IpAddr = "fd00::1:2:3:4".parse().unwrap();
+        assert_eq!(pod_mac(&[v6, v4]), Some([0x0a, 0x58, 10, 244, 1, 3]));
+        assert_eq!(pod_mac(&[v6]), Some([0x0a, 0x58, 0, 3, 0, 4]));
+        assert_eq!(pod_mac(&[]), None);
+    }
+}

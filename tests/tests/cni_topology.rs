@@ -1,0 +1,426 @@
+//! The CNI plugin end to end: `dataplane-cni` run as a container runtime runs it (environment,
+//! configuration on stdin, JSON on stdout, exit status) against network namespaces, with the
+//! real agents of a two-node overlay cluster read from manifests. Pods wired by the plugin
+//! reach each other across the Geneve overlay and through a Service, are isolated by a
+//! NetworkPolicy, survive an agent restart, and GC reclaims a container killed without DEL.
+
+use std::{net::IpAddr, time::Duration};
+
+use dataplane_tests::{
+    cni::{self, Container, add, allocations, conf, invoke},
+    privileged::privileged,
+    service_bed::{echo_backend, probe},
+    topology::{Mode, Topology, dataplane_binary},
+};
+use serde_json::json;
+
+const PODS: &str = "\
+apiVersion: v1
+kind: Pod
+metadata: {name: client, namespace: default, uid: uid-CLIENT, labels: {app: client}}
+spec: {nodeName: node0, containers: [{name: app, image: registry.k8s.io/pause:3.9}]}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: server, namespace: default, uid: uid-SERVER, labels: {app: server}}
+spec: {nodeName: node1, containers: [{name: app, image: registry.k8s.io/pause:3.9}]}
+";
+
+const SERVICE: &str = "\
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: default}
+spec: {clusterIP: 10.96.0.80, clusterIPs: [10.96.0.80], ports: [{name: http, port: 80, protocol: TCP, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: default, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [SERVER_IP]
+  conditions: {ready: true}
+";
+
+const ISOLATE_SERVER: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: server-from-nobody, namespace: default}
+spec:
+  podSelector: {matchLabels: {app: server}}
+  policyTypes: [Ingress]
+";
+
+/// Retries `probe` until it gives `want` (the agents follow manifest changes within a second
+/// or two).
+fn eventually(what: &str, want: &[&str], mut probe: impl FnMut() -> Vec<String>) {
+    let mut last = Vec::new();
+    for _ in 0..40 {
+        last = probe();
+        if last == want {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    panic!("{what}: wanted {want:?}, last saw {last:?}");
+}
+
+#[test]
+fn plugin_wires_pods_that_cross_the_overlay_reach_a_service_and_obey_policy() {
+    if !privileged("plugin_wires_pods") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(2, 0, Mode::Overlay).expect("topology");
+    topology.add_manifest("pods.yaml", PODS).unwrap();
+    let agent0 = topology.node(0).start_agent().expect("agent 0");
+    let agent1 = topology.node(1).start_agent().expect("agent 1");
+
+    // The runtime passes the UIDs of the Pod objects.
+    let mut client = cni::container(&mut topology, "default", "client").unwrap();
+    client.uid = "uid-CLIENT".into();
+    let mut server = cni::container(&mut topology, "default", "server").unwrap();
+    server.uid = "uid-SERVER".into();
+
+    // ADD in the newest version on node 0, the oldest on node 1.
+    let conf0 = conf("1.1.0", &cni::socket(&agent0));
+    let conf1 = conf("0.4.0", &cni::socket(&agent1));
+    let (client_pod, client_result) = add(&client, &conf0).expect("ADD client");
+    let (server_pod, server_result) = add(&server, &conf1).expect("ADD server");
+
+    // The result, as the specification shapes it: the first free addresses of the node's
+    // pod CIDRs (network and gateway skipped), the MAC OVN-Kubernetes derives, the pod MTU.
+    let host = client_result["interfaces"][0]["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(host.starts_with("dp") && host.len() == 15, "{host}");
+    assert_eq!(
+        client_result,
+        json!({
+            "cniVersion": "1.1.0",
+            "interfaces": [
+                {"name": host, "mac": client_result["interfaces"][0]["mac"]},
+                {"name": "eth0", "mac": "0a:58:0a:f4:01:02", "sandbox": client.netns_path(), "mtu": 1400},
+            ],
+            "ips": [
+                {"address": "10.244.1.2/32", "gateway": "169.254.1.1", "interface": 1},
+                {"address": "fd00:10:244:1::2/128", "gateway": "fe80::1", "interface": 1},
+            ],
+            "routes": [
+                {"dst": "0.0.0.0/0", "gw": "169.254.1.1"},
+                {"dst": "::/0", "gw": "fe80::1"},
+            ],
+            "dns": {},
+        })
+    );
+    assert_eq!(server_result["cniVersion"], "0.4.0");
+    assert_eq!(server_result["ips"][0]["version"], "4");
+    assert_eq!(server_result["ips"][0]["address"], "10.244.2.2/32");
+    assert_eq!(server_result["ips"][1]["version"], "6");
+    assert!(server_result["interfaces"][1].get("mtu").is_none());
+    assert_eq!(
+        allocations(&agent0).unwrap(),
+        vec![(
+            client.id.clone(),
+            vec!["10.244.1.2/24".into(), "fd00:10:244:1::2/64".into()]
+        )]
+    );
+
+    // The pods reach each other across the overlay at once, both families.
+    assert!(
+        client_pod.ping(server_pod.ip, 2).unwrap(),
+        "client -> server (IPv4)"
+    );
+    let server6 = server_pod.ip6.expect("dual stack");
+    assert!(
+        client_pod.ping(server6, 2).unwrap(),
+        "client -> server (IPv6)"
+    );
+    assert!(
+        server_pod.ping(client_pod.ip, 2).unwrap(),
+        "server -> client"
+    );
+
+    // Directly and through a Service.
+    let _backend = echo_backend(&server_pod, false).unwrap();
+    let server_ip = server_pod.ip.to_string();
+    topology
+        .add_manifest("service.yaml", &SERVICE.replace("SERVER_IP", &server_ip))
+        .unwrap();
+    eventually(
+        "client to the server and its Service",
+        &[&server_ip, &server_ip],
+        || {
+            probe(
+                &client_pod,
+                &[("tcp", &server_ip, 8080), ("tcp", "10.96.0.80", 80)],
+            )
+            .unwrap_or_default()
+        },
+    );
+
+    // A NetworkPolicy selecting the server by the labels of its Pod object isolates it.
+    topology
+        .add_manifest("policy.yaml", ISOLATE_SERVER)
+        .unwrap();
+    eventually(
+        "client to the isolated server",
+        &["timeout", "timeout"],
+        || {
+            probe(
+                &client_pod,
+                &[("tcp", &server_ip, 8080), ("tcp", "10.96.0.80", 80)],
+            )
+            .unwrap_or_default()
+        },
+    );
+    topology.remove_manifest("policy.yaml").unwrap();
+    eventually("client to the server again", &[&server_ip], || {
+        probe(&client_pod, &[("tcp", &server_ip, 8080)]).unwrap_or_default()
+    });
+
+    // CHECK: the result ADD gave is what the pod has; a different one is an error.
+    let mut check_conf = conf0.clone();
+    check_conf["prevResult"] = client_result.clone();
+    let checked = client.run("CHECK", &check_conf).unwrap();
+    assert!(checked.success && checked.output.is_none(), "{checked:?}");
+    check_conf["prevResult"]["ips"][0]["address"] = json!("10.244.1.99/32");
+    let wrong = client.run("CHECK", &check_conf).unwrap();
+    assert_eq!(wrong.code(), 103, "{wrong:?}");
+    // CHECK sees a broken wiring: the pod's default route removed.
+    dataplane_tests::topology::sh_in(&client.netns, "ip route del default").unwrap();
+    check_conf["prevResult"] = client_result.clone();
+    let broken = client.run("CHECK", &check_conf).unwrap();
+    assert_eq!(broken.code(), 103, "{broken:?}");
+    assert!(
+        broken.message().contains("default route"),
+        "{}",
+        broken.message()
+    );
+
+    // STATUS: ready. VERSION: the versions.
+    let status = invoke(&[("CNI_COMMAND", "STATUS")], &conf0.to_string()).unwrap();
+    assert!(status.success && status.output.is_none(), "{status:?}");
+    let version = invoke(&[("CNI_COMMAND", "VERSION")], "{\"cniVersion\":\"1.1.0\"}").unwrap();
+    assert_eq!(
+        version.output.unwrap(),
+        json!({"cniVersion": "1.1.0", "supportedVersions": ["0.4.0", "1.0.0", "1.1.0"]})
+    );
+
+    // DEL: the veth and the allocation go; again, and for a container never seen: success.
+    for _ in 0..2 {
+        let deleted = client.run("DEL", &conf0).unwrap();
+        assert!(deleted.success && deleted.output.is_none(), "{deleted:?}");
+    }
+    assert!(allocations(&agent0).unwrap().is_empty());
+    let veths = dataplane_tests::topology::exec_in(&topology.node(0).netns, &["ip", "-br", "link"])
+        .unwrap();
+    assert!(!String::from_utf8_lossy(&veths.stdout).contains(&host));
+    let stranger = Container {
+        id: "never-seen".into(),
+        ..client.clone()
+    };
+    let deleted = stranger.run("DEL", &conf0).unwrap();
+    assert!(deleted.success, "{deleted:?}");
+    // The agents logged nothing alarming.
+    for agent in [&agent0, &agent1] {
+        assert!(!agent.log().contains("ERROR"), "{}", agent.log());
+    }
+}
+
+/// What is run, the environment, stdin, the error code wanted, a word the message must have.
+type ErrorCase = (
+    &'static str,
+    Vec<(&'static str, &'static str)>,
+    String,
+    u64,
+    &'static str,
+);
+
+#[test]
+fn plugin_errors_follow_the_specification() {
+    // No agent needed: these fail before or at reaching it.
+    let _ = dataplane_binary();
+    let missing = std::path::Path::new("/nonexistent/dataplane/cni.sock");
+    let good = conf("1.1.0", missing).to_string();
+    let env = |command: &'static str| {
+        vec![
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/none"),
+            ("CNI_IFNAME", "eth0"),
+        ]
+    };
+    let cases: Vec<ErrorCase> = vec![
+        ("no command", vec![], good.clone(), 4, "CNI_COMMAND"),
+        ("unknown command", vec![("CNI_COMMAND", "START")], good.clone(), 4, "CNI_COMMAND"),
+        ("not JSON", env("ADD"), "{cniVersion".into(), 6, "not valid JSON"),
+        (
+            "old version",
+            env("ADD"),
+            json!({"cniVersion": "0.3.1", "name": "n", "type": "dataplane-cni"}).to_string(),
+            1,
+            "0.3.1",
+        ),
+        (
+            "STATUS before 1.1.0",
+            env("STATUS"),
+            conf("1.0.0", missing).to_string(),
+            1,
+            "1.1.0",
+        ),
+        (
+            "an ipam section",
+            env("ADD"),
+            json!({"cniVersion": "1.0.0", "name": "n", "type": "dataplane-cni", "ipam": {"type": "host-local"}}).to_string(),
+            2,
+            "ipam",
+        ),
+        (
+            "no container id",
+            vec![("CNI_COMMAND", "ADD"), ("CNI_NETNS", "/x"), ("CNI_IFNAME", "eth0")],
+            good.clone(),
+            4,
+            "CNI_CONTAINERID",
+        ),
+        (
+            "no netns for ADD",
+            vec![("CNI_COMMAND", "ADD"), ("CNI_CONTAINERID", "c1"), ("CNI_IFNAME", "eth0")],
+            good.clone(),
+            4,
+            "CNI_NETNS",
+        ),
+        ("malformed CNI_ARGS", {
+            let mut e = env("ADD");
+            e.push(("CNI_ARGS", "K8S_POD_NAME"));
+            e
+        }, good.clone(), 4, "CNI_ARGS"),
+        ("agent unreachable (ADD)", env("ADD"), good.clone(), 11, "not reachable"),
+        ("agent unreachable (DEL)", env("DEL"), good.clone(), 11, "not reachable"),
+        ("agent unreachable (STATUS)", env("STATUS"), good.clone(), 50, "not reachable"),
+        ("CHECK without prevResult", env("CHECK"), good.clone(), 7, "prevResult"),
+    ];
+    for (what, env, stdin, code, says) in cases {
+        let answer = invoke(&env, &stdin).unwrap();
+        assert!(!answer.success, "{what}: succeeded");
+        let output = answer.output.as_ref().expect("an error document");
+        assert_eq!(answer.code(), code, "{what}: {output}");
+        assert!(
+            output["msg"].as_str().unwrap().contains(says),
+            "{what}: {output}"
+        );
+        assert!(output["cniVersion"].is_string(), "{what}: {output}");
+        // Exactly the specification's keys.
+        let keys: Vec<&String> = output.as_object().unwrap().keys().collect();
+        assert!(
+            keys.iter()
+                .all(|k| ["cniVersion", "code", "msg", "details"].contains(&k.as_str())),
+            "{what}: {output}"
+        );
+    }
+}
+
+#[test]
+fn plugin_pods_survive_agent_restarts_and_gc_reclaims_killed_containers() {
+    if !privileged("plugin_pods_survive_agent_restarts") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(1, 0, Mode::Overlay).expect("topology");
+    let agent = topology.node(0).start_agent().expect("agent");
+    let conf = conf("1.0.0", &cni::socket(&agent));
+    // No Pod objects: the pods are judged as label-less pods of their namespace.
+    let first = cni::container(&mut topology, "default", "first").unwrap();
+    let second = cni::container(&mut topology, "default", "second").unwrap();
+    let (first_pod, first_result) = add(&first, &conf).unwrap();
+    let (second_pod, _) = add(&second, &conf).unwrap();
+    assert_ne!(first_pod.ip, second_pod.ip);
+    assert!(
+        first_pod.ping(second_pod.ip, 2).unwrap(),
+        "before the restart"
+    );
+
+    // ADD again for the same container (a runtime retrying): the same addresses.
+    let (again, _) = add(&first, &conf).unwrap();
+    assert_eq!((again.ip, again.ip6), (first_pod.ip, first_pod.ip6));
+    assert!(
+        first_pod.ping(second_pod.ip, 1).unwrap(),
+        "after the repeated ADD"
+    );
+
+    // The agent stops: traffic keeps flowing on the pinned programs; ADD fails cleanly.
+    let (pins, run_dir) = agent.stop_keeping_pins().unwrap();
+    let _cleanup = dataplane_tests::topology::PinsCleanup(vec![pins.clone()]);
+    assert!(
+        first_pod.ping(second_pod.ip, 2).unwrap(),
+        "while no agent runs"
+    );
+    let third = cni::container(&mut topology, "default", "third").unwrap();
+    let refused = third.run("ADD", &conf).unwrap();
+    assert_eq!(refused.code(), 11, "{refused:?}");
+    let links = dataplane_tests::topology::exec_in(&third.netns, &["ip", "-br", "link"]).unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&links.stdout).lines().count(),
+        1,
+        "the refused container got an interface"
+    );
+
+    // A new agent with the same state: the pods keep their addresses and their traffic.
+    let agent = topology
+        .node(0)
+        .start_agent_at(pins, run_dir)
+        .expect("restarted agent");
+    let mut check = conf.clone();
+    check["prevResult"] = first_result;
+    let checked = first.run("CHECK", &check).unwrap();
+    assert!(checked.success, "{checked:?}");
+    assert!(
+        first_pod.ping(second_pod.ip, 2).unwrap(),
+        "after the restart"
+    );
+    let (third_pod, _) = add(&third, &conf).unwrap();
+    assert!(![first_pod.ip, second_pod.ip].contains(&third_pod.ip));
+    assert!(
+        third_pod.ping(first_pod.ip, 1).unwrap(),
+        "a pod added after the restart"
+    );
+
+    // The second container is killed without DEL (its namespace, and with it the veth
+    // pair, is gone); GC with the attachments the runtime still has reclaims its address.
+    let deleted = std::process::Command::new("ip")
+        .args(["netns", "del", &second.netns])
+        .status()
+        .unwrap();
+    assert!(deleted.success());
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    gc["cni.dev/valid-attachments"] = json!([
+        {"containerID": first.id, "ifname": "eth0"},
+        {"containerID": third.id, "ifname": "eth0"},
+    ]);
+    let collected = invoke(
+        &[("CNI_COMMAND", "GC"), ("CNI_PATH", "/opt/cni/bin")],
+        &gc.to_string(),
+    )
+    .unwrap();
+    assert!(collected.success, "{collected:?}");
+    let mut held: Vec<String> = allocations(&agent)
+        .unwrap()
+        .into_iter()
+        .map(|(id, _)| id)
+        .collect();
+    held.sort();
+    let mut want = vec![first.id.clone(), third.id.clone()];
+    want.sort();
+    assert_eq!(held, want);
+    let second_ip = IpAddr::from(second_pod.ip).to_string();
+    assert!(
+        !allocations(&agent)
+            .unwrap()
+            .iter()
+            .any(|(_, a)| a.iter().any(|a| a.starts_with(&format!("{second_ip}/")))),
+        "the killed container's address is still held"
+    );
+    assert!(third_pod.ping(first_pod.ip, 1).unwrap(), "after GC");
+}
