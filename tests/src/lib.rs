@@ -3,6 +3,7 @@
 //!   cannot run, never skips there);
 //! - [`cni`]: the CNI plugin run as a container runtime runs it;
 //! - [`fixture`]: the real programs loaded under a private pin root, removed on drop;
+//! - [`podman`]: a real container runtime calling the plugin;
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
 //! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
 //! - [`scapy`]: the independent Geneve encoder/decoder;
@@ -16,6 +17,7 @@ pub mod fuzz;
 pub mod netns;
 pub mod overlay_bed;
 pub mod packets;
+pub mod podman;
 pub mod privileged;
 pub mod scapy;
 pub mod service_bed;

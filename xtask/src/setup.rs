@@ -1,5 +1,6 @@
 //! Installs what building and testing need, checking first so a ready machine takes a second:
-//! Debian packages (LLVM 22 for bpf-linker, iproute2, ping, python3, ethtool, capture and iperf tools), the rust-src component
+//! Debian packages (LLVM 22 for bpf-linker, iproute2, ping, python3, ethtool, capture and iperf tools,
+//! podman with runc and busybox for the CNI plugin's container tests), the rust-src component
 //! for `-Z build-std=core`, bpf-linker 0.13 built against LLVM 22, and scapy (the independent
 //! packet encoder/decoder of the tests).
 
@@ -21,6 +22,10 @@ const PACKAGES: &[&str] = &[
     "iperf3",
     "ethtool",
     "nftables",
+    // A real container runtime for the CNI plugin's tests (its CNI network backend).
+    "podman",
+    "runc",
+    "busybox-static",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";
