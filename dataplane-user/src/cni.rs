@@ -13,11 +13,13 @@
 //! - [`wire`]: the veth pair, addresses, routes and sysctls of one pod.
 //! - [`server`]: the agent's socket and the pods it wired.
 //! - [`plugin`]: the plugin binary's logic.
+//! - [`status`]: the pods' addresses in the cluster state (written back in manifest mode).
 
 pub mod plugin;
 pub mod protocol;
 pub mod server;
 pub mod spec;
+pub mod status;
 pub mod wire;
 
 /// Where the agent listens for the plugin unless the configuration says `agentSocket`.

@@ -410,6 +410,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         let source = match source {
             SourceArg::Manifests(dir) => Source::Manifests {
                 dir: dir.clone(),
+                own_status: cni::status::status_file(dir, node),
                 fingerprint: Vec::new(),
             },
             SourceArg::Kubernetes(kubeconfig) => {
@@ -449,6 +450,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 pod_ifaces.push(iface);
             }
         }
+        watched.publish_pod_status();
         cluster = Some(watched);
     } else {
         // No cluster state: no pod is known behind the named veths.
@@ -569,6 +571,16 @@ impl Cluster {
     /// the host-side interfaces of the local pods.
     async fn sync(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<Vec<String>> {
         let mut state = self.source.read()?;
+        // What the Pod objects themselves say (a manifest's own addresses), before the
+        // attachments' addresses are merged in.
+        let declared = state.clone();
+        if let Source::Manifests { dir, .. } = &self.source {
+            // Other nodes' pods wired by their plugins (this node's come from memory).
+            let (mut records, rejected) = cni::status::read(dir);
+            records.retain(|r| r.node != self.node);
+            cni::status::merge(&mut state, &records);
+            state.rejected.extend(rejected);
+        }
         self.cni.merge_into(&mut state, &self.node);
         for rejected in &state.rejected {
             tracing::warn!(%rejected, "manifest object skipped");
@@ -601,7 +613,7 @@ impl Cluster {
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default();
         let node_pods = NodePods::from_state(
-            &state,
+            &declared,
             &self.node,
             pools,
             settings.pod_mtu,
@@ -673,12 +685,25 @@ impl Cluster {
     fn changed(&self) -> bool {
         self.source.changed()
     }
+
+    /// With a manifest directory, writes this node's wired pods and their addresses where the
+    /// other agents read them (what the kubelet reports to an API server).
+    fn publish_pod_status(&self) {
+        if let Source::Manifests { dir, .. } = &self.source
+            && let Err(error) =
+                cni::status::write(dir, &self.node, &self.cni.status_records(&self.node))
+        {
+            tracing::warn!(dir = %dir.display(), %error, "writing this node's pod status");
+        }
+    }
 }
 
 /// Where the cluster state is read from.
 enum Source {
     Manifests {
         dir: PathBuf,
+        /// This node's pod status file (written by this agent: not a change to follow).
+        own_status: PathBuf,
         /// The manifest files (name, size, modification time) as last read.
         fingerprint: Vec<(PathBuf, u64, SystemTime)>,
     },
@@ -690,9 +715,10 @@ impl Source {
         match self {
             Source::Manifests {
                 dir,
+                own_status,
                 fingerprint: seen,
             } => {
-                *seen = fingerprint(dir);
+                *seen = fingerprint(dir, own_status);
                 Ok(source::read_dir(dir)?)
             }
             Source::Kubernetes(kube) => Ok(kube.snapshot()),
@@ -705,8 +731,9 @@ impl Source {
         match self {
             Source::Manifests {
                 dir,
+                own_status,
                 fingerprint: seen,
-            } => fingerprint(dir) != *seen,
+            } => fingerprint(dir, own_status) != *seen,
             Source::Kubernetes(kube) => kube.changed(),
         }
     }
@@ -719,18 +746,33 @@ impl Source {
     }
 }
 
-/// Name, size and modification time of every manifest file of `dir`.
-fn fingerprint(dir: &std::path::Path) -> Vec<(PathBuf, u64, SystemTime)> {
-    let mut files: Vec<(PathBuf, u64, SystemTime)> = std::fs::read_dir(dir)
-        .into_iter()
-        .flatten()
-        .filter_map(Result::ok)
-        .filter_map(|entry| {
-            let metadata = entry.metadata().ok()?;
-            Some((entry.path(), metadata.len(), metadata.modified().ok()?))
-        })
-        .filter(|(path, _, _)| path.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
+/// Name, size and modification time of every manifest file of `dir`, and of the other nodes'
+/// pod status files (not `own_status`).
+fn fingerprint(
+    dir: &std::path::Path,
+    own_status: &std::path::Path,
+) -> Vec<(PathBuf, u64, SystemTime)> {
+    let listed = |dir: &std::path::Path, extensions: &[&str]| -> Vec<(PathBuf, u64, SystemTime)> {
+        std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+            .filter_map(|entry| {
+                let metadata = entry.metadata().ok()?;
+                Some((entry.path(), metadata.len(), metadata.modified().ok()?))
+            })
+            .filter(|(path, _, _)| {
+                path.extension()
+                    .is_some_and(|e| extensions.iter().any(|x| e == *x))
+            })
+            .collect()
+    };
+    let mut files = listed(dir, &["yaml", "yml"]);
+    files.extend(
+        listed(&dir.join(cni::status::POD_STATUS_DIR), &["json"])
+            .into_iter()
+            .filter(|(path, _, _)| path != own_status),
+    );
     files.sort();
     files
 }
@@ -974,6 +1016,7 @@ async fn handle_cni(
     }
     if changed {
         let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await;
+        cluster.publish_pod_status();
         let mut undone = false;
         for (job, target, attachment) in added {
             let installed = match &synced {
@@ -1017,10 +1060,11 @@ async fn handle_cni(
                 format!("the pod's dataplane state could not be installed, so it gets no interface: {why}"),
             )));
         }
-        if undone
-            && let Err(error) = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await
-        {
-            tracing::error!(error = format!("{error:#}"), "sync after undoing an ADD");
+        if undone {
+            cluster.publish_pod_status();
+            if let Err(error) = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await {
+                tracing::error!(error = format!("{error:#}"), "sync after undoing an ADD");
+            }
         }
     }
     for (job, reply) in answered_after_sync {

@@ -227,3 +227,52 @@ pub fn allocations(agent: &Agent) -> anyhow::Result<Vec<(String, Vec<String>)>> 
     }
     Ok(out)
 }
+
+/// A pod the plugin is to wire as pod `index` of `node`: its container (a new namespace), and
+/// the pod ADD will make of it, foreseen: the node's IPAM gives a fresh node's pods the
+/// addresses after the gateway in order, and the names and MAC follow from those.
+pub fn planned_pod(
+    topology: &mut Topology,
+    node: usize,
+    index: usize,
+    namespace: &str,
+) -> anyhow::Result<(Container, Pod)> {
+    let name = format!("pod-{node}-{index}");
+    let container = container(topology, namespace, &name)?;
+    let ip = crate::topology::pod_ip(node, index);
+    let o = ip.octets();
+    let pod = Pod {
+        netns: container.netns.clone(),
+        name,
+        namespace: namespace.to_owned(),
+        ip,
+        ip6: Some(crate::topology::pod_ip6(node, index)),
+        mac: [0x0a, 0x58, o[0], o[1], o[2], o[3]],
+        host_iface: dataplane_user::cni::wire::host_iface_name(&container.id, "eth0"),
+    };
+    Ok((container, pod))
+}
+
+/// The Pod object of `pod` on node `node` as the API server has it before the pod runs:
+/// labelled `pod: <name>`, scheduled, no addresses yet (the plugin gives them).
+pub fn pod_manifest(pod: &Pod, node: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{pod: {name}}}}}\n\
+         spec: {{nodeName: {node_name}, containers: [{{name: app, image: registry.k8s.io/pause:3.9}}]}}\n",
+        name = pod.name,
+        namespace = pod.namespace,
+        node_name = crate::topology::node_name(node),
+    )
+}
+
+/// ADD of a planned pod; fails unless the plugin made exactly the pod foreseen.
+pub fn add_planned(container: &Container, planned: &Pod, conf: &Value) -> anyhow::Result<()> {
+    let (pod, _) = add(container, conf)?;
+    ensure!(
+        (pod.ip, pod.ip6, pod.mac, &pod.host_iface)
+            == (planned.ip, planned.ip6, planned.mac, &planned.host_iface),
+        "ADD of {} gave {pod:?}, not the foreseen {planned:?}",
+        planned.name
+    );
+    Ok(())
+}

@@ -2,8 +2,7 @@
 //!
 //! Requests are queued to the agent's serving loop (which owns the maps) as [`Job`]s. The loop
 //! allocates and wires every ADD of a batch, syncs the maps once with the new pods in the
-//! cluster state ([`CniPods::merge_into`]: a pod's Pod object gets the addresses of its
-//! attachment; a pod whose object has not arrived is a pod without labels in its namespace),
+//! cluster state ([`CniPods::merge_into`], as [`status::merge`] says),
 //! attaches the programs, and only then answers. An ADD the sync could not install is undone
 //! and fails: no pod runs with an unpoliced interface.
 
@@ -15,10 +14,6 @@ use std::{
 };
 
 use ipnet::IpNet;
-use k8s_openapi::{
-    api::core::v1::{Pod, PodIP, PodSpec, PodStatus},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
 use tokio::{
     io::{AsyncReadExt as _, AsyncWriteExt as _},
     net::UnixListener,
@@ -28,6 +23,7 @@ use tokio::{
 use super::{
     protocol::{Attachment, Reply, Request, Target},
     spec::{CniError, code},
+    status::{self, PodStatusRecord},
     wire::{self, PodWiring},
 };
 use crate::{
@@ -324,65 +320,26 @@ impl CniPods {
             .map(|a| wire::host_iface_name(&a.container_id, &a.ifname))
     }
 
-    /// Puts the attachments' pods into `state`: the Pod object (matched by namespace, name
-    /// and, when both have one, UID) gets this node and the attachment's addresses; a pod
-    /// whose object has not arrived is added without labels, so its namespace's policies
-    /// judge it as they judge such a pod.
-    pub fn merge_into(&self, state: &mut ClusterState, node: &str) {
-        for allocation in self.ipam.allocations() {
-            let Some(pod_ref) = &allocation.pod else {
-                continue;
-            };
-            let pod_ips: Vec<PodIP> = allocation
-                .addresses
-                .iter()
-                .map(|a| PodIP {
-                    ip: a.addr().to_string(),
+    /// The attachments of this node as pod status records.
+    pub fn status_records(&self, node: &str) -> Vec<PodStatusRecord> {
+        self.ipam
+            .allocations()
+            .filter_map(|a| {
+                let pod = a.pod.as_ref()?;
+                Some(PodStatusRecord {
+                    namespace: pod.namespace.clone(),
+                    name: pod.name.clone(),
+                    uid: pod.uid.clone(),
+                    node: node.to_owned(),
+                    addresses: a.addresses.iter().map(IpNet::addr).collect(),
                 })
-                .collect();
-            let existing = state.pods.iter_mut().find(|p| {
-                p.metadata.namespace.as_deref().unwrap_or("default") == pod_ref.namespace
-                    && p.metadata.name.as_deref() == Some(pod_ref.name.as_str())
-            });
-            let pod = match existing {
-                Some(pod) => {
-                    let uid = pod.metadata.uid.as_deref().unwrap_or("");
-                    if !uid.is_empty() && !pod_ref.uid.is_empty() && uid != pod_ref.uid {
-                        // Another pod of the same name: until ours arrives, no labels.
-                        *pod = placeholder(&pod_ref.namespace, &pod_ref.name, &pod_ref.uid);
-                    }
-                    pod
-                }
-                None => {
-                    state
-                        .pods
-                        .push(placeholder(&pod_ref.namespace, &pod_ref.name, &pod_ref.uid));
-                    state.pods.last_mut().expect("just pushed")
-                }
-            };
-            let spec = pod.spec.get_or_insert_with(PodSpec::default);
-            spec.node_name = Some(node.to_owned());
-            let status = pod.status.get_or_insert_with(PodStatus::default);
-            status.pod_ip = pod_ips.first().map(|p| p.ip.clone());
-            status.pod_ips = Some(pod_ips);
-            if status.phase.is_none() {
-                status.phase = Some("Running".into());
-            }
-        }
+            })
+            .collect()
     }
-}
 
-/// A Pod object for a pod whose own has not arrived.
-fn placeholder(namespace: &str, name: &str, uid: &str) -> Pod {
-    Pod {
-        metadata: ObjectMeta {
-            namespace: Some(namespace.to_owned()),
-            name: Some(name.to_owned()),
-            uid: (!uid.is_empty()).then(|| uid.to_owned()),
-            ..ObjectMeta::default()
-        },
-        spec: Some(PodSpec::default()),
-        status: Some(PodStatus::default()),
+    /// Puts the attachments' pods into `state` (see [`status::merge`]).
+    pub fn merge_into(&self, state: &mut ClusterState, node: &str) {
+        status::merge(state, &self.status_records(node));
     }
 }
 
@@ -480,45 +437,6 @@ mod tests {
         let gone = pods.add(&target("third"), &node).unwrap_err();
         assert_eq!(gone.code, code::UNKNOWN_CONTAINER, "{}", gone.msg);
         assert_eq!(pods.ipam.allocations().count(), 0);
-        std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn attachments_give_their_pods_addresses_or_stand_in_for_missing_objects() {
-        let dir = std::env::temp_dir().join(format!("cni-merge-{}", std::process::id()));
-        let mut pods = CniPods::open(&dir.join("ipam.json")).unwrap();
-        let pools: Vec<IpNet> = vec!["10.244.1.0/24".parse().unwrap()];
-        let pod = |name: &str| crate::ipam::PodRef {
-            namespace: "web".into(),
-            name: name.into(),
-            uid: String::new(),
-        };
-        pods.ipam
-            .allocate(&pools, &[], "c1", "eth0", Some(pod("known")))
-            .unwrap();
-        pods.ipam
-            .allocate(&pools, &[], "c2", "eth0", Some(pod("arriving")))
-            .unwrap();
-        let mut state = ClusterState::default();
-        let mut known = placeholder("web", "known", "");
-        known.metadata.labels = Some([("app".to_owned(), "a".to_owned())].into());
-        state.pods.push(known);
-        pods.merge_into(&mut state, "node0");
-        assert_eq!(state.pods.len(), 2);
-        let ips = |p: &Pod| {
-            p.status.as_ref().unwrap().pod_ips.as_ref().unwrap()[0]
-                .ip
-                .clone()
-        };
-        assert_eq!(state.pods[0].metadata.labels.as_ref().unwrap()["app"], "a");
-        assert_eq!(ips(&state.pods[0]), "10.244.1.2");
-        assert_eq!(state.pods[1].metadata.name.as_deref(), Some("arriving"));
-        assert_eq!(state.pods[1].metadata.labels, None);
-        assert_eq!(ips(&state.pods[1]), "10.244.1.3");
-        assert_eq!(
-            state.pods[1].spec.as_ref().unwrap().node_name.as_deref(),
-            Some("node0")
-        );
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

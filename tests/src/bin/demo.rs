@@ -1,5 +1,5 @@
-//! The main job on its embedded default: simulated nodes with pods in network namespaces, the
-//! real agent on each node, traffic between pods and to a Service, an EgressFirewall letting a
+//! The main job on its embedded default: simulated nodes in network namespaces, the real agent
+//! on each node, pods created through the CNI plugin as a container runtime creates them, traffic between pods and to a Service, an EgressFirewall letting a
 //! pod reach only one port outside the cluster (with its audit log), a malformed frame
 //! refused, and what each agent reports. Everything it creates is removed when it ends, also on error.
 
@@ -8,7 +8,7 @@ use std::process::Command;
 use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
-    packets,
+    cni, packets,
     service_bed::{
         ServicePort, cluster_ip_manifests, echo_backend, echo_server, probe, tcp_answers,
     },
@@ -33,11 +33,29 @@ fn main() -> anyhow::Result<()> {
         "== building {} nodes with {} pods each in network namespaces",
         args.nodes, args.pods
     );
-    let mut topology = Topology::build_with(args.nodes, args.pods, Mode::Overlay)?;
+    let mut topology = Topology::build_with(args.nodes, 0, Mode::Overlay)?;
     // A host outside the cluster, and a namespace whose pods may reach only its port 8080.
     let external = topology.add_external_host()?;
     topology.route_pod_networks(&external)?;
-    topology.set_pod_namespace(0, 0, "restricted")?;
+    // The pods as the API server has them before they run: a namespace of their own each,
+    // a Pod object (labels, node, no address yet). The plugin wires them once the agents run;
+    // the addresses it will give are foreseeable, so the Service and policies can name them.
+    let mut planned = Vec::new();
+    let mut pod_objects = Vec::new();
+    for n in 0..args.nodes {
+        for i in 0..args.pods {
+            let namespace = if (n, i) == (0, 0) {
+                "restricted"
+            } else {
+                "default"
+            };
+            let (container, pod) = cni::planned_pod(&mut topology, n, i, namespace)?;
+            pod_objects.push(cni::pod_manifest(&pod, n));
+            topology.nodes[n].pods.push(pod.clone());
+            planned.push((n, container, pod));
+        }
+    }
+    topology.add_manifest("pods.yaml", &pod_objects.join("---\n"))?;
     topology.add_manifest(
         "restricted.yaml",
         &restricted_manifests(&external.ip.to_string()),
@@ -53,10 +71,10 @@ fn main() -> anyhow::Result<()> {
         let pods: Vec<String> = node
             .pods
             .iter()
-            .map(|p| format!("{} via {}", p.ip, p.host_iface))
+            .map(|p| format!("{}/{}", p.namespace, p.name))
             .collect();
         println!(
-            "   node {} underlay {}: pods {}",
+            "   node {} underlay {}: Pod objects {}",
             node.index,
             node.underlay_ip,
             pods.join(", ")
@@ -64,18 +82,6 @@ fn main() -> anyhow::Result<()> {
     }
 
     let first = &topology.nodes[0];
-    let remote = &topology.nodes[1].pods[0];
-    let before = first.pods[0].ping(remote.ip, 1)?;
-    println!(
-        "   before the agents: ping {} -> {} (other node) {}",
-        first.pods[0].ip,
-        remote.ip,
-        if before {
-            "answered (unexpected)"
-        } else {
-            "unanswered: no path between nodes' pods"
-        }
-    );
 
     // A ClusterIP Service whose backends are the last pod of every node, each answering TCP on
     // 8080 with its own address (and the client's).
@@ -128,6 +134,24 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|n| n.start_agent_with(&["--audit-log", &audit_log.to_string_lossy()]))
         .collect::<anyhow::Result<_>>()?;
+
+    println!(
+        "== creating the pods through the CNI plugin (dataplane-cni ADD, run as a container runtime runs it)"
+    );
+    for (n, container, pod) in &planned {
+        let conf = cni::conf("1.1.0", &cni::socket(&agents[*n]));
+        let started = std::time::Instant::now();
+        cni::add_planned(container, pod, &conf)?;
+        println!(
+            "   {}/{} on node {n}: {}, {} via {}, wired and policed in {} ms",
+            pod.namespace,
+            pod.name,
+            pod.ip,
+            pod.ip6.map(|a| a.to_string()).unwrap_or_default(),
+            pod.host_iface,
+            started.elapsed().as_millis()
+        );
+    }
 
     let mut summary = Vec::new();
     for node in &topology.nodes {
@@ -238,7 +262,7 @@ fn main() -> anyhow::Result<()> {
     for line in &summary {
         println!("   {line}");
     }
-    let failed = before || summary.iter().any(|l| l.contains("FAILED"));
+    let failed = summary.iter().any(|l| l.contains("FAILED"));
     drop(agents);
     drop(topology);
     let _ = std::fs::remove_dir_all(&audit_dir);

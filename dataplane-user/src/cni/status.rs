@@ -1,0 +1,178 @@
+//! The addresses the plugin gave pods, as the cluster state carries them.
+//!
+//! With an API server the kubelet reports a pod's addresses (`status.podIPs`, from the
+//! plugin's result) and every agent watches them. A manifest directory has no kubelet: each
+//! agent writes the attachments of its node to `pod-status/<node>.json` in the directory, and
+//! every agent reads them back as the Pods' status, so a pod wired on one node is known, by
+//! address, to the policies and services of the others.
+
+use std::{net::IpAddr, path::Path};
+
+use k8s_openapi::{
+    api::core::v1::{Pod, PodIP, PodSpec, PodStatus},
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
+};
+use serde::{Deserialize, Serialize};
+
+use crate::source::ClusterState;
+
+/// The subdirectory of a manifest directory holding the nodes' pod status files.
+pub const POD_STATUS_DIR: &str = "pod-status";
+
+/// One wired pod: which, where, with which addresses.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodStatusRecord {
+    pub namespace: String,
+    pub name: String,
+    /// Empty when the runtime passed none.
+    pub uid: String,
+    pub node: String,
+    pub addresses: Vec<IpAddr>,
+}
+
+/// The status file of `node` in manifest directory `dir`.
+pub fn status_file(dir: &Path, node: &str) -> std::path::PathBuf {
+    dir.join(POD_STATUS_DIR).join(format!("{node}.json"))
+}
+
+/// Writes `node`'s records (atomically).
+pub fn write(dir: &Path, node: &str, records: &[PodStatusRecord]) -> std::io::Result<()> {
+    crate::state::write_json_atomically(&status_file(dir, node), &records)
+}
+
+/// Every node's records in `dir`; a file that does not parse is named in the returned
+/// rejections and skipped.
+pub fn read(dir: &Path) -> (Vec<PodStatusRecord>, Vec<String>) {
+    let mut records = Vec::new();
+    let mut rejected = Vec::new();
+    let mut files: Vec<_> = std::fs::read_dir(dir.join(POD_STATUS_DIR))
+        .into_iter()
+        .flatten()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|e| e == "json"))
+        .collect();
+    files.sort();
+    for file in files {
+        let parsed = std::fs::read(&file)
+            .map_err(|e| e.to_string())
+            .and_then(|b| {
+                serde_json::from_slice::<Vec<PodStatusRecord>>(&b).map_err(|e| e.to_string())
+            });
+        match parsed {
+            Ok(mut more) => records.append(&mut more),
+            Err(error) => rejected.push(format!("{}: {error}", file.display())),
+        }
+    }
+    (records, rejected)
+}
+
+/// Puts `records` into `state` as the kubelet would: the Pod object (matched by namespace,
+/// name and, when both have one, UID) gets the node and the addresses; a pod whose object has
+/// not arrived (or is another pod of the same name) stands in without labels, so its
+/// namespace's policies judge it as they judge such a pod.
+pub fn merge(state: &mut ClusterState, records: &[PodStatusRecord]) {
+    for record in records {
+        let pod_ips: Vec<PodIP> = record
+            .addresses
+            .iter()
+            .map(|a| PodIP { ip: a.to_string() })
+            .collect();
+        let existing = state.pods.iter_mut().find(|p| {
+            p.metadata.namespace.as_deref().unwrap_or("default") == record.namespace
+                && p.metadata.name.as_deref() == Some(record.name.as_str())
+        });
+        let pod = match existing {
+            Some(pod) => {
+                let uid = pod.metadata.uid.as_deref().unwrap_or("");
+                if !uid.is_empty() && !record.uid.is_empty() && uid != record.uid {
+                    *pod = placeholder(record);
+                }
+                pod
+            }
+            None => {
+                state.pods.push(placeholder(record));
+                state.pods.last_mut().expect("just pushed")
+            }
+        };
+        let spec = pod.spec.get_or_insert_with(PodSpec::default);
+        spec.node_name = Some(record.node.clone());
+        let status = pod.status.get_or_insert_with(PodStatus::default);
+        status.pod_ip = pod_ips.first().map(|p| p.ip.clone());
+        status.pod_ips = Some(pod_ips);
+        if status.phase.is_none() {
+            status.phase = Some("Running".into());
+        }
+    }
+}
+
+/// A Pod object for a pod whose own has not arrived.
+fn placeholder(record: &PodStatusRecord) -> Pod {
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(record.namespace.clone()),
+            name: Some(record.name.clone()),
+            uid: (!record.uid.is_empty()).then(|| record.uid.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(PodSpec::default()),
+        status: Some(PodStatus::default()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(name: &str, address: &str) -> PodStatusRecord {
+        PodStatusRecord {
+            namespace: "web".into(),
+            name: name.into(),
+            uid: String::new(),
+            node: "node0".into(),
+            addresses: vec![address.parse().unwrap()],
+        }
+    }
+
+    #[test]
+    fn records_give_their_pods_addresses_or_stand_in_for_missing_objects() {
+        let mut state = ClusterState::default();
+        let mut known = placeholder(&record("known", "10.0.0.1"));
+        known.metadata.labels = Some([("app".to_owned(), "a".to_owned())].into());
+        state.pods.push(known);
+        merge(
+            &mut state,
+            &[
+                record("known", "10.244.1.2"),
+                record("arriving", "10.244.1.3"),
+            ],
+        );
+        assert_eq!(state.pods.len(), 2);
+        let ips = |p: &Pod| {
+            p.status.as_ref().unwrap().pod_ips.as_ref().unwrap()[0]
+                .ip
+                .clone()
+        };
+        assert_eq!(state.pods[0].metadata.labels.as_ref().unwrap()["app"], "a");
+        assert_eq!(ips(&state.pods[0]), "10.244.1.2");
+        assert_eq!(state.pods[1].metadata.name.as_deref(), Some("arriving"));
+        assert_eq!(state.pods[1].metadata.labels, None);
+        assert_eq!(ips(&state.pods[1]), "10.244.1.3");
+        assert_eq!(
+            state.pods[1].spec.as_ref().unwrap().node_name.as_deref(),
+            Some("node0")
+        );
+    }
+
+    #[test]
+    fn status_files_round_trip_and_bad_ones_are_named() {
+        let dir = std::env::temp_dir().join(format!("pod-status-{}", std::process::id()));
+        write(&dir, "node0", &[record("a", "10.244.1.2")]).unwrap();
+        std::fs::write(dir.join(POD_STATUS_DIR).join("node1.json"), "not json").unwrap();
+        let (records, rejected) = read(&dir);
+        assert_eq!(records, vec![record("a", "10.244.1.2")]);
+        assert_eq!(rejected.len(), 1);
+        assert!(rejected[0].contains("node1.json"), "{rejected:?}");
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+}
