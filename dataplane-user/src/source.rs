@@ -393,3 +393,38 @@ mod network_tests {
         );
     }
 }
+
+#[cfg(test)]
+mod readme_tests {
+    use super::*;
+
+    /// The README's install guide shows one object of every kind the agent reads: each must
+    /// be one the agent takes, unchanged.
+    #[test]
+    fn the_readmes_example_objects_are_all_accepted() {
+        let readme = include_str!("../../README.md");
+        let start = readme
+            .find("What the agent reads")
+            .expect("the install guide's object list");
+        let block = &readme[start..];
+        let yaml_start = block.find("```yaml\n").expect("a yaml block") + "```yaml\n".len();
+        let yaml = &block[yaml_start..];
+        let yaml = &yaml[..yaml.find("```").expect("the block's end")];
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "README.md", yaml);
+        assert_eq!(state.rejected, Vec::<String>::new());
+        assert!(state.network.is_some());
+        assert_eq!(state.cluster_networks.len(), 2);
+        let counts = [
+            state.nodes.len(),
+            state.namespaces.len(),
+            state.pods.len(),
+            state.services.len(),
+            state.endpoint_slices.len(),
+            state.network_policies.len(),
+            state.egress_firewalls.len(),
+            state.egress_ips.len(),
+        ];
+        assert_eq!(counts, [1; 8]);
+    }
+}

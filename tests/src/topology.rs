@@ -659,6 +659,11 @@ impl Agent {
         bail!("agent did not report running within 30 s:\n{}", self.log())
     }
 
+    /// The agent's process id (nsenter runs the agent in its own place).
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// What the agent logged so far.
     pub fn log(&self) -> String {
         fs::read_to_string(&self.log_path).unwrap_or_default()

@@ -2,7 +2,8 @@
 //! configuration on stdin, JSON on stdout, exit status) against network namespaces, with the
 //! real agents of a two-node overlay cluster read from manifests. Pods wired by the plugin
 //! reach each other across the Geneve overlay and through a Service, are isolated by a
-//! NetworkPolicy, survive an agent restart, and GC reclaims a container killed without DEL.
+//! NetworkPolicy, survive an agent restart, and GC reclaims a container killed without DEL;
+//! an ADD whose state cannot be installed fails and leaves nothing behind.
 
 use std::{net::IpAddr, time::Duration};
 
@@ -423,4 +424,74 @@ fn plugin_pods_survive_agent_restarts_and_gc_reclaims_killed_containers() {
         "the killed container's address is still held"
     );
     assert!(third_pod.ping(first_pod.ip, 1).unwrap(), "after GC");
+
+    // A cluster state the agent cannot apply (a pod MTU the underlay cannot carry): the pod's
+    // policy cannot be installed, so ADD is undone and fails; the container has no interface
+    // and holds no address. Once the state is good again, the same ADD succeeds.
+    topology.set_ovn_config("mtu: 9000").unwrap();
+    let fourth = cni::container(&mut topology, "default", "fourth").unwrap();
+    let refused = fourth.run("ADD", &conf).unwrap();
+    assert_eq!(refused.code(), 102, "{refused:?}");
+    assert!(refused.message().contains("mtu"), "{}", refused.message());
+    let links = dataplane_tests::topology::exec_in(&fourth.netns, &["ip", "-br", "link"]).unwrap();
+    assert_eq!(String::from_utf8_lossy(&links.stdout).lines().count(), 1);
+    assert!(
+        !allocations(&agent)
+            .unwrap()
+            .iter()
+            .any(|(id, _)| *id == fourth.id)
+    );
+    topology.set_ovn_config("mtu: 1400").unwrap();
+    let (fourth_pod, _) = add(&fourth, &conf).unwrap();
+    assert!(
+        fourth_pod.ping(first_pod.ip, 1).unwrap(),
+        "after the state is good again"
+    );
+}
+
+#[test]
+fn plugin_wires_pods_with_the_cluster_from_an_api_server() {
+    if !privileged("plugin_wires_pods_with_the_cluster_from_an_api_server") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(1, 0, Mode::Overlay).expect("topology");
+    // Pod a's status still names the address of an earlier sandbox; b admits only app=a.
+    topology
+        .add_manifest(
+            "pods.yaml",
+            "apiVersion: v1\nkind: Pod\nmetadata: {name: a, namespace: default, labels: {app: a}}\n\
+             spec: {nodeName: node0, containers: [{name: app, image: registry.k8s.io/pause:3.9}]}\n\
+             status: {phase: Running, podIP: 10.244.1.77, podIPs: [{ip: 10.244.1.77}]}\n---\n\
+             apiVersion: v1\nkind: Pod\nmetadata: {name: b, namespace: default, labels: {app: b}}\n\
+             spec: {nodeName: node0, containers: [{name: app, image: registry.k8s.io/pause:3.9}]}\n---\n\
+             apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {name: b-from-a, namespace: default}\n\
+             spec: {podSelector: {matchLabels: {app: b}}, ingress: [{from: [{podSelector: {matchLabels: {app: a}}}]}]}\n",
+        )
+        .unwrap();
+    let server = topology.node(0).start_fake_apiserver().expect("API server");
+    let args = server.agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = topology.node(0).start_agent_with(&args).expect("agent");
+    let conf = conf("1.1.0", &cni::socket(&agent));
+
+    let a = cni::container(&mut topology, "default", "a").unwrap();
+    let b = cni::container(&mut topology, "default", "b").unwrap();
+    // No Pod object: a pod without labels until one arrives.
+    let c = cni::container(&mut topology, "default", "c").unwrap();
+    let (a_pod, _) = add(&a, &conf).unwrap();
+    let (b_pod, _) = add(&b, &conf).unwrap();
+    let (c_pod, _) = add(&c, &conf).unwrap();
+    // A new sandbox gets a new address: the stale status is not the pod's to keep.
+    assert_eq!(a_pod.ip.to_string(), "10.244.1.2");
+    assert_eq!(b_pod.ip.to_string(), "10.244.1.3");
+    assert!(a_pod.ping(b_pod.ip, 2).unwrap(), "a -> b: admitted");
+    assert!(
+        !c_pod.ping(b_pod.ip, 1).unwrap(),
+        "c (no labels) -> b: isolated"
+    );
+    assert!(c_pod.ping(a_pod.ip, 1).unwrap(), "c -> a: not isolated");
+    drop(agent);
+    drop(server);
 }

@@ -1,9 +1,10 @@
 //! `cargo xtask bench`: per-packet cost of the programs, of the service load-balancer at 10
 //! and 10,000 services and of the EgressFirewall at 1 to 8000 rules (BPF_PROG_TEST_RUN against
 //! empty programs; the firewall also against an nftables chain of the same rules), the agent's
-//! sync (10,000 services and 100 firewalled namespaces from empty, and one change), and
-//! cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN), all from the test
-//! bed's benchmark binaries in release mode.
+//! sync (10,000 services and 100 firewalled namespaces from empty, and one change),
+//! cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN), and the CNI
+//! plugin's ADD latency and the agent's memory per pod (against the reference ptp +
+//! host-local plugins), all from the test bed's benchmark binaries in release mode.
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -20,7 +21,8 @@ pub struct Args {
     #[arg(long, default_value_t = 2_000)]
     singles: u32,
     /// Skip the topology benchmarks: cross-node TCP throughput (iperf3, Geneve against kernel
-    /// VXLAN) and the service packet rate (against nftables).
+    /// VXLAN), the service packet rate (against nftables) and the CNI plugin's ADD latency
+    /// (against ptp + host-local).
     #[arg(long)]
     no_throughput: bool,
     /// Alternating iperf3 rounds per path in the throughput comparison.
@@ -63,6 +65,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::build_release_agent()?;
     crate::build_release("dataplane-tests", "udp_blast")?;
     crate::run_testbed("lb_pps", &json)?;
+    crate::run_testbed("cni_bench", &json)?;
     let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
     throughput.extend(json);
     crate::run_testbed("throughput", &throughput)
@@ -93,6 +96,7 @@ fn smoke() -> anyhow::Result<()> {
         ),
         ("sync_bench", Vec::new()),
         ("lb_pps", args(&["--rounds", "1", "--seconds", "1"])),
+        ("cni_bench", args(&["--pods", "10", "--parallel", "5"])),
         ("throughput", args(&["--rounds", "1", "--seconds", "1"])),
     ] {
         crate::run_test_profile("dataplane-tests", binary, &arguments)?;

@@ -26,6 +26,8 @@ const PACKAGES: &[&str] = &[
     "podman",
     "runc",
     "busybox-static",
+    // The reference plugins (ptp, host-local): the CNI benchmark's baseline.
+    "containernetworking-plugins",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

@@ -35,9 +35,19 @@ pub fn status_file(dir: &Path, node: &str) -> std::path::PathBuf {
     dir.join(POD_STATUS_DIR).join(format!("{node}.json"))
 }
 
-/// Writes `node`'s records (atomically).
+/// Writes `node`'s records (atomically), unless the file already says the same (or there are
+/// none and no file): every write wakes the other agents.
 pub fn write(dir: &Path, node: &str, records: &[PodStatusRecord]) -> std::io::Result<()> {
-    crate::state::write_json_atomically(&status_file(dir, node), &records)
+    let path = status_file(dir, node);
+    let current = match std::fs::read(&path) {
+        Ok(bytes) => serde_json::from_slice::<Vec<PodStatusRecord>>(&bytes).ok(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    if current.as_deref() == Some(records) {
+        return Ok(());
+    }
+    crate::state::write_json_atomically(&path, &records)
 }
 
 /// Every node's records in `dir`; a file that does not parse is named in the returned
@@ -167,6 +177,9 @@ mod tests {
     #[test]
     fn status_files_round_trip_and_bad_ones_are_named() {
         let dir = std::env::temp_dir().join(format!("pod-status-{}", std::process::id()));
+        // Nothing to say and no file: nothing written.
+        write(&dir, "node2", &[]).unwrap();
+        assert!(!status_file(&dir, "node2").exists());
         write(&dir, "node0", &[record("a", "10.244.1.2")]).unwrap();
         std::fs::write(dir.join(POD_STATUS_DIR).join("node1.json"), "not json").unwrap();
         let (records, rejected) = read(&dir);
