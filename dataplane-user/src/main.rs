@@ -472,6 +472,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
             dataplane.attach_underlay_tc(&args.underlay)?,
         ],
+        cni: cluster.as_ref().map(|_| state::CniPlaces {
+            socket: args.cni_socket.clone(),
+            ipam_file: args.ipam_file.clone(),
+        }),
     };
     for iface in &pod_ifaces {
         agent.attachments.extend(dataplane.attach_pod(iface)?);
@@ -963,7 +967,7 @@ async fn handle_cni(
     let mut changed = false;
     for job in batch {
         match job.request.clone() {
-            Request::Status => job.answer(Reply::Done),
+            Request::Status => answer(metrics, job, Reply::Done),
             Request::Add(target) => match cluster.cni.add(&target, &cluster.node_pods) {
                 Ok(attachment) => {
                     tracing::info!(
@@ -978,7 +982,7 @@ async fn handle_cni(
                 }
                 Err(error) => {
                     tracing::warn!(container = target.container_id, %error, "CNI ADD failed");
-                    job.answer(Reply::Failed(error));
+                    answer(metrics, job, Reply::Failed(error));
                 }
             },
             Request::Del(target) => match cluster.cni.del(&target.container_id, &target.ifname) {
@@ -987,7 +991,7 @@ async fn handle_cni(
                     changed |= removed;
                     answered_after_sync.push((job, Reply::Done));
                 }
-                Err(error) => job.answer(Reply::Failed(error)),
+                Err(error) => answer(metrics, job, Reply::Failed(error)),
             },
             Request::Check(target) => {
                 let reply = match cluster.cni.check(&target, &cluster.node_pods) {
@@ -1003,14 +1007,14 @@ async fn handle_cni(
                     Ok(attachment) => Reply::Attached(attachment),
                     Err(error) => Reply::Failed(error),
                 };
-                job.answer(reply);
+                answer(metrics, job, reply);
             }
             Request::Gc(valid) => match cluster.cni.gc(&valid) {
                 Ok(released) => {
                     changed |= released > 0;
                     answered_after_sync.push((job, Reply::Done));
                 }
-                Err(error) => job.answer(Reply::Failed(error)),
+                Err(error) => answer(metrics, job, Reply::Failed(error)),
             },
         }
     }
@@ -1027,7 +1031,7 @@ async fn handle_cni(
                 Err(_) => false,
             };
             if installed {
-                job.answer(Reply::Attached(attachment));
+                answer(metrics, job, Reply::Attached(attachment));
                 continue;
             }
             let why = match &synced {
@@ -1055,10 +1059,16 @@ async fn handle_cni(
                 tracing::error!(%error, "undoing a CNI ADD");
             }
             undone = true;
-            job.answer(Reply::Failed(CniError::new(
-                code::NOT_INSTALLED,
-                format!("the pod's dataplane state could not be installed, so it gets no interface: {why}"),
-            )));
+            answer(
+                metrics,
+                job,
+                Reply::Failed(CniError::new(
+                    code::NOT_INSTALLED,
+                    format!(
+                        "the pod's dataplane state could not be installed, so it gets no interface: {why}"
+                    ),
+                )),
+            );
         }
         if undone {
             cluster.publish_pod_status();
@@ -1068,8 +1078,18 @@ async fn handle_cni(
         }
     }
     for (job, reply) in answered_after_sync {
-        job.answer(reply);
+        answer(metrics, job, reply);
     }
+}
+
+/// Answers a CNI request and counts it in the metrics.
+fn answer(metrics: &Metrics, job: Job, reply: Reply) {
+    let error = match &reply {
+        Reply::Failed(error) => Some(error.code),
+        _ => None,
+    };
+    metrics.record_cni(job.command(), error, job.received.elapsed());
+    job.answer(reply);
 }
 
 /// Attaches tc to the veths of pods that appeared, and records them in the state file.

@@ -33,6 +33,8 @@ pub struct Metrics {
     syncs: Family<[(&'static str, &'static str); 1], Counter>,
     sync_seconds: Histogram,
     rejected: Family<[(&'static str, &'static str); 1], Gauge>,
+    cni_requests: Family<[(&'static str, String); 2], Counter>,
+    cni_seconds: Family<[(&'static str, &'static str); 1], Histogram, fn() -> Histogram>,
 }
 
 impl Metrics {
@@ -57,12 +59,28 @@ impl Metrics {
             "Objects the last sync rejected (named in the log), by kind",
             rejected.clone(),
         );
+        let cni_requests = Family::default();
+        registry.register(
+            "cni_requests",
+            "CNI plugin requests the agent answered, by command and result (ok, or the CNI error code)",
+            cni_requests.clone(),
+        );
+        // 1 ms .. ~16 s, as the syncs.
+        let cni_seconds: Family<_, _, fn() -> Histogram> =
+            Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15)));
+        registry.register(
+            "cni_request_duration_seconds",
+            "Time from the plugin's request reaching the agent to its answer (ADD: wired, in the maps, programs attached), successful requests by command",
+            cni_seconds.clone(),
+        );
         registry.register_collector(Box::new(PinnedMaps { pins: pins.clone() }));
         Self {
             registry,
             syncs,
             sync_seconds,
             rejected,
+            cni_requests,
+            cni_seconds,
         }
     }
 
@@ -77,6 +95,19 @@ impl Metrics {
         for &(kind, count) in rejected {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             self.rejected.get_or_create(&[("kind", kind)]).set(count);
+        }
+    }
+
+    /// Records one answered CNI request: `error` is the CNI error code of a failed one.
+    pub fn record_cni(&self, command: &'static str, error: Option<u32>, took: Duration) {
+        let result = error.map_or_else(|| "ok".to_owned(), |code| code.to_string());
+        self.cni_requests
+            .get_or_create(&[("command", command.to_owned()), ("result", result)])
+            .inc();
+        if error.is_none() {
+            self.cni_seconds
+                .get_or_create(&[("command", command)])
+                .observe(took.as_secs_f64());
         }
     }
 

@@ -21,6 +21,16 @@ pub struct AgentState {
     pub layout_version: u32,
     pub started_unix: u64,
     pub attachments: Vec<Attachment>,
+    /// Where the agent serves the CNI plugin and keeps the pods' allocations (with a cluster
+    /// state only).
+    #[serde(default)]
+    pub cni: Option<CniPlaces>,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct CniPlaces {
+    pub socket: PathBuf,
+    pub ipam_file: PathBuf,
 }
 
 pub fn state_path(run_dir: &Path) -> PathBuf {
@@ -103,6 +113,7 @@ mod tests {
             pin_root: "/sys/fs/bpf/x".into(),
             layout_version: 1,
             started_unix: 7,
+            cni: None,
             attachments: vec![Attachment {
                 interface: "eth0".into(),
                 ifindex: 2,

@@ -39,6 +39,19 @@ pub struct StatusReport {
     pub maps: Vec<MapFill>,
     pub programs: Vec<ProgramCost>,
     pub counters: Option<Counters>,
+    /// The pods the CNI plugin had the agent wire, from its allocations.
+    pub cni_pods: Vec<CniPod>,
+}
+
+/// A pod the CNI plugin had the agent wire.
+#[derive(Debug, Serialize)]
+pub struct CniPod {
+    /// `namespace/name`, or empty when the runtime named none.
+    pub pod: String,
+    pub container_id: String,
+    pub ifname: String,
+    pub host_iface: String,
+    pub addresses: Vec<String>,
 }
 
 /// One of the loaded programs: how much of the verifier's budget it took, and what it costs
@@ -101,7 +114,13 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
     } else {
         Some(stats::read(pins)?)
     };
+    let cni_pods = state
+        .as_ref()
+        .and_then(|s| s.cni.as_ref())
+        .map(|cni| cni_pods(&cni.ipam_file))
+        .unwrap_or_default();
     Ok(StatusReport {
+        cni_pods,
         pin_root: pins.root().display().to_string(),
         agent,
         state,
@@ -111,6 +130,30 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
         programs,
         counters,
     })
+}
+
+/// The allocations in `ipam_file`, as pods.
+fn cni_pods(ipam_file: &Path) -> Vec<CniPod> {
+    let ipam = match crate::ipam::Ipam::open(ipam_file) {
+        Ok(ipam) => ipam,
+        Err(error) => {
+            tracing::warn!(%error, "reading the CNI allocations");
+            return Vec::new();
+        }
+    };
+    ipam.allocations()
+        .map(|a| CniPod {
+            pod: a
+                .pod
+                .as_ref()
+                .map(|p| format!("{}/{}", p.namespace, p.name))
+                .unwrap_or_default(),
+            container_id: a.container_id.clone(),
+            ifname: a.ifname.clone(),
+            host_iface: crate::cni::wire::host_iface_name(&a.container_id, &a.ifname),
+            addresses: a.addresses.iter().map(|n| n.addr().to_string()).collect(),
+        })
+        .collect()
 }
 
 /// The interface names of `ifindexes` as the node sees them. An ifindex means something only
@@ -378,6 +421,34 @@ pub fn render(report: &StatusReport) -> String {
             );
         }
     }
+    if let Some(cni) = report.state.as_ref().and_then(|s| s.cni.as_ref()) {
+        let _ = writeln!(
+            out,
+            "\npods wired by the CNI plugin (socket {}, allocations {}):",
+            cni.socket.display(),
+            cni.ipam_file.display()
+        );
+        if report.cni_pods.is_empty() {
+            let _ = writeln!(out, "  none");
+        } else {
+            let _ = writeln!(
+                out,
+                "  {:<30} {:<16} {:<14} ADDRESSES",
+                "POD", "HOST VETH", "CONTAINER"
+            );
+        }
+        for pod in &report.cni_pods {
+            let short: String = pod.container_id.chars().take(12).collect();
+            let _ = writeln!(
+                out,
+                "  {:<30} {:<16} {:<14} {}",
+                if pod.pod.is_empty() { "-" } else { &pod.pod },
+                pod.host_iface,
+                short,
+                pod.addresses.join(", ")
+            );
+        }
+    }
     let _ = writeln!(out, "\nmaps:");
     let _ = writeln!(
         out,
@@ -449,6 +520,10 @@ mod tests {
                 pin_root: "/sys/fs/bpf/dataplane".into(),
                 layout_version: 1,
                 started_unix: 0,
+                cni: Some(crate::state::CniPlaces {
+                    socket: "/run/dataplane/cni.sock".into(),
+                    ipam_file: "/var/lib/dataplane/ipam.json".into(),
+                }),
                 attachments: vec![Attachment {
                     interface: "eth0".into(),
                     ifindex: 2,
@@ -497,8 +572,25 @@ mod tests {
                     count: 3,
                 }],
             }),
+            cni_pods: vec![CniPod {
+                pod: "web/server".into(),
+                container_id: "0123456789abcdef".into(),
+                ifname: "eth0".into(),
+                host_iface: "dp0123456789abc".into(),
+                addresses: vec!["10.244.1.2".into(), "fd00:10:244:1::2".into()],
+            }],
         };
         let text = render(&report);
+        assert!(
+            text.contains("pods wired by the CNI plugin (socket /run/dataplane/cni.sock"),
+            "{text}"
+        );
+        assert!(
+            text.contains("web/server")
+                && text.contains("0123456789ab ")
+                && text.contains("10.244.1.2, fd00:10:244:1::2"),
+            "{text}"
+        );
         assert!(
             text.contains("agent:    running (pid 9, layout v1)"),
             "{text}"

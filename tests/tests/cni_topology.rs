@@ -52,6 +52,19 @@ spec:
   policyTypes: [Ingress]
 ";
 
+/// The agent's metrics, scraped in its node's namespace.
+fn metrics_text(netns: &str) -> String {
+    let script = "import urllib.request\n\
+                  print(urllib.request.urlopen('http://127.0.0.1:9476/metrics', timeout=5).read().decode(), end='')\n";
+    let out = dataplane_tests::topology::exec_in(netns, &["python3", "-c", script]).unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Retries `probe` until it gives `want` (the agents follow manifest changes within a second
 /// or two).
 fn eventually(what: &str, want: &[&str], mut probe: impl FnMut() -> Vec<String>) {
@@ -74,7 +87,10 @@ fn plugin_wires_pods_that_cross_the_overlay_reach_a_service_and_obey_policy() {
     let _ = dataplane_binary();
     let mut topology = Topology::build_with(2, 0, Mode::Overlay).expect("topology");
     topology.add_manifest("pods.yaml", PODS).unwrap();
-    let agent0 = topology.node(0).start_agent().expect("agent 0");
+    let agent0 = topology
+        .node(0)
+        .start_agent_with(&["--metrics-address", "127.0.0.1:9476"])
+        .expect("agent 0");
     let agent1 = topology.node(1).start_agent().expect("agent 1");
 
     // The runtime passes the UIDs of the Pod objects.
@@ -126,6 +142,15 @@ fn plugin_wires_pods_that_cross_the_overlay_reach_a_service_and_obey_policy() {
             client.id.clone(),
             vec!["10.244.1.2/24".into(), "fd00:10:244:1::2/64".into()]
         )]
+    );
+
+    // `dataplane status` lists the pods the plugin wired.
+    let status = agent0.status_json().unwrap();
+    assert_eq!(status["cni_pods"][0]["pod"], "default/client", "{status}");
+    assert_eq!(status["cni_pods"][0]["host_iface"], host.as_str());
+    assert_eq!(
+        status["cni_pods"][0]["addresses"],
+        json!(["10.244.1.2", "fd00:10:244:1::2"])
     );
 
     // The pods reach each other across the overlay at once, both families.
@@ -199,6 +224,33 @@ fn plugin_wires_pods_that_cross_the_overlay_reach_a_service_and_obey_policy() {
         "{}",
         broken.message()
     );
+
+    // The metrics count the requests by command and result, and time the answered ones.
+    let metrics = metrics_text(&topology.node(0).netns);
+    for (line, value) in [
+        (
+            "dataplane_cni_requests_total{command=\"ADD\",result=\"ok\"}",
+            "1",
+        ),
+        // The wrong prevResult is the plugin's own finding: the agent's part of it held.
+        (
+            "dataplane_cni_requests_total{command=\"CHECK\",result=\"ok\"}",
+            "2",
+        ),
+        (
+            "dataplane_cni_requests_total{command=\"CHECK\",result=\"103\"}",
+            "1",
+        ),
+        (
+            "dataplane_cni_request_duration_seconds_count{command=\"ADD\"}",
+            "1",
+        ),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == format!("{line} {value}")),
+            "{line} {value} in {metrics}"
+        );
+    }
 
     // STATUS: ready. VERSION: the versions.
     let status = invoke(&[("CNI_COMMAND", "STATUS")], &conf0.to_string()).unwrap();

@@ -35,6 +35,8 @@ use crate::{
 /// One request from the plugin and where its answer goes.
 pub struct Job {
     pub request: Request,
+    /// When the request reached the agent.
+    pub received: std::time::Instant,
     reply: oneshot::Sender<Reply>,
 }
 
@@ -42,6 +44,17 @@ impl Job {
     pub fn answer(self, reply: Reply) {
         // A plugin that gave up waiting has nobody to read the answer.
         let _ = self.reply.send(reply);
+    }
+
+    /// The command's name, as the specification spells it.
+    pub fn command(&self) -> &'static str {
+        match self.request {
+            Request::Add(_) => "ADD",
+            Request::Del(_) => "DEL",
+            Request::Check(_) => "CHECK",
+            Request::Status => "STATUS",
+            Request::Gc(_) => "GC",
+        }
     }
 }
 
@@ -87,7 +100,15 @@ async fn serve_one(
     let reply = match serde_json::from_slice::<Request>(&text) {
         Ok(request) => {
             let (reply, answer) = oneshot::channel();
-            if jobs.send(Job { request, reply }).is_err() {
+            let received = std::time::Instant::now();
+            if jobs
+                .send(Job {
+                    request,
+                    received,
+                    reply,
+                })
+                .is_err()
+            {
                 return Ok(());
             }
             match answer.await {
