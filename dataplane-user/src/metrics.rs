@@ -27,6 +27,9 @@ use crate::{AgentError, Pins, stats, status};
 /// Kinds of object a sync can reject, as the `kind` label says.
 pub const REJECTED_KINDS: &[&str] = &["manifest", "service", "egressfirewall", "networkpolicy"];
 
+/// Histograms by label set, each made with the same buckets.
+type HistogramsBy<L> = Family<L, Histogram, fn() -> Histogram>;
+
 /// What the agent records; shared with the HTTP server.
 pub struct Metrics {
     registry: Registry,
@@ -34,7 +37,7 @@ pub struct Metrics {
     sync_seconds: Histogram,
     rejected: Family<[(&'static str, &'static str); 1], Gauge>,
     cni_requests: Family<[(&'static str, String); 2], Counter>,
-    cni_seconds: Family<[(&'static str, &'static str); 1], Histogram, fn() -> Histogram>,
+    cni_seconds: HistogramsBy<[(&'static str, &'static str); 1]>,
 }
 
 impl Metrics {
@@ -66,7 +69,7 @@ impl Metrics {
             cni_requests.clone(),
         );
         // 1 ms .. ~16 s, as the syncs.
-        let cni_seconds: Family<_, _, fn() -> Histogram> =
+        let cni_seconds: HistogramsBy<_> =
             Family::new_with_constructor(|| Histogram::new(exponential_buckets(0.001, 2.0, 15)));
         registry.register(
             "cni_request_duration_seconds",
