@@ -170,7 +170,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Remove every pin under the pin root: detaches the programs and drops all adopted state.
+    /// Remove every pin under the pin root and the pod tc filters of this network namespace:
+    /// detaches the programs and drops all adopted state.
     Cleanup,
     /// Load every program into this kernel (nothing attached, private pins) and show the room
     /// each leaves: verified instructions against the 1M budget, the stack of its deepest
@@ -356,9 +357,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cleanup => {
+            let cleaned = dataplane_user::attach::remove_pod_filters();
             pins.remove_all()?;
             state::remove(&cli.run_dir);
-            println!("removed pins under {}", pins.root().display());
+            println!(
+                "removed pins under {} and the pod tc filters of {} interfaces",
+                pins.root().display(),
+                cleaned.len()
+            );
             Ok(())
         }
     }
@@ -934,9 +940,15 @@ async fn sync_and_attach(
 ) -> anyhow::Result<Vec<String>> {
     let started = Instant::now();
     let synced = cluster.sync(dataplane).await;
-    metrics.record_sync(started.elapsed(), synced.is_ok(), &cluster.rejected);
+    let sync_took = started.elapsed();
+    metrics.record_sync(sync_took, synced.is_ok(), &cluster.rejected);
     let interfaces = synced?;
     attach_new_pods(dataplane, agent, run_dir, &interfaces);
+    tracing::debug!(
+        sync_ms = sync_took.as_millis(),
+        attach_ms = (started.elapsed() - sync_took).as_millis(),
+        "synced and attached"
+    );
     Ok(interfaces)
 }
 
@@ -962,6 +974,7 @@ async fn handle_cni(
     metrics: &Metrics,
     batch: Vec<Job>,
 ) {
+    let batch_started = Instant::now();
     let mut added = Vec::new();
     let mut answered_after_sync = Vec::new();
     let mut changed = false;
@@ -1019,6 +1032,11 @@ async fn handle_cni(
         }
     }
     if changed {
+        tracing::debug!(
+            requests = added.len() + answered_after_sync.len(),
+            wiring_ms = batch_started.elapsed().as_millis(),
+            "CNI batch wired"
+        );
         let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await;
         cluster.publish_pod_status();
         let mut undone = false;

@@ -148,6 +148,30 @@ fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
     })
 }
 
+/// The names of this network namespace's interfaces.
+pub fn interface_names() -> Vec<String> {
+    let mut names = Vec::new();
+    // SAFETY: if_nameindex returns a list terminated by a zero entry, or null; it is freed
+    // with if_freenameindex once its names are copied.
+    unsafe {
+        let list = libc::if_nameindex();
+        if list.is_null() {
+            return names;
+        }
+        let mut entry = list;
+        while (*entry).if_index != 0 {
+            names.push(
+                std::ffi::CStr::from_ptr((*entry).if_name)
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+            entry = entry.add(1);
+        }
+        libc::if_freenameindex(list);
+    }
+    names
+}
+
 /// Every IP address of this network namespace's interfaces (getifaddrs).
 pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();

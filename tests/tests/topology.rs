@@ -138,9 +138,29 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
         pins.map(META).exists(),
         "maps stay pinned for the next agent"
     );
-    // XDP and tc on the underlay, tc both ways on two pod veths.
+    // XDP and tc on the underlay as pinned links; the pod veths' tc filters stay too.
     let links = pins.link_names();
-    assert_eq!(links.len(), 6, "pinned links: {links:?}");
+    assert_eq!(links.len(), 2, "pinned links: {links:?}");
+    for pod in &node0.pods {
+        for direction in ["ingress", "egress"] {
+            let filters = exec_in(
+                &node0.netns,
+                &["tc", "filter", "show", "dev", &pod.host_iface, direction],
+            )
+            .expect("tc filter show");
+            let program = if direction == "ingress" {
+                "tc_from_pod"
+            } else {
+                "tc_to_pod"
+            };
+            assert!(
+                String::from_utf8_lossy(&filters.stdout).contains(program),
+                "{} {direction}: {}",
+                pod.host_iface,
+                String::from_utf8_lossy(&filters.stdout)
+            );
+        }
+    }
     assert!(
         links
             .iter()
@@ -164,7 +184,7 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
     assert_eq!(status["agent"], "absent");
     assert_eq!(
         status["links"].as_array().map(Vec::len),
-        Some(6),
+        Some(2),
         "{status}"
     );
 
@@ -185,7 +205,8 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
         .start_agent_at(pins, run_dir)
         .expect("restarted agent");
     assert!(
-        agent0.log().contains("took over the pinned link"),
+        agent0.log().contains("took over the pinned link")
+            && agent0.log().contains("took over the tc filter"),
         "{}",
         agent0.log()
     );

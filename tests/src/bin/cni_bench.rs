@@ -120,6 +120,9 @@ fn main() -> anyhow::Result<()> {
         reference_plugin(&node_netns, "DEL", c, &reference_conf)
     })?;
     let _ = std::fs::remove_dir_all(&data_dir);
+    if std::env::var("CNI_BENCH_LOG").is_ok() {
+        eprintln!("{}", agent.log());
+    }
 
     let add = latencies(add);
     let baseline_add = latencies(baseline_add);
