@@ -975,6 +975,7 @@ async fn handle_cni(
     batch: Vec<Job>,
 ) {
     let batch_started = Instant::now();
+    let mut deleted = Vec::new();
     let mut added = Vec::new();
     let mut answered_after_sync = Vec::new();
     let mut changed = false;
@@ -998,14 +999,7 @@ async fn handle_cni(
                     answer(metrics, job, Reply::Failed(error));
                 }
             },
-            Request::Del(target) => match cluster.cni.del(&target.container_id, &target.ifname) {
-                Ok(removed) => {
-                    tracing::info!(container = target.container_id, removed, "CNI DEL");
-                    changed |= removed;
-                    answered_after_sync.push((job, Reply::Done));
-                }
-                Err(error) => answer(metrics, job, Reply::Failed(error)),
-            },
+            Request::Del(target) => deleted.push((job, target)),
             Request::Check(target) => {
                 let reply = match cluster.cni.check(&target, &cluster.node_pods) {
                     Ok(attachment) if !programs_attached(agent, &attachment.host_iface) => {
@@ -1029,6 +1023,27 @@ async fn handle_cni(
                 }
                 Err(error) => answer(metrics, job, Reply::Failed(error)),
             },
+        }
+    }
+    // The batch's DELs together: their veths go in one kernel operation.
+    if !deleted.is_empty() {
+        let targets: Vec<(String, String)> = deleted
+            .iter()
+            .map(|(_, t)| (t.container_id.clone(), t.ifname.clone()))
+            .collect();
+        match cluster.cni.del_many(&targets) {
+            Ok(removed) => {
+                for ((job, target), removed) in deleted.into_iter().zip(removed) {
+                    tracing::info!(container = target.container_id, removed, "CNI DEL");
+                    changed |= removed;
+                    answered_after_sync.push((job, Reply::Done));
+                }
+            }
+            Err(error) => {
+                for (job, _) in deleted {
+                    answer(metrics, job, Reply::Failed(error.clone()));
+                }
+            }
         }
     }
     if changed {

@@ -284,17 +284,30 @@ impl CniPods {
 
     /// Removes the pod's wiring and releases its addresses; nothing to remove is success.
     pub fn del(&mut self, container_id: &str, ifname: &str) -> Result<bool, CniError> {
-        let removed = wire::remove(&wire::host_iface_name(container_id, ifname)).map_err(|e| {
+        let done = self.del_many(&[(container_id.to_owned(), ifname.to_owned())])?;
+        Ok(done[0])
+    }
+
+    /// [`Self::del`] for several container interfaces at once: their veths go in one kernel
+    /// operation (see [`wire::remove_many`]), then their addresses are released. Says for
+    /// each whether there was anything to remove.
+    pub fn del_many(&mut self, targets: &[(String, String)]) -> Result<Vec<bool>, CniError> {
+        let hosts: Vec<String> = targets
+            .iter()
+            .map(|(id, ifname)| wire::host_iface_name(id, ifname))
+            .collect();
+        let removed = wire::remove_many(&hosts).map_err(|e| {
             CniError::new(
                 code::TRY_AGAIN_LATER,
-                format!("removing the pod's veth: {e}"),
+                format!("removing the pods' veths: {e}"),
             )
         })?;
-        let released = self
-            .ipam
-            .release(container_id, ifname)
-            .map_err(ipam_error)?;
-        Ok(removed || released.is_some())
+        let mut done = Vec::new();
+        for ((id, ifname), host) in targets.iter().zip(&hosts) {
+            let released = self.ipam.release(id, ifname).map_err(ipam_error)?;
+            done.push(removed.contains(host) || released.is_some());
+        }
+        Ok(done)
     }
 
     /// Checks the pod's wiring against its allocation.
@@ -320,11 +333,14 @@ impl CniPods {
     pub fn gc(&mut self, valid: &[(String, String)]) -> Result<usize, CniError> {
         let valid: BTreeSet<(String, String)> = valid.iter().cloned().collect();
         let released = self.ipam.gc(&valid).map_err(ipam_error)?;
+        let hosts: Vec<String> = released
+            .iter()
+            .map(|a| wire::host_iface_name(&a.container_id, &a.ifname))
+            .collect();
+        if let Err(error) = wire::remove_many(&hosts) {
+            tracing::warn!(?hosts, %error, "removing stale pod veths");
+        }
         for stale in &released {
-            let host = wire::host_iface_name(&stale.container_id, &stale.ifname);
-            if let Err(error) = wire::remove(&host) {
-                tracing::warn!(host, %error, "removing a stale pod veth");
-            }
             tracing::info!(
                 container = stale.container_id,
                 addresses = ?stale.addresses,
@@ -332,13 +348,6 @@ impl CniPods {
             );
         }
         Ok(released.len())
-    }
-
-    /// The host-side veth of every attachment.
-    pub fn host_ifaces(&self) -> impl Iterator<Item = String> + '_ {
-        self.ipam
-            .allocations()
-            .map(|a| wire::host_iface_name(&a.container_id, &a.ifname))
     }
 
     /// The attachments of this node as pod status records.

