@@ -133,15 +133,7 @@ impl Ipam {
                 .next
                 .insert(pool, successor(pool, address.addr()));
         }
-        let allocation = Allocation {
-            container_id: container_id.to_owned(),
-            ifname: ifname.to_owned(),
-            pod,
-            addresses,
-        };
-        self.stored.allocations.insert(key, allocation.clone());
-        self.save()?;
-        Ok(allocation)
+        self.store(key, container_id, ifname, pod, addresses)
     }
 
     /// Gives `container_id`'s `ifname` exactly `addresses` (a pod whose manifest names its
@@ -183,11 +175,23 @@ impl Ipam {
             }
             claimed.push(IpNet::new(*address, pool.prefix_len()).expect("a pool's prefix"));
         }
+        self.store(key, container_id, ifname, pod, claimed)
+    }
+
+    /// Records and saves one allocation.
+    fn store(
+        &mut self,
+        key: String,
+        container_id: &str,
+        ifname: &str,
+        pod: Option<PodRef>,
+        addresses: Vec<IpNet>,
+    ) -> Result<Allocation, IpamError> {
         let allocation = Allocation {
             container_id: container_id.to_owned(),
             ifname: ifname.to_owned(),
             pod,
-            addresses: claimed,
+            addresses,
         };
         self.stored.allocations.insert(key, allocation.clone());
         self.save()?;

@@ -15,7 +15,7 @@
 //! a strict reverse-path filter on the underlay would drop them, so it is made loose (2), as
 //! OVN-Kubernetes has it.
 
-use std::{collections::BTreeSet, net::IpAddr, process::Command};
+use std::{collections::BTreeSet, net::IpAddr};
 
 use ipnet::IpNet;
 
@@ -204,17 +204,8 @@ fn ip(args: &[&str]) -> Result<(), AgentError> {
 }
 
 fn ip_output(args: &[&str]) -> Result<String, AgentError> {
-    let failed = |detail: String| AgentError::Netdev(format!("ip {}: {detail}", args.join(" ")));
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| failed(format!("{e} (is iproute2 installed?)")))?;
-    if !out.status.success() {
-        return Err(failed(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    netdev::run_ip(args, None)
+        .map_err(|detail| AgentError::Netdev(format!("ip {}: {detail}", args.join(" "))))
 }
 
 #[cfg(test)]

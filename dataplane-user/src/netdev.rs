@@ -148,6 +148,34 @@ fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
     })
 }
 
+/// Runs iproute2's `ip` with `args`, `input` on its stdin (for `-batch -`); its stdout, or what
+/// went wrong (its stderr, or why it could not run).
+pub fn run_ip(args: &[&str], input: Option<&str>) -> Result<String, String> {
+    use std::{io::Write as _, process::Stdio};
+    let mut child = std::process::Command::new("ip")
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot run ip: {e} (is iproute2 installed?)"))?;
+    if let Some(input) = input {
+        let mut stdin = child.stdin.take().expect("piped stdin");
+        stdin
+            .write_all(input.as_bytes())
+            .map_err(|e| e.to_string())?;
+    }
+    let out = child.wait_with_output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// The names of this network namespace's interfaces.
 pub fn interface_names() -> Vec<String> {
     let mut names = Vec::new();

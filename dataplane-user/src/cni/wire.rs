@@ -11,11 +11,9 @@
 
 use std::{
     fs::File,
-    io::Write as _,
     net::IpAddr,
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
-    process::{Command, Stdio},
 };
 
 use ipnet::IpNet;
@@ -323,33 +321,14 @@ fn set_sysctl(key: &str, value: &str) {
 }
 
 fn ip_batch(place: &str, commands: &[String]) -> Result<(), WireError> {
-    let failed = |detail: String| WireError::Ip {
-        place: place.to_owned(),
-        command: format!("-batch ({})", commands.join("; ")),
-        detail,
-    };
-    let mut child = Command::new("ip")
-        .args(["-batch", "-"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(format!("cannot run ip: {e}")))?;
-    let mut stdin = child.stdin.take().expect("piped stdin");
-    stdin
-        .write_all(commands.join("\n").as_bytes())
-        .and_then(|()| stdin.write_all(b"\n"))
-        .map_err(|e| failed(e.to_string()))?;
-    drop(stdin);
-    let out = child
-        .wait_with_output()
-        .map_err(|e| failed(e.to_string()))?;
-    if !out.status.success() {
-        return Err(failed(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
-    }
-    Ok(())
+    let input = format!("{}\n", commands.join("\n"));
+    netdev::run_ip(&["-batch", "-"], Some(&input))
+        .map(|_| ())
+        .map_err(|detail| WireError::Ip {
+            place: place.to_owned(),
+            command: format!("-batch ({})", commands.join("; ")),
+            detail,
+        })
 }
 
 fn ip_json(place: &str, args: &[&str]) -> Result<serde_json::Value, WireError> {
@@ -358,16 +337,8 @@ fn ip_json(place: &str, args: &[&str]) -> Result<serde_json::Value, WireError> {
         command: args.join(" "),
         detail,
     };
-    let out = Command::new("ip")
-        .args(args)
-        .output()
-        .map_err(|e| failed(format!("cannot run ip: {e}")))?;
-    if !out.status.success() {
-        return Err(failed(
-            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
-        ));
-    }
-    serde_json::from_slice(&out.stdout).map_err(|e| failed(e.to_string()))
+    let out = netdev::run_ip(args, None).map_err(failed)?;
+    serde_json::from_str(&out).map_err(|e| failed(e.to_string()))
 }
 
 #[cfg(test)]
