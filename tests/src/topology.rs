@@ -577,6 +577,7 @@ impl Node {
             pins,
             run_dir,
             log_path,
+            netns: self.netns.clone(),
         };
         if let Err(e) = agent.wait_running() {
             // Leave the pins for the caller to inspect or reuse; only the process is gone.
@@ -639,6 +640,8 @@ pub struct Agent {
     pub pins: Pins,
     pub run_dir: PathBuf,
     log_path: PathBuf,
+    /// The node's network namespace (where its pod veths' tc filters are).
+    netns: String,
 }
 
 impl Agent {
@@ -725,7 +728,21 @@ impl Drop for Agent {
         {
             eprintln!("agent cleanup: {e:#}");
         }
-        if let Err(e) = self.pins.remove_all() {
+        // `dataplane cleanup` in the node's namespace: the pins (which detaches the underlay's
+        // programs) and the pods' tc filters, which outlive the pins otherwise.
+        let cleaned = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", self.netns))
+            .arg(dataplane_binary())
+            .arg("--pin-root")
+            .arg(self.pins.root())
+            .arg("--run-dir")
+            .arg(&self.run_dir)
+            .arg("cleanup")
+            .env("RUST_LOG", "warn")
+            .output();
+        if !cleaned.is_ok_and(|o| o.status.success())
+            && let Err(e) = self.pins.remove_all()
+        {
             eprintln!("agent pin cleanup: {e}");
         }
         let _ = fs::remove_dir_all(&self.run_dir);
