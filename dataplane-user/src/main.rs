@@ -428,12 +428,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 Source::Kubernetes(source)
             }
         };
-        let own_addresses = matches!(source, Source::Manifests { .. });
         let cni = CniPods::open(&args.ipam_file)?;
         let mut watched = Cluster {
             cni,
             node_pods: NodePods::default(),
-            own_addresses,
             warnings: Vec::new(),
             source,
             node: node.clone(),
@@ -552,9 +550,6 @@ struct Cluster {
     cni: CniPods,
     /// What the last good sync said about this node's pods, for the CNI.
     node_pods: NodePods,
-    /// Whether Pod objects' `status.podIPs` are theirs to keep (manifests) or the last
-    /// sandbox's (the API server).
-    own_addresses: bool,
     /// The last sync's warnings about the cluster state.
     warnings: Vec<String>,
     source: Source,
@@ -627,7 +622,9 @@ impl Cluster {
             &self.node,
             pools,
             settings.pod_mtu,
-            self.own_addresses,
+            // A manifest's status.podIPs are the pod's own to keep; the API server's are the
+            // last sandbox's.
+            matches!(self.source, Source::Manifests { .. }),
         );
         for iface in &self.named_ifaces {
             if !model.pod_interfaces.contains(iface) {

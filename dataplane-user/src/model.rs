@@ -165,7 +165,7 @@ pub(crate) fn pod_name(pod: &Pod) -> String {
 }
 
 /// Whether the pod is a live, pod-network pod scheduled on `node`.
-fn runs_on(pod: &Pod, node: &str) -> bool {
+pub(crate) fn runs_on(pod: &Pod, node: &str) -> bool {
     in_pod_network(pod) && pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node)
 }
 
@@ -224,7 +224,7 @@ pub(crate) fn pod_mac(
         let parsed = serde_json::from_str::<serde_json::Value>(text)
             .ok()
             .and_then(|v| v["default"]["mac_address"].as_str().map(str::to_owned))
-            .and_then(|m| parse_mac(&m));
+            .and_then(|m| crate::netdev::parse_mac(&m));
         match parsed {
             Some(mac) => return Some(mac),
             None => warnings.push(format!(
@@ -234,14 +234,6 @@ pub(crate) fn pod_mac(
         }
     }
     crate::cni::wire::pod_mac(addresses)
-}
-
-fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let bytes: Vec<u8> = text
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).ok())
-        .collect::<Option<_>>()?;
-    bytes.try_into().ok()
 }
 
 #[cfg(test)]

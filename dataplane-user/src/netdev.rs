@@ -19,6 +19,15 @@ pub fn mac_text(bytes: &[u8; 6]) -> String {
 }
 
 /// MAC address of `name`.
+/// A MAC address from its text (`0a:58:0a:f4:01:02`).
+pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
+    let bytes: Vec<u8> = text
+        .split(':')
+        .map(|b| u8::from_str_radix(b, 16).ok())
+        .collect::<Option<_>>()?;
+    bytes.try_into().ok()
+}
+
 pub fn mac(name: &str) -> io::Result<[u8; 6]> {
     let request = ifreq_ioctl(name, libc::SIOCGIFHWADDR)?;
     // SAFETY: SIOCGIFHWADDR filled the hardware-address member of the union.

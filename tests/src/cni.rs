@@ -180,10 +180,8 @@ pub fn pod_of(container: &Container, result: &Value) -> anyhow::Result<Pod> {
     let mac_text = result["interfaces"][1]["mac"]
         .as_str()
         .context("result without the pod's MAC")?;
-    let mac: Vec<u8> = mac_text
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16))
-        .collect::<Result<_, _>>()?;
+    let mac =
+        dataplane_user::netdev::parse_mac(mac_text).with_context(|| format!("MAC {mac_text:?}"))?;
     let Some(ip) = ip else {
         bail!("result without an IPv4 address: {result}");
     };
@@ -193,7 +191,7 @@ pub fn pod_of(container: &Container, result: &Value) -> anyhow::Result<Pod> {
         namespace: container.namespace.clone(),
         ip,
         ip6,
-        mac: mac.try_into().map_err(|_| anyhow::anyhow!("bad MAC"))?,
+        mac,
         host_iface: result["interfaces"][0]["name"]
             .as_str()
             .context("result without the host veth")?

@@ -27,7 +27,7 @@ use super::{
     wire::{self, PodWiring},
 };
 use crate::{
-    ipam::{Allocation, Ipam, IpamError},
+    ipam::{Allocation, Ipam, IpamError, PodRef},
     model, netdev,
     source::ClusterState,
 };
@@ -161,8 +161,7 @@ impl NodePods {
     ) -> Self {
         let mut known = BTreeMap::new();
         for pod in &state.pods {
-            let on_node = pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(node);
-            if !on_node || !model::in_pod_network(pod) {
+            if !model::runs_on(pod, node) {
                 continue;
             }
             let mut ignored = Vec::new();
@@ -208,15 +207,15 @@ impl NodePods {
             .collect()
     }
 
-    fn known(&self, target: &Target) -> Option<&KnownPod> {
-        let pod = target.pod.as_ref()?;
+    fn known(&self, pod: Option<&PodRef>) -> Option<&KnownPod> {
+        let pod = pod?;
         self.known
             .get(&(pod.namespace.clone(), pod.name.clone()))
             .filter(|k| pod.uid.is_empty() || k.uid.is_empty() || k.uid == pod.uid)
     }
 
-    fn mac(&self, target: &Target, addresses: &[IpAddr]) -> Option<[u8; 6]> {
-        self.known(target)
+    fn mac(&self, pod: Option<&PodRef>, addresses: &[IpAddr]) -> Option<[u8; 6]> {
+        self.known(pod)
             .and_then(|k| k.mac)
             .or_else(|| wire::pod_mac(addresses))
     }
@@ -245,7 +244,7 @@ impl CniPods {
             .get(&target.container_id, &target.ifname)
             .is_some();
         let own = node
-            .known(target)
+            .known(target.pod.as_ref())
             .map(|k| k.own_addresses.clone())
             .unwrap_or_default();
         let allocated = if own.is_empty() {
@@ -375,18 +374,12 @@ impl CniPods {
 
 fn wiring(allocated: &Allocation, netns: &str, node: &NodePods) -> PodWiring {
     let addresses: Vec<IpAddr> = allocated.addresses.iter().map(IpNet::addr).collect();
-    let target = Target {
-        container_id: allocated.container_id.clone(),
-        netns: None,
-        ifname: allocated.ifname.clone(),
-        pod: allocated.pod.clone(),
-    };
     PodWiring {
         host_iface: wire::host_iface_name(&allocated.container_id, &allocated.ifname),
         ifname: allocated.ifname.clone(),
         netns: PathBuf::from(netns),
         mac: node
-            .mac(&target, &addresses)
+            .mac(allocated.pod.as_ref(), &addresses)
             .expect("an allocation has an address"),
         addresses,
         mtu: node.pod_mtu,

@@ -153,11 +153,7 @@ fn make(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
 /// Removes a pod's host-side veth (its peer goes with it) and the routes through it. Returns
 /// whether there was one.
 pub fn remove(host_iface: &str) -> Result<bool, WireError> {
-    if !exists(host_iface) {
-        return Ok(false);
-    }
-    ip_batch("the node", &[format!("link del {host_iface}")])?;
-    Ok(true)
+    Ok(!remove_many(&[host_iface.to_owned()])?.is_empty())
 }
 
 /// The interface group the veths being removed are put in: deleting a group unregisters its
