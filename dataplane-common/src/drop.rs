@@ -85,6 +85,12 @@ drop_reasons! {
     PortDstMac = 48, "port_dst_mac", "a frame to a pod for a unicast MAC that is not the pod's";
     PortDstIp = 49, "port_dst_ip", "a packet to a pod for a unicast address that is not the pod's";
     FragmentWithoutFirst = 50, "fragment_without_first", "a later fragment of a datagram whose first fragment (with the ports) was not seen here";
+    EgressIpUnassigned = 51, "egress_ip_unassigned", "a selected pod's packet to outside the cluster while no node holds an egress address for it (never sent with the pod's own address)";
+    EgressIpNotHere = 52, "egress_ip_not_here", "another node's pod traffic to outside the cluster arriving at a node that holds no egress address for that pod";
+    EgressIpNoFlow = 53, "egress_ip_no_flow", "a packet to an egress address held here that answers no flow a pod opened (the node's own sockets never take it)";
+    EgressIpProtocol = 54, "egress_ip_protocol", "a selected pod's packet to outside the cluster that is neither TCP nor UDP (not translated, so not sent)";
+    EgressIpPortsExhausted = 55, "egress_ip_ports_exhausted", "no free source port on the egress address for a new flow";
+    EgressIpRewriteFailed = 56, "egress_ip_rewrite_failed", "the kernel refused to translate or forward an egress packet";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 

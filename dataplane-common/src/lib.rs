@@ -5,6 +5,7 @@
 
 pub mod acl;
 pub mod drop;
+pub mod egressip;
 pub mod frag;
 pub mod lb;
 pub mod maps;

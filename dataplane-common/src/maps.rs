@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 7;
+pub const LAYOUT_VERSION: u32 = 8;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -97,6 +97,26 @@ pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
 /// Ready backends summed over the service ports with ClientIP affinity.
 pub const MAX_AFFINITY_MEMBERS: u32 = 65_536;
 
+/// Egress IPs: the local pods an EgressIP selects, keyed by address (`egressip::EgressPod`).
+pub const EGRESS_PODS: &str = "DP_EGRESS_PODS";
+/// Egress IPs: where each assigned egress address is held (`egressip::EgressHolder`).
+pub const EGRESS_IPS: &str = "DP_EGRESS_IPS";
+/// Egress IPs: the pods (of any node) whose traffic this node translates, and the egress
+/// address it gives them (`Addr` to `Addr`).
+pub const EGRESS_SNAT: &str = "DP_EGRESS_SNAT";
+/// Egress IPs: the destinations that are not outside the cluster (cluster and service
+/// networks, node addresses): an LPM trie of 16-byte addresses.
+pub const EGRESS_INTERNAL: &str = "DP_EGRESS_INTERNAL";
+/// Egress IPs: flows' chosen addresses and translations (`lb::CtKey` to
+/// `egressip::EgressCtValue`).
+pub const EGRESS_CT: &str = "DP_EGRESS_CT";
+/// Egress IPs: one u32 of `egressip::EGRESS_ACTIVE_*` bits (nothing to do when zero).
+pub const EGRESS_ACTIVE: &str = "DP_EGRESS_ACTIVE";
+pub const MAX_EGRESS_IPS: u32 = 4096;
+pub const MAX_EGRESS_SNAT_PODS: u32 = 65_536;
+pub const MAX_EGRESS_INTERNAL_PREFIXES: u32 = 16_384;
+pub const MAX_EGRESS_CT_ENTRIES: u32 = 262_144;
+
 /// Capacity of the node, pod-CIDR and local-pod maps.
 pub const MAX_NODES: u32 = 5000;
 pub const MAX_LOCAL_PODS: u32 = 1024;
@@ -128,6 +148,12 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_CT,
     ACL_EVENTS,
     ACL_LOG_CONFIG,
+    EGRESS_PODS,
+    EGRESS_IPS,
+    EGRESS_SNAT,
+    EGRESS_INTERNAL,
+    EGRESS_CT,
+    EGRESS_ACTIVE,
 ];
 
 /// XDP program on the underlay NIC.
@@ -161,6 +187,16 @@ pub const PROG_UNDERLAY_ICMP: &str = "tc_underlay_icmp";
 pub const TAIL_UNDERLAY_SCTP: u32 = 4;
 /// `tc_underlay` for SCTP: the same load-balancing, then the CRC32c after a port rewrite.
 pub const PROG_UNDERLAY_SCTP: &str = "tc_underlay_sctp";
+/// `TAILS` slot of [`PROG_FROM_POD_EGRESS`].
+pub const TAIL_FROM_POD_EGRESS: u32 = 5;
+/// After `tc_from_pod_deliver` for a selected pod's packet to outside the cluster: the egress
+/// address chosen, then translated here or sent through Geneve to the node holding it.
+pub const PROG_FROM_POD_EGRESS: &str = "tc_from_pod_egress";
+/// `TAILS` slot of [`PROG_UNDERLAY_EGRESS`].
+pub const TAIL_UNDERLAY_EGRESS: u32 = 6;
+/// After `tc_underlay` for what the load-balancer left alone: replies to an egress address held
+/// here translated back, and other nodes' egress traffic (decapsulated) translated.
+pub const PROG_UNDERLAY_EGRESS: &str = "tc_underlay_egress";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";
@@ -211,6 +247,16 @@ pub const TAIL_STAGES: &[TailStage] = &[
         program: PROG_UNDERLAY_SCTP,
         reached_from: &[PROG_UNDERLAY_TC],
     },
+    TailStage {
+        slot: TAIL_FROM_POD_EGRESS,
+        program: PROG_FROM_POD_EGRESS,
+        reached_from: &[PROG_FROM_POD_DELIVER],
+    },
+    TailStage {
+        slot: TAIL_UNDERLAY_EGRESS,
+        program: PROG_UNDERLAY_EGRESS,
+        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_SCTP],
+    },
 ];
 
 /// Every program the dataplane loads.
@@ -222,6 +268,8 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_FROM_POD_ICMP,
     PROG_UNDERLAY_ICMP,
     PROG_UNDERLAY_SCTP,
+    PROG_FROM_POD_EGRESS,
+    PROG_UNDERLAY_EGRESS,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
     PROG_BASELINE,

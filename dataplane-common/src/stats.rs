@@ -81,6 +81,15 @@ pub enum PacketClass {
     /// A service packet translated and delivered from the flow cache (also counted as its
     /// translation and as a local redirect).
     ServiceFlowCached = 24,
+    // What egress IPs did.
+    /// A selected pod's packet sent through Geneve to the node holding its egress address.
+    EgressRerouted = 25,
+    /// A packet given an egress address held here as its source, and sent out.
+    EgressSnat = 26,
+    /// A reply to an egress address held here, given the pod's address back.
+    EgressReverseNat = 27,
+    /// An ARP request (or neighbour solicitation) for an egress address held here, answered.
+    EgressArpAnswered = 28,
 }
 
 impl PacketClass {
@@ -110,6 +119,10 @@ impl PacketClass {
         PacketClass::PolicyAllowed,
         PacketClass::PolicyTracked,
         PacketClass::ServiceFlowCached,
+        PacketClass::EgressRerouted,
+        PacketClass::EgressSnat,
+        PacketClass::EgressReverseNat,
+        PacketClass::EgressArpAnswered,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -141,6 +154,10 @@ impl PacketClass {
             22 => PacketClass::PolicyAllowed,
             23 => PacketClass::PolicyTracked,
             24 => PacketClass::ServiceFlowCached,
+            25 => PacketClass::EgressRerouted,
+            26 => PacketClass::EgressSnat,
+            27 => PacketClass::EgressReverseNat,
+            28 => PacketClass::EgressArpAnswered,
             _ => return None,
         })
     }
@@ -172,6 +189,10 @@ impl PacketClass {
             PacketClass::PolicyAllowed => "policy_allowed",
             PacketClass::PolicyTracked => "policy_tracked",
             PacketClass::ServiceFlowCached => "service_flow_cached",
+            PacketClass::EgressRerouted => "egress_rerouted",
+            PacketClass::EgressSnat => "egress_snat",
+            PacketClass::EgressReverseNat => "egress_reverse_nat",
+            PacketClass::EgressArpAnswered => "egress_arp_answered",
         }
     }
 }

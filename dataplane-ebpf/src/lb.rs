@@ -825,6 +825,38 @@ fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> S
     }
 }
 
+/// Replaces the source (`source`) or destination address `old_addr` and port `old_port` of
+/// a TCP or UDP packet with `new_addr`/`new_port`, checksums kept right: the load-balancer's
+/// rewrite, lent to the egress IP stage (one verified copy of it serves both).
+#[inline(always)]
+#[expect(clippy::too_many_arguments, reason = "a translation is these eight things")]
+pub fn rewrite_address(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    source: bool,
+    ipv4: bool,
+    old_addr: &Addr,
+    new_addr: &Addr,
+    old_port: [u8; 2],
+    new_port: [u8; 2],
+) -> Result<(), DropReason> {
+    let failed = DropReason::EgressIpRewriteFailed;
+    let s = LB_SCRATCH.get_ptr_mut(0).ok_or(failed)?;
+    // SAFETY: this CPU's working set, used within this program run only.
+    let s = unsafe { &mut *s };
+    s.ipv4 = ipv4 as u8;
+    copy_addr(&mut s.old_addr, old_addr);
+    copy_addr(&mut s.new_addr, new_addr);
+    s.old_port = old_port;
+    s.new_port = new_port;
+    let side = if source { Side::Source } else { Side::Destination };
+    let l4 = parsed.l4_offset as u32;
+    match lb_rewrite(ctx.skb.skb, s, l4, parsed.protocol as u32, side as u32) {
+        0 => Ok(()),
+        _ => Err(failed),
+    }
+}
+
 /// [`rewrite`] as a global BPF function: the verifier checks it once on its own (with any
 /// offset, protocol and side) instead of again at each of its call sites on every path that
 /// reaches them, which kept `tc_from_pod` at the verifier's limit. 0 on success.

@@ -14,6 +14,8 @@ mod copy;
 #[cfg(target_arch = "bpf")]
 mod csum;
 #[cfg(target_arch = "bpf")]
+mod egressip;
+#[cfg(target_arch = "bpf")]
 mod frag;
 #[cfg(target_arch = "bpf")]
 mod icmp;

@@ -13,6 +13,7 @@ use dataplane_common::{
         AclPortKey, AclVerdict,
     },
     drop::DROP_REASON_SLOTS,
+    egressip::{EgressCtValue, EgressHolder, EgressPod},
     frag::{FragKey, FragPorts},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
@@ -21,6 +22,7 @@ use dataplane_common::{
     maps::{
         ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
         MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_CT_ENTRIES,
+        MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
         MAX_FRAGMENTED_DATAGRAMS, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
@@ -28,7 +30,7 @@ use dataplane_common::{
     stats::PACKET_COUNTER_SLOTS,
 };
 
-use crate::work::{AclWork, LbScratch, Parsed};
+use crate::work::{AclWork, EgressWork, LbScratch, Parsed};
 
 /// Drop counters by reason code.
 #[map(name = "DP_DROPS")]
@@ -208,3 +210,33 @@ pub static PARSED: PerCpuArray<Parsed> = PerCpuArray::with_max_entries(1, 0);
 #[map(name = "DP_BASELINE_REDIRECT")]
 pub static BASELINE_REDIRECT: aya_ebpf::maps::Array<u32> =
     aya_ebpf::maps::Array::with_max_entries(1, 0);
+
+/// Local pods an EgressIP selects -> the egress addresses of their family.
+#[map(name = "DP_EGRESS_PODS")]
+pub static EGRESS_PODS: HashMap<Addr, EgressPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// Assigned egress addresses -> the node holding each.
+#[map(name = "DP_EGRESS_IPS")]
+pub static EGRESS_IPS: HashMap<Addr, EgressHolder> = HashMap::pinned(MAX_EGRESS_IPS, 0);
+
+/// Pods (of any node) whose traffic this node translates -> the egress address it gives them.
+#[map(name = "DP_EGRESS_SNAT")]
+pub static EGRESS_SNAT: HashMap<Addr, Addr> =
+    HashMap::pinned(MAX_EGRESS_SNAT_PODS, BPF_F_NO_PREALLOC);
+
+/// Destinations inside the cluster (cluster and service networks, node addresses).
+#[map(name = "DP_EGRESS_INTERNAL")]
+pub static EGRESS_INTERNAL: LpmTrie<Addr, u32> = LpmTrie::pinned(MAX_EGRESS_INTERNAL_PREFIXES, 0);
+
+/// Egress flows: chosen addresses and translations, both directions.
+#[map(name = "DP_EGRESS_CT")]
+pub static EGRESS_CT: LruHashMap<CtKey, EgressCtValue> =
+    LruHashMap::pinned(MAX_EGRESS_CT_ENTRIES, 0);
+
+/// `EGRESS_ACTIVE_*` bits: whether the egress stages have anything to do on this node.
+#[map(name = "DP_EGRESS_ACTIVE")]
+pub static EGRESS_ACTIVE: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::pinned(1, 0);
+
+/// Per-CPU working set of the egress IP stage. Not pinned.
+#[map(name = "DP_EGRESS_SCRATCH")]
+pub static EGRESS_SCRATCH: PerCpuArray<EgressWork> = PerCpuArray::with_max_entries(1, 0);

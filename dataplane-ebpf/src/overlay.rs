@@ -220,7 +220,7 @@ const ENCAP_BLOCK_V6: usize = 14 + 40 + 8 + 8 + 14;
 
 /// Wraps the packet in Geneve towards `endpoint` and redirects it out of the underlay.
 #[inline(never)]
-fn encapsulate(ctx: &TcContext, config: &OverlayConfig, endpoint: &TunnelEndpoint) -> Stage {
+pub(crate) fn encapsulate(ctx: &TcContext, config: &OverlayConfig, endpoint: &TunnelEndpoint) -> Stage {
     Stage::value(wrap(ctx, config, endpoint).map(|verdict| verdict as u32))
 }
 
@@ -613,9 +613,9 @@ fn unwrap_geneve(
     let geneve = parsed.l4_offset + UDP_LEN;
     let options_len = check_geneve(packet, geneve, config.vni)?;
     let inner = geneve + GENEVE_HEADER_LEN + options_len;
-    inner_destination(packet, inner, &mut key.data)?;
+    inner_address(packet, inner, false, &mut key.data)?;
     // SAFETY: only presence is checked.
-    if unsafe { LOCAL_PODS.get(&key.data) }.is_none() {
+    if unsafe { LOCAL_PODS.get(&key.data) }.is_none() && !egress_bound(packet, inner, key)? {
         return Err(DropReason::GeneveNoLocalPod);
     }
     // SAFETY: plain helper call; shrinking from the front by a length checked above.
@@ -735,10 +735,26 @@ fn check_geneve(packet: &Packet, at: usize, vni: u32) -> Result<usize, DropReaso
     Ok(options_len)
 }
 
-/// Writes the destination address of the inner frame at `at` (Ethernet, then IPv4 or IPv6)
-/// into `dst`, in the 16-byte form.
+/// Whether a Geneve frame whose inner destination is no local pod is a pod's traffic this
+/// node translates to an egress address (the frame's inner source is read into `key`).
 #[inline(always)]
-fn inner_destination(packet: &Packet, at: usize, dst: &mut Addr) -> Result<(), DropReason> {
+fn egress_bound(packet: &Packet, inner: usize, key: &mut Key<Addr>) -> Result<bool, DropReason> {
+    if !crate::egressip::holder() {
+        return Ok(false);
+    }
+    inner_address(packet, inner, true, &mut key.data)?;
+    Ok(crate::egressip::translates_for(&key.data))
+}
+
+/// Writes the source (`source`) or destination address of the inner frame at `at` (Ethernet,
+/// then IPv4 or IPv6) into `dst`, in the 16-byte form.
+#[inline(always)]
+fn inner_address(
+    packet: &Packet,
+    at: usize,
+    source: bool,
+    dst: &mut Addr,
+) -> Result<(), DropReason> {
     let eth: *const [u8; 14] = packet.header(at).ok_or(DropReason::GeneveInnerMalformed)?;
     // SAFETY: bounds-checked by header().
     let ether_type = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
@@ -751,7 +767,8 @@ fn inner_destination(packet: &Packet, at: usize, dst: &mut Addr) -> Result<(), D
             if ip[0] >> 4 != 4 {
                 return Err(DropReason::GeneveInnerMalformed);
             }
-            set_ipv4_mapped(dst, [ip[16], ip[17], ip[18], ip[19]]);
+            let a = if source { 12 } else { 16 };
+            set_ipv4_mapped(dst, [ip[a], ip[a + 1], ip[a + 2], ip[a + 3]]);
             Ok(())
         }
         ETH_P_IPV6 => {
@@ -762,7 +779,8 @@ fn inner_destination(packet: &Packet, at: usize, dst: &mut Addr) -> Result<(), D
                 return Err(DropReason::GeneveInnerMalformed);
             }
             // SAFETY: the 16 bytes lie within the checked header.
-            unsafe { copy_bytes::<16>(dst.as_mut_ptr(), ip[24..].as_ptr()) };
+            let a = if source { 8 } else { 24 };
+            unsafe { copy_bytes::<16>(dst.as_mut_ptr(), ip[a..].as_ptr()) };
             Ok(())
         }
         _ => Err(DropReason::GeneveInnerMalformed),

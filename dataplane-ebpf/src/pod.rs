@@ -11,11 +11,13 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP},
+    maps::{
+        TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_EGRESS, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP,
+    },
 };
 
 use crate::{
-    acl, frag, lb,
+    acl, egressip, frag, lb,
     maps::{PARSED, TAILS},
     overlay,
     parse::{
@@ -246,6 +248,14 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         Ok(Some((verdict, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
             verdict as i32
+        }
+        // Leaving by the stack: outside the overlay, where a pod an EgressIP selects must
+        // take its egress address (a service reply keeps the address the client reached).
+        Ok(None) if !reply && egressip::pods_selected() => {
+            // SAFETY: a tail call either does not return or returns having done nothing.
+            unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_EGRESS) };
+            count_drop(Hook::FromPod, DropReason::TailCallFailed);
+            TC_ACT_SHOT
         }
         Ok(None) => TC_ACT_OK,
         Err(reason) => {

@@ -15,11 +15,11 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::SERVICE_REPLY_MARK,
-    maps::{TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP},
+    maps::{TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP},
 };
 
 use crate::{
-    acl, frag, lb,
+    acl, egressip, frag, lb,
     maps::{PARSED, TAILS},
     overlay,
     parse::{Packet, parse, parse_skb, stash},
@@ -38,6 +38,12 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
         }
     };
     count_packet(Hook::Underlay, parsed.class);
+    if parsed.class == PacketClass::Arp
+        && egressip::holder()
+        && let Some(action) = egressip::answer_arp(&ctx)
+    {
+        return action;
+    }
     // The call into decapsulation only for what looks like Geneve to this node.
     if !overlay::geneve_port(&parsed) {
         return nodeport_fast_path(&ctx, &parsed);
@@ -187,6 +193,8 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
                 return TC_ACT_OK;
             }
         }
+        // Egress IP traffic: replies to an address held here, other nodes' pods to outside.
+        Ok(None) if egressip::holder() => return hand_on(ctx, parsed, TAIL_UNDERLAY_EGRESS),
         Ok(None) => return TC_ACT_OK,
         Err(reason) if lb::answerable(reason) => {
             return lb::answer_counted(ctx, parsed, reason, Hook::UnderlayTc);

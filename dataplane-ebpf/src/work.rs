@@ -8,6 +8,7 @@ use dataplane_common::{
     acl::{ACL_MAX_LENGTHS, AclAddrKey, AclCtKey, AclPortKey},
     frag::FRAG_NONE,
     lb::{AffinityKey, AffinityValue, CtKey, CtValue, MemberKey, ServiceKey},
+    egressip::EgressCtValue,
     overlay::Addr,
 };
 
@@ -115,4 +116,23 @@ pub struct AclWork {
     /// The keys of the lookups in a rule set.
     pub(crate) addr_key: AclAddrKey,
     pub(crate) port_key: AclPortKey,
+}
+
+/// The egress IP stage's working set (value of `EGRESS_SCRATCH`).
+#[repr(C)]
+pub struct EgressWork {
+    /// The packet's flow; `direction` is set before each lookup.
+    pub(crate) flow: CtKey,
+    /// The reply direction of a new translated flow.
+    pub(crate) reply: CtKey,
+    /// An entry in the making.
+    pub(crate) value: EgressCtValue,
+    /// The egress address of the packet's flow.
+    pub(crate) egress: Addr,
+    /// The flow's source port on the egress address (network byte order).
+    pub(crate) port: [u8; 2],
+    pub(crate) ipv4: u8,
+    pub(crate) _pad: u8,
+    /// Key of the cluster-internal prefixes' lookup.
+    pub(crate) lpm: aya_ebpf::maps::lpm_trie::Key<Addr>,
 }

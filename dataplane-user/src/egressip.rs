@@ -1,8 +1,16 @@
 //! OVN-Kubernetes' `EgressIP` (`k8s.ovn.org/v1`, cluster-scoped): the source addresses that
 //! pods selected by namespace (and optionally pod) labels leave the cluster with. The type and
 //! its validation live here so that the manifest and API sources accept or reject the objects,
-//! naming the field, and the CRD under `deploy/crds/` is generated from it; the data path for
-//! egress IPs is a later feature and does not read these objects yet.
+//! naming the field, and the CRD under `deploy/crds/` is generated from it.
+//!
+//! The feature has three parts: `assign` is the cluster-wide decision of which node holds which
+//! address (the controller writes it to `status.items`); `compile` turns the status, the pods
+//! and the namespaces into one node's egress maps; the kernel side (`egressip` in
+//! `dataplane-ebpf`) reroutes selected pods' external traffic to the holder, which translates
+//! it to the egress address and answers ARP for it.
+
+pub mod assign;
+pub mod compile;
 
 use std::{collections::BTreeSet, net::IpAddr};
 

@@ -281,7 +281,7 @@ fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
 
-fn endpoint(address: IpAddr) -> TunnelEndpoint {
+pub(crate) fn endpoint(address: IpAddr) -> TunnelEndpoint {
     TunnelEndpoint {
         addr: addr16(address),
         family: if address.is_ipv4() {
@@ -406,9 +406,11 @@ pub(crate) fn sync_hash<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
     Ok(stats)
 }
 
-fn sync_lpm<const N: usize>(
-    map: &mut LpmTrie<&mut MapData, [u8; N], TunnelEndpoint>,
-    desired: &BTreeMap<(u32, [u8; N]), TunnelEndpoint>,
+/// Makes an LPM trie keyed by `N`-byte prefixes hold exactly `desired` (keyed by prefix length
+/// and data), new and changed entries first.
+pub(crate) fn sync_lpm<const N: usize, V: aya::Pod + PartialEq>(
+    map: &mut LpmTrie<&mut MapData, [u8; N], V>,
+    desired: &BTreeMap<(u32, [u8; N]), V>,
     stats: &mut SyncStats,
 ) -> Result<(), aya::maps::MapError>
 where

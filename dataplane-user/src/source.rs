@@ -32,7 +32,7 @@ pub struct ClusterState {
     pub network_policies: Vec<NetworkPolicy>,
     /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
     pub egress_firewalls: Vec<EgressFirewall>,
-    /// Validated EgressIPs (carried for the egress IP feature; nothing reads them yet).
+    /// Validated EgressIPs: their status says which node holds each address.
     pub egress_ips: Vec<EgressIP>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,

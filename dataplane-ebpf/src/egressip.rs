@@ -1,0 +1,429 @@
+//! Egress IPs: a selected pod's traffic to outside the cluster leaves from the node holding one
+//! of its EgressIP's addresses, with that address as its source.
+//!
+//! On the pod's node (`tc_from_pod_egress`, after policy and the overlay found no pod to
+//! deliver to): the flow's address is chosen once by its hash and pinned, so a flow keeps its
+//! source while that address is held anywhere; the packet is translated here when this node
+//! holds the address, or carried through Geneve to the node that does. On the holder
+//! (`tc_underlay_egress`, after the load-balancer): other nodes' decapsulated egress traffic is
+//! translated; replies to a held address are translated back and delivered like any pod
+//! traffic (here, or through Geneve); anything else sent to a held address is dropped, so the
+//! node's own sockets never answer on it. XDP answers ARP for held addresses.
+//!
+//! A selected pod's packet is never sent with its own address: no address assigned, an
+//! address held by no programmed node, or a protocol without ports, and it is dropped with
+//! its reason counted.
+
+// Keys are passed to the map helpers by reference on purpose: by value they would be copied
+// to the BPF stack.
+#![expect(
+    clippy::needless_borrows_for_generic_args,
+    reason = "keys stay in per-CPU memory"
+)]
+
+use aya_ebpf::{
+    bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
+    helpers::{bpf_get_hash_recalc, bpf_redirect_neigh},
+    macros::classifier,
+    programs::{TcContext, XdpContext},
+};
+use dataplane_common::{
+    DropReason, Hook, PacketClass,
+    egressip::{
+        EGRESS_ACTIVE_HOLDER, EGRESS_ACTIVE_PODS, EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT,
+        EGRESS_HELD_HERE, EGRESS_PORT_MAX, EGRESS_PORT_MIN, EgressHolder, MAX_EGRESS_IPS_PER_POD,
+    },
+    overlay::Addr,
+};
+
+use crate::{
+    copy::{copy_addr, copy_bytes},
+    lb,
+    maps::{
+        EGRESS_ACTIVE, EGRESS_CT, EGRESS_INTERNAL, EGRESS_IPS, EGRESS_PODS, EGRESS_SCRATCH,
+        EGRESS_SNAT, PARSED,
+    },
+    overlay,
+    parse::{ETH_P_ARP, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
+    stats::{count_drop, count_outcome},
+    work::{EgressWork, Parsed},
+};
+
+const ETH_LEN: usize = 14;
+/// Ports tried on the egress address for a new flow: its own, then spread over the range.
+const PORT_ATTEMPTS: u32 = 4;
+
+/// The `EGRESS_ACTIVE_*` bits (zero: no egress IP concerns this node).
+#[inline(always)]
+pub fn active() -> u32 {
+    EGRESS_ACTIVE.get(0).copied().unwrap_or(0)
+}
+
+/// Whether a local pod is selected by an EgressIP (the pod stage hands on to
+/// `tc_from_pod_egress` then).
+#[inline(always)]
+pub fn pods_selected() -> bool {
+    active() & EGRESS_ACTIVE_PODS != 0
+}
+
+/// Whether this node may hold egress addresses (the underlay stages look further then).
+#[inline(always)]
+pub fn holder() -> bool {
+    active() & EGRESS_ACTIVE_HOLDER != 0
+}
+
+/// Whether this node translates the traffic of the pod `src` (Geneve from another node whose
+/// inner destination is no local pod is accepted for it).
+#[inline(always)]
+pub fn translates_for(src: &Addr) -> bool {
+    // SAFETY: only presence is checked.
+    unsafe { EGRESS_SNAT.get(src) }.is_some()
+}
+
+#[classifier]
+pub fn tc_from_pod_egress(ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0) else {
+        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        return TC_ACT_SHOT;
+    };
+    finish(Hook::FromPod, from_pod(&ctx, parsed))
+}
+
+#[classifier]
+pub fn tc_underlay_egress(ctx: TcContext) -> i32 {
+    let Some(parsed) = PARSED.get(0) else {
+        return TC_ACT_OK;
+    };
+    finish(Hook::UnderlayTc, from_underlay(&ctx, parsed))
+}
+
+/// Counts what a stage did and returns its verdict.
+#[inline(always)]
+fn finish(hook: Hook, done: Result<(i32, Option<PacketClass>), DropReason>) -> i32 {
+    match done {
+        Ok((verdict, outcome)) => {
+            if let Some(outcome) = outcome {
+                count_outcome(hook, outcome);
+            }
+            verdict
+        }
+        Err(reason) => {
+            count_drop(hook, reason);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// This CPU's working set.
+#[inline(always)]
+fn work() -> Result<&'static mut EgressWork, DropReason> {
+    let w = EGRESS_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::ScratchUnavailable)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    Ok(unsafe { &mut *w })
+}
+
+/// Fills `w.flow` with the packet's addresses, ports and protocol; false when it is no
+/// untagged IP packet with its header in the linear data.
+#[inline(always)]
+fn read_flow(ctx: &TcContext, parsed: &Parsed, w: &mut EgressWork) -> bool {
+    if parsed.l3_offset != ETH_LEN {
+        return false;
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    if !read_addresses(ctx, ipv4, &mut w.flow.src, &mut w.flow.dst) {
+        return false;
+    }
+    w.flow.src_port_be = parsed.src_port;
+    w.flow.dst_port_be = parsed.dst_port;
+    w.flow.protocol = parsed.protocol;
+    w.ipv4 = ipv4 as u8;
+    true
+}
+
+/// Whether `addr` lies inside the cluster: a cluster or service network, or a node address.
+#[inline(always)]
+fn internal(w: &mut EgressWork, addr_is_dst: bool) -> bool {
+    w.lpm.prefix_len = 128;
+    if addr_is_dst {
+        copy_addr(&mut w.lpm.data, &w.flow.dst);
+    } else {
+        copy_addr(&mut w.lpm.data, &w.flow.src);
+    }
+    EGRESS_INTERNAL.get(&w.lpm).is_some()
+}
+
+/// A pod's packet on its own node.
+#[inline(always)]
+fn from_pod(
+    ctx: &TcContext,
+    parsed: &Parsed,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    let w = work()?;
+    if !read_flow(ctx, parsed, w) {
+        return Ok((TC_ACT_OK, None));
+    }
+    // SAFETY: read before this program run ends; the agent replaces values whole.
+    let Some(pod) = (unsafe { EGRESS_PODS.get(&w.flow.src) }) else {
+        return Ok((TC_ACT_OK, None));
+    };
+    if internal(w, true) {
+        return Ok((TC_ACT_OK, None));
+    }
+    if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
+        return Err(DropReason::EgressIpProtocol);
+    }
+    // The flow's pinned address, as long as some node holds it; else one chosen by its hash.
+    w.flow.direction = EGRESS_CT_CHOSEN;
+    let pinned = match unsafe { EGRESS_CT.get(&w.flow) } {
+        // SAFETY: only presence is checked.
+        Some(chosen) if unsafe { EGRESS_IPS.get(&chosen.addr) }.is_some() => {
+            copy_addr(&mut w.egress, &chosen.addr);
+            true
+        }
+        _ => false,
+    };
+    if !pinned {
+        let count = pod.count as usize;
+        if count == 0 {
+            return Err(DropReason::EgressIpUnassigned);
+        }
+        // SAFETY: plain helper call on our own context.
+        let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) } as usize;
+        let index = hash % count.min(MAX_EGRESS_IPS_PER_POD);
+        // Read back opaquely: the compiler knows the bound and would drop the check the
+        // verifier needs to bound the offset.
+        // SAFETY: a volatile read of a local.
+        let index = unsafe { core::ptr::read_volatile(&index) };
+        let Some(chosen) = pod.ips.get(index) else {
+            return Err(DropReason::EgressIpUnassigned);
+        };
+        copy_addr(&mut w.egress, chosen);
+        copy_addr(&mut w.value.addr, chosen);
+        // Best effort: without the pin the next packet chooses the same by the same hash.
+        let _ = EGRESS_CT.insert(&w.flow, &w.value, 0);
+    }
+    // SAFETY: read before this program run ends.
+    let Some(holder) = (unsafe { EGRESS_IPS.get(&w.egress) }) else {
+        return Err(DropReason::EgressIpUnassigned);
+    };
+    if holder.flags & EGRESS_HELD_HERE != 0 {
+        return translate_out(ctx, parsed, w);
+    }
+    reroute(ctx, holder)
+}
+
+/// Carries a pod's packet through Geneve to the node holding its egress address.
+#[inline(always)]
+fn reroute(
+    ctx: &TcContext,
+    holder: &EgressHolder,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
+    let verdict = overlay::encapsulate(ctx, config, &holder.node).into_value()? as i32;
+    Ok((verdict, Some(PacketClass::EgressRerouted)))
+}
+
+/// What arrives on the underlay and the load-balancer left alone.
+#[inline(always)]
+fn from_underlay(
+    ctx: &TcContext,
+    parsed: &Parsed,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    let w = work()?;
+    if !read_flow(ctx, parsed, w) {
+        return Ok((TC_ACT_OK, None));
+    }
+    // SAFETY: only the flags are read, before this program run ends.
+    if let Some(held) = unsafe { EGRESS_IPS.get(&w.flow.dst) }
+        && held.flags & EGRESS_HELD_HERE != 0
+    {
+        return translate_in(ctx, parsed, w);
+    }
+    // SAFETY: copied out at once.
+    if let Some(egress) = unsafe { EGRESS_SNAT.get(&w.flow.src) } {
+        copy_addr(&mut w.egress, egress);
+        if internal(w, true) {
+            return Ok((TC_ACT_OK, None));
+        }
+        if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
+            return Err(DropReason::EgressIpProtocol);
+        }
+        return translate_out(ctx, parsed, w);
+    }
+    // Another node's pod bound for outside, and this node does not translate for it: it
+    // came here as egress traffic and must not leave as the pod.
+    if overlay::remote_endpoint(parsed.ether_type, &w.flow.src).is_some() && !internal(w, true) {
+        return Err(DropReason::EgressIpNotHere);
+    }
+    Ok((TC_ACT_OK, None))
+}
+
+/// Gives the packet the egress address `w.egress` (and a port free on it) as its source and
+/// sends it out of the underlay.
+#[inline(always)]
+fn translate_out(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    w: &mut EgressWork,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    w.flow.direction = EGRESS_CT_OUT;
+    // SAFETY: copied out at once.
+    let tracked = match unsafe { EGRESS_CT.get(&w.flow) } {
+        Some(out) if out.addr == w.egress => {
+            w.port = out.port_be;
+            true
+        }
+        _ => false,
+    };
+    if !tracked {
+        claim_port(w)?;
+        copy_addr(&mut w.value.addr, &w.egress);
+        w.value.port_be = w.port;
+        w.flow.direction = EGRESS_CT_OUT;
+        EGRESS_CT
+            .insert(&w.flow, &w.value, 0)
+            .map_err(|_| DropReason::EgressIpPortsExhausted)?;
+    }
+    lb::rewrite_address(
+        ctx,
+        parsed,
+        true,
+        w.ipv4 != 0,
+        &w.flow.src,
+        &w.egress,
+        w.flow.src_port_be,
+        w.port,
+    )?;
+    send_out()?;
+    Ok((TC_ACT_REDIRECT, Some(PacketClass::EgressSnat)))
+}
+
+/// Finds a source port free on `w.egress` towards the flow's destination and records the
+/// reply direction under it: the flow's own port first, then ports of the range spread by the
+/// flow. The address is no address of the node's, so only other translated flows compete.
+#[inline(always)]
+fn claim_port(w: &mut EgressWork) -> Result<(), DropReason> {
+    copy_addr(&mut w.reply.src, &w.flow.dst);
+    copy_addr(&mut w.reply.dst, &w.egress);
+    w.reply.src_port_be = w.flow.dst_port_be;
+    w.reply.protocol = w.flow.protocol;
+    w.reply.direction = EGRESS_CT_IN;
+    copy_addr(&mut w.value.addr, &w.flow.src);
+    w.value.port_be = w.flow.src_port_be;
+    let s = &w.flow.src;
+    let seed = u32::from_ne_bytes([s[12], s[13], s[14], s[15]])
+        ^ (u16::from_ne_bytes(w.flow.src_port_be) as u32) << 16;
+    let seed = seed.wrapping_mul(0x9e37_79b1);
+    const RANGE: u32 = (EGRESS_PORT_MAX - EGRESS_PORT_MIN) as u32 + 1;
+    for attempt in 0..PORT_ATTEMPTS {
+        let port = if attempt == 0 {
+            w.flow.src_port_be
+        } else {
+            let offset = seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % RANGE;
+            (EGRESS_PORT_MIN + offset as u16).to_be_bytes()
+        };
+        w.reply.dst_port_be = port;
+        if EGRESS_CT
+            .insert(&w.reply, &w.value, BPF_NOEXIST as u64)
+            .is_ok()
+        {
+            w.port = port;
+            return Ok(());
+        }
+    }
+    Err(DropReason::EgressIpPortsExhausted)
+}
+
+/// A reply to an egress address held here: the pod's address and port back, then delivered
+/// as the overlay delivers to pods (here, or through Geneve to the pod's node).
+#[inline(always)]
+fn translate_in(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    w: &mut EgressWork,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    w.flow.direction = EGRESS_CT_IN;
+    // SAFETY: copied out at once.
+    let Some(pod) = (unsafe { EGRESS_CT.get(&w.flow) }) else {
+        return Err(DropReason::EgressIpNoFlow);
+    };
+    copy_addr(&mut w.value.addr, &pod.addr);
+    w.port = pod.port_be;
+    lb::rewrite_address(
+        ctx,
+        parsed,
+        false,
+        w.ipv4 != 0,
+        &w.flow.dst,
+        &w.value.addr,
+        w.flow.dst_port_be,
+        w.port,
+    )?;
+    count_outcome(Hook::UnderlayTc, PacketClass::EgressReverseNat);
+    match overlay::from_pod(ctx, parsed, false).result()? {
+        Some((verdict, outcome)) => Ok((verdict as i32, Some(outcome))),
+        // The pod is gone from the cluster's pod networks.
+        None => Err(DropReason::EgressIpNoFlow),
+    }
+}
+
+/// Sends a translated packet out of the underlay towards its destination's next hop (the
+/// kernel resolves both). Its source is no address of this node, which the stack would not
+/// forward from a pod's veth.
+#[inline(always)]
+fn send_out() -> Result<(), DropReason> {
+    let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
+    // SAFETY: a null parameter block asks the kernel to do its own FIB lookup.
+    let verdict = unsafe { bpf_redirect_neigh(config.underlay_ifindex, core::ptr::null_mut(), 0, 0) };
+    if verdict != TC_ACT_REDIRECT as i64 {
+        return Err(DropReason::EgressIpRewriteFailed);
+    }
+    Ok(())
+}
+
+/// XDP on the underlay: answers an ARP request for an egress address held here with the
+/// underlay's MAC (the node has no such address of its own, so nothing else answers).
+/// `None`: not such a request.
+#[inline(always)]
+pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
+    const ARP_LEN: usize = 28;
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + ETH_LEN + ARP_LEN > end {
+        return None;
+    }
+    let frame = start as *mut [u8; ETH_LEN + ARP_LEN];
+    // SAFETY: the 42 bytes were bounds-checked just above.
+    let frame = unsafe { &mut *frame };
+    // Untagged Ethernet/IPv4 ARP request.
+    if u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_ARP
+        || frame[14..22] != [0, 1, 8, 0, 6, 4, 0, 1]
+    {
+        return None;
+    }
+    let w = work().ok()?;
+    let mut target = [0u8; 4];
+    target.copy_from_slice(&frame[38..42]);
+    crate::copy::set_ipv4_mapped(&mut w.egress, target);
+    // SAFETY: only the flags are read.
+    let held = unsafe { EGRESS_IPS.get(&w.egress) }?;
+    if held.flags & EGRESS_HELD_HERE == 0 {
+        return None;
+    }
+    let config = overlay::config()?;
+    let mut sender = [0u8; 10];
+    sender.copy_from_slice(&frame[22..32]);
+    // Reply: to the requester, from the underlay's MAC, the target now the sender.
+    frame[20..22].copy_from_slice(&[0, 2]);
+    frame[32..42].copy_from_slice(&sender);
+    frame[22..28].copy_from_slice(&config.underlay_mac);
+    frame[28..32].copy_from_slice(&target);
+    // SAFETY: within the checked frame.
+    unsafe {
+        copy_bytes::<6>(frame.as_mut_ptr(), sender.as_ptr());
+        copy_bytes::<6>(frame[6..].as_mut_ptr(), config.underlay_mac.as_ptr());
+    }
+    count_outcome(Hook::Underlay, PacketClass::EgressArpAnswered);
+    Some(xdp_action::XDP_TX)
+}

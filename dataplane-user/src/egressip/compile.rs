@@ -1,0 +1,377 @@
+//! What this node's egress maps must hold (pure), from the EgressIP objects' `status.items`
+//! (written by the controller), the cluster's pods and namespaces, and whether this node may
+//! hold addresses right now; and the sync that writes it.
+
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    net::IpAddr,
+};
+
+use aya::maps::{Array, HashMap, LpmTrie, MapData};
+use dataplane_common::{
+    egressip::{
+        EGRESS_ACTIVE_HOLDER, EGRESS_ACTIVE_PODS, EGRESS_HELD_HERE, EgressHolder, EgressPod,
+        MAX_EGRESS_IPS_PER_POD,
+    },
+    maps,
+    overlay::Addr,
+};
+use ipnet::IpNet;
+use k8s_openapi::api::core::v1::Namespace;
+
+use super::EgressIP;
+use crate::{
+    AgentError, Dataplane,
+    acl::policy::{PolicyPod, namespace_labels, selects},
+    overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash},
+};
+
+/// Everything the egress maps are compiled from.
+#[derive(Clone, Debug, Default)]
+pub struct EgressInputs {
+    pub objects: Vec<EgressIP>,
+    /// Every pod-network pod of the cluster.
+    pub pods: Vec<PolicyPod>,
+    pub namespaces: Vec<Namespace>,
+    pub nodes: Vec<NodeView>,
+    pub cluster_networks: Vec<IpNet>,
+    pub service_networks: Vec<IpNet>,
+    pub this_node: String,
+    /// Names of this node's pods (`namespace/name`).
+    pub local_pods: BTreeSet<String>,
+}
+
+/// The egress maps' contents.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct EgressMaps {
+    pub pods: BTreeMap<Addr, EgressPod>,
+    pub ips: BTreeMap<Addr, EgressHolder>,
+    pub snat: BTreeMap<Addr, Addr>,
+    pub internal: BTreeMap<(u32, Addr), u32>,
+    pub active: u32,
+    /// The addresses this node holds (answers ARP for, translates to).
+    pub held: BTreeSet<IpAddr>,
+}
+
+/// One selected pod: its addresses, the object selecting it, and whether it runs here.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Selected {
+    pub pod: String,
+    pub object: String,
+    pub addresses: Vec<IpAddr>,
+    pub local: bool,
+}
+
+/// The pods each object selects: a pod selected by two objects goes with the first in claim
+/// order (OVN-Kubernetes leaves that case undefined).
+pub fn selected_pods(inputs: &EgressInputs) -> Vec<Selected> {
+    let labels = namespace_labels(&inputs.namespaces);
+    let mut taken = BTreeSet::new();
+    let mut selected = Vec::new();
+    for object in super::assign::claim_order(&inputs.objects) {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        for pod in &inputs.pods {
+            let mut ns_labels = labels.get(&pod.namespace).cloned().unwrap_or_default();
+            ns_labels
+                .entry("kubernetes.io/metadata.name".into())
+                .or_insert_with(|| pod.namespace.clone());
+            let in_namespace =
+                selects(&object.spec.namespace_selector, &ns_labels).unwrap_or(false);
+            let pod_matches = object
+                .spec
+                .pod_selector
+                .as_ref()
+                .is_none_or(|s| selects(s, &pod.labels).unwrap_or(false));
+            if in_namespace && pod_matches && taken.insert(pod.key()) {
+                selected.push(Selected {
+                    pod: pod.key(),
+                    object: name.clone(),
+                    addresses: pod.addresses.clone(),
+                    local: inputs.local_pods.contains(&pod.key()),
+                });
+            }
+        }
+    }
+    selected
+}
+
+/// The assigned addresses as the objects' status says: (object, address, node), only for
+/// addresses still in the object's spec and nodes that exist, each address once.
+pub fn assigned(inputs: &EgressInputs) -> Vec<(String, IpAddr, String)> {
+    let mut seen = BTreeSet::new();
+    let mut assigned = Vec::new();
+    for object in super::assign::claim_order(&inputs.objects) {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        let spec: BTreeSet<IpAddr> = object
+            .spec
+            .egress_ips
+            .iter()
+            .filter_map(|t| t.parse().ok())
+            .collect();
+        for item in object.status.iter().flat_map(|s| &s.items) {
+            let Ok(ip) = item.egress_ip.parse::<IpAddr>() else {
+                continue;
+            };
+            if spec.contains(&ip)
+                && inputs.nodes.iter().any(|n| n.name == item.node)
+                && seen.insert(ip)
+            {
+                assigned.push((name.clone(), ip, item.node.clone()));
+            }
+        }
+    }
+    assigned
+}
+
+/// This node's egress maps. `may_hold`: whether this node may hold its assigned addresses
+/// now (the controller's probes reach it); without, they are left out altogether, so its
+/// pods' traffic through them is dropped rather than sent to itself or as the pod.
+pub fn compile(inputs: &EgressInputs, may_hold: bool) -> EgressMaps {
+    let mut maps = EgressMaps::default();
+    let assigned = assigned(inputs);
+    let node_address = |node: &str, ip: &IpAddr| {
+        let view = inputs.nodes.iter().find(|n| n.name == node)?;
+        view.addresses
+            .iter()
+            .find(|a| a.is_ipv4() == ip.is_ipv4())
+            .or(view.addresses.first())
+            .copied()
+    };
+    // object -> its live addresses (and whether held here).
+    let mut by_object: BTreeMap<&str, Vec<(IpAddr, bool)>> = BTreeMap::new();
+    for (object, ip, node) in &assigned {
+        let here = node == &inputs.this_node;
+        if here && !may_hold {
+            continue;
+        }
+        let Some(address) = node_address(node, ip) else {
+            continue;
+        };
+        maps.ips.insert(
+            addr16(*ip),
+            EgressHolder {
+                node: endpoint(address),
+                flags: if here { EGRESS_HELD_HERE } else { 0 },
+            },
+        );
+        if here {
+            maps.held.insert(*ip);
+        }
+        by_object.entry(object).or_default().push((*ip, here));
+    }
+    for pod in selected_pods(inputs) {
+        let addresses = by_object.get(pod.object.as_str());
+        for address in &pod.addresses {
+            let family: Vec<&(IpAddr, bool)> = addresses
+                .into_iter()
+                .flatten()
+                .filter(|(ip, _)| ip.is_ipv4() == address.is_ipv4())
+                .collect();
+            if pod.local {
+                let mut entry = EgressPod::default();
+                for (slot, (ip, _)) in family.iter().take(MAX_EGRESS_IPS_PER_POD).enumerate() {
+                    entry.ips[slot] = addr16(*ip);
+                    entry.count += 1;
+                }
+                maps.pods.insert(addr16(*address), entry);
+            }
+            if let Some((ip, _)) = family.iter().find(|(_, here)| *here) {
+                maps.snat.insert(addr16(*address), addr16(*ip));
+            }
+        }
+    }
+    for net in inputs
+        .cluster_networks
+        .iter()
+        .chain(&inputs.service_networks)
+    {
+        maps.internal.insert(prefix_key(net), 1);
+    }
+    for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
+        maps.internal
+            .insert(prefix_key(&IpNet::from(*address)), 1);
+    }
+    if !maps.pods.is_empty() {
+        maps.active |= EGRESS_ACTIVE_PODS;
+    }
+    if !maps.held.is_empty() || !maps.snat.is_empty() {
+        maps.active |= EGRESS_ACTIVE_HOLDER;
+    }
+    maps
+}
+
+/// An LPM key over the 16-byte form (IPv4 prefixes IPv4-mapped: 96 more bits).
+fn prefix_key(net: &IpNet) -> (u32, Addr) {
+    let extra = if net.addr().is_ipv4() { 96 } else { 0 };
+    (
+        u32::from(net.prefix_len()) + extra,
+        addr16(net.network()),
+    )
+}
+
+impl Dataplane {
+    /// Makes the egress maps equal `desired`: the cluster's prefixes and the addresses'
+    /// holders before the translations and the pods that use them, the active bits last (and
+    /// first when they go).
+    pub fn sync_egress(&mut self, desired: &EgressMaps) -> Result<SyncStats, AgentError> {
+        let mut stats = SyncStats::default();
+        let sync_err = |name: &'static str| {
+            move |source| AgentError::Map {
+                name: name.into(),
+                action: "sync",
+                source,
+            }
+        };
+        let mut active: Array<&mut MapData, u32> = self.typed_map(maps::EGRESS_ACTIVE)?;
+        let current = active.get(&0, 0).map_err(sync_err(maps::EGRESS_ACTIVE))?;
+        if current & !desired.active != 0 {
+            active
+                .set(0, current & desired.active, 0)
+                .map_err(sync_err(maps::EGRESS_ACTIVE))?;
+        }
+        let mut internal: LpmTrie<&mut MapData, Addr, u32> =
+            self.typed_map(maps::EGRESS_INTERNAL)?;
+        crate::overlay::sync_lpm(&mut internal, &desired.internal, &mut stats)
+            .map_err(sync_err(maps::EGRESS_INTERNAL))?;
+        let mut ips: HashMap<&mut MapData, Addr, EgressHolder> =
+            self.typed_map(maps::EGRESS_IPS)?;
+        stats.add(sync_hash(&mut ips, &desired.ips).map_err(sync_err(maps::EGRESS_IPS))?);
+        let mut snat: HashMap<&mut MapData, Addr, Addr> = self.typed_map(maps::EGRESS_SNAT)?;
+        stats.add(sync_hash(&mut snat, &desired.snat).map_err(sync_err(maps::EGRESS_SNAT))?);
+        let mut pods: HashMap<&mut MapData, Addr, EgressPod> =
+            self.typed_map(maps::EGRESS_PODS)?;
+        stats.add(sync_hash(&mut pods, &desired.pods).map_err(sync_err(maps::EGRESS_PODS))?);
+        let mut active: Array<&mut MapData, u32> = self.typed_map(maps::EGRESS_ACTIVE)?;
+        if active.get(&0, 0).map_err(sync_err(maps::EGRESS_ACTIVE))? != desired.active {
+            active
+                .set(0, desired.active, 0)
+                .map_err(sync_err(maps::EGRESS_ACTIVE))?;
+            stats.written += 1;
+        }
+        Ok(stats)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::egressip::{EgressIpSpec, EgressIpStatus, EgressIpStatusItem};
+    use dataplane_common::overlay::ipv4_mapped;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+    fn pod(namespace: &str, name: &str, address: &str) -> PolicyPod {
+        PolicyPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            labels: BTreeMap::from([("app".into(), name.into())]),
+            addresses: vec![address.parse().unwrap()],
+            named_ports: BTreeMap::new(),
+        }
+    }
+
+    fn node(name: &str, address: &str, cidr: &str) -> NodeView {
+        NodeView {
+            name: name.into(),
+            addresses: vec![address.parse().unwrap()],
+            pod_cidrs: vec![cidr.parse().unwrap()],
+        }
+    }
+
+    fn inputs(items: &[(&str, &str)]) -> EgressInputs {
+        let mut object = EgressIP::new(
+            "prod",
+            EgressIpSpec {
+                egress_ips: vec!["10.99.0.50".into(), "10.99.0.51".into()],
+                namespace_selector: LabelSelector {
+                    match_labels: Some(BTreeMap::from([(
+                        "kubernetes.io/metadata.name".into(),
+                        "prod".into(),
+                    )])),
+                    ..Default::default()
+                },
+                pod_selector: None,
+            },
+        );
+        object.status = Some(EgressIpStatus {
+            items: items
+                .iter()
+                .map(|(ip, node)| EgressIpStatusItem {
+                    node: (*node).into(),
+                    egress_ip: (*ip).into(),
+                })
+                .collect(),
+        });
+        EgressInputs {
+            objects: vec![object],
+            pods: vec![
+                pod("prod", "web", "10.244.1.2"),
+                pod("prod", "db", "10.244.2.2"),
+                pod("other", "web", "10.244.1.3"),
+            ],
+            namespaces: Vec::new(),
+            nodes: vec![
+                node("node-0", "10.99.0.1", "10.244.1.0/24"),
+                node("node-1", "10.99.0.2", "10.244.2.0/24"),
+            ],
+            cluster_networks: vec!["10.244.0.0/16".parse().unwrap()],
+            service_networks: vec!["10.96.0.0/16".parse().unwrap()],
+            this_node: "node-0".into(),
+            local_pods: BTreeSet::from(["prod/web".into(), "other/web".into()]),
+        }
+    }
+
+    fn a(text: &str) -> Addr {
+        addr16(text.parse().unwrap())
+    }
+
+    #[test]
+    fn local_selected_pods_get_every_assigned_address_and_the_holder_translates_all_of_them()
+    {
+        let maps = compile(
+            &inputs(&[("10.99.0.50", "node-0"), ("10.99.0.51", "node-1")]),
+            true,
+        );
+        assert_eq!(maps.pods.len(), 1, "only the local selected pod");
+        let web = maps.pods[&a("10.244.1.2")];
+        assert_eq!(web.count, 2);
+        assert_eq!(web.ips[..2], [a("10.99.0.50"), a("10.99.0.51")]);
+        assert_eq!(maps.ips[&a("10.99.0.50")].flags, EGRESS_HELD_HERE);
+        assert_eq!(maps.ips[&a("10.99.0.51")].flags, 0);
+        assert_eq!(
+            maps.ips[&a("10.99.0.51")].node.addr,
+            ipv4_mapped([10, 99, 0, 2])
+        );
+        // Both selected pods (this node's and node-1's) are translated here, to the held one.
+        assert_eq!(
+            maps.snat,
+            BTreeMap::from([
+                (a("10.244.1.2"), a("10.99.0.50")),
+                (a("10.244.2.2"), a("10.99.0.50")),
+            ])
+        );
+        assert_eq!(maps.held, BTreeSet::from(["10.99.0.50".parse().unwrap()]));
+        assert_eq!(maps.active, EGRESS_ACTIVE_PODS | EGRESS_ACTIVE_HOLDER);
+        assert!(maps.internal.contains_key(&(96 + 16, a("10.244.0.0"))));
+        assert!(maps.internal.contains_key(&(128, a("10.99.0.2"))));
+    }
+
+    #[test]
+    fn without_status_a_selected_pod_is_held_back_and_without_the_probes_nothing_is_held() {
+        let unassigned = compile(&inputs(&[]), true);
+        assert_eq!(unassigned.pods[&a("10.244.1.2")].count, 0);
+        assert_eq!(unassigned.active, EGRESS_ACTIVE_PODS);
+        let fenced = compile(&inputs(&[("10.99.0.50", "node-0")]), false);
+        assert!(fenced.ips.is_empty() && fenced.snat.is_empty() && fenced.held.is_empty());
+        assert_eq!(fenced.pods[&a("10.244.1.2")].count, 0);
+    }
+
+    #[test]
+    fn status_items_for_unknown_nodes_or_addresses_not_in_the_spec_are_ignored() {
+        let maps = compile(
+            &inputs(&[("10.99.0.50", "node-9"), ("10.99.0.77", "node-0")]),
+            true,
+        );
+        assert!(maps.ips.is_empty());
+        assert_eq!(maps.pods[&a("10.244.1.2")].count, 0);
+    }
+}
