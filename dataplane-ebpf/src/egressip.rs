@@ -156,10 +156,7 @@ fn internal(w: &mut EgressWork, addr_is_dst: bool) -> bool {
 
 /// A pod's packet on its own node.
 #[inline(always)]
-fn from_pod(
-    ctx: &TcContext,
-    parsed: &Parsed,
-) -> Result<(i32, Option<PacketClass>), DropReason> {
+fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(i32, Option<PacketClass>), DropReason> {
     let w = work()?;
     if !read_flow(ctx, parsed, w) {
         return Ok((TC_ACT_OK, None));
@@ -376,7 +373,8 @@ fn translate_in(
 fn send_out() -> Result<(), DropReason> {
     let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
     // SAFETY: a null parameter block asks the kernel to do its own FIB lookup.
-    let verdict = unsafe { bpf_redirect_neigh(config.underlay_ifindex, core::ptr::null_mut(), 0, 0) };
+    let verdict =
+        unsafe { bpf_redirect_neigh(config.underlay_ifindex, core::ptr::null_mut(), 0, 0) };
     if verdict != TC_ACT_REDIRECT as i64 {
         return Err(DropReason::EgressIpRewriteFailed);
     }

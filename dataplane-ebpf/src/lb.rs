@@ -829,7 +829,10 @@ fn rewrite(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch, side: Side) -> S
 /// a TCP or UDP packet with `new_addr`/`new_port`, checksums kept right: the load-balancer's
 /// rewrite, lent to the egress IP stage (one verified copy of it serves both).
 #[inline(always)]
-#[expect(clippy::too_many_arguments, reason = "a translation is these eight things")]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "a translation is these eight things"
+)]
 pub fn rewrite_address(
     ctx: &TcContext,
     parsed: &Parsed,
@@ -849,7 +852,11 @@ pub fn rewrite_address(
     copy_addr(&mut s.new_addr, new_addr);
     s.old_port = old_port;
     s.new_port = new_port;
-    let side = if source { Side::Source } else { Side::Destination };
+    let side = if source {
+        Side::Source
+    } else {
+        Side::Destination
+    };
     let l4 = parsed.l4_offset as u32;
     match lb_rewrite(ctx.skb.skb, s, l4, parsed.protocol as u32, side as u32) {
         0 => Ok(()),

@@ -220,7 +220,11 @@ const ENCAP_BLOCK_V6: usize = 14 + 40 + 8 + 8 + 14;
 
 /// Wraps the packet in Geneve towards `endpoint` and redirects it out of the underlay.
 #[inline(never)]
-pub(crate) fn encapsulate(ctx: &TcContext, config: &OverlayConfig, endpoint: &TunnelEndpoint) -> Stage {
+pub(crate) fn encapsulate(
+    ctx: &TcContext,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+) -> Stage {
     Stage::value(wrap(ctx, config, endpoint).map(|verdict| verdict as u32))
 }
 

@@ -11,9 +11,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{
-        TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_EGRESS, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP,
-    },
+    maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_EGRESS, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP},
 };
 
 use crate::{

@@ -6,9 +6,9 @@
 use dataplane_common::{
     PacketClass,
     acl::{ACL_MAX_LENGTHS, AclAddrKey, AclCtKey, AclPortKey},
+    egressip::EgressCtValue,
     frag::FRAG_NONE,
     lb::{AffinityKey, AffinityValue, CtKey, CtValue, MemberKey, ServiceKey},
-    egressip::EgressCtValue,
     overlay::Addr,
 };
 

@@ -11,6 +11,43 @@
 
 pub mod assign;
 pub mod compile;
+pub mod controller;
+pub mod leader;
+pub mod node;
+
+/// Without an API server, the controller writes the objects' status here, under the manifest
+/// directory (the agents read it; a status in the manifests themselves is replaced by it).
+pub const STATUS_FILE: &str = "egressip-status/status.json";
+
+/// The status file: each object's `status`, by object name.
+pub type StatusFile = std::collections::BTreeMap<String, EgressIpStatus>;
+
+/// The status file under `dir`; `None` when there is none (or it does not parse: it is
+/// written whole by rename, so that means it is not ours).
+pub fn read_status_file(dir: &std::path::Path) -> Option<StatusFile> {
+    let text = std::fs::read_to_string(dir.join(STATUS_FILE)).ok()?;
+    serde_json::from_str(&text).ok()
+}
+
+/// Writes the status file whole (a temporary file renamed over it), so a reader sees the old
+/// or the new one, never a part.
+pub fn write_status_file(dir: &std::path::Path, statuses: &StatusFile) -> std::io::Result<()> {
+    let path = dir.join(STATUS_FILE);
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    let partial = path.with_extension("json.partial");
+    std::fs::write(&partial, serde_json::to_vec_pretty(statuses)?)?;
+    std::fs::rename(&partial, &path)
+}
+
+/// Gives each object the status the file has for it (none when the file names it not).
+pub fn merge_status(objects: &mut [EgressIP], statuses: &StatusFile) {
+    for object in objects {
+        let name = object.metadata.name.as_deref().unwrap_or_default();
+        object.status = statuses.get(name).cloned();
+    }
+}
 
 use std::{collections::BTreeSet, net::IpAddr};
 
@@ -54,6 +91,25 @@ pub struct EgressIpStatusItem {
     pub node: String,
     #[serde(rename = "egressIP")]
     pub egress_ip: String,
+}
+
+/// `ovnKubernetesConfig.egressIPConfig` of the operator's `Network`.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct EgressIpConfig {
+    /// How long a node may go without answering the controller's probes before its
+    /// addresses move (default 1 s; 0 turns the check off).
+    pub reachability_total_timeout_seconds: Option<u32>,
+}
+
+impl EgressIpConfig {
+    /// The reachability timeout; `None` when the check is off.
+    pub fn reachability_timeout(&self) -> Option<std::time::Duration> {
+        match self.reachability_total_timeout_seconds.unwrap_or(1) {
+            0 => None,
+            seconds => Some(std::time::Duration::from_secs(u64::from(seconds))),
+        }
+    }
 }
 
 /// Checks what the API server's schema cannot: the addresses parse and are unique, and the

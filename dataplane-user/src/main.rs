@@ -23,6 +23,7 @@ use dataplane_user::{
         server::{CniPods, Job, NodePods},
         spec::{CniError, code},
     },
+    egressip::{self, compile::EgressInputs, node::EgressNode},
     inspect,
     kubernetes::{self, KubeSource},
     lb,
@@ -170,6 +171,36 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The cluster-wide egress IP controller: assigns each EgressIP address to a node, probes
+    /// the nodes' agents (`/egressip/probe` on their metrics address) and moves the addresses
+    /// of a node that stops answering; writes the objects' status. Run one per cluster (as
+    /// a Deployment; replicas elect a leader on a Lease).
+    Controller {
+        /// The manifest directory (status written to its `egressip-status/status.json`).
+        #[arg(
+            long,
+            conflicts_with = "kubernetes",
+            required_unless_present = "kubernetes"
+        )]
+        manifests: Option<PathBuf>,
+        /// Use the API server (in-cluster service account, KUBECONFIG or ~/.kube/config).
+        #[arg(long)]
+        kubernetes: bool,
+        #[arg(long, requires = "kubernetes")]
+        kubeconfig: Option<PathBuf>,
+        /// The port of the agents' metrics address, where they answer the probes.
+        #[arg(long, default_value_t = 9476)]
+        probe_port: u16,
+        /// Serve the controller's metrics on this address (`GET /metrics`).
+        #[arg(long)]
+        metrics_address: Option<std::net::SocketAddr>,
+        /// The namespace of the leader election Lease.
+        #[arg(long, env = "POD_NAMESPACE", default_value = "dataplane")]
+        lease_namespace: String,
+        /// This replica's name in the Lease (default: the host name).
+        #[arg(long, env = "POD_NAME")]
+        identity: Option<String>,
+    },
     /// Remove every pin under the pin root and the pod tc filters of this network namespace:
     /// detaches the programs and drops all adopted state.
     Cleanup,
@@ -258,6 +289,22 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 },
             )
         }
+        Command::Controller {
+            manifests,
+            kubernetes: _,
+            kubeconfig,
+            probe_port,
+            metrics_address,
+            lease_namespace,
+            identity,
+        } => run_controller(
+            manifests,
+            kubeconfig,
+            probe_port,
+            metrics_address,
+            lease_namespace,
+            identity,
+        ),
         Command::InstallCni { bin_dir, plugin } => {
             let plugin = match plugin {
                 Some(plugin) => plugin,
@@ -403,14 +450,20 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         .context("starting the async runtime")?;
     let mut dataplane = Dataplane::load(pins)?;
     let metrics = Arc::new(Metrics::new(pins));
+    // The egress IP lease is renewed by the controller's probes, on the metrics server.
+    let egress = args
+        .cluster
+        .as_ref()
+        .map(|(_, node)| EgressNode::new(node, &args.underlay));
     if let Some(address) = args.metrics_address {
         // Bound before anything is attached, so a taken port fails the start loudly.
         let listener = runtime.block_on(metrics::bind(address))?;
-        runtime.spawn(metrics::serve(listener, Arc::clone(&metrics)));
+        let lease = egress.as_ref().map(|e| Arc::clone(&e.lease));
+        runtime.spawn(metrics::serve(listener, metrics.clone(), lease));
     }
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
-    if let Some((source, node)) = &args.cluster {
+    if let (Some((source, node)), Some(egress)) = (&args.cluster, egress) {
         preflight::check_forwarding()?;
         dataplane_user::lb::reserve_snat_ports()?;
         let source = match source {
@@ -445,6 +498,8 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             lb: lb::LbState::default(),
             firewalls: None,
             rejected: Vec::new(),
+            egress,
+            egress_status: None,
         };
         let started = Instant::now();
         let synced = runtime.block_on(watched.sync(&mut dataplane));
@@ -534,6 +589,68 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     Ok(())
 }
 
+/// `dataplane controller`: the egress IP controller, until SIGINT or SIGTERM.
+fn run_controller(
+    manifests: Option<PathBuf>,
+    kubeconfig: Option<PathBuf>,
+    probe_port: u16,
+    metrics_address: Option<std::net::SocketAddr>,
+    lease_namespace: String,
+    identity: Option<String>,
+) -> anyhow::Result<()> {
+    use egressip::controller::{self, ControllerMetrics};
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")?;
+    runtime.block_on(async {
+        let figures = Arc::new(std::sync::Mutex::new(ControllerMetrics::new()));
+        if let Some(address) = metrics_address {
+            let listener = metrics::bind(address).await?;
+            tokio::spawn(metrics::serve(listener, figures.clone(), None));
+        }
+        let work = async {
+            match manifests {
+                Some(dir) => {
+                    tracing::info!(dir = %dir.display(), "egress IP controller on manifests");
+                    controller::run_manifests(dir, probe_port, figures).await;
+                    Ok(())
+                }
+                None => {
+                    let client = kubernetes::client(kubeconfig.as_deref()).await?;
+                    let identity = match identity {
+                        Some(identity) => identity,
+                        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
+                            .context("reading the host name")?
+                            .trim()
+                            .to_owned(),
+                    };
+                    tracing::info!(identity, "egress IP controller on the API server");
+                    controller::run_kubernetes(
+                        client,
+                        lease_namespace,
+                        identity,
+                        probe_port,
+                        figures,
+                    )
+                    .await;
+                    Ok::<(), anyhow::Error>(())
+                }
+            }
+        };
+        let mut terminate =
+            signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+        let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
+        tokio::select! {
+            done = work => done,
+            _ = terminate.recv() => Ok(()),
+            _ = interrupt.recv() => Ok(()),
+        }
+    })?;
+    tracing::info!("controller stopping");
+    Ok(())
+}
+
 /// Says that port security does not apply to a veth named on the command line that no pod
 /// of the cluster state claims.
 fn warn_unrestricted(iface: &str) {
@@ -568,6 +685,9 @@ struct Cluster {
     firewalls: Option<FirewallAgent>,
     /// Objects the last sync rejected, by kind (for the metrics).
     rejected: Vec<(&'static str, usize)>,
+    egress: EgressNode,
+    /// Manifest mode: the egress IP status file (size, modification time) as last read.
+    egress_status: Option<(u64, SystemTime)>,
 }
 
 impl Cluster {
@@ -685,8 +805,45 @@ impl Cluster {
             self.rejected.push(("egressfirewall", firewalls));
             self.rejected.push(("networkpolicy", policies));
         }
+        self.sync_egress(dataplane, &state, &model.view)?;
         self.node_pods = node_pods;
         Ok(model.pod_interfaces)
+    }
+
+    /// Gives the egress IP state what this sync read, and applies it.
+    fn sync_egress(
+        &mut self,
+        dataplane: &mut Dataplane,
+        state: &source::ClusterState,
+        view: &overlay::OverlayView,
+    ) -> anyhow::Result<()> {
+        let mut objects = state.egress_ips.clone();
+        if let Source::Manifests { dir, .. } = &self.source {
+            self.egress_status = egress_status_stamp(dir);
+            if let Some(statuses) = egressip::read_status_file(dir) {
+                egressip::merge_status(&mut objects, &statuses);
+            }
+        }
+        let inputs = EgressInputs::from_state(state, objects, &view.nodes, &self.node);
+        let timeout = state.egress_ip_config.reachability_timeout();
+        self.egress.set_inputs(inputs, timeout);
+        self.egress.apply(dataplane)?;
+        Ok(())
+    }
+
+    /// Between syncs: re-reads the controller's status file when it changed and applies the
+    /// egress state as the lease now allows (a lapsed lease withdraws the addresses).
+    fn refresh_egress(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<()> {
+        if let Source::Manifests { dir, .. } = &self.source {
+            let stamp = egress_status_stamp(dir);
+            if stamp != self.egress_status {
+                self.egress_status = stamp;
+                self.egress
+                    .set_status(&egressip::read_status_file(dir).unwrap_or_default());
+            }
+        }
+        self.egress.apply(dataplane)?;
+        Ok(())
     }
 
     fn changed(&self) -> bool {
@@ -703,6 +860,12 @@ impl Cluster {
             tracing::warn!(dir = %dir.display(), %error, "writing this node's pod status");
         }
     }
+}
+
+/// Size and modification time of the egress IP status file under `dir`, if there is one.
+fn egress_status_stamp(dir: &std::path::Path) -> Option<(u64, SystemTime)> {
+    let metadata = std::fs::metadata(dir.join(egressip::STATUS_FILE)).ok()?;
+    Some((metadata.len(), metadata.modified().ok()?))
 }
 
 /// Where the cluster state is read from.
@@ -821,6 +984,9 @@ fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     })
 }
 
+/// How often the agent applies the egress IP lease and status between syncs.
+const EGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// What woke the serving loop.
 enum Event {
     Stop,
@@ -828,6 +994,8 @@ enum Event {
     Cni(Job),
     Firewalls(Wake),
     Tick,
+    /// Time to look at the egress IP lease and status.
+    Egress,
 }
 
 /// Runs until SIGINT or SIGTERM: refreshes the firewalls' DNS names when they are due, writes
@@ -845,6 +1013,8 @@ async fn serve(
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    // A lapsed lease must withdraw the egress IPs well within the controller's margin.
+    let mut egress_tick = tokio::time::interval(EGRESS_TICK);
     loop {
         let firewalls = cluster.as_ref().and_then(|c| c.firewalls.as_ref());
         let wake = async {
@@ -877,6 +1047,7 @@ async fn serve(
             wake = wake => Event::Firewalls(wake),
             _ = source_changed => Event::Tick,
             _ = tick.tick() => Event::Tick,
+            _ = egress_tick.tick() => Event::Egress,
         };
         let Some(cluster) = cluster.as_mut() else {
             if let Event::Stop = event {
@@ -922,6 +1093,11 @@ async fn serve(
                 }
             }
             Event::Tick => {}
+            Event::Egress => {
+                if let Err(error) = cluster.refresh_egress(dataplane) {
+                    tracing::error!(error = format!("{error:#}"), "applying the egress IPs");
+                }
+            }
         }
     }
 }

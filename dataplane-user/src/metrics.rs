@@ -22,7 +22,7 @@ use prometheus_client::{
 };
 use tokio::net::TcpListener;
 
-use crate::{AgentError, Pins, stats, status};
+use crate::{AgentError, Pins, egressip::node::Lease, stats, status};
 
 /// Kinds of object a sync can reject, as the `kind` label says.
 pub const REJECTED_KINDS: &[&str] = &["manifest", "service", "egressfirewall", "networkpolicy"];
@@ -122,6 +122,23 @@ impl Metrics {
     }
 }
 
+/// What an HTTP scrape renders: the agent's or the controller's registry.
+pub trait Exposition: Send + Sync {
+    fn render(&self) -> Result<String, fmt::Error>;
+}
+
+impl Exposition for Metrics {
+    fn render(&self) -> Result<String, fmt::Error> {
+        Metrics::render(self)
+    }
+}
+
+impl<T: Exposition> Exposition for std::sync::Mutex<T> {
+    fn render(&self) -> Result<String, fmt::Error> {
+        self.lock().unwrap_or_else(|p| p.into_inner()).render()
+    }
+}
+
 /// Reads the pinned counters and map fill at each scrape.
 #[derive(Debug)]
 struct PinnedMaps {
@@ -193,8 +210,10 @@ pub async fn bind(address: SocketAddr) -> Result<TcpListener, AgentError> {
     Ok(listener)
 }
 
-/// Serves `GET /metrics` (and `GET /healthz`) on `listener` for as long as the runtime runs.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
+/// Serves `GET /metrics`, `GET /healthz` and, with a lease, the egress IP controller's probe
+/// `GET /egressip/probe?node=<name>&seq=<n>&grant=<ip>,<ip>` (renews the lease; answers with JSON
+/// naming the node and the addresses it holds) on `listener` for as long as the runtime runs.
+pub async fn serve(listener: TcpListener, metrics: Arc<dyn Exposition>, lease: Option<Arc<Lease>>) {
     loop {
         let (stream, _) = match listener.accept().await {
             Ok(accepted) => accepted,
@@ -204,8 +223,10 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
             }
         };
         let metrics = Arc::clone(&metrics);
+        let lease = lease.clone();
         tokio::spawn(async move {
-            let service = service_fn(move |request| answer(request, Arc::clone(&metrics)));
+            let service =
+                service_fn(move |request| answer(request, Arc::clone(&metrics), lease.clone()));
             if let Err(error) = hyper::server::conn::http1::Builder::new()
                 .serve_connection(TokioIo::new(stream), service)
                 .await
@@ -218,7 +239,8 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>) {
 
 async fn answer(
     request: Request<hyper::body::Incoming>,
-    metrics: Arc<Metrics>,
+    metrics: Arc<dyn Exposition>,
+    lease: Option<Arc<Lease>>,
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let reply = |status: StatusCode, content_type: &str, body: String| {
         let mut response = Response::new(Full::new(Bytes::from(body)));
@@ -244,12 +266,51 @@ async fn answer(
             ),
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, PROBE_PATH) if lease.is_some() => {
+            let renewed = lease
+                .as_deref()
+                .map(|lease| renew(lease, request.uri().query().unwrap_or_default()));
+            match renewed {
+                Some(Ok(body)) => reply(StatusCode::OK, "application/json", body),
+                Some(Err(why)) => reply(StatusCode::CONFLICT, "text/plain", format!("{why}\n")),
+                None => reply(StatusCode::NOT_FOUND, "text/plain", String::new()),
+            }
+        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "only /metrics and /healthz\n".into(),
+            "only /metrics, /healthz and /egressip/probe\n".into(),
         ),
     }
+}
+
+/// The egress IP controller's probe.
+pub const PROBE_PATH: &str = "/egressip/probe";
+
+/// Renews `lease` from a probe's query (`node=<name>&seq=<n>&grant=<ip>,<ip>`); the reply as JSON.
+fn renew(lease: &Lease, query: &str) -> Result<String, String> {
+    let mut node = None;
+    let mut seq = None;
+    let mut granted = std::collections::BTreeSet::new();
+    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
+        match key.as_ref() {
+            "node" => node = Some(value.into_owned()),
+            "seq" => seq = value.parse::<u64>().ok(),
+            "grant" => {
+                for text in value.split(',').filter(|t| !t.is_empty()) {
+                    let ip = text
+                        .parse::<std::net::IpAddr>()
+                        .map_err(|_| format!("grant: {text:?} is not an IP address"))?;
+                    granted.insert(ip);
+                }
+            }
+            _ => {}
+        }
+    }
+    let node = node.ok_or("node: missing")?;
+    let seq = seq.ok_or("seq: missing or not a number")?;
+    let reply = lease.renew(&node, seq, granted)?;
+    serde_json::to_string(&reply).map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub struct ClusterState {
     pub service_networks: Vec<IpNet>,
     /// `ovnKubernetesConfig.policyAuditConfig` of that `Network`.
     pub policy_audit: PolicyAuditConfig,
+    /// `ovnKubernetesConfig.egressIPConfig` of that `Network`.
+    pub egress_ip_config: egressip::EgressIpConfig,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -196,6 +198,7 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
                     }
                     let ovn = spec.default_network.ovn_kubernetes_config;
                     state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
+                    state.egress_ip_config = ovn.egress_ip_config.unwrap_or_default();
                     state.network = Some(OvnKubernetesConfig {
                         mtu: ovn.mtu,
                         geneve_port: ovn.geneve_port,
@@ -269,6 +272,8 @@ struct OvnConfigSpec {
     mtu: Option<u32>,
     geneve_port: Option<u16>,
     policy_audit_config: Option<PolicyAuditConfig>,
+    #[serde(rename = "egressIPConfig")]
+    egress_ip_config: Option<egressip::EgressIpConfig>,
 }
 
 #[cfg(test)]

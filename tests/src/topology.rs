@@ -70,6 +70,8 @@ pub struct Topology {
     manifests: Option<PathBuf>,
     /// More `ovnKubernetesConfig` fields for the operator Network (`set_ovn_config`).
     ovn_config_extra: String,
+    /// More metadata fields for each Node object (`set_node_metadata`), by node index.
+    node_metadata_extra: Vec<String>,
 }
 
 /// The address of the host outside the cluster (`Topology::add_external_host`).
@@ -139,6 +141,7 @@ impl Topology {
             namespaces: Vec::new(),
             manifests: None,
             ovn_config_extra: String::new(),
+            node_metadata_extra: Vec::new(),
         };
         let fabric = topology.add_namespace("fab")?;
         topology.fabric = fabric.clone();
@@ -245,6 +248,41 @@ impl Topology {
         Ok(())
     }
 
+    /// Adds `fields` (YAML flow-mapping entries, e.g. `labels: {a: b}`) to every Node's
+    /// metadata, `{ip}` standing for the node's underlay address; rewrites the cluster
+    /// manifest. Overlay mode only.
+    pub fn set_node_metadata(&mut self, fields: &str) -> anyhow::Result<()> {
+        self.node_metadata_extra = vec![format!(", {fields}"); self.nodes.len()];
+        self.rewrite_manifests()
+    }
+
+    /// As [`Topology::set_node_metadata`], for one node (`fields` may be empty).
+    pub fn set_node_metadata_of(&mut self, node: usize, fields: &str) -> anyhow::Result<()> {
+        self.node_metadata_extra
+            .resize(self.nodes.len(), String::new());
+        self.node_metadata_extra[node] = if fields.is_empty() {
+            String::new()
+        } else {
+            format!(", {fields}")
+        };
+        self.rewrite_manifests()
+    }
+
+    /// Writes the cluster manifest again from the topology as it is now.
+    pub fn rewrite_manifests(&self) -> anyhow::Result<()> {
+        let dir = self
+            .manifests
+            .clone()
+            .context("manifests exist in overlay mode only")?;
+        fs::write(dir.join("cluster.yaml"), self.manifests_yaml())?;
+        Ok(())
+    }
+
+    /// The manifest directory (overlay mode).
+    pub fn manifest_dir(&self) -> Option<&std::path::Path> {
+        self.manifests.as_deref()
+    }
+
     /// Moves a pod's object to another Kubernetes namespace (rewriting the cluster manifest);
     /// agents started afterwards see it there. Overlay mode only.
     pub fn set_pod_namespace(
@@ -312,7 +350,7 @@ impl Topology {
         ));
         for node in &self.nodes {
             yaml.push_str(&format!(
-                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}}}\n\
+                "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}{extra}}}\n\
                  spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}, \"{cidr6}\"]}}\n\
                  status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: InternalIP, address: \"{ip6}\"}}, {{type: Hostname, address: {name}}}]}}\n",
                 name = node_name(node.index),
@@ -320,6 +358,11 @@ impl Topology {
                 cidr6 = pod_cidr6(node.index),
                 ip = node.underlay_ip,
                 ip6 = underlay_ip6(node.index),
+                extra = self
+                    .node_metadata_extra
+                    .get(node.index)
+                    .map(|e| e.replace("{ip}", &node.underlay_ip.to_string()))
+                    .unwrap_or_default(),
             ));
             for pod in &node.pods {
                 let mac = crate::packets::mac_text(&pod.mac);

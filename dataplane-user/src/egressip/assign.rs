@@ -283,7 +283,10 @@ mod tests {
         assert_eq!(assignment.problems, []);
         assert_eq!(
             assignment.items["one"],
-            [(ip("10.99.0.50"), "a".into()), (ip("10.99.0.51"), "b".into())]
+            [
+                (ip("10.99.0.50"), "a".into()),
+                (ip("10.99.0.51"), "b".into())
+            ]
         );
         assert_eq!(assignment.items["two"], [(ip("10.99.0.60"), "c".into())]);
     }
@@ -337,12 +340,23 @@ mod tests {
         let assignment = assign(&objects, &nodes, &BTreeMap::new());
         assert_eq!(
             assignment.items["many"],
-            [(ip("10.99.0.50"), "a".into()), (ip("10.99.0.51"), "c".into())]
+            [
+                (ip("10.99.0.50"), "a".into()),
+                (ip("10.99.0.51"), "c".into())
+            ]
         );
         assert_eq!(assignment.problems.len(), 1);
         let problem = &assignment.problems[0];
         assert_eq!(problem.reason, Reason::NoNode);
-        assert!(problem.message.contains("b: not labelled"), "{}", problem.message);
-        assert!(problem.message.contains("a: holds another"), "{}", problem.message);
+        assert!(
+            problem.message.contains("b: not labelled"),
+            "{}",
+            problem.message
+        );
+        assert!(
+            problem.message.contains("a: holds another"),
+            "{}",
+            problem.message
+        );
     }
 }

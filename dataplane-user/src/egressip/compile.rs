@@ -23,7 +23,9 @@ use super::EgressIP;
 use crate::{
     AgentError, Dataplane,
     acl::policy::{PolicyPod, namespace_labels, selects},
+    model::runs_on,
     overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash},
+    source::ClusterState,
 };
 
 /// Everything the egress maps are compiled from.
@@ -39,6 +41,39 @@ pub struct EgressInputs {
     pub this_node: String,
     /// Names of this node's pods (`namespace/name`).
     pub local_pods: BTreeSet<String>,
+}
+
+impl EgressInputs {
+    /// The inputs from a cluster state; `objects` are its EgressIPs with the status in force
+    /// (the manifest mode's status file merged in).
+    pub fn from_state(
+        state: &ClusterState,
+        objects: Vec<EgressIP>,
+        nodes: &[NodeView],
+        this_node: &str,
+    ) -> Self {
+        EgressInputs {
+            objects,
+            pods: PolicyPod::from_pods(&state.pods),
+            namespaces: state.namespaces.clone(),
+            nodes: nodes.to_vec(),
+            cluster_networks: state.cluster_networks.clone(),
+            service_networks: state.service_networks.clone(),
+            this_node: this_node.to_owned(),
+            local_pods: state
+                .pods
+                .iter()
+                .filter(|p| runs_on(p, this_node))
+                .map(|p| {
+                    format!(
+                        "{}/{}",
+                        p.metadata.namespace.as_deref().unwrap_or("default"),
+                        p.metadata.name.as_deref().unwrap_or_default()
+                    )
+                })
+                .collect(),
+        }
+    }
 }
 
 /// The egress maps' contents.
@@ -123,10 +158,10 @@ pub fn assigned(inputs: &EgressInputs) -> Vec<(String, IpAddr, String)> {
     assigned
 }
 
-/// This node's egress maps. `may_hold`: whether this node may hold its assigned addresses
-/// now (the controller's probes reach it); without, they are left out altogether, so its
-/// pods' traffic through them is dropped rather than sent to itself or as the pod.
-pub fn compile(inputs: &EgressInputs, may_hold: bool) -> EgressMaps {
+/// This node's egress maps. `may_hold`: whether this node may hold an address assigned to it
+/// now (a fresh probe of the controller granted it); one it may not is left out altogether,
+/// so traffic through it is dropped rather than sent to itself or as the pod.
+pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> EgressMaps {
     let mut maps = EgressMaps::default();
     let assigned = assigned(inputs);
     let node_address = |node: &str, ip: &IpAddr| {
@@ -141,7 +176,7 @@ pub fn compile(inputs: &EgressInputs, may_hold: bool) -> EgressMaps {
     let mut by_object: BTreeMap<&str, Vec<(IpAddr, bool)>> = BTreeMap::new();
     for (object, ip, node) in &assigned {
         let here = node == &inputs.this_node;
-        if here && !may_hold {
+        if here && !may_hold(ip) {
             continue;
         }
         let Some(address) = node_address(node, ip) else {
@@ -188,8 +223,7 @@ pub fn compile(inputs: &EgressInputs, may_hold: bool) -> EgressMaps {
         maps.internal.insert(prefix_key(net), 1);
     }
     for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
-        maps.internal
-            .insert(prefix_key(&IpNet::from(*address)), 1);
+        maps.internal.insert(prefix_key(&IpNet::from(*address)), 1);
     }
     if !maps.pods.is_empty() {
         maps.active |= EGRESS_ACTIVE_PODS;
@@ -203,10 +237,7 @@ pub fn compile(inputs: &EgressInputs, may_hold: bool) -> EgressMaps {
 /// An LPM key over the 16-byte form (IPv4 prefixes IPv4-mapped: 96 more bits).
 fn prefix_key(net: &IpNet) -> (u32, Addr) {
     let extra = if net.addr().is_ipv4() { 96 } else { 0 };
-    (
-        u32::from(net.prefix_len()) + extra,
-        addr16(net.network()),
-    )
+    (u32::from(net.prefix_len()) + extra, addr16(net.network()))
 }
 
 impl Dataplane {
@@ -238,8 +269,7 @@ impl Dataplane {
         stats.add(sync_hash(&mut ips, &desired.ips).map_err(sync_err(maps::EGRESS_IPS))?);
         let mut snat: HashMap<&mut MapData, Addr, Addr> = self.typed_map(maps::EGRESS_SNAT)?;
         stats.add(sync_hash(&mut snat, &desired.snat).map_err(sync_err(maps::EGRESS_SNAT))?);
-        let mut pods: HashMap<&mut MapData, Addr, EgressPod> =
-            self.typed_map(maps::EGRESS_PODS)?;
+        let mut pods: HashMap<&mut MapData, Addr, EgressPod> = self.typed_map(maps::EGRESS_PODS)?;
         stats.add(sync_hash(&mut pods, &desired.pods).map_err(sync_err(maps::EGRESS_PODS))?);
         let mut active: Array<&mut MapData, u32> = self.typed_map(maps::EGRESS_ACTIVE)?;
         if active.get(&0, 0).map_err(sync_err(maps::EGRESS_ACTIVE))? != desired.active {
@@ -325,11 +355,10 @@ mod tests {
     }
 
     #[test]
-    fn local_selected_pods_get_every_assigned_address_and_the_holder_translates_all_of_them()
-    {
+    fn local_selected_pods_get_every_assigned_address_and_the_holder_translates_all_of_them() {
         let maps = compile(
             &inputs(&[("10.99.0.50", "node-0"), ("10.99.0.51", "node-1")]),
-            true,
+            |_| true,
         );
         assert_eq!(maps.pods.len(), 1, "only the local selected pod");
         let web = maps.pods[&a("10.244.1.2")];
@@ -357,10 +386,10 @@ mod tests {
 
     #[test]
     fn without_status_a_selected_pod_is_held_back_and_without_the_probes_nothing_is_held() {
-        let unassigned = compile(&inputs(&[]), true);
+        let unassigned = compile(&inputs(&[]), |_| true);
         assert_eq!(unassigned.pods[&a("10.244.1.2")].count, 0);
         assert_eq!(unassigned.active, EGRESS_ACTIVE_PODS);
-        let fenced = compile(&inputs(&[("10.99.0.50", "node-0")]), false);
+        let fenced = compile(&inputs(&[("10.99.0.50", "node-0")]), |_| false);
         assert!(fenced.ips.is_empty() && fenced.snat.is_empty() && fenced.held.is_empty());
         assert_eq!(fenced.pods[&a("10.244.1.2")].count, 0);
     }
@@ -369,7 +398,7 @@ mod tests {
     fn status_items_for_unknown_nodes_or_addresses_not_in_the_spec_are_ignored() {
         let maps = compile(
             &inputs(&[("10.99.0.50", "node-9"), ("10.99.0.77", "node-0")]),
-            true,
+            |_| true,
         );
         assert!(maps.ips.is_empty());
         assert_eq!(maps.pods[&a("10.244.1.2")].count, 0);

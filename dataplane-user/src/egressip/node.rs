@@ -1,0 +1,284 @@
+//! This node's side of egress IPs: the lease the controller's probes renew, and applying the
+//! egress maps from the last cluster state and that lease.
+//!
+//! Safety rests on the lease. Each probe names the addresses the controller grants this node
+//! (those the published status gives it). The node holds an address only while the status
+//! gives it the address AND a probe granted it less than the reachability timeout ago. The
+//! controller gives an address to another node only after the old holder said it let go, or
+//! after the timeout (plus a margin) passed since it last granted it: so two nodes never hold
+//! one address, even when a node is cut off and cannot hear that it lost it.
+
+use std::{
+    collections::BTreeSet,
+    net::IpAddr,
+    sync::{Arc, Mutex},
+    time::{Duration, Instant},
+};
+
+use serde::{Deserialize, Serialize};
+
+use super::compile::{EgressInputs, EgressMaps, compile};
+use crate::{AgentError, Dataplane};
+
+/// The probe's answer: which node answered and what it holds now.
+#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub struct ProbeReply {
+    pub node: String,
+    pub held: BTreeSet<IpAddr>,
+}
+
+/// The lease, shared between the HTTP server (renewals) and the agent's loop (holding).
+#[derive(Debug)]
+pub struct Lease {
+    node: String,
+    state: Mutex<LeaseState>,
+}
+
+#[derive(Debug, Default)]
+struct LeaseState {
+    seq: u64,
+    granted: BTreeSet<IpAddr>,
+    renewed: Option<Instant>,
+    held: BTreeSet<IpAddr>,
+}
+
+impl Lease {
+    pub fn new(node: &str) -> Self {
+        Lease {
+            node: node.to_owned(),
+            state: Mutex::new(LeaseState::default()),
+        }
+    }
+
+    /// A probe for `node` granting `granted`; refused (`Err`) when it is meant for another
+    /// node (a probe sent to a reused address renews nothing) or when it is older (`seq`, the
+    /// controller's clock in microseconds) than one already taken: a probe delayed on the way
+    /// must not grant again what a later one took away.
+    pub fn renew(
+        &self,
+        node: &str,
+        seq: u64,
+        granted: BTreeSet<IpAddr>,
+    ) -> Result<ProbeReply, String> {
+        if node != self.node {
+            return Err(format!("this is node {}, not {node}", self.node));
+        }
+        let mut state = self.lock();
+        if seq <= state.seq {
+            return Err(format!("probe {seq} is older than probe {}", state.seq));
+        }
+        state.seq = seq;
+        state.granted = granted;
+        state.renewed = Some(Instant::now());
+        Ok(ProbeReply {
+            node: self.node.clone(),
+            held: state.held.clone(),
+        })
+    }
+
+    /// The addresses this node may hold now: all of them without a timeout (the check is
+    /// off), else those granted by a probe younger than `timeout`.
+    pub fn may_hold(&self, timeout: Option<Duration>) -> Option<BTreeSet<IpAddr>> {
+        let timeout = timeout?;
+        let state = self.lock();
+        Some(match state.renewed {
+            Some(at) if at.elapsed() < timeout => state.granted.clone(),
+            _ => BTreeSet::new(),
+        })
+    }
+
+    pub fn held(&self) -> BTreeSet<IpAddr> {
+        self.lock().held.clone()
+    }
+
+    fn set_held(&self, held: &BTreeSet<IpAddr>) {
+        self.lock().held = held.clone();
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, LeaseState> {
+        // A panic elsewhere cannot leave the lease half-written: its fields are set whole.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// The agent's egress state between syncs.
+pub struct EgressNode {
+    pub lease: Arc<Lease>,
+    underlay: String,
+    inputs: Option<EgressInputs>,
+    timeout: Option<Duration>,
+    applied: Option<EgressMaps>,
+}
+
+impl EgressNode {
+    pub fn new(node: &str, underlay: &str) -> Self {
+        EgressNode {
+            lease: Arc::new(Lease::new(node)),
+            underlay: underlay.to_owned(),
+            inputs: None,
+            timeout: Some(Duration::from_secs(1)),
+            applied: None,
+        }
+    }
+
+    /// The cluster state a sync read; applied at the next [`EgressNode::apply`].
+    pub fn set_inputs(&mut self, inputs: EgressInputs, timeout: Option<Duration>) {
+        self.inputs = Some(inputs);
+        self.timeout = timeout;
+    }
+
+    /// Replaces the objects' status (the controller's status file changed).
+    pub fn set_status(&mut self, statuses: &super::StatusFile) {
+        if let Some(inputs) = &mut self.inputs {
+            super::merge_status(&mut inputs.objects, statuses);
+        }
+    }
+
+    /// Compiles and writes the egress maps when they differ from the last applied, then
+    /// announces the addresses this node newly holds. Cheap when nothing changed: the agent
+    /// calls it often, as the lease ages.
+    pub fn apply(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+        let Some(inputs) = &self.inputs else {
+            return Ok(());
+        };
+        let allowed = self.lease.may_hold(self.timeout);
+        let desired = compile(inputs, |ip| {
+            allowed.as_ref().is_none_or(|allowed| allowed.contains(ip))
+        });
+        if self.applied.as_ref() == Some(&desired) {
+            return Ok(());
+        }
+        let before = self
+            .applied
+            .as_ref()
+            .map(|a| a.held.clone())
+            .unwrap_or_default();
+        // Withdrawn addresses leave the lease's answer only once they left the maps, and new
+        // ones enter it only once they are in: the controller trusts what the reply says.
+        let stats = dataplane.sync_egress(&desired)?;
+        self.lease.set_held(&desired.held);
+        for ip in desired.held.difference(&before) {
+            tracing::info!(egress_ip = %ip, "holding egress IP");
+            if let Err(error) = announce(&self.underlay, *ip) {
+                tracing::warn!(egress_ip = %ip, %error, "announcing egress IP");
+            }
+        }
+        for ip in before.difference(&desired.held) {
+            tracing::info!(egress_ip = %ip, "egress IP released");
+        }
+        tracing::debug!(
+            written = stats.written,
+            deleted = stats.deleted,
+            "egress maps synced"
+        );
+        self.applied = Some(desired);
+        Ok(())
+    }
+}
+
+/// Tells the underlay's hosts that `ip` is now at this node's MAC: a gratuitous ARP request
+/// (sender and target both `ip`), broadcast. IPv6 unsolicited NA is not sent yet.
+fn announce(underlay: &str, ip: IpAddr) -> std::io::Result<()> {
+    let IpAddr::V4(v4) = ip else {
+        return Ok(());
+    };
+    let mac = crate::netdev::mac(underlay)?;
+    let ifindex = crate::preflight::interface_index(underlay)
+        .map_err(|e| std::io::Error::other(e.to_string()))?;
+    let frame = gratuitous_arp(mac, v4.octets());
+    send_frame(ifindex, &frame)
+}
+
+/// An Ethernet broadcast ARP request announcing `ip` at `mac`.
+pub fn gratuitous_arp(mac: [u8; 6], ip: [u8; 4]) -> [u8; 42] {
+    let mut frame = [0u8; 42];
+    frame[0..6].copy_from_slice(&[0xff; 6]);
+    frame[6..12].copy_from_slice(&mac);
+    frame[12..14].copy_from_slice(&0x0806u16.to_be_bytes());
+    // Ethernet, IPv4, 6-byte and 4-byte addresses, request.
+    frame[14..22].copy_from_slice(&[0, 1, 0x08, 0, 6, 4, 0, 1]);
+    frame[22..28].copy_from_slice(&mac);
+    frame[28..32].copy_from_slice(&ip);
+    frame[32..38].copy_from_slice(&[0; 6]);
+    frame[38..42].copy_from_slice(&ip);
+    frame
+}
+
+/// Sends one whole Ethernet frame out of `ifindex` through an AF_PACKET socket.
+fn send_frame(ifindex: u32, frame: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a plain socket(2); the descriptor is owned and closed below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; zero is a valid start.
+    let mut address: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    address.sll_family = libc::AF_PACKET as u16;
+    address.sll_ifindex = ifindex as i32;
+    address.sll_halen = 6;
+    address.sll_addr[..6].copy_from_slice(&frame[..6]);
+    // SAFETY: the frame and the address outlive the call; their lengths are passed.
+    let sent = unsafe {
+        libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&raw const address).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_lease_grants_only_while_fresh_and_only_to_its_node() {
+        let lease = Lease::new("node-1");
+        let ip: IpAddr = "10.99.0.50".parse().unwrap();
+        assert_eq!(
+            lease.may_hold(Some(Duration::from_secs(1))),
+            Some(BTreeSet::new())
+        );
+        assert!(lease.renew("node-2", 1, BTreeSet::from([ip])).is_err());
+        assert_eq!(
+            lease.may_hold(Some(Duration::from_secs(1))),
+            Some(BTreeSet::new())
+        );
+        let reply = lease.renew("node-1", 2, BTreeSet::from([ip])).unwrap();
+        assert_eq!(reply.node, "node-1");
+        assert!(
+            lease.renew("node-1", 1, BTreeSet::new()).is_err(),
+            "a late probe is refused"
+        );
+        assert_eq!(
+            lease.may_hold(Some(Duration::from_secs(1))),
+            Some(BTreeSet::from([ip]))
+        );
+        assert_eq!(
+            lease.may_hold(Some(Duration::ZERO)),
+            Some(BTreeSet::new()),
+            "an expired grant holds nothing"
+        );
+        assert_eq!(lease.may_hold(None), None, "the check off: no limit");
+    }
+
+    #[test]
+    fn the_gratuitous_arp_names_the_address_as_sender_and_target() {
+        let frame = gratuitous_arp([2, 0, 0, 0, 0, 1], [10, 99, 0, 50]);
+        assert_eq!(frame[..6], [0xff; 6]);
+        assert_eq!(frame[12..14], [0x08, 0x06]);
+        assert_eq!(frame[20..22], [0, 1], "a request");
+        assert_eq!(frame[22..28], [2, 0, 0, 0, 0, 1]);
+        assert_eq!(frame[28..32], [10, 99, 0, 50]);
+        assert_eq!(frame[38..42], [10, 99, 0, 50]);
+    }
+}
