@@ -19,6 +19,10 @@ use dataplane_common::{
         CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
         ServiceValue,
     },
+    egressip::{
+        EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EgressCtValue,
+        EgressHolder, EgressPod,
+    },
     maps,
     overlay::{Addr, TunnelEndpoint},
 };
@@ -43,6 +47,9 @@ pub enum Table {
     Firewall,
     /// Local pods' NetworkPolicy sets, and the flows policy allowed.
     Policy,
+    /// Egress IPs: who holds each address, the local pods that leave by them, the pods this
+    /// node translates, and the translated flows.
+    Egressip,
 }
 
 /// A decoded table: column names and rows of cells.
@@ -394,6 +401,7 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
             }
             (vec!["WHAT", "SET / PREFIX", "DECISION", "RULE"], rows)
         }
+        Table::Egressip => (vec!["KIND", "ADDRESS", "EGRESS", "DETAIL"], egress_rows(pins)?),
         Table::Policy => {
             let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
             let mut rows: Vec<Vec<Cell>> = endpoints
@@ -451,6 +459,62 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
 }
 
 /// The address of the live backend `id`, or `gone` when its slot holds another one now.
+/// The egress IP maps as rows: KIND, ADDRESS, EGRESS, DETAIL.
+fn egress_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
+    let mut rows = Vec::new();
+    for (ip, holder) in hash::<Addr, EgressHolder>(pins, maps::EGRESS_IPS, false)? {
+        let held = if holder.flags & EGRESS_HELD_HERE != 0 {
+            "held here (answers ARP, translates)".to_owned()
+        } else {
+            format!("held by node {}", ip_of(&holder.node.addr))
+        };
+        rows.push(vec!["address".into(), ip_of(&ip).to_string().into(), "".into(), held.into()]);
+    }
+    for (pod, entry) in hash::<Addr, EgressPod>(pins, maps::EGRESS_PODS, false)? {
+        let count = (entry.count as usize).min(entry.ips.len());
+        let ips: Vec<String> = entry.ips[..count]
+            .iter()
+            .map(|a| ip_of(a).to_string())
+            .collect();
+        let detail = if ips.is_empty() {
+            "no address assigned: its traffic out is dropped"
+        } else {
+            "local pod, spread per flow"
+        };
+        rows.push(vec![
+            "pod".into(),
+            ip_of(&pod).to_string().into(),
+            Cell::List(ips),
+            detail.into(),
+        ]);
+    }
+    for (pod, ip) in hash::<Addr, Addr>(pins, maps::EGRESS_SNAT, false)? {
+        rows.push(vec![
+            "translated".into(),
+            ip_of(&pod).to_string().into(),
+            ip_of(&ip).to_string().into(),
+            "this node translates it".into(),
+        ]);
+    }
+    for (key, value) in hash::<CtKey, EgressCtValue>(pins, maps::EGRESS_CT, true)? {
+        let flow = format!(
+            "{} -> {} {}",
+            endpoint(&key.src, key.src_port_be),
+            endpoint(&key.dst, key.dst_port_be),
+            protocol(key.protocol)
+        );
+        let (kind, egress) = match key.direction {
+            EGRESS_CT_CHOSEN => ("flow chose", ip_of(&value.addr).to_string()),
+            EGRESS_CT_OUT => ("flow out", endpoint(&value.addr, value.port_be)),
+            EGRESS_CT_IN => ("flow reply", endpoint(&value.addr, value.port_be)),
+            _ => continue,
+        };
+        rows.push(vec![kind.into(), flow.into(), egress.into(), "".into()]);
+    }
+    rows.sort();
+    Ok(rows)
+}
+
 fn endpoint_of(backends: &[Backend], id: u32) -> String {
     backends
         .iter()

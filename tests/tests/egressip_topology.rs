@@ -296,6 +296,38 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
         "a pod of another namespace is not translated"
     );
 
+    // `dataplane inspect egressip` on the holder and on the remote pod's node.
+    let inspect = |agent: &dataplane_tests::topology::Agent| {
+        let out = Command::new(dataplane_binary())
+            .arg("--pin-root")
+            .arg(agent.pins.root())
+            .args(["inspect", "egressip"])
+            .output()
+            .expect("dataplane inspect");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let on_holder = inspect(&agents[0]);
+    let has = |table: &str, words: &[&str]| {
+        table
+            .lines()
+            .any(|l| words.iter().all(|w| l.contains(w)))
+    };
+    assert!(has(&on_holder, &["address", EGRESS_IP, "held here"]), "{on_holder}");
+    assert!(
+        has(&on_holder, &["translated", &prod_remote.ip.to_string(), EGRESS_IP]),
+        "{on_holder}"
+    );
+    assert!(has(&on_holder, &["flow out", &prod_remote.ip.to_string()]), "{on_holder}");
+    let on_remote = inspect(&agents[1]);
+    assert!(
+        has(&on_remote, &["address", EGRESS_IP, "held by node 10.99.0.1"]),
+        "{on_remote}"
+    );
+    assert!(
+        has(&on_remote, &["pod", &prod_remote.ip.to_string(), EGRESS_IP]),
+        "{on_remote}"
+    );
+
     // Only the holder answers ARP for the address.
     assert_eq!(
         arp_answers(&external),
@@ -380,5 +412,271 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
         leaked.is_empty(),
         "pod addresses on the underlay: {leaked:?}"
     );
+    drop(controller);
+}
+
+/// Keeps `count` TCP connections from a pod to the outside host open and asks each, three
+/// times, which source it sees; the sources of each connection in order.
+fn sources_per_connection(
+    pod: &dataplane_tests::topology::Pod,
+    external: &ExternalHost,
+    count: usize,
+) -> Vec<Vec<String>> {
+    let server = "import socket, threading\n\
+                  t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+                  t.bind(('0.0.0.0', 7070)); t.listen(256)\n\
+                  def serve(c, a):\n\
+                  \x20   while c.recv(10): c.sendall(f'{a[0]}\\n'.encode())\n\
+                  while True:\n\
+                  \x20   c, a = t.accept(); threading.Thread(target=serve, args=(c, a), daemon=True).start()\n";
+    let _server = spawn_in(&external.netns, &["python3", "-c", server], "server");
+    thread::sleep(Duration::from_millis(500));
+    let client = format!(
+        "import socket\n\
+         conns = [socket.create_connection(('10.99.0.100', 7070), timeout=5) for _ in range({count})]\n\
+         seen = [[] for _ in conns]\n\
+         for _ in range(3):\n\
+         \x20   for i, c in enumerate(conns):\n\
+         \x20       c.sendall(b'x'); seen[i].append(c.recv(100).decode().strip())\n\
+         for s in seen: print(' '.join(s))\n"
+    );
+    let out = exec_in(&pod.netns, &["python3", "-c", &client]).expect("client");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.split_whitespace().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
+    if !privileged("flows_spread_over_two_egress_ips_and_bad_objects_are_named") {
+        return;
+    }
+    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
+    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
+    topology.set_pod_namespace(2, 0, "prod").expect("namespace");
+    topology
+        .set_node_metadata(
+            "labels: {k8s.ovn.org/egress-assignable: ''}, \
+             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
+        )
+        .expect("node metadata");
+    let external = topology.add_external_host().expect("external host");
+    topology.route_pod_networks(&external).expect("routes");
+    let manifests = topology.manifest_dir().expect("manifests").to_owned();
+    let selector = |namespace: &str| {
+        format!("namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}")
+    };
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            &format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
+                 spec: {{egressIPs: [10.99.0.50, 10.99.0.51], {}}}\n",
+                selector("prod")
+            ),
+        )
+        .expect("egress ip manifest");
+    // Read after the good one (files are read in name order): each loses to it or fails.
+    let bad = [
+        ("dup", "[10.99.0.50]"),
+        ("nosubnet", "[192.168.77.7]"),
+        ("nodeaddr", "[10.99.0.3]"),
+        ("toomany", "[10.99.0.60, 10.99.0.61, 10.99.0.62, 10.99.0.63]"),
+    ];
+    let bad_yaml: Vec<String> = bad
+        .iter()
+        .map(|(name, ips)| {
+            format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\n\
+                 spec: {{egressIPs: {ips}, {}}}\n",
+                selector("nobody")
+            )
+        })
+        .collect();
+    topology
+        .add_manifest("zz-bad.yaml", &bad_yaml.join("---\n"))
+        .expect("bad manifests");
+    // A NodePort whose backend is a selected pod: its answers are replies, not egress.
+    let backend = topology.node(0).pods[0].clone();
+    topology
+        .add_manifest(
+            "nodeport.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: web, namespace: prod}}\n\
+                 spec: {{type: NodePort, clusterIP: 10.96.0.30, clusterIPs: [10.96.0.30], \
+                 ports: [{{port: 80, targetPort: 8080, nodePort: 30090, protocol: TCP}}]}}\n\
+                 ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: web-1, namespace: prod, labels: {{kubernetes.io/service-name: web}}}}\n\
+                 addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+                 endpoints: [{{addresses: [{}], conditions: {{ready: true}}}}]\n",
+                backend.ip
+            ),
+        )
+        .expect("nodeport manifest");
+    topology
+        .add_manifest(
+            "firewall.yaml",
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\nmetadata: {name: default, namespace: prod}\n\
+             spec:\n  egress:\n  - type: Deny\n    to: {cidrSelector: 10.99.0.100/32}\n    ports: [{protocol: TCP, port: 7171}]\n",
+        )
+        .expect("firewall manifest");
+    let metrics = format!("0.0.0.0:{PROBE_PORT}");
+    let agents: Vec<_> = (0..3)
+        .map(|n| {
+            topology
+                .node(n)
+                .start_agent_with(&["--metrics-address", &metrics])
+                .expect("agent")
+        })
+        .collect();
+    let client = topology.node(2).pods[0].clone();
+
+    // No controller yet, so no node holds the addresses: the selected pod's traffic out is
+    // dropped, never sent with its own address.
+    let receiver = UdpReceiver::start(&external);
+    UdpSender::start(&client, 20).finish();
+    let early = receiver.finish();
+    assert!(early.is_empty(), "sent before any node held the address: {early:?}");
+    let counters = agents[2].counters().expect("counters");
+    assert!(
+        counters.drops(dataplane_common::drop::DropReason::EgressIpUnassigned) >= 20,
+        "{counters:?}"
+    );
+
+    let controller = start_controller(&external, &manifests);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        let status = fs::read_to_string(manifests.join("egressip-status/status.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        let assigned = status
+            .as_ref()
+            .and_then(|s| s["prod"]["items"].as_array().map(Vec::len));
+        if assigned == Some(2) || Instant::now() >= deadline {
+            break status.unwrap_or_default();
+        }
+        thread::sleep(Duration::from_millis(50));
+    };
+    let items = |name: &str| -> Vec<(String, String)> {
+        status[name]["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .map(|i| {
+                (
+                    i["egressIP"].as_str().unwrap_or_default().to_owned(),
+                    i["node"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    assert_eq!(
+        items("prod"),
+        [
+            ("10.99.0.50".to_owned(), node_name(0)),
+            ("10.99.0.51".to_owned(), node_name(1))
+        ],
+        "{}",
+        controller.log()
+    );
+    assert_eq!(items("dup"), []);
+    assert_eq!(items("nosubnet"), []);
+    assert_eq!(items("nodeaddr"), []);
+    assert_eq!(items("toomany").len(), 3, "one address per node");
+    let log = controller.log();
+    for expected in [
+        "egressip=\"dup\" egress_ip=10.99.0.50 reason=\"duplicate\"",
+        "egressip=\"nosubnet\" egress_ip=192.168.77.7 reason=\"no_subnet\"",
+        "egressip=\"nodeaddr\" egress_ip=10.99.0.3 reason=\"node_address\"",
+        "egressip=\"toomany\" egress_ip=10.99.0.63 reason=\"no_node\"",
+    ] {
+        assert!(log.contains(expected), "{expected} not in\n{log}");
+    }
+    let scrape = exec_in(
+        &external.netns,
+        &["curl", "-s", "http://127.0.0.1:9477/metrics"],
+    )
+    .expect("scrape");
+    let scrape = String::from_utf8_lossy(&scrape.stdout).into_owned();
+    for (name, reason) in [
+        ("dup", "duplicate"),
+        ("nosubnet", "no_subnet"),
+        ("nodeaddr", "node_address"),
+        ("toomany", "no_node"),
+    ] {
+        assert!(
+            scrape
+                .lines()
+                .any(|l| l.starts_with("dataplane_egressip_unassigned{")
+                    && l.contains(&format!("egressip=\"{name}\""))
+                    && l.contains(&format!("reason=\"{reason}\""))),
+            "{name} {reason} not in\n{scrape}"
+        );
+    }
+    thread::sleep(Duration::from_millis(500));
+
+    // 100 connections from a pod on the third node: spread over both addresses by flow hash,
+    // each keeping its source.
+    let sources = sources_per_connection(&client, &external, 100);
+    assert_eq!(sources.len(), 100);
+    for connection in &sources {
+        assert_eq!(connection.len(), 3);
+        assert!(
+            connection.iter().all(|s| s == &connection[0]),
+            "a connection changed its source: {connection:?}"
+        );
+    }
+    let on_50 = sources.iter().filter(|c| c[0] == "10.99.0.50").count();
+    let on_51 = sources.iter().filter(|c| c[0] == "10.99.0.51").count();
+    println!("100 connections: {on_50} through 10.99.0.50, {on_51} through 10.99.0.51");
+    assert_eq!(on_50 + on_51, 100, "{sources:?}");
+    assert!(on_50 >= 20 && on_51 >= 20, "{on_50} / {on_51}");
+
+    // Pod to pod keeps the pod's address.
+    let _pod_server = dataplane_tests::service_bed::echo_backend(&backend, false).expect("backend");
+    assert_eq!(
+        tcp_answers(&client.netns, &backend.ip.to_string(), 8080, 1).expect("pod to pod"),
+        vec![format!("{} {}", backend.ip, client.ip)]
+    );
+    // Pod to a node's own address keeps the pod's address.
+    let _node_server = echo_server(&topology.node(1).netns, "node-1", false).expect("node server");
+    assert_eq!(
+        tcp_answers(&client.netns, "10.99.0.2", 8080, 1).expect("pod to node"),
+        vec![format!("node-1 {}", client.ip)]
+    );
+    // The namespace's EgressFirewall still judges the selected pod's traffic out: port 7171
+    // of the outside host is denied, although a server listens there.
+    let _denied = spawn_in(
+        &external.netns,
+        &["python3", "-c", "import socket\nt = socket.socket(); t.bind(('0.0.0.0', 7171)); t.listen(8)\nwhile True: t.accept()[0].close()\n"],
+        "denied",
+    );
+    let refused = exec_in(
+        &client.netns,
+        &[
+            "python3",
+            "-c",
+            "import socket\ntry:\n    socket.create_connection(('10.99.0.100', 7171), timeout=1); print('connected')\nexcept OSError as e:\n    print('blocked', e)",
+        ],
+    )
+    .expect("denied connection");
+    let refused = String::from_utf8_lossy(&refused.stdout).into_owned();
+    assert!(refused.starts_with("blocked"), "{refused}");
+
+    // A NodePort from outside to the selected backend, through each node: answered, the
+    // reply untranslated (the client's connection is to the node's address and port).
+    for node in 0..3 {
+        let address = dataplane_tests::topology::underlay_ip(node).to_string();
+        let answers = tcp_answers(&external.netns, &address, 30090, 1)
+            .unwrap_or_else(|e| panic!("NodePort on node {node}: {e:#}"));
+        assert_eq!(answers.len(), 1, "NodePort on node {node}");
+        assert!(answers[0].starts_with(&backend.ip.to_string()), "{answers:?}");
+    }
     drop(controller);
 }

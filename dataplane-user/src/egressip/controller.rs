@@ -192,7 +192,7 @@ impl Controller {
         }
     }
 
-    /// One round: decide, publish what may be published, probe every node with its grants.
+    /// One round: probe every node with its grants, decide, publish what may be published.
     pub async fn round(
         &mut self,
         state: &ClusterState,
@@ -201,6 +201,11 @@ impl Controller {
         let timeout = state.egress_ip_config.reachability_timeout();
         if !self.adopted {
             self.adopt(state);
+        }
+        // Probe first (granting what the status gives each node), so that the decision sees
+        // who answers now: the first round decides on answers, not on silence.
+        if timeout.is_some() {
+            self.probe_all(&state.nodes).await;
         }
         let candidates = candidates(&state.nodes, |node| self.reachable(node, timeout));
         self.note_reachability(&candidates);
@@ -218,9 +223,6 @@ impl Controller {
             tracing::info!(status = ?statuses, "egress IP status published");
             self.last_written = Some(statuses);
             self.record_held();
-        }
-        if timeout.is_some() {
-            self.probe_all(&state.nodes).await;
         }
         Ok(())
     }
@@ -243,7 +245,11 @@ impl Controller {
         for candidate in candidates {
             let silent = candidate.eligible == Err(UNREACHABLE.into());
             if silent && self.silent.insert(candidate.name.clone()) {
-                tracing::warn!(node = candidate.name, "node stopped answering its probes");
+                if self.answered.contains_key(&candidate.name) {
+                    tracing::warn!(node = candidate.name, "node stopped answering its probes");
+                } else {
+                    tracing::warn!(node = candidate.name, "assignable node does not answer its probes");
+                }
             } else if !silent && self.silent.remove(&candidate.name) {
                 tracing::info!(node = candidate.name, "node answers its probes again");
             }
