@@ -14,14 +14,14 @@ use dataplane_common::{
         ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclCtKey, AclCtValue,
         AclEndpoint,
     },
+    egressip::{
+        EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EgressCtValue,
+        EgressHolder, EgressPod,
+    },
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
         CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
         ServiceValue,
-    },
-    egressip::{
-        EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EgressCtValue,
-        EgressHolder, EgressPod,
     },
     maps,
     overlay::{Addr, TunnelEndpoint},
@@ -401,7 +401,10 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
             }
             (vec!["WHAT", "SET / PREFIX", "DECISION", "RULE"], rows)
         }
-        Table::Egressip => (vec!["KIND", "ADDRESS", "EGRESS", "DETAIL"], egress_rows(pins)?),
+        Table::Egressip => (
+            vec!["KIND", "ADDRESS", "EGRESS", "DETAIL"],
+            egress_rows(pins)?,
+        ),
         Table::Policy => {
             let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
             let mut rows: Vec<Vec<Cell>> = endpoints
@@ -468,7 +471,12 @@ fn egress_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
         } else {
             format!("held by node {}", ip_of(&holder.node.addr))
         };
-        rows.push(vec!["address".into(), ip_of(&ip).to_string().into(), "".into(), held.into()]);
+        rows.push(vec![
+            "address".into(),
+            ip_of(&ip).to_string().into(),
+            "".into(),
+            held.into(),
+        ]);
     }
     for (pod, entry) in hash::<Addr, EgressPod>(pins, maps::EGRESS_PODS, false)? {
         let count = (entry.count as usize).min(entry.ips.len());

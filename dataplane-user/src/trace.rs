@@ -8,7 +8,7 @@
 //! goes through `tc_from_pod` (and its tail call); any other source is taken as arriving on the
 //! underlay (`xdp_underlay`, then `tc_underlay` when XDP passes it up). The report lists the
 //! counters each hook hit, the entries the run created in the stateful tables (which backend a
-//! service flow got, policy flows), the verdict, and the packet as it left.
+//! service flow got, policy flows, an egress flow's address and translation), the verdict, and the packet as it left.
 
 use std::{
     collections::BTreeSet,
@@ -58,7 +58,8 @@ pub struct Report {
     pub entry: &'static str,
     pub input: String,
     pub steps: Vec<Step>,
-    /// Entries the run created in the conntrack, affinity and policy tables.
+    /// Entries the run created in the conntrack, affinity, policy and egress IP tables (an
+    /// egress flow's chosen address and its translation).
     pub created: Vec<Created>,
 }
 
@@ -193,6 +194,7 @@ fn stateful_rows(pins: &Pins) -> Result<BTreeSet<(&'static str, String)>, AgentE
         ("conntrack", Table::Conntrack),
         ("affinity", Table::Affinity),
         ("policy", Table::Policy),
+        ("egressip", Table::Egressip),
     ] {
         for row in inspect::read(pins, table)?.rows {
             let cells: Vec<String> = row.iter().map(ToString::to_string).collect();

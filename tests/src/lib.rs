@@ -12,6 +12,7 @@
 
 pub mod capture;
 pub mod cni;
+pub mod egress_bed;
 pub mod fixture;
 pub mod fuzz;
 pub mod netns;

@@ -307,25 +307,76 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     let on_holder = inspect(&agents[0]);
-    let has = |table: &str, words: &[&str]| {
-        table
-            .lines()
-            .any(|l| words.iter().all(|w| l.contains(w)))
-    };
-    assert!(has(&on_holder, &["address", EGRESS_IP, "held here"]), "{on_holder}");
+    let has =
+        |table: &str, words: &[&str]| table.lines().any(|l| words.iter().all(|w| l.contains(w)));
     assert!(
-        has(&on_holder, &["translated", &prod_remote.ip.to_string(), EGRESS_IP]),
+        has(&on_holder, &["address", EGRESS_IP, "held here"]),
         "{on_holder}"
     );
-    assert!(has(&on_holder, &["flow out", &prod_remote.ip.to_string()]), "{on_holder}");
+    assert!(
+        has(
+            &on_holder,
+            &["translated", &prod_remote.ip.to_string(), EGRESS_IP]
+        ),
+        "{on_holder}"
+    );
+    assert!(
+        has(&on_holder, &["flow out", &prod_remote.ip.to_string()]),
+        "{on_holder}"
+    );
     let on_remote = inspect(&agents[1]);
     assert!(
-        has(&on_remote, &["address", EGRESS_IP, "held by node 10.99.0.1"]),
+        has(
+            &on_remote,
+            &["address", EGRESS_IP, "held by node 10.99.0.1"]
+        ),
         "{on_remote}"
     );
     assert!(
         has(&on_remote, &["pod", &prod_remote.ip.to_string(), EGRESS_IP]),
         "{on_remote}"
+    );
+
+    // `dataplane trace`: on the remote pod's node, the flow's chosen address and the Geneve
+    // leg to the holder; on the holder, the translation and the packet leaving as the egress IP.
+    let trace = |node: usize, pod: &dataplane_tests::topology::Pod| {
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", topology.node(node).netns))
+            .arg(dataplane_binary())
+            .arg("--pin-root")
+            .arg(agents[node].pins.root())
+            .args([
+                "trace",
+                "--from",
+                &pod.ip.to_string(),
+                "--to",
+                "10.99.0.100:8080",
+                "--json",
+            ])
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("dataplane trace");
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).expect("JSON")
+    };
+    let rerouted = trace(1, &prod_remote);
+    let text = rerouted.to_string();
+    assert!(text.contains("egress_rerouted"), "{rerouted:#}");
+    assert!(text.contains("geneve vni 1"), "{rerouted:#}");
+    assert!(
+        text.contains("flow chose") && text.contains(EGRESS_IP),
+        "{rerouted:#}"
+    );
+    let translated = trace(0, &prod_local);
+    let text = translated.to_string();
+    assert!(text.contains("egress_snat"), "{translated:#}");
+    assert!(
+        text.contains(&format!("ip {EGRESS_IP} > 10.99.0.100")),
+        "{translated:#}"
     );
 
     // Only the holder answers ARP for the address.
@@ -487,7 +538,10 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
         ("dup", "[10.99.0.50]"),
         ("nosubnet", "[192.168.77.7]"),
         ("nodeaddr", "[10.99.0.3]"),
-        ("toomany", "[10.99.0.60, 10.99.0.61, 10.99.0.62, 10.99.0.63]"),
+        (
+            "toomany",
+            "[10.99.0.60, 10.99.0.61, 10.99.0.62, 10.99.0.63]",
+        ),
     ];
     let bad_yaml: Vec<String> = bad
         .iter()
@@ -542,7 +596,10 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
     let receiver = UdpReceiver::start(&external);
     UdpSender::start(&client, 20).finish();
     let early = receiver.finish();
-    assert!(early.is_empty(), "sent before any node held the address: {early:?}");
+    assert!(
+        early.is_empty(),
+        "sent before any node held the address: {early:?}"
+    );
     let counters = agents[2].counters().expect("counters");
     assert!(
         counters.drops(dataplane_common::drop::DropReason::EgressIpUnassigned) >= 20,
@@ -654,7 +711,11 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
     // of the outside host is denied, although a server listens there.
     let _denied = spawn_in(
         &external.netns,
-        &["python3", "-c", "import socket\nt = socket.socket(); t.bind(('0.0.0.0', 7171)); t.listen(8)\nwhile True: t.accept()[0].close()\n"],
+        &[
+            "python3",
+            "-c",
+            "import socket\nt = socket.socket(); t.bind(('0.0.0.0', 7171)); t.listen(8)\nwhile True: t.accept()[0].close()\n",
+        ],
         "denied",
     );
     let refused = exec_in(
@@ -676,7 +737,10 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
         let answers = tcp_answers(&external.netns, &address, 30090, 1)
             .unwrap_or_else(|e| panic!("NodePort on node {node}: {e:#}"));
         assert_eq!(answers.len(), 1, "NodePort on node {node}");
-        assert!(answers[0].starts_with(&backend.ip.to_string()), "{answers:?}");
+        assert!(
+            answers[0].starts_with(&backend.ip.to_string()),
+            "{answers:?}"
+        );
     }
     drop(controller);
 }

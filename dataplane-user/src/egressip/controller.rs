@@ -248,7 +248,10 @@ impl Controller {
                 if self.answered.contains_key(&candidate.name) {
                     tracing::warn!(node = candidate.name, "node stopped answering its probes");
                 } else {
-                    tracing::warn!(node = candidate.name, "assignable node does not answer its probes");
+                    tracing::warn!(
+                        node = candidate.name,
+                        "assignable node does not answer its probes"
+                    );
                 }
             } else if !silent && self.silent.remove(&candidate.name) {
                 tracing::info!(node = candidate.name, "node answers its probes again");

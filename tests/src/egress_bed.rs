@@ -1,0 +1,85 @@
+//! Egress IP maps for the overlay bed ([`crate::overlay_bed`]): the pod the test frames come
+//! from (10.244.1.2, namespace `default`) selected by one EgressIP whose address 10.99.0.50
+//! is held by this node (a), by node b, or by nobody yet. Compiled by the agent's own code.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use dataplane_user::{
+    acl::policy::PolicyPod,
+    egressip::{
+        EgressIP, EgressIpSpec, EgressIpStatus, EgressIpStatusItem,
+        compile::{EgressInputs, EgressMaps, compile},
+    },
+    overlay::OverlayView,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+
+use crate::packets::SRC_V4;
+
+pub const EGRESS_IP: [u8; 4] = [10, 99, 0, 50];
+
+/// Who holds the egress address.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Holder {
+    /// This node: it translates and sends the packet out of its underlay.
+    Here,
+    /// Node b: this node sends the packet there through Geneve.
+    NodeB,
+    /// No node yet: the selected pod's packets out are dropped.
+    Nobody,
+    /// No EgressIP at all: the maps are empty.
+    NoEgressIp,
+}
+
+/// The egress maps of node a for `holder`.
+pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
+    if holder == Holder::NoEgressIp {
+        return EgressMaps::default();
+    }
+    let address = std::net::Ipv4Addr::from(EGRESS_IP).to_string();
+    let mut object = EgressIP::new(
+        "bench",
+        EgressIpSpec {
+            egress_ips: vec![address.clone()],
+            namespace_selector: LabelSelector {
+                match_labels: Some(BTreeMap::from([(
+                    "kubernetes.io/metadata.name".to_owned(),
+                    "default".to_owned(),
+                )])),
+                ..Default::default()
+            },
+            pod_selector: None,
+        },
+    );
+    let node = match holder {
+        Holder::Here => Some("a"),
+        Holder::NodeB => Some("b"),
+        Holder::Nobody | Holder::NoEgressIp => None,
+    };
+    object.status = Some(EgressIpStatus {
+        items: node
+            .map(|node| EgressIpStatusItem {
+                node: node.to_owned(),
+                egress_ip: address,
+            })
+            .into_iter()
+            .collect(),
+    });
+    let inputs = EgressInputs {
+        objects: vec![object],
+        pods: vec![PolicyPod {
+            namespace: "default".into(),
+            name: "sender".into(),
+            labels: BTreeMap::new(),
+            addresses: vec![std::net::IpAddr::from(SRC_V4)],
+            named_ports: BTreeMap::new(),
+        }],
+        namespaces: Vec::new(),
+        nodes: view.nodes.clone(),
+        cluster_networks: vec!["10.244.0.0/16".parse().expect("cidr")],
+        service_networks: vec!["10.96.0.0/16".parse().expect("cidr")],
+        this_node: view.this_node.clone(),
+        local_pods: BTreeSet::from(["default/sender".to_owned()]),
+    };
+    compile(&inputs, |_| true)
+}
