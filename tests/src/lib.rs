@@ -13,6 +13,7 @@
 pub mod capture;
 pub mod cni;
 pub mod egress_bed;
+pub mod egress_topology;
 pub mod fixture;
 pub mod fuzz;
 pub mod netns;

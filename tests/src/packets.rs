@@ -458,3 +458,14 @@ pub fn delivered(frame: &[u8]) -> Vec<u8> {
     out[6..12].copy_from_slice(&GW_MAC);
     out
 }
+
+/// A TCP segment from the test pod to `dst` port 80, checksums complete (a packet that
+/// leaves the cluster network when `dst` is outside it).
+pub fn ipv4_tcp_to(dst: [u8; 4]) -> Vec<u8> {
+    finish(|o| {
+        eth()
+            .ipv4(SRC_V4, dst, 64)
+            .tcp(40000, 80, 1, 64240)
+            .write(o, PAYLOAD)
+    })
+}

@@ -4,7 +4,7 @@
 //! sync (10,000 services and 100 firewalled namespaces from empty, and one change),
 //! cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN), and the CNI
 //! plugin's ADD latency and the agent's memory per pod (against the reference ptp +
-//! host-local plugins), all from the test bed's benchmark binaries in release mode.
+//! host-local plugins), the egress IP path's cost and failover time, all from the test bed's benchmark binaries in release mode.
 
 #[derive(clap::Args)]
 pub struct Args {
@@ -66,6 +66,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::build_release("dataplane-tests", "udp_blast")?;
     crate::run_testbed("lb_pps", &json)?;
     crate::run_testbed("cni_bench", &json)?;
+    crate::run_testbed("egressip_bench", &json)?;
     let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
     throughput.extend(json);
     crate::run_testbed("throughput", &throughput)
@@ -97,6 +98,10 @@ fn smoke() -> anyhow::Result<()> {
         ("sync_bench", Vec::new()),
         ("lb_pps", args(&["--rounds", "1", "--seconds", "1"])),
         ("cni_bench", args(&["--pods", "10", "--parallel", "5"])),
+        (
+            "egressip_bench",
+            args(&["--rounds", "1", "--singles", "20", "--failovers", "1"]),
+        ),
         ("throughput", args(&["--rounds", "1", "--seconds", "1"])),
     ] {
         crate::run_test_profile("dataplane-tests", binary, &arguments)?;

@@ -1,0 +1,214 @@
+//! A cluster for egress IP tests and benchmarks: overlay nodes and a host outside the cluster
+//! on their underlay, where the egress IP controller runs (`dataplane controller
+//! --manifests`), with the processes that drive and observe it (UDP streams, ARP probes).
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use crate::topology::{ExternalHost, Pod, dataplane_binary, exec_in};
+
+pub const EGRESS_IP: &str = "10.99.0.50";
+pub const PROBE_PORT: u16 = 9476;
+
+/// A process killed on drop, its log kept for the assertion messages.
+pub struct Process {
+    pub child: Child,
+    log: PathBuf,
+}
+
+impl Process {
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn out(&self) -> String {
+        self.log()
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+pub fn start_controller(external: &ExternalHost, manifests: &Path) -> Process {
+    let log = std::env::temp_dir().join(crate::unique_name("controller.log"));
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", external.netns))
+        .arg(dataplane_binary())
+        .arg("controller")
+        .arg("--manifests")
+        .arg(manifests)
+        .args(["--probe-port", &PROBE_PORT.to_string()])
+        .args(["--metrics-address", "127.0.0.1:9477"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("controller log"))
+        .spawn()
+        .expect("spawning the controller");
+    Process { child, log }
+}
+
+/// The node the status file gives the egress IP, waiting up to `wait` for `want` (any node
+/// when `None`) to be it.
+pub fn holder(manifests: &Path, want: Option<&str>, wait: Duration) -> Option<String> {
+    let deadline = Instant::now() + wait;
+    loop {
+        let status = fs::read_to_string(manifests.join("egressip-status/status.json"))
+            .ok()
+            .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
+        let node = status.as_ref().and_then(|s| {
+            s["prod"]["items"]
+                .as_array()?
+                .iter()
+                .find(|i| i["egressIP"] == EGRESS_IP)
+                .and_then(|i| i["node"].as_str())
+                .map(str::to_owned)
+        });
+        if node.is_some() && (want.is_none() || node.as_deref() == want) {
+            return node;
+        }
+        if Instant::now() >= deadline {
+            return node;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The MACs that answer an ARP request for the egress IP from the outside host.
+pub fn arp_answers(external: &ExternalHost) -> Vec<String> {
+    let script = format!(
+        "from scapy.all import *\n\
+         conf.verb = 0\n\
+         answered, _ = srp(Ether(dst='ff:ff:ff:ff:ff:ff')/ARP(pdst='{EGRESS_IP}'), iface='eth0', timeout=0.5, multi=True)\n\
+         print(' '.join(sorted(set(r.hwsrc for _, r in answered))))\n"
+    );
+    let out = exec_in(&external.netns, &["python3", "-c", &script]).expect("scapy arp");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+pub fn underlay_mac(netns: &str) -> String {
+    // `ip`, not /sys: sysfs shows the namespace it was mounted in, not this one.
+    let out = exec_in(netns, &["ip", "-br", "link", "show", "eth0"]).expect("mac");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    text.split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_owned()
+}
+
+/// Asks for the egress IP's MAC every 50 ms from the outside host, keeping every answer set.
+pub struct ArpProber(Process);
+
+impl ArpProber {
+    pub fn start(external: &ExternalHost) -> Self {
+        let script = format!(
+            "from scapy.all import *\n\
+             import sys, time\n\
+             conf.verb = 0\n\
+             while True:\n\
+             \x20   answered, _ = srp(Ether(dst='ff:ff:ff:ff:ff:ff')/ARP(pdst='{EGRESS_IP}'), iface='eth0', timeout=0.05, multi=True)\n\
+             \x20   print(' '.join(sorted(set(r.hwsrc for _, r in answered))), flush=True)\n"
+        );
+        let prober = ArpProber(spawn_in(
+            &external.netns,
+            &["python3", "-c", &script],
+            "arp",
+        ));
+        // Started once it heard its first answer (scapy takes a while to import).
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while prober.0.out().trim().is_empty() && Instant::now() < deadline {
+            thread::sleep(Duration::from_millis(50));
+        }
+        prober
+    }
+
+    /// The answer sets, in order, without the empty ones.
+    pub fn finish(mut self) -> Vec<Vec<String>> {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+        self.0
+            .out()
+            .lines()
+            .map(|l| l.split_whitespace().map(str::to_owned).collect::<Vec<_>>())
+            .filter(|macs| !macs.is_empty())
+            .collect()
+    }
+}
+
+/// Receives UDP on the outside host's port 9999, printing arrival time and source.
+pub struct UdpReceiver(Process);
+
+impl UdpReceiver {
+    pub fn start(external: &ExternalHost) -> Self {
+        let script = "import socket, time\n\
+                      s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+                      s.bind(('0.0.0.0', 9999))\n\
+                      while True:\n\
+                      \x20   data, peer = s.recvfrom(100)\n\
+                      \x20   print(time.time(), peer[0], flush=True)\n";
+        let receiver = UdpReceiver(spawn_in(&external.netns, &["python3", "-c", script], "udp"));
+        thread::sleep(Duration::from_millis(300));
+        receiver
+    }
+
+    /// (arrival time in Unix seconds, source address) per datagram.
+    pub fn finish(mut self) -> Vec<(f64, String)> {
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
+        self.0
+            .out()
+            .lines()
+            .filter_map(|l| {
+                let (at, source) = l.split_once(' ')?;
+                Some((at.parse().ok()?, source.to_owned()))
+            })
+            .collect()
+    }
+}
+
+/// Sends a datagram every 20 ms from a pod to the outside host, `count` in all.
+pub struct UdpSender(Process);
+
+impl UdpSender {
+    pub fn start(pod: &Pod, count: u32) -> Self {
+        let script = format!(
+            "import socket, time\n\
+             s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+             for i in range({count}):\n\
+             \x20   s.sendto(str(i).encode(), ('10.99.0.100', 9999))\n\
+             \x20   time.sleep(0.02)\n"
+        );
+        UdpSender(spawn_in(&pod.netns, &["python3", "-c", &script], "send"))
+    }
+
+    pub fn finish(mut self) {
+        let _ = self.0.child.wait();
+    }
+}
+
+/// Spawns `args` in `netns`, stdout to a file read by [`Process::out`].
+pub fn spawn_in(netns: &str, args: &[&str], what: &str) -> Process {
+    let log = std::env::temp_dir().join(crate::unique_name(what));
+    let child = Command::new("ip")
+        .args(["netns", "exec", netns])
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(fs::File::create(&log).expect("output file"))
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn");
+    Process { child, log }
+}
