@@ -364,6 +364,49 @@ mod tests {
     }
 
     #[test]
+    fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_and_its_lease() {
+        let text = deploy_file("controller.yaml");
+        let roles: Vec<ClusterRole> = objects(&text, "ClusterRole");
+        let mut read = BTreeSet::new();
+        let mut written = BTreeSet::new();
+        for rule in roles[0].rules.iter().flatten() {
+            for group in rule.api_groups.iter().flatten() {
+                for resource in rule.resources.iter().flatten() {
+                    let entry = (group.clone(), resource.clone());
+                    match rule.verbs.as_slice() {
+                        [list, watch] if list == "list" && watch == "watch" => read.insert(entry),
+                        [patch] if patch == "patch" => written.insert(entry),
+                        verbs => panic!("unexpected verbs {verbs:?}"),
+                    };
+                }
+            }
+        }
+        let watched: BTreeSet<(String, String)> = WATCHED
+            .iter()
+            .map(|w| (w.group.to_owned(), w.plural.to_owned()))
+            .collect();
+        assert_eq!(read, watched);
+        assert_eq!(
+            written,
+            BTreeSet::from([("k8s.ovn.org".to_owned(), "egressips/status".to_owned())])
+        );
+        let leases: Vec<k8s_openapi::api::rbac::v1::Role> = objects(&text, "Role");
+        let rule = &leases[0].rules.as_deref().unwrap_or_default()[0];
+        assert_eq!(rule.resources.as_deref(), Some(&["leases".to_owned()][..]));
+        let deployments: Vec<k8s_openapi::api::apps::v1::Deployment> = objects(&text, "Deployment");
+        let pod = deployments[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        let args = pod.containers[0].args.as_deref().unwrap_or_default();
+        assert_eq!(args[..2], ["controller", "--kubernetes"]);
+        // It probes the agents where the DaemonSet serves their metrics.
+        assert!(args.iter().any(|a| a == "--probe-port=9476"), "{args:?}");
+        assert!(deploy_file("daemonset.yaml").contains("--metrics-address=0.0.0.0:9476"));
+    }
+
+    #[test]
     fn the_daemonset_runs_a_privileged_host_network_agent_with_bpffs_on_every_node() {
         let sets: Vec<DaemonSet> = objects(&deploy_file("daemonset.yaml"), "DaemonSet");
         let pod = sets[0]
