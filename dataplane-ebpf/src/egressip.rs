@@ -23,7 +23,7 @@
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
-    helpers::{bpf_get_hash_recalc, bpf_redirect_neigh},
+    helpers::{bpf_get_hash_recalc, bpf_redirect_neigh, bpf_xdp_adjust_tail},
     macros::classifier,
     programs::{TcContext, XdpContext},
 };
@@ -44,7 +44,7 @@ use crate::{
         EGRESS_SNAT, PARSED,
     },
     overlay,
-    parse::{ETH_P_ARP, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
+    parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
     stats::{count_drop, count_outcome},
     work::{EgressWork, Parsed},
 };
@@ -425,3 +425,88 @@ pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
     count_outcome(Hook::Underlay, PacketClass::EgressArpAnswered);
     Some(xdp_action::XDP_TX)
 }
+
+/// Ethernet, IPv6 and ICMPv6 neighbour solicitation up to its target (RFC 4861 4.3).
+const NS_LEN: usize = ETH_LEN + 40 + 24;
+/// The advertisement that answers it: with the target link-layer address option (4.4).
+const NA_LEN: usize = ETH_LEN + 40 + 32;
+
+/// XDP on the underlay: answers a neighbour solicitation for an egress address held here with
+/// a neighbour advertisement carrying the underlay's MAC (solicited, override; to the
+/// solicitor, or to all nodes when it is duplicate address detection from `::`). `None`: not
+/// such a solicitation (one behind extension headers is left to the stack, which ignores it).
+#[inline(never)]
+pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + NS_LEN > end {
+        return None;
+    }
+    // SAFETY: the bytes were bounds-checked just above.
+    let frame = unsafe { &mut *(start as *mut [u8; NS_LEN]) };
+    // Untagged IPv6, ICMPv6 right after the header, hop limit 255, type 135 code 0.
+    if u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_IPV6
+        || frame[20] != IPPROTO_ICMPV6
+        || frame[21] != 255
+        || frame[54] != 135
+        || frame[55] != 0
+    {
+        return None;
+    }
+    let w = work().ok()?;
+    w.egress.copy_from_slice(&frame[62..78]);
+    // SAFETY: only the flags are read.
+    let held = unsafe { EGRESS_IPS.get(&w.egress) }?;
+    if held.flags & EGRESS_HELD_HERE == 0 {
+        return None;
+    }
+    let config = overlay::config()?;
+    let mut solicitor_mac = [0u8; 6];
+    solicitor_mac.copy_from_slice(&frame[6..12]);
+    w.egress_peer.copy_from_slice(&frame[22..38]);
+    let dad = w.egress_peer == [0u8; 16];
+    let delta = NA_LEN as i32 - (end - start) as i32;
+    // SAFETY: ctx is this program's context; the packet is re-checked after.
+    if delta != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
+        return None;
+    }
+    let (start, end) = (ctx.data(), ctx.data_end());
+    if start + NA_LEN > end {
+        return None;
+    }
+    // SAFETY: bounds-checked just above.
+    let frame = unsafe { &mut *(start as *mut [u8; NA_LEN]) };
+    if dad {
+        frame[0..6].copy_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
+        w.egress_peer = ALL_NODES;
+    } else {
+        frame[0..6].copy_from_slice(&solicitor_mac);
+    }
+    frame[6..12].copy_from_slice(&config.underlay_mac);
+    frame[14..22].copy_from_slice(&[0x60, 0, 0, 0, 0, 32, IPPROTO_ICMPV6, 255]);
+    frame[22..38].copy_from_slice(&w.egress);
+    frame[38..54].copy_from_slice(&w.egress_peer);
+    // Solicited and override, unless it answers DAD (no solicitor to confirm to).
+    let flags = if dad { 0x20 } else { 0x60 };
+    frame[54..62].copy_from_slice(&[136, 0, 0, 0, flags, 0, 0, 0]);
+    frame[62..78].copy_from_slice(&w.egress);
+    frame[78] = 2;
+    frame[79] = 1;
+    frame[80..86].copy_from_slice(&config.underlay_mac);
+    // Checksum over the pseudo-header (addresses, length 32, next header 58) and the message.
+    let mut sum: u32 = 32 + IPPROTO_ICMPV6 as u32;
+    let mut i = 22;
+    while i < NA_LEN {
+        sum += u32::from(u16::from_be_bytes([frame[i], frame[i + 1]]));
+        i += 2;
+    }
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    frame[56..58].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    count_outcome(Hook::Underlay, PacketClass::EgressArpAnswered);
+    Some(xdp_action::XDP_TX)
+}
+
+/// ff02::1, where an answer to duplicate address detection goes.
+const ALL_NODES: Addr = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+const IPPROTO_ICMPV6: u8 = 58;

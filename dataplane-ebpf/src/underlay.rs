@@ -44,6 +44,12 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
     {
         return action;
     }
+    if parsed.class == PacketClass::Icmpv6
+        && egressip::holder()
+        && let Some(action) = egressip::answer_ns(&ctx)
+    {
+        return action;
+    }
     // The call into decapsulation only for what looks like Geneve to this node.
     if !overlay::geneve_port(&parsed) {
         return nodeport_fast_path(&ctx, &parsed);

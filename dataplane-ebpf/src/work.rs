@@ -129,6 +129,8 @@ pub struct EgressWork {
     pub(crate) value: EgressCtValue,
     /// The egress address of the packet's flow.
     pub(crate) egress: Addr,
+    /// A neighbour solicitation's source: where its answer goes.
+    pub(crate) egress_peer: Addr,
     /// The flow's source port on the egress address (network byte order).
     pub(crate) port: [u8; 2],
     pub(crate) ipv4: u8,

@@ -1,6 +1,6 @@
 //! Egress IP maps for the overlay bed ([`crate::overlay_bed`]): the pod the test frames come
-//! from (10.244.1.2, namespace `default`) selected by one EgressIP whose address 10.99.0.50
-//! is held by this node (a), by node b, or by nobody yet. Compiled by the agent's own code.
+//! from (10.244.1.2, namespace `default`) selected by one EgressIP whose addresses 10.99.0.50
+//! and fd99::50 are held by this node (a), by node b, or by nobody yet. Compiled by the agent's own code.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -17,6 +17,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use crate::packets::SRC_V4;
 
 pub const EGRESS_IP: [u8; 4] = [10, 99, 0, 50];
+/// The object's IPv6 address, held by the same node (fd99::50).
+pub const EGRESS_IP6: [u8; 16] = [0xfd, 0x99, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x50];
 
 /// Who holds the egress address.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,10 +39,11 @@ pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
         return EgressMaps::default();
     }
     let address = std::net::Ipv4Addr::from(EGRESS_IP).to_string();
+    let address6 = std::net::Ipv6Addr::from(EGRESS_IP6).to_string();
     let mut object = EgressIP::new(
         "bench",
         EgressIpSpec {
-            egress_ips: vec![address.clone()],
+            egress_ips: vec![address.clone(), address6.clone()],
             namespace_selector: LabelSelector {
                 match_labels: Some(BTreeMap::from([(
                     "kubernetes.io/metadata.name".to_owned(),
@@ -58,11 +61,13 @@ pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
     };
     object.status = Some(EgressIpStatus {
         items: node
-            .map(|node| EgressIpStatusItem {
-                node: node.to_owned(),
-                egress_ip: address,
-            })
             .into_iter()
+            .flat_map(|node| {
+                [address.clone(), address6.clone()].map(|egress_ip| EgressIpStatusItem {
+                    node: node.to_owned(),
+                    egress_ip,
+                })
+            })
             .collect(),
     });
     let inputs = EgressInputs {

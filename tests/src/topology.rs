@@ -249,7 +249,7 @@ impl Topology {
     }
 
     /// Adds `fields` (YAML flow-mapping entries, e.g. `labels: {a: b}`) to every Node's
-    /// metadata, `{ip}` standing for the node's underlay address; rewrites the cluster
+    /// metadata, `{ip}` and `{ip6}` standing for the node's underlay addresses; rewrites the cluster
     /// manifest. Overlay mode only.
     pub fn set_node_metadata(&mut self, fields: &str) -> anyhow::Result<()> {
         self.node_metadata_extra = vec![format!(", {fields}"); self.nodes.len()];
@@ -361,7 +361,10 @@ impl Topology {
                 extra = self
                     .node_metadata_extra
                     .get(node.index)
-                    .map(|e| e.replace("{ip}", &node.underlay_ip.to_string()))
+                    .map(|e| {
+                        e.replace("{ip}", &node.underlay_ip.to_string())
+                            .replace("{ip6}", &underlay_ip6(node.index).to_string())
+                    })
                     .unwrap_or_default(),
             ));
             for pod in &node.pods {

@@ -162,6 +162,59 @@ fn the_holder_answers_arp_for_the_egress_ip_and_nothing_else() {
 }
 
 #[test]
+fn the_holder_answers_neighbour_solicitations_for_the_egress_ip() {
+    if !privileged("the_holder_answers_neighbour_solicitations_for_the_egress_ip") {
+        return;
+    }
+    let mut bed = bed_with(Holder::Here);
+    let solicitor = "02:00:00:00:99:64";
+    let underlay = mac(&UNDERLAY_MAC);
+    let cases = [
+        (
+            "with the source link-layer option",
+            format!(
+                "Ether(src='{solicitor}', dst='33:33:ff:00:00:50')/IPv6(src='fd99::64', dst='ff02::1:ff00:50', hlim=255)/\
+                 ICMPv6ND_NS(tgt='fd99::50')/ICMPv6NDOptSrcLLAddr(lladdr='{solicitor}')"
+            ),
+            format!(
+                "Ether(src='{underlay}', dst='{solicitor}')/IPv6(src='fd99::50', dst='fd99::64', hlim=255)/\
+                 ICMPv6ND_NA(tgt='fd99::50', R=0, S=1, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{underlay}')"
+            ),
+        ),
+        (
+            "duplicate address detection, no option",
+            format!(
+                "Ether(src='{solicitor}', dst='33:33:ff:00:00:50')/IPv6(src='::', dst='ff02::1:ff00:50', hlim=255)/\
+                 ICMPv6ND_NS(tgt='fd99::50')"
+            ),
+            format!(
+                "Ether(src='{underlay}', dst='33:33:00:00:00:01')/IPv6(src='fd99::50', dst='ff02::1', hlim=255)/\
+                 ICMPv6ND_NA(tgt='fd99::50', R=0, S=0, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{underlay}')"
+            ),
+        ),
+    ];
+    for (name, request, answer) in cases {
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &build(&request), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_TX, "{name}");
+        assert_eq!(hex(&out.output), hex(&build(&answer)), "{name}");
+    }
+    // Another address, or a hop limit that says it was routed: the stack's.
+    for request in [
+        "Ether(src='02:00:00:00:99:64', dst='33:33:ff:00:00:51')/IPv6(src='fd99::64', dst='ff02::1:ff00:51', hlim=255)/ICMPv6ND_NS(tgt='fd99::51')",
+        "Ether(src='02:00:00:00:99:64', dst='33:33:ff:00:00:50')/IPv6(src='fd99::64', dst='ff02::1:ff00:50', hlim=64)/ICMPv6ND_NS(tgt='fd99::50')",
+    ] {
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &build(request), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS, "{request}");
+    }
+}
+
+#[test]
 fn a_remote_holder_gets_the_packet_through_geneve_unchanged() {
     if !privileged("a_remote_holder_gets_the_packet_through_geneve_unchanged") {
         return;

@@ -545,3 +545,96 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
     }
     drop(controller);
 }
+
+/// The MACs that answer a neighbour solicitation for `ip` from the outside host.
+fn ns_answers(external: &ExternalHost, ip: &str) -> Vec<String> {
+    let script = format!(
+        "from scapy.all import *\n\
+         conf.verb = 0\n\
+         mac = get_if_hwaddr('eth0')\n\
+         ns = Ether(src=mac, dst='33:33:ff:00:00:50')/IPv6(src='fd99::100', dst='ff02::1:ff00:50', hlim=255)/\
+         ICMPv6ND_NS(tgt='{ip}')/ICMPv6NDOptSrcLLAddr(lladdr=mac)\n\
+         answered = srp(ns, iface='eth0', timeout=0.5, multi=True)[0]\n\
+         print(' '.join(sorted(set(r[ICMPv6NDOptDstLLAddr].lladdr for _, r in answered if ICMPv6NDOptDstLLAddr in r))))\n"
+    );
+    let out = exec_in(&external.netns, &["python3", "-c", &script]).expect("scapy ns");
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations() {
+    if !privileged("ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations")
+    {
+        return;
+    }
+    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
+    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
+    topology.set_pod_namespace(2, 0, "prod").expect("namespace");
+    topology
+        .set_node_metadata(
+            "labels: {k8s.ovn.org/egress-assignable: ''}, \
+             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\",\"ipv6\":\"{ip6}/64\"}'}",
+        )
+        .expect("node metadata");
+    let external = topology.add_external_host().expect("external host");
+    exec_in(
+        &external.netns,
+        &["ip", "addr", "add", "fd99::100/64", "dev", "eth0", "nodad"],
+    )
+    .expect("external IPv6");
+    let manifests = topology.manifest_dir().expect("manifests").to_owned();
+    // An object's addresses go to distinct nodes: 10.99.0.50 to node 0, fd99::50 to node 1.
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {name: prod}\n\
+             spec: {egressIPs: [10.99.0.50, 'fd99::50'], namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: prod}}}\n",
+        )
+        .expect("egress ip manifest");
+    let metrics = format!("[::]:{PROBE_PORT}");
+    let agents: Vec<_> = (0..3)
+        .map(|n| {
+            topology
+                .node(n)
+                .start_agent_with(&["--metrics-address", &metrics])
+                .expect("agent")
+        })
+        .collect();
+    let _server = echo_server(&external.netns, "ext", true).expect("IPv6 server outside");
+    let controller = start_controller(&external, &manifests);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let status =
+            fs::read_to_string(manifests.join("egressip-status/status.json")).unwrap_or_default();
+        if status.contains("fd99::50") || Instant::now() >= deadline {
+            assert!(
+                status.contains("fd99::50"),
+                "{status}\n{}",
+                controller.log()
+            );
+            break;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    thread::sleep(Duration::from_millis(500));
+    // Only the holder answers for the address (the gratuitous NA went out when it took it).
+    assert_eq!(
+        ns_answers(&external, "fd99::50"),
+        vec![underlay_mac(&topology.node(1).netns)]
+    );
+    for node in [0, 2] {
+        let pod = topology.node(node).pods[0].clone();
+        let answers = tcp_answers(&pod.netns, "fd99::100", 8080, 2).unwrap_or_else(|e| {
+            let counters: Vec<String> = agents
+                .iter()
+                .map(|a| format!("{:?}", a.counters().map(|c| c.drops)))
+                .collect();
+            panic!("{} over IPv6: {e:#}\n{counters:#?}", pod.name)
+        });
+        assert_eq!(answers, vec!["ext fd99::50".to_owned(); 2], "{}", pod.name);
+    }
+    drop(controller);
+}

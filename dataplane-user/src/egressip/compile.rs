@@ -225,6 +225,12 @@ pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> Egr
     for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
         maps.internal.insert(prefix_key(&IpNet::from(*address)), 1);
     }
+    // What never leaves the link (neighbour discovery to the pod's gateway, multicast,
+    // link-local) is not egress: it goes its usual way.
+    for net in NOT_EGRESS {
+        let net: IpNet = net.parse().expect("a valid constant prefix");
+        maps.internal.insert(prefix_key(&net), 1);
+    }
     if !maps.pods.is_empty() {
         maps.active |= EGRESS_ACTIVE_PODS;
     }
@@ -233,6 +239,15 @@ pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> Egr
     }
     maps
 }
+
+/// Destinations that are never egress, whatever the cluster's networks.
+const NOT_EGRESS: [&str; 5] = [
+    "169.254.0.0/16",
+    "224.0.0.0/4",
+    "255.255.255.255/32",
+    "fe80::/10",
+    "ff00::/8",
+];
 
 /// An LPM key over the 16-byte form (IPv4 prefixes IPv4-mapped: 96 more bits).
 fn prefix_key(net: &IpNet) -> (u32, Addr) {
@@ -382,6 +397,10 @@ mod tests {
         assert_eq!(maps.active, EGRESS_ACTIVE_PODS | EGRESS_ACTIVE_HOLDER);
         assert!(maps.internal.contains_key(&(96 + 16, a("10.244.0.0"))));
         assert!(maps.internal.contains_key(&(128, a("10.99.0.2"))));
+        assert!(
+            maps.internal.contains_key(&(8, a("ff00::"))),
+            "neighbour discovery"
+        );
     }
 
     #[test]

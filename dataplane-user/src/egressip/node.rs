@@ -177,16 +177,51 @@ impl EgressNode {
 }
 
 /// Tells the underlay's hosts that `ip` is now at this node's MAC: a gratuitous ARP request
-/// (sender and target both `ip`), broadcast. IPv6 unsolicited NA is not sent yet.
+/// (sender and target both `ip`, broadcast), or an unsolicited neighbour advertisement (to
+/// all nodes, override set).
 fn announce(underlay: &str, ip: IpAddr) -> std::io::Result<()> {
-    let IpAddr::V4(v4) = ip else {
-        return Ok(());
-    };
     let mac = crate::netdev::mac(underlay)?;
     let ifindex = crate::preflight::interface_index(underlay)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
-    let frame = gratuitous_arp(mac, v4.octets());
-    send_frame(ifindex, &frame)
+    match ip {
+        IpAddr::V4(v4) => send_frame(ifindex, &gratuitous_arp(mac, v4.octets())),
+        IpAddr::V6(v6) => send_frame(ifindex, &unsolicited_na(mac, v6.octets())),
+    }
+}
+
+/// An unsolicited neighbour advertisement of `ip` at `mac` (RFC 4861 7.2.6): from `ip` to
+/// ff02::1, hop limit 255, override set, with the target link-layer address option.
+pub fn unsolicited_na(mac: [u8; 6], ip: [u8; 16]) -> [u8; 86] {
+    const ALL_NODES: [u8; 16] = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
+    let mut frame = [0u8; 86];
+    frame[0..6].copy_from_slice(&[0x33, 0x33, 0, 0, 0, 1]);
+    frame[6..12].copy_from_slice(&mac);
+    frame[12..14].copy_from_slice(&0x86ddu16.to_be_bytes());
+    frame[14..22].copy_from_slice(&[0x60, 0, 0, 0, 0, 32, 58, 255]);
+    frame[22..38].copy_from_slice(&ip);
+    frame[38..54].copy_from_slice(&ALL_NODES);
+    frame[54..62].copy_from_slice(&[136, 0, 0, 0, 0x20, 0, 0, 0]);
+    frame[62..78].copy_from_slice(&ip);
+    frame[78..80].copy_from_slice(&[2, 1]);
+    frame[80..86].copy_from_slice(&mac);
+    let checksum = icmpv6_checksum(&frame[22..54], &frame[54..]);
+    frame[56..58].copy_from_slice(&checksum.to_be_bytes());
+    frame
+}
+
+/// The ICMPv6 checksum of `message` between the `addresses` (source then destination).
+fn icmpv6_checksum(addresses: &[u8], message: &[u8]) -> u16 {
+    let words = |bytes: &[u8]| -> u32 {
+        bytes
+            .chunks(2)
+            .map(|w| u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)])))
+            .sum()
+    };
+    let mut sum = words(addresses) + message.len() as u32 + 58 + words(message);
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
 }
 
 /// An Ethernet broadcast ARP request announcing `ip` at `mac`.
@@ -269,6 +304,17 @@ mod tests {
             "an expired grant holds nothing"
         );
         assert_eq!(lease.may_hold(None), None, "the check off: no limit");
+    }
+
+    #[test]
+    fn the_unsolicited_na_overrides_with_a_valid_checksum() {
+        let ip: std::net::Ipv6Addr = "fd99::50".parse().unwrap();
+        let frame = unsolicited_na([2, 0, 0, 0, 0, 1], ip.octets());
+        assert_eq!(frame[54], 136);
+        assert_eq!(frame[58], 0x20, "override, not solicited");
+        assert_eq!(frame[62..78], ip.octets());
+        // Summed again with the checksum in place, the message checks out.
+        assert_eq!(icmpv6_checksum(&frame[22..54], &frame[54..]), 0);
     }
 
     #[test]
