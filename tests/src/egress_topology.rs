@@ -61,16 +61,27 @@ pub fn start_controller(external: &ExternalHost, manifests: &Path) -> Process {
 /// The node the status file gives the egress IP, waiting up to `wait` for `want` (any node
 /// when `None`) to be it.
 pub fn holder(manifests: &Path, want: Option<&str>, wait: Duration) -> Option<String> {
+    holder_of(manifests, "prod", EGRESS_IP, want, wait)
+}
+
+/// As [`holder`], for address `ip` of EgressIP `object`.
+pub fn holder_of(
+    manifests: &Path,
+    object: &str,
+    ip: &str,
+    want: Option<&str>,
+    wait: Duration,
+) -> Option<String> {
     let deadline = Instant::now() + wait;
     loop {
         let status = fs::read_to_string(manifests.join("egressip-status/status.json"))
             .ok()
             .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok());
         let node = status.as_ref().and_then(|s| {
-            s["prod"]["items"]
+            s[object]["items"]
                 .as_array()?
                 .iter()
-                .find(|i| i["egressIP"] == EGRESS_IP)
+                .find(|i| i["egressIP"] == ip)
                 .and_then(|i| i["node"].as_str())
                 .map(str::to_owned)
         });

@@ -1,6 +1,7 @@
 //! The main job on its embedded default: simulated nodes in network namespaces, the real agent
 //! on each node, pods created through the CNI plugin as a container runtime creates them, traffic between pods and to a Service, an EgressFirewall letting a
-//! pod reach only one port outside the cluster (with its audit log), a malformed frame
+//! pod reach only one port outside the cluster (with its audit log), an egress IP that one
+//! pod leaves the cluster from (assigned by the egress IP controller), a malformed frame
 //! refused, and what each agent reports. Everything it creates is removed when it ends, also on error.
 
 use std::process::Command;
@@ -8,7 +9,7 @@ use std::process::Command;
 use clap::Parser;
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
-    cni, packets,
+    cni, egress_topology, packets,
     service_bed::{
         ServicePort, cluster_ip_manifests, echo_backend, echo_server, probe, tcp_answers,
     },
@@ -37,6 +38,11 @@ fn main() -> anyhow::Result<()> {
     // A host outside the cluster, and a namespace whose pods may reach only its port 8080.
     let external = topology.add_external_host()?;
     topology.route_pod_networks(&external)?;
+    // Every node may hold egress IPs of its underlay subnet.
+    topology.set_node_metadata(
+        "labels: {k8s.ovn.org/egress-assignable: ''}, \
+         annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
+    )?;
     // The pods as the API server has them before they run: a namespace of their own each,
     // a Pod object (labels, node, no address yet). The plugin wires them once the agents run;
     // the addresses it will give are foreseeable, so the Service and policies can name them.
@@ -117,6 +123,22 @@ fn main() -> anyhow::Result<()> {
         "   namespace restricted ({}): EgressFirewall allows TCP 8080 to {}, denies the rest; audit logged",
         first.pods[0].ip, external.ip
     );
+    // An egress IP for the first pod of node 1: the controller (on the outside host, where
+    // it reaches every node's agent) assigns it to an assignable node; that node translates.
+    let egress_pod = topology.nodes[1].pods[0].clone();
+    topology.add_manifest(
+        "egressip.yaml",
+        &format!(
+            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: demo}}\n\
+             spec: {{egressIPs: [{DEMO_EGRESS_IP}], namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: default}}}}, \
+             podSelector: {{matchLabels: {{pod: {}}}}}}}\n",
+            egress_pod.name
+        ),
+    )?;
+    println!(
+        "   EgressIP demo: {} leaves the cluster as {DEMO_EGRESS_IP}",
+        egress_pod.ip
+    );
     let guarded = topology.nodes[1].pods.last().expect("a pod").clone();
     topology.add_manifest("policy.yaml", &policy_manifest(&guarded.name))?;
     println!(
@@ -132,8 +154,21 @@ fn main() -> anyhow::Result<()> {
     let agents: Vec<Agent> = topology
         .nodes
         .iter()
-        .map(|n| n.start_agent_with(&["--audit-log", &audit_log.to_string_lossy()]))
+        .map(|n| {
+            n.start_agent_with(&[
+                "--audit-log",
+                &audit_log.to_string_lossy(),
+                // Where the egress IP controller probes the agent.
+                "--metrics-address",
+                "0.0.0.0:9476",
+            ])
+        })
         .collect::<anyhow::Result<_>>()?;
+    let manifests = topology.nodes[0]
+        .manifests
+        .clone()
+        .ok_or_else(|| anyhow::anyhow!("no manifest directory"))?;
+    let controller = egress_topology::start_controller(&external, &manifests);
 
     println!(
         "== creating the pods through the CNI plugin (dataplane-cni ADD, run as a container runtime runs it)"
@@ -188,6 +223,12 @@ fn main() -> anyhow::Result<()> {
         if answers.len() == 12 { "" } else { " FAILED" }
     ));
     summary.push(policy_summary(first, &guarded));
+    summary.push(egress_summary(
+        &manifests,
+        &egress_pod,
+        &external.ip.to_string(),
+    ));
+    drop(controller);
     drop(servers);
 
     summary.extend(firewall_summary(
@@ -272,6 +313,36 @@ fn main() -> anyhow::Result<()> {
 }
 
 const SERVICE_IP: &str = "10.96.0.10";
+const DEMO_EGRESS_IP: &str = "10.99.0.50";
+
+/// Where the controller put the demo's egress IP, and what the outside host sees of the pod.
+fn egress_summary(manifests: &std::path::Path, pod: &Pod, external: &str) -> String {
+    let holder = egress_topology::holder_of(
+        manifests,
+        "demo",
+        DEMO_EGRESS_IP,
+        None,
+        std::time::Duration::from_secs(10),
+    );
+    // The holder programs the status within its 100 ms tick.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let answers = tcp_answers(&pod.netns, external, 8080, 2).unwrap_or_default();
+    let seen: Vec<&str> = answers
+        .iter()
+        .filter_map(|a| a.split_whitespace().nth(1))
+        .collect();
+    format!(
+        "egress IP {DEMO_EGRESS_IP} held by {}: {} -> {external} seen as {}{}",
+        holder.as_deref().unwrap_or("nobody"),
+        pod.ip,
+        seen.join(", "),
+        if seen == [DEMO_EGRESS_IP; 2] {
+            ""
+        } else {
+            " FAILED"
+        }
+    )
+}
 
 /// Namespace `restricted` (audit logging on) and its EgressFirewall: TCP 8080 to `external`,
 /// nothing else outside the cluster.
