@@ -200,6 +200,11 @@ enum Command {
         /// This replica's name in the Lease (default: the host name).
         #[arg(long, env = "POD_NAME")]
         identity: Option<String>,
+        /// How long the Lease holds without renewal (the leader renews every third of it). A
+        /// leader that dies stops the probes, so the agents withdraw their egress addresses
+        /// until a standby takes the Lease: this bounds that outage.
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(3..))]
+        lease_duration_seconds: u64,
     },
     /// Remove every pin under the pin root and the pod tc filters of this network namespace:
     /// detaches the programs and drops all adopted state.
@@ -297,13 +302,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             metrics_address,
             lease_namespace,
             identity,
+            lease_duration_seconds,
         } => run_controller(
             manifests,
             kubeconfig,
             probe_port,
             metrics_address,
-            lease_namespace,
-            identity,
+            (lease_namespace, identity, lease_duration_seconds),
         ),
         Command::InstallCni { bin_dir, plugin } => {
             let plugin = match plugin {
@@ -595,10 +600,9 @@ fn run_controller(
     kubeconfig: Option<PathBuf>,
     probe_port: u16,
     metrics_address: Option<std::net::SocketAddr>,
-    lease_namespace: String,
-    identity: Option<String>,
+    (lease_namespace, identity, lease_seconds): (String, Option<String>, u64),
 ) -> anyhow::Result<()> {
-    use egressip::controller::{self, ControllerMetrics};
+    use egressip::controller::{self, ControllerMetrics, LeaseOptions};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -626,14 +630,12 @@ fn run_controller(
                             .to_owned(),
                     };
                     tracing::info!(identity, "egress IP controller on the API server");
-                    controller::run_kubernetes(
-                        client,
-                        lease_namespace,
+                    let lease = LeaseOptions {
+                        namespace: lease_namespace,
                         identity,
-                        probe_port,
-                        figures,
-                    )
-                    .await;
+                        duration: std::time::Duration::from_secs(lease_seconds),
+                    };
+                    controller::run_kubernetes(client, lease, probe_port, figures).await;
                     Ok::<(), anyhow::Error>(())
                 }
             }

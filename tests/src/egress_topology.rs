@@ -223,3 +223,85 @@ pub fn spawn_in(netns: &str, args: &[&str], what: &str) -> Process {
         .expect("spawn");
     Process { child, log }
 }
+
+/// The stand-in API server (`fake_apiserver`) on the outside host's address, serving the
+/// manifests to every node, and a kubeconfig for it; the process goes on drop.
+pub struct SharedApiServer {
+    _process: Process,
+    pub kubeconfig: PathBuf,
+}
+
+pub fn start_shared_apiserver(external: &ExternalHost, manifests: &Path) -> SharedApiServer {
+    let binary = dataplane_binary().with_file_name("fake_apiserver");
+    let log = std::env::temp_dir().join(crate::unique_name("apiserver.log"));
+    let listen = format!("{}:6443", external.ip);
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", external.netns))
+        .arg(&binary)
+        .arg("--manifests")
+        .arg(manifests)
+        .args(["--listen", &listen])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("apiserver log"))
+        .spawn()
+        .expect("starting the API server");
+    // Beside the manifests (not a .yaml file, so not served) and removed with them.
+    let kubeconfig = manifests.join("shared.kubeconfig");
+    fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\n\
+             clusters: [{{name: fake, cluster: {{server: 'http://{listen}'}}}}]\n\
+             users: [{{name: agent, user: {{}}}}]\n\
+             contexts: [{{name: fake, context: {{cluster: fake, user: agent}}}}]\n\
+             current-context: fake\n"
+        ),
+    )
+    .expect("kubeconfig");
+    thread::sleep(Duration::from_millis(300));
+    SharedApiServer {
+        _process: Process { child, log },
+        kubeconfig,
+    }
+}
+
+/// A controller replica against the API server, named `identity`, its Lease lasting 3 s.
+pub fn start_api_controller(external: &ExternalHost, kubeconfig: &Path, identity: &str) -> Process {
+    let log = std::env::temp_dir().join(crate::unique_name("controller.log"));
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", external.netns))
+        .arg(dataplane_binary())
+        .args(["controller", "--kubernetes", "--kubeconfig"])
+        .arg(kubeconfig)
+        .args(["--probe-port", &PROBE_PORT.to_string()])
+        .args(["--identity", identity, "--lease-namespace", "dataplane"])
+        .args(["--lease-duration-seconds", "3"])
+        .env("RUST_LOG", "info")
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(fs::File::create(&log).expect("controller log"))
+        .spawn()
+        .expect("spawning the controller");
+    Process { child, log }
+}
+
+/// The EgressIP `name`'s `status.items` as the API server has them: (address, node).
+pub fn api_status(external: &ExternalHost, name: &str) -> Vec<(String, String)> {
+    let url = format!("http://{}:6443/apis/k8s.ovn.org/v1/egressips", external.ip);
+    let out = exec_in(&external.netns, &["curl", "-s", &url]).expect("curl");
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    list["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|o| o["metadata"]["name"] == name)
+        .flat_map(|o| o["status"]["items"].as_array().cloned().unwrap_or_default())
+        .map(|i| {
+            (
+                i["egressIP"].as_str().unwrap_or_default().to_owned(),
+                i["node"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}

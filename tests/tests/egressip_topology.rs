@@ -14,8 +14,8 @@ use std::{
 use dataplane_tests::{
     capture::Capture,
     egress_topology::{
-        ArpProber, EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, arp_answers, holder, spawn_in,
-        start_controller, underlay_mac,
+        ArpProber, EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, api_status, arp_answers, holder,
+        spawn_in, start_api_controller, start_controller, start_shared_apiserver, underlay_mac,
     },
     privileged::privileged,
     service_bed::{echo_server, tcp_answers},
@@ -637,4 +637,111 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
         assert_eq!(answers, vec!["ext fd99::50".to_owned(); 2], "{}", pod.name);
     }
     drop(controller);
+}
+
+#[test]
+fn against_an_api_server_one_controller_leads_writes_the_status_and_a_standby_takes_over() {
+    if !privileged(
+        "against_an_api_server_one_controller_leads_writes_the_status_and_a_standby_takes_over",
+    ) {
+        return;
+    }
+    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
+    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
+    topology.set_pod_namespace(1, 0, "prod").expect("namespace");
+    topology
+        .set_node_metadata(
+            "labels: {k8s.ovn.org/egress-assignable: ''}, \
+             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
+        )
+        .expect("node metadata");
+    let external = topology.add_external_host().expect("external host");
+    topology.route_pod_networks(&external).expect("routes");
+    let manifests = topology.manifest_dir().expect("manifests").to_owned();
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            &format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
+                 spec: {{egressIPs: [{EGRESS_IP}], namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: prod}}}}}}\n"
+            ),
+        )
+        .expect("egress ip manifest");
+    let api = start_shared_apiserver(&external, &manifests);
+    let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
+    let metrics = format!("0.0.0.0:{PROBE_PORT}");
+    let _agents: Vec<_> = (0..3)
+        .map(|n| {
+            topology
+                .node(n)
+                .start_agent_with(&[
+                    "--kubernetes",
+                    "--kubeconfig",
+                    &kubeconfig,
+                    "--metrics-address",
+                    &metrics,
+                ])
+                .expect("agent")
+        })
+        .collect();
+    let _server = echo_server(&external.netns, "ext", false).expect("server outside");
+    let mut replicas = vec![
+        start_api_controller(&external, &api.kubeconfig, "replica-a"),
+        start_api_controller(&external, &api.kubeconfig, "replica-b"),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let mut status = Vec::new();
+    while status.is_empty() && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+        status = api_status(&external, "prod");
+    }
+    let logs = || -> String {
+        replicas
+            .iter()
+            .map(|r| r.log())
+            .collect::<Vec<_>>()
+            .join("\n----\n")
+    };
+    assert_eq!(status, [(EGRESS_IP.to_owned(), node_name(0))], "{}", logs());
+    let leaders: Vec<usize> = (0..2)
+        .filter(|i| {
+            replicas[*i]
+                .log()
+                .contains("leading the egress IP controller")
+        })
+        .collect();
+    assert_eq!(leaders.len(), 1, "exactly one replica leads\n{}", logs());
+    // The agents program from the API's status.
+    thread::sleep(Duration::from_millis(700));
+    for node in [0, 1] {
+        let pod = topology.node(node).pods[0].clone();
+        let answers = tcp_answers(&pod.netns, "10.99.0.100", 8080, 1)
+            .unwrap_or_else(|e| panic!("{}: {e:#}", pod.name));
+        assert_eq!(answers, vec![format!("ext {EGRESS_IP}")], "{}", pod.name);
+    }
+
+    // The leader goes: the standby takes the Lease once it expires, keeps the status, and the
+    // traffic is translated again.
+    let leader = leaders[0];
+    drop(replicas.remove(leader));
+    let standby = &replicas[0];
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !standby.log().contains("leading the egress IP controller") && Instant::now() < deadline {
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        standby.log().contains("leading the egress IP controller"),
+        "{}",
+        standby.log()
+    );
+    thread::sleep(Duration::from_millis(700));
+    assert_eq!(
+        api_status(&external, "prod"),
+        [(EGRESS_IP.to_owned(), node_name(0))]
+    );
+    let pod = topology.node(1).pods[0].clone();
+    assert_eq!(
+        tcp_answers(&pod.netns, "10.99.0.100", 8080, 1).expect("after the takeover"),
+        vec![format!("ext {EGRESS_IP}")]
+    );
 }

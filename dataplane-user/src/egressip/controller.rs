@@ -465,19 +465,30 @@ pub async fn run_manifests(dir: PathBuf, probe_port: u16, metrics: Arc<Mutex<Con
     }
 }
 
+/// The leader election's Lease: where, who, for how long.
+pub struct LeaseOptions {
+    pub namespace: String,
+    pub identity: String,
+    pub duration: Duration,
+}
+
 /// Runs against the API server until dropped: leads when it holds the Lease `LEASE_NAME` in
 /// `namespace`, and waits otherwise.
 pub async fn run_kubernetes(
     client: kube::Client,
-    namespace: String,
-    identity: String,
+    lease: LeaseOptions,
     probe_port: u16,
     metrics: Arc<Mutex<ControllerMetrics>>,
 ) {
+    let LeaseOptions {
+        namespace,
+        identity,
+        duration,
+    } = lease;
     let source = crate::kubernetes::KubeSource::start(&client);
     source.wait_ready().await;
     let leadership =
-        super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity);
+        super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity, duration);
     let mut store = ApiStore { client };
     let mut state = source.snapshot();
     let mut leading: Option<Controller> = None;
@@ -486,7 +497,7 @@ pub async fn run_kubernetes(
     let mut rounds = tokio::time::interval(ROUND);
     loop {
         rounds.tick().await;
-        if attempted.is_none_or(|at| at.elapsed() >= super::leader::RENEW_EVERY) {
+        if attempted.is_none_or(|at| at.elapsed() >= leadership.renew_every()) {
             attempted = Some(Instant::now());
             match leadership.acquire_or_renew().await {
                 Ok(true) => {
@@ -510,9 +521,7 @@ pub async fn run_kubernetes(
                 Err(error) => {
                     tracing::warn!(%error, "renewing the controller lease");
                     // Step down before the Lease can pass to another replica.
-                    let margin = super::leader::RENEW_EVERY * 2;
-                    if renewed
-                        .is_none_or(|at| at.elapsed() + margin >= super::leader::LEASE_DURATION)
+                    if renewed.is_none_or(|at| at.elapsed() >= leadership.step_down_after())
                         && leading.take().is_some()
                     {
                         tracing::warn!(identity, "lease not renewed in time; standing by");

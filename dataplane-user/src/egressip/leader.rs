@@ -12,24 +12,38 @@ use k8s_openapi::{
 };
 use kube::{Api, api::PostParams};
 
-/// How long a Lease holds without renewal.
-pub const LEASE_DURATION: Duration = Duration::from_secs(15);
-/// How often the leader renews it.
-pub const RENEW_EVERY: Duration = Duration::from_secs(2);
-
 pub struct Leadership {
     api: Api<Lease>,
     name: String,
     identity: String,
+    duration: Duration,
 }
 
 impl Leadership {
-    pub fn new(client: kube::Client, namespace: &str, name: &str, identity: &str) -> Self {
+    pub fn new(
+        client: kube::Client,
+        namespace: &str,
+        name: &str,
+        identity: &str,
+        duration: Duration,
+    ) -> Self {
         Leadership {
             api: Api::namespaced(client, namespace),
             name: name.to_owned(),
             identity: identity.to_owned(),
+            duration,
         }
+    }
+
+    /// How often the leader renews: a third of the duration, so two renewals may fail.
+    pub fn renew_every(&self) -> Duration {
+        self.duration / 3
+    }
+
+    /// The leader stops leading when it has not renewed for this long: before the Lease can
+    /// pass to another replica.
+    pub fn step_down_after(&self) -> Duration {
+        self.duration - self.renew_every()
     }
 
     /// Takes or renews the Lease; whether this replica leads now.
@@ -75,7 +89,7 @@ impl Leadership {
     fn spec(&self, acquired: Timestamp, renewed: Timestamp, transitions: i32) -> LeaseSpec {
         LeaseSpec {
             holder_identity: Some(self.identity.clone()),
-            lease_duration_seconds: Some(LEASE_DURATION.as_secs() as i32),
+            lease_duration_seconds: Some(self.duration.as_secs().max(1) as i32),
             acquire_time: Some(MicroTime(acquired)),
             renew_time: Some(MicroTime(renewed)),
             lease_transitions: Some(transitions),

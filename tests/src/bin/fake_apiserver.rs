@@ -4,6 +4,11 @@
 //! change to the directory into watch events. Plain HTTP on the address given (tests bind it
 //! to loopback inside a node's network namespace).
 //!
+//! Writes: an EgressIP's status (`PATCH .../egressips/NAME/status`, a JSON merge patch of
+//! `status`; kept over what the files say, as the API server keeps status apart from spec)
+//! and `coordination.k8s.io/v1` Leases (get, create, replace with optimistic concurrency on
+//! the resourceVersion), for the egress IP controller.
+//!
 //! It is written from the API conventions, not from the agent's code, so that the agent's kube
 //! watchers are checked against an independent server. Resource versions start at the
 //! current time in milliseconds, so a restarted server never goes back in time.
@@ -87,6 +92,10 @@ struct Event {
 struct State {
     /// The first resource version this server handed out: older ones are unknown to it.
     first_version: u64,
+    /// Statuses written through the API, over the files' objects.
+    statuses: BTreeMap<ObjectKey, Value>,
+    /// Leases by (namespace, name).
+    leases: BTreeMap<(String, String), Value>,
     resource_version: u64,
     objects: BTreeMap<ObjectKey, Value>,
     history: Vec<Event>,
@@ -105,6 +114,8 @@ async fn main() -> anyhow::Result<()> {
     let (events, _) = broadcast::channel(4096);
     let state = Arc::new(Mutex::new(State {
         first_version: start + 1,
+        statuses: BTreeMap::new(),
+        leases: BTreeMap::new(),
         resource_version: start,
         objects: BTreeMap::new(),
         history: Vec::new(),
@@ -135,17 +146,24 @@ async fn main() -> anyhow::Result<()> {
 
 /// Reads the directory and turns differences from the served objects into events.
 fn reload(state: &Shared, dir: &Path) {
-    let Some(current) = read_objects(dir) else {
+    let Some(mut current) = read_objects(dir) else {
         return;
     };
     let Ok(mut state) = state.lock() else {
         return;
     };
+    for (key, status) in &state.statuses {
+        if let Some(object) = current.get_mut(key) {
+            object["status"] = status.clone();
+        }
+    }
     let mut changes = Vec::new();
     for (key, object) in &current {
         match state.objects.get(key) {
             None => changes.push(("ADDED", key.clone(), object.clone())),
-            Some(old) if old != object => changes.push(("MODIFIED", key.clone(), object.clone())),
+            Some(old) if !same_but_version(old, object) => {
+                changes.push(("MODIFIED", key.clone(), object.clone()))
+            }
             Some(_) => {}
         }
     }
@@ -173,6 +191,15 @@ fn reload(state: &Shared, dir: &Path) {
         state.history.push(event.clone());
         let _ = state.events.send(event);
     }
+}
+
+/// Whether a served object (which carries a resourceVersion) is `file`'s object.
+fn same_but_version(served: &Value, file: &Value) -> bool {
+    let mut served = served.clone();
+    if let Some(metadata) = served["metadata"].as_object_mut() {
+        metadata.remove("resourceVersion");
+    }
+    &served == file
 }
 
 /// Every object of the directory by key, without resource versions (so that unchanged files
@@ -232,6 +259,20 @@ async fn answer(
         .filter_map(|pair| pair.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+    if let Some(rest) = path.strip_prefix("/apis/coordination.k8s.io/v1/namespaces/") {
+        let method = request.method().clone();
+        let body = read_body(request).await;
+        return Ok(lease(&state, &method, rest, body));
+    }
+    if request.method() == hyper::Method::PATCH
+        && let Some(name) = path
+            .strip_prefix("/apis/k8s.ovn.org/v1/egressips/")
+            .and_then(|rest| rest.strip_suffix("/status"))
+    {
+        let name = name.to_owned();
+        let body = read_body(request).await;
+        return Ok(patch_status(&state, &name, body));
+    }
     let Some(&(_, api_version, kind)) = RESOURCES.iter().find(|(p, _, _)| *p == path) else {
         return Ok(status(StatusCode::NOT_FOUND, &format!("{path} not served")));
     };
@@ -258,6 +299,114 @@ async fn answer(
         "items": items,
     });
     Ok(json_response(StatusCode::OK, &list))
+}
+
+async fn read_body(request: Request<hyper::body::Incoming>) -> Option<Value> {
+    let bytes = request.into_body().collect().await.ok()?.to_bytes();
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Stores a new version of `key`'s object and tells the watchers.
+fn publish(state: &mut State, key: ObjectKey, mut object: Value) -> Value {
+    state.resource_version += 1;
+    let resource_version = state.resource_version;
+    object["metadata"]["resourceVersion"] = json!(resource_version.to_string());
+    state.objects.insert(key.clone(), object.clone());
+    let event = Event {
+        resource_version,
+        api_version: key.0,
+        kind: key.1,
+        kind_of_event: "MODIFIED",
+        object: object.clone(),
+    };
+    state.history.push(event.clone());
+    let _ = state.events.send(event);
+    object
+}
+
+/// `PATCH /apis/k8s.ovn.org/v1/egressips/NAME/status` with a merge patch of `status`.
+fn patch_status(state: &Shared, name: &str, body: Option<Value>) -> Response<Body> {
+    let Some(patch) = body else {
+        return status(StatusCode::BAD_REQUEST, "the body is not JSON");
+    };
+    let Ok(mut state) = state.lock() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
+    };
+    let key: ObjectKey = (
+        "k8s.ovn.org/v1".into(),
+        "EgressIP".into(),
+        String::new(),
+        name.to_owned(),
+    );
+    let Some(mut object) = state.objects.get(&key).cloned() else {
+        return status(
+            StatusCode::NOT_FOUND,
+            &format!("egressips {name} not found"),
+        );
+    };
+    object["status"] = patch["status"].clone();
+    state.statuses.insert(key.clone(), patch["status"].clone());
+    let object = publish(&mut state, key, object);
+    json_response(StatusCode::OK, &object)
+}
+
+/// Leases under `/apis/coordination.k8s.io/v1/namespaces/`: `rest` is `NS/leases[/NAME]`.
+fn lease(
+    state: &Shared,
+    method: &hyper::Method,
+    rest: &str,
+    body: Option<Value>,
+) -> Response<Body> {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let (namespace, name) = match parts.as_slice() {
+        [namespace, "leases"] => (*namespace, None),
+        [namespace, "leases", name] => (*namespace, Some(*name)),
+        _ => return status(StatusCode::NOT_FOUND, &format!("{rest} not served")),
+    };
+    let Ok(mut state) = state.lock() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
+    };
+    let key = |name: &str| (namespace.to_owned(), name.to_owned());
+    match (method, name, body) {
+        (&hyper::Method::GET, Some(name), _) => match state.leases.get(&key(name)) {
+            Some(lease) => json_response(StatusCode::OK, lease),
+            None => status(StatusCode::NOT_FOUND, &format!("leases {name} not found")),
+        },
+        (&hyper::Method::POST, None, Some(mut lease)) => {
+            let name = lease["metadata"]["name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_owned();
+            if state.leases.contains_key(&key(&name)) {
+                return status(
+                    StatusCode::CONFLICT,
+                    &format!("leases {name} already exists"),
+                );
+            }
+            state.resource_version += 1;
+            lease["metadata"]["namespace"] = json!(namespace);
+            lease["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
+            state.leases.insert(key(&name), lease.clone());
+            json_response(StatusCode::CREATED, &lease)
+        }
+        (&hyper::Method::PUT, Some(name), Some(mut lease)) => {
+            let stored = state
+                .leases
+                .get(&key(name))
+                .map(|l| l["metadata"]["resourceVersion"].clone());
+            if stored != Some(lease["metadata"]["resourceVersion"].clone()) {
+                return status(
+                    StatusCode::CONFLICT,
+                    &format!("leases {name}: the object has been modified"),
+                );
+            }
+            state.resource_version += 1;
+            lease["metadata"]["resourceVersion"] = json!(state.resource_version.to_string());
+            state.leases.insert(key(name), lease.clone());
+            json_response(StatusCode::OK, &lease)
+        }
+        _ => status(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} {rest}")),
+    }
 }
 
 /// A watch: events after `since` from the history, then live ones, one JSON object per line.
@@ -335,12 +484,24 @@ fn json_response(code: StatusCode, value: &Value) -> Response<Body> {
     response
 }
 
+/// The API's `StatusReason` for a code (what clients such as kube-rs match on).
+fn reason(code: StatusCode) -> &'static str {
+    match code {
+        StatusCode::NOT_FOUND => "NotFound",
+        StatusCode::CONFLICT => "Conflict",
+        StatusCode::BAD_REQUEST => "BadRequest",
+        StatusCode::METHOD_NOT_ALLOWED => "MethodNotAllowed",
+        StatusCode::GONE => "Expired",
+        _ => "InternalError",
+    }
+}
+
 /// A `Status` object, as the API server answers errors.
 fn status(code: StatusCode, message: &str) -> Response<Body> {
     let body = json!({
         "kind": "Status", "apiVersion": "v1", "metadata": {},
         "status": "Failure", "message": message,
-        "reason": code.canonical_reason().unwrap_or_default(), "code": code.as_u16(),
+        "reason": reason(code), "code": code.as_u16(),
     });
     json_response(code, &body)
 }
