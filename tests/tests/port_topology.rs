@@ -113,13 +113,26 @@ fn drops(agent: &Agent, reason: DropReason) -> u64 {
 }
 
 /// The neighbour entries a node holds for `address`, as `ip neigh` prints them.
+/// The node's neighbour entries for `address`: device and link-layer address, without the
+/// reachability state (which ages on its own: REACHABLE becomes STALE or DELAY with time, not
+/// because of anything a pod sent).
 fn neighbours(topology: &Topology, node: usize, address: &str) -> String {
     let out = exec_in(
         &topology.node(node).netns,
         &["ip", "neigh", "show", address],
     )
     .expect("ip neigh");
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            line.split_whitespace()
+                // The state is the one word in capitals.
+                .filter(|word| !word.chars().all(|c| c.is_ascii_uppercase()))
+                .collect::<Vec<_>>()
+                .join(" ")
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
 }
 
 fn cluster(pods_per_node: usize, extra: &str) -> (Topology, Agent, Agent) {
