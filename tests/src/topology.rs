@@ -72,6 +72,8 @@ pub struct Topology {
     ovn_config_extra: String,
     /// More metadata fields for each Node object (`set_node_metadata`), by node index.
     node_metadata_extra: Vec<String>,
+    /// Nodes whose Node object says NotReady (`set_node_ready`).
+    not_ready: Vec<usize>,
 }
 
 /// The address of the host outside the cluster (`Topology::add_external_host`).
@@ -142,6 +144,7 @@ impl Topology {
             manifests: None,
             ovn_config_extra: String::new(),
             node_metadata_extra: Vec::new(),
+            not_ready: Vec::new(),
         };
         let fabric = topology.add_namespace("fab")?;
         topology.fabric = fabric.clone();
@@ -268,6 +271,16 @@ impl Topology {
         self.rewrite_manifests()
     }
 
+    /// Makes node `node`'s object say Ready or NotReady (its Ready condition); rewrites the
+    /// cluster manifest. Overlay mode only.
+    pub fn set_node_ready(&mut self, node: usize, ready: bool) -> anyhow::Result<()> {
+        self.not_ready.retain(|n| *n != node);
+        if !ready {
+            self.not_ready.push(node);
+        }
+        self.rewrite_manifests()
+    }
+
     /// Writes the cluster manifest again from the topology as it is now.
     pub fn rewrite_manifests(&self) -> anyhow::Result<()> {
         let dir = self
@@ -352,12 +365,17 @@ impl Topology {
             yaml.push_str(&format!(
                 "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}{extra}}}\n\
                  spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}, \"{cidr6}\"]}}\n\
-                 status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: InternalIP, address: \"{ip6}\"}}, {{type: Hostname, address: {name}}}]}}\n",
+                 status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: InternalIP, address: \"{ip6}\"}}, {{type: Hostname, address: {name}}}]{conditions}}}\n",
                 name = node_name(node.index),
                 cidr = pod_cidr(node.index),
                 cidr6 = pod_cidr6(node.index),
                 ip = node.underlay_ip,
                 ip6 = underlay_ip6(node.index),
+                conditions = if self.not_ready.contains(&node.index) {
+                    ", conditions: [{type: Ready, status: 'False', reason: KubeletNotReady}]"
+                } else {
+                    ""
+                },
                 extra = self
                     .node_metadata_extra
                     .get(node.index)

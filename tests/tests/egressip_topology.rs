@@ -636,6 +636,29 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
         });
         assert_eq!(answers, vec!["ext fd99::50".to_owned(); 2], "{}", pod.name);
     }
+
+    // Node 0 goes NotReady: its IPv4 address moves to node 2 (node 1 holds the object's other
+    // one), and the pods leave by it again.
+    let v4_holder = |want| {
+        dataplane_tests::egress_topology::holder_of(
+            &manifests,
+            "prod",
+            "10.99.0.50",
+            want,
+            Duration::from_secs(10),
+        )
+    };
+    assert_eq!(v4_holder(None), Some(node_name(0)), "{}", controller.log());
+    topology.set_node_ready(0, false).expect("NotReady");
+    let moved = v4_holder(Some(&node_name(2)));
+    assert_eq!(moved, Some(node_name(2)), "{}", controller.log());
+    thread::sleep(Duration::from_millis(500));
+    let _server4 = echo_server(&external.netns, "ext", false).expect("IPv4 server outside");
+    let pod = topology.node(0).pods[0].clone();
+    assert_eq!(
+        tcp_answers(&pod.netns, "10.99.0.100", 8080, 1).expect("after the move"),
+        vec!["ext 10.99.0.50".to_owned()]
+    );
     drop(controller);
 }
 
