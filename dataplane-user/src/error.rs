@@ -21,6 +21,8 @@ pub enum AgentError {
     )]
     ForwardingDisabled,
 
+    #[error("gateway SNAT: {0}")]
+    Gateway(String),
     #[error("trace: {0}")]
     Trace(String),
 

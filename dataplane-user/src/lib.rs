@@ -7,6 +7,7 @@ pub mod cni;
 pub mod ebpf;
 pub mod egressip;
 pub mod error;
+pub mod gateway;
 pub mod inspect;
 pub mod ipam;
 pub mod kubernetes;

@@ -410,6 +410,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Cleanup => {
             let cleaned = dataplane_user::attach::remove_pod_filters();
+            if let Err(error) = dataplane_user::gateway::remove() {
+                tracing::warn!(%error, "removing the gateway SNAT table");
+            }
             pins.remove_all()?;
             state::remove(&cli.run_dir);
             println!(
@@ -504,6 +507,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             firewalls: None,
             rejected: Vec::new(),
             egress,
+            gateway_script: None,
             egress_status: None,
         };
         let started = Instant::now();
@@ -688,6 +692,8 @@ struct Cluster {
     /// Objects the last sync rejected, by kind (for the metrics).
     rejected: Vec<(&'static str, usize)>,
     egress: EgressNode,
+    /// The gateway SNAT table as last written.
+    gateway_script: Option<String>,
     /// Manifest mode: the egress IP status file (size, modification time) as last read.
     egress_status: Option<(u64, SystemTime)>,
 }
@@ -765,6 +771,7 @@ impl Cluster {
             );
         }
         model.view.unrestricted_ifindexes.push(port.ifindex);
+        self.sync_gateway(&state, &model.view)?;
         model.pod_interfaces.push(mgmt::OVERLAY_SIDE.to_owned());
         let desired = overlay::compile(&model.view)?;
         let stats = dataplane.sync_overlay(&desired)?;
@@ -810,6 +817,35 @@ impl Cluster {
         self.sync_egress(dataplane, &state, &model.view)?;
         self.node_pods = node_pods;
         Ok(model.pod_interfaces)
+    }
+
+    /// Makes the gateway SNAT (pods to outside the cluster take the node's address) follow
+    /// the cluster's networks and nodes; written only when it changes.
+    fn sync_gateway(
+        &mut self,
+        state: &source::ClusterState,
+        view: &overlay::OverlayView,
+    ) -> anyhow::Result<()> {
+        let inputs = dataplane_user::gateway::GatewayInputs {
+            underlay: self.underlay.clone(),
+            cluster_networks: state.cluster_networks.clone(),
+            service_networks: state.service_networks.clone(),
+            node_addresses: view
+                .nodes
+                .iter()
+                .flat_map(|n| n.addresses.clone())
+                .collect(),
+        };
+        let script = dataplane_user::gateway::script(&inputs);
+        if self.gateway_script.as_deref() != Some(script.as_str()) {
+            dataplane_user::gateway::apply(&script)?;
+            tracing::info!(
+                table = dataplane_user::gateway::TABLE,
+                "gateway SNAT configured: pods leaving the cluster take the node's address"
+            );
+            self.gateway_script = Some(script);
+        }
+        Ok(())
     }
 
     /// Gives the egress IP state what this sync read, and applies it.

@@ -93,8 +93,8 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
     );
     assert_eq!(
         seen(&other),
-        vec![format!("ext {}", other.ip); 2],
-        "a pod of another namespace is not translated"
+        vec!["ext 10.99.0.3".to_owned(); 2],
+        "a pod of another namespace leaves with its node's address (the gateway SNAT)"
     );
 
     // `dataplane inspect egressip` on the holder and on the remote pod's node.
