@@ -55,7 +55,7 @@ const PORT_ATTEMPTS: u32 = 4;
 
 /// The `EGRESS_ACTIVE_*` bits (zero: no egress IP concerns this node).
 #[inline(always)]
-pub fn active() -> u32 {
+fn active() -> u32 {
     EGRESS_ACTIVE.get(0).copied().unwrap_or(0)
 }
 
@@ -142,15 +142,12 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, w: &mut EgressWork) -> bool {
     true
 }
 
-/// Whether `addr` lies inside the cluster: a cluster or service network, or a node address.
+/// Whether the flow's destination lies inside the cluster (a cluster or service network, a
+/// node address) or never leaves the link (link-local, multicast): not egress.
 #[inline(always)]
-fn internal(w: &mut EgressWork, addr_is_dst: bool) -> bool {
+fn internal(w: &mut EgressWork) -> bool {
     w.lpm.prefix_len = 128;
-    if addr_is_dst {
-        copy_addr(&mut w.lpm.data, &w.flow.dst);
-    } else {
-        copy_addr(&mut w.lpm.data, &w.flow.src);
-    }
+    copy_addr(&mut w.lpm.data, &w.flow.dst);
     EGRESS_INTERNAL.get(&w.lpm).is_some()
 }
 
@@ -165,7 +162,7 @@ fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(i32, Option<PacketClass
     let Some(pod) = (unsafe { EGRESS_PODS.get(&w.flow.src) }) else {
         return Ok((TC_ACT_OK, None));
     };
-    if internal(w, true) {
+    if internal(w) {
         return Ok((TC_ACT_OK, None));
     }
     if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
@@ -241,7 +238,7 @@ fn from_underlay(
     // SAFETY: copied out at once.
     if let Some(egress) = unsafe { EGRESS_SNAT.get(&w.flow.src) } {
         copy_addr(&mut w.egress, egress);
-        if internal(w, true) {
+        if internal(w) {
             return Ok((TC_ACT_OK, None));
         }
         if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
@@ -251,7 +248,7 @@ fn from_underlay(
     }
     // Another node's pod bound for outside, and this node does not translate for it: it
     // came here as egress traffic and must not leave as the pod.
-    if overlay::remote_endpoint(parsed.ether_type, &w.flow.src).is_some() && !internal(w, true) {
+    if overlay::remote_endpoint(parsed.ether_type, &w.flow.src).is_some() && !internal(w) {
         return Err(DropReason::EgressIpNotHere);
     }
     Ok((TC_ACT_OK, None))
@@ -278,7 +275,6 @@ fn translate_out(
         claim_port(w)?;
         copy_addr(&mut w.value.addr, &w.egress);
         w.value.port_be = w.port;
-        w.flow.direction = EGRESS_CT_OUT;
         EGRESS_CT
             .insert(&w.flow, &w.value, 0)
             .map_err(|_| DropReason::EgressIpPortsExhausted)?;

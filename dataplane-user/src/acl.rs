@@ -690,7 +690,11 @@ pub struct AclSyncStats {
     pub deleted: usize,
 }
 
-fn map_err(name: &'static str, action: &'static str) -> impl Fn(aya::maps::MapError) -> AgentError {
+/// Names a map and what was done to it in a map error.
+pub(crate) fn map_err(
+    name: &'static str,
+    action: &'static str,
+) -> impl Fn(aya::maps::MapError) -> AgentError {
     move |source| AgentError::Map {
         name: name.into(),
         action,

@@ -116,6 +116,40 @@ struct RunOptions {
     cni_conf_dir: Option<PathBuf>,
 }
 
+/// `dataplane controller`'s options.
+#[derive(clap::Args)]
+struct ControllerOptions {
+    /// The manifest directory (status written to its `egressip-status/status.json`).
+    #[arg(
+        long,
+        conflicts_with = "kubernetes",
+        required_unless_present = "kubernetes"
+    )]
+    manifests: Option<PathBuf>,
+    /// Use the API server (in-cluster service account, KUBECONFIG or ~/.kube/config).
+    #[arg(long)]
+    kubernetes: bool,
+    #[arg(long, requires = "kubernetes")]
+    kubeconfig: Option<PathBuf>,
+    /// The port of the agents' metrics address, where they answer the probes.
+    #[arg(long, default_value_t = 9476)]
+    probe_port: u16,
+    /// Serve the controller's metrics on this address (`GET /metrics`).
+    #[arg(long)]
+    metrics_address: Option<std::net::SocketAddr>,
+    /// The namespace of the leader election Lease.
+    #[arg(long, env = "POD_NAMESPACE", default_value = "dataplane")]
+    lease_namespace: String,
+    /// This replica's name in the Lease (default: the host name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// How long the Lease holds without renewal (the leader renews every third of it). A
+    /// leader that dies stops the probes, so the agents withdraw their egress addresses
+    /// until a standby takes the Lease: this bounds that outage.
+    #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(3..))]
+    lease_duration_seconds: u64,
+}
+
 #[derive(Clone, Copy, clap::ValueEnum)]
 enum LogFormat {
     Text,
@@ -175,37 +209,7 @@ enum Command {
     /// the nodes' agents (`/egressip/probe` on their metrics address) and moves the addresses
     /// of a node that stops answering; writes the objects' status. Run one per cluster (as
     /// a Deployment; replicas elect a leader on a Lease).
-    Controller {
-        /// The manifest directory (status written to its `egressip-status/status.json`).
-        #[arg(
-            long,
-            conflicts_with = "kubernetes",
-            required_unless_present = "kubernetes"
-        )]
-        manifests: Option<PathBuf>,
-        /// Use the API server (in-cluster service account, KUBECONFIG or ~/.kube/config).
-        #[arg(long)]
-        kubernetes: bool,
-        #[arg(long, requires = "kubernetes")]
-        kubeconfig: Option<PathBuf>,
-        /// The port of the agents' metrics address, where they answer the probes.
-        #[arg(long, default_value_t = 9476)]
-        probe_port: u16,
-        /// Serve the controller's metrics on this address (`GET /metrics`).
-        #[arg(long)]
-        metrics_address: Option<std::net::SocketAddr>,
-        /// The namespace of the leader election Lease.
-        #[arg(long, env = "POD_NAMESPACE", default_value = "dataplane")]
-        lease_namespace: String,
-        /// This replica's name in the Lease (default: the host name).
-        #[arg(long, env = "POD_NAME")]
-        identity: Option<String>,
-        /// How long the Lease holds without renewal (the leader renews every third of it). A
-        /// leader that dies stops the probes, so the agents withdraw their egress addresses
-        /// until a standby takes the Lease: this bounds that outage.
-        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(3..))]
-        lease_duration_seconds: u64,
-    },
+    Controller(Box<ControllerOptions>),
     /// Remove every pin under the pin root and the pod tc filters of this network namespace:
     /// detaches the programs and drops all adopted state.
     Cleanup,
@@ -294,22 +298,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 },
             )
         }
-        Command::Controller {
-            manifests,
-            kubernetes: _,
-            kubeconfig,
-            probe_port,
-            metrics_address,
-            lease_namespace,
-            identity,
-            lease_duration_seconds,
-        } => run_controller(
-            manifests,
-            kubeconfig,
-            probe_port,
-            metrics_address,
-            (lease_namespace, identity, lease_duration_seconds),
-        ),
+        Command::Controller(options) => run_controller(*options),
         Command::InstallCni { bin_dir, plugin } => {
             let plugin = match plugin {
                 Some(plugin) => plugin,
@@ -599,13 +588,17 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
 }
 
 /// `dataplane controller`: the egress IP controller, until SIGINT or SIGTERM.
-fn run_controller(
-    manifests: Option<PathBuf>,
-    kubeconfig: Option<PathBuf>,
-    probe_port: u16,
-    metrics_address: Option<std::net::SocketAddr>,
-    (lease_namespace, identity, lease_seconds): (String, Option<String>, u64),
-) -> anyhow::Result<()> {
+fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
+    let ControllerOptions {
+        manifests,
+        kubernetes: _,
+        kubeconfig,
+        probe_port,
+        metrics_address,
+        lease_namespace,
+        identity,
+        lease_duration_seconds,
+    } = options;
     use egressip::controller::{self, ControllerMetrics, LeaseOptions};
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -628,16 +621,13 @@ fn run_controller(
                     let client = kubernetes::client(kubeconfig.as_deref()).await?;
                     let identity = match identity {
                         Some(identity) => identity,
-                        None => std::fs::read_to_string("/proc/sys/kernel/hostname")
-                            .context("reading the host name")?
-                            .trim()
-                            .to_owned(),
+                        None => netdev::host_name().context("reading the host name")?,
                     };
                     tracing::info!(identity, "egress IP controller on the API server");
                     let lease = LeaseOptions {
                         namespace: lease_namespace,
                         identity,
-                        duration: std::time::Duration::from_secs(lease_seconds),
+                        duration: std::time::Duration::from_secs(lease_duration_seconds),
                     };
                     controller::run_kubernetes(client, lease, probe_port, figures).await;
                     Ok::<(), anyhow::Error>(())

@@ -266,14 +266,10 @@ async fn answer(
             ),
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        (&Method::GET, PROBE_PATH) if lease.is_some() => {
-            let renewed = lease
-                .as_deref()
-                .map(|lease| renew(lease, request.uri().query().unwrap_or_default()));
-            match renewed {
-                Some(Ok(body)) => reply(StatusCode::OK, "application/json", body),
-                Some(Err(why)) => reply(StatusCode::CONFLICT, "text/plain", format!("{why}\n")),
-                None => reply(StatusCode::NOT_FOUND, "text/plain", String::new()),
+        (&Method::GET, PROBE_PATH) if let Some(lease) = lease.as_deref() => {
+            match renew(lease, request.uri().query().unwrap_or_default()) {
+                Ok(body) => reply(StatusCode::OK, "application/json", body),
+                Err(why) => reply(StatusCode::CONFLICT, "text/plain", format!("{why}\n")),
             }
         }
         _ => reply(

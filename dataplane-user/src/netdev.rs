@@ -43,6 +43,13 @@ pub fn mac(name: &str) -> io::Result<[u8; 6]> {
 }
 
 /// MTU of `name`.
+/// This host's name (the UTS namespace's, as `hostname` prints it).
+pub fn host_name() -> io::Result<String> {
+    Ok(fs::read_to_string("/proc/sys/kernel/hostname")?
+        .trim()
+        .to_owned())
+}
+
 pub fn mtu(name: &str) -> io::Result<u32> {
     let request = ifreq_ioctl(name, libc::SIOCGIFMTU)?;
     // SAFETY: SIOCGIFMTU filled the MTU member of the union.

@@ -3,6 +3,7 @@
 //! --manifests`), with the processes that drive and observe it (UDP streams, ARP probes).
 
 use std::{
+    ffi::OsStr,
     fs,
     path::{Path, PathBuf},
     process::{Child, Command, Stdio},
@@ -10,7 +11,9 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::topology::{ExternalHost, Pod, dataplane_binary, exec_in};
+use anyhow::Context as _;
+
+use crate::topology::{Agent, ExternalHost, Mode, Pod, Topology, dataplane_binary, exec_in};
 
 pub const EGRESS_IP: &str = "10.99.0.50";
 pub const PROBE_PORT: u16 = 9476;
@@ -39,16 +42,67 @@ impl Drop for Process {
     }
 }
 
-pub fn start_controller(external: &ExternalHost, manifests: &Path) -> Process {
+/// Node metadata that lets a node hold egress IPs of its IPv4 underlay subnet.
+pub const ASSIGNABLE: &str = "labels: {k8s.ovn.org/egress-assignable: ''}, \
+     annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}";
+
+/// As [`ASSIGNABLE`], for both underlay subnets.
+pub const ASSIGNABLE_DUAL_STACK: &str = "labels: {k8s.ovn.org/egress-assignable: ''}, \
+     annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\",\"ipv6\":\"{ip6}/64\"}'}";
+
+/// An EgressIP `name` giving the addresses `ips` (a YAML flow list) to namespace `namespace`.
+pub fn egress_ip_yaml(name: &str, ips: &str, namespace: &str) -> String {
+    format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\n\
+         spec: {{egressIPs: {ips}, namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}}}\n"
+    )
+}
+
+/// Three overlay nodes with a pod each, the pods of `prod_nodes` in namespace `prod`, every
+/// node's object carrying `node_metadata`, and a host outside on the underlay with routes to
+/// the pod networks. Returns them and the manifest directory.
+pub fn egress_cluster(
+    prod_nodes: &[usize],
+    node_metadata: &str,
+) -> anyhow::Result<(Topology, ExternalHost, PathBuf)> {
+    let mut topology = Topology::build_with(3, 1, Mode::Overlay)?;
+    for node in prod_nodes {
+        topology.set_pod_namespace(*node, 0, "prod")?;
+    }
+    topology.set_node_metadata(node_metadata)?;
+    let external = topology.add_external_host()?;
+    topology.route_pod_networks(&external)?;
+    let manifests = topology
+        .manifest_dir()
+        .context("an overlay topology has manifests")?
+        .to_owned();
+    Ok((topology, external, manifests))
+}
+
+/// An agent on every node, answering the controller's probes on `metrics` (and given `extra`).
+pub fn start_agents(
+    topology: &Topology,
+    metrics: &str,
+    extra: &[&str],
+) -> anyhow::Result<Vec<Agent>> {
+    let mut args = vec!["--metrics-address", metrics];
+    args.extend_from_slice(extra);
+    topology
+        .nodes
+        .iter()
+        .map(|node| node.start_agent_with(&args))
+        .collect()
+}
+
+/// `dataplane controller` with `args` on the outside host, its log kept.
+fn spawn_controller(external: &ExternalHost, args: &[&OsStr]) -> Process {
     let log = std::env::temp_dir().join(crate::unique_name("controller.log"));
     let child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", external.netns))
         .arg(dataplane_binary())
         .arg("controller")
-        .arg("--manifests")
-        .arg(manifests)
+        .args(args)
         .args(["--probe-port", &PROBE_PORT.to_string()])
-        .args(["--metrics-address", "127.0.0.1:9477"])
         .env("RUST_LOG", "info")
         .stdin(Stdio::null())
         .stdout(Stdio::null())
@@ -56,6 +110,18 @@ pub fn start_controller(external: &ExternalHost, manifests: &Path) -> Process {
         .spawn()
         .expect("spawning the controller");
     Process { child, log }
+}
+
+pub fn start_controller(external: &ExternalHost, manifests: &Path) -> Process {
+    spawn_controller(
+        external,
+        &[
+            OsStr::new("--manifests"),
+            manifests.as_os_str(),
+            OsStr::new("--metrics-address"),
+            OsStr::new("127.0.0.1:9477"),
+        ],
+    )
 }
 
 /// The node the status file gives the egress IP, waiting up to `wait` for `want` (any node
@@ -268,22 +334,20 @@ pub fn start_shared_apiserver(external: &ExternalHost, manifests: &Path) -> Shar
 
 /// A controller replica against the API server, named `identity`, its Lease lasting 3 s.
 pub fn start_api_controller(external: &ExternalHost, kubeconfig: &Path, identity: &str) -> Process {
-    let log = std::env::temp_dir().join(crate::unique_name("controller.log"));
-    let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", external.netns))
-        .arg(dataplane_binary())
-        .args(["controller", "--kubernetes", "--kubeconfig"])
-        .arg(kubeconfig)
-        .args(["--probe-port", &PROBE_PORT.to_string()])
-        .args(["--identity", identity, "--lease-namespace", "dataplane"])
-        .args(["--lease-duration-seconds", "3"])
-        .env("RUST_LOG", "info")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(fs::File::create(&log).expect("controller log"))
-        .spawn()
-        .expect("spawning the controller");
-    Process { child, log }
+    let args = [
+        "--kubernetes",
+        "--identity",
+        identity,
+        "--lease-namespace",
+        "dataplane",
+        "--lease-duration-seconds",
+        "3",
+        "--kubeconfig",
+    ]
+    .map(OsStr::new);
+    let mut args = args.to_vec();
+    args.push(kubeconfig.as_os_str());
+    spawn_controller(external, &args)
 }
 
 /// The EgressIP `name`'s `status.items` as the API server has them: (address, node).

@@ -243,12 +243,7 @@ impl Topology {
     /// the operator Network's `ovnKubernetesConfig`, rewriting the cluster manifest.
     pub fn set_ovn_config(&mut self, fields: &str) -> anyhow::Result<()> {
         self.ovn_config_extra = format!(", {fields}");
-        let dir = self
-            .manifests
-            .clone()
-            .context("manifests exist in overlay mode only")?;
-        fs::write(dir.join("cluster.yaml"), self.manifests_yaml())?;
-        Ok(())
+        self.rewrite_manifests()
     }
 
     /// Adds `fields` (YAML flow-mapping entries, e.g. `labels: {a: b}`) to every Node's
@@ -305,12 +300,7 @@ impl Topology {
         namespace: &str,
     ) -> anyhow::Result<()> {
         self.nodes[node].pods[pod].namespace = namespace.to_owned();
-        let dir = self
-            .manifests
-            .clone()
-            .context("manifests exist in overlay mode only")?;
-        fs::write(dir.join("cluster.yaml"), self.manifests_yaml())?;
-        Ok(())
+        self.rewrite_manifests()
     }
 
     /// Routes every node's pod CIDR through that node on `external`, as the cluster's router

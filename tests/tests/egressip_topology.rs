@@ -14,48 +14,30 @@ use std::{
 use dataplane_tests::{
     capture::Capture,
     egress_topology::{
-        ArpProber, EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, api_status, arp_answers, holder,
-        spawn_in, start_api_controller, start_controller, start_shared_apiserver, underlay_mac,
+        ASSIGNABLE, ASSIGNABLE_DUAL_STACK, ArpProber, EGRESS_IP, PROBE_PORT, UdpReceiver,
+        UdpSender, api_status, arp_answers, egress_cluster, egress_ip_yaml, holder, spawn_in,
+        start_agents, start_api_controller, start_controller, start_shared_apiserver, underlay_mac,
     },
     privileged::privileged,
     service_bed::{echo_server, tcp_answers},
-    topology::{ExternalHost, Mode, Topology, dataplane_binary, exec_in, node_name, sh_in},
+    topology::{ExternalHost, dataplane_binary, exec_in, node_name, sh_in},
 };
+
 #[test]
 fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
     if !privileged("selected_pods_leave_from_the_egress_ip_and_it_fails_over") {
         return;
     }
-    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
-    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
-    topology.set_pod_namespace(1, 0, "prod").expect("namespace");
-    topology
-        .set_node_metadata(
-            "labels: {k8s.ovn.org/egress-assignable: ''}, \
-             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
-        )
-        .expect("node metadata");
-    let external = topology.add_external_host().expect("external host");
-    topology.route_pod_networks(&external).expect("routes");
-    let manifests = topology.manifest_dir().expect("manifests").to_owned();
+    let (mut topology, external, manifests) =
+        egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
     topology
         .add_manifest(
             "egressip.yaml",
-            &format!(
-                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
-                 spec: {{egressIPs: [{EGRESS_IP}], namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: prod}}}}}}\n"
-            ),
+            &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
         )
         .expect("egress ip manifest");
     let metrics = format!("0.0.0.0:{PROBE_PORT}");
-    let agents: Vec<_> = (0..3)
-        .map(|n| {
-            topology
-                .node(n)
-                .start_agent_with(&["--metrics-address", &metrics])
-                .expect("agent")
-        })
-        .collect();
+    let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let _server = echo_server(&external.netns, "ext", false).expect("server outside");
     let controller = start_controller(&external, &manifests);
     let first = holder(&manifests, None, Duration::from_secs(10))
@@ -309,29 +291,11 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
     if !privileged("flows_spread_over_two_egress_ips_and_bad_objects_are_named") {
         return;
     }
-    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
-    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
-    topology.set_pod_namespace(2, 0, "prod").expect("namespace");
-    topology
-        .set_node_metadata(
-            "labels: {k8s.ovn.org/egress-assignable: ''}, \
-             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
-        )
-        .expect("node metadata");
-    let external = topology.add_external_host().expect("external host");
-    topology.route_pod_networks(&external).expect("routes");
-    let manifests = topology.manifest_dir().expect("manifests").to_owned();
-    let selector = |namespace: &str| {
-        format!("namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: {namespace}}}}}")
-    };
+    let (topology, external, manifests) = egress_cluster(&[0, 2], ASSIGNABLE).expect("topology");
     topology
         .add_manifest(
             "egressip.yaml",
-            &format!(
-                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
-                 spec: {{egressIPs: [10.99.0.50, 10.99.0.51], {}}}\n",
-                selector("prod")
-            ),
+            &egress_ip_yaml("prod", "[10.99.0.50, 10.99.0.51]", "prod"),
         )
         .expect("egress ip manifest");
     // Read after the good one (files are read in name order): each loses to it or fails.
@@ -346,13 +310,7 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
     ];
     let bad_yaml: Vec<String> = bad
         .iter()
-        .map(|(name, ips)| {
-            format!(
-                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: {name}}}\n\
-                 spec: {{egressIPs: {ips}, {}}}\n",
-                selector("nobody")
-            )
-        })
+        .map(|(name, ips)| egress_ip_yaml(name, ips, "nobody"))
         .collect();
     topology
         .add_manifest("zz-bad.yaml", &bad_yaml.join("---\n"))
@@ -382,14 +340,7 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
         )
         .expect("firewall manifest");
     let metrics = format!("0.0.0.0:{PROBE_PORT}");
-    let agents: Vec<_> = (0..3)
-        .map(|n| {
-            topology
-                .node(n)
-                .start_agent_with(&["--metrics-address", &metrics])
-                .expect("agent")
-        })
-        .collect();
+    let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let client = topology.node(2).pods[0].clone();
 
     // No controller yet, so no node holds the addresses: the selected pod's traffic out is
@@ -570,39 +521,22 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
     {
         return;
     }
-    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
-    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
-    topology.set_pod_namespace(2, 0, "prod").expect("namespace");
-    topology
-        .set_node_metadata(
-            "labels: {k8s.ovn.org/egress-assignable: ''}, \
-             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\",\"ipv6\":\"{ip6}/64\"}'}",
-        )
-        .expect("node metadata");
-    let external = topology.add_external_host().expect("external host");
+    let (mut topology, external, manifests) =
+        egress_cluster(&[0, 2], ASSIGNABLE_DUAL_STACK).expect("topology");
     exec_in(
         &external.netns,
         &["ip", "addr", "add", "fd99::100/64", "dev", "eth0", "nodad"],
     )
     .expect("external IPv6");
-    let manifests = topology.manifest_dir().expect("manifests").to_owned();
     // An object's addresses go to distinct nodes: 10.99.0.50 to node 0, fd99::50 to node 1.
     topology
         .add_manifest(
             "egressip.yaml",
-            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {name: prod}\n\
-             spec: {egressIPs: [10.99.0.50, 'fd99::50'], namespaceSelector: {matchLabels: {kubernetes.io/metadata.name: prod}}}\n",
+            &egress_ip_yaml("prod", "[10.99.0.50, 'fd99::50']", "prod"),
         )
         .expect("egress ip manifest");
     let metrics = format!("[::]:{PROBE_PORT}");
-    let agents: Vec<_> = (0..3)
-        .map(|n| {
-            topology
-                .node(n)
-                .start_agent_with(&["--metrics-address", &metrics])
-                .expect("agent")
-        })
-        .collect();
+    let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let _server = echo_server(&external.netns, "ext", true).expect("IPv6 server outside");
     let controller = start_controller(&external, &manifests);
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -669,44 +603,22 @@ fn against_an_api_server_one_controller_leads_writes_the_status_and_a_standby_ta
     ) {
         return;
     }
-    let mut topology = Topology::build_with(3, 1, Mode::Overlay).expect("topology");
-    topology.set_pod_namespace(0, 0, "prod").expect("namespace");
-    topology.set_pod_namespace(1, 0, "prod").expect("namespace");
-    topology
-        .set_node_metadata(
-            "labels: {k8s.ovn.org/egress-assignable: ''}, \
-             annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
-        )
-        .expect("node metadata");
-    let external = topology.add_external_host().expect("external host");
-    topology.route_pod_networks(&external).expect("routes");
-    let manifests = topology.manifest_dir().expect("manifests").to_owned();
+    let (topology, external, manifests) = egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
     topology
         .add_manifest(
             "egressip.yaml",
-            &format!(
-                "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
-                 spec: {{egressIPs: [{EGRESS_IP}], namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: prod}}}}}}\n"
-            ),
+            &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
         )
         .expect("egress ip manifest");
     let api = start_shared_apiserver(&external, &manifests);
     let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
     let metrics = format!("0.0.0.0:{PROBE_PORT}");
-    let _agents: Vec<_> = (0..3)
-        .map(|n| {
-            topology
-                .node(n)
-                .start_agent_with(&[
-                    "--kubernetes",
-                    "--kubeconfig",
-                    &kubeconfig,
-                    "--metrics-address",
-                    &metrics,
-                ])
-                .expect("agent")
-        })
-        .collect();
+    let _agents = start_agents(
+        &topology,
+        &metrics,
+        &["--kubernetes", "--kubeconfig", &kubeconfig],
+    )
+    .expect("agents");
     let _server = echo_server(&external.netns, "ext", false).expect("server outside");
     let mut replicas = vec![
         start_api_controller(&external, &api.kubeconfig, "replica-a"),

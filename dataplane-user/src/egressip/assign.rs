@@ -80,17 +80,6 @@ pub struct Assignment {
     pub problems: Vec<Problem>,
 }
 
-impl Assignment {
-    /// Which node holds each assigned address.
-    pub fn holders(&self) -> BTreeMap<IpAddr, String> {
-        self.items
-            .values()
-            .flatten()
-            .map(|(ip, node)| (*ip, node.clone()))
-            .collect()
-    }
-}
-
 /// The objects in the order they claim addresses: oldest first, then as read.
 pub fn claim_order(objects: &[EgressIP]) -> Vec<&EgressIP> {
     let mut ordered: Vec<&EgressIP> = objects.iter().collect();

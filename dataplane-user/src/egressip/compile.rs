@@ -22,8 +22,11 @@ use k8s_openapi::api::core::v1::Namespace;
 use super::EgressIP;
 use crate::{
     AgentError, Dataplane,
-    acl::policy::{PolicyPod, namespace_labels, selects},
-    model::runs_on,
+    acl::{
+        map_err,
+        policy::{PolicyPod, namespace_labels, selects},
+    },
+    model::{pod_name, runs_on},
     overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash},
     source::ClusterState,
 };
@@ -64,13 +67,7 @@ impl EgressInputs {
                 .pods
                 .iter()
                 .filter(|p| runs_on(p, this_node))
-                .map(|p| {
-                    format!(
-                        "{}/{}",
-                        p.metadata.namespace.as_deref().unwrap_or("default"),
-                        p.metadata.name.as_deref().unwrap_or_default()
-                    )
-                })
+                .map(pod_name)
                 .collect(),
         }
     }
@@ -261,13 +258,7 @@ impl Dataplane {
     /// first when they go).
     pub fn sync_egress(&mut self, desired: &EgressMaps) -> Result<SyncStats, AgentError> {
         let mut stats = SyncStats::default();
-        let sync_err = |name: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action: "sync",
-                source,
-            }
-        };
+        let sync_err = |name: &'static str| map_err(name, "sync");
         let mut active: Array<&mut MapData, u32> = self.typed_map(maps::EGRESS_ACTIVE)?;
         let current = active.get(&0, 0).map_err(sync_err(maps::EGRESS_ACTIVE))?;
         if current & !desired.active != 0 {

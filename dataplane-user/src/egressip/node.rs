@@ -87,10 +87,6 @@ impl Lease {
         })
     }
 
-    pub fn held(&self) -> BTreeSet<IpAddr> {
-        self.lock().held.clone()
-    }
-
     fn set_held(&self, held: &BTreeSet<IpAddr>) {
         self.lock().held = held.clone();
     }

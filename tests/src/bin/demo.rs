@@ -39,10 +39,7 @@ fn main() -> anyhow::Result<()> {
     let external = topology.add_external_host()?;
     topology.route_pod_networks(&external)?;
     // Every node may hold egress IPs of its underlay subnet.
-    topology.set_node_metadata(
-        "labels: {k8s.ovn.org/egress-assignable: ''}, \
-         annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
-    )?;
+    topology.set_node_metadata(egress_topology::ASSIGNABLE)?;
     // The pods as the API server has them before they run: a namespace of their own each,
     // a Pod object (labels, node, no address yet). The plugin wires them once the agents run;
     // the addresses it will give are foreseeable, so the Service and policies can name them.

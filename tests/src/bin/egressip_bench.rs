@@ -11,9 +11,12 @@ use clap::Parser;
 use dataplane_common::maps::{PROG_FROM_POD, PROG_TC_BASELINE};
 use dataplane_tests::{
     egress_bed::{Holder, egress_maps},
-    egress_topology::{EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, holder, start_controller},
+    egress_topology::{
+        ASSIGNABLE, EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, egress_cluster, egress_ip_yaml,
+        holder, start_agents, start_controller,
+    },
     median, overlay_bed, packets,
-    topology::{Mode, Topology, node_name, sh_in},
+    topology::{node_name, sh_in},
 };
 use serde::Serialize;
 
@@ -90,35 +93,12 @@ fn packet_costs(args: &Args) -> anyhow::Result<Vec<CostRow>> {
 }
 
 fn failovers(count: u32) -> anyhow::Result<Vec<f64>> {
-    let mut topology = Topology::build_with(3, 1, Mode::Overlay)?;
-    for node in 0..3 {
-        topology.set_pod_namespace(node, 0, "prod")?;
-    }
-    topology.set_node_metadata(
-        "labels: {k8s.ovn.org/egress-assignable: ''}, \
-         annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"{ip}/24\"}'}",
-    )?;
-    let external = topology.add_external_host()?;
-    topology.route_pod_networks(&external)?;
-    let manifests = topology
-        .manifest_dir()
-        .ok_or_else(|| anyhow::anyhow!("no manifests"))?
-        .to_owned();
+    let (topology, external, manifests) = egress_cluster(&[0, 1, 2], ASSIGNABLE)?;
     topology.add_manifest(
         "egressip.yaml",
-        &format!(
-            "apiVersion: k8s.ovn.org/v1\nkind: EgressIP\nmetadata: {{name: prod}}\n\
-             spec: {{egressIPs: [{EGRESS_IP}], namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: prod}}}}}}\n"
-        ),
+        &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
     )?;
-    let metrics = format!("0.0.0.0:{PROBE_PORT}");
-    let _agents = (0..3)
-        .map(|n| {
-            topology
-                .node(n)
-                .start_agent_with(&["--metrics-address", &metrics])
-        })
-        .collect::<anyhow::Result<Vec<_>>>()?;
+    let _agents = start_agents(&topology, &format!("0.0.0.0:{PROBE_PORT}"), &[])?;
     let controller = start_controller(&external, &manifests);
     let mut seconds = Vec::new();
     for _ in 0..count {
