@@ -10,9 +10,13 @@
 //! traffic (here, or through Geneve); anything else sent to a held address is dropped, so the
 //! node's own sockets never answer on it. XDP answers ARP for held addresses.
 //!
+//! ICMP and ICMPv6 echo requests are translated too, their identifier standing for the
+//! source port; an error a router sends back about a translated flow (fragmentation needed,
+//! unreachable) reaches the pod with its own address and port in the quoted packet.
+//!
 //! A selected pod's packet is never sent with its own address: no address assigned, an
-//! address held by no programmed node, or a protocol without ports, and it is dropped with
-//! its reason counted.
+//! address held by no programmed node, or a protocol without ports or identifier, and it is
+//! dropped with its reason counted.
 
 // Keys are passed to the map helpers by reference on purpose: by value they would be copied
 // to the BPF stack.
@@ -44,7 +48,10 @@ use crate::{
         EGRESS_SNAT, PARSED,
     },
     overlay,
-    parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
+    parse::{
+        ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_TCP, IPPROTO_UDP,
+        read_addresses,
+    },
     stats::{count_drop, count_outcome},
     work::{EgressWork, Parsed},
 };
@@ -52,6 +59,14 @@ use crate::{
 const ETH_LEN: usize = 14;
 /// Ports tried on the egress address for a new flow: its own, then spread over the range.
 const PORT_ATTEMPTS: u32 = 4;
+
+/// `EgressWork::icmp`: no ICMP message, or one that is neither an echo nor its reply (an
+/// error, when it arrives for a held address).
+const ICMP_OTHER: u8 = 0;
+/// `EgressWork::icmp`: an echo request; its identifier is read as the source port.
+const ICMP_ECHO_REQUEST: u8 = 1;
+/// `EgressWork::icmp`: an echo reply; its identifier is read as the destination port.
+const ICMP_ECHO_REPLY: u8 = 2;
 
 /// The `EGRESS_ACTIVE_*` bits (zero: no egress IP concerns this node).
 #[inline(always)]
@@ -139,7 +154,46 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, w: &mut EgressWork) -> bool {
     w.flow.dst_port_be = parsed.dst_port;
     w.flow.protocol = parsed.protocol;
     w.ipv4 = ipv4 as u8;
+    w.icmp = ICMP_OTHER;
+    if parsed.protocol == IPPROTO_ICMP || parsed.protocol == IPPROTO_ICMPV6 {
+        read_echo(ctx, parsed, w);
+    }
     true
+}
+
+/// For an ICMP or ICMPv6 echo or echo reply: its kind in `w.icmp`, and its identifier as the
+/// port of the side that asked (the source of a request, the destination of a reply), so an
+/// exchange is tracked and translated as a flow with one port.
+#[inline(always)]
+fn read_echo(ctx: &TcContext, parsed: &Parsed, w: &mut EgressWork) {
+    if parsed.l4_offset == 0 {
+        return;
+    }
+    let Ok(header) = ctx.load::<[u8; 6]>(parsed.l4_offset) else {
+        return;
+    };
+    let (request, reply) = if parsed.protocol == IPPROTO_ICMP {
+        (8, 0)
+    } else {
+        (128, 129)
+    };
+    let id = [header[4], header[5]];
+    if header[0] == request {
+        w.icmp = ICMP_ECHO_REQUEST;
+        w.flow.src_port_be = id;
+        w.flow.dst_port_be = [0; 2];
+    } else if header[0] == reply {
+        w.icmp = ICMP_ECHO_REPLY;
+        w.flow.src_port_be = [0; 2];
+        w.flow.dst_port_be = id;
+    }
+}
+
+/// Whether a packet leaving for outside can be translated: TCP and UDP by their source port,
+/// an echo request by its identifier.
+#[inline(always)]
+fn translatable_out(w: &EgressWork) -> bool {
+    w.flow.protocol == IPPROTO_TCP || w.flow.protocol == IPPROTO_UDP || w.icmp == ICMP_ECHO_REQUEST
 }
 
 /// Whether the flow's destination lies inside the cluster (a cluster or service network, a
@@ -165,7 +219,7 @@ fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(i32, Option<PacketClass
     if internal(w) {
         return Ok((TC_ACT_OK, None));
     }
-    if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
+    if !translatable_out(w) {
         return Err(DropReason::EgressIpProtocol);
     }
     // The flow's pinned address, as long as some node holds it; else one chosen by its hash.
@@ -241,7 +295,7 @@ fn from_underlay(
         if internal(w) {
             return Ok((TC_ACT_OK, None));
         }
-        if w.flow.protocol != IPPROTO_TCP && w.flow.protocol != IPPROTO_UDP {
+        if !translatable_out(w) {
             return Err(DropReason::EgressIpProtocol);
         }
         return translate_out(ctx, parsed, w);
@@ -337,6 +391,10 @@ fn translate_in(
     parsed: &Parsed,
     w: &mut EgressWork,
 ) -> Result<(i32, Option<PacketClass>), DropReason> {
+    let icmp = w.flow.protocol == IPPROTO_ICMP || w.flow.protocol == IPPROTO_ICMPV6;
+    if icmp && w.icmp != ICMP_ECHO_REPLY {
+        return translate_error_in(ctx, parsed);
+    }
     w.flow.direction = EGRESS_CT_IN;
     // SAFETY: copied out at once.
     let Some(pod) = (unsafe { EGRESS_CT.get(&w.flow) }) else {
@@ -354,6 +412,41 @@ fn translate_in(
         w.flow.dst_port_be,
         w.port,
     )?;
+    deliver_to_pod(ctx, parsed)
+}
+
+/// An ICMP or ICMPv6 message to an egress address held here that is no echo reply: an error
+/// about a translated flow is translated back like its replies; anything else (an echo
+/// request to the address, an error about no such flow) is dropped.
+#[inline(always)]
+fn translate_error_in(
+    ctx: &TcContext,
+    parsed: &Parsed,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
+    let found = lb::untranslate_icmp_error(ctx, parsed, EGRESS_CT_IN, |flow, addr, port| {
+        // SAFETY: copied out at once.
+        match unsafe { EGRESS_CT.get(flow) } {
+            Some(pod) => {
+                copy_addr(addr, &pod.addr);
+                *port = pod.port_be;
+                true
+            }
+            None => false,
+        }
+    })?;
+    if !found {
+        return Err(DropReason::EgressIpNoFlow);
+    }
+    deliver_to_pod(ctx, parsed)
+}
+
+/// Delivers a packet translated back to its pod as the overlay delivers to pods (here, or
+/// through Geneve to the pod's node).
+#[inline(always)]
+fn deliver_to_pod(
+    ctx: &TcContext,
+    parsed: &Parsed,
+) -> Result<(i32, Option<PacketClass>), DropReason> {
     count_outcome(Hook::UnderlayTc, PacketClass::EgressReverseNat);
     match overlay::from_pod(ctx, parsed, false).result()? {
         Some((verdict, outcome)) => Ok((verdict as i32, Some(outcome))),
@@ -505,4 +598,3 @@ pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
 
 /// ff02::1, where an answer to duplicate address detection goes.
 const ALL_NODES: Addr = [0xff, 2, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1];
-const IPPROTO_ICMPV6: u8 = 58;

@@ -28,10 +28,10 @@ use dataplane_common::{
     frag::FRAG_LATER,
     lb::{
         BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
-        CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtValue,
-        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL,
-        SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceValue,
-        backend_slot, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
+        CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey,
+        CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN,
+        ServiceValue, backend_slot, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -46,7 +46,10 @@ use crate::{
         LOCAL_PODS,
     },
     overlay,
-    parse::{IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, load_bytes, read_addresses},
+    parse::{
+        IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, load_bytes,
+        read_addresses,
+    },
     stage::Stage,
     stats::{count_drop, count_outcome},
     work::{LbScratch, Parsed},
@@ -897,16 +900,58 @@ fn translate(
     side: Side,
 ) -> Result<(), DropReason> {
     let diff = address_diff(s);
+    let echo = protocol == IPPROTO_ICMP || protocol == IPPROTO_ICMPV6;
     // The headers are written in place (cheaper than a store helper per field); the helpers
     // that follow invalidate the packet pointers, so every direct write comes first.
-    write_headers(ctx, l4, s, side, diff)?;
+    write_headers(ctx, l4, s, side, port_offset(echo, side), diff)?;
     // A later fragment (no transport header): the address alone; the transport checksum
     // travels in the first fragment, which was corrected for the whole datagram.
     if protocol == IPPROTO_SCTP || l4 == 0 {
         // Its CRC32c is corrected once all rewrites are done: `follow_sctp_ports`.
         return Ok(());
     }
+    if echo {
+        return follow_echo_checksum(ctx, l4, protocol, diff, s.old_port, s.new_port);
+    }
     follow_transport_checksum(ctx, l4, protocol, diff, s.old_port, s.new_port)
+}
+
+/// Where the translated "port" lies in the transport header: the source or destination port
+/// of TCP, UDP and SCTP; an ICMP or ICMPv6 echo's identifier, which stands for the port on
+/// both sides (the querier's end of the exchange).
+#[inline(always)]
+fn port_offset(echo: bool, side: Side) -> usize {
+    match (echo, side) {
+        (true, _) => 4,
+        (false, Side::Source) => 0,
+        (false, Side::Destination) => 2,
+    }
+}
+
+/// Corrects an ICMP or ICMPv6 echo's checksum at `l4 + 2` after the addresses changed by
+/// `diff` (only ICMPv6 sums a pseudo-header) and its identifier `old_id` became `new_id` (the
+/// identifier is already rewritten).
+#[inline(always)]
+fn follow_echo_checksum(
+    ctx: &TcContext,
+    l4: usize,
+    protocol: u8,
+    diff: u32,
+    old_id: [u8; 2],
+    new_id: [u8; 2],
+) -> Result<(), DropReason> {
+    let failed = |_| DropReason::LbRewriteFailed;
+    let check = l4 + 2;
+    if protocol == IPPROTO_ICMPV6 {
+        ctx.l4_csum_replace(check, 0, diff as u64, BPF_F_PSEUDO_HDR as u64)
+            .map_err(failed)?;
+    }
+    if old_id != new_id {
+        let from = u16::from_ne_bytes(old_id) as u64;
+        let to = u16::from_ne_bytes(new_id) as u64;
+        ctx.l4_csum_replace(check, from, to, 2).map_err(failed)?;
+    }
+    Ok(())
 }
 
 /// Corrects the TCP or UDP checksum of the transport header at `l4` after the addresses
@@ -1061,8 +1106,8 @@ fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bool {
     true
 }
 
-/// Writes `s.new_addr` (and `s.new_port` when it differs) over the source or destination in
-/// place, and the IPv4 header checksum by the address change `diff` (RFC 1624). Headers
+/// Writes `s.new_addr` (and `s.new_port` when it differs, at `port_at` in the transport
+/// header) over the source or destination in place, and the IPv4 header checksum by the address change `diff` (RFC 1624). Headers
 /// outside the skb's linear data are pulled in first.
 #[inline(always)]
 fn write_headers(
@@ -1070,15 +1115,17 @@ fn write_headers(
     l4: usize,
     s: &LbScratch,
     side: Side,
+    port_at: usize,
     diff: u32,
 ) -> Result<(), DropReason> {
     let failed = DropReason::LbRewriteFailed;
-    // Ports live in the first 4 bytes of TCP, UDP and SCTP alike. Offsets are masked so the
+    // Ports live in the first 4 bytes of TCP, UDP and SCTP alike, an echo's identifier in
+    // bytes 4 and 5 of ICMP; every such header has 8 bytes. Offsets are masked so the
     // verifier sees them bounded; a header deeper than that takes the helper path below.
     if l4 > MAX_DIRECT_L4 {
-        return store_headers(ctx, l4, s, side, diff);
+        return store_headers(ctx, l4, s, side, port_at);
     }
-    let needed = (l4 + 4) as u32;
+    let needed = (l4 + 8) as u32;
     if ctx.data() + needed as usize > ctx.data_end() {
         ctx.pull_data(needed).map_err(|_| failed)?;
     }
@@ -1088,7 +1135,7 @@ fn write_headers(
     // drop the mask the verifier needs to bound the pointer.
     // SAFETY: a volatile read of a local.
     let ports = start + (unsafe { core::ptr::read_volatile(&l4) } & MAX_DIRECT_L4);
-    if ports + 4 > end {
+    if ports + 8 > end {
         return Err(failed);
     }
     if s.ipv4 != 0 {
@@ -1120,12 +1167,11 @@ fn write_headers(
         unsafe { copy_bytes::<16>(at as *mut u8, s.new_addr.as_ptr()) };
     }
     if s.old_port != s.new_port && l4 != 0 {
-        let at = if side == Side::Source {
-            ports
-        } else {
-            ports + 2
-        };
-        // SAFETY: the 4 bytes of ports were bounds-checked above.
+        // Masked (and read opaquely, as above) so the verifier sees the write within the 8
+        // checked bytes.
+        // SAFETY: a volatile read of a local.
+        let at = ports + (unsafe { core::ptr::read_volatile(&port_at) } & 6);
+        // SAFETY: the 8 bytes of the transport header were bounds-checked above.
         unsafe { core::ptr::write_unaligned(at as *mut [u8; 2], s.new_port) };
     }
     Ok(())
@@ -1139,10 +1185,12 @@ fn store_headers(
     l4: usize,
     s: &LbScratch,
     side: Side,
-    diff: u32,
+    port_at: usize,
 ) -> Result<(), DropReason> {
     let failed = |_| DropReason::LbRewriteFailed;
     let l3 = ETH_LEN;
+    // Recomputed rather than passed: a BPF call takes at most five arguments.
+    let diff = address_diff(s);
     if s.ipv4 != 0 {
         let at = if side == Side::Source {
             l3 + 12
@@ -1163,8 +1211,7 @@ fn store_headers(
         ctx.store(at, &s.new_addr, 0).map_err(failed)?;
     }
     if s.old_port != s.new_port {
-        let at = if side == Side::Source { l4 } else { l4 + 2 };
-        ctx.store(at, &s.new_port, 0).map_err(failed)?;
+        ctx.store(l4 + port_at, &s.new_port, 0).map_err(failed)?;
     }
     Ok(())
 }
@@ -1253,8 +1300,6 @@ const ICMP_TIME_EXCEEDED: u8 = 11;
 const ICMP_PARAMETER_PROBLEM: u8 = 12;
 const ICMPV6_DEST_UNREACH: u8 = 1;
 const ICMPV6_PARAMETER_PROBLEM: u8 = 4;
-const IPPROTO_ICMP: u8 = 1;
-const IPPROTO_ICMPV6: u8 = 58;
 
 /// An ICMP or ICMPv6 error from a backend about a packet of a service flow (port unreachable,
 /// packet too big, ...), given the service's address back: the quoted packet's destination
@@ -1287,31 +1332,8 @@ enum Translated {
 
 #[inline(always)]
 fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, DropReason> {
-    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
-        return Ok(Translated::No);
-    }
     let ipv4 = parsed.ether_type == ETH_P_IP;
-    let icmp = parsed.l4_offset;
-    let Ok(kind) = ctx.load::<u8>(icmp) else {
-        return Ok(Translated::No);
-    };
-    let is_error = if ipv4 {
-        parsed.protocol == IPPROTO_ICMP
-            && matches!(
-                kind,
-                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
-            )
-    } else {
-        parsed.protocol == IPPROTO_ICMPV6
-            && (ICMPV6_DEST_UNREACH..=ICMPV6_PARAMETER_PROBLEM).contains(&kind)
-    };
-    let Some(s) = scratch() else {
-        return Ok(Translated::No);
-    };
-    if !is_error {
-        return Ok(Translated::No);
-    }
-    let Some(quoted_l4) = read_quoted_reply_flow(ctx, icmp + 8, ipv4, s) else {
+    let Some((s, icmp, quoted_l4)) = quoted_error(ctx, parsed) else {
         return Ok(Translated::No);
     };
     // SAFETY: only read, within this program run.
@@ -1321,7 +1343,6 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
     if expired(entry, s.flow.protocol, now()) {
         return Ok(Translated::No);
     }
-    let (icmp, quoted_l4) = (icmp as u32, quoted_l4 as u32);
     // The quoted destination: the backend becomes the service.
     copy_addr(&mut s.old_addr, &s.flow.src);
     s.old_port = s.flow.src_port_be;
@@ -1348,6 +1369,65 @@ fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, 
         return Ok(Translated::RouteOut);
     }
     Ok(Translated::Yes)
+}
+
+/// An ICMP or ICMPv6 error quoting a TCP, UDP or SCTP packet with its ports: the working set
+/// with the quoted flow read into its `flow` in the reply direction, the error's offset and
+/// the quoted transport header's. `None` for anything else.
+#[inline(always)]
+fn quoted_error(ctx: &TcContext, parsed: &Parsed) -> Option<(&'static mut LbScratch, u32, u32)> {
+    if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
+        return None;
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    let icmp = parsed.l4_offset;
+    let kind = ctx.load::<u8>(icmp).ok()?;
+    let is_error = if ipv4 {
+        parsed.protocol == IPPROTO_ICMP
+            && matches!(
+                kind,
+                ICMP_DEST_UNREACH | ICMP_TIME_EXCEEDED | ICMP_PARAMETER_PROBLEM
+            )
+    } else {
+        parsed.protocol == IPPROTO_ICMPV6
+            && (ICMPV6_DEST_UNREACH..=ICMPV6_PARAMETER_PROBLEM).contains(&kind)
+    };
+    if !is_error {
+        return None;
+    }
+    let s = scratch()?;
+    let quoted_l4 = read_quoted_reply_flow(ctx, icmp + 8, ipv4, s)?;
+    Some((s, icmp as u32, quoted_l4 as u32))
+}
+
+/// An ICMP or ICMPv6 error addressed to a source another stage translated (egress IPs): the
+/// flow it quotes, in its reply direction with `direction` set, is given to `original`, which
+/// fills in the address and port the flow had before translation. The quoted source and the
+/// error's destination get them back, every checksum following, so the sender's stack matches
+/// the error (a path MTU, an unreachable port) to its socket. `Ok(false)`: no such error, or
+/// `original` knows no such flow.
+#[inline(always)]
+pub fn untranslate_icmp_error(
+    ctx: &TcContext,
+    parsed: &Parsed,
+    direction: u8,
+    original: impl FnOnce(&CtKey, &mut Addr, &mut [u8; 2]) -> bool,
+) -> Result<bool, DropReason> {
+    let Some((s, icmp, quoted_l4)) = quoted_error(ctx, parsed) else {
+        return Ok(false);
+    };
+    s.flow.direction = direction;
+    // The error must be addressed to the source it quotes.
+    if !addressed_to(ctx, s.ipv4 != 0, &s.flow.dst)
+        || !original(&s.flow, &mut s.new_addr, &mut s.new_port)
+    {
+        return Ok(false);
+    }
+    copy_addr(&mut s.old_addr, &s.flow.dst);
+    s.old_port = s.flow.dst_port_be;
+    quoted_rewrite(ctx, s, icmp, quoted_l4, Side::Source)?;
+    error_rewrite(ctx, s, icmp, Side::Destination)?;
+    Ok(true)
 }
 
 /// Inside an ICMP error at `icmp` quoting a packet whose transport header is at `quoted_l4`:

@@ -102,13 +102,21 @@ fn hand_on(ctx: &TcContext, parsed: &Parsed, next: u32) -> i32 {
 
 /// After `tc_underlay` for ICMP and ICMPv6: an error a remote backend sent about a service flow
 /// (decapsulated by XDP) is given the service's address back and passes as a reply of that
-/// flow, so the client pod's ingress policy lets it in.
+/// flow, so the client pod's ingress policy lets it in. Anything else goes on to the egress IP
+/// stage where this node may hold egress addresses (echo replies and errors for translated
+/// flows, other nodes' pods pinging outside).
 #[classifier]
 pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
     let Some(parsed) = PARSED.get(0) else {
         return TC_ACT_OK;
     };
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
+        Ok(0) if egressip::holder() => {
+            // SAFETY: a tail call either does not return or returns having done nothing.
+            unsafe { TAILS.tail_call(&ctx, TAIL_UNDERLAY_EGRESS) };
+            count_drop(Hook::UnderlayTc, DropReason::TailCallFailed);
+            TC_ACT_OK
+        }
         Ok(0) => TC_ACT_OK,
         Ok(1) => {
             count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);

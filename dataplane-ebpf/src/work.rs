@@ -134,7 +134,8 @@ pub struct EgressWork {
     /// The flow's source port on the egress address (network byte order).
     pub(crate) port: [u8; 2],
     pub(crate) ipv4: u8,
-    pub(crate) _pad: u8,
+    /// What kind of ICMP or ICMPv6 message the packet is (`ECHO_*` in `egressip`).
+    pub(crate) icmp: u8,
     /// Key of the cluster-internal prefixes' lookup.
     pub(crate) lpm: aya_ebpf::maps::lpm_trie::Key<Addr>,
 }

@@ -1,6 +1,7 @@
 //! Egress IP maps for the overlay bed ([`crate::overlay_bed`]): the pod the test frames come
-//! from (10.244.1.2, namespace `default`) selected by one EgressIP whose addresses 10.99.0.50
-//! and fd99::50 are held by this node (a), by node b, or by nobody yet. Compiled by the agent's own code.
+//! from (10.244.1.2 and fd00:102a:0:1::2, namespace `default`) selected by one EgressIP whose
+//! addresses 10.99.0.50 and fd99::50 are held by this node (a), by node b, or by nobody yet.
+//! Compiled by the agent's own code.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -14,7 +15,7 @@ use dataplane_user::{
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
-use crate::packets::SRC_V4;
+use crate::packets::{SRC_V4, SRC_V6};
 
 pub const EGRESS_IP: [u8; 4] = [10, 99, 0, 50];
 /// The object's IPv6 address, held by the same node (fd99::50).
@@ -76,12 +77,18 @@ pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
             namespace: "default".into(),
             name: "sender".into(),
             labels: BTreeMap::new(),
-            addresses: vec![std::net::IpAddr::from(SRC_V4)],
+            addresses: vec![
+                std::net::IpAddr::from(SRC_V4),
+                std::net::IpAddr::from(SRC_V6),
+            ],
             named_ports: BTreeMap::new(),
         }],
         namespaces: Vec::new(),
         nodes: view.nodes.clone(),
-        cluster_networks: vec!["10.244.0.0/16".parse().expect("cidr")],
+        cluster_networks: vec![
+            "10.244.0.0/16".parse().expect("cidr"),
+            "fd00:102a::/48".parse().expect("cidr"),
+        ],
         service_networks: vec!["10.96.0.0/16".parse().expect("cidr")],
         this_node: view.this_node.clone(),
         local_pods: BTreeSet::from(["default/sender".to_owned()]),

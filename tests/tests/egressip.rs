@@ -2,23 +2,30 @@
 //! the frames and the expected outputs are built by scapy, checksums included, so every
 //! rewritten byte is checked against an independent implementation.
 
+use std::net::IpAddr;
+
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    egressip::{EGRESS_CT_IN, EgressCtValue},
+    lb::CtKey,
+    maps::{EGRESS_CT, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
 };
 use dataplane_tests::{
-    egress_bed::{Holder, egress_maps},
+    egress_bed::{EGRESS_IP, EGRESS_IP6, Holder, egress_maps},
     overlay_bed::{self, Bed, UNDERLAY_MAC},
     packets::{self, GW_MAC, POD_MAC},
     privileged::privileged,
     scapy::{self, bytes_of, hex},
 };
+use dataplane_user::overlay::addr16;
 use serde_json::json;
 
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
+const IPPROTO_ICMP: u8 = 1;
+const IPPROTO_UDP: u8 = 17;
 
 fn build(expr: &str) -> Vec<u8> {
     bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
@@ -262,4 +269,254 @@ fn until_a_node_holds_the_address_the_selected_pods_traffic_out_is_dropped() {
         .expect("tc run");
     assert_eq!(out.action, TC_ACT_REDIRECT);
     assert_eq!(out.output.len(), packets::ipv4_tcp().len() + 50);
+}
+
+/// Takes the reply key of `protocol` from `remote` (port `remote_port`) to the egress address
+/// `egress` at `port`, as if another translated flow held it: a new flow wanting that port
+/// must take another.
+fn occupy(
+    bed: &mut Bed,
+    protocol: u8,
+    remote: IpAddr,
+    remote_port: u16,
+    egress: IpAddr,
+    port: u16,
+) {
+    let mut ct: aya::maps::HashMap<&mut aya::maps::MapData, CtKey, EgressCtValue> = bed
+        .fixture
+        .typed_map(EGRESS_CT)
+        .expect("egress conntrack map");
+    let key = CtKey {
+        src: addr16(remote),
+        dst: addr16(egress),
+        src_port_be: remote_port.to_be_bytes(),
+        dst_port_be: port.to_be_bytes(),
+        protocol,
+        direction: EGRESS_CT_IN,
+        _pad: [0; 2],
+    };
+    let elsewhere = EgressCtValue {
+        addr: addr16("10.244.9.9".parse().expect("address")),
+        port_be: port.to_be_bytes(),
+        _pad: [0; 2],
+    };
+    ct.insert(key, elsewhere, 0).expect("occupying the port");
+}
+
+/// Runs `frame` through `program` and expects it sent on (`TC_ACT_REDIRECT`).
+fn redirected(bed: &mut Bed, program: &'static str, frame: &[u8]) -> Vec<u8> {
+    let out = bed.fixture.run_tc(program, frame, 1).expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        bed.fixture.counters().drops
+    );
+    out.output
+}
+
+/// An underlay frame from the router towards this node, carrying `packet` (a scapy
+/// expression from the IP header on).
+fn from_outside(packet: &str) -> Vec<u8> {
+    build(&format!(
+        "Ether(src='02:00:00:00:99:02', dst='{}')/{packet}",
+        mac(&UNDERLAY_MAC)
+    ))
+}
+
+/// A frame from the test pod carrying `packet`.
+fn from_pod(packet: &str) -> Vec<u8> {
+    build(&format!(
+        "Ether(src='{}', dst='{}')/{packet}",
+        mac(&POD_MAC),
+        mac(&GW_MAC)
+    ))
+}
+
+#[test]
+fn echo_requests_leave_from_the_egress_ip_with_their_identifier_as_port() {
+    if !privileged("echo_requests_leave_from_the_egress_ip_with_their_identifier_as_port") {
+        return;
+    }
+    let mut bed = bed_with(Holder::Here);
+    // IPv4: the pod's identifier is free on the egress address, so only the source changes.
+    let ping = "IP(src='10.244.1.2', dst='192.0.2.1', ttl=64, id=1)/ICMP(type=8, id=0x1234, seq=1)/Raw(b'ping')";
+    let out = redirected(&mut bed, PROG_FROM_POD, &from_pod(ping));
+    let expected = from_pod(&ping.replace("src='10.244.1.2'", "src='10.99.0.50'"));
+    assert_eq!(hex(&out), hex(&expected));
+    let pong =
+        "IP(src='192.0.2.1', dst='{to}', ttl=63, id=7)/ICMP(type=0, id=0x1234, seq=1)/Raw(b'ping')";
+    let out = redirected(
+        &mut bed,
+        PROG_UNDERLAY_TC,
+        &from_outside(&pong.replace("{to}", "10.99.0.50")),
+    );
+    let delivered = from_pod(&pong.replace("{to}", "10.244.1.2"));
+    assert_eq!(
+        hex(&out[14..]),
+        hex(&delivered[14..]),
+        "the reply to the pod"
+    );
+    assert_eq!(&out[..6], &POD_MAC);
+
+    // An identifier another flow holds on the egress address: the request takes another one
+    // of the range, its checksum follows, and the reply gets the pod's back.
+    occupy(
+        &mut bed,
+        IPPROTO_ICMP,
+        "192.0.2.1".parse().expect("address"),
+        0,
+        IpAddr::from(EGRESS_IP),
+        0x4321,
+    );
+    let ping = "IP(src='10.244.1.2', dst='192.0.2.1', ttl=64, id=2)/ICMP(type=8, id={id}, seq=5)/Raw(b'ping')";
+    let out = redirected(
+        &mut bed,
+        PROG_FROM_POD,
+        &from_pod(&ping.replace("{id}", "0x4321")),
+    );
+    let id = u16::from_be_bytes([out[38], out[39]]);
+    assert!((32768..=60999).contains(&id), "identifier {id:#x}");
+    let expected = from_pod(
+        &ping
+            .replace("src='10.244.1.2'", "src='10.99.0.50'")
+            .replace("{id}", &id.to_string()),
+    );
+    assert_eq!(
+        hex(&out),
+        hex(&expected),
+        "rewritten identifier and checksum"
+    );
+    let pong =
+        "IP(src='192.0.2.1', dst='{to}', ttl=63, id=8)/ICMP(type=0, id={id}, seq=5)/Raw(b'ping')";
+    let out = redirected(
+        &mut bed,
+        PROG_UNDERLAY_TC,
+        &from_outside(
+            &pong
+                .replace("{to}", "10.99.0.50")
+                .replace("{id}", &id.to_string()),
+        ),
+    );
+    let delivered = from_pod(&pong.replace("{to}", "10.244.1.2").replace("{id}", "0x4321"));
+    assert_eq!(
+        hex(&out[14..]),
+        hex(&delivered[14..]),
+        "the reply to the pod"
+    );
+
+    // IPv6: the ICMPv6 checksum sums the addresses too.
+    let ping6 = "IPv6(src='fd00:102a:0:1::2', dst='2001:db8::1', hlim=64)/ICMPv6EchoRequest(id=0x77, seq=3, data=b'ping6')";
+    let out = redirected(&mut bed, PROG_FROM_POD, &from_pod(ping6));
+    let expected = from_pod(&ping6.replace("src='fd00:102a:0:1::2'", "src='fd99::50'"));
+    assert_eq!(hex(&out), hex(&expected));
+    let pong6 = "IPv6(src='2001:db8::1', dst='{to}', hlim=63)/ICMPv6EchoReply(id=0x77, seq=3, data=b'ping6')";
+    let out = redirected(
+        &mut bed,
+        PROG_UNDERLAY_TC,
+        &from_outside(&pong6.replace("{to}", "fd99::50")),
+    );
+    let delivered = from_pod(&pong6.replace("{to}", "fd00:102a:0:1::2"));
+    assert_eq!(hex(&out[14..]), hex(&delivered[14..]), "the IPv6 reply");
+
+    let counters = bed.fixture.counters();
+    assert_eq!(counters.packets(Hook::FromPod, PacketClass::EgressSnat), 3);
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::EgressReverseNat),
+        3
+    );
+
+    // A ping to the egress address itself is answered by nobody; other ICMP from the pod
+    // (a timestamp request) has nothing to translate it by and never leaves as the pod.
+    let probe = from_outside("IP(src='192.0.2.1', dst='10.99.0.50')/ICMP(type=8, id=9, seq=1)");
+    let out = bed
+        .fixture
+        .run_tc(PROG_UNDERLAY_TC, &probe, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT);
+    assert_eq!(bed.fixture.counters().drops(DropReason::EgressIpNoFlow), 1);
+    let timestamp = from_pod("IP(src='10.244.1.2', dst='192.0.2.1')/ICMP(type=13, id=9, seq=1)");
+    let out = bed
+        .fixture
+        .run_tc(PROG_FROM_POD, &timestamp, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT);
+    assert_eq!(
+        bed.fixture.counters().drops(DropReason::EgressIpProtocol),
+        1
+    );
+}
+
+#[test]
+fn an_error_about_a_translated_flow_reaches_the_pod_with_its_own_address_and_port() {
+    if !privileged("an_error_about_a_translated_flow_reaches_the_pod_with_its_own_address_and_port")
+    {
+        return;
+    }
+    let mut bed = bed_with(Holder::Here);
+    // A UDP flow whose port is taken on the egress address: both address and port change.
+    occupy(
+        &mut bed,
+        IPPROTO_UDP,
+        "192.0.2.1".parse().expect("address"),
+        53,
+        IpAddr::from(EGRESS_IP),
+        40000,
+    );
+    let query = "IP(src='10.244.1.2', dst='192.0.2.1', ttl=64, id=3)/UDP(sport=40000, dport=53)/Raw(b'query')";
+    let out = redirected(&mut bed, PROG_FROM_POD, &from_pod(query));
+    let port = u16::from_be_bytes([out[34], out[35]]);
+    assert_ne!(port, 40000);
+    // A router on the way cannot forward it: fragmentation needed, quoting the packet as
+    // it left.
+    let quoted = "IPerror(src='{from}', dst='192.0.2.1', ttl=63, id=3)/\
+                  UDPerror(sport={port}, dport=53)/Raw(b'query')";
+    let error = |to: &str, from: &str, port: u16| {
+        format!(
+            "IP(src='192.0.2.254', dst='{to}', ttl=64, id=9)/ICMP(type=3, code=4, nexthopmtu=1300)/{}",
+            quoted
+                .replace("{from}", from)
+                .replace("{port}", &port.to_string())
+        )
+    };
+    let out = redirected(
+        &mut bed,
+        PROG_UNDERLAY_TC,
+        &from_outside(&error("10.99.0.50", "10.99.0.50", port)),
+    );
+    let delivered = from_pod(&error("10.244.1.2", "10.244.1.2", 40000));
+    assert_eq!(
+        hex(&out[14..]),
+        hex(&delivered[14..]),
+        "the error, quoting the pod's own packet"
+    );
+    assert_eq!(&out[..6], &POD_MAC);
+
+    // IPv6: packet too big about a TCP segment, the ICMPv6 checksum over the new addresses.
+    let syn = "IPv6(src='fd00:102a:0:1::2', dst='2001:db8::1', hlim=64)/TCP(sport=41000, dport=443, flags='S', seq=1)";
+    let out = redirected(&mut bed, PROG_FROM_POD, &from_pod(syn));
+    assert_eq!(&out[22..38], &EGRESS_IP6);
+    let too_big = |to: &str, from: &str| {
+        format!(
+            "IPv6(src='2001:db8::fe', dst='{to}', hlim=64)/ICMPv6PacketTooBig(mtu=1280)/\
+             IPerror6(src='{from}', dst='2001:db8::1', hlim=63)/\
+             TCPerror(sport=41000, dport=443, flags='S', seq=1)"
+        )
+    };
+    let out = redirected(
+        &mut bed,
+        PROG_UNDERLAY_TC,
+        &from_outside(&too_big("fd99::50", "fd99::50")),
+    );
+    let delivered = from_pod(&too_big("fd00:102a:0:1::2", "fd00:102a:0:1::2"));
+    assert_eq!(hex(&out[14..]), hex(&delivered[14..]), "the IPv6 error");
+
+    // An error about no translated flow is dropped.
+    let stray = from_outside(&error("10.99.0.50", "10.99.0.50", 999));
+    let out = bed
+        .fixture
+        .run_tc(PROG_UNDERLAY_TC, &stray, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT);
+    assert_eq!(bed.fixture.counters().drops(DropReason::EgressIpNoFlow), 1);
 }

@@ -78,6 +78,15 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
         vec!["ext 10.99.0.3".to_owned(); 2],
         "a pod of another namespace leaves with its node's address (the gateway SNAT)"
     );
+    // Ping too: the echo identifier stands for the port, and the replies come back.
+    for pod in [&prod_local, &prod_remote] {
+        assert_eq!(
+            ping_sources(&external, pod, "10.99.0.100"),
+            vec![EGRESS_IP.to_owned(); 2],
+            "{}'s echo requests",
+            pod.name
+        );
+    }
 
     // `dataplane inspect egressip` on the holder and on the remote pod's node.
     let inspect = |agent: &dataplane_tests::topology::Agent| {
@@ -247,6 +256,34 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
         "pod addresses on the underlay: {leaked:?}"
     );
     drop(controller);
+}
+
+/// Pings `target` on the outside host twice from `pod` (both answered) and returns the
+/// sources of the echo requests as the outside host received them (tshark).
+fn ping_sources(
+    external: &ExternalHost,
+    pod: &dataplane_tests::topology::Pod,
+    target: &str,
+) -> Vec<String> {
+    let v6 = target.contains(':');
+    let (filter, field) = if v6 {
+        ("icmp6 and ip6[40] == 128", "ipv6.src")
+    } else {
+        ("icmp and icmp[icmptype] == icmp-echo", "ip.src")
+    };
+    let capture = Capture::start(&external.netns, "eth0", filter, 2, &[field]).expect("capture");
+    let out = exec_in(
+        &pod.netns,
+        &["ping", "-c", "2", "-i", "0.2", "-W", "2", target],
+    )
+    .expect("ping");
+    assert!(
+        out.status.success(),
+        "{} pinging {target}: {}",
+        pod.name,
+        String::from_utf8_lossy(&out.stdout)
+    );
+    capture.finish().expect("capture")
 }
 
 /// Keeps `count` TCP connections from a pod to the outside host open and asks each, three
@@ -569,6 +606,12 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
             panic!("{} over IPv6: {e:#}\n{counters:#?}", pod.name)
         });
         assert_eq!(answers, vec!["ext fd99::50".to_owned(); 2], "{}", pod.name);
+        assert_eq!(
+            ping_sources(&external, &pod, "fd99::100"),
+            vec!["fd99::50".to_owned(); 2],
+            "{}'s ICMPv6 echo requests",
+            pod.name
+        );
     }
 
     // Node 0 goes NotReady: its IPv4 address moves to node 2 (node 1 holds the object's other
