@@ -636,6 +636,38 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
         tcp_answers(&pod.netns, "10.99.0.100", 8080, 1).expect("after the move"),
         vec!["ext 10.99.0.50".to_owned()]
     );
+
+    // The IPv6 address moves too: node 0 Ready again, node 1 NotReady. It goes to node 0 (node
+    // 2 holds the object's other address); only node 0 answers for it, the outside host's
+    // neighbour entry follows the unsolicited advertisement, and the pods leave by it again.
+    topology.set_node_ready(0, true).expect("Ready");
+    topology.set_node_ready(1, false).expect("NotReady");
+    let moved = dataplane_tests::egress_topology::holder_of(
+        &manifests,
+        "prod",
+        "fd99::50",
+        Some(&node_name(0)),
+        Duration::from_secs(10),
+    );
+    assert_eq!(moved, Some(node_name(0)), "{}", controller.log());
+    thread::sleep(Duration::from_millis(500));
+    let new_mac = underlay_mac(&topology.node(0).netns);
+    let neighbour = exec_in(
+        &external.netns,
+        &["ip", "-6", "neigh", "show", "fd99::50", "dev", "eth0"],
+    )
+    .expect("neighbour entry");
+    assert!(
+        String::from_utf8_lossy(&neighbour.stdout).contains(&new_mac),
+        "the outside host's entry for fd99::50: {}",
+        String::from_utf8_lossy(&neighbour.stdout)
+    );
+    assert_eq!(ns_answers(&external, "fd99::50"), vec![new_mac]);
+    let pod = topology.node(2).pods[0].clone();
+    assert_eq!(
+        tcp_answers(&pod.netns, "fd99::100", 8080, 1).expect("after the IPv6 move"),
+        vec!["ext fd99::50".to_owned()]
+    );
     drop(controller);
 }
 
