@@ -88,9 +88,14 @@ drop_reasons! {
     EgressIpUnassigned = 51, "egress_ip_unassigned", "a selected pod's packet to outside the cluster while no node holds an egress address for it (never sent with the pod's own address)";
     EgressIpNotHere = 52, "egress_ip_not_here", "another node's pod traffic to outside the cluster arriving at a node that holds no egress address for that pod";
     EgressIpNoFlow = 53, "egress_ip_no_flow", "a packet to an egress address held here that answers no flow a pod opened (the node's own sockets never take it)";
-    EgressIpProtocol = 54, "egress_ip_protocol", "a selected pod's packet to outside the cluster that is neither TCP nor UDP (not translated, so not sent)";
+    EgressIpProtocol = 54, "egress_ip_protocol", "a selected pod's packet to outside the cluster that is neither TCP, UDP nor an ICMP or ICMPv6 echo request (not translated, so not sent)";
     EgressIpPortsExhausted = 55, "egress_ip_ports_exhausted", "no free source port on the egress address for a new flow";
     EgressIpRewriteFailed = 56, "egress_ip_rewrite_failed", "the kernel refused to translate or forward an egress packet";
+    HybridUnknownNode = 57, "hybrid_unknown_node", "VXLAN to the hybrid overlay port from an address that is not a hybrid node's";
+    HybridWrongVni = 58, "hybrid_wrong_vni", "hybrid overlay VXLAN without the I flag or with a VNI other than 4097";
+    HybridWrongMac = 59, "hybrid_wrong_mac", "hybrid overlay VXLAN whose inner destination MAC is not this node's router MAC";
+    HybridMalformed = 60, "hybrid_malformed", "hybrid overlay VXLAN too short for its headers, or whose inner frame is not IPv4";
+    HybridNoNode = 61, "hybrid_no_node", "a packet to the hybrid overlay's network for a subnet no hybrid node announces (its node left, or removed its annotations)";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 

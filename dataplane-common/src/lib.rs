@@ -7,6 +7,7 @@ pub mod acl;
 pub mod drop;
 pub mod egressip;
 pub mod frag;
+pub mod hybrid;
 pub mod lb;
 pub mod maps;
 pub mod overlay;

@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -117,6 +117,14 @@ pub const MAX_EGRESS_SNAT_PODS: u32 = 65_536;
 pub const MAX_EGRESS_INTERNAL_PREFIXES: u32 = 16_384;
 pub const MAX_EGRESS_CT_ENTRIES: u32 = 262_144;
 
+/// Hybrid overlay: array of one [`crate::hybrid::HybridConfig`].
+pub const HYBRID_CONFIG: &str = "DP_HYBRID_CONFIG";
+/// Hybrid overlay: underlay address of every hybrid node (16-byte form) ->
+/// [`crate::hybrid::HybridNode`], its router MAC. Their pod subnets are in
+/// [`REMOTE_PODS_V4`] with `overlay::TUNNEL_VXLAN`.
+pub const HYBRID_NODES: &str = "DP_HYBRID_NODES";
+pub const MAX_HYBRID_NODES: u32 = 1024;
+
 /// Capacity of the node, pod-CIDR and local-pod maps.
 pub const MAX_NODES: u32 = 5000;
 pub const MAX_LOCAL_PODS: u32 = 1024;
@@ -154,6 +162,8 @@ pub const ALL_MAPS: &[&str] = &[
     EGRESS_INTERNAL,
     EGRESS_CT,
     EGRESS_ACTIVE,
+    HYBRID_CONFIG,
+    HYBRID_NODES,
 ];
 
 /// XDP program on the underlay NIC.

@@ -80,6 +80,12 @@ pub struct OverlayConfig {
     pub pods_epoch: u32,
 }
 
+/// `TunnelEndpoint::kind`: a node of the dataplane, reached in Geneve.
+pub const TUNNEL_GENEVE: u8 = 0;
+/// `TunnelEndpoint::kind`: a hybrid node (Windows, or any node without the dataplane), reached
+/// in VXLAN (`crate::hybrid`).
+pub const TUNNEL_VXLAN: u8 = 1;
+
 /// Where a remote pod CIDR lives: the underlay address of its node (value of the pod-CIDR
 /// LPM maps).
 #[repr(C)]
@@ -89,7 +95,9 @@ pub struct TunnelEndpoint {
     pub addr: Addr,
     /// `FAMILY_IPV4` or `FAMILY_IPV6`: which outer header to build.
     pub family: u8,
-    pub _pad: [u8; 3],
+    /// `TUNNEL_GENEVE` or `TUNNEL_VXLAN`: which tunnel header.
+    pub kind: u8,
+    pub _pad: [u8; 2],
 }
 
 /// A pod running on this node (value of `LOCAL_PODS`, keyed by the pod's address).

@@ -90,6 +90,11 @@ pub enum PacketClass {
     EgressReverseNat = 27,
     /// An ARP request (or neighbour solicitation) for an egress address held here, answered.
     EgressArpAnswered = 28,
+    // What the hybrid overlay did.
+    /// Wrapped in VXLAN towards a hybrid node's pod.
+    VxlanEncap = 29,
+    /// VXLAN from a hybrid node, unwrapped for a pod or a service here.
+    VxlanDecap = 30,
 }
 
 impl PacketClass {
@@ -123,6 +128,8 @@ impl PacketClass {
         PacketClass::EgressSnat,
         PacketClass::EgressReverseNat,
         PacketClass::EgressArpAnswered,
+        PacketClass::VxlanEncap,
+        PacketClass::VxlanDecap,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -158,6 +165,8 @@ impl PacketClass {
             26 => PacketClass::EgressSnat,
             27 => PacketClass::EgressReverseNat,
             28 => PacketClass::EgressArpAnswered,
+            29 => PacketClass::VxlanEncap,
+            30 => PacketClass::VxlanDecap,
             _ => return None,
         })
     }
@@ -193,6 +202,8 @@ impl PacketClass {
             PacketClass::EgressSnat => "egress_snat",
             PacketClass::EgressReverseNat => "egress_reverse_nat",
             PacketClass::EgressArpAnswered => "egress_arp_answered",
+            PacketClass::VxlanEncap => "vxlan_encap",
+            PacketClass::VxlanDecap => "vxlan_decap",
         }
     }
 }

@@ -208,7 +208,12 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let Some(config) = overlay::config() else {
         return Stage::new(Ok(None));
     };
-    let scope = outside_scope(config, s);
+    let mut scope = outside_scope(config, s);
+    // A hybrid node's pod reaches cluster services through the node its VXLAN came to (the
+    // replies come back here: masqueraded when the backend is elsewhere, as for a NodePort).
+    if scope == SCOPE_EXTERNAL && crate::hybrid::is_hybrid_pod(parsed.ether_type, &s.flow.src) {
+        scope = SCOPE_CLUSTER;
+    }
     s.nodeport = 1;
     dnat_stage(dnat(ctx, parsed, s, scope))
 }

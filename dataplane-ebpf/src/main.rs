@@ -18,6 +18,8 @@ mod egressip;
 #[cfg(target_arch = "bpf")]
 mod frag;
 #[cfg(target_arch = "bpf")]
+mod hybrid;
+#[cfg(target_arch = "bpf")]
 mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lb;

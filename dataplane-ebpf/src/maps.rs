@@ -15,6 +15,7 @@ use dataplane_common::{
     drop::DROP_REASON_SLOTS,
     egressip::{EgressCtValue, EgressHolder, EgressPod},
     frag::{FragKey, FragPorts},
+    hybrid::{HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
         MaglevTable, MemberKey, ServiceKey, ServiceValue,
@@ -23,7 +24,7 @@ use dataplane_common::{
         ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
         MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_CT_ENTRIES,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
-        MAX_FRAGMENTED_DATAGRAMS, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
@@ -240,3 +241,11 @@ pub static EGRESS_ACTIVE: aya_ebpf::maps::Array<u32> = aya_ebpf::maps::Array::pi
 /// Per-CPU working set of the egress IP stage. Not pinned.
 #[map(name = "DP_EGRESS_SCRATCH")]
 pub static EGRESS_SCRATCH: PerCpuArray<EgressWork> = PerCpuArray::with_max_entries(1, 0);
+
+/// This node's hybrid overlay settings; `flags` without `HYBRID_ENABLED` means none.
+#[map(name = "DP_HYBRID_CONFIG")]
+pub static HYBRID_CONFIG: aya_ebpf::maps::Array<HybridConfig> = aya_ebpf::maps::Array::pinned(1, 0);
+
+/// Hybrid nodes' underlay addresses -> their router MACs.
+#[map(name = "DP_HYBRID_NODES")]
+pub static HYBRID_NODES: HashMap<Addr, HybridNode> = HashMap::pinned(MAX_HYBRID_NODES, 0);

@@ -5,6 +5,7 @@
 //! Ethernet / IP / UDP / Geneve and redirected out of the underlay NIC towards that node.
 //! Arriving on the underlay (XDP): Geneve from a cluster node is checked as RFC 8926 requires,
 //! unwrapped, and handed to the stack addressed to this node, which routes it to the pod.
+//! A pod CIDR of a hybrid node (`crate::hybrid`) is reached the same way in VXLAN.
 //!
 //! UDP checksum: zero for both underlay families. RFC 8926 §3.3 allows a zero checksum over
 //! IPv4; over IPv6 it follows the tunnel rules of RFC 6935/6936 (zero checksums accepted by the
@@ -39,14 +40,14 @@ use dataplane_common::{
     overlay::{
         Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
         GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OverlayConfig, TunnelEndpoint,
+        OVERLAY_HAS_IPV6, OverlayConfig, TUNNEL_VXLAN, TunnelEndpoint,
     },
 };
 
 use crate::{
     copy::{copy_addr, copy_bytes, set_ipv4_mapped, zero},
     csum::write_ipv4,
-    icmp,
+    hybrid, icmp,
     maps::{
         ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG,
         REMOTE_PODS_V4, REMOTE_PODS_V6, SCRATCH,
@@ -142,17 +143,37 @@ fn deliver(
     let Some(endpoint) = remote_endpoint_of(parsed.ether_type, dst) else {
         return Ok(None);
     };
-    // A single packet over the pod MTU is answered (ICMP fragmentation needed / packet too
-    // big) so the pod's path MTU adapts; GSO packets are segmented to fit by the stack.
+    let vxlan = endpoint.kind == TUNNEL_VXLAN;
+    // The hybrid network's own route (no node behind it): what no hybrid node announces is
+    // dropped, never sent to where a node used to be.
+    if vxlan && endpoint.addr[12..16] == [0; 4] {
+        return Err(DropReason::HybridNoNode);
+    }
+    // Towards a hybrid node the limit is its VXLAN's (less overhead than Geneve's reserve).
+    let mtu = if vxlan {
+        match hybrid::settings() {
+            Some(hybrid) if hybrid::on(hybrid) => hybrid.mtu,
+            _ => config.pod_mtu,
+        }
+    } else {
+        config.pod_mtu
+    };
+    // A single packet over the MTU is answered (ICMP fragmentation needed / packet too big)
+    // so the sender's path MTU adapts; GSO packets are segmented to fit by the stack.
     // SAFETY: reading a field of our own context.
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
-    if gso_size == 0 && ctx.len() - ETH_LEN as u32 > config.pod_mtu {
+    if gso_size == 0 && ctx.len() - ETH_LEN as u32 > mtu {
         let ipv6 = parsed.ether_type == ETH_P_IPV6;
-        let verdict = icmp::too_big(ctx, ipv6, config.pod_mtu, config).into_value()? as i32;
+        let verdict = icmp::too_big(ctx, ipv6, mtu, config).into_value()? as i32;
         return Ok(Some((verdict, PacketClass::TooBigAnswered)));
     }
     let verdict = encapsulate(ctx, config, endpoint).into_value()? as i32;
-    Ok(Some((verdict, PacketClass::GeneveEncap)))
+    let class = if vxlan {
+        PacketClass::VxlanEncap
+    } else {
+        PacketClass::GeneveEncap
+    };
+    Ok(Some((verdict, class)))
 }
 
 /// The local half of [`from_pod`]'s lookup alone: `Ok((pod, epoch))` when the packet is for a
@@ -218,7 +239,8 @@ fn remote_endpoint_of(ether_type: u16, key: &Key<Addr>) -> Option<&'static Tunne
 const ENCAP_BLOCK_V4: usize = 14 + 20 + 8 + 8 + 14;
 const ENCAP_BLOCK_V6: usize = 14 + 40 + 8 + 8 + 14;
 
-/// Wraps the packet in Geneve towards `endpoint` and redirects it out of the underlay.
+/// Wraps the packet in Geneve (VXLAN towards a hybrid node) towards `endpoint` and redirects
+/// it out of the underlay.
 #[inline(never)]
 pub(crate) fn encapsulate(
     ctx: &TcContext,
@@ -235,6 +257,11 @@ fn wrap(
     endpoint: &TunnelEndpoint,
 ) -> Result<i32, DropReason> {
     let ipv6 = endpoint.family == FAMILY_IPV6;
+    let vxlan = endpoint.kind == TUNNEL_VXLAN;
+    // The hybrid overlay is IPv4 only (`crate::hybrid`).
+    if vxlan && ipv6 {
+        return Err(DropReason::OverlayNoRoute);
+    }
     let has_source = if ipv6 {
         config.flags & OVERLAY_HAS_IPV6 != 0
     } else {
@@ -335,14 +362,6 @@ fn wrap(
             &config.node_ipv4,
             &dst,
         );
-        write_udp_geneve(
-            block,
-            14 + 20,
-            source_port,
-            config.geneve_port,
-            udp_len,
-            config.vni,
-        );
         // SAFETY: 14 bytes of the linear packet (checked above) into the block.
         unsafe {
             copy_bytes::<14>(
@@ -350,6 +369,27 @@ fn wrap(
                 start as *const u8,
             )
         };
+        if vxlan {
+            let Some(hybrid) = hybrid::settings() else {
+                return Err(DropReason::OverlayNoRoute);
+            };
+            if !hybrid::on(hybrid) {
+                return Err(DropReason::OverlayNoRoute);
+            }
+            hybrid::write_udp_vxlan(block, source_port, hybrid.vxlan_port, udp_len);
+            // A hybrid node takes only frames to its router MAC.
+            hybrid::inner_macs(block, ENCAP_BLOCK_V4 - 14, endpoint)
+                .ok_or(DropReason::OverlayNoRoute)?;
+        } else {
+            write_udp_geneve(
+                block,
+                14 + 20,
+                source_port,
+                config.geneve_port,
+                udp_len,
+                config.vni,
+            );
+        }
         ENCAP_BLOCK_V4
     };
 
@@ -461,6 +501,25 @@ pub fn route_out(ctx: &TcContext, parsed: &Parsed) -> Stage {
 #[inline(always)]
 fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
     let config = config().ok_or(DropReason::OverlayNoRoute)?;
+    // A hybrid pod (a service reply to it) is behind its node's VXLAN, not a next hop of the
+    // underlay (the FIB lookup, bound to the underlay, finds no route to it): sent into the
+    // management port, it is wrapped in VXLAN on the other side like any pod's packet (an
+    // extra veth hop for these replies, rather than the encapsulation's stack frame on top of
+    // every load-balancer path).
+    if parsed.l3_offset == ETH_LEN
+        && parsed.ether_type == ETH_P_IP
+        && let Some(mgmt) = hybrid::settings()
+        && hybrid::on(mgmt)
+        && let Some(dst) = destination(ctx, parsed)
+        && remote_endpoint_of(parsed.ether_type, dst).is_some_and(|e| e.kind == TUNNEL_VXLAN)
+    {
+        // SAFETY: plain helper call.
+        let verdict = unsafe { bpf_redirect(mgmt.mgmt_ifindex, 0) };
+        if mgmt.mgmt_ifindex == 0 || verdict != TC_ACT_REDIRECT as i64 {
+            return Err(DropReason::OverlayNoRoute);
+        }
+        return Ok(TC_ACT_REDIRECT);
+    }
     let fib = FIB_SCRATCH
         .get_ptr_mut(0)
         .ok_or(DropReason::OverlayNoRoute)?;

@@ -19,7 +19,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    acl, egressip, frag, lb,
+    acl, egressip, frag, hybrid, lb,
     maps::{PARSED, TAILS},
     overlay,
     parse::{Packet, parse, parse_skb, stash},
@@ -49,6 +49,19 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
         && let Some(action) = egressip::answer_ns(&ctx)
     {
         return action;
+    }
+    if hybrid::vxlan_port(&parsed) {
+        return match hybrid::decapsulate(&ctx, &parsed).result() {
+            Ok(Some((action, _))) => {
+                count_outcome(Hook::Underlay, PacketClass::VxlanDecap);
+                action
+            }
+            Ok(None) => nodeport_fast_path(&ctx, &parsed),
+            Err(reason) => {
+                count_drop(Hook::Underlay, reason);
+                xdp_action::XDP_DROP
+            }
+        };
     }
     // The call into decapsulation only for what looks like Geneve to this node.
     if !overlay::geneve_port(&parsed) {

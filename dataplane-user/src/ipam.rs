@@ -8,8 +8,10 @@
 //! - Never a duplicate: a free address is one no allocation holds; a full pool is an error
 //!   naming it.
 //! - The network address, the first address (the subnet's gateway by convention, as
-//!   OVN-Kubernetes' node gateway router), IPv4's broadcast address and any address the
-//!   caller reserves are never given out.
+//!   OVN-Kubernetes' node gateway router), IPv4's third address (the node's hybrid overlay
+//!   router, `crate::hybrid`: kept whether or not the hybrid overlay is on, so turning it on
+//!   never collides with a running pod), IPv4's broadcast address and any address the caller
+//!   reserves are never given out.
 //! - After a release the next allocation moves on rather than reusing the freed address at
 //!   once (a packet in flight to the old pod should not reach a new one).
 //! - Persistent: every change is written (aside, synced, renamed) to a file on the node's
@@ -278,15 +280,20 @@ fn pool_of(address: &IpNet) -> IpNet {
 }
 
 /// Whether `address` of `pool` may never be given out: the network address, the first
-/// address (the gateway by convention), IPv4's broadcast address, or one the caller reserves.
+/// address (the gateway by convention), IPv4's third (the hybrid overlay router) and
+/// broadcast addresses, or one the caller reserves.
 fn is_reserved(pool: IpNet, address: IpAddr, reserved: &[IpAddr]) -> bool {
     let offset = offset_in(pool, address);
     let last = pool_size(pool).saturating_sub(1);
     offset == 0
         || offset == 1
-        || (pool.addr().is_ipv4() && offset == last)
+        || (pool.addr().is_ipv4() && (offset == HYBRID_ROUTER_OFFSET || offset == last))
         || reserved.contains(&address)
 }
+
+/// Where a node's hybrid overlay router address lies in its IPv4 pod subnet
+/// (`crate::hybrid::router_ip`).
+const HYBRID_ROUTER_OFFSET: u128 = 3;
 
 /// A free address of `pool`, searched from `start` (wrapping around): at most as many
 /// candidates as there are addresses taken or reserved, plus the network's own, are looked
@@ -371,23 +378,24 @@ mod tests {
     }
 
     #[test]
-    fn dual_stack_addresses_skip_the_network_the_gateway_and_reserved_ones() {
+    fn dual_stack_addresses_skip_the_network_the_gateway_the_hybrid_router_and_reserved_ones() {
         let (mut ipam, _) = fresh("dual");
         let pools = [net("10.244.1.0/24"), net("fd00:10:244:1::/64")];
         let reserved = [ip("10.244.1.2")];
         let first = ipam
             .allocate(&pools, &reserved, "c1", "eth0", None)
             .expect("first");
+        // 10.244.1.3 is the node's hybrid overlay router, whether or not the overlay is on.
         assert_eq!(
             first.addresses,
-            vec![net("10.244.1.3/24"), net("fd00:10:244:1::2/64")]
+            vec![net("10.244.1.4/24"), net("fd00:10:244:1::2/64")]
         );
         let second = ipam
             .allocate(&pools, &reserved, "c2", "eth0", None)
             .expect("second");
         assert_eq!(
             second.addresses,
-            vec![net("10.244.1.4/24"), net("fd00:10:244:1::3/64")]
+            vec![net("10.244.1.5/24"), net("fd00:10:244:1::3/64")]
         );
         // The same container and interface again: the same addresses (a retried ADD).
         assert_eq!(
@@ -405,9 +413,9 @@ mod tests {
     #[test]
     fn a_released_address_is_not_reused_at_once_and_a_full_pool_is_an_error() {
         let (mut ipam, _) = fresh("full");
-        // A /29: 8 addresses, minus network, gateway and broadcast: 5 usable.
+        // A /29: 8 addresses, minus network, gateway, hybrid router and broadcast: 4 usable.
         let pools = [net("10.0.0.0/29")];
-        let got: Vec<IpNet> = (0..5)
+        let got: Vec<IpNet> = (0..4)
             .map(|i| {
                 ipam.allocate(&pools, &[], &format!("c{i}"), "eth0", None)
                     .expect("allocate")
@@ -416,19 +424,19 @@ mod tests {
             .collect();
         assert_eq!(
             got,
-            ["10.0.0.2", "10.0.0.3", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
+            ["10.0.0.2", "10.0.0.4", "10.0.0.5", "10.0.0.6"]
                 .iter()
                 .map(|a| net(&format!("{a}/29")))
                 .collect::<Vec<_>>()
         );
         let full = ipam.allocate(&pools, &[], "c5", "eth0", None);
         assert!(
-            matches!(full, Err(IpamError::Exhausted { allocated: 5, .. })),
+            matches!(full, Err(IpamError::Exhausted { allocated: 4, .. })),
             "{full:?}"
         );
         assert_eq!(
             full.unwrap_err().to_string(),
-            "no address left in pod CIDR 10.0.0.0/29: 5 allocated"
+            "no address left in pod CIDR 10.0.0.0/29: 4 allocated"
         );
         // Release the second; the next allocation takes it (the only one free), after a
         // search that wrapped around.
@@ -437,7 +445,7 @@ mod tests {
             ipam.allocate(&pools, &[], "c6", "eth0", None)
                 .expect("after release")
                 .addresses,
-            vec![net("10.0.0.3/29")]
+            vec![net("10.0.0.4/29")]
         );
         // With room, a freed address waits its turn.
         let (mut ipam, _) = fresh("turn");
@@ -468,7 +476,7 @@ mod tests {
         let d = reopened
             .allocate(&pools, &[], "d", "eth0", None)
             .expect("d");
-        assert_eq!(d.addresses, vec![net("10.244.2.5/24")]);
+        assert_eq!(d.addresses, vec![net("10.244.2.6/24")]);
         let keep: BTreeSet<(String, String)> = [("a", "eth0"), ("d", "eth0")]
             .iter()
             .map(|(c, i)| (c.to_string(), i.to_string()))

@@ -9,7 +9,7 @@
 //! keep the last good state; the re-list marks the source changed, which brings a full resync.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     path::Path,
     sync::{
         Arc, Mutex,
@@ -21,7 +21,7 @@ use std::{
 use futures_util::StreamExt as _;
 use kube::{
     Api, Client, Config,
-    api::{ApiResource, DynamicObject, GroupVersionKind},
+    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
         WatchStreamExt as _,
@@ -127,10 +127,17 @@ pub enum KubeSourceError {
     Infer(#[source] kube::config::InferConfigError),
     #[error("Kubernetes client: {0}")]
     Client(#[source] kube::Error),
+    #[error("annotating node {node}: {source}")]
+    Annotate {
+        node: String,
+        #[source]
+        source: kube::Error,
+    },
 }
 
 /// The watchers' stores and what they have seen.
 pub struct KubeSource {
+    client: Client,
     stores: Vec<(Watched, Store<DynamicObject>)>,
     /// Optional resources the API server does not serve.
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
@@ -182,11 +189,31 @@ impl KubeSource {
             ));
         }
         Self {
+            client: client.clone(),
             stores,
             absent,
             changed,
             wake,
         }
+    }
+
+    /// Sets `annotations` on the Node `node` (a merge patch: other annotations stay). The
+    /// agent's only write: what the hybrid overlay's other end reads (`crate::hybrid`).
+    pub async fn annotate_node(
+        &self,
+        node: &str,
+        annotations: &BTreeMap<String, String>,
+    ) -> Result<(), KubeSourceError> {
+        let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(self.client.clone());
+        let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+        nodes
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|source| KubeSourceError::Annotate {
+                node: node.to_owned(),
+                source,
+            })?;
+        Ok(())
     }
 
     /// Waits until every store holds its first full list (or its resource proved absent),
@@ -344,18 +371,30 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_role_grants_list_and_watch_on_exactly_the_watched_resources() {
+    fn the_cluster_role_reads_exactly_the_watched_resources_and_patches_only_nodes() {
         let roles: Vec<ClusterRole> = objects(&deploy_file("rbac.yaml"), "ClusterRole");
         assert_eq!(roles.len(), 1);
         let mut granted = BTreeSet::new();
+        let mut written = BTreeSet::new();
         for rule in roles[0].rules.iter().flatten() {
-            assert_eq!(rule.verbs, ["list", "watch"], "read-only, nothing more");
             for group in rule.api_groups.iter().flatten() {
                 for resource in rule.resources.iter().flatten() {
-                    granted.insert((group.clone(), resource.clone()));
+                    let entry = (group.clone(), resource.clone());
+                    match rule.verbs.as_slice() {
+                        [list, watch] if list == "list" && watch == "watch" => {
+                            granted.insert(entry)
+                        }
+                        [patch] if patch == "patch" => written.insert(entry),
+                        verbs => panic!("unexpected verbs {verbs:?}"),
+                    };
                 }
             }
         }
+        // Its one write: its own Node's hybrid overlay annotations.
+        assert_eq!(
+            written,
+            BTreeSet::from([(String::new(), "nodes".to_owned())])
+        );
         let watched: BTreeSet<(String, String)> = WATCHED
             .iter()
             .map(|w| (w.group.to_owned(), w.plural.to_owned()))

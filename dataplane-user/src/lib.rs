@@ -8,6 +8,7 @@ pub mod ebpf;
 pub mod egressip;
 pub mod error;
 pub mod gateway;
+pub mod hybrid;
 pub mod inspect;
 pub mod ipam;
 pub mod kubernetes;

@@ -24,7 +24,7 @@ use dataplane_user::{
         spec::{CniError, code},
     },
     egressip::{self, compile::EgressInputs, node::EgressNode},
-    inspect,
+    hybrid, inspect,
     kubernetes::{self, KubeSource},
     lb,
     metrics::{self, Metrics},
@@ -722,6 +722,7 @@ impl Cluster {
             ifindex: self.underlay_index,
             xdp_forward: self.xdp_forward,
             mac,
+            mtu,
         };
         let mut model = model::build(&state, &self.node, underlay, settings, host_interface);
         for warning in &model.warnings {
@@ -761,10 +762,17 @@ impl Cluster {
             );
         }
         model.view.unrestricted_ifindexes.push(port.ifindex);
+        if let Some(hybrid) = &mut model.view.hybrid {
+            hybrid.mgmt_ifindex = port.host_ifindex;
+        }
         self.sync_gateway(&state, &model.view)?;
         model.pod_interfaces.push(mgmt::OVERLAY_SIDE.to_owned());
         let desired = overlay::compile(&model.view)?;
-        let stats = dataplane.sync_overlay(&desired)?;
+        // The hybrid nodes before the VXLAN routes that lead to them.
+        let hybrid_stats = dataplane.sync_hybrid(&hybrid::compile(model.view.hybrid.as_ref()))?;
+        let mut stats = dataplane.sync_overlay(&desired)?;
+        stats.add(hybrid_stats);
+        self.announce_hybrid(&state, &model.view).await;
         tracing::info!(
             node = self.node,
             geneve_port = settings.geneve_port,
@@ -826,6 +834,10 @@ impl Cluster {
                 .flat_map(|n| n.addresses.clone())
                 .collect(),
         };
+        let mut inputs = inputs;
+        inputs
+            .cluster_networks
+            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
         let script = dataplane_user::gateway::script(&inputs);
         if self.gateway_script.as_deref() != Some(script.as_str()) {
             dataplane_user::gateway::apply(&script)?;
@@ -836,6 +848,44 @@ impl Cluster {
             self.gateway_script = Some(script);
         }
         Ok(())
+    }
+
+    /// With the API server: writes this node's hybrid overlay router address and MAC on its
+    /// Node when they are not there yet (hybrid nodes read them). A failure is logged and
+    /// tried again at the next sync.
+    async fn announce_hybrid(&self, state: &source::ClusterState, view: &overlay::OverlayView) {
+        let Source::Kubernetes(kube) = &self.source else {
+            return;
+        };
+        let Some(hybrid) = &view.hybrid else {
+            return;
+        };
+        let Some(router_ip) = view
+            .nodes
+            .iter()
+            .find(|n| n.name == self.node)
+            .and_then(|n| hybrid::router_ip(&n.pod_cidrs))
+        else {
+            return;
+        };
+        let wanted = hybrid::own_annotations(router_ip, &hybrid.router_mac);
+        let current = state
+            .nodes
+            .iter()
+            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
+            .and_then(|n| n.metadata.annotations.clone())
+            .unwrap_or_default();
+        if wanted.iter().all(|(k, v)| current.get(k) == Some(v)) {
+            return;
+        }
+        match kube.annotate_node(&self.node, &wanted).await {
+            Ok(()) => tracing::info!(
+                node = self.node,
+                ?wanted,
+                "hybrid overlay annotations written"
+            ),
+            Err(error) => tracing::warn!(%error, "hybrid overlay annotations not written"),
+        }
     }
 
     /// Gives the egress IP state what this sync read, and applies it.
@@ -852,7 +902,10 @@ impl Cluster {
                 egressip::merge_status(&mut objects, &statuses);
             }
         }
-        let inputs = EgressInputs::from_state(state, objects, &view.nodes, &self.node);
+        let mut inputs = EgressInputs::from_state(state, objects, &view.nodes, &self.node);
+        inputs
+            .cluster_networks
+            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
         let timeout = state.egress_ip_config.reachability_timeout();
         self.egress.set_inputs(inputs, timeout);
         self.egress.apply(dataplane)?;

@@ -41,21 +41,26 @@ const GATEWAY_V6: &str = "fe80::d:1";
 pub struct MgmtSync {
     /// `ifindex` of [`OVERLAY_SIDE`].
     pub ifindex: u32,
+    /// `ifindex` of [`HOST_SIDE`]: what is sent into it comes out at `tc_from_pod` on the
+    /// overlay's side.
+    pub host_ifindex: u32,
     pub routes_added: usize,
     pub routes_removed: usize,
 }
 
-/// The routes the host needs: every other node's pod CIDRs of a family this node has an
-/// address in, with that address as the source.
+/// The routes the host needs: every other node's pod CIDRs (hybrid nodes' subnets too) of a
+/// family this node has an address in, with that address as the source.
 pub fn wanted_routes(view: &OverlayView) -> Vec<(IpNet, IpAddr)> {
     let Some(this) = view.nodes.iter().find(|n| n.name == view.this_node) else {
         return Vec::new();
     };
     let source = |v4: bool| this.addresses.iter().copied().find(|a| a.is_ipv4() == v4);
+    let hybrid = crate::hybrid::internal_networks(view.hybrid.as_ref());
     view.nodes
         .iter()
         .filter(|n| n.name != view.this_node)
-        .flat_map(|n| n.pod_cidrs.iter())
+        .flat_map(|n| n.pod_cidrs.iter().copied())
+        .chain(hybrid)
         .filter_map(|cidr| {
             let cidr = cidr.trunc();
             source(matches!(cidr, IpNet::V4(_))).map(|src| (cidr, src))
@@ -125,6 +130,7 @@ pub fn sync(
     let wanted = wanted_routes(view);
     let mut result = MgmtSync {
         ifindex: preflight::interface_index(OVERLAY_SIDE)?,
+        host_ifindex: preflight::interface_index(HOST_SIDE)?,
         ..MgmtSync::default()
     };
     let present = present_routes()?;
@@ -242,8 +248,10 @@ mod tests {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 1],
                 xdp_forward: false,
+                mtu: 1500,
             },
             settings: OvnKubernetesConfig::default().validate(1500).unwrap(),
+            hybrid: None,
         };
         assert_eq!(
             wanted_routes(&view),

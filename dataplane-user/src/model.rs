@@ -7,6 +7,7 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
 use crate::{
+    hybrid::{self, HybridView},
     overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
     source::ClusterState,
 };
@@ -49,6 +50,8 @@ pub fn build(
         .iter()
         .find(|n| n.name == this_node)
         .map_or(&[], |n| &n.pod_cidrs);
+    let hybrid = hybrid_view(state, this_node, own_cidrs, underlay.mtu, &mut warnings);
+    let router_ip = hybrid::router_ip(own_cidrs).filter(|_| hybrid.is_some());
     let mut local_pods = Vec::new();
     let mut pod_interfaces = Vec::new();
     for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
@@ -66,6 +69,14 @@ pub fn build(
             warnings.push(format!(
                 "pod {name}: status.podIPs {outside} is outside node {this_node}'s spec.podCIDRs {}; not wired",
                 cidr_list(own_cidrs)
+            ));
+            continue;
+        }
+        if let Some(router) = router_ip
+            && addresses.contains(&IpAddr::V4(router))
+        {
+            warnings.push(format!(
+                "pod {name}: status.podIPs {router} is this node's hybrid overlay router address; not wired"
             ));
             continue;
         }
@@ -97,6 +108,7 @@ pub fn build(
             unrestricted_ifindexes: Vec::new(),
             underlay,
             settings,
+            hybrid,
         },
         pod_interfaces,
         warnings,
@@ -112,6 +124,36 @@ fn cidr_list(cidrs: &[IpNet]) -> String {
         .map(ToString::to_string)
         .collect::<Vec<_>>()
         .join(", ")
+}
+
+/// The hybrid overlay as this node sees it, when the `Network` turns it on and this node has
+/// an IPv4 pod subnet (its router address lies in it).
+fn hybrid_view(
+    state: &ClusterState,
+    this_node: &str,
+    own_cidrs: &[IpNet],
+    underlay_mtu: u32,
+    warnings: &mut Vec<String>,
+) -> Option<HybridView> {
+    let settings = state.hybrid?;
+    let Some(router_ip) = hybrid::router_ip(own_cidrs) else {
+        warnings.push(format!(
+            "node {this_node}: the hybrid overlay needs an IPv4 spec.podCIDRs of /29 or wider;              hybrid nodes not reached"
+        ));
+        return None;
+    };
+    let this = state
+        .nodes
+        .iter()
+        .find(|n| n.metadata.name.as_deref() == Some(this_node));
+    Some(HybridView {
+        settings,
+        nodes: hybrid::hybrid_nodes(&state.nodes, &settings, warnings),
+        router_mac: hybrid::own_router_mac(this, router_ip),
+        underlay_mtu,
+        // Known once the management port exists (`crate::mgmt::sync`).
+        mgmt_ifindex: 0,
+    })
 }
 
 fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
@@ -136,6 +178,9 @@ fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
         .collect();
     let spec = node.spec.as_ref();
     let cidrs: Vec<String> = match spec.and_then(|s| s.pod_cidrs.clone()) {
+        // A hybrid node's pods are reached by the subnet it announces, in VXLAN
+        // (`crate::hybrid`), whatever podCIDRs the cluster gave it.
+        _ if hybrid::is_hybrid_node(node) => Vec::new(),
         Some(cidrs) if !cidrs.is_empty() => cidrs,
         _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
     };
@@ -308,6 +353,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
             ifindex: 2,
             mac: [2, 0, 0, 0, 0, 1],
             xdp_forward: false,
+            mtu: 1500,
         };
         let settings = OvnKubernetesConfig::default()
             .validate(1500)

@@ -12,14 +12,14 @@ use dataplane_common::{
     overlay::{
         Addr, DEFAULT_NETWORK_VNI, ENCAP_OVERHEAD_V6, FAMILY_IPV4, FAMILY_IPV6,
         GENEVE_DEFAULT_PORT, LocalPod, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, VXLAN_PORT,
-        ipv4_mapped,
+        OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TUNNEL_GENEVE, TunnelEndpoint,
+        VXLAN_PORT, ipv4_mapped,
     },
     port::PodPort,
 };
 use ipnet::IpNet;
 
-use crate::{AgentError, Dataplane, port};
+use crate::{AgentError, Dataplane, hybrid::HybridView, port};
 
 /// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
 pub const IPV6_MIN_MTU: u32 = 1280;
@@ -120,6 +120,7 @@ pub struct Underlay {
     pub mac: [u8; 6],
     /// Whether XDP may send NodePort packets to remote backends itself (`--xdp-forward`).
     pub xdp_forward: bool,
+    pub mtu: u32,
 }
 
 /// Everything the overlay compile needs.
@@ -133,6 +134,8 @@ pub struct OverlayView {
     pub unrestricted_ifindexes: Vec<u32>,
     pub underlay: Underlay,
     pub settings: OverlaySettings,
+    /// The hybrid overlay, when the `Network` configures it (`crate::hybrid`).
+    pub hybrid: Option<HybridView>,
 }
 
 /// Why the overlay view could not be compiled.
@@ -256,6 +259,21 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
             }
         }
     }
+    // Hybrid nodes' pod subnets, reached in VXLAN: never one of the nodes' own CIDRs.
+    for ((prefix_len, network), endpoint) in crate::hybrid::routes(view.hybrid.as_ref()) {
+        let cidr = IpNet::V4(
+            ipnet::Ipv4Net::new(Ipv4Addr::from(network), prefix_len as u8)
+                .expect("a route's prefix length fits IPv4"),
+        );
+        if let Some((other, _)) = owners.iter().find(|(c, _)| overlaps(c, &cidr)) {
+            return Err(CompileError::OverlappingPodCidr {
+                node: format!("{} (hybrid)", hybrid_owner(view, &cidr)),
+                other: owners[other].to_owned(),
+                cidr,
+            });
+        }
+        maps.remote_v4.insert((prefix_len, network), endpoint);
+    }
     maps.pod_ports = port::compile(&view.local_pods);
     for ifindex in &view.unrestricted_ifindexes {
         maps.pod_ports
@@ -277,6 +295,15 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
     Ok(maps)
 }
 
+/// The hybrid node whose subnet is `cidr`.
+fn hybrid_owner(view: &OverlayView, cidr: &IpNet) -> String {
+    view.hybrid
+        .iter()
+        .flat_map(|h| h.nodes.iter())
+        .find(|n| IpNet::V4(n.subnet) == *cidr)
+        .map_or_else(String::new, |n| n.name.clone())
+}
+
 fn overlaps(a: &IpNet, b: &IpNet) -> bool {
     a.contains(&b.network()) || b.contains(&a.network())
 }
@@ -289,7 +316,8 @@ pub(crate) fn endpoint(address: IpAddr) -> TunnelEndpoint {
         } else {
             FAMILY_IPV6
         },
-        _pad: [0; 3],
+        kind: TUNNEL_GENEVE,
+        _pad: [0; 2],
     }
 }
 
@@ -529,10 +557,12 @@ mod tests {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 2],
                 xdp_forward: false,
+                mtu: 1500,
             },
             settings: OvnKubernetesConfig::default()
                 .validate(1500)
                 .expect("defaults"),
+            hybrid: None,
         }
     }
 

@@ -17,6 +17,7 @@ use serde::Deserialize;
 use crate::{
     acl::{audit::PolicyAuditConfig, firewall::EgressFirewall},
     egressip::{self, EgressIP},
+    hybrid::{HybridOverlayConfig, HybridSettings},
     overlay::OvnKubernetesConfig,
 };
 
@@ -44,6 +45,9 @@ pub struct ClusterState {
     pub policy_audit: PolicyAuditConfig,
     /// `ovnKubernetesConfig.egressIPConfig` of that `Network`.
     pub egress_ip_config: egressip::EgressIpConfig,
+    /// `ovnKubernetesConfig.hybridOverlayConfig` of that `Network`, validated: the hybrid
+    /// overlay is on when it is there.
+    pub hybrid: Option<HybridSettings>,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -197,6 +201,26 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
                         }
                     }
                     let ovn = spec.default_network.ovn_kubernetes_config;
+                    let networks = |wanted: &str| -> Vec<IpNet> {
+                        parsed
+                            .iter()
+                            .filter(|(_, f)| *f == wanted)
+                            .map(|(n, _)| *n)
+                            .collect()
+                    };
+                    let hybrid = match &ovn.hybrid_overlay_config {
+                        Some(config) => match config.validate(
+                            &networks("spec.clusterNetwork"),
+                            &networks("spec.serviceNetwork"),
+                            ovn.geneve_port
+                                .unwrap_or(dataplane_common::overlay::GENEVE_DEFAULT_PORT),
+                        ) {
+                            Ok(settings) => Some(settings),
+                            Err(error) => return reject(state, error.to_string()),
+                        },
+                        None => None,
+                    };
+                    state.hybrid = hybrid;
                     state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
                     state.egress_ip_config = ovn.egress_ip_config.unwrap_or_default();
                     state.network = Some(OvnKubernetesConfig {
@@ -274,6 +298,7 @@ struct OvnConfigSpec {
     policy_audit_config: Option<PolicyAuditConfig>,
     #[serde(rename = "egressIPConfig")]
     egress_ip_config: Option<egressip::EgressIpConfig>,
+    hybrid_overlay_config: Option<HybridOverlayConfig>,
 }
 
 #[cfg(test)]
@@ -395,6 +420,59 @@ mod network_tests {
         assert_eq!(
             state.rejected,
             vec!["net.yaml: Network cluster: spec.serviceNetwork \"10.96.0.0/33\" is not a CIDR"]
+        );
+    }
+}
+
+#[cfg(test)]
+mod hybrid_tests {
+    use super::*;
+
+    fn network(hybrid: &str) -> ClusterState {
+        let mut state = ClusterState::default();
+        add_documents(
+            &mut state,
+            "net.yaml",
+            &format!(
+                "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {{name: cluster}}\n\
+                 spec:\n  clusterNetwork: [{{cidr: 10.128.0.0/14, hostPrefix: 23}}]\n  \
+                 serviceNetwork: [172.30.0.0/16]\n  defaultNetwork:\n    ovnKubernetesConfig:\n      \
+                 hybridOverlayConfig: {hybrid}\n"
+            ),
+        );
+        state
+    }
+
+    #[test]
+    fn the_hybrid_overlay_config_is_read_and_an_invalid_one_rejects_the_network_naming_the_field() {
+        let state = network(
+            "{hybridClusterNetwork: [{cidr: 10.132.0.0/14, hostPrefix: 23}], hybridOverlayVXLANPort: 9898}",
+        );
+        assert_eq!(state.rejected, Vec::<String>::new());
+        assert_eq!(
+            state.hybrid,
+            Some(HybridSettings {
+                network: Some("10.132.0.0/14".parse().unwrap()),
+                vxlan_port: 9898
+            })
+        );
+        let state = network("{hybridClusterNetwork: [{cidr: 10.128.0.0/16}]}");
+        assert_eq!(state.hybrid, None);
+        assert!(state.network.is_none());
+        assert_eq!(
+            state.rejected,
+            vec![
+                "net.yaml: Network cluster: hybridOverlayConfig.hybridClusterNetwork[0].cidr: \
+                 10.128.0.0/16 overlaps spec.clusterNetwork 10.128.0.0/14"
+            ]
+        );
+        let state = network("{hybridOverlayVXLANPort: 6081}");
+        assert_eq!(
+            state.rejected,
+            vec![
+                "net.yaml: Network cluster: hybridOverlayConfig.hybridOverlayVXLANPort: 6081 is \
+                 the Geneve port (ovnKubernetesConfig.genevePort); choose another"
+            ]
         );
     }
 }

@@ -16,6 +16,7 @@ pub mod egress_bed;
 pub mod egress_topology;
 pub mod fixture;
 pub mod fuzz;
+pub mod hybrid_bed;
 pub mod netns;
 pub mod overlay_bed;
 pub mod packets;

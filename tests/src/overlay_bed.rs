@@ -62,6 +62,7 @@ pub fn bed() -> anyhow::Result<Bed> {
         "link set ul1 up",
         "neigh add 10.99.0.2 lladdr 02:00:00:00:99:02 dev ul0 nud permanent",
         "neigh add fd99::3 lladdr 02:00:00:00:99:03 dev ul0 nud permanent",
+        "neigh add 10.99.0.20 lladdr 02:00:00:00:99:20 dev ul0 nud permanent",
         "link add vp1 type veth peer name pod1",
     ] {
         netns.sh(line)?;
@@ -111,8 +112,10 @@ pub fn bed() -> anyhow::Result<Bed> {
             ifindex: ifindex("ul0")?,
             mac: UNDERLAY_MAC,
             xdp_forward: true,
+            mtu: 1500,
         },
         settings: OvnKubernetesConfig::default().validate(1500)?,
+        hybrid: None,
     };
     let mut fixture = Fixture::load()?;
     fixture.sync_overlay(&compile(&view)?)?;

@@ -218,25 +218,26 @@ impl Topology {
     /// Adds a host outside the cluster on the fabric (the nodes' underlay subnet) at
     /// 10.99.0.100: an external client for NodePorts. Its namespace goes with the topology.
     pub fn add_external_host(&mut self) -> anyhow::Result<ExternalHost> {
-        let netns = self.add_namespace("ext")?;
+        self.add_host("ext", EXTERNAL_HOST_IP)
+    }
+
+    /// Adds a host named after `suffix` on the fabric at `address` (in the nodes' underlay
+    /// subnet), with complete checksums on its wire. Its namespace goes with the topology.
+    pub fn add_host(&mut self, suffix: &str, address: Ipv4Addr) -> anyhow::Result<ExternalHost> {
+        let netns = self.add_namespace(suffix)?;
         let fabric = self.fabric.clone();
+        let port = format!("{suffix}0");
         ip(&format!(
-            "link add eth0 netns {netns} type veth peer name ext0 netns {fabric}"
+            "link add eth0 netns {netns} type veth peer name {port} netns {fabric}"
         ))?;
-        sh_in(&fabric, "ip link set ext0 master br0 up")?;
-        sh_in(
-            &netns,
-            &format!("ip addr add {EXTERNAL_HOST_IP}/24 dev eth0"),
-        )?;
+        sh_in(&fabric, &format!("ip link set {port} master br0 up"))?;
+        sh_in(&netns, &format!("ip addr add {address}/24 dev eth0"))?;
         sh_in(&netns, "ip link set eth0 up")?;
         // Complete checksums, as every packet that crossed a real wire carries: over veth a
         // local sender would otherwise leave them to an offload that never happens, which
         // only the receiving host's own stack forgives.
         sh_in(&netns, "ethtool -K eth0 tx off")?;
-        Ok(ExternalHost {
-            netns,
-            ip: EXTERNAL_HOST_IP,
-        })
+        Ok(ExternalHost { netns, ip: address })
     }
 
     /// Adds `fields` (YAML flow-mapping entries, e.g. `policyAuditConfig: {rateLimit: 5}`) to

@@ -128,6 +128,8 @@ pub fn context(state: &ClusterState, view: &OverlayView) -> FirewallContext {
     if state.cluster_networks.is_empty() {
         exempt.extend(view.nodes.iter().flat_map(|n| n.pod_cidrs.iter().copied()));
     }
+    // Hybrid nodes' pods are the cluster's too.
+    exempt.extend(crate::hybrid::internal_networks(view.hybrid.as_ref()));
     let node_addresses = view
         .nodes
         .iter()
