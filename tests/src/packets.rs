@@ -359,6 +359,19 @@ pub fn geneve_v4(src: [u8; 4], dst: [u8; 4], inner: &[u8]) -> Vec<u8> {
     })
 }
 
+/// VXLAN over IPv4 from `src` to `dst` on UDP port `dport` (I flag, `vni`) around `inner`.
+pub fn vxlan_v4(src: [u8; 4], dst: [u8; 4], dport: u16, vni: u32, inner: &[u8]) -> Vec<u8> {
+    let v = (vni << 8).to_be_bytes();
+    let mut payload = vec![0x08, 0, 0, 0, v[0], v[1], v[2], 0];
+    payload.extend_from_slice(inner);
+    finish(|o| {
+        PacketBuilder::ethernet2([2, 0, 0, 0, 0x99, 0x20], [2, 0, 0, 0, 0x99, 1])
+            .ipv4(src, dst, 64)
+            .udp(51000, dport)
+            .write(o, &payload)
+    })
+}
+
 /// `frame` (untagged IPv4) with its destination address replaced.
 pub fn with_ipv4_destination(frame: &[u8], dst: [u8; 4]) -> Vec<u8> {
     let mut out = frame.to_vec();

@@ -139,3 +139,52 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
     drop(servers);
     drop(server);
 }
+
+#[test]
+fn with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node() {
+    if !privileged("with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node") {
+        return;
+    }
+    let mut topology = Topology::build_with(1, 1, Mode::Overlay).expect("build topology");
+    topology
+        .set_ovn_config("hybridOverlayConfig: {hybridClusterNetwork: [{cidr: 10.132.0.0/14}]}")
+        .expect("hybrid overlay on");
+    let server = topology.node(0).start_fake_apiserver().expect("API server");
+    let args = server.agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = topology.node(0).start_agent_with(&args).expect("agent");
+    // What the API server now says of node0 (read as any client would, over HTTP).
+    let script = "import json, urllib.request\n\
+                  nodes = json.load(urllib.request.urlopen('http://127.0.0.1:6443/api/v1/nodes'))\n\
+                  node = [n for n in nodes['items'] if n['metadata']['name'] == 'node0'][0]\n\
+                  print(json.dumps(node['metadata'].get('annotations', {}), sort_keys=True))\n";
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let annotations = loop {
+        let out = dataplane_tests::topology::exec_in(
+            &topology.node(0).netns,
+            &["python3", "-c", script],
+        )
+        .expect("reading the Node");
+        let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+        if text.contains("hybrid-overlay") || Instant::now() >= deadline {
+            break text;
+        }
+        thread::sleep(Duration::from_millis(200));
+    };
+    // Node 0's pod subnet is 10.244.1.0/24: its router is the third address, its MAC 0a:58
+    // and that address.
+    assert_eq!(
+        annotations,
+        "{\"k8s.ovn.org/hybrid-overlay-distributed-router-gateway-ip\": \"10.244.1.3\", \
+         \"k8s.ovn.org/hybrid-overlay-distributed-router-gateway-mac\": \"0a:58:0a:f4:01:03\"}",
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent.log().contains("hybrid overlay annotations written"),
+        "{}",
+        agent.log()
+    );
+    drop(agent);
+    drop(server);
+}

@@ -6,6 +6,7 @@ use clap::Parser;
 use dataplane_common::maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY};
 use dataplane_tests::median;
 use dataplane_tests::{
+    hybrid_bed::{self, HYBRID_POD, HYBRID_ROUTER_MAC, ROUTER_MAC},
     overlay_bed,
     packets::{self, Ext},
 };
@@ -97,6 +98,13 @@ fn cases() -> Vec<Case> {
         .copy_from_slice(&[0x20, 0x01, 0x0d, 0xb8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
     let mut bad_ihl = packets::ipv4_udp();
     bad_ihl[packets::L3] = 0x44;
+    // A hybrid pod's packet to the local pod, as its Windows node sends it.
+    let mut from_hybrid_pod =
+        packets::tcp_v4_flow(HYBRID_POD, 40000, [10, 244, 1, 3], 80, true);
+    from_hybrid_pod[..6].copy_from_slice(&ROUTER_MAC);
+    from_hybrid_pod[6..12].copy_from_slice(&HYBRID_ROUTER_MAC);
+    let vxlan = packets::vxlan_v4([10, 99, 0, 20], [10, 99, 0, 1], 4789, 4097, &from_hybrid_pod);
+    let to_hybrid_pod = packets::with_ipv4_destination(&packets::ipv4_tcp(), HYBRID_POD);
     vec![
         case(PROG_BASELINE, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
         case(PROG_UNDERLAY, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
@@ -131,12 +139,19 @@ fn cases() -> Vec<Case> {
         ),
         single(PROG_BASELINE, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
         single(PROG_UNDERLAY, Hook::Xdp, "geneve decap", geneve),
+        single(PROG_UNDERLAY, Hook::Xdp, "vxlan decap (hybrid)", vxlan),
         single(PROG_TC_BASELINE, Hook::Tc, "ipv4 tcp", packets::ipv4_tcp()),
         single(
             PROG_FROM_POD,
             Hook::Tc,
             "geneve encap (ipv4)",
             packets::ipv4_tcp(),
+        ),
+        single(
+            PROG_FROM_POD,
+            Hook::Tc,
+            "vxlan encap (hybrid pod)",
+            to_hybrid_pod,
         ),
         single(PROG_FROM_POD, Hook::Tc, "same-node redirect", to_local_pod),
     ]
@@ -148,11 +163,27 @@ fn main() -> anyhow::Result<()> {
         args.rounds > 0 && args.repeat > 0 && args.singles > 0,
         "rounds, repeat and singles must be positive"
     );
-    // The overlay is configured (one node of a small cluster, in a namespace of this thread)
-    // so encapsulation and decapsulation run their full paths.
+    // The overlay is configured (one node of a small cluster, in a namespace of this thread,
+    // with a hybrid node on VXLAN) so encapsulation and decapsulation run their full paths.
     let mut bed = overlay_bed::bed()?;
+    hybrid_bed::set_hybrid(&mut bed, Some(hybrid_bed::hybrid_view(4789, true)))?;
     let fixture = &mut bed.fixture;
     let mut cases = cases();
+    // What is timed must be the path named: the tunnel cases must wrap or unwrap their packet.
+    for case in cases.iter().filter(|c| c.class.contains("encap") || c.class.contains("decap")) {
+        let outcome = match case.hook {
+            Hook::Xdp => fixture.run_xdp(case.program, &case.frame, 1)?,
+            Hook::Tc => fixture.run_tc(case.program, &case.frame, 1)?,
+        };
+        let changed_by = outcome.output.len() as i64 - case.frame.len() as i64;
+        anyhow::ensure!(
+            changed_by.abs() == 50,
+            "{} {}: the packet was not wrapped or unwrapped (action {}, {changed_by} bytes)",
+            case.program,
+            case.class,
+            outcome.action
+        );
+    }
     for _ in 0..args.rounds {
         for case in &mut cases {
             let (repeat, runs) = match case.timing {

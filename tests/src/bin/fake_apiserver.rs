@@ -7,7 +7,9 @@
 //! Writes: an EgressIP's status (`PATCH .../egressips/NAME/status`, a JSON merge patch of
 //! `status`; kept over what the files say, as the API server keeps status apart from spec)
 //! and `coordination.k8s.io/v1` Leases (get, create, replace with optimistic concurrency on
-//! the resourceVersion), for the egress IP controller.
+//! the resourceVersion), for the egress IP controller; a Node's annotations (`PATCH
+//! /api/v1/nodes/NAME`, a JSON merge patch of `metadata.annotations`, kept over the files'),
+//! for the agent's hybrid overlay annotations.
 //!
 //! It is written from the API conventions, not from the agent's code, so that the agent's kube
 //! watchers are checked against an independent server. Resource versions start at the
@@ -94,6 +96,8 @@ struct State {
     first_version: u64,
     /// Statuses written through the API, over the files' objects.
     statuses: BTreeMap<ObjectKey, Value>,
+    /// Annotations written through the API, merged over the files' objects.
+    annotations: BTreeMap<ObjectKey, serde_json::Map<String, Value>>,
     /// Leases by (namespace, name).
     leases: BTreeMap<(String, String), Value>,
     resource_version: u64,
@@ -115,6 +119,7 @@ async fn main() -> anyhow::Result<()> {
     let state = Arc::new(Mutex::new(State {
         first_version: start + 1,
         statuses: BTreeMap::new(),
+        annotations: BTreeMap::new(),
         leases: BTreeMap::new(),
         resource_version: start,
         objects: BTreeMap::new(),
@@ -155,6 +160,11 @@ fn reload(state: &Shared, dir: &Path) {
     for (key, status) in &state.statuses {
         if let Some(object) = current.get_mut(key) {
             object["status"] = status.clone();
+        }
+    }
+    for (key, annotations) in &state.annotations {
+        if let Some(object) = current.get_mut(key) {
+            merge_annotations(object, annotations);
         }
     }
     let mut changes = Vec::new();
@@ -273,6 +283,13 @@ async fn answer(
         let body = read_body(request).await;
         return Ok(patch_status(&state, &name, body));
     }
+    if request.method() == hyper::Method::PATCH
+        && let Some(name) = path.strip_prefix("/api/v1/nodes/")
+    {
+        let name = name.to_owned();
+        let body = read_body(request).await;
+        return Ok(patch_node(&state, &name, body));
+    }
     let Some(&(_, api_version, kind)) = RESOURCES.iter().find(|(p, _, _)| *p == path) else {
         return Ok(status(StatusCode::NOT_FOUND, &format!("{path} not served")));
     };
@@ -346,6 +363,53 @@ fn patch_status(state: &Shared, name: &str, body: Option<Value>) -> Response<Bod
     };
     object["status"] = patch["status"].clone();
     state.statuses.insert(key.clone(), patch["status"].clone());
+    let object = publish(&mut state, key, object);
+    json_response(StatusCode::OK, &object)
+}
+
+/// Sets `annotations` (a JSON object) into `object`'s `metadata.annotations`; a null value
+/// removes its key, as a merge patch does.
+fn merge_annotations(object: &mut Value, annotations: &serde_json::Map<String, Value>) {
+    if !object["metadata"]["annotations"].is_object() {
+        object["metadata"]["annotations"] = json!({});
+    }
+    let Some(current) = object["metadata"]["annotations"].as_object_mut() else {
+        return;
+    };
+    for (key, value) in annotations {
+        if value.is_null() {
+            current.remove(key);
+        } else {
+            current.insert(key.clone(), value.clone());
+        }
+    }
+}
+
+/// `PATCH /api/v1/nodes/NAME` with a merge patch of `metadata.annotations`.
+fn patch_node(state: &Shared, name: &str, body: Option<Value>) -> Response<Body> {
+    let Some(annotations) = body
+        .as_ref()
+        .and_then(|b| b["metadata"]["annotations"].as_object())
+        .cloned()
+    else {
+        return status(
+            StatusCode::BAD_REQUEST,
+            "only a merge patch of metadata.annotations is served",
+        );
+    };
+    let Ok(mut state) = state.lock() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
+    };
+    let key: ObjectKey = ("v1".into(), "Node".into(), String::new(), name.to_owned());
+    let Some(mut object) = state.objects.get(&key).cloned() else {
+        return status(StatusCode::NOT_FOUND, &format!("nodes {name} not found"));
+    };
+    merge_annotations(&mut object, &annotations);
+    state
+        .annotations
+        .entry(key.clone())
+        .or_default()
+        .extend(annotations);
     let object = publish(&mut state, key, object);
     json_response(StatusCode::OK, &object)
 }
