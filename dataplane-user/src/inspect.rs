@@ -18,13 +18,14 @@ use dataplane_common::{
         EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EgressCtValue,
         EgressHolder, EgressPod,
     },
+    hybrid::{HYBRID_ENABLED, HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
         CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
         ServiceValue,
     },
     maps,
-    overlay::{Addr, TunnelEndpoint},
+    overlay::{Addr, TUNNEL_VXLAN, TunnelEndpoint},
 };
 use serde::Serialize;
 
@@ -41,7 +42,7 @@ pub enum Table {
     Conntrack,
     /// ClientIP affinity: client and service -> backend.
     Affinity,
-    /// Cluster nodes and where remote pod CIDRs live.
+    /// Cluster nodes, hybrid nodes, and where remote pod CIDRs live (Geneve or VXLAN).
     Nodes,
     /// Local pods under access control, and the entries of their EgressFirewall sets.
     Firewall,
@@ -369,13 +370,18 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
                         .collect()
                 };
                 for (cidr, tunnel) in cidrs {
-                    rows.push(vec![
-                        "pod CIDR".into(),
-                        cidr.into(),
-                        format!("via node {}", ip_of(&tunnel.addr)).into(),
-                    ]);
+                    let node = ip_of(&tunnel.addr);
+                    let place = match tunnel.kind {
+                        TUNNEL_VXLAN if node.is_unspecified() => {
+                            "hybrid network, no node: dropped".to_owned()
+                        }
+                        TUNNEL_VXLAN => format!("via hybrid node {node} (VXLAN)"),
+                        _ => format!("via node {node}"),
+                    };
+                    rows.push(vec!["pod CIDR".into(), cidr.into(), place.into()]);
                 }
             }
+            rows.extend(hybrid_rows(pins)?);
             (vec!["KIND", "ADDRESS", "WHERE"], rows)
         }
         Table::Firewall => {
@@ -459,6 +465,32 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
     };
     rows.sort();
     Ok(Rows { columns, rows })
+}
+
+/// The hybrid overlay's settings and nodes as rows: KIND, ADDRESS, WHERE.
+fn hybrid_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
+    let name = maps::HYBRID_CONFIG;
+    let config: aya::maps::Array<MapData, HybridConfig> =
+        aya::maps::Array::try_from(Map::Array(pinned(pins, name)?))
+            .map_err(open_err(name, "open"))?;
+    let config = config.get(&0, 0).map_err(open_err(name, "read"))?;
+    if config.flags & HYBRID_ENABLED == 0 {
+        return Ok(Vec::new());
+    }
+    let mac = |m: &[u8; 6]| crate::hybrid::mac_text(m);
+    let mut rows = vec![vec![
+        "hybrid overlay".into(),
+        format!("VXLAN port {}, VNI 4097", config.vxlan_port).into(),
+        format!("router MAC {}, MTU {}", mac(&config.router_mac), config.mtu).into(),
+    ]];
+    for (address, node) in hash::<Addr, HybridNode>(pins, maps::HYBRID_NODES, false)? {
+        rows.push(vec![
+            "hybrid node".into(),
+            ip_of(&address).to_string().into(),
+            format!("router MAC {}", mac(&node.router_mac)).into(),
+        ]);
+    }
+    Ok(rows)
 }
 
 /// The address of the live backend `id`, or `gone` when its slot holds another one now.

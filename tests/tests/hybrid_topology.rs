@@ -15,7 +15,10 @@ use dataplane_tests::{
     capture::Capture,
     privileged::privileged,
     service_bed::{ServicePort, cluster_ip_manifests, echo_server, tcp_answers},
-    topology::{Agent, ExternalHost, Mode, Topology, exec_in, pod_cidr, sh_in, underlay_ip},
+    topology::{
+        Agent, ExternalHost, Mode, Topology, dataplane_binary, exec_in, pod_cidr, sh_in,
+        underlay_ip,
+    },
 };
 
 const WINDOWS_IP: &str = "10.99.0.50";
@@ -295,6 +298,31 @@ fn linux_and_windows_pods_reach_each_other_over_the_hybrid_overlay() {
         hybrid_arp.is_empty(),
         "ARP for hybrid addresses: {hybrid_arp:?}"
     );
+
+    // `dataplane inspect nodes` shows the hybrid overlay, its node and the VXLAN routes.
+    let out = std::process::Command::new(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agents[0].pins.root())
+        .args(["inspect", "nodes"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let has = |words: &[&str]| table.lines().any(|l| words.iter().all(|w| l.contains(w)));
+    let hybrid_route = format!("via hybrid node {WINDOWS_IP} (VXLAN)");
+    let hybrid_mac = format!("router MAC {WINDOWS_ROUTER_MAC}");
+    let own = format!("router MAC {}, MTU 1450", router(0).1);
+    for words in [
+        &["pod CIDR", "10.132.0.0/24", &hybrid_route][..],
+        &[
+            "pod CIDR",
+            "10.132.0.0/14",
+            "hybrid network, no node: dropped",
+        ],
+        &["hybrid node", WINDOWS_IP, &hybrid_mac],
+        &["hybrid overlay", "VXLAN port 4789, VNI 4097", &own],
+    ] {
+        assert!(has(words), "{words:?} in:\n{table}");
+    }
 
     // NetworkPolicy still judges: node 1's pod isolated for ingress refuses the Windows pod.
     // The EgressFirewall too: the namespace may not reach the outside host, and still reaches

@@ -160,11 +160,9 @@ fn with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node() {
                   print(json.dumps(node['metadata'].get('annotations', {}), sort_keys=True))\n";
     let deadline = Instant::now() + Duration::from_secs(15);
     let annotations = loop {
-        let out = dataplane_tests::topology::exec_in(
-            &topology.node(0).netns,
-            &["python3", "-c", script],
-        )
-        .expect("reading the Node");
+        let out =
+            dataplane_tests::topology::exec_in(&topology.node(0).netns, &["python3", "-c", script])
+                .expect("reading the Node");
         let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
         if text.contains("hybrid-overlay") || Instant::now() >= deadline {
             break text;

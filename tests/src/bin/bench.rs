@@ -99,11 +99,16 @@ fn cases() -> Vec<Case> {
     let mut bad_ihl = packets::ipv4_udp();
     bad_ihl[packets::L3] = 0x44;
     // A hybrid pod's packet to the local pod, as its Windows node sends it.
-    let mut from_hybrid_pod =
-        packets::tcp_v4_flow(HYBRID_POD, 40000, [10, 244, 1, 3], 80, true);
+    let mut from_hybrid_pod = packets::tcp_v4_flow(HYBRID_POD, 40000, [10, 244, 1, 3], 80, true);
     from_hybrid_pod[..6].copy_from_slice(&ROUTER_MAC);
     from_hybrid_pod[6..12].copy_from_slice(&HYBRID_ROUTER_MAC);
-    let vxlan = packets::vxlan_v4([10, 99, 0, 20], [10, 99, 0, 1], 4789, 4097, &from_hybrid_pod);
+    let vxlan = packets::vxlan_v4(
+        [10, 99, 0, 20],
+        [10, 99, 0, 1],
+        4789,
+        4097,
+        &from_hybrid_pod,
+    );
     let to_hybrid_pod = packets::with_ipv4_destination(&packets::ipv4_tcp(), HYBRID_POD);
     vec![
         case(PROG_BASELINE, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
@@ -170,7 +175,10 @@ fn main() -> anyhow::Result<()> {
     let fixture = &mut bed.fixture;
     let mut cases = cases();
     // What is timed must be the path named: the tunnel cases must wrap or unwrap their packet.
-    for case in cases.iter().filter(|c| c.class.contains("encap") || c.class.contains("decap")) {
+    for case in cases
+        .iter()
+        .filter(|c| c.class.contains("encap") || c.class.contains("decap"))
+    {
         let outcome = match case.hook {
             Hook::Xdp => fixture.run_xdp(case.program, &case.frame, 1)?,
             Hook::Tc => fixture.run_tc(case.program, &case.frame, 1)?,
