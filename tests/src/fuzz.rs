@@ -317,7 +317,8 @@ impl XorShift {
 }
 
 /// A node as the agent fills it: the overlay bed (this node `a` with a local pod and the
-/// test pod, nodes `b` and `c`), Services, a NetworkPolicy and an EgressFirewall.
+/// test pod, nodes `b` and `c`, a hybrid node on VXLAN), Services, a NetworkPolicy and an
+/// EgressFirewall.
 fn cluster() -> anyhow::Result<Bed> {
     let mut bed = overlay_bed::bed()?;
     let fixture = &mut bed.fixture;
@@ -461,6 +462,7 @@ fn cluster() -> anyhow::Result<Bed> {
         },
     ];
     fixture.sync_acl(&mut AclState::default(), &desired, &acl_pods)?;
+    crate::hybrid_bed::set_hybrid(&mut bed, Some(crate::hybrid_bed::hybrid_view(4789, true)))?;
     Ok(bed)
 }
 
@@ -498,6 +500,8 @@ const FROM_POD: &[&str] = &[
     "IP(src='10.244.1.2', dst='10.244.3.7')/UDP(sport=40005, dport=5353)/Raw(b'x' * 1400)",
     "IP(src='10.244.1.2', dst='10.244.1.3')/TCP(sport=40006, dport=8080, flags='S')",
     "IP(src='10.244.1.2', dst='8.8.8.8')/TCP(sport=40007, dport=443, flags='S')",
+    "IP(src='10.244.1.2', dst='10.132.0.5')/TCP(sport=40017, dport=80, flags='S')",
+    "IP(src='10.244.1.2', dst='10.133.0.5')/UDP(sport=40018, dport=53)",
     "IP(src='10.244.1.2', dst='1.1.1.1')/UDP(sport=40008, dport=53)",
     "IP(src='10.244.1.2', dst='10.244.2.7', options=[IPOption_RR()])/UDP(sport=40009, dport=7)",
     "IP(src='10.244.1.2', dst='10.244.2.7')/ICMP()/Raw(b'ping')",
@@ -552,6 +556,8 @@ const UNDERLAY: &[&str] = &[
     "IP(src='10.244.2.7', dst='10.244.1.3')/TCP(sport=40000, dport=8080, flags='S')",
     "IPv6(src='fd99::3', dst='fd99::1')/ICMPv6EchoRequest()",
     "ARP(op=1, psrc='10.99.0.2', pdst='10.99.0.1')",
+    "IP(src='10.99.0.20', dst='10.99.0.1')/UDP(sport=51000, dport=4789, chksum=0)/VXLAN(flags=0x08, vni=4097)/Ether(src='00:15:5d:00:00:20', dst='0a:58:0a:f4:01:33')/IP(src='10.132.0.5', dst='10.244.1.3')/TCP(sport=40000, dport=8080, flags='S')",
+    "IP(src='10.99.0.20', dst='10.99.0.1')/UDP(sport=51001, dport=4789, chksum=0)/VXLAN(flags=0x08, vni=4097)/Ether(src='00:15:5d:00:00:20', dst='0a:58:0a:f4:01:33')/IP(src='10.132.0.5', dst='10.96.0.10')/UDP(sport=5353, dport=53)",
 ];
 
 #[cfg(test)]
