@@ -150,10 +150,13 @@ impl Backend {
 
 /// Bits of a backend id that index its slot; the bits above are the slot's generation, which
 /// grows each time the slot is reused, so a conntrack or affinity entry naming a removed
-/// backend never reaches the backend that took its slot. 17 bits: 131,072 backends (3 MiB of
-/// array), room for 10,000 services of 10 endpoints each (`sync_bench`), which 16 bits were
-/// not; 32,767 generations per slot.
-pub const BACKEND_SLOT_BITS: u32 = 17;
+/// backend never reaches the backend that took its slot. 20 bits: up to 1,048,576 backends
+/// (`--max-backends` sizes the array within that; a slot beyond it is simply not found), and
+/// 4,095 generations per slot.
+pub const BACKEND_SLOT_BITS: u32 = 20;
+
+/// The most backends the slot bits can address.
+pub const MAX_BACKEND_SLOTS: u32 = 1 << BACKEND_SLOT_BITS;
 
 /// The backends array index of a backend id.
 pub const fn backend_slot(id: u32) -> u32 {

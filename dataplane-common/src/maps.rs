@@ -81,16 +81,19 @@ pub const ACL_LOG_CONFIG: &str = "DP_ACL_LOG_CONFIG";
 /// Per-CPU array of one [`crate::acl::AclLogBucket`] (not pinned: rate state only).
 pub const ACL_LOG_BUCKETS: &str = "DP_ACL_LOG_BUCKETS";
 
-/// Capacity of the access-control maps: 100 namespaces of 8000 rules each, with room for a
-/// second generation of the largest while it is switched in.
-pub const MAX_ACL_PREFIXES: u32 = 1_048_576;
-pub const MAX_ACL_PORT_ENTRIES: u32 = 1_048_576;
+/// Default capacity of each access-control map (`--max-acl-entries`): 100 namespaces of 8000
+/// rules each, with room for a second generation of the largest while it is switched in.
+pub const DEFAULT_ACL_ENTRIES: u32 = 1_048_576;
 
 /// Capacity of the load-balancer maps.
-pub const MAX_SERVICE_PORTS: u32 = 16_384;
+/// Default capacity of the service-port map (`--max-service-ports`).
+pub const DEFAULT_SERVICE_PORTS: u32 = 16_384;
 /// Backends: one array slot each, so one slot per value of [`crate::lb::backend_slot`].
-pub const MAX_BACKENDS: u32 = 1 << crate::lb::BACKEND_SLOT_BITS;
-pub const MAX_CT_ENTRIES: u32 = 262_144;
+/// Default capacity of the backends array (`--max-backends`, at most
+/// [`crate::lb::MAX_BACKEND_SLOTS`]).
+pub const DEFAULT_BACKENDS: u32 = 262_144;
+/// Default capacity of the service conntrack map (`--max-conntrack`).
+pub const DEFAULT_CT_ENTRIES: u32 = 262_144;
 pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
 /// Datagrams in flight in fragments, on all of a node's pods and its underlay.
 pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;

@@ -21,10 +21,10 @@ use dataplane_common::{
         MaglevTable, MemberKey, ServiceKey, ServiceValue,
     },
     maps::{
-        ACL_EVENTS_BYTES, MAX_ACL_CT_ENTRIES, MAX_ACL_PORT_ENTRIES, MAX_ACL_PREFIXES,
-        MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_CT_ENTRIES,
+        ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
+        DEFAULT_SERVICE_PORTS, MAX_ACL_CT_ENTRIES, MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
-        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MAX_SERVICE_PORTS,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES,
     },
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
@@ -80,7 +80,8 @@ pub static PORT_CACHE: PerCpuArray<PortCacheEntry> =
 
 /// Service ports -> how to balance them.
 #[map(name = "DP_LB_SERVICES")]
-pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> = HashMap::pinned(MAX_SERVICE_PORTS, 0);
+pub static LB_SERVICES: HashMap<ServiceKey, ServiceValue> =
+    HashMap::pinned(DEFAULT_SERVICE_PORTS, 0);
 
 /// Port bitmaps: service ports, then backend ports (one bit per port).
 #[map(name = "DP_LB_PORTS")]
@@ -90,16 +91,16 @@ pub static LB_PORTS: aya_ebpf::maps::Array<u64> =
 /// Backends by slot (`backend_slot` of their id).
 #[map(name = "DP_LB_BACKENDS")]
 pub static LB_BACKENDS: aya_ebpf::maps::Array<Backend> =
-    aya_ebpf::maps::Array::pinned(MAX_BACKENDS, 0);
+    aya_ebpf::maps::Array::pinned(DEFAULT_BACKENDS, 0);
 
 /// Maglev tables by index (4 KB each, allocated only for the service ports that exist).
 #[map(name = "DP_LB_MAGLEV")]
 pub static LB_MAGLEV: HashMap<u32, MaglevTable> =
-    HashMap::pinned(MAX_SERVICE_PORTS * 2, BPF_F_NO_PREALLOC);
+    HashMap::pinned(DEFAULT_SERVICE_PORTS * 2, BPF_F_NO_PREALLOC);
 
 /// Connection tracking of service flows, both directions.
 #[map(name = "DP_LB_CT")]
-pub static LB_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(MAX_CT_ENTRIES, 0);
+pub static LB_CT: LruHashMap<CtKey, CtValue> = LruHashMap::pinned(DEFAULT_CT_ENTRIES, 0);
 
 /// ClientIP session affinity: the backend each client sticks to.
 #[map(name = "DP_LB_AFFINITY")]
@@ -127,12 +128,12 @@ pub static ACL_ENDPOINTS: HashMap<Addr, AclEndpoint> = HashMap::pinned(MAX_LOCAL
 /// (rule set, prefix) -> the decision, final or by port table.
 #[map(name = "DP_ACL_ADDRS")]
 pub static ACL_ADDRS: HashMap<AclAddrKey, AclAddrValue> =
-    HashMap::pinned(MAX_ACL_PREFIXES, BPF_F_NO_PREALLOC);
+    HashMap::pinned(DEFAULT_ACL_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// (port table, protocol, kind, port) -> the first-match verdict.
 #[map(name = "DP_ACL_PORTS")]
 pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
-    HashMap::pinned(MAX_ACL_PORT_ENTRIES, BPF_F_NO_PREALLOC);
+    HashMap::pinned(DEFAULT_ACL_ENTRIES, BPF_F_NO_PREALLOC);
 
 /// Later halves of programs, reached by tail call (filled by the loader).
 #[map(name = "DP_TAILS")]

@@ -695,10 +695,17 @@ pub(crate) fn map_err(
     name: &'static str,
     action: &'static str,
 ) -> impl Fn(aya::maps::MapError) -> AgentError {
-    move |source| AgentError::Map {
-        name: name.into(),
-        action,
-        source,
+    move |source| match crate::capacity::flag_for(name) {
+        Some(flag) if crate::capacity::is_full(&source) => AgentError::MapFull {
+            name: name.into(),
+            action,
+            flag,
+        },
+        _ => AgentError::Map {
+            name: name.into(),
+            action,
+            source,
+        },
     }
 }
 

@@ -95,8 +95,30 @@ pub enum AgentError {
         attempts: String,
     },
 
-    #[error("{what}: more than the {limit} the maps hold")]
-    Capacity { what: &'static str, limit: u32 },
+    /// A sync needs more entries than a map holds: nothing of it was written.
+    #[error(
+        "{what}: {needed} needed, more than the {limit} map {map} holds; raise {flag} (a new \
+         size applies to maps created anew: `dataplane cleanup`, then start the agent); the \
+         last good state stays in force"
+    )]
+    Capacity {
+        what: &'static str,
+        needed: usize,
+        map: &'static str,
+        limit: u32,
+        flag: &'static str,
+    },
+
+    /// A map refused an entry because it is full.
+    #[error(
+        "{name} is full ({action}); raise {flag} (a new size applies to maps created anew: \
+         `dataplane cleanup`, then start the agent)"
+    )]
+    MapFull {
+        name: String,
+        action: &'static str,
+        flag: &'static str,
+    },
 
     /// A change to the node's interfaces, neighbours or routes failed (what was asked, and
     /// what the kernel or `ip` said).

@@ -26,7 +26,7 @@ use dataplane_common::{
         SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
         backend_slot, next_backend_id, port_bit,
     },
-    maps::{self, MAX_AFFINITY_MEMBERS, MAX_BACKENDS, MAX_SERVICE_PORTS},
+    maps::{self, MAX_AFFINITY_MEMBERS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
 };
 use k8s_openapi::api::{
@@ -501,13 +501,13 @@ pub struct LbSyncStats {
 impl LbState {
     /// The id of a backend, allocated on first use: a slot of the backends array and that
     /// slot's next generation, so a conntrack or affinity entry naming an earlier backend of
-    /// the slot never matches it. None when every slot is taken.
-    fn backend_id(&mut self, backend: BackendAddr) -> Option<u32> {
+    /// the slot never matches it. None when every one of the `capacity` slots is taken.
+    fn backend_id(&mut self, backend: BackendAddr, capacity: u32) -> Option<u32> {
         if let Some(&id) = self.backend_ids.get(&backend) {
             return Some(id);
         }
         let used = self.slot_ids.len() as u32;
-        let id = if used < MAX_BACKENDS {
+        let id = if used < capacity {
             let id = next_backend_id(used, 0);
             self.slot_ids.push(id);
             id
@@ -561,13 +561,14 @@ impl LbState {
         self.backend_ids.get(&backend).copied()
     }
 
-    /// An unused service-port id (its tables are at `2 * id` and `2 * id + 1`).
-    fn allocate_service_id(&mut self) -> Option<u32> {
+    /// An unused service-port id of the `capacity` (its tables are at `2 * id` and
+    /// `2 * id + 1`).
+    fn allocate_service_id(&mut self, capacity: u32) -> Option<u32> {
         if let Some(id) = self.free_service_ids.pop() {
             return Some(id);
         }
         let id = self.next_service_id;
-        if id >= MAX_SERVICE_PORTS {
+        if id >= capacity {
             return None;
         }
         self.next_service_id += 1;
@@ -712,20 +713,42 @@ impl Dataplane {
             services: ports.len(),
             ..LbSyncStats::default()
         };
-        let map_err = |name: &'static str, action: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action,
-                source,
-            }
-        };
+        // A full map is said as such, with the flag that sizes it.
+        let map_err = crate::acl::map_err;
+        let capacities = *self.capacities();
+        // Everything this sync needs must fit before anything is written: service ports being
+        // removed keep their ids until the new ones are in.
+        let new_ports = ports
+            .iter()
+            .filter(|p| !state.installed.contains_key(&p.key))
+            .count();
+        let needed_ports = state.installed.len() + new_ports;
+        if needed_ports > capacities.service_ports as usize {
+            return Err(AgentError::Capacity {
+                what: "service ports",
+                needed: needed_ports,
+                map: maps::LB_SERVICES,
+                limit: capacities.service_ports,
+                flag: "--max-service-ports",
+            });
+        }
         let mut wanted_backends: BTreeMap<u32, BackendAddr> = BTreeMap::new();
         for port in ports {
             for &backend in port.ready.iter().chain(&port.terminating) {
-                let id = state.backend_id(backend).ok_or(AgentError::Capacity {
-                    what: "backends",
-                    limit: MAX_BACKENDS,
-                })?;
+                let Some(id) = state.backend_id(backend, capacities.backends) else {
+                    let needed = ports
+                        .iter()
+                        .flat_map(|p| p.ready.iter().chain(&p.terminating))
+                        .collect::<BTreeSet<_>>()
+                        .len();
+                    return Err(AgentError::Capacity {
+                        what: "backends",
+                        needed,
+                        map: maps::LB_BACKENDS,
+                        limit: capacities.backends,
+                        flag: "--max-backends",
+                    });
+                };
                 wanted_backends.insert(id, backend);
             }
         }
@@ -773,10 +796,15 @@ impl Dataplane {
             let current = state.installed.get(&port.key).cloned();
             let id = match &current {
                 Some(installed) => installed.value.id,
-                None => state.allocate_service_id().ok_or(AgentError::Capacity {
-                    what: "service ports",
-                    limit: MAX_SERVICE_PORTS,
-                })?,
+                None => state.allocate_service_id(capacities.service_ports).ok_or(
+                    AgentError::Capacity {
+                        what: "service ports",
+                        needed: needed_ports,
+                        map: maps::LB_SERVICES,
+                        limit: capacities.service_ports,
+                        flag: "--max-service-ports",
+                    },
+                )?,
             };
             let same_backends = current.as_ref().is_some_and(|c| c.ready == ready);
             let table = match &current {
@@ -825,7 +853,10 @@ impl Dataplane {
                         if wanted_members.len() > MAX_AFFINITY_MEMBERS as usize {
                             return Err(AgentError::Capacity {
                                 what: "backends of service ports with ClientIP affinity",
+                                needed: wanted_members.len(),
+                                map: maps::LB_MEMBERS,
                                 limit: MAX_AFFINITY_MEMBERS,
+                                flag: "(fixed size)",
                             });
                         }
                         members
@@ -908,13 +939,8 @@ impl Dataplane {
         have: &mut BTreeSet<MemberKey>,
         wanted: &BTreeSet<MemberKey>,
     ) -> Result<usize, AgentError> {
-        let map_err = |name: &'static str, action: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action,
-                source,
-            }
-        };
+        // A full map is said as such, with the flag that sizes it.
+        let map_err = crate::acl::map_err;
         let gone: Vec<MemberKey> = have.difference(wanted).copied().collect();
         if gone.is_empty() {
             return Ok(0);

@@ -15,7 +15,7 @@ use dataplane_common::maps::{
     PROG_UNDERLAY_TC, TAIL_STAGES, TAILS, TailStage,
 };
 
-use crate::{AgentError, Pins, ebpf, preflight};
+use crate::{AgentError, Pins, capacity::Capacities, ebpf, preflight};
 
 /// Loads of one program tried before giving up on a verifier interrupted each time (as
 /// libbpf's default).
@@ -25,12 +25,55 @@ const LOAD_ATTEMPTS: u32 = 5;
 pub struct Dataplane {
     ebpf: Ebpf,
     pins: Pins,
+    /// What the sized maps hold (as created, or as found pinned).
+    capacities: Capacities,
+}
+
+/// The capacities the loaded maps give, each compared with what was asked: a map adopted from
+/// the pins keeps the size it was created with, which the agent then works within.
+fn found_capacities(ebpf: &Ebpf, wanted: &Capacities) -> Result<Capacities, AgentError> {
+    let mut sizes = std::collections::BTreeMap::new();
+    for (name, asked, flag) in wanted.map_sizes() {
+        let map = ebpf.map(name).ok_or(AgentError::MissingMap { name })?;
+        let data = match map {
+            aya::maps::Map::HashMap(data)
+            | aya::maps::Map::LruHashMap(data)
+            | aya::maps::Map::Array(data) => data,
+            _ => return Err(AgentError::MissingMap { name }),
+        };
+        let size = data
+            .info()
+            .map_err(|source| AgentError::Map {
+                name: name.into(),
+                action: "read the size of",
+                source,
+            })?
+            .max_entries();
+        if size != asked {
+            tracing::warn!(
+                map = name,
+                pinned = size,
+                asked,
+                flag,
+                "map pinned with another size: kept (a new size applies to maps created anew, \
+                 after `dataplane cleanup`)"
+            );
+        }
+        sizes.insert(name, size);
+    }
+    Ok(Capacities::from_map_sizes(|name| sizes[name]))
 }
 
 impl Dataplane {
     /// Checks the environment, loads and verifies every program, and pins maps and programs
     /// under `pins`.
     pub fn load(pins: &Pins) -> Result<Self, AgentError> {
+        Self::load_with(pins, &Capacities::default())
+    }
+
+    /// [`Dataplane::load`] with the sized maps created at `capacities` (maps already pinned
+    /// keep their size: said in a warning when it differs).
+    pub fn load_with(pins: &Pins, capacities: &Capacities) -> Result<Self, AgentError> {
         preflight::check_privileges()?;
         preflight::check_kernel()?;
         pins.prepare()?;
@@ -38,14 +81,19 @@ impl Dataplane {
 
         // The programs' clock reads jiffies when they know the tick rate (see `now`).
         let tick_hz = preflight::kernel_tick_hz().unwrap_or(0);
-        let ebpf = EbpfLoader::new()
+        let mut loader = EbpfLoader::new();
+        loader
             .default_map_pin_directory(pins.maps_dir())
-            .override_global(CLOCK_HZ_GLOBAL, &tick_hz, true)
-            .load(ebpf::object())
-            .map_err(AgentError::Load)?;
+            .override_global(CLOCK_HZ_GLOBAL, &tick_hz, true);
+        for (name, size, _) in capacities.map_sizes() {
+            loader.map_max_entries(name, size);
+        }
+        let ebpf = loader.load(ebpf::object()).map_err(AgentError::Load)?;
+        let found = found_capacities(&ebpf, capacities)?;
         let mut dataplane = Self {
             ebpf,
             pins: pins.clone(),
+            capacities: found,
         };
         dataplane.write_layout_version()?;
         dataplane.load_programs()?;
@@ -54,6 +102,11 @@ impl Dataplane {
 
     pub fn pins(&self) -> &Pins {
         &self.pins
+    }
+
+    /// What the sized maps hold.
+    pub fn capacities(&self) -> &Capacities {
+        &self.capacities
     }
 
     /// The underlying object, for attaching and for BPF_PROG_TEST_RUN in tests and benchmarks.

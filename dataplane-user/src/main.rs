@@ -114,6 +114,9 @@ struct RunOptions {
     /// not ready.
     #[arg(long)]
     cni_conf_dir: Option<PathBuf>,
+    /// Map sizes (given to the kernel when the maps are created; pinned maps keep theirs).
+    #[command(flatten)]
+    capacities: dataplane_user::capacity::Capacities,
 }
 
 /// `dataplane controller`'s options.
@@ -273,6 +276,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 cni_socket,
                 ipam_file,
                 cni_conf_dir,
+                capacities,
             } = *options;
             run(
                 &pins,
@@ -295,6 +299,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     cni_socket: cni_socket.unwrap_or_else(|| cli.run_dir.join(cni::SOCKET_FILE)),
                     ipam_file,
                     cni_conf_dir,
+                    capacities,
                 },
             )
         }
@@ -433,6 +438,7 @@ struct RunArgs {
     cni_socket: PathBuf,
     ipam_file: PathBuf,
     cni_conf_dir: Option<PathBuf>,
+    capacities: dataplane_user::capacity::Capacities,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -445,7 +451,8 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let mut dataplane = Dataplane::load(pins)?;
+    let mut dataplane = Dataplane::load_with(pins, &args.capacities)?;
+    tracing::info!(capacities = ?dataplane.capacities(), "map sizes");
     let metrics = Arc::new(Metrics::new(pins));
     // The egress IP lease is renewed by the controller's probes, on the metrics server.
     let egress = args
@@ -464,11 +471,25 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         preflight::check_forwarding()?;
         dataplane_user::lb::reserve_snat_ports()?;
         let source = match source {
-            SourceArg::Manifests(dir) => Source::Manifests {
-                dir: dir.clone(),
-                own_status: cni::status::status_file(dir, node),
-                fingerprint: Vec::new(),
-            },
+            SourceArg::Manifests(dir) => {
+                let _entered = runtime.enter();
+                let watch = match source::ManifestWatch::start(dir) {
+                    Ok(watch) => Some(watch),
+                    Err(error) => {
+                        tracing::warn!(
+                            error = format!("{error:#}"),
+                            "manifest directory looked at every second instead"
+                        );
+                        None
+                    }
+                };
+                Source::Manifests {
+                    dir: dir.clone(),
+                    own_status: cni::status::status_file(dir, node),
+                    fingerprint: Vec::new(),
+                    watch,
+                }
+            }
             SourceArg::Kubernetes(kubeconfig) => {
                 let client = runtime.block_on(kubernetes::client(kubeconfig.as_deref()))?;
                 let _entered = runtime.enter();
@@ -957,6 +978,9 @@ enum Source {
         own_status: PathBuf,
         /// The manifest files (name, size, modification time) as last read.
         fingerprint: Vec<(PathBuf, u64, SystemTime)>,
+        /// The directory's inotify events (`None`: inotify refused, the directory is looked
+        /// at every second).
+        watch: Option<source::ManifestWatch>,
     },
     Kubernetes(KubeSource),
 }
@@ -968,6 +992,7 @@ impl Source {
                 dir,
                 own_status,
                 fingerprint: seen,
+                ..
             } => {
                 *seen = fingerprint(dir, own_status);
                 Ok(source::read_dir(dir)?)
@@ -984,6 +1009,7 @@ impl Source {
                 dir,
                 own_status,
                 fingerprint: seen,
+                ..
             } => fingerprint(dir, own_status) != *seen,
             Source::Kubernetes(kube) => kube.changed(),
         }
@@ -1083,6 +1109,13 @@ enum Event {
 /// audit records as they come, and once a second looks for changed manifests, syncing what
 /// they say (tc is attached to new pods' veths). A failed sync is logged; the maps keep the
 /// last good state and the next change is tried again.
+/// How long a burst of source events is let settle before the sync they cause.
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How often a source that reports its changes is checked anyway (a missed event is found).
+const SAFETY_LOOK: std::time::Duration = std::time::Duration::from_secs(10);
+/// How often a manifest directory is looked at when inotify is not available.
+const POLL: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn serve(
     dataplane: &mut Dataplane,
     mut cluster: Option<Cluster>,
@@ -1093,7 +1126,14 @@ async fn serve(
 ) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    // The sources say when they change; the tick is the safety net (and, where inotify was
+    // refused, the way a manifest directory is followed).
+    let followed = match cluster.as_ref().map(|c| &c.source) {
+        Some(Source::Manifests { watch, .. }) => watch.is_some(),
+        _ => true,
+    };
+    let period = if followed { SAFETY_LOOK } else { POLL };
+    let mut tick = tokio::time::interval(period);
     // A lapsed lease must withdraw the egress IPs well within the controller's margin.
     let mut egress_tick = tokio::time::interval(EGRESS_TICK);
     loop {
@@ -1104,16 +1144,18 @@ async fn serve(
                 None => std::future::pending().await,
             }
         };
-        // The API source says when it changed; the manifest directory is looked at each tick.
+        // The API's watches and the manifest directory's inotify events say when it changed.
         let source_changed = async {
             match cluster.as_ref().map(|c| &c.source) {
-                Some(Source::Kubernetes(kube)) => {
-                    kube.wait_changed().await;
-                    // A burst of events (a rollout, a re-list) becomes one sync.
-                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
-                }
+                Some(Source::Kubernetes(kube)) => kube.wait_changed().await,
+                Some(Source::Manifests {
+                    watch: Some(watch), ..
+                }) => watch.wait_changed().await,
                 _ => std::future::pending().await,
             }
+            // A burst of events (a rollout, a re-list, a file written in steps) becomes one
+            // sync.
+            tokio::time::sleep(DEBOUNCE).await;
         };
         let job = async {
             match jobs.as_mut() {
@@ -1452,5 +1494,43 @@ fn warn_without_gro(underlay: &str) {
             "GRO is off on the underlay: decapsulated pod traffic will not be merged (ethtool -K {underlay} gro on)"
         ),
         Err(error) => tracing::debug!(underlay, %error, "cannot read the GRO setting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The DaemonSet's agent arguments are ones this binary takes, the map sizes at their
+    /// stated defaults.
+    #[test]
+    fn the_daemonsets_agent_arguments_parse_with_the_map_sizes_at_their_defaults() {
+        let text = include_str!("../../deploy/daemonset.yaml");
+        let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
+            serde_yaml::from_str(text).expect("DaemonSet");
+        let spec = daemonset
+            .spec
+            .expect("spec")
+            .template
+            .spec
+            .expect("pod spec");
+        let agent = spec
+            .containers
+            .iter()
+            .find(|c| c.name == "agent")
+            .expect("agent container");
+        let args = agent.args.iter().flatten().map(|a| {
+            a.replace("$(NODE_NAME)", "node0")
+                .replace("$(UNDERLAY)", "eth0")
+        });
+        let cli = Cli::try_parse_from(std::iter::once("dataplane".to_owned()).chain(args))
+            .unwrap_or_else(|e| panic!("{e}"));
+        let Command::Run(options) = cli.command else {
+            panic!("the agent runs `dataplane run`");
+        };
+        assert_eq!(
+            options.capacities,
+            dataplane_user::capacity::Capacities::default()
+        );
     }
 }

@@ -3,8 +3,16 @@
 //! types), Namespaces, NetworkPolicies, OVN-Kubernetes' EgressFirewalls, and the OpenShift
 //! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
+//! The directory is followed by its inotify events ([`ManifestWatch`]).
 
-use std::{fs, path::Path};
+use std::{
+    fs,
+    path::Path,
+    sync::{
+        Arc,
+        atomic::{AtomicU64, Ordering},
+    },
+};
 
 use ipnet::IpNet;
 use k8s_openapi::api::{
@@ -60,6 +68,65 @@ pub enum SourceError {
         #[source]
         source: std::io::Error,
     },
+    #[error("following {path} with inotify")]
+    Watch {
+        path: String,
+        #[source]
+        source: notify::Error,
+    },
+}
+
+/// A manifest directory (and its subdirectories: the other nodes' pod status records)
+/// followed by its inotify events: a change wakes the agent at once instead of at its next
+/// look. Reads (which the agent's own syncs cause) are not changes; its own writes are, and
+/// the caller tells them apart by what the files say.
+pub struct ManifestWatch {
+    _watcher: notify::RecommendedWatcher,
+    events: Arc<AtomicU64>,
+    wake: Arc<tokio::sync::Notify>,
+}
+
+impl ManifestWatch {
+    /// Starts following `dir`.
+    pub fn start(dir: &Path) -> Result<Self, SourceError> {
+        use notify::Watcher as _;
+        let events = Arc::new(AtomicU64::new(0));
+        let wake = Arc::new(tokio::sync::Notify::new());
+        let (counted, woken) = (Arc::clone(&events), Arc::clone(&wake));
+        let watch_err = |source| SourceError::Watch {
+            path: dir.display().to_string(),
+            source,
+        };
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                // An error (an overflowed event queue, say) may hide a change: look again.
+                if event.is_ok_and(|e| matches!(e.kind, notify::EventKind::Access(_))) {
+                    return;
+                }
+                counted.fetch_add(1, Ordering::Relaxed);
+                // A permit is kept when nobody waits, so no change is lost.
+                woken.notify_one();
+            })
+            .map_err(watch_err)?;
+        watcher
+            .watch(dir, notify::RecursiveMode::Recursive)
+            .map_err(watch_err)?;
+        Ok(Self {
+            _watcher: watcher,
+            events,
+            wake,
+        })
+    }
+
+    /// Returns at the next change (or at once if one came since the last wait).
+    pub async fn wait_changed(&self) {
+        self.wake.notified().await;
+    }
+
+    /// Changes seen since the start (for the metrics).
+    pub fn events(&self) -> u64 {
+        self.events.load(Ordering::Relaxed)
+    }
 }
 
 /// Reads every `*.yaml` / `*.yml` file of `dir` (sorted by name; multi-document files allowed).
@@ -421,6 +488,46 @@ mod network_tests {
             state.rejected,
             vec!["net.yaml: Network cluster: spec.serviceNetwork \"10.96.0.0/33\" is not a CIDR"]
         );
+    }
+}
+
+#[cfg(test)]
+mod watch_tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_written_manifest_wakes_the_watch_and_a_read_does_not() {
+        let dir = std::env::temp_dir().join(format!("watch-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(dir.join("pod-status")).expect("dir");
+        fs::write(dir.join("a.yaml"), "kind: Namespace\n").expect("file");
+        let watch = ManifestWatch::start(&dir).expect("watch");
+        let wait = |what: &'static str| {
+            let watch = &watch;
+            async move {
+                tokio::time::timeout(std::time::Duration::from_secs(5), watch.wait_changed())
+                    .await
+                    .unwrap_or_else(|_| panic!("{what}: no event"));
+            }
+        };
+        // Reading is no change.
+        let _ = read_dir(&dir).expect("read");
+        let quiet =
+            tokio::time::timeout(std::time::Duration::from_millis(300), watch.wait_changed()).await;
+        assert!(quiet.is_err(), "a read woke the watch");
+        fs::write(dir.join("b.yaml"), "kind: Namespace\n").expect("new file");
+        wait("a new manifest").await;
+        // Drain what the write caused (create, modify, close).
+        while tokio::time::timeout(std::time::Duration::from_millis(200), watch.wait_changed())
+            .await
+            .is_ok()
+        {}
+        fs::write(dir.join("pod-status/node1.json"), "{}").expect("status file");
+        wait("a file in a subdirectory").await;
+        fs::remove_file(dir.join("a.yaml")).expect("remove");
+        wait("a removed manifest").await;
+        assert!(watch.events() >= 3);
+        let _ = fs::remove_dir_all(&dir);
     }
 }
 

@@ -11,7 +11,9 @@ use dataplane_common::{
     overlay::OverlayConfig,
     port::PodPort,
 };
-use dataplane_user::{Dataplane, Pins, overlay::LocalPodView, stats::Counters};
+use dataplane_user::{
+    Dataplane, Pins, capacity::Capacities, overlay::LocalPodView, stats::Counters,
+};
 
 use crate::packets::{POD_MAC, SRC_V4, SRC_V6};
 
@@ -27,8 +29,13 @@ pub struct Fixture {
 impl Fixture {
     /// Loads every program (through the verifier) with fresh, empty maps.
     pub fn load() -> anyhow::Result<Self> {
+        Self::load_with(&Capacities::default())
+    }
+
+    /// [`Fixture::load`] with the sized maps created at `capacities`.
+    pub fn load_with(capacities: &Capacities) -> anyhow::Result<Self> {
         let pins = Pins::new(format!("/sys/fs/bpf/{}", crate::unique_name("fx")));
-        let dataplane = match Dataplane::load(&pins) {
+        let dataplane = match Dataplane::load_with(&pins, capacities) {
             Ok(dataplane) => dataplane,
             Err(error) => {
                 // A failed load (a verifier rejection, say) must not leave its fresh pins.

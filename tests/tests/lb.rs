@@ -5,17 +5,17 @@
 
 use std::{net::IpAddr, thread::sleep, time::Duration};
 
-use aya::maps::{HashMap, MapData};
+use aya::maps::{Array, HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     frag::{FragKey, FragPorts},
     lb::{
-        AffinityKey, AffinityValue, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey, CtValue,
-        MemberKey, SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
+        AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey,
+        CtValue, MemberKey, SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
         flow_hash, maglev_slot,
     },
     maps::{
-        FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, PROG_FROM_POD, PROG_UNDERLAY,
+        self, FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, PROG_FROM_POD, PROG_UNDERLAY,
         PROG_UNDERLAY_TC,
     },
 };
@@ -27,6 +27,7 @@ use dataplane_tests::{
 };
 use dataplane_user::{
     AgentError,
+    capacity::Capacities,
     lb::{BackendAddr, LbState, ServicePort, maglev_table},
     overlay::addr16,
     testrun::RunOutcome,
@@ -1977,4 +1978,88 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     let counters = fixture.counters();
     assert_eq!(counters.drops(DropReason::Ipv4BadTotalLength), 1);
     assert_eq!(counters.drops(DropReason::TcpBadDataOffset), 1);
+}
+
+#[test]
+fn a_sync_that_does_not_fit_the_maps_names_the_map_and_flag_and_writes_nothing() {
+    if !privileged("a_sync_that_does_not_fit_the_maps_names_the_map_and_flag_and_writes_nothing") {
+        return;
+    }
+    // Maps made small, as `--max-backends 8 --max-service-ports 2` makes them.
+    let capacities = Capacities {
+        backends: 8,
+        service_ports: 2,
+        ..Capacities::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    assert_eq!(fixture.capacities(), &capacities);
+    let mut state = LbState::default();
+    let web = service(
+        "10.96.0.10",
+        80,
+        6,
+        &["10.244.1.3:8080", "10.244.2.5:8080", "10.244.2.6:8080"],
+        0,
+    );
+    fixture
+        .sync_lb(&mut state, std::slice::from_ref(&web))
+        .expect("sync");
+    let installed = |fixture: &mut Fixture| {
+        let services: HashMap<&mut MapData, ServiceKey, ServiceValue> =
+            fixture.typed_map(maps::LB_SERVICES).expect("services");
+        let keys: Vec<ServiceKey> = services.keys().filter_map(Result::ok).collect();
+        let backends: Array<&mut MapData, Backend> =
+            fixture.typed_map(maps::LB_BACKENDS).expect("backends");
+        let live: Vec<Backend> = backends
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|b| b.is_live(b.id))
+            .collect();
+        (keys, live)
+    };
+    let before = installed(&mut fixture);
+    assert_eq!((before.0.len(), before.1.len()), (1, 3));
+
+    // Six more backends: nine in all, one more than the array holds.
+    let backends: Vec<String> = (1..=6).map(|n| format!("10.244.3.{n}:8080")).collect();
+    let backends: Vec<&str> = backends.iter().map(String::as_str).collect();
+    let big = service("10.96.0.11", 80, 6, &backends, 0);
+    let error = fixture
+        .sync_lb(&mut state, &[web.clone(), big])
+        .expect_err("more backends than the map holds")
+        .to_string();
+    assert!(
+        error.starts_with(
+            "backends: 9 needed, more than the 8 map DP_LB_BACKENDS holds; raise --max-backends"
+        ),
+        "{error}"
+    );
+    assert_eq!(installed(&mut fixture), before, "nothing written");
+
+    // A third service port where two fit.
+    let error = fixture
+        .sync_lb(
+            &mut state,
+            &[
+                web.clone(),
+                service("10.96.0.12", 80, 6, &["10.244.3.1:8080"], 0),
+                service("10.96.0.13", 80, 6, &["10.244.3.2:8080"], 0),
+            ],
+        )
+        .expect_err("more service ports than the map holds")
+        .to_string();
+    assert!(
+        error.starts_with("service ports: 3 needed, more than the 2 map DP_LB_SERVICES holds; raise --max-service-ports"),
+        "{error}"
+    );
+    assert_eq!(installed(&mut fixture), before, "nothing written");
+
+    // What fits still goes in, and the first service still works.
+    fixture
+        .sync_lb(
+            &mut state,
+            &[web, service("10.96.0.12", 80, 6, &["10.244.3.1:8080"], 0)],
+        )
+        .expect("sync within the capacity");
+    assert_eq!(installed(&mut fixture).0.len(), 2);
 }

@@ -2,7 +2,7 @@
 
 use super::*;
 use crate::source::{ClusterState, add_documents};
-use dataplane_common::overlay::Addr;
+use dataplane_common::{maps::DEFAULT_BACKENDS, overlay::Addr};
 
 fn compile_yaml(yaml: &str) -> CompiledServices {
     let mut state = ClusterState::default();
@@ -425,29 +425,40 @@ fn numbered_backend(n: u32) -> BackendAddr {
 #[test]
 fn backend_ids_take_fresh_slots_first_then_the_longest_free_with_a_newer_generation() {
     use dataplane_common::lb::{backend_generation, backend_slot};
+    // A small array (`--max-backends 64`): the rule is the same at any size.
+    const CAPACITY: u32 = 64;
     let mut state = LbState::default();
-    let first = state.backend_id(numbered_backend(0)).unwrap();
+    let first = state.backend_id(numbered_backend(0), CAPACITY).unwrap();
     assert_eq!((backend_slot(first), backend_generation(first)), (0, 1));
-    assert_eq!(state.backend_id(numbered_backend(0)), Some(first), "stable");
-    for n in 1..MAX_BACKENDS {
-        let id = state.backend_id(numbered_backend(n)).unwrap();
+    assert_eq!(
+        state.backend_id(numbered_backend(0), CAPACITY),
+        Some(first),
+        "stable"
+    );
+    for n in 1..CAPACITY {
+        let id = state.backend_id(numbered_backend(n), CAPACITY).unwrap();
         assert_eq!((backend_slot(id), backend_generation(id)), (n, 1));
     }
     assert_eq!(
-        state.backend_id(numbered_backend(MAX_BACKENDS)),
+        state.backend_id(numbered_backend(CAPACITY), CAPACITY),
         None,
         "full"
     );
     // Slots 7 then 3 freed: reused in that order, one generation up.
     state.release_backends(|id| backend_slot(id) != 7);
     state.release_backends(|id| backend_slot(id) != 3);
-    let a = state.backend_id(numbered_backend(MAX_BACKENDS)).unwrap();
+    let a = state
+        .backend_id(numbered_backend(CAPACITY), CAPACITY)
+        .unwrap();
     let b = state
-        .backend_id(numbered_backend(MAX_BACKENDS + 1))
+        .backend_id(numbered_backend(CAPACITY + 1), CAPACITY)
         .unwrap();
     assert_eq!((backend_slot(a), backend_generation(a)), (7, 2));
     assert_eq!((backend_slot(b), backend_generation(b)), (3, 2));
-    assert_eq!(state.backend_id(numbered_backend(MAX_BACKENDS + 2)), None);
+    assert_eq!(
+        state.backend_id(numbered_backend(CAPACITY + 2), CAPACITY),
+        None
+    );
 }
 
 #[test]
@@ -465,7 +476,9 @@ fn adopted_slots_keep_their_ids_and_removed_ones_come_back_a_generation_later() 
     state.free_unused_slots();
     assert_eq!(state.id_of(numbered_backend(1)), Some(backend_id(0, 4)));
     // Fresh slots first (3 onwards), then the adopted free ones in slot order.
-    let fresh = state.backend_id(numbered_backend(2)).unwrap();
+    let fresh = state
+        .backend_id(numbered_backend(2), DEFAULT_BACKENDS)
+        .unwrap();
     assert_eq!((backend_slot(fresh), backend_generation(fresh)), (3, 1));
     assert_eq!(state.free_slots, [1, 2]);
     assert!(Backend::default().id == 0 && !removed.is_live(removed.id));
