@@ -23,6 +23,7 @@ use crate::{
     maps::{PARSED, TAILS},
     overlay,
     parse::{Packet, parse, parse_skb, stash},
+    stage::Stage,
     stats::{count_drop, count_malformed, count_outcome, count_packet},
     work::Parsed,
 };
@@ -50,29 +51,26 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
     {
         return action;
     }
+    // The calls into decapsulation only for what looks like a tunnel to this node.
     if hybrid::vxlan_port(&parsed) {
-        return match hybrid::decapsulate(&ctx, &parsed).result() {
-            Ok(Some((action, _))) => {
-                count_outcome(Hook::Underlay, PacketClass::VxlanDecap);
-                action
-            }
-            Ok(None) => nodeport_fast_path(&ctx, &parsed),
-            Err(reason) => {
-                count_drop(Hook::Underlay, reason);
-                xdp_action::XDP_DROP
-            }
-        };
+        return unwrapped(&ctx, &parsed, hybrid::decapsulate(&ctx, &parsed));
     }
-    // The call into decapsulation only for what looks like Geneve to this node.
     if !overlay::geneve_port(&parsed) {
         return nodeport_fast_path(&ctx, &parsed);
     }
-    match overlay::decapsulate(&ctx, &parsed).result() {
-        Ok(Some((action, _))) => {
-            count_outcome(Hook::Underlay, PacketClass::GeneveDecap);
+    unwrapped(&ctx, &parsed, overlay::decapsulate(&ctx, &parsed))
+}
+
+/// The verdict on a tunnel packet after its decapsulation stage: unwrapped (counted as the
+/// stage says), dropped with its reason, or no tunnel of ours after all.
+#[inline(always)]
+fn unwrapped(ctx: &XdpContext, parsed: &Parsed, stage: Stage) -> u32 {
+    match stage.result() {
+        Ok(Some((action, outcome))) => {
+            count_outcome(Hook::Underlay, outcome);
             action
         }
-        Ok(None) => nodeport_fast_path(&ctx, &parsed),
+        Ok(None) => nodeport_fast_path(ctx, parsed),
         Err(reason) => {
             count_drop(Hook::Underlay, reason);
             xdp_action::XDP_DROP

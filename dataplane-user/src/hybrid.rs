@@ -277,14 +277,7 @@ fn hybrid_node(
             "annotation {ROUTER_MAC_ANNOTATION} {mac_text:?} is not a MAC address"
         ));
     };
-    let address = node
-        .status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == "InternalIP")
-        .find_map(|a| a.address.parse::<Ipv4Addr>().ok());
+    let address = crate::model::internal_ips(node).find_map(|a| a.parse::<Ipv4Addr>().ok());
     let Some(address) = address else {
         return warn("status.addresses has no IPv4 InternalIP".to_owned());
     };

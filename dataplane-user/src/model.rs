@@ -156,21 +156,25 @@ fn hybrid_view(
     })
 }
 
-fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
-    let name = node.metadata.name.clone()?;
-    let addresses = node
-        .status
+/// The `InternalIP` entries of a Node's `status.addresses`, as written.
+pub(crate) fn internal_ips(node: &Node) -> impl Iterator<Item = &str> {
+    node.status
         .as_ref()
         .and_then(|s| s.addresses.as_ref())
         .into_iter()
         .flatten()
         .filter(|a| a.type_ == "InternalIP")
-        .filter_map(|a| match a.address.parse::<IpAddr>() {
+        .map(|a| a.address.as_str())
+}
+
+fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
+    let name = node.metadata.name.clone()?;
+    let addresses = internal_ips(node)
+        .filter_map(|address| match address.parse::<IpAddr>() {
             Ok(ip) => Some(ip),
             Err(_) => {
                 warnings.push(format!(
-                    "node {name}: status.addresses InternalIP {:?} is not an address",
-                    a.address
+                    "node {name}: status.addresses InternalIP {address:?} is not an address"
                 ));
                 None
             }
