@@ -138,6 +138,8 @@ pub enum KubeSourceError {
 /// The watchers' stores and what they have seen.
 pub struct KubeSource {
     client: Client,
+    /// When the first watch event no snapshot has taken yet came.
+    first: source::FirstChange,
     stores: Vec<(Watched, Store<DynamicObject>)>,
     /// Optional resources the API server does not serve.
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
@@ -170,6 +172,7 @@ impl KubeSource {
     pub fn start(client: &Client) -> Self {
         let absent = Arc::new(Mutex::new(BTreeSet::new()));
         let changed = Arc::new(AtomicBool::new(true));
+        let first = source::FirstChange::default();
         let wake = Arc::new(Notify::new());
         let mut stores = Vec::new();
         for &watched in WATCHED {
@@ -185,6 +188,7 @@ impl KubeSource {
                 Flag {
                     changed: Arc::clone(&changed),
                     wake: Arc::clone(&wake),
+                    first: first.clone(),
                 },
             ));
         }
@@ -194,6 +198,7 @@ impl KubeSource {
             absent,
             changed,
             wake,
+            first,
         }
     }
 
@@ -237,6 +242,11 @@ impl KubeSource {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// When the first change no sync has taken yet came (taken: the next one starts anew).
+    pub fn take_first_change(&self) -> Option<std::time::Instant> {
+        self.first.take()
     }
 
     /// Whether anything changed since the last [`Self::snapshot`].
@@ -288,10 +298,12 @@ fn is_ready(store: &Store<DynamicObject>) -> bool {
 struct Flag {
     changed: Arc<AtomicBool>,
     wake: Arc<Notify>,
+    first: source::FirstChange,
 }
 
 impl Flag {
     fn raise(&self) {
+        self.first.note();
         self.changed.store(true, Ordering::Release);
         self.wake.notify_one();
     }

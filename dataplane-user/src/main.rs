@@ -824,6 +824,8 @@ impl Cluster {
             audit: state.policy_audit.clone(),
             audit_path: self.audit_log.clone(),
         };
+        let mut inputs = inputs;
+        inputs.keep_hosted_namespaces();
         match &mut self.firewalls {
             Some(firewalls) => firewalls.update(dataplane, inputs).await?,
             None => self.firewalls = Some(FirewallAgent::start(dataplane, inputs).await?),
@@ -1012,6 +1014,17 @@ impl Source {
                 ..
             } => fingerprint(dir, own_status) != *seen,
             Source::Kubernetes(kube) => kube.changed(),
+        }
+    }
+
+    /// When the first change no sync has taken yet came, as the source's events say.
+    fn take_first_change(&self) -> Option<std::time::Instant> {
+        match self {
+            Source::Manifests {
+                watch: Some(watch), ..
+            } => watch.take_first_change(),
+            Source::Manifests { watch: None, .. } => None,
+            Source::Kubernetes(kube) => kube.take_first_change(),
         }
     }
 
@@ -1206,16 +1219,24 @@ async fn serve(
                     source = cluster.source.describe(),
                     "cluster changed; syncing"
                 );
-                if let Err(error) =
-                    sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await
-                {
-                    tracing::error!(
+                let first_change = cluster.source.take_first_change();
+                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await {
+                    Ok(_) => {
+                        if let Some(first) = first_change {
+                            metrics.record_sync_lag(first.elapsed());
+                        }
+                    }
+                    Err(error) => tracing::error!(
                         error = format!("{error:#}"),
                         "sync failed; the last good state stays in force"
-                    );
+                    ),
                 }
             }
-            Event::Tick => {}
+            // What woke the agent changed nothing it reads (its own writes, say): its time
+            // is no start of a later change's lag.
+            Event::Tick => {
+                cluster.source.take_first_change();
+            }
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
                     tracing::error!(error = format!("{error:#}"), "applying the egress IPs");

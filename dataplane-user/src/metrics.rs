@@ -35,6 +35,7 @@ pub struct Metrics {
     registry: Registry,
     syncs: Family<[(&'static str, &'static str); 1], Counter>,
     sync_seconds: Histogram,
+    sync_lag: Histogram,
     rejected: Family<[(&'static str, &'static str); 1], Gauge>,
     cni_requests: Family<[(&'static str, String); 2], Counter>,
     cni_seconds: HistogramsBy<[(&'static str, &'static str); 1]>,
@@ -55,6 +56,13 @@ impl Metrics {
             "sync_duration_seconds",
             "Time from reading the cluster state to the maps holding it",
             sync_seconds.clone(),
+        );
+        // 1 ms .. ~16 s, as the syncs.
+        let sync_lag = Histogram::new(exponential_buckets(0.001, 2.0, 15));
+        registry.register(
+            "sync_lag_seconds",
+            "Time from the first change a source reported (a watch event, an inotify event) to the maps holding it",
+            sync_lag.clone(),
         );
         let rejected = Family::default();
         registry.register(
@@ -81,6 +89,7 @@ impl Metrics {
             registry,
             syncs,
             sync_seconds,
+            sync_lag,
             rejected,
             cni_requests,
             cni_seconds,
@@ -99,6 +108,11 @@ impl Metrics {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             self.rejected.get_or_create(&[("kind", kind)]).set(count);
         }
+    }
+
+    /// Records how long after the source's first report of a change its sync held it.
+    pub fn record_sync_lag(&self, lag: Duration) {
+        self.sync_lag.observe(lag.as_secs_f64());
     }
 
     /// Records one answered CNI request: `error` is the CNI error code of a failed one.
@@ -322,7 +336,14 @@ mod tests {
             &[("manifest", 2), ("service", 0)],
         );
         metrics.record_sync(Duration::from_millis(1), false, &[]);
+        metrics.record_sync_lag(Duration::from_millis(120));
         let text = metrics.render().expect("render");
+        assert!(
+            text.contains("dataplane_sync_lag_seconds_count 1"),
+            "{text}"
+        );
+        assert!(text.contains("dataplane_sync_lag_seconds_bucket{le=\"0.064\"} 0"));
+        assert!(text.contains("dataplane_sync_lag_seconds_bucket{le=\"0.128\"} 1"));
         assert!(
             text.contains("dataplane_syncs_total{result=\"ok\"} 1"),
             "{text}"

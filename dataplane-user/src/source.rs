@@ -76,6 +76,26 @@ pub enum SourceError {
     },
 }
 
+/// When a source first saw a change that no sync has taken yet: the start of the sync lag
+/// (from the change to the maps holding it). Shared between the source's event handlers and
+/// the agent.
+#[derive(Clone, Debug, Default)]
+pub struct FirstChange(Arc<std::sync::Mutex<Option<std::time::Instant>>>);
+
+impl FirstChange {
+    /// Notes a change now, unless an earlier one is still pending.
+    pub fn note(&self) {
+        if let Ok(mut first) = self.0.lock() {
+            first.get_or_insert_with(std::time::Instant::now);
+        }
+    }
+
+    /// The pending change's time, which is then no longer pending.
+    pub fn take(&self) -> Option<std::time::Instant> {
+        self.0.lock().ok().and_then(|mut first| first.take())
+    }
+}
+
 /// A manifest directory (and its subdirectories: the other nodes' pod status records)
 /// followed by its inotify events: a change wakes the agent at once instead of at its next
 /// look. Reads (which the agent's own syncs cause) are not changes; its own writes are, and
@@ -84,6 +104,7 @@ pub struct ManifestWatch {
     _watcher: notify::RecommendedWatcher,
     events: Arc<AtomicU64>,
     wake: Arc<tokio::sync::Notify>,
+    first: FirstChange,
 }
 
 impl ManifestWatch {
@@ -92,7 +113,8 @@ impl ManifestWatch {
         use notify::Watcher as _;
         let events = Arc::new(AtomicU64::new(0));
         let wake = Arc::new(tokio::sync::Notify::new());
-        let (counted, woken) = (Arc::clone(&events), Arc::clone(&wake));
+        let first = FirstChange::default();
+        let (counted, woken, noted) = (Arc::clone(&events), Arc::clone(&wake), first.clone());
         let watch_err = |source| SourceError::Watch {
             path: dir.display().to_string(),
             source,
@@ -104,6 +126,7 @@ impl ManifestWatch {
                     return;
                 }
                 counted.fetch_add(1, Ordering::Relaxed);
+                noted.note();
                 // A permit is kept when nobody waits, so no change is lost.
                 woken.notify_one();
             })
@@ -115,7 +138,13 @@ impl ManifestWatch {
             _watcher: watcher,
             events,
             wake,
+            first,
         })
+    }
+
+    /// When the first change no sync has taken yet came (taken: the next one starts anew).
+    pub fn take_first_change(&self) -> Option<std::time::Instant> {
+        self.first.take()
     }
 
     /// Returns at the next change (or at once if one came since the last wait).

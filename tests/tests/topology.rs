@@ -371,4 +371,9 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
         let name = format!("dataplane_rejected_objects{{kind=\"{kind}\"}}");
         assert_eq!(sample(&text, &name), Some(0), "{name}");
     }
+    // That sync followed the directory's inotify event: its lag was measured.
+    assert!(
+        sample(&text, "dataplane_sync_lag_seconds_count").is_some_and(|n| n >= 1),
+        "{text}"
+    );
 }

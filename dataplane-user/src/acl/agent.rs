@@ -48,6 +48,24 @@ pub struct FirewallInputs {
     pub audit_path: PathBuf,
 }
 
+impl FirewallInputs {
+    /// Keeps only the EgressFirewalls and NetworkPolicies of namespaces with a pod on this
+    /// node: a node judges its own pods' traffic only (a pod's egress at its veth, a packet to
+    /// it at its veth), and both kinds apply to their own namespace's pods. So a node resolves,
+    /// compiles and writes nothing for namespaces it does not host: at 5,000 nodes, a
+    /// firewall's DNS names are resolved by the nodes of its namespace's pods, not by all.
+    /// What stays cluster-wide is what a local pod's rules may name: every pod as a policy
+    /// peer, and the namespaces' labels.
+    pub fn keep_hosted_namespaces(&mut self) {
+        let hosted: std::collections::BTreeSet<String> =
+            self.pods.iter().map(|p| p.namespace.clone()).collect();
+        let hosts =
+            |namespace: &Option<String>| hosted.contains(namespace.as_deref().unwrap_or("default"));
+        self.objects.retain(|f| hosts(&f.metadata.namespace));
+        self.policies.retain(|p| hosts(&p.metadata.namespace));
+    }
+}
+
 pub struct FirewallAgent {
     objects: Vec<EgressFirewall>,
     policies: Vec<NetworkPolicy>,
@@ -449,4 +467,73 @@ fn describe(state: &AclState, event: &AclEvent) -> Option<(String, String)> {
     }
     let namespace = state.namespace_of(event.set)?;
     Some((namespace.to_owned(), format!("EF:{namespace}:default")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn named<T: serde::de::DeserializeOwned>(kind: &str, namespace: &str) -> T {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": if kind == "EgressFirewall" { "k8s.ovn.org/v1" } else { "networking.k8s.io/v1" },
+            "kind": kind,
+            "metadata": {"name": "default", "namespace": namespace},
+            "spec": if kind == "EgressFirewall" {
+                serde_json::json!({"egress": [{"type": "Allow", "to": {"dnsName": format!("{namespace}.example.com")}}]})
+            } else {
+                serde_json::json!({"podSelector": {}})
+            },
+        }))
+        .expect(kind)
+    }
+
+    #[test]
+    fn a_node_keeps_the_firewalls_and_policies_of_the_namespaces_it_hosts_only() {
+        let mut inputs = FirewallInputs {
+            objects: vec![
+                named("EgressFirewall", "web"),
+                named("EgressFirewall", "db"),
+            ],
+            policies: vec![
+                named("NetworkPolicy", "web"),
+                named("NetworkPolicy", "batch"),
+            ],
+            cluster_pods: Vec::new(),
+            namespaces: Vec::new(),
+            context: FirewallContext::default(),
+            pods: vec![AclPod {
+                namespace: "web".into(),
+                name: "a".into(),
+                addresses: vec!["10.244.1.2".parse().unwrap()],
+            }],
+            dns_server: None,
+            dns_cache: PathBuf::new(),
+            audit: PolicyAuditConfig::default(),
+            audit_path: PathBuf::new(),
+        };
+        inputs.keep_hosted_namespaces();
+        let namespaces = |names: Vec<Option<String>>| -> Vec<String> {
+            names.into_iter().map(|n| n.unwrap_or_default()).collect()
+        };
+        assert_eq!(
+            namespaces(
+                inputs
+                    .objects
+                    .iter()
+                    .map(|f| f.metadata.namespace.clone())
+                    .collect()
+            ),
+            ["web"]
+        );
+        assert_eq!(
+            namespaces(
+                inputs
+                    .policies
+                    .iter()
+                    .map(|p| p.metadata.namespace.clone())
+                    .collect()
+            ),
+            ["web"]
+        );
+    }
 }
