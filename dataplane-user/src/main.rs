@@ -117,6 +117,10 @@ struct RunOptions {
     /// Map sizes (given to the kernel when the maps are created; pinned maps keep theirs).
     #[command(flatten)]
     capacities: dataplane_user::capacity::Capacities,
+    /// How often the cluster state is looked at even without a reported change, in seconds
+    /// (a lost event is found then). Tests set it long to see that events alone drive syncs.
+    #[arg(long, default_value_t = 10, hide = true)]
+    look_every_seconds: u64,
 }
 
 /// `dataplane controller`'s options.
@@ -277,6 +281,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 ipam_file,
                 cni_conf_dir,
                 capacities,
+                look_every_seconds,
             } = *options;
             run(
                 &pins,
@@ -300,6 +305,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     ipam_file,
                     cni_conf_dir,
                     capacities,
+                    look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
                 },
             )
         }
@@ -439,6 +445,8 @@ struct RunArgs {
     ipam_file: PathBuf,
     cni_conf_dir: Option<PathBuf>,
     capacities: dataplane_user::capacity::Capacities,
+    /// How often the cluster state is looked at without a reported change.
+    look_every: std::time::Duration,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -473,6 +481,13 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         let source = match source {
             SourceArg::Manifests(dir) => {
                 let _entered = runtime.enter();
+                // The other nodes' pod status records go there: made now, so inotify follows
+                // it from the start (a directory made later could be written into before its
+                // watch is added).
+                let status_dir = dir.join(cni::status::POD_STATUS_DIR);
+                if let Err(error) = std::fs::create_dir_all(&status_dir) {
+                    tracing::warn!(dir = %status_dir.display(), %error, "making the pod status directory");
+                }
                 let watch = match source::ManifestWatch::start(dir) {
                     Ok(watch) => Some(watch),
                     Err(error) => {
@@ -594,6 +609,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         &mut agent,
         run_dir,
         &metrics,
+        args.look_every,
     ));
     if args.cluster.is_some() {
         let _ = std::fs::remove_file(&args.cni_socket);
@@ -1113,19 +1129,20 @@ enum Event {
     /// A CNI request, and any others queued behind it.
     Cni(Job),
     Firewalls(Wake),
+    /// Time to look whether the cluster changed (and sync if it did).
     Tick,
+    /// The source reported a change: a look follows once the burst settles.
+    SourceChanged,
     /// Time to look at the egress IP lease and status.
     Egress,
 }
 
 /// Runs until SIGINT or SIGTERM: refreshes the firewalls' DNS names when they are due, writes
-/// audit records as they come, and once a second looks for changed manifests, syncing what
+/// audit records as they come, and when the source reports a change looks at it, syncing what
 /// they say (tc is attached to new pods' veths). A failed sync is logged; the maps keep the
 /// last good state and the next change is tried again.
 /// How long a burst of source events is let settle before the sync they cause.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
-/// How often a source that reports its changes is checked anyway (a missed event is found).
-const SAFETY_LOOK: std::time::Duration = std::time::Duration::from_secs(10);
 /// How often a manifest directory is looked at when inotify is not available.
 const POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -1136,6 +1153,7 @@ async fn serve(
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
+    look_every: std::time::Duration,
 ) -> anyhow::Result<()> {
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
@@ -1145,8 +1163,10 @@ async fn serve(
         Some(Source::Manifests { watch, .. }) => watch.is_some(),
         _ => true,
     };
-    let period = if followed { SAFETY_LOOK } else { POLL };
+    let period = if followed { look_every } else { POLL };
     let mut tick = tokio::time::interval(period);
+    // When a reported change is looked at (its burst settled).
+    let mut settle: Option<tokio::time::Instant> = None;
     // A lapsed lease must withdraw the egress IPs well within the controller's margin.
     let mut egress_tick = tokio::time::interval(EGRESS_TICK);
     loop {
@@ -1158,6 +1178,8 @@ async fn serve(
             }
         };
         // The API's watches and the manifest directory's inotify events say when it changed.
+        // (Only the wait itself may be cancelled by another event: the debounce is a deadline
+        // of its own, which no other event can lose.)
         let source_changed = async {
             match cluster.as_ref().map(|c| &c.source) {
                 Some(Source::Kubernetes(kube)) => kube.wait_changed().await,
@@ -1166,9 +1188,13 @@ async fn serve(
                 }) => watch.wait_changed().await,
                 _ => std::future::pending().await,
             }
-            // A burst of events (a rollout, a re-list, a file written in steps) becomes one
-            // sync.
-            tokio::time::sleep(DEBOUNCE).await;
+        };
+        // A burst of events (a rollout, a re-list, a file written in steps) becomes one look.
+        let settled = async {
+            match settle {
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => std::future::pending().await,
+            }
         };
         let job = async {
             match jobs.as_mut() {
@@ -1181,10 +1207,18 @@ async fn serve(
             Some(job) = job => Event::Cni(job),
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
-            _ = source_changed => Event::Tick,
+            _ = source_changed => Event::SourceChanged,
+            _ = settled => Event::Tick,
             _ = tick.tick() => Event::Tick,
             _ = egress_tick.tick() => Event::Egress,
         };
+        if let Event::SourceChanged = event {
+            settle.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
+            continue;
+        }
+        if let Event::Tick = event {
+            settle = None;
+        }
         let Some(cluster) = cluster.as_mut() else {
             if let Event::Stop = event {
                 tracing::info!("stopping");
@@ -1237,6 +1271,8 @@ async fn serve(
             Event::Tick => {
                 cluster.source.take_first_change();
             }
+            // Handled before: it only sets when to look.
+            Event::SourceChanged => {}
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
                     tracing::error!(error = format!("{error:#}"), "applying the egress IPs");

@@ -122,7 +122,10 @@ impl ManifestWatch {
         let mut watcher =
             notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
                 // An error (an overflowed event queue, say) may hide a change: look again.
-                if event.is_ok_and(|e| matches!(e.kind, notify::EventKind::Access(_))) {
+                if event
+                    .as_ref()
+                    .is_ok_and(|e| matches!(e.kind, notify::EventKind::Access(_)))
+                {
                     return;
                 }
                 counted.fetch_add(1, Ordering::Relaxed);

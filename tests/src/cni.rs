@@ -228,7 +228,8 @@ pub fn allocations(agent: &Agent) -> anyhow::Result<Vec<(String, Vec<String>)>> 
 
 /// A pod the plugin is to wire as pod `index` of `node`: its container (a new namespace), and
 /// the pod ADD will make of it, foreseen: the node's IPAM gives a fresh node's pods the
-/// addresses after the gateway in order, and the names and MAC follow from those.
+/// addresses after the gateway in order, IPv4's third kept back (the node's hybrid overlay
+/// router), and the names and MAC follow from those.
 pub fn planned_pod(
     topology: &mut Topology,
     node: usize,
@@ -237,7 +238,7 @@ pub fn planned_pod(
 ) -> anyhow::Result<(Container, Pod)> {
     let name = format!("pod-{node}-{index}");
     let container = container(topology, namespace, &name)?;
-    let ip = crate::topology::pod_ip(node, index);
+    let ip = allocated_ipv4(node, index);
     let o = ip.octets();
     let pod = Pod {
         netns: container.netns.clone(),
@@ -249,6 +250,13 @@ pub fn planned_pod(
         host_iface: dataplane_user::cni::wire::host_iface_name(&container.id, "eth0"),
     };
     Ok((container, pod))
+}
+
+/// The IPv4 address a fresh node's IPAM gives its pod `index`: .2, then .4 on (.3 is the
+/// node's hybrid overlay router, never a pod's).
+pub fn allocated_ipv4(node: usize, index: usize) -> std::net::Ipv4Addr {
+    let offset = if index == 0 { 2 } else { index + 3 };
+    std::net::Ipv4Addr::new(10, 244, node as u8 + 1, offset as u8)
 }
 
 /// The Pod object of `pod` on node `node` as the API server has it before the pod runs:

@@ -301,6 +301,17 @@ fn main() -> anyhow::Result<()> {
         println!("   {line}");
     }
     let failed = summary.iter().any(|l| l.contains("FAILED"));
+    if failed {
+        // What the agents said, to see why.
+        for (n, agent) in agents.iter().enumerate() {
+            let log = agent.log();
+            let tail: Vec<&str> = log.lines().rev().take(40).collect();
+            println!("\n== node {n}: the agent's last log lines");
+            for line in tail.iter().rev() {
+                println!("{line}");
+            }
+        }
+    }
     drop(agents);
     drop(topology);
     let _ = std::fs::remove_dir_all(&audit_dir);
