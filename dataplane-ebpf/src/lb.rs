@@ -211,7 +211,11 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let mut scope = outside_scope(config, s);
     // A hybrid node's pod reaches cluster services through the node its VXLAN came to (the
     // replies come back here: masqueraded when the backend is elsewhere, as for a NodePort).
-    if scope == SCOPE_EXTERNAL && crate::hybrid::is_hybrid_pod(parsed.ether_type, &s.flow.src) {
+    // Looked up only for a service port: other packets pay nothing for it.
+    if scope == SCOPE_EXTERNAL
+        && port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be)
+        && crate::hybrid::is_hybrid_pod(parsed.ether_type, &s.flow.src)
+    {
         scope = SCOPE_CLUSTER;
     }
     s.nodeport = 1;
