@@ -190,6 +190,8 @@ pub struct HybridNodeView {
 pub struct HybridView {
     pub settings: HybridSettings,
     pub nodes: Vec<HybridNodeView>,
+    /// This node's router address (the third of its IPv4 pod subnet; never a pod's).
+    pub router_ip: Ipv4Addr,
     /// This node's router MAC (inner source out, inner destination in).
     pub router_mac: [u8; 6],
     /// The underlay's MTU: less the VXLAN overhead, the largest packet towards a hybrid pod.
@@ -272,7 +274,7 @@ fn hybrid_node(
     let Some(mac_text) = annotation(ROUTER_MAC_ANNOTATION) else {
         return warn(format!("no annotation {ROUTER_MAC_ANNOTATION} yet"));
     };
-    let Some(router_mac) = parse_mac(&mac_text) else {
+    let Some(router_mac) = crate::netdev::parse_mac(&mac_text) else {
         return warn(format!(
             "annotation {ROUTER_MAC_ANNOTATION} {mac_text:?} is not a MAC address"
         ));
@@ -287,30 +289,6 @@ fn hybrid_node(
         subnet,
         router_mac,
     })
-}
-
-/// `aa:bb:cc:dd:ee:ff` (or with dashes), as the annotations carry it.
-pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
-    let parts: Vec<&str> = text.split([':', '-']).collect();
-    if parts.len() != 6 {
-        return None;
-    }
-    let mut mac = [0u8; 6];
-    for (byte, part) in mac.iter_mut().zip(parts) {
-        if part.len() != 2 {
-            return None;
-        }
-        *byte = u8::from_str_radix(part, 16).ok()?;
-    }
-    Some(mac)
-}
-
-/// The MAC as the annotations write it.
-pub fn mac_text(mac: &[u8; 6]) -> String {
-    mac.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
 }
 
 /// This node's router address on the hybrid overlay: the third address of its IPv4 pod subnet
@@ -335,7 +313,7 @@ pub fn router_mac(ip: Ipv4Addr) -> [u8; 6] {
 pub fn own_router_mac(node: Option<&Node>, router_ip: Ipv4Addr) -> [u8; 6] {
     node.and_then(|n| n.metadata.annotations.as_ref())
         .and_then(|a| a.get(ROUTER_MAC_ANNOTATION))
-        .and_then(|m| parse_mac(m))
+        .and_then(|m| crate::netdev::parse_mac(m))
         .unwrap_or_else(|| router_mac(router_ip))
 }
 
@@ -343,7 +321,10 @@ pub fn own_router_mac(node: Option<&Node>, router_ip: Ipv4Addr) -> [u8; 6] {
 pub fn own_annotations(router_ip: Ipv4Addr, router_mac: &[u8; 6]) -> BTreeMap<String, String> {
     BTreeMap::from([
         (ROUTER_IP_ANNOTATION.to_owned(), router_ip.to_string()),
-        (ROUTER_MAC_ANNOTATION.to_owned(), mac_text(router_mac)),
+        (
+            ROUTER_MAC_ANNOTATION.to_owned(),
+            crate::netdev::mac_text(router_mac),
+        ),
     ])
 }
 
@@ -669,6 +650,7 @@ mod tests {
                 subnet: "10.132.0.0/24".parse().unwrap(),
                 router_mac: [0, 0x15, 0x5d, 1, 2, 3],
             }],
+            router_ip: "10.244.1.3".parse().unwrap(),
             router_mac: [0x0a, 0x58, 10, 244, 1, 3],
             underlay_mtu: 1500,
             mgmt_ifindex: 9,

@@ -477,7 +477,7 @@ fn hybrid_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
     if config.flags & HYBRID_ENABLED == 0 {
         return Ok(Vec::new());
     }
-    let mac = |m: &[u8; 6]| crate::hybrid::mac_text(m);
+    let mac = |m: &[u8; 6]| crate::netdev::mac_text(m);
     let mut rows = vec![vec![
         "hybrid overlay".into(),
         format!("VXLAN port {}, VNI 4097", config.vxlan_port).into(),

@@ -828,7 +828,7 @@ impl Cluster {
         self.rejected.push(("service", services_rejected));
         let own = netdev::local_addresses().context("listing this node's addresses")?;
         dataplane.sync_node_addresses(&own)?;
-        let inputs = FirewallInputs {
+        let mut inputs = FirewallInputs {
             objects: state.egress_firewalls.clone(),
             policies: state.network_policies.clone(),
             cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
@@ -840,7 +840,6 @@ impl Cluster {
             audit: state.policy_audit.clone(),
             audit_path: self.audit_log.clone(),
         };
-        let mut inputs = inputs;
         inputs.keep_hosted_namespaces();
         match &mut self.firewalls {
             Some(firewalls) => firewalls.update(dataplane, inputs).await?,
@@ -863,7 +862,7 @@ impl Cluster {
         state: &source::ClusterState,
         view: &overlay::OverlayView,
     ) -> anyhow::Result<()> {
-        let inputs = dataplane_user::gateway::GatewayInputs {
+        let mut inputs = dataplane_user::gateway::GatewayInputs {
             underlay: self.underlay.clone(),
             cluster_networks: state.cluster_networks.clone(),
             service_networks: state.service_networks.clone(),
@@ -873,7 +872,6 @@ impl Cluster {
                 .flat_map(|n| n.addresses.clone())
                 .collect(),
         };
-        let mut inputs = inputs;
         inputs
             .cluster_networks
             .extend(hybrid::internal_networks(view.hybrid.as_ref()));
@@ -899,15 +897,7 @@ impl Cluster {
         let Some(hybrid) = &view.hybrid else {
             return;
         };
-        let Some(router_ip) = view
-            .nodes
-            .iter()
-            .find(|n| n.name == self.node)
-            .and_then(|n| hybrid::router_ip(&n.pod_cidrs))
-        else {
-            return;
-        };
-        let wanted = hybrid::own_annotations(router_ip, &hybrid.router_mac);
+        let wanted = hybrid::own_annotations(hybrid.router_ip, &hybrid.router_mac);
         let current = state
             .nodes
             .iter()

@@ -51,7 +51,7 @@ pub fn build(
         .find(|n| n.name == this_node)
         .map_or(&[], |n| &n.pod_cidrs);
     let hybrid = hybrid_view(state, this_node, own_cidrs, underlay.mtu, &mut warnings);
-    let router_ip = hybrid::router_ip(own_cidrs).filter(|_| hybrid.is_some());
+    let router_ip = hybrid.as_ref().map(|h| h.router_ip);
     let mut local_pods = Vec::new();
     let mut pod_interfaces = Vec::new();
     for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
@@ -149,6 +149,7 @@ fn hybrid_view(
     Some(HybridView {
         settings,
         nodes: hybrid::hybrid_nodes(&state.nodes, &settings, warnings),
+        router_ip,
         router_mac: hybrid::own_router_mac(this, router_ip),
         underlay_mtu,
         // Known once the management port exists (`crate::mgmt::sync`).

@@ -19,11 +19,16 @@ pub fn mac_text(bytes: &[u8; 6]) -> String {
 }
 
 /// MAC address of `name`.
-/// A MAC address from its text (`0a:58:0a:f4:01:02`).
+/// A MAC address from its text (`0a:58:0a:f4:01:02`, or with dashes): six two-digit hex
+/// bytes.
 pub fn parse_mac(text: &str) -> Option<[u8; 6]> {
     let bytes: Vec<u8> = text
-        .split(':')
-        .map(|b| u8::from_str_radix(b, 16).ok())
+        .split([':', '-'])
+        .map(|b| {
+            (b.len() == 2)
+                .then(|| u8::from_str_radix(b, 16).ok())
+                .flatten()
+        })
         .collect::<Option<_>>()?;
     bytes.try_into().ok()
 }

@@ -155,7 +155,7 @@ impl ManifestWatch {
         self.wake.notified().await;
     }
 
-    /// Changes seen since the start (for the metrics).
+    /// Changes seen since the start.
     pub fn events(&self) -> u64 {
         self.events.load(Ordering::Relaxed)
     }

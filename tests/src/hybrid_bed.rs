@@ -36,6 +36,7 @@ pub fn hybrid_view(port: u16, with_node: bool) -> HybridView {
             })
             .into_iter()
             .collect(),
+        router_ip: "10.244.1.3".parse().expect("address"),
         router_mac: ROUTER_MAC,
         underlay_mtu: 1500,
         mgmt_ifindex: 0,
