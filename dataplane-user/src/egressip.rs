@@ -64,7 +64,8 @@ use serde::{Deserialize, Serialize};
     kind = "EgressIP",
     plural = "egressips",
     status = "EgressIpStatus",
-    shortname = "eip"
+    shortname = "eip",
+    derive = "PartialEq"
 )]
 #[serde(rename_all = "camelCase")]
 pub struct EgressIpSpec {

@@ -135,6 +135,9 @@ pub enum KubeSourceError {
     },
 }
 
+/// A watched resource's plural, and an object's namespace and name.
+type ParsedKey = (&'static str, String, String);
+
 /// The watchers' stores and what they have seen.
 pub struct KubeSource {
     client: Client,
@@ -144,6 +147,11 @@ pub struct KubeSource {
     /// Optional resources the API server does not serve.
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
     changed: Arc<AtomicBool>,
+    /// A watcher listed its resource again since the last [`Self::take_relisted`].
+    relisted: Arc<AtomicBool>,
+    /// Each object as last parsed, by resource, namespace and name, with its resource
+    /// version: a snapshot parses only what changed since the last one.
+    parsed: Mutex<BTreeMap<ParsedKey, (Option<String>, ClusterState)>>,
     /// Woken at every change (a permit is kept when nobody waits, so none is lost).
     wake: Arc<Notify>,
 }
@@ -172,6 +180,7 @@ impl KubeSource {
     pub fn start(client: &Client) -> Self {
         let absent = Arc::new(Mutex::new(BTreeSet::new()));
         let changed = Arc::new(AtomicBool::new(true));
+        let relisted = Arc::new(AtomicBool::new(false));
         let first = source::FirstChange::default();
         let wake = Arc::new(Notify::new());
         let mut stores = Vec::new();
@@ -187,6 +196,7 @@ impl KubeSource {
                 Arc::clone(&absent),
                 Flag {
                     changed: Arc::clone(&changed),
+                    relisted: Arc::clone(&relisted),
                     wake: Arc::clone(&wake),
                     first: first.clone(),
                 },
@@ -197,6 +207,8 @@ impl KubeSource {
             stores,
             absent,
             changed,
+            relisted,
+            parsed: Mutex::new(BTreeMap::new()),
             wake,
             first,
         }
@@ -249,6 +261,12 @@ impl KubeSource {
         self.first.take()
     }
 
+    /// Whether a watcher listed its resource again (a lost watch, a 410 Gone) since the last
+    /// call: the agent then runs a full recompute.
+    pub fn take_relisted(&self) -> bool {
+        self.relisted.swap(false, Ordering::AcqRel)
+    }
+
     /// Whether anything changed since the last [`Self::snapshot`].
     pub fn changed(&self) -> bool {
         self.changed.load(Ordering::Acquire)
@@ -260,25 +278,50 @@ impl KubeSource {
         self.wake.notified().await;
     }
 
-    /// The cluster as the stores hold it now, through the manifest source's parsing.
-    pub fn snapshot(&self) -> ClusterState {
+    /// The cluster as the stores hold it now, through the manifest source's parsing. Each
+    /// object is parsed once per resource version (kept between snapshots); `fresh` parses
+    /// everything anew (a full recompute).
+    pub fn snapshot(&self, fresh: bool) -> ClusterState {
         self.changed.store(false, Ordering::Release);
+        let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        if fresh {
+            parsed.clear();
+        }
+        let mut seen = BTreeSet::new();
         let mut state = ClusterState::default();
         for (watched, store) in &self.stores {
             let api_version = watched.api_version();
             for object in store.state() {
-                let Ok(mut value) = serde_yaml::to_value(&*object) else {
-                    continue;
-                };
-                // List items come without their type; the resource says what they are.
-                if let Some(map) = value.as_mapping_mut() {
-                    map.insert("apiVersion".into(), api_version.clone().into());
-                    map.insert("kind".into(), watched.kind.into());
+                let key = (
+                    watched.plural,
+                    object.metadata.namespace.clone().unwrap_or_default(),
+                    object.metadata.name.clone().unwrap_or_default(),
+                );
+                let version = object.metadata.resource_version.clone();
+                let cached = parsed
+                    .get(&key)
+                    .filter(|(v, _)| v.is_some() && *v == version);
+                if cached.is_none() {
+                    let Ok(mut value) = serde_yaml::to_value(&*object) else {
+                        continue;
+                    };
+                    // List items come without their type; the resource says what they are.
+                    if let Some(map) = value.as_mapping_mut() {
+                        map.insert("apiVersion".into(), api_version.clone().into());
+                        map.insert("kind".into(), watched.kind.into());
+                    }
+                    let origin = format!("api:{}", watched.plural);
+                    let mut fragment = ClusterState::default();
+                    source::add_object(&mut fragment, &origin, value);
+                    parsed.insert(key.clone(), (version, fragment));
                 }
-                let origin = format!("api:{}", watched.plural);
-                source::add_object(&mut state, &origin, value);
+                if let Some((_, fragment)) = parsed.get(&key) {
+                    state.absorb(fragment);
+                }
+                seen.insert(key);
             }
         }
+        parsed.retain(|key, _| seen.contains(key));
         state
     }
 
@@ -297,6 +340,8 @@ fn is_ready(store: &Store<DynamicObject>) -> bool {
 /// How a watcher says the cluster changed.
 struct Flag {
     changed: Arc<AtomicBool>,
+    /// Raised when a watcher lists its resource again (after a lost watch).
+    relisted: Arc<AtomicBool>,
     wake: Arc<Notify>,
     first: source::FirstChange,
 }
@@ -325,9 +370,20 @@ async fn follow(
     );
     let mut stream = std::pin::pin!(stream);
     let mut failing = false;
+    let mut listed = false;
     while let Some(event) = stream.next().await {
         match event {
-            Ok(_) => {
+            Ok(event) => {
+                if let watcher::Event::InitDone = event {
+                    if listed {
+                        tracing::info!(
+                            resource = watched.plural,
+                            "listed again; a full recompute follows"
+                        );
+                        changed.relisted.store(true, Ordering::Release);
+                    }
+                    listed = true;
+                }
                 if failing {
                     tracing::info!(resource = watched.plural, "watch restored");
                     failing = false;

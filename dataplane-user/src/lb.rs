@@ -77,6 +77,12 @@ pub struct CompiledServices {
     pub errors: Vec<String>,
 }
 
+/// A Service's namespace and name.
+pub type ServiceName = (String, String);
+
+/// One Service's compiled ports, or why the whole Service was refused.
+pub type CompiledService = Result<Vec<ServicePort>, String>;
+
 /// Compiles every Service with its EndpointSlices into the service ports of node `node`
 /// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
 /// endpoints on this node.
@@ -85,35 +91,62 @@ pub fn compile_services(
     slices: &[EndpointSlice],
     node: &str,
 ) -> CompiledServices {
-    let mut out = CompiledServices::default();
+    assemble(compile_each(services, slices, node, |_| true).values())
+}
+
+/// Compiles the Services `wanted` picks (by namespace and name), each with its own
+/// EndpointSlices: what a change to a few Services or slices recompiles.
+pub fn compile_each(
+    services: &[Service],
+    slices: &[EndpointSlice],
+    node: &str,
+    wanted: impl Fn(&(&str, &str)) -> bool,
+) -> BTreeMap<ServiceName, CompiledService> {
     // Slices by namespace and service name, found once: per-service scans would make the
     // compile quadratic in the number of services.
     let mut by_service: HashMap<(&str, &str), Vec<&EndpointSlice>> = HashMap::new();
     for slice in slices {
-        let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-        if let Some(name) = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(SERVICE_NAME_LABEL))
-        {
-            by_service.entry((namespace, name)).or_default().push(slice);
+        if let Some(key) = slice_service(slice).filter(&wanted) {
+            by_service.entry(key).or_default().push(slice);
         }
     }
+    let mut compiled = BTreeMap::new();
     for service in services {
-        let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
-        let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
-        let own_slices = by_service
-            .get(&(namespace, name))
-            .map(Vec::as_slice)
-            .unwrap_or_default();
-        match compile_service(service, own_slices, node) {
-            Ok(ports) => out.ports.extend(ports),
-            Err(error) => out.errors.push(error),
+        let key = (
+            service.metadata.namespace.as_deref().unwrap_or("default"),
+            service.metadata.name.as_deref().unwrap_or("<unnamed>"),
+        );
+        if !wanted(&key) {
+            continue;
+        }
+        let own_slices = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
+        compiled.insert(
+            (key.0.to_owned(), key.1.to_owned()),
+            compile_service(service, own_slices, node),
+        );
+    }
+    compiled
+}
+
+/// The namespace and Service name an EndpointSlice belongs to (its
+/// `kubernetes.io/service-name` label).
+pub fn slice_service(slice: &EndpointSlice) -> Option<(&str, &str)> {
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((namespace, name))
+}
+
+/// The service ports of compiled Services, in key order. Two Services claiming one address
+/// and port: the first in namespace and name order keeps it, the other's port is refused.
+pub fn assemble<'a>(compiled: impl Iterator<Item = &'a CompiledService>) -> CompiledServices {
+    let mut out = CompiledServices::default();
+    for service in compiled {
+        match service {
+            Ok(ports) => out.ports.extend(ports.iter().cloned()),
+            Err(error) => out.errors.push(error.clone()),
         }
     }
     out.ports.sort_by_key(|p| p.key);
-    // Two Services claiming one address and port: the first (by key order, stable) wins.
     let mut seen = BTreeSet::new();
     let mut unique = Vec::new();
     for port in out.ports {

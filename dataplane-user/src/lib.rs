@@ -27,6 +27,7 @@ pub mod source;
 pub mod state;
 pub mod stats;
 pub mod status;
+pub mod sync;
 pub mod testrun;
 pub mod trace;
 pub mod verify;

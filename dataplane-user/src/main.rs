@@ -12,10 +12,7 @@ use clap::{Parser, Subcommand};
 use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
-    acl::{
-        self,
-        agent::{FirewallAgent, FirewallInputs, Wake},
-    },
+    acl::{self, agent::Wake},
     attach::XdpModeChoice,
     cni::{
         self,
@@ -23,19 +20,22 @@ use dataplane_user::{
         server::{CniPods, Job, NodePods},
         spec::{CniError, code},
     },
-    egressip::{self, compile::EgressInputs, node::EgressNode},
-    hybrid, inspect,
+    egressip::{self, node::EgressNode},
+    inspect,
     kubernetes::{self, KubeSource},
     lb,
     metrics::{self, Metrics},
-    mgmt, model, netdev,
-    overlay::{self, Underlay},
+    netdev,
     pins::DEFAULT_PIN_ROOT,
     port, preflight, source,
     state::{self, AgentState, DEFAULT_RUN_DIR},
     status, trace, verify,
 };
 use tokio::signal::unix::{SignalKind, signal};
+
+mod cluster;
+
+use cluster::{Cluster, Source, warn_unrestricted};
 
 /// Where OVN-Kubernetes nodes keep their ACL audit log.
 const DEFAULT_AUDIT_LOG: &str = "/var/log/ovn/acl-audit-log.log";
@@ -121,6 +121,11 @@ struct RunOptions {
     /// (a lost event is found then). Tests set it long to see that events alone drive syncs.
     #[arg(long, default_value_t = 10, hide = true)]
     look_every_seconds: u64,
+    /// How often everything is re-read and every sync stage run, in seconds, whatever
+    /// changed: what it has to write is counted (`dataplane_full_sync_differences_total`) as
+    /// changes the incremental syncs missed.
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    full_sync_every_seconds: u64,
 }
 
 /// `dataplane controller`'s options.
@@ -282,6 +287,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 cni_conf_dir,
                 capacities,
                 look_every_seconds,
+                full_sync_every_seconds,
             } = *options;
             run(
                 &pins,
@@ -306,6 +312,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     cni_conf_dir,
                     capacities,
                     look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
+                    full_every: std::time::Duration::from_secs(full_sync_every_seconds),
                 },
             )
         }
@@ -447,6 +454,8 @@ struct RunArgs {
     capacities: dataplane_user::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
     look_every: std::time::Duration,
+    /// How often everything is re-read and every stage run.
+    full_every: std::time::Duration,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -502,6 +511,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                     dir: dir.clone(),
                     own_status: cni::status::status_file(dir, node),
                     fingerprint: Vec::new(),
+                    parsed: source::ManifestCache::default(),
                     watch,
                 }
             }
@@ -534,11 +544,17 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             egress,
             gateway_script: None,
             egress_status: None,
+            last: None,
+            model: None,
+            services: Default::default(),
+            services_rejected: 0,
         };
         let started = Instant::now();
-        let synced = runtime.block_on(watched.sync(&mut dataplane));
+        let synced = runtime.block_on(watched.sync(&mut dataplane, true));
         metrics.record_sync(started.elapsed(), synced.is_ok(), &watched.rejected);
-        for iface in synced? {
+        let synced = synced?;
+        metrics.record_sync_work(true, &stage_names(&synced), None);
+        for iface in synced.interfaces {
             if !pod_ifaces.contains(&iface) {
                 pod_ifaces.push(iface);
             }
@@ -609,7 +625,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
         &mut agent,
         run_dir,
         &metrics,
-        args.look_every,
+        Periods {
+            look_every: args.look_every,
+            full_every: args.full_every,
+        },
     ));
     if args.cluster.is_some() {
         let _ = std::fs::remove_file(&args.cni_socket);
@@ -684,434 +703,15 @@ fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Says that port security does not apply to a veth named on the command line that no pod
-/// of the cluster state claims.
-fn warn_unrestricted(iface: &str) {
-    tracing::warn!(
-        iface,
-        "no pod is known behind this --pod-iface: port security does not apply to it"
-    );
-}
-
-/// The cluster as this agent keeps it in sync: where it is read from, and what the syncs need
-/// to remember between reads.
-struct Cluster {
-    /// The pods the CNI plugin had this agent wire.
-    cni: CniPods,
-    /// What the last good sync said about this node's pods, for the CNI.
-    node_pods: NodePods,
-    /// The last sync's warnings about the cluster state.
-    warnings: Vec<String>,
-    source: Source,
-    node: String,
-    underlay: String,
-    underlay_index: u32,
-    xdp_forward: bool,
-    dns_server: Option<std::net::IpAddr>,
-    /// Where the DNS names' last good addresses outlive the agent (`acl::dns::CACHE_FILE`).
-    dns_cache: PathBuf,
-    audit_log: PathBuf,
-    /// The pod veths named on the command line (`--pod-iface`).
-    named_ifaces: Vec<String>,
-    lb: lb::LbState,
-    /// Started at the first sync.
-    firewalls: Option<FirewallAgent>,
-    /// Objects the last sync rejected, by kind (for the metrics).
-    rejected: Vec<(&'static str, usize)>,
-    egress: EgressNode,
-    /// The gateway SNAT table as last written.
-    gateway_script: Option<String>,
-    /// Manifest mode: the egress IP status file (size, modification time) as last read.
-    egress_status: Option<(u64, SystemTime)>,
-}
-
-impl Cluster {
-    /// Reads the manifests, builds this node's view, and syncs the overlay, load-balancer and
-    /// access-control maps (the first time taking over what a previous agent pinned). Returns
-    /// the host-side interfaces of the local pods.
-    async fn sync(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<Vec<String>> {
-        let mut state = self.source.read()?;
-        // What the Pod objects themselves say (a manifest's own addresses), before the
-        // attachments' addresses are merged in.
-        let declared = state.clone();
-        if let Source::Manifests { dir, .. } = &self.source {
-            // Other nodes' pods wired by their plugins (this node's come from memory).
-            let (mut records, rejected) = cni::status::read(dir);
-            records.retain(|r| r.node != self.node);
-            cni::status::merge(&mut state, &records);
-            state.rejected.extend(rejected);
-        }
-        self.cni.merge_into(&mut state, &self.node);
-        for rejected in &state.rejected {
-            tracing::warn!(%rejected, "manifest object skipped");
-        }
-        self.rejected = vec![("manifest", state.rejected.len())];
-        let underlay = &self.underlay;
-        let mtu =
-            netdev::mtu(underlay).with_context(|| format!("reading the MTU of {underlay}"))?;
-        let mac =
-            netdev::mac(underlay).with_context(|| format!("reading the MAC of {underlay}"))?;
-        let settings = state.network.unwrap_or_default().validate(mtu)?;
-        if self.firewalls.is_none() {
-            warn_without_gro(underlay);
-        }
-        let underlay = Underlay {
-            ifindex: self.underlay_index,
-            xdp_forward: self.xdp_forward,
-            mac,
-            mtu,
-        };
-        let mut model = model::build(&state, &self.node, underlay, settings, host_interface);
-        for warning in &model.warnings {
-            tracing::warn!(%warning, "cluster state");
-        }
-        self.warnings = model.warnings.clone();
-        let pools = model
-            .view
-            .nodes
-            .iter()
-            .find(|n| n.name == self.node)
-            .map(|n| n.pod_cidrs.clone())
-            .unwrap_or_default();
-        let node_pods = NodePods::from_state(
-            &declared,
-            &self.node,
-            pools,
-            settings.pod_mtu,
-            // A manifest's status.podIPs are the pod's own to keep; the API server's are the
-            // last sandbox's.
-            matches!(self.source, Source::Manifests { .. }),
-        );
-        for iface in &self.named_ifaces {
-            if !model.pod_interfaces.contains(iface) {
-                warn_unrestricted(iface);
-                let ifindex = preflight::interface_index(iface)?;
-                model.view.unrestricted_ifindexes.push(ifindex);
-            }
-        }
-        // The node's own way to other nodes' pods: its packets enter the overlay as a pod's.
-        let port = mgmt::sync(&model.view, &settings, &self.underlay)?;
-        if port.routes_added + port.routes_removed != 0 {
-            tracing::info!(
-                added = port.routes_added,
-                removed = port.routes_removed,
-                "routes to other nodes' pods through the management port"
-            );
-        }
-        model.view.unrestricted_ifindexes.push(port.ifindex);
-        if let Some(hybrid) = &mut model.view.hybrid {
-            hybrid.mgmt_ifindex = port.host_ifindex;
-        }
-        self.sync_gateway(&state, &model.view)?;
-        model.pod_interfaces.push(mgmt::OVERLAY_SIDE.to_owned());
-        let desired = overlay::compile(&model.view)?;
-        // The hybrid nodes before the VXLAN routes that lead to them.
-        let hybrid_stats = dataplane.sync_hybrid(&hybrid::compile(model.view.hybrid.as_ref()))?;
-        let mut stats = dataplane.sync_overlay(&desired)?;
-        stats.add(hybrid_stats);
-        self.announce_hybrid(&state, &model.view).await;
-        tracing::info!(
-            node = self.node,
-            geneve_port = settings.geneve_port,
-            pod_mtu = settings.pod_mtu,
-            nodes = model.view.nodes.len(),
-            local_pods = model.view.local_pods.len(),
-            cluster_networks = ?state.cluster_networks,
-            service_networks = ?state.service_networks,
-            written = stats.written,
-            deleted = stats.deleted,
-            "overlay configured"
-        );
-        let first = self.firewalls.is_none();
-        let services_rejected =
-            configure_services(dataplane, &mut self.lb, &state, &self.node, first)?;
-        self.rejected.push(("service", services_rejected));
-        let own = netdev::local_addresses().context("listing this node's addresses")?;
-        dataplane.sync_node_addresses(&own)?;
-        let mut inputs = FirewallInputs {
-            objects: state.egress_firewalls.clone(),
-            policies: state.network_policies.clone(),
-            cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
-            namespaces: state.namespaces.clone(),
-            context: acl::firewall::context(&state, &model.view),
-            pods: acl::pods_of(&model.view),
-            dns_server: self.dns_server,
-            dns_cache: self.dns_cache.clone(),
-            audit: state.policy_audit.clone(),
-            audit_path: self.audit_log.clone(),
-        };
-        inputs.keep_hosted_namespaces();
-        match &mut self.firewalls {
-            Some(firewalls) => firewalls.update(dataplane, inputs).await?,
-            None => self.firewalls = Some(FirewallAgent::start(dataplane, inputs).await?),
-        }
-        if let Some(firewalls) = &self.firewalls {
-            let (firewalls, policies) = firewalls.rejected();
-            self.rejected.push(("egressfirewall", firewalls));
-            self.rejected.push(("networkpolicy", policies));
-        }
-        self.sync_egress(dataplane, &state, &model.view)?;
-        self.node_pods = node_pods;
-        Ok(model.pod_interfaces)
-    }
-
-    /// Makes the gateway SNAT (pods to outside the cluster take the node's address) follow
-    /// the cluster's networks and nodes; written only when it changes.
-    fn sync_gateway(
-        &mut self,
-        state: &source::ClusterState,
-        view: &overlay::OverlayView,
-    ) -> anyhow::Result<()> {
-        let mut inputs = dataplane_user::gateway::GatewayInputs {
-            underlay: self.underlay.clone(),
-            cluster_networks: state.cluster_networks.clone(),
-            service_networks: state.service_networks.clone(),
-            node_addresses: view
-                .nodes
-                .iter()
-                .flat_map(|n| n.addresses.clone())
-                .collect(),
-        };
-        inputs
-            .cluster_networks
-            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
-        let script = dataplane_user::gateway::script(&inputs);
-        if self.gateway_script.as_deref() != Some(script.as_str()) {
-            dataplane_user::gateway::apply(&script)?;
-            tracing::info!(
-                table = dataplane_user::gateway::TABLE,
-                "gateway SNAT configured: pods leaving the cluster take the node's address"
-            );
-            self.gateway_script = Some(script);
-        }
-        Ok(())
-    }
-
-    /// With the API server: writes this node's hybrid overlay router address and MAC on its
-    /// Node when they are not there yet (hybrid nodes read them). A failure is logged and
-    /// tried again at the next sync.
-    async fn announce_hybrid(&self, state: &source::ClusterState, view: &overlay::OverlayView) {
-        let Source::Kubernetes(kube) = &self.source else {
-            return;
-        };
-        let Some(hybrid) = &view.hybrid else {
-            return;
-        };
-        let wanted = hybrid::own_annotations(hybrid.router_ip, &hybrid.router_mac);
-        let current = state
-            .nodes
-            .iter()
-            .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
-            .and_then(|n| n.metadata.annotations.clone())
-            .unwrap_or_default();
-        if wanted.iter().all(|(k, v)| current.get(k) == Some(v)) {
-            return;
-        }
-        match kube.annotate_node(&self.node, &wanted).await {
-            Ok(()) => tracing::info!(
-                node = self.node,
-                ?wanted,
-                "hybrid overlay annotations written"
-            ),
-            Err(error) => tracing::warn!(%error, "hybrid overlay annotations not written"),
-        }
-    }
-
-    /// Gives the egress IP state what this sync read, and applies it.
-    fn sync_egress(
-        &mut self,
-        dataplane: &mut Dataplane,
-        state: &source::ClusterState,
-        view: &overlay::OverlayView,
-    ) -> anyhow::Result<()> {
-        let mut objects = state.egress_ips.clone();
-        if let Source::Manifests { dir, .. } = &self.source {
-            self.egress_status = egress_status_stamp(dir);
-            if let Some(statuses) = egressip::read_status_file(dir) {
-                egressip::merge_status(&mut objects, &statuses);
-            }
-        }
-        let mut inputs = EgressInputs::from_state(state, objects, &view.nodes, &self.node);
-        inputs
-            .cluster_networks
-            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
-        let timeout = state.egress_ip_config.reachability_timeout();
-        self.egress.set_inputs(inputs, timeout);
-        self.egress.apply(dataplane)?;
-        Ok(())
-    }
-
-    /// Between syncs: re-reads the controller's status file when it changed and applies the
-    /// egress state as the lease now allows (a lapsed lease withdraws the addresses).
-    fn refresh_egress(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<()> {
-        if let Source::Manifests { dir, .. } = &self.source {
-            let stamp = egress_status_stamp(dir);
-            if stamp != self.egress_status {
-                self.egress_status = stamp;
-                self.egress
-                    .set_status(&egressip::read_status_file(dir).unwrap_or_default());
-            }
-        }
-        self.egress.apply(dataplane)?;
-        Ok(())
-    }
-
-    fn changed(&self) -> bool {
-        self.source.changed()
-    }
-
-    /// With a manifest directory, writes this node's wired pods and their addresses where the
-    /// other agents read them (what the kubelet reports to an API server).
-    fn publish_pod_status(&self) {
-        if let Source::Manifests { dir, .. } = &self.source
-            && let Err(error) =
-                cni::status::write(dir, &self.node, &self.cni.status_records(&self.node))
-        {
-            tracing::warn!(dir = %dir.display(), %error, "writing this node's pod status");
-        }
-    }
-}
-
-/// Size and modification time of the egress IP status file under `dir`, if there is one.
-fn egress_status_stamp(dir: &std::path::Path) -> Option<(u64, SystemTime)> {
-    let metadata = std::fs::metadata(dir.join(egressip::STATUS_FILE)).ok()?;
-    Some((metadata.len(), metadata.modified().ok()?))
-}
-
-/// Where the cluster state is read from.
-enum Source {
-    Manifests {
-        dir: PathBuf,
-        /// This node's pod status file (written by this agent: not a change to follow).
-        own_status: PathBuf,
-        /// The manifest files (name, size, modification time) as last read.
-        fingerprint: Vec<(PathBuf, u64, SystemTime)>,
-        /// The directory's inotify events (`None`: inotify refused, the directory is looked
-        /// at every second).
-        watch: Option<source::ManifestWatch>,
-    },
-    Kubernetes(KubeSource),
-}
-
-impl Source {
-    fn read(&mut self) -> anyhow::Result<source::ClusterState> {
-        match self {
-            Source::Manifests {
-                dir,
-                own_status,
-                fingerprint: seen,
-                ..
-            } => {
-                *seen = fingerprint(dir, own_status);
-                Ok(source::read_dir(dir)?)
-            }
-            Source::Kubernetes(kube) => Ok(kube.snapshot()),
-        }
-    }
-
-    /// Whether a manifest file was added, removed or changed, or a watch saw an event, since
-    /// the last read.
-    fn changed(&self) -> bool {
-        match self {
-            Source::Manifests {
-                dir,
-                own_status,
-                fingerprint: seen,
-                ..
-            } => fingerprint(dir, own_status) != *seen,
-            Source::Kubernetes(kube) => kube.changed(),
-        }
-    }
-
-    /// When the first change no sync has taken yet came, as the source's events say.
-    fn take_first_change(&self) -> Option<std::time::Instant> {
-        match self {
-            Source::Manifests {
-                watch: Some(watch), ..
-            } => watch.take_first_change(),
-            Source::Manifests { watch: None, .. } => None,
-            Source::Kubernetes(kube) => kube.take_first_change(),
-        }
-    }
-
-    fn describe(&self) -> String {
-        match self {
-            Source::Manifests { dir, .. } => format!("manifests in {}", dir.display()),
-            Source::Kubernetes(_) => "the API server".into(),
-        }
-    }
-}
-
-/// Name, size and modification time of every manifest file of `dir`, and of the other nodes'
-/// pod status files (not `own_status`).
-fn fingerprint(
-    dir: &std::path::Path,
-    own_status: &std::path::Path,
-) -> Vec<(PathBuf, u64, SystemTime)> {
-    let listed = |dir: &std::path::Path, extensions: &[&str]| -> Vec<(PathBuf, u64, SystemTime)> {
-        std::fs::read_dir(dir)
-            .into_iter()
-            .flatten()
-            .filter_map(Result::ok)
-            .filter_map(|entry| {
-                let metadata = entry.metadata().ok()?;
-                Some((entry.path(), metadata.len(), metadata.modified().ok()?))
-            })
-            .filter(|(path, _, _)| {
-                path.extension()
-                    .is_some_and(|e| extensions.iter().any(|x| e == *x))
-            })
-            .collect()
-    };
-    let mut files = listed(dir, &["yaml", "yml"]);
-    files.extend(
-        listed(&dir.join(cni::status::POD_STATUS_DIR), &["json"])
-            .into_iter()
-            .filter(|(path, _, _)| path != own_status),
-    );
-    files.sort();
-    files
-}
-
-/// Compiles the Services and EndpointSlices and syncs the load-balancer maps, taking over what a
-/// previous agent left pinned. Returns how many services were rejected.
-fn configure_services(
-    dataplane: &mut Dataplane,
-    lb_state: &mut lb::LbState,
-    state: &source::ClusterState,
-    node: &str,
-    first: bool,
-) -> anyhow::Result<usize> {
-    let compiled = lb::compile_services(&state.services, &state.endpoint_slices, node);
-    for error in &compiled.errors {
-        tracing::warn!(%error, "service skipped");
-    }
-    if first {
-        dataplane.adopt_lb(lb_state)?;
-    }
-    let stats = dataplane.sync_lb(lb_state, &compiled.ports)?;
-    tracing::info!(
-        service_ports = stats.services,
-        backends = stats.backends,
-        written = stats.written,
-        deleted = stats.deleted,
-        "services configured"
-    );
-    Ok(compiled.errors.len())
-}
-
-/// The host interface a pod address is routed to, in this node's namespace.
-fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
-    let name = netdev::host_route_device(ip)?;
-    Some(model::HostInterface {
-        ifindex: preflight::interface_index(&name).ok()?,
-        mac: netdev::mac(&name).ok()?,
-        name,
-    })
-}
-
 /// How often the agent applies the egress IP lease and status between syncs.
 const EGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// How often the serving loop looks at the cluster without a reported change, and runs a
+/// full recompute.
+struct Periods {
+    look_every: std::time::Duration,
+    full_every: std::time::Duration,
+}
 
 /// What woke the serving loop.
 enum Event {
@@ -1125,6 +725,8 @@ enum Event {
     SourceChanged,
     /// Time to look at the egress IP lease and status.
     Egress,
+    /// Time to re-read everything and run every stage.
+    FullSync,
 }
 
 /// Runs until SIGINT or SIGTERM: refreshes the firewalls' DNS names when they are due, writes
@@ -1143,8 +745,12 @@ async fn serve(
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
-    look_every: std::time::Duration,
+    periods: Periods,
 ) -> anyhow::Result<()> {
+    let Periods {
+        look_every,
+        full_every,
+    } = periods;
     let mut terminate = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut interrupt = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     // The sources say when they change; the tick is the safety net (and, where inotify was
@@ -1159,6 +765,10 @@ async fn serve(
     let mut settle: Option<tokio::time::Instant> = None;
     // A lapsed lease must withdraw the egress IPs well within the controller's margin.
     let mut egress_tick = tokio::time::interval(EGRESS_TICK);
+    // The safety net of the dependency model: everything re-read, every stage run (the first
+    // tick, at once, is skipped: the start was a full sync).
+    let mut full_tick = tokio::time::interval(full_every);
+    full_tick.tick().await;
     loop {
         let firewalls = cluster.as_ref().and_then(|c| c.firewalls.as_ref());
         let wake = async {
@@ -1201,6 +811,7 @@ async fn serve(
             _ = settled => Event::Tick,
             _ = tick.tick() => Event::Tick,
             _ = egress_tick.tick() => Event::Egress,
+            _ = full_tick.tick() => Event::FullSync,
         };
         if let Event::SourceChanged = event {
             settle.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
@@ -1244,7 +855,7 @@ async fn serve(
                     "cluster changed; syncing"
                 );
                 let first_change = cluster.source.take_first_change();
-                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await {
+                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false).await {
                     Ok(_) => {
                         if let Some(first) = first_change {
                             metrics.record_sync_lag(first.elapsed());
@@ -1263,6 +874,20 @@ async fn serve(
             }
             // Handled before: it only sets when to look.
             Event::SourceChanged => {}
+            Event::FullSync => {
+                let first_change = cluster.source.take_first_change();
+                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics, true).await {
+                    Ok(_) => {
+                        if let Some(first) = first_change {
+                            metrics.record_sync_lag(first.elapsed());
+                        }
+                    }
+                    Err(error) => tracing::error!(
+                        error = format!("{error:#}"),
+                        "full sync failed; the last good state stays in force"
+                    ),
+                }
+            }
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
                     tracing::error!(error = format!("{error:#}"), "applying the egress IPs");
@@ -1272,20 +897,39 @@ async fn serve(
     }
 }
 
-/// Syncs the maps with the cluster state and attaches tc to new pods' veths; returns the
-/// local pods' host-side veths.
+/// Syncs the maps with the cluster state (`full`: everything re-read, every stage run) and
+/// attaches tc to new pods' veths; returns the local pods' host-side veths. What a full sync
+/// had to write is counted as changes the incremental syncs missed.
 async fn sync_and_attach(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
+    full: bool,
 ) -> anyhow::Result<Vec<String>> {
     let started = Instant::now();
-    let synced = cluster.sync(dataplane).await;
+    let synced = cluster.sync(dataplane, full).await;
     let sync_took = started.elapsed();
     metrics.record_sync(sync_took, synced.is_ok(), &cluster.rejected);
-    let interfaces = synced?;
+    let synced = synced?;
+    // Differences count only when the cluster read the same as at the last sync: then the
+    // maps should have held it already.
+    let differences = (full && !synced.unsynced).then_some(synced.written);
+    match differences {
+        Some(0) => tracing::info!("full recompute: the maps already held the cluster state"),
+        Some(written) => tracing::warn!(
+            differences = written,
+            "the full recompute changed the maps: the incremental syncs had missed a change"
+        ),
+        None if full => tracing::info!(
+            written = synced.written,
+            "full recompute, with changes not yet synced"
+        ),
+        None => {}
+    }
+    metrics.record_sync_work(synced.full, &stage_names(&synced), differences);
+    let interfaces = synced.interfaces;
     attach_new_pods(dataplane, agent, run_dir, &interfaces);
     tracing::debug!(
         sync_ms = sync_took.as_millis(),
@@ -1293,6 +937,10 @@ async fn sync_and_attach(
         "synced and attached"
     );
     Ok(interfaces)
+}
+
+fn stage_names(synced: &cluster::Synced) -> Vec<&'static str> {
+    synced.stages.iter().map(|s| s.name()).collect()
 }
 
 /// Whether both of the pod programs are attached to `iface`.
@@ -1395,7 +1043,7 @@ async fn handle_cni(
             wiring_ms = batch_started.elapsed().as_millis(),
             "CNI batch wired"
         );
-        let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await;
+        let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false).await;
         cluster.publish_pod_status();
         let mut undone = false;
         for (job, target, attachment) in added {
@@ -1448,7 +1096,9 @@ async fn handle_cni(
         }
         if undone {
             cluster.publish_pod_status();
-            if let Err(error) = sync_and_attach(dataplane, cluster, agent, run_dir, metrics).await {
+            if let Err(error) =
+                sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false).await
+            {
                 tracing::error!(error = format!("{error:#}"), "sync after undoing an ADD");
             }
         }
@@ -1529,19 +1179,6 @@ fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
         "NodePort forwarding to remote backends in XDP"
     );
     allowed
-}
-
-/// Decapsulated frames go up the stack one wire frame at a time; without GRO on the underlay
-/// the receiving pods' TCP pays for each of them (measured here: 2.4 against 4.3 Gbit/s).
-fn warn_without_gro(underlay: &str) {
-    match netdev::gro_enabled(underlay) {
-        Ok(true) => {}
-        Ok(false) => tracing::warn!(
-            underlay,
-            "GRO is off on the underlay: decapsulated pod traffic will not be merged (ethtool -K {underlay} gro on)"
-        ),
-        Err(error) => tracing::debug!(underlay, %error, "cannot read the GRO setting"),
-    }
 }
 
 #[cfg(test)]

@@ -36,6 +36,9 @@ pub struct Metrics {
     syncs: Family<[(&'static str, &'static str); 1], Counter>,
     sync_seconds: Histogram,
     sync_lag: Histogram,
+    sync_passes: Family<[(&'static str, &'static str); 1], Counter>,
+    stage_runs: Family<[(&'static str, &'static str); 1], Counter>,
+    full_sync_differences: Counter,
     rejected: Family<[(&'static str, &'static str); 1], Gauge>,
     cni_requests: Family<[(&'static str, String); 2], Counter>,
     cni_seconds: HistogramsBy<[(&'static str, &'static str); 1]>,
@@ -64,6 +67,24 @@ impl Metrics {
             "Time from the first change a source reported (a watch event, an inotify event) to the maps holding it",
             sync_lag.clone(),
         );
+        let sync_passes = Family::default();
+        registry.register(
+            "sync_passes",
+            "Successful syncs by kind: incremental (only the stages reading what changed) or full (everything re-read, every stage)",
+            sync_passes.clone(),
+        );
+        let stage_runs = Family::default();
+        registry.register(
+            "sync_stage_runs",
+            "Sync stages run, by stage (overlay, services, access_control, egress_ips)",
+            stage_runs.clone(),
+        );
+        let full_sync_differences = Counter::default();
+        registry.register(
+            "full_sync_differences",
+            "Map entries, routes and tables a periodic full recompute had to write: changes the incremental syncs missed (a bug indicator; should stay 0)",
+            full_sync_differences.clone(),
+        );
         let rejected = Family::default();
         registry.register(
             "rejected_objects",
@@ -90,6 +111,9 @@ impl Metrics {
             syncs,
             sync_seconds,
             sync_lag,
+            sync_passes,
+            stage_runs,
+            full_sync_differences,
             rejected,
             cni_requests,
             cni_seconds,
@@ -107,6 +131,24 @@ impl Metrics {
         for &(kind, count) in rejected {
             let count = i64::try_from(count).unwrap_or(i64::MAX);
             self.rejected.get_or_create(&[("kind", kind)]).set(count);
+        }
+    }
+
+    /// Records what a successful sync ran: `full` or incremental, its stages, and (for a
+    /// periodic full recompute, not the first sync) the writes it found necessary.
+    pub fn record_sync_work(
+        &self,
+        full: bool,
+        stages: &[&'static str],
+        differences: Option<usize>,
+    ) {
+        let kind = if full { "full" } else { "incremental" };
+        self.sync_passes.get_or_create(&[("kind", kind)]).inc();
+        for &stage in stages {
+            self.stage_runs.get_or_create(&[("stage", stage)]).inc();
+        }
+        if let Some(differences) = differences {
+            self.full_sync_differences.inc_by(differences as u64);
         }
     }
 

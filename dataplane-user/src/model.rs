@@ -28,6 +28,9 @@ pub struct NodeModel {
     pub view: OverlayView,
     /// Host-side interfaces of the local pods (tc is attached to each).
     pub pod_interfaces: Vec<String>,
+    /// Local pods not wired for want of a host route to their address (yet): each sync
+    /// looks for them again.
+    pub unrouted: usize,
     pub warnings: Vec<String>,
 }
 
@@ -54,6 +57,7 @@ pub fn build(
     let router_ip = hybrid.as_ref().map(|h| h.router_ip);
     let mut local_pods = Vec::new();
     let mut pod_interfaces = Vec::new();
+    let mut unrouted = 0;
     for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
         let name = pod_name(pod);
         let addresses = pod_addresses(pod, &mut warnings);
@@ -84,6 +88,7 @@ pub fn build(
             warnings.push(format!(
                 "pod {name}: no host route to {first} yet; not wired"
             ));
+            unrouted += 1;
             continue;
         };
         let Some(pod_mac) = pod_mac(pod, &addresses, &mut warnings) else {
@@ -111,6 +116,7 @@ pub fn build(
             hybrid,
         },
         pod_interfaces,
+        unrouted,
         warnings,
     }
 }

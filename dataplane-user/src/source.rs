@@ -6,8 +6,9 @@
 //! The directory is followed by its inotify events ([`ManifestWatch`]).
 
 use std::{
+    collections::BTreeMap,
     fs,
-    path::Path,
+    path::{Path, PathBuf},
     sync::{
         Arc,
         atomic::{AtomicU64, Ordering},
@@ -30,7 +31,7 @@ use crate::{
 };
 
 /// Everything read from the manifests.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterState {
     pub nodes: Vec<Node>,
     pub namespaces: Vec<Namespace>,
@@ -163,26 +164,98 @@ impl ManifestWatch {
 
 /// Reads every `*.yaml` / `*.yml` file of `dir` (sorted by name; multi-document files allowed).
 pub fn read_dir(dir: &Path) -> Result<ClusterState, SourceError> {
-    let read_err = |source| SourceError::Read {
-        path: dir.display().to_string(),
-        source,
-    };
-    let mut files: Vec<_> = fs::read_dir(dir)
-        .map_err(read_err)?
-        .filter_map(Result::ok)
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
-        .collect();
-    files.sort();
-    let mut state = ClusterState::default();
-    for file in files {
-        let text = fs::read_to_string(&file).map_err(|source| SourceError::Read {
-            path: file.display().to_string(),
+    ManifestCache::default().read_dir(dir)
+}
+
+/// Each manifest file as last parsed, by a hash of its text, so that reading the directory
+/// again parses only the files whose text changed (reading and hashing is cheap; parsing
+/// is most of a read's cost; a modification time can miss a quick rewrite of the same size).
+#[derive(Debug, Default)]
+pub struct ManifestCache {
+    files: BTreeMap<PathBuf, ParsedFile>,
+}
+
+#[derive(Debug)]
+struct ParsedFile {
+    text_hash: u64,
+    state: ClusterState,
+}
+
+impl ManifestCache {
+    /// Reads `dir` as [`read_dir`] does, parsing again only the files whose text changed
+    /// since the last read.
+    pub fn read_dir(&mut self, dir: &Path) -> Result<ClusterState, SourceError> {
+        let read_err = |source| SourceError::Read {
+            path: dir.display().to_string(),
             source,
-        })?;
-        add_documents(&mut state, &file.display().to_string(), &text);
+        };
+        let mut files: Vec<_> = fs::read_dir(dir)
+            .map_err(read_err)?
+            .filter_map(Result::ok)
+            .map(|e| e.path())
+            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .collect();
+        files.sort();
+        self.files.retain(|path, _| files.contains(path));
+        let mut state = ClusterState::default();
+        for file in files {
+            let text = fs::read_to_string(&file).map_err(|source| SourceError::Read {
+                path: file.display().to_string(),
+                source,
+            })?;
+            let text_hash = {
+                let mut hasher = std::collections::hash_map::DefaultHasher::new();
+                std::hash::Hash::hash(&text, &mut hasher);
+                std::hash::Hasher::finish(&hasher)
+            };
+            if self
+                .files
+                .get(&file)
+                .is_none_or(|p| p.text_hash != text_hash)
+            {
+                let mut parsed = ClusterState::default();
+                add_documents(&mut parsed, &file.display().to_string(), &text);
+                self.files.insert(
+                    file.clone(),
+                    ParsedFile {
+                        text_hash,
+                        state: parsed,
+                    },
+                );
+            }
+            if let Some(parsed) = self.files.get(&file) {
+                state.absorb(&parsed.state);
+            }
+        }
+        Ok(state)
     }
-    Ok(state)
+}
+
+impl ClusterState {
+    /// Adds what `later` holds, as if its documents came after this state's: objects are
+    /// appended, and a `Network` in it replaces this one's settings.
+    pub fn absorb(&mut self, later: &ClusterState) {
+        self.nodes.extend(later.nodes.iter().cloned());
+        self.namespaces.extend(later.namespaces.iter().cloned());
+        self.pods.extend(later.pods.iter().cloned());
+        self.services.extend(later.services.iter().cloned());
+        self.endpoint_slices
+            .extend(later.endpoint_slices.iter().cloned());
+        self.network_policies
+            .extend(later.network_policies.iter().cloned());
+        self.egress_firewalls
+            .extend(later.egress_firewalls.iter().cloned());
+        self.egress_ips.extend(later.egress_ips.iter().cloned());
+        if later.network.is_some() {
+            self.network = later.network;
+            self.cluster_networks = later.cluster_networks.clone();
+            self.service_networks = later.service_networks.clone();
+            self.policy_audit = later.policy_audit.clone();
+            self.egress_ip_config = later.egress_ip_config;
+            self.hybrid = later.hybrid;
+        }
+        self.rejected.extend(later.rejected.iter().cloned());
+    }
 }
 
 /// Adds every document of one manifest file to `state`.
@@ -403,6 +476,46 @@ struct OvnConfigSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Reading a directory again parses only the changed files and gives what a fresh read
+    /// gives; a file removed takes its objects with it.
+    #[test]
+    fn a_cached_read_equals_a_fresh_read_after_files_change() {
+        let dir = std::env::temp_dir().join(format!("dataplane-cache-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        fs::write(dir.join("a.yaml"), MANIFESTS).expect("write");
+        let network = "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\nspec: {clusterNetwork: [{cidr: 10.244.0.0/16}], serviceNetwork: [10.97.0.0/16]}\n";
+        fs::write(dir.join("b.yaml"), network).expect("write");
+        let mut cache = ManifestCache::default();
+        assert_eq!(
+            cache.read_dir(&dir).expect("read"),
+            read_dir(&dir).expect("read")
+        );
+        // Same size, written at once: the text is what tells.
+        fs::write(
+            dir.join("a.yaml"),
+            MANIFESTS.replace("name: web", "name: wab"),
+        )
+        .expect("write");
+        let cached = cache.read_dir(&dir).expect("read");
+        assert_eq!(cached, read_dir(&dir).expect("read"));
+        assert!(
+            cached
+                .pods
+                .iter()
+                .any(|p| p.metadata.name.as_deref() == Some("wab"))
+        );
+        fs::remove_file(dir.join("b.yaml")).expect("remove");
+        let cached = cache.read_dir(&dir).expect("read");
+        // The Network of a.yaml is the one in force again.
+        assert_eq!(
+            cached.service_networks,
+            vec!["10.96.0.0/16".parse::<IpNet>().expect("net")]
+        );
+        assert_eq!(cached, read_dir(&dir).expect("read"));
+        let _ = fs::remove_dir_all(&dir);
+    }
 
     const MANIFESTS: &str = r#"
 apiVersion: v1

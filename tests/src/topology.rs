@@ -619,6 +619,11 @@ impl Node {
             // The CNI plugin's allocations: kept with the run directory, so a restarted
             // agent (given the same one) finds them.
             command.arg("--ipam-file").arg(run_dir.join("ipam.json"));
+            // A full recompute every 2 s behind every test's changes: what it has to write is
+            // a change the incremental syncs missed, and fails the test (`Agent`'s drop).
+            if !extra.contains(&"--full-sync-every-seconds") {
+                command.args(["--full-sync-every-seconds", "2"]);
+            }
         }
         command.args(extra);
         let child = command
@@ -752,6 +757,7 @@ impl Agent {
     /// Stops the agent but leaves its pins and run directory for a successor.
     pub fn stop_keeping_pins(mut self) -> anyhow::Result<(Pins, PathBuf)> {
         self.stop()?;
+        assert_no_missed_change(&self.log());
         let pins = self.pins.clone();
         let run_dir = self.run_dir.clone();
         std::mem::forget(self);
@@ -800,9 +806,28 @@ impl Drop for Agent {
         {
             eprintln!("agent pin cleanup: {e}");
         }
+        let log = self.log();
         let _ = fs::remove_dir_all(&self.run_dir);
+        // After the cleanup: a full recompute that had to write means an incremental sync
+        // missed a change (the dependency model is wrong somewhere).
+        if !thread::panicking() {
+            assert_no_missed_change(&log);
+        }
     }
 }
+
+/// Fails when the agent's log says a full recompute had to write.
+fn assert_no_missed_change(log: &str) {
+    let missed: Vec<&str> = log.lines().filter(|l| l.contains(MISSED_CHANGE)).collect();
+    assert!(
+        missed.is_empty(),
+        "the agent's full recompute found changes the incremental syncs missed:\n{}\n\nlog:\n{log}",
+        missed.join("\n")
+    );
+}
+
+/// What the agent logs when a full recompute had to write.
+pub const MISSED_CHANGE: &str = "the incremental syncs had missed a change";
 
 /// The agent binary: `$DATAPLANE_BIN`, or `dataplane` next to the running test's target dir
 /// (`cargo xtask test` builds it first).

@@ -136,6 +136,14 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
         agents[1].log()
     );
     assert!(agents[1].log().contains("watch restored"));
+    // A re-list is followed by a full recompute (every stage, from a fresh parse).
+    assert!(
+        agents[1]
+            .log()
+            .contains("listed again; a full recompute follows"),
+        "{}",
+        agents[1].log()
+    );
     drop(servers);
     drop(server);
 }

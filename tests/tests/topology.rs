@@ -282,6 +282,8 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
             // Only the directory's inotify events make it look again (within this test).
             "--look-every-seconds",
             "3600",
+            "--full-sync-every-seconds",
+            "3600",
         ])
         .expect("agent");
     let _peer = topology.node(1).start_agent().expect("agent on node 1");
@@ -312,6 +314,15 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
         sample(&text, "dataplane_sync_duration_seconds_count"),
         Some(1)
     );
+    // The first sync is a full one: every stage ran.
+    assert_eq!(
+        sample(&text, "dataplane_sync_passes_total{kind=\"full\"}"),
+        Some(1)
+    );
+    for stage in ["overlay", "services", "access_control", "egress_ips"] {
+        let name = format!("dataplane_sync_stage_runs_total{{stage=\"{stage}\"}}");
+        assert_eq!(sample(&text, &name), Some(1), "{name} in {text}");
+    }
     for (kind, count) in [
         ("manifest", 1),
         ("service", 1),
@@ -373,6 +384,22 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
     for kind in ["manifest", "service", "egressfirewall", "networkpolicy"] {
         let name = format!("dataplane_rejected_objects{{kind=\"{kind}\"}}");
         assert_eq!(sample(&text, &name), Some(0), "{name}");
+    }
+    // Services and an EgressFirewall went (the broken Pod never parsed): an incremental sync
+    // ran the services and access control stages only.
+    assert_eq!(
+        sample(&text, "dataplane_sync_passes_total{kind=\"incremental\"}"),
+        Some(1),
+        "{text}"
+    );
+    for (stage, runs) in [
+        ("overlay", 1),
+        ("services", 2),
+        ("access_control", 2),
+        ("egress_ips", 1),
+    ] {
+        let name = format!("dataplane_sync_stage_runs_total{{stage=\"{stage}\"}}");
+        assert_eq!(sample(&text, &name), Some(runs), "{name} in {text}");
     }
     // That sync followed the directory's inotify event (the agent looks by itself only once an
     // hour here): its lag was measured.

@@ -86,6 +86,14 @@ pub struct FirewallAgent {
     events: Option<AsyncFd<RingBuf<MapData>>>,
 }
 
+/// What [`FirewallAgent::update`] did.
+pub struct Updated {
+    pub stats: AclSyncStats,
+    /// Some DNS name's addresses changed (or were not all answered in time) during the
+    /// update: not everything it wrote came from the cluster state.
+    pub dns_changed: bool,
+}
+
 /// What woke the agent up.
 pub enum Wake {
     Refresh,
@@ -280,12 +288,13 @@ impl FirewallAgent {
 
     /// Takes new cluster state (the manifests changed): compiles everything again, resolves
     /// new DNS names and syncs. Selectors are evaluated anew, so label changes take effect;
-    /// changed sets are switched in whole, unchanged ones keep their maps.
+    /// changed sets are switched in whole, unchanged ones keep their maps. Returns what the
+    /// sync wrote.
     pub async fn update(
         &mut self,
         dataplane: &mut Dataplane,
         inputs: FirewallInputs,
-    ) -> Result<(), AgentError> {
+    ) -> Result<Updated, AgentError> {
         let (levels, warnings) = namespace_logging(&inputs.namespaces);
         for warning in &warnings {
             tracing::warn!(%warning, "audit logging");
@@ -307,9 +316,15 @@ impl FirewallAgent {
             }
         }
         let budget = tokio::time::timeout(FIRST_RESOLUTION_BUDGET, self.resolve_due());
-        if budget.await.is_err() {
-            tracing::warn!("DNS names not all resolved in time; their rules apply once they are");
-        }
+        let dns_changed = match budget.await {
+            Ok(changed) => !changed.is_empty(),
+            Err(_) => {
+                tracing::warn!(
+                    "DNS names not all resolved in time; their rules apply once they are"
+                );
+                true
+            }
+        };
         self.compile();
         for error in self.compiled.errors.iter().chain(&self.policy_errors) {
             tracing::warn!(%error, "access control");
@@ -322,7 +337,7 @@ impl FirewallAgent {
             deleted = stats.deleted,
             "access control updated"
         );
-        Ok(())
+        Ok(Updated { stats, dns_changed })
     }
 
     /// When a DNS name is next due for a refresh.

@@ -38,7 +38,8 @@ pub const FIREWALL_NAME: &str = "default";
     plural = "egressfirewalls",
     namespaced,
     status = "EgressFirewallStatus",
-    shortname = "egressfirewall"
+    shortname = "egressfirewall",
+    derive = "PartialEq"
 )]
 pub struct EgressFirewallSpec {
     /// Rules in evaluation order; the first one matching a packet decides.

@@ -490,7 +490,7 @@ pub async fn run_kubernetes(
     let leadership =
         super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity, duration);
     let mut store = ApiStore { client };
-    let mut state = source.snapshot();
+    let mut state = source.snapshot(false);
     let mut leading: Option<Controller> = None;
     let mut attempted: Option<Instant> = None;
     let mut renewed: Option<Instant> = None;
@@ -530,7 +530,7 @@ pub async fn run_kubernetes(
             }
         }
         if source.changed() {
-            state = source.snapshot();
+            state = source.snapshot(false);
         }
         if let Some(controller) = &mut leading
             && let Err(error) = controller.round(&state, &mut store).await

@@ -28,7 +28,8 @@ use dataplane_user::{
         firewall::{FirewallContext, compile_firewalls},
     },
     lb::{self, LbState},
-    source::{ClusterState, add_documents},
+    source::{ClusterState, ManifestCache, add_documents},
+    sync::{Changes, ServiceCache, Stage},
 };
 use serde::Serialize;
 
@@ -69,8 +70,15 @@ fn endpoint(k: usize) -> Ipv4Addr {
 /// The manifests of `shape`; `extra_endpoint` gives service 0 one more endpoint, and
 /// `changed_rule` moves rule 0 of namespace 0 to another CIDR.
 fn manifests(shape: &Shape, extra_endpoint: bool, changed_rule: bool) -> String {
-    let mut yaml = String::new();
+    manifest_files(shape, extra_endpoint, changed_rule).concat()
+}
+
+/// The same manifests as one text per namespace (its Services, their EndpointSlices and its
+/// EgressFirewall): the files of a manifest directory.
+fn manifest_files(shape: &Shape, extra_endpoint: bool, changed_rule: bool) -> Vec<String> {
+    let mut files = vec![String::new(); shape.namespaces.max(1)];
     for i in 0..shape.services {
+        let yaml = &mut files[i % shape.namespaces.max(1)];
         let namespace = format!("ns-{}", i % shape.namespaces.max(1));
         let ip = Ipv4Addr::from(0x0a60_0000u32 + 1 + i as u32);
         let _ = write!(
@@ -94,7 +102,7 @@ fn manifests(shape: &Shape, extra_endpoint: bool, changed_rule: bool) -> String 
             );
         }
     }
-    for n in 0..shape.namespaces {
+    for (n, yaml) in files.iter_mut().enumerate().take(shape.namespaces) {
         let _ = write!(
             yaml,
             "---\napiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
@@ -114,7 +122,7 @@ fn manifests(shape: &Shape, extra_endpoint: bool, changed_rule: bool) -> String 
         }
         let _ = writeln!(yaml, "  - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}");
     }
-    yaml
+    files
 }
 
 fn pods(shape: &Shape) -> Vec<AclPod> {
@@ -201,6 +209,138 @@ impl Agent {
     }
 }
 
+/// What one incremental sync (the agent's path since the dependency model) took and wrote.
+#[derive(Clone, Debug, Default, Serialize)]
+struct Step {
+    /// Reading the directory: only changed files parsed again, the state assembled.
+    read_ms: f64,
+    /// What changed, kind by kind, against the last state.
+    diff_ms: f64,
+    /// The stages that ran: compile and write.
+    stages_ms: f64,
+    total_ms: f64,
+    stages: Vec<&'static str>,
+    services_recompiled: usize,
+    /// Map entries written plus deleted.
+    writes: usize,
+}
+
+/// The agent's incremental path over a manifest directory, one file per namespace.
+struct Incremental {
+    fixture: Fixture,
+    dir: std::path::PathBuf,
+    files: Vec<String>,
+    cache: ManifestCache,
+    last: Option<ClusterState>,
+    services: ServiceCache,
+    lb: LbState,
+    acl: AclState,
+    pods: Vec<AclPod>,
+}
+
+impl Incremental {
+    fn new(shape: &Shape, name: &str) -> anyhow::Result<Self> {
+        let dir = std::env::temp_dir().join(format!("sync-bench-{}-{name}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir)?;
+        Ok(Self {
+            fixture: Fixture::load()?,
+            dir,
+            files: Vec::new(),
+            cache: ManifestCache::default(),
+            last: None,
+            services: ServiceCache::default(),
+            lb: LbState::default(),
+            acl: AclState::default(),
+            pods: pods(shape),
+        })
+    }
+
+    /// Writes the files that differ (not timed), then syncs as the agent does after a
+    /// change: read (changed files parsed), diff, the stages the change reaches.
+    fn step(&mut self, files: Vec<String>) -> anyhow::Result<Step> {
+        for (n, text) in files.iter().enumerate() {
+            if self.files.get(n) != Some(text) {
+                std::fs::write(self.dir.join(format!("ns-{n:03}.yaml")), text)?;
+            }
+        }
+        self.files = files;
+        let mut step = Step::default();
+        let started = Instant::now();
+        let state = self.cache.read_dir(&self.dir)?;
+        anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
+        step.read_ms = ms(started.elapsed());
+        let lap = Instant::now();
+        let changes = match &self.last {
+            Some(last) => Changes::between(last, &state),
+            None => Changes::full(),
+        };
+        step.diff_ms = ms(lap.elapsed());
+        let lap = Instant::now();
+        step.stages = changes.stages().iter().map(|s| s.name()).collect();
+        if changes.runs(Stage::Services) {
+            step.services_recompiled =
+                self.services
+                    .update(&state.services, &state.endpoint_slices, NODE, &changes);
+            let compiled = self.services.ports();
+            anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+            let stats = self.fixture.sync_lb(&mut self.lb, &compiled.ports)?;
+            step.writes += stats.written + stats.deleted;
+        }
+        if changes.runs(Stage::AccessControl) {
+            let firewalls =
+                compile_firewalls(&state.egress_firewalls, &context(), &Default::default());
+            anyhow::ensure!(firewalls.errors.is_empty(), "{:?}", firewalls.errors);
+            let stats = self
+                .fixture
+                .sync_acl(&mut self.acl, &firewalls.desired, &self.pods)?;
+            step.writes += stats.written + stats.deleted;
+        }
+        step.stages_ms = ms(lap.elapsed());
+        step.total_ms = ms(started.elapsed());
+        self.last = Some(state);
+        Ok(step)
+    }
+}
+
+impl Drop for Incremental {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One change through the incremental path in the big and the small cluster.
+#[derive(Serialize)]
+struct IncrementalChange {
+    big: Step,
+    small: Step,
+    time_ratio: f64,
+}
+
+/// The incremental path: converge from empty, then one endpoint and one firewall rule, in
+/// the big and the small cluster.
+fn incremental() -> anyhow::Result<(Step, IncrementalChange, IncrementalChange)> {
+    let mut big = Incremental::new(&BIG, "big")?;
+    let converge = big.step(manifest_files(&BIG, false, false))?;
+    let endpoint_big = big.step(manifest_files(&BIG, true, false))?;
+    let rule_big = big.step(manifest_files(&BIG, true, true))?;
+    drop(big);
+    let mut small = Incremental::new(&SMALL, "small")?;
+    small.step(manifest_files(&SMALL, false, false))?;
+    let endpoint_small = small.step(manifest_files(&SMALL, true, false))?;
+    let rule_small = small.step(manifest_files(&SMALL, true, true))?;
+    let change = |big: Step, small: Step| IncrementalChange {
+        time_ratio: big.total_ms / small.total_ms.max(1e-6),
+        big,
+        small,
+    };
+    Ok((
+        converge,
+        change(endpoint_big, endpoint_small),
+        change(rule_big, rule_small),
+    ))
+}
+
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
@@ -218,6 +358,10 @@ struct Report {
     rule_change_small: Pass,
     rule_change_writes_ratio: f64,
     rule_change_time_ratio: f64,
+    /// The agent's incremental path (a manifest directory of one file per namespace).
+    incremental_converge: Step,
+    incremental_endpoint_change: IncrementalChange,
+    incremental_rule_change: IncrementalChange,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -234,6 +378,8 @@ fn main() -> anyhow::Result<()> {
     let endpoint_change_small = small.pass(&manifests(&SMALL, true, false))?;
     let rule_change_small = small.pass(&manifests(&SMALL, true, true))?;
     drop(small);
+    let (incremental_converge, incremental_endpoint_change, incremental_rule_change) =
+        incremental()?;
 
     let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { f64::NAN };
     let report = Report {
@@ -255,6 +401,9 @@ fn main() -> anyhow::Result<()> {
         endpoint_change_small,
         rule_change_big,
         rule_change_small,
+        incremental_converge,
+        incremental_endpoint_change,
+        incremental_rule_change,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -294,5 +443,28 @@ fn main() -> anyhow::Result<()> {
         report.rule_change_small.total_ms,
         report.rule_change_time_ratio
     );
+    let c = &report.incremental_converge;
+    println!(
+        "  incremental path (the agent's, {} files): converge {:.0} ms (read {:.0}, stages {:.0})",
+        BIG.namespaces, c.total_ms, c.read_ms, c.stages_ms
+    );
+    for (what, change) in [
+        ("one endpoint added", &report.incremental_endpoint_change),
+        ("one firewall rule", &report.incremental_rule_change),
+    ] {
+        let (b, s) = (&change.big, &change.small);
+        println!(
+            "  {what}: {:.1} ms in the big cluster (read {:.1}, diff {:.1}, stages {:?} {:.1}; {} services recompiled, {} writes) vs {:.2} ms in the small one: ratio {:.1} (target: under 10 ms, within 2x)",
+            b.total_ms,
+            b.read_ms,
+            b.diff_ms,
+            b.stages,
+            b.stages_ms,
+            b.services_recompiled,
+            b.writes,
+            s.total_ms,
+            change.time_ratio
+        );
+    }
     Ok(())
 }

@@ -1,0 +1,472 @@
+//! The dependency model of a sync: which kinds of cluster object each stage of the agent reads,
+//! so that a change runs only the stages it can affect, and the load-balancer recompiles only
+//! the Services it touches. The orchestration that follows it is the agent's `cluster` module.
+//!
+//! | stage | reads | work on a change |
+//! |---|---|---|
+//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod, Network | the node's view is rebuilt; the maps are written where they differ |
+//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; the maps are written where they differ |
+//! | access control (NetworkPolicy, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
+//! | egress IPs | Node, Namespace, Pod, EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
+//!
+//! "Network" stands for the operator's `Network` named `cluster` (MTU, Geneve port, cluster
+//! and service networks, audit, egress IP and hybrid overlay settings). The node's own
+//! addresses are read from the host at every sync, whatever changed. A full recompute (the
+//! first sync, then periodically) runs every stage from a fresh read and counts what it had
+//! to write: anything is a difference the dependency model missed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use kube::Resource;
+
+use crate::{
+    lb::{self, CompiledService, CompiledServices, ServiceName},
+    source::ClusterState,
+};
+
+/// The kinds of cluster object the stages read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Kind {
+    Node,
+    Namespace,
+    Pod,
+    Service,
+    EndpointSlice,
+    NetworkPolicy,
+    EgressFirewall,
+    EgressIP,
+    /// The operator's `Network` named `cluster`.
+    Network,
+}
+
+/// The stages of a sync, in the order they run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum Stage {
+    Overlay,
+    Services,
+    AccessControl,
+    EgressIps,
+}
+
+impl Stage {
+    /// The stage's name in logs and metrics.
+    pub fn name(self) -> &'static str {
+        match self {
+            Stage::Overlay => "overlay",
+            Stage::Services => "services",
+            Stage::AccessControl => "access_control",
+            Stage::EgressIps => "egress_ips",
+        }
+    }
+}
+
+/// Each stage and the kinds it reads: the dependency model.
+pub const READS: [(Stage, &[Kind]); 4] = [
+    (Stage::Overlay, &[Kind::Node, Kind::Pod, Kind::Network]),
+    (Stage::Services, &[Kind::Service, Kind::EndpointSlice]),
+    (
+        Stage::AccessControl,
+        &[
+            Kind::Node,
+            Kind::Namespace,
+            Kind::Pod,
+            Kind::NetworkPolicy,
+            Kind::EgressFirewall,
+            Kind::Network,
+        ],
+    ),
+    (
+        Stage::EgressIps,
+        &[
+            Kind::Node,
+            Kind::Namespace,
+            Kind::Pod,
+            Kind::EgressIP,
+            Kind::Network,
+        ],
+    ),
+];
+
+/// What changed between two reads of the cluster state.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Changes {
+    /// Every stage runs, every Service is recompiled (the first sync, a full recompute).
+    pub full: bool,
+    pub kinds: BTreeSet<Kind>,
+    /// The Services whose object or EndpointSlices changed (added, removed or modified).
+    pub services: BTreeSet<ServiceName>,
+}
+
+impl Changes {
+    /// Everything, as for the first sync.
+    pub fn full() -> Self {
+        Self {
+            full: true,
+            ..Self::default()
+        }
+    }
+
+    /// What differs between `old` and `new`, kind by kind; objects are matched by namespace
+    /// and name, so a mere reordering (an API store lists in no fixed order) is no change.
+    pub fn between(old: &ClusterState, new: &ClusterState) -> Self {
+        let mut changes = Self::default();
+        let mut note = |kind: Kind, same: bool| {
+            if !same {
+                changes.kinds.insert(kind);
+            }
+        };
+        note(Kind::Node, same_objects(&old.nodes, &new.nodes));
+        note(
+            Kind::Namespace,
+            same_objects(&old.namespaces, &new.namespaces),
+        );
+        note(Kind::Pod, same_objects(&old.pods, &new.pods));
+        note(
+            Kind::NetworkPolicy,
+            same_objects(&old.network_policies, &new.network_policies),
+        );
+        note(
+            Kind::EgressFirewall,
+            same_objects(&old.egress_firewalls, &new.egress_firewalls),
+        );
+        note(
+            Kind::EgressIP,
+            same_objects(&old.egress_ips, &new.egress_ips),
+        );
+        note(Kind::Network, same_network(old, new));
+        let services = changed_services(&old.services, &new.services);
+        let slices = changed_slice_services(&old.endpoint_slices, &new.endpoint_slices);
+        note(Kind::Service, services.is_empty());
+        note(Kind::EndpointSlice, slices.is_empty());
+        changes.services = services.into_iter().chain(slices).collect();
+        changes
+    }
+
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        !self.full && self.kinds.is_empty()
+    }
+
+    /// Whether `stage` reads anything that changed.
+    pub fn runs(&self, stage: Stage) -> bool {
+        self.full
+            || READS
+                .iter()
+                .filter(|(s, _)| *s == stage)
+                .any(|(_, kinds)| kinds.iter().any(|k| self.kinds.contains(k)))
+    }
+
+    /// The stages that run, in order.
+    pub fn stages(&self) -> Vec<Stage> {
+        READS
+            .iter()
+            .map(|(stage, _)| *stage)
+            .filter(|s| self.runs(*s))
+            .collect()
+    }
+}
+
+/// Namespace and name of an object (a missing namespace reads as `default`, as the sources
+/// store them).
+fn key_of<T: Resource>(object: &T) -> (&str, &str) {
+    let meta = object.meta();
+    (
+        meta.namespace.as_deref().unwrap_or("default"),
+        meta.name.as_deref().unwrap_or(""),
+    )
+}
+
+fn by_key<T: Resource>(objects: &[T]) -> BTreeMap<(&str, &str), &T> {
+    objects.iter().map(|o| (key_of(o), o)).collect()
+}
+
+/// Whether two lists hold the same objects, in any order.
+fn same_objects<T: Resource + PartialEq>(old: &[T], new: &[T]) -> bool {
+    old.len() == new.len() && (old == new || by_key(old) == by_key(new))
+}
+
+/// Whether the `Network`'s settings are the same.
+fn same_network(old: &ClusterState, new: &ClusterState) -> bool {
+    old.network == new.network
+        && old.cluster_networks == new.cluster_networks
+        && old.service_networks == new.service_networks
+        && old.policy_audit == new.policy_audit
+        && old.egress_ip_config == new.egress_ip_config
+        && old.hybrid == new.hybrid
+}
+
+/// The keys whose object differs between `old` and `new` (added, removed or modified).
+fn changed_keys<'a, T: Resource + PartialEq>(
+    old: &'a [T],
+    new: &'a [T],
+) -> Vec<(Option<&'a T>, Option<&'a T>)> {
+    let (old, new) = (by_key(old), by_key(new));
+    let keys: BTreeSet<_> = old.keys().chain(new.keys()).copied().collect();
+    keys.into_iter()
+        .map(|k| (old.get(&k).copied(), new.get(&k).copied()))
+        .filter(|(a, b)| a != b)
+        .collect()
+}
+
+fn owned((namespace, name): (&str, &str)) -> ServiceName {
+    (namespace.to_owned(), name.to_owned())
+}
+
+/// The Services added, removed or modified.
+fn changed_services(old: &[Service], new: &[Service]) -> BTreeSet<ServiceName> {
+    if old == new {
+        return BTreeSet::new();
+    }
+    changed_keys(old, new)
+        .into_iter()
+        .filter_map(|(a, b)| a.or(b))
+        .map(|s| owned(key_of(s)))
+        .collect()
+}
+
+/// The Services an added, removed or modified EndpointSlice belongs to (before and after a
+/// relabelling, both).
+fn changed_slice_services(old: &[EndpointSlice], new: &[EndpointSlice]) -> BTreeSet<ServiceName> {
+    if old == new {
+        return BTreeSet::new();
+    }
+    changed_keys(old, new)
+        .into_iter()
+        .flat_map(|(a, b)| [a, b])
+        .flatten()
+        .filter_map(lb::slice_service)
+        .map(owned)
+        .collect()
+}
+
+/// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
+/// it touches, and the service ports are assembled from the rest as they were.
+#[derive(Debug, Default)]
+pub struct ServiceCache {
+    compiled: BTreeMap<ServiceName, CompiledService>,
+}
+
+impl ServiceCache {
+    /// Recompiles what `changes` touches (everything when full); returns how many Services
+    /// were compiled.
+    pub fn update(
+        &mut self,
+        services: &[Service],
+        slices: &[EndpointSlice],
+        node: &str,
+        changes: &Changes,
+    ) -> usize {
+        if changes.full {
+            self.compiled = lb::compile_each(services, slices, node, |_| true);
+            return self.compiled.len();
+        }
+        for service in &changes.services {
+            self.compiled.remove(service);
+        }
+        let fresh = lb::compile_each(services, slices, node, |(namespace, name)| {
+            changes
+                .services
+                .contains(&(namespace.to_string(), name.to_string()))
+        });
+        let compiled = fresh.len();
+        self.compiled.extend(fresh);
+        compiled
+    }
+
+    /// The service ports of every Service, as [`lb::compile_services`] gives them.
+    pub fn ports(&self) -> CompiledServices {
+        lb::assemble(self.compiled.values())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source::add_documents;
+
+    const BASE: &str = r#"
+apiVersion: v1
+kind: Node
+metadata: {name: node-a}
+spec: {podCIDRs: [10.244.1.0/24]}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: shop, labels: {team: a}}
+---
+apiVersion: v1
+kind: Pod
+metadata: {name: web, namespace: shop, labels: {app: web}}
+spec: {nodeName: node-a, containers: [{name: app, image: nginx}]}
+status: {podIPs: [{ip: 10.244.1.5}]}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: shop}
+spec: {clusterIP: 10.96.0.10, ports: [{name: http, port: 80, targetPort: 8080}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: web-1, namespace: shop, labels: {kubernetes.io/service-name: web}}
+addressType: IPv4
+endpoints: [{addresses: [10.244.1.5], conditions: {ready: true}}]
+ports: [{name: http, port: 8080, protocol: TCP}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: db, namespace: shop}
+spec: {clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]}
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: deny, namespace: shop}
+spec: {podSelector: {}, policyTypes: [Ingress]}
+"#;
+
+    fn state(text: &str) -> ClusterState {
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "test.yaml", text);
+        assert!(state.rejected.is_empty(), "{:?}", state.rejected);
+        state
+    }
+
+    fn changed(edit: impl Fn(&str) -> String) -> Changes {
+        Changes::between(&state(BASE), &state(&edit(BASE)))
+    }
+
+    fn names(services: &[(&str, &str)]) -> BTreeSet<ServiceName> {
+        services.iter().map(|&k| owned(k)).collect()
+    }
+
+    #[test]
+    fn the_same_state_read_again_or_reordered_is_no_change() {
+        assert!(Changes::between(&state(BASE), &state(BASE)).is_empty());
+        let mut documents: Vec<&str> = BASE.split("\n---\n").collect();
+        documents.reverse();
+        let reordered = documents.join("\n---\n");
+        let changes = Changes::between(&state(BASE), &state(&reordered));
+        assert!(changes.is_empty(), "{changes:?}");
+        assert!(changes.stages().is_empty());
+    }
+
+    #[test]
+    fn an_endpoint_change_recompiles_its_service_alone_and_runs_the_services_stage_only() {
+        let changes = changed(|t| t.replace("addresses: [10.244.1.5]", "addresses: [10.244.1.6]"));
+        assert_eq!(changes.kinds, BTreeSet::from([Kind::EndpointSlice]));
+        assert_eq!(changes.services, names(&[("shop", "web")]));
+        assert_eq!(changes.stages(), vec![Stage::Services]);
+    }
+
+    #[test]
+    fn a_slice_moved_to_another_service_recompiles_both() {
+        let changes = changed(|t| {
+            t.replace(
+                "kubernetes.io/service-name: web",
+                "kubernetes.io/service-name: db",
+            )
+        });
+        assert_eq!(changes.services, names(&[("shop", "db"), ("shop", "web")]));
+    }
+
+    #[test]
+    fn a_service_removed_is_a_change_of_that_service() {
+        let changes =
+            changed(|t| t.replace("name: db, namespace: shop", "name: db2, namespace: shop"));
+        assert_eq!(changes.kinds, BTreeSet::from([Kind::Service]));
+        assert_eq!(changes.services, names(&[("shop", "db"), ("shop", "db2")]));
+    }
+
+    #[test]
+    fn a_pod_label_change_runs_overlay_access_control_and_egress_but_not_services() {
+        let changes = changed(|t| t.replace("labels: {app: web}", "labels: {app: shop}"));
+        assert_eq!(changes.kinds, BTreeSet::from([Kind::Pod]));
+        assert_eq!(
+            changes.stages(),
+            vec![Stage::Overlay, Stage::AccessControl, Stage::EgressIps]
+        );
+    }
+
+    #[test]
+    fn a_namespace_label_change_runs_access_control_and_egress_only() {
+        let changes = changed(|t| t.replace("labels: {team: a}", "labels: {team: b}"));
+        assert_eq!(
+            changes.stages(),
+            vec![Stage::AccessControl, Stage::EgressIps]
+        );
+    }
+
+    #[test]
+    fn a_policy_change_runs_access_control_only() {
+        let changes = changed(|t| t.replace("policyTypes: [Ingress]", "policyTypes: [Egress]"));
+        assert_eq!(changes.kinds, BTreeSet::from([Kind::NetworkPolicy]));
+        assert_eq!(changes.stages(), vec![Stage::AccessControl]);
+    }
+
+    #[test]
+    fn a_node_change_runs_every_stage_but_services() {
+        let changes =
+            changed(|t| t.replace("podCIDRs: [10.244.1.0/24]", "podCIDRs: [10.244.2.0/24]"));
+        assert_eq!(
+            changes.stages(),
+            vec![Stage::Overlay, Stage::AccessControl, Stage::EgressIps]
+        );
+    }
+
+    #[test]
+    fn a_full_recompute_runs_every_stage() {
+        assert_eq!(
+            Changes::full().stages(),
+            vec![
+                Stage::Overlay,
+                Stage::Services,
+                Stage::AccessControl,
+                Stage::EgressIps
+            ]
+        );
+    }
+
+    /// The cache after a change equals a compile of everything from the new state.
+    #[test]
+    fn the_service_cache_after_changes_equals_a_full_compile() {
+        let edits: [fn(&str) -> String; 4] = [
+            |t| {
+                t.replace(
+                    "addresses: [10.244.1.5]",
+                    "addresses: [10.244.1.6, 10.244.1.7]",
+                )
+            },
+            |t| {
+                t.replace(
+                    "kubernetes.io/service-name: web",
+                    "kubernetes.io/service-name: db",
+                )
+            },
+            |t| t.replace("name: db, namespace: shop", "name: db2, namespace: shop"),
+            // Two Services on one address: the first by namespace and name keeps it.
+            |t| {
+                t.replace(
+                    "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
+                    "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
+                )
+            },
+        ];
+        for edit in edits {
+            let (old, new) = (state(BASE), state(&edit(BASE)));
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &old.services,
+                &old.endpoint_slices,
+                "node-a",
+                &Changes::full(),
+            );
+            let changes = Changes::between(&old, &new);
+            let compiled = cache.update(&new.services, &new.endpoint_slices, "node-a", &changes);
+            assert!(compiled <= 2);
+            assert_eq!(
+                cache.ports(),
+                lb::compile_services(&new.services, &new.endpoint_slices, "node-a")
+            );
+        }
+    }
+}
