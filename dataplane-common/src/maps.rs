@@ -128,8 +128,10 @@ pub const HYBRID_CONFIG: &str = "DP_HYBRID_CONFIG";
 pub const HYBRID_NODES: &str = "DP_HYBRID_NODES";
 pub const MAX_HYBRID_NODES: u32 = 1024;
 
-/// Capacity of the node, pod-CIDR and local-pod maps.
-pub const MAX_NODES: u32 = 5000;
+/// Default capacity of the nodes' maps (`--max-nodes`): the remote pod subnets (IPv4 and
+/// IPv6, one per node) and the nodes' addresses (two per node).
+pub const MAX_NODES: u32 = 8192;
+/// Capacity of the local-pod map.
 pub const MAX_LOCAL_PODS: u32 = 1024;
 
 /// Every pinned map, for status and cleanup.

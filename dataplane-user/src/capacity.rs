@@ -1,5 +1,5 @@
 //! The sizes of the maps that grow with the cluster: service ports, backends, tracked service
-//! flows, access-control entries. Set on the command line (`--max-*`, defaults below) and
+//! flows, access-control entries, nodes. Set on the command line (`--max-*`, defaults below) and
 //! given to the kernel when the maps are created; maps already pinned keep the size they were
 //! created with (the agent says so when asked for another, and works within what it has).
 //! When a sync needs more than a map holds, the error names the map and the flag to raise, and
@@ -9,7 +9,8 @@ use dataplane_common::{
     lb::MAX_BACKEND_SLOTS,
     maps::{
         ACL_ADDRS, ACL_PORTS, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
-        DEFAULT_SERVICE_PORTS, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SERVICES,
+        DEFAULT_SERVICE_PORTS, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SERVICES, MAX_NODES, NODE_ADDRS,
+        REMOTE_PODS_V4, REMOTE_PODS_V6,
     },
 };
 
@@ -37,6 +38,11 @@ pub struct Capacities {
     #[arg(long = "max-acl-entries", default_value_t = DEFAULT_ACL_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub acl_entries: u32,
+    /// Nodes of the cluster: their pod subnets (`DP_OVL_REMOTE4`, `DP_OVL_REMOTE6`, allocated
+    /// as used) and addresses (`DP_OVL_NODES`, two per node).
+    #[arg(long = "max-nodes", default_value_t = MAX_NODES,
+          value_parser = clap::value_parser!(u32).range(2..=65_536))]
+    pub nodes: u32,
 }
 
 impl Default for Capacities {
@@ -46,13 +52,14 @@ impl Default for Capacities {
             backends: DEFAULT_BACKENDS,
             conntrack: DEFAULT_CT_ENTRIES,
             acl_entries: DEFAULT_ACL_ENTRIES,
+            nodes: MAX_NODES,
         }
     }
 }
 
 impl Capacities {
     /// Each sized map with the size these capacities give it and the flag that sets it.
-    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 6] {
+    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 9] {
         [
             (LB_SERVICES, self.service_ports, "--max-service-ports"),
             (LB_MAGLEV, self.service_ports * 2, "--max-service-ports"),
@@ -60,6 +67,9 @@ impl Capacities {
             (LB_CT, self.conntrack, "--max-conntrack"),
             (ACL_ADDRS, self.acl_entries, "--max-acl-entries"),
             (ACL_PORTS, self.acl_entries, "--max-acl-entries"),
+            (REMOTE_PODS_V4, self.nodes, "--max-nodes"),
+            (REMOTE_PODS_V6, self.nodes, "--max-nodes"),
+            (NODE_ADDRS, self.nodes * 2, "--max-nodes"),
         ]
     }
 
@@ -70,6 +80,9 @@ impl Capacities {
             backends: size_of(LB_BACKENDS),
             conntrack: size_of(LB_CT),
             acl_entries: size_of(ACL_ADDRS).min(size_of(ACL_PORTS)),
+            nodes: size_of(REMOTE_PODS_V4)
+                .min(size_of(REMOTE_PODS_V6))
+                .min(size_of(NODE_ADDRS) / 2),
         }
     }
 }

@@ -135,9 +135,6 @@ pub enum KubeSourceError {
     },
 }
 
-/// A watched resource's plural, and an object's namespace and name.
-type ParsedKey = (&'static str, String, String);
-
 /// The watchers' stores and what they have seen.
 pub struct KubeSource {
     client: Client,
@@ -151,7 +148,7 @@ pub struct KubeSource {
     relisted: Arc<AtomicBool>,
     /// Each object as last parsed, by resource, namespace and name, with its resource
     /// version: a snapshot parses only what changed since the last one.
-    parsed: Mutex<BTreeMap<ParsedKey, (Option<String>, ClusterState)>>,
+    parsed: Mutex<source::ObjectCache>,
     /// Woken at every change (a permit is kept when nobody waits, so none is lost).
     wake: Arc<Notify>,
 }
@@ -208,7 +205,7 @@ impl KubeSource {
             absent,
             changed,
             relisted,
-            parsed: Mutex::new(BTreeMap::new()),
+            parsed: Mutex::new(source::ObjectCache::default()),
             wake,
             first,
         }
@@ -288,9 +285,7 @@ impl KubeSource {
             parsed.clear();
         }
         let mut seen = BTreeSet::new();
-        let mut state = ClusterState::default();
         for (watched, store) in &self.stores {
-            let api_version = watched.api_version();
             for object in store.state() {
                 let key = (
                     watched.plural,
@@ -298,31 +293,12 @@ impl KubeSource {
                     object.metadata.name.clone().unwrap_or_default(),
                 );
                 let version = object.metadata.resource_version.clone();
-                let cached = parsed
-                    .get(&key)
-                    .filter(|(v, _)| v.is_some() && *v == version);
-                if cached.is_none() {
-                    let Ok(mut value) = serde_yaml::to_value(&*object) else {
-                        continue;
-                    };
-                    // List items come without their type; the resource says what they are.
-                    if let Some(map) = value.as_mapping_mut() {
-                        map.insert("apiVersion".into(), api_version.clone().into());
-                        map.insert("kind".into(), watched.kind.into());
-                    }
-                    let origin = format!("api:{}", watched.plural);
-                    let mut fragment = ClusterState::default();
-                    source::add_object(&mut fragment, &origin, value);
-                    parsed.insert(key.clone(), (version, fragment));
-                }
-                if let Some((_, fragment)) = parsed.get(&key) {
-                    state.absorb(fragment);
-                }
+                parsed.put(key.clone(), version, || parse_object(watched, &object));
                 seen.insert(key);
             }
         }
-        parsed.retain(|key, _| seen.contains(key));
-        state
+        parsed.retain(|key| seen.contains(key));
+        parsed.assemble()
     }
 
     fn is_absent(&self, watched: &Watched) -> bool {
@@ -331,6 +307,21 @@ impl KubeSource {
             .map(|a| a.contains(watched.plural))
             .unwrap_or(false)
     }
+}
+
+/// One watched object through the manifest source's parsing.
+fn parse_object(watched: &Watched, object: &DynamicObject) -> ClusterState {
+    let mut state = ClusterState::default();
+    let Ok(mut value) = serde_yaml::to_value(object) else {
+        return state;
+    };
+    // List items come without their type; the resource says what they are.
+    if let Some(map) = value.as_mapping_mut() {
+        map.insert("apiVersion".into(), watched.api_version().into());
+        map.insert("kind".into(), watched.kind.into());
+    }
+    source::add_object(&mut state, &format!("api:{}", watched.plural), value);
+    state
 }
 
 fn is_ready(store: &Store<DynamicObject>) -> bool {

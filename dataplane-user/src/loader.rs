@@ -38,6 +38,7 @@ fn found_capacities(ebpf: &Ebpf, wanted: &Capacities) -> Result<Capacities, Agen
         let data = match map {
             aya::maps::Map::HashMap(data)
             | aya::maps::Map::LruHashMap(data)
+            | aya::maps::Map::LpmTrie(data)
             | aya::maps::Map::Array(data) => data,
             _ => return Err(AgentError::MissingMap { name }),
         };

@@ -364,6 +364,38 @@ impl Dataplane {
                 source,
             }
         };
+        // Every node must fit before anything is written.
+        let nodes = self.capacities().nodes;
+        for (what, needed, map, limit) in [
+            (
+                "nodes' IPv4 pod subnets",
+                desired.remote_v4.len(),
+                maps::REMOTE_PODS_V4,
+                nodes,
+            ),
+            (
+                "nodes' IPv6 pod subnets",
+                desired.remote_v6.len(),
+                maps::REMOTE_PODS_V6,
+                nodes,
+            ),
+            (
+                "node addresses",
+                desired.node_addrs.len(),
+                maps::NODE_ADDRS,
+                nodes * 2,
+            ),
+        ] {
+            if needed > limit as usize {
+                return Err(AgentError::Capacity {
+                    what,
+                    needed,
+                    map,
+                    limit,
+                    flag: "--max-nodes",
+                });
+            }
+        }
         // A pod's port-security record before its addresses: nothing is delivered to a pod, or
         // judged from it, that port security does not know.
         let mut ports: HashMap<&mut MapData, u32, PodPort> = self.typed_map(maps::POD_PORTS)?;

@@ -231,6 +231,54 @@ impl ManifestCache {
     }
 }
 
+/// A watched resource's name (its plural), and an object's namespace and name.
+pub type ObjectKey = (&'static str, String, String);
+
+/// Each object of an API source as last parsed, with the version it was parsed at, so that
+/// assembling the cluster state parses only the objects that changed.
+#[derive(Debug, Default)]
+pub struct ObjectCache {
+    objects: BTreeMap<ObjectKey, (Option<String>, ClusterState)>,
+}
+
+impl ObjectCache {
+    /// The object `key` at `version`: parsed by `parse` unless it was parsed at that version
+    /// (an object without a version is parsed every time).
+    pub fn put(
+        &mut self,
+        key: ObjectKey,
+        version: Option<String>,
+        parse: impl FnOnce() -> ClusterState,
+    ) {
+        let cached = self
+            .objects
+            .get(&key)
+            .is_some_and(|(v, _)| v.is_some() && *v == version);
+        if !cached {
+            self.objects.insert(key, (version, parse()));
+        }
+    }
+
+    /// Forgets every object `keep` does not want (deleted ones).
+    pub fn retain(&mut self, keep: impl Fn(&ObjectKey) -> bool) {
+        self.objects.retain(|key, _| keep(key));
+    }
+
+    /// Forgets everything: the next puts parse anew.
+    pub fn clear(&mut self) {
+        self.objects.clear();
+    }
+
+    /// The cluster state of every object held.
+    pub fn assemble(&self) -> ClusterState {
+        let mut state = ClusterState::default();
+        for (_, parsed) in self.objects.values() {
+            state.absorb(parsed);
+        }
+        state
+    }
+}
+
 impl ClusterState {
     /// Adds what `later` holds, as if its documents came after this state's: objects are
     /// appended, and a `Network` in it replaces this one's settings.

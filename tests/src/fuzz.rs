@@ -437,10 +437,7 @@ fn cluster() -> anyhow::Result<Bed> {
         pod("sender", sender_addresses.clone()),
     ];
     let namespaces = BTreeMap::new();
-    let cluster = PolicyCluster {
-        pods: &pods,
-        namespaces: &namespaces,
-    };
+    let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["default/local".to_owned(), "default/sender".to_owned()];
     let compiled = policy_sets(&[policy], &cluster, &local);
     ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);

@@ -439,3 +439,71 @@ fn packets_over_the_pod_mtu_are_answered_with_icmp() {
     assert_eq!(answer["icmp_chksum_ok"], true);
     assert_eq!(answer["quote"], hex(&frame[packets::L3..packets::L3 + 64]));
 }
+
+/// `--max-nodes` sizes the nodes' maps: a cluster with more nodes is refused before anything
+/// is written, naming the map and the flag, and the maps keep the last good nodes.
+#[test]
+fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_nothing() {
+    use aya::maps::{LpmTrie, MapData};
+    use dataplane_common::{maps, overlay::TunnelEndpoint};
+    use dataplane_tests::fixture::Fixture;
+    use dataplane_user::{
+        capacity::Capacities,
+        overlay::{self, NodeView, OverlayView, OvnKubernetesConfig, Underlay},
+    };
+
+    if !privileged(
+        "more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_nothing",
+    ) {
+        return;
+    }
+    let capacities = Capacities {
+        nodes: 4,
+        ..Capacities::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    assert_eq!(fixture.capacities().nodes, 4);
+    // This node and `count - 1` others, one /24 each.
+    let view = |count: u8| OverlayView {
+        this_node: "n0".into(),
+        nodes: (0..count)
+            .map(|i| NodeView {
+                name: format!("n{i}"),
+                addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
+                pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
+            })
+            .collect(),
+        local_pods: Vec::new(),
+        unrestricted_ifindexes: Vec::new(),
+        underlay: Underlay {
+            ifindex: 1,
+            mac: UNDERLAY_MAC,
+            xdp_forward: false,
+            mtu: 1500,
+        },
+        settings: OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("settings"),
+        hybrid: None,
+    };
+    let remote_subnets = |fixture: &mut Fixture| {
+        let map: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
+            fixture.typed_map(maps::REMOTE_PODS_V4).expect("map");
+        map.keys().filter_map(Result::ok).count()
+    };
+    fixture
+        .sync_overlay(&overlay::compile(&view(5)).expect("compile"))
+        .expect("four other nodes fit");
+    assert_eq!(remote_subnets(&mut fixture), 4);
+    let error = fixture
+        .sync_overlay(&overlay::compile(&view(6)).expect("compile"))
+        .expect_err("five other nodes do not")
+        .to_string();
+    assert!(
+        error.starts_with(
+            "nodes' IPv4 pod subnets: 5 needed, more than the 4 map DP_OVL_REMOTE4 holds; raise --max-nodes"
+        ),
+        "{error}"
+    );
+    assert_eq!(remote_subnets(&mut fixture), 4, "nothing written");
+}

@@ -75,10 +75,7 @@ fn installed() -> (Fixture, AclState) {
     a.addresses.push(A6.parse().expect("address"));
     let pods = vec![a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)];
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let cluster = PolicyCluster {
-        pods: &pods,
-        namespaces: &namespaces,
-    };
+    let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
     let compiled = policy_sets(&policies, &cluster, &local);
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);

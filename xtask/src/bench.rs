@@ -57,6 +57,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::run_testbed("lb_bench", &json)?;
     crate::run_testbed("acl_bench", &json)?;
     crate::run_testbed("sync_bench", &json)?;
+    crate::run_testbed("scale_bench", &json)?;
     if args.no_throughput {
         return Ok(());
     }
@@ -96,6 +97,7 @@ fn smoke() -> anyhow::Result<()> {
             args(&["--rounds", "1", "--repeat", "1000", "--send-ms", "20"]),
         ),
         ("sync_bench", Vec::new()),
+        ("scale_bench", args(&["--smoke"])),
         ("lb_pps", args(&["--rounds", "1", "--seconds", "1"])),
         ("cni_bench", args(&["--pods", "10", "--parallel", "5"])),
         (

@@ -180,10 +180,7 @@ impl FirewallAgent {
     /// local pods and the audit flags.
     fn compile(&mut self) {
         self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
-        let cluster = PolicyCluster {
-            pods: &self.cluster_pods,
-            namespaces: &self.namespace_labels,
-        };
+        let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
         let policies = policy_sets(&self.policies, &cluster, &local);
         self.compiled.desired.policy_sets = policies.sets;

@@ -148,6 +148,29 @@ pub struct PodPolicy {
 pub struct PolicyCluster<'a> {
     pub pods: &'a [PolicyPod],
     pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+    /// The pods of each namespace (indexes into `pods`, in order): a peer's selectors look
+    /// at the namespaces first and then only at the pods of those they pick.
+    by_namespace: BTreeMap<&'a str, Vec<usize>>,
+}
+
+impl<'a> PolicyCluster<'a> {
+    pub fn new(
+        pods: &'a [PolicyPod],
+        namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
+    ) -> Self {
+        let mut by_namespace: BTreeMap<&str, Vec<usize>> = BTreeMap::new();
+        for (index, pod) in pods.iter().enumerate() {
+            by_namespace
+                .entry(pod.namespace.as_str())
+                .or_default()
+                .push(index);
+        }
+        Self {
+            pods,
+            namespaces,
+            by_namespace,
+        }
+    }
 }
 
 /// Compiles the rules of every policy that selects `pod`. Errors name a policy and field; such a
@@ -373,33 +396,60 @@ fn addresses(pods: &[&PolicyPod]) -> Vec<IpNet> {
         .collect()
 }
 
-/// The pods a peer's selectors pick.
+/// The pods a peer's selectors pick: the namespaces first (the policy's own without a
+/// namespaceSelector), then the pods of those namespaces.
 fn peer_pods<'a>(
     peer: &NetworkPolicyPeer,
     namespace: &str,
     cluster: &PolicyCluster<'a>,
 ) -> Result<Vec<&'a PolicyPod>, String> {
-    let mut chosen = Vec::new();
-    for pod in cluster.pods {
-        let namespace_ok = match &peer.namespace_selector {
-            None => pod.namespace == namespace,
-            Some(selector) => {
-                let empty = BTreeMap::new();
-                let labels = cluster.namespaces.get(&pod.namespace).unwrap_or(&empty);
-                selects(selector, labels).map_err(|e| format!("namespaceSelector: {e}"))?
+    if cluster.pods.is_empty() {
+        return Ok(Vec::new());
+    }
+    if let Some(selector) = &peer.namespace_selector {
+        check_selector(selector).map_err(|e| format!("namespaceSelector: {e}"))?;
+    }
+    if let Some(selector) = &peer.pod_selector {
+        check_selector(selector).map_err(|e| format!("podSelector: {e}"))?;
+    }
+    let empty = BTreeMap::new();
+    let namespaces: Vec<&Vec<usize>> = match &peer.namespace_selector {
+        None => cluster.by_namespace.get(namespace).into_iter().collect(),
+        Some(selector) => {
+            let mut picked = Vec::new();
+            for (name, pods) in &cluster.by_namespace {
+                let labels = cluster.namespaces.get(*name).unwrap_or(&empty);
+                if selects(selector, labels)? {
+                    picked.push(pods);
+                }
             }
-        };
+            picked
+        }
+    };
+    let mut chosen = Vec::new();
+    for &index in namespaces.into_iter().flatten() {
+        let pod = &cluster.pods[index];
         let pod_ok = match &peer.pod_selector {
             None => true,
-            Some(selector) => {
-                selects(selector, &pod.labels).map_err(|e| format!("podSelector: {e}"))?
-            }
+            Some(selector) => selects(selector, &pod.labels)?,
         };
-        if namespace_ok && pod_ok {
+        if pod_ok {
             chosen.push(pod);
         }
     }
     Ok(chosen)
+}
+
+/// A selector's operators are all ones [`selects`] knows, whatever labels it meets.
+fn check_selector(selector: &LabelSelector) -> Result<(), String> {
+    for requirement in selector.match_expressions.iter().flatten() {
+        let alone = LabelSelector {
+            match_expressions: Some(vec![requirement.clone()]),
+            ..LabelSelector::default()
+        };
+        selects(&alone, &BTreeMap::new())?;
+    }
+    Ok(())
 }
 
 /// Whether a label selector selects `labels` (the empty selector selects everything).
@@ -528,7 +578,13 @@ pub fn policy_sets(
 ) -> CompiledPolicies {
     let mut out = CompiledPolicies::default();
     let mut errors: BTreeSet<String> = BTreeSet::new();
-    for pod in cluster.pods.iter().filter(|p| local.contains(&p.key())) {
+    let local: BTreeSet<(&str, &str)> =
+        local.iter().filter_map(|key| key.split_once('/')).collect();
+    for pod in cluster
+        .pods
+        .iter()
+        .filter(|p| local.contains(&(p.namespace.as_str(), p.name.as_str())))
+    {
         let (policy, pod_errors) = pod_policy(policies, cluster, pod);
         errors.extend(pod_errors);
         let mut sets = PodSets::default();

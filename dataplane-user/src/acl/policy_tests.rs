@@ -69,10 +69,7 @@ fn compile(yaml: &str) -> Compiled {
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster {
-        pods: &pods,
-        namespaces: &labels,
-    };
+    let cluster = PolicyCluster::new(&pods, &labels);
     let sets = pods
         .iter()
         .map(|pod| {
@@ -560,10 +557,7 @@ fn an_invalid_policy_is_named_and_still_isolates() {
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster {
-        pods: &pods,
-        namespaces: &labels,
-    };
+    let cluster = PolicyCluster::new(&pods, &labels);
     let (result, errors) = pod_policy(&policies, &cluster, &pods[0]);
     assert_eq!(
         errors,

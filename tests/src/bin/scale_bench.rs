@@ -1,0 +1,727 @@
+//! The agent at the size of a large cluster: 5,000 nodes, 150,000 pods (110 on this node),
+//! 10,000 Services of 10 endpoints, 2,000 NetworkPolicies, 100 EgressFirewalls of 100 rules.
+//!
+//! Objects go through the API source's path: each is parsed on its own (`source::add_object`,
+//! through the YAML value as a watched object is) into the per-object cache the Kubernetes
+//! source keeps (`source::ObjectCache`), and a sync assembles the state, finds what changed
+//! (`sync::Changes`) and runs the stages that read it, as the agent's `cluster` module does,
+//! into real maps in this kernel. Figures:
+//!
+//! - the first sync from nothing (target under 2 s);
+//! - one endpoint, one pod label, one policy changed and one node added: from the object's
+//!   event to the maps written (target under 10 ms each, and within 2x of the same change in a
+//!   cluster of 10 nodes);
+//! - a stream of changes (1,000 a second for 30 s): each change's lag from its event to the
+//!   maps holding it (p99 target under 100 ms), and whether the maps end as a full recompute
+//!   has them;
+//! - the resident memory of this process (the agent's state and the benchmark's objects;
+//!   target under 1 GiB) and the kernel memory of its maps (`memlock` of each map's fdinfo).
+//!
+//! Not in it: EgressIPs, the management port's routes and the gateway's nftables table (host
+//! state, not maps). A benchmark: it reports, it does not pass or fail.
+
+use std::{
+    fmt::Write as _,
+    net::{IpAddr, Ipv4Addr},
+    time::{Duration, Instant},
+};
+
+use clap::Parser;
+use dataplane_tests::fixture::Fixture;
+use dataplane_user::{
+    acl::{
+        self, AclState,
+        firewall::compile_firewalls,
+        policy::{PolicyCluster, PolicyPod, namespace_labels, policy_sets},
+    },
+    lb::LbState,
+    model::{self, HostInterface, NodeModel},
+    overlay::{self, Underlay},
+    source::{ClusterState, ObjectCache, add_documents},
+    sync::{Changes, ServiceCache, Stage},
+};
+use serde::Serialize;
+
+#[derive(Parser)]
+struct Args {
+    /// A tenth of the cluster, one repeat, one second of stream: that it runs, no figures.
+    #[arg(long)]
+    smoke: bool,
+    /// Changes per second in the stream.
+    #[arg(long, default_value_t = 1000)]
+    stream_rate: u64,
+    /// How long the stream lasts, in seconds.
+    #[arg(long, default_value_t = 30)]
+    stream_seconds: u64,
+    /// Repeats of each single change (the median is reported).
+    #[arg(long, default_value_t = 5)]
+    repeats: usize,
+    #[arg(long)]
+    json: bool,
+}
+
+const NODE: &str = "node-0";
+
+/// A cluster's size.
+#[derive(Clone, Copy, Debug, Serialize)]
+struct Shape {
+    nodes: usize,
+    pods: usize,
+    /// Pods on this node (node 0).
+    local_pods: usize,
+    namespaces: usize,
+    services: usize,
+    endpoints: usize,
+    policies: usize,
+    firewalls: usize,
+    rules: usize,
+}
+
+const LARGE: Shape = Shape {
+    nodes: 5_000,
+    pods: 150_000,
+    local_pods: 110,
+    namespaces: 500,
+    services: 10_000,
+    endpoints: 10,
+    policies: 2_000,
+    firewalls: 100,
+    rules: 100,
+};
+
+/// A tenth of [`LARGE`] (this node's pods stay 110).
+const SMOKE: Shape = Shape {
+    nodes: 500,
+    pods: 15_000,
+    local_pods: 110,
+    namespaces: 50,
+    services: 1_000,
+    endpoints: 10,
+    policies: 200,
+    firewalls: 10,
+    rules: 100,
+};
+
+/// Ten nodes with this node's same 110 pods: the reference for "within 2x".
+const SMALL: Shape = Shape {
+    nodes: 10,
+    pods: 380,
+    local_pods: 110,
+    namespaces: 50,
+    services: 10,
+    endpoints: 10,
+    policies: 40,
+    firewalls: 10,
+    rules: 100,
+};
+
+/// Node `i`'s pod subnet: 10.(128 + i / 256).(i % 256).0/24, inside 10.128.0.0/9.
+fn node_subnet(i: usize) -> [u8; 3] {
+    [10, 128 + (i / 256) as u8, (i % 256) as u8]
+}
+
+/// Pod `p`'s node and address: the first `local_pods` on node 0, the rest spread over the
+/// other nodes.
+fn pod_place(shape: &Shape, p: usize) -> (usize, Ipv4Addr) {
+    let (node, index) = if p < shape.local_pods {
+        (0, p)
+    } else {
+        let q = p - shape.local_pods;
+        (1 + q % (shape.nodes - 1), q / (shape.nodes - 1))
+    };
+    let [a, b, c] = node_subnet(node);
+    (node, Ipv4Addr::new(a, b, c, 2 + index as u8))
+}
+
+fn network_yaml() -> String {
+    "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+     spec: {clusterNetwork: [{cidr: 10.128.0.0/9, hostPrefix: 24}], serviceNetwork: [10.96.0.0/16]}\n"
+        .into()
+}
+
+fn node_yaml(i: usize) -> String {
+    let [a, b, c] = node_subnet(i);
+    format!(
+        "apiVersion: v1\nkind: Node\nmetadata: {{name: node-{i}}}\n\
+         spec: {{podCIDRs: [{a}.{b}.{c}.0/24]}}\n\
+         status: {{addresses: [{{type: InternalIP, address: 172.16.{}.{}}}]}}\n",
+        i / 250,
+        i % 250 + 1
+    )
+}
+
+fn namespace_yaml(n: usize) -> String {
+    format!(
+        "apiVersion: v1\nkind: Namespace\n\
+         metadata: {{name: ns-{n}, labels: {{team: t-{}, kubernetes.io/metadata.name: ns-{n}}}}}\n",
+        n % 10
+    )
+}
+
+/// Pod `p`; `variant` changes its `app` label.
+fn pod_yaml(shape: &Shape, p: usize, variant: usize) -> String {
+    let (node, ip) = pod_place(shape, p);
+    let app = if variant == 0 {
+        format!("a-{}", p % 20)
+    } else {
+        format!("changed-{variant}")
+    };
+    format!(
+        "apiVersion: v1\nkind: Pod\nmetadata: {{name: pod-{p}, namespace: ns-{}, labels: {{app: {app}}}}}\n\
+         spec: {{nodeName: node-{node}, containers: [{{name: app, image: app}}]}}\n\
+         status: {{podIPs: [{{ip: {ip}}}]}}\n",
+        p % shape.namespaces
+    )
+}
+
+fn service_yaml(shape: &Shape, i: usize) -> String {
+    let ip = Ipv4Addr::from(0x0a60_0000u32 + 1 + i as u32);
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: svc-{i}, namespace: ns-{}}}\n\
+         spec: {{clusterIP: {ip}, clusterIPs: [{ip}], ports: [{{name: http, port: 80, protocol: TCP, targetPort: 8080}}]}}\n",
+        i % shape.namespaces
+    )
+}
+
+/// Service `i`'s EndpointSlice; `extra` endpoints more than the shape's (other pods).
+fn slice_yaml(shape: &Shape, i: usize, extra: usize) -> String {
+    let mut yaml = format!(
+        "apiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: svc-{i}-1, namespace: ns-{}, labels: {{kubernetes.io/service-name: svc-{i}}}}}\n\
+         addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\nendpoints:\n",
+        i % shape.namespaces
+    );
+    for j in 0..shape.endpoints + extra {
+        let (node, ip) = pod_place(shape, (i * shape.endpoints + j) % shape.pods);
+        let _ = writeln!(
+            yaml,
+            "- addresses: [{ip}]\n  nodeName: node-{node}\n  conditions: {{ready: true}}"
+        );
+    }
+    yaml
+}
+
+/// Policy `k`: its namespace's pods of one app take port 8080 (+ `variant`) from the pods of
+/// the next namespace (300 of them in the large cluster).
+fn policy_yaml(shape: &Shape, k: usize, variant: usize) -> String {
+    let namespace = k % shape.namespaces;
+    format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{name: pol-{k}, namespace: ns-{namespace}}}\n\
+         spec: {{podSelector: {{matchLabels: {{app: a-{}}}}}, policyTypes: [Ingress], ingress: [{{\
+         from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: ns-{}}}}}, podSelector: {{matchLabels: {{app: a-{}}}}}}}], \
+         ports: [{{protocol: TCP, port: {}}}]}}]}}\n",
+        k % 20,
+        (namespace + 1) % shape.namespaces,
+        (namespace + 1) % 20,
+        8080 + variant
+    )
+}
+
+fn firewall_yaml(shape: &Shape, n: usize) -> String {
+    let mut yaml = format!(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {{name: default, namespace: ns-{n}}}\nspec:\n  egress:\n"
+    );
+    for r in 0..shape.rules - 1 {
+        let _ = writeln!(
+            yaml,
+            "  - {{type: Allow, to: {{cidrSelector: 198.{}.{r}.0/24}}, ports: [{{protocol: TCP, port: 443}}]}}",
+            n % 256
+        );
+    }
+    let _ = writeln!(yaml, "  - {{type: Deny, to: {{cidrSelector: 0.0.0.0/0}}}}");
+    yaml
+}
+
+/// The agent's state for one cluster over one set of maps.
+struct Agent {
+    shape: Shape,
+    fixture: Fixture,
+    objects: ObjectCache,
+    /// Versions given to changed objects (each change a new one, so it is parsed again).
+    version: u64,
+    last: Option<ClusterState>,
+    model: Option<NodeModel>,
+    services: ServiceCache,
+    lb: LbState,
+    acl: AclState,
+}
+
+/// What one sync took and wrote.
+#[derive(Clone, Debug, Default, Serialize)]
+struct Step {
+    assemble_ms: f64,
+    diff_ms: f64,
+    stages_ms: f64,
+    total_ms: f64,
+    stages: Vec<&'static str>,
+    writes: usize,
+}
+
+impl Agent {
+    fn new(shape: Shape) -> anyhow::Result<Self> {
+        Ok(Self {
+            shape,
+            fixture: Fixture::load()?,
+            objects: ObjectCache::default(),
+            version: 0,
+            last: None,
+            model: None,
+            services: ServiceCache::default(),
+            lb: LbState::default(),
+            acl: AclState::default(),
+        })
+    }
+
+    /// One watch event: the object `name` of `kind` as `yaml`, parsed on its own.
+    fn event(&mut self, kind: &'static str, namespace: &str, name: &str, yaml: String) {
+        self.version += 1;
+        self.objects.put(
+            (kind, namespace.to_owned(), name.to_owned()),
+            Some(self.version.to_string()),
+            || {
+                let mut state = ClusterState::default();
+                add_documents(&mut state, "api", &yaml);
+                state
+            },
+        );
+    }
+
+    /// Every object of the cluster, as the first lists bring them.
+    fn list_everything(&mut self) {
+        let s = self.shape;
+        self.event("networks", "", "cluster", network_yaml());
+        for i in 0..s.nodes {
+            self.event("nodes", "", &format!("node-{i}"), node_yaml(i));
+        }
+        for n in 0..s.namespaces {
+            self.event("namespaces", "", &format!("ns-{n}"), namespace_yaml(n));
+        }
+        for p in 0..s.pods {
+            let namespace = format!("ns-{}", p % s.namespaces);
+            self.event("pods", &namespace, &format!("pod-{p}"), pod_yaml(&s, p, 0));
+        }
+        for i in 0..s.services {
+            let namespace = format!("ns-{}", i % s.namespaces);
+            self.event(
+                "services",
+                &namespace,
+                &format!("svc-{i}"),
+                service_yaml(&s, i),
+            );
+            self.event(
+                "endpointslices",
+                &namespace,
+                &format!("svc-{i}-1"),
+                slice_yaml(&s, i, 0),
+            );
+        }
+        for k in 0..s.policies {
+            let namespace = format!("ns-{}", k % s.namespaces);
+            self.event(
+                "networkpolicies",
+                &namespace,
+                &format!("pol-{k}"),
+                policy_yaml(&s, k, 0),
+            );
+        }
+        for n in 0..s.firewalls {
+            self.event(
+                "egressfirewalls",
+                &format!("ns-{n}"),
+                "default",
+                firewall_yaml(&s, n),
+            );
+        }
+    }
+
+    fn change_endpoint(&mut self, service: usize, extra: usize) {
+        let s = self.shape;
+        let service = service % s.services;
+        let yaml = slice_yaml(&s, service, extra);
+        let namespace = format!("ns-{}", service % s.namespaces);
+        self.event(
+            "endpointslices",
+            &namespace,
+            &format!("svc-{service}-1"),
+            yaml,
+        );
+    }
+
+    fn change_pod_label(&mut self, pod: usize, variant: usize) {
+        let s = self.shape;
+        let pod = pod % s.pods;
+        let namespace = format!("ns-{}", pod % s.namespaces);
+        self.event(
+            "pods",
+            &namespace,
+            &format!("pod-{pod}"),
+            pod_yaml(&s, pod, variant),
+        );
+    }
+
+    fn change_policy(&mut self, policy: usize, variant: usize) {
+        let s = self.shape;
+        let policy = policy % s.policies;
+        let namespace = format!("ns-{}", policy % s.namespaces);
+        let yaml = policy_yaml(&s, policy, variant);
+        self.event(
+            "networkpolicies",
+            &namespace,
+            &format!("pol-{policy}"),
+            yaml,
+        );
+    }
+
+    fn add_node(&mut self, index: usize) {
+        self.event("nodes", "", &format!("node-{index}"), node_yaml(index));
+    }
+
+    /// A sync as the agent runs it: assemble, diff against the last, the stages that read
+    /// what changed (all of them when `full`).
+    fn sync(&mut self, full: bool) -> anyhow::Result<Step> {
+        let mut step = Step::default();
+        let started = Instant::now();
+        let state = self.objects.assemble();
+        anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
+        step.assemble_ms = ms(started.elapsed());
+        let lap = Instant::now();
+        let changes = match &self.last {
+            Some(last) if !full => Changes::between(last, &state),
+            _ => Changes::full(),
+        };
+        step.diff_ms = ms(lap.elapsed());
+        let lap = Instant::now();
+        step.stages = changes.stages().iter().map(|s| s.name()).collect();
+        if changes.runs(Stage::Overlay) {
+            step.writes += self.sync_overlay(&state)?;
+        }
+        if changes.runs(Stage::Services) {
+            self.services
+                .update(&state.services, &state.endpoint_slices, NODE, &changes);
+            let compiled = self.services.ports();
+            anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+            let stats = self.fixture.sync_lb(&mut self.lb, &compiled.ports)?;
+            step.writes += stats.written + stats.deleted;
+        }
+        if changes.runs(Stage::AccessControl) {
+            step.writes += self.sync_access_control(&state)?;
+        }
+        step.stages_ms = ms(lap.elapsed());
+        step.total_ms = ms(started.elapsed());
+        self.last = Some(state);
+        Ok(step)
+    }
+
+    /// The overlay stage: this node's view (its pods behind made-up veths) and the maps.
+    fn sync_overlay(&mut self, state: &ClusterState) -> anyhow::Result<usize> {
+        let network = state.network.unwrap_or_default();
+        let settings = network.validate(1500)?;
+        let underlay = Underlay {
+            ifindex: 1,
+            mac: [2, 0, 0, 0, 0, 1],
+            xdp_forward: false,
+            mtu: 1500,
+        };
+        let model = model::build(state, NODE, underlay, settings, local_veth);
+        anyhow::ensure!(model.warnings.is_empty(), "{:?}", model.warnings);
+        let desired = overlay::compile(&model.view)?;
+        let stats = self.fixture.sync_overlay(&desired)?;
+        self.model = Some(model);
+        Ok(stats.written + stats.deleted)
+    }
+
+    /// The access-control stage as the firewall agent compiles it (no DNS names here): the
+    /// policies and firewalls of the namespaces this node hosts, every pod as a peer.
+    fn sync_access_control(&mut self, state: &ClusterState) -> anyhow::Result<usize> {
+        let Some(model) = &self.model else {
+            anyhow::bail!("no overlay view");
+        };
+        let pods = acl::pods_of(&model.view);
+        let hosted: std::collections::BTreeSet<&str> =
+            pods.iter().map(|p| p.namespace.as_str()).collect();
+        let hosts =
+            |namespace: &Option<String>| hosted.contains(namespace.as_deref().unwrap_or("default"));
+        let policies: Vec<_> = state
+            .network_policies
+            .iter()
+            .filter(|p| hosts(&p.metadata.namespace))
+            .cloned()
+            .collect();
+        let firewalls: Vec<_> = state
+            .egress_firewalls
+            .iter()
+            .filter(|f| hosts(&f.metadata.namespace))
+            .cloned()
+            .collect();
+        let cluster_pods = PolicyPod::from_pods(&state.pods);
+        let labels = namespace_labels(&state.namespaces);
+        let cluster = PolicyCluster::new(&cluster_pods, &labels);
+        let local: Vec<String> = pods.iter().map(acl::AclPod::key).collect();
+        let compiled_policies = policy_sets(&policies, &cluster, &local);
+        anyhow::ensure!(
+            compiled_policies.errors.is_empty(),
+            "{:?}",
+            compiled_policies.errors
+        );
+        let context = acl::firewall::context(state, &model.view);
+        let mut compiled = compile_firewalls(&firewalls, &context, &Default::default());
+        anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+        compiled.desired.policy_sets = compiled_policies.sets;
+        compiled.desired.pod_policies = compiled_policies.pods;
+        let stats = self
+            .fixture
+            .sync_acl(&mut self.acl, &compiled.desired, &pods)?;
+        Ok(stats.written + stats.deleted)
+    }
+}
+
+/// This node's pods are behind made-up veths (the maps take any interface index).
+fn local_veth(ip: IpAddr) -> Option<HostInterface> {
+    let IpAddr::V4(v4) = ip else {
+        return None;
+    };
+    let [a, b, c, d] = v4.octets();
+    ([a, b, c] == node_subnet(0)).then(|| HostInterface {
+        name: format!("veth{d}"),
+        ifindex: 1000 + u32::from(d),
+        mac: [2, 0, 0, 0, 1, d],
+    })
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+fn percentile(values: &mut [f64], p: f64) -> f64 {
+    values.sort_by(f64::total_cmp);
+    let index = ((values.len() as f64 - 1.0) * p).round() as usize;
+    values.get(index).copied().unwrap_or(f64::NAN)
+}
+
+/// One kind of change, its median time from event to maps written, and its last step.
+#[derive(Clone, Debug, Serialize)]
+struct Change {
+    what: &'static str,
+    median_ms: f64,
+    last: Step,
+}
+
+/// Each single change `repeats` times (toggling back and forth), in `agent`'s cluster.
+fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
+    let mut out = Vec::new();
+    type Apply = fn(&mut Agent, usize);
+    let kinds: [(&'static str, Apply); 4] = [
+        ("one endpoint added or removed", |a, r| {
+            a.change_endpoint(0, (r + 1) % 2)
+        }),
+        ("one local pod's label", |a, r| {
+            a.change_pod_label(0, (r + 1) % 2)
+        }),
+        // Policy 1 selects local pod 1 (app a-1 in ns-1), whose labels stay.
+        ("one NetworkPolicy's port", |a, r| {
+            a.change_policy(1, (r + 1) % 2)
+        }),
+        ("one node added", |a, r| {
+            let index = a.shape.nodes + r;
+            a.add_node(index);
+        }),
+    ];
+    for (what, apply) in kinds {
+        let mut times = Vec::new();
+        let mut last = Step::default();
+        for r in 0..repeats {
+            let started = Instant::now();
+            apply(agent, r);
+            last = agent.sync(false)?;
+            times.push(ms(started.elapsed()));
+        }
+        out.push(Change {
+            what,
+            median_ms: median(times),
+            last,
+        });
+    }
+    Ok(out)
+}
+
+/// The stream: `rate` changes a second for `seconds`, endpoints and pod labels by turns; the
+/// agent syncs whatever arrived since its last sync. Returns each change's lag and whether a
+/// full recompute at the end finds the maps as they should be.
+#[derive(Clone, Debug, Serialize)]
+struct Stream {
+    changes: usize,
+    syncs: usize,
+    lag_p50_ms: f64,
+    lag_p99_ms: f64,
+    /// Entries a full recompute at the end wrote (0: the maps held the cluster state).
+    full_recompute_writes: usize,
+}
+
+fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> {
+    let total = (rate * seconds) as usize;
+    let interval = Duration::from_secs_f64(1.0 / rate as f64);
+    let started = Instant::now();
+    let mut next = 0usize;
+    let mut lags = Vec::with_capacity(total);
+    let mut syncs = 0;
+    while next < total {
+        let now = started.elapsed();
+        let due = ((now.as_secs_f64() / interval.as_secs_f64()) as usize + 1).min(total);
+        if due <= next {
+            std::thread::sleep(interval.saturating_mul(next as u32).saturating_sub(now));
+            continue;
+        }
+        let arrivals: Vec<Duration> = (next..due).map(|k| interval * k as u32).collect();
+        for k in next..due {
+            if k % 2 == 0 {
+                agent.change_endpoint(k / 2, (k / 2 / agent.shape.services) % 2 + 1);
+            } else {
+                agent.change_pod_label(k / 2, k / 2 / agent.shape.pods + 1);
+            }
+        }
+        next = due;
+        agent.sync(false)?;
+        syncs += 1;
+        let done = started.elapsed();
+        lags.extend(arrivals.iter().map(|a| ms(done.saturating_sub(*a))));
+    }
+    // A full recompute from the same objects, with every Service compiled anew.
+    agent.services = ServiceCache::default();
+    let full = agent.sync(true)?;
+    Ok(Stream {
+        changes: total,
+        syncs,
+        lag_p50_ms: percentile(&mut lags, 0.5),
+        lag_p99_ms: percentile(&mut lags, 0.99),
+        full_recompute_writes: full.writes,
+    })
+}
+
+/// Resident memory of this process, in bytes.
+fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// Kernel memory of the BPF maps this process holds open: `memlock` of each map descriptor's
+/// fdinfo.
+fn map_memlock_bytes() -> u64 {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fdinfo") else {
+        return 0;
+    };
+    fds.filter_map(Result::ok)
+        .filter_map(|entry| std::fs::read_to_string(entry.path()).ok())
+        .filter(|info| info.contains("map_type:"))
+        .filter_map(|info| {
+            info.lines()
+                .find_map(|l| l.strip_prefix("memlock:"))
+                .and_then(|v| v.trim().parse::<u64>().ok())
+        })
+        .sum()
+}
+
+#[derive(Serialize)]
+struct Report {
+    shape: Shape,
+    parse_ms: f64,
+    initial: Step,
+    changes: Vec<Change>,
+    small_changes: Vec<Change>,
+    stream: Stream,
+    resident_mib: f64,
+    map_memlock_mib: f64,
+}
+
+fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    let (shape, repeats, rate, seconds) = if args.smoke {
+        (SMOKE, 1, 100, 1)
+    } else {
+        (LARGE, args.repeats, args.stream_rate, args.stream_seconds)
+    };
+    let mut agent = Agent::new(shape)?;
+    let started = Instant::now();
+    agent.list_everything();
+    let parse_ms = ms(started.elapsed());
+    let initial = agent.sync(true)?;
+    let changes = changes(&mut agent, repeats)?;
+    let stream = stream(&mut agent, rate, seconds)?;
+    let resident_mib = resident_bytes() as f64 / (1 << 20) as f64;
+    let map_memlock_mib = map_memlock_bytes() as f64 / (1 << 20) as f64;
+    drop(agent);
+    let mut small = Agent::new(SMALL)?;
+    small.list_everything();
+    small.sync(true)?;
+    let small_changes = self::changes(&mut small, repeats)?;
+    drop(small);
+    let report = Report {
+        shape,
+        parse_ms,
+        initial,
+        changes,
+        small_changes,
+        stream,
+        resident_mib,
+        map_memlock_mib,
+    };
+    if args.json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    print(&report);
+    Ok(())
+}
+
+fn print(report: &Report) {
+    let s = &report.shape;
+    println!(
+        "scale: {} nodes, {} pods ({} here), {} services x {} endpoints, {} NetworkPolicies, {} EgressFirewalls x {} rules",
+        s.nodes, s.pods, s.local_pods, s.services, s.endpoints, s.policies, s.firewalls, s.rules
+    );
+    let i = &report.initial;
+    println!(
+        "  first sync from nothing: {:.0} ms (target < 2000): parsing every object {:.0} ms, then assemble {:.0}, stages {:.0} ({} entries)",
+        report.parse_ms + i.total_ms,
+        report.parse_ms,
+        i.assemble_ms,
+        i.stages_ms,
+        i.writes
+    );
+    for (big, small) in report.changes.iter().zip(&report.small_changes) {
+        println!(
+            "  {}: {:.1} ms (target < 10; assemble {:.1}, diff {:.1}, stages {:?} {:.1}, {} writes) vs {:.2} ms with 10 nodes: ratio {:.1} (target <= 2)",
+            big.what,
+            big.median_ms,
+            big.last.assemble_ms,
+            big.last.diff_ms,
+            big.last.stages,
+            big.last.stages_ms,
+            big.last.writes,
+            small.median_ms,
+            big.median_ms / small.median_ms.max(1e-6)
+        );
+    }
+    let st = &report.stream;
+    println!(
+        "  stream of {} changes: {} syncs, lag p50 {:.0} ms, p99 {:.0} ms (target < 100); a full recompute after it wrote {} entries (0: the maps held the cluster)",
+        st.changes, st.syncs, st.lag_p50_ms, st.lag_p99_ms, st.full_recompute_writes
+    );
+    println!(
+        "  resident memory {:.0} MiB (target < 1024; the agent's state and the benchmark's objects), maps' kernel memory {:.0} MiB (memlock)",
+        report.resident_mib, report.map_memlock_mib
+    );
+}
