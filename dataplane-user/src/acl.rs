@@ -135,10 +135,9 @@ pub struct Rule {
 }
 
 impl Rule {
-    /// Whether the rule's addresses cover all of `prefix`.
-    fn covers(&self, prefix: &IpNet) -> bool {
-        self.destinations.iter().any(|d| d.contains(prefix))
-            && !self.except.iter().any(|hole| hole.contains(prefix))
+    /// Whether one of the rule's holes (`except`) contains `prefix`.
+    fn excepts(&self, prefix: &IpNet) -> bool {
+        self.except.iter().any(|hole| hole.contains(prefix))
     }
 }
 
@@ -279,8 +278,11 @@ pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
     // In address order, so that the same rules always give the same table indexes.
     let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
     for prefix in ordered {
+        // The rules with a destination containing the prefix (found through the prefix's
+        // ancestors, not by scanning each rule's destinations), less those whose holes take
+        // it out.
         let mut covering = covering_rules(&by_prefix, prefix);
-        covering.retain(|&position| rules[position].covers(&prefix));
+        covering.retain(|&position| !rules[position].excepts(&prefix));
         let painted = first_match(covering.iter().map(|&p| &rules[p]));
         let decision = match painted.as_slice() {
             [] => Decision::Unmatched,

@@ -42,14 +42,17 @@ pub fn write_status_file(dir: &std::path::Path, statuses: &StatusFile) -> std::i
 }
 
 /// Gives each object the status the file has for it (none when the file names it not).
-pub fn merge_status(objects: &mut [EgressIP], statuses: &StatusFile) {
+pub fn merge_status(objects: &mut [Arc<EgressIP>], statuses: &StatusFile) {
     for object in objects {
         let name = object.metadata.name.as_deref().unwrap_or_default();
-        object.status = statuses.get(name).cloned();
+        let status = statuses.get(name).cloned();
+        if object.status != status {
+            Arc::make_mut(object).status = status;
+        }
     }
 }
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{collections::BTreeSet, net::IpAddr, sync::Arc};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::CustomResource;

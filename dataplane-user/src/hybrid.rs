@@ -14,6 +14,7 @@
 //! - Compile (pure): the hybrid nodes' subnets become routes of kind VXLAN beside the Geneve
 //!   ones (`overlay::compile`), their MACs and the settings the hybrid maps.
 
+use std::sync::Arc;
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr},
@@ -213,7 +214,7 @@ pub fn is_hybrid_node(node: &Node) -> bool {
 /// warning (naming node and annotation) per hybrid node that cannot be used. Its subnet must
 /// lie in the hybrid network, when one is configured, and overlap no other's.
 pub fn hybrid_nodes(
-    nodes: &[Node],
+    nodes: &[Arc<Node>],
     settings: &HybridSettings,
     warnings: &mut Vec<String>,
 ) -> Vec<HybridNodeView> {
@@ -589,6 +590,7 @@ mod tests {
             ),
         ];
         let mut warnings = Vec::new();
+        let nodes: Vec<Arc<Node>> = nodes.into_iter().map(Arc::new).collect();
         let views = hybrid_nodes(&nodes, &settings, &mut warnings);
         assert_eq!(
             views,

@@ -15,6 +15,7 @@
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque},
     net::IpAddr,
+    sync::Arc,
 };
 
 use aya::maps::{Array, HashMap as BpfHashMap, MapData};
@@ -87,8 +88,8 @@ pub type CompiledService = Result<Vec<ServicePort>, String>;
 /// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
 /// endpoints on this node.
 pub fn compile_services(
-    services: &[Service],
-    slices: &[EndpointSlice],
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
     node: &str,
 ) -> CompiledServices {
     assemble(compile_each(services, slices, node, |_| true).values())
@@ -97,8 +98,8 @@ pub fn compile_services(
 /// Compiles the Services `wanted` picks (by namespace and name), each with its own
 /// EndpointSlices: what a change to a few Services or slices recompiles.
 pub fn compile_each(
-    services: &[Service],
-    slices: &[EndpointSlice],
+    services: &[Arc<Service>],
+    slices: &[Arc<EndpointSlice>],
     node: &str,
     wanted: impl Fn(&(&str, &str)) -> bool,
 ) -> BTreeMap<ServiceName, CompiledService> {

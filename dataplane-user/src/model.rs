@@ -151,7 +151,8 @@ fn hybrid_view(
     let this = state
         .nodes
         .iter()
-        .find(|n| n.metadata.name.as_deref() == Some(this_node));
+        .find(|n| n.metadata.name.as_deref() == Some(this_node))
+        .map(|n| &**n);
     Some(HybridView {
         settings,
         nodes: hybrid::hybrid_nodes(&state.nodes, &settings, warnings),

@@ -214,7 +214,7 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
     }
     maps.config = config;
 
-    let mut owners: BTreeMap<IpNet, &str> = BTreeMap::new();
+    let mut owners = PodCidrOwners::default();
     for node in &view.nodes {
         if node.addresses.is_empty() {
             return Err(CompileError::NodeWithoutAddress {
@@ -226,10 +226,10 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
         }
         for cidr in &node.pod_cidrs {
             let cidr = cidr.trunc();
-            if let Some((other, _)) = owners.iter().find(|(c, _)| overlaps(c, &cidr)) {
+            if let Some(other) = owners.overlapping(&cidr) {
                 return Err(CompileError::OverlappingPodCidr {
                     node: node.name.clone(),
-                    other: owners[other].to_owned(),
+                    other: other.to_owned(),
                     cidr,
                 });
             }
@@ -265,10 +265,10 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
             ipnet::Ipv4Net::new(Ipv4Addr::from(network), prefix_len as u8)
                 .expect("a route's prefix length fits IPv4"),
         );
-        if let Some((other, _)) = owners.iter().find(|(c, _)| overlaps(c, &cidr)) {
+        if let Some(other) = owners.overlapping(&cidr) {
             return Err(CompileError::OverlappingPodCidr {
                 node: format!("{} (hybrid)", hybrid_owner(view, &cidr)),
-                other: owners[other].to_owned(),
+                other: other.to_owned(),
                 cidr,
             });
         }
@@ -304,8 +304,50 @@ fn hybrid_owner(view: &OverlayView, cidr: &IpNet) -> String {
         .map_or_else(String::new, |n| n.name.clone())
 }
 
-fn overlaps(a: &IpNet, b: &IpNet) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
+/// The nodes' pod CIDRs by their first address, so that an overlap is found in a few
+/// lookups rather than by comparing with every node's (5,000 nodes made that 12.5 million
+/// comparisons a compile).
+#[derive(Default)]
+struct PodCidrOwners<'a> {
+    /// (IPv6, first address) -> the CIDR and its node. Accepted CIDRs never overlap, so no two
+    /// share a first address.
+    by_start: BTreeMap<(bool, u128), (IpNet, &'a str)>,
+}
+
+impl<'a> PodCidrOwners<'a> {
+    /// The node owning a CIDR that overlaps `cidr`: one that starts inside it, or one that
+    /// contains it (then it starts where one of `cidr`'s shorter prefixes starts).
+    fn overlapping(&self, cidr: &IpNet) -> Option<&'a str> {
+        let (v6, first, last) = span(cidr);
+        if let Some((_, (_, owner))) = self.by_start.range((v6, first)..=(v6, last)).next() {
+            return Some(owner);
+        }
+        (0..cidr.prefix_len()).find_map(|len| {
+            let wider = IpNet::new(cidr.addr(), len).ok()?.trunc();
+            let (_, start, _) = span(&wider);
+            self.by_start
+                .get(&(v6, start))
+                .filter(|(owned, _)| owned.contains(cidr))
+                .map(|(_, owner)| *owner)
+        })
+    }
+
+    fn insert(&mut self, cidr: IpNet, owner: &'a str) {
+        let (v6, first, _) = span(&cidr);
+        self.by_start.insert((v6, first), (cidr, owner));
+    }
+}
+
+/// A CIDR's family and first and last addresses as numbers.
+fn span(cidr: &IpNet) -> (bool, u128, u128) {
+    match cidr {
+        IpNet::V4(net) => (
+            false,
+            u128::from(u32::from(net.network())),
+            u128::from(u32::from(net.broadcast())),
+        ),
+        IpNet::V6(net) => (true, u128::from(net.network()), u128::from(net.broadcast())),
+    }
 }
 
 pub(crate) fn endpoint(address: IpAddr) -> TunnelEndpoint {
@@ -595,6 +637,30 @@ mod tests {
                 .validate(1500)
                 .expect("defaults"),
             hybrid: None,
+        }
+    }
+
+    /// An overlap is found whichever of the two is wider and whichever came first; adjacent
+    /// CIDRs and other families do not overlap.
+    #[test]
+    fn pod_cidr_overlaps_are_found_both_ways() {
+        let net = |text: &str| text.parse::<IpNet>().expect("CIDR");
+        let mut owners = PodCidrOwners::default();
+        owners.insert(net("10.244.0.0/16"), "wide");
+        owners.insert(net("10.1.2.0/24"), "narrow");
+        owners.insert(net("fd00::/64"), "six");
+        for (cidr, owner) in [
+            ("10.244.7.0/24", Some("wide")),
+            ("10.0.0.0/8", Some("narrow")),
+            ("10.1.2.128/25", Some("narrow")),
+            ("10.1.2.0/24", Some("narrow")),
+            ("10.1.3.0/24", None),
+            ("10.245.0.0/16", None),
+            ("fd00::/48", Some("six")),
+            ("fd00:0:0:1::/64", None),
+            ("0.0.0.0/0", Some("narrow")),
+        ] {
+            assert_eq!(owners.overlapping(&net(cidr)), owner, "{cidr}");
         }
     }
 

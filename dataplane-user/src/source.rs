@@ -30,20 +30,22 @@ use crate::{
     overlay::OvnKubernetesConfig,
 };
 
-/// Everything read from the manifests.
+/// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
+/// for a sync, the last sync's state and the sources' parse caches hold the same objects, so
+/// assembling copies pointers, and an unchanged object compares equal by its pointer.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterState {
-    pub nodes: Vec<Node>,
-    pub namespaces: Vec<Namespace>,
-    pub pods: Vec<Pod>,
-    pub services: Vec<Service>,
-    pub endpoint_slices: Vec<EndpointSlice>,
+    pub nodes: Vec<Arc<Node>>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    pub pods: Vec<Arc<Pod>>,
+    pub services: Vec<Arc<Service>>,
+    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
     /// `networking.k8s.io/v1` NetworkPolicies (a missing namespace reads as `default`).
-    pub network_policies: Vec<NetworkPolicy>,
+    pub network_policies: Vec<Arc<NetworkPolicy>>,
     /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
-    pub egress_firewalls: Vec<EgressFirewall>,
+    pub egress_firewalls: Vec<Arc<EgressFirewall>>,
     /// Validated EgressIPs: their status says which node holds each address.
-    pub egress_ips: Vec<EgressIP>,
+    pub egress_ips: Vec<Arc<EgressIP>>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -346,24 +348,24 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
     };
     match (api_version.as_str(), kind.as_str()) {
         ("v1", "Node") => match serde_yaml::from_value::<Node>(value) {
-            Ok(node) => state.nodes.push(node),
+            Ok(node) => state.nodes.push(Arc::new(node)),
             Err(e) => reject(state, e.to_string()),
         },
         ("v1", "Namespace") => match serde_yaml::from_value::<Namespace>(value) {
-            Ok(namespace) => state.namespaces.push(namespace),
+            Ok(namespace) => state.namespaces.push(Arc::new(namespace)),
             Err(e) => reject(state, e.to_string()),
         },
         ("v1", "Pod") => match serde_yaml::from_value::<Pod>(value) {
-            Ok(pod) => state.pods.push(pod),
+            Ok(pod) => state.pods.push(Arc::new(pod)),
             Err(e) => reject(state, e.to_string()),
         },
         ("v1", "Service") => match serde_yaml::from_value::<Service>(value) {
-            Ok(service) => state.services.push(service),
+            Ok(service) => state.services.push(Arc::new(service)),
             Err(e) => reject(state, e.to_string()),
         },
         ("discovery.k8s.io/v1", "EndpointSlice") => {
             match serde_yaml::from_value::<EndpointSlice>(value) {
-                Ok(slice) => state.endpoint_slices.push(slice),
+                Ok(slice) => state.endpoint_slices.push(Arc::new(slice)),
                 Err(e) => reject(state, e.to_string()),
             }
         }
@@ -374,7 +376,7 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
                         .metadata
                         .namespace
                         .get_or_insert_with(|| "default".into());
-                    state.network_policies.push(policy);
+                    state.network_policies.push(Arc::new(policy));
                 }
                 Err(e) => reject(state, e.to_string()),
             }
@@ -386,14 +388,14 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
                         .metadata
                         .namespace
                         .get_or_insert_with(|| "default".into());
-                    state.egress_firewalls.push(firewall);
+                    state.egress_firewalls.push(Arc::new(firewall));
                 }
                 Err(e) => reject(state, e.to_string()),
             }
         }
         ("k8s.ovn.org/v1", "EgressIP") => match serde_yaml::from_value::<EgressIP>(value) {
             Ok(egress_ip) => match egressip::validate(&egress_ip) {
-                Ok(()) => state.egress_ips.push(egress_ip),
+                Ok(()) => state.egress_ips.push(Arc::new(egress_ip)),
                 Err(error) => reject(state, error),
             },
             Err(e) => reject(state, e.to_string()),

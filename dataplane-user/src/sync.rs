@@ -15,7 +15,10 @@
 //! first sync, then periodically) runs every stage from a fresh read and counts what it had
 //! to write: anything is a difference the dependency model missed.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::{
+    collections::{BTreeMap, BTreeSet},
+    sync::Arc,
+};
 
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::Resource;
@@ -177,13 +180,42 @@ fn key_of<T: Resource>(object: &T) -> (&str, &str) {
     )
 }
 
-fn by_key<T: Resource>(objects: &[T]) -> BTreeMap<(&str, &str), &T> {
-    objects.iter().map(|o| (key_of(o), o)).collect()
+fn by_key<T: Resource>(objects: &[Arc<T>]) -> BTreeMap<(&str, &str), &Arc<T>> {
+    objects.iter().map(|o| (key_of(&**o), o)).collect()
 }
 
-/// Whether two lists hold the same objects, in any order.
-fn same_objects<T: Resource + PartialEq>(old: &[T], new: &[T]) -> bool {
-    old.len() == new.len() && (old == new || by_key(old) == by_key(new))
+/// The same object: the same shared one (what an unchanged object of a parse cache is), or
+/// equal.
+fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
+}
+
+/// Whether two lists hold the same objects, in any order: compared position by position
+/// (a source's cache keeps its order), and by key only when the positions hold objects of
+/// different names.
+fn same_objects<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
+    if old.len() != new.len() {
+        return false;
+    }
+    let mut reordered = false;
+    for (a, b) in old.iter().zip(new) {
+        if !same(a, b) {
+            if key_of(&**a) == key_of(&**b) {
+                return false;
+            }
+            reordered = true;
+        }
+    }
+    !reordered || keyed_same(old, new)
+}
+
+fn keyed_same<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
+    let (old, new) = (by_key(old), by_key(new));
+    old.len() == new.len()
+        && old
+            .iter()
+            .zip(&new)
+            .all(|((ka, a), (kb, b))| ka == kb && same(a, b))
 }
 
 /// Whether the `Network`'s settings are the same.
@@ -196,15 +228,31 @@ fn same_network(old: &ClusterState, new: &ClusterState) -> bool {
         && old.hybrid == new.hybrid
 }
 
-/// The keys whose object differs between `old` and `new` (added, removed or modified).
+/// The objects that differ between `old` and `new` (added, removed or modified), before and
+/// after. Lists in the same order (what a source's cache gives) are compared position by
+/// position, and by key only where that finds objects of different names.
 fn changed_keys<'a, T: Resource + PartialEq>(
-    old: &'a [T],
-    new: &'a [T],
+    old: &'a [Arc<T>],
+    new: &'a [Arc<T>],
 ) -> Vec<(Option<&'a T>, Option<&'a T>)> {
+    if old.len() == new.len() {
+        let differing: Vec<(&T, &T)> = old
+            .iter()
+            .zip(new)
+            .filter(|(a, b)| !same(a, b))
+            .map(|(a, b)| (&**a, &**b))
+            .collect();
+        if differing.iter().all(|(a, b)| key_of(*a) == key_of(*b)) {
+            return differing
+                .into_iter()
+                .map(|(a, b)| (Some(a), Some(b)))
+                .collect();
+        }
+    }
     let (old, new) = (by_key(old), by_key(new));
     let keys: BTreeSet<_> = old.keys().chain(new.keys()).copied().collect();
     keys.into_iter()
-        .map(|k| (old.get(&k).copied(), new.get(&k).copied()))
+        .map(|k| (old.get(&k).map(|o| &***o), new.get(&k).map(|o| &***o)))
         .filter(|(a, b)| a != b)
         .collect()
 }
@@ -214,10 +262,7 @@ fn owned((namespace, name): (&str, &str)) -> ServiceName {
 }
 
 /// The Services added, removed or modified.
-fn changed_services(old: &[Service], new: &[Service]) -> BTreeSet<ServiceName> {
-    if old == new {
-        return BTreeSet::new();
-    }
+fn changed_services(old: &[Arc<Service>], new: &[Arc<Service>]) -> BTreeSet<ServiceName> {
     changed_keys(old, new)
         .into_iter()
         .filter_map(|(a, b)| a.or(b))
@@ -227,10 +272,10 @@ fn changed_services(old: &[Service], new: &[Service]) -> BTreeSet<ServiceName> {
 
 /// The Services an added, removed or modified EndpointSlice belongs to (before and after a
 /// relabelling, both).
-fn changed_slice_services(old: &[EndpointSlice], new: &[EndpointSlice]) -> BTreeSet<ServiceName> {
-    if old == new {
-        return BTreeSet::new();
-    }
+fn changed_slice_services(
+    old: &[Arc<EndpointSlice>],
+    new: &[Arc<EndpointSlice>],
+) -> BTreeSet<ServiceName> {
     changed_keys(old, new)
         .into_iter()
         .flat_map(|(a, b)| [a, b])
@@ -252,8 +297,8 @@ impl ServiceCache {
     /// were compiled.
     pub fn update(
         &mut self,
-        services: &[Service],
-        slices: &[EndpointSlice],
+        services: &[Arc<Service>],
+        slices: &[Arc<EndpointSlice>],
         node: &str,
         changes: &Changes,
     ) -> usize {

@@ -72,7 +72,7 @@ pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
             .collect(),
     });
     let inputs = EgressInputs {
-        objects: vec![object],
+        objects: vec![std::sync::Arc::new(object)],
         pods: vec![PolicyPod {
             namespace: "default".into(),
             name: "sender".into(),

@@ -417,7 +417,12 @@ fn cluster() -> anyhow::Result<Bed> {
         .collect(),
         node_addresses: vec!["10.99.0.1".parse()?],
     };
-    let mut desired = compile_firewalls(&[firewall], &context, &DnsAddresses::new()).desired;
+    let mut desired = compile_firewalls(
+        &[std::sync::Arc::new(firewall)],
+        &context,
+        &DnsAddresses::new(),
+    )
+    .desired;
     let policy: NetworkPolicy = serde_yaml::from_str(
         "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
          metadata: {name: local-from-sender, namespace: default}\n\
@@ -439,7 +444,12 @@ fn cluster() -> anyhow::Result<Bed> {
     let namespaces = BTreeMap::new();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["default/local".to_owned(), "default/sender".to_owned()];
-    let compiled = policy_sets(&[policy], &cluster, &local);
+    let compiled = policy_sets(
+        &[std::sync::Arc::new(policy)],
+        &cluster,
+        &local,
+        &Default::default(),
+    );
     ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
     desired = DesiredFirewalls {
         policy_sets: compiled.sets,

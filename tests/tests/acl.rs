@@ -67,8 +67,8 @@ fn desired(yaml: &str) -> DesiredFirewalls {
 
 /// As [`desired`], with DNS names resolved to `dns`.
 fn desired_with(yaml: &str, dns: &DnsAddresses) -> DesiredFirewalls {
-    let objects: Vec<EgressFirewall> = serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| serde::Deserialize::deserialize(d).expect("EgressFirewall"))
+    let objects: Vec<std::sync::Arc<EgressFirewall>> = serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| std::sync::Arc::new(serde::Deserialize::deserialize(d).expect("EgressFirewall")))
         .collect();
     compile_firewalls(&objects, &context(), dns).desired
 }

@@ -68,8 +68,8 @@ spec:
 ";
 
 fn installed() -> (Fixture, AclState) {
-    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(POLICIES)
-        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+    let policies: Vec<std::sync::Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(POLICIES)
+        .map(|d| std::sync::Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
         .collect();
     let mut a = cluster_pod("x", "a", A);
     a.addresses.push(A6.parse().expect("address"));
@@ -77,7 +77,7 @@ fn installed() -> (Fixture, AclState) {
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
-    let compiled = policy_sets(&policies, &cluster, &local);
+    let compiled = policy_sets(&policies, &cluster, &local, &Default::default());
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
     let desired = DesiredFirewalls {
         policy_sets: compiled.sets,

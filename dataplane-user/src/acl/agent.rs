@@ -3,6 +3,7 @@
 //! touching only that name's entries, when the set allows it), and the kernel's audit records
 //! written to the audit log.
 
+use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -33,11 +34,11 @@ const FIRST_RESOLUTION_BUDGET: Duration = Duration::from_secs(5);
 
 /// Everything the firewalls are compiled from.
 pub struct FirewallInputs {
-    pub objects: Vec<EgressFirewall>,
-    pub policies: Vec<NetworkPolicy>,
+    pub objects: Vec<Arc<EgressFirewall>>,
+    pub policies: Vec<Arc<NetworkPolicy>>,
     /// Every pod of the cluster, as policy peers.
     pub cluster_pods: Vec<PolicyPod>,
-    pub namespaces: Vec<Namespace>,
+    pub namespaces: Vec<Arc<Namespace>>,
     pub context: FirewallContext,
     pub pods: Vec<AclPod>,
     pub dns_server: Option<IpAddr>,
@@ -67,8 +68,8 @@ impl FirewallInputs {
 }
 
 pub struct FirewallAgent {
-    objects: Vec<EgressFirewall>,
-    policies: Vec<NetworkPolicy>,
+    objects: Vec<Arc<EgressFirewall>>,
+    policies: Vec<Arc<NetworkPolicy>>,
     cluster_pods: Vec<PolicyPod>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Policy errors of the last compile (logged once).
@@ -179,10 +180,12 @@ impl FirewallAgent {
     /// Compiles the firewalls with the names' last good addresses, the NetworkPolicies of the
     /// local pods and the audit flags.
     fn compile(&mut self) {
+        // The last compile's policy sets: those still wanted are not compiled again.
+        let previous = std::mem::take(&mut self.compiled.desired.policy_sets);
         self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
-        let policies = policy_sets(&self.policies, &cluster, &local);
+        let policies = policy_sets(&self.policies, &cluster, &local, &previous);
         self.compiled.desired.policy_sets = policies.sets;
         self.compiled.desired.pod_policies = policies.pods;
         self.policy_errors = policies.errors;
@@ -503,12 +506,12 @@ mod tests {
     fn a_node_keeps_the_firewalls_and_policies_of_the_namespaces_it_hosts_only() {
         let mut inputs = FirewallInputs {
             objects: vec![
-                named("EgressFirewall", "web"),
-                named("EgressFirewall", "db"),
+                Arc::new(named("EgressFirewall", "web")),
+                Arc::new(named("EgressFirewall", "db")),
             ],
             policies: vec![
-                named("NetworkPolicy", "web"),
-                named("NetworkPolicy", "batch"),
+                Arc::new(named("NetworkPolicy", "web")),
+                Arc::new(named("NetworkPolicy", "batch")),
             ],
             cluster_pods: Vec::new(),
             namespaces: Vec::new(),

@@ -12,6 +12,7 @@
 //!   allowed connection), already limited per CPU; [`AuditLog`] applies the node-wide limit,
 //!   formats each record like OVN's `acl_log` lines and writes them.
 
+use std::sync::Arc;
 use std::{
     fs::{self, File, OpenOptions},
     io::Write as _,
@@ -101,7 +102,7 @@ impl NamespaceLogging {
 /// The audit levels of every namespace that asks for them, and one warning per invalid
 /// annotation (that namespace does not log).
 pub fn namespace_logging(
-    namespaces: &[Namespace],
+    namespaces: &[Arc<Namespace>],
 ) -> (Vec<(String, NamespaceLogging)>, Vec<String>) {
     let mut levels = Vec::new();
     let mut warnings = Vec::new();
@@ -488,14 +489,14 @@ mod tests {
     use super::*;
     use crate::overlay::addr16;
 
-    fn namespace(name: &str, annotation: Option<&str>) -> Namespace {
+    fn namespace(name: &str, annotation: Option<&str>) -> Arc<Namespace> {
         let mut ns = Namespace::default();
         ns.metadata.name = Some(name.into());
         if let Some(text) = annotation {
             ns.metadata.annotations =
                 Some([(ACL_LOGGING_ANNOTATION.to_owned(), text.to_owned())].into());
         }
-        ns
+        Arc::new(ns)
     }
 
     #[test]

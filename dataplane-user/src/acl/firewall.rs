@@ -8,6 +8,7 @@
 //! this node's own addresses. An object with any invalid rule, or with more than
 //! `MAX_FIREWALL_RULES` rules, is rejected whole.
 
+use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -302,7 +303,7 @@ impl CompiledFirewalls {
 /// Compiles the EgressFirewalls of every namespace. Objects not named `default` are ignored
 /// with a message; a rejected object leaves its namespace in `desired.rejected`.
 pub fn compile_firewalls(
-    firewalls: &[EgressFirewall],
+    firewalls: &[Arc<EgressFirewall>],
     context: &FirewallContext,
     dns: &DnsAddresses,
 ) -> CompiledFirewalls {

@@ -22,6 +22,7 @@
 //! "no rule matched" as a deny for policy sets). `Rule::index` points into [`PodRules::refs`],
 //! which says which policy and rule allowed (for audit records).
 
+use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -60,8 +61,8 @@ pub struct PolicyPod {
 
 impl PolicyPod {
     /// The pod-network pods of `pods` that are not finished, with their labels and named ports.
-    pub fn from_pods(pods: &[Pod]) -> Vec<PolicyPod> {
-        pods.iter().filter_map(policy_pod).collect()
+    pub fn from_pods(pods: &[Arc<Pod>]) -> Vec<PolicyPod> {
+        pods.iter().filter_map(|pod| policy_pod(pod)).collect()
     }
 
     pub fn key(&self) -> String {
@@ -106,7 +107,9 @@ fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
 }
 
 /// Namespace labels by name (`kubernetes.io/metadata.name` included, as the API sets it).
-pub fn namespace_labels(namespaces: &[Namespace]) -> BTreeMap<String, BTreeMap<String, String>> {
+pub fn namespace_labels(
+    namespaces: &[Arc<Namespace>],
+) -> BTreeMap<String, BTreeMap<String, String>> {
     namespaces
         .iter()
         .filter_map(|ns| {
@@ -176,7 +179,7 @@ impl<'a> PolicyCluster<'a> {
 /// Compiles the rules of every policy that selects `pod`. Errors name a policy and field; such a
 /// policy still isolates what it selects.
 pub fn pod_policy(
-    policies: &[NetworkPolicy],
+    policies: &[Arc<NetworkPolicy>],
     cluster: &PolicyCluster<'_>,
     pod: &PolicyPod,
 ) -> (PodPolicy, Vec<String>) {
@@ -570,11 +573,14 @@ pub struct CompiledPolicies {
 
 /// Compiles the policies for the pods of this node (`local`: `<namespace>/<name>` keys) against
 /// every pod of the cluster. Pods of one namespace with the same rules share a set, named after
-/// its contents so that an unchanged set keeps its name (and its maps) across syncs.
+/// its contents so that an unchanged set keeps its name (and its maps) across syncs; a set of
+/// `previous` (the last compile's) keeps its compiled lookups too, and only new sets are
+/// compiled.
 pub fn policy_sets(
-    policies: &[NetworkPolicy],
+    policies: &[Arc<NetworkPolicy>],
     cluster: &PolicyCluster<'_>,
     local: &[String],
+    previous: &BTreeMap<String, PolicySet>,
 ) -> CompiledPolicies {
     let mut out = CompiledPolicies::default();
     let mut errors: BTreeSet<String> = BTreeSet::new();
@@ -594,12 +600,17 @@ pub fn policy_sets(
         ] {
             let Some(rules) = rules else { continue };
             let name = set_name(&pod.namespace, direction, &rules);
-            out.sets.entry(name.clone()).or_insert_with(|| PolicySet {
-                namespace: pod.namespace.clone(),
-                direction,
-                compiled: compile_rules(&rules.rules, false),
-                refs: rules.refs,
-            });
+            out.sets
+                .entry(name.clone())
+                .or_insert_with(|| match previous.get(&name) {
+                    Some(set) => set.clone(),
+                    None => PolicySet {
+                        namespace: pod.namespace.clone(),
+                        direction,
+                        compiled: compile_rules(&rules.rules, false),
+                        refs: rules.refs,
+                    },
+                });
             match direction {
                 Direction::Ingress => sets.ingress = Some(name),
                 Direction::Egress => sets.egress = Some(name),

@@ -5,7 +5,7 @@
 //! sender's egress set, then the receiver's ingress set; no rule matched = denied for an
 //! isolated pod) and the whole 9 x 9 matrix must equal the scenario's expectation.
 
-use std::collections::BTreeMap;
+use std::{collections::BTreeMap, sync::Arc};
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
@@ -64,8 +64,8 @@ struct Compiled {
 }
 
 fn compile(yaml: &str) -> Compiled {
-    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();
@@ -552,8 +552,8 @@ fn an_invalid_policy_is_named_and_still_isolates() {
         "broken",
         "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.244.0.0/33}}]",
     );
-    let policies: Vec<NetworkPolicy> = serde_yaml::Deserializer::from_str(&yaml)
-        .map(|d| serde::Deserialize::deserialize(d).expect("NetworkPolicy"))
+    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();

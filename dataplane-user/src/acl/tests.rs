@@ -1,4 +1,4 @@
-use std::net::IpAddr;
+use std::{net::IpAddr, sync::Arc};
 
 use dataplane_common::acl::{ACL_MAX_LENGTHS, ACL_RULE_EXEMPT, MAX_FIREWALL_RULES};
 use ipnet::IpNet;
@@ -250,7 +250,7 @@ fn a_rejected_namespace_is_listed_and_others_still_compile() {
     let mut other_name = firewall("good", vec![]);
     other_name.metadata.name = Some("extra".into());
     let compiled = compile_firewalls(
-        &[good, bad, other_name],
+        &[Arc::new(good), Arc::new(bad), Arc::new(other_name)],
         &FirewallContext::default(),
         &DnsAddresses::new(),
     );

@@ -6,7 +6,7 @@
 //! every agent reads them back as the Pods' status, so a pod wired on one node is known, by
 //! address, to the policies and services of the others.
 
-use std::{net::IpAddr, path::Path};
+use std::{net::IpAddr, path::Path, sync::Arc};
 
 use k8s_openapi::{
     api::core::v1::{Pod, PodIP, PodSpec, PodStatus},
@@ -82,33 +82,56 @@ pub fn read(dir: &Path) -> (Vec<PodStatusRecord>, Vec<String>) {
 /// not arrived (or is another pod of the same name) stands in without labels, so its
 /// namespace's policies judge it as they judge such a pod.
 pub fn merge(state: &mut ClusterState, records: &[PodStatusRecord]) {
+    // The first Pod object of each namespace and name, found once.
+    let mut index: std::collections::HashMap<(String, String), usize> =
+        std::collections::HashMap::new();
+    for (position, pod) in state.pods.iter().enumerate() {
+        let key = (
+            pod.metadata
+                .namespace
+                .as_deref()
+                .unwrap_or("default")
+                .to_owned(),
+            pod.metadata.name.clone().unwrap_or_default(),
+        );
+        index.entry(key).or_insert(position);
+    }
     for record in records {
         let pod_ips: Vec<PodIP> = record
             .addresses
             .iter()
             .map(|a| PodIP { ip: a.to_string() })
             .collect();
-        let existing = state.pods.iter_mut().find(|p| {
-            p.metadata.namespace.as_deref().unwrap_or("default") == record.namespace
-                && p.metadata.name.as_deref() == Some(record.name.as_str())
-        });
-        let pod = match existing {
-            Some(pod) => {
-                let uid = pod.metadata.uid.as_deref().unwrap_or("");
-                if !uid.is_empty() && !record.uid.is_empty() && uid != record.uid {
-                    *pod = placeholder(record);
-                }
-                pod
-            }
+        let key = (record.namespace.clone(), record.name.clone());
+        let position = match index.get(&key) {
+            Some(&position) => position,
             None => {
-                state.pods.push(placeholder(record));
-                state.pods.last_mut().expect("just pushed")
+                state.pods.push(Arc::new(placeholder(record)));
+                index.insert(key, state.pods.len() - 1);
+                state.pods.len() - 1
             }
         };
+        let slot = &mut state.pods[position];
+        let uid = slot.metadata.uid.as_deref().unwrap_or("");
+        if !uid.is_empty() && !record.uid.is_empty() && uid != record.uid {
+            *slot = Arc::new(placeholder(record));
+        }
+        // The shared object is copied only when the record changes it.
+        let node = Some(record.node.clone());
+        let first_ip = pod_ips.first().map(|p| p.ip.clone());
+        let status = slot.status.as_ref();
+        let current = slot.spec.as_ref().is_some_and(|s| s.node_name == node)
+            && status.is_some_and(|s| {
+                s.pod_ip == first_ip && s.pod_ips.as_ref() == Some(&pod_ips) && s.phase.is_some()
+            });
+        if current {
+            continue;
+        }
+        let pod = Arc::make_mut(slot);
         let spec = pod.spec.get_or_insert_with(PodSpec::default);
-        spec.node_name = Some(record.node.clone());
+        spec.node_name = node;
         let status = pod.status.get_or_insert_with(PodStatus::default);
-        status.pod_ip = pod_ips.first().map(|p| p.ip.clone());
+        status.pod_ip = first_ip;
         status.pod_ips = Some(pod_ips);
         if status.phase.is_none() {
             status.phase = Some("Running".into());
@@ -149,7 +172,7 @@ mod tests {
         let mut state = ClusterState::default();
         let mut known = placeholder(&record("known", "10.0.0.1"));
         known.metadata.labels = Some([("app".to_owned(), "a".to_owned())].into());
-        state.pods.push(known);
+        state.pods.push(Arc::new(known));
         merge(
             &mut state,
             &[

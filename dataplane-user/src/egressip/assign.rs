@@ -11,6 +11,7 @@
 //! - a current holder that is still eligible keeps its address (no flow moves needlessly);
 //!   the others go to the eligible node holding the fewest, ties broken by name.
 
+use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -81,8 +82,8 @@ pub struct Assignment {
 }
 
 /// The objects in the order they claim addresses: oldest first, then as read.
-pub fn claim_order(objects: &[EgressIP]) -> Vec<&EgressIP> {
-    let mut ordered: Vec<&EgressIP> = objects.iter().collect();
+pub fn claim_order(objects: &[Arc<EgressIP>]) -> Vec<&EgressIP> {
+    let mut ordered: Vec<&EgressIP> = objects.iter().map(|o| &**o).collect();
     ordered.sort_by(|a, b| {
         let created = |o: &EgressIP| o.metadata.creation_timestamp.as_ref().map(|t| t.0);
         match (created(a), created(b)) {
@@ -95,7 +96,7 @@ pub fn claim_order(objects: &[EgressIP]) -> Vec<&EgressIP> {
 
 /// Assigns every address of `objects` to a node of `nodes`; `current` is who holds what now.
 pub fn assign(
-    objects: &[EgressIP],
+    objects: &[Arc<EgressIP>],
     nodes: &[Candidate],
     current: &BTreeMap<IpAddr, String>,
 ) -> Assignment {
@@ -229,7 +230,7 @@ fn unplaced(
 mod tests {
     use super::*;
 
-    fn object(name: &str, ips: &[&str]) -> EgressIP {
+    fn object(name: &str, ips: &[&str]) -> Arc<EgressIP> {
         let mut object = EgressIP::new(
             name,
             super::super::EgressIpSpec {
@@ -238,7 +239,7 @@ mod tests {
             },
         );
         object.metadata.name = Some(name.to_owned());
-        object
+        Arc::new(object)
     }
 
     fn node(name: &str, address: &str, subnet: &str) -> Candidate {

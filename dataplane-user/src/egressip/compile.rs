@@ -2,6 +2,7 @@
 //! (written by the controller), the cluster's pods and namespaces, and whether this node may
 //! hold addresses right now; and the sync that writes it.
 
+use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
@@ -34,10 +35,10 @@ use crate::{
 /// Everything the egress maps are compiled from.
 #[derive(Clone, Debug, Default)]
 pub struct EgressInputs {
-    pub objects: Vec<EgressIP>,
+    pub objects: Vec<Arc<EgressIP>>,
     /// Every pod-network pod of the cluster.
     pub pods: Vec<PolicyPod>,
-    pub namespaces: Vec<Namespace>,
+    pub namespaces: Vec<Arc<Namespace>>,
     pub nodes: Vec<NodeView>,
     pub cluster_networks: Vec<IpNet>,
     pub service_networks: Vec<IpNet>,
@@ -51,7 +52,7 @@ impl EgressInputs {
     /// (the manifest mode's status file merged in).
     pub fn from_state(
         state: &ClusterState,
-        objects: Vec<EgressIP>,
+        objects: Vec<Arc<EgressIP>>,
         nodes: &[NodeView],
         this_node: &str,
     ) -> Self {
@@ -67,7 +68,7 @@ impl EgressInputs {
                 .pods
                 .iter()
                 .filter(|p| runs_on(p, this_node))
-                .map(pod_name)
+                .map(|p| pod_name(p))
                 .collect(),
         }
     }
@@ -338,7 +339,7 @@ mod tests {
                 .collect(),
         });
         EgressInputs {
-            objects: vec![object],
+            objects: vec![Arc::new(object)],
             pods: vec![
                 pod("prod", "web", "10.244.1.2"),
                 pod("prod", "db", "10.244.2.2"),

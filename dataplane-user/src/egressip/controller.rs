@@ -56,7 +56,7 @@ pub trait StatusStore {
     /// Writes the status of every object whose status changed.
     fn publish(
         &mut self,
-        objects: &[EgressIP],
+        objects: &[Arc<EgressIP>],
         statuses: &StatusFile,
     ) -> impl Future<Output = Result<(), String>>;
 }
@@ -67,7 +67,7 @@ pub struct FileStore {
 }
 
 impl StatusStore for FileStore {
-    async fn publish(&mut self, _: &[EgressIP], statuses: &StatusFile) -> Result<(), String> {
+    async fn publish(&mut self, _: &[Arc<EgressIP>], statuses: &StatusFile) -> Result<(), String> {
         super::write_status_file(&self.dir, statuses).map_err(|e| {
             format!(
                 "writing {}: {e}",
@@ -83,7 +83,11 @@ pub struct ApiStore {
 }
 
 impl StatusStore for ApiStore {
-    async fn publish(&mut self, objects: &[EgressIP], statuses: &StatusFile) -> Result<(), String> {
+    async fn publish(
+        &mut self,
+        objects: &[Arc<EgressIP>],
+        statuses: &StatusFile,
+    ) -> Result<(), String> {
         let api: kube::Api<EgressIP> = kube::Api::all(self.client.clone());
         for object in objects {
             let name = object.metadata.name.clone().unwrap_or_default();
@@ -316,7 +320,7 @@ impl Controller {
     }
 
     /// The objects' statuses from the published holders, in each object's spec order.
-    fn statuses(&self, objects: &[EgressIP]) -> StatusFile {
+    fn statuses(&self, objects: &[Arc<EgressIP>]) -> StatusFile {
         let mut statuses = StatusFile::new();
         for object in objects {
             let name = object.metadata.name.clone().unwrap_or_default();
@@ -378,7 +382,7 @@ impl Controller {
 
     /// Probes every node with an address at the same time, each granted what the status
     /// gives it; records the answers and the grants sent.
-    async fn probe_all(&mut self, nodes: &[Node]) {
+    async fn probe_all(&mut self, nodes: &[Arc<Node>]) {
         let seq = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_micros() as u64);
@@ -595,7 +599,7 @@ pub async fn probe(
 }
 
 /// The nodes as the assignment sees them; `reachable` says whether a node answers probes.
-pub fn candidates(nodes: &[Node], reachable: impl Fn(&str) -> bool) -> Vec<Candidate> {
+pub fn candidates(nodes: &[Arc<Node>], reachable: impl Fn(&str) -> bool) -> Vec<Candidate> {
     nodes
         .iter()
         .filter_map(|node| {
@@ -690,11 +694,11 @@ mod tests {
             "metadata: {name: a, labels: {k8s.ovn.org/egress-assignable: ''}, annotations: {k8s.ovn.org/node-primary-ifaddr: '{\"ipv4\":\"10.99.0.1/24\"}'}}\n\
              status: {addresses: [{type: InternalIP, address: 10.99.0.1}], conditions: [{type: Ready, status: 'True'}]}",
         );
-        let found = candidates(std::slice::from_ref(&labelled), |_| true);
+        let found = candidates(&[Arc::new(labelled.clone())], |_| true);
         assert_eq!(found[0].eligible, Ok(()));
         assert_eq!(found[0].subnets, ["10.99.0.0/24".parse::<IpNet>().unwrap()]);
         assert_eq!(found[0].addresses, ["10.99.0.1".parse::<IpAddr>().unwrap()]);
-        let unreachable = candidates(std::slice::from_ref(&labelled), |_| false);
+        let unreachable = candidates(&[Arc::new(labelled.clone())], |_| false);
         assert_eq!(
             unreachable[0].eligible,
             Err("not answering its probes".into())

@@ -109,7 +109,7 @@ fn pods() -> Vec<AclPod> {
 /// Programs loaded with a `count`-rule firewall; also returns the compile and sync times.
 fn loaded_with(count: usize) -> anyhow::Result<(Fixture, Duration, Duration)> {
     let mut fixture = Fixture::load()?;
-    let objects = [firewall(count)];
+    let objects = [std::sync::Arc::new(firewall(count))];
     let started = Instant::now();
     let compiled = compile_firewalls(&objects, &context(), &Default::default());
     let compile = started.elapsed();

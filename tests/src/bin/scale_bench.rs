@@ -21,6 +21,7 @@
 //! state, not maps). A benchmark: it reports, it does not pass or fail.
 
 use std::{
+    collections::BTreeMap,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
@@ -32,7 +33,7 @@ use dataplane_user::{
     acl::{
         self, AclState,
         firewall::compile_firewalls,
-        policy::{PolicyCluster, PolicyPod, namespace_labels, policy_sets},
+        policy::{PolicyCluster, PolicyPod, PolicySet, namespace_labels, policy_sets},
     },
     lb::LbState,
     model::{self, HostInterface, NodeModel},
@@ -246,6 +247,8 @@ struct Agent {
     services: ServiceCache,
     lb: LbState,
     acl: AclState,
+    /// The last compile's policy sets (reused by name, as the firewall agent does).
+    policy_sets: BTreeMap<String, PolicySet>,
 }
 
 /// What one sync took and wrote.
@@ -271,6 +274,7 @@ impl Agent {
             services: ServiceCache::default(),
             lb: LbState::default(),
             acl: AclState::default(),
+            policy_sets: BTreeMap::new(),
         })
     }
 
@@ -459,7 +463,7 @@ impl Agent {
         let labels = namespace_labels(&state.namespaces);
         let cluster = PolicyCluster::new(&cluster_pods, &labels);
         let local: Vec<String> = pods.iter().map(acl::AclPod::key).collect();
-        let compiled_policies = policy_sets(&policies, &cluster, &local);
+        let compiled_policies = policy_sets(&policies, &cluster, &local, &self.policy_sets);
         anyhow::ensure!(
             compiled_policies.errors.is_empty(),
             "{:?}",
@@ -469,6 +473,7 @@ impl Agent {
         let mut compiled = compile_firewalls(&firewalls, &context, &Default::default());
         anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
         compiled.desired.policy_sets = compiled_policies.sets;
+        self.policy_sets = compiled.desired.policy_sets.clone();
         compiled.desired.pod_policies = compiled_policies.pods;
         let stats = self
             .fixture
