@@ -352,7 +352,8 @@ impl Cluster {
 
     /// With the API server: writes this node's hybrid overlay router address and MAC on its
     /// Node when they are not there yet (hybrid nodes read them). A failure is logged and
-    /// tried again at the next sync.
+    /// tried again at the next sync that runs the overlay stage (a Node or Pod change, the
+    /// periodic full recompute).
     async fn announce_hybrid(&self, state: &source::ClusterState, view: &overlay::OverlayView) {
         let Source::Kubernetes(kube) = &self.source else {
             return;
