@@ -23,7 +23,7 @@ use super::{
     AclPod, AclState, AclSyncStats,
     audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
     dns::{self, DnsNames, Resolver},
-    firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls},
+    firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls_reusing},
     policy::{Direction, PolicyCluster, PolicyPod, namespace_labels, policy_sets},
 };
 use crate::{AgentError, Dataplane};
@@ -180,12 +180,22 @@ impl FirewallAgent {
     /// Compiles the firewalls with the names' last good addresses, the NetworkPolicies of the
     /// local pods and the audit flags.
     fn compile(&mut self) {
-        // The last compile's policy sets: those still wanted are not compiled again.
-        let previous = std::mem::take(&mut self.compiled.desired.policy_sets);
-        self.compiled = compile_firewalls(&self.objects, &self.context, &self.names.addresses());
+        // The last compile: its firewall and policy sets still wanted are not compiled again.
+        let previous = std::mem::take(&mut self.compiled);
+        self.compiled = compile_firewalls_reusing(
+            &self.objects,
+            &self.context,
+            &self.names.addresses(),
+            &previous,
+        );
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
-        let policies = policy_sets(&self.policies, &cluster, &local, &previous);
+        let policies = policy_sets(
+            &self.policies,
+            &cluster,
+            &local,
+            &previous.desired.policy_sets,
+        );
         self.compiled.desired.policy_sets = policies.sets;
         self.compiled.desired.pod_policies = policies.pods;
         self.policy_errors = policies.errors;

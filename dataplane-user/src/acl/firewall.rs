@@ -291,6 +291,10 @@ pub struct CompiledFirewalls {
     pub errors: Vec<String>,
     /// The DNS names each namespace's firewall uses.
     pub names: BTreeMap<String, BTreeSet<String>>,
+    /// Each namespace's validated rules and the context they were compiled against (what
+    /// the next compile compares with, to keep an unchanged namespace's set).
+    pub rules: BTreeMap<String, FirewallRules>,
+    pub context: FirewallContext,
 }
 
 impl CompiledFirewalls {
@@ -306,6 +310,18 @@ pub fn compile_firewalls(
     firewalls: &[Arc<EgressFirewall>],
     context: &FirewallContext,
     dns: &DnsAddresses,
+) -> CompiledFirewalls {
+    compile_firewalls_reusing(firewalls, context, dns, &CompiledFirewalls::default())
+}
+
+/// As [`compile_firewalls`]; a namespace whose rules (its DNS names' addresses included) and
+/// context are those `previous` compiled keeps the set compiled then: a change to one
+/// firewall, or to a pod or policy, compiles no other namespace's firewall again.
+pub fn compile_firewalls_reusing(
+    firewalls: &[Arc<EgressFirewall>],
+    context: &FirewallContext,
+    dns: &DnsAddresses,
+    previous: &CompiledFirewalls,
 ) -> CompiledFirewalls {
     let mut compiled = CompiledFirewalls::default();
     let mut seen: BTreeSet<String> = BTreeSet::new();
@@ -340,9 +356,23 @@ pub fn compile_firewalls(
             }
         }
     }
+    let reusable = previous.context == *context;
     compiled.desired.sets = rules_by_namespace
-        .into_iter()
-        .map(|(namespace, rules)| (namespace, compile_firewall(&rules, context)))
+        .iter()
+        .map(|(namespace, rules)| {
+            let kept = previous
+                .rules
+                .get(namespace)
+                .filter(|before| reusable && *before == rules)
+                .and_then(|_| previous.desired.sets.get(namespace));
+            let set = match kept {
+                Some(set) => set.clone(),
+                None => compile_firewall(rules, context),
+            };
+            (namespace.clone(), set)
+        })
         .collect();
+    compiled.rules = rules_by_namespace;
+    compiled.context = context.clone();
     compiled
 }

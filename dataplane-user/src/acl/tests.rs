@@ -7,7 +7,7 @@ use super::{
     firewall::{
         DnsAddresses, EgressFirewall, EgressFirewallDestination, EgressFirewallPort,
         EgressFirewallRule, EgressFirewallSpec, FirewallContext, FirewallError, compile_firewall,
-        compile_firewalls, firewall_rules,
+        compile_firewalls, compile_firewalls_reusing, firewall_rules,
     },
     *,
 };
@@ -499,4 +499,33 @@ fn the_shipped_crd_is_the_one_generated_from_the_type() {
         shipped == generated,
         "{path} is stale: regenerate it with UPDATE_CRDS=1 cargo test -p dataplane-user shipped_crd"
     );
+}
+
+/// A recompile from the last one gives what a fresh compile gives: unchanged namespaces keep
+/// their sets, a changed rule or a changed context is compiled anew.
+#[test]
+fn a_recompile_from_the_last_one_equals_a_fresh_compile() {
+    let dns = DnsAddresses::new();
+    let context = FirewallContext::default();
+    let shop = Arc::new(firewall("shop", vec![rule("Deny", "10.0.0.0/8", &[])]));
+    let bank = Arc::new(firewall("bank", vec![rule("Allow", "192.0.2.0/24", &[])]));
+    let previous = compile_firewalls(&[shop.clone(), bank.clone()], &context, &dns);
+    let changed_bank = Arc::new(firewall("bank", vec![rule("Deny", "192.0.2.0/24", &[])]));
+    let objects = [shop, changed_bank];
+    let again = compile_firewalls_reusing(&objects, &context, &dns, &previous);
+    let fresh = compile_firewalls(&objects, &context, &dns);
+    assert_eq!(again.desired.sets, fresh.desired.sets);
+    assert_eq!(again.desired.sets["shop"], previous.desired.sets["shop"]);
+    assert_ne!(again.desired.sets["bank"], previous.desired.sets["bank"]);
+    // Another context: every namespace compiled against it.
+    let wider = FirewallContext {
+        exempt: vec![net("10.128.0.0/14")],
+        ..FirewallContext::default()
+    };
+    let again = compile_firewalls_reusing(&objects, &wider, &dns, &previous);
+    assert_eq!(
+        again.desired.sets,
+        compile_firewalls(&objects, &wider, &dns).desired.sets
+    );
+    assert_ne!(again.desired.sets["shop"], previous.desired.sets["shop"]);
 }

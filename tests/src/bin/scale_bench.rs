@@ -32,7 +32,7 @@ use dataplane_tests::fixture::Fixture;
 use dataplane_user::{
     acl::{
         self, AclState,
-        firewall::compile_firewalls,
+        firewall::{CompiledFirewalls, compile_firewalls_reusing},
         policy::{PolicyCluster, PolicyPod, PolicySet, namespace_labels, policy_sets},
     },
     lb::LbState,
@@ -249,6 +249,8 @@ struct Agent {
     acl: AclState,
     /// The last compile's policy sets (reused by name, as the firewall agent does).
     policy_sets: BTreeMap<String, PolicySet>,
+    /// The last compile of the firewalls.
+    firewalls: CompiledFirewalls,
 }
 
 /// What one sync took and wrote.
@@ -275,6 +277,7 @@ impl Agent {
             lb: LbState::default(),
             acl: AclState::default(),
             policy_sets: BTreeMap::new(),
+            firewalls: CompiledFirewalls::default(),
         })
     }
 
@@ -470,7 +473,9 @@ impl Agent {
             compiled_policies.errors
         );
         let context = acl::firewall::context(state, &model.view);
-        let mut compiled = compile_firewalls(&firewalls, &context, &Default::default());
+        // As the firewall agent does: unchanged namespaces keep their compiled sets.
+        let mut compiled =
+            compile_firewalls_reusing(&firewalls, &context, &Default::default(), &self.firewalls);
         anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
         compiled.desired.policy_sets = compiled_policies.sets;
         self.policy_sets = compiled.desired.policy_sets.clone();
@@ -478,6 +483,7 @@ impl Agent {
         let stats = self
             .fixture
             .sync_acl(&mut self.acl, &compiled.desired, &pods)?;
+        self.firewalls = compiled;
         Ok(stats.written + stats.deleted)
     }
 }
@@ -597,8 +603,10 @@ fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> 
         let done = started.elapsed();
         lags.extend(arrivals.iter().map(|a| ms(done.saturating_sub(*a))));
     }
-    // A full recompute from the same objects, with every Service compiled anew.
+    // A full recompute from the same objects, everything compiled anew.
     agent.services = ServiceCache::default();
+    agent.firewalls = CompiledFirewalls::default();
+    agent.policy_sets = BTreeMap::new();
     let full = agent.sync(true)?;
     Ok(Stream {
         changes: total,

@@ -25,7 +25,9 @@ use dataplane_tests::fixture::Fixture;
 use dataplane_user::{
     acl::{
         AclPod, AclState,
-        firewall::{FirewallContext, compile_firewalls},
+        firewall::{
+            CompiledFirewalls, FirewallContext, compile_firewalls, compile_firewalls_reusing,
+        },
     },
     lb::{self, LbState},
     source::{ClusterState, ManifestCache, add_documents},
@@ -236,6 +238,8 @@ struct Incremental {
     lb: LbState,
     acl: AclState,
     pods: Vec<AclPod>,
+    /// The last compile of the firewalls.
+    firewalls: CompiledFirewalls,
 }
 
 impl Incremental {
@@ -253,6 +257,7 @@ impl Incremental {
             lb: LbState::default(),
             acl: AclState::default(),
             pods: pods(shape),
+            firewalls: CompiledFirewalls::default(),
         })
     }
 
@@ -288,13 +293,19 @@ impl Incremental {
             step.writes += stats.written + stats.deleted;
         }
         if changes.runs(Stage::AccessControl) {
-            let firewalls =
-                compile_firewalls(&state.egress_firewalls, &context(), &Default::default());
+            // As the firewall agent does: unchanged namespaces keep their compiled sets.
+            let firewalls = compile_firewalls_reusing(
+                &state.egress_firewalls,
+                &context(),
+                &Default::default(),
+                &self.firewalls,
+            );
             anyhow::ensure!(firewalls.errors.is_empty(), "{:?}", firewalls.errors);
             let stats = self
                 .fixture
                 .sync_acl(&mut self.acl, &firewalls.desired, &self.pods)?;
             step.writes += stats.written + stats.deleted;
+            self.firewalls = firewalls;
         }
         step.stages_ms = ms(lap.elapsed());
         step.total_ms = ms(started.elapsed());
