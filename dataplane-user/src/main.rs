@@ -854,18 +854,7 @@ async fn serve(
                     source = cluster.source.describe(),
                     "cluster changed; syncing"
                 );
-                let first_change = cluster.source.take_first_change();
-                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false).await {
-                    Ok(_) => {
-                        if let Some(first) = first_change {
-                            metrics.record_sync_lag(first.elapsed());
-                        }
-                    }
-                    Err(error) => tracing::error!(
-                        error = format!("{error:#}"),
-                        "sync failed; the last good state stays in force"
-                    ),
-                }
+                sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, false).await;
             }
             // What woke the agent changed nothing it reads (its own writes, say): its time
             // is no start of a later change's lag.
@@ -875,18 +864,7 @@ async fn serve(
             // Handled before: it only sets when to look.
             Event::SourceChanged => {}
             Event::FullSync => {
-                let first_change = cluster.source.take_first_change();
-                match sync_and_attach(dataplane, cluster, agent, run_dir, metrics, true).await {
-                    Ok(_) => {
-                        if let Some(first) = first_change {
-                            metrics.record_sync_lag(first.elapsed());
-                        }
-                    }
-                    Err(error) => tracing::error!(
-                        error = format!("{error:#}"),
-                        "full sync failed; the last good state stays in force"
-                    ),
-                }
+                sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, true).await;
             }
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
@@ -894,6 +872,31 @@ async fn serve(
                 }
             }
         }
+    }
+}
+
+/// A sync the serving loop runs (`full`: the periodic full recompute): the source's first
+/// unsynced change starts its lag; a failure is logged and the last good state stays.
+async fn sync_taking_lag(
+    dataplane: &mut Dataplane,
+    cluster: &mut Cluster,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
+    metrics: &Metrics,
+    full: bool,
+) {
+    let first_change = cluster.source.take_first_change();
+    match sync_and_attach(dataplane, cluster, agent, run_dir, metrics, full).await {
+        Ok(_) => {
+            if let Some(first) = first_change {
+                metrics.record_sync_lag(first.elapsed());
+            }
+        }
+        Err(error) => tracing::error!(
+            error = format!("{error:#}"),
+            full,
+            "sync failed; the last good state stays in force"
+        ),
     }
 }
 
