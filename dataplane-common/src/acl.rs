@@ -126,6 +126,27 @@ impl Default for AclLengths {
 pub const ACL_LOG_ALLOW: u8 = 1 << 0;
 pub const ACL_LOG_DENY: u8 = 1 << 1;
 
+/// `AclEndpoint::flags`: the pod's admin policies name wildcard domains, whose addresses
+/// the agent learns from the DNS answers the pod receives: copy them to `ACL_DNS`.
+pub const ACL_ENDPOINT_SNOOP_DNS: u8 = 1 << 0;
+
+/// Bytes of a DNS answer copied to the agent (an answer's A and AAAA records past them are
+/// not seen).
+pub const ACL_DNS_CAPTURE: usize = 1024;
+
+/// One DNS answer delivered to a pod, sent through the `ACL_DNS` ring buffer.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct AclDnsEvent {
+    /// Who sent the answer, as the pod sees it (a DNS Service's address after the
+    /// load-balancer's reverse translation): the agent trusts only DNS servers.
+    pub src: Addr,
+    /// Bytes of `message` copied (the UDP payload, at most `ACL_DNS_CAPTURE`).
+    pub len: u32,
+    pub _pad: u32,
+    pub message: [u8; ACL_DNS_CAPTURE],
+}
+
 /// Which rule sets apply to a local pod (value of `ACL_ENDPOINTS`, keyed by its address).
 /// A set id of zero means none. The set id and its lengths change in one write.
 #[repr(C)]
@@ -135,7 +156,9 @@ pub struct AclEndpoint {
     pub firewall: u32,
     /// `ACL_LOG_*` bits: the namespace's audit logging (`k8s.ovn.org/acl-logging`).
     pub log: u8,
-    pub _reserved: [u8; 3],
+    /// `ACL_ENDPOINT_*` bits.
+    pub flags: u8,
+    pub _reserved: [u8; 2],
     pub firewall_lengths: AclLengths,
     /// The NetworkPolicy sets of the pod (zero: not isolated in that direction). What no rule
     /// of an isolating set allows is denied.

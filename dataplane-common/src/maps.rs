@@ -76,6 +76,11 @@ pub const MAX_ACL_CT_ENTRIES: u32 = 262_144;
 pub const ACL_EVENTS: &str = "DP_ACL_EVENTS";
 /// Bytes of the audit ring buffer (4096 events).
 pub const ACL_EVENTS_BYTES: u32 = 256 * 1024;
+/// Ring buffer of [`crate::acl::AclDnsEvent`]: DNS answers to pods whose admin policies name
+/// wildcard domains.
+pub const ACL_DNS: &str = "DP_ACL_DNS";
+/// Bytes of the DNS ring buffer (about 250 answers).
+pub const ACL_DNS_BYTES: u32 = 256 * 1024;
 /// Array of one [`crate::acl::AclLogConfig`].
 pub const ACL_LOG_CONFIG: &str = "DP_ACL_LOG_CONFIG";
 /// Per-CPU array of one [`crate::acl::AclLogBucket`] (not pinned: rate state only).
@@ -160,6 +165,7 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_NODE_ADDRS,
     ACL_CT,
     ACL_EVENTS,
+    ACL_DNS,
     ACL_LOG_CONFIG,
     EGRESS_PODS,
     EGRESS_IPS,

@@ -21,16 +21,20 @@
     reason = "keys stay in the per-CPU working set"
 )]
 
-use aya_ebpf::{helpers::bpf_ktime_get_ns, programs::TcContext};
+use aya_ebpf::{
+    helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
+    programs::TcContext,
+};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::{
         ACL_CT_CLOSING, ACL_CT_INBOUND, ACL_DIRECTION_EGRESS, ACL_DIRECTION_INGRESS,
-        ACL_ENTRY_FINAL, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_KIND_FIREWALL, ACL_KIND_POLICY,
-        ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS, ACL_NO_LENGTH, ACL_PORT_BUCKET,
-        ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW,
-        ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue, AclCtKey, AclCtValue, AclEndpoint,
-        AclEvent, AclLengths, AclLogBucket, AclPortKey, SERVICE_REPLY_MARK,
+        ACL_DNS_CAPTURE, ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_FAMILY_V4, ACL_FAMILY_V6,
+        ACL_KIND_FIREWALL, ACL_KIND_POLICY, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS,
+        ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT,
+        ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue,
+        AclCtKey, AclCtValue, AclDnsEvent, AclEndpoint, AclEvent, AclLengths, AclLogBucket,
+        AclPortKey, SERVICE_REPLY_MARK,
     },
     lb::{CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP},
     overlay::Addr,
@@ -40,8 +44,8 @@ use crate::{
     clock::now,
     copy::{copy_bytes, set_ipv4_mapped},
     maps::{
-        ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS, ACL_LOG_CONFIG,
-        ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
+        ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_DNS, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS,
+        ACL_LOG_CONFIG, ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
     },
     parse::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
     stage::Stage,
@@ -85,20 +89,27 @@ pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
 /// handed to a local backend by `tc_underlay`). Replies the underlay reverse-NATed pass.
 #[inline(never)]
 pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
-    if skb_mark(ctx) & SERVICE_REPLY_MARK != 0 {
+    let reply = skb_mark(ctx) & SERVICE_REPLY_MARK != 0;
+    // A DNS answer is looked at before anything lets it through: the cluster DNS answers as
+    // a service reply, a node-local resolver from the node's own address.
+    if reply && !(parsed.protocol == IPPROTO_UDP && parsed.src_port == 53u16.to_be_bytes()) {
         return Stage::new(Ok(None));
     }
     let Some(work) = work(ctx, parsed) else {
         return Stage::new(Ok(None));
     };
+    // SAFETY: map values stay valid under RCU for the program's run; only read here.
+    let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
+    snoop_dns(ctx, work, receiver);
+    if reply {
+        return Stage::new(Ok(None));
+    }
     // What the node itself sends (kubelet probes, host-network pods): OVN-Kubernetes lets the
     // node reach its pods whatever their policies.
     // SAFETY: the value is only tested for presence.
     if unsafe { ACL_NODE_ADDRS.get(&work.flow.src) }.is_some() {
         return Stage::new(Ok(None));
     }
-    // SAFETY: map values stay valid under RCU for the program's run; only read here.
-    let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
     if receiver.is_some_and(AclEndpoint::policed) {
         return Stage::new(checked(police(ctx, hook, None, receiver)).map(|()| None));
     }
@@ -109,6 +120,55 @@ pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
         track_inbound(ctx, work);
     }
     Stage::new(Ok(None))
+}
+
+/// Copies a DNS answer (UDP from port 53) to a pod whose admin policies name wildcard
+/// domains to the agent, which learns the names' addresses from it. The packet itself goes
+/// on to be judged as any other; a full ring loses the copy, not the packet.
+#[inline(always)]
+fn snoop_dns(ctx: &TcContext, work: &AclWork, receiver: Option<&AclEndpoint>) {
+    if work.parsed.protocol != IPPROTO_UDP
+        || work.flow.src_port != 53
+        || receiver.is_none_or(|r| r.flags & ACL_ENDPOINT_SNOOP_DNS == 0)
+    {
+        return;
+    }
+    let Some(mut entry) = ACL_DNS.reserve::<AclDnsEvent>(0) else {
+        return;
+    };
+    let event = entry.as_mut_ptr();
+    let payload = work.parsed.l4_offset + 8;
+    // SAFETY: reading a field of our own context.
+    let total = unsafe { (*ctx.skb.skb).len } as usize;
+    let wanted = total.saturating_sub(payload).min(ACL_DNS_CAPTURE) as u32;
+    // SAFETY: `event` points at a reserved, exclusively owned AclDnsEvent in the ring. The
+    // length goes through it (volatile) so that the bounds below stay in the program: the
+    // verifier must see a length it knows to be within 1..=ACL_DNS_CAPTURE.
+    let len = unsafe {
+        (*event).src = work.flow.src;
+        (*event)._pad = 0;
+        core::ptr::write_volatile(&mut (*event).len, wanted);
+        core::ptr::read_volatile(&(*event).len)
+    };
+    if len == 0 || len > ACL_DNS_CAPTURE as u32 {
+        entry.discard(0);
+        return;
+    }
+    // SAFETY: the helper writes `len` bytes into the event's message, which holds
+    // ACL_DNS_CAPTURE.
+    let loaded = unsafe {
+        bpf_skb_load_bytes(
+            ctx.skb.skb as *const _,
+            payload as u32,
+            (*event).message.as_mut_ptr() as *mut core::ffi::c_void,
+            len,
+        )
+    };
+    if loaded != 0 {
+        entry.discard(0);
+        return;
+    }
+    entry.submit(0);
 }
 
 /// Tracks a flow coming in to a pod that is not isolated for ingress (nothing to judge): a
@@ -193,6 +253,7 @@ fn judge_from_pod(ctx: &TcContext, work: &AclWork) -> Result<(), DropReason> {
     let sender = unsafe { ACL_ENDPOINTS.get(&work.flow.src) };
     // SAFETY: as above.
     let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
+    snoop_dns(ctx, work, receiver);
     if sender.is_some_and(AclEndpoint::policed) || receiver.is_some_and(AclEndpoint::policed) {
         checked(police(ctx, Hook::FromPod, sender, receiver))?;
     }

@@ -157,6 +157,11 @@ pub static ACL_CT: LruHashMap<AclCtKey, AclCtValue> = LruHashMap::pinned(MAX_ACL
 pub static ACL_EVENTS: aya_ebpf::maps::RingBuf =
     aya_ebpf::maps::RingBuf::pinned(ACL_EVENTS_BYTES, 0);
 
+/// DNS answers to pods whose admin policies name wildcard domains, for the agent.
+#[map(name = "DP_ACL_DNS")]
+pub static ACL_DNS: aya_ebpf::maps::RingBuf =
+    aya_ebpf::maps::RingBuf::pinned(dataplane_common::maps::ACL_DNS_BYTES, 0);
+
 /// The audit rate limit.
 #[map(name = "DP_ACL_LOG_CONFIG")]
 pub static ACL_LOG_CONFIG: aya_ebpf::maps::Array<AclLogConfig> =

@@ -17,9 +17,13 @@
 //! endpoint entry switches to it (set id and prefix lengths together) in one write, then the
 //! old set is deleted. A packet sees the old rules or the new ones, never a mix.
 
+pub mod admin;
+#[cfg(test)]
+mod admin_tests;
 pub mod agent;
 pub mod audit;
 pub mod dns;
+pub mod explain;
 pub mod firewall;
 pub mod policy;
 #[cfg(test)]
@@ -35,10 +39,10 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     acl::{
-        ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_MAX_LENGTHS,
-        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_VERDICT_ALLOW,
-        ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths,
-        AclLogConfig, AclPortKey, AclVerdict,
+        ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6,
+        ACL_MAX_LENGTHS, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT,
+        ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue,
+        AclEndpoint, AclLengths, AclLogConfig, AclPortKey, AclVerdict,
     },
     maps,
     overlay::Addr,
@@ -71,6 +75,10 @@ const PORT_SPACE_MAX: u32 = (1 << 24) - 1;
 pub enum Verdict {
     Allow,
     Deny,
+    /// Admin policies' `Pass`: the rest of the admin tier is skipped for what the rule
+    /// matches, and the next tier decides. Never reaches the kernel: the painter hands the
+    /// space to the next tier's rules (see [`compile_tiered`]).
+    Pass,
 }
 
 impl Verdict {
@@ -78,6 +86,7 @@ impl Verdict {
         match self {
             Verdict::Allow => ACL_VERDICT_ALLOW,
             Verdict::Deny => ACL_VERDICT_DENY,
+            Verdict::Pass => ACL_VERDICT_NONE,
         }
     }
 }
@@ -258,6 +267,14 @@ impl CompiledSet {
 /// `host_lengths`, the lengths of single addresses (32, 128) are in use even without prefixes
 /// of that length yet, so addresses can be added later without changing the lengths.
 pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
+    compile_tiered(rules, 0, host_lengths)
+}
+
+/// Compiles two tiers of one ordered list: `rules[..first_tier_end]` (which may hold `Pass`
+/// rules) first-match-wins, then, for whatever no rule of the first tier decided or a `Pass`
+/// rule matched, the rest of the list first-match-wins. The kernel still does one lookup
+/// chain: the tiers are resolved here, prefix by prefix and port by port.
+pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool) -> CompiledSet {
     // Rule positions by the prefixes they name.
     let mut by_prefix: HashMap<IpNet, Vec<usize>> = HashMap::new();
     for (position, rule) in rules.iter().enumerate() {
@@ -283,7 +300,7 @@ pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
         // it out.
         let mut covering = covering_rules(&by_prefix, prefix);
         covering.retain(|&position| !rules[position].excepts(&prefix));
-        let painted = first_match(covering.iter().map(|&p| &rules[p]));
+        let painted = first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
         let decision = match painted.as_slice() {
             [] => Decision::Unmatched,
             [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
@@ -462,11 +479,27 @@ fn covering_rules(by_prefix: &HashMap<IpNet, Vec<usize>>, prefix: IpNet) -> Vec<
 }
 
 /// Paints the protocol/port space with `rules` in order: each point takes the outcome of the
-/// first rule that covers it. Adjacent intervals of one outcome are merged.
-fn first_match<'a>(rules: impl Iterator<Item = &'a Rule>) -> Painted {
+/// first rule that covers it. Adjacent intervals of one outcome are merged. Each rule comes
+/// with whether it is of the first tier: where a first-tier `Pass` rule painted, the next
+/// tier's rules paint again, and what is still `Pass` at the end is left unmatched.
+fn first_match<'a>(rules: impl Iterator<Item = (bool, &'a Rule)>) -> Painted {
     // start -> (end, outcome); disjoint.
     let mut painted: BTreeMap<u32, (u32, Outcome)> = BTreeMap::new();
-    for rule in rules {
+    let mut in_first_tier = true;
+    // The space is all painted: the rest of the tier is shadowed.
+    let mut full = false;
+    for (first_tier, rule) in rules {
+        if in_first_tier && !first_tier {
+            in_first_tier = false;
+            painted.retain(|_, (_, outcome)| outcome.verdict != Verdict::Pass);
+            full = false;
+        }
+        if full {
+            if in_first_tier {
+                continue;
+            }
+            break;
+        }
         let outcome = Outcome {
             verdict: rule.verdict,
             rule: rule.index,
@@ -474,8 +507,7 @@ fn first_match<'a>(rules: impl Iterator<Item = &'a Rule>) -> Painted {
         match &rule.ports {
             Ports::Any => {
                 paint_gaps(&mut painted, 0, PORT_SPACE_MAX, outcome);
-                // Nothing is left uncovered: later rules are shadowed.
-                break;
+                full = true;
             }
             Ports::Only(matches) => {
                 for m in matches {
@@ -485,6 +517,7 @@ fn first_match<'a>(rules: impl Iterator<Item = &'a Rule>) -> Painted {
             }
         }
     }
+    painted.retain(|_, (_, outcome)| outcome.verdict != Verdict::Pass);
     let mut merged: Painted = Vec::with_capacity(painted.len());
     for (start, (end, outcome)) in painted {
         match merged.last_mut() {
@@ -855,7 +888,11 @@ impl Dataplane {
             if endpoint.firewall == 0 && !endpoint.policed() {
                 continue;
             }
-            endpoint.log = desired.log.get(&pod.namespace).copied().unwrap_or(0);
+            endpoint.log =
+                desired.log.get(&pod.namespace).copied().unwrap_or(0) | sets.map_or(0, |s| s.log);
+            if sets.is_some_and(|s| s.snoop_dns) {
+                endpoint.flags |= ACL_ENDPOINT_SNOOP_DNS;
+            }
             for address in &pod.addresses {
                 wanted_endpoints.insert(addr16(*address), endpoint);
             }

@@ -50,6 +50,8 @@ pub struct Cluster {
     /// Where the DNS names' last good addresses outlive the agent (`acl::dns::CACHE_FILE`).
     pub dns_cache: PathBuf,
     pub audit_log: PathBuf,
+    /// Where access control describes its policy sets' rules (`inspect`, `trace`).
+    pub acl_rules: PathBuf,
     /// The pod veths named on the command line (`--pod-iface`).
     pub named_ifaces: Vec<String>,
     pub lb: lb::LbState,
@@ -152,14 +154,18 @@ impl Cluster {
             let mut inputs = FirewallInputs {
                 objects: state.egress_firewalls.clone(),
                 policies: state.network_policies.clone(),
+                admin: state.admin_objects(),
+                nodes: acl::admin::admin_nodes(&state.nodes),
                 cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
                 namespaces: state.namespaces.clone(),
                 context: acl::firewall::context(&state, &model.view),
                 pods: acl::pods_of(&model.view),
                 dns_server: self.dns_server,
                 dns_cache: self.dns_cache.clone(),
+                dns_servers: acl::admin::dns_servers(&state),
                 audit: state.policy_audit.clone(),
                 audit_path: self.audit_log.clone(),
+                rules_file: self.acl_rules.clone(),
             };
             inputs.keep_hosted_namespaces();
             match &mut self.firewalls {
@@ -173,9 +179,10 @@ impl Cluster {
             }
         }
         if let Some(firewalls) = &self.firewalls {
-            let (firewalls, policies) = firewalls.rejected();
+            let (firewalls, policies, admin) = firewalls.rejected();
             rejected.push(("egressfirewall", firewalls));
             rejected.push(("networkpolicy", policies));
+            rejected.push(("adminpolicy", admin));
         }
         if changes.runs(Stage::EgressIps) {
             let view = self.model.as_ref().map(|m| m.view.clone());

@@ -29,7 +29,14 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
-use crate::{AgentError, Pins, overlay::ip_of};
+use crate::{
+    AgentError, Pins,
+    acl::{
+        explain::{PolicyMaps, SetRules},
+        policy::Direction,
+    },
+    overlay::ip_of,
+};
 
 /// What `inspect` can show.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -230,7 +237,13 @@ fn verdict(code: u8) -> &'static str {
 }
 
 /// Reads and decodes one table from the pins under `pins`.
-pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
+/// The rows of `table`; `rules` (what the agent wrote of its policy sets, see
+/// [`crate::acl::explain`]) names the policies that decided.
+pub fn read(
+    pins: &Pins,
+    table: Table,
+    rules: &BTreeMap<u32, SetRules>,
+) -> Result<Rows, AgentError> {
     let (columns, mut rows): (Vec<&'static str>, Vec<Vec<Cell>>) = match table {
         Table::Services => {
             let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
@@ -411,57 +424,10 @@ pub fn read(pins: &Pins, table: Table) -> Result<Rows, AgentError> {
             vec!["KIND", "ADDRESS", "EGRESS", "DETAIL"],
             egress_rows(pins)?,
         ),
-        Table::Policy => {
-            let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
-            let mut rows: Vec<Vec<Cell>> = endpoints
-                .iter()
-                .filter(|(_, e)| e.policed())
-                .map(|(a, e)| {
-                    let set = |s: u32| {
-                        if s == 0 {
-                            "-".to_owned()
-                        } else {
-                            s.to_string()
-                        }
-                    };
-                    vec![
-                        format!("pod {}", ip_of(a)).into(),
-                        format!("ingress set {}", set(e.ingress)).into(),
-                        format!("egress set {}", set(e.egress)).into(),
-                        "".into(),
-                    ]
-                })
-                .collect();
-            for (k, v) in hash::<AclCtKey, AclCtValue>(pins, maps::ACL_CT, true)? {
-                let port = |p: u16| p.to_be_bytes();
-                rows.push(vec![
-                    "allowed flow".into(),
-                    format!(
-                        "{} -> {}",
-                        endpoint(&k.src, port(k.src_port)),
-                        endpoint(&k.dst, port(k.dst_port))
-                    )
-                    .into(),
-                    protocol(k.protocol).into(),
-                    format!(
-                        "last seen {} s{}{}",
-                        v.last_seen,
-                        if v.flags & ACL_CT_INBOUND != 0 {
-                            ", inbound"
-                        } else {
-                            ""
-                        },
-                        if v.flags & ACL_CT_CLOSING != 0 {
-                            ", closing"
-                        } else {
-                            ""
-                        }
-                    )
-                    .into(),
-                ]);
-            }
-            (vec!["WHAT", "WHO", "DETAIL", "STATE"], rows)
-        }
+        Table::Policy => (
+            vec!["WHAT", "WHO", "DETAIL", "STATE", "DECIDED_BY"],
+            policy_rows(pins, rules)?,
+        ),
     };
     rows.sort();
     Ok(Rows { columns, rows })
@@ -609,6 +575,91 @@ pub fn render(rows: &Rows) -> String {
         line(row.iter().map(String::as_str).collect(), &mut out);
     }
     out
+}
+
+/// Local pods' policy sets (which tiers and objects each holds) and the allowed flows with
+/// the decisions that let them through: WHAT, WHO, DETAIL, STATE, DECIDED_BY.
+fn policy_rows(pins: &Pins, rules: &BTreeMap<u32, SetRules>) -> Result<Vec<Vec<Cell>>, AgentError> {
+    let endpoints = hash::<Addr, AclEndpoint>(pins, maps::ACL_ENDPOINTS, false)?;
+    let set = |s: u32| {
+        if s == 0 {
+            "-".to_owned()
+        } else {
+            s.to_string()
+        }
+    };
+    let mut rows: Vec<Vec<Cell>> = Vec::new();
+    let mut sets = BTreeSet::new();
+    for (address, endpoint) in endpoints.iter().filter(|(_, e)| e.policed()) {
+        rows.push(vec![
+            format!("pod {}", ip_of(address)).into(),
+            format!("ingress set {}", set(endpoint.ingress)).into(),
+            format!("egress set {}", set(endpoint.egress)).into(),
+            "".into(),
+            "".into(),
+        ]);
+        sets.extend(
+            [endpoint.ingress, endpoint.egress]
+                .into_iter()
+                .filter(|s| *s != 0),
+        );
+    }
+    for id in sets {
+        let (who, objects, count) = match rules.get(&id) {
+            Some(described) => (
+                format!("{} {}", described.namespace, described.direction),
+                described.objects.join("; "),
+                format!("{} rules", described.rules.len()),
+            ),
+            None => ("".to_owned(), "(not described)".to_owned(), "".to_owned()),
+        };
+        rows.push(vec![
+            format!("policy set {id}").into(),
+            who.into(),
+            objects.into(),
+            count.into(),
+            "".into(),
+        ]);
+    }
+    let decisions = PolicyMaps::open(pins)?;
+    for (k, v) in hash::<AclCtKey, AclCtValue>(pins, maps::ACL_CT, true)? {
+        let port = |p: u16| p.to_be_bytes();
+        let (src, dst) = (ip_of(&k.src), ip_of(&k.dst));
+        let mut decided = Vec::new();
+        if let Some(d) = decisions.decide(src, Direction::Egress, dst, k.protocol, k.dst_port) {
+            decided.push(format!("egress: {}", d.describe(rules)));
+        }
+        if let Some(d) = decisions.decide(dst, Direction::Ingress, src, k.protocol, k.dst_port) {
+            decided.push(format!("ingress: {}", d.describe(rules)));
+        }
+        rows.push(vec![
+            "allowed flow".into(),
+            format!(
+                "{} -> {}",
+                endpoint(&k.src, port(k.src_port)),
+                endpoint(&k.dst, port(k.dst_port))
+            )
+            .into(),
+            protocol(k.protocol).into(),
+            format!(
+                "last seen {} s{}{}",
+                v.last_seen,
+                if v.flags & ACL_CT_INBOUND != 0 {
+                    ", inbound"
+                } else {
+                    ""
+                },
+                if v.flags & ACL_CT_CLOSING != 0 {
+                    ", closing"
+                } else {
+                    ""
+                }
+            )
+            .into(),
+            decided.join("; ").into(),
+        ]);
+    }
+    Ok(rows)
 }
 
 #[cfg(test)]

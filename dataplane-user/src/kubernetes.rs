@@ -80,6 +80,27 @@ pub const WATCHED: &[Watched] = &[
         optional: true,
     },
     Watched {
+        group: "policy.networking.k8s.io",
+        version: "v1alpha1",
+        kind: "AdminNetworkPolicy",
+        plural: "adminnetworkpolicies",
+        optional: true,
+    },
+    Watched {
+        group: "policy.networking.k8s.io",
+        version: "v1alpha1",
+        kind: "BaselineAdminNetworkPolicy",
+        plural: "baselineadminnetworkpolicies",
+        optional: true,
+    },
+    Watched {
+        group: "policy.networking.k8s.io",
+        version: "v1alpha2",
+        kind: "ClusterNetworkPolicy",
+        plural: "clusternetworkpolicies",
+        optional: true,
+    },
+    Watched {
         group: "operator.openshift.io",
         version: "v1",
         kind: "Network",

@@ -340,7 +340,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Inspect { table, json } => {
-            let rows = inspect::read(&pins, table)?;
+            let rows = inspect::read(&pins, table, &acl::explain::read(&cli.run_dir))?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows.to_json())?);
             } else {
@@ -373,6 +373,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     source_port,
                     port,
                 },
+                &acl::explain::read(&cli.run_dir),
             )?;
             if json {
                 println!("{}", serde_json::to_string_pretty(&report)?);
@@ -537,6 +538,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             dns_server: args.dns_server,
             dns_cache: run_dir.join(acl::dns::CACHE_FILE),
             audit_log: args.audit_log.clone(),
+            acl_rules: run_dir.join(acl::explain::RULES_FILE),
             named_ifaces: args.pod_ifaces.clone(),
             lb: lb::LbState::default(),
             firewalls: None,

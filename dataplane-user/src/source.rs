@@ -24,7 +24,13 @@ use k8s_openapi::api::{
 use serde::Deserialize;
 
 use crate::{
-    acl::{audit::PolicyAuditConfig, firewall::EgressFirewall},
+    acl::{
+        admin::{
+            AdminNetworkPolicy, AdminObjects, BaselineAdminNetworkPolicy, ClusterNetworkPolicy,
+        },
+        audit::PolicyAuditConfig,
+        firewall::EgressFirewall,
+    },
     egressip::{self, EgressIP},
     hybrid::{HybridOverlayConfig, HybridSettings},
     overlay::OvnKubernetesConfig,
@@ -46,6 +52,11 @@ pub struct ClusterState {
     pub egress_firewalls: Vec<Arc<EgressFirewall>>,
     /// Validated EgressIPs: their status says which node holds each address.
     pub egress_ips: Vec<Arc<EgressIP>>,
+    /// Cluster-wide admin policies (validated by access control, which keeps an invalid
+    /// one's last good version).
+    pub admin_network_policies: Vec<Arc<AdminNetworkPolicy>>,
+    pub baseline_admin_network_policies: Vec<Arc<BaselineAdminNetworkPolicy>>,
+    pub cluster_network_policies: Vec<Arc<ClusterNetworkPolicy>>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -282,6 +293,15 @@ impl ObjectCache {
 }
 
 impl ClusterState {
+    /// The cluster-wide admin policies, as access control takes them.
+    pub fn admin_objects(&self) -> AdminObjects {
+        AdminObjects {
+            admin: self.admin_network_policies.clone(),
+            baseline: self.baseline_admin_network_policies.clone(),
+            cluster: self.cluster_network_policies.clone(),
+        }
+    }
+
     /// Adds what `later` holds, as if its documents came after this state's: objects are
     /// appended, and a `Network` in it replaces this one's settings.
     pub fn absorb(&mut self, later: &ClusterState) {
@@ -296,6 +316,12 @@ impl ClusterState {
         self.egress_firewalls
             .extend(later.egress_firewalls.iter().cloned());
         self.egress_ips.extend(later.egress_ips.iter().cloned());
+        self.admin_network_policies
+            .extend(later.admin_network_policies.iter().cloned());
+        self.baseline_admin_network_policies
+            .extend(later.baseline_admin_network_policies.iter().cloned());
+        self.cluster_network_policies
+            .extend(later.cluster_network_policies.iter().cloned());
         if later.network.is_some() {
             self.network = later.network;
             self.cluster_networks = later.cluster_networks.clone();
@@ -390,6 +416,24 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
                         .get_or_insert_with(|| "default".into());
                     state.egress_firewalls.push(Arc::new(firewall));
                 }
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy") => {
+            match serde_yaml::from_value::<AdminNetworkPolicy>(value) {
+                Ok(policy) => state.admin_network_policies.push(Arc::new(policy)),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => {
+            match serde_yaml::from_value::<BaselineAdminNetworkPolicy>(value) {
+                Ok(policy) => state.baseline_admin_network_policies.push(Arc::new(policy)),
+                Err(e) => reject(state, e.to_string()),
+            }
+        }
+        ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
+            match serde_yaml::from_value::<ClusterNetworkPolicy>(value) {
+                Ok(policy) => state.cluster_network_policies.push(Arc::new(policy)),
                 Err(e) => reject(state, e.to_string()),
             }
         }

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod, Network | the node's view is rebuilt; the maps are written where they differ |
 //! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; the maps are written where they differ |
-//! | access control (NetworkPolicy, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
+//! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod, EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
 //!
 //! "Network" stands for the operator's `Network` named `cluster` (MTU, Geneve port, cluster
@@ -39,6 +39,8 @@ pub enum Kind {
     NetworkPolicy,
     EgressFirewall,
     EgressIP,
+    /// AdminNetworkPolicy, BaselineAdminNetworkPolicy and ClusterNetworkPolicy.
+    AdminPolicy,
     /// The operator's `Network` named `cluster`.
     Network,
 }
@@ -76,6 +78,7 @@ pub const READS: [(Stage, &[Kind]); 4] = [
             Kind::Pod,
             Kind::NetworkPolicy,
             Kind::EgressFirewall,
+            Kind::AdminPolicy,
             Kind::Network,
         ],
     ),
@@ -136,6 +139,15 @@ impl Changes {
         note(
             Kind::EgressIP,
             same_objects(&old.egress_ips, &new.egress_ips),
+        );
+        note(
+            Kind::AdminPolicy,
+            same_objects(&old.admin_network_policies, &new.admin_network_policies)
+                && same_objects(
+                    &old.baseline_admin_network_policies,
+                    &new.baseline_admin_network_policies,
+                )
+                && same_objects(&old.cluster_network_policies, &new.cluster_network_policies),
         );
         note(Kind::Network, same_network(old, new));
         let services = changed_services(&old.services, &new.services);

@@ -11,7 +11,7 @@
 //! service flow got, policy flows, an egress flow's address and translation), the verdict, and the packet as it left.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     os::fd::{AsFd as _, AsRawFd as _},
     path::Path,
@@ -27,6 +27,10 @@ use serde::Serialize;
 
 use crate::{
     AgentError, Dataplane, Pins,
+    acl::{
+        explain::{PolicyMaps, SetRules},
+        policy::Direction,
+    },
     inspect::{self, Table},
     netdev,
     overlay::addr16,
@@ -61,6 +65,13 @@ pub struct Report {
     /// Entries the run created in the conntrack, affinity, policy and egress IP tables (an
     /// egress flow's chosen address and its translation).
     pub created: Vec<Created>,
+    /// What access control decided for the flow, by the live policy sets: the sender's
+    /// egress and the receiver's ingress (local pods judged in that direction only), naming
+    /// the tier, policy and rule that decided.
+    pub policy: Vec<String>,
+    /// The packet sent in and the last program's output.
+    #[serde(skip)]
+    frames: (Vec<u8>, Vec<u8>),
 }
 
 #[derive(Debug, Serialize)]
@@ -79,11 +90,22 @@ pub struct Created {
 }
 
 /// Maps not copied: counters (zero, to show this run's own), the layout stamp the loader
-/// writes, and the audit ring.
-const NOT_COPIED: &[&str] = &[maps::DROPS, maps::PACKETS, maps::META, maps::ACL_EVENTS];
+/// writes, and the audit and DNS answer rings.
+const NOT_COPIED: &[&str] = &[
+    maps::DROPS,
+    maps::PACKETS,
+    maps::META,
+    maps::ACL_EVENTS,
+    maps::ACL_DNS,
+];
 
-/// Runs `packet` through copies of the programs and maps pinned under `live`.
-pub fn trace(live: &Pins, packet: &Described) -> Result<Report, AgentError> {
+/// Runs `packet` through copies of the programs and maps pinned under `live`; `rules` (what
+/// the agent wrote of its policy sets) names the policies that decide.
+pub fn trace(
+    live: &Pins,
+    packet: &Described,
+    rules: &BTreeMap<u32, SetRules>,
+) -> Result<Report, AgentError> {
     if !live.map(maps::META).exists() {
         return Err(AgentError::Trace(format!(
             "no dataplane pinned under {}: start the agent first",
@@ -94,7 +116,10 @@ pub fn trace(live: &Pins, packet: &Described) -> Result<Report, AgentError> {
         live.root()
             .with_file_name(format!("dataplane-trace-{}", std::process::id())),
     );
-    let result = trace_in(live, &private, packet);
+    let result = trace_in(live, &private, packet).and_then(|mut report| {
+        report.policy = policy_decisions(live, &report, rules)?;
+        Ok(report)
+    });
     if let Err(error) = private.remove_all() {
         tracing::warn!(%error, "removing the trace's private pins");
     }
@@ -110,6 +135,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
     let frame = build_frame(packet, local.as_ref())?;
     let before = stateful_rows(live)?;
     let mut steps = Vec::new();
+    let mut last_output = frame.clone();
     let entry = if let Some(pod) = &local {
         // Run on the pod's own veth: port security checks the sender against the record of
         // the interface the frame came in on.
@@ -120,6 +146,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
             tc_verdict(outcome.action),
             &outcome.output,
         )?);
+        last_output = outcome.output;
         "from_pod"
     } else {
         let outcome = copy.run_xdp(PROG_UNDERLAY, &frame, 1)?;
@@ -130,6 +157,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
             xdp_verdict(outcome.action),
             &outcome.output,
         )?);
+        last_output.clone_from(&outcome.output);
         if passed {
             let outcome = copy.run_tc(PROG_UNDERLAY_TC, &outcome.output, 1)?;
             steps.push(step(
@@ -138,6 +166,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
                 tc_verdict(outcome.action),
                 &outcome.output,
             )?);
+            last_output = outcome.output;
         }
         "underlay"
     };
@@ -152,7 +181,64 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
         input: describe_frame(&frame),
         steps,
         created,
+        policy: Vec::new(),
+        frames: (frame, last_output),
     })
+}
+
+/// The policy decisions for the traced flow: from the input packet's source to the last
+/// output's destination (after any load-balancing; inside a Geneve packet, the inner one).
+fn policy_decisions(
+    live: &Pins,
+    report: &Report,
+    rules: &BTreeMap<u32, SetRules>,
+) -> Result<Vec<String>, AgentError> {
+    let (input, output) = &report.frames;
+    let (Some(sent), Some(left)) = (flow_of(input), flow_of(output)) else {
+        return Ok(Vec::new());
+    };
+    let maps = PolicyMaps::open(live)?;
+    let (src, dst, protocol, port) = (sent.0, left.1, left.2, left.3);
+    let mut out = Vec::new();
+    for (pod, direction, peer, what) in [
+        (src, Direction::Egress, dst, "egress"),
+        (dst, Direction::Ingress, src, "ingress"),
+    ] {
+        if let Some(decided) = maps.decide(pod, direction, peer, protocol, port) {
+            out.push(format!("{what} of {pod}: {}", decided.describe(rules)));
+        }
+    }
+    Ok(out)
+}
+
+/// Source, destination, IP protocol and destination port of a frame's IP packet (the inner
+/// one of a Geneve packet).
+fn flow_of(frame: &[u8]) -> Option<(IpAddr, IpAddr, u8, u16)> {
+    let packet = SlicedPacket::from_ethernet(frame).ok()?;
+    if let Some(TransportSlice::Udp(udp)) = &packet.transport
+        && let Some((_, inner)) = geneve_inner(udp.payload())
+    {
+        return flow_of(inner);
+    }
+    let (src, dst, protocol): (IpAddr, IpAddr, u8) = match &packet.net {
+        Some(NetSlice::Ipv4(ip)) => (
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+            ip.header().protocol().0,
+        ),
+        Some(NetSlice::Ipv6(ip)) => (
+            ip.header().source_addr().into(),
+            ip.header().destination_addr().into(),
+            ip.payload().ip_number.0,
+        ),
+        _ => return None,
+    };
+    let port = match &packet.transport {
+        Some(TransportSlice::Tcp(tcp)) => tcp.destination_port(),
+        Some(TransportSlice::Udp(udp)) => udp.destination_port(),
+        _ => 0,
+    };
+    Some((src, dst, protocol, port))
 }
 
 /// One program's step: its verdict, the counters of the private copy (cumulative over the
@@ -196,7 +282,7 @@ fn stateful_rows(pins: &Pins) -> Result<BTreeSet<(&'static str, String)>, AgentE
         ("policy", Table::Policy),
         ("egressip", Table::Egressip),
     ] {
-        for row in inspect::read(pins, table)?.rows {
+        for row in inspect::read(pins, table, &BTreeMap::new())?.rows {
             let cells: Vec<String> = row.iter().map(ToString::to_string).collect();
             rows.insert((name, cells.join(" ")));
         }
@@ -370,6 +456,12 @@ pub fn render(report: &Report) -> String {
             out.push_str(&format!("  - {decision}\n"));
         }
         out.push_str(&format!("  out: {}\n", step.output));
+    }
+    if !report.policy.is_empty() {
+        out.push_str("\npolicy:\n");
+        for decision in &report.policy {
+            out.push_str(&format!("  {decision}\n"));
+        }
     }
     if !report.created.is_empty() {
         out.push_str("\ncreated (in the copies only):\n");

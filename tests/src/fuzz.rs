@@ -449,6 +449,7 @@ fn cluster() -> anyhow::Result<Bed> {
         &cluster,
         &local,
         &Default::default(),
+        &Default::default(),
     );
     ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
     desired = DesiredFirewalls {

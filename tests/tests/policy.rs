@@ -77,7 +77,13 @@ fn installed() -> (Fixture, AclState) {
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
-    let compiled = policy_sets(&policies, &cluster, &local, &Default::default());
+    let compiled = policy_sets(
+        &policies,
+        &cluster,
+        &local,
+        &Default::default(),
+        &Default::default(),
+    );
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
     let desired = DesiredFirewalls {
         policy_sets: compiled.sets,

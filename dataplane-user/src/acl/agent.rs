@@ -13,7 +13,7 @@ use std::{
 
 use aya::maps::{Map, MapData, RingBuf};
 use dataplane_common::{
-    acl::{ACL_KIND_POLICY, ACL_VERDICT_DENY, AclEvent},
+    acl::{ACL_KIND_POLICY, ACL_VERDICT_DENY, AclDnsEvent, AclEvent},
     maps,
 };
 use k8s_openapi::api::{core::v1::Namespace, networking::v1::NetworkPolicy};
@@ -21,10 +21,11 @@ use tokio::io::{Interest, unix::AsyncFd};
 
 use super::{
     AclPod, AclState, AclSyncStats,
+    admin::{self, AdminNode, AdminObjects, AdminPolicies, AdminPolicy, ObjectKey},
     audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
-    dns::{self, DnsNames, Resolver},
+    dns::{self, DnsNames, Resolver, Snooped},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls_reusing},
-    policy::{Direction, PolicyCluster, PolicyPod, namespace_labels, policy_sets},
+    policy::{Direction, PolicyCluster, PolicyKind, PolicyPod, namespace_labels, policy_sets},
 };
 use crate::{AgentError, Dataplane};
 
@@ -36,6 +37,10 @@ const FIRST_RESOLUTION_BUDGET: Duration = Duration::from_secs(5);
 pub struct FirewallInputs {
     pub objects: Vec<Arc<EgressFirewall>>,
     pub policies: Vec<Arc<NetworkPolicy>>,
+    /// AdminNetworkPolicies, the BaselineAdminNetworkPolicy, ClusterNetworkPolicies.
+    pub admin: AdminObjects,
+    /// Every node, as admin policies' `nodes` peers.
+    pub nodes: Vec<AdminNode>,
     /// Every pod of the cluster, as policy peers.
     pub cluster_pods: Vec<PolicyPod>,
     pub namespaces: Vec<Arc<Namespace>>,
@@ -44,9 +49,13 @@ pub struct FirewallInputs {
     pub dns_server: Option<IpAddr>,
     /// The file the names' last good addresses are kept in across agent restarts.
     pub dns_cache: PathBuf,
+    /// The cluster DNS Service's addresses and endpoints (see [`admin::dns_servers`]).
+    pub dns_servers: BTreeSet<IpAddr>,
     pub audit: PolicyAuditConfig,
     /// The audit log file.
     pub audit_path: PathBuf,
+    /// Where what each policy set's rules stand for is written (see [`super::explain`]).
+    pub rules_file: PathBuf,
 }
 
 impl FirewallInputs {
@@ -70,6 +79,13 @@ impl FirewallInputs {
 pub struct FirewallAgent {
     objects: Vec<Arc<EgressFirewall>>,
     policies: Vec<Arc<NetworkPolicy>>,
+    /// The admin policies in force (validated, ordered; their domains' addresses filled in
+    /// at each compile).
+    admin: AdminPolicies,
+    /// The last good version of each admin policy object.
+    admin_last_good: BTreeMap<ObjectKey, AdminPolicy>,
+    /// Admin policy objects rejected by the last validation.
+    admin_errors: Vec<String>,
     cluster_pods: Vec<PolicyPod>,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Policy errors of the last compile (logged once).
@@ -81,10 +97,17 @@ pub struct FirewallAgent {
     state: AclState,
     names: DnsNames,
     dns_cache: PathBuf,
+    rules_file: PathBuf,
     resolver: Option<Resolver>,
     compiled: CompiledFirewalls,
     audit: Option<AuditLog>,
     events: Option<AsyncFd<RingBuf<MapData>>>,
+    /// Wildcard names' addresses learned from DNS answers, and the ring the kernel copies
+    /// those answers to.
+    snooped: Snooped,
+    dns_answers: Option<AsyncFd<RingBuf<MapData>>>,
+    /// Where DNS answers are trusted from (the cluster DNS Service and its endpoints).
+    dns_servers: BTreeSet<IpAddr>,
 }
 
 /// What [`FirewallAgent::update`] did.
@@ -99,12 +122,72 @@ pub struct Updated {
 pub enum Wake {
     Refresh,
     Events,
+    DnsAnswers,
 }
 
 impl FirewallAgent {
-    /// How many EgressFirewalls and NetworkPolicies the last compile rejected.
-    pub fn rejected(&self) -> (usize, usize) {
-        (self.compiled.errors.len(), self.policy_errors.len())
+    /// How many EgressFirewalls, NetworkPolicies and admin policies the last compile
+    /// rejected.
+    pub fn rejected(&self) -> (usize, usize, usize) {
+        (
+            self.compiled.errors.len(),
+            self.policy_errors.len(),
+            self.admin_errors.len(),
+        )
+    }
+
+    /// Validates the admin policy objects (an invalid one keeps its last good version) and
+    /// logs what was rejected or is ambiguous.
+    fn take_admin(&mut self, objects: &AdminObjects, nodes: Vec<AdminNode>) {
+        let validated = admin::validate_all(objects, &mut self.admin_last_good);
+        for error in &validated.errors {
+            tracing::warn!(%error, "admin network policy rejected");
+        }
+        for warning in &validated.warnings {
+            tracing::warn!(%warning, "admin network policy");
+        }
+        self.admin = validated.policies;
+        self.admin.nodes = nodes;
+        self.admin_errors = validated.errors;
+    }
+
+    /// Writes what the installed policy sets' rules stand for, for `inspect` and `trace`.
+    fn describe_sets(&self) {
+        let rules = super::explain::set_rules(&self.state);
+        if let Err(error) = super::explain::write(&self.rules_file, &rules) {
+            tracing::warn!(path = %self.rules_file.display(), %error, "writing the policy rule names");
+        }
+    }
+
+    /// Whether a namespace or an admin policy asks for audit records.
+    fn wants_audit(&self) -> bool {
+        !self.levels.is_empty()
+            || self
+                .admin
+                .admin
+                .iter()
+                .chain(&self.admin.baseline)
+                .any(|p| p.log.is_some())
+    }
+
+    /// Every DNS name the firewalls and the admin policies of this node's pods use.
+    fn wanted_names(&self) -> BTreeSet<String> {
+        let mut names = self.compiled.all_names();
+        names.extend(self.admin_names().0);
+        names
+    }
+
+    /// The `domainNames` of the admin policies that apply to a pod of this node: the names
+    /// to resolve and the wildcard patterns to learn from DNS answers.
+    fn admin_names(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
+        let local: BTreeSet<String> = self.pods.iter().map(AclPod::key).collect();
+        let local: Vec<&PolicyPod> = self
+            .cluster_pods
+            .iter()
+            .filter(|p| local.contains(&p.key()))
+            .collect();
+        admin::domain_names(&self.admin, &cluster, &local)
     }
 
     /// Compiles the firewalls, resolves their DNS names (within `FIRST_RESOLUTION_BUDGET`),
@@ -120,6 +203,9 @@ impl FirewallAgent {
         let mut agent = Self {
             objects: inputs.objects,
             policies: inputs.policies,
+            admin: AdminPolicies::default(),
+            admin_last_good: BTreeMap::new(),
+            admin_errors: Vec::new(),
             cluster_pods: inputs.cluster_pods,
             namespace_labels: namespace_labels(&inputs.namespaces),
             policy_errors: Vec::new(),
@@ -129,11 +215,16 @@ impl FirewallAgent {
             state: AclState::default(),
             names: DnsNames::default(),
             dns_cache: inputs.dns_cache.clone(),
+            rules_file: inputs.rules_file.clone(),
             resolver: None,
             compiled: CompiledFirewalls::default(),
             audit: None,
             events: None,
+            snooped: Snooped::default(),
+            dns_answers: None,
+            dns_servers: inputs.dns_servers.clone(),
         };
+        agent.take_admin(&inputs.admin, inputs.nodes);
         agent.compile();
         for error in &agent.compiled.errors {
             tracing::warn!(%error, "egress firewall");
@@ -141,7 +232,7 @@ impl FirewallAgent {
         for error in &agent.policy_errors {
             tracing::warn!(%error, "network policy");
         }
-        let wanted = agent.compiled.all_names();
+        let wanted = agent.wanted_names();
         agent.names.track(&wanted, Instant::now());
         // What a previous agent last resolved stays in force until a lookup answers: a restart
         // while DNS fails must not take addresses away from the rules.
@@ -161,11 +252,14 @@ impl FirewallAgent {
         }
         agent.compile();
         agent.open_audit(dataplane, &inputs.audit, &inputs.audit_path)?;
+        agent.dns_answers = open_ring(dataplane, maps::ACL_DNS)?;
         dataplane.adopt_acl(&mut agent.state, &agent.pods)?;
         let stats = dataplane.sync_acl(&mut agent.state, &agent.compiled.desired, &agent.pods)?;
+        agent.describe_sets();
         tracing::info!(
             sets = stats.sets,
             network_policies = agent.policies.len(),
+            admin_policies = agent.admin.admin.len() + agent.admin.baseline.len(),
             isolated_pods = agent.compiled.desired.pod_policies.len(),
             dns_names = wanted.len(),
             audited_namespaces = agent.levels.len(),
@@ -188,6 +282,8 @@ impl FirewallAgent {
             &self.names.addresses(),
             &previous,
         );
+        self.admin.domains = self.names.addresses();
+        self.admin.domains.extend(self.snooped.addresses());
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
         let policies = policy_sets(
@@ -195,6 +291,7 @@ impl FirewallAgent {
             &cluster,
             &local,
             &previous.desired.policy_sets,
+            &self.admin,
         );
         self.compiled.desired.policy_sets = policies.sets;
         self.compiled.desired.pod_policies = policies.pods;
@@ -221,7 +318,7 @@ impl FirewallAgent {
                 .expect("the defaults are valid")
         });
         dataplane.set_audit_rate(settings.rate_limit)?;
-        if self.levels.is_empty() {
+        if !self.wants_audit() {
             return Ok(());
         }
         match AuditLog::open(settings, path) {
@@ -231,28 +328,7 @@ impl FirewallAgent {
                 return Ok(());
             }
         }
-        let pin = dataplane.pins().map(maps::ACL_EVENTS);
-        let ring = MapData::from_pin(&pin)
-            .map_err(|e| AgentError::Map {
-                name: maps::ACL_EVENTS.into(),
-                action: "open pin",
-                source: e,
-            })
-            .and_then(|data| {
-                RingBuf::try_from(Map::RingBuf(data)).map_err(|source| AgentError::Map {
-                    name: maps::ACL_EVENTS.into(),
-                    action: "open",
-                    source,
-                })
-            })?;
-        // SAFETY: the ring buffer owns its map's descriptor, which stays open and the same
-        // for as long as the ring (moved into the AsyncFd) lives.
-        match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
-            Ok(fd) => self.events = Some(fd),
-            Err(error) => {
-                tracing::warn!(%error, "audit ring buffer not pollable; no audit records");
-            }
-        }
+        self.events = open_ring(dataplane, maps::ACL_EVENTS)?;
         tracing::info!(path = %path.display(), "audit log open");
         Ok(())
     }
@@ -266,18 +342,10 @@ impl FirewallAgent {
                 None => std::future::pending().await,
             }
         };
-        let events = async {
-            match &self.events {
-                Some(fd) => match fd.readable().await {
-                    Ok(mut guard) => guard.clear_ready(),
-                    Err(_) => std::future::pending().await,
-                },
-                None => std::future::pending().await,
-            }
-        };
         tokio::select! {
             () = refresh => Wake::Refresh,
-            () = events => Wake::Events,
+            () = readable(self.events.as_ref()) => Wake::Events,
+            () = readable(self.dns_answers.as_ref()) => Wake::DnsAnswers,
         }
     }
 
@@ -293,6 +361,7 @@ impl FirewallAgent {
                 self.drain_events();
                 Ok(())
             }
+            Wake::DnsAnswers => self.learn_dns_answers(dataplane),
         }
     }
 
@@ -315,9 +384,15 @@ impl FirewallAgent {
         self.namespace_labels = namespace_labels(&inputs.namespaces);
         self.context = inputs.context;
         self.pods = inputs.pods;
+        self.dns_servers = inputs.dns_servers;
         self.levels = levels.into_iter().collect();
+        self.take_admin(&inputs.admin, inputs.nodes);
+        if self.audit.is_none() && self.wants_audit() {
+            // The first namespace or admin policy asking for records since the start.
+            self.open_audit(dataplane, &inputs.audit, &inputs.audit_path)?;
+        }
         self.compile();
-        let wanted = self.compiled.all_names();
+        let wanted = self.wanted_names();
         self.names.track(&wanted, Instant::now());
         if !wanted.is_empty() && self.resolver.is_none() {
             match Resolver::new(inputs.dns_server) {
@@ -340,6 +415,7 @@ impl FirewallAgent {
             tracing::warn!(%error, "access control");
         }
         let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        self.describe_sets();
         tracing::info!(
             sets = stats.sets,
             isolated_pods = self.compiled.desired.pod_policies.len(),
@@ -350,10 +426,60 @@ impl FirewallAgent {
         Ok(Updated { stats, dns_changed })
     }
 
-    /// When a DNS name is next due for a refresh.
+    /// When a DNS name is next due for a refresh, or a learned address expires.
     fn next_refresh(&self) -> Option<Instant> {
-        self.resolver.as_ref()?;
-        self.names.next_refresh()
+        let resolved = self.resolver.as_ref().and(self.names.next_refresh());
+        [resolved, self.snooped.next_expiry()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Learns wildcard names' addresses from the DNS answers the kernel copied (those from
+    /// a trusted DNS server only); switches in the sets that use new ones.
+    fn learn_dns_answers(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+        let patterns = self.admin_names().1;
+        let mut trusted = self.dns_servers.clone();
+        trusted.extend(self.context.node_addresses.iter().copied());
+        let Some(fd) = self.dns_answers.as_mut() else {
+            return Ok(());
+        };
+        let ring = fd.get_mut();
+        let now = Instant::now();
+        let (mut learned, mut untrusted) = (false, 0usize);
+        while let Some(item) = ring.next() {
+            if item.len() < std::mem::size_of::<AclDnsEvent>() {
+                continue;
+            }
+            // SAFETY: the kernel wrote an AclDnsEvent (plain data) of at least this size.
+            let event: AclDnsEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
+            drop(item);
+            if !trusted.contains(&crate::overlay::ip_of(&event.src)) {
+                untrusted += 1;
+                continue;
+            }
+            let len = (event.len as usize).min(event.message.len());
+            learned |= self.snooped.learn(&event.message[..len], &patterns, now);
+        }
+        if untrusted > 0 {
+            tracing::warn!(
+                answers = untrusted,
+                "DNS answers to pods from addresses that are no cluster DNS server ignored"
+            );
+        }
+        if !learned {
+            return Ok(());
+        }
+        self.compile();
+        let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        self.describe_sets();
+        tracing::info!(
+            learned = ?self.snooped.addresses(),
+            written = stats.written,
+            deleted = stats.deleted,
+            "wildcard domain names learned new addresses; access control updated"
+        );
+        Ok(())
     }
 
     /// Writes every record waiting in the ring buffer.
@@ -369,10 +495,14 @@ impl FirewallAgent {
             // SAFETY: the kernel wrote an AclEvent (plain data) of at least this size.
             let event: AclEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             drop(item);
-            let Some((namespace, acl_name)) = describe(&self.state, &event) else {
+            let Some(described) = describe(&self.state, &event) else {
                 continue;
             };
-            let Some(levels) = self.levels.get(&namespace) else {
+            let levels = match &described.admin {
+                Some((kind, name)) => admin_logging(&self.admin, *kind, name),
+                None => self.levels.get(&described.namespace).copied(),
+            };
+            let Some(levels) = levels else {
                 continue;
             };
             let severity = if event.verdict == ACL_VERDICT_DENY {
@@ -382,9 +512,10 @@ impl FirewallAgent {
             };
             let Some(severity) = severity else { continue };
             let source = RecordSource {
-                namespace,
-                acl_name,
+                namespace: described.namespace,
+                acl_name: described.acl_name,
                 severity,
+                rule: described.rule,
             };
             if let Err(error) = log.record(&event, &source) {
                 tracing::warn!(%error, "writing the audit log");
@@ -395,11 +526,34 @@ impl FirewallAgent {
     /// Resolves the names that are due; where addresses changed, updates the firewalls that
     /// use them.
     async fn refresh(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
+        let patterns = self.admin_names().1;
+        if self.snooped.expire(&patterns, Instant::now()) {
+            self.compile();
+            let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+            self.describe_sets();
+            tracing::info!(
+                written = stats.written,
+                deleted = stats.deleted,
+                "learned addresses of wildcard domain names expired; access control updated"
+            );
+        }
         let changed = self.resolve_due().await;
         if changed.is_empty() {
             return Ok(());
         }
         self.compile();
+        if !self.admin_names().0.is_disjoint(&changed) {
+            // Admin policies' sets are per pod: switch in whatever they changed.
+            let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+            self.describe_sets();
+            tracing::info!(
+                names = ?changed,
+                written = stats.written,
+                deleted = stats.deleted,
+                "DNS names changed; access control updated"
+            );
+            return Ok(());
+        }
         let affected: Vec<String> = self
             .compiled
             .names
@@ -422,6 +576,7 @@ impl FirewallAgent {
                     // A new set for everything that changed (the lengths moved, say).
                     let stats =
                         dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+                    self.describe_sets();
                     tracing::info!(
                         written = stats.written,
                         deleted = stats.deleted,
@@ -470,28 +625,117 @@ impl FirewallAgent {
     }
 }
 
-/// The namespace a record belongs to and the ACL name it is logged under, as OVN-Kubernetes
-/// names them: `EF:<namespace>:default` for the EgressFirewall, `NP:<namespace>:<policy>:
-/// <Ingress|Egress>` for a NetworkPolicy (its rule index follows in the record).
-fn describe(state: &AclState, event: &AclEvent) -> Option<(String, String)> {
+/// Waits until `fd` is readable (forever without one).
+async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
+    match fd {
+        Some(fd) => match fd.readable().await {
+            Ok(mut guard) => guard.clear_ready(),
+            Err(_) => std::future::pending().await,
+        },
+        None => std::future::pending().await,
+    }
+}
+
+/// Opens a pinned ring buffer for polling; `None` (with a warning) where it cannot be polled.
+fn open_ring(
+    dataplane: &Dataplane,
+    name: &'static str,
+) -> Result<Option<AsyncFd<RingBuf<MapData>>>, AgentError> {
+    let pin = dataplane.pins().map(name);
+    let ring = MapData::from_pin(&pin)
+        .map_err(|e| AgentError::Map {
+            name: name.into(),
+            action: "open pin",
+            source: e,
+        })
+        .and_then(|data| {
+            RingBuf::try_from(Map::RingBuf(data)).map_err(|source| AgentError::Map {
+                name: name.into(),
+                action: "open",
+                source,
+            })
+        })?;
+    // SAFETY: the ring buffer owns its map's descriptor, which stays open and the same for as
+    // long as the ring (moved into the AsyncFd) lives.
+    match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
+        Ok(fd) => Ok(Some(fd)),
+        Err(error) => {
+            tracing::warn!(%error, ring = name, "ring buffer not pollable");
+            Ok(None)
+        }
+    }
+}
+
+/// The audit levels of an admin policy in force.
+fn admin_logging(admin: &AdminPolicies, kind: PolicyKind, name: &str) -> Option<NamespaceLogging> {
+    admin
+        .admin
+        .iter()
+        .chain(&admin.baseline)
+        .find(|p| p.kind == kind && p.name == name)
+        .and_then(|p| p.log)
+}
+
+/// Who a record is about and the name it is logged under.
+struct Described {
+    /// The namespace of the pod whose rules decided.
+    namespace: String,
+    acl_name: String,
+    /// The rule index the record names (the event's own when `None`).
+    rule: Option<u32>,
+    /// The cluster-wide policy that decided: its levels apply, not the namespace's.
+    admin: Option<(PolicyKind, String)>,
+}
+
+/// The ACL name a record is logged under, as OVN-Kubernetes names them:
+/// `EF:<namespace>:default` for the EgressFirewall, `NP:<namespace>:<policy>:<Ingress|Egress>`
+/// for a NetworkPolicy (the record's rule index follows), `ANP:<name>:<Ingress|Egress>` and
+/// `BANP:default:<Ingress|Egress>` (with the rule's index in the policy), and `CNP:<name>:...`
+/// for a ClusterNetworkPolicy.
+fn describe(state: &AclState, event: &AclEvent) -> Option<Described> {
     if event.kind == ACL_KIND_POLICY {
         let set = state.policy_set(event.set)?;
         let direction = match set.direction {
             Direction::Ingress => "Ingress",
             Direction::Egress => "Egress",
         };
-        let name = match set.refs.get(event.rule as usize) {
-            Some(reference) => {
+        let namespace = set.namespace.clone();
+        return Some(match set.refs.get(event.rule as usize) {
+            Some(reference) if reference.kind == PolicyKind::NetworkPolicy => {
                 let policy = reference.policy.rsplit('/').next().unwrap_or_default();
-                format!("NP:{}:{policy}:{direction}", set.namespace)
+                Described {
+                    acl_name: format!("NP:{namespace}:{policy}:{direction}"),
+                    namespace,
+                    rule: None,
+                    admin: None,
+                }
             }
+            Some(reference) => Described {
+                acl_name: format!(
+                    "{}:{}:{direction}",
+                    reference.kind.audit_prefix(),
+                    reference.policy
+                ),
+                namespace,
+                rule: Some(reference.rule as u32),
+                admin: Some((reference.kind, reference.policy.clone())),
+            },
             // No rule allowed: the isolation itself denied.
-            None => format!("NP:{}:isolation:{direction}", set.namespace),
-        };
-        return Some((set.namespace.clone(), name));
+            None => Described {
+                acl_name: format!("NP:{namespace}:isolation:{direction}"),
+                namespace,
+                rule: None,
+                admin: None,
+            },
+        });
     }
     let namespace = state.namespace_of(event.set)?;
-    Some((namespace.to_owned(), format!("EF:{namespace}:default")))
+    Some(Described {
+        acl_name: format!("EF:{namespace}:default"),
+        namespace: namespace.to_owned(),
+        rule: None,
+        admin: None,
+    })
 }
 
 #[cfg(test)]
@@ -523,6 +767,8 @@ mod tests {
                 Arc::new(named("NetworkPolicy", "web")),
                 Arc::new(named("NetworkPolicy", "batch")),
             ],
+            admin: AdminObjects::default(),
+            nodes: Vec::new(),
             cluster_pods: Vec::new(),
             namespaces: Vec::new(),
             context: FirewallContext::default(),
@@ -533,8 +779,10 @@ mod tests {
             }],
             dns_server: None,
             dns_cache: PathBuf::new(),
+            dns_servers: BTreeSet::new(),
             audit: PolicyAuditConfig::default(),
             audit_path: PathBuf::new(),
+            rules_file: PathBuf::new(),
         };
         inputs.keep_hosted_namespaces();
         let namespaces = |names: Vec<Option<String>>| -> Vec<String> {
@@ -560,5 +808,58 @@ mod tests {
             ),
             ["web"]
         );
+    }
+
+    #[test]
+    fn records_of_cluster_wide_policies_are_named_as_ovn_kubernetes_names_them() {
+        use super::super::{admin::Tier, policy::RuleRef};
+        let reference = |kind, tier, policy: &str, rule| RuleRef {
+            kind,
+            tier: Some(tier),
+            policy: policy.into(),
+            direction: Direction::Egress,
+            rule,
+            name: String::new(),
+        };
+        let mut state = AclState::default();
+        state.policy_meta.insert(
+            7,
+            super::super::policy::PolicySet {
+                namespace: "web".into(),
+                direction: Direction::Egress,
+                refs: vec![
+                    reference(PolicyKind::AdminNetworkPolicy, Tier::Admin, "guard", 3),
+                    reference(
+                        PolicyKind::BaselineAdminNetworkPolicy,
+                        Tier::Baseline,
+                        "default",
+                        1,
+                    ),
+                    reference(PolicyKind::ClusterNetworkPolicy, Tier::Admin, "edge", 0),
+                ],
+                compiled: Default::default(),
+            },
+        );
+        let named = |rule: u32| {
+            let event = AclEvent {
+                set: 7,
+                rule,
+                kind: ACL_KIND_POLICY,
+                ..AclEvent::default()
+            };
+            let described = describe(&state, &event).expect("described");
+            (described.acl_name, described.rule, described.admin)
+        };
+        assert_eq!(
+            named(0),
+            (
+                "ANP:guard:Egress".to_owned(),
+                Some(3),
+                Some((PolicyKind::AdminNetworkPolicy, "guard".to_owned()))
+            )
+        );
+        assert_eq!(named(1).0, "BANP:default:Egress");
+        assert_eq!(named(1).1, Some(1));
+        assert_eq!(named(2).0, "CNP:edge:Egress");
     }
 }

@@ -126,7 +126,7 @@ pub fn namespace_logging(
     (levels, warnings)
 }
 
-fn parse_annotation(text: &str) -> Result<NamespaceLogging, String> {
+pub(super) fn parse_annotation(text: &str) -> Result<NamespaceLogging, String> {
     #[derive(Deserialize)]
     #[serde(deny_unknown_fields)]
     struct Levels {
@@ -237,6 +237,9 @@ pub struct RecordSource {
     /// `EF:<namespace>:<object>` for an EgressFirewall.
     pub acl_name: String,
     pub severity: Severity,
+    /// The rule index the record names, when not the event's (an admin policy's rule index
+    /// in its object).
+    pub rule: Option<u32>,
 }
 
 /// One record as an OVN `acl_log` line (without the trailing newline).
@@ -246,10 +249,10 @@ pub fn format_record(
     time: SystemTime,
     sequence: u64,
 ) -> String {
-    let rule = if event.rule == ACL_RULE_DEFAULT {
-        "default".to_owned()
-    } else {
-        event.rule.to_string()
+    let rule = match source.rule {
+        Some(rule) => rule.to_string(),
+        None if event.rule == ACL_RULE_DEFAULT => "default".to_owned(),
+        None => event.rule.to_string(),
     };
     let verdict = if event.verdict == ACL_VERDICT_DENY {
         "drop"
@@ -617,6 +620,7 @@ mod tests {
             namespace: "team".into(),
             acl_name: "EF:team:default".into(),
             severity: Severity::Alert,
+            rule: None,
         };
         let time = SystemTime::UNIX_EPOCH + Duration::from_millis(1_779_000_000_123);
         assert_eq!(

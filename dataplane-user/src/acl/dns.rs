@@ -233,6 +233,102 @@ pub fn normalize(name: &str) -> Result<String, String> {
     Ok(trimmed)
 }
 
+/// Shortest time an address learned from a DNS answer counts (however small the answer's
+/// TTL): the pod connects right after the answer, and the agent's sync follows it.
+pub const MIN_SNOOPED_TTL: Duration = Duration::from_secs(5);
+
+/// The addresses of wildcard names (`*.example.com`), learned from the DNS answers this
+/// node's pods receive (a wildcard cannot be looked up): every A and AAAA record of an answer
+/// to a question the pattern matches, or named by a name it matches, counts for the
+/// record's TTL (at least `MIN_SNOOPED_TTL`, at most `MAX_REFRESH`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Snooped {
+    /// Pattern -> address -> until when it counts.
+    learned: BTreeMap<String, BTreeMap<IpAddr, Instant>>,
+}
+
+/// A name in its key form (lower case, no trailing dot).
+fn key_form(name: &hickory_resolver::proto::rr::Name) -> String {
+    let text = name.to_ascii().to_ascii_lowercase();
+    text.strip_suffix('.').unwrap_or(&text).to_owned()
+}
+
+impl Snooped {
+    /// Learns from one DNS message (`patterns`: the wildcards in use). Returns whether an
+    /// address was added; a message that does not parse or is no answer teaches nothing.
+    pub fn learn(&mut self, message: &[u8], patterns: &BTreeSet<String>, now: Instant) -> bool {
+        use hickory_resolver::proto::{
+            op::{Message, MessageType},
+            rr::RData,
+        };
+        let Ok(message) = Message::from_vec(message) else {
+            return false;
+        };
+        if message.metadata.message_type != MessageType::Response {
+            return false;
+        }
+        let questions: Vec<String> = message.queries.iter().map(|q| key_form(q.name())).collect();
+        let mut added = false;
+        for record in &message.answers {
+            let address: IpAddr = match &record.data {
+                RData::A(a) => a.0.into(),
+                RData::AAAA(a) => a.0.into(),
+                _ => continue,
+            };
+            let name = key_form(&record.name);
+            let ttl =
+                Duration::from_secs(u64::from(record.ttl)).clamp(MIN_SNOOPED_TTL, MAX_REFRESH);
+            for pattern in patterns {
+                let answers_it = questions
+                    .iter()
+                    .chain(std::iter::once(&name))
+                    .any(|n| super::admin::name_matches(pattern, n));
+                if !answers_it {
+                    continue;
+                }
+                let until = self.learned.entry(pattern.clone()).or_default();
+                match until.get_mut(&address) {
+                    Some(at) => *at = (*at).max(now + ttl),
+                    None => {
+                        until.insert(address, now + ttl);
+                        added = true;
+                    }
+                }
+            }
+        }
+        added
+    }
+
+    /// Forgets what expired and the patterns no longer in use. Returns whether an address
+    /// went.
+    pub fn expire(&mut self, patterns: &BTreeSet<String>, now: Instant) -> bool {
+        let before: usize = self.learned.values().map(BTreeMap::len).sum();
+        self.learned.retain(|pattern, _| patterns.contains(pattern));
+        for addresses in self.learned.values_mut() {
+            addresses.retain(|_, until| *until > now);
+        }
+        self.learned.retain(|_, addresses| !addresses.is_empty());
+        before != self.learned.values().map(BTreeMap::len).sum::<usize>()
+    }
+
+    /// When the next address expires.
+    pub fn next_expiry(&self) -> Option<Instant> {
+        self.learned
+            .values()
+            .flat_map(|a| a.values())
+            .min()
+            .copied()
+    }
+
+    /// The addresses in force, by pattern.
+    pub fn addresses(&self) -> BTreeMap<String, BTreeSet<IpAddr>> {
+        self.learned
+            .iter()
+            .map(|(pattern, addresses)| (pattern.clone(), addresses.keys().copied().collect()))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -303,5 +399,78 @@ mod tests {
         );
         assert!(normalize("-bad.example").is_err());
         assert!(normalize("").is_err());
+    }
+
+    /// A DNS answer for `question` with `records` (name, address, TTL), built by hickory.
+    fn answer(question: &str, records: &[(&str, &str, u32)]) -> Vec<u8> {
+        use hickory_resolver::proto::{
+            op::{Message, MessageType, OpCode, Query},
+            rr::{Name, RData, Record, RecordType, rdata},
+        };
+        let mut message = Message::new(7, MessageType::Response, OpCode::Query);
+        message.add_query(Query::query(
+            Name::from_ascii(question).unwrap(),
+            RecordType::A,
+        ));
+        for (name, address, ttl) in records {
+            let data = match address.parse::<IpAddr>().unwrap() {
+                IpAddr::V4(a) => RData::A(rdata::A(a)),
+                IpAddr::V6(a) => RData::AAAA(rdata::AAAA(a)),
+            };
+            message.add_answer(Record::from_rdata(
+                Name::from_ascii(name).unwrap(),
+                *ttl,
+                data,
+            ));
+        }
+        message.to_vec().unwrap()
+    }
+
+    #[test]
+    fn wildcard_addresses_are_learned_from_answers_and_expire_with_their_ttl() {
+        let patterns: BTreeSet<String> = ["*.example.com".to_owned()].into();
+        let now = Instant::now();
+        let mut snooped = Snooped::default();
+        // A CNAME'd answer: the question matches, so the target's addresses count.
+        let message = answer(
+            "API.Example.com.",
+            &[
+                ("edge.cdn.net.", "192.0.2.7", 60),
+                ("edge.cdn.net.", "2001:db8::7", 1),
+            ],
+        );
+        assert!(snooped.learn(&message, &patterns, now));
+        assert_eq!(
+            snooped.addresses(),
+            [(
+                "*.example.com".to_owned(),
+                set(&["192.0.2.7", "2001:db8::7"])
+            )]
+            .into()
+        );
+        // The same again adds nothing; another domain teaches nothing; neither does the bare
+        // suffix (one or more labels must come before it) or a query.
+        assert!(!snooped.learn(&message, &patterns, now));
+        assert!(!snooped.learn(
+            &answer("api.example.org.", &[("api.example.org.", "192.0.2.8", 60)]),
+            &patterns,
+            now
+        ));
+        assert!(!snooped.learn(
+            &answer("example.com.", &[("example.com.", "192.0.2.9", 60)]),
+            &patterns,
+            now
+        ));
+        assert!(!snooped.learn(b"not dns", &patterns, now));
+        // The 1 s TTL counts for the 5 s minimum, the 60 s one for 60 s.
+        assert_eq!(snooped.next_expiry(), Some(now + MIN_SNOOPED_TTL));
+        assert!(snooped.expire(&patterns, now + Duration::from_secs(6)));
+        assert_eq!(
+            snooped.addresses(),
+            [("*.example.com".to_owned(), set(&["192.0.2.7"]))].into()
+        );
+        // A pattern no longer in use is forgotten.
+        assert!(snooped.expire(&BTreeSet::new(), now + Duration::from_secs(7)));
+        assert!(snooped.addresses().is_empty());
     }
 }

@@ -39,7 +39,13 @@ use k8s_openapi::{
 
 use crate::model::{in_pod_network, pod_addresses};
 
-use super::{CompiledSet, PortMatch, Ports, Rule, Verdict, compile_rules, protocol_number};
+use dataplane_common::acl::ACL_RULE_EXEMPT;
+
+use super::{
+    CompiledSet, PortMatch, Ports, Rule, Verdict,
+    admin::{AdminPolicies, TierNotes},
+    compile_tiered, protocol_number,
+};
 
 /// Ingress or egress.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -123,21 +129,89 @@ pub fn namespace_labels(
         .collect()
 }
 
-/// Which policy rule an allow came from.
+/// The kind of object a rule comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum PolicyKind {
+    NetworkPolicy,
+    AdminNetworkPolicy,
+    BaselineAdminNetworkPolicy,
+    ClusterNetworkPolicy,
+}
+
+impl PolicyKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            PolicyKind::NetworkPolicy => "NetworkPolicy",
+            PolicyKind::AdminNetworkPolicy => "AdminNetworkPolicy",
+            PolicyKind::BaselineAdminNetworkPolicy => "BaselineAdminNetworkPolicy",
+            PolicyKind::ClusterNetworkPolicy => "ClusterNetworkPolicy",
+        }
+    }
+
+    /// The prefix of audit record names (OVN-Kubernetes' `NP`, `ANP`, `BANP`; `CNP` here).
+    pub fn audit_prefix(self) -> &'static str {
+        match self {
+            PolicyKind::NetworkPolicy => "NP",
+            PolicyKind::AdminNetworkPolicy => "ANP",
+            PolicyKind::BaselineAdminNetworkPolicy => "BANP",
+            PolicyKind::ClusterNetworkPolicy => "CNP",
+        }
+    }
+}
+
+/// Which policy rule a decision came from.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RuleRef {
-    /// `<namespace>/<name>` of the policy.
+    pub kind: PolicyKind,
+    /// The admin policies' tier; `None` for a NetworkPolicy.
+    pub tier: Option<super::admin::Tier>,
+    /// `<namespace>/<name>` of a NetworkPolicy, the name of a cluster-wide policy.
     pub policy: String,
     pub direction: Direction,
     /// Index in the policy's `ingress` or `egress` list.
     pub rule: usize,
+    /// The rule's `name` (admin policies), empty when it has none.
+    pub name: String,
 }
 
-/// One direction of one pod: the rules (all `Allow`) and where each came from.
+impl RuleRef {
+    /// The tier's name for people.
+    pub fn tier_name(&self) -> &'static str {
+        match self.tier {
+            None => "NetworkPolicy tier",
+            Some(super::admin::Tier::Admin) => "admin tier",
+            Some(super::admin::Tier::Baseline) => "baseline tier",
+        }
+    }
+
+    /// What decided, for people: `tier: kind name direction[rule] "rule name"`.
+    pub fn describe(&self) -> String {
+        let tier = self.tier_name();
+        let direction = match self.direction {
+            Direction::Ingress => "ingress",
+            Direction::Egress => "egress",
+        };
+        let name = if self.name.is_empty() {
+            String::new()
+        } else {
+            format!(" {:?}", self.name)
+        };
+        format!(
+            "{tier}: {} {} {direction}[{}]{name}",
+            self.kind.name(),
+            self.policy,
+            self.rule
+        )
+    }
+}
+
+/// One direction of one pod: the rules and where each came from. The first `admin_end`
+/// rules are the admin tier's (a `Pass` among them hands over to the rest).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodRules {
     pub rules: Vec<Rule>,
     pub refs: Vec<RuleRef>,
+    pub admin_end: usize,
 }
 
 /// A pod's isolation: `None` in a direction no policy selects it for.
@@ -356,9 +430,12 @@ fn add_direction(
             }
         }
         added.refs.push(RuleRef {
+            kind: PolicyKind::NetworkPolicy,
+            tier: None,
             policy: policy.to_owned(),
             direction,
             rule: index,
+            name: String::new(),
         });
     }
     out.rules.extend(added.rules);
@@ -374,7 +451,7 @@ fn peer_field(direction: Direction) -> &'static str {
 }
 
 /// Egress to pods: grouped by how the rule's named ports resolve on each, one rule per group.
-fn add_pod_peers(
+pub(super) fn add_pod_peers(
     pods: Vec<&PolicyPod>,
     specs: &[PortSpec],
     push: &mut impl FnMut(Vec<IpNet>, Vec<IpNet>, Ports),
@@ -415,24 +492,39 @@ fn peer_pods<'a>(
     if let Some(selector) = &peer.pod_selector {
         check_selector(selector).map_err(|e| format!("podSelector: {e}"))?;
     }
-    let empty = BTreeMap::new();
     let namespaces: Vec<&Vec<usize>> = match &peer.namespace_selector {
         None => cluster.by_namespace.get(namespace).into_iter().collect(),
-        Some(selector) => {
-            let mut picked = Vec::new();
-            for (name, pods) in &cluster.by_namespace {
-                let labels = cluster.namespaces.get(*name).unwrap_or(&empty);
-                if selects(selector, labels)? {
-                    picked.push(pods);
-                }
-            }
-            picked
-        }
+        Some(selector) => pods_of_namespaces(cluster, selector)?,
     };
+    pods_among(cluster, namespaces, peer.pod_selector.as_ref())
+}
+
+/// The pods of the namespaces `selector` picks, by namespace.
+fn pods_of_namespaces<'c>(
+    cluster: &'c PolicyCluster<'_>,
+    selector: &LabelSelector,
+) -> Result<Vec<&'c Vec<usize>>, String> {
+    let empty = BTreeMap::new();
+    let mut picked = Vec::new();
+    for (name, pods) in &cluster.by_namespace {
+        let labels = cluster.namespaces.get(*name).unwrap_or(&empty);
+        if selects(selector, labels)? {
+            picked.push(pods);
+        }
+    }
+    Ok(picked)
+}
+
+/// The pods among `namespaces`' that `pod_selector` picks (all without one).
+fn pods_among<'a>(
+    cluster: &PolicyCluster<'a>,
+    namespaces: Vec<&Vec<usize>>,
+    pod_selector: Option<&LabelSelector>,
+) -> Result<Vec<&'a PolicyPod>, String> {
     let mut chosen = Vec::new();
     for &index in namespaces.into_iter().flatten() {
         let pod = &cluster.pods[index];
-        let pod_ok = match &peer.pod_selector {
+        let pod_ok = match pod_selector {
             None => true,
             Some(selector) => selects(selector, &pod.labels)?,
         };
@@ -441,6 +533,18 @@ fn peer_pods<'a>(
         }
     }
     Ok(chosen)
+}
+
+/// The pods of the namespaces `namespaces` picks that `pods` picks (validated selectors:
+/// one that fails picks nothing).
+pub(super) fn select_pods<'a>(
+    cluster: &PolicyCluster<'a>,
+    namespaces: &LabelSelector,
+    pods: Option<&LabelSelector>,
+) -> Vec<&'a PolicyPod> {
+    pods_of_namespaces(cluster, namespaces)
+        .and_then(|picked| pods_among(cluster, picked, pods))
+        .unwrap_or_default()
 }
 
 /// A selector's operators are all ones [`selects`] knows, whatever labels it meets.
@@ -488,9 +592,10 @@ pub fn selects(
 
 /// A validated port of a rule.
 #[derive(Clone, Debug, PartialEq, Eq)]
-enum PortSpec {
+pub enum PortSpec {
     Range(PortMatch),
-    Named(u8, String),
+    /// A container port name, of one protocol (NetworkPolicy) or of any (admin policies).
+    Named(Option<u8>, String),
 }
 
 fn port_spec(port: &NetworkPolicyPort) -> Result<PortSpec, String> {
@@ -518,13 +623,15 @@ fn port_spec(port: &NetworkPolicyPort) -> Result<PortSpec, String> {
             }))
         }
         (Some(IntOrString::String(_)), Some(_)) => Err("endPort with a named port".into()),
-        (Some(IntOrString::String(name)), None) => Ok(PortSpec::Named(protocol, name.clone())),
+        (Some(IntOrString::String(name)), None) => {
+            Ok(PortSpec::Named(Some(protocol), name.clone()))
+        }
     }
 }
 
 /// A rule's ports with named ones resolved against `named` (a name that resolves to nothing
 /// matches nothing). No ports at all: everything.
-fn resolve(specs: &[PortSpec], named: &BTreeMap<String, Vec<(u8, u16)>>) -> Ports {
+pub(super) fn resolve(specs: &[PortSpec], named: &BTreeMap<String, Vec<(u8, u16)>>) -> Ports {
     if specs.is_empty() {
         return Ports::Any;
     }
@@ -537,7 +644,7 @@ fn resolve(specs: &[PortSpec], named: &BTreeMap<String, Vec<(u8, u16)>>) -> Port
                     .get(name)
                     .into_iter()
                     .flatten()
-                    .filter(|(p, _)| p == protocol)
+                    .filter(|(p, _)| protocol.is_none_or(|wanted| *p == wanted))
                     .map(|(p, port)| PortMatch::port(*p, *port)),
             ),
         }
@@ -556,11 +663,15 @@ pub struct PolicySet {
     pub compiled: CompiledSet,
 }
 
-/// The policy set names of a pod; `None` where it is not isolated.
+/// The policy set names of a pod; `None` where nothing judges that direction.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PodSets {
     pub ingress: Option<String>,
     pub egress: Option<String>,
+    /// `ACL_LOG_*` flags of the admin policies whose rules the sets hold.
+    pub log: u8,
+    /// Its admin policies name wildcard domains: its DNS answers are snooped.
+    pub snoop_dns: bool,
 }
 
 /// Every local pod's policy sets, the distinct sets by name, and one line per invalid policy.
@@ -581,6 +692,7 @@ pub fn policy_sets(
     cluster: &PolicyCluster<'_>,
     local: &[String],
     previous: &BTreeMap<String, PolicySet>,
+    admin: &AdminPolicies,
 ) -> CompiledPolicies {
     let mut out = CompiledPolicies::default();
     let mut errors: BTreeSet<String> = BTreeSet::new();
@@ -598,6 +710,9 @@ pub fn policy_sets(
             (Direction::Ingress, policy.ingress),
             (Direction::Egress, policy.egress),
         ] {
+            let (rules, notes) = with_tiers(rules, direction, cluster, admin, pod);
+            sets.log |= notes.log;
+            sets.snoop_dns |= notes.snoop_dns;
             let Some(rules) = rules else { continue };
             let name = set_name(&pod.namespace, direction, &rules);
             out.sets
@@ -607,7 +722,7 @@ pub fn policy_sets(
                     None => PolicySet {
                         namespace: pod.namespace.clone(),
                         direction,
-                        compiled: compile_rules(&rules.rules, false),
+                        compiled: compile_tiered(&rules.rules, rules.admin_end, false),
                         refs: rules.refs,
                     },
                 });
@@ -624,13 +739,80 @@ pub fn policy_sets(
     out
 }
 
+/// One direction of a pod with the cluster-wide tiers around its NetworkPolicy rules (`np`,
+/// `None` where no NetworkPolicy isolates it): the admin tier's rules first, then the
+/// NetworkPolicy rules (what none allows is denied: the kernel's default for a policy set),
+/// or, for a pod no NetworkPolicy isolates, the baseline tier's rules and an allow for
+/// everything else. `None`: nothing judges that direction. Also what the admin policies
+/// that contributed ask of the pod's endpoint.
+fn with_tiers(
+    np: Option<PodRules>,
+    direction: Direction,
+    cluster: &PolicyCluster<'_>,
+    admin: &AdminPolicies,
+    pod: &PolicyPod,
+) -> (Option<PodRules>, TierNotes) {
+    let mut tiered = PodRules::default();
+    let mut notes =
+        super::admin::tier_rules(&admin.admin, direction, cluster, admin, pod, &mut tiered);
+    tiered.admin_end = tiered.rules.len();
+    let rest = match np {
+        Some(np) => np,
+        None => {
+            let mut baseline = PodRules::default();
+            notes.merge(super::admin::tier_rules(
+                &admin.baseline,
+                direction,
+                cluster,
+                admin,
+                pod,
+                &mut baseline,
+            ));
+            if tiered.rules.is_empty() && baseline.rules.is_empty() {
+                return (None, notes);
+            }
+            // Nothing matched: allowed (not a rule anyone wrote, so never audited).
+            baseline.rules.push(Rule {
+                index: ACL_RULE_EXEMPT,
+                verdict: Verdict::Allow,
+                destinations: vec![
+                    "0.0.0.0/0".parse().expect("valid"),
+                    "::/0".parse().expect("valid"),
+                ],
+                except: Vec::new(),
+                ports: Ports::Any,
+            });
+            baseline
+        }
+    };
+    if tiered.rules.is_empty() {
+        return (Some(rest), notes);
+    }
+    let offset = tiered.refs.len() as u32;
+    tiered.rules.extend(rest.rules.into_iter().map(|mut rule| {
+        if rule.index != ACL_RULE_EXEMPT {
+            rule.index += offset;
+        }
+        rule
+    }));
+    tiered.refs.extend(rest.refs);
+    (Some(tiered), notes)
+}
+
 /// `<namespace>:<direction>:<hash of the rules>`.
 fn set_name(namespace: &str, direction: Direction, rules: &PodRules) -> String {
     use std::hash::{Hash, Hasher};
     let mut hasher = std::hash::DefaultHasher::new();
     rules.rules.hash(&mut hasher);
+    rules.admin_end.hash(&mut hasher);
     for reference in &rules.refs {
-        (&reference.policy, reference.rule).hash(&mut hasher);
+        (
+            reference.kind,
+            &reference.policy,
+            reference.rule,
+            &reference.name,
+        )
+            .hash(&mut hasher);
     }
     let direction = match direction {
         Direction::Ingress => "ingress",

@@ -8,6 +8,12 @@
 //!   `sendto()` of a UDP datagram that only the last rule matches (a chain is evaluated rule
 //!   by rule), against the same namespace without the chain.
 //! - Compile: agent time to validate and compile 8000 rules, and to write them to the maps.
+//! - Admin policies: `tc_from_pod` for a pod under 1, 10 and 100 AdminNetworkPolicies of 100
+//!   rules each plus a NetworkPolicy, against the same pod under one admin rule of the same
+//!   shape plus the NetworkPolicy (whole program, ratio; the NetworkPolicy alone is shown
+//!   too); denied probes, so every run does the lookups (an allowed flow is tracked and skips
+//!   them): one into an admin rule's network and port, one that no rule matches (the
+//!   NetworkPolicy's isolation denies). Compile time and map entries of 100 x 100.
 //!
 //! All measured in one run, rounds interleaved; medians reported. A benchmark: it reports, it
 //! does not pass or fail.
@@ -21,10 +27,15 @@ use std::{
 use clap::Parser;
 use dataplane_common::maps::PROG_FROM_POD;
 use dataplane_tests::{
-    fixture::Fixture, median, netns::ThreadNetns, packets::udp_v4_flow, topology::run_in,
+    fixture::Fixture,
+    median,
+    netns::ThreadNetns,
+    packets::{tcp_v4_flow, udp_v4_flow},
+    topology::run_in,
 };
 use dataplane_user::acl::{
-    AclPod, AclState,
+    AclPod, AclState, DesiredFirewalls,
+    admin::validate_all,
     firewall::{
         EgressFirewall, EgressFirewallDestination, EgressFirewallPort, EgressFirewallRule,
         EgressFirewallSpec, FirewallContext, compile_firewalls,
@@ -34,7 +45,7 @@ use serde::Serialize;
 
 #[derive(Parser)]
 struct Args {
-    #[arg(long, default_value_t = 9)]
+    #[arg(long, default_value_t = 15)]
     rounds: u32,
     /// Program runs per measurement (BPF_PROG_TEST_RUN repeat).
     #[arg(long, default_value_t = 200_000)]
@@ -228,6 +239,181 @@ struct Report {
     nftables_ratio_8000_to_1: f64,
     compile_8000_ms: f64,
     sync_8000_ms: f64,
+    admin: AdminReport,
+}
+
+/// (admin policies, rules each) measured: the NetworkPolicy alone, one admin rule (the
+/// baseline of the ratios), then 1, 10 and 100 policies of `RULES_PER_ADMIN` rules.
+const ADMIN_SHAPES: [(usize, usize); 5] = [
+    (0, 0),
+    (1, 1),
+    (1, RULES_PER_ADMIN),
+    (10, RULES_PER_ADMIN),
+    (100, RULES_PER_ADMIN),
+];
+const RULES_PER_ADMIN: usize = 100;
+/// The row the ratios divide by.
+const ONE_ADMIN_RULE: usize = 1;
+/// The pod under the policies.
+const ADMIN_POD: [u8; 4] = [10, 244, 1, 20];
+
+#[derive(Serialize)]
+struct AdminReport {
+    /// (policies, rules each).
+    shapes: Vec<(usize, usize)>,
+    /// `[count][probe]` median ns per packet of `tc_from_pod`; probes: an admin rule's network
+    /// and port, no rule.
+    ours_ns: Vec<Vec<f64>>,
+    /// Each shape over one admin rule, per probe (target <= 1.1).
+    ratio_to_one_rule: Vec<Vec<f64>>,
+    /// Validating and compiling 100 policies x 100 rules for the pod.
+    compile_100_ms: f64,
+    sync_100_ms: f64,
+    /// The pod's egress set at 100 policies: address and port entries.
+    entries_100: usize,
+}
+
+/// `count` AdminNetworkPolicies of `rules` egress rules selecting namespace `bench`, and a
+/// NetworkPolicy isolating its egress with one rule, as manifests.
+fn admin_manifests(count: usize, rules: usize) -> String {
+    let mut yaml = String::from(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\nmetadata: {name: pods-only, namespace: bench}\nspec:\n  podSelector: {}\n  policyTypes: [Egress]\n  egress:\n  - to: [{ipBlock: {cidr: 10.244.0.0/16}}]\n",
+    );
+    for i in 0..count {
+        let _ = write!(
+            yaml,
+            "---\napiVersion: policy.networking.k8s.io/v1alpha1\nkind: AdminNetworkPolicy\nmetadata: {{name: admin-{i}}}\nspec:\n  priority: {i}\n  subject: {{namespaces: {{matchLabels: {{kubernetes.io/metadata.name: bench}}}}}}\n  egress:\n"
+        );
+        for j in 0..rules {
+            let action = if j % 2 == 0 { "Deny" } else { "Allow" };
+            let _ = write!(
+                yaml,
+                "  - action: {action}\n    to: [{{networks: [172.{}.{j}.0/24]}}]\n    ports: [{{portNumber: {{protocol: TCP, port: 443}}}}]\n",
+                16 + i
+            );
+        }
+    }
+    yaml
+}
+
+/// Programs loaded with `count` admin policies; also the compile and sync times and the
+/// map entries of the pod's set.
+fn loaded_with_admin(
+    (count, rules): (usize, usize),
+) -> anyhow::Result<(Fixture, Duration, Duration, usize)> {
+    use dataplane_user::acl::policy::{PolicyCluster, PolicyPod, policy_sets};
+    let mut state = dataplane_user::source::ClusterState::default();
+    dataplane_user::source::add_documents(&mut state, "bench.yaml", &admin_manifests(count, rules));
+    anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
+    let pods = vec![PolicyPod {
+        namespace: "bench".into(),
+        name: "pod".into(),
+        labels: Default::default(),
+        addresses: vec![ADMIN_POD.into()],
+        named_ports: Default::default(),
+    }];
+    let namespaces = [(
+        "bench".to_owned(),
+        [("kubernetes.io/metadata.name".to_owned(), "bench".to_owned())].into(),
+    )]
+    .into();
+    let started = Instant::now();
+    let validated = validate_all(&state.admin_objects(), &mut Default::default());
+    anyhow::ensure!(validated.errors.is_empty(), "{:?}", validated.errors);
+    let cluster = PolicyCluster::new(&pods, &namespaces);
+    let compiled = policy_sets(
+        &state.network_policies,
+        &cluster,
+        &["bench/pod".to_owned()],
+        &Default::default(),
+        &validated.policies,
+    );
+    let compile = started.elapsed();
+    anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+    let entries = compiled
+        .sets
+        .values()
+        .map(|set| {
+            set.compiled.prefixes.len()
+                + set
+                    .compiled
+                    .tables
+                    .iter()
+                    .map(|t| t.entries())
+                    .sum::<usize>()
+        })
+        .sum();
+    let desired = DesiredFirewalls {
+        policy_sets: compiled.sets,
+        pod_policies: compiled.pods,
+        ..DesiredFirewalls::default()
+    };
+    let pod = AclPod {
+        namespace: "bench".into(),
+        name: "pod".into(),
+        addresses: vec![ADMIN_POD.into()],
+    };
+    let mut fixture = Fixture::load()?;
+    let started = Instant::now();
+    fixture.sync_acl(&mut AclState::default(), &desired, &[pod])?;
+    Ok((fixture, compile, started.elapsed(), entries))
+}
+
+/// Denied probes from the pod: TCP 443 into the network of a Deny rule in the middle of the
+/// middle policy (with no admin policy: the same kind of address, which the isolation
+/// denies), and an address no rule names.
+fn admin_probes((count, rules): (usize, usize)) -> [Vec<u8>; 2] {
+    let policy = count / 2;
+    let target = [172, 16 + policy as u8, ((rules / 2) & !1) as u8, 7];
+    [
+        tcp_v4_flow(ADMIN_POD, 40000, target, 443, true),
+        tcp_v4_flow(ADMIN_POD, 40000, [192, 0, 2, 1], 443, true),
+    ]
+}
+
+fn admin_costs(args: &Args) -> anyhow::Result<AdminReport> {
+    let mut fixtures = Vec::new();
+    let (mut compile, mut sync, mut entries) = (Duration::ZERO, Duration::ZERO, 0);
+    for shape in ADMIN_SHAPES {
+        let (fixture, compiled_in, synced_in, set_entries) = loaded_with_admin(shape)?;
+        (compile, sync, entries) = (compiled_in, synced_in, set_entries);
+        fixtures.push(fixture);
+    }
+    let mut samples = vec![vec![Vec::new(); 2]; ADMIN_SHAPES.len()];
+    for _ in 0..args.rounds {
+        for (f, fixture) in fixtures.iter_mut().enumerate() {
+            for (p, frame) in admin_probes(ADMIN_SHAPES[f]).iter().enumerate() {
+                fixture.port_as_sender_of(frame)?;
+                let run = fixture.run_tc(PROG_FROM_POD, frame, args.repeat)?;
+                anyhow::ensure!(
+                    run.action == 2,
+                    "the probe is denied (action {})",
+                    run.action
+                );
+                samples[f][p].push(run.duration.as_nanos() as f64);
+            }
+        }
+    }
+    let ours: Vec<Vec<f64>> = samples
+        .iter()
+        .map(|probes| probes.iter().map(|s| median(s)).collect())
+        .collect();
+    Ok(AdminReport {
+        shapes: ADMIN_SHAPES.to_vec(),
+        ratio_to_one_rule: ours
+            .iter()
+            .map(|row| {
+                row.iter()
+                    .zip(&ours[ONE_ADMIN_RULE])
+                    .map(|(n, one)| n / one)
+                    .collect()
+            })
+            .collect(),
+        ours_ns: ours,
+        compile_100_ms: compile.as_secs_f64() * 1e3,
+        sync_100_ms: sync.as_secs_f64() * 1e3,
+        entries_100: entries,
+    })
 }
 
 fn main() -> anyhow::Result<()> {
@@ -265,6 +451,7 @@ fn main() -> anyhow::Result<()> {
         .map(|row| row[1..].iter().map(|ns| ns - row[0]).collect())
         .collect();
     let (nft_baseline, nft) = nftables_costs(&args)?;
+    let admin = admin_costs(&args)?;
     let last = SIZES.len() - 1;
     let report = Report {
         rules: SIZES.to_vec(),
@@ -278,6 +465,7 @@ fn main() -> anyhow::Result<()> {
         nftables_ns: nft,
         compile_8000_ms: compile.as_secs_f64() * 1e3,
         sync_8000_ms: sync.as_secs_f64() * 1e3,
+        admin,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -309,6 +497,31 @@ fn main() -> anyhow::Result<()> {
     println!(
         "  agent: compile 8000 rules {:.1} ms, write them to the maps {:.1} ms",
         report.compile_8000_ms, report.sync_8000_ms
+    );
+    let admin = &report.admin;
+    println!(
+        "\nAdmin policies of {RULES_PER_ADMIN} rules + a NetworkPolicy, tc_from_pod (ours: BPF_PROG_TEST_RUN x{}, medians)",
+        args.repeat
+    );
+    println!(
+        "{:>26} {:>14} {:>8} {:>12} {:>8}",
+        "admin policies", "admin rule ns", "ratio", "no rule ns", "ratio"
+    );
+    for (i, (count, rules)) in admin.shapes.iter().enumerate() {
+        let (o, r) = (&admin.ours_ns[i], &admin.ratio_to_one_rule[i]);
+        let label = match (count, rules) {
+            (0, _) => "none (NetworkPolicy alone)".to_owned(),
+            (1, 1) => "1 rule (baseline)".to_owned(),
+            (count, rules) => format!("{count} x {rules} rules"),
+        };
+        println!(
+            "{label:>26} {:>14.1} {:>8.2} {:>12.1} {:>8.2}",
+            o[0], r[0], o[1], r[1]
+        );
+    }
+    println!(
+        "  ratio to one admin rule: target <= 1.1; agent: 100 x {RULES_PER_ADMIN} rules compile {:.1} ms, write {:.1} ms, {} map entries",
+        admin.compile_100_ms, admin.sync_100_ms, admin.entries_100
     );
     Ok(())
 }

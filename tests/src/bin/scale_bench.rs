@@ -466,7 +466,13 @@ impl Agent {
         let labels = namespace_labels(&state.namespaces);
         let cluster = PolicyCluster::new(&cluster_pods, &labels);
         let local: Vec<String> = pods.iter().map(acl::AclPod::key).collect();
-        let compiled_policies = policy_sets(&policies, &cluster, &local, &self.policy_sets);
+        let compiled_policies = policy_sets(
+            &policies,
+            &cluster,
+            &local,
+            &self.policy_sets,
+            &Default::default(),
+        );
         anyhow::ensure!(
             compiled_policies.errors.is_empty(),
             "{:?}",

@@ -1,0 +1,242 @@
+//! What decided a packet, for `dataplane inspect policy` and `dataplane trace`: the agent
+//! writes what each installed policy set's rule indexes stand for (tier, kind, object,
+//! direction, rule) to its run directory, and the lookups the kernel does are redone here
+//! against the pinned maps, so another process can name the deciding policy and rule.
+
+use std::{
+    collections::BTreeMap,
+    net::IpAddr,
+    path::{Path, PathBuf},
+};
+
+use aya::maps::{HashMap, Map, MapData};
+use dataplane_common::{
+    acl::{
+        ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_NO_LENGTH, ACL_PORT_BUCKET,
+        ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW,
+        ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclPortKey,
+        AclVerdict,
+    },
+    maps,
+    overlay::Addr,
+};
+use ipnet::IpNet;
+use serde::{Deserialize, Serialize};
+
+use super::{AclState, addr_key, policy::Direction};
+use crate::{AgentError, Pins, overlay::addr16};
+
+/// The file in the agent's run directory.
+pub const RULES_FILE: &str = "acl-rules.json";
+
+/// What one installed policy set's rule indexes stand for.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SetRules {
+    pub namespace: String,
+    /// `ingress` or `egress`.
+    pub direction: String,
+    /// By rule index: who wrote the rule (see `RuleRef::describe`).
+    pub rules: Vec<String>,
+    /// The objects the rules come from, in evaluation order: `<tier>: <kind> <name>`.
+    pub objects: Vec<String>,
+}
+
+/// The rule descriptions of every policy set in force, by set id.
+pub fn set_rules(state: &AclState) -> BTreeMap<u32, SetRules> {
+    state
+        .policy_meta
+        .iter()
+        .map(|(&id, set)| {
+            let rules = SetRules {
+                namespace: set.namespace.clone(),
+                direction: match set.direction {
+                    Direction::Ingress => "ingress".into(),
+                    Direction::Egress => "egress".into(),
+                },
+                rules: set.refs.iter().map(|r| r.describe()).collect(),
+                objects: objects(&set.refs),
+            };
+            (id, rules)
+        })
+        .collect()
+}
+
+/// The distinct objects of `refs`, in order.
+fn objects(refs: &[super::policy::RuleRef]) -> Vec<String> {
+    let mut out: Vec<String> = Vec::new();
+    for reference in refs {
+        let object = format!(
+            "{}: {} {}",
+            reference.tier_name(),
+            reference.kind.name(),
+            reference.policy
+        );
+        if !out.contains(&object) {
+            out.push(object);
+        }
+    }
+    out
+}
+
+/// Writes the descriptions (atomically: a reader sees the old file or the new one).
+pub fn write(path: &Path, rules: &BTreeMap<u32, SetRules>) -> std::io::Result<()> {
+    crate::state::write_json_atomically(path, rules)
+}
+
+/// The descriptions the agent last wrote under `run_dir` (empty without an agent).
+pub fn read(run_dir: &Path) -> BTreeMap<u32, SetRules> {
+    let path: PathBuf = run_dir.join(RULES_FILE);
+    std::fs::read(&path)
+        .ok()
+        .and_then(|text| serde_json::from_slice(&text).ok())
+        .unwrap_or_default()
+}
+
+/// A decision as the kernel takes it from one set.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Decided {
+    pub set: u32,
+    /// `ACL_VERDICT_*` (`NONE`: no rule matched).
+    pub verdict: u8,
+    pub rule: u32,
+}
+
+impl Decided {
+    /// The decision in words, naming the rule from `rules`.
+    pub fn describe(&self, rules: &BTreeMap<u32, SetRules>) -> String {
+        let verdict = match self.verdict {
+            ACL_VERDICT_ALLOW => "allow",
+            ACL_VERDICT_DENY => "deny",
+            _ => "deny",
+        };
+        let by = match self.rule {
+            ACL_RULE_EXEMPT => "nothing matched: allowed by default".to_owned(),
+            ACL_RULE_DEFAULT => "no rule allowed: NetworkPolicy isolation".to_owned(),
+            rule => rules
+                .get(&self.set)
+                .and_then(|s| s.rules.get(rule as usize))
+                .cloned()
+                .unwrap_or_else(|| format!("rule {rule} of set {} (not described)", self.set)),
+        };
+        format!("{verdict} by {by}")
+    }
+}
+
+/// The pinned maps a decision reads.
+pub struct PolicyMaps {
+    endpoints: HashMap<MapData, Addr, AclEndpoint>,
+    addrs: HashMap<MapData, AclAddrKey, AclAddrValue>,
+    ports: HashMap<MapData, AclPortKey, AclVerdict>,
+}
+
+fn open<K: aya::Pod, V: aya::Pod>(
+    pins: &Pins,
+    name: &'static str,
+) -> Result<HashMap<MapData, K, V>, AgentError> {
+    let err = |action| {
+        move |source| AgentError::Map {
+            name: name.into(),
+            action,
+            source,
+        }
+    };
+    let data = MapData::from_pin(pins.map(name)).map_err(err("open pin"))?;
+    HashMap::try_from(Map::HashMap(data)).map_err(err("open"))
+}
+
+impl PolicyMaps {
+    pub fn open(pins: &Pins) -> Result<Self, AgentError> {
+        Ok(Self {
+            endpoints: open(pins, maps::ACL_ENDPOINTS)?,
+            addrs: open(pins, maps::ACL_ADDRS)?,
+            ports: open(pins, maps::ACL_PORTS)?,
+        })
+    }
+
+    /// What the policy set of local pod `pod` for `direction` decides about traffic with
+    /// `peer` (destination port `port`); `None` when no set judges that direction.
+    pub fn decide(
+        &self,
+        pod: IpAddr,
+        direction: Direction,
+        peer: IpAddr,
+        protocol: u8,
+        port: u16,
+    ) -> Option<Decided> {
+        let endpoint = self.endpoints.get(&addr16(pod), 0).ok()?;
+        let (set, lengths) = match direction {
+            Direction::Ingress => (endpoint.ingress, endpoint.ingress_lengths),
+            Direction::Egress => (endpoint.egress, endpoint.egress_lengths),
+        };
+        if set == 0 {
+            return None;
+        }
+        Some(self.lookup(set, &lengths, peer, protocol, port))
+    }
+
+    /// The kernel's lookups: the set's prefix lengths longest first, then the port table.
+    fn lookup(
+        &self,
+        set: u32,
+        lengths: &AclLengths,
+        peer: IpAddr,
+        protocol: u8,
+        port: u16,
+    ) -> Decided {
+        let (family, lengths) = match peer {
+            IpAddr::V4(_) => (ACL_FAMILY_V4, &lengths.v4),
+            IpAddr::V6(_) => (ACL_FAMILY_V6, &lengths.v6),
+        };
+        let unmatched = Decided {
+            set,
+            verdict: 0,
+            rule: ACL_RULE_DEFAULT,
+        };
+        for &len in lengths.iter().take_while(|l| **l != ACL_NO_LENGTH) {
+            let Ok(prefix) = IpNet::new(peer, len) else {
+                continue;
+            };
+            let key = addr_key(set, prefix);
+            debug_assert_eq!(key.family, family);
+            let Ok(value) = self.addrs.get(&key, 0) else {
+                continue;
+            };
+            if value.kind != ACL_ENTRY_PORTS {
+                return Decided {
+                    set,
+                    verdict: value.verdict,
+                    rule: value.rule,
+                };
+            }
+            let kinds = [
+                (ACL_PORT_EXACT, port),
+                (ACL_PORT_BUCKET, port & 0xFF00),
+                (ACL_PORT_PROTOCOL, 0),
+            ];
+            for (kind, port) in kinds {
+                if value.port_kinds & kind == 0 {
+                    continue;
+                }
+                let key = AclPortKey {
+                    table: value.table,
+                    protocol,
+                    kind,
+                    port,
+                };
+                if let Ok(found) = self.ports.get(&key, 0) {
+                    return Decided {
+                        set,
+                        verdict: found.verdict,
+                        rule: found.rule,
+                    };
+                }
+            }
+            return Decided {
+                set,
+                verdict: value.verdict,
+                rule: value.rule,
+            };
+        }
+        unmatched
+    }
+}
