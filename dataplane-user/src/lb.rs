@@ -35,7 +35,7 @@ use k8s_openapi::api::{
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
-use crate::{AgentError, Dataplane, overlay::addr16};
+use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16};
 
 /// The label linking an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -514,6 +514,9 @@ pub struct LbState {
     backends: Option<HashMap<u32, Backend>>,
     /// The membership map as last written (read from the map on the first sync).
     members: Option<BTreeSet<MemberKey>>,
+    /// How many installed service ports reference each backend id (ready or terminating):
+    /// a backend goes when its count does.
+    backend_refs: HashMap<u32, u32>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -521,6 +524,25 @@ struct Installed {
     value: ServiceValue,
     /// Ready backend ids in the live table.
     ready: Vec<u32>,
+    /// Every backend id the port references (ready and terminating).
+    referenced: Vec<u32>,
+    /// The port as installed; `None` when adopted from a previous agent (unknown: the first
+    /// sync installs it again).
+    port: Option<ServicePort>,
+}
+
+impl Installed {
+    /// The port's (service, backend) members: its ready backends, with ClientIP affinity.
+    fn members(&self) -> impl Iterator<Item = MemberKey> + '_ {
+        let service_id = self.value.id;
+        self.ready
+            .iter()
+            .filter(move |_| self.value.affinity_timeout != 0)
+            .map(move |&backend_id| MemberKey {
+                service_id,
+                backend_id,
+            })
+    }
 }
 
 /// Entries written and removed by one sync.
@@ -555,11 +577,96 @@ impl LbState {
         Some(id)
     }
 
-    /// Forgets the backends whose id is not `wanted`: their slots are free from now on.
-    fn release_backends(&mut self, wanted: impl Fn(u32) -> bool) {
-        let free_slots = &mut self.free_slots;
+    /// Gives ids to the backends of `changed` that have none, before anything is written.
+    /// When the slots run out, the ids given here are taken back and the error says how many
+    /// backends `all` needs.
+    fn allocate_backend_ids(
+        &mut self,
+        changed: &[&ServicePort],
+        all: &[ServicePort],
+        capacity: u32,
+    ) -> Result<(), AgentError> {
+        let mut fresh = Vec::new();
+        for port in changed {
+            for &backend in port.ready.iter().chain(&port.terminating) {
+                if self.backend_ids.contains_key(&backend) {
+                    continue;
+                }
+                match self.backend_id(backend, capacity) {
+                    Some(id) => fresh.push((backend, id)),
+                    None => {
+                        for (backend, id) in fresh {
+                            self.backend_ids.remove(&backend);
+                            self.free_slots.push_front(backend_slot(id));
+                        }
+                        let needed = all
+                            .iter()
+                            .flat_map(|p| p.ready.iter().chain(&p.terminating))
+                            .collect::<BTreeSet<_>>()
+                            .len();
+                        return Err(AgentError::Capacity {
+                            what: "backends",
+                            needed,
+                            map: maps::LB_BACKENDS,
+                            limit: capacity,
+                            flag: "--max-backends",
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ids (given) and addresses of every backend a port references.
+    fn referenced_ids(&self, port: &ServicePort) -> Vec<(u32, BackendAddr)> {
+        port.ready
+            .iter()
+            .chain(&port.terminating)
+            .map(|b| (self.backend_ids[b], *b))
+            .collect()
+    }
+
+    fn add_refs(&mut self, referenced: &[(u32, BackendAddr)]) {
+        for (id, _) in referenced {
+            *self.backend_refs.entry(*id).or_default() += 1;
+        }
+    }
+
+    /// Takes back one reference to each of `ids`; returns those nothing references now.
+    fn drop_refs(&mut self, ids: &[u32]) -> Vec<u32> {
+        let mut unreferenced = Vec::new();
+        for id in ids {
+            if let Some(count) = self.backend_refs.get_mut(id) {
+                *count -= 1;
+                if *count == 0 {
+                    self.backend_refs.remove(id);
+                    unreferenced.push(*id);
+                }
+            }
+        }
+        unreferenced
+    }
+
+    /// Counts the references again from what is installed (after adoption or a failure).
+    fn count_backend_refs(&mut self) {
+        self.backend_refs.clear();
+        for id in self.installed.values().flat_map(|i| &i.referenced) {
+            *self.backend_refs.entry(*id).or_default() += 1;
+        }
+    }
+
+    /// Forgets a backend's id: its slot is free from now on.
+    fn release_backend(&mut self, id: u32) {
+        self.backend_ids.retain(|_, held| *held != id);
+        self.free_slots.push_back(backend_slot(id));
+    }
+
+    /// Forgets every id no installed port references.
+    fn release_backends_without_refs(&mut self) {
+        let (refs, free_slots) = (&self.backend_refs, &mut self.free_slots);
         self.backend_ids.retain(|_, &mut id| {
-            let keep = wanted(id);
+            let keep = refs.contains_key(&id);
             if !keep {
                 free_slots.push_back(backend_slot(id));
             }
@@ -728,31 +835,64 @@ impl Dataplane {
                 Installed {
                     value,
                     ready: unknown,
+                    referenced: Vec::new(),
+                    port: None,
                 },
             );
         }
         Ok(())
     }
 
-    /// Makes the load-balancer maps hold exactly `ports`. Order: backends first, then each
-    /// changed service port's new Maglev table under its spare index, then the service entry
-    /// that switches to it in one write, then removals (old tables, gone service ports, and
-    /// backends no service port uses any more).
+    /// Makes the load-balancer maps hold exactly `ports`, writing only what differs from the
+    /// last sync: a service port equal to the one installed is not looked at again (so one
+    /// changed endpoint costs its own port's work, not every port's). Order: the port bitmaps,
+    /// then per changed service port its backends, its new Maglev table under its spare index
+    /// and the service entry that switches to it in one write; then removals (old tables,
+    /// gone service ports, members, and backends no service port uses any more).
+    ///
+    /// Everything the sync needs must fit before anything is written. After a failure (or
+    /// on the first sync, or after adopting a previous agent's maps) the next sync reads the
+    /// maps anew and sweeps what no installed port references.
     pub fn sync_lb(
         &mut self,
         state: &mut LbState,
         ports: &[ServicePort],
     ) -> Result<LbSyncStats, AgentError> {
-        let mut stats = LbSyncStats {
-            services: ports.len(),
-            ..LbSyncStats::default()
-        };
-        // A full map is said as such, with the flag that sizes it.
-        let map_err = crate::acl::map_err;
+        let sweep = state.backends.is_none() || state.members.is_none();
+        let result = self.sync_lb_changes(state, ports, sweep);
+        if result.is_err() {
+            // The maps may hold part of this sync: read them again next time.
+            state.backends = None;
+            state.members = None;
+        }
+        result
+    }
+
+    fn sync_lb_changes(
+        &mut self,
+        state: &mut LbState,
+        ports: &[ServicePort],
+        sweep: bool,
+    ) -> Result<LbSyncStats, AgentError> {
         let capacities = *self.capacities();
-        // Everything this sync needs must fit before anything is written: service ports being
-        // removed keep their ids until the new ones are in.
-        let new_ports = ports
+        let wanted: HashSet<ServiceKey> = ports.iter().map(|p| p.key).collect();
+        let changed: Vec<&ServicePort> = ports
+            .iter()
+            .filter(|p| {
+                state
+                    .installed
+                    .get(&p.key)
+                    .and_then(|i| i.port.as_ref())
+                    .is_none_or(|installed| installed != *p)
+            })
+            .collect();
+        let removed: Vec<ServiceKey> = state
+            .installed
+            .keys()
+            .filter(|k| !wanted.contains(k))
+            .copied()
+            .collect();
+        let new_ports = changed
             .iter()
             .filter(|p| !state.installed.contains_key(&p.key))
             .count();
@@ -766,55 +906,19 @@ impl Dataplane {
                 flag: "--max-service-ports",
             });
         }
-        let mut wanted_backends: BTreeMap<u32, BackendAddr> = BTreeMap::new();
-        for port in ports {
-            for &backend in port.ready.iter().chain(&port.terminating) {
-                let Some(id) = state.backend_id(backend, capacities.backends) else {
-                    let needed = ports
-                        .iter()
-                        .flat_map(|p| p.ready.iter().chain(&p.terminating))
-                        .collect::<BTreeSet<_>>()
-                        .len();
-                    return Err(AgentError::Capacity {
-                        what: "backends",
-                        needed,
-                        map: maps::LB_BACKENDS,
-                        limit: capacities.backends,
-                        flag: "--max-backends",
-                    });
-                };
-                wanted_backends.insert(id, backend);
-            }
+        state.allocate_backend_ids(&changed, ports, capacities.backends)?;
+        if sweep {
+            state.count_backend_refs();
         }
-        stats.backends = wanted_backends.len();
+        let mut stats = LbSyncStats {
+            services: ports.len(),
+            ..LbSyncStats::default()
+        };
         stats.written += self.sync_port_bitmaps(state, ports)?;
-        // Taken out while the maps change: after a failure, the next sync reads them anew.
         let mut have = match state.backends.take() {
             Some(have) => have,
-            None => {
-                let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-                backends
-                    .iter()
-                    .filter_map(Result::ok)
-                    .filter(|b| b.is_live(b.id))
-                    .map(|b| (b.id, b))
-                    .collect()
-            }
+            None => self.live_backends()?,
         };
-        {
-            let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-            for (&id, &backend) in &wanted_backends {
-                let value = backend_value(backend, id);
-                if have.get(&id) != Some(&value) {
-                    backends
-                        .set(backend_slot(id), value, 0)
-                        .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
-                    have.insert(id, value);
-                    stats.written += 1;
-                }
-            }
-        }
-
         let mut have_members = match state.members.take() {
             Some(have) => have,
             None => {
@@ -823,113 +927,44 @@ impl Dataplane {
                 members.keys().filter_map(Result::ok).collect()
             }
         };
-        let mut wanted_members = BTreeSet::new();
+        let mut gone_members = BTreeSet::new();
         let mut stale_tables = Vec::new();
-        for port in ports {
-            let ready: Vec<u32> = port.ready.iter().map(|b| state.backend_ids[b]).collect();
-            let current = state.installed.get(&port.key).cloned();
-            let id = match &current {
-                Some(installed) => installed.value.id,
-                None => state.allocate_service_id(capacities.service_ports).ok_or(
-                    AgentError::Capacity {
-                        what: "service ports",
-                        needed: needed_ports,
-                        map: maps::LB_SERVICES,
-                        limit: capacities.service_ports,
-                        flag: "--max-service-ports",
-                    },
-                )?,
-            };
-            let same_backends = current.as_ref().is_some_and(|c| c.ready == ready);
-            let table = match &current {
-                Some(installed) if same_backends => installed.value.table,
-                // The spare index of this service port: the live table stays intact until
-                // the service entry switches.
-                Some(installed) => installed.value.table ^ 1,
-                None => id * 2,
-            };
-            if !same_backends {
-                let pairs: Vec<(u32, BackendAddr)> = ready
-                    .iter()
-                    .copied()
-                    .zip(port.ready.iter().copied())
-                    .collect();
-                let built = maglev_table(&pairs);
-                let mut value: MaglevTable = [0; MAGLEV_TABLE_SIZE];
-                value.copy_from_slice(&built);
-                let mut tables: BpfHashMap<&mut MapData, u32, MaglevTable> =
-                    self.typed_map(maps::LB_MAGLEV)?;
-                tables
-                    .insert(table, value, 0)
-                    .map_err(map_err(maps::LB_MAGLEV, "write Maglev table"))?;
-                stats.written += 1;
-                if let Some(installed) = &current {
-                    stale_tables.push(installed.value.table);
-                }
+        let mut unreferenced = Vec::new();
+        for port in changed {
+            let referenced = state.referenced_ids(port);
+            stats.written += self.write_backends(&referenced, &mut have)?;
+            let old = state.installed.get(&port.key).cloned();
+            let installed = self.install_port(
+                state,
+                port,
+                old.as_ref(),
+                &mut have_members,
+                &mut gone_members,
+                &mut stale_tables,
+                &mut stats,
+            )?;
+            state.add_refs(&referenced);
+            if let Some(old) = &old {
+                unreferenced.extend(state.drop_refs(&old.referenced));
             }
-            let value = ServiceValue {
-                id,
-                table,
-                backends: ready.len() as u32,
-                affinity_timeout: port.affinity_timeout,
-            };
-            if port.affinity_timeout != 0 {
-                // Before the service entry: its new backends are members from their first flow.
-                let mut members: BpfHashMap<&mut MapData, MemberKey, u32> =
-                    self.typed_map(maps::LB_MEMBERS)?;
-                for &backend_id in &ready {
-                    let member = MemberKey {
-                        service_id: id,
-                        backend_id,
-                    };
-                    wanted_members.insert(member);
-                    if have_members.insert(member) {
-                        if wanted_members.len() > MAX_AFFINITY_MEMBERS as usize {
-                            return Err(AgentError::Capacity {
-                                what: "backends of service ports with ClientIP affinity",
-                                needed: wanted_members.len(),
-                                map: maps::LB_MEMBERS,
-                                limit: MAX_AFFINITY_MEMBERS,
-                                flag: "(fixed size)",
-                            });
-                        }
-                        members
-                            .insert(member, 1, 0)
-                            .map_err(map_err(maps::LB_MEMBERS, "write member"))?;
-                        stats.written += 1;
-                    }
-                }
-            }
-            if current.as_ref().map(|c| c.value) != Some(value) {
-                let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
-                    self.typed_map(maps::LB_SERVICES)?;
-                services
-                    .insert(port.key, value, 0)
-                    .map_err(map_err(maps::LB_SERVICES, "write service"))?;
-                stats.written += 1;
-            }
-            state.installed.insert(port.key, Installed { value, ready });
+            state.installed.insert(port.key, installed);
         }
-
         // Removals, after every addition.
-        let wanted: BTreeSet<ServiceKey> = ports.iter().map(|p| p.key).collect();
-        let gone: Vec<(ServiceKey, Installed)> = state
-            .installed
-            .iter()
-            .filter(|(k, _)| !wanted.contains(k))
-            .map(|(k, v)| (*k, v.clone()))
-            .collect();
         {
             let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
                 self.typed_map(maps::LB_SERVICES)?;
-            for (key, installed) in &gone {
+            for key in &removed {
+                let Some(installed) = state.installed.remove(key) else {
+                    continue;
+                };
                 services
                     .remove(key)
                     .map_err(map_err(maps::LB_SERVICES, "remove service"))?;
                 stats.deleted += 1;
                 stale_tables.push(installed.value.table);
-                state.installed.remove(key);
                 state.free_service_ids.push(installed.value.id);
+                gone_members.extend(installed.members());
+                unreferenced.extend(state.drop_refs(&installed.referenced));
             }
         }
         {
@@ -941,26 +976,190 @@ impl Dataplane {
                 }
             }
         }
-        stats.deleted += self.remove_members(&mut have_members, &wanted_members)?;
-        state.members = Some(have_members);
-        {
-            let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-            let stale: Vec<u32> = have
-                .keys()
-                .filter(|id| !wanted_backends.contains_key(id))
-                .copied()
+        if sweep {
+            // What a previous agent (or a failed sync) left that no installed port has.
+            let wanted: BTreeSet<MemberKey> = state
+                .installed
+                .values()
+                .flat_map(Installed::members)
                 .collect();
-            for id in stale {
-                backends
-                    .set(backend_slot(id), removed_backend(id), 0)
-                    .map_err(map_err(maps::LB_BACKENDS, "remove backend"))?;
-                have.remove(&id);
-                stats.deleted += 1;
-            }
-            state.backends = Some(have);
-            state.release_backends(|id| wanted_backends.contains_key(&id));
+            gone_members.extend(have_members.difference(&wanted).copied());
+            unreferenced.extend(have.keys().copied());
         }
+        stats.deleted += self.remove_members(&mut have_members, &gone_members)?;
+        state.members = Some(have_members);
+        stats.deleted += self.remove_backends(state, &unreferenced, &mut have)?;
+        state.backends = Some(have);
+        if sweep {
+            state.release_backends_without_refs();
+        }
+        stats.backends = state.backend_refs.len();
         Ok(stats)
+    }
+
+    /// The live entries of the backends array, by id.
+    fn live_backends(&mut self) -> Result<HashMap<u32, Backend>, AgentError> {
+        let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+        Ok(backends
+            .iter()
+            .filter_map(Result::ok)
+            .filter(|b| b.is_live(b.id))
+            .map(|b| (b.id, b))
+            .collect())
+    }
+
+    /// Writes the backends of `ids` that the array does not hold as they should be.
+    fn write_backends(
+        &mut self,
+        ids: &[(u32, BackendAddr)],
+        have: &mut HashMap<u32, Backend>,
+    ) -> Result<usize, AgentError> {
+        let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+        let mut written = 0;
+        for &(id, backend) in ids {
+            let value = backend_value(backend, id);
+            if have.get(&id) != Some(&value) {
+                backends
+                    .set(backend_slot(id), value, 0)
+                    .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
+                have.insert(id, value);
+                written += 1;
+            }
+        }
+        Ok(written)
+    }
+
+    /// Marks removed the backends of `candidates` no installed service port references, and
+    /// gives their slots back.
+    fn remove_backends(
+        &mut self,
+        state: &mut LbState,
+        candidates: &[u32],
+        have: &mut HashMap<u32, Backend>,
+    ) -> Result<usize, AgentError> {
+        let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
+        let mut deleted = 0;
+        for &id in candidates {
+            if state.backend_refs.contains_key(&id) || have.remove(&id).is_none() {
+                continue;
+            }
+            backends
+                .set(backend_slot(id), removed_backend(id), 0)
+                .map_err(map_err(maps::LB_BACKENDS, "remove backend"))?;
+            deleted += 1;
+            state.release_backend(id);
+        }
+        Ok(deleted)
+    }
+
+    /// One changed service port: its Maglev table (a new one under the spare index when its
+    /// ready backends changed), its members (before the service entry: new backends are
+    /// members from their first flow), then the service entry. Returns what is installed.
+    #[allow(
+        clippy::too_many_arguments,
+        reason = "the sync's working sets, passed down"
+    )]
+    fn install_port(
+        &mut self,
+        state: &mut LbState,
+        port: &ServicePort,
+        current: Option<&Installed>,
+        have_members: &mut BTreeSet<MemberKey>,
+        gone_members: &mut BTreeSet<MemberKey>,
+        stale_tables: &mut Vec<u32>,
+        stats: &mut LbSyncStats,
+    ) -> Result<Installed, AgentError> {
+        let capacities = *self.capacities();
+        let ready: Vec<u32> = port.ready.iter().map(|b| state.backend_ids[b]).collect();
+        let id =
+            match current {
+                Some(installed) => installed.value.id,
+                None => state.allocate_service_id(capacities.service_ports).ok_or(
+                    AgentError::Capacity {
+                        what: "service ports",
+                        needed: state.installed.len() + 1,
+                        map: maps::LB_SERVICES,
+                        limit: capacities.service_ports,
+                        flag: "--max-service-ports",
+                    },
+                )?,
+            };
+        let same_backends = current.is_some_and(|c| c.ready == ready);
+        let table = match current {
+            Some(installed) if same_backends => installed.value.table,
+            // The spare index of this service port: the live table stays intact until the
+            // service entry switches.
+            Some(installed) => installed.value.table ^ 1,
+            None => id * 2,
+        };
+        if !same_backends {
+            let pairs: Vec<(u32, BackendAddr)> = ready
+                .iter()
+                .copied()
+                .zip(port.ready.iter().copied())
+                .collect();
+            let built = maglev_table(&pairs);
+            let mut value: MaglevTable = [0; MAGLEV_TABLE_SIZE];
+            value.copy_from_slice(&built);
+            let mut tables: BpfHashMap<&mut MapData, u32, MaglevTable> =
+                self.typed_map(maps::LB_MAGLEV)?;
+            tables
+                .insert(table, value, 0)
+                .map_err(map_err(maps::LB_MAGLEV, "write Maglev table"))?;
+            stats.written += 1;
+            if let Some(installed) = current {
+                stale_tables.push(installed.value.table);
+            }
+        }
+        let value = ServiceValue {
+            id,
+            table,
+            backends: ready.len() as u32,
+            affinity_timeout: port.affinity_timeout,
+        };
+        let installed = Installed {
+            value,
+            ready,
+            referenced: state
+                .referenced_ids(port)
+                .iter()
+                .map(|(id, _)| *id)
+                .collect(),
+            port: Some(port.clone()),
+        };
+        let members: BTreeSet<MemberKey> = installed.members().collect();
+        if !members.is_empty() {
+            let mut map: BpfHashMap<&mut MapData, MemberKey, u32> =
+                self.typed_map(maps::LB_MEMBERS)?;
+            for &member in &members {
+                if have_members.insert(member) {
+                    if have_members.len() > MAX_AFFINITY_MEMBERS as usize {
+                        return Err(AgentError::Capacity {
+                            what: "backends of service ports with ClientIP affinity",
+                            needed: have_members.len(),
+                            map: maps::LB_MEMBERS,
+                            limit: MAX_AFFINITY_MEMBERS,
+                            flag: "(fixed size)",
+                        });
+                    }
+                    map.insert(member, 1, 0)
+                        .map_err(map_err(maps::LB_MEMBERS, "write member"))?;
+                    stats.written += 1;
+                }
+            }
+        }
+        if let Some(old) = current {
+            gone_members.extend(old.members().filter(|m| !members.contains(m)));
+        }
+        if current.map(|c| c.value) != Some(value) {
+            let mut services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
+                self.typed_map(maps::LB_SERVICES)?;
+            services
+                .insert(port.key, value, 0)
+                .map_err(map_err(maps::LB_SERVICES, "write service"))?;
+            stats.written += 1;
+        }
+        Ok(installed)
     }
 }
 
@@ -971,11 +1170,9 @@ impl Dataplane {
     fn remove_members(
         &mut self,
         have: &mut BTreeSet<MemberKey>,
-        wanted: &BTreeSet<MemberKey>,
+        gone: &BTreeSet<MemberKey>,
     ) -> Result<usize, AgentError> {
-        // A full map is said as such, with the flag that sizes it.
-        let map_err = crate::acl::map_err;
-        let gone: Vec<MemberKey> = have.difference(wanted).copied().collect();
+        let gone: Vec<MemberKey> = gone.intersection(have).copied().collect();
         if gone.is_empty() {
             return Ok(0);
         }

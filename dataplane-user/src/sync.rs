@@ -5,7 +5,7 @@
 //! | stage | reads | work on a change |
 //! |---|---|---|
 //! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod, Network | the node's view is rebuilt; the maps are written where they differ |
-//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; the maps are written where they differ |
+//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; only the service ports that differ from the installed ones are written, their backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod, EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
 //!

@@ -2063,3 +2063,108 @@ fn a_sync_that_does_not_fit_the_maps_names_the_map_and_flag_and_writes_nothing()
         .expect("sync within the capacity");
     assert_eq!(installed(&mut fixture).0.len(), 2);
 }
+
+/// Service ports with their backend counts, and live backends (`address:port`) with their ids.
+type LbMaps = (Vec<(ServiceKey, u32)>, Vec<(String, u32)>);
+
+/// What the load-balancer maps hold.
+fn lb_maps(fixture: &mut Fixture) -> LbMaps {
+    let services: HashMap<&mut MapData, ServiceKey, ServiceValue> =
+        fixture.typed_map(LB_SERVICES).expect("services");
+    let mut ports: Vec<(ServiceKey, u32)> = services
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(k, v)| (k, v.backends))
+        .collect();
+    ports.sort();
+    let backends: Array<&mut MapData, Backend> =
+        fixture.typed_map(maps::LB_BACKENDS).expect("backends");
+    let mut live: Vec<(String, u32)> = backends
+        .iter()
+        .filter_map(Result::ok)
+        .filter(|b| b.is_live(b.id))
+        .map(|b| {
+            let addr = dataplane_user::overlay::ip_of(&b.addr);
+            (format!("{addr}:{}", u16::from_be_bytes(b.port_be)), b.id)
+        })
+        .collect();
+    live.sort();
+    (ports, live)
+}
+
+#[test]
+fn a_sync_writes_only_the_changed_service_ports_and_keeps_shared_backends() {
+    if !privileged("a_sync_writes_only_the_changed_service_ports_and_keeps_shared_backends") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let web = |backends: &[&str]| service("10.96.0.10", 80, 6, backends, 0);
+    let api = |backends: &[&str]| service("10.96.0.11", 443, 6, backends, 10800);
+    let stats = fixture
+        .sync_lb(
+            &mut state,
+            &[
+                web(&["10.244.1.3:8080", "10.244.2.5:8080"]),
+                api(&["10.244.2.5:8080"]),
+            ],
+        )
+        .expect("sync");
+    assert_eq!((stats.services, stats.backends), (2, 2));
+    let (_, first) = lb_maps(&mut fixture);
+    // The same ports again: nothing written.
+    let stats = fixture
+        .sync_lb(
+            &mut state,
+            &[
+                web(&["10.244.1.3:8080", "10.244.2.5:8080"]),
+                api(&["10.244.2.5:8080"]),
+            ],
+        )
+        .expect("sync");
+    assert_eq!((stats.written, stats.deleted), (0, 0));
+    // web loses the shared backend: web's table and entry are written, the backend stays
+    // (api still has it) with its id.
+    let stats = fixture
+        .sync_lb(
+            &mut state,
+            &[web(&["10.244.1.3:8080"]), api(&["10.244.2.5:8080"])],
+        )
+        .expect("sync");
+    assert_eq!(
+        (stats.written, stats.deleted),
+        (2, 1),
+        "web's new table and entry; its old table"
+    );
+    let (ports, live) = lb_maps(&mut fixture);
+    assert_eq!(ports.iter().map(|p| p.1).collect::<Vec<_>>(), [1, 1]);
+    assert_eq!(live, first, "both backends live, ids unchanged");
+    // api goes: its entry, table and member go, and the backend nobody has any more.
+    let stats = fixture
+        .sync_lb(&mut state, &[web(&["10.244.1.3:8080"])])
+        .expect("sync");
+    assert_eq!(
+        stats.deleted, 4,
+        "api's entry, table, member, and 10.244.2.5"
+    );
+    let (ports, live) = lb_maps(&mut fixture);
+    assert_eq!(ports.len(), 1);
+    assert_eq!(live, [first[0].clone()]);
+    let members: HashMap<&mut MapData, MemberKey, u32> =
+        fixture.typed_map(LB_MEMBERS).expect("members");
+    assert_eq!(members.keys().count(), 0);
+    // A fresh agent's state over the same maps sweeps what no port references.
+    let mut fresh = LbState::default();
+    fixture.adopt_lb(&mut fresh).expect("adopt");
+    let stats = fixture
+        .sync_lb(&mut fresh, &[api(&["10.244.2.6:8080"])])
+        .expect("sync after adoption");
+    assert_eq!(stats.backends, 1);
+    let (ports, live) = lb_maps(&mut fixture);
+    assert_eq!(ports.len(), 1);
+    assert_eq!(
+        live.iter().map(|l| l.0.as_str()).collect::<Vec<_>>(),
+        ["10.244.2.6:8080"],
+        "web's backend swept"
+    );
+}

@@ -435,9 +435,11 @@ fn backend_ids_take_fresh_slots_first_then_the_longest_free_with_a_newer_generat
         Some(first),
         "stable"
     );
+    let mut ids = vec![first];
     for n in 1..CAPACITY {
         let id = state.backend_id(numbered_backend(n), CAPACITY).unwrap();
         assert_eq!((backend_slot(id), backend_generation(id)), (n, 1));
+        ids.push(id);
     }
     assert_eq!(
         state.backend_id(numbered_backend(CAPACITY), CAPACITY),
@@ -445,8 +447,8 @@ fn backend_ids_take_fresh_slots_first_then_the_longest_free_with_a_newer_generat
         "full"
     );
     // Slots 7 then 3 freed: reused in that order, one generation up.
-    state.release_backends(|id| backend_slot(id) != 7);
-    state.release_backends(|id| backend_slot(id) != 3);
+    state.release_backend(ids[7]);
+    state.release_backend(ids[3]);
     let a = state
         .backend_id(numbered_backend(CAPACITY), CAPACITY)
         .unwrap();
