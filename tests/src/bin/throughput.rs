@@ -57,21 +57,34 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
         .stderr(Stdio::null())
         .spawn()
         .context("starting iperf3 server")?;
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", client_pod.netns))
-        .args([
-            "iperf3",
-            "-c",
-            &server_pod.ip.to_string(),
-            "-p",
-            "5201",
-            "-J",
-        ])
-        .args(["-t", &seconds.to_string()])
-        .output()
-        .context("running iperf3 client")?;
+    // The server may take longer than a moment to listen on a loaded machine: the client is
+    // tried again, and the server stopped whatever happened (it would wait for a client
+    // forever).
+    let mut out = None;
+    for _ in 0..25 {
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        let run = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", client_pod.netns))
+            .args([
+                "iperf3",
+                "-c",
+                &server_pod.ip.to_string(),
+                "-p",
+                "5201",
+                "-J",
+            ])
+            .args(["-t", &seconds.to_string()])
+            .output()
+            .context("running iperf3 client")?;
+        let done = run.status.success();
+        out = Some(run);
+        if done {
+            break;
+        }
+    }
+    let _ = server.kill();
     let _ = server.wait();
+    let out = out.context("iperf3 client never ran")?;
     if !out.status.success() {
         bail!("iperf3: {}", String::from_utf8_lossy(&out.stdout));
     }
