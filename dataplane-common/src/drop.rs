@@ -96,11 +96,16 @@ drop_reasons! {
     HybridWrongMac = 59, "hybrid_wrong_mac", "hybrid overlay VXLAN whose inner destination MAC is not this node's router MAC";
     HybridMalformed = 60, "hybrid_malformed", "hybrid overlay VXLAN too short for its headers, or whose inner frame is not IPv4";
     HybridNoNode = 61, "hybrid_no_node", "a packet to the hybrid overlay's network for a subnet no hybrid node announces (its node left, or removed its annotations)";
+    MulticastDisabled = 62, "multicast_disabled", "multicast to or from a pod whose namespace has not enabled it (k8s.ovn.org/multicast-enabled), or to a pod that did not join the group";
+    MulticastNoMembers = 63, "multicast_no_members", "multicast to a group that no pod of the sender's namespace joined";
+    MulticastBadTunnel = 64, "multicast_bad_tunnel", "a Geneve multicast copy without a valid namespace option, or whose inner frame is no IP multicast";
+    MulticastCopyFailed = 65, "multicast_copy_failed", "a multicast copy could not be made (clone, encapsulation or route to the other node failed)";
+    MulticastReportLost = 66, "multicast_report_lost", "an IGMP or MLD message found the agent's ring full (the next query asks again)";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 
 /// Size of the drop counter map: one slot per code, slot 0 unused.
-pub const DROP_REASON_SLOTS: u32 = 64;
+pub const DROP_REASON_SLOTS: u32 = 96;
 
 const _: () = {
     let mut i = 0;

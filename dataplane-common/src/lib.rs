@@ -10,6 +10,7 @@ pub mod frag;
 pub mod hybrid;
 pub mod lb;
 pub mod maps;
+pub mod multicast;
 pub mod overlay;
 pub mod port;
 pub mod stats;

@@ -4,7 +4,7 @@
 
 /// Bumped whenever a pinned map's key/value layout or meaning changes. A restarted agent refuses
 /// to adopt pins written under another version instead of misreading them.
-pub const LAYOUT_VERSION: u32 = 9;
+pub const LAYOUT_VERSION: u32 = 10;
 
 /// Per-CPU array of u64, indexed by [`crate::DropReason`] code.
 pub const DROPS: &str = "DP_DROPS";
@@ -133,6 +133,18 @@ pub const HYBRID_CONFIG: &str = "DP_HYBRID_CONFIG";
 pub const HYBRID_NODES: &str = "DP_HYBRID_NODES";
 pub const MAX_HYBRID_NODES: u32 = 1024;
 
+/// Multicast: host-side veth ifindex of each local pod of a multicast-enabled namespace ->
+/// [`crate::multicast::McastPod`].
+pub const MCAST_PODS: &str = "DP_MCAST_PODS";
+/// Multicast: [`crate::multicast::McastKey`] -> [`crate::multicast::McastGroup`], where a
+/// group's packets are copied to.
+pub const MCAST_GROUPS: &str = "DP_MCAST_GROUPS";
+/// Multicast: ring buffer of [`crate::multicast::McastReport`], the IGMP and MLD messages
+/// pods of enabled namespaces send.
+pub const MCAST_REPORTS: &str = "DP_MCAST_REPORTS";
+/// Bytes of the report ring (about 700 messages).
+pub const MCAST_REPORTS_BYTES: u32 = 1024 * 1024;
+
 /// Default capacity of the nodes' maps (`--max-nodes`): the remote pod subnets (IPv4 and
 /// IPv6, one per node) and the nodes' addresses (two per node).
 pub const MAX_NODES: u32 = 8192;
@@ -175,6 +187,9 @@ pub const ALL_MAPS: &[&str] = &[
     EGRESS_ACTIVE,
     HYBRID_CONFIG,
     HYBRID_NODES,
+    MCAST_PODS,
+    MCAST_GROUPS,
+    MCAST_REPORTS,
 ];
 
 /// XDP program on the underlay NIC.
@@ -218,6 +233,16 @@ pub const TAIL_UNDERLAY_EGRESS: u32 = 6;
 /// After `tc_underlay` for what the load-balancer left alone: replies to an egress address held
 /// here translated back, and other nodes' egress traffic (decapsulated) translated.
 pub const PROG_UNDERLAY_EGRESS: &str = "tc_underlay_egress";
+/// `TAILS` slot of [`PROG_FROM_POD_MULTICAST`].
+pub const TAIL_FROM_POD_MULTICAST: u32 = 7;
+/// After `tc_from_pod`'s port security for a packet to a multicast group: IGMP and MLD
+/// reports to the agent, data copied to the group's local pods and other nodes.
+pub const PROG_FROM_POD_MULTICAST: &str = "tc_from_pod_multicast";
+/// `TAILS` slot of [`PROG_UNDERLAY_MULTICAST`].
+pub const TAIL_UNDERLAY_MULTICAST: u32 = 8;
+/// After `tc_underlay` for Geneve to this node that XDP left whole (a multicast copy): checked,
+/// unwrapped and copied to the group's local pods.
+pub const PROG_UNDERLAY_MULTICAST: &str = "tc_underlay_multicast";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";
@@ -278,6 +303,16 @@ pub const TAIL_STAGES: &[TailStage] = &[
         program: PROG_UNDERLAY_EGRESS,
         reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_SCTP],
     },
+    TailStage {
+        slot: TAIL_FROM_POD_MULTICAST,
+        program: PROG_FROM_POD_MULTICAST,
+        reached_from: &[PROG_FROM_POD],
+    },
+    TailStage {
+        slot: TAIL_UNDERLAY_MULTICAST,
+        program: PROG_UNDERLAY_MULTICAST,
+        reached_from: &[PROG_UNDERLAY_TC],
+    },
 ];
 
 /// Every program the dataplane loads.
@@ -291,6 +326,8 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY_SCTP,
     PROG_FROM_POD_EGRESS,
     PROG_UNDERLAY_EGRESS,
+    PROG_FROM_POD_MULTICAST,
+    PROG_UNDERLAY_MULTICAST,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
     PROG_BASELINE,

@@ -95,6 +95,14 @@ pub enum PacketClass {
     VxlanEncap = 29,
     /// VXLAN from a hybrid node, unwrapped for a pod or a service here.
     VxlanDecap = 30,
+    /// An IGMP or MLD message of a pod of a multicast-enabled namespace, handed to the agent.
+    MulticastReport = 31,
+    /// A multicast copy handed to a local pod that joined the group.
+    MulticastLocalCopy = 32,
+    /// A multicast copy sent to another node in Geneve (one per node).
+    MulticastRemoteCopy = 33,
+    /// An IGMP or MLD query let into a pod.
+    MulticastQuery = 34,
 }
 
 impl PacketClass {
@@ -130,6 +138,10 @@ impl PacketClass {
         PacketClass::EgressArpAnswered,
         PacketClass::VxlanEncap,
         PacketClass::VxlanDecap,
+        PacketClass::MulticastReport,
+        PacketClass::MulticastLocalCopy,
+        PacketClass::MulticastRemoteCopy,
+        PacketClass::MulticastQuery,
     ];
 
     /// The class with this counter column, if any (a match, not a table: the kernel side
@@ -167,6 +179,10 @@ impl PacketClass {
             28 => PacketClass::EgressArpAnswered,
             29 => PacketClass::VxlanEncap,
             30 => PacketClass::VxlanDecap,
+            31 => PacketClass::MulticastReport,
+            32 => PacketClass::MulticastLocalCopy,
+            33 => PacketClass::MulticastRemoteCopy,
+            34 => PacketClass::MulticastQuery,
             _ => return None,
         })
     }
@@ -204,12 +220,16 @@ impl PacketClass {
             PacketClass::EgressArpAnswered => "egress_arp_answered",
             PacketClass::VxlanEncap => "vxlan_encap",
             PacketClass::VxlanDecap => "vxlan_decap",
+            PacketClass::MulticastReport => "multicast_report",
+            PacketClass::MulticastLocalCopy => "multicast_local_copy",
+            PacketClass::MulticastRemoteCopy => "multicast_remote_copy",
+            PacketClass::MulticastQuery => "multicast_query",
         }
     }
 }
 
 /// Columns per hook row in the counter map (room to grow without a layout change).
-pub const CLASS_SLOTS: u32 = 32;
+pub const CLASS_SLOTS: u32 = 48;
 /// Rows in the counter map.
 pub const HOOK_SLOTS: u32 = 8;
 /// Entries of the per-CPU packet counter map.

@@ -26,6 +26,8 @@ mod lb;
 #[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
+mod multicast;
+#[cfg(target_arch = "bpf")]
 mod overlay;
 #[cfg(target_arch = "bpf")]
 mod parse;

@@ -24,8 +24,9 @@ use dataplane_common::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
         DEFAULT_SERVICE_PORTS, MAX_ACL_CT_ENTRIES, MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
-        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MCAST_REPORTS_BYTES,
     },
+    multicast::{MAX_GROUPS, McastGroup, McastKey, McastPod},
     overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
     port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
     stats::PACKET_COUNTER_SLOTS,
@@ -137,7 +138,7 @@ pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =
 
 /// Later halves of programs, reached by tail call (filled by the loader).
 #[map(name = "DP_TAILS")]
-pub static TAILS: ProgramArray = ProgramArray::with_max_entries(8, 0);
+pub static TAILS: ProgramArray = ProgramArray::with_max_entries(16, 0);
 
 /// How many local pod addresses are under access control (0: skip the stage).
 #[map(name = "DP_ACL_ACTIVE")]
@@ -255,3 +256,16 @@ pub static HYBRID_CONFIG: aya_ebpf::maps::Array<HybridConfig> = aya_ebpf::maps::
 /// Hybrid nodes' underlay addresses -> their router MACs.
 #[map(name = "DP_HYBRID_NODES")]
 pub static HYBRID_NODES: HashMap<Addr, HybridNode> = HashMap::pinned(MAX_HYBRID_NODES, 0);
+
+/// Local pods of multicast-enabled namespaces, by host-side veth.
+#[map(name = "DP_MCAST_PODS")]
+pub static MCAST_PODS: HashMap<u32, McastPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// Where each group's packets are copied to (local pods, other nodes).
+#[map(name = "DP_MCAST_GROUPS")]
+pub static MCAST_GROUPS: HashMap<McastKey, McastGroup> = HashMap::pinned(MAX_GROUPS, 0);
+
+/// IGMP and MLD messages of pods of enabled namespaces, for the agent.
+#[map(name = "DP_MCAST_REPORTS")]
+pub static MCAST_REPORTS: aya_ebpf::maps::RingBuf =
+    aya_ebpf::maps::RingBuf::pinned(MCAST_REPORTS_BYTES, 0);

@@ -37,6 +37,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, PacketClass,
+    multicast::is_group,
     overlay::{
         Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
         GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
@@ -677,6 +678,11 @@ fn unwrap_geneve(
     let options_len = check_geneve(packet, geneve, config.vni)?;
     let inner = geneve + GENEVE_HEADER_LEN + options_len;
     inner_address(packet, inner, false, &mut key.data)?;
+    // A copy to a multicast group goes up whole: `tc_underlay_multicast` reads the sender's
+    // namespace from its options and copies it to the group's pods, which XDP cannot.
+    if is_group(&key.data) {
+        return Ok(None);
+    }
     // SAFETY: only presence is checked.
     if unsafe { LOCAL_PODS.get(&key.data) }.is_none() && !egress_bound(packet, inner, key)? {
         return Err(DropReason::GeneveNoLocalPod);
@@ -698,7 +704,7 @@ fn unwrap_geneve(
 /// Writes the outer source (16-byte form) into `src`; whether the outer destination is this
 /// node.
 #[inline(always)]
-fn outer_addresses(
+pub(crate) fn outer_addresses(
     packet: &Packet,
     parsed: &Parsed,
     config: &OverlayConfig,
@@ -746,7 +752,7 @@ fn check_vlan(packet: &Packet, parsed: &Parsed, config: &OverlayConfig) -> Resul
 
 /// Applies RFC 8926's receive rules to the Geneve header at `at`; returns the options length.
 #[inline(always)]
-fn check_geneve(packet: &Packet, at: usize, vni: u32) -> Result<usize, DropReason> {
+pub(crate) fn check_geneve(packet: &Packet, at: usize, vni: u32) -> Result<usize, DropReason> {
     let base: *const [u8; 8] = packet
         .header(at)
         .ok_or(DropReason::GeneveOptionsTruncated)?;
@@ -812,7 +818,7 @@ fn egress_bound(packet: &Packet, inner: usize, key: &mut Key<Addr>) -> Result<bo
 /// Writes the source (`source`) or destination address of the inner frame at `at` (Ethernet,
 /// then IPv4 or IPv6) into `dst`, in the 16-byte form.
 #[inline(always)]
-fn inner_address(
+pub(crate) fn inner_address(
     packet: &Packet,
     at: usize,
     source: bool,

@@ -17,7 +17,7 @@ use dataplane_common::{
 use crate::{
     acl, egressip, frag, lb,
     maps::{PARSED, TAILS},
-    overlay,
+    multicast, overlay,
     parse::{
         IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, parse_skb, parse_untagged_ipv4, stashed,
     },
@@ -76,6 +76,10 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             count_drop(Hook::FromPod, reason);
             return TC_ACT_SHOT;
         }
+    }
+    // To a group: its own program, whatever the protocol (no service or policy applies).
+    if multicast::to_group(&ctx, parsed) {
+        return multicast::hand_on(&ctx);
     }
     // A later fragment gets its first fragment's ports, for the load-balancer and policy.
     if let Err(reason) = frag::follow_first(&ctx, parsed) {
@@ -284,6 +288,10 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
     if let Err(reason) = port::to_pod(&ctx, parsed).into_value() {
         count_drop(Hook::ToPod, reason);
         return TC_ACT_SHOT;
+    }
+    // To a group: only the dataplane's copies for members, and queries.
+    if let Some(verdict) = multicast::to_pod(&ctx, parsed) {
+        return verdict;
     }
     // A later fragment is judged by its first fragment's ports.
     if let Err(reason) = frag::follow_first(&ctx, parsed) {

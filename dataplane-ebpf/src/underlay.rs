@@ -15,7 +15,7 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::SERVICE_REPLY_MARK,
-    maps::{TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_SCTP},
+    maps::{TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST, TAIL_UNDERLAY_SCTP},
 };
 
 use crate::{
@@ -159,6 +159,10 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
         }
     };
     count_packet(Hook::UnderlayTc, parsed.class);
+    // Geneve XDP did not unwrap: a multicast copy, or none for this node.
+    if overlay::geneve_port(&parsed) {
+        return hand_on(&ctx, &parsed, TAIL_UNDERLAY_MULTICAST);
+    }
     match parsed.class {
         PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),
         PacketClass::Sctp => hand_on(&ctx, &parsed, TAIL_UNDERLAY_SCTP),

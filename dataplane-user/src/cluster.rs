@@ -17,7 +17,7 @@ use dataplane_user::{
     egressip::{self, compile::EgressInputs, node::EgressNode},
     hybrid,
     kubernetes::KubeSource,
-    lb, mgmt, model, netdev,
+    lb, mgmt, model, multicast, netdev,
     overlay::{self, Underlay},
     preflight, source,
     sync::{Changes, Kind, ServiceCache, Stage},
@@ -72,6 +72,11 @@ pub struct Cluster {
     pub services: ServiceCache,
     /// How many Services the services stage last refused.
     pub services_rejected: usize,
+    pub multicast_settings: multicast::Settings,
+    /// Started at the first sync.
+    pub multicast: Option<multicast::MulticastAgent>,
+    /// Where the agent describes its state for `inspect`.
+    pub run_dir: PathBuf,
 }
 
 /// What one sync did.
@@ -183,6 +188,22 @@ impl Cluster {
             rejected.push(("egressfirewall", firewalls));
             rejected.push(("networkpolicy", policies));
             rejected.push(("adminpolicy", admin));
+        }
+        if let Some(model) = &self.model
+            && changes.runs(Stage::Multicast)
+        {
+            let plan = multicast::plan(&state, &model.view);
+            if self.multicast.is_none() {
+                self.multicast = Some(multicast::MulticastAgent::start(
+                    dataplane,
+                    self.multicast_settings,
+                    &self.node,
+                    &self.run_dir,
+                )?);
+            }
+            if let Some(agent) = self.multicast.as_mut() {
+                synced.written += agent.configure(dataplane, plan)?;
+            }
         }
         if changes.runs(Stage::EgressIps) {
             let view = self.model.as_ref().map(|m| m.view.clone());

@@ -58,6 +58,8 @@ pub enum Table {
     /// Egress IPs: who holds each address, the local pods that leave by them, the pods this
     /// node translates, and the translated flows.
     Egressip,
+    /// Multicast groups: namespace, group, local member pods, member nodes.
+    Multicast,
 }
 
 /// A decoded table: column names and rows of cells.
@@ -138,6 +140,14 @@ fn open_err(
 
 fn pinned(pins: &Pins, name: &'static str) -> Result<MapData, AgentError> {
     MapData::from_pin(pins.map(name)).map_err(open_err(name, "open pin"))
+}
+
+/// The entries of the pinned hash map `name`.
+pub(crate) fn pinned_hash<K: aya::Pod, V: aya::Pod>(
+    pins: &Pins,
+    name: &'static str,
+) -> Result<Vec<(K, V)>, AgentError> {
+    hash(pins, name, false)
 }
 
 fn hash<K: aya::Pod, V: aya::Pod>(
@@ -419,6 +429,11 @@ pub fn read(
                 }
             }
             (vec!["WHAT", "SET / PREFIX", "DECISION", "RULE"], rows)
+        }
+        // By ids here; `dataplane inspect multicast` names them from the run directory.
+        Table::Multicast => {
+            let rows = crate::multicast::inspect_rows(pins, None)?;
+            (rows.columns, rows.rows)
         }
         Table::Egressip => (
             vec!["KIND", "ADDRESS", "EGRESS", "DETAIL"],

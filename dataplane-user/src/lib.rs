@@ -18,6 +18,7 @@ pub mod loader;
 pub mod metrics;
 pub mod mgmt;
 pub mod model;
+pub mod multicast;
 pub mod netdev;
 pub mod overlay;
 pub mod pins;

@@ -126,6 +126,13 @@ struct RunOptions {
     /// changes the incremental syncs missed.
     #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
     full_sync_every_seconds: u64,
+    /// Seconds between the general IGMP/MLD queries the agent sends the pods of
+    /// multicast-enabled namespaces; a membership lasts twice this plus 10 s without a report.
+    #[arg(long, default_value_t = 125, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    multicast_query_interval_seconds: u64,
+    /// The UDP port agents announce their nodes' multicast groups to each other on.
+    #[arg(long, default_value_t = 6083)]
+    multicast_port: u16,
 }
 
 /// `dataplane controller`'s options.
@@ -288,6 +295,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 capacities,
                 look_every_seconds,
                 full_sync_every_seconds,
+                multicast_query_interval_seconds,
+                multicast_port,
             } = *options;
             run(
                 &pins,
@@ -313,6 +322,13 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     capacities,
                     look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
                     full_every: std::time::Duration::from_secs(full_sync_every_seconds),
+                    multicast: dataplane_user::multicast::Settings {
+                        query_interval: std::time::Duration::from_secs(
+                            multicast_query_interval_seconds,
+                        ),
+                        peer_port: multicast_port,
+                        ..Default::default()
+                    },
                 },
             )
         }
@@ -340,7 +356,12 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Inspect { table, json } => {
-            let rows = inspect::read(&pins, table, &acl::explain::read(&cli.run_dir))?;
+            let rows = match table {
+                inspect::Table::Multicast => {
+                    dataplane_user::multicast::inspect_rows(&pins, Some(&cli.run_dir))?
+                }
+                _ => inspect::read(&pins, table, &acl::explain::read(&cli.run_dir))?,
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&rows.to_json())?);
             } else {
@@ -457,6 +478,7 @@ struct RunArgs {
     look_every: std::time::Duration,
     /// How often everything is re-read and every stage run.
     full_every: std::time::Duration,
+    multicast: dataplane_user::multicast::Settings,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -550,6 +572,9 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             model: None,
             services: Default::default(),
             services_rejected: 0,
+            multicast_settings: args.multicast,
+            multicast: None,
+            run_dir: run_dir.to_path_buf(),
         };
         let started = Instant::now();
         let synced = runtime.block_on(watched.sync(&mut dataplane, true));
@@ -721,6 +746,7 @@ enum Event {
     /// A CNI request, and any others queued behind it.
     Cni(Job),
     Firewalls(Wake),
+    Multicast(dataplane_user::multicast::Wake),
     /// Time to look whether the cluster changed (and sync if it did).
     Tick,
     /// The source reported a change: a look follows once the burst settles.
@@ -779,6 +805,13 @@ async fn serve(
                 None => std::future::pending().await,
             }
         };
+        let multicast = cluster.as_ref().and_then(|c| c.multicast.as_ref());
+        let multicast_wake = async {
+            match multicast {
+                Some(agent) => agent.wait().await,
+                None => std::future::pending().await,
+            }
+        };
         // The API's watches and the manifest directory's inotify events say when it changed.
         // (Only the wait itself may be cancelled by another event: the debounce is a deadline
         // of its own, which no other event can lose.)
@@ -809,6 +842,7 @@ async fn serve(
             Some(job) = job => Event::Cni(job),
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
+            wake = multicast_wake => Event::Multicast(wake),
             _ = source_changed => Event::SourceChanged,
             _ = settled => Event::Tick,
             _ = tick.tick() => Event::Tick,
@@ -840,6 +874,13 @@ async fn serve(
                 {
                     // The maps keep what they had; the next refresh tries again.
                     tracing::error!(error = %anyhow::Error::from(error), "updating the access control");
+                }
+            }
+            Event::Multicast(wake) => {
+                if let Some(multicast) = cluster.multicast.as_mut()
+                    && let Err(error) = multicast.handle(dataplane, wake)
+                {
+                    tracing::error!(error = %anyhow::Error::from(error), "updating multicast groups");
                 }
             }
             Event::Cni(job) => {

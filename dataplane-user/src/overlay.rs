@@ -350,7 +350,8 @@ fn span(cidr: &IpNet) -> (bool, u128, u128) {
     }
 }
 
-pub(crate) fn endpoint(address: IpAddr) -> TunnelEndpoint {
+/// The tunnel endpoint of a node at `address` (Geneve, the family of the address).
+pub fn endpoint(address: IpAddr) -> TunnelEndpoint {
     TunnelEndpoint {
         addr: addr16(address),
         family: if address.is_ipv4() {

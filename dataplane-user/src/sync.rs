@@ -8,6 +8,7 @@
 //! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; only the service ports that differ from the installed ones are written, their backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod, EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
+//! | multicast | Node, Namespace, Pod | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
 //!
 //! "Network" stands for the operator's `Network` named `cluster` (MTU, Geneve port, cluster
 //! and service networks, audit, egress IP and hybrid overlay settings). The node's own
@@ -52,6 +53,7 @@ pub enum Stage {
     Services,
     AccessControl,
     EgressIps,
+    Multicast,
 }
 
 impl Stage {
@@ -62,12 +64,13 @@ impl Stage {
             Stage::Services => "services",
             Stage::AccessControl => "access_control",
             Stage::EgressIps => "egress_ips",
+            Stage::Multicast => "multicast",
         }
     }
 }
 
 /// Each stage and the kinds it reads: the dependency model.
-pub const READS: [(Stage, &[Kind]); 4] = [
+pub const READS: [(Stage, &[Kind]); 5] = [
     (Stage::Overlay, &[Kind::Node, Kind::Pod, Kind::Network]),
     (Stage::Services, &[Kind::Service, Kind::EndpointSlice]),
     (
@@ -92,6 +95,7 @@ pub const READS: [(Stage, &[Kind]); 4] = [
             Kind::Network,
         ],
     ),
+    (Stage::Multicast, &[Kind::Node, Kind::Namespace, Kind::Pod]),
 ];
 
 /// What changed between two reads of the cluster state.
@@ -435,21 +439,26 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
     }
 
     #[test]
-    fn a_pod_label_change_runs_overlay_access_control_and_egress_but_not_services() {
+    fn a_pod_label_change_runs_every_stage_but_services() {
         let changes = changed(|t| t.replace("labels: {app: web}", "labels: {app: shop}"));
         assert_eq!(changes.kinds, BTreeSet::from([Kind::Pod]));
         assert_eq!(
             changes.stages(),
-            vec![Stage::Overlay, Stage::AccessControl, Stage::EgressIps]
+            vec![
+                Stage::Overlay,
+                Stage::AccessControl,
+                Stage::EgressIps,
+                Stage::Multicast
+            ]
         );
     }
 
     #[test]
-    fn a_namespace_label_change_runs_access_control_and_egress_only() {
+    fn a_namespace_label_change_runs_access_control_egress_and_multicast_only() {
         let changes = changed(|t| t.replace("labels: {team: a}", "labels: {team: b}"));
         assert_eq!(
             changes.stages(),
-            vec![Stage::AccessControl, Stage::EgressIps]
+            vec![Stage::AccessControl, Stage::EgressIps, Stage::Multicast]
         );
     }
 
@@ -466,7 +475,12 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
             changed(|t| t.replace("podCIDRs: [10.244.1.0/24]", "podCIDRs: [10.244.2.0/24]"));
         assert_eq!(
             changes.stages(),
-            vec![Stage::Overlay, Stage::AccessControl, Stage::EgressIps]
+            vec![
+                Stage::Overlay,
+                Stage::AccessControl,
+                Stage::EgressIps,
+                Stage::Multicast
+            ]
         );
     }
 
@@ -478,7 +492,8 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 Stage::Overlay,
                 Stage::Services,
                 Stage::AccessControl,
-                Stage::EgressIps
+                Stage::EgressIps,
+                Stage::Multicast
             ]
         );
     }

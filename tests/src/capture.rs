@@ -25,6 +25,18 @@ impl Capture {
         count: u32,
         fields: &[&str],
     ) -> anyhow::Result<Self> {
+        Self::start_for(netns, interface, filter, count, 15, fields)
+    }
+
+    /// [`Capture::start`] ending after `seconds` at most.
+    pub fn start_for(
+        netns: &str,
+        interface: &str,
+        filter: &str,
+        count: u32,
+        seconds: u32,
+        fields: &[&str],
+    ) -> anyhow::Result<Self> {
         let mut command = Command::new("nsenter");
         command
             .arg(format!("--net=/run/netns/{netns}"))
@@ -33,7 +45,7 @@ impl Capture {
                 "-c",
                 &count.to_string(),
                 "-a",
-                "duration:15",
+                &format!("duration:{seconds}"),
                 "-T",
                 "fields",
             ])

@@ -6,6 +6,7 @@
 //! - [`podman`]: a real container runtime calling the plugin;
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
 //! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
+//! - [`multicast_bed`]: group members and senders with real sockets in pods;
 //! - [`scapy`]: the independent Geneve encoder/decoder;
 //! - [`service_bed`]: echoing service backends and clients in pods;
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
@@ -17,6 +18,7 @@ pub mod egress_topology;
 pub mod fixture;
 pub mod fuzz;
 pub mod hybrid_bed;
+pub mod multicast_bed;
 pub mod netns;
 pub mod overlay_bed;
 pub mod packets;

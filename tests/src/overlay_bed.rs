@@ -34,6 +34,11 @@ pub struct Bed {
 }
 
 impl Bed {
+    /// Runs `ip <line>` in the bed's namespace.
+    pub fn ip(&self, line: &str) -> anyhow::Result<()> {
+        self._netns.sh(line)
+    }
+
     /// Adds a pod veth pair (`host` on the node's side) to the bed's namespace; returns the
     /// host side's ifindex, for a pod's view and for test runs on that device.
     pub fn add_pod_veth(&self, host: &str, pod: &str) -> anyhow::Result<u32> {

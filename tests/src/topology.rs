@@ -895,6 +895,29 @@ pub fn sh_in(netns: &str, command: &str) -> anyhow::Result<()> {
     run_in(netns, &args)
 }
 
+/// `dataplane <args> --json` against `agent`'s pins and run directory, run in `node`'s
+/// namespace; the output parsed (the command must succeed).
+pub fn dataplane_json(node: &Node, agent: &Agent, args: &[&str]) -> serde_json::Value {
+    let out = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.netns))
+        .arg(dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent.pins.root())
+        .arg("--run-dir")
+        .arg(&agent.run_dir)
+        .args(args)
+        .arg("--json")
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run dataplane");
+    assert!(
+        out.status.success(),
+        "dataplane {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("JSON")
+}
+
 /// Runs a command inside `netns` and fails on a non-zero exit.
 pub fn run_in(netns: &str, args: &[&str]) -> anyhow::Result<()> {
     let out = exec_in(netns, args)?;

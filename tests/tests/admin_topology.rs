@@ -14,7 +14,7 @@
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{Server, echo_backend, probe_in},
-    topology::{Agent, Mode, Node, Pod, Topology, dataplane_binary},
+    topology::{Agent, Mode, Pod, Topology, dataplane_json},
 };
 use serde_json::Value;
 
@@ -198,28 +198,6 @@ fn matrix(clients: &[(String, String)], servers: &[Pod]) -> String {
             .collect()
     });
     rows.join("\n")
-}
-
-/// `dataplane <args> --json` for `agent`, run in `node`'s namespace; parsed.
-fn dataplane_json(node: &Node, agent: &Agent, args: &[&str]) -> Value {
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", node.netns))
-        .arg(dataplane_binary())
-        .arg("--pin-root")
-        .arg(agent.pins.root())
-        .arg("--run-dir")
-        .arg(&agent.run_dir)
-        .args(args)
-        .arg("--json")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run dataplane");
-    assert!(
-        out.status.success(),
-        "dataplane {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
 }
 
 /// `dataplane trace` and `dataplane inspect policy` on node 0 name the tier, the policy and

@@ -307,10 +307,11 @@ fn only_what_is_addressed_to_a_pod_reaches_it() {
             ),
         ),
         (
-            "an IPv4 group",
+            "an IGMP query to all hosts",
             to(
                 "01:00:5e:00:00:01",
-                "IP(src='10.244.1.1', dst='224.0.0.1')/UDP(sport=5000, dport=5000)",
+                "IP(src='169.254.1.1', dst='224.0.0.1', ttl=1, proto=2)\
+                 /Raw(load=b'\\x11\\x64\\xee\\x9b\\x00\\x00\\x00\\x00')",
             ),
         ),
         (
@@ -321,10 +322,11 @@ fn only_what_is_addressed_to_a_pod_reaches_it() {
             ),
         ),
         (
-            "an IPv6 group",
+            "an MLD query to all nodes",
             to(
                 "33:33:00:00:00:01",
-                "IPv6(src='fe80::1', dst='ff02::1')/ICMPv6EchoRequest()",
+                "IPv6(src='fe80::1', dst='ff02::1', hlim=1)\
+                 /IPv6ExtHdrHopByHop(options=[RouterAlert()])/ICMPv6MLQuery2()",
             ),
         ),
         (
@@ -369,6 +371,24 @@ fn only_what_is_addressed_to_a_pod_reaches_it() {
                 &format!("Dot1Q(vlan=7)/IP(src='{REMOTE}', dst='{POD}')/{udp}"),
             ),
             DropReason::PortEthertype,
+        ),
+        // Addressed as port security allows, refused by the multicast policy: this pod's
+        // namespace has not enabled multicast, and no member copy carries the mark.
+        (
+            "data to an IPv4 group",
+            to(
+                "01:00:5e:00:00:01",
+                "IP(src='10.244.1.1', dst='224.0.0.1')/UDP(sport=5000, dport=5000)",
+            ),
+            DropReason::MulticastDisabled,
+        ),
+        (
+            "an echo to an IPv6 group",
+            to(
+                "33:33:00:00:00:01",
+                "IPv6(src='fe80::1', dst='ff02::1')/ICMPv6EchoRequest()",
+            ),
+            DropReason::MulticastDisabled,
         ),
     ] {
         refused(&mut bed, PROG_TO_POD, name, &frame, reason);

@@ -4,36 +4,14 @@
 //! leaves; a packet an EgressFirewall denies shows the drop and its reason; and the node's own
 //! maps are left exactly as they were.
 
-use std::process::Command;
-
 use dataplane_tests::{
     privileged::privileged,
     service_bed::{ServicePort, cluster_ip_manifests},
-    topology::{Agent, Mode, Node, Topology, dataplane_binary},
+    topology::{Mode, Topology, dataplane_json},
 };
 use serde_json::Value;
 
 const SERVICE_IP: &str = "10.96.0.70";
-
-/// `dataplane <args> --json` for `agent`, run in `node`'s namespace; parsed.
-fn dataplane_json(node: &Node, agent: &Agent, args: &[&str]) -> Value {
-    let out = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", node.netns))
-        .arg(dataplane_binary())
-        .arg("--pin-root")
-        .arg(agent.pins.root())
-        .args(args)
-        .arg("--json")
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run dataplane");
-    assert!(
-        out.status.success(),
-        "dataplane {args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("JSON")
-}
 
 #[test]
 fn trace_shows_translation_conntrack_and_firewall_drops_without_touching_live_maps() {

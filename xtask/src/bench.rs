@@ -1,6 +1,6 @@
 //! `cargo xtask bench`: per-packet cost of the programs, of the service load-balancer at 10
 //! and 10,000 services, of the EgressFirewall at 1 to 8000 rules and of admin policies at 1 to
-//! 100 x 100 rules (BPF_PROG_TEST_RUN against
+//! 100 x 100 rules, of multicast with 1 to 32 members and 4 member nodes (BPF_PROG_TEST_RUN against
 //! empty programs; the firewall also against an nftables chain of the same rules), the agent's
 //! sync (10,000 services and 100 firewalled namespaces from empty, and one change),
 //! cross-node TCP throughput (iperf3, our Geneve against the kernel's VXLAN), and the CNI
@@ -57,6 +57,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::run_testbed("bench", &bench)?;
     crate::run_testbed("lb_bench", &json)?;
     crate::run_testbed("acl_bench", &json)?;
+    crate::run_testbed("multicast_bench", &json)?;
     crate::run_testbed("sync_bench", &json)?;
     crate::run_testbed("scale_bench", &json)?;
     if args.no_throughput {
@@ -96,6 +97,10 @@ fn smoke() -> anyhow::Result<()> {
         (
             "acl_bench",
             args(&["--rounds", "1", "--repeat", "1000", "--send-ms", "20"]),
+        ),
+        (
+            "multicast_bench",
+            args(&["--rounds", "1", "--singles", "20"]),
         ),
         ("sync_bench", Vec::new()),
         ("scale_bench", args(&["--smoke"])),

@@ -626,7 +626,7 @@ impl FirewallAgent {
 }
 
 /// Waits until `fd` is readable (forever without one).
-async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
+pub(crate) async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
     match fd {
         Some(fd) => match fd.readable().await {
             Ok(mut guard) => guard.clear_ready(),
@@ -637,7 +637,7 @@ async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
 }
 
 /// Opens a pinned ring buffer for polling; `None` (with a warning) where it cannot be polled.
-fn open_ring(
+pub(crate) fn open_ring(
     dataplane: &Dataplane,
     name: &'static str,
 ) -> Result<Option<AsyncFd<RingBuf<MapData>>>, AgentError> {
