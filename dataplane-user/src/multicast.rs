@@ -288,8 +288,8 @@ pub struct MulticastAgent {
     announced: Option<BTreeSet<peers::Group>>,
     refused: u64,
     state_file: PathBuf,
-    /// Memberships found in the pinned groups map at start, adopted at the first plan.
-    adopted: Vec<(u32, IpAddr, u32)>,
+    /// What the pinned groups map held at start, adopted at the first plan.
+    adopted: Adopted,
 }
 
 impl MulticastAgent {
@@ -359,19 +359,7 @@ impl MulticastAgent {
                 });
             }
         }
-        // Memberships a restarted agent found pinned, for the pods still there.
-        let by_id: BTreeMap<u32, &String> =
-            plan.namespaces.iter().map(|(n, id)| (*id, n)).collect();
-        for (id, group, ifindex) in std::mem::take(&mut self.adopted) {
-            if let (Some(namespace), Some(pod)) = (by_id.get(&id), plan.pods.get(&ifindex))
-                && &pod.namespace == *namespace
-            {
-                self.local
-                    .entry(((*namespace).clone(), group))
-                    .or_default()
-                    .insert(ifindex, now + self.settings.membership_timeout());
-            }
-        }
+        self.take_adopted(&plan, now);
         for ((namespace, _), members) in self.local.iter_mut() {
             members.retain(|ifindex, _| {
                 plan.pods
@@ -415,6 +403,44 @@ impl MulticastAgent {
         let written = self.write_groups(dataplane)?;
         self.announce(now);
         Ok(stats.written + stats.deleted + written)
+    }
+
+    /// What a restarted agent found pinned, for the pods and nodes still there: the local
+    /// memberships (renewed by the next reports, or aging out), and the member nodes (kept
+    /// for one hold time, until their own announcements arrive), so that no copy stops
+    /// across the restart.
+    fn take_adopted(&mut self, plan: &Plan, now: Instant) {
+        let adopted = std::mem::take(&mut self.adopted);
+        let by_id: BTreeMap<u32, &String> =
+            plan.namespaces.iter().map(|(n, id)| (*id, n)).collect();
+        for (id, group, ifindex) in adopted.local {
+            if let (Some(namespace), Some(pod)) = (by_id.get(&id), plan.pods.get(&ifindex))
+                && &pod.namespace == *namespace
+            {
+                self.local
+                    .entry(((*namespace).clone(), group))
+                    .or_default()
+                    .insert(ifindex, now + self.settings.membership_timeout());
+            }
+        }
+        let node_at: BTreeMap<IpAddr, &String> = plan
+            .peers
+            .iter()
+            .map(|(name, peer)| (peer.address, name))
+            .collect();
+        let mut remote: BTreeMap<&String, BTreeSet<peers::Group>> = BTreeMap::new();
+        for (id, group, address) in adopted.remote {
+            if let (Some(namespace), Some(node)) = (by_id.get(&id), node_at.get(&address)) {
+                remote
+                    .entry(*node)
+                    .or_default()
+                    .insert(((*namespace).clone(), group));
+            }
+        }
+        for (node, groups) in remote {
+            self.received
+                .adopt(node, groups, now + self.settings.peer_hold());
+        }
     }
 
     /// Waits for reports, an announcement or the next timer.
@@ -888,16 +914,28 @@ pub fn inspect_rows(
     })
 }
 
-/// The local memberships a previous agent left in the pinned groups map: (namespace id,
-/// group, host veth).
-fn adopt(dataplane: &mut Dataplane) -> Result<Vec<(u32, IpAddr, u32)>, AgentError> {
+/// What a previous agent left in the pinned groups map.
+#[derive(Debug, Default)]
+struct Adopted {
+    /// (namespace id, group, host veth) of each local member.
+    local: Vec<(u32, IpAddr, u32)>,
+    /// (namespace id, group, underlay address) of each member node.
+    remote: Vec<(u32, IpAddr, IpAddr)>,
+}
+
+fn adopt(dataplane: &mut Dataplane) -> Result<Adopted, AgentError> {
     let map: BpfHashMap<&mut MapData, McastKey, McastGroup> =
         dataplane.typed_map(maps::MCAST_GROUPS)?;
-    let mut found = Vec::new();
-    for entry in map.iter().filter_map(Result::ok) {
-        let (key, group) = entry;
+    let mut found = Adopted::default();
+    for (key, group) in map.iter().filter_map(Result::ok) {
+        let address = ip_of(&key.group);
         for ifindex in group.local.iter().take(group.local_count as usize) {
-            found.push((key.namespace, ip_of(&key.group), *ifindex));
+            found.local.push((key.namespace, address, *ifindex));
+        }
+        for endpoint in group.remote.iter().take(group.remote_count as usize) {
+            found
+                .remote
+                .push((key.namespace, address, ip_of(&endpoint.addr)));
         }
     }
     Ok(found)
@@ -984,7 +1022,7 @@ mod tests {
             announced: None,
             refused: 0,
             state_file: PathBuf::from("/nonexistent/multicast.json"),
-            adopted: Vec::new(),
+            adopted: Adopted::default(),
         }
     }
 

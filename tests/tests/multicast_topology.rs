@@ -31,7 +31,7 @@ fn namespaces(team: bool, other: bool) -> String {
 }
 
 /// Two nodes of four pods in their namespaces, agents querying every 2 s.
-fn cluster(team: bool) -> (Topology, [Agent; 2]) {
+fn cluster(team: bool) -> (Topology, Vec<Agent>) {
     let mut topology = Topology::build_with(2, 4, Mode::Overlay).expect("topology");
     for node in 0..2 {
         for (pod, namespace) in ["team", "team", "other", "quiet"].iter().enumerate() {
@@ -44,7 +44,7 @@ fn cluster(team: bool) -> (Topology, [Agent; 2]) {
         .add_manifest("namespaces.yaml", &namespaces(team, true))
         .expect("namespaces");
     let args = ["--multicast-query-interval-seconds", "2"];
-    let agents = [
+    let agents = vec![
         topology.node(0).start_agent_with(&args).expect("agent 0"),
         topology.node(1).start_agent_with(&args).expect("agent 1"),
     ];
@@ -120,7 +120,7 @@ fn ipv4_multicast_reaches_the_members_of_the_senders_namespace_only() {
     if !privileged("ipv4_multicast_reaches_the_members_of_the_senders_namespace_only") {
         return;
     }
-    let (topology, agents) = cluster(false);
+    let (topology, mut agents) = cluster(false);
     let pod = |node: usize, index: usize| topology.node(node).pods[index].netns.clone();
     let group = "224.5.5.5";
 
@@ -240,6 +240,20 @@ fn ipv4_multicast_reaches_the_members_of_the_senders_namespace_only() {
             {"namespace": "team", "group": "224.5.5.5", "local_members": ["team/pod-0-1"], "member_nodes": ["node1"]},
         ])
     );
+
+    // 6b. The sender's agent restarts (hitless): the new one adopts the pinned memberships,
+    // member nodes included, so copies go on at once, before any report or announcement.
+    let (pins, run_dir) = agents.remove(0).stop_keeping_pins().expect("stop agent 0");
+    agents.insert(
+        0,
+        topology
+            .node(0)
+            .start_agent_at_with(pins, run_dir, &["--multicast-query-interval-seconds", "2"])
+            .expect("restart agent 0"),
+    );
+    send(&pod(0, 0), group, PORT, 2, 2, "restarted").expect("send");
+    assert_eq!(tagged(&far.received(SETTLE), "restarted").len(), 2);
+    assert_eq!(tagged(&near.received(Duration::ZERO), "restarted").len(), 2);
 
     // 7. Queries: seen by tshark in a pod of an enabled namespace, never in `quiet`.
     let queried = Capture::start_for(&pod(0, 0), "eth0", "igmp", 1, 6, &["igmp.type", "ip.dst"])

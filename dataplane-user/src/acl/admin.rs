@@ -799,6 +799,13 @@ pub struct AdminPolicies {
     pub domains: BTreeMap<String, BTreeSet<IpAddr>>,
 }
 
+impl AdminPolicies {
+    /// Every policy in force, the admin tier's first, then the baseline's.
+    pub fn all(&self) -> impl Iterator<Item = &AdminPolicy> {
+        self.admin.iter().chain(&self.baseline)
+    }
+}
+
 /// What validating the objects gave: the policies, and one line per rejected object or
 /// warning.
 #[derive(Debug, Default)]
@@ -1036,9 +1043,7 @@ pub fn domain_names(
     local: &[&PolicyPod],
 ) -> (BTreeSet<String>, BTreeSet<String>) {
     let applying: Vec<AdminPolicy> = policies
-        .admin
-        .iter()
-        .chain(&policies.baseline)
+        .all()
         .filter(|p| local.iter().any(|pod| chooses(&p.subject, cluster, pod)))
         .cloned()
         .collect();

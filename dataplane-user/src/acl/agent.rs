@@ -161,13 +161,7 @@ impl FirewallAgent {
 
     /// Whether a namespace or an admin policy asks for audit records.
     fn wants_audit(&self) -> bool {
-        !self.levels.is_empty()
-            || self
-                .admin
-                .admin
-                .iter()
-                .chain(&self.admin.baseline)
-                .any(|p| p.log.is_some())
+        !self.levels.is_empty() || self.admin.all().any(|p| p.log.is_some())
     }
 
     /// Every DNS name the firewalls and the admin policies of this node's pods use.
@@ -669,9 +663,7 @@ pub(crate) fn open_ring(
 /// The audit levels of an admin policy in force.
 fn admin_logging(admin: &AdminPolicies, kind: PolicyKind, name: &str) -> Option<NamespaceLogging> {
     admin
-        .admin
-        .iter()
-        .chain(&admin.baseline)
+        .all()
         .find(|p| p.kind == kind && p.name == name)
         .and_then(|p| p.log)
 }

@@ -175,6 +175,16 @@ impl Received {
         changed
     }
 
+    /// Takes `groups` as `node`'s, until `expires` or its first announcement (a restarted
+    /// agent's view of what the previous one had learnt).
+    pub fn adopt(&mut self, node: &str, groups: BTreeSet<Group>, expires: Instant) {
+        self.known.entry(node.to_owned()).or_insert(Known {
+            generation: 0,
+            groups,
+            expires,
+        });
+    }
+
     /// Forgets nodes not heard from in time, and nodes no longer in the cluster; whether any
     /// groups went.
     pub fn expire(&mut self, now: Instant, nodes: &BTreeSet<&str>) -> bool {
