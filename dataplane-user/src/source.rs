@@ -349,21 +349,47 @@ pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
     }
 }
 
+/// An object before its kind is known: a manifest's YAML document, or a watched object's JSON
+/// (decoded straight into its type: through a YAML value it cost the API source most of a
+/// large cluster's first sync).
+pub trait Document: Sized {
+    /// The string at `path` (`["metadata", "name"]`), if there is one.
+    fn text(&self, path: &[&str]) -> Option<&str>;
+    /// The object as `T`, or why not (naming the field where the format can).
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, String>;
+}
+
+impl Document for serde_yaml::Value {
+    fn text(&self, path: &[&str]) -> Option<&str> {
+        path.iter()
+            .try_fold(self, |value, key| value.get(key))?
+            .as_str()
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
+        serde_yaml::from_value(self).map_err(|e| e.to_string())
+    }
+}
+
+impl Document for serde_json::Value {
+    fn text(&self, path: &[&str]) -> Option<&str> {
+        path.iter()
+            .try_fold(self, |value, key| value.get(key))?
+            .as_str()
+    }
+
+    fn decode<T: serde::de::DeserializeOwned>(self) -> Result<T, String> {
+        serde_json::from_value(self).map_err(|e| e.to_string())
+    }
+}
+
 /// Adds one object (any kind; kinds the dataplane does not use are skipped) to `state`,
 /// rejecting it by `origin`, kind and name when it does not parse or validate.
-pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value) {
-    let field = |key: &str| {
-        value
-            .get(key)
-            .and_then(|v| v.as_str())
-            .unwrap_or_default()
-            .to_owned()
-    };
+pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
+    let field = |key: &str| value.text(&[key]).unwrap_or_default().to_owned();
     let (api_version, kind) = (field("apiVersion"), field("kind"));
     let name = value
-        .get("metadata")
-        .and_then(|m| m.get("name"))
-        .and_then(|n| n.as_str())
+        .text(&["metadata", "name"])
         .unwrap_or("<unnamed>")
         .to_owned();
     let reject = |state: &mut ClusterState, error: String| {
@@ -373,141 +399,133 @@ pub fn add_object(state: &mut ClusterState, file: &str, value: serde_yaml::Value
             .push(format!("{file}: {kind} {name}: {error}"));
     };
     match (api_version.as_str(), kind.as_str()) {
-        ("v1", "Node") => match serde_yaml::from_value::<Node>(value) {
+        ("v1", "Node") => match value.decode::<Node>() {
             Ok(node) => state.nodes.push(Arc::new(node)),
-            Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
         },
-        ("v1", "Namespace") => match serde_yaml::from_value::<Namespace>(value) {
+        ("v1", "Namespace") => match value.decode::<Namespace>() {
             Ok(namespace) => state.namespaces.push(Arc::new(namespace)),
-            Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
         },
-        ("v1", "Pod") => match serde_yaml::from_value::<Pod>(value) {
+        ("v1", "Pod") => match value.decode::<Pod>() {
             Ok(pod) => state.pods.push(Arc::new(pod)),
-            Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
         },
-        ("v1", "Service") => match serde_yaml::from_value::<Service>(value) {
+        ("v1", "Service") => match value.decode::<Service>() {
             Ok(service) => state.services.push(Arc::new(service)),
-            Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
         },
-        ("discovery.k8s.io/v1", "EndpointSlice") => {
-            match serde_yaml::from_value::<EndpointSlice>(value) {
-                Ok(slice) => state.endpoint_slices.push(Arc::new(slice)),
-                Err(e) => reject(state, e.to_string()),
+        ("discovery.k8s.io/v1", "EndpointSlice") => match value.decode::<EndpointSlice>() {
+            Ok(slice) => state.endpoint_slices.push(Arc::new(slice)),
+            Err(e) => reject(state, e),
+        },
+        ("networking.k8s.io/v1", "NetworkPolicy") => match value.decode::<NetworkPolicy>() {
+            Ok(mut policy) => {
+                policy
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                state.network_policies.push(Arc::new(policy));
             }
-        }
-        ("networking.k8s.io/v1", "NetworkPolicy") => {
-            match serde_yaml::from_value::<NetworkPolicy>(value) {
-                Ok(mut policy) => {
-                    policy
-                        .metadata
-                        .namespace
-                        .get_or_insert_with(|| "default".into());
-                    state.network_policies.push(Arc::new(policy));
-                }
-                Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
+        },
+        ("k8s.ovn.org/v1", "EgressFirewall") => match value.decode::<EgressFirewall>() {
+            Ok(mut firewall) => {
+                firewall
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                state.egress_firewalls.push(Arc::new(firewall));
             }
-        }
-        ("k8s.ovn.org/v1", "EgressFirewall") => {
-            match serde_yaml::from_value::<EgressFirewall>(value) {
-                Ok(mut firewall) => {
-                    firewall
-                        .metadata
-                        .namespace
-                        .get_or_insert_with(|| "default".into());
-                    state.egress_firewalls.push(Arc::new(firewall));
-                }
-                Err(e) => reject(state, e.to_string()),
-            }
-        }
+            Err(e) => reject(state, e),
+        },
         ("policy.networking.k8s.io/v1alpha1", "AdminNetworkPolicy") => {
-            match serde_yaml::from_value::<AdminNetworkPolicy>(value) {
+            match value.decode::<AdminNetworkPolicy>() {
                 Ok(policy) => state.admin_network_policies.push(Arc::new(policy)),
-                Err(e) => reject(state, e.to_string()),
+                Err(e) => reject(state, e),
             }
         }
         ("policy.networking.k8s.io/v1alpha1", "BaselineAdminNetworkPolicy") => {
-            match serde_yaml::from_value::<BaselineAdminNetworkPolicy>(value) {
+            match value.decode::<BaselineAdminNetworkPolicy>() {
                 Ok(policy) => state.baseline_admin_network_policies.push(Arc::new(policy)),
-                Err(e) => reject(state, e.to_string()),
+                Err(e) => reject(state, e),
             }
         }
         ("policy.networking.k8s.io/v1alpha2", "ClusterNetworkPolicy") => {
-            match serde_yaml::from_value::<ClusterNetworkPolicy>(value) {
+            match value.decode::<ClusterNetworkPolicy>() {
                 Ok(policy) => state.cluster_network_policies.push(Arc::new(policy)),
-                Err(e) => reject(state, e.to_string()),
+                Err(e) => reject(state, e),
             }
         }
-        ("k8s.ovn.org/v1", "EgressIP") => match serde_yaml::from_value::<EgressIP>(value) {
+        ("k8s.ovn.org/v1", "EgressIP") => match value.decode::<EgressIP>() {
             Ok(egress_ip) => match egressip::validate(&egress_ip) {
                 Ok(()) => state.egress_ips.push(Arc::new(egress_ip)),
                 Err(error) => reject(state, error),
             },
-            Err(e) => reject(state, e.to_string()),
+            Err(e) => reject(state, e),
         },
-        ("operator.openshift.io/v1", "Network") => {
-            match serde_yaml::from_value::<NetworkOperator>(value) {
-                Ok(network) if network.metadata.name == "cluster" => {
-                    let spec = network.spec;
-                    let cidrs = spec
-                        .cluster_network
-                        .iter()
-                        .map(|c| (c.cidr.as_str(), "spec.clusterNetwork"))
-                        .chain(
-                            spec.service_network
-                                .iter()
-                                .map(|c| (c.as_str(), "spec.serviceNetwork")),
-                        );
-                    let mut parsed = Vec::new();
-                    for (text, field) in cidrs {
-                        match text.parse::<IpNet>() {
-                            Ok(net) => parsed.push((net, field)),
-                            Err(_) => {
-                                return reject(state, format!("{field} {text:?} is not a CIDR"));
-                            }
+        ("operator.openshift.io/v1", "Network") => match value.decode::<NetworkOperator>() {
+            Ok(network) if network.metadata.name == "cluster" => {
+                let spec = network.spec;
+                let cidrs = spec
+                    .cluster_network
+                    .iter()
+                    .map(|c| (c.cidr.as_str(), "spec.clusterNetwork"))
+                    .chain(
+                        spec.service_network
+                            .iter()
+                            .map(|c| (c.as_str(), "spec.serviceNetwork")),
+                    );
+                let mut parsed = Vec::new();
+                for (text, field) in cidrs {
+                    match text.parse::<IpNet>() {
+                        Ok(net) => parsed.push((net, field)),
+                        Err(_) => {
+                            return reject(state, format!("{field} {text:?} is not a CIDR"));
                         }
                     }
-                    let ovn = spec.default_network.ovn_kubernetes_config;
-                    let networks = |wanted: &str| -> Vec<IpNet> {
-                        parsed
-                            .iter()
-                            .filter(|(_, f)| *f == wanted)
-                            .map(|(n, _)| *n)
-                            .collect()
-                    };
-                    let hybrid = match &ovn.hybrid_overlay_config {
-                        Some(config) => match config.validate(
-                            &networks("spec.clusterNetwork"),
-                            &networks("spec.serviceNetwork"),
-                            ovn.geneve_port
-                                .unwrap_or(dataplane_common::overlay::GENEVE_DEFAULT_PORT),
-                        ) {
-                            Ok(settings) => Some(settings),
-                            Err(error) => return reject(state, error.to_string()),
-                        },
-                        None => None,
-                    };
-                    state.hybrid = hybrid;
-                    state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
-                    state.egress_ip_config = ovn.egress_ip_config.unwrap_or_default();
-                    state.network = Some(OvnKubernetesConfig {
-                        mtu: ovn.mtu,
-                        geneve_port: ovn.geneve_port,
-                    });
-                    state.cluster_networks = parsed
-                        .iter()
-                        .filter(|(_, f)| *f == "spec.clusterNetwork")
-                        .map(|(n, _)| *n)
-                        .collect();
-                    state.service_networks = parsed
-                        .iter()
-                        .filter(|(_, f)| *f == "spec.serviceNetwork")
-                        .map(|(n, _)| *n)
-                        .collect();
                 }
-                Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
-                Err(e) => reject(state, e.to_string()),
+                let ovn = spec.default_network.ovn_kubernetes_config;
+                let networks = |wanted: &str| -> Vec<IpNet> {
+                    parsed
+                        .iter()
+                        .filter(|(_, f)| *f == wanted)
+                        .map(|(n, _)| *n)
+                        .collect()
+                };
+                let hybrid = match &ovn.hybrid_overlay_config {
+                    Some(config) => match config.validate(
+                        &networks("spec.clusterNetwork"),
+                        &networks("spec.serviceNetwork"),
+                        ovn.geneve_port
+                            .unwrap_or(dataplane_common::overlay::GENEVE_DEFAULT_PORT),
+                    ) {
+                        Ok(settings) => Some(settings),
+                        Err(error) => return reject(state, error.to_string()),
+                    },
+                    None => None,
+                };
+                state.hybrid = hybrid;
+                state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
+                state.egress_ip_config = ovn.egress_ip_config.unwrap_or_default();
+                state.network = Some(OvnKubernetesConfig {
+                    mtu: ovn.mtu,
+                    geneve_port: ovn.geneve_port,
+                });
+                state.cluster_networks = parsed
+                    .iter()
+                    .filter(|(_, f)| *f == "spec.clusterNetwork")
+                    .map(|(n, _)| *n)
+                    .collect();
+                state.service_networks = parsed
+                    .iter()
+                    .filter(|(_, f)| *f == "spec.serviceNetwork")
+                    .map(|(n, _)| *n)
+                    .collect();
             }
-        }
+            Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
+            Err(e) => reject(state, e),
+        },
         _ => tracing::info!(
             file,
             api_version,
