@@ -20,7 +20,6 @@ pub mod wire;
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv6Addr, SocketAddr},
-    os::fd::{AsRawFd, FromRawFd, OwnedFd},
     path::PathBuf,
     time::{Duration, Instant, SystemTime},
 };
@@ -276,8 +275,6 @@ pub struct MulticastAgent {
     plan: Plan,
     reports: Option<AsyncFd<RingBuf<MapData>>>,
     peers: Option<tokio::net::UdpSocket>,
-    /// An AF_PACKET socket the queries are sent from.
-    packets: Option<OwnedFd>,
     /// Local memberships: group -> host veth -> when it ages out.
     local: BTreeMap<(String, IpAddr), BTreeMap<u32, Instant>>,
     received: peers::Received,
@@ -293,8 +290,8 @@ pub struct MulticastAgent {
 }
 
 impl MulticastAgent {
-    /// Opens the report ring, the announcement socket and the query socket. What cannot be
-    /// opened is said in a warning, and that part of multicast stays off.
+    /// Opens the report ring and the announcement socket. What cannot be opened is said in a
+    /// warning, and that part of multicast stays off.
     pub fn start(
         dataplane: &mut Dataplane,
         settings: Settings,
@@ -309,21 +306,21 @@ impl MulticastAgent {
                 None
             }
         };
-        let packets = match packet_socket() {
-            Ok(fd) => Some(fd),
-            Err(error) => {
-                tracing::warn!(%error, "no packet socket: multicast queries are not sent");
-                None
-            }
-        };
-        let adopted = adopt(dataplane)?;
-        Ok(Self {
+        let mut agent = Self::new(settings, node, run_dir.join(STATE_FILE));
+        agent.reports = reports;
+        agent.peers = peers;
+        agent.adopted = adopt(dataplane)?;
+        Ok(agent)
+    }
+
+    /// An agent with nothing learnt yet and nothing opened.
+    fn new(settings: Settings, node: &str, state_file: PathBuf) -> Self {
+        Self {
             settings,
             node: node.to_owned(),
             plan: Plan::default(),
-            reports,
-            peers,
-            packets,
+            reports: None,
+            peers: None,
             local: BTreeMap::new(),
             received: peers::Received::default(),
             queries: BTreeSet::new(),
@@ -331,9 +328,9 @@ impl MulticastAgent {
             next_announce: None,
             announced: None,
             refused: 0,
-            state_file: run_dir.join(STATE_FILE),
-            adopted,
-        })
+            state_file,
+            adopted: Adopted::default(),
+        }
     }
 
     /// Takes a new plan: the pods' records written, memberships of pods that left (or whose
@@ -667,7 +664,7 @@ impl MulticastAgent {
     /// Sends one query into a pod: IGMPv3 and MLDv2 as its addresses ask (a group's query in
     /// the group's family only).
     fn send_query(&self, query: PendingQuery) {
-        let (Some(fd), Some(pod)) = (&self.packets, self.plan.pods.get(&query.ifindex)) else {
+        let Some(pod) = self.plan.pods.get(&query.ifindex) else {
             return;
         };
         let interval = self.settings.query_interval.as_secs().min(127) as u8;
@@ -692,7 +689,7 @@ impl MulticastAgent {
                 },
                 pod.host_mac,
             );
-            if let Err(error) = send_frame(fd, query.ifindex, &frame) {
+            if let Err(error) = crate::netdev::send_frame(query.ifindex, &frame) {
                 tracing::warn!(pod = %pod.name, %error, "sending a multicast query");
             }
         }
@@ -965,65 +962,19 @@ fn bind_peer_socket(port: u16) -> std::io::Result<tokio::net::UdpSocket> {
     tokio::net::UdpSocket::from_std(socket)
 }
 
-/// A raw AF_PACKET socket for sending whole frames.
-fn packet_socket() -> std::io::Result<OwnedFd> {
-    // SAFETY: plain socket call; the descriptor is owned at once.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: a fresh descriptor nothing else owns.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// Sends an Ethernet frame out of interface `ifindex`.
-fn send_frame(fd: &OwnedFd, ifindex: u32, frame: &[u8]) -> std::io::Result<()> {
-    // SAFETY: sockaddr_ll is plain data; zeroed is a valid start.
-    let mut address: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    address.sll_family = libc::AF_PACKET as u16;
-    address.sll_ifindex = ifindex as i32;
-    address.sll_halen = 6;
-    address.sll_addr[..6].copy_from_slice(&frame[..6]);
-    // SAFETY: the frame and address outlive the call; their lengths are passed.
-    let sent = unsafe {
-        libc::sendto(
-            fd.as_raw_fd(),
-            frame.as_ptr().cast(),
-            frame.len(),
-            0,
-            (&address as *const libc::sockaddr_ll).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     /// An agent with no kernel, sockets or files: its membership logic alone.
     fn detached(plan: Plan) -> MulticastAgent {
-        MulticastAgent {
-            settings: Settings::default(),
-            node: "node0".into(),
-            plan,
-            reports: None,
-            peers: None,
-            packets: None,
-            local: BTreeMap::new(),
-            received: peers::Received::default(),
-            queries: BTreeSet::new(),
-            next_general_query: None,
-            next_announce: None,
-            announced: None,
-            refused: 0,
-            state_file: PathBuf::from("/nonexistent/multicast.json"),
-            adopted: Adopted::default(),
-        }
+        let mut agent = MulticastAgent::new(
+            Settings::default(),
+            "node0",
+            PathBuf::from("/nonexistent/multicast.json"),
+        );
+        agent.plan = plan;
+        agent
     }
 
     fn one_pod() -> Plan {

@@ -255,6 +255,38 @@ pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
     Ok(addresses)
 }
 
+/// Sends one whole Ethernet frame out of `ifindex` through an AF_PACKET socket.
+pub fn send_frame(ifindex: u32, frame: &[u8]) -> std::io::Result<()> {
+    // SAFETY: a plain socket(2); the descriptor is owned and closed below.
+    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
+    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    // SAFETY: sockaddr_ll is plain data; zero is a valid start.
+    let mut address: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+    address.sll_family = libc::AF_PACKET as u16;
+    address.sll_ifindex = ifindex as i32;
+    address.sll_halen = 6;
+    address.sll_addr[..6].copy_from_slice(&frame[..6]);
+    // SAFETY: the frame and the address outlive the call; their lengths are passed.
+    let sent = unsafe {
+        libc::sendto(
+            std::os::fd::AsRawFd::as_raw_fd(&socket),
+            frame.as_ptr().cast(),
+            frame.len(),
+            0,
+            (&raw const address).cast(),
+            std::mem::size_of::<libc::sockaddr_ll>() as u32,
+        )
+    };
+    if sent < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -180,8 +180,8 @@ fn announce(underlay: &str, ip: IpAddr) -> std::io::Result<()> {
     let ifindex = crate::preflight::interface_index(underlay)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     match ip {
-        IpAddr::V4(v4) => send_frame(ifindex, &gratuitous_arp(mac, v4.octets())),
-        IpAddr::V6(v6) => send_frame(ifindex, &unsolicited_na(mac, v6.octets())),
+        IpAddr::V4(v4) => crate::netdev::send_frame(ifindex, &gratuitous_arp(mac, v4.octets())),
+        IpAddr::V6(v6) => crate::netdev::send_frame(ifindex, &unsolicited_na(mac, v6.octets())),
     }
 }
 
@@ -233,38 +233,6 @@ pub fn gratuitous_arp(mac: [u8; 6], ip: [u8; 4]) -> [u8; 42] {
     frame[32..38].copy_from_slice(&[0; 6]);
     frame[38..42].copy_from_slice(&ip);
     frame
-}
-
-/// Sends one whole Ethernet frame out of `ifindex` through an AF_PACKET socket.
-fn send_frame(ifindex: u32, frame: &[u8]) -> std::io::Result<()> {
-    // SAFETY: a plain socket(2); the descriptor is owned and closed below.
-    let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: fd was just returned by socket(2) and nothing else owns it.
-    let socket = unsafe { <std::os::fd::OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    // SAFETY: sockaddr_ll is plain data; zero is a valid start.
-    let mut address: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
-    address.sll_family = libc::AF_PACKET as u16;
-    address.sll_ifindex = ifindex as i32;
-    address.sll_halen = 6;
-    address.sll_addr[..6].copy_from_slice(&frame[..6]);
-    // SAFETY: the frame and the address outlive the call; their lengths are passed.
-    let sent = unsafe {
-        libc::sendto(
-            std::os::fd::AsRawFd::as_raw_fd(&socket),
-            frame.as_ptr().cast(),
-            frame.len(),
-            0,
-            (&raw const address).cast(),
-            std::mem::size_of::<libc::sockaddr_ll>() as u32,
-        )
-    };
-    if sent < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(())
 }
 
 #[cfg(test)]
