@@ -66,10 +66,19 @@ pub struct Cluster {
     pub egress_status: Option<(u64, SystemTime)>,
     /// The cluster state of the last good sync: the next one runs what differs from it.
     pub last: Option<source::ClusterState>,
+    /// The overlay maps as the overlay stage last wrote them (`None`: compare with the
+    /// kernel's entries, as a full sync does).
+    pub overlay_written: Option<overlay::OverlayMaps>,
     /// This node's view as the overlay stage last built it.
     pub model: Option<model::NodeModel>,
     /// Every Service's compiled ports.
     pub services: ServiceCache,
+    /// Every pod of the cluster as policies and egress IPs select them, patched with the
+    /// pods each sync finds changed.
+    pub policy_pods: acl::policy::PolicyPods,
+    /// Whether `policy_pods` holds `last`'s pods (a sync that failed after patching them
+    /// leaves them ahead of it: the next one makes them anew).
+    pub policy_pods_follow_last: bool,
     /// How many Services the services stage last refused.
     pub services_rejected: usize,
     pub multicast_settings: multicast::Settings,
@@ -127,6 +136,12 @@ impl Cluster {
                 .last
                 .as_ref()
                 .is_none_or(|last| !Changes::between(last, &state).is_empty());
+        if self.policy_pods_follow_last {
+            self.policy_pods.follow(&state, &changes);
+        } else {
+            self.policy_pods = acl::policy::PolicyPods::from_pods(&state.pods);
+        }
+        self.policy_pods_follow_last = false;
         // A pod waiting for its host route is looked for again at every sync.
         if self.model.as_ref().is_some_and(|m| m.unrouted != 0) {
             changes.kinds.insert(Kind::Pod);
@@ -139,6 +154,9 @@ impl Cluster {
         };
         tracing::debug!(?changes.kinds, services = changes.services.len(), stages = ?synced.stages, "sync planned");
         let mut rejected = vec![("manifest", state.rejected.len())];
+        if full {
+            self.overlay_written = None;
+        }
         if changes.runs(Stage::Overlay) {
             synced.written += self.sync_overlay(dataplane, &state, &declared).await?;
         }
@@ -161,7 +179,8 @@ impl Cluster {
                 policies: state.network_policies.clone(),
                 admin: state.admin_objects(),
                 nodes: acl::admin::admin_nodes(&state.nodes),
-                cluster_pods: acl::policy::PolicyPod::from_pods(&state.pods),
+                cluster_pods: self.policy_pods.clone(),
+                changes: changes.for_policies(),
                 namespaces: state.namespaces.clone(),
                 context: acl::firewall::context(&state, &model.view),
                 pods: acl::pods_of(&model.view),
@@ -218,6 +237,7 @@ impl Cluster {
             .map(|m| m.pod_interfaces.clone())
             .unwrap_or_default();
         self.last = Some(state);
+        self.policy_pods_follow_last = true;
         Ok(synced)
     }
 
@@ -294,7 +314,10 @@ impl Cluster {
         let desired = overlay::compile(&model.view)?;
         // The hybrid nodes before the VXLAN routes that lead to them.
         let hybrid_stats = dataplane.sync_hybrid(&hybrid::compile(model.view.hybrid.as_ref()))?;
-        let mut stats = dataplane.sync_overlay(&desired)?;
+        // Taken: a sync that fails midway leaves the next one comparing with the kernel.
+        let last = self.overlay_written.take();
+        let mut stats = dataplane.sync_overlay(&desired, last.as_ref())?;
+        self.overlay_written = Some(desired);
         stats.add(hybrid_stats);
         self.announce_hybrid(state, &model.view).await;
         tracing::info!(
@@ -423,7 +446,8 @@ impl Cluster {
                 egressip::merge_status(&mut objects, &statuses);
             }
         }
-        let mut inputs = EgressInputs::from_state(state, objects, &view.nodes, &self.node);
+        let mut inputs =
+            EgressInputs::from_state(state, objects, &self.policy_pods, &view.nodes, &self.node);
         inputs
             .cluster_networks
             .extend(hybrid::internal_networks(view.hybrid.as_ref()));
@@ -484,7 +508,7 @@ pub enum Source {
         /// at every second).
         watch: Option<source::ManifestWatch>,
     },
-    Kubernetes(KubeSource),
+    Kubernetes(Box<KubeSource>),
 }
 
 impl Source {

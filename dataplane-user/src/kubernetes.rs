@@ -25,7 +25,7 @@ use kube::{
     config::{KubeConfigOptions, Kubeconfig},
     runtime::{
         WatchStreamExt as _,
-        reflector::{self, Store, store::Writer},
+        reflector::{self, ObjectRef, Store, store::Writer},
         watcher,
     },
 };
@@ -168,8 +168,14 @@ pub struct KubeSource {
     /// A watcher listed its resource again since the last [`Self::take_relisted`].
     relisted: Arc<AtomicBool>,
     /// Each object as last parsed, by resource, namespace and name, with its resource
-    /// version: a snapshot parses only what changed since the last one.
+    /// version, and the cluster state they make: a snapshot parses and places only what the
+    /// watches said changed since the last one.
     parsed: Mutex<source::ObjectCache>,
+    /// The objects the watch events named since the last snapshot.
+    touched: Touched,
+    /// A watcher received its resource's whole list since the last snapshot: the next one
+    /// looks at every object of the stores (a list brings no event per object).
+    listed: Arc<AtomicBool>,
     /// Woken at every change (a permit is kept when nobody waits, so none is lost).
     wake: Arc<Notify>,
 }
@@ -201,6 +207,8 @@ impl KubeSource {
         let relisted = Arc::new(AtomicBool::new(false));
         let first = source::FirstChange::default();
         let wake = Arc::new(Notify::new());
+        let touched = Touched::default();
+        let listed = Arc::new(AtomicBool::new(true));
         let mut stores = Vec::new();
         for &watched in WATCHED {
             let resource = watched.api_resource();
@@ -214,6 +222,8 @@ impl KubeSource {
                 Arc::clone(&absent),
                 Flag {
                     changed: Arc::clone(&changed),
+                    touched: touched.clone(),
+                    listed: Arc::clone(&listed),
                     relisted: Arc::clone(&relisted),
                     wake: Arc::clone(&wake),
                     first: first.clone(),
@@ -227,6 +237,8 @@ impl KubeSource {
             changed,
             relisted,
             parsed: Mutex::new(source::ObjectCache::default()),
+            touched,
+            listed,
             wake,
             first,
         }
@@ -296,29 +308,49 @@ impl KubeSource {
         self.wake.notified().await;
     }
 
-    /// The cluster as the stores hold it now, through the manifest source's parsing. Each
-    /// object is parsed once per resource version (kept between snapshots); `fresh` parses
-    /// everything anew (a full recompute).
+    /// The cluster as the stores hold it now, through the manifest source's parsing. Only the
+    /// objects the watch events named since the last snapshot are looked up, parsed (once per
+    /// resource version) and placed; after a watcher received a whole list, every object of
+    /// the stores is looked at (parsed again only where its version moved); `fresh` parses
+    /// every object anew (a full recompute).
     pub fn snapshot(&self, fresh: bool) -> ClusterState {
         self.changed.store(false, Ordering::Release);
         let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        // Taken before the stores are read: an event after this is in the next snapshot.
+        let touched = self.touched.take();
+        let listed = self.listed.swap(false, Ordering::AcqRel);
         if fresh {
             parsed.clear();
         }
-        let mut seen = BTreeSet::new();
-        for (watched, store) in &self.stores {
-            for object in store.state() {
-                let key = (
-                    watched.plural,
-                    object.metadata.namespace.clone().unwrap_or_default(),
-                    object.metadata.name.clone().unwrap_or_default(),
-                );
-                let version = object.metadata.resource_version.clone();
-                parsed.put(key.clone(), version, || parse_object(watched, &object));
-                seen.insert(key);
+        if fresh || listed {
+            let mut seen = BTreeSet::new();
+            for (watched, store) in &self.stores {
+                for object in store.state() {
+                    let key = object_key(watched, &object);
+                    let version = object.metadata.resource_version.clone();
+                    parsed.put(key.clone(), version, || parse_object(watched, &object));
+                    seen.insert(key);
+                }
+            }
+            parsed.retain(|key| seen.contains(key));
+            return parsed.assemble();
+        }
+        for key in touched {
+            let Some((watched, store)) = self.stores.iter().find(|(w, _)| w.plural == key.0) else {
+                continue;
+            };
+            let mut reference = ObjectRef::new_with(&key.2, watched.api_resource());
+            if !key.1.is_empty() {
+                reference = reference.within(&key.1);
+            }
+            match store.get(&reference) {
+                Some(object) => {
+                    let version = object.metadata.resource_version.clone();
+                    parsed.put(key, version, || parse_object(watched, &object));
+                }
+                None => parsed.remove(&key),
             }
         }
-        parsed.retain(|key| seen.contains(key));
         parsed.assemble()
     }
 
@@ -328,6 +360,30 @@ impl KubeSource {
             .map(|a| a.contains(watched.plural))
             .unwrap_or(false)
     }
+}
+
+/// The objects watch events named, by resource, namespace and name.
+#[derive(Clone, Debug, Default)]
+struct Touched(Arc<Mutex<BTreeSet<source::ObjectKey>>>);
+
+impl Touched {
+    fn note(&self, watched: &Watched, object: &DynamicObject) {
+        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        keys.insert(object_key(watched, object));
+    }
+
+    fn take(&self) -> BTreeSet<source::ObjectKey> {
+        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+}
+
+/// A watched object's resource, namespace (empty for a cluster-scoped one) and name.
+fn object_key(watched: &Watched, object: &DynamicObject) -> source::ObjectKey {
+    (
+        watched.plural,
+        object.metadata.namespace.clone().unwrap_or_default(),
+        object.metadata.name.clone().unwrap_or_default(),
+    )
 }
 
 /// One watched object through the manifest source's checks, decoded from its JSON.
@@ -363,6 +419,10 @@ fn is_ready(store: &Store<DynamicObject>) -> bool {
 /// How a watcher says the cluster changed.
 struct Flag {
     changed: Arc<AtomicBool>,
+    /// The objects added, modified or deleted since the last snapshot took them.
+    touched: Touched,
+    /// Raised when a watcher has its resource's whole list (the first or again).
+    listed: Arc<AtomicBool>,
     /// Raised when a watcher lists its resource again (after a lost watch).
     relisted: Arc<AtomicBool>,
     wake: Arc<Notify>,
@@ -397,7 +457,13 @@ async fn follow(
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
+                // The reflector has applied the event to the store: the next snapshot finds it
+                // there. A relist's objects are taken whole by the full recompute it causes.
+                if let watcher::Event::Apply(object) | watcher::Event::Delete(object) = &event {
+                    changed.touched.note(&watched, object);
+                }
                 if let watcher::Event::InitDone = event {
+                    changed.listed.store(true, Ordering::Release);
                     if listed {
                         tracing::info!(
                             resource = watched.plural,

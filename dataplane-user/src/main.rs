@@ -544,7 +544,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 let source = KubeSource::start(&client);
                 runtime.block_on(source.wait_ready());
                 tracing::info!("API server lists received");
-                Source::Kubernetes(source)
+                Source::Kubernetes(Box::new(source))
             }
         };
         let cni = CniPods::open(&args.ipam_file)?;
@@ -570,7 +570,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             egress_status: None,
             last: None,
             model: None,
+            overlay_written: None,
             services: Default::default(),
+            policy_pods: Default::default(),
+            policy_pods_follow_last: false,
             services_rejected: 0,
             multicast_settings: args.multicast,
             multicast: None,

@@ -247,11 +247,22 @@ impl ManifestCache {
 /// A watched resource's name (its plural), and an object's namespace and name.
 pub type ObjectKey = (&'static str, String, String);
 
-/// Each object of an API source as last parsed, with the version it was parsed at, so that
-/// assembling the cluster state parses only the objects that changed.
+/// Each object of an API source as last parsed, with the version it was parsed at, and the
+/// cluster state they make together, patched object by object: a change parses and places only
+/// its own object (at 183,000 objects, assembling the state anew took each sync 40 ms).
 #[derive(Debug, Default)]
 pub struct ObjectCache {
     objects: BTreeMap<ObjectKey, (Option<String>, ClusterState)>,
+    /// Every object held, each list in key order (namespace, name), as [`Self::assemble`]
+    /// gives it.
+    assembled: ClusterState,
+    /// Whether `assembled` follows the objects. Not after [`Self::clear`] (nor at first): a
+    /// whole list of puts would place each object in the middle of its list, moving the rest
+    /// (at 150,000 pods, seconds); the next assemble makes it anew, and from then on each
+    /// change is placed.
+    placed: bool,
+    /// The rejection lines of the objects that have some.
+    rejected: BTreeMap<ObjectKey, Vec<String>>,
 }
 
 impl ObjectCache {
@@ -268,27 +279,138 @@ impl ObjectCache {
             .get(&key)
             .is_some_and(|(v, _)| v.is_some() && *v == version);
         if !cached {
-            self.objects.insert(key, (version, parse()));
+            let parsed = parse();
+            if self.placed {
+                self.place(&key, Some(&parsed));
+            }
+            self.objects.insert(key, (version, parsed));
         }
+    }
+
+    /// Forgets the object `key` (deleted).
+    pub fn remove(&mut self, key: &ObjectKey) {
+        if self.placed && self.objects.contains_key(key) {
+            self.place(key, None);
+        }
+        self.objects.remove(key);
     }
 
     /// Forgets every object `keep` does not want (deleted ones).
     pub fn retain(&mut self, keep: impl Fn(&ObjectKey) -> bool) {
-        self.objects.retain(|key, _| keep(key));
+        let gone: Vec<ObjectKey> = self.objects.keys().filter(|k| !keep(k)).cloned().collect();
+        for key in &gone {
+            self.remove(key);
+        }
     }
 
     /// Forgets everything: the next puts parse anew.
     pub fn clear(&mut self) {
-        self.objects.clear();
+        *self = Self::default();
     }
 
     /// The cluster state of every object held.
-    pub fn assemble(&self) -> ClusterState {
-        let mut state = ClusterState::default();
-        for (_, parsed) in self.objects.values() {
-            state.absorb(parsed);
+    pub fn assemble(&mut self) -> ClusterState {
+        if !self.placed {
+            let mut state = ClusterState::default();
+            self.rejected.clear();
+            for (key, (_, parsed)) in &self.objects {
+                state.absorb(parsed);
+                if !parsed.rejected.is_empty() {
+                    self.rejected.insert(key.clone(), parsed.rejected.clone());
+                }
+            }
+            self.assembled = state;
+            self.placed = true;
         }
-        state
+        self.assembled.clone()
+    }
+
+    /// Puts the objects of `key`'s new parse (`None`: removed) into the assembled state in
+    /// place of its last one's.
+    fn place(&mut self, key: &ObjectKey, new: Option<&ClusterState>) {
+        let empty = ClusterState::default();
+        let old = self.objects.get(key).map_or(&empty, |(_, parsed)| parsed);
+        let new = new.unwrap_or(&empty);
+        let at = (key.1.as_str(), key.2.as_str());
+        let state = &mut self.assembled;
+        macro_rules! place_in {
+            ($($list:ident),*) => {$(
+                // Only the list the object's kind goes to: another kind's object may have the
+                // same namespace and name (a Node and a Namespace both called `worker-1`).
+                if !old.$list.is_empty() || !new.$list.is_empty() {
+                    place_in_list(&mut state.$list, at, &new.$list);
+                }
+            )*};
+        }
+        place_in!(
+            nodes,
+            namespaces,
+            pods,
+            services,
+            endpoint_slices,
+            network_policies,
+            egress_firewalls,
+            egress_ips,
+            admin_network_policies,
+            baseline_admin_network_policies,
+            cluster_network_policies
+        );
+        let settings_changed = old.network.is_some() || new.network.is_some();
+        if !old.rejected.is_empty() || !new.rejected.is_empty() {
+            if new.rejected.is_empty() {
+                self.rejected.remove(key);
+            } else {
+                self.rejected.insert(key.clone(), new.rejected.clone());
+            }
+            self.assembled.rejected = self.rejected.values().flatten().cloned().collect();
+        }
+        if settings_changed {
+            self.take_settings(key, new);
+        }
+    }
+
+    /// The `Network` settings after `key` became `new`: those of the last object in key
+    /// order that has a `Network` (as assembling every object in order gives them), or none.
+    fn take_settings(&mut self, key: &ObjectKey, new: &ClusterState) {
+        let mut holders: Vec<(&ObjectKey, &ClusterState)> = self
+            .objects
+            .iter()
+            .filter(|(k, (_, parsed))| *k != key && parsed.network.is_some())
+            .map(|(k, (_, parsed))| (k, parsed))
+            .collect();
+        holders.push((key, new));
+        holders.sort_by(|a, b| a.0.cmp(b.0));
+        let state = &mut self.assembled;
+        state.network = None;
+        state.cluster_networks = Vec::new();
+        state.service_networks = Vec::new();
+        state.policy_audit = Default::default();
+        state.egress_ip_config = Default::default();
+        state.hybrid = None;
+        for (_, parsed) in holders {
+            state.absorb_settings(parsed);
+        }
+    }
+}
+
+/// Puts `new` (one object at most: one API object's parse) where `at` (namespace, name)
+/// sorts in `list`, replacing the object there; with nothing new, takes that object out.
+fn place_in_list<T: kube::Resource>(list: &mut Vec<Arc<T>>, at: (&str, &str), new: &[Arc<T>]) {
+    let found = list.binary_search_by(|object| {
+        let meta = object.meta();
+        let key = (
+            meta.namespace.as_deref().unwrap_or(""),
+            meta.name.as_deref().unwrap_or(""),
+        );
+        key.cmp(&at)
+    });
+    match (found, new.first()) {
+        (Ok(index), Some(object)) => list[index] = Arc::clone(object),
+        (Ok(index), None) => {
+            list.remove(index);
+        }
+        (Err(index), Some(object)) => list.insert(index, Arc::clone(object)),
+        (Err(_), None) => {}
     }
 }
 
@@ -322,6 +444,12 @@ impl ClusterState {
             .extend(later.baseline_admin_network_policies.iter().cloned());
         self.cluster_network_policies
             .extend(later.cluster_network_policies.iter().cloned());
+        self.absorb_settings(later);
+        self.rejected.extend(later.rejected.iter().cloned());
+    }
+
+    /// Takes `later`'s `Network` settings if it has a `Network`.
+    fn absorb_settings(&mut self, later: &ClusterState) {
         if later.network.is_some() {
             self.network = later.network;
             self.cluster_networks = later.cluster_networks.clone();
@@ -330,7 +458,6 @@ impl ClusterState {
             self.egress_ip_config = later.egress_ip_config;
             self.hybrid = later.hybrid;
         }
-        self.rejected.extend(later.rejected.iter().cloned());
     }
 }
 
@@ -588,6 +715,93 @@ struct OvnConfigSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// One object's parse, as the API source makes it: key and state.
+    fn parsed(
+        plural: &'static str,
+        namespace: &str,
+        name: &str,
+        variant: u32,
+    ) -> (ObjectKey, ClusterState) {
+        let yaml = match plural {
+            "nodes" => format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: {name}, labels: {{v: \"{variant}\"}}}}\n"
+            ),
+            "namespaces" => format!(
+                "apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}, labels: {{v: \"{variant}\"}}}}\n"
+            ),
+            // Variant 3 is not a Pod the agent takes (a rejected object).
+            "pods" if variant == 3 => format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}}}\nspec: 7\n"
+            ),
+            "pods" => format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{v: \"{variant}\"}}}}\nspec: {{containers: []}}\n"
+            ),
+            _ => format!(
+                "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {{name: {name}}}\nspec: {{clusterNetwork: [{{cidr: 10.{variant}.0.0/16}}], serviceNetwork: [10.96.0.0/16]}}\n"
+            ),
+        };
+        let mut state = ClusterState::default();
+        add_documents(&mut state, &format!("api:{plural}"), &yaml);
+        ((plural, namespace.to_owned(), name.to_owned()), state)
+    }
+
+    /// Objects put, changed, rejected and removed one at a time: the state patched in place is
+    /// always the one every object assembled in key order makes (a Node and a Namespace of the
+    /// same name stay apart; the `Network` settings follow their objects).
+    #[test]
+    fn the_state_patched_object_by_object_equals_the_state_assembled_anew() {
+        let mut cache = ObjectCache::default();
+        let mut model: BTreeMap<ObjectKey, ClusterState> = BTreeMap::new();
+        let (mut seen_settings, mut seen_rejected, mut seen_both) = (false, false, false);
+        let mut seed = 7u64;
+        let mut next = |bound: u64| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            (seed >> 33) % bound
+        };
+        for step in 0..600 {
+            let (plural, namespace) = match next(4) {
+                0 => ("nodes", ""),
+                1 => ("namespaces", ""),
+                2 => ("pods", ["a", "b", "c"][next(3) as usize]),
+                _ => ("networks", ""),
+            };
+            let name = match (plural, next(6)) {
+                // Only the Network named `cluster` has settings.
+                ("networks", 0..=2) => "cluster".to_owned(),
+                (_, n) => format!("n{n}"),
+            };
+            let (key, state) = parsed(plural, namespace, &name, next(4) as u32);
+            if next(4) == 0 {
+                cache.remove(&key);
+                model.remove(&key);
+            } else {
+                cache.put(key.clone(), Some(step.to_string()), || state.clone());
+                model.insert(key, state);
+            }
+            if step == 300 {
+                // A fresh read puts every object again, in no order: made anew, then patched.
+                cache.clear();
+                for (key, parsed) in model.iter().rev() {
+                    cache.put(key.clone(), None, || parsed.clone());
+                }
+            }
+            let mut anew = ClusterState::default();
+            for parsed in model.values() {
+                anew.absorb(parsed);
+            }
+            assert_eq!(cache.assemble(), anew, "after step {step}");
+            seen_settings |= anew.network.is_some();
+            seen_rejected |= !anew.rejected.is_empty();
+            seen_both |= anew.nodes.len() + anew.namespaces.len() > 6;
+        }
+        assert!(
+            seen_settings && seen_rejected && seen_both,
+            "every case met"
+        );
+    }
 
     /// Reading a directory again parses only the changed files and gives what a fresh read
     /// gives; a file removed takes its objects with it.

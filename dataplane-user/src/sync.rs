@@ -4,11 +4,11 @@
 //!
 //! | stage | reads | work on a change |
 //! |---|---|---|
-//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod, Network | the node's view is rebuilt; the maps are written where they differ |
+//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod (not its labels), Network | the node's view is rebuilt; the maps are written where they differ from what the last sync wrote |
 //! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; only the service ports that differ from the installed ones are written, their backends counted by reference |
-//! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod, NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | compiled again; only changed sets are written |
-//! | egress IPs | Node, Namespace, Pod, EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
-//! | multicast | Node, Namespace, Pod | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
+//! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
+//! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
+//! | multicast | Node, Namespace, Pod (not its labels) | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
 //!
 //! "Network" stands for the operator's `Network` named `cluster` (MTU, Geneve port, cluster
 //! and service networks, audit, egress IP and hybrid overlay settings). The node's own
@@ -21,10 +21,14 @@ use std::{
     sync::Arc,
 };
 
-use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+use k8s_openapi::api::{
+    core::v1::{Pod, Service},
+    discovery::v1::EndpointSlice,
+};
 use kube::Resource;
 
 use crate::{
+    acl::policy::PolicyChanges,
     lb::{self, CompiledService, CompiledServices, ServiceName},
     source::ClusterState,
 };
@@ -35,6 +39,8 @@ pub enum Kind {
     Node,
     Namespace,
     Pod,
+    /// A Pod whose labels alone changed: what selects pods reads it, the rest does not.
+    PodLabels,
     Service,
     EndpointSlice,
     NetworkPolicy,
@@ -79,6 +85,7 @@ pub const READS: [(Stage, &[Kind]); 5] = [
             Kind::Node,
             Kind::Namespace,
             Kind::Pod,
+            Kind::PodLabels,
             Kind::NetworkPolicy,
             Kind::EgressFirewall,
             Kind::AdminPolicy,
@@ -91,6 +98,7 @@ pub const READS: [(Stage, &[Kind]); 5] = [
             Kind::Node,
             Kind::Namespace,
             Kind::Pod,
+            Kind::PodLabels,
             Kind::EgressIP,
             Kind::Network,
         ],
@@ -99,13 +107,18 @@ pub const READS: [(Stage, &[Kind]); 5] = [
 ];
 
 /// What changed between two reads of the cluster state.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Changes {
     /// Every stage runs, every Service is recompiled (the first sync, a full recompute).
     pub full: bool,
     pub kinds: BTreeSet<Kind>,
     /// The Services whose object or EndpointSlices changed (added, removed or modified).
     pub services: BTreeSet<ServiceName>,
+    /// The Pods added, removed or modified, by namespace and name: each one as it is now
+    /// (`None`: removed).
+    pub pods: BTreeMap<(String, String), Option<Arc<Pod>>>,
+    /// The namespaces where a NetworkPolicy was added, removed or modified.
+    pub policy_namespaces: BTreeSet<String>,
 }
 
 impl Changes {
@@ -121,9 +134,10 @@ impl Changes {
     /// and name, so a mere reordering (an API store lists in no fixed order) is no change.
     pub fn between(old: &ClusterState, new: &ClusterState) -> Self {
         let mut changes = Self::default();
+        let mut kinds = BTreeSet::new();
         let mut note = |kind: Kind, same: bool| {
             if !same {
-                changes.kinds.insert(kind);
+                kinds.insert(kind);
             }
         };
         note(Kind::Node, same_objects(&old.nodes, &new.nodes));
@@ -131,11 +145,21 @@ impl Changes {
             Kind::Namespace,
             same_objects(&old.namespaces, &new.namespaces),
         );
-        note(Kind::Pod, same_objects(&old.pods, &new.pods));
-        note(
-            Kind::NetworkPolicy,
-            same_objects(&old.network_policies, &new.network_policies),
-        );
+        let pods = changed_keys(&old.pods, &new.pods);
+        let relabelled =
+            |(a, b): &Versions<'_, Pod>| a.zip(*b).is_some_and(|(a, b)| same_but_labels(a, b));
+        note(Kind::Pod, pods.iter().all(relabelled));
+        note(Kind::PodLabels, !pods.iter().any(relabelled));
+        changes.pods = pods
+            .into_iter()
+            .filter_map(|(a, b)| Some((owned(key_of(&**a.or(b)?)), b.cloned())))
+            .collect();
+        changes.policy_namespaces = changed_keys(&old.network_policies, &new.network_policies)
+            .into_iter()
+            .filter_map(|(a, b)| a.or(b))
+            .map(|policy| key_of(&**policy).0.to_owned())
+            .collect();
+        note(Kind::NetworkPolicy, changes.policy_namespaces.is_empty());
         note(
             Kind::EgressFirewall,
             same_objects(&old.egress_firewalls, &new.egress_firewalls),
@@ -159,7 +183,26 @@ impl Changes {
         note(Kind::Service, services.is_empty());
         note(Kind::EndpointSlice, slices.is_empty());
         changes.services = services.into_iter().chain(slices).collect();
+        changes.kinds = kinds;
         changes
+    }
+
+    /// What the NetworkPolicies' compile must look at again (`acl::policy::PodRulesCache`):
+    /// the namespaces where pods or policies changed, or everything when a Namespace or the
+    /// `Network` changed (a namespace selector may pick other namespaces now).
+    pub fn for_policies(&self) -> PolicyChanges {
+        let everything = self.full
+            || self.kinds.contains(&Kind::Namespace)
+            || self.kinds.contains(&Kind::Network);
+        PolicyChanges {
+            everything,
+            pods: self
+                .pods
+                .keys()
+                .map(|(namespace, _)| namespace.clone())
+                .collect(),
+            policies: self.policy_namespaces.clone(),
+        }
     }
 
     /// Whether nothing changed.
@@ -244,21 +287,23 @@ fn same_network(old: &ClusterState, new: &ClusterState) -> bool {
         && old.hybrid == new.hybrid
 }
 
+/// An object before and after a change (`None`: absent).
+type Versions<'a, T> = (Option<&'a Arc<T>>, Option<&'a Arc<T>>);
+
 /// The objects that differ between `old` and `new` (added, removed or modified), before and
 /// after. Lists in the same order (what a source's cache gives) are compared position by
 /// position, and by key only where that finds objects of different names.
 fn changed_keys<'a, T: Resource + PartialEq>(
     old: &'a [Arc<T>],
     new: &'a [Arc<T>],
-) -> Vec<(Option<&'a T>, Option<&'a T>)> {
+) -> Vec<Versions<'a, T>> {
     if old.len() == new.len() {
-        let differing: Vec<(&T, &T)> = old
+        let differing: Vec<(&Arc<T>, &Arc<T>)> =
+            old.iter().zip(new).filter(|(a, b)| !same(a, b)).collect();
+        if differing
             .iter()
-            .zip(new)
-            .filter(|(a, b)| !same(a, b))
-            .map(|(a, b)| (&**a, &**b))
-            .collect();
-        if differing.iter().all(|(a, b)| key_of(*a) == key_of(*b)) {
+            .all(|(a, b)| key_of(&***a) == key_of(&***b))
+        {
             return differing
                 .into_iter()
                 .map(|(a, b)| (Some(a), Some(b)))
@@ -268,9 +313,25 @@ fn changed_keys<'a, T: Resource + PartialEq>(
     let (old, new) = (by_key(old), by_key(new));
     let keys: BTreeSet<_> = old.keys().chain(new.keys()).copied().collect();
     keys.into_iter()
-        .map(|k| (old.get(&k).map(|o| &***o), new.get(&k).map(|o| &***o)))
-        .filter(|(a, b)| a != b)
+        .map(|k| (old.get(&k).copied(), new.get(&k).copied()))
+        .filter(|(a, b)| match (a, b) {
+            (Some(a), Some(b)) => !same(a, b),
+            _ => true,
+        })
         .collect()
+}
+
+/// Whether two versions of a Pod differ in their labels alone (and what every update moves:
+/// resource version, managed fields).
+fn same_but_labels(a: &Pod, b: &Pod) -> bool {
+    let bare = |pod: &Pod| {
+        let mut pod = pod.clone();
+        pod.metadata.labels = None;
+        pod.metadata.resource_version = None;
+        pod.metadata.managed_fields = None;
+        pod
+    };
+    bare(a) == bare(b)
 }
 
 fn owned((namespace, name): (&str, &str)) -> ServiceName {
@@ -282,7 +343,7 @@ fn changed_services(old: &[Arc<Service>], new: &[Arc<Service>]) -> BTreeSet<Serv
     changed_keys(old, new)
         .into_iter()
         .filter_map(|(a, b)| a.or(b))
-        .map(|s| owned(key_of(s)))
+        .map(|s| owned(key_of(&**s)))
         .collect()
 }
 
@@ -296,7 +357,7 @@ fn changed_slice_services(
         .into_iter()
         .flat_map(|(a, b)| [a, b])
         .flatten()
-        .filter_map(lb::slice_service)
+        .filter_map(|slice| lb::slice_service(slice))
         .map(owned)
         .collect()
 }
@@ -439,9 +500,31 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
     }
 
     #[test]
-    fn a_pod_label_change_runs_every_stage_but_services() {
+    fn a_pod_label_change_runs_access_control_and_egress_ips_only() {
         let changes = changed(|t| t.replace("labels: {app: web}", "labels: {app: shop}"));
+        assert_eq!(changes.kinds, BTreeSet::from([Kind::PodLabels]));
+        assert_eq!(changes.pods.len(), 1);
+        assert_eq!(
+            changes.stages(),
+            vec![Stage::AccessControl, Stage::EgressIps]
+        );
+    }
+
+    #[test]
+    fn a_pod_address_change_runs_every_stage_but_services() {
+        let changes = changed(|t| {
+            t.replace("podIPs: [{ip: 10.244.1.5}]", "podIPs: [{ip: 10.244.1.7}]")
+                .replace("labels: {app: web}", "labels: {app: shop}")
+        });
         assert_eq!(changes.kinds, BTreeSet::from([Kind::Pod]));
+        let pod = changes
+            .pods
+            .values()
+            .next()
+            .cloned()
+            .flatten()
+            .expect("pod");
+        assert_eq!(pod.metadata.labels.as_ref().expect("labels")["app"], "shop");
         assert_eq!(
             changes.stages(),
             vec![

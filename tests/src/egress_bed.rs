@@ -82,7 +82,9 @@ pub fn egress_maps(view: &OverlayView, holder: Holder) -> EgressMaps {
                 std::net::IpAddr::from(SRC_V6),
             ],
             named_ports: BTreeMap::new(),
-        }],
+        }]
+        .into_iter()
+        .collect(),
         namespaces: Vec::new(),
         nodes: view.nodes.clone(),
         cluster_networks: vec![

@@ -26,7 +26,7 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
-        policy::{PolicyCluster, PolicyPod, policy_sets},
+        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
     lb::{BackendAddr, LbState, ServicePort},
     overlay::addr16,
@@ -437,10 +437,12 @@ fn cluster() -> anyhow::Result<Bed> {
         named_ports: BTreeMap::new(),
     };
     let sender_addresses = vec![IpAddr::from(SRC_V4), IpAddr::from(SRC_V6)];
-    let pods = vec![
+    let pods: PolicyPods = [
         pod("local", vec!["10.244.1.3".parse()?]),
         pod("sender", sender_addresses.clone()),
-    ];
+    ]
+    .into_iter()
+    .collect();
     let namespaces = BTreeMap::new();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["default/local".to_owned(), "default/sender".to_owned()];

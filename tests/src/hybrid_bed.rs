@@ -48,6 +48,6 @@ pub fn set_hybrid(bed: &mut Bed, view: Option<HybridView>) -> anyhow::Result<()>
     bed.view.hybrid = view;
     bed.fixture
         .sync_hybrid(&hybrid::compile(bed.view.hybrid.as_ref()))?;
-    bed.fixture.sync_overlay(&compile(&bed.view)?)?;
+    bed.fixture.sync_overlay(&compile(&bed.view)?, None)?;
     Ok(())
 }

@@ -123,7 +123,7 @@ pub fn bed() -> anyhow::Result<Bed> {
         hybrid: None,
     };
     let mut fixture = Fixture::load()?;
-    fixture.sync_overlay(&compile(&view)?)?;
+    fixture.sync_overlay(&compile(&view)?, None)?;
     Ok(Bed {
         fixture,
         view,

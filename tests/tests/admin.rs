@@ -18,7 +18,7 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         admin::validate_all,
-        policy::{PolicyCluster, PolicyPod, policy_sets},
+        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
     source::{ClusterState, add_documents},
 };
@@ -84,11 +84,13 @@ fn installed() -> Fixture {
     assert!(state.rejected.is_empty(), "{:?}", state.rejected);
     let validated = validate_all(&state.admin_objects(), &mut BTreeMap::new());
     assert!(validated.errors.is_empty(), "{:?}", validated.errors);
-    let pods = vec![
+    let pods: PolicyPods = [
         cluster_pod("x", "a", A),
         cluster_pod("x", "b", B),
         cluster_pod("y", "c", C),
-    ];
+    ]
+    .into_iter()
+    .collect();
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = ["x", "y"]
         .map(|n| (n.to_owned(), [("team".to_owned(), n.to_owned())].into()))
         .into();

@@ -7,6 +7,7 @@
 //! server is back, when the agent lists anew and catches up with what changed meanwhile.
 
 use std::{
+    collections::BTreeSet,
     thread,
     time::{Duration, Instant},
 };
@@ -76,7 +77,10 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
         .collect();
     let agents: Vec<_> = (0..2)
         .map(|n| {
-            let args = servers[n].agent_args();
+            let mut args = servers[n].agent_args();
+            // No periodic full recompute: every change below but the re-list's comes through
+            // the watch events alone.
+            args.extend(["--full-sync-every-seconds".into(), "3600".into()]);
             let args: Vec<&str> = args.iter().map(String::as_str).collect();
             topology.node(n).start_agent_with(&args).expect("agent")
         })
@@ -144,6 +148,48 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
         "{}",
         agents[1].log()
     );
+
+    // With the watches up, an addition and a deletion arrive as events, and the agents take
+    // in those objects only: no full recompute among their syncs. (Each resource's watcher
+    // comes back on its own backoff and lists again: first every one that failed has, and
+    // the recomputes that follow are done.)
+    let full_syncs = || agents[1].log().matches("full recompute").count();
+    let all_restored = || {
+        let log = agents[1].log();
+        let resources = |what: &str| -> BTreeSet<String> {
+            log.lines()
+                .filter(|l| l.contains(what))
+                .filter_map(|l| l.split("resource=\"").nth(1)?.split('"').next())
+                .map(str::to_owned)
+                .collect()
+        };
+        resources("watch failed").is_subset(&resources("watch restored"))
+    };
+    let mut settled = (full_syncs(), Instant::now());
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while (!all_restored() || settled.1.elapsed() < Duration::from_secs(3))
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(200));
+        if full_syncs() != settled.0 {
+            settled = (full_syncs(), Instant::now());
+        }
+    }
+    assert!(all_restored(), "{}", agents[1].log());
+    topology
+        .add_manifest("policy.yaml", &isolate(backend))
+        .expect("policy");
+    assert_eq!(answer_becomes(client, "timeout"), "timeout");
+    topology
+        .remove_manifest("policy.yaml")
+        .expect("delete policy");
+    assert_eq!(
+        answer_becomes(client, &backend.ip.to_string()),
+        backend.ip.to_string(),
+        "policy deletion applied from its watch event:\n{}",
+        agents[1].log()
+    );
+    assert_eq!(full_syncs(), settled.0, "{}", agents[1].log());
     drop(servers);
     drop(server);
 }

@@ -1715,7 +1715,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     let view = bed.view.clone();
     let fixture = &mut bed.fixture;
     fixture
-        .sync_overlay(&compile(&view).expect("compile"))
+        .sync_overlay(&compile(&view).expect("compile"), None)
         .expect("sync overlay");
     let mut state = LbState::default();
     let ports = vec![
@@ -1844,7 +1844,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     let mut moved = view.clone();
     moved.local_pods[0].pod_mac = new_pod_mac;
     fixture
-        .sync_overlay(&compile(&moved).expect("compile"))
+        .sync_overlay(&compile(&moved).expect("compile"), None)
         .expect("sync overlay");
     let ack_at_moved = at_backend("tcp", 41000, 8080, "A", &mac_text(&new_pod_mac));
     let moved_at = early_in_a_second(0);

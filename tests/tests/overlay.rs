@@ -492,11 +492,11 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
         map.keys().filter_map(Result::ok).count()
     };
     fixture
-        .sync_overlay(&overlay::compile(&view(5)).expect("compile"))
+        .sync_overlay(&overlay::compile(&view(5)).expect("compile"), None)
         .expect("four other nodes fit");
     assert_eq!(remote_subnets(&mut fixture), 4);
     let error = fixture
-        .sync_overlay(&overlay::compile(&view(6)).expect("compile"))
+        .sync_overlay(&overlay::compile(&view(6)).expect("compile"), None)
         .expect_err("five other nodes do not")
         .to_string();
     assert!(
@@ -506,4 +506,67 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
         "{error}"
     );
     assert_eq!(remote_subnets(&mut fixture), 4, "nothing written");
+}
+
+#[test]
+fn a_sync_against_the_last_written_maps_writes_only_the_change() {
+    use aya::maps::{LpmTrie, MapData};
+    use dataplane_common::{maps, overlay::TunnelEndpoint};
+    use dataplane_tests::fixture::Fixture;
+    use dataplane_user::overlay::{self, NodeView, OverlayView, OvnKubernetesConfig, Underlay};
+
+    if !privileged("a_sync_against_the_last_written_maps_writes_only_the_change") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    // This node and `count - 1` others; node `moved` has another address.
+    let view = |count: u8, moved: Option<u8>| OverlayView {
+        this_node: "n0".into(),
+        nodes: (0..count)
+            .map(|i| NodeView {
+                name: format!("n{i}"),
+                addresses: vec![
+                    format!("10.99.{}.{}", u8::from(moved == Some(i)), i + 1)
+                        .parse()
+                        .expect("address"),
+                ],
+                pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
+            })
+            .collect(),
+        local_pods: Vec::new(),
+        unrestricted_ifindexes: Vec::new(),
+        underlay: Underlay {
+            ifindex: 1,
+            mac: UNDERLAY_MAC,
+            xdp_forward: false,
+            mtu: 1500,
+        },
+        settings: OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("settings"),
+        hybrid: None,
+    };
+    let remote_subnets = |fixture: &mut Fixture| {
+        let map: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
+            fixture.typed_map(maps::REMOTE_PODS_V4).expect("map");
+        map.iter()
+            .filter_map(Result::ok)
+            .map(|(key, endpoint)| (key.data(), endpoint))
+            .collect::<Vec<_>>()
+    };
+    let first = overlay::compile(&view(50, None)).expect("compile");
+    let stats = fixture.sync_overlay(&first, None).expect("sync");
+    // 49 remote subnets, 50 node addresses, the config.
+    assert_eq!(stats.written, 100);
+    // Node 7 moves (its new address and its subnet's endpoint written, its old address
+    // deleted) and node 49 leaves (its subnet and address deleted).
+    let second = overlay::compile(&view(49, Some(7))).expect("compile");
+    let stats = fixture.sync_overlay(&second, Some(&first)).expect("sync");
+    assert_eq!((stats.written, stats.deleted), (2, 3));
+    let incremental = remote_subnets(&mut fixture);
+    assert_eq!(incremental.len(), 48);
+    // The kernel holds what a comparison with its own entries finds nothing to change in.
+    let stats = fixture.sync_overlay(&second, None).expect("sync");
+    assert_eq!((stats.written, stats.deleted), (0, 0));
+    assert_eq!(remote_subnets(&mut fixture), incremental);
 }

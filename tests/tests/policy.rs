@@ -20,7 +20,7 @@ use dataplane_tests::{
 use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
-        policy::{PolicyCluster, PolicyPod, policy_sets},
+        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
     overlay::addr16,
 };
@@ -73,7 +73,9 @@ fn installed() -> (Fixture, AclState) {
         .collect();
     let mut a = cluster_pod("x", "a", A);
     a.addresses.push(A6.parse().expect("address"));
-    let pods = vec![a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)];
+    let pods: PolicyPods = [a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)]
+        .into_iter()
+        .collect();
     let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];

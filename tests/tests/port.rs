@@ -49,7 +49,7 @@ fn bed() -> Bed {
         .push(POD6.parse().expect("address"));
     let view = bed.view.clone();
     bed.fixture
-        .sync_overlay(&compile(&view).expect("compile"))
+        .sync_overlay(&compile(&view).expect("compile"), None)
         .expect("sync");
     bed
 }

@@ -16,7 +16,7 @@ use super::{
     admin::{
         AdminNode, AdminObjects, AdminPolicies, AdminPolicy, ObjectKey, Validated, validate_all,
     },
-    policy::{CompiledPolicies, PolicyCluster, PolicyPod, policy_sets},
+    policy::{CompiledPolicies, PolicyCluster, PolicyPod, PolicyPods, policy_sets},
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -98,7 +98,8 @@ fn compile_with(yaml: &str, admin: &AdminPolicies) -> Compiled {
     let (policies, _) = objects(yaml);
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster::new(&pods, &labels);
+    let index: PolicyPods = pods.iter().cloned().collect();
+    let cluster = PolicyCluster::new(&index, &labels);
     let local: Vec<String> = pods.iter().map(PolicyPod::key).collect();
     let compiled = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), admin);
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
@@ -667,7 +668,8 @@ fn domain_names_allow_their_resolved_addresses_and_only_local_subjects_resolve_t
     // The name is wanted only where a subject pod runs.
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster::new(&pods, &labels);
+    let index: PolicyPods = pods.iter().cloned().collect();
+    let cluster = PolicyCluster::new(&index, &labels);
     let in_x: Vec<&PolicyPod> = pods.iter().filter(|p| p.namespace == "x").collect();
     let in_y: Vec<&PolicyPod> = pods.iter().filter(|p| p.namespace == "y").collect();
     assert_eq!(

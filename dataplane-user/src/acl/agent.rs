@@ -25,7 +25,10 @@ use super::{
     audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
     dns::{self, DnsNames, Resolver, Snooped},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls_reusing},
-    policy::{Direction, PolicyCluster, PolicyKind, PolicyPod, namespace_labels, policy_sets},
+    policy::{
+        Direction, PodRulesCache, PolicyChanges, PolicyCluster, PolicyKind, PolicyPod, PolicyPods,
+        namespace_labels, policy_sets_since,
+    },
 };
 use crate::{AgentError, Dataplane};
 
@@ -42,7 +45,9 @@ pub struct FirewallInputs {
     /// Every node, as admin policies' `nodes` peers.
     pub nodes: Vec<AdminNode>,
     /// Every pod of the cluster, as policy peers.
-    pub cluster_pods: Vec<PolicyPod>,
+    pub cluster_pods: PolicyPods,
+    /// What changed for the NetworkPolicies since the last inputs.
+    pub changes: PolicyChanges,
     pub namespaces: Vec<Arc<Namespace>>,
     pub context: FirewallContext,
     pub pods: Vec<AclPod>,
@@ -86,7 +91,10 @@ pub struct FirewallAgent {
     admin_last_good: BTreeMap<ObjectKey, AdminPolicy>,
     /// Admin policy objects rejected by the last validation.
     admin_errors: Vec<String>,
-    cluster_pods: Vec<PolicyPod>,
+    cluster_pods: PolicyPods,
+    /// Each local pod's policy sets as last compiled, and the changes since.
+    pod_rules: PodRulesCache,
+    pending: PolicyChanges,
     namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
     /// Policy errors of the last compile (logged once).
     policy_errors: Vec<String>,
@@ -175,11 +183,10 @@ impl FirewallAgent {
     /// to resolve and the wildcard patterns to learn from DNS answers.
     fn admin_names(&self) -> (BTreeSet<String>, BTreeSet<String>) {
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
-        let local: BTreeSet<String> = self.pods.iter().map(AclPod::key).collect();
         let local: Vec<&PolicyPod> = self
-            .cluster_pods
+            .pods
             .iter()
-            .filter(|p| local.contains(&p.key()))
+            .filter_map(|p| self.cluster_pods.get(&p.namespace, &p.name))
             .collect();
         admin::domain_names(&self.admin, &cluster, &local)
     }
@@ -201,6 +208,8 @@ impl FirewallAgent {
             admin_last_good: BTreeMap::new(),
             admin_errors: Vec::new(),
             cluster_pods: inputs.cluster_pods,
+            pod_rules: PodRulesCache::default(),
+            pending: PolicyChanges::everything(),
             namespace_labels: namespace_labels(&inputs.namespaces),
             policy_errors: Vec::new(),
             context: inputs.context,
@@ -280,12 +289,14 @@ impl FirewallAgent {
         self.admin.domains.extend(self.snooped.addresses());
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
-        let policies = policy_sets(
+        let policies = policy_sets_since(
             &self.policies,
             &cluster,
             &local,
             &previous.desired.policy_sets,
             &self.admin,
+            &mut self.pod_rules,
+            &std::mem::take(&mut self.pending),
         );
         self.compiled.desired.policy_sets = policies.sets;
         self.compiled.desired.pod_policies = policies.pods;
@@ -375,6 +386,7 @@ impl FirewallAgent {
         self.objects = inputs.objects;
         self.policies = inputs.policies;
         self.cluster_pods = inputs.cluster_pods;
+        self.pending.merge(inputs.changes);
         self.namespace_labels = namespace_labels(&inputs.namespaces);
         self.context = inputs.context;
         self.pods = inputs.pods;
@@ -761,7 +773,8 @@ mod tests {
             ],
             admin: AdminObjects::default(),
             nodes: Vec::new(),
-            cluster_pods: Vec::new(),
+            cluster_pods: PolicyPods::default(),
+            changes: PolicyChanges::everything(),
             namespaces: Vec::new(),
             context: FirewallContext::default(),
             pods: vec![AclPod {

@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::{
     CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
-    policy::{PodPolicy, PolicyCluster, PolicyPod, pod_policy},
+    policy::{PodPolicy, PolicyCluster, PolicyPod, PolicyPods, pod_policy},
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -69,7 +69,8 @@ fn compile(yaml: &str) -> Compiled {
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster::new(&pods, &labels);
+    let index: PolicyPods = pods.iter().cloned().collect();
+    let cluster = PolicyCluster::new(&index, &labels);
     let sets = pods
         .iter()
         .map(|pod| {
@@ -557,7 +558,8 @@ fn an_invalid_policy_is_named_and_still_isolates() {
         .collect();
     let pods = cluster_pods();
     let labels = namespaces();
-    let cluster = PolicyCluster::new(&pods, &labels);
+    let index: PolicyPods = pods.iter().cloned().collect();
+    let cluster = PolicyCluster::new(&index, &labels);
     let (result, errors) = pod_policy(&policies, &cluster, &pods[0]);
     assert_eq!(
         errors,
@@ -648,4 +650,161 @@ fn protocol_specific_and_default_namespace_label_scenarios() {
             from != "x/a" || (to == "x/b" && protocol == PROTO_TCP && port == 81)
         },
     );
+}
+
+/// Pods added, relabelled and removed one at a time: what a pair of selectors picks through
+/// the namespace and pod label indexes is what looking at every pod picks, in the same order.
+#[test]
+fn the_label_index_picks_what_a_scan_of_every_pod_picks() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+
+    use super::policy::{select_pods, selects};
+
+    let mut pods = PolicyPods::default();
+    let mut seed = 11u64;
+    let mut next = |bound: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % bound
+    };
+    let labels = namespaces();
+    let everywhere = LabelSelector::default();
+    let selector = |app: u64, tier: Option<u64>, not_tier: bool| LabelSelector {
+        match_labels: Some(
+            [("app".to_owned(), format!("a{app}"))]
+                .into_iter()
+                .chain(tier.map(|t| ("tier".to_owned(), format!("t{t}"))))
+                .collect(),
+        ),
+        match_expressions: not_tier.then(|| {
+            vec![LabelSelectorRequirement {
+                key: "tier".into(),
+                operator: "NotIn".into(),
+                values: Some(vec!["t0".into()]),
+            }]
+        }),
+    };
+    for step in 0..400 {
+        let namespace = NAMESPACES[next(3) as usize];
+        let name = format!("p{}", next(20));
+        if next(5) == 0 {
+            pods.remove(namespace, &name);
+        } else {
+            pods.insert(PolicyPod {
+                namespace: namespace.into(),
+                name,
+                labels: [
+                    ("app".to_owned(), format!("a{}", next(3))),
+                    ("tier".to_owned(), format!("t{}", next(2))),
+                ]
+                .into(),
+                addresses: Vec::new(),
+                named_ports: BTreeMap::new(),
+            });
+        }
+        let cluster = PolicyCluster::new(&pods, &labels);
+        let in_namespace = |ns: &str| LabelSelector {
+            match_labels: Some([("ns".to_owned(), ns.to_owned())].into()),
+            ..LabelSelector::default()
+        };
+        for chosen in [
+            selector(next(3), None, false),
+            selector(next(3), Some(next(2)), false),
+            selector(next(3), None, true),
+        ] {
+            for namespaces in [everywhere.clone(), in_namespace("y"), in_namespace("w")] {
+                let picked: Vec<String> = select_pods(&cluster, &namespaces, Some(&chosen))
+                    .iter()
+                    .map(|p| p.key())
+                    .collect();
+                let scanned: Vec<String> = pods
+                    .iter()
+                    .filter(|p| selects(&namespaces, &labels[&p.namespace]).expect("valid"))
+                    .filter(|p| selects(&chosen, &p.labels).expect("valid"))
+                    .map(PolicyPod::key)
+                    .collect();
+                assert_eq!(picked, scanned, "step {step}");
+            }
+        }
+        assert_eq!(pods.len(), pods.iter().count());
+    }
+}
+
+/// Pods relabelled, added and removed, and policies changed, one at a time: the compile that
+/// recompiles only the local pods a change can affect gives what compiling them all gives.
+#[test]
+fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
+    use super::admin::AdminPolicies;
+    use super::policy::{PodRulesCache, PolicyChanges, policy_sets, policy_sets_since};
+
+    let labels = namespaces();
+    let mut pods: PolicyPods = cluster_pods().into_iter().collect();
+    // x's pods are this node's; peers in every namespace, by namespace and by pod label.
+    let local: Vec<String> = PODS.iter().map(|p| format!("x/{p}")).collect();
+    let policy_text = |port: u32| {
+        format!(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: from-y, namespace: x}}\n\
+             spec:\n  podSelector: {{matchLabels: {{pod: a}}}}\n  ingress:\n\
+             \x20 - from: [{{namespaceSelector: {{matchLabels: {{ns: y}}}}, podSelector: {{matchLabels: {{pod: b}}}}}}]\n\
+             \x20   ports: [{{port: {port}}}]\n\
+             ---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {{name: same-namespace, namespace: x}}\n\
+             spec:\n  podSelector: {{matchLabels: {{pod: b}}}}\n  ingress: [{{from: [{{podSelector: {{}}}}]}}]\n\
+             \x20 egress: [{{to: [{{podSelector: {{matchLabels: {{pod: c}}}}}}]}}]\n"
+        )
+    };
+    let parse = |text: &str| -> Vec<Arc<NetworkPolicy>> {
+        serde_yaml::Deserializer::from_str(text)
+            .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
+            .collect()
+    };
+    let mut policies = parse(&policy_text(80));
+    let admin = AdminPolicies::default();
+    let mut cache = PodRulesCache::default();
+    let mut previous = BTreeMap::new();
+    let mut changes = PolicyChanges::everything();
+    let mut seed = 5u64;
+    let mut next = |bound: u64| {
+        seed = seed
+            .wrapping_mul(6364136223846793005)
+            .wrapping_add(1442695040888963407);
+        (seed >> 33) % bound
+    };
+    for step in 0..200 {
+        let cluster = PolicyCluster::new(&pods, &labels);
+        let since = policy_sets_since(
+            &policies, &cluster, &local, &previous, &admin, &mut cache, &changes,
+        );
+        let cluster = PolicyCluster::new(&pods, &labels);
+        let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
+        assert_eq!(since.sets, full.sets, "step {step}");
+        assert_eq!(since.pods, full.pods, "step {step}");
+        assert_eq!(since.errors, full.errors, "step {step}");
+        previous = since.sets;
+        changes = PolicyChanges::default();
+        let namespace = NAMESPACES[next(3) as usize];
+        match next(4) {
+            0 => {
+                policies = parse(&policy_text(80 + next(2) as u32));
+                changes.policies.insert("x".into());
+            }
+            1 => {
+                pods.remove(namespace, PODS[next(3) as usize]);
+                changes.pods.insert(namespace.into());
+            }
+            _ => {
+                let name = PODS[next(3) as usize];
+                pods.insert(PolicyPod {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    labels: [("pod".to_owned(), PODS[next(3) as usize].to_owned())].into(),
+                    addresses: vec![[10, 244, next(250) as u8, next(250) as u8].into()],
+                    named_ports: BTreeMap::new(),
+                });
+                changes.pods.insert(namespace.into());
+            }
+        }
+    }
 }

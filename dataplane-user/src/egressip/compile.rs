@@ -25,7 +25,7 @@ use crate::{
     AgentError, Dataplane,
     acl::{
         map_err,
-        policy::{PolicyPod, namespace_labels, selects},
+        policy::{PolicyPods, namespace_labels, selects},
     },
     model::{pod_name, runs_on},
     overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash},
@@ -37,7 +37,7 @@ use crate::{
 pub struct EgressInputs {
     pub objects: Vec<Arc<EgressIP>>,
     /// Every pod-network pod of the cluster.
-    pub pods: Vec<PolicyPod>,
+    pub pods: PolicyPods,
     pub namespaces: Vec<Arc<Namespace>>,
     pub nodes: Vec<NodeView>,
     pub cluster_networks: Vec<IpNet>,
@@ -53,12 +53,13 @@ impl EgressInputs {
     pub fn from_state(
         state: &ClusterState,
         objects: Vec<Arc<EgressIP>>,
+        pods: &PolicyPods,
         nodes: &[NodeView],
         this_node: &str,
     ) -> Self {
         EgressInputs {
             objects,
-            pods: PolicyPod::from_pods(&state.pods),
+            pods: pods.clone(),
             namespaces: state.namespaces.clone(),
             nodes: nodes.to_vec(),
             cluster_networks: state.cluster_networks.clone(),
@@ -103,25 +104,28 @@ pub fn selected_pods(inputs: &EgressInputs) -> Vec<Selected> {
     let mut selected = Vec::new();
     for object in super::assign::claim_order(&inputs.objects) {
         let name = object.metadata.name.clone().unwrap_or_default();
-        for pod in &inputs.pods {
-            let mut ns_labels = labels.get(&pod.namespace).cloned().unwrap_or_default();
+        for (namespace, pods) in inputs.pods.namespaces() {
+            let mut ns_labels = labels.get(namespace).cloned().unwrap_or_default();
             ns_labels
                 .entry("kubernetes.io/metadata.name".into())
-                .or_insert_with(|| pod.namespace.clone());
-            let in_namespace =
-                selects(&object.spec.namespace_selector, &ns_labels).unwrap_or(false);
-            let pod_matches = object
-                .spec
-                .pod_selector
-                .as_ref()
-                .is_none_or(|s| selects(s, &pod.labels).unwrap_or(false));
-            if in_namespace && pod_matches && taken.insert(pod.key()) {
-                selected.push(Selected {
-                    pod: pod.key(),
-                    object: name.clone(),
-                    addresses: pod.addresses.clone(),
-                    local: inputs.local_pods.contains(&pod.key()),
-                });
+                .or_insert_with(|| namespace.to_owned());
+            if !selects(&object.spec.namespace_selector, &ns_labels).unwrap_or(false) {
+                continue;
+            }
+            for pod in pods.values() {
+                let pod_matches = object
+                    .spec
+                    .pod_selector
+                    .as_ref()
+                    .is_none_or(|s| selects(s, &pod.labels).unwrap_or(false));
+                if pod_matches && taken.insert(pod.key()) {
+                    selected.push(Selected {
+                        pod: pod.key(),
+                        object: name.clone(),
+                        addresses: pod.addresses.clone(),
+                        local: inputs.local_pods.contains(&pod.key()),
+                    });
+                }
             }
         }
     }
@@ -292,6 +296,7 @@ impl Dataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::acl::policy::PolicyPod;
     use crate::egressip::{EgressIpSpec, EgressIpStatus, EgressIpStatusItem};
     use dataplane_common::overlay::ipv4_mapped;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
@@ -344,7 +349,9 @@ mod tests {
                 pod("prod", "web", "10.244.1.2"),
                 pod("prod", "db", "10.244.2.2"),
                 pod("other", "web", "10.244.1.3"),
-            ],
+            ]
+            .into_iter()
+            .collect(),
             namespaces: Vec::new(),
             nodes: vec![
                 node("node-0", "10.99.0.1", "10.244.1.0/24"),

@@ -301,17 +301,19 @@ fn admin_manifests(count: usize, rules: usize) -> String {
 fn loaded_with_admin(
     (count, rules): (usize, usize),
 ) -> anyhow::Result<(Fixture, Duration, Duration, usize)> {
-    use dataplane_user::acl::policy::{PolicyCluster, PolicyPod, policy_sets};
+    use dataplane_user::acl::policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets};
     let mut state = dataplane_user::source::ClusterState::default();
     dataplane_user::source::add_documents(&mut state, "bench.yaml", &admin_manifests(count, rules));
     anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
-    let pods = vec![PolicyPod {
+    let pods: PolicyPods = [PolicyPod {
         namespace: "bench".into(),
         name: "pod".into(),
         labels: Default::default(),
         addresses: vec![ADMIN_POD.into()],
         named_ports: Default::default(),
-    }];
+    }]
+    .into_iter()
+    .collect();
     let namespaces = [(
         "bench".to_owned(),
         [("kubernetes.io/metadata.name".to_owned(), "bench".to_owned())].into(),

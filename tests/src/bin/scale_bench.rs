@@ -18,8 +18,9 @@
 //! - the resident memory of this process (the agent's state and the benchmark's objects;
 //!   target under 1 GiB) and the kernel memory of its maps (`memlock` of each map's fdinfo).
 //!
-//! Not in it: EgressIPs, the management port's routes and the gateway's nftables table (host
-//! state, not maps). A benchmark: it reports, it does not pass or fail.
+//! Not in it: EgressIP objects (the egress stage runs, selecting pods for none), the management
+//! port's routes and the gateway's nftables table (host state, not maps). A benchmark: it
+//! reports, it does not pass or fail.
 
 use std::{
     collections::BTreeMap,
@@ -34,13 +35,17 @@ use dataplane_user::{
     acl::{
         self, AclState,
         firewall::{CompiledFirewalls, compile_firewalls_reusing},
-        policy::{PolicyCluster, PolicyPod, PolicySet, namespace_labels, policy_sets},
+        policy::{
+            PodRulesCache, PolicyCluster, PolicyPods, PolicySet, namespace_labels,
+            policy_sets_since,
+        },
     },
+    egressip::{compile::EgressInputs, node::EgressNode},
     kubernetes::parse_watched,
     lb::LbState,
     model::{self, HostInterface, NodeModel},
     multicast,
-    overlay::{self, Underlay},
+    overlay::{self, OverlayMaps, Underlay},
     source::{ClusterState, ObjectCache},
     sync::{Changes, ServiceCache, Stage},
 };
@@ -248,11 +253,20 @@ struct Agent {
     version: u64,
     last: Option<ClusterState>,
     model: Option<NodeModel>,
+    /// The overlay maps as the last sync wrote them.
+    overlay_written: Option<OverlayMaps>,
     services: ServiceCache,
     lb: LbState,
     acl: AclState,
+    /// Every pod as policies select them, patched with each sync's changed pods (as the
+    /// agent's sync does).
+    policy_pods: PolicyPods,
+    /// Each local pod's sets as last compiled (as the firewall agent keeps them).
+    pod_rules: PodRulesCache,
     /// The last compile's policy sets (reused by name, as the firewall agent does).
     policy_sets: BTreeMap<String, PolicySet>,
+    /// The egress IP state (the agent's, between syncs).
+    egress: EgressNode,
     /// The last compile of the firewalls.
     firewalls: CompiledFirewalls,
     /// While set, events are collected (encoded as the API server sends them) rather than
@@ -283,11 +297,15 @@ impl Agent {
             version: 0,
             last: None,
             model: None,
+            overlay_written: None,
             services: ServiceCache::default(),
             lb: LbState::default(),
             acl: AclState::default(),
+            policy_pods: PolicyPods::default(),
+            pod_rules: PodRulesCache::default(),
             policy_sets: BTreeMap::new(),
             firewalls: CompiledFirewalls::default(),
+            egress: EgressNode::new(NODE, "lo"),
             collected: None,
         })
     }
@@ -427,11 +445,12 @@ impl Agent {
             Some(last) if !full => Changes::between(last, &state),
             _ => Changes::full(),
         };
+        self.policy_pods.follow(&state, &changes);
         step.diff_ms = ms(lap.elapsed());
         let lap = Instant::now();
         step.stages = changes.stages().iter().map(|s| s.name()).collect();
         if changes.runs(Stage::Overlay) {
-            step.writes += self.sync_overlay(&state)?;
+            step.writes += self.sync_overlay(&state, full)?;
         }
         if changes.runs(Stage::Services) {
             self.services
@@ -442,7 +461,21 @@ impl Agent {
             step.writes += stats.written + stats.deleted;
         }
         if changes.runs(Stage::AccessControl) {
-            step.writes += self.sync_access_control(&state)?;
+            step.writes += self.sync_access_control(&state, &changes)?;
+        }
+        if changes.runs(Stage::EgressIps)
+            && let Some(model) = &self.model
+        {
+            // No EgressIP here: what selecting pods for none costs every change.
+            let inputs = EgressInputs::from_state(
+                &state,
+                state.egress_ips.clone(),
+                &self.policy_pods,
+                &model.view.nodes,
+                NODE,
+            );
+            self.egress.set_inputs(inputs, None);
+            self.egress.apply(&mut self.fixture)?;
         }
         // The multicast plan (no namespace enables it here: what that costs every change).
         if changes.runs(Stage::Multicast)
@@ -458,7 +491,7 @@ impl Agent {
     }
 
     /// The overlay stage: this node's view (its pods behind made-up veths) and the maps.
-    fn sync_overlay(&mut self, state: &ClusterState) -> anyhow::Result<usize> {
+    fn sync_overlay(&mut self, state: &ClusterState, full: bool) -> anyhow::Result<usize> {
         let network = state.network.unwrap_or_default();
         let settings = network.validate(1500)?;
         let underlay = Underlay {
@@ -470,14 +503,21 @@ impl Agent {
         let model = model::build(state, NODE, underlay, settings, local_veth);
         anyhow::ensure!(model.warnings.is_empty(), "{:?}", model.warnings);
         let desired = overlay::compile(&model.view)?;
-        let stats = self.fixture.sync_overlay(&desired)?;
+        // As the agent does: compared with what the last sync wrote (a full one reads the kernel).
+        let last = self.overlay_written.take().filter(|_| !full);
+        let stats = self.fixture.sync_overlay(&desired, last.as_ref())?;
+        self.overlay_written = Some(desired);
         self.model = Some(model);
         Ok(stats.written + stats.deleted)
     }
 
     /// The access-control stage as the firewall agent compiles it (no DNS names here): the
     /// policies and firewalls of the namespaces this node hosts, every pod as a peer.
-    fn sync_access_control(&mut self, state: &ClusterState) -> anyhow::Result<usize> {
+    fn sync_access_control(
+        &mut self,
+        state: &ClusterState,
+        changes: &Changes,
+    ) -> anyhow::Result<usize> {
         let Some(model) = &self.model else {
             anyhow::bail!("no overlay view");
         };
@@ -498,16 +538,17 @@ impl Agent {
             .filter(|f| hosts(&f.metadata.namespace))
             .cloned()
             .collect();
-        let cluster_pods = PolicyPod::from_pods(&state.pods);
         let labels = namespace_labels(&state.namespaces);
-        let cluster = PolicyCluster::new(&cluster_pods, &labels);
+        let cluster = PolicyCluster::new(&self.policy_pods, &labels);
         let local: Vec<String> = pods.iter().map(acl::AclPod::key).collect();
-        let compiled_policies = policy_sets(
+        let compiled_policies = policy_sets_since(
             &policies,
             &cluster,
             &local,
             &self.policy_sets,
             &Default::default(),
+            &mut self.pod_rules,
+            &changes.for_policies(),
         );
         anyhow::ensure!(
             compiled_policies.errors.is_empty(),
@@ -655,6 +696,7 @@ fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> 
     agent.services = ServiceCache::default();
     agent.firewalls = CompiledFirewalls::default();
     agent.policy_sets = BTreeMap::new();
+    agent.pod_rules = PodRulesCache::default();
     let full = agent.sync(true)?;
     Ok(Stream {
         changes: total,
