@@ -349,14 +349,14 @@ impl Cluster {
         let recompiled =
             self.services
                 .update(&state.services, &state.endpoint_slices, &self.node, changes);
-        let compiled = self.services.ports();
-        for error in &compiled.errors {
+        let errors = self.services.errors();
+        for error in &errors {
             tracing::warn!(%error, "service skipped");
         }
         if self.firewalls.is_none() {
             dataplane.adopt_lb(&mut self.lb)?;
         }
-        let stats = dataplane.sync_lb(&mut self.lb, &compiled.ports)?;
+        let stats = self.services.sync_maps(dataplane, &mut self.lb)?;
         tracing::info!(
             recompiled,
             service_ports = stats.services,
@@ -365,7 +365,7 @@ impl Cluster {
             deleted = stats.deleted,
             "services configured"
         );
-        Ok((stats.written + stats.deleted, compiled.errors.len()))
+        Ok((stats.written + stats.deleted, errors.len()))
     }
 
     /// Makes the gateway SNAT (pods to outside the cluster take the node's address) follow

@@ -519,6 +519,15 @@ pub struct LbState {
     backend_refs: HashMap<u32, u32>,
 }
 
+/// What one load-balancer sync writes: the ports to install (new or different), the keys to
+/// remove, how many ports there are in all, and the port bitmaps of them all.
+struct SyncPlan<'a> {
+    changed: Vec<&'a ServicePort>,
+    removed: Vec<ServiceKey>,
+    ports: usize,
+    words: Vec<u64>,
+}
+
 #[derive(Clone, Debug, PartialEq, Eq)]
 struct Installed {
     value: ServiceValue,
@@ -583,7 +592,6 @@ impl LbState {
     fn allocate_backend_ids(
         &mut self,
         changed: &[&ServicePort],
-        all: &[ServicePort],
         capacity: u32,
     ) -> Result<(), AgentError> {
         let mut fresh = Vec::new();
@@ -599,14 +607,17 @@ impl LbState {
                             self.backend_ids.remove(&backend);
                             self.free_slots.push_front(backend_slot(id));
                         }
-                        let needed = all
-                            .iter()
-                            .flat_map(|p| p.ready.iter().chain(&p.terminating))
-                            .collect::<BTreeSet<_>>()
-                            .len();
+                        // Those of the kept ports and those of the changed ones.
+                        let mut needed: BTreeSet<BackendAddr> =
+                            self.backend_ids.keys().copied().collect();
+                        needed.extend(
+                            changed
+                                .iter()
+                                .flat_map(|p| p.ready.iter().chain(&p.terminating)),
+                        );
                         return Err(AgentError::Capacity {
                             what: "backends",
-                            needed,
+                            needed: needed.len(),
                             map: maps::LB_BACKENDS,
                             limit: capacity,
                             flag: "--max-backends",
@@ -616,6 +627,14 @@ impl LbState {
             }
         }
         Ok(())
+    }
+
+    /// Whether `port` is not installed as it is.
+    fn differs(&self, port: &ServicePort) -> bool {
+        self.installed
+            .get(&port.key)
+            .and_then(|i| i.port.as_ref())
+            .is_none_or(|installed| installed != port)
     }
 
     /// The ids (given) and addresses of every backend a port references.
@@ -763,7 +782,7 @@ fn backend_addr(backend: &Backend) -> BackendAddr {
 }
 
 /// The two port bitmaps `ports` need: their service ports, then their backends' ports.
-pub fn port_bitmaps(ports: &[ServicePort]) -> Vec<u64> {
+pub fn port_bitmaps<'a>(ports: impl Iterator<Item = &'a ServicePort>) -> Vec<u64> {
     let mut words = vec![0u64; (PORT_BITMAP_WORDS * 2) as usize];
     let mut mark = |base, port: u16| {
         let (word, bit) = port_bit(base, port);
@@ -783,7 +802,7 @@ impl Dataplane {
     fn sync_port_bitmaps(
         &mut self,
         state: &mut LbState,
-        ports: &[ServicePort],
+        wanted: Vec<u64>,
     ) -> Result<usize, AgentError> {
         let err = |action: &'static str| {
             move |source| AgentError::Map {
@@ -800,7 +819,6 @@ impl Dataplane {
                 .collect::<Result<_, _>>()
                 .map_err(err("read port bitmap"))?,
         };
-        let wanted = port_bitmaps(ports);
         let mut written = 0;
         for (index, (&want, &have)) in wanted.iter().zip(&current).enumerate() {
             if want != have {
@@ -859,7 +877,68 @@ impl Dataplane {
         ports: &[ServicePort],
     ) -> Result<LbSyncStats, AgentError> {
         let sweep = state.backends.is_none() || state.members.is_none();
-        let result = self.sync_lb_changes(state, ports, sweep);
+        let wanted: HashSet<ServiceKey> = ports.iter().map(|p| p.key).collect();
+        let plan = SyncPlan {
+            changed: ports.iter().filter(|p| state.differs(p)).collect(),
+            removed: state
+                .installed
+                .keys()
+                .filter(|k| !wanted.contains(k))
+                .copied()
+                .collect(),
+            ports: ports.len(),
+            words: port_bitmaps(ports.iter()),
+        };
+        self.sync_lb_planned(state, plan, sweep)
+    }
+
+    /// [`Self::sync_lb`] for the service ports that may have changed since the last sync:
+    /// each key with its port now (`None`: no Service holds it). The others stay as installed,
+    /// untouched and not compared. After a sync that failed (and at the first), every port is
+    /// needed: `Ok(None)` says so, and nothing was done.
+    pub fn sync_lb_changed(
+        &mut self,
+        state: &mut LbState,
+        updates: &[(ServiceKey, Option<ServicePort>)],
+    ) -> Result<Option<LbSyncStats>, AgentError> {
+        if state.backends.is_none() || state.members.is_none() {
+            return Ok(None);
+        }
+        let updated: HashSet<ServiceKey> = updates.iter().map(|(key, _)| *key).collect();
+        let now = || updates.iter().filter_map(|(_, port)| port.as_ref());
+        // Every port after this sync: the installed ones not updated, and the updates.
+        let (ports, words) = {
+            let kept = state
+                .installed
+                .iter()
+                .filter(|(key, _)| !updated.contains(key))
+                .filter_map(|(_, installed)| installed.port.as_ref());
+            let mut words = port_bitmaps(now());
+            for (word, kept) in words.iter_mut().zip(port_bitmaps(kept.clone())) {
+                *word |= kept;
+            }
+            (kept.count() + now().count(), words)
+        };
+        let plan = SyncPlan {
+            changed: now().filter(|p| state.differs(p)).collect(),
+            removed: updates
+                .iter()
+                .filter(|(key, port)| port.is_none() && state.installed.contains_key(key))
+                .map(|(key, _)| *key)
+                .collect(),
+            ports,
+            words,
+        };
+        self.sync_lb_planned(state, plan, false).map(Some)
+    }
+
+    fn sync_lb_planned(
+        &mut self,
+        state: &mut LbState,
+        plan: SyncPlan<'_>,
+        sweep: bool,
+    ) -> Result<LbSyncStats, AgentError> {
+        let result = self.sync_lb_changes(state, plan, sweep);
         if result.is_err() {
             // The maps may hold part of this sync: read them again next time.
             state.backends = None;
@@ -871,27 +950,16 @@ impl Dataplane {
     fn sync_lb_changes(
         &mut self,
         state: &mut LbState,
-        ports: &[ServicePort],
+        plan: SyncPlan<'_>,
         sweep: bool,
     ) -> Result<LbSyncStats, AgentError> {
         let capacities = *self.capacities();
-        let wanted: HashSet<ServiceKey> = ports.iter().map(|p| p.key).collect();
-        let changed: Vec<&ServicePort> = ports
-            .iter()
-            .filter(|p| {
-                state
-                    .installed
-                    .get(&p.key)
-                    .and_then(|i| i.port.as_ref())
-                    .is_none_or(|installed| installed != *p)
-            })
-            .collect();
-        let removed: Vec<ServiceKey> = state
-            .installed
-            .keys()
-            .filter(|k| !wanted.contains(k))
-            .copied()
-            .collect();
+        let SyncPlan {
+            changed,
+            removed,
+            ports,
+            words,
+        } = plan;
         let new_ports = changed
             .iter()
             .filter(|p| !state.installed.contains_key(&p.key))
@@ -906,15 +974,15 @@ impl Dataplane {
                 flag: "--max-service-ports",
             });
         }
-        state.allocate_backend_ids(&changed, ports, capacities.backends)?;
+        state.allocate_backend_ids(&changed, capacities.backends)?;
         if sweep {
             state.count_backend_refs();
         }
         let mut stats = LbSyncStats {
-            services: ports.len(),
+            services: ports,
             ..LbSyncStats::default()
         };
-        stats.written += self.sync_port_bitmaps(state, ports)?;
+        stats.written += self.sync_port_bitmaps(state, words)?;
         let mut have = match state.backends.take() {
             Some(have) => have,
             None => self.live_backends()?,

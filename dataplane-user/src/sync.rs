@@ -5,7 +5,7 @@
 //! | stage | reads | work on a change |
 //! |---|---|---|
 //! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod (not its labels), Network | the node's view is rebuilt; the maps are written where they differ from what the last sync wrote |
-//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled; only the service ports that differ from the installed ones are written, their backends counted by reference |
+//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name; only their keys are compared with the installed ports and written where they differ, backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease) |
 //! | multicast | Node, Namespace, Pod (not its labels) | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
@@ -17,10 +17,11 @@
 //! to write: anything is a difference the dependency model missed.
 
 use std::{
-    collections::{BTreeMap, BTreeSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
 };
 
+use dataplane_common::lb::ServiceKey;
 use k8s_openapi::api::{
     core::v1::{Pod, Service},
     discovery::v1::EndpointSlice,
@@ -28,8 +29,9 @@ use k8s_openapi::api::{
 use kube::Resource;
 
 use crate::{
+    AgentError, Dataplane,
     acl::policy::PolicyChanges,
-    lb::{self, CompiledService, CompiledServices, ServiceName},
+    lb::{self, CompiledService, CompiledServices, LbState, LbSyncStats, ServiceName, ServicePort},
     source::ClusterState,
 };
 
@@ -119,6 +121,10 @@ pub struct Changes {
     pub pods: BTreeMap<(String, String), Option<Arc<Pod>>>,
     /// The namespaces where a NetworkPolicy was added, removed or modified.
     pub policy_namespaces: BTreeSet<String>,
+    /// The Services and EndpointSlices added, removed or modified, by namespace and name:
+    /// each as it is now (`None`: removed).
+    pub service_objects: BTreeMap<ServiceName, Option<Arc<Service>>>,
+    pub slices: BTreeMap<(String, String), Option<Arc<EndpointSlice>>>,
 }
 
 impl Changes {
@@ -183,6 +189,8 @@ impl Changes {
         note(Kind::Service, services.is_empty());
         note(Kind::EndpointSlice, slices.is_empty());
         changes.services = services.into_iter().chain(slices).collect();
+        changes.service_objects = changed_objects(&old.services, &new.services);
+        changes.slices = changed_objects(&old.endpoint_slices, &new.endpoint_slices);
         changes.kinds = kinds;
         changes
     }
@@ -338,6 +346,17 @@ fn owned((namespace, name): (&str, &str)) -> ServiceName {
     (namespace.to_owned(), name.to_owned())
 }
 
+/// The objects added, removed or modified, by namespace and name, as they are now.
+fn changed_objects<T: Resource + PartialEq>(
+    old: &[Arc<T>],
+    new: &[Arc<T>],
+) -> BTreeMap<(String, String), Option<Arc<T>>> {
+    changed_keys(old, new)
+        .into_iter()
+        .filter_map(|(a, b)| Some((owned(key_of(&**a.or(b)?)), b.cloned())))
+        .collect()
+}
+
 /// The Services added, removed or modified.
 fn changed_services(old: &[Arc<Service>], new: &[Arc<Service>]) -> BTreeSet<ServiceName> {
     changed_keys(old, new)
@@ -363,10 +382,22 @@ fn changed_slice_services(
 }
 
 /// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
-/// it touches, and the service ports are assembled from the rest as they were.
+/// it touches, and the service ports that may differ since the last load-balancer sync are
+/// known by key, so that sync looks at those alone.
 #[derive(Debug, Default)]
 pub struct ServiceCache {
     compiled: BTreeMap<ServiceName, CompiledService>,
+    /// The Services and EndpointSlices, patched with each change: a change compiles its
+    /// Services from these, not from a pass over every object (at 10,000 Services, 10 ms).
+    objects: HashMap<ServiceName, Arc<Service>>,
+    slices: HashMap<(String, String), Arc<EndpointSlice>>,
+    /// Each Service's EndpointSlices (their namespace and name).
+    slices_of: HashMap<ServiceName, BTreeSet<(String, String)>>,
+    /// Each service key and the Services whose ports claim it, with how many ports each: the
+    /// first port of the first by name holds it (as [`lb::assemble`] decides).
+    claims: BTreeMap<ServiceKey, BTreeMap<ServiceName, usize>>,
+    /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
+    dirty: Option<BTreeSet<ServiceKey>>,
 }
 
 impl ServiceCache {
@@ -380,25 +411,197 @@ impl ServiceCache {
         changes: &Changes,
     ) -> usize {
         if changes.full {
+            self.index(services, slices);
             self.compiled = lb::compile_each(services, slices, node, |_| true);
+            self.claims.clear();
+            let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
+            for name in &all {
+                self.claim(name);
+            }
+            self.dirty = None;
             return self.compiled.len();
         }
-        for service in &changes.services {
-            self.compiled.remove(service);
+        for (name, service) in &changes.service_objects {
+            match service {
+                Some(service) => self.objects.insert(name.clone(), Arc::clone(service)),
+                None => self.objects.remove(name),
+            };
         }
-        let fresh = lb::compile_each(services, slices, node, |(namespace, name)| {
-            changes
-                .services
-                .contains(&(namespace.to_string(), name.to_string()))
-        });
-        let compiled = fresh.len();
-        self.compiled.extend(fresh);
+        for (key, slice) in &changes.slices {
+            self.forget_slice(key);
+            if let Some(slice) = slice {
+                self.add_slice(key.clone(), slice);
+            }
+        }
+        let mut compiled = 0;
+        for name in &changes.services {
+            self.unclaim(name);
+            self.compiled.remove(name);
+            let Some(service) = self.objects.get(name) else {
+                continue;
+            };
+            let own: Vec<Arc<EndpointSlice>> = self
+                .slices_of
+                .get(name)
+                .into_iter()
+                .flatten()
+                .filter_map(|key| self.slices.get(key).cloned())
+                .collect();
+            let fresh = lb::compile_each(std::slice::from_ref(service), &own, node, |_| true);
+            compiled += fresh.len();
+            for (name, service) in fresh {
+                self.compiled.insert(name.clone(), service);
+                self.claim(&name);
+            }
+        }
         compiled
+    }
+
+    /// The Services and EndpointSlices indexed anew.
+    fn index(&mut self, services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) {
+        self.objects = services
+            .iter()
+            .map(|s| (owned(key_of(&**s)), Arc::clone(s)))
+            .collect();
+        self.slices.clear();
+        self.slices_of.clear();
+        for slice in slices {
+            self.add_slice(owned(key_of(&**slice)), slice);
+        }
+    }
+
+    fn add_slice(&mut self, key: (String, String), slice: &Arc<EndpointSlice>) {
+        if let Some(service) = lb::slice_service(slice) {
+            self.slices_of
+                .entry(owned(service))
+                .or_default()
+                .insert(key.clone());
+        }
+        self.slices.insert(key, Arc::clone(slice));
+    }
+
+    fn forget_slice(&mut self, key: &(String, String)) {
+        let Some(slice) = self.slices.remove(key) else {
+            return;
+        };
+        if let Some(service) = lb::slice_service(&slice) {
+            let service = owned(service);
+            if let Some(keys) = self.slices_of.get_mut(&service) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.slices_of.remove(&service);
+                }
+            }
+        }
+    }
+
+    /// Every port of the Service `name` (as compiled) claims its key.
+    fn claim(&mut self, name: &ServiceName) {
+        let Some(Ok(ports)) = self.compiled.get(name) else {
+            return;
+        };
+        for port in ports {
+            *self
+                .claims
+                .entry(port.key)
+                .or_default()
+                .entry(name.clone())
+                .or_default() += 1;
+            if let Some(dirty) = &mut self.dirty {
+                dirty.insert(port.key);
+            }
+        }
+    }
+
+    /// The Service `name`'s ports (as compiled) give up their keys.
+    fn unclaim(&mut self, name: &ServiceName) {
+        let Some(Ok(ports)) = self.compiled.get(name) else {
+            return;
+        };
+        for port in ports {
+            if let Some(claims) = self.claims.get_mut(&port.key) {
+                claims.remove(name);
+                if claims.is_empty() {
+                    self.claims.remove(&port.key);
+                }
+            }
+            if let Some(dirty) = &mut self.dirty {
+                dirty.insert(port.key);
+            }
+        }
     }
 
     /// The service ports of every Service, as [`lb::compile_services`] gives them.
     pub fn ports(&self) -> CompiledServices {
         lb::assemble(self.compiled.values())
+    }
+
+    /// The port each key that may have changed since the last [`Self::synced`] now has
+    /// (`None`: no Service holds it); `None` when any may have.
+    pub fn changed_ports(&self) -> Option<Vec<(ServiceKey, Option<ServicePort>)>> {
+        let dirty = self.dirty.as_ref()?;
+        Some(dirty.iter().map(|key| (*key, self.holder(key))).collect())
+    }
+
+    /// The port of the first Service (by name) claiming `key`.
+    fn holder(&self, key: &ServiceKey) -> Option<ServicePort> {
+        let (name, _) = self.claims.get(key)?.first_key_value()?;
+        let Some(Ok(ports)) = self.compiled.get(name) else {
+            return None;
+        };
+        ports.iter().find(|p| p.key == *key).cloned()
+    }
+
+    /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
+    pub fn errors(&self) -> Vec<String> {
+        let mut errors: Vec<String> = self
+            .compiled
+            .values()
+            .filter_map(|service| service.as_ref().err().cloned())
+            .collect();
+        let shared = self
+            .claims
+            .iter()
+            .filter(|(_, names)| names.values().sum::<usize>() > 1);
+        for (key, names) in shared {
+            let ports = names
+                .keys()
+                .filter_map(|name| match self.compiled.get(name) {
+                    Some(Ok(ports)) => Some(ports.iter().filter(|p| p.key == *key)),
+                    _ => None,
+                });
+            errors.extend(ports.flatten().skip(1).map(|port| {
+                format!(
+                    "{}: address and port already used by another Service",
+                    port.name
+                )
+            }));
+        }
+        errors
+    }
+
+    /// Brings the load-balancer maps to the ports as they are now: only the keys that may
+    /// have changed since the last call, or every port after a full compile or a failed sync.
+    pub fn sync_maps(
+        &mut self,
+        dataplane: &mut Dataplane,
+        lb: &mut LbState,
+    ) -> Result<LbSyncStats, AgentError> {
+        let changed = match self.changed_ports() {
+            Some(changed) => dataplane.sync_lb_changed(lb, &changed)?,
+            None => None,
+        };
+        let stats = match changed {
+            Some(stats) => stats,
+            None => dataplane.sync_lb(lb, &self.ports().ports)?,
+        };
+        self.synced();
+        Ok(stats)
+    }
+
+    /// The load-balancer maps hold the ports as they are now.
+    pub fn synced(&mut self) {
+        self.dirty = Some(BTreeSet::new());
     }
 }
 
@@ -615,13 +818,58 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 "node-a",
                 &Changes::full(),
             );
+            let before = cache.ports();
+            cache.synced();
             let changes = Changes::between(&old, &new);
             let compiled = cache.update(&new.services, &new.endpoint_slices, "node-a", &changes);
             assert!(compiled <= 2);
-            assert_eq!(
-                cache.ports(),
-                lb::compile_services(&new.services, &new.endpoint_slices, "node-a")
+            let full = lb::compile_services(&new.services, &new.endpoint_slices, "node-a");
+            assert_eq!(cache.ports(), full);
+            assert_eq!(cache.errors(), full.errors);
+            // The ports that changed are named by key, with their port now: the ports of
+            // before with those applied are the ports of now.
+            let changed = cache
+                .changed_ports()
+                .expect("after a sync, the changes are known");
+            let mut ports: BTreeMap<ServiceKey, ServicePort> =
+                before.ports.into_iter().map(|p| (p.key, p)).collect();
+            for (key, port) in changed {
+                match port {
+                    Some(port) => ports.insert(key, port),
+                    None => ports.remove(&key),
+                };
+            }
+            assert_eq!(ports.into_values().collect::<Vec<_>>(), full.ports);
+        }
+    }
+
+    /// One Service with two ports on one key, and two Services on one key: the errors name
+    /// the ports that lose, as assembling every port says.
+    #[test]
+    fn the_service_cache_names_the_ports_that_lose_their_key() {
+        let doubled = BASE.replace(
+            "ports: [{name: http, port: 80, targetPort: 8080}]",
+            "ports: [{name: http, port: 80, targetPort: 8080}, {name: again, port: 80}]",
+        );
+        for text in [
+            doubled.clone(),
+            doubled.replace(
+                "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
+                "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
+            ),
+        ] {
+            let new = state(&text);
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &Changes::full(),
             );
+            let full = lb::compile_services(&new.services, &new.endpoint_slices, "node-a");
+            assert!(!full.errors.is_empty(), "{text}");
+            assert_eq!(cache.errors(), full.errors);
+            assert_eq!(cache.changed_ports(), None, "a full compile: every port");
         }
     }
 }

@@ -2168,3 +2168,66 @@ fn a_sync_writes_only_the_changed_service_ports_and_keeps_shared_backends() {
         "web's backend swept"
     );
 }
+
+/// A sync of the service ports that changed alone (what the agent does between full syncs):
+/// the changed port gets its new backend, the added one works, the removed one is gone, and a
+/// full sync afterwards finds nothing to write.
+#[test]
+fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_them() {
+    if !privileged(
+        "a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_them",
+    ) {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    // Before a first full sync, every port is needed.
+    assert!(
+        fixture
+            .sync_lb_changed(&mut state, &[])
+            .expect("sync")
+            .is_none()
+    );
+    let kept = service(
+        "10.96.0.20",
+        80,
+        6,
+        &["10.244.1.3:8080", "10.244.2.5:8080"],
+        0,
+    );
+    let moved = service("10.96.0.21", 80, 6, &["10.244.1.4:8080"], 0);
+    let gone = service("10.96.0.22", 53, 17, &["10.244.2.6:53"], 0);
+    fixture
+        .sync_lb(&mut state, &[kept.clone(), moved.clone(), gone.clone()])
+        .expect("sync");
+    let moved_now = service("10.96.0.21", 80, 6, &["10.244.3.8:8080"], 0);
+    let added = service("10.96.0.23", 80, 6, &["10.244.4.9:8080"], 0);
+    let stats = fixture
+        .sync_lb_changed(
+            &mut state,
+            &[
+                (moved.key, Some(moved_now.clone())),
+                (gone.key, None),
+                (added.key, Some(added.clone())),
+            ],
+        )
+        .expect("sync")
+        .expect("after a full sync, the changes alone");
+    assert_eq!(stats.services, 3);
+    for (vip, want) in [
+        ([10, 96, 0, 21], "10.244.3.8"),
+        ([10, 96, 0, 23], "10.244.4.9"),
+    ] {
+        let syn = tcp_v4_flow(CLIENT, 42000, vip, 80, true);
+        let out = from_pod(&mut fixture, &syn).expect("tc run");
+        assert_eq!(IpAddr::from(destination(&out.output)), ip(want));
+    }
+    let services: HashMap<&mut MapData, ServiceKey, ServiceValue> =
+        fixture.typed_map(LB_SERVICES).expect("map");
+    assert!(services.get(&gone.key, 0).is_err(), "the removed port left");
+    assert!(services.get(&kept.key, 0).is_ok());
+    let full = fixture
+        .sync_lb(&mut state, &[kept, moved_now, added])
+        .expect("sync");
+    assert_eq!((full.written, full.deleted), (0, 0));
+}

@@ -380,7 +380,7 @@ endpoints:
 fn port_bitmaps_mark_service_ports_and_backend_ports() {
     use dataplane_common::lb::{BACKEND_PORTS_BASE, SERVICE_PORTS_BASE, port_bit};
     let out = compile_yaml(MULTI_PORT);
-    let words = port_bitmaps(&out.ports);
+    let words = port_bitmaps(out.ports.iter());
     let marked = |base, port| {
         let (word, bit) = port_bit(base, port);
         words[word as usize] & bit != 0

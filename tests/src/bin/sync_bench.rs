@@ -287,9 +287,9 @@ impl Incremental {
             step.services_recompiled =
                 self.services
                     .update(&state.services, &state.endpoint_slices, NODE, &changes);
-            let compiled = self.services.ports();
-            anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
-            let stats = self.fixture.sync_lb(&mut self.lb, &compiled.ports)?;
+            let errors = self.services.errors();
+            anyhow::ensure!(errors.is_empty(), "{errors:?}");
+            let stats = self.services.sync_maps(&mut self.fixture, &mut self.lb)?;
             step.writes += stats.written + stats.deleted;
         }
         if changes.runs(Stage::AccessControl) {
