@@ -17,9 +17,9 @@ use dataplane_common::maps::{
 
 use crate::{AgentError, Pins, capacity::Capacities, ebpf, preflight};
 
-/// Loads of one program tried before giving up on a verifier interrupted each time (as
-/// libbpf's default).
-const LOAD_ATTEMPTS: u32 = 5;
+/// Loads of one program tried before giving up on a verifier interrupted each time (twice
+/// libbpf's default, with a growing pause between them).
+const LOAD_ATTEMPTS: u32 = 10;
 
 /// The loaded kernel programs and maps of one agent.
 pub struct Dataplane {
@@ -181,6 +181,9 @@ impl Dataplane {
                         attempt,
                         "verifier interrupted, loading again"
                     );
+                    // A moment for the signal to be taken: an immediate retry met it again
+                    // five times in a row once in CI (a test process spawning commands).
+                    std::thread::sleep(std::time::Duration::from_millis(20 * u64::from(attempt)));
                     attempt += 1;
                 }
                 other => {
