@@ -380,16 +380,11 @@ impl ObjectCache {
             .collect();
         holders.push((key, new));
         holders.sort_by(|a, b| a.0.cmp(b.0));
-        let state = &mut self.assembled;
-        state.network = None;
-        state.cluster_networks = Vec::new();
-        state.service_networks = Vec::new();
-        state.policy_audit = Default::default();
-        state.egress_ip_config = Default::default();
-        state.hybrid = None;
+        let mut settings = ClusterState::default();
         for (_, parsed) in holders {
-            state.absorb_settings(parsed);
+            settings.absorb_settings(parsed);
         }
+        self.assembled.copy_settings(&settings);
     }
 }
 
@@ -451,13 +446,18 @@ impl ClusterState {
     /// Takes `later`'s `Network` settings if it has a `Network`.
     fn absorb_settings(&mut self, later: &ClusterState) {
         if later.network.is_some() {
-            self.network = later.network;
-            self.cluster_networks = later.cluster_networks.clone();
-            self.service_networks = later.service_networks.clone();
-            self.policy_audit = later.policy_audit.clone();
-            self.egress_ip_config = later.egress_ip_config;
-            self.hybrid = later.hybrid;
+            self.copy_settings(later);
         }
+    }
+
+    /// Takes `other`'s `Network` settings, none included.
+    fn copy_settings(&mut self, other: &ClusterState) {
+        self.network = other.network;
+        self.cluster_networks = other.cluster_networks.clone();
+        self.service_networks = other.service_networks.clone();
+        self.policy_audit = other.policy_audit.clone();
+        self.egress_ip_config = other.egress_ip_config;
+        self.hybrid = other.hybrid;
     }
 }
 

@@ -152,14 +152,13 @@ impl Changes {
             same_objects(&old.namespaces, &new.namespaces),
         );
         let pods = changed_keys(&old.pods, &new.pods);
-        let relabelled =
-            |(a, b): &Versions<'_, Pod>| a.zip(*b).is_some_and(|(a, b)| same_but_labels(a, b));
-        note(Kind::Pod, pods.iter().all(relabelled));
-        note(Kind::PodLabels, !pods.iter().any(relabelled));
-        changes.pods = pods
-            .into_iter()
-            .filter_map(|(a, b)| Some((owned(key_of(&**a.or(b)?)), b.cloned())))
-            .collect();
+        let relabelled = pods
+            .iter()
+            .filter(|(a, b)| a.zip(*b).is_some_and(|(a, b)| same_but_labels(a, b)))
+            .count();
+        note(Kind::Pod, relabelled == pods.len());
+        note(Kind::PodLabels, relabelled == 0);
+        changes.pods = now_by_key(pods);
         changes.policy_namespaces = changed_keys(&old.network_policies, &new.network_policies)
             .into_iter()
             .filter_map(|(a, b)| a.or(b))
@@ -184,13 +183,14 @@ impl Changes {
                 && same_objects(&old.cluster_network_policies, &new.cluster_network_policies),
         );
         note(Kind::Network, same_network(old, new));
-        let services = changed_services(&old.services, &new.services);
-        let slices = changed_slice_services(&old.endpoint_slices, &new.endpoint_slices);
-        note(Kind::Service, services.is_empty());
+        changes.service_objects = now_by_key(changed_keys(&old.services, &new.services));
+        let slices = changed_keys(&old.endpoint_slices, &new.endpoint_slices);
+        let slice_services = slice_services(&slices);
+        note(Kind::Service, changes.service_objects.is_empty());
         note(Kind::EndpointSlice, slices.is_empty());
-        changes.services = services.into_iter().chain(slices).collect();
-        changes.service_objects = changed_objects(&old.services, &new.services);
-        changes.slices = changed_objects(&old.endpoint_slices, &new.endpoint_slices);
+        changes.services = changes.service_objects.keys().cloned().collect();
+        changes.services.extend(slice_services);
+        changes.slices = now_by_key(slices);
         changes.kinds = kinds;
         changes
     }
@@ -346,34 +346,20 @@ fn owned((namespace, name): (&str, &str)) -> ServiceName {
     (namespace.to_owned(), name.to_owned())
 }
 
-/// The objects added, removed or modified, by namespace and name, as they are now.
-fn changed_objects<T: Resource + PartialEq>(
-    old: &[Arc<T>],
-    new: &[Arc<T>],
+/// Changed objects by namespace and name, each as it is now (`None`: removed).
+fn now_by_key<T: Resource>(
+    versions: Vec<Versions<'_, T>>,
 ) -> BTreeMap<(String, String), Option<Arc<T>>> {
-    changed_keys(old, new)
+    versions
         .into_iter()
         .filter_map(|(a, b)| Some((owned(key_of(&**a.or(b)?)), b.cloned())))
         .collect()
 }
 
-/// The Services added, removed or modified.
-fn changed_services(old: &[Arc<Service>], new: &[Arc<Service>]) -> BTreeSet<ServiceName> {
-    changed_keys(old, new)
-        .into_iter()
-        .filter_map(|(a, b)| a.or(b))
-        .map(|s| owned(key_of(&**s)))
-        .collect()
-}
-
-/// The Services an added, removed or modified EndpointSlice belongs to (before and after a
-/// relabelling, both).
-fn changed_slice_services(
-    old: &[Arc<EndpointSlice>],
-    new: &[Arc<EndpointSlice>],
-) -> BTreeSet<ServiceName> {
-    changed_keys(old, new)
-        .into_iter()
+/// The Services changed EndpointSlices belong to (before and after a relabelling, both).
+fn slice_services(slices: &[Versions<'_, EndpointSlice>]) -> BTreeSet<ServiceName> {
+    slices
+        .iter()
         .flat_map(|(a, b)| [a, b])
         .flatten()
         .filter_map(|slice| lb::slice_service(slice))
