@@ -175,13 +175,13 @@ impl Cluster {
             && changes.runs(Stage::AccessControl)
         {
             let mut inputs = FirewallInputs {
-                objects: state.egress_firewalls.clone(),
-                policies: state.network_policies.clone(),
+                objects: state.egress_firewalls.to_vec(),
+                policies: state.network_policies.to_vec(),
                 admin: state.admin_objects(),
                 nodes: acl::admin::admin_nodes(&state.nodes),
                 cluster_pods: self.policy_pods.clone(),
                 changes: changes.for_policies(),
-                namespaces: state.namespaces.clone(),
+                namespaces: state.namespaces.to_vec(),
                 context: acl::firewall::context(&state, &model.view),
                 pods: acl::pods_of(&model.view),
                 dns_server: self.dns_server,
@@ -225,9 +225,11 @@ impl Cluster {
             }
         }
         if changes.runs(Stage::EgressIps) {
-            let view = self.model.as_ref().map(|m| m.view.clone());
-            if let Some(view) = view {
-                self.sync_egress(dataplane, &state, &view)?;
+            // The model is lent, not copied (5,000 nodes at scale).
+            if let Some(model) = self.model.take() {
+                let egress = self.sync_egress(dataplane, &state, &model);
+                self.model = Some(model);
+                egress?;
             }
         }
         self.rejected = rejected;
@@ -437,20 +439,19 @@ impl Cluster {
         &mut self,
         dataplane: &mut Dataplane,
         state: &source::ClusterState,
-        view: &overlay::OverlayView,
+        model: &model::NodeModel,
     ) -> anyhow::Result<()> {
-        let mut objects = state.egress_ips.clone();
+        let mut objects = state.egress_ips.to_vec();
         if let Source::Manifests { dir, .. } = &self.source {
             self.egress_status = egress_status_stamp(dir);
             if let Some(statuses) = egressip::read_status_file(dir) {
                 egressip::merge_status(&mut objects, &statuses);
             }
         }
-        let mut inputs =
-            EgressInputs::from_state(state, objects, &self.policy_pods, &view.nodes, &self.node);
+        let mut inputs = EgressInputs::from_state(state, objects, &self.policy_pods, model);
         inputs
             .cluster_networks
-            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
+            .extend(hybrid::internal_networks(model.view.hybrid.as_ref()));
         let timeout = state.egress_ip_config.reachability_timeout();
         self.egress.set_inputs(inputs, timeout);
         self.egress.apply(dataplane)?;

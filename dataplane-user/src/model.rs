@@ -31,6 +31,9 @@ pub struct NodeModel {
     /// Local pods not wired for want of a host route to their address (yet): each sync
     /// looks for them again.
     pub unrouted: usize,
+    /// Every pod whose `spec.nodeName` is this node (`namespace/name`), wired or not: what
+    /// egress IPs call local.
+    pub hosted_pods: std::collections::BTreeSet<String>,
     pub warnings: Vec<String>,
 }
 
@@ -58,8 +61,10 @@ pub fn build(
     let mut local_pods = Vec::new();
     let mut pod_interfaces = Vec::new();
     let mut unrouted = 0;
+    let mut hosted_pods = std::collections::BTreeSet::new();
     for pod in state.pods.iter().filter(|p| runs_on(p, this_node)) {
         let name = pod_name(pod);
+        hosted_pods.insert(name.clone());
         let addresses = pod_addresses(pod, &mut warnings);
         let Some(first) = addresses.first() else {
             continue;
@@ -117,6 +122,7 @@ pub fn build(
         },
         pod_interfaces,
         unrouted,
+        hosted_pods,
         warnings,
     }
 }

@@ -562,7 +562,7 @@ pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
 }
 
 /// As [`sync_lpm`], against what this agent last wrote there.
-fn sync_lpm_since<const N: usize, V: aya::Pod + PartialEq>(
+pub(crate) fn sync_lpm_since<const N: usize, V: aya::Pod + PartialEq>(
     map: &mut LpmTrie<&mut MapData, [u8; N], V>,
     desired: &BTreeMap<(u32, [u8; N]), V>,
     last: &BTreeMap<(u32, [u8; N]), V>,

@@ -38,25 +38,27 @@ use crate::{
 
 /// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
 /// for a sync, the last sync's state and the sources' parse caches hold the same objects, so
-/// assembling copies pointers, and an unchanged object compares equal by its pointer.
+/// an unchanged object compares equal by its pointer. Each kind's list is shared too
+/// ([`Objects`]): handing a sync the state copies no list, and only a changed kind's list is
+/// copied when it is patched.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct ClusterState {
-    pub nodes: Vec<Arc<Node>>,
-    pub namespaces: Vec<Arc<Namespace>>,
-    pub pods: Vec<Arc<Pod>>,
-    pub services: Vec<Arc<Service>>,
-    pub endpoint_slices: Vec<Arc<EndpointSlice>>,
+    pub nodes: Objects<Node>,
+    pub namespaces: Objects<Namespace>,
+    pub pods: Objects<Pod>,
+    pub services: Objects<Service>,
+    pub endpoint_slices: Objects<EndpointSlice>,
     /// `networking.k8s.io/v1` NetworkPolicies (a missing namespace reads as `default`).
-    pub network_policies: Vec<Arc<NetworkPolicy>>,
+    pub network_policies: Objects<NetworkPolicy>,
     /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
-    pub egress_firewalls: Vec<Arc<EgressFirewall>>,
+    pub egress_firewalls: Objects<EgressFirewall>,
     /// Validated EgressIPs: their status says which node holds each address.
-    pub egress_ips: Vec<Arc<EgressIP>>,
+    pub egress_ips: Objects<EgressIP>,
     /// Cluster-wide admin policies (validated by access control, which keeps an invalid
     /// one's last good version).
-    pub admin_network_policies: Vec<Arc<AdminNetworkPolicy>>,
-    pub baseline_admin_network_policies: Vec<Arc<BaselineAdminNetworkPolicy>>,
-    pub cluster_network_policies: Vec<Arc<ClusterNetworkPolicy>>,
+    pub admin_network_policies: Objects<AdminNetworkPolicy>,
+    pub baseline_admin_network_policies: Objects<BaselineAdminNetworkPolicy>,
+    pub cluster_network_policies: Objects<ClusterNetworkPolicy>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -72,6 +74,104 @@ pub struct ClusterState {
     pub hybrid: Option<HybridSettings>,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
+}
+
+/// One kind's objects: a list shared between the states that hold it and copied on the first
+/// change (`Arc::make_mut`). At 150,000 pods, copying the lists for each sync cost more than
+/// the change itself. An empty list allocates nothing (a parse holds one object of one kind).
+pub struct Objects<T>(Option<Arc<Vec<Arc<T>>>>);
+
+impl<T> Objects<T> {
+    /// The list to change: copied first if another state shares it.
+    pub fn make_mut(&mut self) -> &mut Vec<Arc<T>> {
+        Arc::make_mut(self.0.get_or_insert_with(Default::default))
+    }
+
+    pub fn push(&mut self, object: Arc<T>) {
+        self.make_mut().push(object);
+    }
+
+    pub fn retain(&mut self, keep: impl FnMut(&Arc<T>) -> bool) {
+        if !self.is_empty() {
+            self.make_mut().retain(keep);
+        }
+    }
+
+    /// Whether both are the same shared list (so certainly equal).
+    pub fn shares(&self, other: &Self) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (a, b) => a.is_none() && b.is_none(),
+        }
+    }
+}
+
+impl<T> std::ops::Deref for Objects<T> {
+    type Target = [Arc<T>];
+
+    fn deref(&self) -> &[Arc<T>] {
+        self.0.as_deref().map_or(&[], Vec::as_slice)
+    }
+}
+
+impl<T> std::ops::DerefMut for Objects<T> {
+    fn deref_mut(&mut self) -> &mut [Arc<T>] {
+        self.make_mut()
+    }
+}
+
+impl<T> Clone for Objects<T> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<T> Default for Objects<T> {
+    fn default() -> Self {
+        Self(None)
+    }
+}
+
+impl<T: std::fmt::Debug> std::fmt::Debug for Objects<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<T: PartialEq> PartialEq for Objects<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.shares(other) || **self == **other
+    }
+}
+
+impl<T> From<Vec<Arc<T>>> for Objects<T> {
+    fn from(list: Vec<Arc<T>>) -> Self {
+        Self((!list.is_empty()).then(|| Arc::new(list)))
+    }
+}
+
+impl<T> FromIterator<Arc<T>> for Objects<T> {
+    fn from_iter<I: IntoIterator<Item = Arc<T>>>(iter: I) -> Self {
+        Vec::from_iter(iter).into()
+    }
+}
+
+impl<T> Extend<Arc<T>> for Objects<T> {
+    fn extend<I: IntoIterator<Item = Arc<T>>>(&mut self, iter: I) {
+        let mut iter = iter.into_iter().peekable();
+        if iter.peek().is_some() {
+            self.make_mut().extend(iter);
+        }
+    }
+}
+
+impl<'a, T> IntoIterator for &'a Objects<T> {
+    type Item = &'a Arc<T>;
+    type IntoIter = std::slice::Iter<'a, Arc<T>>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.iter()
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -390,7 +490,7 @@ impl ObjectCache {
 
 /// Puts `new` (one object at most: one API object's parse) where `at` (namespace, name)
 /// sorts in `list`, replacing the object there; with nothing new, takes that object out.
-fn place_in_list<T: kube::Resource>(list: &mut Vec<Arc<T>>, at: (&str, &str), new: &[Arc<T>]) {
+fn place_in_list<T: kube::Resource>(list: &mut Objects<T>, at: (&str, &str), new: &[Arc<T>]) {
     let found = list.binary_search_by(|object| {
         let meta = object.meta();
         let key = (
@@ -402,9 +502,9 @@ fn place_in_list<T: kube::Resource>(list: &mut Vec<Arc<T>>, at: (&str, &str), ne
     match (found, new.first()) {
         (Ok(index), Some(object)) => list[index] = Arc::clone(object),
         (Ok(index), None) => {
-            list.remove(index);
+            list.make_mut().remove(index);
         }
-        (Err(index), Some(object)) => list.insert(index, Arc::clone(object)),
+        (Err(index), Some(object)) => list.make_mut().insert(index, Arc::clone(object)),
         (Err(_), None) => {}
     }
 }
@@ -413,9 +513,9 @@ impl ClusterState {
     /// The cluster-wide admin policies, as access control takes them.
     pub fn admin_objects(&self) -> AdminObjects {
         AdminObjects {
-            admin: self.admin_network_policies.clone(),
-            baseline: self.baseline_admin_network_policies.clone(),
-            cluster: self.cluster_network_policies.clone(),
+            admin: self.admin_network_policies.to_vec(),
+            baseline: self.baseline_admin_network_policies.to_vec(),
+            cluster: self.cluster_network_policies.to_vec(),
         }
     }
 

@@ -261,6 +261,9 @@ fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
 /// (a source's cache keeps its order), and by key only when the positions hold objects of
 /// different names.
 fn same_objects<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
+    if shared(old, new) {
+        return true;
+    }
     if old.len() != new.len() {
         return false;
     }
@@ -274,6 +277,11 @@ fn same_objects<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool
         }
     }
     !reordered || keyed_same(old, new)
+}
+
+/// Whether both are the same list (a kind no change touched shares its list between states).
+fn shared<T>(old: &[T], new: &[T]) -> bool {
+    std::ptr::eq(old, new)
 }
 
 fn keyed_same<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
@@ -305,6 +313,9 @@ fn changed_keys<'a, T: Resource + PartialEq>(
     old: &'a [Arc<T>],
     new: &'a [Arc<T>],
 ) -> Vec<Versions<'a, T>> {
+    if shared(old, new) {
+        return Vec::new();
+    }
     if old.len() == new.len() {
         let differing: Vec<(&Arc<T>, &Arc<T>)> =
             old.iter().zip(new).filter(|(a, b)| !same(a, b)).collect();

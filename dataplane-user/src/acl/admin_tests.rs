@@ -79,7 +79,7 @@ fn objects(yaml: &str) -> (Vec<Arc<NetworkPolicy>>, AdminObjects) {
     crate::source::add_documents(&mut state, "test.yaml", yaml);
     assert!(state.rejected.is_empty(), "{:?}", state.rejected);
     let admin = state.admin_objects();
-    (state.network_policies, admin)
+    (state.network_policies.to_vec(), admin)
 }
 
 fn validated(yaml: &str, last_good: &mut BTreeMap<ObjectKey, AdminPolicy>) -> Validated {

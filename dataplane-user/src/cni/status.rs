@@ -82,50 +82,40 @@ pub fn read(dir: &Path) -> (Vec<PodStatusRecord>, Vec<String>) {
 /// not arrived (or is another pod of the same name) stands in without labels, so its
 /// namespace's policies judge it as they judge such a pod.
 pub fn merge(state: &mut ClusterState, records: &[PodStatusRecord]) {
-    // The first Pod object of each namespace and name, found once.
-    let mut index: std::collections::HashMap<(String, String), usize> =
-        std::collections::HashMap::new();
-    for (position, pod) in state.pods.iter().enumerate() {
-        let key = (
-            pod.metadata
-                .namespace
-                .as_deref()
-                .unwrap_or("default")
-                .to_owned(),
-            pod.metadata.name.clone().unwrap_or_default(),
-        );
-        index.entry(key).or_insert(position);
-    }
+    let mut index = PodIndex::default();
     for record in records {
         let pod_ips: Vec<PodIP> = record
             .addresses
             .iter()
             .map(|a| PodIP { ip: a.to_string() })
             .collect();
-        let key = (record.namespace.clone(), record.name.clone());
-        let position = match index.get(&key) {
-            Some(&position) => position,
+        let position = match index.find(&state.pods, &record.namespace, &record.name) {
+            Some(position) => position,
             None => {
                 state.pods.push(Arc::new(placeholder(record)));
-                index.insert(key, state.pods.len() - 1);
-                state.pods.len() - 1
+                let position = state.pods.len() - 1;
+                index.add(&record.namespace, &record.name, position);
+                position
             }
         };
-        let slot = &mut state.pods[position];
-        let uid = slot.metadata.uid.as_deref().unwrap_or("");
-        if !uid.is_empty() && !record.uid.is_empty() && uid != record.uid {
-            *slot = Arc::new(placeholder(record));
-        }
-        // The shared object is copied only when the record changes it.
+        let pod = &state.pods[position];
+        let uid = pod.metadata.uid.as_deref().unwrap_or("");
+        let same_pod = uid.is_empty() || record.uid.is_empty() || uid == record.uid;
+        // The shared list and object are copied only when the record changes them.
         let node = Some(record.node.clone());
         let first_ip = pod_ips.first().map(|p| p.ip.clone());
-        let status = slot.status.as_ref();
-        let current = slot.spec.as_ref().is_some_and(|s| s.node_name == node)
+        let status = pod.status.as_ref();
+        let current = same_pod
+            && pod.spec.as_ref().is_some_and(|s| s.node_name == node)
             && status.is_some_and(|s| {
                 s.pod_ip == first_ip && s.pod_ips.as_ref() == Some(&pod_ips) && s.phase.is_some()
             });
         if current {
             continue;
+        }
+        let slot = &mut state.pods[position];
+        if !same_pod {
+            *slot = Arc::new(placeholder(record));
         }
         let pod = Arc::make_mut(slot);
         let spec = pod.spec.get_or_insert_with(PodSpec::default);
@@ -135,6 +125,59 @@ pub fn merge(state: &mut ClusterState, records: &[PodStatusRecord]) {
         status.pod_ips = Some(pod_ips);
         if status.phase.is_none() {
             status.phase = Some("Running".into());
+        }
+    }
+}
+
+/// Finds the first Pod object of a namespace and name. The sources keep the pods sorted by
+/// namespace and name, so a binary search finds it without indexing 150,000 pods at every
+/// sync; a pod it misses (no object yet, no namespace, a list in another order) is looked
+/// up in an index of every pod, made once at the first miss.
+fn pod_key(pod: &Pod) -> (&str, &str) {
+    (
+        pod.metadata.namespace.as_deref().unwrap_or(""),
+        pod.metadata.name.as_deref().unwrap_or(""),
+    )
+}
+
+#[derive(Default)]
+struct PodIndex {
+    all: Option<std::collections::HashMap<(String, String), usize>>,
+}
+
+impl PodIndex {
+    fn find(&mut self, pods: &[Arc<Pod>], namespace: &str, name: &str) -> Option<usize> {
+        if let Ok(found) = pods.binary_search_by(|pod| pod_key(pod).cmp(&(namespace, name))) {
+            let before = pods[..found]
+                .iter()
+                .rev()
+                .take_while(|pod| pod_key(pod) == (namespace, name))
+                .count();
+            return Some(found - before);
+        }
+        self.all
+            .get_or_insert_with(|| {
+                let mut all = std::collections::HashMap::new();
+                for (position, pod) in pods.iter().enumerate() {
+                    let (namespace, name) = pod_key(pod);
+                    let namespace = if namespace.is_empty() {
+                        "default"
+                    } else {
+                        namespace
+                    };
+                    all.entry((namespace.to_owned(), name.to_owned()))
+                        .or_insert(position);
+                }
+                all
+            })
+            .get(&(namespace.to_owned(), name.to_owned()))
+            .copied()
+    }
+
+    /// Notes a pod added at `position`.
+    fn add(&mut self, namespace: &str, name: &str, position: usize) {
+        if let Some(all) = &mut self.all {
+            all.insert((namespace.to_owned(), name.to_owned()), position);
         }
     }
 }
@@ -195,6 +238,52 @@ mod tests {
             state.pods[1].spec.as_ref().unwrap().node_name.as_deref(),
             Some("node0")
         );
+    }
+
+    /// Pods sorted as the sources keep them are found by binary search (the first of equal
+    /// names), a pod without a namespace as `default`'s, and a merge that changes nothing
+    /// leaves the shared list uncopied.
+    #[test]
+    fn records_find_their_pods_in_a_sorted_list_and_a_merge_without_change_copies_nothing() {
+        let pod = |namespace: Option<&str>, name: &str, address: &str| {
+            let mut record = record(name, address);
+            record.namespace = namespace.unwrap_or("default").into();
+            let mut pod = placeholder(&record);
+            pod.metadata.namespace = namespace.map(Into::into);
+            pod.metadata.labels = Some([("app".to_owned(), name.to_owned())].into());
+            pod.status.as_mut().unwrap().pod_ip = Some(address.into());
+            Arc::new(pod)
+        };
+        let mut state = ClusterState::default();
+        state.pods = vec![
+            pod(None, "bare", "10.0.0.9"),
+            pod(Some("a"), "x", "10.0.0.1"),
+            pod(Some("web"), "m", "10.0.0.2"),
+            pod(Some("web"), "n", "10.0.0.3"),
+            pod(Some("web"), "n", "10.0.0.4"),
+            pod(Some("z"), "y", "10.0.0.5"),
+        ]
+        .into();
+        let mut to_default = record("bare", "10.244.1.9");
+        to_default.namespace = "default".into();
+        let records = [record("n", "10.244.1.3"), to_default];
+        merge(&mut state, &records);
+        let ip = |p: &Pod| p.status.as_ref().unwrap().pod_ip.clone().unwrap();
+        let ips: Vec<String> = state.pods.iter().map(|p| ip(p)).collect();
+        assert_eq!(
+            ips,
+            [
+                "10.244.1.9",
+                "10.0.0.1",
+                "10.0.0.2",
+                "10.244.1.3",
+                "10.0.0.4",
+                "10.0.0.5"
+            ]
+        );
+        let before = state.clone();
+        merge(&mut state, &records);
+        assert!(state.pods.shares(&before.pods), "nothing changed: no copy");
     }
 
     #[test]

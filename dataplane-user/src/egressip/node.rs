@@ -151,7 +151,9 @@ impl EgressNode {
             .unwrap_or_default();
         // Withdrawn addresses leave the lease's answer only once they left the maps, and new
         // ones enter it only once they are in: the controller trusts what the reply says.
-        let stats = dataplane.sync_egress(&desired)?;
+        // What was applied is taken first: after a failed write the next sync reads the kernel.
+        let last = self.applied.take();
+        let stats = dataplane.sync_egress(&desired, last.as_ref())?;
         self.lease.set_held(&desired.held);
         for ip in desired.held.difference(&before) {
             tracing::info!(egress_ip = %ip, "holding egress IP");

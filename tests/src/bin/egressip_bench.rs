@@ -70,7 +70,7 @@ fn packet_costs(args: &Args) -> anyhow::Result<Vec<CostRow>> {
     for _ in 0..args.rounds {
         for (i, (_, program, holder)) in CASES.iter().enumerate() {
             let maps = egress_maps(&bed.view, *holder);
-            bed.fixture.sync_egress(&maps)?;
+            bed.fixture.sync_egress(&maps, None)?;
             let mut round = Vec::with_capacity(args.singles as usize);
             for _ in 0..args.singles {
                 let outcome = bed.fixture.run_tc(program, &frame, 1)?;

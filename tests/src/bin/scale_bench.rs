@@ -469,10 +469,9 @@ impl Agent {
             // No EgressIP here: what selecting pods for none costs every change.
             let inputs = EgressInputs::from_state(
                 &state,
-                state.egress_ips.clone(),
+                state.egress_ips.to_vec(),
                 &self.policy_pods,
-                &model.view.nodes,
-                NODE,
+                model,
             );
             self.egress.set_inputs(inputs, None);
             self.egress.apply(&mut self.fixture)?;
