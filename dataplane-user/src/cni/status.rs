@@ -254,16 +254,18 @@ mod tests {
             pod.status.as_mut().unwrap().pod_ip = Some(address.into());
             Arc::new(pod)
         };
-        let mut state = ClusterState::default();
-        state.pods = vec![
+        let pods = vec![
             pod(None, "bare", "10.0.0.9"),
             pod(Some("a"), "x", "10.0.0.1"),
             pod(Some("web"), "m", "10.0.0.2"),
             pod(Some("web"), "n", "10.0.0.3"),
             pod(Some("web"), "n", "10.0.0.4"),
             pod(Some("z"), "y", "10.0.0.5"),
-        ]
-        .into();
+        ];
+        let mut state = ClusterState {
+            pods: pods.into(),
+            ..ClusterState::default()
+        };
         let mut to_default = record("bare", "10.244.1.9");
         to_default.namespace = "default".into();
         let records = [record("n", "10.244.1.3"), to_default];
