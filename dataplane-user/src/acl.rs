@@ -34,6 +34,7 @@ mod tests;
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
+    sync::Arc,
 };
 
 use aya::maps::{HashMap as BpfHashMap, MapData};
@@ -620,7 +621,7 @@ fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
 #[derive(Clone, Debug)]
 struct InstalledSet {
     /// What was compiled into it; `None` for a set adopted from a previous agent.
-    compiled: Option<CompiledSet>,
+    compiled: Option<Arc<CompiledSet>>,
     lengths: AclLengths,
     /// Map id of each of `compiled`'s tables.
     table_ids: Vec<u32>,
@@ -678,7 +679,7 @@ impl AclState {
 /// rejected (their last good set stays).
 #[derive(Clone, Debug, Default)]
 pub struct DesiredFirewalls {
-    pub sets: BTreeMap<String, CompiledSet>,
+    pub sets: BTreeMap<String, Arc<CompiledSet>>,
     pub rejected: BTreeSet<String>,
     /// `ACL_LOG_*` flags of the namespaces that audit their verdicts.
     pub log: BTreeMap<String, u8>,
@@ -863,7 +864,11 @@ impl Dataplane {
                 _ => self.install_set(state, &wanted.compiled, &mut stats)?,
             };
             policies_in_force.insert(name.clone(), set);
-            state.policy_meta.insert(set, wanted.clone());
+            // Copied only when new: most sets are the last sync's (a clone each, every sync,
+            // cost more than the change at 2,000 policies).
+            if state.policy_meta.get(&set) != Some(wanted) {
+                state.policy_meta.insert(set, wanted.clone());
+            }
         }
         stats.sets = in_force.len() + policies_in_force.len();
         let lengths = |set: u32| state.sets.get(&set).map(|s| s.lengths).unwrap_or_default();
@@ -925,7 +930,7 @@ impl Dataplane {
     fn install_set(
         &mut self,
         state: &mut AclState,
-        compiled: &CompiledSet,
+        compiled: &Arc<CompiledSet>,
         stats: &mut AclSyncStats,
     ) -> Result<u32, AgentError> {
         state.next_set = state.next_set.wrapping_add(1).max(1);
@@ -949,7 +954,7 @@ impl Dataplane {
         state.sets.insert(
             set,
             InstalledSet {
-                compiled: Some(compiled.clone()),
+                compiled: Some(Arc::clone(compiled)),
                 lengths: compiled.lengths(),
                 table_ids,
                 prefixes: keys,
@@ -1014,7 +1019,7 @@ impl Dataplane {
         &mut self,
         state: &mut AclState,
         namespace: &str,
-        compiled: &CompiledSet,
+        compiled: &Arc<CompiledSet>,
     ) -> Result<Option<AclSyncStats>, AgentError> {
         let Some(set) = state.firewalls.get(namespace).copied() else {
             return Ok(None);
@@ -1087,7 +1092,7 @@ impl Dataplane {
         state.sets.insert(
             set,
             InstalledSet {
-                compiled: Some(compiled.clone()),
+                compiled: Some(Arc::clone(compiled)),
                 lengths: installed.lengths,
                 table_ids,
                 prefixes,

@@ -79,6 +79,8 @@ pub struct Cluster {
     /// Whether `policy_pods` holds `last`'s pods (a sync that failed after patching them
     /// leaves them ahead of it: the next one makes them anew).
     pub policy_pods_follow_last: bool,
+    /// This node's pods, patched like `policy_pods` (and made anew with them).
+    pub hosted_pods: model::HostedPods,
     /// How many Services the services stage last refused.
     pub services_rejected: usize,
     pub multicast_settings: multicast::Settings,
@@ -138,8 +140,10 @@ impl Cluster {
                 .is_none_or(|last| !Changes::between(last, &state).is_empty());
         if self.policy_pods_follow_last {
             self.policy_pods.follow(&state, &changes);
+            self.hosted_pods.follow(&state, &changes);
         } else {
             self.policy_pods = acl::policy::PolicyPods::from_pods(&state.pods);
+            self.hosted_pods = model::HostedPods::from_pods(&state.pods, &self.node);
         }
         self.policy_pods_follow_last = false;
         // A pod waiting for its host route is looked for again at every sync.
@@ -267,7 +271,14 @@ impl Cluster {
             mac,
             mtu,
         };
-        let mut model = model::build(state, &self.node, underlay, settings, host_interface);
+        let mut model = model::build(
+            state,
+            &self.hosted_pods,
+            &self.node,
+            underlay,
+            settings,
+            host_interface,
+        );
         for warning in &model.warnings {
             tracing::warn!(%warning, "cluster state");
         }

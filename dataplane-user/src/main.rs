@@ -574,6 +574,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             services: Default::default(),
             policy_pods: Default::default(),
             policy_pods_follow_last: false,
+            hosted_pods: Default::default(),
             services_rejected: 0,
             multicast_settings: args.multicast,
             multicast: None,

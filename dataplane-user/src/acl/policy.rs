@@ -916,7 +916,7 @@ pub struct PolicySet {
     pub direction: Direction,
     /// What each rule index of the set stands for (audit records).
     pub refs: Vec<RuleRef>,
-    pub compiled: CompiledSet,
+    pub compiled: Arc<CompiledSet>,
 }
 
 /// The policy set names of a pod; `None` where nothing judges that direction.
@@ -1072,7 +1072,7 @@ pub fn policy_sets_since(
                     None => PolicySet {
                         namespace: pod.namespace.clone(),
                         direction,
-                        compiled: compile_tiered(&rules.rules, rules.admin_end, false),
+                        compiled: Arc::new(compile_tiered(&rules.rules, rules.admin_end, false)),
                         refs: rules.refs,
                     },
                 });

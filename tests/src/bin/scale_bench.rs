@@ -261,6 +261,8 @@ struct Agent {
     /// Every pod as policies select them, patched with each sync's changed pods (as the
     /// agent's sync does).
     policy_pods: PolicyPods,
+    /// This node's pods, patched the same way (as the agent's sync does).
+    hosted_pods: model::HostedPods,
     /// Each local pod's sets as last compiled (as the firewall agent keeps them).
     pod_rules: PodRulesCache,
     /// The last compile's policy sets (reused by name, as the firewall agent does).
@@ -302,6 +304,7 @@ impl Agent {
             lb: LbState::default(),
             acl: AclState::default(),
             policy_pods: PolicyPods::default(),
+            hosted_pods: model::HostedPods::from_pods(&[], NODE),
             pod_rules: PodRulesCache::default(),
             policy_sets: BTreeMap::new(),
             firewalls: CompiledFirewalls::default(),
@@ -446,6 +449,7 @@ impl Agent {
             _ => Changes::full(),
         };
         self.policy_pods.follow(&state, &changes);
+        self.hosted_pods.follow(&state, &changes);
         step.diff_ms = ms(lap.elapsed());
         let lap = Instant::now();
         step.stages = changes.stages().iter().map(|s| s.name()).collect();
@@ -499,7 +503,14 @@ impl Agent {
             xdp_forward: false,
             mtu: 1500,
         };
-        let model = model::build(state, NODE, underlay, settings, local_veth);
+        let model = model::build(
+            state,
+            &self.hosted_pods,
+            NODE,
+            underlay,
+            settings,
+            local_veth,
+        );
         anyhow::ensure!(model.warnings.is_empty(), "{:?}", model.warnings);
         let desired = overlay::compile(&model.view)?;
         // As the agent does: compared with what the last sync wrote (a full one reads the kernel).
