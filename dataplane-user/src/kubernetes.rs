@@ -437,6 +437,9 @@ impl Flag {
     }
 }
 
+/// kubectl's copy of the object as last applied (`kubectl apply`).
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 /// Runs one resource's watcher into its store for as long as the runtime runs, marking the
 /// source changed on every event. Errors are logged and retried with backoff; an optional
 /// resource the server does not serve (404) counts as empty.
@@ -447,9 +450,18 @@ async fn follow(
     absent: Arc<Mutex<BTreeSet<&'static str>>>,
     changed: Flag,
 ) {
+    // The store keeps each object as its JSON; the field managers' bookkeeping and kubectl's
+    // copy of the last applied object are read by nothing here and often are most of it.
     let stream = reflector::reflector(
         writer,
-        watcher(api, watcher::Config::default()).default_backoff(),
+        watcher(api, watcher::Config::default())
+            .default_backoff()
+            .modify(|object| {
+                object.metadata.managed_fields = None;
+                if let Some(annotations) = &mut object.metadata.annotations {
+                    annotations.remove(LAST_APPLIED);
+                }
+            }),
     );
     let mut stream = std::pin::pin!(stream);
     let mut failing = false;

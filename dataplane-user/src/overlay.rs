@@ -316,20 +316,18 @@ struct PodCidrOwners<'a> {
 
 impl<'a> PodCidrOwners<'a> {
     /// The node owning a CIDR that overlaps `cidr`: one that starts inside it, or one that
-    /// contains it (then it starts where one of `cidr`'s shorter prefixes starts).
+    /// contains it. Only the last CIDR starting before `cidr` can contain it: any later one
+    /// would start inside that one, and accepted CIDRs never overlap.
     fn overlapping(&self, cidr: &IpNet) -> Option<&'a str> {
         let (v6, first, last) = span(cidr);
         if let Some((_, (_, owner))) = self.by_start.range((v6, first)..=(v6, last)).next() {
             return Some(owner);
         }
-        (0..cidr.prefix_len()).find_map(|len| {
-            let wider = IpNet::new(cidr.addr(), len).ok()?.trunc();
-            let (_, start, _) = span(&wider);
-            self.by_start
-                .get(&(v6, start))
-                .filter(|(owned, _)| owned.contains(cidr))
-                .map(|(_, owner)| *owner)
-        })
+        self.by_start
+            .range((v6, 0)..(v6, first))
+            .next_back()
+            .filter(|(_, (owned, _))| owned.contains(cidr))
+            .map(|(_, (_, owner))| *owner)
     }
 
     fn insert(&mut self, cidr: IpNet, owner: &'a str) {
@@ -731,6 +729,9 @@ mod tests {
             ("10.1.2.128/25", Some("narrow")),
             ("10.1.2.0/24", Some("narrow")),
             ("10.1.3.0/24", None),
+            ("10.1.3.5/32", None),
+            ("10.1.2.255/32", Some("narrow")),
+            ("10.244.255.255/32", Some("wide")),
             ("10.245.0.0/16", None),
             ("fd00::/48", Some("six")),
             ("fd00:0:0:1::/64", None),
