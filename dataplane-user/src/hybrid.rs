@@ -213,13 +213,13 @@ pub fn is_hybrid_node(node: &Node) -> bool {
 /// The hybrid nodes of the cluster, each with its subnet, router MAC and IPv4 address; one
 /// warning (naming node and annotation) per hybrid node that cannot be used. Its subnet must
 /// lie in the hybrid network, when one is configured, and overlap no other's.
-pub fn hybrid_nodes(
-    nodes: &[Arc<Node>],
+pub fn hybrid_nodes<'a>(
+    nodes: impl IntoIterator<Item = &'a Arc<Node>>,
     settings: &HybridSettings,
     warnings: &mut Vec<String>,
 ) -> Vec<HybridNodeView> {
     let mut views: Vec<HybridNodeView> = Vec::new();
-    for node in nodes.iter().filter(|n| is_hybrid_node(n)) {
+    for node in nodes.into_iter().filter(|n| is_hybrid_node(n)) {
         let Some(view) = hybrid_node(node, settings, warnings) else {
             continue;
         };

@@ -35,7 +35,7 @@ use k8s_openapi::api::{
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
-use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16};
+use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16, source::Objects};
 
 /// The label linking an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -88,8 +88,8 @@ pub type CompiledService = Result<Vec<ServicePort>, String>;
 /// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
 /// endpoints on this node.
 pub fn compile_services(
-    services: &[Arc<Service>],
-    slices: &[Arc<EndpointSlice>],
+    services: &Objects<Service>,
+    slices: &Objects<EndpointSlice>,
     node: &str,
 ) -> CompiledServices {
     assemble(compile_each(services, slices, node, |_| true).values())
@@ -97,9 +97,9 @@ pub fn compile_services(
 
 /// Compiles the Services `wanted` picks (by namespace and name), each with its own
 /// EndpointSlices: what a change to a few Services or slices recompiles.
-pub fn compile_each(
-    services: &[Arc<Service>],
-    slices: &[Arc<EndpointSlice>],
+pub fn compile_each<'a>(
+    services: impl IntoIterator<Item = &'a Arc<Service>>,
+    slices: impl IntoIterator<Item = &'a Arc<EndpointSlice>>,
     node: &str,
     wanted: impl Fn(&(&str, &str)) -> bool,
 ) -> BTreeMap<ServiceName, CompiledService> {

@@ -50,12 +50,12 @@ pub struct HostedPods {
 
 impl HostedPods {
     /// `node`'s pods among `pods` (the first object of a namespace and name).
-    pub fn from_pods(pods: &[Arc<Pod>], node: &str) -> Self {
+    pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>, node: &str) -> Self {
         let mut hosted = Self {
             node: node.to_owned(),
             pods: BTreeMap::new(),
         };
-        for pod in pods.iter().filter(|p| runs_on(p, node)) {
+        for pod in pods.into_iter().filter(|p| runs_on(p, node)) {
             hosted
                 .pods
                 .entry(pod_key(pod))

@@ -76,47 +76,113 @@ pub struct ClusterState {
     pub rejected: Vec<String>,
 }
 
-/// One kind's objects: a list shared between the states that hold it and copied on the first
-/// change (`Arc::make_mut`). At 150,000 pods, copying the lists for each sync cost more than
-/// the change itself. An empty list allocates nothing (a parse holds one object of one kind).
-pub struct Objects<T>(Option<Arc<Vec<Arc<T>>>>);
+/// One kind's objects, in a persistent vector (`imbl`): states share it, and a change copies
+/// only the chunk of 64 it falls in and the path to it. At 150,000 pods, copying the whole
+/// list for one changed pod cost more than the change itself. An empty list allocates
+/// nothing (a parse holds one object of one kind).
+pub struct Objects<T>(Option<Box<imbl::Vector<Arc<T>>>>);
 
 impl<T> Objects<T> {
-    /// The list to change: copied first if another state shares it.
-    pub fn make_mut(&mut self) -> &mut Vec<Arc<T>> {
-        Arc::make_mut(self.0.get_or_insert_with(Default::default))
+    fn vector_mut(&mut self) -> &mut imbl::Vector<Arc<T>> {
+        self.0.get_or_insert_with(Default::default)
+    }
+
+    pub fn len(&self) -> usize {
+        self.0.as_ref().map_or(0, |v| v.len())
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub fn iter(&self) -> ObjectsIter<'_, T> {
+        ObjectsIter(self.0.as_ref().map(|v| v.iter()))
+    }
+
+    pub fn get(&self, index: usize) -> Option<&Arc<T>> {
+        self.0.as_ref()?.get(index)
+    }
+
+    pub fn first(&self) -> Option<&Arc<T>> {
+        self.get(0)
+    }
+
+    pub fn to_vec(&self) -> Vec<Arc<T>> {
+        self.iter().cloned().collect()
     }
 
     pub fn push(&mut self, object: Arc<T>) {
-        self.make_mut().push(object);
+        self.vector_mut().push_back(object);
     }
 
-    pub fn retain(&mut self, keep: impl FnMut(&Arc<T>) -> bool) {
-        if !self.is_empty() {
-            self.make_mut().retain(keep);
+    pub fn insert(&mut self, index: usize, object: Arc<T>) {
+        self.vector_mut().insert(index, object);
+    }
+
+    pub fn remove(&mut self, index: usize) -> Arc<T> {
+        self.vector_mut().remove(index)
+    }
+
+    pub fn retain(&mut self, mut keep: impl FnMut(&Arc<T>) -> bool) {
+        if let Some(vector) = &mut self.0 {
+            vector.retain(|object| keep(object));
         }
+    }
+
+    pub fn binary_search_by(
+        &self,
+        compare: impl FnMut(&Arc<T>) -> std::cmp::Ordering,
+    ) -> Result<usize, usize> {
+        self.0
+            .as_ref()
+            .map_or(Err(0), |v| v.binary_search_by(compare))
     }
 
     /// Whether both are the same shared list (so certainly equal).
     pub fn shares(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
-            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            (Some(a), Some(b)) => a.ptr_eq(b),
             (a, b) => a.is_none() && b.is_none(),
         }
     }
 }
 
-impl<T> std::ops::Deref for Objects<T> {
-    type Target = [Arc<T>];
+/// The objects of an [`Objects`], in order.
+pub struct ObjectsIter<'a, T>(
+    Option<imbl::vector::Iter<'a, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>>,
+);
 
-    fn deref(&self) -> &[Arc<T>] {
-        self.0.as_deref().map_or(&[], Vec::as_slice)
+impl<'a, T> Iterator for ObjectsIter<'a, T> {
+    type Item = &'a Arc<T>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        self.0.as_mut()?.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.as_ref().map_or((0, Some(0)), |i| i.size_hint())
     }
 }
 
-impl<T> std::ops::DerefMut for Objects<T> {
-    fn deref_mut(&mut self) -> &mut [Arc<T>] {
-        self.make_mut()
+impl<T> DoubleEndedIterator for ObjectsIter<'_, T> {
+    fn next_back(&mut self) -> Option<Self::Item> {
+        self.0.as_mut()?.next_back()
+    }
+}
+
+impl<T> ExactSizeIterator for ObjectsIter<'_, T> {}
+
+impl<T> std::ops::Index<usize> for Objects<T> {
+    type Output = Arc<T>;
+
+    fn index(&self, index: usize) -> &Arc<T> {
+        self.get(index).expect("index within the objects")
+    }
+}
+
+impl<T> std::ops::IndexMut<usize> for Objects<T> {
+    fn index_mut(&mut self, index: usize) -> &mut Arc<T> {
+        &mut self.vector_mut()[index]
     }
 }
 
@@ -140,19 +206,20 @@ impl<T: std::fmt::Debug> std::fmt::Debug for Objects<T> {
 
 impl<T: PartialEq> PartialEq for Objects<T> {
     fn eq(&self, other: &Self) -> bool {
-        self.shares(other) || **self == **other
+        self.shares(other) || (self.len() == other.len() && self.iter().eq(other.iter()))
     }
 }
 
 impl<T> From<Vec<Arc<T>>> for Objects<T> {
     fn from(list: Vec<Arc<T>>) -> Self {
-        Self((!list.is_empty()).then(|| Arc::new(list)))
+        list.into_iter().collect()
     }
 }
 
 impl<T> FromIterator<Arc<T>> for Objects<T> {
     fn from_iter<I: IntoIterator<Item = Arc<T>>>(iter: I) -> Self {
-        Vec::from_iter(iter).into()
+        let vector: imbl::Vector<Arc<T>> = iter.into_iter().collect();
+        Self((!vector.is_empty()).then(|| Box::new(vector)))
     }
 }
 
@@ -160,14 +227,14 @@ impl<T> Extend<Arc<T>> for Objects<T> {
     fn extend<I: IntoIterator<Item = Arc<T>>>(&mut self, iter: I) {
         let mut iter = iter.into_iter().peekable();
         if iter.peek().is_some() {
-            self.make_mut().extend(iter);
+            self.vector_mut().extend(iter);
         }
     }
 }
 
 impl<'a, T> IntoIterator for &'a Objects<T> {
     type Item = &'a Arc<T>;
-    type IntoIter = std::slice::Iter<'a, Arc<T>>;
+    type IntoIter = ObjectsIter<'a, T>;
 
     fn into_iter(self) -> Self::IntoIter {
         self.iter()
@@ -490,7 +557,7 @@ impl ObjectCache {
 
 /// Puts `new` (one object at most: one API object's parse) where `at` (namespace, name)
 /// sorts in `list`, replacing the object there; with nothing new, takes that object out.
-fn place_in_list<T: kube::Resource>(list: &mut Objects<T>, at: (&str, &str), new: &[Arc<T>]) {
+fn place_in_list<T: kube::Resource>(list: &mut Objects<T>, at: (&str, &str), new: &Objects<T>) {
     let found = list.binary_search_by(|object| {
         let meta = object.meta();
         let key = (
@@ -502,9 +569,9 @@ fn place_in_list<T: kube::Resource>(list: &mut Objects<T>, at: (&str, &str), new
     match (found, new.first()) {
         (Ok(index), Some(object)) => list[index] = Arc::clone(object),
         (Ok(index), None) => {
-            list.make_mut().remove(index);
+            list.remove(index);
         }
-        (Err(index), Some(object)) => list.make_mut().insert(index, Arc::clone(object)),
+        (Err(index), Some(object)) => list.insert(index, Arc::clone(object)),
         (Err(_), None) => {}
     }
 }
@@ -1027,6 +1094,41 @@ kind: EgressIP
 metadata: {name: typo}
 spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
 "#;
+
+    /// A copy shares the list until one of them changes; a change leaves the other as it
+    /// was; equal lists compare equal whether shared or not; an empty list holds nothing.
+    #[test]
+    fn objects_are_shared_until_changed() {
+        let node = |name: &str| {
+            let mut node = Node::default();
+            node.metadata.name = Some(name.into());
+            Arc::new(node)
+        };
+        let empty: Objects<Node> = Objects::default();
+        assert!(empty.0.is_none() && empty.is_empty() && empty.shares(&Objects::default()));
+        let mut list: Objects<Node> = (0..500).map(|i| node(&format!("n{i:03}"))).collect();
+        let copy = list.clone();
+        assert!(list.shares(&copy) && list == copy);
+        list.insert(10, node("n009a"));
+        assert!(!list.shares(&copy));
+        assert_eq!((list.len(), copy.len()), (501, 500));
+        assert_eq!(list[10].metadata.name.as_deref(), Some("n009a"));
+        assert_eq!(copy[10].metadata.name.as_deref(), Some("n010"));
+        let found = list.binary_search_by(|n| n.metadata.name.as_deref().cmp(&Some("n009a")));
+        assert_eq!(found, Ok(10));
+        assert_eq!(list.remove(10).metadata.name.as_deref(), Some("n009a"));
+        assert!(
+            list == copy && !list.shares(&copy),
+            "equal, though no longer shared"
+        );
+        list.retain(|n| n.metadata.name.as_deref() != Some("n499"));
+        list.push(node("n500"));
+        assert_eq!(
+            list.iter().next_back().unwrap().metadata.name.as_deref(),
+            Some("n500")
+        );
+        assert_eq!(list.to_vec().len(), 500);
+    }
 
     /// A parsed Pod keeps what the stages read (the named ports, node, host network, phase,
     /// addresses, labels and annotations) and drops the rest.

@@ -32,7 +32,7 @@ use crate::{
     AgentError, Dataplane,
     acl::policy::PolicyChanges,
     lb::{self, CompiledService, CompiledServices, LbState, LbSyncStats, ServiceName, ServicePort},
-    source::ClusterState,
+    source::{ClusterState, Objects},
 };
 
 /// The kinds of cluster object the stages read.
@@ -247,7 +247,7 @@ fn key_of<T: Resource>(object: &T) -> (&str, &str) {
     )
 }
 
-fn by_key<T: Resource>(objects: &[Arc<T>]) -> BTreeMap<(&str, &str), &Arc<T>> {
+fn by_key<T: Resource>(objects: &Objects<T>) -> BTreeMap<(&str, &str), &Arc<T>> {
     objects.iter().map(|o| (key_of(&**o), o)).collect()
 }
 
@@ -260,8 +260,8 @@ fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
 /// Whether two lists hold the same objects, in any order: compared position by position
 /// (a source's cache keeps its order), and by key only when the positions hold objects of
 /// different names.
-fn same_objects<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
-    if shared(old, new) {
+fn same_objects<T: Resource + PartialEq>(old: &Objects<T>, new: &Objects<T>) -> bool {
+    if old.shares(new) {
         return true;
     }
     if old.len() != new.len() {
@@ -279,12 +279,7 @@ fn same_objects<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool
     !reordered || keyed_same(old, new)
 }
 
-/// Whether both are the same list (a kind no change touched shares its list between states).
-fn shared<T>(old: &[T], new: &[T]) -> bool {
-    std::ptr::eq(old, new)
-}
-
-fn keyed_same<T: Resource + PartialEq>(old: &[Arc<T>], new: &[Arc<T>]) -> bool {
+fn keyed_same<T: Resource + PartialEq>(old: &Objects<T>, new: &Objects<T>) -> bool {
     let (old, new) = (by_key(old), by_key(new));
     old.len() == new.len()
         && old
@@ -310,10 +305,10 @@ type Versions<'a, T> = (Option<&'a Arc<T>>, Option<&'a Arc<T>>);
 /// after. Lists in the same order (what a source's cache gives) are compared position by
 /// position, and by key only where that finds objects of different names.
 fn changed_keys<'a, T: Resource + PartialEq>(
-    old: &'a [Arc<T>],
-    new: &'a [Arc<T>],
+    old: &'a Objects<T>,
+    new: &'a Objects<T>,
 ) -> Vec<Versions<'a, T>> {
-    if shared(old, new) {
+    if old.shares(new) {
         return Vec::new();
     }
     if old.len() == new.len() {
@@ -402,8 +397,8 @@ impl ServiceCache {
     /// were compiled.
     pub fn update(
         &mut self,
-        services: &[Arc<Service>],
-        slices: &[Arc<EndpointSlice>],
+        services: &Objects<Service>,
+        slices: &Objects<EndpointSlice>,
         node: &str,
         changes: &Changes,
     ) -> usize {
@@ -455,7 +450,7 @@ impl ServiceCache {
     }
 
     /// The Services and EndpointSlices indexed anew.
-    fn index(&mut self, services: &[Arc<Service>], slices: &[Arc<EndpointSlice>]) {
+    fn index(&mut self, services: &Objects<Service>, slices: &Objects<EndpointSlice>) {
         self.objects = services
             .iter()
             .map(|s| (owned(key_of(&**s)), Arc::clone(s)))

@@ -97,7 +97,7 @@ fn installed() -> Fixture {
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
     let compiled = policy_sets(
-        &state.network_policies,
+        &state.network_policies.to_vec(),
         &cluster,
         &local,
         &Default::default(),

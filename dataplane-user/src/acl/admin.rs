@@ -765,9 +765,9 @@ pub struct AdminNode {
 }
 
 /// The nodes' labels and addresses (`InternalIP` and `ExternalIP`).
-pub fn admin_nodes(nodes: &[Arc<Node>]) -> Vec<AdminNode> {
+pub fn admin_nodes<'a>(nodes: impl IntoIterator<Item = &'a Arc<Node>>) -> Vec<AdminNode> {
     nodes
-        .iter()
+        .into_iter()
         .map(|node| AdminNode {
             labels: node.metadata.labels.clone().unwrap_or_default(),
             addresses: node

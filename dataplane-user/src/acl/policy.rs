@@ -180,8 +180,8 @@ pub struct PolicyPods {
 
 impl PolicyPods {
     /// The pod-network pods of `pods` that are not finished, with their labels and named ports.
-    pub fn from_pods(pods: &[Arc<Pod>]) -> Self {
-        pods.iter().filter_map(|pod| policy_pod(pod)).collect()
+    pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>) -> Self {
+        pods.into_iter().filter_map(|pod| policy_pod(pod)).collect()
     }
 
     /// Brings the pods to `state` as `changes` says it differs from the last state they
@@ -298,11 +298,11 @@ fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
 }
 
 /// Namespace labels by name (`kubernetes.io/metadata.name` included, as the API sets it).
-pub fn namespace_labels(
-    namespaces: &[Arc<Namespace>],
+pub fn namespace_labels<'a>(
+    namespaces: impl IntoIterator<Item = &'a Arc<Namespace>>,
 ) -> BTreeMap<String, BTreeMap<String, String>> {
     namespaces
-        .iter()
+        .into_iter()
         .filter_map(|ns| {
             let name = ns.metadata.name.clone()?;
             let mut labels = ns.metadata.labels.clone().unwrap_or_default();

@@ -14,7 +14,7 @@ use k8s_openapi::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::source::ClusterState;
+use crate::source::{ClusterState, Objects};
 
 /// The subdirectory of a manifest directory holding the nodes' pod status files.
 pub const POD_STATUS_DIR: &str = "pod-status";
@@ -146,14 +146,12 @@ struct PodIndex {
 }
 
 impl PodIndex {
-    fn find(&mut self, pods: &[Arc<Pod>], namespace: &str, name: &str) -> Option<usize> {
-        if let Ok(found) = pods.binary_search_by(|pod| pod_key(pod).cmp(&(namespace, name))) {
-            let before = pods[..found]
-                .iter()
-                .rev()
-                .take_while(|pod| pod_key(pod) == (namespace, name))
-                .count();
-            return Some(found - before);
+    fn find(&mut self, pods: &Objects<Pod>, namespace: &str, name: &str) -> Option<usize> {
+        if let Ok(mut found) = pods.binary_search_by(|pod| pod_key(pod).cmp(&(namespace, name))) {
+            while found > 0 && pod_key(&pods[found - 1]) == (namespace, name) {
+                found -= 1;
+            }
+            return Some(found);
         }
         self.all
             .get_or_insert_with(|| {
@@ -254,7 +252,7 @@ mod tests {
             pod.status.as_mut().unwrap().pod_ip = Some(address.into());
             Arc::new(pod)
         };
-        let pods = vec![
+        let mut pods = vec![
             pod(None, "bare", "10.0.0.9"),
             pod(Some("a"), "x", "10.0.0.1"),
             pod(Some("web"), "m", "10.0.0.2"),
@@ -262,6 +260,8 @@ mod tests {
             pod(Some("web"), "n", "10.0.0.4"),
             pod(Some("z"), "y", "10.0.0.5"),
         ];
+        // Enough pods after them that the list is shared by pointer, not held inline.
+        pods.extend((100..300).map(|i| pod(Some("zz"), &format!("p{i}"), "10.0.1.1")));
         let mut state = ClusterState {
             pods: pods.into(),
             ..ClusterState::default()
@@ -271,7 +271,7 @@ mod tests {
         let records = [record("n", "10.244.1.3"), to_default];
         merge(&mut state, &records);
         let ip = |p: &Pod| p.status.as_ref().unwrap().pod_ip.clone().unwrap();
-        let ips: Vec<String> = state.pods.iter().map(|p| ip(p)).collect();
+        let ips: Vec<String> = state.pods.iter().take(6).map(|p| ip(p)).collect();
         assert_eq!(
             ips,
             [

@@ -208,22 +208,24 @@ impl Controller {
         }
         // Probe first (granting what the status gives each node), so that the decision sees
         // who answers now: the first round decides on answers, not on silence.
+        let nodes = state.nodes.to_vec();
+        let egress_ips = state.egress_ips.to_vec();
         if timeout.is_some() {
-            self.probe_all(&state.nodes).await;
+            self.probe_all(&nodes).await;
         }
-        let candidates = candidates(&state.nodes, |node| self.reachable(node, timeout));
+        let candidates = candidates(&nodes, |node| self.reachable(node, timeout));
         self.note_reachability(&candidates);
         let current: BTreeMap<IpAddr, String> = self
             .published
             .iter()
             .map(|(ip, (_, node))| (*ip, node.clone()))
             .collect();
-        let decision = assign(&state.egress_ips, &candidates, &current);
+        let decision = assign(&egress_ips, &candidates, &current);
         self.report(&decision);
         self.advance(&decision, state, timeout);
-        let statuses = self.statuses(&state.egress_ips);
+        let statuses = self.statuses(&egress_ips);
         if self.last_written.as_ref() != Some(&statuses) {
-            store.publish(&state.egress_ips, &statuses).await?;
+            store.publish(&egress_ips, &statuses).await?;
             tracing::info!(status = ?statuses, "egress IP status published");
             self.last_written = Some(statuses);
             self.record_held();
@@ -453,7 +455,9 @@ pub async fn run_manifests(dir: PathBuf, probe_port: u16, metrics: Arc<Mutex<Con
             match crate::source::read_dir(&dir) {
                 Ok(mut read) => {
                     if let Some(statuses) = super::read_status_file(&dir) {
-                        super::merge_status(&mut read.egress_ips, &statuses);
+                        let mut objects = read.egress_ips.to_vec();
+                        super::merge_status(&mut objects, &statuses);
+                        read.egress_ips = objects.into();
                     }
                     state = Some(read);
                 }

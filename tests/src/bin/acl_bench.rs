@@ -324,7 +324,7 @@ fn loaded_with_admin(
     anyhow::ensure!(validated.errors.is_empty(), "{:?}", validated.errors);
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let compiled = policy_sets(
-        &state.network_policies,
+        &state.network_policies.to_vec(),
         &cluster,
         &["bench/pod".to_owned()],
         &Default::default(),

@@ -197,7 +197,11 @@ impl Agent {
         pass.services_write_ms = ms(lap.elapsed());
         pass.service_writes = stats.written + stats.deleted;
         lap = Instant::now();
-        let firewalls = compile_firewalls(&state.egress_firewalls, &context(), &Default::default());
+        let firewalls = compile_firewalls(
+            &state.egress_firewalls.to_vec(),
+            &context(),
+            &Default::default(),
+        );
         anyhow::ensure!(firewalls.errors.is_empty(), "{:?}", firewalls.errors);
         pass.firewalls_compile_ms = ms(lap.elapsed());
         lap = Instant::now();
@@ -295,7 +299,7 @@ impl Incremental {
         if changes.runs(Stage::AccessControl) {
             // As the firewall agent does: unchanged namespaces keep their compiled sets.
             let firewalls = compile_firewalls_reusing(
-                &state.egress_firewalls,
+                &state.egress_firewalls.to_vec(),
                 &context(),
                 &Default::default(),
                 &self.firewalls,
