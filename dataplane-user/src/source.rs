@@ -138,12 +138,28 @@ impl<T> Objects<T> {
             .map_or(Err(0), |v| v.binary_search_by(compare))
     }
 
+    /// A cursor for reading positions in order (cheap when each is near the last).
+    pub fn cursor(&self) -> ObjectsCursor<'_, T> {
+        ObjectsCursor(self.0.as_ref().map(|v| v.focus()))
+    }
+
     /// Whether both are the same shared list (so certainly equal).
     pub fn shares(&self, other: &Self) -> bool {
         match (&self.0, &other.0) {
             (Some(a), Some(b)) => a.ptr_eq(b),
             (a, b) => a.is_none() && b.is_none(),
         }
+    }
+}
+
+/// Reads an [`Objects`] by position, keeping the last chunk at hand.
+pub struct ObjectsCursor<'a, T>(
+    Option<imbl::vector::Focus<'a, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>>,
+);
+
+impl<T> ObjectsCursor<'_, T> {
+    pub fn get(&mut self, index: usize) -> Option<&Arc<T>> {
+        self.0.as_mut()?.get(index)
     }
 }
 

@@ -18,6 +18,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
+    ops::Range,
     sync::Arc,
 };
 
@@ -247,45 +248,15 @@ fn key_of<T: Resource>(object: &T) -> (&str, &str) {
     )
 }
 
-fn by_key<T: Resource>(objects: &Objects<T>) -> BTreeMap<(&str, &str), &Arc<T>> {
-    objects.iter().map(|o| (key_of(&**o), o)).collect()
-}
-
 /// The same object: the same shared one (what an unchanged object of a parse cache is), or
 /// equal.
 fn same<T: PartialEq>(a: &Arc<T>, b: &Arc<T>) -> bool {
     Arc::ptr_eq(a, b) || a == b
 }
 
-/// Whether two lists hold the same objects, in any order: compared position by position
-/// (a source's cache keeps its order), and by key only when the positions hold objects of
-/// different names.
+/// Whether two lists hold the same objects, in any order.
 fn same_objects<T: Resource + PartialEq>(old: &Objects<T>, new: &Objects<T>) -> bool {
-    if old.shares(new) {
-        return true;
-    }
-    if old.len() != new.len() {
-        return false;
-    }
-    let mut reordered = false;
-    for (a, b) in old.iter().zip(new) {
-        if !same(a, b) {
-            if key_of(&**a) == key_of(&**b) {
-                return false;
-            }
-            reordered = true;
-        }
-    }
-    !reordered || keyed_same(old, new)
-}
-
-fn keyed_same<T: Resource + PartialEq>(old: &Objects<T>, new: &Objects<T>) -> bool {
-    let (old, new) = (by_key(old), by_key(new));
-    old.len() == new.len()
-        && old
-            .iter()
-            .zip(&new)
-            .all(|((ka, a), (kb, b))| ka == kb && same(a, b))
+    changed_keys(old, new).is_empty()
 }
 
 /// Whether the `Network`'s settings are the same.
@@ -301,9 +272,15 @@ fn same_network(old: &ClusterState, new: &ClusterState) -> bool {
 /// An object before and after a change (`None`: absent).
 type Versions<'a, T> = (Option<&'a Arc<T>>, Option<&'a Arc<T>>);
 
+/// How far past a difference the walk of two lists looks for them to agree again.
+const RESYNC_WINDOW: usize = 32;
+
 /// The objects that differ between `old` and `new` (added, removed or modified), before and
-/// after. Lists in the same order (what a source's cache gives) are compared position by
-/// position, and by key only where that finds objects of different names.
+/// after. The lists are walked side by side (a source keeps its order, and a change leaves
+/// the rest of the list as it was): past each difference the walk finds where they agree
+/// again, and the objects in between are matched by key. Lists that do not agree again
+/// within [`RESYNC_WINDOW`] are matched by key from there on. At 150,000 pods, matching
+/// both whole lists by key when a pod was added took 230 ms.
 fn changed_keys<'a, T: Resource + PartialEq>(
     old: &'a Objects<T>,
     new: &'a Objects<T>,
@@ -311,28 +288,59 @@ fn changed_keys<'a, T: Resource + PartialEq>(
     if old.shares(new) {
         return Vec::new();
     }
-    if old.len() == new.len() {
-        let differing: Vec<(&Arc<T>, &Arc<T>)> =
-            old.iter().zip(new).filter(|(a, b)| !same(a, b)).collect();
-        if differing
-            .iter()
-            .all(|(a, b)| key_of(&***a) == key_of(&***b))
-        {
-            return differing
-                .into_iter()
-                .map(|(a, b)| (Some(a), Some(b)))
-                .collect();
+    let mut between: BTreeMap<(&str, &str), Versions<'a, T>> = BTreeMap::new();
+    for (olds, news) in differing_runs(old, new) {
+        for object in olds.filter_map(|x| old.get(x)) {
+            between.entry(key_of(&**object)).or_default().0 = Some(object);
+        }
+        for object in news.filter_map(|y| new.get(y)) {
+            between.entry(key_of(&**object)).or_default().1 = Some(object);
         }
     }
-    let (old, new) = (by_key(old), by_key(new));
-    let keys: BTreeSet<_> = old.keys().chain(new.keys()).copied().collect();
-    keys.into_iter()
-        .map(|k| (old.get(&k).copied(), new.get(&k).copied()))
+    between
+        .into_values()
         .filter(|(a, b)| match (a, b) {
             (Some(a), Some(b)) => !same(a, b),
             _ => true,
         })
         .collect()
+}
+
+/// The runs of positions where `old` and `new` differ, each paired with the run it stands
+/// for in the other list (either may be empty: added or removed objects).
+fn differing_runs<T: Resource + PartialEq>(
+    old: &Objects<T>,
+    new: &Objects<T>,
+) -> Vec<(Range<usize>, Range<usize>)> {
+    let matches = |a: Option<&Arc<T>>, b: Option<&Arc<T>>| {
+        a.zip(b)
+            .is_some_and(|(a, b)| Arc::ptr_eq(a, b) || (key_of(&**a) == key_of(&**b) && a == b))
+    };
+    let (n, m) = (old.len(), new.len());
+    let (mut a, mut b) = (old.cursor(), new.cursor());
+    let mut runs = Vec::new();
+    let (mut i, mut j) = (0, 0);
+    while i < n && j < m {
+        if matches(a.get(i), b.get(j)) {
+            i += 1;
+            j += 1;
+            continue;
+        }
+        // The nearest positions past the difference where the lists agree again.
+        let agree = (1..=2 * RESYNC_WINDOW).find_map(|d| {
+            (d.saturating_sub(RESYNC_WINDOW)..=d.min(RESYNC_WINDOW))
+                .map(|k| (k, d - k))
+                .find(|&(k, l)| matches(a.get(i + k), b.get(j + l)))
+        });
+        let (k, l) = agree.unwrap_or((n - i, m - j));
+        runs.push((i..i + k, j..j + l));
+        i += k;
+        j += l;
+    }
+    if i < n || j < m {
+        runs.push((i..n, j..m));
+    }
+    runs
 }
 
 /// Whether two versions of a Pod differ in their labels alone (and what every update moves:
@@ -601,6 +609,103 @@ impl ServiceCache {
 mod tests {
     use super::*;
     use crate::source::add_documents;
+    use k8s_openapi::api::core::v1::Namespace;
+
+    /// What differs, found by matching every object of both lists by key (what the walk must
+    /// agree with).
+    fn keyed_diff(
+        old: &Objects<Namespace>,
+        new: &Objects<Namespace>,
+    ) -> Vec<(Option<String>, Option<String>)> {
+        let by_key = |list: &Objects<Namespace>| -> BTreeMap<String, Arc<Namespace>> {
+            list.iter()
+                .map(|o| (key_of(&**o).1.to_owned(), Arc::clone(o)))
+                .collect()
+        };
+        let (old, new) = (by_key(old), by_key(new));
+        let keys: BTreeSet<&String> = old.keys().chain(new.keys()).collect();
+        keys.into_iter()
+            .map(|k| (old.get(k), new.get(k)))
+            .filter(|(a, b)| !matches!((a, b), (Some(a), Some(b)) if same(a, b)))
+            .map(|(a, b)| (a.map(|a| label(a)), b.map(|b| label(b))))
+            .collect()
+    }
+
+    fn label(namespace: &Namespace) -> String {
+        let labels = namespace.metadata.labels.as_ref();
+        let version = labels.and_then(|l| l.get("v")).cloned().unwrap_or_default();
+        format!(
+            "{}@{version}",
+            namespace.metadata.name.as_deref().unwrap_or("")
+        )
+    }
+
+    /// Walked side by side, two lists give the changes that matching every object by key
+    /// gives: over random inserts, removals, modifications, copies equal by value and
+    /// reorderings, single and many at once, in lists long enough to be trees.
+    #[test]
+    fn the_walk_of_two_lists_finds_what_matching_by_key_finds() {
+        let mut seed = 11u64;
+        let mut next = |n: usize| {
+            seed = seed
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            ((seed >> 33) as usize) % n
+        };
+        let namespace = |name: usize, version: usize| {
+            let mut ns = Namespace::default();
+            ns.metadata.name = Some(format!("ns-{name:05}"));
+            ns.metadata.labels = Some([("v".to_owned(), version.to_string())].into());
+            Arc::new(ns)
+        };
+        let mut seen = BTreeSet::new();
+        for round in 0..300 {
+            let size = [0, 3, 70, 700][round % 4];
+            let old: Vec<Arc<Namespace>> = (0..size).map(|i| namespace(i * 2, 0)).collect();
+            let mut new = old.clone();
+            for _ in 0..1 + next(if round % 5 == 0 { 80 } else { 3 }) {
+                match next(6) {
+                    0 => {
+                        let at = next(new.len() + 1);
+                        new.insert(at, namespace(size * 2 + next(1000), 1));
+                        seen.insert("insert");
+                    }
+                    1 if !new.is_empty() => {
+                        new.remove(next(new.len()));
+                        seen.insert("remove");
+                    }
+                    2 if !new.is_empty() => {
+                        let at = next(new.len());
+                        let name = new[at].metadata.name.clone();
+                        let mut changed = (*new[at]).clone();
+                        changed.metadata.labels = Some([("v".to_owned(), "2".to_owned())].into());
+                        changed.metadata.name = name;
+                        new[at] = Arc::new(changed);
+                        seen.insert("modify");
+                    }
+                    3 if !new.is_empty() => {
+                        let at = next(new.len());
+                        new[at] = Arc::new((*new[at]).clone());
+                        seen.insert("equal copy");
+                    }
+                    4 if new.len() > 1 => {
+                        let (x, y) = (next(new.len()), next(new.len()));
+                        new.swap(x, y);
+                        seen.insert("reorder");
+                    }
+                    _ => {}
+                }
+            }
+            let (old, new): (Objects<Namespace>, Objects<Namespace>) = (old.into(), new.into());
+            let walked: Vec<_> = changed_keys(&old, &new)
+                .into_iter()
+                .map(|(a, b)| (a.map(|a| label(a)), b.map(|b| label(b))))
+                .collect();
+            assert_eq!(walked, keyed_diff(&old, &new), "round {round}");
+            assert_eq!(same_objects(&old, &new), walked.is_empty());
+        }
+        assert_eq!(seen.len(), 5, "every kind of edit happened: {seen:?}");
+    }
 
     const BASE: &str = r#"
 apiVersion: v1

@@ -431,6 +431,14 @@ impl Agent {
         );
     }
 
+    /// A new pod `p` (beyond the shape's) on another node, in the namespace and with the
+    /// labels the shape gives pod `p`: policies of local pods may have it as a peer.
+    fn add_pod(&mut self, p: usize) {
+        let s = self.shape;
+        let namespace = format!("ns-{}", p % s.namespaces);
+        self.event("pods", &namespace, &format!("pod-{p}"), pod_yaml(&s, p, 0));
+    }
+
     fn add_node(&mut self, index: usize) {
         self.event("nodes", "", &format!("node-{index}"), node_yaml(index));
     }
@@ -621,7 +629,7 @@ struct Change {
 fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
     let mut out = Vec::new();
     type Apply = fn(&mut Agent, usize);
-    let kinds: [(&'static str, Apply); 4] = [
+    let kinds: [(&'static str, Apply); 5] = [
         ("one endpoint added or removed", |a, r| {
             a.change_endpoint(0, (r + 1) % 2)
         }),
@@ -631,6 +639,10 @@ fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
         // Policy 1 selects local pod 1 (app a-1 in ns-1), whose labels stay.
         ("one NetworkPolicy's port", |a, r| {
             a.change_policy(1, (r + 1) % 2)
+        }),
+        ("one pod added on another node", |a, r| {
+            let p = a.shape.pods + r;
+            a.add_pod(p);
         }),
         ("one node added", |a, r| {
             let index = a.shape.nodes + r;
