@@ -9,10 +9,11 @@
 //! into real maps in this kernel. Figures:
 //!
 //! - the first sync from nothing (target under 2 s);
-//! - one endpoint, one pod label, one policy changed and one node added: from the object's
-//!   event to the maps written (target under 10 ms each, and within 2x of the same change in a
-//!   cluster of 10 nodes);
-//! - a stream of changes (1,000 a second for 30 s): each change's lag from its event to the
+//! - one endpoint, one pod label, one policy changed, one pod added on another node and one
+//!   node added: from the object's event to the maps written (target under 10 ms each, and
+//!   within 2x of the same change in a cluster of 10 nodes);
+//! - a stream of changes (1,000 a second for 30 s; endpoints, pod labels, pods added and
+//!   deleted): each change's lag from its event to the
 //!   maps holding it (p99 target under 100 ms), and whether the maps end as a full recompute
 //!   has them;
 //! - the resident memory of this process (the agent's state and the benchmark's objects;
@@ -439,6 +440,13 @@ impl Agent {
         self.event("pods", &namespace, &format!("pod-{p}"), pod_yaml(&s, p, 0));
     }
 
+    /// Deletes pod `p` (as a watch's delete event does).
+    fn delete_pod(&mut self, p: usize) {
+        let namespace = format!("ns-{}", p % self.shape.namespaces);
+        self.objects
+            .remove(&("pods", namespace, format!("pod-{p}")));
+    }
+
     fn add_node(&mut self, index: usize) {
         self.event("nodes", "", &format!("node-{index}"), node_yaml(index));
     }
@@ -673,9 +681,10 @@ fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
     Ok(out)
 }
 
-/// The stream: `rate` changes a second for `seconds`, endpoints and pod labels by turns; the
-/// agent syncs whatever arrived since its last sync. Returns each change's lag and whether a
-/// full recompute at the end finds the maps as they should be.
+/// The stream: `rate` changes a second for `seconds`, by turns an endpoint, a pod's labels,
+/// and a pod added or deleted on another node; the agent syncs whatever arrived since its
+/// last sync. Returns each change's lag and whether a full recompute at the end finds the
+/// maps as they should be.
 #[derive(Clone, Debug, Serialize)]
 struct Stream {
     changes: usize,
@@ -693,6 +702,7 @@ fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> 
     let mut next = 0usize;
     let mut lags = Vec::with_capacity(total);
     let mut syncs = 0;
+    let mut churned = std::collections::BTreeSet::new();
     while next < total {
         let now = started.elapsed();
         let due = ((now.as_secs_f64() / interval.as_secs_f64()) as usize + 1).min(total);
@@ -702,10 +712,20 @@ fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> 
         }
         let arrivals: Vec<Duration> = (next..due).map(|k| interval * k as u32).collect();
         for k in next..due {
-            if k % 2 == 0 {
-                agent.change_endpoint(k / 2, (k / 2 / agent.shape.services) % 2 + 1);
-            } else {
-                agent.change_pod_label(k / 2, k / 2 / agent.shape.pods + 1);
+            let turn = k / 3;
+            match k % 3 {
+                0 => agent.change_endpoint(turn, (turn / agent.shape.services) % 2 + 1),
+                1 => agent.change_pod_label(turn, turn / agent.shape.pods + 1),
+                // Pods come and go on other nodes: 100 of them, each added then deleted.
+                _ => {
+                    let p = agent.shape.pods + turn % 100;
+                    if churned.insert(p) {
+                        agent.add_pod(p);
+                    } else {
+                        churned.remove(&p);
+                        agent.delete_pod(p);
+                    }
+                }
             }
         }
         next = due;
