@@ -274,6 +274,7 @@ impl Cluster {
         let mut model = model::build(
             state,
             &self.hosted_pods,
+            self.model.as_ref(),
             &self.node,
             underlay,
             settings,

@@ -225,7 +225,7 @@ mod tests {
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         let view = OverlayView {
             this_node: "a".into(),
-            nodes: vec![
+            nodes: std::sync::Arc::new(vec![
                 NodeView {
                     name: "a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
@@ -241,7 +241,7 @@ mod tests {
                     addresses: vec![ip("10.99.0.3")],
                     pod_cidrs: vec![net("10.244.3.7/24")],
                 },
-            ],
+            ]),
             local_pods: Vec::new(),
             unrestricted_ifindexes: Vec::new(),
             underlay: Underlay {
@@ -263,7 +263,9 @@ mod tests {
         );
         // A node without an IPv6 address routes no IPv6 CIDR.
         let mut v4_only = view.clone();
-        v4_only.nodes[0].addresses.truncate(1);
+        std::sync::Arc::make_mut(&mut v4_only.nodes)[0]
+            .addresses
+            .truncate(1);
         assert!(
             wanted_routes(&v4_only)
                 .iter()

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use crate::{
     hybrid::{self, HybridView},
     overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
-    source::ClusterState,
+    source::{ClusterState, Objects},
     sync::Changes,
 };
 
@@ -36,6 +36,10 @@ pub struct NodeModel {
     /// egress IPs call local.
     pub hosted_pods: std::collections::BTreeSet<String>,
     pub warnings: Vec<String>,
+    /// The Nodes `view.nodes` was built from, and what they warned about: a later build over
+    /// the same (shared) list keeps both.
+    nodes_from: Objects<Node>,
+    node_warnings: Vec<String>,
 }
 
 /// The pods whose `spec.nodeName` is this node, kept between syncs and patched with each
@@ -97,21 +101,30 @@ fn pod_key(pod: &Pod) -> (String, String) {
 
 /// Builds this node's overlay view from cluster state. `find_host_interface` answers which
 /// host interface leads to a pod address (the agent reads the routing table; tests pass a map).
-/// `hosted` are `this_node`'s pods of `state`.
+/// `hosted` are `this_node`'s pods of `state`; `last` is the model the last sync built: when
+/// no Node changed since, its node views are kept (5,000 of them at scale).
 pub fn build(
     state: &ClusterState,
     hosted: &HostedPods,
+    last: Option<&NodeModel>,
     this_node: &str,
     underlay: Underlay,
     settings: OverlaySettings,
     find_host_interface: impl Fn(IpAddr) -> Option<HostInterface>,
 ) -> NodeModel {
-    let mut warnings = Vec::new();
-    let nodes: Vec<NodeView> = state
-        .nodes
-        .iter()
-        .filter_map(|n| node_view(n, &mut warnings))
-        .collect();
+    let (nodes, node_warnings) = match last.filter(|m| m.nodes_from.shares(&state.nodes)) {
+        Some(last) => (Arc::clone(&last.view.nodes), last.node_warnings.clone()),
+        None => {
+            let mut warnings = Vec::new();
+            let nodes: Vec<NodeView> = state
+                .nodes
+                .iter()
+                .filter_map(|n| node_view(n, &mut warnings))
+                .collect();
+            (Arc::new(nodes), warnings)
+        }
+    };
+    let mut warnings = node_warnings.clone();
     let own_cidrs: &[IpNet] = nodes
         .iter()
         .find(|n| n.name == this_node)
@@ -184,6 +197,8 @@ pub fn build(
         unrouted,
         hosted_pods,
         warnings,
+        nodes_from: state.nodes.clone(),
+        node_warnings,
     }
 }
 
@@ -450,7 +465,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
             })
         };
         let hosted = HostedPods::from_pods(&state.pods, "a");
-        let model = build(&state, &hosted, "a", underlay, settings, interfaces);
+        let model = build(&state, &hosted, None, "a", underlay, settings, interfaces);
         assert_eq!(model.view.nodes.len(), 2);
         assert_eq!(
             model.view.nodes[0].addresses,
@@ -552,5 +567,59 @@ mod hosted_tests {
             last = state;
         }
         assert!(seen_here > 0, "some steps had pods here");
+    }
+}
+
+#[cfg(test)]
+mod reuse_tests {
+    use super::*;
+    use crate::source::add_documents;
+
+    fn state(nodes: usize) -> ClusterState {
+        let mut yaml = String::new();
+        for i in 0..nodes {
+            yaml += &format!(
+                "apiVersion: v1\nkind: Node\nmetadata: {{name: n{i:02}}}\nspec: {{podCIDR: 10.244.{i}.0/24}}\n\
+                 status: {{addresses: [{{type: InternalIP, address: 10.99.0.{}}}]}}\n---\n",
+                i + 1
+            );
+        }
+        yaml += "apiVersion: v1\nkind: Node\nmetadata: {name: zz}\nspec: {podCIDR: bad}\n\
+                 status: {addresses: [{type: InternalIP, address: 10.99.1.1}]}\n";
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "nodes.yaml", &yaml);
+        state
+    }
+
+    fn build_over(state: &ClusterState, last: Option<&NodeModel>) -> NodeModel {
+        let underlay = Underlay {
+            ifindex: 2,
+            mac: [2, 0, 0, 0, 0, 1],
+            xdp_forward: false,
+            mtu: 1500,
+        };
+        let settings = crate::overlay::OvnKubernetesConfig::default()
+            .validate(1500)
+            .expect("settings");
+        let hosted = HostedPods::from_pods(&state.pods, "n00");
+        build(state, &hosted, last, "n00", underlay, settings, |_| None)
+    }
+
+    /// A build over the same Node list keeps the last model's node views and their warnings;
+    /// a changed list builds them anew.
+    #[test]
+    fn the_node_views_are_kept_while_no_node_changed() {
+        let first_state = state(20);
+        let first = build_over(&first_state, None);
+        assert_eq!(first.view.nodes.len(), 21);
+        assert_eq!(first.warnings.len(), 1, "{:?}", first.warnings);
+        let again = build_over(&first_state.clone(), Some(&first));
+        assert!(Arc::ptr_eq(&again.view.nodes, &first.view.nodes));
+        assert_eq!(again.warnings, first.warnings);
+        let more = state(21);
+        let rebuilt = build_over(&more, Some(&again));
+        assert!(!Arc::ptr_eq(&rebuilt.view.nodes, &first.view.nodes));
+        assert_eq!(rebuilt.view.nodes.len(), 22);
+        assert_eq!(rebuilt.warnings, first.warnings);
     }
 }

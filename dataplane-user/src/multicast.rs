@@ -196,7 +196,7 @@ pub fn plan(state: &ClusterState, view: &OverlayView) -> Plan {
             hosting.insert(node);
         }
     }
-    for node in &view.nodes {
+    for node in view.nodes.iter() {
         for address in &node.addresses {
             plan.node_addresses.insert(*address, node.name.clone());
         }

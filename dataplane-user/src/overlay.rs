@@ -4,6 +4,7 @@
 use std::{
     collections::BTreeMap,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    sync::Arc,
 };
 
 use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
@@ -127,7 +128,8 @@ pub struct Underlay {
 #[derive(Clone, Debug)]
 pub struct OverlayView {
     pub this_node: String,
-    pub nodes: Vec<NodeView>,
+    /// Shared: the egress stage reads the same list, and a sync that changed no Node keeps it.
+    pub nodes: Arc<Vec<NodeView>>,
     pub local_pods: Vec<LocalPodView>,
     /// Veths named on the command line that no local pod claims: port security does not
     /// apply to them (`crate::port::unrestricted`).
@@ -215,7 +217,7 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
     maps.config = config;
 
     let mut owners = PodCidrOwners::default();
-    for node in &view.nodes {
+    for node in view.nodes.iter() {
         if node.addresses.is_empty() {
             return Err(CompileError::NodeWithoutAddress {
                 node: node.name.clone(),
@@ -676,7 +678,7 @@ mod tests {
     fn view() -> OverlayView {
         OverlayView {
             this_node: "node-a".into(),
-            nodes: vec![
+            nodes: Arc::new(vec![
                 NodeView {
                     name: "node-a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
@@ -692,7 +694,7 @@ mod tests {
                     addresses: vec![ip("fd99::3")],
                     pod_cidrs: vec![net("10.244.3.0/24")],
                 },
-            ],
+            ]),
             local_pods: vec![LocalPodView {
                 name: "default/a".into(),
                 addresses: vec![ip("10.244.1.2"), ip("fd00:10:244:1::2")],
@@ -779,13 +781,13 @@ mod tests {
             Err(CompileError::ThisNodeMissing("node-z".into()))
         );
         let mut overlapping = view();
-        overlapping.nodes[2].pod_cidrs = vec![net("10.244.2.128/25")];
+        Arc::make_mut(&mut overlapping.nodes)[2].pod_cidrs = vec![net("10.244.2.128/25")];
         assert!(matches!(
             compile(&overlapping),
             Err(CompileError::OverlappingPodCidr { .. })
         ));
         let mut bare = view();
-        bare.nodes[1].addresses.clear();
+        Arc::make_mut(&mut bare.nodes)[1].addresses.clear();
         assert_eq!(
             compile(&bare),
             Err(CompileError::NodeWithoutAddress {

@@ -77,7 +77,7 @@ pub fn bed() -> anyhow::Result<Bed> {
     let net = |s: &str| s.parse::<ipnet::IpNet>().expect("cidr");
     let view = OverlayView {
         this_node: "a".into(),
-        nodes: vec![
+        nodes: std::sync::Arc::new(vec![
             NodeView {
                 name: "a".into(),
                 addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
@@ -93,7 +93,7 @@ pub fn bed() -> anyhow::Result<Bed> {
                 addresses: vec![ip("fd99::3")],
                 pod_cidrs: vec![net("10.244.3.0/24")],
             },
-        ],
+        ]),
         local_pods: vec![
             LocalPodView {
                 name: "default/local".into(),

@@ -472,7 +472,8 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
                 addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
                 pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
             })
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
         local_pods: Vec::new(),
         unrestricted_ifindexes: Vec::new(),
         underlay: Underlay {
@@ -532,7 +533,8 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
                 ],
                 pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
             })
-            .collect(),
+            .collect::<Vec<_>>()
+            .into(),
         local_pods: Vec::new(),
         unrestricted_ifindexes: Vec::new(),
         underlay: Underlay {

@@ -39,7 +39,7 @@ pub struct EgressInputs {
     /// Every pod-network pod of the cluster.
     pub pods: PolicyPods,
     pub namespaces: Vec<Arc<Namespace>>,
-    pub nodes: Vec<NodeView>,
+    pub nodes: Arc<Vec<NodeView>>,
     pub cluster_networks: Vec<IpNet>,
     pub service_networks: Vec<IpNet>,
     pub this_node: String,
@@ -94,6 +94,9 @@ pub struct Selected {
 /// The pods each object selects: a pod selected by two objects goes with the first in claim
 /// order (OVN-Kubernetes leaves that case undefined).
 pub fn selected_pods(inputs: &EgressInputs) -> Vec<Selected> {
+    if inputs.objects.is_empty() {
+        return Vec::new();
+    }
     let labels = namespace_labels(&inputs.namespaces);
     let mut taken = BTreeSet::new();
     let mut selected = Vec::new();
@@ -368,10 +371,10 @@ mod tests {
             .into_iter()
             .collect(),
             namespaces: Vec::new(),
-            nodes: vec![
+            nodes: Arc::new(vec![
                 node("node-0", "10.99.0.1", "10.244.1.0/24"),
                 node("node-1", "10.99.0.2", "10.244.2.0/24"),
-            ],
+            ]),
             cluster_networks: vec!["10.244.0.0/16".parse().unwrap()],
             service_networks: vec!["10.96.0.0/16".parse().unwrap()],
             this_node: "node-0".into(),

@@ -522,6 +522,7 @@ impl Agent {
         let model = model::build(
             state,
             &self.hosted_pods,
+            self.model.as_ref(),
             NODE,
             underlay,
             settings,
