@@ -139,16 +139,21 @@ impl Cluster {
                 .as_ref()
                 .is_none_or(|last| !Changes::between(last, &state).is_empty());
         if self.policy_pods_follow_last {
+            self.hosted_pods.note_changes(&mut changes);
             self.policy_pods.follow(&state, &changes);
             self.hosted_pods.follow(&state, &changes);
         } else {
+            // Not knowing which pods were this node's, any pod change may be one of them.
+            if changes.kinds.contains(&Kind::Pod) {
+                changes.kinds.insert(Kind::HostedPod);
+            }
             self.policy_pods = acl::policy::PolicyPods::from_pods(&state.pods);
             self.hosted_pods = model::HostedPods::from_pods(&state.pods, &self.node);
         }
         self.policy_pods_follow_last = false;
         // A pod waiting for its host route is looked for again at every sync.
         if self.model.as_ref().is_some_and(|m| m.unrouted != 0) {
-            changes.kinds.insert(Kind::Pod);
+            changes.kinds.insert(Kind::HostedPod);
         }
         let mut synced = Synced {
             full,

@@ -10,7 +10,7 @@ use crate::{
     hybrid::{self, HybridView},
     overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
     source::{ClusterState, Objects},
-    sync::Changes,
+    sync::{Changes, Kind},
 };
 
 /// OVN-Kubernetes' per-pod network annotation, carrying the pod's MAC.
@@ -80,6 +80,21 @@ impl HostedPods {
                 Some(pod) => self.pods.insert(key.clone(), Arc::clone(pod)),
                 None => self.pods.remove(key),
             };
+        }
+    }
+
+    /// Notes [`Kind::HostedPod`] in `changes` when a pod that changed (not only in its
+    /// labels) was or now is one of this node's: only then does this node's own view change.
+    /// Call before [`Self::follow`].
+    pub fn note_changes(&self, changes: &mut Changes) {
+        if !changes.kinds.contains(&Kind::Pod) {
+            return;
+        }
+        let here = changes.pods.iter().any(|(key, now)| {
+            self.pods.contains_key(key) || now.as_ref().is_some_and(|p| runs_on(p, &self.node))
+        });
+        if here {
+            changes.kinds.insert(Kind::HostedPod);
         }
     }
 

@@ -4,7 +4,7 @@
 //!
 //! | stage | reads | work on a change |
 //! |---|---|---|
-//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod (not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (kept while no Node changed); the maps are written where they differ from what the last sync wrote |
+//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod of this node (before or after; not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (kept while no Node changed); the maps are written where they differ from what the last sync wrote |
 //! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name; only their keys are compared with the installed ports and written where they differ, backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease); written where it differs from what it last wrote |
@@ -42,6 +42,10 @@ pub enum Kind {
     Node,
     Namespace,
     Pod,
+    /// A Pod of this node (before or after the change) changed, not only in its labels: what
+    /// this node's own view reads (noted by the agent, which knows its node:
+    /// `model::HostedPods::note_changes`). A pod coming or going elsewhere is not.
+    HostedPod,
     /// A Pod whose labels alone changed: what selects pods reads it, the rest does not.
     PodLabels,
     Service,
@@ -80,7 +84,10 @@ impl Stage {
 
 /// Each stage and the kinds it reads: the dependency model.
 pub const READS: [(Stage, &[Kind]); 5] = [
-    (Stage::Overlay, &[Kind::Node, Kind::Pod, Kind::Network]),
+    (
+        Stage::Overlay,
+        &[Kind::Node, Kind::HostedPod, Kind::Network],
+    ),
     (Stage::Services, &[Kind::Service, Kind::EndpointSlice]),
     (
         Stage::AccessControl,
@@ -811,7 +818,7 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
     }
 
     #[test]
-    fn a_pod_address_change_runs_every_stage_but_services() {
+    fn a_pod_address_change_runs_every_stage_that_reads_other_nodes_pods() {
         let changes = changed(|t| {
             t.replace("podIPs: [{ip: 10.244.1.5}]", "podIPs: [{ip: 10.244.1.7}]")
                 .replace("labels: {app: web}", "labels: {app: shop}")
@@ -827,13 +834,43 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
         assert_eq!(pod.metadata.labels.as_ref().expect("labels")["app"], "shop");
         assert_eq!(
             changes.stages(),
-            vec![
-                Stage::Overlay,
-                Stage::AccessControl,
-                Stage::EgressIps,
-                Stage::Multicast
-            ]
+            vec![Stage::AccessControl, Stage::EgressIps, Stage::Multicast]
         );
+    }
+
+    /// A changed pod of this node (before or after) runs the overlay too; one elsewhere, or
+    /// a label alone, does not.
+    #[test]
+    fn a_pod_change_runs_the_overlay_only_for_this_nodes_pods() {
+        let address =
+            |t: &str| t.replace("podIPs: [{ip: 10.244.1.5}]", "podIPs: [{ip: 10.244.1.7}]");
+        let (old, new) = (state(BASE), state(&address(BASE)));
+        let pod = new.pods.first().expect("pod");
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .expect("node");
+        for (here, hosted_before) in [(node.as_str(), true), ("elsewhere", false)] {
+            let hosted = crate::model::HostedPods::from_pods(&old.pods, here);
+            assert_eq!(hosted.iter().next().is_some(), hosted_before);
+            let mut changes = Changes::between(&old, &new);
+            hosted.note_changes(&mut changes);
+            assert_eq!(changes.runs(Stage::Overlay), hosted_before, "{here}");
+            assert!(changes.runs(Stage::AccessControl));
+        }
+        // Moved here: hosted after the change.
+        let moved = |t: &str| address(t).replace(&format!("nodeName: {node}"), "nodeName: other");
+        let away = state(&moved(BASE));
+        let hosted = crate::model::HostedPods::from_pods(&away.pods, "other");
+        let mut changes = Changes::between(&old, &away);
+        crate::model::HostedPods::from_pods(&old.pods, "other").note_changes(&mut changes);
+        assert!(changes.runs(Stage::Overlay), "a pod arriving here");
+        assert!(hosted.iter().next().is_some());
+        let relabelled = state(&BASE.replace("labels: {app: web}", "labels: {app: shop}"));
+        let mut changes = Changes::between(&old, &relabelled);
+        crate::model::HostedPods::from_pods(&old.pods, &node).note_changes(&mut changes);
+        assert!(!changes.runs(Stage::Overlay), "a label alone");
     }
 
     #[test]

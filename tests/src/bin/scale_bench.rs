@@ -464,6 +464,8 @@ impl Agent {
             Some(last) if !full => Changes::between(last, &state),
             _ => Changes::full(),
         };
+        let mut changes = changes;
+        self.hosted_pods.note_changes(&mut changes);
         self.policy_pods.follow(&state, &changes);
         self.hosted_pods.follow(&state, &changes);
         step.diff_ms = ms(lap.elapsed());
