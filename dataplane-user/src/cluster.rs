@@ -296,8 +296,14 @@ impl Cluster {
             .find(|n| n.name == self.node)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default();
-        let node_pods = NodePods::from_state(
-            declared,
+        // The Pod objects as declared (before the attachments' addresses were merged in) of
+        // the pods now on this node: a merged pod is on this node if its object is.
+        let declared_here = self.hosted_pods.iter().filter_map(|pod| {
+            let name = pod.metadata.name.as_deref().unwrap_or_default();
+            declared.pods.find(pod.metadata.namespace.as_deref(), name)
+        });
+        let node_pods = NodePods::from_pods(
+            declared_here,
             &self.node,
             pools,
             settings.pod_mtu,

@@ -152,6 +152,29 @@ impl<T> Objects<T> {
     }
 }
 
+impl<T: kube::Resource> Objects<T> {
+    /// The first object named `name` in `namespace` (`None`: none, a cluster-scoped one).
+    /// The sources keep each list in that order, so a binary search finds it; in a list in
+    /// another order (one assembled by hand) a scan does.
+    pub fn find(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<T>> {
+        let at = (namespace.unwrap_or(""), name);
+        fn key<T: kube::Resource>(object: &T) -> (&str, &str) {
+            let meta = object.meta();
+            (
+                meta.namespace.as_deref().unwrap_or(""),
+                meta.name.as_deref().unwrap_or(""),
+            )
+        }
+        if let Ok(mut found) = self.binary_search_by(|object| key(&**object).cmp(&at)) {
+            while found > 0 && self.get(found - 1).is_some_and(|o| key(&**o) == at) {
+                found -= 1;
+            }
+            return self.get(found);
+        }
+        self.iter().find(|object| key(&***object) == at)
+    }
+}
+
 /// Reads an [`Objects`] by position, keeping the last chunk at hand.
 pub struct ObjectsCursor<'a, T>(
     Option<imbl::vector::Focus<'a, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>>,
@@ -1144,6 +1167,34 @@ spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
             Some("n500")
         );
         assert_eq!(list.to_vec().len(), 500);
+    }
+
+    /// An object is found by namespace and name in a list in the sources' order (the first
+    /// of equal names), and in a list in another order.
+    #[test]
+    fn objects_are_found_by_namespace_and_name() {
+        let pod = |namespace: Option<&str>, name: &str, uid: &str| {
+            let mut pod = Pod::default();
+            pod.metadata.namespace = namespace.map(Into::into);
+            pod.metadata.name = Some(name.into());
+            pod.metadata.uid = Some(uid.into());
+            Arc::new(pod)
+        };
+        let mut sorted = vec![pod(None, "bare", "0")];
+        sorted.extend((0..200).map(|i| pod(Some("a"), &format!("p{i:03}"), "1")));
+        sorted.push(pod(Some("b"), "x", "first"));
+        sorted.push(pod(Some("b"), "x", "second"));
+        let sorted: Objects<Pod> = sorted.into();
+        let uid = |found: Option<&Arc<Pod>>| found.and_then(|p| p.metadata.uid.clone());
+        assert_eq!(uid(sorted.find(Some("b"), "x")).as_deref(), Some("first"));
+        assert_eq!(uid(sorted.find(None, "bare")).as_deref(), Some("0"));
+        assert!(sorted.find(Some("a"), "p150").is_some());
+        assert!(sorted.find(Some("a"), "p999").is_none());
+        let mut shuffled = sorted.to_vec();
+        shuffled.reverse();
+        let shuffled: Objects<Pod> = shuffled.into();
+        assert_eq!(uid(shuffled.find(None, "bare")).as_deref(), Some("0"));
+        assert!(shuffled.find(Some("a"), "p007").is_some());
     }
 
     /// A parsed Pod keeps what the stages read (the named ports, node, host network, phase,

@@ -149,18 +149,18 @@ pub struct NodePods {
 }
 
 impl NodePods {
-    /// This node's pools and Pod objects. `own_addresses` says whether a Pod's
+    /// This node's pools and Pod objects (those of `pods` on `node`). `own_addresses` says whether a Pod's
     /// `status.podIPs` are its own to keep (a manifest directory) or the last sandbox's (the
     /// API server: a new sandbox gets new addresses).
-    pub fn from_state(
-        state: &ClusterState,
+    pub fn from_pods<'a>(
+        pods: impl IntoIterator<Item = &'a std::sync::Arc<k8s_openapi::api::core::v1::Pod>>,
         node: &str,
         pools: Vec<IpNet>,
         pod_mtu: u32,
         own_addresses: bool,
     ) -> Self {
         let mut known = BTreeMap::new();
-        for pod in &state.pods {
+        for pod in pods {
             if !model::runs_on(pod, node) {
                 continue;
             }
