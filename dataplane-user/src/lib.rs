@@ -29,6 +29,8 @@ pub mod state;
 pub mod stats;
 pub mod status;
 pub mod sync;
+#[cfg(test)]
+mod test_rng;
 pub mod testrun;
 pub mod trace;
 pub mod verify;

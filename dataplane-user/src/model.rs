@@ -10,7 +10,7 @@ use crate::{
     hybrid::{self, HybridView},
     overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
     source::{ClusterState, Objects},
-    sync::{Changes, Kind},
+    sync::{Changes, Kind, object_key},
 };
 
 /// OVN-Kubernetes' per-pod network annotation, carrying the pod's MAC.
@@ -62,7 +62,7 @@ impl HostedPods {
         for pod in pods.into_iter().filter(|p| runs_on(p, node)) {
             hosted
                 .pods
-                .entry(pod_key(pod))
+                .entry(object_key(&**pod))
                 .or_insert_with(|| Arc::clone(pod));
         }
         hosted
@@ -101,17 +101,6 @@ impl HostedPods {
     pub fn iter(&self) -> impl Iterator<Item = &Arc<Pod>> {
         self.pods.values()
     }
-}
-
-/// A pod's namespace (`default` when it has none) and name, as sync's changes key pods.
-fn pod_key(pod: &Pod) -> (String, String) {
-    (
-        pod.metadata
-            .namespace
-            .clone()
-            .unwrap_or_else(|| "default".into()),
-        pod.metadata.name.clone().unwrap_or_default(),
-    )
 }
 
 /// Builds this node's overlay view from cluster state. `find_host_interface` answers which
@@ -548,13 +537,8 @@ mod hosted_tests {
     /// moved here or away, added, removed and finished, over many random steps.
     #[test]
     fn the_hosted_pods_patched_by_changes_equal_a_fresh_pass() {
-        let mut seed = 7u64;
-        let mut next = |n: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % n
-        };
+        let mut rng = crate::test_rng::TestRng::new(7);
+        let mut next = |n: u64| rng.below(n);
         let mut pods: BTreeMap<(String, String), Arc<Pod>> = BTreeMap::new();
         let state_of = |pods: &BTreeMap<(String, String), Arc<Pod>>| ClusterState {
             pods: pods.values().cloned().collect(),

@@ -469,28 +469,22 @@ impl Dataplane {
 
         let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
             self.typed_map(maps::REMOTE_PODS_V4)?;
-        match last {
-            Some(last) => sync_lpm_since(
-                &mut remote_v4,
-                &desired.remote_v4,
-                &last.remote_v4,
-                &mut stats,
-            ),
-            None => sync_lpm(&mut remote_v4, &desired.remote_v4, &mut stats),
-        }
+        sync_lpm_since(
+            &mut remote_v4,
+            &desired.remote_v4,
+            last.map(|l| &l.remote_v4),
+            &mut stats,
+        )
         .map_err(sync_err(maps::REMOTE_PODS_V4))?;
 
         let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> =
             self.typed_map(maps::REMOTE_PODS_V6)?;
-        match last {
-            Some(last) => sync_lpm_since(
-                &mut remote_v6,
-                &desired.remote_v6,
-                &last.remote_v6,
-                &mut stats,
-            ),
-            None => sync_lpm(&mut remote_v6, &desired.remote_v6, &mut stats),
-        }
+        sync_lpm_since(
+            &mut remote_v6,
+            &desired.remote_v6,
+            last.map(|l| &l.remote_v6),
+            &mut stats,
+        )
         .map_err(sync_err(maps::REMOTE_PODS_V6))?;
 
         let mut config: Array<&mut MapData, OverlayConfig> =
@@ -561,16 +555,20 @@ pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
     Ok(stats)
 }
 
-/// As [`sync_lpm`], against what this agent last wrote there.
+/// As [`sync_lpm`], against what this agent last wrote there (`None`: against the kernel's
+/// entries, as [`sync_lpm`]).
 pub(crate) fn sync_lpm_since<const N: usize, V: aya::Pod + PartialEq>(
     map: &mut LpmTrie<&mut MapData, [u8; N], V>,
     desired: &BTreeMap<(u32, [u8; N]), V>,
-    last: &BTreeMap<(u32, [u8; N]), V>,
+    last: Option<&BTreeMap<(u32, [u8; N]), V>>,
     stats: &mut SyncStats,
 ) -> Result<(), aya::maps::MapError>
 where
     [u8; N]: aya::Pod,
 {
+    let Some(last) = last else {
+        return sync_lpm(map, desired, stats);
+    };
     for ((prefix_len, data), value) in desired {
         if last.get(&(*prefix_len, *data)) != Some(value) {
             map.insert(&Key::new(*prefix_len, *data), value, 0)?;

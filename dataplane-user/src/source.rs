@@ -158,21 +158,34 @@ impl<T: kube::Resource> Objects<T> {
     /// another order (one assembled by hand) a scan does.
     pub fn find(&self, namespace: Option<&str>, name: &str) -> Option<&Arc<T>> {
         let at = (namespace.unwrap_or(""), name);
-        fn key<T: kube::Resource>(object: &T) -> (&str, &str) {
-            let meta = object.meta();
-            (
-                meta.namespace.as_deref().unwrap_or(""),
-                meta.name.as_deref().unwrap_or(""),
-            )
+        match self.position_in_order(namespace, name) {
+            Some(found) => self.get(found),
+            None => self.iter().find(|object| order_key(&***object) == at),
         }
-        if let Ok(mut found) = self.binary_search_by(|object| key(&**object).cmp(&at)) {
-            while found > 0 && self.get(found - 1).is_some_and(|o| key(&**o) == at) {
-                found -= 1;
-            }
-            return self.get(found);
-        }
-        self.iter().find(|object| key(&***object) == at)
     }
+
+    /// Where the first object named `name` in `namespace` is, found by binary search in
+    /// the sources' order (namespace, then name); `None` also when the list is in another
+    /// order and the search misses it.
+    pub fn position_in_order(&self, namespace: Option<&str>, name: &str) -> Option<usize> {
+        let at = (namespace.unwrap_or(""), name);
+        let mut found = self
+            .binary_search_by(|object| order_key(&**object).cmp(&at))
+            .ok()?;
+        while found > 0 && self.get(found - 1).is_some_and(|o| order_key(&**o) == at) {
+            found -= 1;
+        }
+        Some(found)
+    }
+}
+
+/// The key the sources keep each list in order of: namespace (empty for none), then name.
+fn order_key<T: kube::Resource>(object: &T) -> (&str, &str) {
+    let meta = object.meta();
+    (
+        meta.namespace.as_deref().unwrap_or(""),
+        meta.name.as_deref().unwrap_or(""),
+    )
 }
 
 /// Reads an [`Objects`] by position, keeping the last chunk at hand.
@@ -597,14 +610,7 @@ impl ObjectCache {
 /// Puts `new` (one object at most: one API object's parse) where `at` (namespace, name)
 /// sorts in `list`, replacing the object there; with nothing new, takes that object out.
 fn place_in_list<T: kube::Resource>(list: &mut Objects<T>, at: (&str, &str), new: &Objects<T>) {
-    let found = list.binary_search_by(|object| {
-        let meta = object.meta();
-        let key = (
-            meta.namespace.as_deref().unwrap_or(""),
-            meta.name.as_deref().unwrap_or(""),
-        );
-        key.cmp(&at)
-    });
+    let found = list.binary_search_by(|object| order_key(&**object).cmp(&at));
     match (found, new.first()) {
         (Ok(index), Some(object)) => list[index] = Arc::clone(object),
         (Ok(index), None) => {
@@ -1002,13 +1008,8 @@ mod tests {
         let mut cache = ObjectCache::default();
         let mut model: BTreeMap<ObjectKey, ClusterState> = BTreeMap::new();
         let (mut seen_settings, mut seen_rejected, mut seen_both) = (false, false, false);
-        let mut seed = 7u64;
-        let mut next = |bound: u64| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            (seed >> 33) % bound
-        };
+        let mut rng = crate::test_rng::TestRng::new(7);
+        let mut next = |bound: u64| rng.below(bound);
         for step in 0..600 {
             let (plural, namespace) = match next(4) {
                 0 => ("nodes", ""),

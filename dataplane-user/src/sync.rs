@@ -363,6 +363,11 @@ fn same_but_labels(a: &Pod, b: &Pod) -> bool {
     bare(a) == bare(b)
 }
 
+/// An object's namespace (`default` when it has none) and name, as [`Changes`] keys them.
+pub(crate) fn object_key<T: Resource>(object: &T) -> (String, String) {
+    owned(key_of(object))
+}
+
 fn owned((namespace, name): (&str, &str)) -> ServiceName {
     (namespace.to_owned(), name.to_owned())
 }
@@ -373,7 +378,7 @@ fn now_by_key<T: Resource>(
 ) -> BTreeMap<(String, String), Option<Arc<T>>> {
     versions
         .into_iter()
-        .filter_map(|(a, b)| Some((owned(key_of(&**a.or(b)?)), b.cloned())))
+        .filter_map(|(a, b)| Some((object_key(&**a.or(b)?), b.cloned())))
         .collect()
 }
 
@@ -468,12 +473,12 @@ impl ServiceCache {
     fn index(&mut self, services: &Objects<Service>, slices: &Objects<EndpointSlice>) {
         self.objects = services
             .iter()
-            .map(|s| (owned(key_of(&**s)), Arc::clone(s)))
+            .map(|s| (object_key(&**s), Arc::clone(s)))
             .collect();
         self.slices.clear();
         self.slices_of.clear();
         for slice in slices {
-            self.add_slice(owned(key_of(&**slice)), slice);
+            self.add_slice(object_key(&**slice), slice);
         }
     }
 
@@ -652,13 +657,8 @@ mod tests {
     /// reorderings, single and many at once, in lists long enough to be trees.
     #[test]
     fn the_walk_of_two_lists_finds_what_matching_by_key_finds() {
-        let mut seed = 11u64;
-        let mut next = |n: usize| {
-            seed = seed
-                .wrapping_mul(6364136223846793005)
-                .wrapping_add(1442695040888963407);
-            ((seed >> 33) as usize) % n
-        };
+        let mut rng = crate::test_rng::TestRng::new(11);
+        let mut next = |n: usize| rng.below(n as u64) as usize;
         let namespace = |name: usize, version: usize| {
             let mut ns = Namespace::default();
             ns.metadata.name = Some(format!("ns-{name:05}"));

@@ -661,13 +661,8 @@ fn the_label_index_picks_what_a_scan_of_every_pod_picks() {
     use super::policy::{select_pods, selects};
 
     let mut pods = PolicyPods::default();
-    let mut seed = 11u64;
-    let mut next = |bound: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) % bound
-    };
+    let mut rng = crate::test_rng::TestRng::new(11);
+    let mut next = |bound: u64| rng.below(bound);
     let labels = namespaces();
     let everywhere = LabelSelector::default();
     let selector = |app: u64, tier: Option<u64>, not_tier: bool| LabelSelector {
@@ -765,13 +760,8 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
     let mut cache = PodRulesCache::default();
     let mut previous = BTreeMap::new();
     let mut changes = PolicyChanges::everything();
-    let mut seed = 5u64;
-    let mut next = |bound: u64| {
-        seed = seed
-            .wrapping_mul(6364136223846793005)
-            .wrapping_add(1442695040888963407);
-        (seed >> 33) % bound
-    };
+    let mut rng = crate::test_rng::TestRng::new(5);
+    let mut next = |bound: u64| rng.below(bound);
     for step in 0..200 {
         let cluster = PolicyCluster::new(&pods, &labels);
         let since = policy_sets_since(

@@ -133,13 +133,6 @@ pub fn merge(state: &mut ClusterState, records: &[PodStatusRecord]) {
 /// namespace and name, so a binary search finds it without indexing 150,000 pods at every
 /// sync; a pod it misses (no object yet, no namespace, a list in another order) is looked
 /// up in an index of every pod, made once at the first miss.
-fn pod_key(pod: &Pod) -> (&str, &str) {
-    (
-        pod.metadata.namespace.as_deref().unwrap_or(""),
-        pod.metadata.name.as_deref().unwrap_or(""),
-    )
-}
-
 #[derive(Default)]
 struct PodIndex {
     all: Option<std::collections::HashMap<(String, String), usize>>,
@@ -147,22 +140,20 @@ struct PodIndex {
 
 impl PodIndex {
     fn find(&mut self, pods: &Objects<Pod>, namespace: &str, name: &str) -> Option<usize> {
-        if let Ok(mut found) = pods.binary_search_by(|pod| pod_key(pod).cmp(&(namespace, name))) {
-            while found > 0 && pod_key(&pods[found - 1]) == (namespace, name) {
-                found -= 1;
-            }
+        if let Some(found) = pods.position_in_order(Some(namespace), name) {
             return Some(found);
         }
         self.all
             .get_or_insert_with(|| {
                 let mut all = std::collections::HashMap::new();
                 for (position, pod) in pods.iter().enumerate() {
-                    let (namespace, name) = pod_key(pod);
-                    let namespace = if namespace.is_empty() {
-                        "default"
-                    } else {
-                        namespace
-                    };
+                    let namespace = pod
+                        .metadata
+                        .namespace
+                        .as_deref()
+                        .filter(|n| !n.is_empty())
+                        .unwrap_or("default");
+                    let name = pod.metadata.name.as_deref().unwrap_or("");
                     all.entry((namespace.to_owned(), name.to_owned()))
                         .or_insert(position);
                 }

@@ -28,7 +28,7 @@ use crate::{
         policy::{PolicyPods, namespace_labels, selects},
     },
     model::NodeModel,
-    overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash_since, sync_lpm, sync_lpm_since},
+    overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash_since, sync_lpm_since},
     source::ClusterState,
 };
 
@@ -277,12 +277,12 @@ impl Dataplane {
         }
         let mut internal: LpmTrie<&mut MapData, Addr, u32> =
             self.typed_map(maps::EGRESS_INTERNAL)?;
-        match last {
-            Some(last) => {
-                sync_lpm_since(&mut internal, &desired.internal, &last.internal, &mut stats)
-            }
-            None => sync_lpm(&mut internal, &desired.internal, &mut stats),
-        }
+        sync_lpm_since(
+            &mut internal,
+            &desired.internal,
+            last.map(|l| &l.internal),
+            &mut stats,
+        )
         .map_err(sync_err(maps::EGRESS_INTERNAL))?;
         let mut ips: HashMap<&mut MapData, Addr, EgressHolder> =
             self.typed_map(maps::EGRESS_IPS)?;
