@@ -24,6 +24,12 @@ pub const REMOTE_PODS_V6: &str = "DP_OVL_REMOTE6";
 pub const NODE_ADDRS: &str = "DP_OVL_NODES";
 /// Hash: address of every local pod (16-byte form) -> [`crate::overlay::LocalPod`].
 pub const LOCAL_PODS: &str = "DP_OVL_PODS";
+/// Array of u64 (not pinned: a new program starts with every bit clear, which means "look"):
+/// destinations known to lie outside every pod network ([`crate::overlay::OUTSIDE_WORDS`]).
+pub const OUTSIDE: &str = "DP_OVL_OUTSIDE";
+/// Per-CPU array (not pinned): [`crate::overlay::RouteCacheEntry`] by
+/// [`crate::overlay::route_cache_slot`].
+pub const ROUTE_CACHE: &str = "DP_OVL_ROUTES";
 
 /// Hash: ifindex of a local pod's host-side veth -> [`crate::port::PodPort`], the addresses
 /// the pod may send as and be sent to (port security).

@@ -112,8 +112,71 @@ pub struct LocalPod {
     pub host_mac: [u8; 6],
 }
 
+/// Words of the bitmap of destinations known to lie outside every pod network (`OUTSIDE`):
+/// one bit per IPv4 /16, then one per 16-bit fold of an IPv6 address's first 32 bits. A set
+/// bit means no local pod and no remote pod subnet lies there, so a pod's packet to it needs
+/// neither lookup; a clear bit (the map as created, before an agent's first sync) means look.
+pub const OUTSIDE_WORDS: u32 = 2 * 65_536 / 64;
+
+/// The bit of the IPv4 /16 `a` lies in: `(word, mask)`.
+#[inline(always)]
+pub const fn outside_bit_v4(a: [u8; 4]) -> (u32, u64) {
+    outside_bit((a[0] as u32) << 8 | a[1] as u32)
+}
+
+/// The bit of an IPv6 address whose first four bytes are `a`: their two 16-bit halves folded
+/// by XOR (pod networks differ from the Internet's addresses in those bytes; a collision only
+/// costs the lookups).
+#[inline(always)]
+pub const fn outside_bit_v6(a: [u8; 4]) -> (u32, u64) {
+    outside_bit(65_536 + (((a[0] ^ a[2]) as u32) << 8 | (a[1] ^ a[3]) as u32))
+}
+
+#[inline(always)]
+const fn outside_bit(index: u32) -> (u32, u64) {
+    (index >> 6, 1u64 << (index & 63))
+}
+
+/// Slots of the per-CPU cache of underlay routes to tunnel endpoints (`ROUTE_CACHE`).
+pub const ROUTE_CACHE_SLOTS: u32 = 64;
+
+/// A CPU's copy of the route the kernel's FIB gave for a tunnel endpoint (value of
+/// `ROUTE_CACHE`), reused by the encapsulations of the same clock second: the lookup is a
+/// fifth of an encapsulation's time.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RouteCacheEntry {
+    /// The endpoint's underlay address (16-byte form), as four words of its bytes in order
+    /// (compared a word at a time).
+    pub addr: [u32; 4],
+    /// The end of the fill's clock second, in the flow clock's ticks: valid while the clock is
+    /// below it (so a route or neighbour change takes effect within a second).
+    pub until: u64,
+    /// The longest outer packet the route's MTU was checked for (0: none, only GSO packets,
+    /// which the stack segments, may use the entry).
+    pub fits_len: u32,
+    /// The device the route leaves by.
+    pub ifindex: u32,
+    /// `OverlayConfig::underlay_ifindex` at the fill (the lookup's input besides the address).
+    pub underlay_ifindex: u32,
+    /// 1: the next hop's MAC is `dmac`; 0: not resolved (sent by `bpf_redirect_neigh`).
+    pub resolved: u8,
+    pub dmac: [u8; 6],
+    pub smac: [u8; 6],
+    pub _pad: [u8; 7],
+}
+
+/// The route cache slot of an endpoint address from its last eight bytes, as two words
+/// (each four bytes in memory order): folded, then Fibonacci hashing.
+#[inline(always)]
+pub const fn route_cache_slot(third: u32, fourth: u32) -> u32 {
+    (third ^ fourth).wrapping_mul(0x9E37_79B9) >> 26
+}
+
 const _: () = {
     assert!(core::mem::size_of::<OverlayConfig>() == 48);
+    assert!(core::mem::size_of::<RouteCacheEntry>() == 56);
+    assert!(1 << (32 - 26) == ROUTE_CACHE_SLOTS);
     assert!(core::mem::size_of::<TunnelEndpoint>() == 20);
     assert!(core::mem::size_of::<LocalPod>() == 16);
     assert!(core::mem::align_of::<OverlayConfig>() == 4);

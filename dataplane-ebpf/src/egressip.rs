@@ -259,17 +259,19 @@ fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(i32, Option<PacketClass
     if holder.flags & EGRESS_HELD_HERE != 0 {
         return translate_out(ctx, parsed, w);
     }
-    reroute(ctx, holder)
+    reroute(ctx, parsed, holder)
 }
 
 /// Carries a pod's packet through Geneve to the node holding its egress address.
 #[inline(always)]
 fn reroute(
     ctx: &TcContext,
+    parsed: &Parsed,
     holder: &EgressHolder,
 ) -> Result<(i32, Option<PacketClass>), DropReason> {
     let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
-    let verdict = overlay::encapsulate(ctx, config, &holder.node).into_value()? as i32;
+    let hash = overlay::inner_flow_hash(ctx, parsed);
+    let verdict = overlay::encapsulate(ctx, config, &holder.node, hash).into_value()? as i32;
     Ok((verdict, Some(PacketClass::EgressRerouted)))
 }
 

@@ -467,6 +467,15 @@ fn dnat(
     Ok(Some(PacketClass::ServiceDnat))
 }
 
+/// Whether the load-balancer may have work for a packet: its destination port is some
+/// service's, or its source port some backend's (a reply). Two inlined array reads; a
+/// packet of neither skips the stage and the flow cache, which would find nothing.
+#[inline(always)]
+pub fn may_be_service(parsed: &Parsed) -> bool {
+    port_marked(SERVICE_PORTS_BASE, parsed.dst_port)
+        || port_marked(BACKEND_PORTS_BASE, parsed.src_port)
+}
+
 /// Whether `port` is marked in the bitmap at `base` (a service port or a backend port).
 #[inline(always)]
 fn port_marked(base: u32, port_be: [u8; 2]) -> bool {

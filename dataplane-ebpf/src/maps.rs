@@ -187,6 +187,19 @@ pub static SCRATCH: PerCpuArray<[u8; ENCAP_SCRATCH_LEN]> = PerCpuArray::with_max
 pub static ADDR_SCRATCH: PerCpuArray<aya_ebpf::maps::lpm_trie::Key<[u8; 16]>> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// Destinations known to lie outside every pod network, one bit per IPv4 /16 or folded IPv6
+/// prefix (`dataplane_common::overlay::outside_bit_v4`). Not pinned: written by each agent's
+/// overlay sync; all clear (look up everything) until then.
+#[map(name = "DP_OVL_OUTSIDE")]
+pub static OUTSIDE: aya_ebpf::maps::Array<u64> =
+    aya_ebpf::maps::Array::with_max_entries(dataplane_common::overlay::OUTSIDE_WORDS, 0);
+
+/// Per-CPU copies of the underlay routes to tunnel endpoints, valid within a clock second.
+/// Not pinned: a cache.
+#[map(name = "DP_OVL_ROUTES")]
+pub static ROUTE_CACHE: PerCpuArray<dataplane_common::overlay::RouteCacheEntry> =
+    PerCpuArray::with_max_entries(dataplane_common::overlay::ROUTE_CACHE_SLOTS, 0);
+
 /// Per-CPU room for the FIB lookup parameters of the encapsulation. Not pinned.
 #[map(name = "DP_FIB_SCRATCH")]
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =

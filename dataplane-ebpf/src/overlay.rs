@@ -29,8 +29,8 @@ use aya_ebpf::{
         xdp_action,
     },
     helpers::{
-        bpf_fib_lookup, bpf_get_hash_recalc, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
-        bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
+        bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer, bpf_skb_adjust_room,
+        bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
     },
     maps::lpm_trie::Key,
     programs::{TcContext, XdpContext},
@@ -41,17 +41,19 @@ use dataplane_common::{
     overlay::{
         Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
         GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OverlayConfig, TUNNEL_VXLAN, TunnelEndpoint,
+        OVERLAY_HAS_IPV6, OverlayConfig, RouteCacheEntry, TUNNEL_VXLAN, TunnelEndpoint,
+        outside_bit_v4, outside_bit_v6, route_cache_slot,
     },
 };
 
 use crate::{
+    clock::clock,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped, zero},
     csum::write_ipv4,
     hybrid, icmp,
     maps::{
-        ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OVERLAY_CONFIG,
-        REMOTE_PODS_V4, REMOTE_PODS_V6, SCRATCH,
+        ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OUTSIDE,
+        OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6, ROUTE_CACHE, SCRATCH,
     },
     parse::{IPPROTO_UDP, Packet, read},
     stage::Stage,
@@ -168,7 +170,8 @@ fn deliver(
         let verdict = icmp::too_big(ctx, ipv6, mtu, config).into_value()? as i32;
         return Ok(Some((verdict, PacketClass::TooBigAnswered)));
     }
-    let verdict = encapsulate(ctx, config, endpoint).into_value()? as i32;
+    let hash = inner_flow_hash(ctx, parsed);
+    let verdict = encapsulate(ctx, config, endpoint, hash).into_value()? as i32;
     let class = if vxlan {
         PacketClass::VxlanEncap
     } else {
@@ -247,15 +250,18 @@ pub(crate) fn encapsulate(
     ctx: &TcContext,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
+    hash: u32,
 ) -> Stage {
-    Stage::value(wrap(ctx, config, endpoint).map(|verdict| verdict as u32))
+    Stage::value(wrap(ctx, config, endpoint, hash).map(|verdict| verdict as u32))
 }
 
+/// `hash`: the inner flow's ([`inner_flow_hash`]), for the outer source port and flow label.
 #[inline(always)]
 fn wrap(
     ctx: &TcContext,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
+    hash: u32,
 ) -> Result<i32, DropReason> {
     let ipv6 = endpoint.family == FAMILY_IPV6;
     let vxlan = endpoint.kind == TUNNEL_VXLAN;
@@ -298,35 +304,16 @@ fn wrap(
     // SAFETY: reading a field of our own context.
     let gso_size = unsafe { (*ctx.skb.skb).gso_size };
     let mtu_checked_len = if gso_size != 0 { 0 } else { outer_len };
-    let fib = FIB_SCRATCH
-        .get_ptr_mut(0)
+    let slot = tunnel_route(ctx, config, endpoint, mtu_checked_len).into_value()?;
+    let route = ROUTE_CACHE
+        .get(slot)
         .ok_or(DropReason::OverlayEncapFailed)?;
-    // SAFETY: per-CPU map memory, used only by this program invocation.
-    let fib = unsafe { &mut *fib };
-    fill_fib_params(fib, config, endpoint, mtu_checked_len);
-    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            fib,
-            core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
-        )
-    } as u32;
-    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
-        return Err(DropReason::OverlayMtuExceeded);
-    }
-    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
-        return Err(DropReason::OverlayNoRoute);
-    }
     // Spread flows over ECMP paths and receive queues: the source port follows the inner flow.
-    // SAFETY: plain helper call on our own context.
-    let hash = unsafe { bpf_get_hash_recalc(ctx.skb.skb) };
     let source_port = 0xC000u16 | (hash as u16 & 0x3FFF);
 
     let written = if ipv6 {
         let udp_len = (outer_len - 40) as u16;
-        write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IPV6);
+        write_ethernet(block, &route.dmac, &route.smac, ETH_P_IPV6);
         write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
         write_udp_geneve(
             block,
@@ -352,7 +339,7 @@ fn wrap(
             endpoint.addr[14],
             endpoint.addr[15],
         ];
-        write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IP);
+        write_ethernet(block, &route.dmac, &route.smac, ETH_P_IP);
         // DF set: the overlay answers oversize packets itself rather than letting the
         // underlay fragment.
         write_ipv4(
@@ -417,19 +404,185 @@ fn wrap(
             return Err(DropReason::OverlayEncapFailed);
         }
     }
-    let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
+    let verdict = if route.resolved != 0 {
         // SAFETY: plain helper call.
-        unsafe { bpf_redirect(fib.ifindex, 0) }
+        unsafe { bpf_redirect(route.ifindex, 0) }
     } else {
         // The next hop's MAC is not resolved yet: let the kernel resolve it (and queue the
         // packet meanwhile) instead of dropping the first packets of every flow.
         // SAFETY: a null parameter block asks the kernel to do its own FIB lookup.
-        unsafe { bpf_redirect_neigh(fib.ifindex, core::ptr::null_mut(), 0, 0) }
+        unsafe { bpf_redirect_neigh(route.ifindex, core::ptr::null_mut(), 0, 0) }
     };
     if verdict != TC_ACT_REDIRECT as i64 {
         return Err(DropReason::OverlayNoRoute);
     }
     Ok(TC_ACT_REDIRECT)
+}
+
+/// The route to `endpoint` for an outer packet of `len` bytes (0: a GSO packet, not checked
+/// against the route's MTU): this CPU's copy from the same clock second when it was checked
+/// for at least `len` bytes, else the kernel's FIB lookup, copied. An unresolved next hop is
+/// copied as such (`resolved` 0: `bpf_redirect_neigh` resolves it, the kernel's own lookup).
+/// The lookup is made before the packet is touched, so a failure leaves it intact.
+/// A subprogram, whose value is the entry's slot: inlined, its values crowded the
+/// encapsulation's registers and took its stack from 128 to 224 bytes.
+#[inline(never)]
+fn tunnel_route(
+    ctx: &TcContext,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    len: u32,
+) -> Stage {
+    Stage::value(route_slot(ctx, config, endpoint, len))
+}
+
+#[inline(always)]
+fn route_slot(
+    ctx: &TcContext,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    len: u32,
+) -> Result<u32, DropReason> {
+    let slot = route_cache_slot(
+        address_word(&endpoint.addr, 2),
+        address_word(&endpoint.addr, 3),
+    );
+    if let Some(entry) = ROUTE_CACHE.get(slot)
+        && current_route(entry, config, endpoint)
+        && len <= entry.fits_len
+    {
+        return Ok(slot);
+    }
+    let fib = FIB_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::OverlayEncapFailed)?;
+    // SAFETY: per-CPU map memory, used only by this program invocation.
+    let fib = unsafe { &mut *fib };
+    fill_fib_params(fib, config, endpoint, len);
+    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            fib,
+            core::mem::size_of::<FibParams>() as i32,
+            BPF_FIB_LOOKUP_OUTPUT,
+        )
+    } as u32;
+    if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
+        return Err(DropReason::OverlayMtuExceeded);
+    }
+    if rc != BPF_FIB_LKUP_RET_SUCCESS && rc != BPF_FIB_LKUP_RET_NO_NEIGH {
+        return Err(DropReason::OverlayNoRoute);
+    }
+    // Looked up again rather than kept across the call: fewer values for the stack.
+    let entry = ROUTE_CACHE
+        .get_ptr_mut(slot)
+        .ok_or(DropReason::OverlayEncapFailed)?;
+    // SAFETY: this CPU's slot, written only by this CPU's program runs.
+    let entry = unsafe { &mut *entry };
+    // A longer packet's check of the same second covers the shorter ones checked before.
+    if !current_route(entry, config, endpoint) || entry.fits_len < len {
+        entry.fits_len = len;
+    }
+    let (ticks, per_second) = clock();
+    let mut i = 0;
+    while i < 4 {
+        entry.addr[i] = address_word(&endpoint.addr, i);
+        i += 1;
+    }
+    entry.until = (ticks / per_second + 1) * per_second;
+    entry.ifindex = fib.ifindex;
+    entry.underlay_ifindex = config.underlay_ifindex;
+    entry.resolved = (rc == BPF_FIB_LKUP_RET_SUCCESS) as u8;
+    // SAFETY: six bytes each, distinct memory.
+    unsafe {
+        copy_bytes::<6>(entry.dmac.as_mut_ptr(), fib.dmac.as_ptr());
+        copy_bytes::<6>(entry.smac.as_mut_ptr(), fib.smac.as_ptr());
+    }
+    Ok(slot)
+}
+
+/// Whether `entry` is this CPU's copy of the route to `endpoint`, filled in this clock second
+/// for the same underlay device.
+#[inline(always)]
+fn current_route(
+    entry: &RouteCacheEntry,
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+) -> bool {
+    let mut i = 0;
+    while i < 4 {
+        if entry.addr[i] != address_word(&endpoint.addr, i) {
+            return false;
+        }
+        i += 1;
+    }
+    clock().0 < entry.until && entry.underlay_ifindex == config.underlay_ifindex
+}
+
+/// The `i`th four bytes of an address as a word (the bytes in their order in memory). Read
+/// volatile: LLVM would otherwise keep the bytes it read for one use for the next, spilling
+/// them across the calls in between (64 more bytes of stack).
+#[inline(always)]
+fn address_word(addr: &Addr, i: usize) -> u32 {
+    let at = addr.as_ptr();
+    // SAFETY: `i < 4`, within the 16 bytes.
+    let byte = |k: usize| unsafe { core::ptr::read_volatile(at.add(4 * i + k)) };
+    u32::from_ne_bytes([byte(0), byte(1), byte(2), byte(3)])
+}
+
+/// A hash of the inner flow (addresses, ports, protocol; the same both ways), for the outer
+/// UDP source port: the kernel's own (`bpf_get_hash_recalc`) runs the flow dissector and
+/// SipHash, about a fifth of an encapsulation's time. `parsed` is an untagged IP packet's.
+#[inline(always)]
+pub fn inner_flow_hash(ctx: &TcContext, parsed: &Parsed) -> u32 {
+    let mut fold = u32::from_ne_bytes([
+        parsed.src_port[0] ^ parsed.dst_port[0],
+        parsed.src_port[1] ^ parsed.dst_port[1],
+        parsed.protocol,
+        0,
+    ]);
+    if parsed.ether_type == ETH_P_IPV6 {
+        if let Some(words) = read::<[u32; 8]>(ctx, ETH_LEN + 8) {
+            let mut i = 0;
+            while i < 8 {
+                fold ^= words[i];
+                i += 1;
+            }
+        }
+    } else if let Some([src, dst]) = read::<[u32; 2]>(ctx, ETH_LEN + 12) {
+        fold ^= src ^ dst;
+    }
+    // The murmur3 finalizer: every input bit reaches every output bit.
+    fold ^= fold >> 16;
+    fold = fold.wrapping_mul(0x85eb_ca6b);
+    fold ^= fold >> 13;
+    fold = fold.wrapping_mul(0xc2b2_ae35);
+    fold ^ (fold >> 16)
+}
+
+/// Whether a packet's destination is known to lie outside every pod network, this node's
+/// pods and every remote pod subnet (`OUTSIDE`, kept by the agent): then neither local
+/// delivery nor the overlay applies, and their lookups are skipped. `false` when unknown.
+#[inline(always)]
+pub fn outside_pod_networks(ctx: &TcContext, parsed: &Parsed) -> bool {
+    if parsed.l3_offset != ETH_LEN {
+        return false;
+    }
+    let (word, bit) = if parsed.ether_type == ETH_P_IP {
+        match read::<[u8; 4]>(ctx, ETH_LEN + 16) {
+            Some(dst) => outside_bit_v4(dst),
+            None => return false,
+        }
+    } else if parsed.ether_type == ETH_P_IPV6 {
+        match read::<[u8; 4]>(ctx, ETH_LEN + 24) {
+            Some(dst) => outside_bit_v6(dst),
+            None => return false,
+        }
+    } else {
+        return false;
+    };
+    OUTSIDE.get(word).is_some_and(|w| *w & bit != 0)
 }
 
 #[inline(always)]

@@ -55,7 +55,10 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // makes the rest unnecessary on a hit: the common IPv4 case without a call. A hit needs
     // the veth and source MAC of the packet that filled the entry: one port security passed.
     let controlled = acl::active();
-    if !controlled && let Some(done) = lb::cache::replay_plain_v4(&ctx, parsed) {
+    if !controlled
+        && lb::may_be_service(parsed)
+        && let Some(done) = lb::cache::replay_plain_v4(&ctx, parsed)
+    {
         return match done {
             Ok((verdict, translation)) => {
                 count_replayed(translation);
@@ -90,7 +93,9 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // (the second half would only do the same, after a tail call and the hand-over of the
     // parse result), and the other service flows' packets try the flow cache.
     let direct = (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !controlled;
-    if direct {
+    // After the fragment stage: a later fragment's ports are its first's.
+    let service = lb::may_be_service(parsed);
+    if direct && service {
         match lb::cache::replay(&ctx, parsed) {
             Ok(Some((verdict, translation))) => {
                 count_replayed(translation);
@@ -105,7 +110,12 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     }
     let mut reply = 0;
     let mut translated = false;
-    match lb::from_pod(&ctx, parsed).result() {
+    let balanced = if service {
+        lb::from_pod(&ctx, parsed).result()
+    } else {
+        Ok(None)
+    };
+    match balanced {
         Ok(Some((routed, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
             // The load-balancer routed the packet out itself: its verdict, plus one.
@@ -126,7 +136,14 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
         }
     }
     let mut not_local = false;
-    if direct {
+    if direct && overlay::outside_pod_networks(&ctx, parsed) {
+        // Neither a pod here nor a remote pod subnet: the second half would only let it go
+        // (after the tail call and its lookups), unless an egress IP may apply to its pod.
+        if !egressip::pods_selected() {
+            return TC_ACT_OK;
+        }
+        not_local = true;
+    } else if direct {
         match overlay::local_pod(&ctx, parsed) {
             Ok((pod, epoch)) => {
                 if translated {

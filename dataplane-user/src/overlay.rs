@@ -12,9 +12,9 @@ use dataplane_common::{
     maps,
     overlay::{
         Addr, DEFAULT_NETWORK_VNI, ENCAP_OVERHEAD_V6, FAMILY_IPV4, FAMILY_IPV6,
-        GENEVE_DEFAULT_PORT, LocalPod, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
-        OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TUNNEL_GENEVE, TunnelEndpoint,
-        VXLAN_PORT, ipv4_mapped,
+        GENEVE_DEFAULT_PORT, LocalPod, OUTSIDE_WORDS, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED,
+        OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TUNNEL_GENEVE,
+        TunnelEndpoint, VXLAN_PORT, ipv4_mapped, outside_bit_v4, outside_bit_v6,
     },
     port::PodPort,
 };
@@ -445,6 +445,20 @@ impl Dataplane {
                 });
             }
         }
+        // The destinations known to lie outside the pod networks lose what becomes a pod
+        // network before its pods and routes are written, and gain what stops being one only
+        // after: a packet is never let go past a pod or subnet that is in the maps.
+        let wanted_outside = outside_words(desired);
+        let current_outside = match last {
+            Some(last) => outside_words(last),
+            None => self.read_outside()?,
+        };
+        let narrowed: Vec<u64> = current_outside
+            .iter()
+            .zip(&wanted_outside)
+            .map(|(have, want)| have & want)
+            .collect();
+        stats.written += self.write_outside(&current_outside, &narrowed)?;
         // A pod's port-security record before its addresses: nothing is delivered to a pod, or
         // judged from it, that port security does not know.
         let mut ports: HashMap<&mut MapData, u32, PodPort> = self.typed_map(maps::POD_PORTS)?;
@@ -487,6 +501,8 @@ impl Dataplane {
         )
         .map_err(sync_err(maps::REMOTE_PODS_V6))?;
 
+        stats.written += self.write_outside(&narrowed, &wanted_outside)?;
+
         let mut config: Array<&mut MapData, OverlayConfig> =
             self.typed_map(maps::OVERLAY_CONFIG)?;
         let current = config.get(&0, 0).map_err(sync_err(maps::OVERLAY_CONFIG))?;
@@ -503,6 +519,76 @@ impl Dataplane {
         }
         Ok(stats)
     }
+}
+
+impl Dataplane {
+    /// The kernel's `OUTSIDE` bitmap, word by word.
+    fn read_outside(&mut self) -> Result<Vec<u64>, AgentError> {
+        let map: Array<&mut MapData, u64> = self.typed_map(maps::OUTSIDE)?;
+        (0..OUTSIDE_WORDS)
+            .map(|i| map.get(&i, 0))
+            .collect::<Result<_, _>>()
+            .map_err(|source| AgentError::Map {
+                name: maps::OUTSIDE.into(),
+                action: "read",
+                source,
+            })
+    }
+
+    /// Writes the words of `wanted` that differ from `have`; returns how many.
+    fn write_outside(&mut self, have: &[u64], wanted: &[u64]) -> Result<usize, AgentError> {
+        let mut map: Array<&mut MapData, u64> = self.typed_map(maps::OUTSIDE)?;
+        let mut written = 0;
+        for (index, (have, want)) in have.iter().zip(wanted).enumerate() {
+            if have != want {
+                map.set(index as u32, *want, 0)
+                    .map_err(|source| AgentError::Map {
+                        name: maps::OUTSIDE.into(),
+                        action: "write",
+                        source,
+                    })?;
+                written += 1;
+            }
+        }
+        Ok(written)
+    }
+}
+
+/// The `OUTSIDE` bitmap `maps` call for: every bit set but those of the local pods' addresses
+/// and of the remote pod subnets (each /16 an IPv4 subnet spans; an IPv6 subnet shorter than
+/// /32, whose prefixes the bitmap's fold cannot list, clears every IPv6 bit).
+pub fn outside_words(maps: &OverlayMaps) -> Vec<u64> {
+    let mut words = vec![u64::MAX; OUTSIDE_WORDS as usize];
+    let mut clear = |(word, bit): (u32, u64)| words[word as usize] &= !bit;
+    for addr in maps.local_pods.keys() {
+        match ip_of(addr) {
+            IpAddr::V4(v4) => clear(outside_bit_v4(v4.octets())),
+            IpAddr::V6(v6) => clear(outside_bit_v6(first_four(&v6.octets()))),
+        }
+    }
+    for &(prefix_len, network) in maps.remote_v4.keys() {
+        let spanned: u32 = 1 << 16u32.saturating_sub(prefix_len);
+        let first = (u32::from_be_bytes(network) >> 16) & !(spanned - 1);
+        for high in first..first + spanned {
+            clear(outside_bit_v4((high << 16).to_be_bytes()));
+        }
+    }
+    let mut all_ipv6 = false;
+    for (prefix_len, network) in maps.remote_v6.keys() {
+        if *prefix_len < 32 {
+            all_ipv6 = true;
+        } else {
+            clear(outside_bit_v6(first_four(network)));
+        }
+    }
+    if all_ipv6 {
+        words[OUTSIDE_WORDS as usize / 2..].fill(0);
+    }
+    words
+}
+
+fn first_four(addr: &Addr) -> [u8; 4] {
+    [addr[0], addr[1], addr[2], addr[3]]
 }
 
 /// Makes a hash map keyed by address hold exactly `desired`: new and changed entries first,
@@ -621,6 +707,63 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("valid address")
+    }
+
+    /// Whether `OUTSIDE` says a destination is outside every pod network.
+    fn outside(words: &[u64], addr: &str) -> bool {
+        let (word, bit) = match ip(addr) {
+            IpAddr::V4(v4) => outside_bit_v4(v4.octets()),
+            IpAddr::V6(v6) => outside_bit_v6(first_four(&v6.octets())),
+        };
+        words[word as usize] & bit != 0
+    }
+
+    #[test]
+    fn outside_bitmap_never_covers_a_pod_or_a_remote_subnet() {
+        let mut maps = OverlayMaps::default();
+        let endpoint = endpoint(ip("192.168.0.2"));
+        maps.local_pods
+            .insert(addr16(ip("10.244.1.3")), LocalPod::default());
+        maps.local_pods
+            .insert(addr16(ip("fd00:10:244:1::3")), LocalPod::default());
+        maps.remote_v4.insert((24, [10, 245, 7, 0]), endpoint);
+        // Shorter than the bitmap's /16: every /16 it spans (a hybrid cluster network).
+        maps.remote_v4.insert((14, [172, 16, 0, 0]), endpoint);
+        let v6_subnet: Ipv6Addr = "fd00:20:244:2::".parse().expect("address");
+        maps.remote_v6.insert((64, v6_subnet.octets()), endpoint);
+        let words = outside_words(&maps);
+        for inside in [
+            "10.244.1.3",
+            "10.244.200.1",
+            "10.245.7.9",
+            "172.16.0.1",
+            "172.19.255.254",
+            "fd00:10:244:1::3",
+            "fd00:20:244:2::9",
+        ] {
+            assert!(!outside(&words, inside), "{inside} must be looked up");
+        }
+        for far in [
+            "192.0.2.1",
+            "10.243.0.1",
+            "172.20.0.1",
+            "8.8.8.8",
+            "2001:db8::1",
+        ] {
+            assert!(outside(&words, far), "{far} is known to be outside");
+        }
+        // The only clear bits: two IPv4 /16s (10.244, 10.245), the four of 172.16.0.0/14, and
+        // two IPv6 folds.
+        let clear: u32 = words.iter().map(|w| w.count_zeros()).sum();
+        assert_eq!(clear, 2 + 4 + 2);
+        // An IPv6 subnet shorter than /32 cannot be listed: every IPv6 destination is looked up.
+        maps.remote_v6.insert(
+            (24, [0xfd, 0, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+            endpoint,
+        );
+        let words = outside_words(&maps);
+        assert!(!outside(&words, "2001:db8::1"));
+        assert!(outside(&words, "192.0.2.1"));
     }
 
     #[test]

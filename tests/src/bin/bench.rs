@@ -23,6 +23,10 @@ struct Args {
     singles: u32,
     #[arg(long)]
     json: bool,
+    /// Run only the cases whose packet names contain this text (and the empty programs):
+    /// for profiling one path with `perf`.
+    #[arg(long)]
+    only: Option<String>,
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -174,6 +178,11 @@ fn main() -> anyhow::Result<()> {
     hybrid_bed::set_hybrid(&mut bed, Some(hybrid_bed::hybrid_view(4789, true)))?;
     let fixture = &mut bed.fixture;
     let mut cases = cases();
+    if let Some(only) = &args.only {
+        cases.retain(|c| {
+            c.program == PROG_BASELINE || c.program == PROG_TC_BASELINE || c.class.contains(only)
+        });
+    }
     // What is timed must be the path named: the tunnel cases must wrap or unwrap their packet.
     for case in cases
         .iter()
