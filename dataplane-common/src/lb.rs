@@ -61,6 +61,13 @@ pub const CT_TIMEOUT_CLOSING: u32 = 10;
 /// to a local socket must never look like a reply of a masqueraded flow.
 pub const SNAT_PORT_MIN: u16 = 61_000;
 pub const SNAT_PORT_MAX: u16 = 65_535;
+/// More masquerade source ports, below the kernel's default ephemeral range (reserved by the
+/// agent too), for flows to a backend in another node's pod subnet: the node's gateway
+/// masquerade (pods to outside the cluster, ports 1024-60999) never goes there, so no tuple
+/// can collide. With the range above alone, at most about 450 new connections a second to
+/// one backend could be masqueraded (each port is held 10 s after its flow closes).
+pub const SNAT_LOW_PORT_MIN: u16 = 1_024;
+pub const SNAT_LOW_PORT_MAX: u16 = 32_767;
 
 /// `ServiceKey::scope`: reached from a pod (ClusterIP, external and load-balancer IPs).
 pub const SCOPE_CLUSTER: u8 = 0;

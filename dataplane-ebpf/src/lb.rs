@@ -30,8 +30,9 @@ use dataplane_common::{
         BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
         CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey,
         CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN,
-        ServiceValue, backend_slot, flow_hash, maglev_slot, port_bit, sctp::port_rewrite_delta,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN,
+        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceValue, backend_slot, flow_hash, maglev_slot, port_bit,
+        sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -60,6 +61,7 @@ pub mod xdp;
 
 const ETH_LEN: usize = 14;
 const ETH_P_IP: u16 = 0x0800;
+const ETH_P_IPV6: u16 = 0x86DD;
 /// SCTP chunk types that open and end an association (RFC 9260, 3.2).
 const SCTP_INIT: u8 = 1;
 const SCTP_ABORT: u8 = 6;
@@ -717,9 +719,10 @@ fn set_reply_key(s: &mut LbScratch, port: [u8; 2]) {
 }
 
 /// Claims a source port for a masqueraded flow by inserting its reply entry (`s.reply_entry`)
-/// under the reply key only if no flow holds that key (atomic: `BPF_NOEXIST`; entries of
-/// ended flows leave as the LRU map evicts them): up to four ports of the reserved range
-/// (`SNAT_PORT_MIN..=SNAT_PORT_MAX`), spread by the flow.
+/// under the reply key only if no flow holds that key (atomic: `BPF_NOEXIST`), or by taking
+/// over the entry of an ended flow there (closed 10 s ago, or idle past its timeout; two CPUs
+/// taking over the same ended entry in the same instant is not excluded): up to four ports of
+/// the reserved range (`SNAT_PORT_MIN..=SNAT_PORT_MAX`), spread by the flow.
 #[inline(never)]
 fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Stage {
     Stage::value(
@@ -731,20 +734,50 @@ fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Stage {
 
 #[inline(always)]
 fn claimed_port(s: &mut LbScratch, backend_id: u32) -> Option<u16> {
-    const RANGE: u32 = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
+    const HIGH: u32 = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
+    const LOW: u32 = (SNAT_LOW_PORT_MAX - SNAT_LOW_PORT_MIN) as u32 + 1;
+    // The wrap below relies on the high range ending at 65535.
+    const { assert!(SNAT_PORT_MAX == u16::MAX) };
+    // The low range only towards a pod subnet of another node (`SNAT_LOW_PORT_MIN`).
+    let ether_type = if s.ipv4 != 0 { ETH_P_IP } else { ETH_P_IPV6 };
+    let range = if overlay::remote_endpoint(ether_type, &s.new_addr).is_some() {
+        HIGH + LOW
+    } else {
+        HIGH
+    };
     let a = s.flow.src;
     let client = u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
     let port = u16::from_ne_bytes(s.flow.src_port_be) as u32;
     let seed = (client ^ port << 16 ^ backend_id.rotate_left(8)).wrapping_mul(0x9e37_79b1);
     for attempt in 0..SNAT_PORT_ATTEMPTS {
-        let offset = seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % RANGE;
-        let port = SNAT_PORT_MIN + offset as u16;
+        let offset = seed.wrapping_add(attempt.wrapping_mul(0x6a09_e667)) % range;
+        // Offsets past the high range wrap past 65535 into the low one, without a branch
+        // (each would double the paths the verifier walks through the attempts).
+        let past = SNAT_PORT_MIN as u32 + offset;
+        let port = ((past + (past >> 16) * SNAT_LOW_PORT_MIN as u32) & 0xFFFF) as u16;
         set_reply_key(s, port.to_be_bytes());
         if LB_CT
             .insert(&s.reply, &s.reply_entry, BPF_NOEXIST as u64)
             .is_ok()
         {
             return Some(port);
+        }
+        // Held by a flow that has ended (closed, or idle past its timeout): taken over, in
+        // place. Waiting for the LRU map to evict it kept short connections' ports for good,
+        // and a client retrying from the same port tried the same taken ports every time.
+        if let Some(held) = LB_CT.get_ptr_mut(&s.reply) {
+            // SAFETY: a valid map value pointer for this program run.
+            let held = unsafe { &mut *held };
+            if expired(held, s.flow.protocol, s.reply_entry.last_seen) {
+                // SAFETY: both are whole `CtValue`s, distinct memory.
+                unsafe {
+                    copy_bytes::<{ core::mem::size_of::<CtValue>() }>(
+                        (held as *mut CtValue).cast(),
+                        (&s.reply_entry as *const CtValue).cast(),
+                    )
+                };
+                return Some(port);
+            }
         }
     }
     None

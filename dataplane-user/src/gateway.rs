@@ -6,7 +6,8 @@
 //! It is an nftables table the agent owns (`inet dataplane_gateway`), replaced whole in one
 //! transaction when the cluster's networks or nodes change. Conntrack then un-NATs the
 //! replies. Ports 61000-65535 of the node are left to the load-balancer's own masquerade
-//! (`dataplane_common::lb::SNAT_PORT_MIN`), which conntrack does not see.
+//! (`dataplane_common::lb::SNAT_PORT_MIN`), which conntrack does not see; its low range
+//! (1024-32767) only ever goes to other nodes' pods, where this table never sends.
 
 use std::{io::Write as _, net::IpAddr, process::Command};
 

@@ -24,8 +24,8 @@ use dataplane_common::{
         AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, AffinityKey,
         AffinityValue, BACKEND_PORTS_BASE, Backend, MAGLEV_TABLE_SIZE, MAX_BACKENDS_PER_SERVICE,
         MaglevTable, MemberKey, NODEPORT_ANY_V4, PORT_BITMAP_WORDS, SCOPE_CLUSTER, SCOPE_EXTERNAL,
-        SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
-        backend_slot, next_backend_id, port_bit,
+        SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX,
+        SNAT_PORT_MIN, ServiceKey, ServiceValue, backend_slot, next_backend_id, port_bit,
     },
     maps::{self, MAX_AFFINITY_MEMBERS},
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
@@ -1283,9 +1283,10 @@ impl Dataplane {
 /// The node's list of ports its own sockets never get as ephemeral ports.
 const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 
-/// Reserves the masquerade source ports (`SNAT_PORT_MIN..=SNAT_PORT_MAX`) on this node, so no
-/// local connection to a backend ever shares its ports with a masqueraded flow (its replies
-/// would be taken for that flow's). Ports reserved by others stay reserved.
+/// Reserves the masquerade source ports (`SNAT_PORT_MIN..=SNAT_PORT_MAX` and
+/// `SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX`) on this node, so no local connection to a backend
+/// ever shares its ports with a masqueraded flow (its replies would be taken for that flow's),
+/// whatever ephemeral range the node is given. Ports reserved by others stay reserved.
 pub fn reserve_snat_ports() -> Result<(), AgentError> {
     let io = |action| {
         move |source| AgentError::Io {
@@ -1302,8 +1303,8 @@ pub fn reserve_snat_ports() -> Result<(), AgentError> {
     Ok(())
 }
 
-/// The reserved-ports list (`22,1000-2000`) with the masquerade range added, or `None` when it
-/// already covers every port of it.
+/// The reserved-ports list (`22,1000-2000`) with each masquerade range it does not cover
+/// whole added, or `None` when it covers them all.
 fn with_snat_ports(current: &str) -> Option<String> {
     let ranges: Vec<(u16, u16)> = current
         .trim()
@@ -1318,14 +1319,25 @@ fn with_snat_ports(current: &str) -> Option<String> {
             .iter()
             .any(|&(low, high)| (low..=high).contains(&port))
     };
-    if (SNAT_PORT_MIN..=SNAT_PORT_MAX).all(covered) {
+    let missing: Vec<String> = [
+        (SNAT_LOW_PORT_MIN, SNAT_LOW_PORT_MAX),
+        (SNAT_PORT_MIN, SNAT_PORT_MAX),
+    ]
+    .into_iter()
+    .filter(|&(low, high)| !(low..=high).all(covered))
+    .map(|(low, high)| format!("{low}-{high}"))
+    .collect();
+    if missing.is_empty() {
         return None;
     }
-    let range = format!("{SNAT_PORT_MIN}-{SNAT_PORT_MAX}");
-    Some(match current.trim() {
-        "" => range,
-        existing => format!("{existing},{range}"),
-    })
+    let existing = current.trim();
+    Some(
+        std::iter::once(existing)
+            .filter(|e| !e.is_empty())
+            .chain(missing.iter().map(String::as_str))
+            .collect::<Vec<_>>()
+            .join(","),
+    )
 }
 
 #[cfg(test)]

@@ -7,6 +7,7 @@
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
 //! - [`netns`]: a namespace entered by the current thread only (route lookups in test runs);
 //! - [`multicast_bed`]: group members and senders with real sockets in pods;
+//! - [`request_response`]: TCP round trips and short connections timed between pods;
 //! - [`scapy`]: the independent Geneve encoder/decoder;
 //! - [`service_bed`]: echoing service backends and clients in pods;
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
@@ -24,6 +25,7 @@ pub mod overlay_bed;
 pub mod packets;
 pub mod podman;
 pub mod privileged;
+pub mod request_response;
 pub mod scapy;
 pub mod service_bed;
 pub mod topology;

@@ -944,3 +944,47 @@ fn checked(out: Output, place: &str, args: &[&str]) -> anyhow::Result<()> {
         String::from_utf8_lossy(&out.stderr).trim()
     )
 }
+
+/// A VXLAN device on each node, addressed 10.245.0.<n+1>/24, carrying the other node's pod
+/// CIDR: the kernel's own overlay for the same pods.
+pub fn kernel_vxlan_up(nodes: &[Node]) -> anyhow::Result<()> {
+    for node in nodes {
+        let peer = &nodes[1 - node.index];
+        let ns = &node.netns;
+        // The kernel's overlay alone: the agent's management port (and its routes to the other
+        // node's pods), which outlives the agent, goes first.
+        let _ = sh_in(
+            ns,
+            &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
+        );
+        sh_in(
+            ns,
+            &format!(
+                "ip link add vxlan0 type vxlan id 42 local {} remote {} dstport 4789 dev eth0",
+                underlay_ip(node.index),
+                underlay_ip(peer.index)
+            ),
+        )?;
+        sh_in(
+            ns,
+            &format!("ip addr add 10.245.0.{}/24 dev vxlan0", node.index + 1),
+        )?;
+        sh_in(ns, "ip link set vxlan0 up")?;
+        sh_in(
+            ns,
+            &format!(
+                "ip route add {} via 10.245.0.{} dev vxlan0",
+                pod_cidr(peer.index),
+                peer.index + 1
+            ),
+        )?;
+    }
+    Ok(())
+}
+
+pub fn kernel_vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
+    for node in nodes {
+        sh_in(&node.netns, "ip link del vxlan0")?;
+    }
+    Ok(())
+}

@@ -11,8 +11,8 @@ use dataplane_common::{
     frag::{FragKey, FragPorts},
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey,
-        CtValue, MemberKey, SCOPE_CLUSTER, SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue,
-        flow_hash, maglev_slot,
+        CtValue, MemberKey, SCOPE_CLUSTER, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX,
+        SNAT_PORT_MIN, ServiceKey, ServiceValue, flow_hash, maglev_slot,
     },
     maps::{
         self, FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, PROG_FROM_POD, PROG_UNDERLAY,
@@ -1370,14 +1370,15 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
     assert_eq!(decoded["dst_ip"], "10.99.0.2");
     assert_eq!(decoded["dst_mac"], NODE_B_MAC);
-    // The source port: one of the range the agent reserves on the node, never the node's own
-    // ephemeral ports.
+    // The source port: one of the ranges the agent reserves on the node (towards another
+    // node's pod subnet, both), never the node's own ephemeral ports.
     let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
     let first_port = u16::from_be_bytes([inner[34], inner[35]]);
-    assert!(
-        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&first_port),
-        "masquerade port {first_port}"
-    );
+    let masquerade_port = |port: u16| {
+        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&port)
+            || (SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX).contains(&port)
+    };
+    assert!(masquerade_port(first_port), "masquerade port {first_port}");
     let want = tcp_frame(
         "10.99.0.1",
         first_port,
@@ -1501,7 +1502,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
     let port = u16::from_be_bytes([inner[34], inner[35]]);
     assert!(
-        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&port) && port != first_port,
+        masquerade_port(port) && port != first_port,
         "masquerade port {port}"
     );
     let want = tcp_frame(
@@ -1558,6 +1559,57 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&want),
         "the first client's flow is untouched"
     );
+    // The first client's connection ends (both entries closed more than 10 s ago): its
+    // masquerade port is no longer held. The client's next connection from the same port
+    // draws the same port first and takes the ended flow's entry over, rather than waiting
+    // for the map to evict it (short connections used to keep their ports for good).
+    {
+        let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
+            fixture.typed_map(LB_CT).expect("ct map");
+        for key in [
+            ct_key("10.99.0.50", 45001, "10.99.0.1", 30081, 6, CT_ORIGINAL),
+            ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
+        ] {
+            let mut entry = ct.get(&key, 0).expect("entry of the first flow");
+            entry.flags |= CT_CLOSING;
+            entry.last_seen -= 11;
+            ct.insert(key, entry, 0).expect("aged");
+        }
+    }
+    let syn = tcp_frame(
+        "10.99.0.50",
+        45001,
+        "10.99.0.1",
+        30081,
+        "S",
+        client_mac,
+        &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        fixture.counters().drops
+    );
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+    assert_eq!(
+        u16::from_be_bytes([inner[34], inner[35]]),
+        first_port,
+        "the ended flow's port, taken over"
+    );
+    let taken = ct_entry(
+        fixture,
+        &ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
+    )
+    .expect("reply entry");
+    assert_eq!(
+        (taken.flags & CT_CLOSING, taken.nat_port_be),
+        (0, 45001u16.to_be_bytes()),
+        "a fresh entry for the new connection"
+    );
+
     // UDP: the first datagram through tc, the next through XDP, whose checksum update
     // scapy checks (and an IPv4 datagram without a checksum keeps none).
     let udp = |src: &str, sport: u16, dst: &str, dport: u16, payload: &str| {
@@ -1613,7 +1665,8 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
-        4
+        5,
+        "one local, three remote, one over an ended flow's port"
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
@@ -1622,7 +1675,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),
-        3
+        4
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),

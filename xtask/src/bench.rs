@@ -67,6 +67,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // its load generator from the same target directory.
     crate::build_release_agent()?;
     crate::build_release("dataplane-tests", "udp_blast")?;
+    crate::build_release("dataplane-tests", "tcp_rr")?;
     crate::run_testbed("lb_pps", &json)?;
     crate::run_testbed("cni_bench", &json)?;
     crate::run_testbed("egressip_bench", &json)?;
@@ -79,7 +80,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
 /// that no longer runs fails here, the day it breaks. The figures mean nothing.
 fn smoke() -> anyhow::Result<()> {
     let args = |list: &[&str]| list.iter().map(|a| (*a).to_owned()).collect::<Vec<_>>();
-    // The packet-rate benchmark's load generator runs from the same target directory.
+    // The load generators of the packet-rate and throughput benchmarks run from the same
+    // target directory.
     crate::run_checked(crate::cargo().args([
         "build",
         "--quiet",
@@ -87,6 +89,8 @@ fn smoke() -> anyhow::Result<()> {
         "dataplane-tests",
         "--bin",
         "udp_blast",
+        "--bin",
+        "tcp_rr",
     ]))?;
     for (binary, arguments) in [
         (

@@ -401,17 +401,25 @@ fn port_bitmaps_mark_service_ports_and_backend_ports() {
 
 #[test]
 fn masquerade_ports_are_added_to_the_reserved_ports_once() {
-    assert_eq!(with_snat_ports("\n").as_deref(), Some("61000-65535"));
+    assert_eq!(
+        with_snat_ports("\n").as_deref(),
+        Some("1024-32767,61000-65535")
+    );
     assert_eq!(
         with_snat_ports("22,100-200\n").as_deref(),
-        Some("22,100-200,61000-65535")
+        Some("22,100-200,1024-32767,61000-65535")
     );
-    assert_eq!(with_snat_ports("61000-65535\n"), None);
-    assert_eq!(with_snat_ports("8080,60000-65535"), None);
+    assert_eq!(with_snat_ports("1024-32767,61000-65535\n"), None);
+    assert_eq!(with_snat_ports("80,1000-40000,60000-65535"), None);
+    // One range covered: only the other is added.
+    assert_eq!(
+        with_snat_ports("61000-65535").as_deref(),
+        Some("61000-65535,1024-32767")
+    );
     // Half covered: the whole range is added (the kernel merges overlaps).
     assert_eq!(
-        with_snat_ports("61000-62000").as_deref(),
-        Some("61000-62000,61000-65535")
+        with_snat_ports("1024-32767,61000-62000").as_deref(),
+        Some("1024-32767,61000-62000,61000-65535")
     );
 }
 

@@ -19,7 +19,13 @@
 //! A second comparison: an external host sends to a NodePort of node 0 whose backend is a pod
 //! on node 1. Ours: the flow's first packet through tc, the rest translated, wrapped in Geneve
 //! and sent back out by XDP on node 0, unwrapped by XDP on node 1. nftables: kube-proxy's
-//! NodePort DNAT and masquerade, then plain routing to node 1's pod CIDR.
+//! NodePort DNAT and masquerade, then node 1's pod CIDR reached two ways: routed over the
+//! underlay, and through the kernel's VXLAN device (the kernel-only equivalent of an overlay
+//! cluster, where pod CIDRs are not routed by the underlay).
+//!
+//! Request/response over TCP, as users of a service feel it (`tcp_rr`): one-byte round trips
+//! over one connection (TCP_RR) and whole short connections (TCP_CRR), through the ClusterIP
+//! and through the NodePort, ours against the same nftables paths.
 //! A benchmark: it reports, it does not pass or fail.
 
 use std::{os::fd::AsRawFd as _, process::Command};
@@ -29,8 +35,11 @@ use clap::Parser;
 use dataplane_common::maps::{BASELINE_REDIRECT, PROG_FROM_POD, PROG_TC_REDIRECT_BASELINE};
 use dataplane_tests::fixture::Fixture;
 use dataplane_tests::median;
+use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
 use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
-use dataplane_tests::topology::{Agent, Mode, Pod, Topology, exec_in, run_in, sh_in};
+use dataplane_tests::topology::{
+    Agent, Mode, Pod, Topology, exec_in, kernel_vxlan_down, kernel_vxlan_up, run_in, sh_in,
+};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -44,6 +53,9 @@ struct Args {
 }
 
 const SERVICE_IP: &str = "10.96.0.10";
+/// The services' TCP port for request/response, and the backends' port behind it.
+const RR_PORT: u16 = 81;
+const RR_TARGET: u16 = 8081;
 
 #[derive(Serialize)]
 struct Report {
@@ -53,8 +65,17 @@ struct Report {
     socket: Comparison,
     /// Sender: prebuilt frames written to the client pod's interface.
     raw_frames: Comparison,
-    /// An external host's UDP socket to a NodePort whose backend is on another node.
+    /// An external host's UDP socket to a NodePort whose backend is on another node; the
+    /// nftables side routed over the underlay.
     node_port: Comparison,
+    /// The same, the nftables side carried to node 1 by the kernel's VXLAN device.
+    node_port_vxlan: Comparison,
+    /// TCP request/response through the ClusterIP (nftables: kube-proxy's rules).
+    cluster_ip_tcp: TcpComparison,
+    /// TCP request/response from the external host through the NodePort (nftables: routed,
+    /// and over the kernel's VXLAN device).
+    node_port_tcp: TcpComparison,
+    node_port_tcp_vxlan: TcpComparison,
     /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod`: a flow cache
     /// hit, DNAT, local delivery; each flow's first packet of a second takes the full path),
     /// from the kernel's BPF statistics in an extra run of the socket sender.
@@ -125,7 +146,16 @@ impl Comparison {
         }
     }
 
-    fn print(&self, sender: &str, ours: &str, theirs: &str) {
+    /// `rate_target`, `path_target`: what the ratios are held to, printed beside them ("" for
+    /// none).
+    fn print(&self, sender: &str, ours: &str, theirs: &str, rate_target: &str, path_target: &str) {
+        let target = |t: &str| {
+            if t.is_empty() {
+                String::new()
+            } else {
+                format!(" (target >= {t})")
+            }
+        };
         let list = |v: &[f64]| {
             v.iter()
                 .map(|p| format!("{p:.0}"))
@@ -148,11 +178,18 @@ impl Comparison {
             self.sender_only_median_pps,
             list(&self.sender_only_pps)
         );
-        println!("    ratio of rates dataplane / nftables: {:.2}", self.ratio);
+        println!(
+            "    ratio of rates dataplane / nftables{}: {:.2}",
+            target(rate_target),
+            self.ratio
+        );
         println!(
             "    cost of each path beyond the sender: dataplane {:.0} ns, nftables {:.0} ns; \
-             ratio nftables / dataplane (target >= 4): {:.2}",
-            self.dataplane_path_ns, self.nftables_path_ns, self.path_ratio
+             ratio nftables / dataplane{}: {:.2}",
+            self.dataplane_path_ns,
+            self.nftables_path_ns,
+            target(path_target),
+            self.path_ratio
         );
         println!(
             "    the same ratio round by round (each from its own round's rates): median {:.2}  [{}]",
@@ -178,13 +215,79 @@ impl Comparison {
     }
 }
 
-/// kube-proxy's nftables mode for one UDP ClusterIP with two endpoints.
+/// Round trips and short connections through ours and through nftables, round by round.
+#[derive(Default, Serialize)]
+struct TcpComparison {
+    dataplane_rr: Vec<Transactions>,
+    nftables_rr: Vec<Transactions>,
+    dataplane_crr: Vec<Transactions>,
+    nftables_crr: Vec<Transactions>,
+    /// Medians of the rates, ours over nftables.
+    rr_ratio: f64,
+    crr_ratio: f64,
+}
+
+impl TcpComparison {
+    /// Times both kinds from `netns` to `target` (one side of the comparison).
+    fn measure(
+        netns: &str,
+        target: &str,
+        seconds: u64,
+    ) -> anyhow::Result<(Transactions, Transactions)> {
+        Ok((
+            request_response::measure(netns, Kind::RoundTrips, target, seconds)?,
+            request_response::measure(netns, Kind::Connections, target, seconds)?,
+        ))
+    }
+
+    fn push(&mut self, ours: (Transactions, Transactions), theirs: (Transactions, Transactions)) {
+        self.dataplane_rr.push(ours.0);
+        self.dataplane_crr.push(ours.1);
+        self.nftables_rr.push(theirs.0);
+        self.nftables_crr.push(theirs.1);
+        let rate = |r: &Transactions| r.per_second;
+        self.rr_ratio = median_of(&self.dataplane_rr, rate) / median_of(&self.nftables_rr, rate);
+        self.crr_ratio = median_of(&self.dataplane_crr, rate) / median_of(&self.nftables_crr, rate);
+    }
+
+    fn print(&self, ours: &str, theirs: &str) {
+        println!("    round trips over one connection (TCP_RR):");
+        println!(
+            "      dataplane ({ours}): {}",
+            request_response::summary(&self.dataplane_rr)
+        );
+        println!(
+            "      nftables ({theirs}): {}",
+            request_response::summary(&self.nftables_rr)
+        );
+        println!(
+            "      ratio of rates dataplane / nftables: {:.2}",
+            self.rr_ratio
+        );
+        println!("    connections, one round trip each (TCP_CRR):");
+        println!(
+            "      dataplane ({ours}): {}",
+            request_response::summary(&self.dataplane_crr)
+        );
+        println!(
+            "      nftables ({theirs}): {}",
+            request_response::summary(&self.nftables_crr)
+        );
+        println!(
+            "      ratio of rates dataplane / nftables: {:.2}",
+            self.crr_ratio
+        );
+    }
+}
+
+/// kube-proxy's nftables mode for one ClusterIP with two endpoints: UDP 80 and TCP 81.
 fn nftables_rules(backends: &[&Pod]) -> String {
     format!(
         "table ip kube-proxy {{
   map service-ips {{
     type ipv4_addr . inet_proto . inet_service : verdict
-    elements = {{ {SERVICE_IP} . udp . 80 : goto service-blast }}
+    elements = {{ {SERVICE_IP} . udp . 80 : goto service-blast,
+                 {SERVICE_IP} . tcp . {RR_PORT} : goto service-rr }}
   }}
   chain nat-prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
@@ -201,6 +304,15 @@ fn nftables_rules(backends: &[&Pod]) -> String {
   }}
   chain endpoint-1 {{
     meta l4proto udp dnat to {b}:8080
+  }}
+  chain service-rr {{
+    numgen random mod 2 vmap {{ 0 : goto endpoint-rr-0, 1 : goto endpoint-rr-1 }}
+  }}
+  chain endpoint-rr-0 {{
+    meta l4proto tcp dnat to {a}:{RR_TARGET}
+  }}
+  chain endpoint-rr-1 {{
+    meta l4proto tcp dnat to {b}:{RR_TARGET}
   }}
 }}
 ",
@@ -353,13 +465,21 @@ fn main() -> anyhow::Result<()> {
     let node = topology.node(0);
     let client = &node.pods[0];
     let backends = [&node.pods[1], &node.pods[2]];
-    let port = ServicePort {
-        name: "blast",
-        port: 80,
-        protocol: "UDP",
-        target: 8080,
-    };
-    let service = cluster_ip_manifests("blast", SERVICE_IP, &[port], &backends);
+    let ports = [
+        ServicePort {
+            name: "blast",
+            port: 80,
+            protocol: "UDP",
+            target: 8080,
+        },
+        ServicePort {
+            name: "rr",
+            port: RR_PORT,
+            protocol: "TCP",
+            target: RR_TARGET,
+        },
+    ];
+    let service = cluster_ip_manifests("blast", SERVICE_IP, &ports, &backends);
     topology.add_manifest("blast.yaml", &service)?;
     // The backends count and discard the datagrams at their interface (no socket, no ICMP
     // answers), so the rate measures the way to them rather than their own stack.
@@ -462,6 +582,23 @@ fn main() -> anyhow::Result<()> {
         }
         results.push(Comparison::new(ours, nft, sender, floor));
     }
+    // TCP request/response through the ClusterIP, ours then nftables, round by round.
+    let _servers = backends
+        .iter()
+        .map(|pod| Server::start(&pod.netns, RR_TARGET))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    let rr_target = format!("{SERVICE_IP}:{RR_PORT}");
+    let mut cluster_ip_tcp = TcpComparison::default();
+    for _ in 0..args.rounds {
+        let ours = {
+            let _agent = node.start_agent()?;
+            TcpComparison::measure(&client.netns, &rr_target, args.seconds)?
+        };
+        run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
+        let theirs = TcpComparison::measure(&client.netns, &rr_target, args.seconds);
+        sh_in(&node.netns, "nft delete table ip kube-proxy")?;
+        cluster_ip_tcp.push(ours, theirs?);
+    }
     let tc_program_ns = {
         let agent = node.start_agent()?;
         // On only for this run: the statistics' clock reads would tax the compared rates.
@@ -477,12 +614,17 @@ fn main() -> anyhow::Result<()> {
     drop(topology);
     let raw_frames = results.pop().context("raw results")?;
     let socket = results.pop().context("socket results")?;
+    let node_port = node_port_comparison(&args)?;
     let report = Report {
         rounds: args.rounds,
         seconds: args.seconds,
         socket,
         raw_frames,
-        node_port: node_port_comparison(&args)?,
+        node_port: node_port.routed,
+        node_port_vxlan: node_port.vxlan,
+        cluster_ip_tcp,
+        node_port_tcp: node_port.tcp_routed,
+        node_port_tcp_vxlan: node_port.tcp_vxlan,
         tc_program_ns,
     };
     if args.json {
@@ -494,41 +636,71 @@ fn main() -> anyhow::Result<()> {
         args.rounds, args.seconds
     );
     let cluster_ip = ("tc DNAT, redirect into the pod", "kube-proxy nftables mode");
-    report
-        .socket
-        .print("UDP socket in the client pod", cluster_ip.0, cluster_ip.1);
+    report.socket.print(
+        "UDP socket in the client pod",
+        cluster_ip.0,
+        cluster_ip.1,
+        "",
+        "4",
+    );
     report.raw_frames.print(
         "prebuilt frames on the client pod's interface (AF_PACKET)",
         cluster_ip.0,
         cluster_ip.1,
+        "",
+        "4",
     );
     println!(
         "  our tc program per packet (tc_from_pod, kernel BPF statistics, \
          their clock reads included): {:.0} ns",
         report.tc_program_ns
     );
+    println!("  TCP request/response from the client pod to the ClusterIP's TCP port:");
+    report
+        .cluster_ip_tcp
+        .print(cluster_ip.0, "kube-proxy nftables mode");
     println!(
         "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating)",
         args.rounds, args.seconds
     );
+    let ours = "XDP DNAT + masquerade + Geneve, XDP_TX";
     report.node_port.print(
         "UDP socket on the external host",
-        "XDP DNAT + masquerade + Geneve, XDP_TX",
+        ours,
         "kube-proxy nftables NodePort DNAT + masquerade, routed",
+        "1.1",
+        "",
     );
+    report.node_port_vxlan.print(
+        "UDP socket on the external host",
+        ours,
+        "kube-proxy nftables NodePort DNAT + masquerade, kernel VXLAN to node 1",
+        "1.5",
+        "",
+    );
+    println!("  TCP request/response from the external host to the NodePort's TCP port:");
+    report
+        .node_port_tcp
+        .print("tc and XDP, Geneve", "nftables, routed");
+    report
+        .node_port_tcp_vxlan
+        .print("tc and XDP, Geneve", "nftables, kernel VXLAN");
     Ok(())
 }
 
 const NODE_PORT: u16 = 30090;
+/// The NodePort of the service's TCP port (request/response).
+const RR_NODE_PORT: u16 = 30091;
 
-/// kube-proxy's nftables mode for one UDP NodePort with one endpoint: DNAT to the endpoint,
-/// marked for masquerade as traffic from outside with externalTrafficPolicy Cluster.
+/// kube-proxy's nftables mode for one NodePort service with one endpoint (UDP for the
+/// packet rate, TCP for request/response): DNAT to the endpoint, marked for masquerade as
+/// traffic from outside with externalTrafficPolicy Cluster.
 fn nftables_node_port_rules(backend: &Pod) -> String {
     format!(
         "table ip kube-proxy {{
   map service-nodeports {{
     type inet_proto . inet_service : verdict
-    elements = {{ udp . {NODE_PORT} : goto external-blast }}
+    elements = {{ udp . {NODE_PORT} : goto external-blast, tcp . {RR_NODE_PORT} : goto external-rr }}
   }}
   chain nat-prerouting {{
     type nat hook prerouting priority dstnat; policy accept;
@@ -544,6 +716,13 @@ fn nftables_node_port_rules(backend: &Pod) -> String {
   chain endpoint-0 {{
     meta l4proto udp dnat to {b}:8080
   }}
+  chain external-rr {{
+    meta mark set mark or 0x4000
+    goto endpoint-rr-0
+  }}
+  chain endpoint-rr-0 {{
+    meta l4proto tcp dnat to {b}:{RR_TARGET}
+  }}
   chain nat-postrouting {{
     type nat hook postrouting priority srcnat; policy accept;
     mark and 0x4000 != 0 masquerade
@@ -554,26 +733,41 @@ fn nftables_node_port_rules(backend: &Pod) -> String {
     )
 }
 
-/// Rounds of: our agents on both nodes, then nftables on node 0 with node 1's pod CIDR
-/// routed, then the sender alone (dropped as it reaches node 0).
-fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
+/// The NodePort comparisons: the UDP packet rate and TCP request/response, against nftables
+/// with node 1's pods routed and carried by the kernel's VXLAN device.
+struct NodePortResults {
+    routed: Comparison,
+    vxlan: Comparison,
+    tcp_routed: TcpComparison,
+    tcp_vxlan: TcpComparison,
+}
+
+/// Rounds of: our agents on both nodes; nftables on node 0 with node 1's pod CIDR routed over
+/// the underlay; nftables with both nodes' pod CIDRs carried by the kernel's VXLAN device;
+/// then the sender alone (dropped as it reaches node 0).
+fn node_port_comparison(args: &Args) -> anyhow::Result<NodePortResults> {
     let mut topology = Topology::build_with(2, 1, Mode::Overlay)?;
     let external = topology.add_external_host()?;
     let backend = topology.node(1).pods[0].clone();
     let service = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: blast, namespace: default}}\n\
-         spec: {{type: NodePort, clusterIP: 10.96.0.11, ports: [{{port: 80, protocol: UDP, targetPort: 8080, nodePort: {NODE_PORT}}}]}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.11, ports: [\
+         {{name: blast, port: 80, protocol: UDP, targetPort: 8080, nodePort: {NODE_PORT}}}, \
+         {{name: rr, port: {RR_PORT}, protocol: TCP, targetPort: {RR_TARGET}, nodePort: {RR_NODE_PORT}}}]}}\n\
          ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
          metadata: {{name: blast-1, namespace: default, labels: {{kubernetes.io/service-name: blast}}}}\n\
-         addressType: IPv4\nports: [{{port: 8080, protocol: UDP}}]\n\
+         addressType: IPv4\nports: [{{name: blast, port: 8080, protocol: UDP}}, {{name: rr, port: {RR_TARGET}, protocol: TCP}}]\n\
          endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
         ip = backend.ip,
         node = dataplane_tests::topology::node_name(1),
     );
     topology.add_manifest("blast.yaml", &service)?;
     sink_udp(&backend.netns, "eth0", 8080)?;
-    let (node0, node1) = (topology.node(0), topology.node(1));
+    let _server = Server::start(&backend.netns, RR_TARGET)?;
+    let nodes = topology.nodes.clone();
+    let (node0, node1) = (&nodes[0], &nodes[1]);
     let target = format!("{}:{NODE_PORT}", node0.underlay_ip);
+    let rr_target = format!("{}:{RR_NODE_PORT}", node0.underlay_ip);
     let source = external.ip.to_string();
     let rules = std::env::temp_dir().join(dataplane_tests::unique_name("nft"));
     std::fs::write(&rules, nftables_node_port_rules(&backend))?;
@@ -584,19 +778,26 @@ fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
     );
     let at_backend = [(backend.netns.as_str(), "eth0")];
     let at_node = [(node0.netns.as_str(), "eth0")];
-    let (mut ours, mut nft, mut sender) = (Vec::new(), Vec::new(), Vec::new());
+    let blast = |counted: &[(&str, &str)]| {
+        blast_from(
+            &external.netns,
+            &source,
+            &target,
+            counted,
+            args.seconds,
+            None,
+        )
+    };
+    let tcp = || TcpComparison::measure(&external.netns, &rr_target, args.seconds);
+    let (mut ours, mut routed, mut vxlan, mut sender) =
+        (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut tcp_routed, mut tcp_vxlan) = (TcpComparison::default(), TcpComparison::default());
     for _ in 0..args.rounds {
-        {
+        let ours_tcp = {
             let _agents = (node0.start_agent()?, node1.start_agent()?);
-            ours.push(blast_from(
-                &external.netns,
-                &source,
-                &target,
-                &at_backend,
-                args.seconds,
-                None,
-            )?);
-        }
+            ours.push(blast(&at_backend)?);
+            tcp()?
+        };
         run_in(&node0.netns, &["nft", "-f", &rules.display().to_string()])?;
         // kube-proxy's world routes the pod CIDRs over the underlay: the agent's management
         // port (and its route to node 1's pods), which outlives the agent, goes first.
@@ -605,31 +806,32 @@ fn node_port_comparison(args: &Args) -> anyhow::Result<Comparison> {
             &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
         );
         sh_in(&node0.netns, &format!("ip route add {route}"))?;
-        let result = blast_from(
-            &external.netns,
-            &source,
-            &target,
-            &at_backend,
-            args.seconds,
-            None,
-        );
+        let result = blast(&at_backend).and_then(|pps| Ok((pps, tcp()?)));
         sh_in(&node0.netns, &format!("ip route del {route}"))?;
+        let (pps, theirs) = result?;
+        routed.push(pps);
+        tcp_routed.push(ours_tcp, theirs);
+        // An overlay cluster without us: the pod CIDRs reach the other node only through
+        // the kernel's VXLAN device.
+        kernel_vxlan_up(&nodes)?;
+        let result = blast(&at_backend).and_then(|pps| Ok((pps, tcp()?)));
+        kernel_vxlan_down(&nodes)?;
         sh_in(&node0.netns, "nft delete table ip kube-proxy")?;
-        nft.push(result?);
+        let (pps, theirs) = result?;
+        vxlan.push(pps);
+        tcp_vxlan.push(ours_tcp, theirs);
         sink_udp(&node0.netns, "eth0", NODE_PORT)?;
-        let result = blast_from(
-            &external.netns,
-            &source,
-            &target,
-            &at_node,
-            args.seconds,
-            None,
-        );
+        let result = blast(&at_node);
         sh_in(&node0.netns, "nft delete table netdev sink")?;
         sender.push(result?);
     }
     let _ = std::fs::remove_file(&rules);
-    Ok(Comparison::new(ours, nft, sender, Vec::new()))
+    Ok(NodePortResults {
+        routed: Comparison::new(ours.clone(), routed, sender.clone(), Vec::new()),
+        vxlan: Comparison::new(ours, vxlan, sender, Vec::new()),
+        tcp_routed,
+        tcp_vxlan,
+    })
 }
 
 /// Drops UDP to `port` as it arrives on `iface` in `netns` (its rx counter still counts it),

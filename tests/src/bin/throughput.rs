@@ -1,14 +1,17 @@
 //! Cross-node TCP throughput between two pods: through the dataplane's Geneve overlay, and
 //! through the kernel's VXLAN device carrying the same pods' traffic in the same topology (this
 //! kernel has no Geneve device; VXLAN is the nearest in-kernel overlay). Rounds alternate so
-//! both paths see the same machine conditions; medians and the ratio are printed. A benchmark:
-//! it reports, it does not pass or fail.
+//! both paths see the same machine conditions; medians and the ratio are printed. Each round
+//! also times one-byte round trips over one connection between the same pods (TCP_RR, with
+//! `tcp_rr`) through our Geneve and through VXLAN with XDP on the underlay. A benchmark: it
+//! reports, it does not pass or fail.
 
 use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use dataplane_tests::topology::{Mode, Node, Topology, sh_in, underlay_ip};
+use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
+use dataplane_tests::topology::{Mode, Node, Topology, kernel_vxlan_down, kernel_vxlan_up};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -30,6 +33,9 @@ struct Report {
     geneve: Vec<Run>,
     vxlan: Vec<Run>,
     vxlan_xdp: Vec<Run>,
+    /// Round trips per second over one connection (TCP_RR) and their latency.
+    geneve_rr: Vec<Transactions>,
+    vxlan_xdp_rr: Vec<Transactions>,
     geneve_median_gbps: f64,
     vxlan_median_gbps: f64,
     vxlan_xdp_median_gbps: f64,
@@ -37,6 +43,8 @@ struct Report {
     ratio: f64,
     /// Geneve over the kernel VXLAN device with XDP on the same underlay (wire-sized frames).
     ratio_same_wire: f64,
+    /// Round trips per second, Geneve over VXLAN with XDP on the underlay (medians).
+    rr_ratio: f64,
 }
 
 /// One iperf3 run: Gbit/s received and TCP retransmissions.
@@ -101,48 +109,16 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
     })
 }
 
-/// A VXLAN device on each node, addressed 10.245.0.<n+1>/24, carrying the other node's pod
-/// CIDR: the kernel's own overlay for the same pods.
-fn vxlan_up(nodes: &[Node]) -> anyhow::Result<()> {
-    for node in nodes {
-        let peer = &nodes[1 - node.index];
-        let ns = &node.netns;
-        // The kernel's overlay alone: the agent's management port (and its routes to the other
-        // node's pods), which outlives the agent, goes first.
-        let _ = sh_in(
-            ns,
-            &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
-        );
-        sh_in(
-            ns,
-            &format!(
-                "ip link add vxlan0 type vxlan id 42 local {} remote {} dstport 4789 dev eth0",
-                underlay_ip(node.index),
-                underlay_ip(peer.index)
-            ),
-        )?;
-        sh_in(
-            ns,
-            &format!("ip addr add 10.245.0.{}/24 dev vxlan0", node.index + 1),
-        )?;
-        sh_in(ns, "ip link set vxlan0 up")?;
-        sh_in(
-            ns,
-            &format!(
-                "ip route add {} via 10.245.0.{} dev vxlan0",
-                dataplane_tests::topology::pod_cidr(peer.index),
-                peer.index + 1
-            ),
-        )?;
-    }
-    Ok(())
-}
-
-fn vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
-    for node in nodes {
-        sh_in(&node.netns, "ip link del vxlan0")?;
-    }
-    Ok(())
+/// TCP_RR from the first pod of node 0 to the first pod of node 1 for `seconds`.
+fn round_trips(topology: &Topology, seconds: u32) -> anyhow::Result<Transactions> {
+    let server_pod = &topology.node(1).pods[0];
+    let _server = Server::start(&server_pod.netns, 5202)?;
+    request_response::measure(
+        &topology.node(0).pods[0].netns,
+        Kind::RoundTrips,
+        &format!("{}:5202", server_pod.ip),
+        seconds.into(),
+    )
 }
 
 fn median(runs: &[Run]) -> f64 {
@@ -168,22 +144,30 @@ fn main() -> anyhow::Result<()> {
         })
         .collect();
     let (mut geneve, mut vxlan, mut vxlan_xdp) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut geneve_rr, mut vxlan_xdp_rr) = (Vec::new(), Vec::new());
     for _ in 0..args.rounds {
         {
             let _agents = (nodes[0].start_agent()?, nodes[1].start_agent()?);
             geneve.push(iperf(&topology, args.seconds)?);
+            geneve_rr.push(round_trips(&topology, args.seconds)?);
         }
-        vxlan_up(&nodes)?;
+        kernel_vxlan_up(&nodes)?;
         let result = iperf(&topology, args.seconds);
         let with_xdp = (|| {
             // XDP on a veth makes its peer hand over wire-sized frames, as a real NIC does.
             let _agents = (plain[0].start_agent()?, plain[1].start_agent()?);
-            iperf(&topology, args.seconds)
+            Ok::<_, anyhow::Error>((
+                iperf(&topology, args.seconds)?,
+                round_trips(&topology, args.seconds)?,
+            ))
         })();
-        vxlan_down(&nodes)?;
+        kernel_vxlan_down(&nodes)?;
         vxlan.push(result?);
-        vxlan_xdp.push(with_xdp?);
+        let (with_xdp, rr) = with_xdp?;
+        vxlan_xdp.push(with_xdp);
+        vxlan_xdp_rr.push(rr);
     }
+    let rate = |r: &Transactions| r.per_second;
     let report = Report {
         rounds: args.rounds,
         seconds: args.seconds,
@@ -192,6 +176,9 @@ fn main() -> anyhow::Result<()> {
         vxlan_xdp_median_gbps: median(&vxlan_xdp),
         ratio: median(&geneve) / median(&vxlan),
         ratio_same_wire: median(&geneve) / median(&vxlan_xdp),
+        rr_ratio: median_of(&geneve_rr, rate) / median_of(&vxlan_xdp_rr, rate),
+        geneve_rr,
+        vxlan_xdp_rr,
         geneve,
         vxlan,
         vxlan_xdp,
@@ -225,12 +212,21 @@ fn main() -> anyhow::Result<()> {
             runs(&report.vxlan_xdp)
         );
         println!(
-            "  ratio Geneve / VXLAN on the same wire (target >= 1.0): {:.2}",
+            "  ratio Geneve / VXLAN on the same wire (target >= 1.2): {:.2}",
             report.ratio_same_wire
         );
         println!(
             "  ratio Geneve / VXLAN with 64 KB frames on the veth:    {:.2}  (no NIC carries such frames)",
             report.ratio
+        );
+        let rr = |name: &str, runs: &[Transactions]| {
+            println!("  TCP_RR {name}: {}", request_response::summary(runs));
+        };
+        rr("dataplane Geneve            ", &report.geneve_rr);
+        rr("kernel VXLAN, XDP on underlay", &report.vxlan_xdp_rr);
+        println!(
+            "  ratio of round trips Geneve / VXLAN on the same wire (target >= 1.1): {:.2}",
+            report.rr_ratio
         );
     }
     Ok(())
