@@ -385,7 +385,12 @@ pub fn flow_hash(key: &CtKey) -> u32 {
     let ports = (s[0] as u32) << 24 | (s[1] as u32) << 16 | (d[0] as u32) << 8 | d[1] as u32;
     hash = mix(hash, ports);
     hash = mix(hash, key.protocol as u32);
-    // murmur3 finalizer: every input bit reaches every output bit.
+    finalize(hash)
+}
+
+/// murmur3's 32-bit finalizer: every input bit reaches every output bit.
+#[inline(always)]
+pub const fn finalize(mut hash: u32) -> u32 {
     hash ^= hash >> 16;
     hash = hash.wrapping_mul(0x85eb_ca6b);
     hash ^= hash >> 13;

@@ -65,6 +65,12 @@ pub fn measure(
         Kind::RoundTrips => "rr",
         Kind::Connections => "crr",
     };
+    if kind == Kind::Connections {
+        // As connection-rate benchmarks run: the client may reuse its ports in TIME_WAIT
+        // (TCP timestamps tell the segments apart), or its own 60 s of TIME_WAIT per port,
+        // not the path, would bound the rate after a few seconds.
+        crate::topology::run_in(netns, &["sysctl", "-qw", "net.ipv4.tcp_tw_reuse=1"])?;
+    }
     let run = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
         .arg(tool()?)

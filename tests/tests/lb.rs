@@ -1559,31 +1559,50 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         hex(&want),
         "the first client's flow is untouched"
     );
-    // The first client's connection ends (both entries closed more than 10 s ago): its
-    // masquerade port is no longer held. The client's next connection from the same port
-    // draws the same port first and takes the ended flow's entry over, rather than waiting
-    // for the map to evict it (short connections used to keep their ports for good).
-    {
+    // Every masquerade port towards this backend held by a live flow: a new connection finds
+    // none free and is dropped, counted. Once those flows have ended (closed more than 10 s
+    // ago), the next connection takes one of their ports over, with a fresh entry, rather
+    // than waiting for the map to evict them (short connections used to keep their ports
+    // for good).
+    let held = ct_entry(
+        fixture,
+        &ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
+    )
+    .expect("reply entry of the first flow");
+    let reply_keys: Vec<CtKey> = (SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX)
+        .chain(SNAT_PORT_MIN..=SNAT_PORT_MAX)
+        .map(|port| ct_key("10.244.2.5", 8080, "10.99.0.1", port, 6, CT_REPLY))
+        .collect();
+    let fill = |fixture: &mut Fixture, entry: CtValue| {
         let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
             fixture.typed_map(LB_CT).expect("ct map");
-        for key in [
-            ct_key("10.99.0.50", 45001, "10.99.0.1", 30081, 6, CT_ORIGINAL),
-            ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
-        ] {
-            let mut entry = ct.get(&key, 0).expect("entry of the first flow");
-            entry.flags |= CT_CLOSING;
-            entry.last_seen -= 11;
-            ct.insert(key, entry, 0).expect("aged");
+        for key in &reply_keys {
+            ct.insert(*key, entry, 0).expect("held port");
         }
-    }
+    };
+    fill(fixture, held);
     let syn = tcp_frame(
         "10.99.0.50",
-        45001,
+        45002,
         "10.99.0.1",
         30081,
         "S",
         client_mac,
         &node_mac,
+    );
+    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT, "no port free");
+    assert_eq!(
+        fixture.counters().drops(DropReason::LbSnatPortsExhausted),
+        1
+    );
+    fill(
+        fixture,
+        CtValue {
+            flags: held.flags | CT_CLOSING,
+            last_seen: held.last_seen - 11,
+            ..held
+        },
     );
     let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
     assert_eq!(
@@ -1594,19 +1613,16 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
     let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
-    assert_eq!(
-        u16::from_be_bytes([inner[34], inner[35]]),
-        first_port,
-        "the ended flow's port, taken over"
-    );
+    let taken_port = u16::from_be_bytes([inner[34], inner[35]]);
+    assert!(masquerade_port(taken_port), "masquerade port {taken_port}");
     let taken = ct_entry(
         fixture,
-        &ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
+        &ct_key("10.244.2.5", 8080, "10.99.0.1", taken_port, 6, CT_REPLY),
     )
     .expect("reply entry");
     assert_eq!(
         (taken.flags & CT_CLOSING, taken.nat_port_be),
-        (0, 45001u16.to_be_bytes()),
+        (0, 45002u16.to_be_bytes()),
         "a fresh entry for the new connection"
     );
 
