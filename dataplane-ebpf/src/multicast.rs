@@ -19,15 +19,14 @@
 )]
 
 use aya_ebpf::{
-    EbpfContext as _,
     bindings::{
         BPF_F_ADJ_ROOM_DECAP_L3_IPV4, BPF_F_ADJ_ROOM_DECAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L2_ETH,
         BPF_F_ADJ_ROOM_ENCAP_L3_IPV4, BPF_F_ADJ_ROOM_ENCAP_L3_IPV6, BPF_F_ADJ_ROOM_ENCAP_L4_UDP,
-        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, TC_ACT_OK, TC_ACT_SHOT,
-        bpf_adj_room_mode::BPF_ADJ_ROOM_MAC, bpf_fib_lookup as FibParams,
+        BPF_FIB_LKUP_RET_SUCCESS, TC_ACT_OK, TC_ACT_SHOT, bpf_adj_room_mode::BPF_ADJ_ROOM_MAC,
+        bpf_fib_lookup as FibParams,
     },
     helpers::{
-        bpf_clone_redirect, bpf_fib_lookup, bpf_get_hash_recalc, bpf_l3_csum_replace, bpf_redirect,
+        bpf_clone_redirect, bpf_get_hash_recalc, bpf_l3_csum_replace, bpf_redirect,
         bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_pull_data, bpf_skb_store_bytes,
     },
     macros::classifier,
@@ -447,15 +446,7 @@ fn copy_to_node(
         return Err(DropReason::OverlayNoRoute);
     }
     overlay::fill_fib_params(fib, config, endpoint, outer_len as u32);
-    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            fib,
-            core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
-        )
-    } as u32;
+    let rc = overlay::fib_lookup_output(ctx, fib);
     // A copy cannot wait for the next hop's address to resolve: the node's own traffic to
     // the members' nodes (the agents' membership messages) keeps it resolved.
     if rc != BPF_FIB_LKUP_RET_SUCCESS {

@@ -459,15 +459,7 @@ fn route_slot(
     // SAFETY: per-CPU map memory, used only by this program invocation.
     let fib = unsafe { &mut *fib };
     fill_fib_params(fib, config, endpoint, len);
-    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            fib,
-            core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
-        )
-    } as u32;
+    let rc = fib_lookup_output(ctx, fib);
     if rc == BPF_FIB_LKUP_RET_FRAG_NEEDED {
         return Err(DropReason::OverlayMtuExceeded);
     }
@@ -711,15 +703,7 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
         }
     }
     fib.l4_protocol = parsed.protocol;
-    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            fib,
-            core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
-        )
-    } as u32;
+    let rc = fib_lookup_output(ctx, fib);
     let verdict = if rc == BPF_FIB_LKUP_RET_SUCCESS {
         let mut macs = [0u8; 12];
         macs[..6].copy_from_slice(&fib.dmac);
@@ -742,6 +726,22 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
 
 /// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF
 /// stack cannot spare).
+/// The kernel's FIB lookup for a packet this node sends out (`BPF_FIB_LOOKUP_OUTPUT`) with
+/// the parameters in `fib`, which it fills with the result: the lookup's return code.
+#[inline(always)]
+pub(crate) fn fib_lookup_output<C: aya_ebpf::EbpfContext>(ctx: &C, fib: &mut FibParams) -> u32 {
+    // SAFETY: fib is a valid bpf_fib_lookup and its size is passed.
+    let rc = unsafe {
+        bpf_fib_lookup(
+            ctx.as_ptr(),
+            fib,
+            core::mem::size_of::<FibParams>() as i32,
+            BPF_FIB_LOOKUP_OUTPUT,
+        )
+    };
+    rc as u32
+}
+
 #[inline(always)]
 pub(crate) fn fill_fib_params(
     fib: &mut FibParams,

@@ -982,6 +982,7 @@ pub fn kernel_vxlan_up(nodes: &[Node]) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Removes what [`kernel_vxlan_up`] added (the devices, with their addresses and routes).
 pub fn kernel_vxlan_down(nodes: &[Node]) -> anyhow::Result<()> {
     for node in nodes {
         sh_in(&node.netns, "ip link del vxlan0")?;

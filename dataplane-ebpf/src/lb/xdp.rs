@@ -16,11 +16,8 @@
 //! changed words: XDP has no checksum helpers, and the payload is never read.
 
 use aya_ebpf::{
-    EbpfContext as _,
-    bindings::{
-        BPF_FIB_LKUP_RET_SUCCESS, BPF_FIB_LOOKUP_OUTPUT, bpf_fib_lookup as FibParams, xdp_action,
-    },
-    helpers::{bpf_fib_lookup, bpf_redirect, bpf_xdp_adjust_head},
+    bindings::{BPF_FIB_LKUP_RET_SUCCESS, xdp_action},
+    helpers::{bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
 use dataplane_common::{
@@ -227,15 +224,7 @@ fn remote_route(
     // SAFETY: per-CPU map memory, used only by this program run.
     let fib = unsafe { &mut *fib };
     fill_fib_params(fib, config, endpoint, frame_len + overhead - ETH_LEN as u32);
-    // SAFETY: fib is a valid bpf_fib_lookup in map memory and its size is passed.
-    let rc = unsafe {
-        bpf_fib_lookup(
-            ctx.as_ptr(),
-            fib,
-            core::mem::size_of::<FibParams>() as i32,
-            BPF_FIB_LOOKUP_OUTPUT,
-        )
-    } as u32;
+    let rc = overlay::fib_lookup_output(ctx, fib);
     // No neighbour yet, a smaller route MTU, no route: tc's path knows what to do.
     (rc == BPF_FIB_LKUP_RET_SUCCESS).then_some(endpoint)
 }
