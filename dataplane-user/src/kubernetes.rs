@@ -1,15 +1,21 @@
-//! The API server source: one kube-rs watcher per watched resource, with backoff, feeding a
-//! reflector store. A sync reads a snapshot of all stores into the same [`ClusterState`] the
-//! manifest directory gives, through the same per-object parsing and validation, so an object
-//! that fails it is named and skipped exactly as from a file.
+//! The API server source: one kube-rs watcher per watched resource, with backoff, applying
+//! its events straight to the per-object cache ([`source::ObjectCache`]): each object is
+//! parsed once per resource version, through the same per-object parsing and validation the
+//! manifest directory uses, so an object that fails it is named and skipped exactly as from a
+//! file. A sync reads the cache's assembled [`ClusterState`], patched object by object.
 //!
-//! Objects are watched untyped (`DynamicObject`): a typed watcher fails its whole list when one
-//! object does not decode, and that one bad object must not stop the others from applying. A
-//! lost connection means the watcher backs off and re-lists while the stores (and the maps)
-//! keep the last good state; the re-list marks the source changed, which brings a full resync.
+//! No copy of the objects is kept besides what they parse into (no reflector store): at
+//! 150,000 pods, a store of their JSON was hundreds of MiB on every node. Objects are watched
+//! untyped ([`WatchedObject`]): a typed watcher fails its whole list when one object does not
+//! decode, and that one bad object must not stop the others from applying. A lost connection
+//! means the watcher backs off and re-lists while the cache (and the maps) keep the last good
+//! state; the re-listed objects replace the cache's at once when the list is complete, and a
+//! full resync follows.
 
 use std::{
+    borrow::Cow,
     collections::{BTreeMap, BTreeSet},
+    fmt,
     path::Path,
     sync::{
         Arc, Mutex,
@@ -19,19 +25,19 @@ use std::{
 };
 
 use futures_util::StreamExt as _;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::{
-    Api, Client, Config,
-    api::{ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams},
+    Api, Client, Config, Resource,
+    api::{ApiResource, GroupVersionKind, Patch, PatchParams},
     config::{KubeConfigOptions, Kubeconfig},
-    runtime::{
-        WatchStreamExt as _,
-        reflector::{self, ObjectRef, Store, store::Writer},
-        watcher,
-    },
+    core::DynamicResourceScope,
+    runtime::{WatchStreamExt as _, watcher},
 };
+use serde::de::{self, Deserialize, Deserializer, IgnoredAny, MapAccess, Visitor};
+use serde_json::{Map, Value};
 use tokio::sync::Notify;
 
-use crate::source::{self, ClusterState};
+use crate::source::{self, ClusterState, ObjectKey};
 
 /// One resource the agent watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,28 +162,52 @@ pub enum KubeSourceError {
     },
 }
 
-/// The watchers' stores and what they have seen.
+/// What the watchers and the agent share: the parsed objects and what changed.
+struct Shared {
+    /// Each object as last parsed, by resource, namespace and name, with its resource
+    /// version, and the cluster state they make.
+    parsed: Mutex<source::ObjectCache>,
+    /// Resources whose first list is complete, or that the API server does not serve.
+    ready: Mutex<BTreeSet<&'static str>>,
+    /// Optional resources the API server does not serve.
+    absent: Mutex<BTreeSet<&'static str>>,
+    changed: AtomicBool,
+    /// A watcher listed its resource again since the last [`KubeSource::take_relisted`].
+    relisted: AtomicBool,
+    /// Woken at every change (a permit is kept when nobody waits, so none is lost).
+    wake: Notify,
+    /// When the first change no snapshot has taken yet came.
+    first: source::FirstChange,
+}
+
+impl Shared {
+    fn new() -> Self {
+        Self {
+            parsed: Mutex::new(source::ObjectCache::default()),
+            ready: Mutex::new(BTreeSet::new()),
+            absent: Mutex::new(BTreeSet::new()),
+            changed: AtomicBool::new(true),
+            relisted: AtomicBool::new(false),
+            wake: Notify::new(),
+            first: source::FirstChange::default(),
+        }
+    }
+
+    fn raise(&self) {
+        self.first.note();
+        self.changed.store(true, Ordering::Release);
+        self.wake.notify_one();
+    }
+
+    fn parsed(&self) -> std::sync::MutexGuard<'_, source::ObjectCache> {
+        self.parsed.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// The watchers and the objects they brought.
 pub struct KubeSource {
     client: Client,
-    /// When the first watch event no snapshot has taken yet came.
-    first: source::FirstChange,
-    stores: Vec<(Watched, Store<DynamicObject>)>,
-    /// Optional resources the API server does not serve.
-    absent: Arc<Mutex<BTreeSet<&'static str>>>,
-    changed: Arc<AtomicBool>,
-    /// A watcher listed its resource again since the last [`Self::take_relisted`].
-    relisted: Arc<AtomicBool>,
-    /// Each object as last parsed, by resource, namespace and name, with its resource
-    /// version, and the cluster state they make: a snapshot parses and places only what the
-    /// watches said changed since the last one.
-    parsed: Mutex<source::ObjectCache>,
-    /// The objects the watch events named since the last snapshot.
-    touched: Touched,
-    /// A watcher received its resource's whole list since the last snapshot: the next one
-    /// looks at every object of the stores (a list brings no event per object).
-    listed: Arc<AtomicBool>,
-    /// Woken at every change (a permit is kept when nobody waits, so none is lost).
-    wake: Arc<Notify>,
+    shared: Arc<Shared>,
 }
 
 /// The client for `kubeconfig`, or as inferred: in-cluster service account, `KUBECONFIG`,
@@ -202,45 +232,14 @@ pub async fn client(kubeconfig: Option<&Path>) -> Result<Client, KubeSourceError
 impl KubeSource {
     /// Starts one watcher per watched resource on the current runtime.
     pub fn start(client: &Client) -> Self {
-        let absent = Arc::new(Mutex::new(BTreeSet::new()));
-        let changed = Arc::new(AtomicBool::new(true));
-        let relisted = Arc::new(AtomicBool::new(false));
-        let first = source::FirstChange::default();
-        let wake = Arc::new(Notify::new());
-        let touched = Touched::default();
-        let listed = Arc::new(AtomicBool::new(true));
-        let mut stores = Vec::new();
+        let shared = Arc::new(Shared::new());
         for &watched in WATCHED {
-            let resource = watched.api_resource();
-            let writer = Writer::new(resource.clone());
-            stores.push((watched, writer.as_reader()));
-            let api: Api<DynamicObject> = Api::all_with(client.clone(), &resource);
-            tokio::spawn(follow(
-                watched,
-                api,
-                writer,
-                Arc::clone(&absent),
-                Flag {
-                    changed: Arc::clone(&changed),
-                    touched: touched.clone(),
-                    listed: Arc::clone(&listed),
-                    relisted: Arc::clone(&relisted),
-                    wake: Arc::clone(&wake),
-                    first: first.clone(),
-                },
-            ));
+            let api: Api<WatchedObject> = Api::all_with(client.clone(), &watched.api_resource());
+            tokio::spawn(follow(watched, api, Arc::clone(&shared)));
         }
         Self {
             client: client.clone(),
-            stores,
-            absent,
-            changed,
-            relisted,
-            parsed: Mutex::new(source::ObjectCache::default()),
-            touched,
-            listed,
-            wake,
-            first,
+            shared,
         }
     }
 
@@ -263,18 +262,20 @@ impl KubeSource {
         Ok(())
     }
 
-    /// Waits until every store holds its first full list (or its resource proved absent),
+    /// Waits until every watcher has its first full list (or its resource proved absent),
     /// so that the first sync never applies a partial cluster: an agent taking over pinned
     /// maps must not drop, say, the firewalls because their list came late.
     pub async fn wait_ready(&self) {
         let mut next_report = tokio::time::Instant::now() + Duration::from_secs(5);
         loop {
-            let pending: Vec<&str> = self
-                .stores
-                .iter()
-                .filter(|(w, store)| !self.is_absent(w) && !is_ready(store))
-                .map(|(w, _)| w.plural)
-                .collect();
+            let pending: Vec<&str> = {
+                let ready = self.shared.ready.lock().unwrap_or_else(|e| e.into_inner());
+                WATCHED
+                    .iter()
+                    .map(|w| w.plural)
+                    .filter(|plural| !ready.contains(plural))
+                    .collect()
+            };
             if pending.is_empty() {
                 return;
             }
@@ -288,97 +289,162 @@ impl KubeSource {
 
     /// When the first change no sync has taken yet came (taken: the next one starts anew).
     pub fn take_first_change(&self) -> Option<std::time::Instant> {
-        self.first.take()
+        self.shared.first.take()
     }
 
     /// Whether a watcher listed its resource again (a lost watch, a 410 Gone) since the last
     /// call: the agent then runs a full recompute.
     pub fn take_relisted(&self) -> bool {
-        self.relisted.swap(false, Ordering::AcqRel)
+        self.shared.relisted.swap(false, Ordering::AcqRel)
     }
 
     /// Whether anything changed since the last [`Self::snapshot`].
     pub fn changed(&self) -> bool {
-        self.changed.load(Ordering::Acquire)
+        self.shared.changed.load(Ordering::Acquire)
     }
 
     /// Returns once something changed (possibly before the last snapshot: check
     /// [`Self::changed`]).
     pub async fn wait_changed(&self) {
-        self.wake.notified().await;
+        self.shared.wake.notified().await;
     }
 
-    /// The cluster as the stores hold it now, through the manifest source's parsing. Only the
-    /// objects the watch events named since the last snapshot are looked up, parsed (once per
-    /// resource version) and placed; after a watcher received a whole list, every object of
-    /// the stores is looked at (parsed again only where its version moved); `fresh` parses
-    /// every object anew (a full recompute).
+    /// The cluster as the watchers brought it, each object parsed once per resource version
+    /// as it arrived and placed in the assembled state; `fresh` assembles the state anew from
+    /// every object's parse (a full recompute) instead of patching the last one.
     pub fn snapshot(&self, fresh: bool) -> ClusterState {
-        self.changed.store(false, Ordering::Release);
-        let mut parsed = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
-        // Taken before the stores are read: an event after this is in the next snapshot.
-        let touched = self.touched.take();
-        let listed = self.listed.swap(false, Ordering::AcqRel);
+        self.shared.changed.store(false, Ordering::Release);
+        let mut parsed = self.shared.parsed();
         if fresh {
-            parsed.clear();
-        }
-        if fresh || listed {
-            let mut seen = BTreeSet::new();
-            for (watched, store) in &self.stores {
-                for object in store.state() {
-                    let key = object_key(watched, &object);
-                    let version = object.metadata.resource_version.clone();
-                    parsed.put(key.clone(), version, || parse_object(watched, &object));
-                    seen.insert(key);
-                }
-            }
-            parsed.retain(|key| seen.contains(key));
-            return parsed.assemble();
-        }
-        for key in touched {
-            let Some((watched, store)) = self.stores.iter().find(|(w, _)| w.plural == key.0) else {
-                continue;
-            };
-            let mut reference = ObjectRef::new_with(&key.2, watched.api_resource());
-            if !key.1.is_empty() {
-                reference = reference.within(&key.1);
-            }
-            match store.get(&reference) {
-                Some(object) => {
-                    let version = object.metadata.resource_version.clone();
-                    parsed.put(key, version, || parse_object(watched, &object));
-                }
-                None => parsed.remove(&key),
-            }
+            parsed.reassemble();
         }
         parsed.assemble()
     }
+}
 
-    fn is_absent(&self, watched: &Watched) -> bool {
-        self.absent
-            .lock()
-            .map(|a| a.contains(watched.plural))
-            .unwrap_or(false)
+/// A watched object as the agent takes it from the watcher: the metadata the watcher reads
+/// (name, namespace, resource version) and the object's fields as JSON, decoded in one pass
+/// (kube's `DynamicObject` buffers each object twice for its flattened fields). The field
+/// managers' bookkeeping and kubectl's copy of the last applied object are skipped as they
+/// are read: nothing here reads them and they are often most of an object.
+#[derive(Clone, Debug, Default)]
+pub struct WatchedObject {
+    pub metadata: ObjectMeta,
+    pub fields: Map<String, Value>,
+}
+
+/// kubectl's copy of the object as last applied (`kubectl apply`).
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+impl<'de> Deserialize<'de> for WatchedObject {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_map(ObjectVisitor)
     }
 }
 
-/// The objects watch events named, by resource, namespace and name.
-#[derive(Clone, Debug, Default)]
-struct Touched(Arc<Mutex<BTreeSet<source::ObjectKey>>>);
+struct ObjectVisitor;
 
-impl Touched {
-    fn note(&self, watched: &Watched, object: &DynamicObject) {
-        let mut keys = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        keys.insert(object_key(watched, object));
+impl<'de> Visitor<'de> for ObjectVisitor {
+    type Value = WatchedObject;
+
+    fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+        f.write_str("a Kubernetes object")
     }
 
-    fn take(&self) -> BTreeSet<source::ObjectKey> {
-        std::mem::take(&mut *self.0.lock().unwrap_or_else(|e| e.into_inner()))
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<WatchedObject, A::Error> {
+        let mut object = WatchedObject::default();
+        while let Some(key) = map.next_key::<String>()? {
+            if key == "metadata" {
+                let metadata = map.next_value::<Metadata>()?.0;
+                let text = |key: &str| metadata.get(key).and_then(Value::as_str).map(str::to_owned);
+                object.metadata = ObjectMeta {
+                    name: text("name"),
+                    namespace: text("namespace"),
+                    resource_version: text("resourceVersion"),
+                    ..ObjectMeta::default()
+                };
+                object.fields.insert(key, Value::Object(metadata));
+            } else {
+                let value = map.next_value::<Value>()?;
+                object.fields.insert(key, value);
+            }
+        }
+        Ok(object)
+    }
+}
+
+/// An object's metadata without `managedFields` and the last applied copy.
+struct Metadata(Map<String, Value>);
+
+impl<'de> Deserialize<'de> for Metadata {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct MetadataVisitor;
+        impl<'de> Visitor<'de> for MetadataVisitor {
+            type Value = Metadata;
+
+            fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
+                f.write_str("an object's metadata")
+            }
+
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Metadata, A::Error> {
+                let mut metadata = Map::new();
+                while let Some(key) = map.next_key::<String>()? {
+                    if key == "managedFields" {
+                        map.next_value::<IgnoredAny>()?;
+                        continue;
+                    }
+                    let mut value = map.next_value::<Value>()?;
+                    if key == "annotations"
+                        && let Some(annotations) = value.as_object_mut()
+                    {
+                        annotations.remove(LAST_APPLIED);
+                    }
+                    metadata.insert(key, value);
+                }
+                Ok(Metadata(metadata))
+            }
+        }
+        deserializer
+            .deserialize_map(MetadataVisitor)
+            .map_err(|e: D::Error| de::Error::custom(format!("metadata: {e}")))
+    }
+}
+
+impl Resource for WatchedObject {
+    type DynamicType = ApiResource;
+    type Scope = DynamicResourceScope;
+
+    fn group(resource: &ApiResource) -> Cow<'_, str> {
+        resource.group.as_str().into()
+    }
+
+    fn version(resource: &ApiResource) -> Cow<'_, str> {
+        resource.version.as_str().into()
+    }
+
+    fn kind(resource: &ApiResource) -> Cow<'_, str> {
+        resource.kind.as_str().into()
+    }
+
+    fn api_version(resource: &ApiResource) -> Cow<'_, str> {
+        resource.api_version.as_str().into()
+    }
+
+    fn plural(resource: &ApiResource) -> Cow<'_, str> {
+        resource.plural.as_str().into()
+    }
+
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
     }
 }
 
 /// A watched object's resource, namespace (empty for a cluster-scoped one) and name.
-fn object_key(watched: &Watched, object: &DynamicObject) -> source::ObjectKey {
+fn object_key(watched: &Watched, object: &WatchedObject) -> ObjectKey {
     (
         watched.plural,
         object.metadata.namespace.clone().unwrap_or_default(),
@@ -386,120 +452,125 @@ fn object_key(watched: &Watched, object: &DynamicObject) -> source::ObjectKey {
     )
 }
 
-/// One watched object through the manifest source's checks, decoded from its JSON.
-fn parse_object(watched: &Watched, object: &DynamicObject) -> ClusterState {
-    parse_watched(watched.plural, &watched.api_version(), watched.kind, object)
-}
-
 /// A watched object of resource `plural` (`apiVersion`, `kind`) decoded into the cluster state
-/// as the API source does: its JSON straight into its type. Public for the scale benchmark.
+/// as the API source does: its fields straight into its type. Public for the scale benchmark.
 pub fn parse_watched(
     plural: &str,
     api_version: &str,
     kind: &str,
-    object: &DynamicObject,
+    object: WatchedObject,
 ) -> ClusterState {
     let mut state = ClusterState::default();
-    let Ok(mut value) = serde_json::to_value(object) else {
-        return state;
-    };
+    let mut fields = object.fields;
     // List items come without their type; the resource says what they are.
-    if let Some(map) = value.as_object_mut() {
-        map.insert("apiVersion".into(), api_version.into());
-        map.insert("kind".into(), kind.into());
-    }
-    source::add_object(&mut state, &format!("api:{plural}"), value);
+    fields.insert("apiVersion".into(), api_version.into());
+    fields.insert("kind".into(), kind.into());
+    source::add_object(&mut state, &format!("api:{plural}"), Value::Object(fields));
     state
 }
 
-fn is_ready(store: &Store<DynamicObject>) -> bool {
-    futures_util::FutureExt::now_or_never(store.wait_until_ready()).is_some()
+/// One watcher's list in progress: the objects it brought that differ from the cache's,
+/// parsed, and every key it listed. Applied at once when the list is complete, so that a sync
+/// never sees half a list.
+#[derive(Default)]
+struct Listing {
+    parsed: Vec<(ObjectKey, Option<String>, ClusterState)>,
+    seen: BTreeSet<ObjectKey>,
 }
 
-/// How a watcher says the cluster changed.
-struct Flag {
-    changed: Arc<AtomicBool>,
-    /// The objects added, modified or deleted since the last snapshot took them.
-    touched: Touched,
-    /// Raised when a watcher has its resource's whole list (the first or again).
-    listed: Arc<AtomicBool>,
-    /// Raised when a watcher lists its resource again (after a lost watch).
-    relisted: Arc<AtomicBool>,
-    wake: Arc<Notify>,
-    first: source::FirstChange,
-}
-
-impl Flag {
-    fn raise(&self) {
-        self.first.note();
-        self.changed.store(true, Ordering::Release);
-        self.wake.notify_one();
+/// Applies one watcher event of `watched` to the shared cache; whether it changed what a sync
+/// reads.
+fn apply_event(
+    watched: &Watched,
+    event: watcher::Event<WatchedObject>,
+    listing: &mut Option<Listing>,
+    shared: &Shared,
+) -> bool {
+    let api_version = watched.api_version();
+    let parse =
+        |object: WatchedObject| parse_watched(watched.plural, &api_version, watched.kind, object);
+    match event {
+        watcher::Event::Apply(object) => {
+            let key = object_key(watched, &object);
+            let version = object.metadata.resource_version.clone();
+            shared.parsed().put(key, version, || parse(object));
+            true
+        }
+        watcher::Event::Delete(object) => {
+            shared.parsed().remove(&object_key(watched, &object));
+            true
+        }
+        watcher::Event::Init => {
+            *listing = Some(Listing::default());
+            false
+        }
+        watcher::Event::InitApply(object) => {
+            let listing = listing.get_or_insert_with(Listing::default);
+            let key = object_key(watched, &object);
+            let version = object.metadata.resource_version.clone();
+            if !shared.parsed().holds(&key, version.as_deref()) {
+                listing.parsed.push((key.clone(), version, parse(object)));
+            }
+            listing.seen.insert(key);
+            false
+        }
+        watcher::Event::InitDone => {
+            let Listing { parsed, seen } = listing.take().unwrap_or_default();
+            let mut cache = shared.parsed();
+            cache.retain(|key| key.0 != watched.plural || seen.contains(key));
+            for (key, version, state) in parsed {
+                cache.put(key, version, || state);
+            }
+            drop(cache);
+            let first = shared
+                .ready
+                .lock()
+                .map(|mut ready| ready.insert(watched.plural))
+                .unwrap_or(false);
+            if !first {
+                tracing::info!(
+                    resource = watched.plural,
+                    "listed again; a full recompute follows"
+                );
+                shared.relisted.store(true, Ordering::Release);
+            }
+            true
+        }
     }
 }
 
-/// kubectl's copy of the object as last applied (`kubectl apply`).
-const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
-
-/// Runs one resource's watcher into its store for as long as the runtime runs, marking the
-/// source changed on every event. Errors are logged and retried with backoff; an optional
-/// resource the server does not serve (404) counts as empty.
-async fn follow(
-    watched: Watched,
-    api: Api<DynamicObject>,
-    writer: Writer<DynamicObject>,
-    absent: Arc<Mutex<BTreeSet<&'static str>>>,
-    changed: Flag,
-) {
-    // The store keeps each object as its JSON; the field managers' bookkeeping and kubectl's
-    // copy of the last applied object are read by nothing here and often are most of it.
-    let stream = reflector::reflector(
-        writer,
-        watcher(api, watcher::Config::default())
-            .default_backoff()
-            .modify(|object| {
-                object.metadata.managed_fields = None;
-                if let Some(annotations) = &mut object.metadata.annotations {
-                    annotations.remove(LAST_APPLIED);
-                }
-            }),
-    );
+/// Runs one resource's watcher into the shared cache for as long as the runtime runs,
+/// marking the source changed on every event that changed it. Errors are logged and retried
+/// with backoff; an optional resource the server does not serve (404) counts as empty.
+async fn follow(watched: Watched, api: Api<WatchedObject>, shared: Arc<Shared>) {
+    let stream = watcher(api, watcher::Config::default()).default_backoff();
     let mut stream = std::pin::pin!(stream);
     let mut failing = false;
-    let mut listed = false;
+    let mut listing = None;
     while let Some(event) = stream.next().await {
         match event {
             Ok(event) => {
-                // The reflector has applied the event to the store: the next snapshot finds it
-                // there. A relist's objects are taken whole by the full recompute it causes.
-                if let watcher::Event::Apply(object) | watcher::Event::Delete(object) = &event {
-                    changed.touched.note(&watched, object);
-                }
-                if let watcher::Event::InitDone = event {
-                    changed.listed.store(true, Ordering::Release);
-                    if listed {
-                        tracing::info!(
-                            resource = watched.plural,
-                            "listed again; a full recompute follows"
-                        );
-                        changed.relisted.store(true, Ordering::Release);
-                    }
-                    listed = true;
-                }
                 if failing {
                     tracing::info!(resource = watched.plural, "watch restored");
                     failing = false;
                 }
-                changed.raise();
+                if apply_event(&watched, event, &mut listing, &shared) {
+                    shared.raise();
+                }
             }
             Err(watcher::Error::InitialListFailed(kube::Error::Api(status)))
                 if watched.optional && status.code == 404 =>
             {
-                let newly = absent
+                let newly = shared
+                    .absent
                     .lock()
                     .map(|mut a| a.insert(watched.plural))
                     .unwrap_or(false);
                 if newly {
-                    changed.raise();
+                    if let Ok(mut ready) = shared.ready.lock() {
+                        ready.insert(watched.plural);
+                    }
+                    shared.raise();
                     tracing::info!(
                         resource = watched.plural,
                         "not served by this API server (CRD not installed); taken as empty"
@@ -542,13 +613,14 @@ mod tests {
     #[test]
     fn a_watched_object_is_decoded_from_its_json_and_a_bad_one_rejected_by_name_and_field() {
         // A list item: no apiVersion or kind of its own, as the watcher hands them.
-        let good: DynamicObject = serde_json::from_str(
+        let good: WatchedObject = serde_json::from_str(
             r#"{"metadata": {"name": "web", "namespace": "shop", "resourceVersion": "7"},
                 "spec": {"nodeName": "node0", "containers": [{"name": "app"}]},
                 "status": {"podIP": "10.244.1.5"}}"#,
         )
         .expect("object");
-        let state = parse_watched("pods", "v1", "Pod", &good);
+        assert_eq!(good.metadata.resource_version.as_deref(), Some("7"));
+        let state = parse_watched("pods", "v1", "Pod", good);
         assert!(state.rejected.is_empty(), "{:?}", state.rejected);
         assert_eq!(state.pods.len(), 1);
         let pod = &state.pods[0];
@@ -557,10 +629,10 @@ mod tests {
             pod.spec.as_ref().and_then(|s| s.node_name.as_deref()),
             Some("node0")
         );
-        let bad: DynamicObject =
+        let bad: WatchedObject =
             serde_json::from_str(r#"{"metadata": {"name": "web"}, "spec": {"containers": "app"}}"#)
                 .expect("object");
-        let state = parse_watched("pods", "v1", "Pod", &bad);
+        let state = parse_watched("pods", "v1", "Pod", bad);
         assert!(state.pods.is_empty());
         assert_eq!(state.rejected.len(), 1);
         let rejected = &state.rejected[0];
@@ -568,6 +640,98 @@ mod tests {
             rejected.starts_with("api:pods: Pod web: invalid type: string \"app\""),
             "{rejected}"
         );
+    }
+
+    fn pod(name: &str, version: &str, app: &str) -> WatchedObject {
+        serde_json::from_value(serde_json::json!({
+            "metadata": {"name": name, "namespace": "shop", "resourceVersion": version,
+                         "labels": {"app": app}},
+            "spec": {"containers": [{"name": "app"}]},
+        }))
+        .expect("object")
+    }
+
+    fn pod_apps(shared: &Shared) -> Vec<(String, String)> {
+        let state = shared.parsed().assemble();
+        state
+            .pods
+            .iter()
+            .map(|p| {
+                let app = p.metadata.labels.as_ref().and_then(|l| l.get("app"));
+                let name = p.metadata.name.clone().unwrap_or_default();
+                (name, app.cloned().unwrap_or_default())
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_watched_object_keeps_its_fields_without_managed_fields_or_the_last_applied_copy() {
+        let object: WatchedObject = serde_json::from_str(&format!(
+            r#"{{"metadata": {{"name": "web", "namespace": "shop", "resourceVersion": "9",
+                 "managedFields": [{{"manager": "kubectl", "fieldsV1": {{"f:spec": {{}}}}}}],
+                 "annotations": {{"{LAST_APPLIED}": "{{}}", "keep": "me"}}}},
+                "spec": {{"nodeName": "n1"}}}}"#
+        ))
+        .expect("object");
+        assert_eq!(object.metadata.name.as_deref(), Some("web"));
+        assert_eq!(object.metadata.namespace.as_deref(), Some("shop"));
+        assert_eq!(object.metadata.resource_version.as_deref(), Some("9"));
+        assert_eq!(
+            Value::Object(object.fields),
+            serde_json::json!({
+                "metadata": {"name": "web", "namespace": "shop", "resourceVersion": "9",
+                             "annotations": {"keep": "me"}},
+                "spec": {"nodeName": "n1"},
+            })
+        );
+        let bad = serde_json::from_str::<WatchedObject>(r#"{"metadata": {"name": 7"#);
+        assert!(bad.is_err());
+    }
+
+    /// Events go straight to the cache; a list replaces its resource's objects only when it
+    /// is complete (a sync in between sees the last list), drops what it no longer has, makes
+    /// the resource ready, and a second list asks for a full recompute.
+    #[test]
+    fn watch_events_patch_the_cache_and_a_relist_replaces_it_at_once() {
+        let shared = Shared::new();
+        let pods = WATCHED.iter().find(|w| w.plural == "pods").expect("pods");
+        let mut listing = None;
+        let mut apply = |event| apply_event(pods, event, &mut listing, &shared);
+        assert!(!apply(watcher::Event::Init));
+        assert!(!apply(watcher::Event::InitApply(pod("a", "1", "x"))));
+        assert!(!apply(watcher::Event::InitApply(pod("b", "1", "x"))));
+        assert!(pod_apps(&shared).is_empty(), "half a list is not applied");
+        assert!(apply(watcher::Event::InitDone));
+        assert_eq!(
+            pod_apps(&shared),
+            [("a".into(), "x".into()), ("b".into(), "x".into())]
+        );
+        assert!(shared.ready.lock().expect("ready").contains("pods"));
+        assert!(!shared.relisted.load(Ordering::Acquire));
+
+        assert!(apply(watcher::Event::Apply(pod("c", "2", "y"))));
+        assert!(apply(watcher::Event::Apply(pod("a", "3", "z"))));
+        assert!(apply(watcher::Event::Delete(pod("b", "1", "x"))));
+        assert_eq!(
+            pod_apps(&shared),
+            [("a".into(), "z".into()), ("c".into(), "y".into())]
+        );
+
+        // A re-list after a lost watch: `c` is gone, `d` is new, `a` changed meanwhile.
+        assert!(!apply(watcher::Event::Init));
+        assert!(!apply(watcher::Event::InitApply(pod("a", "5", "w"))));
+        assert!(!apply(watcher::Event::InitApply(pod("d", "4", "v"))));
+        assert_eq!(
+            pod_apps(&shared).len(),
+            2,
+            "the last state until the list is whole"
+        );
+        assert!(apply(watcher::Event::InitDone));
+        assert_eq!(
+            pod_apps(&shared),
+            [("a".into(), "w".into()), ("d".into(), "v".into())]
+        );
+        assert!(shared.relisted.load(Ordering::Acquire));
     }
 
     #[test]

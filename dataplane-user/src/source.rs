@@ -6,7 +6,7 @@
 //! The directory is followed by its inotify events ([`ManifestWatch`]).
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, HashMap},
     fs,
     path::{Path, PathBuf},
     sync::{
@@ -16,10 +16,15 @@ use std::{
 };
 
 use ipnet::IpNet;
-use k8s_openapi::api::{
-    core::v1::{Container, Namespace, Node, Pod, PodSpec, PodStatus, Service},
-    discovery::v1::EndpointSlice,
-    networking::v1::NetworkPolicy,
+use k8s_openapi::{
+    api::{
+        core::v1::{
+            Container, ContainerPort, Namespace, Node, Pod, PodIP, PodSpec, PodStatus, Service,
+        },
+        discovery::v1::EndpointSlice,
+        networking::v1::NetworkPolicy,
+    },
+    apimachinery::pkg::apis::meta::v1::ObjectMeta,
 };
 use serde::Deserialize;
 
@@ -471,7 +476,9 @@ pub type ObjectKey = (&'static str, String, String);
 /// its own object (at 183,000 objects, assembling the state anew took each sync 40 ms).
 #[derive(Debug, Default)]
 pub struct ObjectCache {
-    objects: BTreeMap<ObjectKey, (Option<String>, ClusterState)>,
+    /// Hashed, not ordered: at 150,000 pods, comparing keys down a tree was a third of the
+    /// first list's work. [`Self::assemble`] sorts when it builds the state anew.
+    objects: HashMap<ObjectKey, (Option<String>, ClusterState)>,
     /// Every object held, each list in key order (namespace, name), as [`Self::assemble`]
     /// gives it.
     assembled: ClusterState,
@@ -506,6 +513,16 @@ impl ObjectCache {
         }
     }
 
+    /// Whether the object `key` is held as parsed at `version` (an object without a version
+    /// never is).
+    pub fn holds(&self, key: &ObjectKey, version: Option<&str>) -> bool {
+        version.is_some()
+            && self
+                .objects
+                .get(key)
+                .is_some_and(|(v, _)| v.as_deref() == version)
+    }
+
     /// Forgets the object `key` (deleted).
     pub fn remove(&mut self, key: &ObjectKey) {
         if self.placed && self.objects.contains_key(key) {
@@ -527,12 +544,20 @@ impl ObjectCache {
         *self = Self::default();
     }
 
+    /// Has the next [`Self::assemble`] build the state anew from every object's parse (a
+    /// full recompute) instead of returning the one patched change by change.
+    pub fn reassemble(&mut self) {
+        self.placed = false;
+    }
+
     /// The cluster state of every object held.
     pub fn assemble(&mut self) -> ClusterState {
         if !self.placed {
             let mut state = ClusterState::default();
             self.rejected.clear();
-            for (key, (_, parsed)) in &self.objects {
+            let mut objects: Vec<_> = self.objects.iter().collect();
+            objects.sort_unstable_by(|a, b| a.0.cmp(b.0));
+            for (key, (_, parsed)) in objects {
                 state.absorb(parsed);
                 if !parsed.rejected.is_empty() {
                     self.rejected.insert(key.clone(), parsed.rejected.clone());
@@ -673,45 +698,80 @@ impl ClusterState {
     }
 }
 
-/// A Pod as the agent keeps it: its metadata, `spec.nodeName` and `hostNetwork`, the
+/// A Pod as the agent decodes it: its metadata, `spec.nodeName` and `hostNetwork`, the
 /// containers' named ports (what policies' named ports resolve to), `status.phase` and the
 /// pod's addresses. Nothing reads the rest (images, environment, volumes, conditions,
-/// container statuses), and at 150,000 pods each container kept cost 2 KB.
-pub fn slim_pod(pod: Pod) -> Pod {
-    let spec = pod.spec.map(|spec| PodSpec {
-        node_name: spec.node_name,
-        host_network: spec.host_network,
-        containers: spec
-            .containers
-            .into_iter()
-            .filter_map(|container| {
-                let ports: Vec<_> = container
-                    .ports
-                    .into_iter()
-                    .flatten()
-                    .filter(|port| port.name.is_some())
-                    .collect();
-                (!ports.is_empty()).then(|| Container {
-                    name: container.name,
-                    ports: Some(ports),
-                    ..Container::default()
+/// container statuses): it is skipped as it is read, never allocated (at 150,000 pods,
+/// decoding whole Pods was most of the first sync, and each container kept cost 2 KB). The
+/// fields it has are checked as strictly as the whole type checks them.
+#[derive(serde::Deserialize)]
+struct PodWire {
+    #[serde(default)]
+    metadata: ObjectMeta,
+    spec: Option<PodSpecWire>,
+    status: Option<PodStatusWire>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct PodSpecWire {
+    node_name: Option<String>,
+    host_network: Option<bool>,
+    containers: Vec<ContainerWire>,
+}
+
+#[derive(serde::Deserialize)]
+struct ContainerWire {
+    name: String,
+    ports: Option<Vec<ContainerPort>>,
+}
+
+#[derive(serde::Deserialize)]
+struct PodStatusWire {
+    phase: Option<String>,
+    #[serde(rename = "podIP")]
+    pod_ip: Option<String>,
+    #[serde(rename = "podIPs")]
+    pod_ips: Option<Vec<PodIP>>,
+}
+
+impl From<PodWire> for Pod {
+    fn from(wire: PodWire) -> Self {
+        let spec = wire.spec.map(|spec| PodSpec {
+            node_name: spec.node_name,
+            host_network: spec.host_network,
+            containers: spec
+                .containers
+                .into_iter()
+                .filter_map(|container| {
+                    let ports: Vec<_> = container
+                        .ports
+                        .into_iter()
+                        .flatten()
+                        .filter(|port| port.name.is_some())
+                        .collect();
+                    (!ports.is_empty()).then(|| Container {
+                        name: container.name,
+                        ports: Some(ports),
+                        ..Container::default()
+                    })
                 })
-            })
-            .collect(),
-        ..PodSpec::default()
-    });
-    let status = pod.status.map(|status| PodStatus {
-        phase: status.phase,
-        pod_ip: status.pod_ip,
-        pod_ips: status.pod_ips,
-        ..PodStatus::default()
-    });
-    let mut metadata = pod.metadata;
-    metadata.managed_fields = None;
-    Pod {
-        metadata,
-        spec,
-        status,
+                .collect(),
+            ..PodSpec::default()
+        });
+        let status = wire.status.map(|status| PodStatus {
+            phase: status.phase,
+            pod_ip: status.pod_ip,
+            pod_ips: status.pod_ips,
+            ..PodStatus::default()
+        });
+        let mut metadata = wire.metadata;
+        metadata.managed_fields = None;
+        Pod {
+            metadata,
+            spec,
+            status,
+        }
     }
 }
 
@@ -788,8 +848,8 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
             Ok(namespace) => state.namespaces.push(Arc::new(namespace)),
             Err(e) => reject(state, e),
         },
-        ("v1", "Pod") => match value.decode::<Pod>() {
-            Ok(pod) => state.pods.push(Arc::new(slim_pod(pod))),
+        ("v1", "Pod") => match value.decode::<PodWire>() {
+            Ok(pod) => state.pods.push(Arc::new(Pod::from(pod))),
             Err(e) => reject(state, e),
         },
         ("v1", "Service") => match value.decode::<Service>() {

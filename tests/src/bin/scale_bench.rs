@@ -2,9 +2,9 @@
 //! 10,000 Services of 10 endpoints, 2,000 NetworkPolicies, 100 EgressFirewalls of 100 rules.
 //!
 //! Objects go through the API source's path: each arrives as the API server's JSON, is decoded
-//! as kube's watcher does (a dynamic object) and then into its type by the agent
+//! as the agent's watchers decode it (`kubernetes::WatchedObject`) and then into its type
 //! (`kubernetes::parse_watched`), parsed on its own into the per-object cache the Kubernetes
-//! source keeps (`source::ObjectCache`), and a sync assembles the state, finds what changed
+//! source keeps (`source::ObjectCache`, its only copy of the objects), and a sync assembles the state, finds what changed
 //! (`sync::Changes`) and runs the stages that read it, as the agent's `cluster` module does,
 //! into real maps in this kernel. Figures:
 //!
@@ -42,7 +42,7 @@ use dataplane_user::{
         },
     },
     egressip::{compile::EgressInputs, node::EgressNode},
-    kubernetes::parse_watched,
+    kubernetes::{WATCHED, WatchedObject, parse_watched},
     lb::LbState,
     model::{self, HostInterface, NodeModel},
     multicast,
@@ -50,7 +50,6 @@ use dataplane_user::{
     source::{ClusterState, ObjectCache},
     sync::{Changes, ServiceCache, Stage},
 };
-use kube::api::DynamicObject;
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -330,18 +329,21 @@ impl Agent {
         }
     }
 
-    /// The API source's work on one event: kube's watcher decodes the JSON into a dynamic
-    /// object, the agent decodes that into its type (`kubernetes::parse_watched`), parsed on
-    /// its own into the per-object cache.
+    /// The API source's work on one event: the watcher decodes the JSON into a
+    /// `WatchedObject`, the agent decodes that into its type (`kubernetes::parse_watched`),
+    /// parsed on its own into the per-object cache.
     fn apply(&mut self, (kind, namespace, name, json): Event) {
         self.version += 1;
         self.objects.put(
             (kind, namespace, name),
             Some(self.version.to_string()),
             || {
-                let object: DynamicObject = serde_json::from_str(&json).expect("object");
-                let types = object.types.clone().unwrap_or_default();
-                parse_watched(kind, &types.api_version, &types.kind, &object)
+                let object: WatchedObject = serde_json::from_str(&json).expect("object");
+                let watched = WATCHED
+                    .iter()
+                    .find(|w| w.plural == kind)
+                    .expect("a watched resource");
+                parse_watched(kind, &watched.api_version(), watched.kind, object)
             },
         );
     }
