@@ -628,17 +628,38 @@ pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
         return sync_hash(map, desired);
     };
     let mut stats = SyncStats::default();
-    for (key, value) in desired {
-        if last.get(key) != Some(value) {
-            map.insert(key, value, 0)?;
-            stats.written += 1;
-        }
+    let (changed, gone) = sorted_difference(desired, last);
+    for (key, value) in changed {
+        map.insert(key, value, 0)?;
+        stats.written += 1;
     }
-    for key in last.keys().filter(|k| !desired.contains_key(k)) {
+    for key in gone {
         map.remove(key)?;
         stats.deleted += 1;
     }
     Ok(stats)
+}
+
+/// What differs between two sorted maps: the entries of `desired` that `last` lacks or holds
+/// otherwise, and the keys only `last` has. One walk down both side by side, no lookups: a
+/// node added among 5,000 compared each entry by searching for it, a tenth of its sync.
+pub(crate) fn sorted_difference<'a, K: Ord, V: PartialEq>(
+    desired: &'a BTreeMap<K, V>,
+    last: &'a BTreeMap<K, V>,
+) -> (Vec<(&'a K, &'a V)>, Vec<&'a K>) {
+    let (mut changed, mut gone) = (Vec::new(), Vec::new());
+    let mut old = last.iter().peekable();
+    for (key, value) in desired {
+        while let Some((old_key, _)) = old.next_if(|(k, _)| *k < key) {
+            gone.push(old_key);
+        }
+        match old.next_if(|(k, _)| *k == key) {
+            Some((_, old_value)) if old_value == value => {}
+            _ => changed.push((key, value)),
+        }
+    }
+    gone.extend(old.map(|(k, _)| k));
+    (changed, gone)
 }
 
 /// As [`sync_lpm`], against what this agent last wrote there (`None`: against the kernel's
@@ -655,13 +676,12 @@ where
     let Some(last) = last else {
         return sync_lpm(map, desired, stats);
     };
-    for ((prefix_len, data), value) in desired {
-        if last.get(&(*prefix_len, *data)) != Some(value) {
-            map.insert(&Key::new(*prefix_len, *data), value, 0)?;
-            stats.written += 1;
-        }
+    let (changed, gone) = sorted_difference(desired, last);
+    for ((prefix_len, data), value) in changed {
+        map.insert(&Key::new(*prefix_len, *data), value, 0)?;
+        stats.written += 1;
     }
-    for (prefix_len, data) in last.keys().filter(|k| !desired.contains_key(k)) {
+    for (prefix_len, data) in gone {
         map.remove(&Key::new(*prefix_len, *data))?;
         stats.deleted += 1;
     }
@@ -707,6 +727,28 @@ mod tests {
 
     fn ip(s: &str) -> IpAddr {
         s.parse().expect("valid address")
+    }
+
+    /// The side-by-side walk finds exactly what looking each key up finds.
+    #[test]
+    fn the_sorted_difference_equals_the_lookups() {
+        let mut rng = crate::test_rng::TestRng::new(7);
+        for _ in 0..200 {
+            let mut random_map = || -> BTreeMap<u64, u64> {
+                (0..rng.below(40))
+                    .map(|_| (rng.below(50), rng.below(3)))
+                    .collect()
+            };
+            let (desired, last) = (random_map(), random_map());
+            let (changed, gone) = sorted_difference(&desired, &last);
+            let expected_changed: Vec<_> = desired
+                .iter()
+                .filter(|(k, v)| last.get(k) != Some(v))
+                .collect();
+            let expected_gone: Vec<_> = last.keys().filter(|k| !desired.contains_key(k)).collect();
+            assert_eq!(changed, expected_changed);
+            assert_eq!(gone, expected_gone);
+        }
     }
 
     /// Whether `OUTSIDE` says a destination is outside every pod network.
