@@ -518,9 +518,7 @@ fn apply_event(
             let Listing { parsed, seen } = listing.take().unwrap_or_default();
             let mut cache = shared.parsed();
             cache.retain(|key| key.0 != watched.plural || seen.contains(key));
-            for (key, version, state) in parsed {
-                cache.put(key, version, || state);
-            }
+            cache.put_listed(parsed);
             drop(cache);
             let first = shared
                 .ready

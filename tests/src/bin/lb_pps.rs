@@ -28,7 +28,7 @@
 //! and through the NodePort, ours against the same nftables paths.
 //! A benchmark: it reports, it does not pass or fail.
 
-use std::{os::fd::AsRawFd as _, process::Command};
+use std::{collections::BTreeMap, os::fd::AsRawFd as _, process::Command};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -50,6 +50,9 @@ struct Args {
     seconds: u64,
     #[arg(long)]
     json: bool,
+    /// Only the NodePort comparisons (to profile that path; the figures are printed alike).
+    #[arg(long)]
+    node_port_only: bool,
 }
 
 const SERVICE_IP: &str = "10.96.0.10";
@@ -65,17 +68,11 @@ struct Report {
     socket: Comparison,
     /// Sender: prebuilt frames written to the client pod's interface.
     raw_frames: Comparison,
-    /// An external host's UDP socket to a NodePort whose backend is on another node; the
-    /// nftables side routed over the underlay.
-    node_port: Comparison,
-    /// The same, the nftables side carried to node 1 by the kernel's VXLAN device.
-    node_port_vxlan: Comparison,
     /// TCP request/response through the ClusterIP (nftables: kube-proxy's rules).
     cluster_ip_tcp: TcpComparison,
-    /// TCP request/response from the external host through the NodePort (nftables: routed,
-    /// and over the kernel's VXLAN device).
-    node_port_tcp: TcpComparison,
-    node_port_tcp_vxlan: TcpComparison,
+    /// An external host to a NodePort whose backend is on another node.
+    #[serde(flatten)]
+    node_port: NodePortResults,
     /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod`: a flow cache
     /// hit, DNAT, local delivery; each flow's first packet of a second takes the full path),
     /// from the kernel's BPF statistics in an extra run of the socket sender.
@@ -440,6 +437,22 @@ fn redirect_floor(netns: &str, iface: &str, target_ifindex: u32) -> anyhow::Resu
     Ok(fixture)
 }
 
+/// Runs and total run time (ns) of each of the agent's programs, by name, from its status
+/// report.
+fn program_costs(agent: &Agent) -> anyhow::Result<BTreeMap<String, (u64, u64)>> {
+    let status = agent.status_json()?;
+    let programs = status["programs"]
+        .as_array()
+        .context("programs in the agent's status")?;
+    Ok(programs
+        .iter()
+        .filter_map(|p| {
+            let name = p["name"].as_str()?.to_owned();
+            Some((name, (p["runs"].as_u64()?, p["run_time_ns"].as_u64()?)))
+        })
+        .collect())
+}
+
 /// Runs and total run time (ns) of one of the agent's programs, from its status report.
 fn program_cost(agent: &Agent, name: &str) -> anyhow::Result<(u64, u64)> {
     let status = agent.status_json()?;
@@ -461,6 +474,15 @@ fn main() -> anyhow::Result<()> {
         args.rounds > 0 && args.seconds > 0,
         "rounds and seconds must be positive"
     );
+    if args.node_port_only {
+        let results = node_port_comparison(&args)?;
+        if args.json {
+            println!("{}", serde_json::to_string_pretty(&results)?);
+        } else {
+            print_node_port(&args, &results);
+        }
+        return Ok(());
+    }
     let topology = Topology::build_with(1, 3, Mode::Overlay)?;
     let node = topology.node(0);
     let client = &node.pods[0];
@@ -620,11 +642,8 @@ fn main() -> anyhow::Result<()> {
         seconds: args.seconds,
         socket,
         raw_frames,
-        node_port: node_port.routed,
-        node_port_vxlan: node_port.vxlan,
+        node_port,
         cluster_ip_tcp,
-        node_port_tcp: node_port.tcp_routed,
-        node_port_tcp_vxlan: node_port.tcp_vxlan,
         tc_program_ns,
     };
     if args.json {
@@ -659,19 +678,24 @@ fn main() -> anyhow::Result<()> {
     report
         .cluster_ip_tcp
         .print(cluster_ip.0, "kube-proxy nftables mode");
+    print_node_port(&args, &report.node_port);
+    Ok(())
+}
+
+fn print_node_port(args: &Args, results: &NodePortResults) {
     println!(
         "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating)",
         args.rounds, args.seconds
     );
     let ours = "XDP DNAT + masquerade + Geneve, XDP_TX";
-    report.node_port.print(
+    results.routed.print(
         "UDP socket on the external host",
         ours,
         "kube-proxy nftables NodePort DNAT + masquerade, routed",
         "1.1",
         "",
     );
-    report.node_port_vxlan.print(
+    results.vxlan.print(
         "UDP socket on the external host",
         ours,
         "kube-proxy nftables NodePort DNAT + masquerade, kernel VXLAN to node 1",
@@ -679,13 +703,13 @@ fn main() -> anyhow::Result<()> {
         "",
     );
     println!("  TCP request/response from the external host to the NodePort's TCP port:");
-    report
-        .node_port_tcp
+    results
+        .tcp_routed
         .print("tc and XDP, Geneve", "nftables, routed");
-    report
-        .node_port_tcp_vxlan
+    results
+        .tcp_vxlan
         .print("tc and XDP, Geneve", "nftables, kernel VXLAN");
-    Ok(())
+    results.programs.print();
 }
 
 const NODE_PORT: u16 = 30090;
@@ -735,11 +759,97 @@ fn nftables_node_port_rules(backend: &Pod) -> String {
 
 /// The NodePort comparisons: the UDP packet rate and TCP request/response, against nftables
 /// with node 1's pods routed and carried by the kernel's VXLAN device.
+#[derive(Serialize)]
 struct NodePortResults {
+    /// The UDP packet rate, the nftables side routed over the underlay.
+    #[serde(rename = "node_port")]
     routed: Comparison,
+    /// The same, the nftables side carried to node 1 by the kernel's VXLAN device.
+    #[serde(rename = "node_port_vxlan")]
     vxlan: Comparison,
+    /// TCP request/response, nftables routed and over the kernel's VXLAN device.
+    #[serde(rename = "node_port_tcp")]
     tcp_routed: TcpComparison,
+    #[serde(rename = "node_port_tcp_vxlan")]
     tcp_vxlan: TcpComparison,
+    #[serde(rename = "node_port_programs")]
+    programs: NodePortPrograms,
+}
+
+/// One of our programs on one node, over a NodePort run with the kernel's BPF statistics on.
+#[derive(Serialize)]
+struct ProgramShare {
+    node: usize,
+    program: String,
+    runs_per_packet: f64,
+    ns_per_run: f64,
+    ns_per_packet: f64,
+}
+
+/// Where a NodePort packet's time goes in our programs: each program that ran, on each
+/// node, per packet delivered to the backend; the rest of the path is the kernel's (veth
+/// hops, the stack on node 1, the backend's interface).
+#[derive(Serialize)]
+struct NodePortPrograms {
+    delivered_pps: f64,
+    /// 1 s over the rate: the time per packet of the path's slowest stage.
+    ns_per_packet: f64,
+    programs: Vec<ProgramShare>,
+    programs_ns_per_packet: f64,
+}
+
+impl NodePortPrograms {
+    /// From each node's program costs before and after `packets` delivered at `pps`.
+    fn new(
+        before: &[BTreeMap<String, (u64, u64)>],
+        after: &[BTreeMap<String, (u64, u64)>],
+        pps: f64,
+        packets: f64,
+    ) -> Self {
+        let mut programs = Vec::new();
+        for (node, (before, after)) in before.iter().zip(after).enumerate() {
+            for (program, &(runs, ns)) in after {
+                let (runs_before, ns_before) = before.get(program).copied().unwrap_or((0, 0));
+                let (runs, ns) = (runs - runs_before, ns - ns_before);
+                // A program that ran for a few stray packets (ARP, the agent's probes) is not
+                // on the path.
+                if (runs as f64) < packets / 100.0 {
+                    continue;
+                }
+                programs.push(ProgramShare {
+                    node,
+                    program: program.clone(),
+                    runs_per_packet: runs as f64 / packets,
+                    ns_per_run: ns as f64 / runs as f64,
+                    ns_per_packet: ns as f64 / packets,
+                });
+            }
+        }
+        Self {
+            delivered_pps: pps,
+            ns_per_packet: 1e9 / pps,
+            programs_ns_per_packet: programs.iter().map(|p| p.ns_per_packet).sum(),
+            programs,
+        }
+    }
+
+    fn print(&self) {
+        println!(
+            "  our programs per NodePort packet (kernel BPF statistics over an extra run at {:.0} pkt/s, \
+             {:.0} ns a packet; their clock reads included):",
+            self.delivered_pps, self.ns_per_packet
+        );
+        for p in &self.programs {
+            println!(
+                "    node {} {}: {:.2} runs a packet, {:.0} ns a run, {:.0} ns a packet",
+                p.node, p.program, p.runs_per_packet, p.ns_per_run, p.ns_per_packet
+            );
+        }
+        println!(
+            "    all our programs: {:.0} ns a packet; the rest is the kernel's",
+            self.programs_ns_per_packet
+        );
+    }
 }
 
 /// Rounds of: our agents on both nodes; nftables on node 0 with node 1's pod CIDR routed over
@@ -826,11 +936,28 @@ fn node_port_comparison(args: &Args) -> anyhow::Result<NodePortResults> {
         sender.push(result?);
     }
     let _ = std::fs::remove_file(&rules);
+    // On only for this run: the statistics' clock reads would tax the compared rates.
+    let programs = {
+        let agents = [node0.start_agent()?, node1.start_agent()?];
+        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("enabling the kernel's BPF run-time statistics")?;
+        let costs = || {
+            agents
+                .iter()
+                .map(program_costs)
+                .collect::<anyhow::Result<Vec<_>>>()
+        };
+        let before = costs()?;
+        let pps = blast(&at_backend)?;
+        let after = costs()?;
+        NodePortPrograms::new(&before, &after, pps, pps * args.seconds as f64)
+    };
     Ok(NodePortResults {
         routed: Comparison::new(ours.clone(), routed, sender.clone(), Vec::new()),
         vxlan: Comparison::new(ours, vxlan, sender, Vec::new()),
         tcp_routed,
         tcp_vxlan,
+        programs,
     })
 }
 

@@ -337,15 +337,20 @@ impl Agent {
         self.objects.put(
             (kind, namespace, name),
             Some(self.version.to_string()),
-            || {
-                let object: WatchedObject = serde_json::from_str(&json).expect("object");
-                let watched = WATCHED
-                    .iter()
-                    .find(|w| w.plural == kind)
-                    .expect("a watched resource");
-                parse_watched(kind, &watched.api_version(), watched.kind, object)
-            },
+            || decode(kind, &json),
         );
+    }
+
+    /// The first lists as the API source takes them: each item decoded and parsed as it
+    /// arrives, the whole list put in the cache once complete (`ObjectCache::put_listed`).
+    fn apply_list(&mut self, events: Vec<Event>) {
+        let mut parsed = Vec::with_capacity(events.len());
+        for (kind, namespace, name, json) in events {
+            self.version += 1;
+            let version = Some(self.version.to_string());
+            parsed.push(((kind, namespace, name), version, decode(kind, &json)));
+        }
+        self.objects.put_listed(parsed);
     }
 
     /// Every object of the cluster, as the first lists bring them.
@@ -602,6 +607,17 @@ impl Agent {
     }
 }
 
+/// One watched object of resource `kind` from the API server's JSON, as the agent's
+/// watchers decode it and the agent parses it.
+fn decode(kind: &str, json: &str) -> ClusterState {
+    let object: WatchedObject = serde_json::from_str(json).expect("object");
+    let watched = WATCHED
+        .iter()
+        .find(|w| w.plural == kind)
+        .expect("a watched resource");
+    parse_watched(kind, &watched.api_version(), watched.kind, object)
+}
+
 /// This node's pods are behind made-up veths (the maps take any interface index).
 fn local_veth(ip: IpAddr) -> Option<HostInterface> {
     let IpAddr::V4(v4) = ip else {
@@ -809,9 +825,7 @@ fn main() -> anyhow::Result<()> {
     agent.list_everything();
     let listed = agent.collected.take().unwrap_or_default();
     let started = Instant::now();
-    for event in listed {
-        agent.apply(event);
-    }
+    agent.apply_list(listed);
     let parse_ms = ms(started.elapsed());
     let initial = agent.sync(true)?;
     let changes = changes(&mut agent, repeats)?;
