@@ -724,8 +724,6 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
     Ok(TC_ACT_REDIRECT)
 }
 
-/// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF
-/// stack cannot spare).
 /// The kernel's FIB lookup for a packet this node sends out (`BPF_FIB_LOOKUP_OUTPUT`) with
 /// the parameters in `fib`, which it fills with the result: the lookup's return code.
 #[inline(always)]
@@ -742,6 +740,8 @@ pub(crate) fn fib_lookup_output<C: aya_ebpf::EbpfContext>(ctx: &C, fib: &mut Fib
     rc as u32
 }
 
+/// Fills the FIB lookup parameters in place (they live in a per-CPU map: 64 bytes the BPF
+/// stack cannot spare).
 #[inline(always)]
 pub(crate) fn fill_fib_params(
     fib: &mut FibParams,

@@ -501,11 +501,7 @@ impl ObjectCache {
         version: Option<String>,
         parse: impl FnOnce() -> ClusterState,
     ) {
-        let cached = self
-            .objects
-            .get(&key)
-            .is_some_and(|(v, _)| v.is_some() && *v == version);
-        if !cached {
+        if !self.holds(&key, version.as_deref()) {
             let parsed = parse();
             if self.placed {
                 self.place(&key, Some(&parsed));
@@ -517,14 +513,15 @@ impl ObjectCache {
     /// A list's objects, parsed: put as [`Self::put`] puts each, but while the state is
     /// not yet assembled (the first lists), merged in at once: 177,000 objects put one by
     /// one searched the tree for each twice.
-    pub fn put_listed(&mut self, mut objects: Vec<(ObjectKey, Option<String>, ClusterState)>) {
+    pub fn put_listed(&mut self, objects: Vec<(ObjectKey, Option<String>, ClusterState)>) {
         if self.placed {
             for (key, version, parsed) in objects {
                 self.put(key, version, || parsed);
             }
             return;
         }
-        objects.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+        // Collecting sorts (stably: of two puts of one key, the later stays) and builds the
+        // tree in one pass; appending merges two sorted trees the same way.
         let mut listed: BTreeMap<_, _> = objects
             .into_iter()
             .map(|(key, version, parsed)| (key, (version, Parsed::from(parsed))))

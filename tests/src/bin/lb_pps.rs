@@ -455,17 +455,10 @@ fn program_costs(agent: &Agent) -> anyhow::Result<BTreeMap<String, (u64, u64)>> 
 
 /// Runs and total run time (ns) of one of the agent's programs, from its status report.
 fn program_cost(agent: &Agent, name: &str) -> anyhow::Result<(u64, u64)> {
-    let status = agent.status_json()?;
-    let program = status["programs"]
-        .as_array()
-        .and_then(|programs| programs.iter().find(|p| p["name"] == name))
-        .with_context(|| format!("{name} in the agent's status"))?;
-    let field = |key: &str| {
-        program[key]
-            .as_u64()
-            .with_context(|| format!("{name}: {key}"))
-    };
-    Ok((field("runs")?, field("run_time_ns")?))
+    program_costs(agent)?
+        .get(name)
+        .copied()
+        .with_context(|| format!("{name} in the agent's status"))
 }
 
 fn main() -> anyhow::Result<()> {

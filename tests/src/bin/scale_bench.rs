@@ -4,9 +4,9 @@
 //! Objects go through the API source's path: each arrives as the API server's JSON, is decoded
 //! as the agent's watchers decode it (`kubernetes::WatchedObject`) and then into its type
 //! (`kubernetes::parse_watched`), parsed on its own into the per-object cache the Kubernetes
-//! source keeps (`source::ObjectCache`, its only copy of the objects), and a sync assembles the state, finds what changed
-//! (`sync::Changes`) and runs the stages that read it, as the agent's `cluster` module does,
-//! into real maps in this kernel. Figures:
+//! source keeps (`source::ObjectCache`, its only copy of the objects), and a sync assembles
+//! the state, finds what changed (`sync::Changes`) and runs the stages that read it, as the
+//! agent's `cluster` module does, into real maps in this kernel. Figures:
 //!
 //! - the first sync from nothing (target under 2 s);
 //! - one endpoint, one pod label, one policy changed, one pod added on another node and one
