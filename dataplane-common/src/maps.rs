@@ -31,6 +31,14 @@ pub const OUTSIDE: &str = "DP_OVL_OUTSIDE";
 /// [`crate::overlay::route_cache_slot`].
 pub const ROUTE_CACHE: &str = "DP_OVL_ROUTES";
 
+/// Per-CPU array (not pinned): a copy of a transport segment XDP delivers to a pod, for its
+/// checksum.
+pub const SEGMENT_SCRATCH: &str = "DP_SEGMENT";
+
+/// Device hash map (not pinned): host-side veths of local pods whose pod end takes frames
+/// from XDP, keyed and valued by their ifindex.
+pub const XDP_PODS: &str = "DP_XDP_PODS";
+
 /// Hash: ifindex of a local pod's host-side veth -> [`crate::port::PodPort`], the addresses
 /// the pod may send as and be sent to (port security).
 pub const POD_PORTS: &str = "DP_POD_PORTS";

@@ -480,6 +480,13 @@ pub fn may_be_service(parsed: &Parsed) -> bool {
         || port_marked(BACKEND_PORTS_BASE, parsed.src_port)
 }
 
+/// Whether `port_be` is some backend's port: a packet from it may be the reply of a service
+/// flow, which the load-balancer gives its service address back.
+#[inline(always)]
+pub fn backend_port(port_be: [u8; 2]) -> bool {
+    port_marked(BACKEND_PORTS_BASE, port_be)
+}
+
 /// Whether `port` is marked in the bitmap at `base` (a service port or a backend port).
 #[inline(always)]
 fn port_marked(base: u32, port_be: [u8; 2]) -> bool {

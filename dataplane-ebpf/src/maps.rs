@@ -68,6 +68,18 @@ pub static NODE_ADDRS: HashMap<Addr, u32> = HashMap::pinned(MAX_NODES * 2, 0);
 #[map(name = "DP_OVL_PODS")]
 pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
 
+/// This CPU's copy of a transport segment XDP delivers to a pod, for its checksum
+/// (`overlay::deliver_in_xdp`): at most 512 bytes, and up to three bytes of padding.
+#[map(name = "DP_SEGMENT")]
+pub static SEGMENT_SCRATCH: PerCpuArray<[u8; 516]> = PerCpuArray::with_max_entries(1, 0);
+
+/// Host-side veths of the local pods whose pod end takes frames from XDP (it polls: GRO on):
+/// decapsulated frames for those pods go straight in (`overlay::deliver_in_xdp`). Not pinned:
+/// a new program starts empty, which only means the stack delivers until the agent's sync.
+#[map(name = "DP_XDP_PODS")]
+pub static XDP_PODS: aya_ebpf::maps::DevMapHash =
+    aya_ebpf::maps::DevMapHash::with_max_entries(MAX_LOCAL_PODS, 0);
+
 /// Pods on this node by the ifindex of their host-side veth: what they may send as and be
 /// sent to (port security).
 #[map(name = "DP_POD_PORTS")]

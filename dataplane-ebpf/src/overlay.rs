@@ -4,7 +4,9 @@
 //! (`bpf_redirect_peer`); a packet for a pod CIDR of another node is wrapped in outer
 //! Ethernet / IP / UDP / Geneve and redirected out of the underlay NIC towards that node.
 //! Arriving on the underlay (XDP): Geneve from a cluster node is checked as RFC 8926 requires,
-//! unwrapped, and handed to the stack addressed to this node, which routes it to the pod.
+//! unwrapped, and handed straight to the pod's veth when nothing on the stack's way would do
+//! more than route it (`deliver_in_xdp`), else to the stack addressed to this node, which
+//! routes it to the pod.
 //! A pod CIDR of a hybrid node (`crate::hybrid`) is reached the same way in VXLAN.
 //!
 //! UDP checksum: zero for both underlay families. RFC 8926 §3.3 allows a zero checksum over
@@ -29,8 +31,9 @@ use aya_ebpf::{
         xdp_action,
     },
     helpers::{
-        bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer, bpf_skb_adjust_room,
-        bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
+        bpf_csum_diff, bpf_fib_lookup, bpf_redirect, bpf_redirect_neigh, bpf_redirect_peer,
+        bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
+        bpf_xdp_load_bytes,
     },
     maps::lpm_trie::Key,
     programs::{TcContext, XdpContext},
@@ -52,10 +55,11 @@ use crate::{
     csum::write_ipv4,
     hybrid, icmp,
     maps::{
-        ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS, OUTSIDE,
-        OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6, ROUTE_CACHE, SCRATCH,
+        ACL_ENDPOINTS, ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS,
+        OUTSIDE, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6, ROUTE_CACHE, SCRATCH,
+        SEGMENT_SCRATCH, XDP_PODS,
     },
-    parse::{IPPROTO_UDP, Packet, read},
+    parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, read},
     stage::Stage,
     work::Parsed,
 };
@@ -836,13 +840,20 @@ fn unwrap_geneve(
     if is_group(&key.data) {
         return Ok(None);
     }
-    // SAFETY: only presence is checked.
-    if unsafe { LOCAL_PODS.get(&key.data) }.is_none() && !egress_bound(packet, inner, key)? {
+    // SAFETY: the value is copied out before anything can change the map.
+    let pod = unsafe { LOCAL_PODS.get(&key.data) }.copied();
+    if pod.is_none() && !egress_bound(packet, inner, key)? {
         return Err(DropReason::GeneveNoLocalPod);
     }
     // SAFETY: plain helper call; shrinking from the front by a length checked above.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, inner as i32) } != 0 {
         return Err(DropReason::GeneveInnerMalformed);
+    }
+    // `key` still holds the inner destination: it was overwritten only when no pod was found.
+    if let Some(pod) = pod
+        && deliver_in_xdp(ctx, &pod, &key.data)
+    {
+        return Ok(Some(xdp_action::XDP_REDIRECT));
     }
     // Address the inner frame to this node so the stack accepts it and routes it to the pod.
     let (start, end) = (ctx.data(), ctx.data_end());
@@ -852,6 +863,237 @@ fn unwrap_geneve(
     // SAFETY: the 6 bytes at start were bounds-checked just above.
     unsafe { copy_bytes::<6>(start as *mut u8, config.underlay_mac.as_ptr()) };
     Ok(Some(xdp_action::XDP_PASS))
+}
+
+/// Inner frames whose transport segment is longer than this go up the stack: GRO merges them
+/// there, and verifying their checksum here would cost more than the stack's pass saves.
+const XDP_DELIVER_MAX_L4: usize = 512;
+
+/// Hands a decapsulated frame (now at the packet's start) for the local pod `pod` (address
+/// `dst`, 16-byte form) straight into the pod's veth through `XDP_PODS`, past this node's
+/// stack, `tc_underlay` and `tc_to_pod`, when none of them would do more than route it:
+/// - the pod's end takes frames from XDP (its host veth is in `XDP_PODS`);
+/// - no access control applies to the pod (no entry in `ACL_ENDPOINTS`), and the frame does
+///   not come from a backend's port (a service reply, which the load-balancer translates);
+/// - TCP or UDP in IPv4 without options or fragmentation, or in IPv6 without extension
+///   headers, as long as its IP header says, with a hop limit above 1;
+/// - its transport checksum is one the pod accepts: a frame sent with checksum offload (as a
+///   veth underlay carries them) leaves the sum to its receiver, which an XDP frame cannot
+///   tell the pod, so such frames take the stack's way.
+///
+/// Then it is addressed as the pod's gateway would, its hop limit lowered by one as the
+/// stack's forwarding does, and redirected. `false`: nothing in the frame was changed.
+/// A call of its own: its frame is not added to the decapsulation's.
+#[inline(never)]
+fn deliver_in_xdp(ctx: &XdpContext, pod: &LocalPod, dst: &Addr) -> bool {
+    // Only sets where the frame goes if the program returns XDP_REDIRECT.
+    if XDP_PODS.redirect(pod.ifindex, 0).is_err() {
+        return false;
+    }
+    // SAFETY: only presence is checked.
+    if crate::acl::active() && unsafe { ACL_ENDPOINTS.get(dst) }.is_some() {
+        return false;
+    }
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let packet = Packet::new(start, end, end - start);
+    let Some(eth) = packet.header::<[u8; 14]>(0) else {
+        return false;
+    };
+    // SAFETY: bounds-checked by header().
+    let ether_type = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    let deliverable = match ether_type {
+        ETH_P_IP => inner_ipv4(&packet).is_some_and(|seg| segment_accepted(ctx, &packet, &seg)),
+        ETH_P_IPV6 => inner_ipv6(&packet).is_some_and(|seg| segment_accepted(ctx, &packet, &seg)),
+        _ => false,
+    };
+    if !deliverable || !forward_hop(&packet, ether_type == ETH_P_IP) {
+        return false;
+    }
+    // SAFETY: the Ethernet header was bounds-checked above.
+    unsafe {
+        copy_bytes::<6>(start as *mut u8, pod.pod_mac.as_ptr());
+        copy_bytes::<6>((start + 6) as *mut u8, pod.host_mac.as_ptr());
+    }
+    true
+}
+
+/// The transport segment of an inner frame, as its IP header describes it.
+struct Segment<const L4: usize> {
+    len: usize,
+    protocol: u8,
+    /// One's-complement sum (unfolded, native word order) of the pseudo-header.
+    pseudo: u64,
+}
+
+/// Sum of the `WORDS` 4-byte words of `header` from byte `AT` on, read in native order (see
+/// [`segment_accepted`]), straight from the packet.
+#[inline(always)]
+fn word_sum<const N: usize, const AT: usize, const WORDS: usize>(header: &[u8; N]) -> u64 {
+    let mut sum = 0u64;
+    for w in 0..WORDS {
+        let i = AT + w * 4;
+        sum += u32::from_ne_bytes([header[i], header[i + 1], header[i + 2], header[i + 3]]) as u64;
+    }
+    sum
+}
+
+/// An inner IPv4 frame XDP may deliver: no options, no fragment, TTL above 1, TCP or UDP,
+/// its total length that of the frame.
+#[inline(always)]
+fn inner_ipv4(packet: &Packet) -> Option<Segment<{ ETH_LEN + 20 }>> {
+    let ip: *const [u8; 20] = packet.header(ETH_LEN)?;
+    // SAFETY: bounds-checked by header().
+    let ip = unsafe { &*ip };
+    // Fragments (MF or an offset; DF may be set) are tc's, which remembers their ports.
+    if ip[0] != 0x45 || ip[6] & 0x3F != 0 || ip[7] != 0 || ip[8] <= 1 {
+        return None;
+    }
+    let protocol = ip[9];
+    if !matches!(protocol, IPPROTO_TCP | IPPROTO_UDP) {
+        return None;
+    }
+    let total = u16::from_be_bytes([ip[2], ip[3]]) as usize;
+    if ETH_LEN + total != packet.len() {
+        return None;
+    }
+    let len = total.checked_sub(20)?;
+    let tail = [0, protocol, (len >> 8) as u8, len as u8];
+    Some(Segment {
+        len,
+        protocol,
+        pseudo: word_sum::<20, 12, 2>(ip) + u32::from_ne_bytes(tail) as u64,
+    })
+}
+
+/// An inner IPv6 frame XDP may deliver: TCP or UDP right after the fixed header, hop limit
+/// above 1, its payload length that of the frame.
+#[inline(always)]
+fn inner_ipv6(packet: &Packet) -> Option<Segment<{ ETH_LEN + 40 }>> {
+    let ip: *const [u8; 40] = packet.header(ETH_LEN)?;
+    // SAFETY: bounds-checked by header().
+    let ip = unsafe { &*ip };
+    let protocol = ip[6];
+    if ip[0] >> 4 != 6 || !matches!(protocol, IPPROTO_TCP | IPPROTO_UDP) || ip[7] <= 1 {
+        return None;
+    }
+    let len = u16::from_be_bytes([ip[4], ip[5]]) as usize;
+    if ETH_LEN + 40 + len != packet.len() {
+        return None;
+    }
+    let tail = [0, 0, (len >> 8) as u8, len as u8];
+    Some(Segment {
+        len,
+        protocol,
+        pseudo: word_sum::<40, 8, 8>(ip)
+            + u32::from_ne_bytes(tail) as u64
+            + u32::from_ne_bytes([0, 0, 0, protocol]) as u64,
+    })
+}
+
+/// Whether `seg` is a TCP or UDP segment the pod's stack accepts: whole headers, a UDP length
+/// that matches, a checksum that verifies (or a zero UDP checksum over IPv4), and no backend's
+/// source port. One's-complement sums do not depend on byte order: the words are added as the
+/// CPU reads them, and a correct sum folds to all ones either way.
+#[inline(never)]
+fn segment_accepted<const L4: usize>(ctx: &XdpContext, packet: &Packet, seg: &Segment<L4>) -> bool {
+    if seg.len > XDP_DELIVER_MAX_L4 {
+        return false;
+    }
+    let Some(head) = packet.header::<[u8; 8]>(L4) else {
+        return false;
+    };
+    // SAFETY: bounds-checked by header().
+    let head = unsafe { *head };
+    if crate::lb::backend_port([head[0], head[1]]) {
+        return false;
+    }
+    if seg.protocol == IPPROTO_UDP {
+        if u16::from_be_bytes([head[4], head[5]]) as usize != seg.len {
+            return false;
+        }
+        if head[6] == 0 && head[7] == 0 {
+            // No checksum: accepted over IPv4, refused over IPv6 (the stack drops it).
+            return L4 == ETH_LEN + 20;
+        }
+    } else if seg.len < 20 {
+        return false;
+    }
+    // Copied out in one helper call and summed in one more: the segment's length varies, and
+    // a loop reading the packet itself costs a bounds check a word.
+    let len = seg.len;
+    if len == 0 || len > XDP_DELIVER_MAX_L4 {
+        return false;
+    }
+    let Some(buf) = SEGMENT_SCRATCH.get_ptr_mut(0) else {
+        return false;
+    };
+    // SAFETY: this CPU's slot, used within this program run only.
+    let buf = unsafe { &mut *buf };
+    // SAFETY: at most `len` (checked above) bytes into a buffer of `XDP_DELIVER_MAX_L4 + 4`.
+    if unsafe { bpf_xdp_load_bytes(ctx.ctx, L4 as u32, buf.as_mut_ptr().cast(), len as u32) } != 0 {
+        return false;
+    }
+    // The last one to three bytes are summed padded with zeros to a word.
+    let padded = (len + 3) & !3;
+    for i in 0..3 {
+        let at = len + i;
+        if at >= padded || at >= buf.len() {
+            break;
+        }
+        buf[at] = 0;
+    }
+    if padded > XDP_DELIVER_MAX_L4 {
+        return false;
+    }
+    let mut seed = seg.pseudo;
+    seed = (seed & 0xFFFF_FFFF) + (seed >> 32);
+    seed = (seed & 0xFFFF_FFFF) + (seed >> 32);
+    // SAFETY: `padded` bytes of the buffer, a multiple of 4 within it; nothing to diff from.
+    let sum = unsafe {
+        bpf_csum_diff(
+            core::ptr::null_mut(),
+            0,
+            buf.as_mut_ptr().cast(),
+            padded as u32,
+            seed as u32,
+        )
+    };
+    sum >= 0 && fold_sum(sum as u64) == 0xFFFF
+}
+
+/// A 64-bit one's-complement sum folded to 16 bits.
+#[inline(always)]
+fn fold_sum(mut sum: u64) -> u16 {
+    for _ in 0..4 {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum as u16
+}
+
+/// Lowers the inner frame's TTL (IPv4, its header checksum updated as RFC 1624 does for one
+/// changed word) or hop limit by one, as the stack's forwarding to the pod would.
+#[inline(always)]
+fn forward_hop(packet: &Packet, ipv4: bool) -> bool {
+    if ipv4 {
+        let Some(ip) = packet.header::<[u8; 20]>(ETH_LEN) else {
+            return false;
+        };
+        let ip = ip as *mut [u8; 20];
+        // SAFETY: bounds-checked by header(); the frame is writable in XDP.
+        let ip = unsafe { &mut *ip };
+        ip[8] -= 1;
+        let check = u16::from_be_bytes([ip[10], ip[11]]) as u32 + 0x0100;
+        let check = (check + (check >= 0xFFFF) as u32) as u16;
+        [ip[10], ip[11]] = check.to_be_bytes();
+    } else {
+        let Some(ip) = packet.header::<[u8; 8]>(ETH_LEN) else {
+            return false;
+        };
+        let ip = ip as *mut [u8; 8];
+        // SAFETY: as above.
+        unsafe { (*ip)[7] -= 1 };
+    }
+    true
 }
 
 /// Writes the outer source (16-byte form) into `src`; whether the outer destination is this

@@ -70,6 +70,12 @@ impl Packet {
         Self { start, end, len }
     }
 
+    /// The whole packet length.
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
     /// A pointer to a `T` at `offset`, if all of it lies within the linear data.
     #[inline(always)]
     pub fn header<T>(&self, offset: usize) -> Option<*const T> {

@@ -68,6 +68,10 @@ fn unwrapped(ctx: &XdpContext, parsed: &Parsed, stage: Stage) -> u32 {
     match stage.result() {
         Ok(Some((action, outcome))) => {
             count_outcome(Hook::Underlay, outcome);
+            // Handed straight to a pod of this node (`overlay::deliver_in_xdp`).
+            if action == xdp_action::XDP_REDIRECT {
+                count_outcome(Hook::Underlay, PacketClass::LocalRedirect);
+            }
             action
         }
         Ok(None) => nodeport_fast_path(ctx, parsed),

@@ -632,9 +632,11 @@ fn fingerprint(
 /// The host interface a pod address is routed to, in this node's namespace.
 fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     let name = netdev::host_route_device(ip)?;
+    let ifindex = preflight::interface_index(&name).ok()?;
     Some(model::HostInterface {
-        ifindex: preflight::interface_index(&name).ok()?,
+        ifindex,
         mac: netdev::mac(&name).ok()?,
+        takes_xdp: netdev::takes_xdp(ifindex),
         name,
     })
 }

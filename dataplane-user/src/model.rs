@@ -22,6 +22,8 @@ pub struct HostInterface {
     pub name: String,
     pub ifindex: u32,
     pub mac: [u8; 6],
+    /// The pod's end takes frames XDP redirects to it (`netdev::takes_xdp`).
+    pub takes_xdp: bool,
 }
 
 /// The overlay view of this node, and one line per object that could not be used.
@@ -185,6 +187,7 @@ pub fn build(
             pod_mac,
             host_ifindex: interface.ifindex,
             host_mac: interface.mac,
+            takes_xdp: interface.takes_xdp,
         });
     }
     NodeModel {
@@ -466,6 +469,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
                 name: name.into(),
                 ifindex: 10,
                 mac: [2, 0, 0, 0, 1, 1],
+                takes_xdp: false,
             })
         };
         let hosted = HostedPods::from_pods(&state.pods, "a");

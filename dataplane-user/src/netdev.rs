@@ -67,20 +67,139 @@ pub fn mtu(name: &str) -> io::Result<u32> {
 pub fn gro_enabled(name: &str) -> io::Result<bool> {
     /// `ETHTOOL_GGRO` from linux/ethtool.h: get the GRO flag into `ethtool_value.data`.
     const ETHTOOL_GGRO: u32 = 0x2b;
+    Ok(ethtool_value(name, ETHTOOL_GGRO, 0)? != 0)
+}
+
+/// Turns generic receive offload on or off for `name` (in the calling thread's namespace). On
+/// a veth it also makes the device poll its queue (NAPI), the only way it takes frames that
+/// XDP redirects to its peer.
+pub fn set_gro(name: &str, on: bool) -> io::Result<()> {
+    /// `ETHTOOL_SGRO` from linux/ethtool.h: set the GRO flag from `ethtool_value.data`.
+    const ETHTOOL_SGRO: u32 = 0x2c;
+    ethtool_value(name, ETHTOOL_SGRO, u32::from(on)).map(|_| ())
+}
+
+/// One `struct ethtool_value` request (`cmd`, `data`) for `name`; the `data` it returns.
+fn ethtool_value(name: &str, cmd: u32, data: u32) -> io::Result<u32> {
     #[repr(C)]
     struct EthtoolValue {
         cmd: u32,
         data: u32,
     }
-    let mut value = EthtoolValue {
-        cmd: ETHTOOL_GGRO,
-        data: 0,
-    };
-    let data = (&raw mut value).cast::<libc::c_char>();
+    let mut value = EthtoolValue { cmd, data };
+    let pointer = (&raw mut value).cast::<libc::c_char>();
     ifreq_ioctl_with(name, libc::SIOCETHTOOL, |ifreq| {
-        ifreq.ifr_ifru.ifru_data = data
+        ifreq.ifr_ifru.ifru_data = pointer
     })?;
-    Ok(value.data != 0)
+    Ok(value.data)
+}
+
+/// The alias the CNI plugin gives a pod's host-side veth once the pod's end polls (GRO on):
+/// the agent then lets XDP deliver that pod's frames straight into it (`DP_XDP_PODS`). A veth
+/// whose peer does not poll would drop what XDP sends it, and the host side cannot read its
+/// peer's setting, so the plugin, which made both ends, says so here.
+pub const TAKES_XDP_ALIAS: &str = "dataplane:takes-xdp";
+
+/// Whether the alias of the interface `ifindex` says its pod end takes frames from XDP
+/// ([`TAKES_XDP_ALIAS`]).
+pub fn takes_xdp(ifindex: u32) -> bool {
+    alias(ifindex).is_ok_and(|alias| alias == TAKES_XDP_ALIAS)
+}
+
+/// The alias of the interface `ifindex` in the calling thread's network namespace (empty when
+/// none), asked of the kernel by one rtnetlink RTM_GETLINK: `/sys/class/net` shows the
+/// namespace sysfs was mounted in, which is not the agent's when it was only entered.
+pub fn alias(ifindex: u32) -> io::Result<String> {
+    const IFINFOMSG_LEN: usize = 16;
+    const HEADER_LEN: usize = 16;
+    // SAFETY: plain socket creation; the fd is owned right away.
+    let fd = unsafe {
+        libc::socket(
+            libc::AF_NETLINK,
+            libc::SOCK_RAW | libc::SOCK_CLOEXEC,
+            libc::NETLINK_ROUTE,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd is a fresh, valid descriptor owned by nothing else.
+    let socket = unsafe { OwnedFd::from_raw_fd(fd) };
+    // nlmsghdr (length, type, flags, sequence, port id), then ifinfomsg naming the link.
+    let mut request = Vec::with_capacity(HEADER_LEN + IFINFOMSG_LEN);
+    request.extend_from_slice(&((HEADER_LEN + IFINFOMSG_LEN) as u32).to_ne_bytes());
+    request.extend_from_slice(&libc::RTM_GETLINK.to_ne_bytes());
+    request.extend_from_slice(&(libc::NLM_F_REQUEST as u16).to_ne_bytes());
+    request.extend_from_slice(&1u32.to_ne_bytes());
+    request.extend_from_slice(&0u32.to_ne_bytes());
+    request.extend_from_slice(&[libc::AF_UNSPEC as u8, 0, 0, 0]);
+    request.extend_from_slice(&(ifindex as i32).to_ne_bytes());
+    request.extend_from_slice(&[0; 8]);
+    // SAFETY: the buffer is valid for its length; the kernel is the destination by default.
+    let sent = unsafe {
+        libc::send(
+            socket.as_raw_fd(),
+            request.as_ptr().cast(),
+            request.len(),
+            0,
+        )
+    };
+    if sent < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut reply = vec![0u8; 64 * 1024];
+    // SAFETY: the buffer is valid and writable for its length.
+    let got = unsafe {
+        libc::recv(
+            socket.as_raw_fd(),
+            reply.as_mut_ptr().cast(),
+            reply.len(),
+            0,
+        )
+    };
+    if got < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    link_alias(&reply[..got as usize])
+}
+
+/// The IFLA_IFALIAS attribute of an RTM_NEWLINK reply (empty without one).
+fn link_alias(reply: &[u8]) -> io::Result<String> {
+    let word = |at: usize| -> Option<u16> {
+        Some(u16::from_ne_bytes(reply.get(at..at + 2)?.try_into().ok()?))
+    };
+    match word(4) {
+        Some(kind) if kind == libc::RTM_NEWLINK => {}
+        Some(kind) if kind == libc::NLMSG_ERROR as u16 => {
+            let code = reply
+                .get(16..20)
+                .map_or(0, |b| i32::from_ne_bytes([b[0], b[1], b[2], b[3]]));
+            return Err(io::Error::from_raw_os_error(-code));
+        }
+        _ => return Err(io::Error::other("unexpected rtnetlink reply")),
+    }
+    let end = reply
+        .get(0..4)
+        .map_or(0, |b| u32::from_ne_bytes([b[0], b[1], b[2], b[3]]) as usize)
+        .min(reply.len());
+    // Attributes follow the 16-byte message header and the 16-byte ifinfomsg, 4-aligned.
+    let mut at = 32;
+    while at + 4 <= end {
+        let (Some(len), Some(kind)) = (word(at), word(at + 2)) else {
+            break;
+        };
+        let len = usize::from(len);
+        if len < 4 || at + len > end {
+            break;
+        }
+        if kind == libc::IFLA_IFALIAS {
+            let value = &reply[at + 4..at + len];
+            let value = value.split(|b| *b == 0).next().unwrap_or_default();
+            return Ok(String::from_utf8_lossy(value).into_owned());
+        }
+        at += (len + 3) & !3;
+    }
+    Ok(String::new())
 }
 
 /// The name of the driver behind `name` ("veth", "mlx5_core", ...).
@@ -290,6 +409,42 @@ pub fn send_frame(ifindex: u32, frame: &[u8]) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An RTM_NEWLINK reply: the header, an ifinfomsg, an IFLA_MTU and an IFLA_IFALIAS.
+    fn newlink_reply(alias: &str) -> Vec<u8> {
+        let mut attrs = Vec::new();
+        attrs.extend_from_slice(&8u16.to_ne_bytes());
+        attrs.extend_from_slice(&libc::IFLA_MTU.to_ne_bytes());
+        attrs.extend_from_slice(&1500u32.to_ne_bytes());
+        let len = 4 + alias.len() + 1;
+        attrs.extend_from_slice(&(len as u16).to_ne_bytes());
+        attrs.extend_from_slice(&libc::IFLA_IFALIAS.to_ne_bytes());
+        attrs.extend_from_slice(alias.as_bytes());
+        attrs.push(0);
+        attrs.resize(attrs.len().next_multiple_of(4), 0);
+        let mut reply = Vec::new();
+        reply.extend_from_slice(&((32 + attrs.len()) as u32).to_ne_bytes());
+        reply.extend_from_slice(&libc::RTM_NEWLINK.to_ne_bytes());
+        reply.extend_from_slice(&[0; 10]);
+        reply.extend_from_slice(&[0; 16]);
+        reply.extend_from_slice(&attrs);
+        reply
+    }
+
+    #[test]
+    fn the_alias_is_read_from_the_link_reply() {
+        assert_eq!(
+            link_alias(&newlink_reply(TAKES_XDP_ALIAS)).expect("alias"),
+            TAKES_XDP_ALIAS
+        );
+        let mut without = newlink_reply("x");
+        without.truncate(40);
+        without[..4].copy_from_slice(&40u32.to_ne_bytes());
+        assert_eq!(link_alias(&without).expect("no alias"), "");
+        // The loopback device of this namespace, asked of the kernel itself.
+        assert_eq!(alias(1).expect("rtnetlink"), "");
+        assert!(!takes_xdp(1));
+    }
 
     #[test]
     fn local_addresses_include_loopback() {

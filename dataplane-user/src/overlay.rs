@@ -2,12 +2,12 @@
 //! of the cluster into the exact contents of the overlay maps (pure), and sync the maps.
 
 use std::{
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet},
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     sync::Arc,
 };
 
-use aya::maps::{Array, HashMap, LpmTrie, MapData, lpm_trie::Key};
+use aya::maps::{Array, DevMapHash, HashMap, LpmTrie, MapData, lpm_trie::Key};
 use dataplane_common::{
     maps,
     overlay::{
@@ -112,6 +112,8 @@ pub struct LocalPodView {
     pub pod_mac: [u8; 6],
     pub host_ifindex: u32,
     pub host_mac: [u8; 6],
+    /// The pod's end takes frames from XDP: decapsulated frames may go straight in.
+    pub takes_xdp: bool,
 }
 
 /// This node's underlay NIC.
@@ -165,6 +167,8 @@ pub struct OverlayMaps {
     pub local_pods: BTreeMap<Addr, LocalPod>,
     /// Port security of the local pods, by host-side veth (`crate::port`).
     pub pod_ports: BTreeMap<u32, PodPort>,
+    /// Host-side veths of the local pods whose end takes frames from XDP (`DP_XDP_PODS`).
+    pub xdp_pods: BTreeSet<u32>,
 }
 
 /// The address a 16-byte form stands for (IPv4-mapped read as IPv4).
@@ -283,6 +287,9 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
             .or_insert_with(port::unrestricted);
     }
     for pod in &view.local_pods {
+        if pod.takes_xdp {
+            maps.xdp_pods.insert(pod.host_ifindex);
+        }
         for address in &pod.addresses {
             maps.local_pods.insert(
                 addr16(*address),
@@ -474,6 +481,7 @@ impl Dataplane {
         let pods_changed = pod_changes.written + pod_changes.deleted > 0
             || port_changes.written + port_changes.deleted > 0;
         stats.add(pod_changes);
+        stats.add(self.sync_xdp_pods(&desired.xdp_pods, last.map(|l| &l.xdp_pods))?);
 
         let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
         stats.add(
@@ -522,6 +530,51 @@ impl Dataplane {
 }
 
 impl Dataplane {
+    /// Makes `DP_XDP_PODS` hold exactly `desired` (each veth keyed and valued by its ifindex),
+    /// compared with `last` or, without it, with the map's keys.
+    fn sync_xdp_pods(
+        &mut self,
+        desired: &BTreeSet<u32>,
+        last: Option<&BTreeSet<u32>>,
+    ) -> Result<SyncStats, AgentError> {
+        let map_err = |action: &'static str| {
+            move |source| AgentError::Map {
+                name: maps::XDP_PODS.into(),
+                action,
+                source,
+            }
+        };
+        let mut map: DevMapHash<&mut MapData> = self.typed_map(maps::XDP_PODS)?;
+        let current: BTreeSet<u32> = match last {
+            Some(last) => last.clone(),
+            None => map
+                .keys()
+                .collect::<Result<_, _>>()
+                .map_err(map_err("read"))?,
+        };
+        let mut stats = SyncStats::default();
+        for ifindex in desired.difference(&current) {
+            // No program runs on the way in, so chaining support is never asked for.
+            map.insert(*ifindex, *ifindex, None, 0)
+                .map_err(|error| match error {
+                    aya::maps::xdp::XdpMapError::MapError(source) => map_err("write")(source),
+                    other => AgentError::KernelUnsupported {
+                        reason: format!("{}: {other}", maps::XDP_PODS),
+                    },
+                })?;
+            stats.written += 1;
+        }
+        for ifindex in current.difference(desired) {
+            match map.remove(*ifindex) {
+                Ok(()) => stats.deleted += 1,
+                // The kernel drops a device's entry when the device goes.
+                Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(source) => return Err(map_err("delete")(source)),
+            }
+        }
+        Ok(stats)
+    }
+
     /// The kernel's `OUTSIDE` bitmap, word by word.
     fn read_outside(&mut self) -> Result<Vec<u64>, AgentError> {
         let map: Array<&mut MapData, u64> = self.typed_map(maps::OUTSIDE)?;
@@ -884,6 +937,7 @@ mod tests {
                 pod_mac: [0x0a, 0x58, 10, 244, 1, 2],
                 host_ifindex: 7,
                 host_mac: [2, 0, 0, 0, 0, 7],
+                takes_xdp: false,
             }],
             unrestricted_ifindexes: Vec::new(),
             underlay: Underlay {

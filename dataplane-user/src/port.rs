@@ -83,6 +83,7 @@ mod tests {
             pod_mac: [0x0a, 0x58, 10, 244, 1, ifindex as u8],
             host_ifindex: ifindex,
             host_mac: [0xee; 6],
+            takes_xdp: false,
         }
     }
 

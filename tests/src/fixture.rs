@@ -60,6 +60,7 @@ impl Fixture {
             pod_mac: mac,
             host_ifindex: TEST_RUN_IFINDEX,
             host_mac: [0; 6],
+            takes_xdp: false,
         };
         let record = dataplane_user::port::compile(&[pod])[&TEST_RUN_IFINDEX];
         let mut ports: HashMap<&mut MapData, u32, PodPort> = self.typed_map(POD_PORTS)?;

@@ -101,6 +101,7 @@ pub fn bed() -> anyhow::Result<Bed> {
                 pod_mac: LOCAL_POD_MAC,
                 host_ifindex: ifindex("vp1")?,
                 host_mac: LOCAL_HOST_MAC,
+                takes_xdp: false,
             },
             // The pod the test frames come from (`crate::packets`), behind the device test
             // runs use.
@@ -110,6 +111,7 @@ pub fn bed() -> anyhow::Result<Bed> {
                 pod_mac: POD_MAC,
                 host_ifindex: TEST_RUN_IFINDEX,
                 host_mac: GW_MAC,
+                takes_xdp: false,
             },
         ],
         unrestricted_ifindexes: Vec::new(),

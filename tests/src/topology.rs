@@ -450,6 +450,11 @@ impl Topology {
             &format!("ip addr add {POD_GATEWAY}/32 dev {host_iface}"),
         )?;
         sh_in(&node_ns, &format!("ip link set {host_iface} up"))?;
+        // As the CNI plugin wires a pod: GRO on at the pod's end (it then polls, and takes
+        // frames the node's XDP hands it), said on the host side for the agent.
+        sh_in(&netns, "ethtool -K eth0 gro on")?;
+        let alias = dataplane_user::netdev::TAKES_XDP_ALIAS;
+        sh_in(&node_ns, &format!("ip link set {host_iface} alias {alias}"))?;
         let ip6 = (self.mode == Mode::Overlay).then(|| pod_ip6(node, index));
         if let Some(ip6) = ip6 {
             sh_in(&netns, &format!("ip -6 addr add {ip6}/128 dev eth0 nodad"))?;

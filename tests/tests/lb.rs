@@ -1779,6 +1779,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
         addresses: vec![ip("10.244.1.9"), ip("fd00:10:244:1::9")],
         pod_mac: client_mac,
         host_mac: client_host_mac,
+        takes_xdp: false,
         host_ifindex: client_ifindex,
     });
     let view = bed.view.clone();

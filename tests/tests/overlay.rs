@@ -3,9 +3,10 @@
 //! scapy builds for the same input; what scapy builds must be decapsulated (or refused) as
 //! RFC 8926 says.
 
-use aya::maps::{Array, MapData};
+use aya::maps::{Array, DevMapHash, HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
+    acl::AclEndpoint,
     maps::{self, PROG_FROM_POD, PROG_UNDERLAY},
 };
 use dataplane_tests::{
@@ -18,6 +19,7 @@ use serde_json::json;
 
 const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
+const XDP_REDIRECT: u32 = 4;
 const TC_ACT_OK: u32 = 0;
 const TC_ACT_REDIRECT: u32 = 7;
 
@@ -287,6 +289,134 @@ fn geneve(overrides: serde_json::Value, inner: &[u8]) -> Vec<u8> {
         request[key] = value.clone();
     }
     bytes_of(&scapy::call(&request).expect("scapy geneve"))
+}
+
+/// A scapy-built frame from a pod of node b (10.244.2.5) to the local pod 10.244.1.3, with
+/// `ttl` and `transport` (a scapy layer expression), checksums by scapy unless the layer
+/// gives one.
+fn inner_frame(dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8, transport: &str) -> Vec<u8> {
+    let expr = format!(
+        "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.3', ttl={ttl}, id=7)/{transport}",
+        packets::mac_text(&dst_mac),
+        packets::mac_text(&src_mac),
+    );
+    bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
+}
+
+#[test]
+fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
+    if !privileged("decapsulated_frames_go_straight_to_a_pod_that_takes_xdp") {
+        return;
+    }
+    let sender = [0x0a, 0x58, 10, 244, 2, 5];
+    let tcp = "TCP(sport=40000, dport=8080, flags='S', seq=1)/Raw(b'hello')";
+    let udp = "UDP(sport=40000, dport=5353)/Raw(b'abc')";
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    let pod_veth = bed.view.local_pods[0].host_ifindex;
+    // Before the agent says the pod's end takes frames from XDP: up the stack.
+    let frame = inner_frame(UNDERLAY_MAC, sender, 64, tcp);
+    let out = bed
+        .fixture
+        .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_PASS, "not in DP_XDP_PODS");
+    let mut xdp_pods: DevMapHash<&mut MapData> =
+        bed.fixture.typed_map(maps::XDP_PODS).expect("xdp pods");
+    xdp_pods
+        .insert(pod_veth, pod_veth, None, 0)
+        .expect("insert");
+
+    // Delivered: addressed as the pod's gateway would, the TTL one lower (scapy's own header
+    // checksum for TTL 63 is what the incremental update must give), nothing else changed.
+    for (name, transport) in [
+        ("tcp", tcp),
+        ("udp", udp),
+        (
+            "udp, no checksum",
+            "UDP(sport=40000, dport=5353, chksum=0)/Raw(b'abc')",
+        ),
+    ] {
+        let before = bed
+            .fixture
+            .counters()
+            .packets(Hook::Underlay, PacketClass::LocalRedirect);
+        let frame = inner_frame(UNDERLAY_MAC, sender, 64, transport);
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_REDIRECT, "{name}");
+        let expected = inner_frame(LOCAL_POD_MAC, LOCAL_HOST_MAC, 63, transport);
+        assert_eq!(
+            hex(&out.output),
+            hex(&expected),
+            "{name}: the frame the pod gets"
+        );
+        assert_eq!(
+            bed.fixture
+                .counters()
+                .packets(Hook::Underlay, PacketClass::LocalRedirect),
+            before + 1,
+            "{name}"
+        );
+    }
+
+    // Anything the stack or the tc programs would do more than route goes up to them,
+    // unchanged but for its destination MAC.
+    let big = "TCP(sport=40000, dport=8080, flags='A')/Raw(b'x' * 600)";
+    let up: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "a transport checksum left to the receiver (offload)",
+            inner_frame(
+                UNDERLAY_MAC,
+                sender,
+                64,
+                "TCP(sport=40000, dport=8080, chksum=0x1234)",
+            ),
+        ),
+        (
+            "TTL 1 (the stack answers)",
+            inner_frame(UNDERLAY_MAC, sender, 1, tcp),
+        ),
+        (
+            "longer than 512 bytes of TCP",
+            inner_frame(UNDERLAY_MAC, sender, 64, big),
+        ),
+        (
+            "ICMP",
+            inner_frame(UNDERLAY_MAC, sender, 64, "ICMP(type=8, id=1, seq=1)"),
+        ),
+    ];
+    for (name, frame) in &up {
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &geneve(json!({}), frame), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS, "{name}");
+        assert_eq!(hex(&out.output), hex(frame), "{name}: unchanged");
+    }
+
+    // A pod under access control: its ingress policy is judged by `tc_to_pod`.
+    let mut active: Array<&mut MapData, u32> =
+        bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
+    active.set(0, 1, 0).expect("set");
+    let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
+        .fixture
+        .typed_map(maps::ACL_ENDPOINTS)
+        .expect("endpoints");
+    let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
+        .to_ipv6_mapped()
+        .octets();
+    endpoints
+        .insert(pod, AclEndpoint::default(), 0)
+        .expect("insert");
+    let frame = inner_frame(UNDERLAY_MAC, sender, 64, tcp);
+    let out = bed
+        .fixture
+        .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_PASS, "under access control");
+    assert_eq!(hex(&out.output), hex(&frame));
 }
 
 #[test]

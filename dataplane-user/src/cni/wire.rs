@@ -146,8 +146,29 @@ fn make(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
         ip_batch(
             &format!("the pod's namespace {}", wiring.netns.display()),
             &pod_batch,
-        )
+        )?;
+        // GRO on the pod's end: its stack merges what it receives, and the veth polls its
+        // queue, so the agent's XDP can hand it decapsulated frames directly.
+        Ok(netdev::set_gro(ifname, true).is_ok())
     })
+    .and_then(|polls| mark_takes_xdp(host, polls))
+}
+
+/// Says on the host-side veth `host` that its pod's end polls (`polls`: GRO went on), so the
+/// agent may let XDP deliver to it ([`netdev::TAKES_XDP_ALIAS`]). Without GRO the pod's
+/// frames keep going through the node's stack.
+fn mark_takes_xdp(host: &str, polls: bool) -> Result<(), WireError> {
+    if !polls {
+        tracing::warn!(
+            host,
+            "GRO could not be turned on at the pod's end: no XDP delivery"
+        );
+        return Ok(());
+    }
+    ip_batch(
+        "the node",
+        &[format!("link set {host} alias {}", netdev::TAKES_XDP_ALIAS)],
+    )
 }
 
 /// Removes a pod's host-side veth (its peer goes with it) and the routes through it. Returns

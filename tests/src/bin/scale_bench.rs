@@ -628,6 +628,8 @@ fn local_veth(ip: IpAddr) -> Option<HostInterface> {
         name: format!("veth{d}"),
         ifindex: 1000 + u32::from(d),
         mac: [2, 0, 0, 0, 1, d],
+        // No such devices: the device map refuses them.
+        takes_xdp: false,
     })
 }
 
