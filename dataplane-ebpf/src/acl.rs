@@ -23,7 +23,7 @@
 
 use aya_ebpf::{
     helpers::{bpf_ktime_get_ns, bpf_skb_load_bytes},
-    programs::TcContext,
+    programs::{TcContext, XdpContext},
 };
 use dataplane_common::{
     DropReason, Hook, PacketClass,
@@ -122,6 +122,135 @@ pub fn to_pod(ctx: &TcContext, parsed: &Parsed, hook: Hook) -> Stage {
     Stage::new(Ok(None))
 }
 
+/// What [`to_pod_in_xdp`] returns for a frame it cannot judge: tc is to have it.
+pub const XDP_LEAVE_TO_TC: u32 = u32::MAX;
+
+/// [`to_pod`] for a TCP or UDP frame XDP hands straight to a local pod
+/// (`overlay::deliver_in_xdp`): untagged IPv4 without options (`ipv4`) or IPv6 without
+/// extension headers, a whole transport header within the frame. The caller leaves to tc what
+/// only tc does here: DNS answers (the copy for the agent needs the socket buffer) and
+/// service replies (the underlay's reverse NAT marks them). Returns 0 (allowed), the drop
+/// reason's code, or [`XDP_LEAVE_TO_TC`].
+#[inline(never)]
+pub fn to_pod_in_xdp(ctx: &XdpContext, ipv4: u32) -> u32 {
+    if !active() {
+        return 0;
+    }
+    let Some(slot) = ACL_SCRATCH.get_ptr_mut(0) else {
+        return XDP_LEAVE_TO_TC;
+    };
+    // SAFETY: this CPU's own slot, written and read within this program run.
+    let work = unsafe { &mut *slot };
+    let l4 = if ipv4 != 0 {
+        ETH_LEN + 20
+    } else {
+        ETH_LEN + 40
+    };
+    let Some(tcp_flags) = read_frame_flow(ctx, ipv4 != 0, l4, work) else {
+        return XDP_LEAVE_TO_TC;
+    };
+    // SAFETY: map values stay valid under RCU for the program's run; only read here.
+    let receiver = unsafe { ACL_ENDPOINTS.get(&work.flow.dst) };
+    // SAFETY: the value is only tested for presence.
+    if unsafe { ACL_NODE_ADDRS.get(&work.flow.src) }.is_some() {
+        return 0;
+    }
+    if let Some(endpoint) = receiver
+        && endpoint.policed()
+    {
+        if tracked(&mut work.flow, tcp_flags) {
+            count_outcome(Hook::Underlay, PacketClass::PolicyTracked);
+            return 0;
+        }
+        return match judge_new_flow(work, Hook::Underlay, None, receiver) {
+            Ok(()) => 0,
+            Err(reason) => reason as u32,
+        };
+    }
+    if receiver.is_some_and(|r| r.firewall != 0) {
+        track_inbound_flags(work, tcp_flags);
+    }
+    0
+}
+
+/// Fills the working set from an untagged IPv4 (`ipv4`) or IPv6 frame in XDP whose TCP or UDP
+/// header is at `l4`, as [`work`] does from a socket buffer; the TCP flags (0 for UDP).
+#[inline(always)]
+fn read_frame_flow(ctx: &XdpContext, ipv4: bool, l4: usize, work: &mut AclWork) -> Option<u8> {
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let ip = start + ETH_LEN;
+    let protocol;
+    if ipv4 {
+        if ip + 20 > end {
+            return None;
+        }
+        // SAFETY: within the 20 bytes checked above.
+        let header = unsafe { core::ptr::read_unaligned(ip as *const [u8; 20]) };
+        protocol = header[9];
+        set_ipv4_mapped(
+            &mut work.flow.src,
+            [header[12], header[13], header[14], header[15]],
+        );
+        set_ipv4_mapped(
+            &mut work.flow.dst,
+            [header[16], header[17], header[18], header[19]],
+        );
+    } else {
+        if ip + 40 > end {
+            return None;
+        }
+        // SAFETY: within the 40 bytes checked above; copied straight into place.
+        unsafe {
+            protocol = *((ip + 6) as *const u8);
+            copy_bytes::<16>(work.flow.src.as_mut_ptr(), (ip + 8) as *const u8);
+            copy_bytes::<16>(work.flow.dst.as_mut_ptr(), (ip + 24) as *const u8);
+        }
+    }
+    if start + l4 + 4 > end {
+        return None;
+    }
+    // SAFETY: the ports were bounds-checked just above.
+    let head = unsafe { core::ptr::read_unaligned((start + l4) as *const [u8; 4]) };
+    let tcp_flags = if protocol == IPPROTO_TCP {
+        if start + l4 + 14 > end {
+            return None;
+        }
+        // SAFETY: the flags byte was bounds-checked just above.
+        unsafe { *((start + l4 + 13) as *const u8) }
+    } else {
+        0
+    };
+    // Field by field, volatile, straight into the slot (as [`work`] copies the parse result:
+    // one unknown value for the verifier, and no copy on the stack).
+    let parsed = &mut work.parsed;
+    // SAFETY: plain stores into this CPU's slot.
+    unsafe {
+        core::ptr::write_volatile(
+            &mut parsed.ether_type,
+            if ipv4 { ETH_P_IP } else { ETH_P_IPV6 },
+        );
+        core::ptr::write_volatile(&mut parsed.l3_offset, ETH_LEN);
+        core::ptr::write_volatile(&mut parsed.l4_offset, l4);
+        core::ptr::write_volatile(&mut parsed.protocol, protocol);
+        core::ptr::write_volatile(&mut parsed.src_port, [head[0], head[1]]);
+        core::ptr::write_volatile(&mut parsed.dst_port, [head[2], head[3]]);
+        let class = if protocol == IPPROTO_TCP {
+            PacketClass::Tcp
+        } else {
+            PacketClass::Udp
+        };
+        core::ptr::write_volatile(&mut parsed.class, class);
+        core::ptr::write_volatile(&mut parsed.fragment, 0);
+        core::ptr::write_volatile(&mut parsed.frag_id, [0; 4]);
+    }
+    work.flow.src_port = u16::from_be_bytes([head[0], head[1]]);
+    work.flow.dst_port = u16::from_be_bytes([head[2], head[3]]);
+    work.flow.protocol = protocol;
+    // SAFETY: the three padding bytes of the key.
+    unsafe { copy_bytes::<3>(work.flow._pad.as_mut_ptr(), [0u8; 3].as_ptr()) };
+    Some(tcp_flags)
+}
+
 /// Copies a DNS answer (UDP from port 53) to a pod whose admin policies name wildcard
 /// domains to the agent, which learns the names' addresses from it. The packet itself goes
 /// on to be judged as any other; a full ring loses the copy, not the packet.
@@ -175,7 +304,12 @@ fn snoop_dns(ctx: &TcContext, work: &AclWork, receiver: Option<&AclEndpoint>) {
 /// TCP connection from its SYN, other protocols from any packet of a flow not tracked yet.
 #[inline(always)]
 fn track_inbound(ctx: &TcContext, work: &mut AclWork) {
-    let tcp_flags = tcp_flags(ctx, &work.parsed);
+    track_inbound_flags(work, tcp_flags(ctx, &work.parsed));
+}
+
+/// [`track_inbound`] for a packet with `tcp_flags`.
+#[inline(always)]
+fn track_inbound_flags(work: &mut AclWork, tcp_flags: u8) {
     if tracked(&mut work.flow, tcp_flags) {
         return;
     }
@@ -333,15 +467,27 @@ fn police_flow(
         count_outcome(hook, PacketClass::PolicyTracked);
         return Ok(());
     }
+    judge_new_flow(work, hook, sender, receiver)
+}
+
+/// A flow policy has not allowed yet: the sender's egress set and the receiver's ingress set,
+/// where they isolate, must allow it; it is then tracked.
+#[inline(always)]
+fn judge_new_flow(
+    work: &mut AclWork,
+    hook: Hook,
+    sender: Option<&AclEndpoint>,
+    receiver: Option<&AclEndpoint>,
+) -> Result<(), DropReason> {
     if let Some(endpoint) = sender
         && endpoint.egress != 0
     {
-        judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_EGRESS)?;
+        judge_direction(work, hook, endpoint, ACL_DIRECTION_EGRESS)?;
     }
     if let Some(endpoint) = receiver
         && endpoint.ingress != 0
     {
-        judge_direction(ctx, work, hook, endpoint, ACL_DIRECTION_INGRESS)?;
+        judge_direction(work, hook, endpoint, ACL_DIRECTION_INGRESS)?;
     }
     // Judged for its receiver alone (`to_pod`): the flow came in to the pod.
     let entry = AclCtValue {
@@ -448,7 +594,6 @@ fn read_quoted(ctx: &TcContext, work: &mut AclWork) -> bool {
 /// receiver's ingress set the source. The decision is audited when the namespace asks.
 #[inline(always)]
 fn judge_direction(
-    ctx: &TcContext,
     work: &mut AclWork,
     hook: Hook,
     endpoint: &AclEndpoint,
@@ -473,7 +618,7 @@ fn judge_direction(
     let (verdict, rule) = decide(set, !egress);
     let allowed = verdict == ACL_VERDICT_ALLOW;
     let packed = pack(verdict_of(allowed), direction, ACL_KIND_POLICY);
-    log_policy(ctx, endpoint, set, rule, packed, hook);
+    log_policy(endpoint, set, rule, packed, hook);
     if allowed { Ok(()) } else { Err(denied) }
 }
 
@@ -488,21 +633,14 @@ const fn verdict_of(allowed: bool) -> u8 {
 
 /// Sends an audit record of a policy decision when the pod's namespace asks for it.
 #[inline(always)]
-fn log_policy(
-    ctx: &TcContext,
-    endpoint: &AclEndpoint,
-    set: u32,
-    rule: u32,
-    packed: u32,
-    hook: Hook,
-) {
+fn log_policy(endpoint: &AclEndpoint, set: u32, rule: u32, packed: u32, hook: Hook) {
     let wanted = if packed as u8 == ACL_VERDICT_ALLOW {
         ACL_LOG_ALLOW
     } else {
         ACL_LOG_DENY
     };
     if endpoint.log & wanted != 0 && rule != ACL_RULE_EXEMPT {
-        count_outcome(hook, audit(ctx, set, rule, packed));
+        count_outcome(hook, audit(set, rule, packed));
     }
 }
 
@@ -619,7 +757,7 @@ fn firewall(ctx: &TcContext, endpoint: &AclEndpoint) -> u32 {
             || opens_connection(tcp_flags(ctx, &work.parsed)))
     {
         let packed = pack(verdict_of(!denied), ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL);
-        count_outcome(Hook::FromPod, audit(ctx, endpoint.firewall, rule, packed));
+        count_outcome(Hook::FromPod, audit(endpoint.firewall, rule, packed));
     }
     if denied {
         return DropReason::FirewallDenied as u32;
@@ -644,8 +782,7 @@ const fn opens_connection(tcp_flags: u8) -> bool {
 /// what happened. The record is written in place in the ring buffer (nothing on the stack) and
 /// carries how many records this CPU suppressed before it.
 #[inline(never)]
-fn audit(ctx: &TcContext, set: u32, rule: u32, packed: u32) -> PacketClass {
-    let _ = ctx;
+fn audit(set: u32, rule: u32, packed: u32) -> PacketClass {
     let Some(work) = current_work() else {
         return PacketClass::AuditSuppressed;
     };

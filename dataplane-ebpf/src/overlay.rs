@@ -430,9 +430,10 @@ fn wrap(
 /// The lookup is made before the packet is touched, so a failure leaves it intact.
 /// A subprogram, whose value is the entry's slot: inlined, its values crowded the
 /// encapsulation's registers and took its stack from 128 to 224 bytes.
+/// XDP's NodePort path uses it too (`lb::xdp`), which then needs the next hop resolved.
 #[inline(never)]
-fn tunnel_route(
-    ctx: &TcContext,
+pub(crate) fn tunnel_route<C: aya_ebpf::EbpfContext>(
+    ctx: &C,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
     len: u32,
@@ -441,8 +442,8 @@ fn tunnel_route(
 }
 
 #[inline(always)]
-fn route_slot(
-    ctx: &TcContext,
+fn route_slot<C: aya_ebpf::EbpfContext>(
+    ctx: &C,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
     len: u32,
@@ -851,9 +852,9 @@ fn unwrap_geneve(
     }
     // `key` still holds the inner destination: it was overwritten only when no pod was found.
     if let Some(pod) = pod
-        && deliver_in_xdp(ctx, &pod, &key.data)
+        && let Some((action, _)) = deliver_in_xdp(ctx, &pod, &key.data).result()?
     {
-        return Ok(Some(xdp_action::XDP_REDIRECT));
+        return Ok(Some(action));
     }
     // Address the inner frame to this node so the stack accepts it and routes it to the pod.
     let (start, end) = (ctx.data(), ctx.data_end());
@@ -873,48 +874,92 @@ const XDP_DELIVER_MAX_L4: usize = 512;
 /// `dst`, 16-byte form) straight into the pod's veth through `XDP_PODS`, past this node's
 /// stack, `tc_underlay` and `tc_to_pod`, when none of them would do more than route it:
 /// - the pod's end takes frames from XDP (its host veth is in `XDP_PODS`);
-/// - no access control applies to the pod (no entry in `ACL_ENDPOINTS`), and the frame does
-///   not come from a backend's port (a service reply, which the load-balancer translates);
+/// - not from a backend's port (a service reply, which the load-balancer translates), nor a
+///   DNS answer to a pod under access control (the agent gets a copy of those from tc);
 /// - TCP or UDP in IPv4 without options or fragmentation, or in IPv6 without extension
 ///   headers, as long as its IP header says, with a hop limit above 1;
 /// - its transport checksum is one the pod accepts: a frame sent with checksum offload (as a
 ///   veth underlay carries them) leaves the sum to its receiver, which an XDP frame cannot
 ///   tell the pod, so such frames take the stack's way.
 ///
-/// Then it is addressed as the pod's gateway would, its hop limit lowered by one as the
-/// stack's forwarding does, and redirected. `false`: nothing in the frame was changed.
-/// A call of its own: its frame is not added to the decapsulation's.
+/// Then the pod's ingress policy judges it as `tc_to_pod` would (`acl::to_pod_in_xdp`: a
+/// denied frame is dropped here, with its reason), and it is addressed as the pod's gateway
+/// would, its hop limit lowered by one as the stack's forwarding does, and redirected.
+/// Nothing (`Ok(None)`): the frame was not changed and goes up. A call of its own: its frame
+/// is not added to the decapsulation's.
 #[inline(never)]
-fn deliver_in_xdp(ctx: &XdpContext, pod: &LocalPod, dst: &Addr) -> bool {
+fn deliver_in_xdp(ctx: &XdpContext, pod: &LocalPod, dst: &Addr) -> Stage {
+    Stage::new(deliver_frame(ctx, pod, dst))
+}
+
+#[inline(always)]
+fn deliver_frame(
+    ctx: &XdpContext,
+    pod: &LocalPod,
+    dst: &Addr,
+) -> Result<Option<(u32, PacketClass)>, DropReason> {
     // Only sets where the frame goes if the program returns XDP_REDIRECT.
     if XDP_PODS.redirect(pod.ifindex, 0).is_err() {
-        return false;
-    }
-    // SAFETY: only presence is checked.
-    if crate::acl::active() && unsafe { ACL_ENDPOINTS.get(dst) }.is_some() {
-        return false;
+        return Ok(None);
     }
     let (start, end) = (ctx.data(), ctx.data_end());
     let packet = Packet::new(start, end, end - start);
     let Some(eth) = packet.header::<[u8; 14]>(0) else {
-        return false;
+        return Ok(None);
     };
     // SAFETY: bounds-checked by header().
     let ether_type = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
+    let ipv4 = ether_type == ETH_P_IP;
     let deliverable = match ether_type {
-        ETH_P_IP => inner_ipv4(&packet).is_some_and(|seg| segment_accepted(ctx, &packet, &seg)),
-        ETH_P_IPV6 => inner_ipv6(&packet).is_some_and(|seg| segment_accepted(ctx, &packet, &seg)),
+        ETH_P_IP => inner_ipv4(&packet).is_some_and(|seg| seg.accepted(ctx)),
+        ETH_P_IPV6 => inner_ipv6(&packet).is_some_and(|seg| seg.accepted(ctx)),
         _ => false,
     };
-    if !deliverable || !forward_hop(&packet, ether_type == ETH_P_IP) {
-        return false;
+    if !deliverable {
+        return Ok(None);
+    }
+    if crate::acl::active() {
+        // SAFETY: only presence is checked.
+        let controlled = unsafe { ACL_ENDPOINTS.get(dst) }.is_some();
+        if controlled && dns_answer(&packet, ipv4) {
+            return Ok(None);
+        }
+        match crate::acl::to_pod_in_xdp(ctx, ipv4 as u32) {
+            0 => {}
+            crate::acl::XDP_LEAVE_TO_TC => return Ok(None),
+            code => {
+                return Err(DropReason::from_code(code).unwrap_or(DropReason::PolicyDeniedIngress));
+            }
+        }
+    }
+    if !forward_hop(&packet, ipv4) {
+        return Ok(None);
     }
     // SAFETY: the Ethernet header was bounds-checked above.
     unsafe {
         copy_bytes::<6>(start as *mut u8, pod.pod_mac.as_ptr());
         copy_bytes::<6>((start + 6) as *mut u8, pod.host_mac.as_ptr());
     }
-    true
+    Ok(Some((xdp_action::XDP_REDIRECT, PacketClass::LocalRedirect)))
+}
+
+/// Whether the inner frame (IPv4 without options or IPv6 without extension headers) is UDP
+/// from port 53.
+#[inline(always)]
+fn dns_answer(packet: &Packet, ipv4: bool) -> bool {
+    let (protocol_at, l4) = if ipv4 {
+        (ETH_LEN + 9, ETH_LEN + 20)
+    } else {
+        (ETH_LEN + 6, ETH_LEN + 40)
+    };
+    let (Some(protocol), Some(port)) = (
+        packet.header::<u8>(protocol_at),
+        packet.header::<[u8; 2]>(l4),
+    ) else {
+        return true;
+    };
+    // SAFETY: both bounds-checked by header().
+    unsafe { *protocol == IPPROTO_UDP && *port == 53u16.to_be_bytes() }
 }
 
 /// The transport segment of an inner frame, as its IP header describes it.
@@ -923,6 +968,15 @@ struct Segment<const L4: usize> {
     protocol: u8,
     /// One's-complement sum (unfolded, native word order) of the pseudo-header.
     pseudo: u64,
+}
+
+impl<const L4: usize> Segment<L4> {
+    /// [`segment_accepted`], its fields passed in registers (not a frame on the caller's
+    /// stack).
+    #[inline(always)]
+    fn accepted(&self, ctx: &XdpContext) -> bool {
+        segment_accepted::<L4>(ctx, self.len, self.protocol as u32, self.pseudo)
+    }
 }
 
 /// Sum of the `WORDS` 4-byte words of `header` from byte `AT` on, read in native order (see
@@ -995,7 +1049,19 @@ fn inner_ipv6(packet: &Packet) -> Option<Segment<{ ETH_LEN + 40 }>> {
 /// source port. One's-complement sums do not depend on byte order: the words are added as the
 /// CPU reads them, and a correct sum folds to all ones either way.
 #[inline(never)]
-fn segment_accepted<const L4: usize>(ctx: &XdpContext, packet: &Packet, seg: &Segment<L4>) -> bool {
+fn segment_accepted<const L4: usize>(
+    ctx: &XdpContext,
+    len: usize,
+    protocol: u32,
+    pseudo: u64,
+) -> bool {
+    let seg = Segment::<L4> {
+        len,
+        protocol: protocol as u8,
+        pseudo,
+    };
+    let (start, end) = (ctx.data(), ctx.data_end());
+    let packet = Packet::new(start, end, end - start);
     if seg.len > XDP_DELIVER_MAX_L4 {
         return false;
     }

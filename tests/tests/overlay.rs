@@ -396,27 +396,76 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
         assert_eq!(hex(&out.output), hex(frame), "{name}: unchanged");
     }
 
-    // A pod under access control: its ingress policy is judged by `tc_to_pod`.
+    // A pod under access control: its ingress policy judges the frame here, as `tc_to_pod`
+    // would. Isolated for egress only: allowed and tracked, then known as tracked.
     let mut active: Array<&mut MapData, u32> =
         bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
     active.set(0, 1, 0).expect("set");
-    let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
-        .fixture
-        .typed_map(maps::ACL_ENDPOINTS)
-        .expect("endpoints");
     let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
         .to_ipv6_mapped()
         .octets();
-    endpoints
-        .insert(pod, AclEndpoint::default(), 0)
-        .expect("insert");
+    let set_endpoint = |bed: &mut dataplane_tests::overlay_bed::Bed, endpoint: AclEndpoint| {
+        let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
+            .fixture
+            .typed_map(maps::ACL_ENDPOINTS)
+            .expect("endpoints");
+        endpoints.insert(pod, endpoint, 0).expect("insert");
+    };
+    set_endpoint(
+        &mut bed,
+        AclEndpoint {
+            egress: 7,
+            ..AclEndpoint::default()
+        },
+    );
     let frame = inner_frame(UNDERLAY_MAC, sender, 64, tcp);
+    for class in [PacketClass::PolicyAllowed, PacketClass::PolicyTracked] {
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_REDIRECT, "{class:?}");
+        let counters = bed.fixture.counters();
+        assert_eq!(counters.packets(Hook::Underlay, class), 1, "{class:?}");
+    }
+    // A DNS answer to it: tc copies it for the agent first.
+    let dns = inner_frame(
+        UNDERLAY_MAC,
+        sender,
+        64,
+        "UDP(sport=53, dport=40000)/Raw(b'abc')",
+    );
     let out = bed
         .fixture
-        .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+        .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &dns), 1)
         .expect("xdp run");
-    assert_eq!(out.action, XDP_PASS, "under access control");
-    assert_eq!(hex(&out.output), hex(&frame));
+    assert_eq!(out.action, XDP_PASS, "a DNS answer");
+    assert_eq!(hex(&out.output), hex(&dns));
+    // Isolated for ingress, no rule allowing: dropped here with the reason tc would give.
+    set_endpoint(
+        &mut bed,
+        AclEndpoint {
+            ingress: 9,
+            ..AclEndpoint::default()
+        },
+    );
+    let other_flow = inner_frame(
+        UNDERLAY_MAC,
+        sender,
+        64,
+        "TCP(sport=40001, dport=8080, flags='S', seq=1)",
+    );
+    let out = bed
+        .fixture
+        .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &other_flow), 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_DROP, "denied");
+    assert_eq!(
+        bed.fixture
+            .counters()
+            .drops(DropReason::PolicyDeniedIngress),
+        1
+    );
 }
 
 #[test]

@@ -16,7 +16,7 @@
 //! changed words: XDP has no checksum helpers, and the payload is never read.
 
 use aya_ebpf::{
-    bindings::{BPF_FIB_LKUP_RET_SUCCESS, xdp_action},
+    bindings::xdp_action,
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
@@ -25,7 +25,7 @@ use dataplane_common::{
     lb::{CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_SNAT, SERVICE_PORTS_BASE, flow_hash},
     overlay::{
         ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
-        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint,
+        OVERLAY_XDP_FORWARD, OverlayConfig, RouteCacheEntry, TunnelEndpoint,
     },
 };
 
@@ -37,10 +37,8 @@ use crate::{
     clock::now,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{addr_diff, csum_diff, updated, write_ipv4},
-    maps::{FIB_SCRATCH, LB_CT, LOCAL_PODS, SCRATCH},
-    overlay::{
-        self, fill_fib_params, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve,
-    },
+    maps::{LB_CT, LOCAL_PODS, ROUTE_CACHE, SCRATCH},
+    overlay::{self, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve},
     stage::Stage,
     work::{LbScratch, Parsed},
 };
@@ -114,11 +112,11 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     };
     // SAFETY: only presence is checked.
     let local = unsafe { LOCAL_PODS.get(&s.new_addr) }.is_some();
-    let endpoint = if local {
+    let remote = if local {
         None
     } else {
         match remote_route(ctx, parsed, config, s) {
-            Some(endpoint) => Some(endpoint),
+            Some(remote) => Some(remote),
             None => return Ok(None),
         }
     };
@@ -127,7 +125,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if entry.flags & CT_AFFINITY != 0 {
         refresh_affinity(s, entry.service_id, entry.backend_id, now);
     }
-    let Some(endpoint) = endpoint else {
+    let Some((endpoint, route)) = remote else {
         translate(ctx, 0, l4, ipv4, s)?;
         return Ok(Some((xdp_action::XDP_PASS, PacketClass::ServiceDnat)));
     };
@@ -143,7 +141,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
         return Ok(None);
     }
     translate(ctx, overhead, l4, ipv4, s).map_err(|_| DropReason::OverlayEncapFailed)?;
-    let action = encapsulate(ctx, config, endpoint, frame_len, s)?;
+    let action = encapsulate(ctx, config, endpoint, route, frame_len, s)?;
     Ok(Some((action, PacketClass::GeneveEncap)))
 }
 
@@ -188,16 +186,18 @@ fn read_flow(ctx: &XdpContext, parsed: &Parsed, ipv4: bool, s: &mut LbScratch) -
     true
 }
 
-/// The tunnel endpoint of a remote backend when this path may send to it now: forwarding
-/// allowed, the packet within the pod MTU, and the route to the backend's node resolved down
-/// to its next hop's MAC (in `FIB_SCRATCH`). Otherwise `None`, and tc takes the packet.
+/// The tunnel endpoint of a remote backend when this path may send to it now, with this
+/// CPU's copy of the route to its node (`ROUTE_CACHE`, as tc's encapsulation keeps it: one
+/// FIB lookup a second rather than one a packet): forwarding allowed, the packet within the
+/// pod MTU, and the route resolved down to its next hop's MAC. Otherwise `None`, and tc takes
+/// the packet.
 #[inline(always)]
 fn remote_route(
     ctx: &XdpContext,
     parsed: &Parsed,
     config: &OverlayConfig,
     s: &LbScratch,
-) -> Option<&'static TunnelEndpoint> {
+) -> Option<(&'static TunnelEndpoint, &'static RouteCacheEntry)> {
     if config.flags & OVERLAY_XDP_FORWARD == 0 {
         return None;
     }
@@ -220,13 +220,13 @@ fn remote_route(
     } else {
         ENCAP_OVERHEAD_V4
     };
-    let fib = FIB_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: per-CPU map memory, used only by this program run.
-    let fib = unsafe { &mut *fib };
-    fill_fib_params(fib, config, endpoint, frame_len + overhead - ETH_LEN as u32);
-    let rc = overlay::fib_lookup_output(ctx, fib);
+    let len = frame_len + overhead - ETH_LEN as u32;
     // No neighbour yet, a smaller route MTU, no route: tc's path knows what to do.
-    (rc == BPF_FIB_LKUP_RET_SUCCESS).then_some(endpoint)
+    let slot = overlay::tunnel_route(ctx, config, endpoint, len)
+        .into_value()
+        .ok()?;
+    let route = ROUTE_CACHE.get(slot)?;
+    (route.resolved == 1).then_some((endpoint, route))
 }
 
 /// Writes the flow's translation into the packet whose Ethernet header starts at `base`:
@@ -330,6 +330,7 @@ fn encapsulate(
     ctx: &XdpContext,
     config: &OverlayConfig,
     endpoint: &TunnelEndpoint,
+    route: &RouteCacheEntry,
     frame_len: usize,
     s: &LbScratch,
 ) -> Result<u32, DropReason> {
@@ -337,9 +338,6 @@ fn encapsulate(
     let block = SCRATCH.get_ptr_mut(0).ok_or(failed)?;
     // SAFETY: per-CPU map memory, used only by this program run.
     let block = unsafe { &mut *block };
-    let fib = FIB_SCRATCH.get_ptr_mut(0).ok_or(failed)?;
-    // SAFETY: as above; filled by the route lookup of this run.
-    let fib = unsafe { &*fib };
     // The same flow always leaves by the same source port: ECMP and receive queues keep it
     // in order.
     let hash = flow_hash(&s.flow);
@@ -349,7 +347,7 @@ fn encapsulate(
     if ipv6 {
         const LEN: usize = ENCAP_OVERHEAD_V6 as usize - ETH_LEN;
         let udp_len = (frame_len + LEN - 40) as u16;
-        write_ethernet(block, &fib.dmac, &fib.smac, 0x86DD);
+        write_ethernet(block, &route.dmac, &route.smac, 0x86DD);
         write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
         write_udp_geneve(
             block,
@@ -379,7 +377,7 @@ fn encapsulate(
             endpoint.addr[14],
             endpoint.addr[15],
         ];
-        write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IP);
+        write_ethernet(block, &route.dmac, &route.smac, ETH_P_IP);
         write_ipv4(block, total_len, IPPROTO_UDP, true, &config.node_ipv4, &dst);
         write_udp_geneve(
             block,
@@ -403,11 +401,11 @@ fn encapsulate(
     }
     // SAFETY: reading a field of our own context.
     let ingress = unsafe { (*ctx.ctx).ingress_ifindex };
-    if fib.ifindex == ingress {
+    if route.ifindex == ingress {
         return Ok(xdp_action::XDP_TX);
     }
     // SAFETY: plain helper call.
-    let action = unsafe { bpf_redirect(fib.ifindex, 0) } as u32;
+    let action = unsafe { bpf_redirect(route.ifindex, 0) } as u32;
     if action != xdp_action::XDP_REDIRECT {
         return Err(DropReason::OverlayNoRoute);
     }
