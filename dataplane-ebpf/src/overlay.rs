@@ -452,9 +452,12 @@ fn route_slot<C: aya_ebpf::EbpfContext>(
         address_word(&endpoint.addr, 2),
         address_word(&endpoint.addr, 3),
     );
+    // A next hop not resolved at the fill is looked up again: the neighbour entry usually
+    // follows within milliseconds, and XDP can only send to a resolved one.
     if let Some(entry) = ROUTE_CACHE.get(slot)
         && current_route(entry, config, endpoint)
         && len <= entry.fits_len
+        && entry.resolved == 1
     {
         return Ok(slot);
     }

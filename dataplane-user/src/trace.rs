@@ -17,7 +17,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{HashMap, Map, MapData, MapInfo, MapType};
+use aya::maps::{DevMapHash, HashMap, Map, MapData, MapInfo, MapType};
 use dataplane_common::{
     maps::{self, ALL_MAPS, LOCAL_PODS, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
     overlay::{Addr, LocalPod},
@@ -131,6 +131,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
     for &name in ALL_MAPS.iter().filter(|n| !NOT_COPIED.contains(n)) {
         copy_map(&live.map(name), &private.map(name), name)?;
     }
+    fill_xdp_pods(live, &mut copy)?;
     let local = local_pod(live, packet.from)?;
     let frame = build_frame(packet, local.as_ref())?;
     let before = stateful_rows(live)?;
@@ -184,6 +185,32 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
         policy: Vec::new(),
         frames: (frame, last_output),
     })
+}
+
+/// The copy's `DP_XDP_PODS` as the agent fills its own (not pinned, so not copied): the local
+/// pods' veths whose pod end takes frames from XDP, so a frame the agent's XDP would hand
+/// straight to a pod shows so here too.
+fn fill_xdp_pods(live: &Pins, copy: &mut Dataplane) -> Result<(), AgentError> {
+    let err = |source| AgentError::Map {
+        name: LOCAL_PODS.into(),
+        action: "read",
+        source,
+    };
+    let data = MapData::from_pin(live.map(LOCAL_PODS)).map_err(err)?;
+    let pods: HashMap<MapData, Addr, LocalPod> =
+        HashMap::try_from(Map::HashMap(data)).map_err(err)?;
+    let veths: BTreeSet<u32> = pods
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(_, pod)| pod.ifindex)
+        .filter(|ifindex| netdev::takes_xdp(*ifindex))
+        .collect();
+    let mut map: DevMapHash<&mut MapData> = copy.typed_map(maps::XDP_PODS)?;
+    for ifindex in veths {
+        map.insert(ifindex, ifindex, None, 0)
+            .map_err(|error| AgentError::Trace(format!("{}: {error}", maps::XDP_PODS)))?;
+    }
+    Ok(())
 }
 
 /// The policy decisions for the traced flow: from the input packet's source to the last
