@@ -191,14 +191,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
 /// pods' veths whose pod end takes frames from XDP, so a frame the agent's XDP would hand
 /// straight to a pod shows so here too.
 fn fill_xdp_pods(live: &Pins, copy: &mut Dataplane) -> Result<(), AgentError> {
-    let err = |source| AgentError::Map {
-        name: LOCAL_PODS.into(),
-        action: "read",
-        source,
-    };
-    let data = MapData::from_pin(live.map(LOCAL_PODS)).map_err(err)?;
-    let pods: HashMap<MapData, Addr, LocalPod> =
-        HashMap::try_from(Map::HashMap(data)).map_err(err)?;
+    let pods = pinned_local_pods(live)?;
     let veths: BTreeSet<u32> = pods
         .iter()
         .filter_map(Result::ok)
@@ -319,18 +312,24 @@ fn stateful_rows(pins: &Pins) -> Result<BTreeSet<(&'static str, String)>, AgentE
 
 /// The local pod at `ip`, if it runs on this node.
 fn local_pod(pins: &Pins, ip: IpAddr) -> Result<Option<LocalPod>, AgentError> {
-    let err = |source| AgentError::Map {
+    match pinned_local_pods(pins)?.get(&addr16(ip), 0) {
+        Ok(pod) => Ok(Some(pod)),
+        Err(aya::maps::MapError::KeyNotFound) => Ok(None),
+        Err(source) => Err(local_pods_error(source)),
+    }
+}
+
+/// The local-pod map pinned under `pins`.
+fn pinned_local_pods(pins: &Pins) -> Result<HashMap<MapData, Addr, LocalPod>, AgentError> {
+    let data = MapData::from_pin(pins.map(LOCAL_PODS)).map_err(local_pods_error)?;
+    HashMap::try_from(Map::HashMap(data)).map_err(local_pods_error)
+}
+
+fn local_pods_error(source: aya::maps::MapError) -> AgentError {
+    AgentError::Map {
         name: LOCAL_PODS.into(),
         action: "read",
         source,
-    };
-    let data = MapData::from_pin(pins.map(LOCAL_PODS)).map_err(err)?;
-    let pods: HashMap<MapData, Addr, LocalPod> =
-        HashMap::try_from(Map::HashMap(data)).map_err(err)?;
-    match pods.get(&addr16(ip), 0) {
-        Ok(pod) => Ok(Some(pod)),
-        Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-        Err(source) => Err(err(source)),
     }
 }
 
