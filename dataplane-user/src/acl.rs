@@ -292,6 +292,9 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     }
     let mut compiled = CompiledSet::default();
     let mut table_index: HashMap<PortTable, usize> = HashMap::new();
+    // Prefixes painted alike share their table: many prefixes (a policy's peer pods) name the
+    // same rules, and building a table walks every 256-port bucket of each protocol.
+    let mut painted_index: HashMap<Painted, usize> = HashMap::new();
     let mut decided: BTreeMap<IpNet, Decision> = BTreeMap::new();
     // In address order, so that the same rules always give the same table indexes.
     let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
@@ -305,15 +308,19 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
         let decision = match painted.as_slice() {
             [] => Decision::Unmatched,
             [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
-            _ => {
-                let table = port_table(&painted);
-                let next = compiled.tables.len();
-                let index = *table_index.entry(table.clone()).or_insert(next);
-                if index == next {
-                    compiled.tables.push(table);
+            _ => match painted_index.get(&painted) {
+                Some(&index) => Decision::Table(index),
+                None => {
+                    let table = port_table(&painted);
+                    let next = compiled.tables.len();
+                    let index = *table_index.entry(table.clone()).or_insert(next);
+                    if index == next {
+                        compiled.tables.push(table);
+                    }
+                    painted_index.insert(painted, index);
+                    Decision::Table(index)
                 }
-                Decision::Table(index)
-            }
+            },
         };
         decided.insert(prefix, decision);
     }

@@ -336,7 +336,9 @@ impl Cluster {
             written += 1;
         }
         model.pod_interfaces.push(mgmt::OVERLAY_SIDE.to_owned());
-        let desired = overlay::compile(&model.view)?;
+        // Node by node from what the last sync wrote (after a full recompute's reset, from
+        // every node).
+        let desired = overlay::compile_since(&model.view, self.overlay_written.as_ref())?;
         // The hybrid nodes before the VXLAN routes that lead to them.
         let hybrid_stats = dataplane.sync_hybrid(&hybrid::compile(model.view.hybrid.as_ref()))?;
         // Taken: a sync that fails midway leaves the next one comparing with the kernel.

@@ -226,21 +226,21 @@ mod tests {
         let view = OverlayView {
             this_node: "a".into(),
             nodes: std::sync::Arc::new(vec![
-                NodeView {
+                std::sync::Arc::new(NodeView {
                     name: "a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
                     pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:10:244:1::/64")],
-                },
-                NodeView {
+                }),
+                std::sync::Arc::new(NodeView {
                     name: "b".into(),
                     addresses: vec![ip("10.99.0.2")],
                     pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:10:244:2::/64")],
-                },
-                NodeView {
+                }),
+                std::sync::Arc::new(NodeView {
                     name: "c".into(),
                     addresses: vec![ip("10.99.0.3")],
                     pod_cidrs: vec![net("10.244.3.7/24")],
-                },
+                }),
             ]),
             local_pods: Vec::new(),
             unrestricted_ifindexes: Vec::new(),
@@ -263,7 +263,7 @@ mod tests {
         );
         // A node without an IPv6 address routes no IPv6 CIDR.
         let mut v4_only = view.clone();
-        std::sync::Arc::make_mut(&mut v4_only.nodes)[0]
+        std::sync::Arc::make_mut(&mut std::sync::Arc::make_mut(&mut v4_only.nodes)[0])
             .addresses
             .truncate(1);
         assert!(

@@ -22,6 +22,9 @@ use ipnet::IpNet;
 
 use crate::{AgentError, Dataplane, hybrid::HybridView, port};
 
+mod nodes;
+pub use nodes::NodeMaps;
+
 /// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
 pub const IPV6_MIN_MTU: u32 = 1280;
 
@@ -131,7 +134,7 @@ pub struct Underlay {
 pub struct OverlayView {
     pub this_node: String,
     /// Shared: the egress stage reads the same list, and a sync that changed no Node keeps it.
-    pub nodes: Arc<Vec<NodeView>>,
+    pub nodes: Arc<Vec<Arc<NodeView>>>,
     pub local_pods: Vec<LocalPodView>,
     /// Veths named on the command line that no local pod claims: port security does not
     /// apply to them (`crate::port::unrestricted`).
@@ -161,9 +164,9 @@ pub enum CompileError {
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct OverlayMaps {
     pub config: OverlayConfig,
-    pub remote_v4: BTreeMap<(u32, [u8; 4]), TunnelEndpoint>,
-    pub remote_v6: BTreeMap<(u32, [u8; 16]), TunnelEndpoint>,
-    pub node_addrs: BTreeMap<Addr, u32>,
+    /// What the cluster's nodes give (routes to their pod CIDRs, their addresses): shared
+    /// with the last compile's while no node changed, and changed node by node otherwise.
+    pub node_maps: Arc<NodeMaps>,
     pub local_pods: BTreeMap<Addr, LocalPod>,
     /// Port security of the local pods, by host-side veth (`crate::port`).
     pub pod_ports: BTreeMap<u32, PodPort>,
@@ -190,6 +193,15 @@ pub fn addr16(ip: IpAddr) -> Addr {
 
 /// Compiles this node's view into the overlay maps. Pure: no I/O.
 pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
+    compile_since(view, None)
+}
+
+/// [`compile`], changing the node entries of `last` (the previous compile's maps) rather
+/// than building them all again where only some nodes changed.
+pub fn compile_since(
+    view: &OverlayView,
+    last: Option<&OverlayMaps>,
+) -> Result<OverlayMaps, CompileError> {
     let this = view
         .nodes
         .iter()
@@ -220,66 +232,10 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
     }
     maps.config = config;
 
-    let mut owners = PodCidrOwners::default();
-    for node in view.nodes.iter() {
-        if node.addresses.is_empty() {
-            return Err(CompileError::NodeWithoutAddress {
-                node: node.name.clone(),
-            });
-        }
-        for address in &node.addresses {
-            maps.node_addrs.insert(addr16(*address), 0);
-        }
-        for cidr in &node.pod_cidrs {
-            let cidr = cidr.trunc();
-            if let Some(other) = owners.overlapping(&cidr) {
-                return Err(CompileError::OverlappingPodCidr {
-                    node: node.name.clone(),
-                    other: other.to_owned(),
-                    cidr,
-                });
-            }
-            owners.insert(cidr, &node.name);
-            if node.name == view.this_node {
-                continue;
-            }
-            // Same family underlay if the node has one, else the other family.
-            let endpoint = match cidr {
-                IpNet::V4(_) => first_v4(&node.addresses)
-                    .map(|a| endpoint(IpAddr::V4(a)))
-                    .or_else(|| first_v6(&node.addresses).map(|a| endpoint(IpAddr::V6(a)))),
-                IpNet::V6(_) => first_v6(&node.addresses)
-                    .map(|a| endpoint(IpAddr::V6(a)))
-                    .or_else(|| first_v4(&node.addresses).map(|a| endpoint(IpAddr::V4(a)))),
-            };
-            let Some(endpoint) = endpoint else { continue };
-            match cidr {
-                IpNet::V4(net) => {
-                    maps.remote_v4
-                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
-                }
-                IpNet::V6(net) => {
-                    maps.remote_v6
-                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
-                }
-            }
-        }
-    }
-    // Hybrid nodes' pod subnets, reached in VXLAN: never one of the nodes' own CIDRs.
-    for ((prefix_len, network), endpoint) in crate::hybrid::routes(view.hybrid.as_ref()) {
-        let cidr = IpNet::V4(
-            ipnet::Ipv4Net::new(Ipv4Addr::from(network), prefix_len as u8)
-                .expect("a route's prefix length fits IPv4"),
-        );
-        if let Some(other) = owners.overlapping(&cidr) {
-            return Err(CompileError::OverlappingPodCidr {
-                node: format!("{} (hybrid)", hybrid_owner(view, &cidr)),
-                other: other.to_owned(),
-                cidr,
-            });
-        }
-        maps.remote_v4.insert((prefix_len, network), endpoint);
-    }
+    maps.node_maps = match last.and_then(|l| l.node_maps.updated_for(view)) {
+        Some(kept) => kept,
+        None => Arc::new(NodeMaps::compile(view)?),
+    };
     maps.pod_ports = port::compile(&view.local_pods);
     for ifindex in &view.unrestricted_ifindexes {
         maps.pod_ports
@@ -302,59 +258,6 @@ pub fn compile(view: &OverlayView) -> Result<OverlayMaps, CompileError> {
         }
     }
     Ok(maps)
-}
-
-/// The hybrid node whose subnet is `cidr`.
-fn hybrid_owner(view: &OverlayView, cidr: &IpNet) -> String {
-    view.hybrid
-        .iter()
-        .flat_map(|h| h.nodes.iter())
-        .find(|n| IpNet::V4(n.subnet) == *cidr)
-        .map_or_else(String::new, |n| n.name.clone())
-}
-
-/// The nodes' pod CIDRs by their first address, so that an overlap is found in a few
-/// lookups rather than by comparing with every node's (5,000 nodes made that 12.5 million
-/// comparisons a compile).
-#[derive(Default)]
-struct PodCidrOwners<'a> {
-    /// (IPv6, first address) -> the CIDR and its node. Accepted CIDRs never overlap, so no two
-    /// share a first address.
-    by_start: BTreeMap<(bool, u128), (IpNet, &'a str)>,
-}
-
-impl<'a> PodCidrOwners<'a> {
-    /// The node owning a CIDR that overlaps `cidr`: one that starts inside it, or one that
-    /// contains it. Only the last CIDR starting before `cidr` can contain it: any later one
-    /// would start inside that one, and accepted CIDRs never overlap.
-    fn overlapping(&self, cidr: &IpNet) -> Option<&'a str> {
-        let (v6, first, last) = span(cidr);
-        if let Some((_, (_, owner))) = self.by_start.range((v6, first)..=(v6, last)).next() {
-            return Some(owner);
-        }
-        self.by_start
-            .range((v6, 0)..(v6, first))
-            .next_back()
-            .filter(|(_, (owned, _))| owned.contains(cidr))
-            .map(|(_, (_, owner))| *owner)
-    }
-
-    fn insert(&mut self, cidr: IpNet, owner: &'a str) {
-        let (v6, first, _) = span(&cidr);
-        self.by_start.insert((v6, first), (cidr, owner));
-    }
-}
-
-/// A CIDR's family and first and last addresses as numbers.
-fn span(cidr: &IpNet) -> (bool, u128, u128) {
-    match cidr {
-        IpNet::V4(net) => (
-            false,
-            u128::from(u32::from(net.network())),
-            u128::from(u32::from(net.broadcast())),
-        ),
-        IpNet::V6(net) => (true, u128::from(net.network()), u128::from(net.broadcast())),
-    }
 }
 
 /// The tunnel endpoint of a node at `address` (Geneve, the family of the address).
@@ -425,19 +328,19 @@ impl Dataplane {
         for (what, needed, map, limit) in [
             (
                 "nodes' IPv4 pod subnets",
-                desired.remote_v4.len(),
+                desired.node_maps.remote_v4.len(),
                 maps::REMOTE_PODS_V4,
                 nodes,
             ),
             (
                 "nodes' IPv6 pod subnets",
-                desired.remote_v6.len(),
+                desired.node_maps.remote_v6.len(),
                 maps::REMOTE_PODS_V6,
                 nodes,
             ),
             (
                 "node addresses",
-                desired.node_addrs.len(),
+                desired.node_maps.node_addrs.len(),
                 maps::NODE_ADDRS,
                 nodes * 2,
             ),
@@ -483,31 +386,10 @@ impl Dataplane {
         stats.add(pod_changes);
         stats.add(self.sync_xdp_pods(&desired.xdp_pods, last.map(|l| &l.xdp_pods))?);
 
-        let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
-        stats.add(
-            sync_hash_since(&mut nodes, &desired.node_addrs, last.map(|l| &l.node_addrs))
-                .map_err(sync_err(maps::NODE_ADDRS))?,
-        );
-
-        let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
-            self.typed_map(maps::REMOTE_PODS_V4)?;
-        sync_lpm_since(
-            &mut remote_v4,
-            &desired.remote_v4,
-            last.map(|l| &l.remote_v4),
-            &mut stats,
-        )
-        .map_err(sync_err(maps::REMOTE_PODS_V4))?;
-
-        let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> =
-            self.typed_map(maps::REMOTE_PODS_V6)?;
-        sync_lpm_since(
-            &mut remote_v6,
-            &desired.remote_v6,
-            last.map(|l| &l.remote_v6),
-            &mut stats,
-        )
-        .map_err(sync_err(maps::REMOTE_PODS_V6))?;
+        // The same shared node entries as last written: nothing to compare.
+        if !last.is_some_and(|l| Arc::ptr_eq(&l.node_maps, &desired.node_maps)) {
+            stats.add(self.sync_node_maps(&desired.node_maps, last.map(|l| &*l.node_maps))?);
+        }
 
         stats.written += self.write_outside(&narrowed, &wanted_outside)?;
 
@@ -525,6 +407,49 @@ impl Dataplane {
                 .map_err(sync_err(maps::OVERLAY_CONFIG))?;
             stats.written += 1;
         }
+        Ok(stats)
+    }
+}
+
+impl Dataplane {
+    /// Makes the node addresses and the routes to other nodes' pod CIDRs equal `desired`,
+    /// compared with `last` (`None`: with the kernel's entries).
+    fn sync_node_maps(
+        &mut self,
+        desired: &NodeMaps,
+        last: Option<&NodeMaps>,
+    ) -> Result<SyncStats, AgentError> {
+        let sync_err = |name: &'static str| {
+            move |source| AgentError::Map {
+                name: name.into(),
+                action: "sync",
+                source,
+            }
+        };
+        let mut stats = SyncStats::default();
+        let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
+        stats.add(
+            sync_hash_since(&mut nodes, &desired.node_addrs, last.map(|l| &l.node_addrs))
+                .map_err(sync_err(maps::NODE_ADDRS))?,
+        );
+        let mut remote_v4: LpmTrie<&mut MapData, [u8; 4], TunnelEndpoint> =
+            self.typed_map(maps::REMOTE_PODS_V4)?;
+        sync_lpm_since(
+            &mut remote_v4,
+            &desired.remote_v4,
+            last.map(|l| &l.remote_v4),
+            &mut stats,
+        )
+        .map_err(sync_err(maps::REMOTE_PODS_V4))?;
+        let mut remote_v6: LpmTrie<&mut MapData, [u8; 16], TunnelEndpoint> =
+            self.typed_map(maps::REMOTE_PODS_V6)?;
+        sync_lpm_since(
+            &mut remote_v6,
+            &desired.remote_v6,
+            last.map(|l| &l.remote_v6),
+            &mut stats,
+        )
+        .map_err(sync_err(maps::REMOTE_PODS_V6))?;
         Ok(stats)
     }
 }
@@ -619,7 +544,7 @@ pub fn outside_words(maps: &OverlayMaps) -> Vec<u64> {
             IpAddr::V6(v6) => clear(outside_bit_v6(first_four(&v6.octets()))),
         }
     }
-    for &(prefix_len, network) in maps.remote_v4.keys() {
+    for &(prefix_len, network) in maps.node_maps.remote_v4.keys() {
         let spanned: u32 = 1 << 16u32.saturating_sub(prefix_len);
         let first = (u32::from_be_bytes(network) >> 16) & !(spanned - 1);
         for high in first..first + spanned {
@@ -627,7 +552,7 @@ pub fn outside_words(maps: &OverlayMaps) -> Vec<u64> {
         }
     }
     let mut all_ipv6 = false;
-    for (prefix_len, network) in maps.remote_v6.keys() {
+    for (prefix_len, network) in maps.node_maps.remote_v6.keys() {
         if *prefix_len < 32 {
             all_ipv6 = true;
         } else {
@@ -821,11 +746,17 @@ mod tests {
             .insert(addr16(ip("10.244.1.3")), LocalPod::default());
         maps.local_pods
             .insert(addr16(ip("fd00:10:244:1::3")), LocalPod::default());
-        maps.remote_v4.insert((24, [10, 245, 7, 0]), endpoint);
+        Arc::make_mut(&mut maps.node_maps)
+            .remote_v4
+            .insert((24, [10, 245, 7, 0]), endpoint);
         // Shorter than the bitmap's /16: every /16 it spans (a hybrid cluster network).
-        maps.remote_v4.insert((14, [172, 16, 0, 0]), endpoint);
+        Arc::make_mut(&mut maps.node_maps)
+            .remote_v4
+            .insert((14, [172, 16, 0, 0]), endpoint);
         let v6_subnet: Ipv6Addr = "fd00:20:244:2::".parse().expect("address");
-        maps.remote_v6.insert((64, v6_subnet.octets()), endpoint);
+        Arc::make_mut(&mut maps.node_maps)
+            .remote_v6
+            .insert((64, v6_subnet.octets()), endpoint);
         let words = outside_words(&maps);
         for inside in [
             "10.244.1.3",
@@ -852,7 +783,7 @@ mod tests {
         let clear: u32 = words.iter().map(|w| w.count_zeros()).sum();
         assert_eq!(clear, 2 + 4 + 2);
         // An IPv6 subnet shorter than /32 cannot be listed: every IPv6 destination is looked up.
-        maps.remote_v6.insert(
+        Arc::make_mut(&mut maps.node_maps).remote_v6.insert(
             (24, [0xfd, 0, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
             endpoint,
         );
@@ -915,21 +846,21 @@ mod tests {
         OverlayView {
             this_node: "node-a".into(),
             nodes: Arc::new(vec![
-                NodeView {
+                Arc::new(NodeView {
                     name: "node-a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
                     pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:10:244:1::/64")],
-                },
-                NodeView {
+                }),
+                Arc::new(NodeView {
                     name: "node-b".into(),
                     addresses: vec![ip("10.99.0.2"), ip("fd99::2")],
                     pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:10:244:2::/64")],
-                },
-                NodeView {
+                }),
+                Arc::new(NodeView {
                     name: "node-c".into(),
                     addresses: vec![ip("fd99::3")],
                     pod_cidrs: vec![net("10.244.3.0/24")],
-                },
+                }),
             ]),
             local_pods: vec![LocalPodView {
                 name: "default/a".into(),
@@ -953,33 +884,6 @@ mod tests {
         }
     }
 
-    /// An overlap is found whichever of the two is wider and whichever came first; adjacent
-    /// CIDRs and other families do not overlap.
-    #[test]
-    fn pod_cidr_overlaps_are_found_both_ways() {
-        let net = |text: &str| text.parse::<IpNet>().expect("CIDR");
-        let mut owners = PodCidrOwners::default();
-        owners.insert(net("10.244.0.0/16"), "wide");
-        owners.insert(net("10.1.2.0/24"), "narrow");
-        owners.insert(net("fd00::/64"), "six");
-        for (cidr, owner) in [
-            ("10.244.7.0/24", Some("wide")),
-            ("10.0.0.0/8", Some("narrow")),
-            ("10.1.2.128/25", Some("narrow")),
-            ("10.1.2.0/24", Some("narrow")),
-            ("10.1.3.0/24", None),
-            ("10.1.3.5/32", None),
-            ("10.1.2.255/32", Some("narrow")),
-            ("10.244.255.255/32", Some("wide")),
-            ("10.245.0.0/16", None),
-            ("fd00::/48", Some("six")),
-            ("fd00:0:0:1::/64", None),
-            ("0.0.0.0/0", Some("narrow")),
-        ] {
-            assert_eq!(owners.overlapping(&net(cidr)), owner, "{cidr}");
-        }
-    }
-
     #[test]
     fn compile_fills_every_overlay_map() {
         let maps = compile(&view()).expect("compiles");
@@ -992,19 +896,19 @@ mod tests {
         assert_eq!(maps.config.underlay_ifindex, 2);
         // Remote CIDRs only, tunnelled over the same family when the node has it.
         assert_eq!(
-            maps.remote_v4.keys().copied().collect::<Vec<_>>(),
+            maps.node_maps.remote_v4.keys().copied().collect::<Vec<_>>(),
             vec![(24, [10, 244, 2, 0]), (24, [10, 244, 3, 0])]
         );
         assert_eq!(
-            maps.remote_v4[&(24, [10, 244, 2, 0])],
+            maps.node_maps.remote_v4[&(24, [10, 244, 2, 0])],
             endpoint(ip("10.99.0.2"))
         );
         assert_eq!(
-            maps.remote_v4[&(24, [10, 244, 3, 0])],
+            maps.node_maps.remote_v4[&(24, [10, 244, 3, 0])],
             endpoint(ip("fd99::3"))
         );
-        assert_eq!(maps.remote_v6.len(), 1);
-        assert_eq!(maps.node_addrs.len(), 5);
+        assert_eq!(maps.node_maps.remote_v6.len(), 1);
+        assert_eq!(maps.node_maps.node_addrs.len(), 5);
         assert_eq!(maps.local_pods.len(), 2);
         assert_eq!(maps.local_pods[&addr16(ip("10.244.1.2"))].ifindex, 7);
     }
@@ -1018,13 +922,16 @@ mod tests {
             Err(CompileError::ThisNodeMissing("node-z".into()))
         );
         let mut overlapping = view();
-        Arc::make_mut(&mut overlapping.nodes)[2].pod_cidrs = vec![net("10.244.2.128/25")];
+        Arc::make_mut(&mut Arc::make_mut(&mut overlapping.nodes)[2]).pod_cidrs =
+            vec![net("10.244.2.128/25")];
         assert!(matches!(
             compile(&overlapping),
             Err(CompileError::OverlappingPodCidr { .. })
         ));
         let mut bare = view();
-        Arc::make_mut(&mut bare.nodes)[1].addresses.clear();
+        Arc::make_mut(&mut Arc::make_mut(&mut bare.nodes)[1])
+            .addresses
+            .clear();
         assert_eq!(
             compile(&bare),
             Err(CompileError::NodeWithoutAddress {

@@ -203,6 +203,39 @@ impl<T> ObjectsCursor<'_, T> {
     pub fn get(&mut self, index: usize) -> Option<&Arc<T>> {
         self.0.as_mut()?.get(index)
     }
+
+    /// How many objects from position `i` here and `j` in `other` are the same objects. Read
+    /// a chunk at a time: where both positions fall at one place of one shared chunk (two
+    /// versions of a list share every chunk a change did not copy), the rest of the chunk
+    /// is skipped at once, so that walking two versions of 150,000 pods costs a few thousand
+    /// steps rather than 150,000.
+    pub fn shared_run(&mut self, i: usize, other: &mut Self, j: usize) -> usize {
+        let (Some(a), Some(b)) = (self.0.as_mut(), other.0.as_mut()) else {
+            return 0;
+        };
+        let mut run = 0;
+        while i + run < a.len() && j + run < b.len() {
+            let (at_a, chunk_a) = a.chunk_at(i + run);
+            let rest_a = &chunk_a[i + run - at_a.start..];
+            let (at_b, chunk_b) = b.chunk_at(j + run);
+            let rest_b = &chunk_b[j + run - at_b.start..];
+            let span = rest_a.len().min(rest_b.len());
+            if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
+                run += span;
+                continue;
+            }
+            let same = rest_a
+                .iter()
+                .zip(rest_b)
+                .take_while(|(x, y)| Arc::ptr_eq(x, y))
+                .count();
+            run += same;
+            if same < span {
+                break;
+            }
+        }
+        run
+    }
 }
 
 /// The objects of an [`Objects`], in order.

@@ -4,10 +4,10 @@
 //!
 //! | stage | reads | work on a change |
 //! |---|---|---|
-//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod of this node (before or after; not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (kept while no Node changed); the maps are written where they differ from what the last sync wrote |
+//! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod of this node (before or after; not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (made again only for the Node objects that changed); the nodes' routes and addresses are changed node by node from the last compile's (`overlay::NodeMaps::updated_for`); the maps are written where they differ from what the last sync wrote |
 //! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name; only their keys are compared with the installed ports and written where they differ, backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
-//! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease); written where it differs from what it last wrote |
+//! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease), the cluster's own prefixes kept while the nodes and networks stay, the pods not read without an EgressIP; written where it differs from what it last wrote |
 //! | multicast | Node, Namespace, Pod (not its labels) | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
 //!
 //! "Network" stands for the operator's `Network` named `cluster` (MTU, Geneve port, cluster
@@ -328,6 +328,12 @@ fn differing_runs<T: Resource + PartialEq>(
     let mut runs = Vec::new();
     let (mut i, mut j) = (0, 0);
     while i < n && j < m {
+        let shared = a.shared_run(i, &mut b, j);
+        if shared > 0 {
+            i += shared;
+            j += shared;
+            continue;
+        }
         if matches(a.get(i), b.get(j)) {
             i += 1;
             j += 1;

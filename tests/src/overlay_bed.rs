@@ -78,21 +78,21 @@ pub fn bed() -> anyhow::Result<Bed> {
     let view = OverlayView {
         this_node: "a".into(),
         nodes: std::sync::Arc::new(vec![
-            NodeView {
+            std::sync::Arc::new(NodeView {
                 name: "a".into(),
                 addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
                 pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
-            },
-            NodeView {
+            }),
+            std::sync::Arc::new(NodeView {
                 name: "b".into(),
                 addresses: vec![ip("10.99.0.2")],
                 pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
-            },
-            NodeView {
+            }),
+            std::sync::Arc::new(NodeView {
                 name: "c".into(),
                 addresses: vec![ip("fd99::3")],
                 pod_cidrs: vec![net("10.244.3.0/24")],
-            },
+            }),
         ]),
         local_pods: vec![
             LocalPodView {

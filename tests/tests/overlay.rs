@@ -774,6 +774,7 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
                 addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
                 pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
             })
+            .map(std::sync::Arc::new)
             .collect::<Vec<_>>()
             .into(),
         local_pods: Vec::new(),
@@ -835,6 +836,7 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
                 ],
                 pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
             })
+            .map(std::sync::Arc::new)
             .collect::<Vec<_>>()
             .into(),
         local_pods: Vec::new(),

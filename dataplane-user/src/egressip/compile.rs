@@ -39,7 +39,7 @@ pub struct EgressInputs {
     /// Every pod-network pod of the cluster.
     pub pods: PolicyPods,
     pub namespaces: Vec<Arc<Namespace>>,
-    pub nodes: Arc<Vec<NodeView>>,
+    pub nodes: Arc<Vec<Arc<NodeView>>>,
     pub cluster_networks: Vec<IpNet>,
     pub service_networks: Vec<IpNet>,
     pub this_node: String,
@@ -56,10 +56,21 @@ impl EgressInputs {
         pods: &PolicyPods,
         model: &NodeModel,
     ) -> Self {
+        // Without an EgressIP no pod is selected: the pods and namespaces are left out (a
+        // copy of them at every pod change cost 5,000 nodes' agents a millisecond each).
+        let selecting = !objects.is_empty();
         EgressInputs {
             objects,
-            pods: pods.clone(),
-            namespaces: state.namespaces.to_vec(),
+            pods: if selecting {
+                pods.clone()
+            } else {
+                PolicyPods::default()
+            },
+            namespaces: if selecting {
+                state.namespaces.to_vec()
+            } else {
+                Vec::new()
+            },
             nodes: model.view.nodes.clone(),
             cluster_networks: state.cluster_networks.clone(),
             service_networks: state.service_networks.clone(),
@@ -76,7 +87,8 @@ pub struct EgressMaps {
     pub pods: BTreeMap<Addr, EgressPod>,
     pub ips: BTreeMap<Addr, EgressHolder>,
     pub snat: BTreeMap<Addr, Addr>,
-    pub internal: BTreeMap<(u32, Addr), u32>,
+    /// Shared: it depends on the nodes and networks only (see [`internal_prefixes`]).
+    pub internal: Arc<InternalPrefixes>,
     pub active: u32,
     /// The addresses this node holds (answers ARP for, translates to).
     pub held: BTreeSet<IpAddr>,
@@ -162,7 +174,48 @@ pub fn assigned(inputs: &EgressInputs) -> Vec<(String, IpAddr, String)> {
 /// now (a fresh probe of the controller granted it); one it may not is left out altogether,
 /// so traffic through it is dropped rather than sent to itself or as the pod.
 pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> EgressMaps {
-    let mut maps = EgressMaps::default();
+    compile_with(inputs, internal_prefixes(inputs), may_hold)
+}
+
+/// The destinations that are the cluster's own, by LPM key: what the egress maps never send
+/// through an egress IP.
+pub type InternalPrefixes = BTreeMap<(u32, Addr), u32>;
+
+/// [`InternalPrefixes`] of `inputs`: the cluster and service networks, every node's address,
+/// and what never leaves the link. It reads only the nodes and networks, so the agent keeps
+/// it while they stay (`EgressNode`) rather than building it from 5,000 nodes again at every
+/// pod change and every lease tick.
+pub fn internal_prefixes(inputs: &EgressInputs) -> Arc<InternalPrefixes> {
+    let mut internal = InternalPrefixes::new();
+    for net in inputs
+        .cluster_networks
+        .iter()
+        .chain(&inputs.service_networks)
+    {
+        internal.insert(prefix_key(net), 1);
+    }
+    for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
+        internal.insert(prefix_key(&IpNet::from(*address)), 1);
+    }
+    // What never leaves the link (neighbour discovery to the pod's gateway, multicast,
+    // link-local) is not egress: it goes its usual way.
+    for net in NOT_EGRESS {
+        let net: IpNet = net.parse().expect("a valid constant prefix");
+        internal.insert(prefix_key(&net), 1);
+    }
+    Arc::new(internal)
+}
+
+/// [`compile`] with the internal prefixes given (those of the same nodes and networks).
+pub fn compile_with(
+    inputs: &EgressInputs,
+    internal: Arc<InternalPrefixes>,
+    may_hold: impl Fn(&IpAddr) -> bool,
+) -> EgressMaps {
+    let mut maps = EgressMaps {
+        internal,
+        ..EgressMaps::default()
+    };
     let assigned = assigned(inputs);
     let node_address = |node: &str, ip: &IpAddr| {
         let view = inputs.nodes.iter().find(|n| n.name == node)?;
@@ -215,22 +268,6 @@ pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> Egr
             }
         }
     }
-    for net in inputs
-        .cluster_networks
-        .iter()
-        .chain(&inputs.service_networks)
-    {
-        maps.internal.insert(prefix_key(net), 1);
-    }
-    for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
-        maps.internal.insert(prefix_key(&IpNet::from(*address)), 1);
-    }
-    // What never leaves the link (neighbour discovery to the pod's gateway, multicast,
-    // link-local) is not egress: it goes its usual way.
-    for net in NOT_EGRESS {
-        let net: IpNet = net.parse().expect("a valid constant prefix");
-        maps.internal.insert(prefix_key(&net), 1);
-    }
     if !maps.pods.is_empty() {
         maps.active |= EGRESS_ACTIVE_PODS;
     }
@@ -275,15 +312,18 @@ impl Dataplane {
                 .set(0, current & desired.active, 0)
                 .map_err(sync_err(maps::EGRESS_ACTIVE))?;
         }
-        let mut internal: LpmTrie<&mut MapData, Addr, u32> =
-            self.typed_map(maps::EGRESS_INTERNAL)?;
-        sync_lpm_since(
-            &mut internal,
-            &desired.internal,
-            last.map(|l| &l.internal),
-            &mut stats,
-        )
-        .map_err(sync_err(maps::EGRESS_INTERNAL))?;
+        // The same shared prefixes as last written: nothing to compare.
+        if !last.is_some_and(|l| Arc::ptr_eq(&l.internal, &desired.internal)) {
+            let mut internal: LpmTrie<&mut MapData, Addr, u32> =
+                self.typed_map(maps::EGRESS_INTERNAL)?;
+            sync_lpm_since(
+                &mut internal,
+                &desired.internal,
+                last.map(|l| &*l.internal),
+                &mut stats,
+            )
+            .map_err(sync_err(maps::EGRESS_INTERNAL))?;
+        }
         let mut ips: HashMap<&mut MapData, Addr, EgressHolder> =
             self.typed_map(maps::EGRESS_IPS)?;
         stats.add(
@@ -329,12 +369,12 @@ mod tests {
         }
     }
 
-    fn node(name: &str, address: &str, cidr: &str) -> NodeView {
-        NodeView {
+    fn node(name: &str, address: &str, cidr: &str) -> Arc<NodeView> {
+        Arc::new(NodeView {
             name: name.into(),
             addresses: vec![address.parse().unwrap()],
             pod_cidrs: vec![cidr.parse().unwrap()],
-        }
+        })
     }
 
     fn inputs(items: &[(&str, &str)]) -> EgressInputs {

@@ -17,7 +17,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::compile::{EgressInputs, EgressMaps, compile};
+use super::compile::{EgressInputs, EgressMaps, InternalPrefixes, compile_with, internal_prefixes};
 use crate::{AgentError, Dataplane};
 
 /// The probe's answer: which node answered and what it holds now.
@@ -102,6 +102,9 @@ pub struct EgressNode {
     pub lease: Arc<Lease>,
     underlay: String,
     inputs: Option<EgressInputs>,
+    /// The internal prefixes of `inputs`, once compiled: kept while the nodes (the same shared
+    /// list) and the networks stay.
+    internal: Option<Arc<InternalPrefixes>>,
     timeout: Option<Duration>,
     applied: Option<EgressMaps>,
 }
@@ -112,6 +115,7 @@ impl EgressNode {
             lease: Arc::new(Lease::new(node)),
             underlay: underlay.to_owned(),
             inputs: None,
+            internal: None,
             timeout: Some(Duration::from_secs(1)),
             applied: None,
         }
@@ -119,6 +123,14 @@ impl EgressNode {
 
     /// The cluster state a sync read; applied at the next [`EgressNode::apply`].
     pub fn set_inputs(&mut self, inputs: EgressInputs, timeout: Option<Duration>) {
+        let same_prefixes = self.inputs.as_ref().is_some_and(|last| {
+            Arc::ptr_eq(&last.nodes, &inputs.nodes)
+                && last.cluster_networks == inputs.cluster_networks
+                && last.service_networks == inputs.service_networks
+        });
+        if !same_prefixes {
+            self.internal = None;
+        }
         self.inputs = Some(inputs);
         self.timeout = timeout;
     }
@@ -138,7 +150,11 @@ impl EgressNode {
             return Ok(());
         };
         let allowed = self.lease.may_hold(self.timeout);
-        let desired = compile(inputs, |ip| {
+        let internal = self
+            .internal
+            .get_or_insert_with(|| internal_prefixes(inputs))
+            .clone();
+        let desired = compile_with(inputs, internal, |ip| {
             allowed.as_ref().is_none_or(|allowed| allowed.contains(ip))
         });
         if self.applied.as_ref() == Some(&desired) {

@@ -68,6 +68,9 @@ struct Args {
     repeats: usize,
     #[arg(long)]
     json: bool,
+    /// Only the single changes whose description contains this (to profile one of them).
+    #[arg(long)]
+    only: Option<String>,
 }
 
 const NODE: &str = "node-0";
@@ -538,9 +541,10 @@ impl Agent {
             local_veth,
         );
         anyhow::ensure!(model.warnings.is_empty(), "{:?}", model.warnings);
-        let desired = overlay::compile(&model.view)?;
-        // As the agent does: compared with what the last sync wrote (a full one reads the kernel).
+        // As the agent does: compiled node by node from what the last sync wrote, and compared
+        // with it (a full one compiles from every node and reads the kernel).
         let last = self.overlay_written.take().filter(|_| !full);
+        let desired = overlay::compile_since(&model.view, last.as_ref())?;
         let stats = self.fixture.sync_overlay(&desired, last.as_ref())?;
         self.overlay_written = Some(desired);
         self.model = Some(model);
@@ -657,7 +661,7 @@ struct Change {
 }
 
 /// Each single change `repeats` times (toggling back and forth), in `agent`'s cluster.
-fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
+fn changes(agent: &mut Agent, repeats: usize, only: Option<&str>) -> anyhow::Result<Vec<Change>> {
     let mut out = Vec::new();
     type Apply = fn(&mut Agent, usize);
     let kinds: [(&'static str, Apply); 5] = [
@@ -680,7 +684,10 @@ fn changes(agent: &mut Agent, repeats: usize) -> anyhow::Result<Vec<Change>> {
             a.add_node(index);
         }),
     ];
-    for (what, apply) in kinds {
+    for (what, apply) in kinds
+        .into_iter()
+        .filter(|(what, _)| only.is_none_or(|o| what.contains(o)))
+    {
         let mut times = Vec::new();
         let mut last = Step::default();
         for r in 0..repeats {
@@ -830,7 +837,7 @@ fn main() -> anyhow::Result<()> {
     agent.apply_list(listed);
     let parse_ms = ms(started.elapsed());
     let initial = agent.sync(true)?;
-    let changes = changes(&mut agent, repeats)?;
+    let changes = changes(&mut agent, repeats, args.only.as_deref())?;
     let stream = stream(&mut agent, rate, seconds)?;
     let resident_mib = resident_bytes() as f64 / (1 << 20) as f64;
     let map_memlock_mib = map_memlock_bytes() as f64 / (1 << 20) as f64;
@@ -838,7 +845,7 @@ fn main() -> anyhow::Result<()> {
     let mut small = Agent::new(SMALL)?;
     small.list_everything();
     small.sync(true)?;
-    let small_changes = self::changes(&mut small, repeats)?;
+    let small_changes = self::changes(&mut small, repeats, args.only.as_deref())?;
     drop(small);
     let report = Report {
         shape,

@@ -1,0 +1,455 @@
+//! The overlay maps' entries the cluster's nodes give: a tunnel route to each other node's pod
+//! CIDRs and every node's address. At 5,000 nodes, building them is most of a node change's
+//! work, so a compile changes the last one's entries node by node where it can
+//! ([`NodeMaps::updated_for`]) and builds them from every node only where it must.
+
+use std::{
+    collections::BTreeMap,
+    net::{IpAddr, Ipv4Addr},
+    sync::Arc,
+};
+
+use dataplane_common::overlay::{Addr, TunnelEndpoint};
+use ipnet::IpNet;
+
+use super::{CompileError, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6};
+use crate::hybrid::{self, HybridView};
+
+/// A compile changes the last entries node by node while at most this fraction of the
+/// nodes changed (one in four); past it, building them all again costs less.
+const MOST_CHANGED_DIVISOR: usize = 4;
+
+/// The nodes' entries, and what they were compiled from.
+#[derive(Clone, Debug, Default)]
+pub struct NodeMaps {
+    /// Other nodes' IPv4 pod CIDRs (and the hybrid nodes' subnets) and their tunnel endpoints.
+    pub remote_v4: BTreeMap<(u32, [u8; 4]), TunnelEndpoint>,
+    pub remote_v6: BTreeMap<(u32, [u8; 16]), TunnelEndpoint>,
+    /// Every node's addresses (the value is unused).
+    pub node_addrs: BTreeMap<Addr, u32>,
+    /// How many nodes name each address: one leaving takes it out only if no other has it.
+    address_users: BTreeMap<Addr, u32>,
+    owners: PodCidrOwners,
+    /// The node list, this node and hybrid view these entries are of.
+    nodes: Arc<Vec<Arc<NodeView>>>,
+    this_node: String,
+    hybrid: Option<HybridView>,
+}
+
+/// Entries are equal when the maps would hold the same.
+impl PartialEq for NodeMaps {
+    fn eq(&self, other: &Self) -> bool {
+        self.remote_v4 == other.remote_v4
+            && self.remote_v6 == other.remote_v6
+            && self.node_addrs == other.node_addrs
+    }
+}
+
+impl Eq for NodeMaps {}
+
+impl NodeMaps {
+    /// The entries of every node of `view`, and of its hybrid nodes' subnets.
+    pub fn compile(view: &OverlayView) -> Result<Self, CompileError> {
+        let mut maps = NodeMaps {
+            nodes: Arc::clone(&view.nodes),
+            this_node: view.this_node.clone(),
+            hybrid: view.hybrid.clone(),
+            ..NodeMaps::default()
+        };
+        for node in view.nodes.iter() {
+            maps.add_node(node)?;
+        }
+        // Hybrid nodes' pod subnets, reached in VXLAN: never one of the nodes' own CIDRs.
+        for ((prefix_len, network), endpoint) in hybrid::routes(view.hybrid.as_ref()) {
+            let cidr = hybrid_cidr(prefix_len, network);
+            if let Some(other) = maps.owners.overlapping(&cidr) {
+                return Err(CompileError::OverlappingPodCidr {
+                    node: format!("{} (hybrid)", hybrid_owner(view, &cidr)),
+                    other: other.to_owned(),
+                    cidr,
+                });
+            }
+            maps.remote_v4.insert((prefix_len, network), endpoint);
+        }
+        Ok(maps)
+    }
+
+    /// These entries changed to `view`'s nodes, one node at a time: `None` when that cannot
+    /// be done (another node or hybrid view, lists out of name order, too many changes) or
+    /// would fail (a node without address, an overlap), for [`NodeMaps::compile`] to do
+    /// (and name the error) instead.
+    pub fn updated_for(self: &Arc<Self>, view: &OverlayView) -> Option<Arc<Self>> {
+        if self.this_node != view.this_node || self.hybrid != view.hybrid {
+            return None;
+        }
+        if Arc::ptr_eq(&self.nodes, &view.nodes) {
+            return Some(Arc::clone(self));
+        }
+        let (gone, come) = node_changes(&self.nodes, &view.nodes)?;
+        if gone.is_empty() && come.is_empty() {
+            return Some(Arc::clone(self));
+        }
+        if gone.len() + come.len() > view.nodes.len() / MOST_CHANGED_DIVISOR {
+            return None;
+        }
+        let mut next = (**self).clone();
+        next.nodes = Arc::clone(&view.nodes);
+        for node in gone {
+            next.remove_node(node);
+        }
+        let hybrid_routes = hybrid::routes(view.hybrid.as_ref());
+        for node in come {
+            let meets_hybrid = node.pod_cidrs.iter().any(|cidr| {
+                hybrid_routes
+                    .keys()
+                    .any(|&(len, network)| overlap(&hybrid_cidr(len, network), cidr))
+            });
+            if meets_hybrid {
+                return None;
+            }
+            next.add_node(node).ok()?;
+        }
+        Some(Arc::new(next))
+    }
+
+    /// Adds `node`'s addresses, CIDRs and (for another node) routes.
+    fn add_node(&mut self, node: &Arc<NodeView>) -> Result<(), CompileError> {
+        if node.addresses.is_empty() {
+            return Err(CompileError::NodeWithoutAddress {
+                node: node.name.clone(),
+            });
+        }
+        for address in &node.addresses {
+            let address = addr16(*address);
+            self.node_addrs.insert(address, 0);
+            *self.address_users.entry(address).or_default() += 1;
+        }
+        for cidr in &node.pod_cidrs {
+            let cidr = cidr.trunc();
+            if let Some(other) = self.owners.overlapping(&cidr) {
+                return Err(CompileError::OverlappingPodCidr {
+                    node: node.name.clone(),
+                    other: other.to_owned(),
+                    cidr,
+                });
+            }
+            self.owners.insert(cidr, Arc::from(node.name.as_str()));
+            if node.name == self.this_node {
+                continue;
+            }
+            // Same family underlay if the node has one, else the other family.
+            let endpoint = match cidr {
+                IpNet::V4(_) => first_v4(&node.addresses)
+                    .map(|a| endpoint(IpAddr::V4(a)))
+                    .or_else(|| first_v6(&node.addresses).map(|a| endpoint(IpAddr::V6(a)))),
+                IpNet::V6(_) => first_v6(&node.addresses)
+                    .map(|a| endpoint(IpAddr::V6(a)))
+                    .or_else(|| first_v4(&node.addresses).map(|a| endpoint(IpAddr::V4(a)))),
+            };
+            let Some(endpoint) = endpoint else { continue };
+            match cidr {
+                IpNet::V4(net) => {
+                    self.remote_v4
+                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                }
+                IpNet::V6(net) => {
+                    self.remote_v6
+                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes out what [`NodeMaps::add_node`] put in for `node` (which it had accepted: its
+    /// CIDRs were its own).
+    fn remove_node(&mut self, node: &NodeView) {
+        for address in &node.addresses {
+            let address = addr16(*address);
+            let users = self.address_users.entry(address).or_default();
+            *users = users.saturating_sub(1);
+            if *users == 0 {
+                self.address_users.remove(&address);
+                self.node_addrs.remove(&address);
+            }
+        }
+        for cidr in &node.pod_cidrs {
+            let cidr = cidr.trunc();
+            self.owners.remove(&cidr);
+            match cidr {
+                IpNet::V4(net) => {
+                    self.remote_v4
+                        .remove(&(u32::from(net.prefix_len()), net.addr().octets()));
+                }
+                IpNet::V6(net) => {
+                    self.remote_v6
+                        .remove(&(u32::from(net.prefix_len()), net.addr().octets()));
+                }
+            }
+        }
+    }
+}
+
+/// The views that left `old` and those that came in `new` (a changed node is in both), found
+/// by one walk down both lists in name order, the views kept from one build to the next
+/// being the same objects. `None` if a list is not in strict name order.
+type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
+
+fn node_changes<'a>(old: &'a [Arc<NodeView>], new: &'a [Arc<NodeView>]) -> Option<NodeChanges<'a>> {
+    let ordered = |list: &[Arc<NodeView>]| list.windows(2).all(|w| w[0].name < w[1].name);
+    if !ordered(old) || !ordered(new) {
+        return None;
+    }
+    let (mut gone, mut come) = (Vec::new(), Vec::new());
+    let (mut i, mut j) = (0, 0);
+    while i < old.len() || j < new.len() {
+        match (old.get(i), new.get(j)) {
+            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a.name == b.name => {
+                if a != b {
+                    gone.push(a);
+                    come.push(b);
+                }
+                i += 1;
+                j += 1;
+            }
+            (Some(a), Some(b)) if a.name < b.name => {
+                gone.push(a);
+                i += 1;
+            }
+            (Some(a), None) => {
+                gone.push(a);
+                i += 1;
+            }
+            (_, Some(b)) => {
+                come.push(b);
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    Some((gone, come))
+}
+
+/// A hybrid route's subnet.
+fn hybrid_cidr(prefix_len: u32, network: [u8; 4]) -> IpNet {
+    IpNet::V4(
+        ipnet::Ipv4Net::new(Ipv4Addr::from(network), prefix_len as u8)
+            .expect("a route's prefix length fits IPv4"),
+    )
+}
+
+/// Whether two CIDRs share an address.
+fn overlap(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+/// The hybrid node whose subnet is `cidr`.
+fn hybrid_owner(view: &OverlayView, cidr: &IpNet) -> String {
+    view.hybrid
+        .iter()
+        .flat_map(|h| h.nodes.iter())
+        .find(|n| IpNet::V4(n.subnet) == *cidr)
+        .map_or_else(String::new, |n| n.name.clone())
+}
+
+/// The nodes' pod CIDRs by their first address, so that an overlap is found in a few
+/// lookups rather than by comparing with every node's (5,000 nodes made that 12.5 million
+/// comparisons a compile).
+#[derive(Clone, Debug, Default)]
+pub(super) struct PodCidrOwners {
+    /// (IPv6, first address) -> the CIDR and its node. Accepted CIDRs never overlap, so no two
+    /// share a first address.
+    by_start: BTreeMap<(bool, u128), (IpNet, Arc<str>)>,
+}
+
+impl PodCidrOwners {
+    /// The node owning a CIDR that overlaps `cidr`: one that starts inside it, or one that
+    /// contains it. Only the last CIDR starting before `cidr` can contain it: any later one
+    /// would start inside that one, and accepted CIDRs never overlap.
+    pub(super) fn overlapping(&self, cidr: &IpNet) -> Option<&str> {
+        let (v6, first, last) = span(cidr);
+        if let Some((_, (_, owner))) = self.by_start.range((v6, first)..=(v6, last)).next() {
+            return Some(owner);
+        }
+        self.by_start
+            .range((v6, 0)..(v6, first))
+            .next_back()
+            .filter(|(_, (owned, _))| owned.contains(cidr))
+            .map(|(_, (_, owner))| &**owner)
+    }
+
+    pub(super) fn insert(&mut self, cidr: IpNet, owner: Arc<str>) {
+        let (v6, first, _) = span(&cidr);
+        self.by_start.insert((v6, first), (cidr, owner));
+    }
+
+    fn remove(&mut self, cidr: &IpNet) {
+        let (v6, first, _) = span(cidr);
+        self.by_start.remove(&(v6, first));
+    }
+}
+
+/// A CIDR's family and first and last addresses as numbers.
+fn span(cidr: &IpNet) -> (bool, u128, u128) {
+    match cidr {
+        IpNet::V4(net) => (
+            false,
+            u128::from(u32::from(net.network())),
+            u128::from(u32::from(net.broadcast())),
+        ),
+        IpNet::V6(net) => (true, u128::from(net.network()), u128::from(net.broadcast())),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{
+        overlay::{OvnKubernetesConfig, Underlay, compile, compile_since},
+        test_rng::TestRng,
+    };
+
+    /// An overlap is found whichever of the two is wider and whichever came first; adjacent
+    /// CIDRs and other families do not overlap.
+    #[test]
+    fn pod_cidr_overlaps_are_found_both_ways() {
+        let net = |text: &str| text.parse::<IpNet>().expect("CIDR");
+        let mut owners = PodCidrOwners::default();
+        owners.insert(net("10.244.0.0/16"), "wide".into());
+        owners.insert(net("10.1.2.0/24"), "narrow".into());
+        owners.insert(net("fd00::/64"), "six".into());
+        for (cidr, owner) in [
+            ("10.244.7.0/24", Some("wide")),
+            ("10.0.0.0/8", Some("narrow")),
+            ("10.1.2.128/25", Some("narrow")),
+            ("10.1.2.0/24", Some("narrow")),
+            ("10.1.3.0/24", None),
+            ("10.1.3.5/32", None),
+            ("10.1.2.255/32", Some("narrow")),
+            ("10.244.255.255/32", Some("wide")),
+            ("10.245.0.0/16", None),
+            ("fd00::/48", Some("six")),
+            ("fd00:0:0:1::/64", None),
+            ("0.0.0.0/0", Some("narrow")),
+        ] {
+            assert_eq!(owners.overlapping(&net(cidr)), owner, "{cidr}");
+        }
+    }
+
+    /// Node `i` (names sort as the numbers do), at underlay address `address`, with the
+    /// pod CIDR 10.(128 + cidr / 256).(cidr % 256).0/24.
+    fn node(i: u64, address: u64, cidr: u64) -> Arc<NodeView> {
+        Arc::new(NodeView {
+            name: format!("n{i:04}"),
+            addresses: vec![
+                format!("10.99.{}.{}", address / 250, address % 250 + 1)
+                    .parse()
+                    .expect("address"),
+            ],
+            pod_cidrs: vec![
+                format!("10.{}.{}.0/24", 128 + cidr / 256, cidr % 256)
+                    .parse()
+                    .expect("CIDR"),
+            ],
+        })
+    }
+
+    fn view_of(nodes: &[Arc<NodeView>]) -> OverlayView {
+        OverlayView {
+            this_node: "n0000".into(),
+            nodes: Arc::new(nodes.to_vec()),
+            local_pods: Vec::new(),
+            unrestricted_ifindexes: Vec::new(),
+            underlay: Underlay {
+                ifindex: 2,
+                mac: [2, 0, 0, 0, 0, 1],
+                xdp_forward: false,
+                mtu: 1500,
+            },
+            settings: OvnKubernetesConfig::default()
+                .validate(1500)
+                .expect("settings"),
+            hybrid: None,
+        }
+    }
+
+    /// One node added to 200 changes the last entries (it does not build them all), and
+    /// gives what building them all gives; a list with no change shares the last entries.
+    #[test]
+    fn one_node_added_changes_the_last_entries() {
+        let mut nodes: Vec<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
+        let first = compile(&view_of(&nodes)).expect("compiles");
+        // Another list of the same views.
+        let same = compile_since(&view_of(&nodes), Some(&first)).expect("compiles");
+        assert!(Arc::ptr_eq(&first.node_maps, &same.node_maps));
+        nodes.push(node(200, 200, 200));
+        let view = view_of(&nodes);
+        let updated = first
+            .node_maps
+            .updated_for(&view)
+            .expect("changed in place");
+        assert_eq!(*updated, *compile(&view).expect("compiles").node_maps);
+        assert_eq!(updated.remote_v4.len(), 200);
+        assert_eq!(updated.node_addrs.len(), 201);
+    }
+
+    /// Random changes to a cluster's nodes (added, removed, moved to another address, possibly
+    /// one another node has, given another CIDR, possibly one another node has): each compile
+    /// from the last good one gives exactly what a compile from nothing gives, errors
+    /// included, and a failed change leaves the last good entries to compare with.
+    #[test]
+    fn node_by_node_changes_equal_a_full_compile() {
+        let mut rng = TestRng::new(7);
+        let mut nodes: Vec<Arc<NodeView>> = (0..40).map(|i| node(i, i, i)).collect();
+        let mut last = compile(&view_of(&nodes)).expect("compiles");
+        let mut next_node = 40;
+        let (mut kept, mut refused) = (0, 0);
+        for step in 0..2_000 {
+            let mut changed = nodes.clone();
+            for _ in 0..=rng.below(3) {
+                let at = 1 + rng.below(changed.len() as u64 - 1) as usize;
+                match rng.below(4) {
+                    0 => {
+                        let i = next_node;
+                        next_node += 1;
+                        let at = changed.partition_point(|n| n.name < format!("n{i:04}"));
+                        changed.insert(at, node(i, i, i));
+                    }
+                    1 if changed.len() > 2 => {
+                        changed.remove(at);
+                    }
+                    2 => {
+                        let mut moved = (*changed[at]).clone();
+                        moved.addresses = node(0, rng.below(60), 0).addresses.clone();
+                        changed[at] = Arc::new(moved);
+                    }
+                    _ => {
+                        let mut moved = (*changed[at]).clone();
+                        moved.pod_cidrs = node(0, 0, rng.below(100)).pod_cidrs.clone();
+                        changed[at] = Arc::new(moved);
+                    }
+                }
+            }
+            let view = view_of(&changed);
+            let full = compile(&view);
+            assert_eq!(compile_since(&view, Some(&last)), full, "step {step}");
+            match full {
+                Ok(maps) => {
+                    kept += 1;
+                    last = maps;
+                    nodes = changed;
+                }
+                Err(_) => refused += 1,
+            }
+        }
+        // Both ways were taken many times.
+        assert!(
+            kept > 500 && refused > 100,
+            "{kept} kept, {refused} refused"
+        );
+    }
+}
