@@ -414,6 +414,10 @@ pub struct ServiceCache {
     /// Each service key and the Services whose ports claim it, with how many ports each: the
     /// first port of the first by name holds it (as [`lb::assemble`] decides).
     claims: BTreeMap<ServiceKey, BTreeMap<ServiceName, usize>>,
+    /// The Services whose compile failed, and the keys more than one port claims: what
+    /// [`Self::errors`] lists, kept so that it does not walk 10,000 Services at each change.
+    failed: BTreeSet<ServiceName>,
+    shared: BTreeSet<ServiceKey>,
     /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
     dirty: Option<BTreeSet<ServiceKey>>,
 }
@@ -431,7 +435,14 @@ impl ServiceCache {
         if changes.full {
             self.index(services, slices);
             self.compiled = lb::compile_each(services, slices, node, |_| true);
+            self.failed = self
+                .compiled
+                .iter()
+                .filter(|(_, service)| service.is_err())
+                .map(|(name, _)| name.clone())
+                .collect();
             self.claims.clear();
+            self.shared.clear();
             let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
             for name in &all {
                 self.claim(name);
@@ -455,6 +466,7 @@ impl ServiceCache {
         for name in &changes.services {
             self.unclaim(name);
             self.compiled.remove(name);
+            self.failed.remove(name);
             let Some(service) = self.objects.get(name) else {
                 continue;
             };
@@ -468,6 +480,9 @@ impl ServiceCache {
             let fresh = lb::compile_each(std::slice::from_ref(service), &own, node, |_| true);
             compiled += fresh.len();
             for (name, service) in fresh {
+                if service.is_err() {
+                    self.failed.insert(name.clone());
+                }
                 self.compiled.insert(name.clone(), service);
                 self.claim(&name);
             }
@@ -519,12 +534,11 @@ impl ServiceCache {
             return;
         };
         for port in ports {
-            *self
-                .claims
-                .entry(port.key)
-                .or_default()
-                .entry(name.clone())
-                .or_default() += 1;
+            let claims = self.claims.entry(port.key).or_default();
+            *claims.entry(name.clone()).or_default() += 1;
+            if claims.values().sum::<usize>() > 1 {
+                self.shared.insert(port.key);
+            }
             if let Some(dirty) = &mut self.dirty {
                 dirty.insert(port.key);
             }
@@ -539,6 +553,9 @@ impl ServiceCache {
         for port in ports {
             if let Some(claims) = self.claims.get_mut(&port.key) {
                 claims.remove(name);
+                if claims.values().sum::<usize>() <= 1 {
+                    self.shared.remove(&port.key);
+                }
                 if claims.is_empty() {
                     self.claims.remove(&port.key);
                 }
@@ -573,14 +590,14 @@ impl ServiceCache {
     /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
     pub fn errors(&self) -> Vec<String> {
         let mut errors: Vec<String> = self
-            .compiled
-            .values()
-            .filter_map(|service| service.as_ref().err().cloned())
+            .failed
+            .iter()
+            .filter_map(|name| self.compiled.get(name)?.as_ref().err().cloned())
             .collect();
         let shared = self
-            .claims
+            .shared
             .iter()
-            .filter(|(_, names)| names.values().sum::<usize>() > 1);
+            .filter_map(|key| Some((key, self.claims.get(key)?)));
         for (key, names) in shared {
             let ports = names
                 .keys()

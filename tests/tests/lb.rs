@@ -28,7 +28,7 @@ use dataplane_tests::{
 use dataplane_user::{
     AgentError,
     capacity::Capacities,
-    lb::{BackendAddr, LbState, ServicePort, maglev_table},
+    lb::{BackendAddr, LbState, ServicePort, maglev_table, port_bitmaps},
     overlay::addr16,
     testrun::RunOutcome,
 };
@@ -2296,8 +2296,24 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
         fixture.typed_map(LB_SERVICES).expect("map");
     assert!(services.get(&gone.key, 0).is_err(), "the removed port left");
     assert!(services.get(&kept.key, 0).is_ok());
-    let full = fixture
-        .sync_lb(&mut state, &[kept, moved_now, added])
-        .expect("sync");
+    // The port bitmaps are those of the ports now: port 53 (UDP) and its backend's gone.
+    let words = |fixture: &mut Fixture| -> Vec<u64> {
+        let map: Array<&mut MapData, u64> = fixture.typed_map(maps::LB_PORTS).expect("map");
+        map.iter().map(|w| w.expect("word")).collect()
+    };
+    let now = [kept.clone(), moved_now.clone(), added.clone()];
+    assert_eq!(words(&mut fixture), port_bitmaps(now.iter()));
+    // A second sync of a few, from the bit counts the first one left: the UDP port comes
+    // back, the added port goes.
+    fixture
+        .sync_lb_changed(
+            &mut state,
+            &[(gone.key, Some(gone.clone())), (added.key, None)],
+        )
+        .expect("sync")
+        .expect("the changes alone");
+    let now = [kept, moved_now, gone];
+    assert_eq!(words(&mut fixture), port_bitmaps(now.iter()));
+    let full = fixture.sync_lb(&mut state, &now).expect("sync");
     assert_eq!((full.written, full.deleted), (0, 0));
 }
