@@ -787,7 +787,6 @@ fn backend_addr(backend: &Backend) -> BackendAddr {
     }
 }
 
-/// The two port bitmaps `ports` need: their service ports, then their backends' ports.
 /// The bits (`word * 64 + bit`) a service port marks in the port bitmaps: its own port's, and
 /// each of its backends' (once per backend).
 fn port_bit_numbers(port: &ServicePort) -> impl Iterator<Item = u32> + '_ {
@@ -813,28 +812,23 @@ fn count_port_bits<'a>(ports: impl Iterator<Item = &'a ServicePort>) -> HashMap<
     users
 }
 
-/// The port bitmaps' words with the bits `users` counts set.
-fn bitmap_words(users: &HashMap<u32, u32>) -> Vec<u64> {
+/// The port bitmaps' words with `bits` set.
+fn words_with(bits: impl Iterator<Item = u32>) -> Vec<u64> {
     let mut words = vec![0u64; (PORT_BITMAP_WORDS * 2) as usize];
-    for (&bit, _) in users.iter().filter(|(_, n)| **n > 0) {
+    for bit in bits {
         words[(bit / 64) as usize] |= 1 << (bit % 64);
     }
     words
 }
 
+/// The port bitmaps' words with the bits `users` counts set.
+fn bitmap_words(users: &HashMap<u32, u32>) -> Vec<u64> {
+    words_with(users.iter().filter(|(_, n)| **n > 0).map(|(bit, _)| *bit))
+}
+
+/// The two port bitmaps `ports` need: their service ports, then their backends' ports.
 pub fn port_bitmaps<'a>(ports: impl Iterator<Item = &'a ServicePort>) -> Vec<u64> {
-    let mut words = vec![0u64; (PORT_BITMAP_WORDS * 2) as usize];
-    let mut mark = |base, port: u16| {
-        let (word, bit) = port_bit(base, port);
-        words[word as usize] |= bit;
-    };
-    for port in ports {
-        mark(SERVICE_PORTS_BASE, u16::from_be_bytes(port.key.port_be));
-        for backend in port.ready.iter().chain(&port.terminating) {
-            mark(BACKEND_PORTS_BASE, backend.port);
-        }
-    }
-    words
+    words_with(ports.flat_map(port_bit_numbers))
 }
 
 impl Dataplane {
