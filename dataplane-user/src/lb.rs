@@ -473,17 +473,19 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
             (offset, skip)
         })
         .collect();
-    let mut next = vec![0u64; sorted.len()];
+    // Each backend's next slot of its permutation, `(offset + j * skip) % m` for its j-th
+    // choice, moved on by one addition: a division a probe made the fill of 10,000 tables
+    // a fifth of a large cluster's first sync.
+    let mut slots: Vec<u64> = permutations.iter().map(|&(offset, _)| offset).collect();
     let mut filled = 0;
     'fill: loop {
-        for (i, &(offset, skip)) in permutations.iter().enumerate() {
-            let mut slot = ((offset + next[i] * skip) % m) as usize;
-            while table[slot] != u32::MAX {
-                next[i] += 1;
-                slot = ((offset + next[i] * skip) % m) as usize;
+        for (i, &(_, skip)) in permutations.iter().enumerate() {
+            let mut slot = slots[i];
+            while table[slot as usize] != u32::MAX {
+                slot = next_slot(slot, skip, m);
             }
-            table[slot] = sorted[i].0;
-            next[i] += 1;
+            table[slot as usize] = sorted[i].0;
+            slots[i] = next_slot(slot, skip, m);
             filled += 1;
             if filled == MAGLEV_TABLE_SIZE {
                 break 'fill;
@@ -491,6 +493,12 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
         }
     }
     table
+}
+
+/// The slot after `slot` in a permutation of stride `skip` over `m` slots (both below `m`).
+fn next_slot(slot: u64, skip: u64, m: u64) -> u64 {
+    let next = slot + skip;
+    if next >= m { next - m } else { next }
 }
 
 /// What this agent has written to the load-balancer maps, so a sync writes only differences.
@@ -1120,10 +1128,17 @@ impl Dataplane {
 
     /// The live entries of the backends array, by id.
     fn live_backends(&mut self) -> Result<HashMap<u32, Backend>, AgentError> {
-        let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-        Ok(backends
-            .iter()
-            .filter_map(Result::ok)
+        let map = self
+            .ebpf()
+            .map(maps::LB_BACKENDS)
+            .ok_or(AgentError::MissingMap {
+                name: maps::LB_BACKENDS,
+            })?;
+        let slots = crate::batch::read::<u32, Backend>(map)
+            .map_err(map_err(maps::LB_BACKENDS, "read backends"))?;
+        Ok(slots
+            .into_iter()
+            .map(|(_, b)| b)
             .filter(|b| b.is_live(b.id))
             .map(|b| (b.id, b))
             .collect())
@@ -1135,18 +1150,29 @@ impl Dataplane {
         ids: &[(u32, BackendAddr)],
         have: &mut HashMap<u32, Backend>,
     ) -> Result<usize, AgentError> {
-        let mut backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-        let mut written = 0;
-        for &(id, backend) in ids {
-            let value = backend_value(backend, id);
-            if have.get(&id) != Some(&value) {
-                backends
-                    .set(backend_slot(id), value, 0)
-                    .map_err(map_err(maps::LB_BACKENDS, "write backend"))?;
-                have.insert(id, value);
-                written += 1;
-            }
-        }
+        // One batch per port (its ten or a thousand backends in one call).
+        let wanted: Vec<(u32, Backend)> = ids
+            .iter()
+            .map(|&(id, backend)| (id, backend_value(backend, id)))
+            .filter(|(id, value)| have.get(id) != Some(value))
+            .collect();
+        let map = self
+            .ebpf()
+            .map(maps::LB_BACKENDS)
+            .ok_or(AgentError::MissingMap {
+                name: maps::LB_BACKENDS,
+            })?;
+        let slots: Vec<(u32, Backend)> = wanted
+            .iter()
+            .map(|&(id, value)| (backend_slot(id), value))
+            .collect();
+        let result = crate::batch::update(map, &slots);
+        let written = match &result {
+            Ok(()) => wanted.len(),
+            Err(stopped) => stopped.written,
+        };
+        have.extend(wanted.into_iter().take(written));
+        result.map_err(|stopped| map_err(maps::LB_BACKENDS, "write backend")(stopped.source))?;
         Ok(written)
     }
 

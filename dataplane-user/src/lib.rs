@@ -3,6 +3,7 @@
 
 pub mod acl;
 pub mod attach;
+pub mod batch;
 pub mod capacity;
 pub mod cni;
 pub mod ebpf;

@@ -2317,3 +2317,79 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
     let full = fixture.sync_lb(&mut state, &now).expect("sync");
     assert_eq!((full.written, full.deleted), (0, 0));
 }
+
+/// The agent's batch calls on real maps: every entry written in order comes back from a
+/// batch read exactly, the whole array included (its untouched slots zero), and a batch into
+/// a hash map with room for fewer stops at the first that does not fit, saying how many went
+/// in and why (the kernel's E2BIG, which the agent names as a full map).
+#[test]
+fn batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_went_in() {
+    if !privileged(
+        "batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_went_in",
+    ) {
+        return;
+    }
+    let capacities = Capacities {
+        service_ports: 3,
+        ..Capacities::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    let backend = |n: u32| Backend {
+        addr: addr16(IpAddr::from([10, 244, (n >> 8) as u8, n as u8])),
+        port_be: 8080u16.to_be_bytes(),
+        family: dataplane_common::overlay::FAMILY_IPV4,
+        _pad: 0,
+        id: n,
+    };
+    // 10,000 slots, scattered over the array and more than one call's worth, in no order.
+    let written: Vec<(u32, Backend)> = (0..10_000u32)
+        .map(|n| ((n * 7919) % maps::DEFAULT_BACKENDS, backend(n + 1)))
+        .collect();
+    let map = fixture.ebpf().map(maps::LB_BACKENDS).expect("backends map");
+    dataplane_user::batch::update(map, &written).expect("batch write");
+    let read = dataplane_user::batch::read::<u32, Backend>(map).expect("batch read");
+    assert_eq!(
+        read.len(),
+        maps::DEFAULT_BACKENDS as usize,
+        "every slot of the array"
+    );
+    let mut expected = vec![Backend::default(); maps::DEFAULT_BACKENDS as usize];
+    for &(slot, value) in &written {
+        expected[slot as usize] = value;
+    }
+    for (slot, value) in &read {
+        assert_eq!(value, &expected[*slot as usize], "slot {slot}");
+    }
+    // The same slots through aya's one-entry reads.
+    let backends: Array<&mut MapData, Backend> =
+        fixture.typed_map(maps::LB_BACKENDS).expect("backends");
+    for &(slot, value) in written.iter().step_by(97) {
+        assert_eq!(backends.get(&slot, 0).expect("slot"), value);
+    }
+
+    let key = |n: u8| ServiceKey {
+        addr: addr16(IpAddr::from([10, 96, 0, n])),
+        port_be: 80u16.to_be_bytes(),
+        protocol: 6,
+        scope: SCOPE_CLUSTER,
+    };
+    let value = |n: u32| ServiceValue {
+        id: n,
+        table: 2 * n,
+        backends: 1,
+        affinity_timeout: 0,
+    };
+    let five: Vec<(ServiceKey, ServiceValue)> =
+        (1..=5u8).map(|n| (key(n), value(n.into()))).collect();
+    let map = fixture.ebpf().map(LB_SERVICES).expect("services map");
+    let stopped = dataplane_user::batch::update(map, &five).expect_err("two more than fit");
+    assert_eq!(stopped.written, 3);
+    assert!(
+        dataplane_user::capacity::is_full(&stopped.source),
+        "{:?}",
+        stopped.source
+    );
+    let mut held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    held.sort_by_key(|(k, _)| k.addr);
+    assert_eq!(held, five[..3].to_vec(), "the first three, as written");
+}
