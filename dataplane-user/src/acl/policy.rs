@@ -84,6 +84,30 @@ pub struct NamespacePods {
 }
 
 impl NamespacePods {
+    /// The pods of one namespace, a later pod of a name replacing an earlier one as
+    /// [`Self::insert`] would. Collecting sorts stably and keeps the last of equal keys.
+    fn from_pods(pods: Vec<PolicyPod>) -> Self {
+        let pods: BTreeMap<String, PolicyPod> = pods
+            .into_iter()
+            .map(|pod| (pod.name.clone(), pod))
+            .collect();
+        let mut labelled: Vec<(&String, &String, &String)> = pods
+            .values()
+            .flat_map(|pod| pod.labels.iter().map(move |(k, v)| (k, v, &pod.name)))
+            .collect();
+        labelled.sort_unstable();
+        let mut by_label: Vec<((String, String), BTreeSet<String>)> = Vec::new();
+        for run in labelled.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
+            let (key, value, _) = run[0];
+            let names = run.iter().map(|(_, _, name)| (*name).clone()).collect();
+            by_label.push(((key.clone(), value.clone()), names));
+        }
+        Self {
+            by_label: by_label.into_iter().collect(),
+            pods,
+        }
+    }
+
     /// Adds `pod`; returns whether it is new (not a replacement).
     fn insert(&mut self, pod: PolicyPod) -> bool {
         let name = pod.name.clone();
@@ -251,13 +275,26 @@ impl PolicyPods {
     }
 }
 
+/// As if inserted one by one (a later pod of a namespace and name replaces an earlier one),
+/// but each namespace's maps built at once from sorted runs: at 150,000 pods, inserting each
+/// pod and each of its labels on its own was a quarter of a large cluster's first sync.
 impl FromIterator<PolicyPod> for PolicyPods {
     fn from_iter<I: IntoIterator<Item = PolicyPod>>(pods: I) -> Self {
-        let mut out = Self::default();
+        let mut by_namespace: BTreeMap<String, Vec<PolicyPod>> = BTreeMap::new();
         for pod in pods {
-            out.insert(pod);
+            match by_namespace.get_mut(&pod.namespace) {
+                Some(list) => list.push(pod),
+                None => {
+                    by_namespace.insert(pod.namespace.clone(), vec![pod]);
+                }
+            }
         }
-        out
+        let namespaces: BTreeMap<String, Arc<NamespacePods>> = by_namespace
+            .into_iter()
+            .map(|(namespace, pods)| (namespace, Arc::new(NamespacePods::from_pods(pods))))
+            .collect();
+        let len = namespaces.values().map(|pods| pods.pods.len()).sum();
+        Self { namespaces, len }
     }
 }
 

@@ -726,6 +726,33 @@ fn the_label_index_picks_what_a_scan_of_every_pod_picks() {
     }
 }
 
+/// Collected at once (each namespace's maps built from sorted runs) equals inserted one by
+/// one, pods of a name given twice included (the later stays).
+#[test]
+fn pods_collected_at_once_equal_pods_inserted_one_by_one() {
+    let mut rng = crate::test_rng::TestRng::new(5);
+    for round in 0..50 {
+        let pods: Vec<PolicyPod> = (0..rng.below(300))
+            .map(|_| PolicyPod {
+                namespace: NAMESPACES[rng.below(3) as usize].into(),
+                name: format!("p{}", rng.below(60)),
+                labels: (0..rng.below(4))
+                    .map(|_| (format!("k{}", rng.below(3)), format!("v{}", rng.below(3))))
+                    .collect(),
+                addresses: Vec::new(),
+                named_ports: BTreeMap::new(),
+            })
+            .collect();
+        let mut one_by_one = PolicyPods::default();
+        for pod in pods.clone() {
+            one_by_one.insert(pod);
+        }
+        let at_once: PolicyPods = pods.into_iter().collect();
+        assert_eq!(at_once, one_by_one, "round {round}");
+        assert_eq!(at_once.len(), one_by_one.len());
+    }
+}
+
 /// Pods relabelled, added and removed, and policies changed, one at a time: the compile that
 /// recompiles only the local pods a change can affect gives what compiling them all gives.
 #[test]
