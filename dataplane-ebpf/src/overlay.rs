@@ -881,9 +881,9 @@ const XDP_DELIVER_MAX_L4: usize = 512;
 ///   DNS answer to a pod under access control (the agent gets a copy of those from tc);
 /// - TCP or UDP in IPv4 without options or fragmentation, or in IPv6 without extension
 ///   headers, as long as its IP header says, with a hop limit above 1;
-/// - its transport checksum is one the pod accepts: a frame sent with checksum offload (as a
-///   veth underlay carries them) leaves the sum to its receiver, which an XDP frame cannot
-///   tell the pod, so such frames take the stack's way.
+/// - its transport checksum verifies, or holds the pseudo-header's sum a sender with checksum
+///   offload leaves to its receiver (as a veth underlay carries such frames): that one is
+///   completed here, since an XDP frame cannot tell the pod to trust it as the stack would.
 ///
 /// Then the pod's ingress policy judges it as `tc_to_pod` would (`acl::to_pod_in_xdp`: a
 /// denied frame is dropped here, with its reason), and it is addressed as the pod's gateway
@@ -913,12 +913,12 @@ fn deliver_frame(
     // SAFETY: bounds-checked by header().
     let ether_type = unsafe { u16::from_be_bytes([(*eth)[12], (*eth)[13]]) };
     let ipv4 = ether_type == ETH_P_IP;
-    let deliverable = match ether_type {
-        ETH_P_IP => inner_ipv4(&packet).is_some_and(|seg| seg.accepted(ctx)),
-        ETH_P_IPV6 => inner_ipv6(&packet).is_some_and(|seg| seg.accepted(ctx)),
-        _ => false,
+    let verdict = match ether_type {
+        ETH_P_IP => inner_ipv4(&packet).map_or(SEGMENT_REFUSED, |seg| seg.accepted(ctx)),
+        ETH_P_IPV6 => inner_ipv6(&packet).map_or(SEGMENT_REFUSED, |seg| seg.accepted(ctx)),
+        _ => SEGMENT_REFUSED,
     };
-    if !deliverable {
+    if verdict == SEGMENT_REFUSED {
         return Ok(None);
     }
     if crate::acl::active() {
@@ -938,12 +938,33 @@ fn deliver_frame(
     if !forward_hop(&packet, ipv4) {
         return Ok(None);
     }
+    if verdict & SEGMENT_COMPLETE != 0 && !complete_checksum(&packet, ipv4, verdict) {
+        return Ok(None);
+    }
     // SAFETY: the Ethernet header was bounds-checked above.
     unsafe {
         copy_bytes::<6>(start as *mut u8, pod.pod_mac.as_ptr());
         copy_bytes::<6>((start + 6) as *mut u8, pod.host_mac.as_ptr());
     }
     Ok(Some((xdp_action::XDP_REDIRECT, PacketClass::LocalRedirect)))
+}
+
+/// Writes the checksum a [`SEGMENT_COMPLETE`] verdict carries into the segment's field (TCP's
+/// or UDP's, after an IPv4 header without options or a bare IPv6 header).
+#[inline(always)]
+fn complete_checksum(packet: &Packet, ipv4: bool, verdict: u32) -> bool {
+    let l4 = if ipv4 { ETH_LEN + 20 } else { ETH_LEN + 40 };
+    let at = if verdict & SEGMENT_TCP != 0 {
+        l4 + 16
+    } else {
+        l4 + 6
+    };
+    let Some(field) = packet.header::<[u8; 2]>(at) else {
+        return false;
+    };
+    // SAFETY: bounds-checked by header(); the frame is writable in XDP.
+    unsafe { *(field as *mut [u8; 2]) = (verdict as u16).to_ne_bytes() };
+    true
 }
 
 /// Whether the inner frame (IPv4 without options or IPv6 without extension headers) is UDP
@@ -977,7 +998,7 @@ impl<const L4: usize> Segment<L4> {
     /// [`segment_accepted`], its fields passed in registers (not a frame on the caller's
     /// stack).
     #[inline(always)]
-    fn accepted(&self, ctx: &XdpContext) -> bool {
+    fn accepted(&self, ctx: &XdpContext) -> u32 {
         segment_accepted::<L4>(ctx, self.len, self.protocol as u32, self.pseudo)
     }
 }
@@ -1047,9 +1068,23 @@ fn inner_ipv6(packet: &Packet) -> Option<Segment<{ ETH_LEN + 40 }>> {
     })
 }
 
+/// [`segment_accepted`]: not a segment to deliver in XDP.
+const SEGMENT_REFUSED: u32 = 0;
+/// [`segment_accepted`]: deliver as it is.
+const SEGMENT_VERIFIED: u32 = 1;
+/// [`segment_accepted`]: deliver with the checksum in the low 16 bits (native order) written
+/// into the segment's checksum field, TCP's if [`SEGMENT_TCP`] is set, else UDP's.
+const SEGMENT_COMPLETE: u32 = 1 << 16;
+const SEGMENT_TCP: u32 = 1 << 17;
+
 /// Whether `seg` is a TCP or UDP segment the pod's stack accepts: whole headers, a UDP length
 /// that matches, a checksum that verifies (or a zero UDP checksum over IPv4), and no backend's
-/// source port. One's-complement sums do not depend on byte order: the words are added as the
+/// source port ([`SEGMENT_VERIFIED`], else [`SEGMENT_REFUSED`]). A segment whose checksum field
+/// holds the pseudo-header's sum is one its sender left to checksum offload (a veth underlay
+/// carries such segments as they were sent): the stack would trust it from the skb's offload
+/// state, which an XDP frame cannot carry, so its checksum is completed here
+/// ([`SEGMENT_COMPLETE`]). Any other checksum that does not verify goes up to the stack, which
+/// drops it. One's-complement sums do not depend on byte order: the words are added as the
 /// CPU reads them, and a correct sum folds to all ones either way.
 #[inline(never)]
 fn segment_accepted<const L4: usize>(
@@ -1057,7 +1092,7 @@ fn segment_accepted<const L4: usize>(
     len: usize,
     protocol: u32,
     pseudo: u64,
-) -> bool {
+) -> u32 {
     let seg = Segment::<L4> {
         len,
         protocol: protocol as u8,
@@ -1066,41 +1101,45 @@ fn segment_accepted<const L4: usize>(
     let (start, end) = (ctx.data(), ctx.data_end());
     let packet = Packet::new(start, end, end - start);
     if seg.len > XDP_DELIVER_MAX_L4 {
-        return false;
+        return SEGMENT_REFUSED;
     }
     let Some(head) = packet.header::<[u8; 8]>(L4) else {
-        return false;
+        return SEGMENT_REFUSED;
     };
     // SAFETY: bounds-checked by header().
     let head = unsafe { *head };
     if crate::lb::backend_port([head[0], head[1]]) {
-        return false;
+        return SEGMENT_REFUSED;
     }
     if seg.protocol == IPPROTO_UDP {
         if u16::from_be_bytes([head[4], head[5]]) as usize != seg.len {
-            return false;
+            return SEGMENT_REFUSED;
         }
         if head[6] == 0 && head[7] == 0 {
             // No checksum: accepted over IPv4, refused over IPv6 (the stack drops it).
-            return L4 == ETH_LEN + 20;
+            return if L4 == ETH_LEN + 20 {
+                SEGMENT_VERIFIED
+            } else {
+                SEGMENT_REFUSED
+            };
         }
     } else if seg.len < 20 {
-        return false;
+        return SEGMENT_REFUSED;
     }
     // Copied out in one helper call and summed in one more: the segment's length varies, and
     // a loop reading the packet itself costs a bounds check a word.
     let len = seg.len;
     if len == 0 || len > XDP_DELIVER_MAX_L4 {
-        return false;
+        return SEGMENT_REFUSED;
     }
     let Some(buf) = SEGMENT_SCRATCH.get_ptr_mut(0) else {
-        return false;
+        return SEGMENT_REFUSED;
     };
     // SAFETY: this CPU's slot, used within this program run only.
     let buf = unsafe { &mut *buf };
     // SAFETY: at most `len` (checked above) bytes into a buffer of `XDP_DELIVER_MAX_L4 + 4`.
     if unsafe { bpf_xdp_load_bytes(ctx.ctx, L4 as u32, buf.as_mut_ptr().cast(), len as u32) } != 0 {
-        return false;
+        return SEGMENT_REFUSED;
     }
     // The last one to three bytes are summed padded with zeros to a word.
     let padded = (len + 3) & !3;
@@ -1112,7 +1151,7 @@ fn segment_accepted<const L4: usize>(
         buf[at] = 0;
     }
     if padded > XDP_DELIVER_MAX_L4 {
-        return false;
+        return SEGMENT_REFUSED;
     }
     let mut seed = seg.pseudo;
     seed = (seed & 0xFFFF_FFFF) + (seed >> 32);
@@ -1127,7 +1166,29 @@ fn segment_accepted<const L4: usize>(
             seed as u32,
         )
     };
-    sum >= 0 && fold_sum(sum as u64) == 0xFFFF
+    if sum < 0 {
+        return SEGMENT_REFUSED;
+    }
+    if fold_sum(sum as u64) == 0xFFFF {
+        return SEGMENT_VERIFIED;
+    }
+    let (field_at, tcp) = if seg.protocol == IPPROTO_TCP {
+        (16, SEGMENT_TCP)
+    } else {
+        (6, 0)
+    };
+    // Within the copy: TCP is at least 20 bytes and UDP 8 (both checked above).
+    let field = u16::from_ne_bytes([buf[field_at], buf[field_at + 1]]);
+    if field != fold_sum(seg.pseudo) {
+        return SEGMENT_REFUSED;
+    }
+    // The sum without the field's seed, complemented; UDP writes a zero result as all ones
+    // (zero there means no checksum).
+    let mut checksum = !fold_sum(sum as u64 + (!field) as u64);
+    if checksum == 0 && tcp == 0 {
+        checksum = 0xFFFF;
+    }
+    SEGMENT_COMPLETE | tcp | checksum as u32
 }
 
 /// A 64-bit one's-complement sum folded to 16 bits.

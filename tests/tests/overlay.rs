@@ -303,6 +303,24 @@ fn inner_frame(dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8, transport: &str) -> 
     bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
 }
 
+/// The checksum field a sender with checksum offload leaves in a segment of `len` bytes of
+/// `protocol` from 10.244.2.5 to 10.244.1.3: the pseudo-header's sum, folded, not complemented.
+fn offload_seed(protocol: u16, len: u16) -> u16 {
+    let words = [
+        0x0af4u32,
+        0x0205,
+        0x0af4,
+        0x0103,
+        u32::from(protocol),
+        u32::from(len),
+    ];
+    let mut sum: u32 = words.iter().sum();
+    while sum > 0xFFFF {
+        sum = (sum & 0xFFFF) + (sum >> 16);
+    }
+    sum as u16
+}
+
 #[test]
 fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
     if !privileged("decapsulated_frames_go_straight_to_a_pod_that_takes_xdp") {
@@ -359,6 +377,37 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
             before + 1,
             "{name}"
         );
+    }
+
+    // Sent with checksum offload (a veth underlay carries the segments as their sender's
+    // stack left them, the checksum field holding the pseudo-header's sum): delivered with
+    // the checksum completed, byte for byte scapy's.
+    for (name, seeded, whole) in [
+        (
+            "tcp, checksum left to offload",
+            format!(
+                "TCP(sport=40000, dport=8080, flags='S', seq=1, chksum={})/Raw(b'hello')",
+                offload_seed(6, 25)
+            ),
+            tcp,
+        ),
+        (
+            "udp, checksum left to offload",
+            format!(
+                "UDP(sport=40000, dport=5353, chksum={})/Raw(b'abc')",
+                offload_seed(17, 11)
+            ),
+            udp,
+        ),
+    ] {
+        let frame = inner_frame(UNDERLAY_MAC, sender, 64, &seeded);
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &geneve(json!({}), &frame), 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_REDIRECT, "{name}");
+        let expected = inner_frame(LOCAL_POD_MAC, LOCAL_HOST_MAC, 64 - 1, whole);
+        assert_eq!(hex(&out.output), hex(&expected), "{name}");
     }
 
     // Anything the stack or the tc programs would do more than route goes up to them,
