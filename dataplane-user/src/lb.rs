@@ -495,6 +495,16 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
     table
 }
 
+/// The live backends of the array's `slots`, by id.
+fn live_by_id(slots: Vec<(u32, Backend)>) -> HashMap<u32, Backend> {
+    slots
+        .into_iter()
+        .map(|(_, b)| b)
+        .filter(|b| b.is_live(b.id))
+        .map(|b| (b.id, b))
+        .collect()
+}
+
 /// The slot after `slot` in a permutation of stride `skip` over `m` slots (both below `m`).
 fn next_slot(slot: u64, skip: u64, m: u64) -> u64 {
     let next = slot + skip;
@@ -877,16 +887,22 @@ impl Dataplane {
     /// attached to the same backends (tracked flows keep them), service ports keep their ids
     /// and live tables until the first sync replaces or removes them.
     pub fn adopt_lb(&mut self, state: &mut LbState) -> Result<(), AgentError> {
-        let backends: Array<&mut MapData, Backend> = self.typed_map(maps::LB_BACKENDS)?;
-        for (slot, backend) in backends.iter().enumerate() {
-            if let Ok(backend) = backend {
-                state.adopt_slot(slot as u32, &backend);
-            }
+        let slots = self.backend_slots()?;
+        for (slot, backend) in &slots {
+            state.adopt_slot(*slot, backend);
         }
         state.free_unused_slots();
-        let services: BpfHashMap<&mut MapData, ServiceKey, ServiceValue> =
-            self.typed_map(maps::LB_SERVICES)?;
-        for (key, value) in services.iter().filter_map(Result::ok) {
+        // What the first sync would otherwise read back once more.
+        state.backends = Some(live_by_id(slots));
+        let map = self
+            .ebpf()
+            .map(maps::LB_SERVICES)
+            .ok_or(AgentError::MissingMap {
+                name: maps::LB_SERVICES,
+            })?;
+        let services = crate::batch::read::<ServiceKey, ServiceValue>(map)
+            .map_err(map_err(maps::LB_SERVICES, "read services"))?;
+        for (key, value) in services {
             // The live table's backends are not known: the first sync rebuilds it aside.
             let unknown = vec![u32::MAX];
             state.mark_service_id_used(value.id);
@@ -1128,20 +1144,19 @@ impl Dataplane {
 
     /// The live entries of the backends array, by id.
     fn live_backends(&mut self) -> Result<HashMap<u32, Backend>, AgentError> {
+        Ok(live_by_id(self.backend_slots()?))
+    }
+
+    /// Every slot of the backends array, read in batches (262,144 slots one call each took
+    /// most of a second).
+    fn backend_slots(&self) -> Result<Vec<(u32, Backend)>, AgentError> {
         let map = self
             .ebpf()
             .map(maps::LB_BACKENDS)
             .ok_or(AgentError::MissingMap {
                 name: maps::LB_BACKENDS,
             })?;
-        let slots = crate::batch::read::<u32, Backend>(map)
-            .map_err(map_err(maps::LB_BACKENDS, "read backends"))?;
-        Ok(slots
-            .into_iter()
-            .map(|(_, b)| b)
-            .filter(|b| b.is_live(b.id))
-            .map(|b| (b.id, b))
-            .collect())
+        crate::batch::read::<u32, Backend>(map).map_err(map_err(maps::LB_BACKENDS, "read backends"))
     }
 
     /// Writes the backends of `ids` that the array does not hold as they should be.
