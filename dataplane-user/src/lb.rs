@@ -466,12 +466,7 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
     }
     let permutations: Vec<(u64, u64)> = sorted
         .iter()
-        .map(|(_, backend)| {
-            let name = backend.to_string();
-            let offset = fnv1a(0xcbf2_9ce4_8422_2325, name.as_bytes()) % m;
-            let skip = fnv1a(0x8422_2325_cbf2_9ce4, name.as_bytes()) % (m - 1) + 1;
-            (offset, skip)
-        })
+        .map(|(_, backend)| maglev_permutation(backend))
         .collect();
     // Each backend's next slot of its permutation, `(offset + j * skip) % m` for its j-th
     // choice, moved on by one addition: a division a probe made the fill of 10,000 tables
@@ -493,6 +488,16 @@ pub fn maglev_table(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
         }
     }
     table
+}
+
+/// A backend's Maglev permutation, `(offset, skip)`: its j-th choice of slot is
+/// `(offset + j * skip) % MAGLEV_TABLE_SIZE`, both taken from hashes of its address.
+fn maglev_permutation(backend: &BackendAddr) -> (u64, u64) {
+    let m = MAGLEV_TABLE_SIZE as u64;
+    let name = backend.to_string();
+    let offset = fnv1a(0xcbf2_9ce4_8422_2325, name.as_bytes()) % m;
+    let skip = fnv1a(0x8422_2325_cbf2_9ce4, name.as_bytes()) % (m - 1) + 1;
+    (offset, skip)
 }
 
 /// The live backends of the array's `slots`, by id.
@@ -894,12 +899,7 @@ impl Dataplane {
         state.free_unused_slots();
         // What the first sync would otherwise read back once more.
         state.backends = Some(live_by_id(slots));
-        let map = self
-            .ebpf()
-            .map(maps::LB_SERVICES)
-            .ok_or(AgentError::MissingMap {
-                name: maps::LB_SERVICES,
-            })?;
+        let map = self.map(maps::LB_SERVICES)?;
         let services = crate::batch::read::<ServiceKey, ServiceValue>(map)
             .map_err(map_err(maps::LB_SERVICES, "read services"))?;
         for (key, value) in services {
@@ -1150,12 +1150,7 @@ impl Dataplane {
     /// Every slot of the backends array, read in batches (262,144 slots one call each took
     /// most of a second).
     fn backend_slots(&self) -> Result<Vec<(u32, Backend)>, AgentError> {
-        let map = self
-            .ebpf()
-            .map(maps::LB_BACKENDS)
-            .ok_or(AgentError::MissingMap {
-                name: maps::LB_BACKENDS,
-            })?;
+        let map = self.map(maps::LB_BACKENDS)?;
         crate::batch::read::<u32, Backend>(map).map_err(map_err(maps::LB_BACKENDS, "read backends"))
     }
 
@@ -1171,12 +1166,7 @@ impl Dataplane {
             .map(|&(id, backend)| (id, backend_value(backend, id)))
             .filter(|(id, value)| have.get(id) != Some(value))
             .collect();
-        let map = self
-            .ebpf()
-            .map(maps::LB_BACKENDS)
-            .ok_or(AgentError::MissingMap {
-                name: maps::LB_BACKENDS,
-            })?;
+        let map = self.map(maps::LB_BACKENDS)?;
         let slots: Vec<(u32, Backend)> = wanted
             .iter()
             .map(|&(id, value)| (backend_slot(id), value))

@@ -119,6 +119,11 @@ impl Dataplane {
         &mut self.ebpf
     }
 
+    /// Map `name` of the loaded object, untyped (for the batch calls of [`crate::batch`]).
+    pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, AgentError> {
+        self.ebpf.map(name).ok_or(AgentError::MissingMap { name })
+    }
+
     /// Map `name` of the loaded object as the typed map `T` (aya's HashMap, LpmTrie, ...).
     pub fn typed_map<'a, T>(&'a mut self, name: &'static str) -> Result<T, AgentError>
     where

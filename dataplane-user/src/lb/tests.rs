@@ -266,20 +266,13 @@ fn maglev_gives_every_backend_a_fair_share() {
 }
 
 /// The table as the Maglev paper defines it, a division a probe: backend i's j-th choice
-/// is `(offset + j * skip) % M`, the backends taking turns in address order.
+/// is `(offset + j * skip) % M` (its permutation as the agent takes it), the backends taking
+/// turns in address order.
 fn maglev_by_definition(backends: &[(u32, BackendAddr)]) -> Vec<u32> {
     let m = MAGLEV_TABLE_SIZE as u64;
     let mut sorted = backends.to_vec();
     sorted.sort_by_key(|(_, b)| *b);
-    let choices: Vec<(u64, u64)> = sorted
-        .iter()
-        .map(|(_, b)| {
-            let name = b.to_string();
-            let offset = fnv1a(0xcbf2_9ce4_8422_2325, name.as_bytes()) % m;
-            let skip = fnv1a(0x8422_2325_cbf2_9ce4, name.as_bytes()) % (m - 1) + 1;
-            (offset, skip)
-        })
-        .collect();
+    let choices: Vec<(u64, u64)> = sorted.iter().map(|(_, b)| maglev_permutation(b)).collect();
     let mut table = vec![u32::MAX; MAGLEV_TABLE_SIZE];
     let mut next = vec![0u64; sorted.len()];
     let mut filled = 0;
