@@ -52,7 +52,7 @@ use ipnet::IpNet;
 
 use crate::{
     AgentError, Dataplane,
-    overlay::{OverlayView, addr16, sync_hash},
+    overlay::{OverlayView, addr16, sync_hash, sync_hash_since},
 };
 
 pub const PROTO_TCP: u8 = 6;
@@ -616,6 +616,37 @@ fn addr_value(compiled: &CompiledSet, table_ids: &[u32], decision: Decision) -> 
     }
 }
 
+/// The `ACL_PORTS` entries of `table` written under the id `id`.
+fn table_entries(
+    id: u32,
+    table: &PortTable,
+) -> impl Iterator<Item = (AclPortKey, AclVerdict)> + '_ {
+    let exact = table
+        .exact
+        .iter()
+        .map(|(&(protocol, port), o)| (protocol, ACL_PORT_EXACT, port, *o));
+    let buckets = table
+        .buckets
+        .iter()
+        .map(|(&(protocol, port), o)| (protocol, ACL_PORT_BUCKET, port, *o));
+    let protocols = table
+        .protocols
+        .iter()
+        .map(|(&protocol, o)| (protocol, ACL_PORT_PROTOCOL, 0, *o));
+    exact
+        .chain(buckets)
+        .chain(protocols)
+        .map(move |(protocol, kind, port, outcome)| {
+            let key = AclPortKey {
+                table: id,
+                protocol,
+                kind,
+                port,
+            };
+            (key, verdict_value(outcome))
+        })
+}
+
 fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
     AclVerdict {
         rule: outcome.map_or(ACL_RULE_DEFAULT, |o| o.rule),
@@ -648,6 +679,77 @@ impl InstalledSet {
     }
 }
 
+/// The installed policy sets a sync may change in place into a new set rather than write the
+/// new one whole: a set whose content changed (a peer pod came, went or was relabelled, a
+/// port changed) gets a new name, and writing it whole under a new id costs a write per
+/// prefix twice over (300 peers: 600 writes) where the change is one prefix. An installed
+/// set `S` may become the new set `N` only when every local pod whose endpoint points at `S`
+/// wants `N` in that direction (a pod staying with other rules must never see `N`'s), no
+/// pod wants `S`'s own name any more, and no other new set took `S` already. While the
+/// entries change, `S`'s pods may see some of the old entries and some of the new ones (each
+/// entry changes in one write), as during any policy update.
+struct Morphs {
+    /// New set name -> the pods wanting it (by `<namespace>/<name>`).
+    users: BTreeMap<String, BTreeSet<String>>,
+    /// Installed policy set id -> the pods whose endpoint points at it.
+    current_users: BTreeMap<u32, BTreeSet<String>>,
+    /// Installed policy set id -> its name, for the ids whose name no pod wants any more.
+    unwanted: BTreeMap<u32, String>,
+    /// Each pod's current (ingress, egress) set ids.
+    pod_sets: BTreeMap<String, [u32; 2]>,
+}
+
+impl Morphs {
+    fn new(state: &AclState, desired: &DesiredFirewalls) -> Self {
+        let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+        for (pod, sets) in &desired.pod_policies {
+            for name in [&sets.ingress, &sets.egress].into_iter().flatten() {
+                users.entry(name.clone()).or_default().insert(pod.clone());
+            }
+        }
+        let mut current_users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
+        for (pod, ids) in &state.pod_sets {
+            for id in ids.iter().filter(|id| **id != 0) {
+                current_users.entry(*id).or_default().insert(pod.clone());
+            }
+        }
+        let unwanted = state
+            .policies
+            .iter()
+            .filter(|(name, _)| !desired.policy_sets.contains_key(*name))
+            .map(|(name, id)| (*id, name.clone()))
+            .collect();
+        Self {
+            users,
+            current_users,
+            unwanted,
+            pod_sets: state.pod_sets.clone(),
+        }
+    }
+
+    /// An installed set that may become the new set `name` in place (see [`Morphs`]); taken,
+    /// so that no other new set gets it too.
+    fn take(&mut self, name: &str, direction: policy::Direction) -> Option<u32> {
+        let wanting = self.users.get(name)?;
+        let slot = match direction {
+            policy::Direction::Ingress => 0,
+            policy::Direction::Egress => 1,
+        };
+        let candidate = wanting
+            .iter()
+            .filter_map(|pod| self.pod_sets.get(pod).map(|ids| ids[slot]))
+            .find(|id| {
+                self.unwanted.contains_key(id)
+                    && self
+                        .current_users
+                        .get(id)
+                        .is_some_and(|pods| pods.is_subset(wanting))
+            })?;
+        self.unwanted.remove(&candidate);
+        Some(candidate)
+    }
+}
+
 /// What the access-control maps hold, as this agent knows it.
 #[derive(Debug, Default)]
 pub struct AclState {
@@ -660,6 +762,15 @@ pub struct AclState {
     policies: BTreeMap<String, u32>,
     /// What each policy set is (for audit records).
     policy_meta: BTreeMap<u32, policy::PolicySet>,
+    /// Counts the changes to `policy_meta`: what is described for `inspect` is written again
+    /// only when it moved.
+    meta_version: u64,
+    /// The (ingress, egress) policy set ids each local pod's endpoint was last written with,
+    /// by `<namespace>/<name>` (0: none): who sees a set changed in place.
+    pod_sets: BTreeMap<String, [u32; 2]>,
+    /// The endpoints as the last sync wrote them (`None`: not known, compare with the
+    /// kernel's), so that a sync reads none back (110 system calls).
+    endpoints: Option<BTreeMap<Addr, AclEndpoint>>,
 }
 
 impl AclState {
@@ -671,6 +782,11 @@ impl AclState {
     /// The policy set with this id.
     pub fn policy_set(&self, set: u32) -> Option<&policy::PolicySet> {
         self.policy_meta.get(&set)
+    }
+
+    /// Changes as the policy sets' descriptions do (see [`explain::set_rules`]).
+    pub fn meta_version(&self) -> u64 {
+        self.meta_version
     }
 
     /// The namespace whose firewall a set is.
@@ -861,6 +977,7 @@ impl Dataplane {
             }
         }
         let mut policies_in_force: BTreeMap<String, u32> = BTreeMap::new();
+        let mut morphs = Morphs::new(state, desired);
         for (name, wanted) in &desired.policy_sets {
             let current = state.policies.get(name).copied();
             let unchanged = current
@@ -868,18 +985,38 @@ impl Dataplane {
                 .is_some_and(|s| s.compiled.as_ref() == Some(&wanted.compiled));
             let set = match current {
                 Some(set) if unchanged => set,
-                _ => self.install_set(state, &wanted.compiled, &mut stats)?,
+                None => match morphs.take(name, wanted.direction) {
+                    Some(set) => match self.update_set_in_place(state, set, &wanted.compiled)? {
+                        Some(changed) => {
+                            stats.written += changed.written;
+                            stats.deleted += changed.deleted;
+                            set
+                        }
+                        None => self.install_set(state, &wanted.compiled, &mut stats)?,
+                    },
+                    None => self.install_set(state, &wanted.compiled, &mut stats)?,
+                },
+                Some(_) => self.install_set(state, &wanted.compiled, &mut stats)?,
             };
             policies_in_force.insert(name.clone(), set);
             // Copied only when new: most sets are the last sync's (a clone each, every sync,
             // cost more than the change at 2,000 policies).
             if state.policy_meta.get(&set) != Some(wanted) {
+                // A set changed in place for other peers is described as before.
+                let described = state.policy_meta.get(&set).is_some_and(|before| {
+                    (&before.namespace, before.direction, &before.refs)
+                        == (&wanted.namespace, wanted.direction, &wanted.refs)
+                });
                 state.policy_meta.insert(set, wanted.clone());
+                if !described {
+                    state.meta_version += 1;
+                }
             }
         }
         stats.sets = in_force.len() + policies_in_force.len();
         let lengths = |set: u32| state.sets.get(&set).map(|s| s.lengths).unwrap_or_default();
         let mut wanted_endpoints: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
+        let mut pod_sets = BTreeMap::new();
         for pod in pods {
             let mut endpoint = AclEndpoint::default();
             if let Some(&set) = in_force.get(&pod.namespace) {
@@ -897,6 +1034,9 @@ impl Dataplane {
                 endpoint.egress = set;
                 endpoint.egress_lengths = lengths(set);
             }
+            if endpoint.policed() {
+                pod_sets.insert(pod.key(), [endpoint.ingress, endpoint.egress]);
+            }
             if endpoint.firewall == 0 && !endpoint.policed() {
                 continue;
             }
@@ -909,7 +1049,10 @@ impl Dataplane {
                 wanted_endpoints.insert(addr16(*address), endpoint);
             }
         }
-        self.sync_endpoints(&wanted_endpoints, &mut stats)?;
+        let last = state.endpoints.take();
+        self.sync_endpoints(&wanted_endpoints, last.as_ref(), &mut stats)?;
+        state.endpoints = Some(wanted_endpoints);
+        state.pod_sets = pod_sets;
         state.firewalls = in_force;
         state.policies = policies_in_force;
         let used: BTreeSet<u32> = state
@@ -918,7 +1061,11 @@ impl Dataplane {
             .chain(state.policies.values())
             .copied()
             .collect();
+        let described = state.policy_meta.len();
         state.policy_meta.retain(|set, _| used.contains(set));
+        if state.policy_meta.len() != described {
+            state.meta_version += 1;
+        }
         let stale: Vec<u32> = state
             .sets
             .keys()
@@ -983,36 +1130,47 @@ impl Dataplane {
         let id = state.next_table;
         let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
             self.typed_map(maps::ACL_PORTS)?;
-        let entries = table
-            .exact
-            .iter()
-            .map(|(&(protocol, port), o)| (protocol, ACL_PORT_EXACT, port, *o))
-            .chain(
-                table
-                    .buckets
-                    .iter()
-                    .map(|(&(protocol, port), o)| (protocol, ACL_PORT_BUCKET, port, *o)),
-            )
-            .chain(
-                table
-                    .protocols
-                    .iter()
-                    .map(|(&protocol, o)| (protocol, ACL_PORT_PROTOCOL, 0, *o)),
-            );
-        for (protocol, kind, port, outcome) in entries {
-            let key = AclPortKey {
-                table: id,
-                protocol,
-                kind,
-                port,
-            };
+        for (key, verdict) in table_entries(id, table) {
             ports
-                .insert(key, verdict_value(outcome), 0)
+                .insert(key, verdict, 0)
                 .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
             stats.written += 1;
             keys.push(key);
         }
         Ok(id)
+    }
+
+    /// Rewrites the port table `id`, which holds `old`, into `new`: writes the entries that
+    /// differ, then removes those `new` lacks. The table's keys are added to `keys`.
+    fn rewrite_table(
+        &mut self,
+        id: u32,
+        old: &PortTable,
+        new: &PortTable,
+        keys: &mut Vec<AclPortKey>,
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        let before: BTreeMap<AclPortKey, AclVerdict> = table_entries(id, old).collect();
+        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
+            self.typed_map(maps::ACL_PORTS)?;
+        let mut after = BTreeSet::new();
+        for (key, verdict) in table_entries(id, new) {
+            if before.get(&key) != Some(&verdict) {
+                ports
+                    .insert(key, verdict, 0)
+                    .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
+                stats.written += 1;
+            }
+            after.insert(key);
+            keys.push(key);
+        }
+        for key in before.keys().filter(|key| !after.contains(*key)) {
+            ports
+                .remove(key)
+                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
+            stats.deleted += 1;
+        }
+        Ok(())
     }
 
     /// Updates a namespace's firewall set in place to `compiled`, writing only the entries
@@ -1031,6 +1189,17 @@ impl Dataplane {
         let Some(set) = state.firewalls.get(namespace).copied() else {
             return Ok(None);
         };
+        self.update_set_in_place(state, set, compiled)
+    }
+
+    /// Updates the installed set `set` in place to `compiled` (see
+    /// [`Self::update_acl_in_place`]); `None`, having written nothing, when it cannot be.
+    fn update_set_in_place(
+        &mut self,
+        state: &mut AclState,
+        set: u32,
+        compiled: &Arc<CompiledSet>,
+    ) -> Result<Option<AclSyncStats>, AgentError> {
         let Some(installed) = state.sets.get(&set).cloned() else {
             return Ok(None);
         };
@@ -1045,11 +1214,30 @@ impl Dataplane {
             ..AclSyncStats::default()
         };
         let mut port_keys: Vec<AclPortKey> = Vec::new();
+        // Tables equal to an old one keep its id; the others take the id of an old table no
+        // new one equals, rewritten entry by entry (a port changed: two entries, and no
+        // prefix has to point elsewhere), or a fresh id when there is none left.
+        let same: Vec<Option<usize>> = compiled
+            .tables
+            .iter()
+            .map(|table| old.tables.iter().position(|t| t == table))
+            .collect();
+        let mut spare: Vec<usize> = (0..old.tables.len())
+            .filter(|index| !same.contains(&Some(*index)))
+            .rev()
+            .collect();
+        let mut rewritten: BTreeSet<u32> = BTreeSet::new();
         let mut table_ids = Vec::with_capacity(compiled.tables.len());
-        for table in &compiled.tables {
-            let id = match old.tables.iter().position(|t| t == table) {
-                Some(index) => installed.table_ids[index],
-                None => self.write_table(state, table, &mut port_keys, &mut stats)?,
+        for (table, same) in compiled.tables.iter().zip(same) {
+            let id = if let Some(index) = same {
+                installed.table_ids[index]
+            } else if let Some(index) = spare.pop() {
+                let id = installed.table_ids[index];
+                self.rewrite_table(id, &old.tables[index], table, &mut port_keys, &mut stats)?;
+                rewritten.insert(id);
+                id
+            } else {
+                self.write_table(state, table, &mut port_keys, &mut stats)?
             };
             table_ids.push(id);
         }
@@ -1087,7 +1275,9 @@ impl Dataplane {
         let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
             self.typed_map(maps::ACL_PORTS)?;
         for key in &installed.ports {
-            if kept.contains(&key.table) {
+            if rewritten.contains(&key.table) {
+                // Its entries are in `port_keys` already, the stale ones removed.
+            } else if kept.contains(&key.table) {
                 port_keys.push(*key);
             } else {
                 ports
@@ -1114,12 +1304,13 @@ impl Dataplane {
     fn sync_endpoints(
         &mut self,
         wanted: &BTreeMap<Addr, AclEndpoint>,
+        last: Option<&BTreeMap<Addr, AclEndpoint>>,
         stats: &mut AclSyncStats,
     ) -> Result<(), AgentError> {
         let mut endpoints: BpfHashMap<&mut MapData, Addr, AclEndpoint> =
             self.typed_map(maps::ACL_ENDPOINTS)?;
-        let synced =
-            sync_hash(&mut endpoints, wanted).map_err(map_err(maps::ACL_ENDPOINTS, "sync"))?;
+        let synced = sync_hash_since(&mut endpoints, wanted, last)
+            .map_err(map_err(maps::ACL_ENDPOINTS, "sync"))?;
         stats.written += synced.written;
         stats.deleted += synced.deleted;
         // Last: the kernel looks endpoints up only while this says there are some.

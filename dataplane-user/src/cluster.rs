@@ -8,7 +8,7 @@ use dataplane_user::{
     Dataplane,
     acl::{
         self,
-        agent::{FirewallAgent, FirewallInputs},
+        agent::{FirewallAgent, FirewallFiles, FirewallInputs},
     },
     cni::{
         self,
@@ -183,24 +183,19 @@ impl Cluster {
         if let Some(model) = &self.model
             && changes.runs(Stage::AccessControl)
         {
-            let mut inputs = FirewallInputs {
-                objects: state.egress_firewalls.to_vec(),
-                policies: state.network_policies.to_vec(),
-                admin: state.admin_objects(),
-                nodes: acl::admin::admin_nodes(&state.nodes),
-                cluster_pods: self.policy_pods.clone(),
-                changes: changes.for_policies(),
-                namespaces: state.namespaces.to_vec(),
-                context: acl::firewall::context(&state, &model.view),
-                pods: acl::pods_of(&model.view),
+            let files = FirewallFiles {
                 dns_server: self.dns_server,
                 dns_cache: self.dns_cache.clone(),
-                dns_servers: acl::admin::dns_servers(&state),
-                audit: state.policy_audit.clone(),
                 audit_path: self.audit_log.clone(),
                 rules_file: self.acl_rules.clone(),
             };
-            inputs.keep_hosted_namespaces();
+            let inputs = FirewallInputs::from_state(
+                &state,
+                &model.view,
+                self.policy_pods.clone(),
+                changes.for_policies(),
+                &files,
+            );
             match &mut self.firewalls {
                 Some(firewalls) => {
                     let updated = firewalls.update(dataplane, inputs).await?;
@@ -208,7 +203,11 @@ impl Cluster {
                     // New DNS answers are no cluster change the incremental syncs missed.
                     synced.unsynced |= updated.dns_changed;
                 }
-                None => self.firewalls = Some(FirewallAgent::start(dataplane, inputs).await?),
+                None => {
+                    let (firewalls, stats) = FirewallAgent::start(dataplane, inputs).await?;
+                    synced.written += stats.written + stats.deleted;
+                    self.firewalls = Some(firewalls);
+                }
             }
         }
         if let Some(firewalls) = &self.firewalls {

@@ -185,6 +185,28 @@ impl<T: kube::Resource> Objects<T> {
     }
 }
 
+impl<T: kube::Resource> Objects<T> {
+    /// The objects of `namespace` (`""`: those without one), in name order, found by binary
+    /// search: the list must be in the sources' order (namespace, then name).
+    pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
+        let boundary = |inclusive: bool| {
+            self.binary_search_by(|object| {
+                let at = order_key(&**object).0;
+                if at < namespace || (inclusive && at == namespace) {
+                    std::cmp::Ordering::Less
+                } else {
+                    std::cmp::Ordering::Greater
+                }
+            })
+            .unwrap_or_else(|index| index)
+        };
+        let mut cursor = self.cursor();
+        (boundary(false)..boundary(true))
+            .filter_map(|index| cursor.get(index).cloned())
+            .collect()
+    }
+}
+
 /// The key the sources keep each list in order of: namespace (empty for none), then name.
 fn order_key<T: kube::Resource>(object: &T) -> (&str, &str) {
     let meta = object.meta();
@@ -1342,17 +1364,18 @@ spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
         assert_eq!(list.to_vec().len(), 500);
     }
 
+    fn pod(namespace: Option<&str>, name: &str, uid: &str) -> Arc<Pod> {
+        let mut pod = Pod::default();
+        pod.metadata.namespace = namespace.map(Into::into);
+        pod.metadata.name = Some(name.into());
+        pod.metadata.uid = Some(uid.into());
+        Arc::new(pod)
+    }
+
     /// An object is found by namespace and name in a list in the sources' order (the first
     /// of equal names), and in a list in another order.
     #[test]
     fn objects_are_found_by_namespace_and_name() {
-        let pod = |namespace: Option<&str>, name: &str, uid: &str| {
-            let mut pod = Pod::default();
-            pod.metadata.namespace = namespace.map(Into::into);
-            pod.metadata.name = Some(name.into());
-            pod.metadata.uid = Some(uid.into());
-            Arc::new(pod)
-        };
         let mut sorted = vec![pod(None, "bare", "0")];
         sorted.extend((0..200).map(|i| pod(Some("a"), &format!("p{i:03}"), "1")));
         sorted.push(pod(Some("b"), "x", "first"));
@@ -1368,6 +1391,32 @@ spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
         let shuffled: Objects<Pod> = shuffled.into();
         assert_eq!(uid(shuffled.find(None, "bare")).as_deref(), Some("0"));
         assert!(shuffled.find(Some("a"), "p007").is_some());
+    }
+
+    /// A namespace's objects come by binary search from a list in the sources' order, across
+    /// the persistent vector's chunks of 64.
+    #[test]
+    fn a_namespaces_objects_are_found_without_a_look_at_the_others() {
+        let mut sorted = vec![pod(None, "bare", "0")];
+        sorted.extend((0..200).map(|i| pod(Some("a"), &format!("p{i:03}"), "1")));
+        sorted.extend((0..3).map(|i| pod(Some("b"), &format!("q{i}"), "2")));
+        sorted.extend((0..100).map(|i| pod(Some("d"), &format!("r{i:03}"), "3")));
+        let sorted: Objects<Pod> = sorted.into();
+        let names = |namespace: &str| -> Vec<String> {
+            sorted
+                .in_namespace(namespace)
+                .iter()
+                .map(|p| p.metadata.name.clone().unwrap_or_default())
+                .collect()
+        };
+        assert_eq!(names(""), ["bare"]);
+        assert_eq!(names("b"), ["q0", "q1", "q2"]);
+        assert_eq!(names("a").len(), 200);
+        assert_eq!(names("a")[0], "p000");
+        assert_eq!(names("d").last().map(String::as_str), Some("r099"));
+        assert!(names("c").is_empty());
+        assert!(names("e").is_empty());
+        assert!(Objects::<Pod>::default().in_namespace("a").is_empty());
     }
 
     /// A parsed Pod keeps what the stages read (the named ports, node, host network, phase,

@@ -443,7 +443,7 @@ fn cluster() -> anyhow::Result<Bed> {
     ]
     .into_iter()
     .collect();
-    let namespaces = BTreeMap::new();
+    let namespaces = dataplane_user::acl::policy::NamespaceLabels::default();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["default/local".to_owned(), "default/sender".to_owned()];
     let compiled = policy_sets(

@@ -18,7 +18,7 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         admin::validate_all,
-        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
+        policy::{NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
     source::{ClusterState, add_documents},
 };
@@ -91,9 +91,10 @@ fn installed() -> Fixture {
     ]
     .into_iter()
     .collect();
-    let namespaces: BTreeMap<String, BTreeMap<String, String>> = ["x", "y"]
+    let namespaces: NamespaceLabels = ["x", "y"]
         .map(|n| (n.to_owned(), [("team".to_owned(), n.to_owned())].into()))
-        .into();
+        .into_iter()
+        .collect();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
     let compiled = policy_sets(

@@ -4,13 +4,13 @@
 //! `tc_to_pod` for what the stack delivers), allowed flows tracked so that their replies pass,
 //! verdicts, drop reasons and tracked-flow entries checked exactly.
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{net::IpAddr, sync::Arc};
 
 use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    acl::{AclCtKey, AclCtValue},
-    maps::{ACL_CT, PROG_FROM_POD, PROG_TO_POD},
+    acl::{AclCtKey, AclCtValue, AclEndpoint},
+    maps::{ACL_CT, ACL_ENDPOINTS, PROG_FROM_POD, PROG_TO_POD},
 };
 use dataplane_tests::{
     fixture::Fixture,
@@ -20,7 +20,11 @@ use dataplane_tests::{
 use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
-        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
+        agent::{FirewallAgent, FirewallInputs},
+        firewall::FirewallContext,
+        policy::{
+            NamespaceLabels, PolicyChanges, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
+        },
     },
     overlay::addr16,
 };
@@ -76,7 +80,7 @@ fn installed() -> (Fixture, AclState) {
     let pods: PolicyPods = [a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)]
         .into_iter()
         .collect();
-    let namespaces: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    let namespaces = NamespaceLabels::default();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["x/a".to_owned(), "x/b".to_owned()];
     let compiled = policy_sets(
@@ -360,4 +364,239 @@ fn icmpv6_errors_about_allowed_flows_reach_an_isolated_pod_and_others_do_not() {
     let counters = fixture.counters();
     assert_eq!(counters.packets(Hook::ToPod, PacketClass::PolicyTracked), 3);
     assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
+}
+
+/// Local pods x/a and x/d (same rules, so one shared ingress set) and x/b, with pods of
+/// namespace y as peers.
+const D: [u8; 4] = [10, 244, 1, 11];
+const E: [u8; 4] = [10, 244, 2, 6];
+
+/// x/a and x/d accept TCP 80 from y's `app: c` pods.
+const SHARED: &str = "\
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: web, namespace: x}
+spec:
+  podSelector: {matchExpressions: [{key: app, operator: In, values: [a, d]}]}
+  ingress:
+  - from: [{namespaceSelector: {}, podSelector: {matchLabels: {app: c}}}]
+    ports: [{protocol: TCP, port: 80}]
+";
+
+/// x/a alone also accepts TCP 81 from them.
+const A_ALSO_81: &str = "\
+---
+apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: a-extra, namespace: x}
+spec:
+  podSelector: {matchLabels: {app: a}}
+  ingress:
+  - from: [{namespaceSelector: {}, podSelector: {matchLabels: {app: c}}}]
+    ports: [{protocol: TCP, port: 81}]
+";
+
+fn parse_policies(yaml: &str) -> Vec<Arc<NetworkPolicy>> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
+        .collect()
+}
+
+/// x/a, x/b and x/d, with `peers` as y's `app: c` pods.
+fn cluster_pods(peers: &[(&str, [u8; 4])]) -> PolicyPods {
+    let mut pods = vec![
+        cluster_pod("x", "a", A),
+        cluster_pod("x", "b", B),
+        cluster_pod("x", "d", D),
+    ];
+    for (name, ip) in peers {
+        let mut peer = cluster_pod("y", name, *ip);
+        peer.labels = [("app".to_owned(), "c".to_owned())].into();
+        pods.push(peer);
+    }
+    pods.into_iter().collect()
+}
+
+/// The policy sets of x/a, x/b and x/d for `yaml`, with `peers` as y's pods.
+fn compile_local(yaml: &str, peers: &[(&str, [u8; 4])]) -> DesiredFirewalls {
+    let policies = parse_policies(yaml);
+    let pods = cluster_pods(peers);
+    let namespaces = NamespaceLabels::default();
+    let cluster = PolicyCluster::new(&pods, &namespaces);
+    let local = ["x/a".to_owned(), "x/b".to_owned(), "x/d".to_owned()];
+    let compiled = policy_sets(
+        &policies,
+        &cluster,
+        &local,
+        &Default::default(),
+        &Default::default(),
+    );
+    assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
+    DesiredFirewalls {
+        policy_sets: compiled.sets,
+        pod_policies: compiled.pods,
+        ..DesiredFirewalls::default()
+    }
+}
+
+fn local_pods() -> Vec<AclPod> {
+    [("a", A), ("b", B), ("d", D)]
+        .map(|(name, ip)| AclPod {
+            namespace: "x".into(),
+            name: name.into(),
+            addresses: vec![IpAddr::from(ip)],
+        })
+        .to_vec()
+}
+
+/// The ingress set id of the endpoint at `ip`.
+fn ingress_set(fixture: &mut Fixture, ip: [u8; 4]) -> u32 {
+    let endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> =
+        fixture.typed_map(ACL_ENDPOINTS).expect("endpoints map");
+    endpoints
+        .get(&addr16(IpAddr::from(ip)), 0)
+        .expect("endpoint")
+        .ingress
+}
+
+#[test]
+fn a_changed_peer_set_changes_in_place_unless_a_pod_on_it_keeps_other_rules() {
+    if !privileged("a_changed_peer_set_changes_in_place_unless_a_pod_on_it_keeps_other_rules") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let pods = local_pods();
+    let first = compile_local(SHARED, &[("c", C)]);
+    assert_eq!(first.policy_sets.len(), 1, "x/a and x/d share one set");
+    fixture
+        .sync_acl(&mut state, &first, &pods)
+        .expect("first sync");
+    let shared = ingress_set(&mut fixture, A);
+    assert_eq!(ingress_set(&mut fixture, D), shared);
+    let to_a = |port| tcp_v4_flow(E, 41000 + port, A, port, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a(80)), TC_ACT_SHOT);
+
+    // A peer pod comes: the set's new version is a new name, but every pod on the set wants
+    // it, so the set changes in place: one prefix written, no endpoint rewritten.
+    let second = compile_local(SHARED, &[("c", C), ("e", E)]);
+    assert_ne!(
+        first.policy_sets.keys().collect::<Vec<_>>(),
+        second.policy_sets.keys().collect::<Vec<_>>()
+    );
+    let stats = fixture
+        .sync_acl(&mut state, &second, &pods)
+        .expect("second sync");
+    assert_eq!((stats.written, stats.deleted), (1, 0), "{stats:?}");
+    assert_eq!(ingress_set(&mut fixture, A), shared);
+    assert_eq!(ingress_set(&mut fixture, D), shared);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a(80)), TC_ACT_OK);
+
+    // x/a takes more rules while x/d keeps the set's: x/a moves to a set written whole, the
+    // shared one stays as it is for x/d.
+    let third = compile_local(&format!("{SHARED}{A_ALSO_81}"), &[("c", C), ("e", E)]);
+    fixture
+        .sync_acl(&mut state, &third, &pods)
+        .expect("third sync");
+    let own = ingress_set(&mut fixture, A);
+    assert_ne!(own, shared);
+    assert_eq!(ingress_set(&mut fixture, D), shared);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a(81)), TC_ACT_OK);
+    let to_d = tcp_v4_flow(E, 42081, D, 81, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_d), TC_ACT_SHOT);
+
+    // The peer goes: x/d's set (only x/d on it) changes in place, x/a's too.
+    let fourth = compile_local(&format!("{SHARED}{A_ALSO_81}"), &[("c", C)]);
+    let stats = fixture
+        .sync_acl(&mut state, &fourth, &pods)
+        .expect("fourth sync");
+    assert_eq!((stats.written, stats.deleted), (0, 2), "{stats:?}");
+    assert_eq!(ingress_set(&mut fixture, A), own);
+    assert_eq!(ingress_set(&mut fixture, D), shared);
+    let again = tcp_v4_flow(E, 43080, D, 80, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &again), TC_ACT_SHOT);
+
+    // The shared policy's port changes: x/d's set keeps its id and its port table's id, one
+    // port entry written and one removed, no prefix rewritten. x/a's set (two ports) too.
+    let fifth = compile_local(
+        &format!("{SHARED}{A_ALSO_81}").replace("port: 80}", "port: 8080}"),
+        &[("c", C)],
+    );
+    let stats = fixture
+        .sync_acl(&mut state, &fifth, &pods)
+        .expect("fifth sync");
+    assert_eq!((stats.written, stats.deleted), (2, 2), "{stats:?}");
+    assert_eq!(ingress_set(&mut fixture, A), own);
+    assert_eq!(ingress_set(&mut fixture, D), shared);
+    let from_c = |port, to| tcp_v4_flow(C, 44000 + port, to, port, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(8080, D)), TC_ACT_OK);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(80, D)), TC_ACT_SHOT);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(8080, A)), TC_ACT_OK);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(81, A)), TC_ACT_OK);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(80, A)), TC_ACT_SHOT);
+}
+
+/// The running agent's access control: an update that reads nothing new writes nothing (and
+/// leaves the rules' description alone), a peer pod added writes its one prefix.
+#[test]
+fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
+    if !privileged("the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise") {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("policy-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("directory");
+    let rules_file = dir.join("acl-rules.json");
+    let policies = parse_policies(SHARED);
+    let inputs = |peers: &[(&str, [u8; 4])], changes: PolicyChanges| FirewallInputs {
+        objects: Vec::new(),
+        policies: policies.clone(),
+        admin: Default::default(),
+        nodes: Vec::new(),
+        cluster_pods: cluster_pods(peers),
+        changes,
+        namespaces: Vec::new(),
+        context: FirewallContext::default(),
+        pods: local_pods(),
+        dns_server: None,
+        dns_cache: dir.join("dns-cache.json"),
+        dns_servers: Default::default(),
+        audit: Default::default(),
+        audit_path: dir.join("audit.log"),
+        rules_file: rules_file.clone(),
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let mut fixture = Fixture::load().expect("programs load");
+    let (mut agent, stats) = runtime
+        .block_on(FirewallAgent::start(
+            &mut fixture,
+            inputs(&[("c", C)], PolicyChanges::everything()),
+        ))
+        .expect("start");
+    // One shared set: a table of one port, C's prefix and the default prefixes, and the
+    // three endpoints' two policed ones.
+    assert!(stats.written > 0, "{stats:?}");
+    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&rules_file).unwrap());
+    let described = inode();
+
+    let same = runtime
+        .block_on(agent.update(&mut fixture, inputs(&[("c", C)], PolicyChanges::default())))
+        .expect("update");
+    assert_eq!((same.stats.written, same.stats.deleted), (0, 0));
+    assert_eq!(inode(), described, "the description is not written again");
+
+    let peer = PolicyChanges {
+        pods: ["y".to_owned()].into(),
+        ..PolicyChanges::default()
+    };
+    let added = runtime
+        .block_on(agent.update(&mut fixture, inputs(&[("c", C), ("e", E)], peer)))
+        .expect("update");
+    assert_eq!((added.stats.written, added.stats.deleted), (1, 0));
+    assert_eq!(inode(), described, "the set's rules are the same");
+    let to_a = tcp_v4_flow(E, 45080, A, 80, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a), TC_ACT_OK);
+    let _ = std::fs::remove_dir_all(&dir);
 }

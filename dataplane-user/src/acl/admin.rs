@@ -789,6 +789,12 @@ pub struct AdminObjects {
     pub cluster: Vec<Arc<ClusterNetworkPolicy>>,
 }
 
+impl AdminObjects {
+    pub fn is_empty(&self) -> bool {
+        self.admin.is_empty() && self.baseline.is_empty() && self.cluster.is_empty()
+    }
+}
+
 /// The validated admin policies in evaluation order, with what their peers need.
 #[derive(Clone, Debug, Default)]
 pub struct AdminPolicies {
@@ -1069,37 +1075,36 @@ pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
         ("kube-system", "kube-dns"),
         ("openshift-dns", "dns-default"),
     ];
-    let is_dns = |namespace: Option<&String>, name: &str| {
-        DNS_SERVICES.contains(&(namespace.map_or("default", String::as_str), name))
-    };
     let mut servers = BTreeSet::new();
-    for service in &state.services {
-        let name = service.metadata.name.as_deref().unwrap_or_default();
-        if !is_dns(service.metadata.namespace.as_ref(), name) {
-            continue;
+    // Only the two namespaces are looked at (10,000 Services and their slices at scale).
+    for (namespace, name) in DNS_SERVICES {
+        for service in state.services.in_namespace(namespace) {
+            if service.metadata.name.as_deref() != Some(name) {
+                continue;
+            }
+            let spec = service.spec.iter();
+            servers.extend(
+                spec.flat_map(|s| s.cluster_ips.iter().flatten().chain(s.cluster_ip.iter()))
+                    .filter_map(|a| a.parse::<IpAddr>().ok()),
+            );
         }
-        let spec = service.spec.iter();
-        servers.extend(
-            spec.flat_map(|s| s.cluster_ips.iter().flatten().chain(s.cluster_ip.iter()))
-                .filter_map(|a| a.parse::<IpAddr>().ok()),
-        );
-    }
-    for slice in &state.endpoint_slices {
-        let service = slice
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get("kubernetes.io/service-name"));
-        if !service.is_some_and(|name| is_dns(slice.metadata.namespace.as_ref(), name)) {
-            continue;
+        for slice in state.endpoint_slices.in_namespace(namespace) {
+            let service = slice
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("kubernetes.io/service-name"));
+            if service.map(String::as_str) != Some(name) {
+                continue;
+            }
+            servers.extend(
+                slice
+                    .endpoints
+                    .iter()
+                    .flat_map(|e| e.addresses.iter())
+                    .filter_map(|a| a.parse::<IpAddr>().ok()),
+            );
         }
-        servers.extend(
-            slice
-                .endpoints
-                .iter()
-                .flat_map(|e| e.addresses.iter())
-                .filter_map(|a| a.parse::<IpAddr>().ok()),
-        );
     }
     servers
 }

@@ -16,7 +16,9 @@ use super::{
     admin::{
         AdminNode, AdminObjects, AdminPolicies, AdminPolicy, ObjectKey, Validated, validate_all,
     },
-    policy::{CompiledPolicies, PolicyCluster, PolicyPod, PolicyPods, policy_sets},
+    policy::{
+        CompiledPolicies, NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
+    },
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -44,7 +46,7 @@ fn cluster_pods() -> Vec<PolicyPod> {
     pods
 }
 
-fn namespaces() -> BTreeMap<String, BTreeMap<String, String>> {
+fn namespaces() -> NamespaceLabels {
     NAMESPACES
         .iter()
         .map(|ns| {

@@ -26,8 +26,8 @@ use super::{
     dns::{self, DnsNames, Resolver, Snooped},
     firewall::{CompiledFirewalls, EgressFirewall, FirewallContext, compile_firewalls_reusing},
     policy::{
-        Direction, PodRulesCache, PolicyChanges, PolicyCluster, PolicyKind, PolicyPod, PolicyPods,
-        namespace_labels, policy_sets_since,
+        Direction, NamespaceLabels, PodRulesCache, PolicyChanges, PolicyCluster, PolicyKind,
+        PolicyPod, PolicyPods, namespace_labels, policy_sets_since,
     },
 };
 use crate::{AgentError, Dataplane};
@@ -63,22 +63,75 @@ pub struct FirewallInputs {
     pub rules_file: PathBuf,
 }
 
+/// Where access control keeps its files, and the DNS server it asks.
+#[derive(Clone, Debug, Default)]
+pub struct FirewallFiles {
+    pub dns_server: Option<IpAddr>,
+    pub dns_cache: PathBuf,
+    pub audit_path: PathBuf,
+    pub rules_file: PathBuf,
+}
+
 impl FirewallInputs {
-    /// Keeps only the EgressFirewalls and NetworkPolicies of namespaces with a pod on this
-    /// node: a node judges its own pods' traffic only (a pod's egress at its veth, a packet to
-    /// it at its veth), and both kinds apply to their own namespace's pods. So a node resolves,
-    /// compiles and writes nothing for namespaces it does not host: at 5,000 nodes, a
-    /// firewall's DNS names are resolved by the nodes of its namespace's pods, not by all.
-    /// What stays cluster-wide is what a local pod's rules may name: every pod as a policy
-    /// peer, and the namespaces' labels.
-    pub fn keep_hosted_namespaces(&mut self) {
-        let hosted: std::collections::BTreeSet<String> =
-            self.pods.iter().map(|p| p.namespace.clone()).collect();
-        let hosts =
-            |namespace: &Option<String>| hosted.contains(namespace.as_deref().unwrap_or("default"));
-        self.objects.retain(|f| hosts(&f.metadata.namespace));
-        self.policies.retain(|p| hosts(&p.metadata.namespace));
+    /// What access control reads of a sync's cluster state: every pod as a peer, the
+    /// namespaces' labels, `changes` since the last inputs, and the EgressFirewalls and
+    /// NetworkPolicies of the namespaces with a pod on this node only (see [`hosted`]). The
+    /// nodes, which admin policies' `nodes` peers read, only while there is an admin policy.
+    pub fn from_state(
+        state: &crate::source::ClusterState,
+        view: &crate::overlay::OverlayView,
+        cluster_pods: PolicyPods,
+        changes: PolicyChanges,
+        files: &FirewallFiles,
+    ) -> Self {
+        let pods = super::pods_of(view);
+        let namespaces: BTreeSet<&str> = pods.iter().map(|p| p.namespace.as_str()).collect();
+        let admin = state.admin_objects();
+        let nodes = if admin.is_empty() {
+            Vec::new()
+        } else {
+            admin::admin_nodes(&state.nodes)
+        };
+        Self {
+            objects: hosted(&state.egress_firewalls, &namespaces),
+            policies: hosted(&state.network_policies, &namespaces),
+            admin,
+            nodes,
+            cluster_pods,
+            changes,
+            namespaces: state.namespaces.to_vec(),
+            context: super::firewall::context(state, view),
+            pods,
+            dns_server: files.dns_server,
+            dns_cache: files.dns_cache.clone(),
+            dns_servers: admin::dns_servers(state),
+            audit: state.policy_audit.clone(),
+            audit_path: files.audit_path.clone(),
+            rules_file: files.rules_file.clone(),
+        }
     }
+}
+
+/// The objects of `namespaces` (an object without a namespace is in `default`), in the
+/// list's order. A node judges its own pods' traffic only (a pod's egress at its veth, a
+/// packet to it at its veth), and EgressFirewalls and NetworkPolicies apply to their own
+/// namespace's pods: so a node resolves, compiles and writes nothing for namespaces it does
+/// not host (at 5,000 nodes, a firewall's DNS names are resolved by the nodes of its
+/// namespace's pods, not by all). What stays cluster-wide is what a local pod's rules may
+/// name: every pod as a policy peer, and the namespaces' labels. Found by namespace (the
+/// sources keep lists in namespace order), not by a look at every object.
+fn hosted<T: kube::Resource>(
+    objects: &crate::source::Objects<T>,
+    namespaces: &BTreeSet<&str>,
+) -> Vec<Arc<T>> {
+    let mut out = Vec::new();
+    for namespace in namespaces {
+        if *namespace == "default" {
+            out.extend(objects.in_namespace(""));
+        }
+        out.extend(objects.in_namespace(namespace));
+    }
+    out
 }
 
 pub struct FirewallAgent {
@@ -95,7 +148,10 @@ pub struct FirewallAgent {
     /// Each local pod's policy sets as last compiled, and the changes since.
     pod_rules: PodRulesCache,
     pending: PolicyChanges,
-    namespace_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// The namespaces as last given, and what is read of them: their labels, and the audit
+    /// levels of those that log (made again only when a namespace changed).
+    namespaces: Vec<Arc<Namespace>>,
+    namespace_labels: NamespaceLabels,
     /// Policy errors of the last compile (logged once).
     policy_errors: Vec<String>,
     context: FirewallContext,
@@ -103,6 +159,8 @@ pub struct FirewallAgent {
     /// Audit levels of the namespaces that log.
     levels: BTreeMap<String, NamespaceLogging>,
     state: AclState,
+    /// `state.meta_version()` when the sets were last described (`None`: not yet).
+    described: Option<u64>,
     names: DnsNames,
     dns_cache: PathBuf,
     rules_file: PathBuf,
@@ -116,6 +174,11 @@ pub struct FirewallAgent {
     dns_answers: Option<AsyncFd<RingBuf<MapData>>>,
     /// Where DNS answers are trusted from (the cluster DNS Service and its endpoints).
     dns_servers: BTreeSet<IpAddr>,
+}
+
+/// Whether two lists hold the same objects (shared, not copies) in the same order.
+fn same_objects<T>(a: &[Arc<T>], b: &[Arc<T>]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| Arc::ptr_eq(a, b))
 }
 
 /// What [`FirewallAgent::update`] did.
@@ -159,8 +222,14 @@ impl FirewallAgent {
         self.admin_errors = validated.errors;
     }
 
-    /// Writes what the installed policy sets' rules stand for, for `inspect` and `trace`.
-    fn describe_sets(&self) {
+    /// Writes what the installed policy sets' rules stand for, for `inspect` and `trace`,
+    /// when it changed since it was last written.
+    fn describe_sets(&mut self) {
+        let version = self.state.meta_version();
+        if self.described == Some(version) {
+            return;
+        }
+        self.described = Some(version);
         let rules = super::explain::set_rules(&self.state);
         if let Err(error) = super::explain::write(&self.rules_file, &rules) {
             tracing::warn!(path = %self.rules_file.display(), %error, "writing the policy rule names");
@@ -182,6 +251,9 @@ impl FirewallAgent {
     /// The `domainNames` of the admin policies that apply to a pod of this node: the names
     /// to resolve and the wildcard patterns to learn from DNS answers.
     fn admin_names(&self) -> (BTreeSet<String>, BTreeSet<String>) {
+        if self.admin.all().next().is_none() {
+            return Default::default();
+        }
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<&PolicyPod> = self
             .pods
@@ -193,10 +265,11 @@ impl FirewallAgent {
 
     /// Compiles the firewalls, resolves their DNS names (within `FIRST_RESOLUTION_BUDGET`),
     /// adopts what a previous agent left pinned, syncs the maps and opens the audit log.
+    /// Returns the agent and what its first sync wrote.
     pub async fn start(
         dataplane: &mut Dataplane,
         inputs: FirewallInputs,
-    ) -> Result<Self, AgentError> {
+    ) -> Result<(Self, AclSyncStats), AgentError> {
         let (levels, warnings) = namespace_logging(&inputs.namespaces);
         for warning in &warnings {
             tracing::warn!(%warning, "audit logging");
@@ -211,11 +284,13 @@ impl FirewallAgent {
             pod_rules: PodRulesCache::default(),
             pending: PolicyChanges::everything(),
             namespace_labels: namespace_labels(&inputs.namespaces),
+            namespaces: inputs.namespaces,
             policy_errors: Vec::new(),
             context: inputs.context,
             pods: inputs.pods,
             levels: levels.into_iter().collect(),
             state: AclState::default(),
+            described: None,
             names: DnsNames::default(),
             dns_cache: inputs.dns_cache.clone(),
             rules_file: inputs.rules_file.clone(),
@@ -271,7 +346,7 @@ impl FirewallAgent {
             deleted = stats.deleted,
             "access control configured"
         );
-        Ok(agent)
+        Ok((agent, stats))
     }
 
     /// Compiles the firewalls with the names' last good addresses, the NetworkPolicies of the
@@ -379,19 +454,30 @@ impl FirewallAgent {
         dataplane: &mut Dataplane,
         inputs: FirewallInputs,
     ) -> Result<Updated, AgentError> {
-        let (levels, warnings) = namespace_logging(&inputs.namespaces);
-        for warning in &warnings {
-            tracing::warn!(%warning, "audit logging");
+        let unchanged = self.reads_the_same(&inputs);
+        if !same_objects(&self.namespaces, &inputs.namespaces) {
+            let (levels, warnings) = namespace_logging(&inputs.namespaces);
+            for warning in &warnings {
+                tracing::warn!(%warning, "audit logging");
+            }
+            self.levels = levels.into_iter().collect();
+            self.namespace_labels = namespace_labels(&inputs.namespaces);
+            self.namespaces = inputs.namespaces;
         }
         self.objects = inputs.objects;
         self.policies = inputs.policies;
         self.cluster_pods = inputs.cluster_pods;
         self.pending.merge(inputs.changes);
-        self.namespace_labels = namespace_labels(&inputs.namespaces);
         self.context = inputs.context;
         self.pods = inputs.pods;
         self.dns_servers = inputs.dns_servers;
-        self.levels = levels.into_iter().collect();
+        if unchanged {
+            // Another node came or went, say: nothing access control compiles from moved.
+            return Ok(Updated {
+                stats: AclSyncStats::default(),
+                dns_changed: false,
+            });
+        }
         self.take_admin(&inputs.admin, inputs.nodes);
         if self.audit.is_none() && self.wants_audit() {
             // The first namespace or admin policy asking for records since the start.
@@ -416,7 +502,10 @@ impl FirewallAgent {
                 true
             }
         };
-        self.compile();
+        // With the same addresses the compile above stands.
+        if dns_changed {
+            self.compile();
+        }
         for error in self.compiled.errors.iter().chain(&self.policy_errors) {
             tracing::warn!(%error, "access control");
         }
@@ -430,6 +519,22 @@ impl FirewallAgent {
             "access control updated"
         );
         Ok(Updated { stats, dns_changed })
+    }
+
+    /// Whether `inputs` hold what the last compile read: the same objects (shared, not
+    /// copies), this node's pods and context, no pod or policy change since, and no admin
+    /// policy (those read every node and pod).
+    fn reads_the_same(&self, inputs: &FirewallInputs) -> bool {
+        self.pending.is_none()
+            && inputs.changes.is_none()
+            && inputs.admin.is_empty()
+            && self.admin.all().next().is_none()
+            && same_objects(&self.namespaces, &inputs.namespaces)
+            && same_objects(&self.objects, &inputs.objects)
+            && same_objects(&self.policies, &inputs.policies)
+            && self.context == inputs.context
+            && self.pods == inputs.pods
+            && self.dns_servers == inputs.dns_servers
     }
 
     /// When a DNS name is next due for a refresh, or a learned address expires.
@@ -750,7 +855,11 @@ mod tests {
         serde_json::from_value(serde_json::json!({
             "apiVersion": if kind == "EgressFirewall" { "k8s.ovn.org/v1" } else { "networking.k8s.io/v1" },
             "kind": kind,
-            "metadata": {"name": "default", "namespace": namespace},
+            "metadata": if namespace.is_empty() {
+                serde_json::json!({"name": "default"})
+            } else {
+                serde_json::json!({"name": "default", "namespace": namespace})
+            },
             "spec": if kind == "EgressFirewall" {
                 serde_json::json!({"egress": [{"type": "Allow", "to": {"dnsName": format!("{namespace}.example.com")}}]})
             } else {
@@ -762,57 +871,40 @@ mod tests {
 
     #[test]
     fn a_node_keeps_the_firewalls_and_policies_of_the_namespaces_it_hosts_only() {
-        let mut inputs = FirewallInputs {
-            objects: vec![
-                Arc::new(named("EgressFirewall", "web")),
-                Arc::new(named("EgressFirewall", "db")),
-            ],
-            policies: vec![
-                Arc::new(named("NetworkPolicy", "web")),
-                Arc::new(named("NetworkPolicy", "batch")),
-            ],
-            admin: AdminObjects::default(),
-            nodes: Vec::new(),
-            cluster_pods: PolicyPods::default(),
-            changes: PolicyChanges::everything(),
-            namespaces: Vec::new(),
-            context: FirewallContext::default(),
-            pods: vec![AclPod {
-                namespace: "web".into(),
-                name: "a".into(),
-                addresses: vec!["10.244.1.2".parse().unwrap()],
-            }],
-            dns_server: None,
-            dns_cache: PathBuf::new(),
-            dns_servers: BTreeSet::new(),
-            audit: PolicyAuditConfig::default(),
-            audit_path: PathBuf::new(),
-            rules_file: PathBuf::new(),
+        // In the sources' order: namespace (none first), then name.
+        let firewalls: crate::source::Objects<EgressFirewall> = vec![
+            Arc::new(named("EgressFirewall", "")),
+            Arc::new(named("EgressFirewall", "batch")),
+            Arc::new(named("EgressFirewall", "db")),
+            Arc::new(named("EgressFirewall", "web")),
+            Arc::new(named("EgressFirewall", "zeta")),
+        ]
+        .into();
+        let policies: crate::source::Objects<NetworkPolicy> = vec![
+            Arc::new(named("NetworkPolicy", "batch")),
+            Arc::new(named("NetworkPolicy", "web")),
+            Arc::new(named("NetworkPolicy", "web")),
+        ]
+        .into();
+        let namespaces_of = |objects: Vec<Option<String>>| -> Vec<String> {
+            objects.into_iter().map(|n| n.unwrap_or_default()).collect()
         };
-        inputs.keep_hosted_namespaces();
-        let namespaces = |names: Vec<Option<String>>| -> Vec<String> {
-            names.into_iter().map(|n| n.unwrap_or_default()).collect()
-        };
+        let web = BTreeSet::from(["web"]);
+        let kept = hosted(&firewalls, &web);
         assert_eq!(
-            namespaces(
-                inputs
-                    .objects
-                    .iter()
-                    .map(|f| f.metadata.namespace.clone())
-                    .collect()
-            ),
+            namespaces_of(kept.iter().map(|f| f.metadata.namespace.clone()).collect()),
             ["web"]
         );
+        assert!(Arc::ptr_eq(&kept[0], firewalls.get(3).unwrap()));
+        let kept = hosted(&policies, &web);
+        assert_eq!(kept.len(), 2);
+        // An object without a namespace is in `default`.
+        let kept = hosted(&firewalls, &BTreeSet::from(["default", "zeta"]));
         assert_eq!(
-            namespaces(
-                inputs
-                    .policies
-                    .iter()
-                    .map(|p| p.metadata.namespace.clone())
-                    .collect()
-            ),
-            ["web"]
+            namespaces_of(kept.iter().map(|f| f.metadata.namespace.clone()).collect()),
+            ["", "zeta"]
         );
+        assert!(hosted(&policies, &BTreeSet::from(["db", "default"])).is_empty());
     }
 
     #[test]

@@ -334,10 +334,53 @@ fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
     })
 }
 
-/// Namespace labels by name (`kubernetes.io/metadata.name` included, as the API sets it).
+/// Every namespace's labels (`kubernetes.io/metadata.name` included) and the namespaces by
+/// label, in name order: what namespace selectors read. Built once per change of the
+/// namespaces (500 of them at scale), not at every compile.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceLabels {
+    labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// key -> value -> namespaces with that label.
+    by_label: BTreeMap<String, BTreeMap<String, Vec<String>>>,
+}
+
+impl NamespaceLabels {
+    /// A namespace's labels.
+    pub fn get(&self, namespace: &str) -> Option<&BTreeMap<String, String>> {
+        self.labels.get(namespace)
+    }
+
+    /// The namespaces labelled `key: value`, in name order.
+    fn with_label(&self, key: &str, value: &str) -> &[String] {
+        self.by_label
+            .get(key)
+            .and_then(|values| values.get(value))
+            .map_or(&[][..], Vec::as_slice)
+    }
+}
+
+impl FromIterator<(String, BTreeMap<String, String>)> for NamespaceLabels {
+    fn from_iter<I: IntoIterator<Item = (String, BTreeMap<String, String>)>>(iter: I) -> Self {
+        let labels: BTreeMap<String, BTreeMap<String, String>> = iter.into_iter().collect();
+        let mut by_label: BTreeMap<String, BTreeMap<String, Vec<String>>> = BTreeMap::new();
+        for (name, namespace_labels) in &labels {
+            for (key, value) in namespace_labels {
+                by_label
+                    .entry(key.clone())
+                    .or_default()
+                    .entry(value.clone())
+                    .or_default()
+                    .push(name.clone());
+            }
+        }
+        Self { labels, by_label }
+    }
+}
+
+/// The labels of `namespaces`, each with its `kubernetes.io/metadata.name`.
 pub fn namespace_labels<'a>(
     namespaces: impl IntoIterator<Item = &'a Arc<Namespace>>,
-) -> BTreeMap<String, BTreeMap<String, String>> {
+) -> NamespaceLabels {
     namespaces
         .into_iter()
         .filter_map(|ns| {
@@ -448,10 +491,9 @@ pub struct PolicyCluster<'a> {
     /// Every pod by namespace: a peer's selectors look at the namespaces first and then only
     /// at the pods of those they pick.
     pub pods: &'a PolicyPods,
-    pub namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
-    /// The namespaces' names by label (in name order): a `namespaceSelector`'s `matchLabels`
-    /// look at the namespaces with one of its labels rather than at every namespace.
-    namespaces_by_label: BTreeMap<(&'a str, &'a str), Vec<&'a str>>,
+    /// The namespaces' labels, and their names by label: a `namespaceSelector`'s
+    /// `matchLabels` look at the namespaces with one of its labels rather than at every one.
+    pub namespaces: &'a NamespaceLabels,
     /// Whose pods the compile of one pod's rules looked at (see [`PodRulesCache`]).
     reads: std::cell::RefCell<Reads>,
 }
@@ -489,23 +531,10 @@ impl Reads {
 }
 
 impl<'a> PolicyCluster<'a> {
-    pub fn new(
-        pods: &'a PolicyPods,
-        namespaces: &'a BTreeMap<String, BTreeMap<String, String>>,
-    ) -> Self {
-        let mut namespaces_by_label: BTreeMap<(&str, &str), Vec<&str>> = BTreeMap::new();
-        for (name, labels) in namespaces {
-            for (key, value) in labels {
-                namespaces_by_label
-                    .entry((key.as_str(), value.as_str()))
-                    .or_default()
-                    .push(name.as_str());
-            }
-        }
+    pub fn new(pods: &'a PolicyPods, namespaces: &'a NamespaceLabels) -> Self {
         Self {
             pods,
             namespaces,
-            namespaces_by_label,
             reads: Default::default(),
         }
     }
@@ -525,14 +554,10 @@ impl<'a> PolicyCluster<'a> {
             .match_labels
             .iter()
             .flatten()
-            .map(|(k, v)| {
-                self.namespaces_by_label
-                    .get(&(k.as_str(), v.as_str()))
-                    .map_or(&[][..], Vec::as_slice)
-            })
+            .map(|(k, v)| self.namespaces.with_label(k, v))
             .min_by_key(|names| names.len());
         match rarest {
-            Some(names) => names.to_vec(),
+            Some(names) => names.iter().map(String::as_str).collect(),
             None => {
                 // Any namespace's first pod may be picked.
                 self.read_all();
@@ -1017,6 +1042,11 @@ impl PolicyChanges {
             everything: true,
             ..Self::default()
         }
+    }
+
+    /// Whether nothing changed for the NetworkPolicies.
+    pub fn is_none(&self) -> bool {
+        !self.everything && self.pods.is_empty() && self.policies.is_empty()
     }
 
     /// These changes and then `later`'s.

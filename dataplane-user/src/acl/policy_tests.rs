@@ -11,7 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::{
     CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
-    policy::{PodPolicy, PolicyCluster, PolicyPod, PolicyPods, pod_policy},
+    policy::{NamespaceLabels, PodPolicy, PolicyCluster, PolicyPod, PolicyPods, pod_policy},
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -41,7 +41,7 @@ fn cluster_pods() -> Vec<PolicyPod> {
     pods
 }
 
-fn namespaces() -> BTreeMap<String, BTreeMap<String, String>> {
+fn namespaces() -> NamespaceLabels {
     NAMESPACES
         .iter()
         .map(|ns| {
@@ -715,7 +715,10 @@ fn the_label_index_picks_what_a_scan_of_every_pod_picks() {
                     .collect();
                 let scanned: Vec<String> = pods
                     .iter()
-                    .filter(|p| selects(&namespaces, &labels[&p.namespace]).expect("valid"))
+                    .filter(|p| {
+                        selects(&namespaces, labels.get(&p.namespace).expect("labelled"))
+                            .expect("valid")
+                    })
                     .filter(|p| selects(&chosen, &p.labels).expect("valid"))
                     .map(PolicyPod::key)
                     .collect();

@@ -301,7 +301,9 @@ fn admin_manifests(count: usize, rules: usize) -> String {
 fn loaded_with_admin(
     (count, rules): (usize, usize),
 ) -> anyhow::Result<(Fixture, Duration, Duration, usize)> {
-    use dataplane_user::acl::policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets};
+    use dataplane_user::acl::policy::{
+        NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
+    };
     let mut state = dataplane_user::source::ClusterState::default();
     dataplane_user::source::add_documents(&mut state, "bench.yaml", &admin_manifests(count, rules));
     anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
@@ -314,11 +316,12 @@ fn loaded_with_admin(
     }]
     .into_iter()
     .collect();
-    let namespaces = [(
+    let namespaces: NamespaceLabels = [(
         "bench".to_owned(),
         [("kubernetes.io/metadata.name".to_owned(), "bench".to_owned())].into(),
     )]
-    .into();
+    .into_iter()
+    .collect();
     let started = Instant::now();
     let validated = validate_all(&state.admin_objects(), &mut Default::default());
     anyhow::ensure!(validated.errors.is_empty(), "{:?}", validated.errors);

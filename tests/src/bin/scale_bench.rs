@@ -6,7 +6,9 @@
 //! (`kubernetes::parse_watched`), parsed on its own into the per-object cache the Kubernetes
 //! source keeps (`source::ObjectCache`, its only copy of the objects), and a sync assembles
 //! the state, finds what changed (`sync::Changes`) and runs the stages that read it, as the
-//! agent's `cluster` module does, into real maps in this kernel. Figures:
+//! agent's `cluster` module does, into real maps in this kernel; access control is the
+//! agent's own `FirewallAgent`, given its inputs as the agent gives them
+//! (`FirewallInputs::from_state`). Figures:
 //!
 //! - the first sync from nothing (target under 2 s);
 //! - one endpoint, one pod label, one policy changed, one pod added on another node and one
@@ -20,11 +22,12 @@
 //!   target under 1 GiB) and the kernel memory of its maps (`memlock` of each map's fdinfo).
 //!
 //! Not in it: EgressIP objects (the egress stage runs, selecting pods for none), the management
-//! port's routes and the gateway's nftables table (host state, not maps). A benchmark: it
+//! port's routes and the gateway's nftables table (host state, not maps), the reads of the
+//! underlay's MTU and MAC and of the node's addresses (system calls the overlay stage makes at
+//! every run, whatever the cluster's size). A benchmark: it
 //! reports, it does not pass or fail.
 
 use std::{
-    collections::BTreeMap,
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr},
     time::{Duration, Instant},
@@ -34,12 +37,8 @@ use clap::Parser;
 use dataplane_tests::fixture::Fixture;
 use dataplane_user::{
     acl::{
-        self, AclState,
-        firewall::{CompiledFirewalls, compile_firewalls_reusing},
-        policy::{
-            PodRulesCache, PolicyCluster, PolicyPods, PolicySet, namespace_labels,
-            policy_sets_since,
-        },
+        agent::{FirewallAgent, FirewallFiles, FirewallInputs},
+        policy::PolicyPods,
     },
     egressip::{compile::EgressInputs, node::EgressNode},
     kubernetes::{WATCHED, WatchedObject, parse_watched},
@@ -260,20 +259,19 @@ struct Agent {
     overlay_written: Option<OverlayMaps>,
     services: ServiceCache,
     lb: LbState,
-    acl: AclState,
     /// Every pod as policies select them, patched with each sync's changed pods (as the
     /// agent's sync does).
     policy_pods: PolicyPods,
     /// This node's pods, patched the same way (as the agent's sync does).
     hosted_pods: model::HostedPods,
-    /// Each local pod's sets as last compiled (as the firewall agent keeps them).
-    pod_rules: PodRulesCache,
-    /// The last compile's policy sets (reused by name, as the firewall agent does).
-    policy_sets: BTreeMap<String, PolicySet>,
     /// The egress IP state (the agent's, between syncs).
     egress: EgressNode,
-    /// The last compile of the firewalls.
-    firewalls: CompiledFirewalls,
+    /// Access control: the agent's own, started at the first sync.
+    firewalls: Option<FirewallAgent>,
+    /// Its files (DNS cache, audit log, rule names), in a directory of the benchmark's own.
+    files: FirewallFiles,
+    /// Runs the firewall agent's calls (async, as in the agent).
+    runtime: tokio::runtime::Runtime,
     /// While set, events are collected (encoded as the API server sends them) rather than
     /// applied: the first list is encoded before it is timed.
     collected: Option<Vec<Event>>,
@@ -305,12 +303,13 @@ impl Agent {
             overlay_written: None,
             services: ServiceCache::default(),
             lb: LbState::default(),
-            acl: AclState::default(),
             policy_pods: PolicyPods::default(),
             hosted_pods: model::HostedPods::from_pods(&[], NODE),
-            pod_rules: PodRulesCache::default(),
-            policy_sets: BTreeMap::new(),
-            firewalls: CompiledFirewalls::default(),
+            firewalls: None,
+            files: bench_files()?,
+            runtime: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?,
             egress: EgressNode::new(NODE, "lo"),
             collected: None,
         })
@@ -551,8 +550,8 @@ impl Agent {
         Ok(stats.written + stats.deleted)
     }
 
-    /// The access-control stage as the firewall agent compiles it (no DNS names here): the
-    /// policies and firewalls of the namespaces this node hosts, every pod as a peer.
+    /// The access-control stage: the agent's firewall agent, given what the agent's sync
+    /// gives it.
     fn sync_access_control(
         &mut self,
         state: &ClusterState,
@@ -561,54 +560,58 @@ impl Agent {
         let Some(model) = &self.model else {
             anyhow::bail!("no overlay view");
         };
-        let pods = acl::pods_of(&model.view);
-        let hosted: std::collections::BTreeSet<&str> =
-            pods.iter().map(|p| p.namespace.as_str()).collect();
-        let hosts =
-            |namespace: &Option<String>| hosted.contains(namespace.as_deref().unwrap_or("default"));
-        let policies: Vec<_> = state
-            .network_policies
-            .iter()
-            .filter(|p| hosts(&p.metadata.namespace))
-            .cloned()
-            .collect();
-        let firewalls: Vec<_> = state
-            .egress_firewalls
-            .iter()
-            .filter(|f| hosts(&f.metadata.namespace))
-            .cloned()
-            .collect();
-        let labels = namespace_labels(&state.namespaces);
-        let cluster = PolicyCluster::new(&self.policy_pods, &labels);
-        let local: Vec<String> = pods.iter().map(acl::AclPod::key).collect();
-        let compiled_policies = policy_sets_since(
-            &policies,
-            &cluster,
-            &local,
-            &self.policy_sets,
-            &Default::default(),
-            &mut self.pod_rules,
-            &changes.for_policies(),
+        let inputs = FirewallInputs::from_state(
+            state,
+            &model.view,
+            self.policy_pods.clone(),
+            changes.for_policies(),
+            &self.files,
         );
+        let written = match &mut self.firewalls {
+            Some(firewalls) => {
+                let updated = self
+                    .runtime
+                    .block_on(firewalls.update(&mut self.fixture, inputs))?;
+                updated.stats.written + updated.stats.deleted
+            }
+            None => {
+                let (started, stats) = self
+                    .runtime
+                    .block_on(FirewallAgent::start(&mut self.fixture, inputs))?;
+                self.firewalls = Some(started);
+                stats.written + stats.deleted
+            }
+        };
+        let firewalls = self.firewalls.as_ref().expect("started");
         anyhow::ensure!(
-            compiled_policies.errors.is_empty(),
-            "{:?}",
-            compiled_policies.errors
+            firewalls.rejected() == (0, 0, 0),
+            "rejected {:?}",
+            firewalls.rejected()
         );
-        let context = acl::firewall::context(state, &model.view);
-        // As the firewall agent does: unchanged namespaces keep their compiled sets.
-        let mut compiled =
-            compile_firewalls_reusing(&firewalls, &context, &Default::default(), &self.firewalls);
-        anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
-        compiled.desired.policy_sets = compiled_policies.sets;
-        self.policy_sets = compiled.desired.policy_sets.clone();
-        compiled.desired.pod_policies = compiled_policies.pods;
-        let stats = self
-            .fixture
-            .sync_acl(&mut self.acl, &compiled.desired, &pods)?;
-        self.firewalls = compiled;
-        Ok(stats.written + stats.deleted)
+        Ok(written)
     }
+}
+
+impl Drop for Agent {
+    fn drop(&mut self) {
+        if let Some(dir) = self.files.dns_cache.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// A directory of this run's own for access control's files.
+fn bench_files() -> anyhow::Result<FirewallFiles> {
+    static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!("scale-bench-{}-{run}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    Ok(FirewallFiles {
+        dns_server: None,
+        dns_cache: dir.join("dns-cache.json"),
+        audit_path: dir.join("audit.log"),
+        rules_file: dir.join("acl-rules.json"),
+    })
 }
 
 /// One watched object of resource `kind` from the API server's JSON, as the agent's
@@ -764,11 +767,9 @@ fn stream(agent: &mut Agent, rate: u64, seconds: u64) -> anyhow::Result<Stream> 
         let done = started.elapsed();
         lags.extend(arrivals.iter().map(|a| ms(done.saturating_sub(*a))));
     }
-    // A full recompute from the same objects, everything compiled anew.
+    // A full recompute from the same objects: the services compiled anew, access control's
+    // pods all compiled again (its full sync, as the agent's).
     agent.services = ServiceCache::default();
-    agent.firewalls = CompiledFirewalls::default();
-    agent.policy_sets = BTreeMap::new();
-    agent.pod_rules = PodRulesCache::default();
     let full = agent.sync(true)?;
     Ok(Stream {
         changes: total,
