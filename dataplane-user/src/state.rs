@@ -51,6 +51,17 @@ pub fn write(run_dir: &Path, state: &AgentState) -> Result<(), AgentError> {
 /// synced to disk and renamed over the file, so a reader (or a restart after a crash) sees
 /// the old content or the new, never half of either.
 pub fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> io::Result<()> {
+    write_json_replacing(path, value, true)
+}
+
+/// As [`write_json_atomically`]; `durable`: the file is on disk before it replaces the old
+/// one (not needed for what is made again from the cluster state at the next start: there a
+/// reader only needs to see a whole file, and a sync does not wait for the disk).
+pub fn write_json_replacing(
+    path: &Path,
+    value: &impl serde::Serialize,
+    durable: bool,
+) -> io::Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir)?;
@@ -60,7 +71,9 @@ pub fn write_json_atomically(path: &Path, value: &impl serde::Serialize) -> io::
     let aside = std::path::PathBuf::from(aside);
     let mut file = fs::File::create(&aside)?;
     io::Write::write_all(&mut file, &text)?;
-    file.sync_all()?;
+    if durable {
+        file.sync_all()?;
+    }
     fs::rename(&aside, path)
 }
 

@@ -80,7 +80,8 @@ fn objects(refs: &[super::policy::RuleRef]) -> Vec<String> {
 
 /// Writes the descriptions (atomically: a reader sees the old file or the new one).
 pub fn write(path: &Path, rules: &BTreeMap<u32, SetRules>) -> std::io::Result<()> {
-    crate::state::write_json_atomically(path, rules)
+    // Described again at every start: no need to wait for the disk.
+    crate::state::write_json_replacing(path, rules, false)
 }
 
 /// The descriptions the agent last wrote under `run_dir` (empty without an agent).

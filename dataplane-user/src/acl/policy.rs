@@ -77,10 +77,17 @@ impl PolicyPod {
 
 /// The pods of one namespace, by name, and their names by label: a selector's `matchLabels`
 /// look at the pods that have one of its labels rather than at every pod of the namespace.
+/// Persistent maps (`imbl`): a copy shares everything, and a change to it copies only the
+/// paths to what changed. Access control keeps a copy of the cluster's pods between syncs,
+/// so each namespace a sync's pods touch is copied before it is changed: with ordinary maps
+/// that copied its 300 pods and their label index for each one (a sync of 50 changed pods
+/// spent 15 to 70 ms there).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespacePods {
-    pods: BTreeMap<String, PolicyPod>,
-    by_label: BTreeMap<(String, String), BTreeSet<String>>,
+    /// Each pod behind an `Arc`: a persistent map's node keeps room for 64 entries whatever it
+    /// holds, so the pods themselves stay out of it.
+    pods: imbl::OrdMap<String, Arc<PolicyPod>>,
+    by_label: imbl::OrdMap<(String, String), imbl::OrdSet<String>>,
 }
 
 impl NamespacePods {
@@ -91,12 +98,16 @@ impl NamespacePods {
             .into_iter()
             .map(|pod| (pod.name.clone(), pod))
             .collect();
+        let pods: imbl::OrdMap<String, Arc<PolicyPod>> = pods
+            .into_iter()
+            .map(|(name, pod)| (name, Arc::new(pod)))
+            .collect();
         let mut labelled: Vec<(&String, &String, &String)> = pods
             .values()
             .flat_map(|pod| pod.labels.iter().map(move |(k, v)| (k, v, &pod.name)))
             .collect();
         labelled.sort_unstable();
-        let mut by_label: Vec<((String, String), BTreeSet<String>)> = Vec::new();
+        let mut by_label: Vec<((String, String), imbl::OrdSet<String>)> = Vec::new();
         for run in labelled.chunk_by(|a, b| (a.0, a.1) == (b.0, b.1)) {
             let (key, value, _) = run[0];
             let names = run.iter().map(|(_, _, name)| (*name).clone()).collect();
@@ -113,12 +124,12 @@ impl NamespacePods {
         let name = pod.name.clone();
         let replaced = self.remove(&name);
         for label in &pod.labels {
-            self.by_label
-                .entry((label.0.clone(), label.1.clone()))
-                .or_default()
-                .insert(name.clone());
+            let label = (label.0.clone(), label.1.clone());
+            let mut names = self.by_label.get(&label).cloned().unwrap_or_default();
+            names.insert(name.clone());
+            self.by_label.insert(label, names);
         }
-        self.pods.insert(name, pod);
+        self.pods.insert(name, Arc::new(pod));
         !replaced
     }
 
@@ -127,8 +138,8 @@ impl NamespacePods {
         let Some(pod) = self.pods.remove(name) else {
             return false;
         };
-        for (key, value) in pod.labels {
-            let label = (key, value);
+        for (key, value) in &pod.labels {
+            let label = (key.clone(), value.clone());
             if let Some(names) = self.by_label.get_mut(&label) {
                 names.remove(name);
                 if names.is_empty() {
@@ -140,7 +151,7 @@ impl NamespacePods {
     }
 
     pub fn get(&self, name: &str) -> Option<&PolicyPod> {
-        self.pods.get(name)
+        self.pods.get(name).map(|pod| &**pod)
     }
 
     pub fn is_empty(&self) -> bool {
@@ -149,14 +160,14 @@ impl NamespacePods {
 
     /// Every pod, by name.
     pub fn values(&self) -> impl Iterator<Item = &PolicyPod> {
-        self.pods.values()
+        self.pods.values().map(|pod| &**pod)
     }
 
     /// The pods `selector` picks (every pod without one), by name. Validated selectors only:
     /// an error of [`selects`] is passed on.
     fn selected(&self, selector: Option<&LabelSelector>) -> Result<Vec<&PolicyPod>, String> {
         let Some(selector) = selector else {
-            return Ok(self.pods.values().collect());
+            return Ok(self.values().collect());
         };
         // The pods with the rarest of the selector's labels: the others cannot match.
         let rarest = selector
@@ -166,7 +177,7 @@ impl NamespacePods {
             .map(|(k, v)| {
                 self.by_label
                     .get(&(k.clone(), v.clone()))
-                    .map_or(0, BTreeSet::len)
+                    .map_or(0, imbl::OrdSet::len)
             })
             .min();
         let candidates: Box<dyn Iterator<Item = &PolicyPod>> = match rarest {
@@ -178,9 +189,9 @@ impl NamespacePods {
                     .min_by_key(|names| names.len())
                     .into_iter()
                     .flatten();
-                Box::new(names.filter_map(|name| self.pods.get(name)))
+                Box::new(names.filter_map(|name| self.get(name)))
             }
-            None => Box::new(self.pods.values()),
+            None => Box::new(self.values()),
         };
         let mut chosen = Vec::new();
         for pod in candidates {
@@ -263,7 +274,7 @@ impl PolicyPods {
 
     /// Every pod, by namespace and name.
     pub fn iter(&self) -> impl Iterator<Item = &PolicyPod> {
-        self.namespaces.values().flat_map(|pods| pods.pods.values())
+        self.namespaces.values().flat_map(|pods| pods.values())
     }
 
     pub fn len(&self) -> usize {
