@@ -616,6 +616,19 @@ fn addr_value(compiled: &CompiledSet, table_ids: &[u32], decision: Decision) -> 
     }
 }
 
+/// Whether every prefix of `old` that takes its table `old_index` takes table `new_index` of
+/// `new`, or is gone from it: only then may that new table be written over the old one.
+fn table_follows(old: &CompiledSet, old_index: usize, new: &CompiledSet, new_index: usize) -> bool {
+    old.prefixes
+        .iter()
+        .filter(|(_, decision)| **decision == Decision::Table(old_index))
+        .all(|(prefix, _)| {
+            new.prefixes
+                .get(prefix)
+                .is_none_or(|decision| *decision == Decision::Table(new_index))
+        })
+}
+
 /// The `ACL_PORTS` entries of `table` written under the id `id`.
 fn table_entries(
     id: u32,
@@ -1216,7 +1229,9 @@ impl Dataplane {
         let mut port_keys: Vec<AclPortKey> = Vec::new();
         // Tables equal to an old one keep its id; the others take the id of an old table no
         // new one equals, rewritten entry by entry (a port changed: two entries, and no
-        // prefix has to point elsewhere), or a fresh id when there is none left.
+        // prefix has to point elsewhere), when every prefix that took the old table takes the
+        // new one (so no prefix sees rules that are neither its old nor its new ones);
+        // otherwise a fresh id.
         let same: Vec<Option<usize>> = compiled
             .tables
             .iter()
@@ -1224,14 +1239,16 @@ impl Dataplane {
             .collect();
         let mut spare: Vec<usize> = (0..old.tables.len())
             .filter(|index| !same.contains(&Some(*index)))
-            .rev()
             .collect();
         let mut rewritten: BTreeSet<u32> = BTreeSet::new();
         let mut table_ids = Vec::with_capacity(compiled.tables.len());
-        for (table, same) in compiled.tables.iter().zip(same) {
+        for (new_index, (table, same)) in compiled.tables.iter().zip(same).enumerate() {
+            let follows = spare
+                .iter()
+                .position(|old_index| table_follows(old, *old_index, compiled, new_index));
             let id = if let Some(index) = same {
                 installed.table_ids[index]
-            } else if let Some(index) = spare.pop() {
+            } else if let Some(index) = follows.map(|at| spare.remove(at)) {
                 let id = installed.table_ids[index];
                 self.rewrite_table(id, &old.tables[index], table, &mut port_keys, &mut stats)?;
                 rewritten.insert(id);

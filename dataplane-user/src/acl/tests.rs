@@ -529,3 +529,42 @@ fn a_recompile_from_the_last_one_equals_a_fresh_compile() {
     );
     assert_ne!(again.desired.sets["shop"], previous.desired.sets["shop"]);
 }
+
+/// An old port table is written over with a new one in place only when every prefix that took
+/// it takes the new one (or is gone): no prefix may see a table that is neither its old nor its
+/// new one while a set changes in place.
+#[test]
+fn a_port_table_is_rewritten_in_place_only_for_the_prefixes_that_follow_it() {
+    let set = |prefixes: &[(&str, Decision)]| CompiledSet {
+        prefixes: prefixes.iter().map(|(p, d)| (net(p), *d)).collect(),
+        ..CompiledSet::default()
+    };
+    let old = set(&[
+        ("10.0.0.1/32", Decision::Table(0)),
+        ("10.0.0.2/32", Decision::Table(0)),
+        ("10.0.0.3/32", Decision::Table(1)),
+    ]);
+    // 10.0.0.2 leaves, the others keep their tables' places.
+    let fewer = set(&[
+        ("10.0.0.1/32", Decision::Table(0)),
+        ("10.0.0.3/32", Decision::Table(1)),
+    ]);
+    assert!(table_follows(&old, 0, &fewer, 0));
+    assert!(table_follows(&old, 1, &fewer, 1));
+    assert!(!table_follows(&old, 0, &fewer, 1));
+    // 10.0.0.2 moves to the other table, or to no table: table 0 may not become table 0.
+    let moved = set(&[
+        ("10.0.0.1/32", Decision::Table(0)),
+        ("10.0.0.2/32", Decision::Table(1)),
+        ("10.0.0.3/32", Decision::Table(1)),
+    ]);
+    assert!(!table_follows(&old, 0, &moved, 0));
+    assert!(table_follows(&old, 1, &moved, 1));
+    let unmatched = set(&[
+        ("10.0.0.1/32", Decision::Table(0)),
+        ("10.0.0.2/32", Decision::Unmatched),
+    ]);
+    assert!(!table_follows(&old, 0, &unmatched, 0));
+    // A table no prefix took may become any.
+    assert!(table_follows(&fewer, 2, &moved, 0));
+}
