@@ -998,16 +998,10 @@ impl Dataplane {
                 .is_some_and(|s| s.compiled.as_ref() == Some(&wanted.compiled));
             let set = match current {
                 Some(set) if unchanged => set,
+                // A set not installed yet may take over one its pods leave.
                 None => match morphs.take(name, wanted.direction) {
-                    Some(set) => match self.update_set_in_place(state, set, &wanted.compiled)? {
-                        Some(changed) => {
-                            stats.written += changed.written;
-                            stats.deleted += changed.deleted;
-                            set
-                        }
-                        None => self.install_set(state, &wanted.compiled, &mut stats)?,
-                    },
-                    None => self.install_set(state, &wanted.compiled, &mut stats)?,
+                    Some(set) if self.morph_set(state, set, &wanted.compiled, &mut stats)? => set,
+                    _ => self.install_set(state, &wanted.compiled, &mut stats)?,
                 },
                 Some(_) => self.install_set(state, &wanted.compiled, &mut stats)?,
             };
@@ -1091,6 +1085,23 @@ impl Dataplane {
             }
         }
         Ok(stats)
+    }
+
+    /// Changes the installed set `set` in place into `compiled` (see [`Morphs`]); false,
+    /// having written nothing, when it cannot be.
+    fn morph_set(
+        &mut self,
+        state: &mut AclState,
+        set: u32,
+        compiled: &Arc<CompiledSet>,
+        stats: &mut AclSyncStats,
+    ) -> Result<bool, AgentError> {
+        let Some(changed) = self.update_set_in_place(state, set, compiled)? else {
+            return Ok(false);
+        };
+        stats.written += changed.written;
+        stats.deleted += changed.deleted;
+        Ok(true)
     }
 
     /// Writes a compiled set under fresh set and table ids; returns the set id.

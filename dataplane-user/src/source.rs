@@ -189,10 +189,11 @@ impl<T: kube::Resource> Objects<T> {
     /// Puts the list in the sources' order (namespace, then name); objects of one name keep
     /// their order (the first stays first).
     pub fn sort_in_key_order(&mut self) {
-        let mut objects = self.to_vec();
-        if objects.is_sorted_by(|a, b| order_key(&**a) <= order_key(&**b)) {
+        let mut pairs = self.iter().zip(self.iter().skip(1));
+        if pairs.all(|(a, b)| order_key(&**a) <= order_key(&**b)) {
             return;
         }
+        let mut objects = self.to_vec();
         objects.sort_by(|a, b| order_key(&**a).cmp(&order_key(&**b)));
         *self = objects.into();
     }

@@ -71,18 +71,18 @@ spec:
   - to: [{podSelector: {matchLabels: {app: a}}}]
 ";
 
-fn installed() -> (Fixture, AclState) {
-    let policies: Vec<std::sync::Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(POLICIES)
-        .map(|d| std::sync::Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-        .collect();
-    let mut a = cluster_pod("x", "a", A);
-    a.addresses.push(A6.parse().expect("address"));
-    let pods: PolicyPods = [a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)]
-        .into_iter()
-        .collect();
+fn parse_policies(yaml: &str) -> Vec<Arc<NetworkPolicy>> {
+    serde_yaml::Deserializer::from_str(yaml)
+        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
+        .collect()
+}
+
+/// The policy sets of the `local` pods (`<namespace>/<name>`) for `yaml`, among `pods`.
+fn desired_for(yaml: &str, pods: &PolicyPods, local: &[&str]) -> DesiredFirewalls {
+    let policies = parse_policies(yaml);
     let namespaces = NamespaceLabels::default();
-    let cluster = PolicyCluster::new(&pods, &namespaces);
-    let local = ["x/a".to_owned(), "x/b".to_owned()];
+    let cluster = PolicyCluster::new(pods, &namespaces);
+    let local: Vec<String> = local.iter().map(|key| (*key).to_owned()).collect();
     let compiled = policy_sets(
         &policies,
         &cluster,
@@ -91,11 +91,20 @@ fn installed() -> (Fixture, AclState) {
         &Default::default(),
     );
     assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
-    let desired = DesiredFirewalls {
+    DesiredFirewalls {
         policy_sets: compiled.sets,
         pod_policies: compiled.pods,
         ..DesiredFirewalls::default()
-    };
+    }
+}
+
+fn installed() -> (Fixture, AclState) {
+    let mut a = cluster_pod("x", "a", A);
+    a.addresses.push(A6.parse().expect("address"));
+    let pods: PolicyPods = [a, cluster_pod("x", "b", B), cluster_pod("y", "c", C)]
+        .into_iter()
+        .collect();
+    let desired = desired_for(POLICIES, &pods, &["x/a", "x/b"]);
     let acl_pods = vec![
         AclPod {
             namespace: "x".into(),
@@ -396,12 +405,6 @@ spec:
     ports: [{protocol: TCP, port: 81}]
 ";
 
-fn parse_policies(yaml: &str) -> Vec<Arc<NetworkPolicy>> {
-    serde_yaml::Deserializer::from_str(yaml)
-        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-        .collect()
-}
-
 /// x/a, x/b and x/d, with `peers` as y's `app: c` pods.
 fn cluster_pods(peers: &[(&str, [u8; 4])]) -> PolicyPods {
     let mut pods = vec![
@@ -419,24 +422,7 @@ fn cluster_pods(peers: &[(&str, [u8; 4])]) -> PolicyPods {
 
 /// The policy sets of x/a, x/b and x/d for `yaml`, with `peers` as y's pods.
 fn compile_local(yaml: &str, peers: &[(&str, [u8; 4])]) -> DesiredFirewalls {
-    let policies = parse_policies(yaml);
-    let pods = cluster_pods(peers);
-    let namespaces = NamespaceLabels::default();
-    let cluster = PolicyCluster::new(&pods, &namespaces);
-    let local = ["x/a".to_owned(), "x/b".to_owned(), "x/d".to_owned()];
-    let compiled = policy_sets(
-        &policies,
-        &cluster,
-        &local,
-        &Default::default(),
-        &Default::default(),
-    );
-    assert!(compiled.errors.is_empty(), "{:?}", compiled.errors);
-    DesiredFirewalls {
-        policy_sets: compiled.sets,
-        pod_policies: compiled.pods,
-        ..DesiredFirewalls::default()
-    }
+    desired_for(yaml, &cluster_pods(peers), &["x/a", "x/b", "x/d"])
 }
 
 fn local_pods() -> Vec<AclPod> {

@@ -206,7 +206,8 @@ impl NamespacePods {
 /// Every pod-network pod of the cluster as policies see it, by namespace and name. Kept
 /// between syncs and patched with the pods that changed ([`PolicyPods::follow`]): at 150,000
 /// pods, making them all again cost a sync 100 ms. Cheap to clone (access control and egress
-/// IPs each hold one): a namespace's pods are shared until a change touches that namespace.
+/// IPs each hold one): a namespace's pods are shared until a change touches that namespace,
+/// and then its persistent maps copy only the paths to the change (see [`NamespacePods`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct PolicyPods {
     namespaces: BTreeMap<String, Arc<NamespacePods>>,
