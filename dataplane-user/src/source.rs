@@ -186,20 +186,29 @@ impl<T: kube::Resource> Objects<T> {
 }
 
 impl<T: kube::Resource> Objects<T> {
-    /// Puts the list in the sources' order (namespace, then name); objects of one name keep
-    /// their order (the first stays first).
-    pub fn sort_in_key_order(&mut self) {
+    /// Whether the list is in the API source's order (namespace, then name), as
+    /// `ObjectCache` keeps every list; a manifest directory's lists are in its files' order
+    /// (there the first object of a file order wins where two claim one thing).
+    pub fn is_in_key_order(&self) -> bool {
         let mut pairs = self.iter().zip(self.iter().skip(1));
-        if pairs.all(|(a, b)| order_key(&**a) <= order_key(&**b)) {
-            return;
+        pairs.all(|(a, b)| order_key(&**a) <= order_key(&**b))
+    }
+
+    /// The objects of `namespace` (`""`: those without one): by binary search when
+    /// `in_key_order` (what [`Self::is_in_key_order`] said of this list), else by a look at
+    /// every object.
+    pub fn of_namespace(&self, namespace: &str, in_key_order: bool) -> Vec<Arc<T>> {
+        if in_key_order {
+            return self.in_namespace(namespace);
         }
-        let mut objects = self.to_vec();
-        objects.sort_by(|a, b| order_key(&**a).cmp(&order_key(&**b)));
-        *self = objects.into();
+        self.iter()
+            .filter(|object| order_key(&***object).0 == namespace)
+            .cloned()
+            .collect()
     }
 
     /// The objects of `namespace` (`""`: those without one), in name order, found by binary
-    /// search: the list must be in the sources' order (namespace, then name).
+    /// search: the list must be in key order ([`Self::is_in_key_order`]).
     pub fn in_namespace(&self, namespace: &str) -> Vec<Arc<T>> {
         let boundary = |inclusive: bool| {
             self.binary_search_by(|object| {
@@ -532,9 +541,6 @@ impl ManifestCache {
                 state.absorb(&parsed.state);
             }
         }
-        // As the API source keeps them (`ObjectCache`): what is found by namespace and name
-        // is found by binary search.
-        state.sort_lists();
         Ok(state)
     }
 }
@@ -818,21 +824,6 @@ impl ClusterState {
             .extend(later.cluster_network_policies.iter().cloned());
         self.absorb_settings(later);
         self.rejected.extend(later.rejected.iter().cloned());
-    }
-
-    /// Puts every list in the sources' order (see [`Objects::sort_in_key_order`]).
-    pub fn sort_lists(&mut self) {
-        self.nodes.sort_in_key_order();
-        self.namespaces.sort_in_key_order();
-        self.pods.sort_in_key_order();
-        self.services.sort_in_key_order();
-        self.endpoint_slices.sort_in_key_order();
-        self.network_policies.sort_in_key_order();
-        self.egress_firewalls.sort_in_key_order();
-        self.egress_ips.sort_in_key_order();
-        self.admin_network_policies.sort_in_key_order();
-        self.baseline_admin_network_policies.sort_in_key_order();
-        self.cluster_network_policies.sort_in_key_order();
     }
 
     /// Takes `later`'s `Network` settings if it has a `Network`.
@@ -1316,66 +1307,6 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
-    /// A directory's lists come in the API source's order (namespace, then name), whatever
-    /// the files' and documents' order, two objects of one name in their files' order: what
-    /// is looked up by namespace is found by binary search.
-    #[test]
-    fn a_directorys_lists_are_in_namespace_and_name_order() {
-        let dir = std::env::temp_dir().join(format!("dataplane-order-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&dir);
-        fs::create_dir_all(&dir).expect("dir");
-        let policy = |namespace: &str, name: &str, port: u16| {
-            format!(
-                "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
-                 metadata: {{name: {name}, namespace: {namespace}}}\n\
-                 spec: {{podSelector: {{}}, ingress: [{{ports: [{{port: {port}}}]}}]}}\n---\n"
-            )
-        };
-        let first = [
-            policy("zeta", "b", 1),
-            policy("zeta", "a", 2),
-            policy("alpha", "x", 3),
-        ];
-        fs::write(dir.join("a.yaml"), first.concat()).expect("write");
-        let second = [policy("mid", "m", 4), policy("zeta", "a", 5)];
-        fs::write(dir.join("b.yaml"), second.concat()).expect("write");
-        let state = read_dir(&dir).expect("read");
-        let keys: Vec<(String, String, i32)> = state
-            .network_policies
-            .iter()
-            .map(|p| {
-                let port = p.spec.as_ref().unwrap().ingress.as_ref().unwrap()[0]
-                    .ports
-                    .as_ref()
-                    .unwrap()[0]
-                    .port
-                    .clone();
-                let port = match port {
-                    Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(port)) => {
-                        port
-                    }
-                    _ => 0,
-                };
-                let namespace = p.metadata.namespace.clone().unwrap_or_default();
-                (namespace, p.metadata.name.clone().unwrap_or_default(), port)
-            })
-            .collect();
-        let key = |n: &str, m: &str, port| (n.to_owned(), m.to_owned(), port);
-        assert_eq!(
-            keys,
-            [
-                key("alpha", "x", 3),
-                key("mid", "m", 4),
-                key("zeta", "a", 2),
-                key("zeta", "a", 5),
-                key("zeta", "b", 1),
-            ]
-        );
-        assert_eq!(state.network_policies.in_namespace("zeta").len(), 3);
-        assert_eq!(state.network_policies.in_namespace("mid").len(), 1);
-        let _ = fs::remove_dir_all(&dir);
-    }
-
     const MANIFESTS: &str = r#"
 apiVersion: v1
 kind: Node
@@ -1507,6 +1438,16 @@ spec: {egressIPs: [172.18.0.333], namespaceSelector: {}}
         assert!(names("c").is_empty());
         assert!(names("e").is_empty());
         assert!(Objects::<Pod>::default().in_namespace("a").is_empty());
+        assert!(sorted.is_in_key_order());
+        assert_eq!(sorted.of_namespace("b", true).len(), 3);
+        // Out of order (a manifest directory's files): found by a look at each.
+        let mut shuffled = sorted.to_vec();
+        shuffled.swap(0, 250);
+        let shuffled: Objects<Pod> = shuffled.into();
+        assert!(!shuffled.is_in_key_order());
+        assert_eq!(shuffled.of_namespace("b", false).len(), 3);
+        assert_eq!(shuffled.of_namespace("", false).len(), 1);
+        assert_eq!(shuffled.of_namespace("d", false).len(), 100);
     }
 
     /// A parsed Pod keeps what the stages read (the named ports, node, host network, phase,

@@ -1076,9 +1076,12 @@ pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
         ("openshift-dns", "dns-default"),
     ];
     let mut servers = BTreeSet::new();
-    // Only the two namespaces are looked at (10,000 Services and their slices at scale).
+    // Only the two namespaces are looked at (10,000 Services and their slices at scale), by
+    // binary search in the API source's lists.
+    let services_ordered = state.services.is_in_key_order();
+    let slices_ordered = state.endpoint_slices.is_in_key_order();
     for (namespace, name) in DNS_SERVICES {
-        for service in state.services.in_namespace(namespace) {
+        for service in state.services.of_namespace(namespace, services_ordered) {
             if service.metadata.name.as_deref() != Some(name) {
                 continue;
             }
@@ -1088,7 +1091,10 @@ pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
                     .filter_map(|a| a.parse::<IpAddr>().ok()),
             );
         }
-        for slice in state.endpoint_slices.in_namespace(namespace) {
+        for slice in state
+            .endpoint_slices
+            .of_namespace(namespace, slices_ordered)
+        {
             let service = slice
                 .metadata
                 .labels

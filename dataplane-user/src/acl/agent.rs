@@ -118,18 +118,20 @@ impl FirewallInputs {
 /// namespace's pods: so a node resolves, compiles and writes nothing for namespaces it does
 /// not host (at 5,000 nodes, a firewall's DNS names are resolved by the nodes of its
 /// namespace's pods, not by all). What stays cluster-wide is what a local pod's rules may
-/// name: every pod as a policy peer, and the namespaces' labels. Found by namespace (the
-/// sources keep lists in namespace order), not by a look at every object.
+/// name: every pod as a policy peer, and the namespaces' labels. Found by namespace in a list
+/// in key order (the API source's), not by a look at every object.
 fn hosted<T: kube::Resource>(
     objects: &crate::source::Objects<T>,
     namespaces: &BTreeSet<&str>,
 ) -> Vec<Arc<T>> {
+    // A manifest directory's list is in its files' order: then each namespace is a scan.
+    let ordered = objects.is_in_key_order();
     let mut out = Vec::new();
     for namespace in namespaces {
         if *namespace == "default" {
-            out.extend(objects.in_namespace(""));
+            out.extend(objects.of_namespace("", ordered));
         }
-        out.extend(objects.in_namespace(namespace));
+        out.extend(objects.of_namespace(namespace, ordered));
     }
     out
 }
@@ -905,6 +907,18 @@ mod tests {
             ["", "zeta"]
         );
         assert!(hosted(&policies, &BTreeSet::from(["db", "default"])).is_empty());
+        // A manifest directory's list, in its files' order: found all the same, in that order.
+        let unordered: crate::source::Objects<EgressFirewall> = ["zeta", "web", "", "web", "db"]
+            .map(|namespace| Arc::new(named("EgressFirewall", namespace)))
+            .to_vec()
+            .into();
+        assert!(!unordered.is_in_key_order());
+        let kept = hosted(&unordered, &BTreeSet::from(["default", "web", "zeta"]));
+        assert_eq!(
+            namespaces_of(kept.iter().map(|f| f.metadata.namespace.clone()).collect()),
+            ["", "web", "web", "zeta"]
+        );
+        assert!(Arc::ptr_eq(&kept[1], unordered.get(1).unwrap()));
     }
 
     #[test]
