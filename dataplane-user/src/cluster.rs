@@ -195,6 +195,9 @@ impl Cluster {
                 self.policy_pods.clone(),
                 changes.for_policies(),
                 &files,
+                // The API source's lists are in key order (`ObjectCache`); after the read only
+                // pods are merged in. A manifest directory's are in its files' order.
+                matches!(self.source, Source::Kubernetes(_)),
             );
             match &mut self.firewalls {
                 Some(firewalls) => {

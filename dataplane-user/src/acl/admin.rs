@@ -1070,7 +1070,8 @@ pub fn domain_names(
 /// The addresses the pods' DNS answers may come from: the cluster DNS Service's addresses
 /// (`kube-system/kube-dns`, OpenShift's `openshift-dns/dns-default`) and its endpoints. A DNS
 /// answer from anywhere else teaches nothing (a pod could forge one).
-pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
+/// `in_key_order`: the state's lists are in namespace and name order (the API source's).
+pub fn dns_servers(state: &crate::source::ClusterState, in_key_order: bool) -> BTreeSet<IpAddr> {
     const DNS_SERVICES: [(&str, &str); 2] = [
         ("kube-system", "kube-dns"),
         ("openshift-dns", "dns-default"),
@@ -1078,10 +1079,8 @@ pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
     let mut servers = BTreeSet::new();
     // Only the two namespaces are looked at (10,000 Services and their slices at scale), by
     // binary search in the API source's lists.
-    let services_ordered = state.services.is_in_key_order();
-    let slices_ordered = state.endpoint_slices.is_in_key_order();
     for (namespace, name) in DNS_SERVICES {
-        for service in state.services.of_namespace(namespace, services_ordered) {
+        for service in state.services.of_namespace(namespace, in_key_order) {
             if service.metadata.name.as_deref() != Some(name) {
                 continue;
             }
@@ -1091,10 +1090,7 @@ pub fn dns_servers(state: &crate::source::ClusterState) -> BTreeSet<IpAddr> {
                     .filter_map(|a| a.parse::<IpAddr>().ok()),
             );
         }
-        for slice in state
-            .endpoint_slices
-            .of_namespace(namespace, slices_ordered)
-        {
+        for slice in state.endpoint_slices.of_namespace(namespace, in_key_order) {
             let service = slice
                 .metadata
                 .labels

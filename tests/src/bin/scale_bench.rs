@@ -566,6 +566,8 @@ impl Agent {
             self.policy_pods.clone(),
             changes.for_policies(),
             &self.files,
+            // The per-object cache's lists, as the API source's.
+            true,
         );
         let written = match &mut self.firewalls {
             Some(firewalls) => {
