@@ -4,12 +4,12 @@
 use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
 use crate::{
     hybrid::{self, HybridView},
     overlay::{LocalPodView, NodeView, OverlaySettings, OverlayView, Underlay},
-    source::{ClusterState, Objects},
+    source::{ClusterState, Objects, Pod},
     sync::{Changes, Kind, object_key},
 };
 
@@ -576,7 +576,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
 #[cfg(test)]
 mod hosted_tests {
     use super::*;
-    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use crate::source::{PodSpec, PodStatus};
 
     fn pod(namespace: &str, name: &str, node: &str, phase: &str) -> Arc<Pod> {
         let mut pod = Pod::default();

@@ -23,17 +23,14 @@ use std::{
 };
 
 use dataplane_common::lb::ServiceKey;
-use k8s_openapi::api::{
-    core::v1::{Pod, Service},
-    discovery::v1::EndpointSlice,
-};
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::Resource;
 
 use crate::{
     AgentError, Dataplane,
     acl::policy::PolicyChanges,
     lb::{self, CompiledService, CompiledServices, LbState, LbSyncStats, ServiceName, ServicePort},
-    source::{ClusterState, Objects},
+    source::{ClusterState, Objects, Pod},
 };
 
 /// The kinds of cluster object the stages read.

@@ -31,7 +31,7 @@ use std::{
 use ipnet::IpNet;
 use k8s_openapi::{
     api::{
-        core::v1::{Namespace, Pod},
+        core::v1::Namespace,
         networking::v1::{NetworkPolicy, NetworkPolicyPeer, NetworkPolicyPort},
     },
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
@@ -39,7 +39,7 @@ use k8s_openapi::{
 
 use crate::{
     model::{in_pod_network, pod_addresses},
-    source::ClusterState,
+    source::{ClusterState, Pod},
     sync::Changes,
 };
 

@@ -153,7 +153,7 @@ impl NodePods {
     /// `status.podIPs` are its own to keep (a manifest directory) or the last sandbox's (the
     /// API server: a new sandbox gets new addresses).
     pub fn from_pods<'a>(
-        pods: impl IntoIterator<Item = &'a std::sync::Arc<k8s_openapi::api::core::v1::Pod>>,
+        pods: impl IntoIterator<Item = &'a std::sync::Arc<crate::source::Pod>>,
         node: &str,
         pools: Vec<IpNet>,
         pod_mtu: u32,

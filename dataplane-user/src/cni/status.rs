@@ -8,13 +8,10 @@
 
 use std::{net::IpAddr, path::Path, sync::Arc};
 
-use k8s_openapi::{
-    api::core::v1::{Pod, PodIP, PodSpec, PodStatus},
-    apimachinery::pkg::apis::meta::v1::ObjectMeta,
-};
+use k8s_openapi::{api::core::v1::PodIP, apimachinery::pkg::apis::meta::v1::ObjectMeta};
 use serde::{Deserialize, Serialize};
 
-use crate::source::{ClusterState, Objects};
+use crate::source::{ClusterState, Objects, Pod, PodSpec, PodStatus};
 
 /// The subdirectory of a manifest directory holding the nodes' pod status files.
 pub const POD_STATUS_DIR: &str = "pod-status";
