@@ -879,8 +879,9 @@ const XDP_DELIVER_MAX_L4: usize = 512;
 /// - the pod's end takes frames from XDP (its host veth is in `XDP_PODS`);
 /// - not from a backend's port (a service reply, which the load-balancer translates), nor a
 ///   DNS answer to a pod under access control (the agent gets a copy of those from tc);
-/// - TCP or UDP in IPv4 without options or fragmentation, or in IPv6 without extension
-///   headers, as long as its IP header says, with a hop limit above 1;
+/// - UDP, or TCP without data (see [`tcp_carries_data`]), in IPv4 without options or
+///   fragmentation, or in IPv6 without extension headers, as long as its IP header says,
+///   with a hop limit above 1;
 /// - its transport checksum verifies, or holds the pseudo-header's sum a sender with checksum
 ///   offload leaves to its receiver (as a veth underlay carries such frames): that one is
 ///   completed here, since an XDP frame cannot tell the pod to trust it as the stack would.
@@ -1003,6 +1004,22 @@ impl<const L4: usize> Segment<L4> {
     }
 }
 
+/// Whether the TCP segment of `len` bytes at `L4` carries data (or its header cannot be read).
+/// Only segments without data are delivered in XDP: a flow's longer segments go up the stack
+/// (GRO holds them until the poll ends), and a short one delivered here overtook them (the
+/// last segment of a burst: the receiver saw the flow reordered and the sender retransmitted
+/// five times as often as over the kernel's VXLAN device). Segments without data (ACKs, and a
+/// SYN, FIN or RST without any) reorder no data.
+#[inline(always)]
+fn tcp_carries_data<const L4: usize>(packet: &Packet, len: usize) -> bool {
+    let Some(offset) = packet.header::<u8>(L4 + 12) else {
+        return true;
+    };
+    // SAFETY: bounds-checked by header().
+    let header = (unsafe { *offset } >> 4) as usize * 4;
+    len > header
+}
+
 /// Sum of the `WORDS` 4-byte words of `header` from byte `AT` on, read in native order (see
 /// [`segment_accepted`]), straight from the packet.
 #[inline(always)]
@@ -1123,7 +1140,7 @@ fn segment_accepted<const L4: usize>(
                 SEGMENT_REFUSED
             };
         }
-    } else if seg.len < 20 {
+    } else if seg.len < 20 || tcp_carries_data::<L4>(&packet, seg.len) {
         return SEGMENT_REFUSED;
     }
     // Copied out in one helper call and summed in one more: the segment's length varies, and

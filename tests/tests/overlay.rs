@@ -327,7 +327,7 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
         return;
     }
     let sender = [0x0a, 0x58, 10, 244, 2, 5];
-    let tcp = "TCP(sport=40000, dport=8080, flags='S', seq=1)/Raw(b'hello')";
+    let tcp = "TCP(sport=40000, dport=8080, flags='S', seq=1)";
     let udp = "UDP(sport=40000, dport=5353)/Raw(b'abc')";
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let pod_veth = bed.view.local_pods[0].host_ifindex;
@@ -386,8 +386,8 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
         (
             "tcp, checksum left to offload",
             format!(
-                "TCP(sport=40000, dport=8080, flags='S', seq=1, chksum={})/Raw(b'hello')",
-                offload_seed(6, 25)
+                "TCP(sport=40000, dport=8080, flags='S', seq=1, chksum={})",
+                offload_seed(6, 20)
             ),
             tcp,
         ),
@@ -430,6 +430,16 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
         (
             "longer than 512 bytes of TCP",
             inner_frame(UNDERLAY_MAC, sender, 64, big),
+        ),
+        (
+            // A flow's longer segments go up: its data keeps one path, in order.
+            "TCP carrying data, however little",
+            inner_frame(
+                UNDERLAY_MAC,
+                sender,
+                64,
+                "TCP(sport=40000, dport=8080, flags='PA', seq=1, ack=7)/Raw(b'x')",
+            ),
         ),
         (
             "ICMP",
