@@ -1066,6 +1066,7 @@ impl Dataplane {
         };
         let mut have_members = match state.members.take() {
             Some(have) => have,
+            None if self.first_read_of_created(maps::LB_MEMBERS) => BTreeSet::new(),
             None => {
                 let members: BpfHashMap<&mut MapData, MemberKey, u32> =
                     self.typed_map(maps::LB_MEMBERS)?;
@@ -1149,7 +1150,10 @@ impl Dataplane {
 
     /// Every slot of the backends array, read in batches (262,144 slots one call each took
     /// most of a second).
-    fn backend_slots(&self) -> Result<Vec<(u32, Backend)>, AgentError> {
+    fn backend_slots(&mut self) -> Result<Vec<(u32, Backend)>, AgentError> {
+        if self.first_read_of_created(maps::LB_BACKENDS) {
+            return Ok(Vec::new());
+        }
         let map = self.map(maps::LB_BACKENDS)?;
         crate::batch::read::<u32, Backend>(map).map_err(map_err(maps::LB_BACKENDS, "read backends"))
     }

@@ -388,17 +388,20 @@ pub(crate) fn in_pod_network(pod: &Pod) -> bool {
 /// The pod's addresses (`status.podIPs`, else `status.podIP`); one warning per unparsable one.
 pub(crate) fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr> {
     let status = pod.status.as_ref();
-    let mut texts: Vec<String> = status
-        .and_then(|s| s.pod_ips.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|p| p.ip.clone())
-        .collect();
-    if texts.is_empty() {
-        texts.extend(status.and_then(|s| s.pod_ip.clone()));
-    }
+    // Read in place: every pod of the cluster passes here at a full sync.
+    let listed = status
+        .and_then(|s| s.pod_ips.as_deref())
+        .unwrap_or_default();
+    let texts: Vec<&str> = if listed.is_empty() {
+        status
+            .and_then(|s| s.pod_ip.as_deref())
+            .into_iter()
+            .collect()
+    } else {
+        listed.iter().map(|p| p.ip.as_str()).collect()
+    };
     texts
-        .iter()
+        .into_iter()
         .filter_map(|t| match t.parse() {
             Ok(ip) => Some(ip),
             Err(_) => {
@@ -412,9 +415,8 @@ pub(crate) fn pod_addresses(pod: &Pod, warnings: &mut Vec<String>) -> Vec<IpAddr
         .collect()
 }
 
-/// The pod's MAC: from OVN-Kubernetes' annotation, else derived from its IPv4 address as
-/// OVN-Kubernetes does (0a:58 followed by the four address bytes).
-/// The pod's MAC: the one OVN-Kubernetes' annotation names, else derived from its addresses.
+/// The pod's MAC: the one OVN-Kubernetes' annotation names, else derived from its IPv4
+/// address as OVN-Kubernetes does (0a:58 followed by the four address bytes).
 pub(crate) fn pod_mac(
     pod: &Pod,
     addresses: &[IpAddr],

@@ -2393,3 +2393,43 @@ fn batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_wen
     held.sort_by_key(|(k, _)| k.addr);
     assert_eq!(held, five[..3].to_vec(), "the first three, as written");
 }
+
+#[test]
+fn only_maps_this_load_created_skip_their_first_read_and_a_restart_still_sweeps() {
+    if !privileged("only_maps_this_load_created_skip_their_first_read_and_a_restart_still_sweeps") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    // Created by this load: the first read of each is spared, once.
+    assert!(fixture.first_read_of_created(maps::LB_MEMBERS));
+    assert!(!fixture.first_read_of_created(maps::LB_MEMBERS));
+    let web = |backends: &[&str]| service("10.96.0.10", 80, 6, backends, 0);
+    let mut state = LbState::default();
+    let stats = fixture
+        .sync_lb(&mut state, &[web(&["10.244.1.3:8080", "10.244.2.5:8080"])])
+        .expect("first sync");
+    assert_eq!((stats.services, stats.backends), (1, 2));
+    assert!(
+        !fixture.first_read_of_created(maps::LB_BACKENDS),
+        "the first sync took the spared read"
+    );
+    // A restarted agent over the same pins finds them pinned: it reads them whole and sweeps
+    // the backend its ports no longer have.
+    let mut restarted = dataplane_user::loader::Dataplane::load(fixture.pins()).expect("reload");
+    assert!(!restarted.first_read_of_created(maps::LB_BACKENDS));
+    assert!(!restarted.first_read_of_created(maps::LB_MEMBERS));
+    let mut fresh = LbState::default();
+    restarted.adopt_lb(&mut fresh).expect("adopt");
+    let stats = restarted
+        .sync_lb(&mut fresh, &[web(&["10.244.1.3:8080"])])
+        .expect("sync after the restart");
+    assert_eq!(stats.backends, 1);
+    drop(restarted);
+    let (ports, live) = lb_maps(&mut fixture);
+    assert_eq!(ports.len(), 1);
+    assert_eq!(
+        live.iter().map(|l| l.0.as_str()).collect::<Vec<_>>(),
+        ["10.244.1.3:8080"],
+        "10.244.2.5 swept by the restarted agent"
+    );
+}

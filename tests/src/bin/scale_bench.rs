@@ -835,7 +835,9 @@ fn main() -> anyhow::Result<()> {
     // The first lists as the API server would send them, then their decode timed.
     agent.collected = Some(Vec::new());
     agent.list_everything();
-    let listed = agent.collected.take().unwrap_or_default();
+    let mut listed = agent.collected.take().unwrap_or_default();
+    // Each resource's list in the API server's order: by key (etcd's), namespace then name.
+    listed.sort_by(|a, b| (a.0, &a.1, &a.2).cmp(&(b.0, &b.1, &b.2)));
     let started = Instant::now();
     agent.apply_list(listed);
     let parse_ms = ms(started.elapsed());
