@@ -298,11 +298,12 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     let mut decided: BTreeMap<IpNet, Decision> = BTreeMap::new();
     // In address order, so that the same rules always give the same table indexes.
     let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
+    let lengths = named_lengths(ordered.iter());
     for prefix in ordered {
         // The rules with a destination containing the prefix (found through the prefix's
         // ancestors, not by scanning each rule's destinations), less those whose holes take
         // it out.
-        let mut covering = covering_rules(&by_prefix, prefix);
+        let mut covering = covering_rules(&by_prefix, &lengths, prefix);
         covering.retain(|&position| !rules[position].excepts(&prefix));
         let painted = first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
         let decision = match painted.as_slice() {
@@ -473,10 +474,22 @@ fn most_covering(segments: &[(u16, u16, Option<Outcome>)], low: u16, high: u16) 
 }
 
 /// Positions of the rules whose destinations contain `prefix`, ascending: those naming the
-/// prefix itself or any shorter prefix containing it.
-fn covering_rules(by_prefix: &HashMap<IpNet, Vec<usize>>, prefix: IpNet) -> Vec<usize> {
-    let mut positions: Vec<usize> = (0..=prefix.prefix_len())
-        .filter_map(|len| IpNet::new(prefix.addr(), len).ok())
+/// prefix itself or any shorter prefix containing it. Only the lengths some rule names are
+/// looked up (`lengths`, see [`named_lengths`]): a set of peer pods names /32s and maybe a
+/// few wider prefixes, and looking up all 33 (or 129) ancestors of each of its hundreds of
+/// prefixes was most of the compile of a large peer set.
+fn covering_rules(
+    by_prefix: &HashMap<IpNet, Vec<usize>>,
+    lengths: &NamedLengths,
+    prefix: IpNet,
+) -> Vec<usize> {
+    let named = match prefix {
+        IpNet::V4(_) => &lengths.v4,
+        IpNet::V6(_) => &lengths.v6,
+    };
+    let mut positions: Vec<usize> = named
+        .range(..=prefix.prefix_len())
+        .filter_map(|&len| IpNet::new(prefix.addr(), len).ok())
         .filter_map(|ancestor| by_prefix.get(&ancestor.trunc()))
         .flatten()
         .copied()
@@ -484,6 +497,24 @@ fn covering_rules(by_prefix: &HashMap<IpNet, Vec<usize>>, prefix: IpNet) -> Vec<
     positions.sort_unstable();
     positions.dedup();
     positions
+}
+
+/// The prefix lengths named in a set's rules (destinations and holes), by family.
+#[derive(Default)]
+struct NamedLengths {
+    v4: BTreeSet<u8>,
+    v6: BTreeSet<u8>,
+}
+
+fn named_lengths<'a>(prefixes: impl Iterator<Item = &'a IpNet>) -> NamedLengths {
+    let mut lengths = NamedLengths::default();
+    for prefix in prefixes {
+        match prefix {
+            IpNet::V4(net) => lengths.v4.insert(net.prefix_len()),
+            IpNet::V6(net) => lengths.v6.insert(net.prefix_len()),
+        };
+    }
+    lengths
 }
 
 /// Paints the protocol/port space with `rules` in order: each point takes the outcome of the
@@ -778,6 +809,9 @@ pub struct AclState {
     /// Counts the changes to `policy_meta`: what is described for `inspect` is written again
     /// only when it moved.
     meta_version: u64,
+    /// The sets whose description moved since [`AclState::take_described_changes`] was last
+    /// called (new, changed or gone): only those are described again.
+    described_changes: BTreeSet<u32>,
     /// The (ingress, egress) policy set ids each local pod's endpoint was last written with,
     /// by `<namespace>/<name>` (0: none): who sees a set changed in place.
     pod_sets: BTreeMap<String, [u32; 2]>,
@@ -800,6 +834,12 @@ impl AclState {
     /// Changes as the policy sets' descriptions do (see [`explain::set_rules`]).
     pub fn meta_version(&self) -> u64 {
         self.meta_version
+    }
+
+    /// The sets whose description moved since the last call (see
+    /// [`explain::set_rules_since`]).
+    pub fn take_described_changes(&mut self) -> BTreeSet<u32> {
+        std::mem::take(&mut self.described_changes)
     }
 
     /// The namespace whose firewall a set is.
@@ -1017,6 +1057,7 @@ impl Dataplane {
                 state.policy_meta.insert(set, wanted.clone());
                 if !described {
                     state.meta_version += 1;
+                    state.described_changes.insert(set);
                 }
             }
         }
@@ -1069,7 +1110,13 @@ impl Dataplane {
             .copied()
             .collect();
         let described = state.policy_meta.len();
-        state.policy_meta.retain(|set, _| used.contains(set));
+        state.policy_meta.retain(|set, _| {
+            let kept = used.contains(set);
+            if !kept {
+                state.described_changes.insert(*set);
+            }
+            kept
+        });
         if state.policy_meta.len() != described {
             state.meta_version += 1;
         }

@@ -573,10 +573,10 @@ fn first_four(addr: &Addr) -> [u8; 4] {
 /// then stale ones removed. Returns what was written and deleted.
 pub(crate) fn sync_hash<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
     map: &mut HashMap<&mut MapData, K, V>,
-    desired: &BTreeMap<K, V>,
+    desired: &impl SortedMap<K, V>,
 ) -> Result<SyncStats, aya::maps::MapError> {
     let mut stats = SyncStats::default();
-    for (key, value) in desired {
+    for (key, value) in desired.entries() {
         if map.get(key, 0).ok().as_ref() != Some(value) {
             map.insert(key, value, 0)?;
             stats.written += 1;
@@ -585,7 +585,7 @@ pub(crate) fn sync_hash<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
     let stale: Vec<K> = map
         .keys()
         .filter_map(Result::ok)
-        .filter(|k| !desired.contains_key(k))
+        .filter(|k| !desired.holds(k))
         .collect();
     for key in stale {
         map.remove(&key)?;
@@ -597,16 +597,16 @@ pub(crate) fn sync_hash<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
 /// As [`sync_hash`], against what this agent last wrote there (`last`, when it knows) rather
 /// than what the kernel holds: a change costs the system calls of its own entries, not one per
 /// entry of the map (at 5,000 nodes, reading every node back took a sync 40 ms).
-pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
+pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq, M: SortedMap<K, V>>(
     map: &mut HashMap<&mut MapData, K, V>,
-    desired: &BTreeMap<K, V>,
-    last: Option<&BTreeMap<K, V>>,
+    desired: &M,
+    last: Option<&M>,
 ) -> Result<SyncStats, aya::maps::MapError> {
     let Some(last) = last else {
         return sync_hash(map, desired);
     };
     let mut stats = SyncStats::default();
-    let (changed, gone) = sorted_difference(desired, last);
+    let (changed, gone) = desired.changes_since(last);
     for (key, value) in changed {
         map.insert(key, value, 0)?;
         stats.written += 1;
@@ -624,7 +624,7 @@ pub(crate) fn sync_hash_since<K: aya::Pod + Ord, V: aya::Pod + PartialEq>(
 pub(crate) fn sorted_difference<'a, K: Ord, V: PartialEq>(
     desired: &'a BTreeMap<K, V>,
     last: &'a BTreeMap<K, V>,
-) -> (Vec<(&'a K, &'a V)>, Vec<&'a K>) {
+) -> Difference<'a, K, V> {
     let (mut changed, mut gone) = (Vec::new(), Vec::new());
     let mut old = last.iter().peekable();
     for (key, value) in desired {
@@ -640,21 +640,86 @@ pub(crate) fn sorted_difference<'a, K: Ord, V: PartialEq>(
     (changed, gone)
 }
 
+/// What the entries to write are kept in: a sorted map, ordinary or persistent. What differs
+/// between two of them is found by one walk down both ([`sorted_difference`]); between two
+/// persistent maps, one the other changed, without visiting what they share (at 5,000 nodes,
+/// a node added compared every node's entries).
+pub(crate) trait SortedMap<K, V> {
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a K, &'a V)>
+    where
+        K: 'a,
+        V: 'a;
+    fn holds(&self, key: &K) -> bool;
+    /// The entries of `self` that `last` lacks or holds otherwise, and the keys only `last`
+    /// has.
+    fn changes_since<'a>(&'a self, last: &'a Self) -> Difference<'a, K, V>;
+}
+
+/// Entries new or changed, and keys gone.
+pub(crate) type Difference<'a, K, V> = (Vec<(&'a K, &'a V)>, Vec<&'a K>);
+
+impl<K: Ord, V: PartialEq> SortedMap<K, V> for BTreeMap<K, V> {
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a K, &'a V)>
+    where
+        K: 'a,
+        V: 'a,
+    {
+        self.iter()
+    }
+
+    fn holds(&self, key: &K) -> bool {
+        self.contains_key(key)
+    }
+
+    fn changes_since<'a>(&'a self, last: &'a Self) -> Difference<'a, K, V> {
+        sorted_difference(self, last)
+    }
+}
+
+impl<K: Ord + Clone, V: PartialEq + Clone> SortedMap<K, V> for imbl::OrdMap<K, V> {
+    fn entries<'a>(&'a self) -> impl Iterator<Item = (&'a K, &'a V)>
+    where
+        K: 'a,
+        V: 'a,
+    {
+        self.iter()
+    }
+
+    fn holds(&self, key: &K) -> bool {
+        self.contains_key(key)
+    }
+
+    fn changes_since<'a>(&'a self, last: &'a Self) -> Difference<'a, K, V> {
+        let (mut changed, mut gone) = (Vec::new(), Vec::new());
+        for item in last.diff(self) {
+            match item {
+                imbl::ordmap::DiffItem::Add(key, value)
+                | imbl::ordmap::DiffItem::Update {
+                    new: (key, value), ..
+                } => changed.push((key, value)),
+                imbl::ordmap::DiffItem::Remove(key, _) => gone.push(key),
+            }
+        }
+        (changed, gone)
+    }
+}
+
 /// As [`sync_lpm`], against what this agent last wrote there (`None`: against the kernel's
 /// entries, as [`sync_lpm`]).
-pub(crate) fn sync_lpm_since<const N: usize, V: aya::Pod + PartialEq>(
+pub(crate) fn sync_lpm_since<const N: usize, V: aya::Pod + PartialEq, M>(
     map: &mut LpmTrie<&mut MapData, [u8; N], V>,
-    desired: &BTreeMap<(u32, [u8; N]), V>,
-    last: Option<&BTreeMap<(u32, [u8; N]), V>>,
+    desired: &M,
+    last: Option<&M>,
     stats: &mut SyncStats,
 ) -> Result<(), aya::maps::MapError>
 where
     [u8; N]: aya::Pod,
+    M: SortedMap<(u32, [u8; N]), V>,
 {
     let Some(last) = last else {
         return sync_lpm(map, desired, stats);
     };
-    let (changed, gone) = sorted_difference(desired, last);
+    let (changed, gone) = desired.changes_since(last);
     for ((prefix_len, data), value) in changed {
         map.insert(&Key::new(*prefix_len, *data), value, 0)?;
         stats.written += 1;
@@ -670,13 +735,13 @@ where
 /// and data), new and changed entries first.
 pub(crate) fn sync_lpm<const N: usize, V: aya::Pod + PartialEq>(
     map: &mut LpmTrie<&mut MapData, [u8; N], V>,
-    desired: &BTreeMap<(u32, [u8; N]), V>,
+    desired: &impl SortedMap<(u32, [u8; N]), V>,
     stats: &mut SyncStats,
 ) -> Result<(), aya::maps::MapError>
 where
     [u8; N]: aya::Pod,
 {
-    for ((prefix_len, data), value) in desired {
+    for ((prefix_len, data), value) in desired.entries() {
         let key = Key::new(*prefix_len, *data);
         if map.get(&key, 0).ok().as_ref() != Some(value) {
             map.insert(&key, value, 0)?;
@@ -686,7 +751,7 @@ where
     let stale: Vec<Key<[u8; N]>> = map
         .keys()
         .filter_map(Result::ok)
-        .filter(|k| !desired.contains_key(&(k.prefix_len(), k.data())))
+        .filter(|k| !desired.holds(&(k.prefix_len(), k.data())))
         .collect();
     for key in stale {
         map.remove(&key)?;
@@ -724,6 +789,29 @@ mod tests {
                 .filter(|(k, v)| last.get(k) != Some(v))
                 .collect();
             let expected_gone: Vec<_> = last.keys().filter(|k| !desired.contains_key(k)).collect();
+            assert_eq!(changed, expected_changed);
+            assert_eq!(gone, expected_gone);
+            // The persistent maps' difference, between unrelated maps and between a map and
+            // a changed copy of it (sharing most of its nodes), is the same.
+            let (desired_p, last_p): (imbl::OrdMap<u64, u64>, imbl::OrdMap<u64, u64>) = (
+                desired.clone().into_iter().collect(),
+                last.clone().into_iter().collect(),
+            );
+            assert_eq!(desired_p.changes_since(&last_p), (changed, gone));
+            let big: imbl::OrdMap<u64, u64> = (0..5_000u64).map(|k| (k * 3, k)).collect();
+            let mut edited = big.clone();
+            for (key, value) in &desired {
+                edited.insert(key * 1_000, *value);
+            }
+            for key in last.keys() {
+                edited.remove(&(key * 3));
+            }
+            let (changed, gone) = edited.changes_since(&big);
+            let expected_changed: Vec<_> = edited
+                .iter()
+                .filter(|&(k, v)| big.get(k) != Some(v))
+                .collect();
+            let expected_gone: Vec<_> = big.keys().filter(|&k| !edited.contains_key(k)).collect();
             assert_eq!(changed, expected_changed);
             assert_eq!(gone, expected_gone);
         }

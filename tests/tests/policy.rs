@@ -21,6 +21,7 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         agent::{FirewallAgent, FirewallInputs},
+        explain,
         firewall::FirewallContext,
         policy::{
             NamespaceLabels, PolicyChanges, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
@@ -584,5 +585,31 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     assert_eq!(inode(), described, "the set's rules are the same");
     let to_a = tcp_v4_flow(E, 45080, A, 80, true);
     assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a), TC_ACT_OK);
+
+    // The description follows the sets one by one: gone with the policies, described again
+    // (under the new set's id) when they come back.
+    let first = explain::read(&dir);
+    assert!(!first.is_empty());
+    let mut without = inputs(&[("c", C), ("e", E)], PolicyChanges::everything());
+    without.policies = Vec::new();
+    runtime
+        .block_on(agent.update(&mut fixture, without))
+        .expect("update");
+    assert!(explain::read(&dir).is_empty());
+    runtime
+        .block_on(agent.update(
+            &mut fixture,
+            inputs(&[("c", C), ("e", E)], PolicyChanges::everything()),
+        ))
+        .expect("update");
+    let again = explain::read(&dir);
+    assert_eq!(
+        again.values().collect::<Vec<_>>(),
+        first.values().collect::<Vec<_>>()
+    );
+    assert_ne!(
+        again.keys().collect::<Vec<_>>(),
+        first.keys().collect::<Vec<_>>()
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }

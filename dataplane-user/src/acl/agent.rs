@@ -116,26 +116,61 @@ impl FirewallInputs {
     }
 }
 
-/// The objects of `namespaces` (an object without a namespace is in `default`), in the
-/// list's order. A node judges its own pods' traffic only (a pod's egress at its veth, a
-/// packet to it at its veth), and EgressFirewalls and NetworkPolicies apply to their own
-/// namespace's pods: so a node resolves, compiles and writes nothing for namespaces it does
-/// not host (at 5,000 nodes, a firewall's DNS names are resolved by the nodes of its
-/// namespace's pods, not by all). What stays cluster-wide is what a local pod's rules may
-/// name: every pod as a policy peer, and the namespaces' labels. Found by namespace in a list
-/// in key order (the API source's), not by a look at every object.
+/// The objects of `namespaces` (an object without a namespace is in `default`), by namespace
+/// and, within one, in the list's order. A node judges its own pods' traffic only (a pod's
+/// egress at its veth, a packet to it at its veth), and EgressFirewalls and NetworkPolicies
+/// apply to their own namespace's pods: so a node resolves, compiles and writes nothing for
+/// namespaces it does not host (at 5,000 nodes, a firewall's DNS names are resolved by the
+/// nodes of its namespace's pods, not by all). What stays cluster-wide is what a local pod's
+/// rules may name: every pod as a policy peer, and the namespaces' labels. A list in key order
+/// (the API source's) is walked once, its runs of one namespace kept or skipped whole: a
+/// binary search per hosted namespace into the persistent list cost every access-control
+/// sync 0.4 ms at 2,000 policies and 110 namespaces, against tens of microseconds for the walk.
 fn hosted<T: kube::Resource>(
     objects: &crate::source::Objects<T>,
     namespaces: &BTreeSet<&str>,
     ordered: bool,
 ) -> Vec<Arc<T>> {
-    let mut out = Vec::new();
-    for namespace in namespaces {
-        if *namespace == "default" {
-            out.extend(objects.of_namespace("", ordered));
+    if !ordered {
+        let mut out = Vec::new();
+        for namespace in namespaces {
+            if *namespace == "default" {
+                out.extend(objects.of_namespace("", false));
+            }
+            out.extend(objects.of_namespace(namespace, false));
         }
-        out.extend(objects.of_namespace(namespace, ordered));
+        return out;
     }
+    let hosts_default = namespaces.contains("default");
+    // Objects without a namespace sort first in the list but belong where `default` sorts.
+    let mut unnamespaced = Vec::new();
+    let mut out = Vec::new();
+    let mut run: Option<(&str, bool)> = None;
+    for object in objects.iter() {
+        let namespace = object.meta().namespace.as_deref().unwrap_or("");
+        if namespace.is_empty() {
+            if hosts_default {
+                unnamespaced.push(Arc::clone(object));
+            }
+            continue;
+        }
+        let kept = match run {
+            Some((current, kept)) if current == namespace => kept,
+            _ => {
+                let kept = namespaces.contains(namespace);
+                run = Some((namespace, kept));
+                kept
+            }
+        };
+        if !kept {
+            continue;
+        }
+        if namespace >= "default" && !unnamespaced.is_empty() {
+            out.append(&mut unnamespaced);
+        }
+        out.push(Arc::clone(object));
+    }
+    out.append(&mut unnamespaced);
     out
 }
 
@@ -164,8 +199,10 @@ pub struct FirewallAgent {
     /// Audit levels of the namespaces that log.
     levels: BTreeMap<String, NamespaceLogging>,
     state: AclState,
-    /// `state.meta_version()` when the sets were last described (`None`: not yet).
+    /// `state.meta_version()` when the sets were last described (`None`: not yet), and what
+    /// they were described as then.
     described: Option<u64>,
+    descriptions: BTreeMap<u32, super::explain::SetRules>,
     names: DnsNames,
     dns_cache: PathBuf,
     rules_file: PathBuf,
@@ -234,9 +271,15 @@ impl FirewallAgent {
         if self.described == Some(version) {
             return;
         }
+        let changed = self.state.take_described_changes();
+        match self.described {
+            Some(_) => {
+                super::explain::set_rules_since(&self.state, &mut self.descriptions, &changed)
+            }
+            None => self.descriptions = super::explain::set_rules(&self.state),
+        }
         self.described = Some(version);
-        let rules = super::explain::set_rules(&self.state);
-        if let Err(error) = super::explain::write(&self.rules_file, &rules) {
+        if let Err(error) = super::explain::write(&self.rules_file, &self.descriptions) {
             tracing::warn!(path = %self.rules_file.display(), %error, "writing the policy rule names");
         }
     }
@@ -296,6 +339,7 @@ impl FirewallAgent {
             levels: levels.into_iter().collect(),
             state: AclState::default(),
             described: None,
+            descriptions: BTreeMap::new(),
             names: DnsNames::default(),
             dns_cache: inputs.dns_cache.clone(),
             rules_file: inputs.rules_file.clone(),
@@ -910,6 +954,31 @@ mod tests {
             ["", "zeta"]
         );
         assert!(hosted(&policies, &BTreeSet::from(["db", "default"]), true).is_empty());
+        // The walk of a list in key order finds what a look per namespace finds, in the same
+        // order: objects without a namespace where `default` sorts, between `batch` and `web`.
+        let kept = hosted(
+            &firewalls,
+            &BTreeSet::from(["batch", "default", "web"]),
+            true,
+        );
+        assert_eq!(
+            namespaces_of(kept.iter().map(|f| f.metadata.namespace.clone()).collect()),
+            ["batch", "", "web"]
+        );
+        let all = ["batch", "db", "default", "web", "zeta", "other"];
+        for chosen in 0..1u32 << all.len() {
+            let namespaces: BTreeSet<&str> = (0..all.len())
+                .filter(|i| chosen & (1 << i) != 0)
+                .map(|i| all[i])
+                .collect();
+            let walked = hosted(&firewalls, &namespaces, true);
+            let searched = hosted(&firewalls, &namespaces, false);
+            assert_eq!(walked.len(), searched.len(), "{namespaces:?}");
+            assert!(
+                walked.iter().zip(&searched).all(|(a, b)| Arc::ptr_eq(a, b)),
+                "{namespaces:?}"
+            );
+        }
         // A manifest directory's list, in its files' order: found all the same, in that order.
         let unordered: crate::source::Objects<EgressFirewall> = ["zeta", "web", "", "web", "db"]
             .map(|namespace| Arc::new(named("EgressFirewall", namespace)))

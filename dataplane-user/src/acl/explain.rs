@@ -46,19 +46,37 @@ pub fn set_rules(state: &AclState) -> BTreeMap<u32, SetRules> {
     state
         .policy_meta
         .iter()
-        .map(|(&id, set)| {
-            let rules = SetRules {
-                namespace: set.namespace.clone(),
-                direction: match set.direction {
-                    Direction::Ingress => "ingress".into(),
-                    Direction::Egress => "egress".into(),
-                },
-                rules: set.refs.iter().map(|r| r.describe()).collect(),
-                objects: objects(&set.refs),
-            };
-            (id, rules)
-        })
+        .map(|(&id, set)| (id, describe_set(set)))
         .collect()
+}
+
+/// `described` (what [`set_rules`] gave for an earlier state) brought to `state`, given the
+/// sets whose description moved since (`changed`): only those are described again. At 110
+/// local pods with a set each, describing every set at every change of one cost a sync about
+/// 0.7 ms.
+pub fn set_rules_since(
+    state: &AclState,
+    described: &mut BTreeMap<u32, SetRules>,
+    changed: &std::collections::BTreeSet<u32>,
+) {
+    for id in changed {
+        match state.policy_meta.get(id) {
+            Some(set) => described.insert(*id, describe_set(set)),
+            None => described.remove(id),
+        };
+    }
+}
+
+fn describe_set(set: &super::policy::PolicySet) -> SetRules {
+    SetRules {
+        namespace: set.namespace.clone(),
+        direction: match set.direction {
+            Direction::Ingress => "ingress".into(),
+            Direction::Egress => "egress".into(),
+        },
+        rules: set.refs.iter().map(|r| r.describe()).collect(),
+        objects: objects(&set.refs),
+    }
 }
 
 /// The distinct objects of `refs`, in order.
@@ -239,5 +257,54 @@ impl PolicyMaps {
             };
         }
         unmatched
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeSet;
+
+    use super::*;
+    use crate::acl::policy::{PolicyKind, PolicySet, RuleRef};
+
+    fn set(namespace: &str, policies: &[&str]) -> PolicySet {
+        PolicySet {
+            namespace: namespace.into(),
+            direction: Direction::Ingress,
+            refs: policies
+                .iter()
+                .map(|policy| RuleRef {
+                    kind: PolicyKind::NetworkPolicy,
+                    tier: None,
+                    policy: format!("{namespace}/{policy}"),
+                    direction: Direction::Ingress,
+                    rule: 0,
+                    name: String::new(),
+                })
+                .collect(),
+            compiled: Default::default(),
+        }
+    }
+
+    #[test]
+    fn describing_only_the_sets_that_moved_gives_what_describing_all_gives() {
+        let mut state = AclState::default();
+        state.policy_meta.insert(1, set("web", &["a"]));
+        state.policy_meta.insert(2, set("web", &["b"]));
+        state.policy_meta.insert(3, set("db", &["c"]));
+        let mut described = set_rules(&state);
+        // One set gone, one changed, one new, one as it was.
+        state.policy_meta.remove(&1);
+        state.policy_meta.insert(2, set("web", &["b", "d"]));
+        state.policy_meta.insert(4, set("db", &["e"]));
+        set_rules_since(&state, &mut described, &BTreeSet::from([1, 2, 4]));
+        assert_eq!(described, set_rules(&state));
+        assert_eq!(
+            described[&2].rules,
+            [
+                "NetworkPolicy tier: NetworkPolicy web/b ingress[0]",
+                "NetworkPolicy tier: NetworkPolicy web/d ingress[0]"
+            ]
+        );
     }
 }

@@ -186,24 +186,31 @@ pub type InternalPrefixes = BTreeMap<(u32, Addr), u32>;
 /// it while they stay (`EgressNode`) rather than building it from 5,000 nodes again at every
 /// pod change and every lease tick.
 pub fn internal_prefixes(inputs: &EgressInputs) -> Arc<InternalPrefixes> {
-    let mut internal = InternalPrefixes::new();
-    for net in inputs
+    let networks = inputs
         .cluster_networks
         .iter()
         .chain(&inputs.service_networks)
-    {
-        internal.insert(prefix_key(net), 1);
-    }
-    for address in inputs.nodes.iter().flat_map(|n| &n.addresses) {
-        internal.insert(prefix_key(&IpNet::from(*address)), 1);
-    }
+        .copied();
+    let nodes = inputs
+        .nodes
+        .iter()
+        .flat_map(|n| &n.addresses)
+        .map(|address| IpNet::from(*address));
     // What never leaves the link (neighbour discovery to the pod's gateway, multicast,
     // link-local) is not egress: it goes its usual way.
-    for net in NOT_EGRESS {
-        let net: IpNet = net.parse().expect("a valid constant prefix");
-        internal.insert(prefix_key(&net), 1);
-    }
-    Arc::new(internal)
+    let local = NOT_EGRESS
+        .iter()
+        .map(|net| net.parse::<IpNet>().expect("a valid constant prefix"));
+    // Sorted first and built at once: inserted one by one in the nodes' name order (not their
+    // addresses'), 5,000 nodes cost a node change 0.9 ms.
+    let mut keys: Vec<(u32, Addr)> = networks
+        .chain(nodes)
+        .chain(local)
+        .map(|net| prefix_key(&net))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    Arc::new(keys.into_iter().map(|key| (key, 1)).collect())
 }
 
 /// [`compile`] with the internal prefixes given (those of the same nodes and networks).
@@ -318,7 +325,7 @@ impl Dataplane {
                 self.typed_map(maps::EGRESS_INTERNAL)?;
             sync_lpm_since(
                 &mut internal,
-                &desired.internal,
+                &*desired.internal,
                 last.map(|l| &*l.internal),
                 &mut stats,
             )

@@ -4,7 +4,6 @@
 //! ([`NodeMaps::updated_for`]) and builds them from every node only where it must.
 
 use std::{
-    collections::BTreeMap,
     net::{IpAddr, Ipv4Addr},
     sync::Arc,
 };
@@ -19,16 +18,19 @@ use crate::hybrid::{self, HybridView};
 /// nodes changed (one in four); past it, building them all again costs less.
 const MOST_CHANGED_DIVISOR: usize = 4;
 
-/// The nodes' entries, and what they were compiled from.
+/// The nodes' entries, and what they were compiled from. Persistent maps (`imbl`): a node
+/// change copies only the paths to its entries, where ordinary maps copied (and then freed)
+/// every node's, 1.5 ms of a node added among 5,000; and what the last sync wrote is compared
+/// without visiting what the two share.
 #[derive(Clone, Debug, Default)]
 pub struct NodeMaps {
     /// Other nodes' IPv4 pod CIDRs (and the hybrid nodes' subnets) and their tunnel endpoints.
-    pub remote_v4: BTreeMap<(u32, [u8; 4]), TunnelEndpoint>,
-    pub remote_v6: BTreeMap<(u32, [u8; 16]), TunnelEndpoint>,
+    pub remote_v4: imbl::OrdMap<(u32, [u8; 4]), TunnelEndpoint>,
+    pub remote_v6: imbl::OrdMap<(u32, [u8; 16]), TunnelEndpoint>,
     /// Every node's addresses (the value is unused).
-    pub node_addrs: BTreeMap<Addr, u32>,
+    pub node_addrs: imbl::OrdMap<Addr, u32>,
     /// How many nodes name each address: one leaving takes it out only if no other has it.
-    address_users: BTreeMap<Addr, u32>,
+    address_users: imbl::OrdMap<Addr, u32>,
     owners: PodCidrOwners,
     /// The node list, this node and hybrid view these entries are of.
     nodes: Arc<Vec<Arc<NodeView>>>,
@@ -122,7 +124,7 @@ impl NodeMaps {
         for address in &node.addresses {
             let address = addr16(*address);
             self.node_addrs.insert(address, 0);
-            *self.address_users.entry(address).or_default() += 1;
+            *self.address_users.entry(address).or_insert(0) += 1;
         }
         for cidr in &node.pod_cidrs {
             let cidr = cidr.trunc();
@@ -166,9 +168,10 @@ impl NodeMaps {
     fn remove_node(&mut self, node: &NodeView) {
         for address in &node.addresses {
             let address = addr16(*address);
-            let users = self.address_users.entry(address).or_default();
-            *users = users.saturating_sub(1);
-            if *users == 0 {
+            let users = self.address_users.get(&address).copied().unwrap_or(0);
+            if users > 1 {
+                self.address_users.insert(address, users - 1);
+            } else {
                 self.address_users.remove(&address);
                 self.node_addrs.remove(&address);
             }
@@ -263,7 +266,7 @@ fn hybrid_owner(view: &OverlayView, cidr: &IpNet) -> String {
 pub(super) struct PodCidrOwners {
     /// (IPv6, first address) -> the CIDR and its node. Accepted CIDRs never overlap, so no two
     /// share a first address.
-    by_start: BTreeMap<(bool, u128), (IpNet, Arc<str>)>,
+    by_start: imbl::OrdMap<(bool, u128), (IpNet, Arc<str>)>,
 }
 
 impl PodCidrOwners {

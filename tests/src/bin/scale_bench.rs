@@ -30,6 +30,7 @@
 use std::{
     fmt::Write as _,
     net::{IpAddr, Ipv4Addr},
+    path::Path,
     time::{Duration, Instant},
 };
 
@@ -602,11 +603,19 @@ impl Drop for Agent {
     }
 }
 
-/// A directory of this run's own for access control's files.
+/// A directory of this run's own for access control's files, in memory as the agent's run
+/// directory is on a node (`/run/dataplane`, a tmpfs): on this machine's ext4 `/tmp`, replacing
+/// the rules' description by a rename made the file system flush it, 0.6 ms a change.
 fn bench_files() -> anyhow::Result<FirewallFiles> {
     static RUNS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
     let run = RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("scale-bench-{}-{run}", std::process::id()));
+    let memory = Path::new("/dev/shm");
+    let parent = if memory.is_dir() {
+        memory.to_path_buf()
+    } else {
+        std::env::temp_dir()
+    };
+    let dir = parent.join(format!("scale-bench-{}-{run}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     Ok(FirewallFiles {
         dns_server: None,
