@@ -402,7 +402,7 @@ impl FirewallAgent {
     /// local pods and the audit flags.
     fn compile(&mut self) {
         // The last compile: its firewall and policy sets still wanted are not compiled again.
-        let previous = std::mem::take(&mut self.compiled);
+        let mut previous = std::mem::take(&mut self.compiled);
         self.compiled = compile_firewalls_reusing(
             &self.objects,
             &self.context,
@@ -417,7 +417,7 @@ impl FirewallAgent {
             &self.policies,
             &cluster,
             &local,
-            &previous.desired.policy_sets,
+            &mut previous.desired.policy_sets,
             &self.admin,
             &mut self.pod_rules,
             &std::mem::take(&mut self.pending),

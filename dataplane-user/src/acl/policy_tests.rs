@@ -795,7 +795,13 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
     for step in 0..200 {
         let cluster = PolicyCluster::new(&pods, &labels);
         let since = policy_sets_since(
-            &policies, &cluster, &local, &previous, &admin, &mut cache, &changes,
+            &policies,
+            &cluster,
+            &local,
+            &mut previous,
+            &admin,
+            &mut cache,
+            &changes,
         );
         let cluster = PolicyCluster::new(&pods, &labels);
         let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
