@@ -33,6 +33,7 @@ use kube::{
     core::DynamicResourceScope,
     runtime::{WatchStreamExt as _, watcher},
 };
+use rayon::prelude::*;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -666,13 +667,163 @@ impl source::Document for WatchedDocument<'_> {
     }
 }
 
-/// One watcher's list in progress: the objects it brought that differ from the cache's,
-/// parsed, and every key it listed. Applied at once when the list is complete, so that a sync
-/// never sees half a list.
+/// A listed object: its key, resource version and the object, `None` when the cache holds it
+/// at that version (not parsed again).
+type ListItem = (ObjectKey, Option<String>, Option<WatchedObject>);
+
+/// A listed object parsed, as the cache takes it (`source::ObjectCache::put_listed`).
+pub type ParsedItem = (ObjectKey, Option<String>, source::Parsed);
+
+/// What one list brought: its objects parsed and every key it listed.
 #[derive(Default)]
-struct Listing {
-    parsed: Vec<(ObjectKey, Option<String>, ClusterState)>,
-    seen: BTreeSet<ObjectKey>,
+pub struct Listed {
+    /// In list order.
+    pub parsed: Vec<ParsedItem>,
+    /// Sorted (the objects the list did not name are gone).
+    pub seen: Vec<ObjectKey>,
+}
+
+impl Listed {
+    /// Parses `items` (those the cache does not hold) and notes their keys.
+    fn take(&mut self, watched: &Watched, items: Vec<ListItem>) {
+        let parsed = items.into_iter().map(|(key, version, object)| {
+            let parsed = object.map(|o| parse_watched_item(watched, o));
+            (key, version, parsed)
+        });
+        self.take_parsed(parsed);
+    }
+
+    fn take_parsed(
+        &mut self,
+        items: impl IntoIterator<Item = (ObjectKey, Option<String>, Option<source::Parsed>)>,
+    ) {
+        for (key, version, parsed) in items {
+            if let Some(parsed) = parsed {
+                self.parsed.push((key.clone(), version, parsed));
+            }
+            self.seen.push(key);
+        }
+    }
+}
+
+/// One watcher's list in progress, its objects parsed as they arrive on a thread of the
+/// list's own: the watcher decodes the next items while that thread parses the last ones into
+/// their types (the larger part of a list's cost: at 150,000 pods 0.7 s against 0.4 s, one
+/// after the other on one thread before) and keeps their keys. Applied at once when the list
+/// is complete, so that a sync never sees half a list.
+pub struct Listing {
+    watched: Watched,
+    parser: Option<ListParser>,
+    /// The items not yet sent to the parser: sent a batch at a time, as waking the thread
+    /// for each item cost more than the parse gained.
+    batch: Vec<ListItem>,
+    /// Taken on the watcher's thread: when no thread could be started.
+    here: Listed,
+}
+
+/// Items sent to a list's parser at once.
+const LIST_BATCH: usize = 256;
+
+/// The thread parsing one list and the channel feeding it.
+struct ListParser {
+    items: std::sync::mpsc::Sender<Vec<ListItem>>,
+    thread: std::thread::JoinHandle<Listed>,
+}
+
+impl Listing {
+    pub fn new(watched: Watched) -> Self {
+        Self {
+            watched,
+            parser: None,
+            batch: Vec::with_capacity(LIST_BATCH),
+            here: Listed::default(),
+        }
+    }
+
+    /// The listed object `key` at `version`; `object` is to be parsed, or `None` when the
+    /// cache holds it at that version.
+    pub fn add(&mut self, key: ObjectKey, version: Option<String>, object: Option<WatchedObject>) {
+        self.batch.push((key, version, object));
+        if self.batch.len() == LIST_BATCH {
+            self.send_batch();
+        }
+    }
+
+    /// Hands the batch to the parser (started at the first), or parses it here without one.
+    fn send_batch(&mut self) {
+        let batch = std::mem::replace(&mut self.batch, Vec::with_capacity(LIST_BATCH));
+        if self.parser.is_none() {
+            self.parser = ListParser::start(self.watched);
+        }
+        let batch = match &self.parser {
+            Some(parser) => match parser.items.send(batch) {
+                Ok(()) => return,
+                // The thread is gone (it panicked): `finish` says so.
+                Err(std::sync::mpsc::SendError(batch)) => batch,
+            },
+            None => batch,
+        };
+        self.here.take(&self.watched, batch);
+    }
+
+    /// The list as it came: every object parsed, in list order, and every key listed.
+    pub fn finish(mut self) -> Listed {
+        if !self.batch.is_empty() {
+            self.send_batch();
+        }
+        let mut listed = match self.parser {
+            Some(ListParser { items, thread }) => {
+                drop(items);
+                thread
+                    .join()
+                    .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+            }
+            None => Listed::default(),
+        };
+        listed.parsed.append(&mut self.here.parsed);
+        listed.seen.append(&mut self.here.seen);
+        // In key order already from an API server: the sort only checks it.
+        listed.seen.sort_unstable();
+        listed.seen.dedup();
+        listed
+    }
+}
+
+impl ListParser {
+    /// A thread parsing what it is sent until the sender is dropped; `None` if the system
+    /// would not start one (the watcher then parses the list itself).
+    fn start(watched: Watched) -> Option<Self> {
+        let (items, received) = std::sync::mpsc::channel::<Vec<ListItem>>();
+        let thread = std::thread::Builder::new()
+            .name(format!("list-{}", watched.plural))
+            .spawn(move || {
+                let mut listed = Listed::default();
+                for batch in received {
+                    // Parsed on every core while the watcher decodes the next batch.
+                    let parsed: Vec<_> = batch
+                        .into_par_iter()
+                        .map(|(key, version, object)| {
+                            let parsed = object.map(|o| parse_watched_item(&watched, o));
+                            (key, version, parsed)
+                        })
+                        .collect();
+                    listed.take_parsed(parsed);
+                }
+                listed
+            });
+        match thread {
+            Ok(thread) => Some(Self { items, thread }),
+            Err(error) => {
+                tracing::warn!(resource = watched.plural, %error, "no thread to parse the list: parsed by its watcher");
+                None
+            }
+        }
+    }
+}
+
+/// Parses one listed object of `watched` as the cache keeps it.
+fn parse_watched_item(watched: &Watched, object: WatchedObject) -> source::Parsed {
+    parse_watched(watched.plural, &watched.api_version(), watched.kind, object).into()
 }
 
 /// Applies one watcher event of `watched` to the shared cache; whether it changed what a sync
@@ -698,23 +849,24 @@ fn apply_event(
             true
         }
         watcher::Event::Init => {
-            *listing = Some(Listing::default());
+            *listing = Some(Listing::new(*watched));
             false
         }
         watcher::Event::InitApply(object) => {
-            let listing = listing.get_or_insert_with(Listing::default);
+            let listing = listing.get_or_insert_with(|| Listing::new(*watched));
             let key = object_key(watched, &object);
             let version = object.metadata.resource_version.clone();
-            if !shared.parsed().holds(&key, version.as_deref()) {
-                listing.parsed.push((key.clone(), version, parse(object)));
-            }
-            listing.seen.insert(key);
+            let held = shared.parsed().holds(&key, version.as_deref());
+            listing.add(key, version, (!held).then_some(object));
             false
         }
         watcher::Event::InitDone => {
-            let Listing { parsed, seen } = listing.take().unwrap_or_default();
+            let Listed { parsed, seen } = listing
+                .take()
+                .unwrap_or_else(|| Listing::new(*watched))
+                .finish();
             let mut cache = shared.parsed();
-            cache.retain(|key| key.0 != watched.plural || seen.contains(key));
+            cache.retain(|key| key.0 != watched.plural || seen.binary_search(key).is_ok());
             cache.put_listed(parsed);
             drop(cache);
             let first = shared
@@ -899,6 +1051,95 @@ mod tests {
                 (name, app.cloned().unwrap_or_default())
             })
             .collect()
+    }
+
+    /// A list of pods across several namespaces, in list (key) order, some of them held by
+    /// the cache already (`None`): what the API server's list and the cache's check give a
+    /// `Listing`.
+    fn listed_pods(count: usize) -> Vec<(ObjectKey, Option<String>, Option<WatchedObject>)> {
+        let mut pods: Vec<_> = (0..count)
+            .map(|i| {
+                let object: WatchedObject = serde_json::from_value(serde_json::json!({
+                    "metadata": {"name": format!("pod-{i}"), "namespace": format!("ns-{}", i % 7),
+                                 "resourceVersion": i.to_string(),
+                                 "labels": {"app": format!("app-{}", i % 3)}},
+                    "spec": {"nodeName": "n1", "containers": [{"name": "app",
+                             "ports": [{"name": "http", "containerPort": 8000 + i % 50}]}]},
+                    "status": {"podIP": format!("10.0.{}.{}", i / 250, i % 250 + 1)},
+                }))
+                .expect("pod");
+                let key = object_key(&watched("pods"), &object);
+                let version = object.metadata.resource_version.clone();
+                (key, version, (i % 9 != 4).then_some(object))
+            })
+            .collect();
+        pods.sort_by(|a, b| a.0.cmp(&b.0));
+        pods
+    }
+
+    fn watched(plural: &str) -> Watched {
+        *WATCHED
+            .iter()
+            .find(|w| w.plural == plural)
+            .expect("watched")
+    }
+
+    #[test]
+    fn a_list_parsed_on_its_own_thread_gives_what_parsing_each_item_in_place_gives() {
+        // Several batches and a partial last one.
+        let items = listed_pods(3 * LIST_BATCH + 17);
+        let pods = watched("pods");
+        let mut in_place = source::ObjectCache::default();
+        let mut expected_parsed = Vec::new();
+        for (key, version, object) in items.clone() {
+            if let Some(object) = object {
+                expected_parsed.push(key.clone());
+                in_place.put(key, version, || {
+                    parse_watched(pods.plural, &pods.api_version(), pods.kind, object)
+                });
+            }
+        }
+        let mut listing = Listing::new(pods);
+        for (key, version, object) in items.clone() {
+            listing.add(key, version, object);
+        }
+        let listed = listing.finish();
+        let every_key: Vec<ObjectKey> = items.iter().map(|(key, _, _)| key.clone()).collect();
+        assert_eq!(listed.seen, every_key, "every key listed, held or not");
+        let parsed_keys: Vec<ObjectKey> = listed.parsed.iter().map(|p| p.0.clone()).collect();
+        assert_eq!(
+            parsed_keys, expected_parsed,
+            "the parsed ones, in list order"
+        );
+        assert!(
+            listed
+                .parsed
+                .iter()
+                .zip(items.iter().filter(|i| i.2.is_some()))
+                .all(|(parsed, item)| parsed.1 == item.1),
+            "each with its version"
+        );
+        let mut threaded = source::ObjectCache::default();
+        threaded.put_listed(listed.parsed);
+        let (threaded, in_place) = (threaded.assemble(), in_place.assemble());
+        assert_eq!(threaded.pods.len(), expected_parsed.len());
+        assert_eq!(threaded, in_place);
+    }
+
+    #[test]
+    fn a_list_of_objects_the_cache_holds_parses_nothing_and_names_every_key() {
+        let items: Vec<_> = listed_pods(LIST_BATCH + 1)
+            .into_iter()
+            .map(|(key, version, _)| (key, version, None))
+            .collect();
+        let mut listing = Listing::new(watched("pods"));
+        for (key, version, object) in items.clone() {
+            listing.add(key, version, object);
+        }
+        let listed = listing.finish();
+        assert!(listed.parsed.is_empty());
+        assert_eq!(listed.seen.len(), items.len());
+        assert!(listed.seen.is_sorted());
     }
 
     #[test]

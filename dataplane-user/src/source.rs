@@ -584,13 +584,23 @@ impl ObjectCache {
         }
     }
 
+    /// Puts `parsed`, the object `key` at `version`, whatever the cache held.
+    fn put_parsed(&mut self, key: ObjectKey, version: Option<String>, parsed: Parsed) {
+        if self.placed {
+            self.place(&key, Some(&parsed.state()));
+        }
+        self.objects.insert(key, (version, parsed));
+    }
+
     /// A list's objects, parsed: put as [`Self::put`] puts each, but while the state is
     /// not yet assembled (the first lists), merged in at once: 177,000 objects put one by
     /// one searched the tree for each twice.
-    pub fn put_listed(&mut self, objects: Vec<(ObjectKey, Option<String>, ClusterState)>) {
+    pub fn put_listed(&mut self, objects: Vec<(ObjectKey, Option<String>, Parsed)>) {
         if self.placed {
             for (key, version, parsed) in objects {
-                self.put(key, version, || parsed);
+                if !self.holds(&key, version.as_deref()) {
+                    self.put_parsed(key, version, parsed);
+                }
             }
             return;
         }
@@ -598,7 +608,7 @@ impl ObjectCache {
         // tree in one pass; appending merges two sorted trees the same way.
         let mut listed: BTreeMap<_, _> = objects
             .into_iter()
-            .map(|(key, version, parsed)| (key, (version, Parsed::from(parsed))))
+            .map(|(key, version, parsed)| (key, (version, parsed)))
             .collect();
         self.objects.append(&mut listed);
     }
@@ -727,9 +737,10 @@ impl ObjectCache {
 }
 
 /// One API object's parse as [`ObjectCache`] keeps it: a Pod alone, anything else (another
-/// kind, a rejection, the `Network`'s settings) as the state it made.
+/// kind, a rejection, the `Network`'s settings) as the state it made. Made from the parse's
+/// state (`Parsed::from`) where the object was parsed, which may be another thread.
 #[derive(Debug)]
-enum Parsed {
+pub enum Parsed {
     Pod(Arc<Pod>),
     State(Box<ClusterState>),
 }
@@ -1256,7 +1267,11 @@ mod tests {
                     cache.clear();
                 }
                 let listed = model.iter().rev();
-                cache.put_listed(listed.map(|(k, p)| (k.clone(), None, p.clone())).collect());
+                cache.put_listed(
+                    listed
+                        .map(|(k, p)| (k.clone(), None, p.clone().into()))
+                        .collect(),
+                );
             }
             let mut anew = ClusterState::default();
             for parsed in model.values() {

@@ -36,6 +36,7 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
 };
+use rayon::prelude::*;
 
 use crate::{
     model::{in_pod_network, pod_addresses},
@@ -226,8 +227,19 @@ pub struct PolicyPods {
 
 impl PolicyPods {
     /// The pod-network pods of `pods` that are not finished, with their labels and named ports.
+    /// Read on every core (`rayon`): at 150,000 pods, copying their labels, addresses and
+    /// ports and indexing each namespace's is a tenth of a first sync on one.
     pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>) -> Self {
-        pods.into_iter().filter_map(|pod| policy_pod(pod)).collect()
+        let pods: Vec<&Arc<Pod>> = pods.into_iter().collect();
+        if pods.len() < PODS_PER_TASK {
+            return pods.into_iter().filter_map(|pod| policy_pod(pod)).collect();
+        }
+        let pods: Vec<PolicyPod> = pods
+            .par_iter()
+            .with_min_len(PODS_PER_TASK)
+            .filter_map(|pod| policy_pod(pod))
+            .collect();
+        pods.into_iter().collect()
     }
 
     /// Brings the pods to `state` as `changes` says it differs from the last state they
@@ -311,14 +323,24 @@ impl FromIterator<PolicyPod> for PolicyPods {
                 }
             }
         }
-        let namespaces: BTreeMap<String, Arc<NamespacePods>> = by_namespace
-            .into_iter()
-            .map(|(namespace, pods)| (namespace, Arc::new(NamespacePods::from_pods(pods))))
-            .collect();
+        let index = |(namespace, pods): (String, Vec<PolicyPod>)| {
+            (namespace, Arc::new(NamespacePods::from_pods(pods)))
+        };
+        // Each namespace indexed on its own, on every core when there are many pods.
+        let namespaces: BTreeMap<String, Arc<NamespacePods>> =
+            if by_namespace.values().map(Vec::len).sum::<usize>() < PODS_PER_TASK {
+                by_namespace.into_iter().map(index).collect()
+            } else {
+                let indexed: Vec<_> = by_namespace.into_par_iter().map(index).collect();
+                indexed.into_iter().collect()
+            };
         let len = namespaces.values().map(|pods| pods.pods.len()).sum();
         Self { namespaces, len }
     }
 }
+
+/// Pods read by one task of [`PolicyPods::from_pods`]: a pod is about 1 us.
+const PODS_PER_TASK: usize = 1024;
 
 fn policy_pod(pod: &Pod) -> Option<PolicyPod> {
     if !in_pod_network(pod) {

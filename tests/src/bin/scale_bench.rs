@@ -42,7 +42,7 @@ use dataplane_user::{
         policy::PolicyPods,
     },
     egressip::{compile::EgressInputs, node::EgressNode},
-    kubernetes::{WATCHED, WatchedObject, parse_watched},
+    kubernetes::{Listing, WATCHED, Watched, WatchedObject, parse_watched},
     lb::LbState,
     model::{self, HostInterface, NodeModel},
     multicast,
@@ -344,16 +344,28 @@ impl Agent {
         );
     }
 
-    /// The first lists as the API source takes them: each item decoded and parsed as it
-    /// arrives, the whole list put in the cache once complete (`ObjectCache::put_listed`).
+    /// The first lists as the API source takes them: each resource's watcher decodes its
+    /// items as they arrive and hands them to its list's parser (`kubernetes::Listing`, a
+    /// thread of its own), the whole list put in the cache once complete
+    /// (`ObjectCache::put_listed`).
     fn apply_list(&mut self, events: Vec<Event>) {
-        let mut parsed = Vec::with_capacity(events.len());
+        let mut listings: Vec<(&str, Listing)> = Vec::new();
         for (kind, namespace, name, json) in events {
             self.version += 1;
             let version = Some(self.version.to_string());
-            parsed.push(((kind, namespace, name), version, decode(kind, &json)));
+            let object: WatchedObject = serde_json::from_str(&json).expect("object");
+            if listings.last().is_none_or(|(listed, _)| *listed != kind) {
+                listings.push((kind, Listing::new(watched(kind))));
+            }
+            let key = (kind, namespace, name);
+            let held = self.objects.holds(&key, version.as_deref());
+            if let Some((_, listing)) = listings.last_mut() {
+                listing.add(key, version, (!held).then_some(object));
+            }
         }
-        self.objects.put_listed(parsed);
+        for (_, listing) in listings {
+            self.objects.put_listed(listing.finish().parsed);
+        }
     }
 
     /// Every object of the cluster, as the first lists bring them.
@@ -629,11 +641,16 @@ fn bench_files() -> anyhow::Result<FirewallFiles> {
 /// watchers decode it and the agent parses it.
 fn decode(kind: &str, json: &str) -> ClusterState {
     let object: WatchedObject = serde_json::from_str(json).expect("object");
-    let watched = WATCHED
+    let watched = watched(kind);
+    parse_watched(kind, &watched.api_version(), watched.kind, object)
+}
+
+/// The watched resource `kind` (its plural).
+fn watched(kind: &str) -> Watched {
+    *WATCHED
         .iter()
         .find(|w| w.plural == kind)
-        .expect("a watched resource");
-    parse_watched(kind, &watched.api_version(), watched.kind, object)
+        .expect("a watched resource")
 }
 
 /// This node's pods are behind made-up veths (the maps take any interface index).
