@@ -8,6 +8,7 @@
 //! this node's own addresses. An object with any invalid rule, or with more than
 //! `MAX_FIREWALL_RULES` rules, is rejected whole.
 
+use rayon::prelude::*;
 use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -372,21 +373,33 @@ pub fn compile_firewalls_reusing(
         }
     }
     let reusable = previous.context == *context;
-    compiled.desired.sets = rules_by_namespace
-        .iter()
-        .map(|(namespace, rules)| {
-            let kept = previous
-                .rules
-                .get(namespace)
-                .filter(|before| reusable && *before == rules)
-                .and_then(|_| previous.desired.sets.get(namespace));
-            let set = match kept {
-                Some(set) => set.clone(),
-                None => Arc::new(compile_firewall(rules, context)),
-            };
-            (namespace.clone(), set)
-        })
-        .collect();
+    let mut to_compile = Vec::new();
+    for (namespace, rules) in &rules_by_namespace {
+        let kept = previous
+            .rules
+            .get(namespace)
+            .filter(|before| reusable && *before == rules)
+            .and_then(|_| previous.desired.sets.get(namespace));
+        match kept {
+            Some(set) => {
+                compiled.desired.sets.insert(namespace.clone(), set.clone());
+            }
+            None => to_compile.push((namespace, rules)),
+        }
+    }
+    let compile = |(namespace, rules): &(&String, &Arc<FirewallRules>)| {
+        (
+            (*namespace).clone(),
+            Arc::new(compile_firewall(rules, context)),
+        )
+    };
+    // A firewall of 100 rules takes about 2 ms: several (a first sync's 100) on every core.
+    let fresh: Vec<_> = if to_compile.len() < 2 {
+        to_compile.iter().map(compile).collect()
+    } else {
+        to_compile.par_iter().map(compile).collect()
+    };
+    compiled.desired.sets.extend(fresh);
     compiled.rules = rules_by_namespace;
     compiled.context = context.clone();
     compiled

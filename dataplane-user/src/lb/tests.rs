@@ -544,3 +544,51 @@ fn a_slot_generation_wraps_past_zero() {
     assert_eq!(backend_generation(next_backend_id(5, last)), 1);
     assert_ne!(next_backend_id(0, 0), 0, "no backend id is 0");
 }
+
+/// Services enough for `compile_each` to spread them over the cores: each compiled alone (one
+/// wanted, on the calling thread) gives what the whole compile gives it, invalid ones and
+/// those without slices included.
+#[test]
+fn services_compiled_on_every_core_equal_each_compiled_alone() {
+    let mut yaml = String::new();
+    for i in 0..(3 * SERVICES_PER_TASK + 5) {
+        let ip = if i % 97 == 5 {
+            "10.96.7.999".to_owned()
+        } else {
+            format!("10.96.{}.{}", i / 250, i % 250 + 1)
+        };
+        yaml.push_str(&format!(
+            "---\napiVersion: v1\nkind: Service\nmetadata: {{name: s{i}, namespace: n{}}}\n\
+             spec: {{clusterIP: {ip}, ports: [{{port: 80, targetPort: {}}}]}}\n",
+            i % 5,
+            8000 + i % 7
+        ));
+        if i % 3 != 0 {
+            yaml.push_str(&format!(
+                "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: s{i}-a, namespace: n{}, labels: {{kubernetes.io/service-name: s{i}}}}}\n\
+                 addressType: IPv4\nports: [{{port: {}}}]\n\
+                 endpoints: [{{addresses: [10.1.{}.{}]}}, {{addresses: [10.2.{}.{}]}}]\n",
+                i % 5,
+                8000 + i % 7,
+                i / 250,
+                i % 250 + 1,
+                i / 250,
+                i % 250 + 1
+            ));
+        }
+    }
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", &yaml);
+    assert!(state.rejected.is_empty(), "{:?}", state.rejected);
+    let all = compile_each(&state.services, &state.endpoint_slices, "node-a", |_| true);
+    assert_eq!(all.len(), 3 * SERVICES_PER_TASK + 5);
+    assert!(all.values().any(|s| s.is_err()));
+    for (name, compiled) in &all {
+        let alone = compile_each(&state.services, &state.endpoint_slices, "node-a", |key| {
+            *key == (name.0.as_str(), name.1.as_str())
+        });
+        assert_eq!(alone.len(), 1);
+        assert_eq!(alone.get(name), Some(compiled), "{name:?}");
+    }
+}
