@@ -473,8 +473,18 @@ fn ready_ids(state: &LbState, port: &ServicePort) -> Vec<u32> {
     port.ready.iter().map(|b| state.backend_ids[b]).collect()
 }
 
-/// For each of `ports`, its new Maglev table, or `None` where the installed port has the same
-/// ready backends (its table stays). Built on every core (`rayon`): a first sync builds
+/// The Maglev table of `port`, whose ready backends have the ids `ready`.
+fn port_table(ready: &[u32], port: &ServicePort) -> Vec<u32> {
+    let pairs: Vec<(u32, BackendAddr)> = ready
+        .iter()
+        .copied()
+        .zip(port.ready.iter().copied())
+        .collect();
+    maglev_table(&pairs)
+}
+
+/// For each of `ports`, its new Maglev table, or `None` where the port installed before the
+/// plan has the same ready backends (its table stays). Built on every core (`rayon`): a first sync builds
 /// 10,000, a fifth of it on one core.
 fn new_tables(state: &LbState, ports: &[&ServicePort]) -> Vec<Option<Vec<u32>>> {
     let build = |port: &&ServicePort| {
@@ -483,11 +493,7 @@ fn new_tables(state: &LbState, ports: &[&ServicePort]) -> Vec<Option<Vec<u32>>> 
             .installed
             .get(&port.key)
             .is_some_and(|installed| installed.ready == ready);
-        (!same).then(|| {
-            let pairs: Vec<(u32, BackendAddr)> =
-                ready.into_iter().zip(port.ready.iter().copied()).collect();
-            maglev_table(&pairs)
-        })
+        (!same).then(|| port_table(&ready, port))
     };
     // A table is about 30 us; handing work to the pool and waiting for it about as much.
     if ports.len() < TABLES_PER_TASK {
@@ -1272,6 +1278,7 @@ impl Dataplane {
         &mut self,
         state: &mut LbState,
         port: &ServicePort,
+        // The Maglev table of `port`'s ready backends, if built already.
         new_table: Option<Vec<u32>>,
         current: Option<&Installed>,
         have_members: &mut BTreeSet<MemberKey>,
@@ -1294,14 +1301,18 @@ impl Dataplane {
                     },
                 )?,
             };
-        let table = match (current, &new_table) {
-            (Some(installed), None) => installed.value.table,
+        let same_backends = current.is_some_and(|c| c.ready == ready);
+        let table = match current {
+            Some(installed) if same_backends => installed.value.table,
             // The spare index of this service port: the live table stays intact until the
             // service entry switches.
-            (Some(installed), Some(_)) => installed.value.table ^ 1,
-            (None, _) => id * 2,
+            Some(installed) => installed.value.table ^ 1,
+            None => id * 2,
         };
-        if let Some(built) = new_table {
+        if !same_backends {
+            // Built before for these ready backends (`new_tables`), unless an earlier port
+            // of the same plan, of the same key, made them the installed ones.
+            let built = new_table.unwrap_or_else(|| port_table(&ready, port));
             let mut value: MaglevTable = [0; MAGLEV_TABLE_SIZE];
             value.copy_from_slice(&built);
             let mut tables: BpfHashMap<&mut MapData, u32, MaglevTable> =
