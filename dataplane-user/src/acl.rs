@@ -903,6 +903,25 @@ pub struct AclSyncStats {
 }
 
 /// Names a map and what was done to it in a map error.
+/// Writes `entries` to `map` in batch calls, counting what went in (also when a full map
+/// stopped the batch).
+fn write_batch<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::Map,
+    entries: &[(K, V)],
+    stats: &mut AclSyncStats,
+) -> Result<(), aya::maps::MapError> {
+    match crate::batch::update(map, entries) {
+        Ok(()) => {
+            stats.written += entries.len();
+            Ok(())
+        }
+        Err(stopped) => {
+            stats.written += stopped.written;
+            Err(stopped.source)
+        }
+    }
+}
+
 pub(crate) fn map_err(
     name: &'static str,
     action: &'static str,
@@ -1165,17 +1184,19 @@ impl Dataplane {
         for table in &compiled.tables {
             table_ids.push(self.write_table(state, table, &mut port_keys, stats)?);
         }
-        let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
-            self.typed_map(maps::ACL_ADDRS)?;
-        let mut keys = Vec::with_capacity(compiled.prefixes.len());
-        for (&prefix, decision) in &compiled.prefixes {
-            let key = addr_key(set, prefix);
-            addrs
-                .insert(key, addr_value(compiled, &table_ids, *decision), 0)
-                .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
-            stats.written += 1;
-            keys.push(key);
-        }
+        // One batch call for the set's prefixes: a set of 300 peers written one call each
+        // was a third of a label change's map work.
+        let entries: Vec<(AclAddrKey, AclAddrValue)> = compiled
+            .prefixes
+            .iter()
+            .map(|(&prefix, decision)| {
+                let value = addr_value(compiled, &table_ids, *decision);
+                (addr_key(set, prefix), value)
+            })
+            .collect();
+        write_batch(self.map(maps::ACL_ADDRS)?, &entries, stats)
+            .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
+        let keys = entries.into_iter().map(|(key, _)| key).collect();
         state.sets.insert(
             set,
             InstalledSet {
@@ -1199,15 +1220,10 @@ impl Dataplane {
     ) -> Result<u32, AgentError> {
         state.next_table = state.next_table.wrapping_add(1).max(1);
         let id = state.next_table;
-        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
-            self.typed_map(maps::ACL_PORTS)?;
-        for (key, verdict) in table_entries(id, table) {
-            ports
-                .insert(key, verdict, 0)
-                .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
-            stats.written += 1;
-            keys.push(key);
-        }
+        let entries: Vec<(AclPortKey, AclVerdict)> = table_entries(id, table).collect();
+        write_batch(self.map(maps::ACL_PORTS)?, &entries, stats)
+            .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
+        keys.extend(entries.into_iter().map(|(key, _)| key));
         Ok(id)
     }
 

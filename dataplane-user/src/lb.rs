@@ -906,6 +906,20 @@ fn bitmap_words(users: &HashMap<u32, u32>) -> Vec<u64> {
     words_with(users.iter().filter(|(_, n)| **n > 0).map(|(bit, _)| *bit))
 }
 
+/// `written` with each bit of `flipped` set or cleared as `users` counts it.
+fn patched_words(written: &[u64], users: &HashMap<u32, u32>, flipped: &BTreeSet<u32>) -> Vec<u64> {
+    let mut words = written.to_vec();
+    for &bit in flipped {
+        let (word, mask) = ((bit / 64) as usize, 1u64 << (bit % 64));
+        if users.contains_key(&bit) {
+            words[word] |= mask;
+        } else {
+            words[word] &= !mask;
+        }
+    }
+    words
+}
+
 /// The two port bitmaps `ports` need: their service ports, then their backends' ports.
 pub fn port_bitmaps<'a>(ports: impl Iterator<Item = &'a ServicePort>) -> Vec<u64> {
     words_with(ports.flat_map(port_bit_numbers))
@@ -1028,10 +1042,14 @@ impl Dataplane {
             .map(|(key, port)| (*key, port.as_ref()))
             .collect();
         // The bitmaps of every port after this sync: the installed ports' bit counts, less
-        // the updated ports' old bits, plus their new ones.
+        // the updated ports' old bits, plus their new ones. Only the bits whose count
+        // reaches or leaves zero change a word, so the words as last written are patched
+        // (a walk of every bit user was most of an endpoint change's time at 10,000 ports).
+        let counted = state.bit_users.is_some();
         let mut users = state.bit_users.take().unwrap_or_else(|| {
             count_port_bits(state.installed.values().filter_map(|i| i.port.as_ref()))
         });
+        let mut flipped = BTreeSet::new();
         let installed_port = |key: &ServiceKey| state.installed.get(key)?.port.as_ref();
         for (key, port) in &after {
             for bit in installed_port(key).into_iter().flat_map(port_bit_numbers) {
@@ -1039,17 +1057,29 @@ impl Dataplane {
                     *n -= 1;
                     if *n == 0 {
                         users.remove(&bit);
+                        flipped.insert(bit);
                     }
                 }
             }
             for bit in port.iter().flat_map(|p| port_bit_numbers(p)) {
-                *users.entry(bit).or_default() += 1;
+                let n = users.entry(bit).or_default();
+                if *n == 0 {
+                    flipped.insert(bit);
+                }
+                *n += 1;
             }
         }
-        let words = bitmap_words(&users);
-        let installed_ports = state.installed.values().filter(|i| i.port.is_some());
-        let replaced = after.keys().filter(|k| installed_port(k).is_some()).count();
-        let ports = installed_ports.count() - replaced + after.values().flatten().count();
+        let words = match &state.port_words {
+            Some(written) if counted => patched_words(written, &users, &flipped),
+            _ => bitmap_words(&users),
+        };
+        // Every installed port is known here (a full sync installed them all: adopted ones
+        // without a port lead to `Ok(None)` above), so the count needs no walk.
+        let replaced = after
+            .keys()
+            .filter(|k| state.installed.contains_key(k))
+            .count();
+        let ports = state.installed.len() - replaced + after.values().flatten().count();
         let plan = SyncPlan {
             changed: now().filter(|p| state.differs(p)).collect(),
             removed: updates

@@ -21,10 +21,12 @@ use dataplane_tests::{
     privileged::privileged,
 };
 use dataplane_user::{
+    AgentError,
     acl::{
         AclPod, AclState, DesiredFirewalls,
         firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
     },
+    capacity::Capacities,
     overlay::addr16,
 };
 
@@ -495,4 +497,70 @@ fn pin_to_one_cpu() {
         let result = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
         assert_eq!(result, 0, "sched_setaffinity");
     }
+}
+
+/// A set larger than the prefix map can hold (written in one batch call): the sync fails
+/// naming the map and the flag to raise, and the firewall in force stays whole: the same
+/// set id, its entries, and its verdicts.
+#[test]
+fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_stay() {
+    if !privileged(
+        "a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_stay",
+    ) {
+        return;
+    }
+    let capacities = Capacities {
+        acl_entries: 24,
+        ..Capacities::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    let mut state = AclState::default();
+    let good = desired(TEAM_FIREWALL);
+    fixture.sync_acl(&mut state, &good, &pods()).expect("sync");
+    let set = state.firewall_set("team").expect("team has a firewall");
+    let before = installed(&mut fixture);
+    assert_eq!(before, (vec![set], port_entries(&good)));
+    let mut large = String::from(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {name: default, namespace: team}\nspec:\n  egress:\n",
+    );
+    for host in 1..=40 {
+        large.push_str(&format!(
+            "  - {{type: Allow, to: {{cidrSelector: 203.0.113.{host}/32}}}}\n"
+        ));
+    }
+    large.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
+    let error = fixture
+        .sync_acl(&mut state, &desired(&large), &pods())
+        .expect_err("40 prefixes beside the set in force do not fit in 24");
+    match &error {
+        AgentError::MapFull { name, flag, .. } => {
+            assert_eq!((name.as_str(), *flag), (ACL_ADDRS, "--max-acl-entries"));
+        }
+        other => panic!("expected a full map, got {other}"),
+    }
+    assert!(error.to_string().contains("raise --max-acl-entries"));
+    assert_eq!(
+        state.firewall_set("team"),
+        Some(set),
+        "the set in force stays"
+    );
+    assert_eq!(endpoint_sets(&mut fixture)[0].1, set);
+    let web = [192, 0, 2, 5];
+    assert_eq!(
+        verdict(&mut fixture, &tcp_v4_flow(TEAM_POD, 40000, web, 443, true)),
+        TC_ACT_OK
+    );
+    assert_eq!(
+        verdict(&mut fixture, &tcp_v4_flow(TEAM_POD, 40000, web, 80, true)),
+        TC_ACT_SHOT
+    );
+    assert_eq!(
+        verdict(
+            &mut fixture,
+            &tcp_v4_flow(TEAM_POD, 40000, [203, 0, 113, 1], 80, true)
+        ),
+        TC_ACT_SHOT,
+        "the large firewall's allow is not in force"
+    );
 }

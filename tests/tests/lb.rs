@@ -2271,7 +2271,8 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
         .sync_lb(&mut state, &[kept.clone(), moved.clone(), gone.clone()])
         .expect("sync");
     let moved_now = service("10.96.0.21", 80, 6, &["10.244.3.8:8080"], 0);
-    let added = service("10.96.0.23", 80, 6, &["10.244.4.9:8080"], 0);
+    // A port and a backend port no other service uses: its bits come and go with it.
+    let added = service("10.96.0.23", 8443, 6, &["10.244.4.9:9443"], 0);
     let stats = fixture
         .sync_lb_changed(
             &mut state,
@@ -2284,11 +2285,11 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
         .expect("sync")
         .expect("after a full sync, the changes alone");
     assert_eq!(stats.services, 3);
-    for (vip, want) in [
-        ([10, 96, 0, 21], "10.244.3.8"),
-        ([10, 96, 0, 23], "10.244.4.9"),
+    for (vip, port, want) in [
+        ([10, 96, 0, 21], 80, "10.244.3.8"),
+        ([10, 96, 0, 23], 8443, "10.244.4.9"),
     ] {
-        let syn = tcp_v4_flow(CLIENT, 42000, vip, 80, true);
+        let syn = tcp_v4_flow(CLIENT, 42000, vip, port, true);
         let out = from_pod(&mut fixture, &syn).expect("tc run");
         assert_eq!(IpAddr::from(destination(&out.output)), ip(want));
     }
@@ -2303,8 +2304,8 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
     };
     let now = [kept.clone(), moved_now.clone(), added.clone()];
     assert_eq!(words(&mut fixture), port_bitmaps(now.iter()));
-    // A second sync of a few, from the bit counts the first one left: the UDP port comes
-    // back, the added port goes.
+    // A second sync of a few, from the bit counts and words the first one left: the UDP
+    // port comes back (its bits set again), the added port goes (its bits cleared).
     fixture
         .sync_lb_changed(
             &mut state,

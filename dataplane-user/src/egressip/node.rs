@@ -17,7 +17,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use super::compile::{EgressInputs, EgressMaps, InternalPrefixes, compile_with, internal_prefixes};
+use super::compile::{EgressInputs, EgressMaps, InternalCounts, compile_with};
 use crate::{AgentError, Dataplane};
 
 /// The probe's answer: which node answered and what it holds now.
@@ -102,9 +102,9 @@ pub struct EgressNode {
     pub lease: Arc<Lease>,
     underlay: String,
     inputs: Option<EgressInputs>,
-    /// The internal prefixes of `inputs`, once compiled: kept while the nodes (the same shared
-    /// list) and the networks stay.
-    internal: Option<Arc<InternalPrefixes>>,
+    /// The internal prefixes of `inputs`, once compiled: kept while the networks stay, and
+    /// following the nodes' changes.
+    internal: Option<InternalCounts>,
     timeout: Option<Duration>,
     applied: Option<EgressMaps>,
 }
@@ -123,13 +123,17 @@ impl EgressNode {
 
     /// The cluster state a sync read; applied at the next [`EgressNode::apply`].
     pub fn set_inputs(&mut self, inputs: EgressInputs, timeout: Option<Duration>) {
-        let same_prefixes = self.inputs.as_ref().is_some_and(|last| {
-            Arc::ptr_eq(&last.nodes, &inputs.nodes)
-                && last.cluster_networks == inputs.cluster_networks
+        let same_networks = self.inputs.as_ref().is_some_and(|last| {
+            last.cluster_networks == inputs.cluster_networks
                 && last.service_networks == inputs.service_networks
         });
-        if !same_prefixes {
-            self.internal = None;
+        match (&self.inputs, &mut self.internal) {
+            (Some(last), Some(internal)) if same_networks => {
+                if !Arc::ptr_eq(&last.nodes, &inputs.nodes) {
+                    internal.follow_nodes(&last.nodes, &inputs.nodes);
+                }
+            }
+            _ => self.internal = None,
         }
         self.inputs = Some(inputs);
         self.timeout = timeout;
@@ -152,8 +156,8 @@ impl EgressNode {
         let allowed = self.lease.may_hold(self.timeout);
         let internal = self
             .internal
-            .get_or_insert_with(|| internal_prefixes(inputs))
-            .clone();
+            .get_or_insert_with(|| InternalCounts::of(inputs))
+            .prefixes();
         let desired = compile_with(inputs, internal, |ip| {
             allowed.as_ref().is_none_or(|allowed| allowed.contains(ip))
         });
