@@ -291,11 +291,7 @@ impl Cluster {
             tracing::warn!(%warning, "cluster state");
         }
         self.warnings = model.warnings.clone();
-        let pools = model
-            .view
-            .nodes
-            .iter()
-            .find(|n| n.name == self.node)
+        let pools = dataplane_user::overlay::node_named(&model.view.nodes, &self.node)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default();
         // The Pod objects as declared (before the attachments' addresses were merged in) of

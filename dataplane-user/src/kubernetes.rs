@@ -33,7 +33,6 @@ use kube::{
     core::DynamicResourceScope,
     runtime::{WatchStreamExt as _, watcher},
 };
-use rayon::prelude::*;
 use serde::de::{self, Deserialize, DeserializeSeed, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde_json::Value;
 use tokio::sync::Notify;
@@ -127,6 +126,11 @@ const fn core(kind: &'static str, plural: &'static str) -> Watched {
 }
 
 impl Watched {
+    /// The watched resource of this plural name (`pods`, `egressfirewalls`), if watched.
+    pub fn by_plural(plural: &str) -> Option<Watched> {
+        WATCHED.iter().find(|w| w.plural == plural).copied()
+    }
+
     pub fn api_version(&self) -> String {
         if self.group.is_empty() {
             self.version.to_owned()
@@ -800,13 +804,11 @@ impl ListParser {
                 let mut listed = Listed::default();
                 for batch in received {
                     // Parsed on every core while the watcher decodes the next batch.
-                    let parsed: Vec<_> = batch
-                        .into_par_iter()
-                        .map(|(key, version, object)| {
+                    let parsed =
+                        crate::parallel::map_owned(batch, true, |(key, version, object)| {
                             let parsed = object.map(|o| parse_watched_item(&watched, o));
                             (key, version, parsed)
-                        })
-                        .collect();
+                        });
                     listed.take_parsed(parsed);
                 }
                 listed
@@ -1078,10 +1080,7 @@ mod tests {
     }
 
     fn watched(plural: &str) -> Watched {
-        *WATCHED
-            .iter()
-            .find(|w| w.plural == plural)
-            .expect("watched")
+        Watched::by_plural(plural).expect("watched")
     }
 
     #[test]
@@ -1222,7 +1221,7 @@ mod tests {
     #[test]
     fn watch_events_patch_the_cache_and_a_relist_replaces_it_at_once() {
         let shared = Shared::new();
-        let pods = WATCHED.iter().find(|w| w.plural == "pods").expect("pods");
+        let pods = &watched("pods");
         let mut listing = None;
         let mut apply = |event| apply_event(pods, event, &mut listing, &shared);
         assert!(!apply(watcher::Event::Init));

@@ -36,7 +36,6 @@ use k8s_openapi::api::{
 };
 
 use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16, source::Objects};
-use rayon::prelude::*;
 
 /// The label linking an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
@@ -131,15 +130,9 @@ pub fn compile_each<'a>(
         )
     };
     // A full compile (10,000 Services) on every core; a change's few here.
-    if wanted.len() < SERVICES_PER_TASK {
-        return wanted.iter().map(compile).collect();
-    }
-    let compiled: Vec<_> = wanted
-        .par_iter()
-        .with_min_len(SERVICES_PER_TASK)
-        .map(compile)
-        .collect();
-    compiled.into_iter().collect()
+    crate::parallel::map(&wanted, SERVICES_PER_TASK, compile)
+        .into_iter()
+        .collect()
 }
 
 /// Services compiled by one task of [`compile_each`]: a Service is about 10 us.
@@ -483,27 +476,28 @@ fn port_table(ready: &[u32], port: &ServicePort) -> Vec<u32> {
     maglev_table(&pairs)
 }
 
-/// For each of `ports`, its new Maglev table, or `None` where the port installed before the
-/// plan has the same ready backends (its table stays). Built on every core (`rayon`): a first sync builds
-/// 10,000, a fifth of it on one core.
-fn new_tables(state: &LbState, ports: &[&ServicePort]) -> Vec<Option<Vec<u32>>> {
+/// One port of a plan as [`new_tables`] prepared it: its ready backends' ids, and their
+/// Maglev table unless the port installed before the plan has the same ready backends (its
+/// table stays).
+struct PreparedPort {
+    ready: Vec<u32>,
+    table: Option<Vec<u32>>,
+}
+
+/// [`PreparedPort`] of each of `ports`. Built on every core (`rayon`): a first sync builds
+/// 10,000 tables, a fifth of it on one core.
+fn new_tables(state: &LbState, ports: &[&ServicePort]) -> Vec<PreparedPort> {
     let build = |port: &&ServicePort| {
         let ready = ready_ids(state, port);
         let same = state
             .installed
             .get(&port.key)
             .is_some_and(|installed| installed.ready == ready);
-        (!same).then(|| port_table(&ready, port))
+        let table = (!same).then(|| port_table(&ready, port));
+        PreparedPort { ready, table }
     };
     // A table is about 30 us; handing work to the pool and waiting for it about as much.
-    if ports.len() < TABLES_PER_TASK {
-        return ports.iter().map(build).collect();
-    }
-    ports
-        .par_iter()
-        .with_min_len(TABLES_PER_TASK)
-        .map(build)
-        .collect()
+    crate::parallel::map(ports, TABLES_PER_TASK, build)
 }
 
 /// Maglev tables built by one task of [`new_tables`].
@@ -1164,14 +1158,14 @@ impl Dataplane {
         let mut stale_tables = Vec::new();
         let mut unreferenced = Vec::new();
         let tables = new_tables(state, &changed);
-        for (port, table) in changed.into_iter().zip(tables) {
+        for (port, prepared) in changed.into_iter().zip(tables) {
             let referenced = state.referenced_ids(port);
             stats.written += self.write_backends(&referenced, &mut have)?;
             let old = state.installed.get(&port.key).cloned();
             let installed = self.install_port(
                 state,
                 port,
-                table,
+                prepared,
                 old.as_ref(),
                 &mut have_members,
                 &mut gone_members,
@@ -1308,8 +1302,8 @@ impl Dataplane {
         &mut self,
         state: &mut LbState,
         port: &ServicePort,
-        // The Maglev table of `port`'s ready backends, if built already.
-        new_table: Option<Vec<u32>>,
+        // `port`'s ready ids, and their Maglev table if built already.
+        prepared: PreparedPort,
         current: Option<&Installed>,
         have_members: &mut BTreeSet<MemberKey>,
         gone_members: &mut BTreeSet<MemberKey>,
@@ -1317,7 +1311,10 @@ impl Dataplane {
         stats: &mut LbSyncStats,
     ) -> Result<Installed, AgentError> {
         let capacities = *self.capacities();
-        let ready = ready_ids(state, port);
+        let PreparedPort {
+            ready,
+            table: new_table,
+        } = prepared;
         let id =
             match current {
                 Some(installed) => installed.value.id,

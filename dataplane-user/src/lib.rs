@@ -30,6 +30,7 @@ pub mod model;
 pub mod multicast;
 pub mod netdev;
 pub mod overlay;
+pub mod parallel;
 pub mod pins;
 pub mod port;
 pub mod preflight;

@@ -51,7 +51,7 @@ pub struct MgmtSync {
 /// The routes the host needs: every other node's pod CIDRs (hybrid nodes' subnets too) of a
 /// family this node has an address in, with that address as the source.
 pub fn wanted_routes(view: &OverlayView) -> Vec<(IpNet, IpAddr)> {
-    let Some(this) = view.nodes.iter().find(|n| n.name == view.this_node) else {
+    let Some(this) = view.this_node_view() else {
         return Vec::new();
     };
     let source = |v4: bool| this.addresses.iter().copied().find(|a| a.is_ipv4() == v4);

@@ -192,10 +192,8 @@ pub fn build(
     let node_views = NodeViews::build(&state.nodes, last.map(|m| &m.node_views));
     let nodes = Arc::clone(&node_views.views);
     let mut warnings = node_views.warnings.clone();
-    let own_cidrs: &[IpNet] = nodes
-        .iter()
-        .find(|n| n.name == this_node)
-        .map_or(&[], |n| &n.pod_cidrs);
+    let own_cidrs: &[IpNet] =
+        crate::overlay::node_named(&nodes, this_node).map_or(&[], |n| &n.pod_cidrs);
     let hybrid = hybrid_view(state, this_node, own_cidrs, underlay.mtu, &mut warnings);
     let router_ip = hybrid.as_ref().map(|h| h.router_ip);
     let mut local_pods = Vec::new();

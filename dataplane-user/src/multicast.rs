@@ -182,9 +182,7 @@ pub fn plan(state: &ClusterState, view: &OverlayView) -> Plan {
         return plan;
     }
     let this_family_v4 = view
-        .nodes
-        .iter()
-        .find(|n| n.name == view.this_node)
+        .this_node_view()
         .is_none_or(|n| n.addresses.iter().any(IpAddr::is_ipv4));
     let mut hosting: BTreeSet<&str> = BTreeSet::new();
     for pod in &state.pods {

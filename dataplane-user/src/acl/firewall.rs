@@ -8,7 +8,6 @@
 //! this node's own addresses. An object with any invalid rule, or with more than
 //! `MAX_FIREWALL_RULES` rules, is rejected whole.
 
-use rayon::prelude::*;
 use std::sync::Arc;
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -134,9 +133,8 @@ pub fn context(state: &ClusterState, view: &OverlayView) -> FirewallContext {
     // Hybrid nodes' pods are the cluster's too.
     exempt.extend(crate::hybrid::internal_networks(view.hybrid.as_ref()));
     let node_addresses = view
-        .nodes
-        .iter()
-        .filter(|n| n.name == view.this_node)
+        .this_node_view()
+        .into_iter()
         .flat_map(|n| n.addresses.iter().copied())
         .collect();
     FirewallContext {
@@ -394,13 +392,12 @@ pub fn compile_firewalls_reusing(
         )
     };
     // A firewall of 100 rules takes about 2 ms: several (a first sync's 100) on every core.
-    let fresh: Vec<_> = if to_compile.len() < 2 {
-        to_compile.iter().map(compile).collect()
-    } else {
-        to_compile.par_iter().map(compile).collect()
-    };
+    let fresh = crate::parallel::map(&to_compile, FIREWALLS_PER_TASK, compile);
     compiled.desired.sets.extend(fresh);
     compiled.rules = rules_by_namespace;
     compiled.context = context.clone();
     compiled
 }
+
+/// EgressFirewalls compiled by one task of [`compile_firewalls_reusing`].
+const FIREWALLS_PER_TASK: usize = 2;

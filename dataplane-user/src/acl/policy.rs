@@ -36,7 +36,6 @@ use k8s_openapi::{
     },
     apimachinery::pkg::{apis::meta::v1::LabelSelector, util::intstr::IntOrString},
 };
-use rayon::prelude::*;
 
 use crate::{
     model::{in_pod_network, pod_addresses},
@@ -231,15 +230,10 @@ impl PolicyPods {
     /// ports and indexing each namespace's is a tenth of a first sync on one.
     pub fn from_pods<'a>(pods: impl IntoIterator<Item = &'a Arc<Pod>>) -> Self {
         let pods: Vec<&Arc<Pod>> = pods.into_iter().collect();
-        if pods.len() < PODS_PER_TASK {
-            return pods.into_iter().filter_map(|pod| policy_pod(pod)).collect();
-        }
-        let pods: Vec<PolicyPod> = pods
-            .par_iter()
-            .with_min_len(PODS_PER_TASK)
-            .filter_map(|pod| policy_pod(pod))
-            .collect();
-        pods.into_iter().collect()
+        crate::parallel::map(&pods, PODS_PER_TASK, |pod| policy_pod(pod))
+            .into_iter()
+            .flatten()
+            .collect()
     }
 
     /// Brings the pods to `state` as `changes` says it differs from the last state they
@@ -327,13 +321,12 @@ impl FromIterator<PolicyPod> for PolicyPods {
             (namespace, Arc::new(NamespacePods::from_pods(pods)))
         };
         // Each namespace indexed on its own, on every core when there are many pods.
+        let many = by_namespace.values().map(Vec::len).sum::<usize>() >= PODS_PER_TASK;
+        let by_namespace: Vec<_> = by_namespace.into_iter().collect();
         let namespaces: BTreeMap<String, Arc<NamespacePods>> =
-            if by_namespace.values().map(Vec::len).sum::<usize>() < PODS_PER_TASK {
-                by_namespace.into_iter().map(index).collect()
-            } else {
-                let indexed: Vec<_> = by_namespace.into_par_iter().map(index).collect();
-                indexed.into_iter().collect()
-            };
+            crate::parallel::map_owned(by_namespace, many, index)
+                .into_iter()
+                .collect();
         let len = namespaces.values().map(|pods| pods.pods.len()).sum();
         Self { namespaces, len }
     }

@@ -42,7 +42,7 @@ use dataplane_user::{
         policy::PolicyPods,
     },
     egressip::{compile::EgressInputs, node::EgressNode},
-    kubernetes::{Listing, WATCHED, Watched, WatchedObject, parse_watched},
+    kubernetes::{Listing, Watched, WatchedObject, parse_watched},
     lb::LbState,
     model::{self, HostInterface, NodeModel},
     multicast,
@@ -647,10 +647,7 @@ fn decode(kind: &str, json: &str) -> ClusterState {
 
 /// The watched resource `kind` (its plural).
 fn watched(kind: &str) -> Watched {
-    *WATCHED
-        .iter()
-        .find(|w| w.plural == kind)
-        .expect("a watched resource")
+    Watched::by_plural(kind).expect("a watched resource")
 }
 
 /// This node's pods are behind made-up veths (the maps take any interface index).
