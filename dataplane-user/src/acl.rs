@@ -902,7 +902,6 @@ pub struct AclSyncStats {
     pub deleted: usize,
 }
 
-/// Names a map and what was done to it in a map error.
 /// Writes `entries` to `map` in batch calls, counting what went in (also when a full map
 /// stopped the batch).
 fn write_batch<K: aya::Pod, V: aya::Pod>(
@@ -922,6 +921,7 @@ fn write_batch<K: aya::Pod, V: aya::Pod>(
     }
 }
 
+/// Names a map and what was done to it in a map error.
 pub(crate) fn map_err(
     name: &'static str,
     action: &'static str,

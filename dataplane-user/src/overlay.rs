@@ -24,6 +24,7 @@ use crate::{AgentError, Dataplane, hybrid::HybridView, port};
 
 mod nodes;
 pub use nodes::NodeMaps;
+pub(crate) use nodes::node_changes;
 
 /// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
 pub const IPV6_MIN_MTU: u32 = 1280;

@@ -231,46 +231,18 @@ impl InternalCounts {
         Arc::clone(&self.prefixes)
     }
 
-    /// Follows the nodes from `old` (what these counts were made from) to `new`. Both lists
-    /// are walked side by side: a node both share (the same `Arc`, as the model keeps an
-    /// unchanged node's view) is skipped, and past a difference the names say which list
-    /// moves on. Whatever the order, each old node is either kept or taken away and each new
-    /// one kept or added, so the counts end those of `new`; the names' order only keeps the
-    /// walk short.
+    /// Follows the nodes from `old` (what these counts were made from) to `new`: the nodes
+    /// that left and came (`overlay::node_changes`, one walk down both lists in name order)
+    /// are taken away and added. Lists out of name order (a manifest directory's) take every
+    /// old node away and add every new one: the counts still end those of `new`.
     pub fn follow_nodes(&mut self, old: &[Arc<NodeView>], new: &[Arc<NodeView>]) {
-        let (mut i, mut j) = (0, 0);
-        while i < old.len() || j < new.len() {
-            match (old.get(i), new.get(j)) {
-                (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
-                    i += 1;
-                    j += 1;
-                }
-                (Some(a), Some(b)) => match a.name.cmp(&b.name) {
-                    std::cmp::Ordering::Less => {
-                        self.take(a);
-                        i += 1;
-                    }
-                    std::cmp::Ordering::Greater => {
-                        self.add(b);
-                        j += 1;
-                    }
-                    std::cmp::Ordering::Equal => {
-                        self.take(a);
-                        self.add(b);
-                        i += 1;
-                        j += 1;
-                    }
-                },
-                (Some(a), None) => {
-                    self.take(a);
-                    i += 1;
-                }
-                (None, Some(b)) => {
-                    self.add(b);
-                    j += 1;
-                }
-                (None, None) => break,
-            }
+        let (gone, come) = crate::overlay::node_changes(old, new)
+            .unwrap_or_else(|| (old.iter().collect(), new.iter().collect()));
+        for node in gone {
+            self.take(node);
+        }
+        for node in come {
+            self.add(node);
         }
     }
 

@@ -196,9 +196,12 @@ impl NodeMaps {
 /// The views that left `old` and those that came in `new` (a changed node is in both), found
 /// by one walk down both lists in name order, the views kept from one build to the next
 /// being the same objects. `None` if a list is not in strict name order.
-type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
+pub(crate) type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
 
-fn node_changes<'a>(old: &'a [Arc<NodeView>], new: &'a [Arc<NodeView>]) -> Option<NodeChanges<'a>> {
+pub(crate) fn node_changes<'a>(
+    old: &'a [Arc<NodeView>],
+    new: &'a [Arc<NodeView>],
+) -> Option<NodeChanges<'a>> {
     let ordered = |list: &[Arc<NodeView>]| list.windows(2).all(|w| w[0].name < w[1].name);
     if !ordered(old) || !ordered(new) {
         return None;
