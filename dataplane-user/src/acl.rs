@@ -338,6 +338,132 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     compiled
 }
 
+/// [`compile_tiered`] of `rules` made from `old`, the compile of `old_rules`, when the two
+/// lists differ only in host prefixes (/32, /128) among the rules' destinations: a peer pod
+/// added to or gone from a policy's peers. A host prefix contains no other prefix, so every
+/// other prefix keeps its covering rules and its decision; only the changed hosts' entries
+/// are decided again (from the rules whose destinations contain them), or taken out when no
+/// rule names them any more. `None` where that does not hold and the set must be compiled
+/// whole: other differences, a family's named lengths changing, or a family over
+/// `ACL_MAX_LENGTHS` lengths (whose expanded entries a host may stand behind). The result
+/// decides every address, protocol and port as the whole compile does; a table the changed
+/// hosts need is appended, and one no prefix uses any more stays (indexes are set-local).
+pub fn recompile_hosts(
+    old_rules: &[Rule],
+    old: &CompiledSet,
+    rules: &[Rule],
+    first_tier_end: usize,
+    host_lengths: bool,
+) -> Option<CompiledSet> {
+    if old_rules.len() != rules.len()
+        || old.v4_lengths.len() >= ACL_MAX_LENGTHS
+        || old.v6_lengths.len() >= ACL_MAX_LENGTHS
+    {
+        // Under the limit, the set's lengths are those its rules name (no expansion).
+        return None;
+    }
+    let is_host = |net: &IpNet| net.prefix_len() == net.max_prefix_len();
+    let lengths_of = |net: &IpNet| match net {
+        IpNet::V4(_) => &old.v4_lengths,
+        IpNet::V6(_) => &old.v6_lengths,
+    };
+    let mut changed: BTreeSet<IpNet> = BTreeSet::new();
+    for (a, b) in old_rules.iter().zip(rules) {
+        if a.index != b.index
+            || a.verdict != b.verdict
+            || a.except != b.except
+            || a.ports != b.ports
+        {
+            return None;
+        }
+        if a.destinations == b.destinations {
+            continue;
+        }
+        let sorted = |rule: &Rule| {
+            let mut nets: Vec<IpNet> = rule.destinations.iter().map(IpNet::trunc).collect();
+            nets.sort_unstable();
+            nets.dedup();
+            nets
+        };
+        let (before, after) = (sorted(a), sorted(b));
+        let (mut i, mut j) = (0, 0);
+        while i < before.len() || j < after.len() {
+            let net = match (before.get(i), after.get(j)) {
+                (Some(x), Some(y)) if x == y => {
+                    i += 1;
+                    j += 1;
+                    continue;
+                }
+                (Some(x), Some(y)) if x < y => {
+                    i += 1;
+                    *x
+                }
+                (Some(x), None) => {
+                    i += 1;
+                    *x
+                }
+                (_, Some(y)) => {
+                    j += 1;
+                    *y
+                }
+                (None, None) => break,
+            };
+            // Only hosts, of a length the set already has.
+            if !is_host(&net) || !lengths_of(&net).contains(&net.prefix_len()) {
+                return None;
+            }
+            changed.insert(net);
+        }
+    }
+    let mut compiled = old.clone();
+    for host in changed {
+        let named_here = rules.iter().any(|r| {
+            r.destinations
+                .iter()
+                .chain(&r.except)
+                .any(|n| n.trunc() == host)
+        });
+        if !named_here {
+            compiled.prefixes.remove(&host);
+            continue;
+        }
+        let covering = rules.iter().enumerate().filter(|(_, rule)| {
+            rule.destinations.iter().any(|d| d.contains(&host)) && !rule.excepts(&host)
+        });
+        let painted = first_match(covering.map(|(p, rule)| (p < first_tier_end, rule)));
+        let decision = match painted.as_slice() {
+            [] => Decision::Unmatched,
+            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
+            _ => {
+                let table = port_table(&painted);
+                let index = match compiled.tables.iter().position(|t| *t == table) {
+                    Some(index) => index,
+                    None => {
+                        compiled.tables.push(table);
+                        compiled.tables.len() - 1
+                    }
+                };
+                Decision::Table(index)
+            }
+        };
+        compiled.prefixes.insert(host, decision);
+    }
+    // A host taken out may have been the last of its length: the lengths would change.
+    let has_hosts = |v4: bool| {
+        compiled
+            .prefixes
+            .keys()
+            .any(|p| matches!(p, IpNet::V4(_)) == v4 && is_host(p))
+    };
+    if !host_lengths
+        && (old.v4_lengths.contains(&32) && !has_hosts(true)
+            || old.v6_lengths.contains(&128) && !has_hosts(false))
+    {
+        return None;
+    }
+    Some(compiled)
+}
+
 /// Brings one family's prefixes down to at most `ACL_MAX_LENGTHS` lengths: while there are
 /// more, the length whose prefixes cost the fewest entries to expand into the next longer
 /// length is expanded there (existing, more specific entries keep their decisions). Returns

@@ -8,7 +8,7 @@ use dataplane_user::{
     Dataplane,
     acl::{
         self,
-        agent::{FirewallAgent, FirewallFiles, FirewallInputs},
+        agent::{FirewallAgent, FirewallFiles, FirewallInputs, HostedLists},
     },
     cni::{
         self,
@@ -57,6 +57,8 @@ pub struct Cluster {
     pub lb: lb::LbState,
     /// Started at the first sync.
     pub firewalls: Option<FirewallAgent>,
+    /// What access control's inputs took of the EgressFirewall and NetworkPolicy lists.
+    pub hosted_lists: HostedLists,
     /// Objects the last sync rejected, by kind (for the metrics).
     pub rejected: Vec<(&'static str, usize)>,
     pub egress: EgressNode,
@@ -198,6 +200,7 @@ impl Cluster {
                 // The API source's lists are in key order (`ObjectCache`); after the read only
                 // pods are merged in. A manifest directory's are in its files' order.
                 matches!(self.source, Source::Kubernetes(_)),
+                &mut self.hosted_lists,
             );
             match &mut self.firewalls {
                 Some(firewalls) => {

@@ -564,6 +564,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             named_ifaces: args.pod_ifaces.clone(),
             lb: lb::LbState::default(),
             firewalls: None,
+            hosted_lists: Default::default(),
             rejected: Vec::new(),
             egress,
             gateway_script: None,

@@ -271,18 +271,21 @@ mod tests {
         PolicySet {
             namespace: namespace.into(),
             direction: Direction::Ingress,
-            refs: policies
-                .iter()
-                .map(|policy| RuleRef {
-                    kind: PolicyKind::NetworkPolicy,
-                    tier: None,
-                    policy: format!("{namespace}/{policy}"),
-                    direction: Direction::Ingress,
-                    rule: 0,
-                    name: String::new(),
-                })
-                .collect(),
+            refs: std::sync::Arc::new(
+                policies
+                    .iter()
+                    .map(|policy| RuleRef {
+                        kind: PolicyKind::NetworkPolicy,
+                        tier: None,
+                        policy: format!("{namespace}/{policy}"),
+                        direction: Direction::Ingress,
+                        rule: 0,
+                        name: String::new(),
+                    })
+                    .collect(),
+            ),
             compiled: Default::default(),
+            rules: Default::default(),
         }
     }
 

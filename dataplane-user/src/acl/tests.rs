@@ -568,3 +568,122 @@ fn a_port_table_is_rewritten_in_place_only_for_the_prefixes_that_follow_it() {
     // A table no prefix took may become any.
     assert!(table_follows(&fewer, 2, &moved, 0));
 }
+
+/// What a compiled set decides for each of its prefixes, its tables read through (indexes
+/// are set-local, so two compiles deciding alike may number their tables apart).
+fn resolved(set: &CompiledSet) -> Vec<(IpNet, Result<Option<Outcome>, PortTable>)> {
+    set.prefixes
+        .iter()
+        .map(|(prefix, decision)| {
+            let resolved = match decision {
+                Decision::Final(outcome) => Ok(Some(*outcome)),
+                Decision::Unmatched => Ok(None),
+                Decision::Table(index) => Err(set.tables[*index].clone()),
+            };
+            (*prefix, resolved)
+        })
+        .collect()
+}
+
+/// Peers coming and going as /32s and /128s among two tiers of rules (a port rule, a pass,
+/// a CIDR with a hole, a deny-all), at random over 300 steps: each incremental set decides
+/// every prefix as the whole compile of the same rules does, with the same lengths; a change
+/// other than hosts, or a new length, asks for the whole compile.
+#[test]
+fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
+    let tcp = |port: u16| {
+        Ports::Only(vec![PortMatch {
+            protocol: 6,
+            first: port,
+            last: port,
+        }])
+    };
+    let host = |n: u64| -> IpNet {
+        if n.is_multiple_of(5) {
+            format!("fd00::{:x}/128", n).parse().unwrap()
+        } else {
+            format!("10.1.{}.{}/32", n / 200, n % 200).parse().unwrap()
+        }
+    };
+    let rules = |peers: &BTreeSet<u64>, others: &BTreeSet<u64>| -> Vec<Rule> {
+        vec![
+            Rule {
+                index: 0,
+                verdict: Verdict::Pass,
+                destinations: others.iter().map(|&n| host(n)).collect(),
+                except: Vec::new(),
+                ports: tcp(22),
+            },
+            Rule {
+                index: 1,
+                verdict: Verdict::Allow,
+                destinations: peers.iter().map(|&n| host(n)).collect(),
+                except: Vec::new(),
+                ports: tcp(8080),
+            },
+            Rule {
+                index: 2,
+                verdict: Verdict::Allow,
+                destinations: vec![net("10.1.0.0/24")],
+                except: vec![net("10.1.0.128/25"), net("10.1.0.7/32")],
+                ports: Ports::Any,
+            },
+            Rule {
+                index: 3,
+                verdict: Verdict::Deny,
+                destinations: vec![net("0.0.0.0/0"), net("::/0")],
+                except: Vec::new(),
+                ports: Ports::Any,
+            },
+        ]
+    };
+    let (mut last_rules, mut last) = (Vec::new(), CompiledSet::default());
+    for host_lengths in [true, false] {
+        let mut rng = crate::test_rng::TestRng::new(25);
+        let mut peers: BTreeSet<u64> = (1..40).collect();
+        let mut others: BTreeSet<u64> = (30..50).collect();
+        last_rules = rules(&peers, &others);
+        last = compile_tiered(&last_rules, 1, host_lengths);
+        for step in 0..300 {
+            let n = rng.below(400) + 1;
+            let list = if rng.below(3) == 0 {
+                &mut others
+            } else {
+                &mut peers
+            };
+            if !list.remove(&n) {
+                list.insert(n);
+            }
+            let now = rules(&peers, &others);
+            let whole = compile_tiered(&now, 1, host_lengths);
+            let incremental = recompile_hosts(&last_rules, &last, &now, 1, host_lengths)
+                .unwrap_or_else(|| panic!("step {step}: hosts alone changed"));
+            assert_eq!(
+                resolved(&incremental),
+                resolved(&whole),
+                "step {step}, host lengths {host_lengths}"
+            );
+            assert_eq!(
+                (&incremental.v4_lengths, &incremental.v6_lengths),
+                (&whole.v4_lengths, &whole.v6_lengths)
+            );
+            last_rules = now;
+            last = incremental;
+        }
+    }
+    // Not hosts: a port, a CIDR, a new length.
+    let mut port = last_rules.clone();
+    port[1].ports = tcp(8081);
+    assert!(recompile_hosts(&last_rules, &last, &port, 1, true).is_none());
+    let mut cidr = last_rules.clone();
+    cidr[1].destinations.push(net("10.9.0.0/16"));
+    assert!(recompile_hosts(&last_rules, &last, &cidr, 1, true).is_none());
+    // The last IPv6 hosts gone: without host lengths kept, the set's lengths change.
+    let mut v4_only = last_rules.clone();
+    for rule in &mut v4_only[..2] {
+        rule.destinations.retain(|d| matches!(d, IpNet::V4(_)));
+    }
+    assert!(last.v6_lengths.contains(&128));
+    assert!(!compile_tiered(&v4_only, 1, false).v6_lengths.contains(&128));
+    assert!(recompile_hosts(&last_rules, &last, &v4_only, 1, false).is_none());
+}
