@@ -1117,10 +1117,10 @@ struct CachedPod {
 }
 
 impl CachedPod {
-    /// Whether the pod's last compile still holds after `changes`.
-    fn still_holds(&self, pod: &PolicyPod, changes: &PolicyChanges) -> bool {
+    /// Whether the last compile of the pod, of `namespace`, still holds after `changes`.
+    fn still_holds(&self, namespace: &str, changes: &PolicyChanges) -> bool {
         // The reads include the pod's own namespace (its policies select among its pods).
-        !changes.policies.contains(&pod.namespace) && !self.reads.touched_by(&changes.pods)
+        !changes.policies.contains(namespace) && !self.reads.touched_by(&changes.pods)
     }
 }
 
@@ -1148,26 +1148,31 @@ pub fn policy_sets_since(
         local.iter().filter_map(|key| key.split_once('/')).collect();
     let mut kept = BTreeMap::new();
     let mut cached_pods = std::mem::take(&mut cache.pods);
-    for pod in local
-        .into_iter()
-        .filter_map(|(namespace, name)| cluster.pods.get(namespace, name))
-    {
-        let key = (pod.namespace.clone(), pod.name.clone());
+    for (namespace, name) in local {
+        let key = (namespace.to_owned(), name.to_owned());
         // The pod's sets of the last compile, which a set that moved by a few peers is made
         // from.
         let mut prior = PodSets::default();
         if let Some(cached) = cached_pods.remove(&key) {
-            if cached.still_holds(pod, changes) && reuse_sets(&cached.sets, previous, &mut out.sets)
+            // A pod whose compile holds is not looked up among the cluster's pods again: it is
+            // the pod compiled then (a change to any pod of its namespace, itself included,
+            // touches its reads), and 110 lookups among 150,000 pods were 6 % of a change.
+            if cached.still_holds(namespace, changes)
+                && reuse_sets(&cached.sets, previous, &mut out.sets)
             {
                 errors.extend(cached.errors.iter().cloned());
                 if cached.sets != PodSets::default() {
-                    out.pods.insert(pod.key(), cached.sets.clone());
+                    out.pods
+                        .insert(format!("{namespace}/{name}"), cached.sets.clone());
                 }
                 kept.insert(key, cached);
                 continue;
             }
             prior = cached.sets;
         }
+        let Some(pod) = cluster.pods.get(namespace, name) else {
+            continue;
+        };
         *cluster.reads.borrow_mut() = Reads::Nothing;
         cluster.read(&pod.namespace);
         let (policy, pod_errors) = pod_policy(policies, cluster, pod);
