@@ -379,35 +379,10 @@ pub fn recompile_hosts(
         if a.destinations == b.destinations {
             continue;
         }
-        let sorted = |rule: &Rule| {
-            let mut nets: Vec<IpNet> = rule.destinations.iter().map(IpNet::trunc).collect();
-            nets.sort_unstable();
-            nets.dedup();
-            nets
+        let nets = |rule: &Rule| -> BTreeSet<IpNet> {
+            rule.destinations.iter().map(IpNet::trunc).collect()
         };
-        let (before, after) = (sorted(a), sorted(b));
-        let (mut i, mut j) = (0, 0);
-        while i < before.len() || j < after.len() {
-            let net = match (before.get(i), after.get(j)) {
-                (Some(x), Some(y)) if x == y => {
-                    i += 1;
-                    j += 1;
-                    continue;
-                }
-                (Some(x), Some(y)) if x < y => {
-                    i += 1;
-                    *x
-                }
-                (Some(x), None) => {
-                    i += 1;
-                    *x
-                }
-                (_, Some(y)) => {
-                    j += 1;
-                    *y
-                }
-                (None, None) => break,
-            };
+        for &net in nets(a).symmetric_difference(&nets(b)) {
             // Only hosts, of a length the set already has.
             if !is_host(&net) || !lengths_of(&net).contains(&net.prefix_len()) {
                 return None;

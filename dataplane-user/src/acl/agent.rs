@@ -490,6 +490,8 @@ impl FirewallAgent {
                 && previous.context == self.context
                 && *read == addresses
         });
+        self.admin.domains = addresses.clone();
+        self.admin.domains.extend(self.snooped.addresses());
         self.compiled = if firewalls_hold {
             previous
         } else {
@@ -498,8 +500,6 @@ impl FirewallAgent {
             self.firewalls_read = Some((self.objects.clone(), addresses));
             compiled
         };
-        self.admin.domains = self.names.addresses();
-        self.admin.domains.extend(self.snooped.addresses());
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
         let policies = policy_sets_since(

@@ -739,14 +739,15 @@ fn changes(
     {
         let (mut times_large, mut times_small, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
         let (mut last_large, mut last_small) = (Step::default(), Step::default());
-        for block in (0..repeats).collect::<Vec<_>>().chunks(BLOCK) {
+        for start in (0..repeats).step_by(BLOCK) {
+            let block = start..(start + BLOCK).min(repeats);
             let (mut block_large, mut block_small) = (Vec::new(), Vec::new());
-            for &r in block {
+            for r in block.clone() {
                 let (elapsed, step) = timed_change(large, apply, r)?;
                 block_large.push(elapsed);
                 last_large = step;
             }
-            for &r in block {
+            for r in block {
                 let (elapsed, step) = timed_change(small, apply, r)?;
                 block_small.push(elapsed);
                 last_small = step;
