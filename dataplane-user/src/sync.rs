@@ -280,7 +280,9 @@ type Versions<'a, T> = (Option<&'a Arc<T>>, Option<&'a Arc<T>>);
 const RESYNC_WINDOW: usize = 32;
 
 /// The objects that differ between `old` and `new` (added, removed or modified), before and
-/// after. The lists are walked side by side (a source keeps its order, and a change leaves
+/// after. When `new` is `old` with objects placed by the object cache, the keys its journal
+/// noted since are all that is looked at (`Objects::placed_since`). Otherwise the lists are
+/// walked side by side (a source keeps its order, and a change leaves
 /// the rest of the list as it was): past each difference the walk finds where they agree
 /// again, and the objects in between are matched by key. Lists that do not agree again
 /// within [`RESYNC_WINDOW`] are matched by key from there on. At 150,000 pods, matching
@@ -292,6 +294,15 @@ fn changed_keys<'a, T: Resource + PartialEq>(
     if old.shares(new) {
         return Vec::new();
     }
+    if let Some(placed) = new.placed_since(old) {
+        // Only these keys can differ: each is looked up in both lists.
+        let keys: BTreeSet<(&str, &str)> = placed.collect();
+        return keys
+            .into_iter()
+            .map(|at| (old.at_key(at), new.at_key(at)))
+            .filter(|versions| differ(versions))
+            .collect();
+    }
     let mut between: BTreeMap<(&str, &str), Versions<'a, T>> = BTreeMap::new();
     for (olds, news) in differing_runs(old, new) {
         for object in olds.filter_map(|x| old.get(x)) {
@@ -301,13 +312,15 @@ fn changed_keys<'a, T: Resource + PartialEq>(
             between.entry(key_of(&**object)).or_default().1 = Some(object);
         }
     }
-    between
-        .into_values()
-        .filter(|(a, b)| match (a, b) {
-            (Some(a), Some(b)) => !same(a, b),
-            _ => true,
-        })
-        .collect()
+    between.into_values().filter(differ).collect()
+}
+
+/// Whether an object's two versions differ (one missing counts; both missing does not).
+fn differ<T: PartialEq>(versions: &Versions<'_, T>) -> bool {
+    match versions {
+        (Some(a), Some(b)) => !same(a, b),
+        (a, b) => a.is_some() || b.is_some(),
+    }
 }
 
 /// The runs of positions where `old` and `new` differ, each paired with the run it stands
