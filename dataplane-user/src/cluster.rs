@@ -189,7 +189,7 @@ impl Cluster {
                 dns_server: self.dns_server,
                 dns_cache: self.dns_cache.clone(),
                 audit_path: self.audit_log.clone(),
-                rules_file: self.acl_rules.clone(),
+                rules_dir: self.acl_rules.clone(),
             };
             let inputs = FirewallInputs::from_state(
                 &state,

@@ -560,7 +560,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             dns_server: args.dns_server,
             dns_cache: run_dir.join(acl::dns::CACHE_FILE),
             audit_log: args.audit_log.clone(),
-            acl_rules: run_dir.join(acl::explain::RULES_FILE),
+            acl_rules: run_dir.join(acl::explain::RULES_DIR),
             named_ifaces: args.pod_ifaces.clone(),
             lb: lb::LbState::default(),
             firewalls: None,

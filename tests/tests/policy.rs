@@ -532,7 +532,7 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     }
     let dir = std::env::temp_dir().join(format!("policy-agent-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("directory");
-    let rules_file = dir.join("acl-rules.json");
+    let rules_dir = dir.join(explain::RULES_DIR);
     let policies = parse_policies(SHARED);
     let inputs = |peers: &[(&str, [u8; 4])], changes: PolicyChanges| FirewallInputs {
         objects: Vec::new(),
@@ -549,7 +549,7 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         dns_servers: Default::default(),
         audit: Default::default(),
         audit_path: dir.join("audit.log"),
-        rules_file: rules_file.clone(),
+        rules_dir: rules_dir.clone(),
     };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -565,8 +565,21 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     // One shared set: a table of one port, C's prefix and the default prefixes, and the
     // three endpoints' two policed ones.
     assert!(stats.written > 0, "{stats:?}");
-    let inode = || std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(&rules_file).unwrap());
+    // Each set's description file by name, with its inode (a write replaces the file).
+    let inode = || -> Vec<(std::ffi::OsString, u64)> {
+        let mut files: Vec<_> = std::fs::read_dir(&rules_dir)
+            .expect("the descriptions' directory")
+            .map(|entry| {
+                let entry = entry.expect("entry");
+                let inode = std::os::unix::fs::MetadataExt::ino(&entry.metadata().unwrap());
+                (entry.file_name(), inode)
+            })
+            .collect();
+        files.sort();
+        files
+    };
     let described = inode();
+    assert_eq!(described.len(), 1, "one set, one file: {described:?}");
 
     let same = runtime
         .block_on(agent.update(&mut fixture, inputs(&[("c", C)], PolicyChanges::default())))

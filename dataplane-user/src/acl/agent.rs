@@ -61,8 +61,9 @@ pub struct FirewallInputs {
     pub audit: PolicyAuditConfig,
     /// The audit log file.
     pub audit_path: PathBuf,
-    /// Where what each policy set's rules stand for is written (see [`super::explain`]).
-    pub rules_file: PathBuf,
+    /// The directory where what each policy set's rules stand for is written (see
+    /// [`super::explain`]).
+    pub rules_dir: PathBuf,
 }
 
 /// Where access control keeps its files, and the DNS server it asks.
@@ -71,7 +72,7 @@ pub struct FirewallFiles {
     pub dns_server: Option<IpAddr>,
     pub dns_cache: PathBuf,
     pub audit_path: PathBuf,
-    pub rules_file: PathBuf,
+    pub rules_dir: PathBuf,
 }
 
 impl FirewallInputs {
@@ -120,7 +121,7 @@ impl FirewallInputs {
             dns_servers: admin::dns_servers(state, lists_in_key_order),
             audit: state.policy_audit.clone(),
             audit_path: files.audit_path.clone(),
-            rules_file: files.rules_file.clone(),
+            rules_dir: files.rules_dir.clone(),
         }
     }
 }
@@ -277,7 +278,7 @@ pub struct FirewallAgent {
     descriptions: BTreeMap<u32, super::explain::SetRules>,
     names: DnsNames,
     dns_cache: PathBuf,
-    rules_file: PathBuf,
+    rules_dir: PathBuf,
     resolver: Option<Resolver>,
     compiled: CompiledFirewalls,
     /// The EgressFirewall objects and DNS addresses `compiled`'s firewalls were compiled
@@ -347,15 +348,21 @@ impl FirewallAgent {
             return;
         }
         let changed = self.state.take_described_changes();
-        match self.described {
+        let written = match self.described {
             Some(_) => {
-                super::explain::set_rules_since(&self.state, &mut self.descriptions, &changed)
+                super::explain::set_rules_since(&self.state, &mut self.descriptions, &changed);
+                Some(&changed)
             }
-            None => self.descriptions = super::explain::set_rules(&self.state),
-        }
+            None => {
+                self.descriptions = super::explain::set_rules(&self.state);
+                None
+            }
+        };
         self.described = Some(version);
-        if let Err(error) = super::explain::write(&self.rules_file, &self.descriptions) {
-            tracing::warn!(path = %self.rules_file.display(), %error, "writing the policy rule names");
+        if let Err(error) = super::explain::write(&self.rules_dir, &self.descriptions, written) {
+            tracing::warn!(path = %self.rules_dir.display(), %error, "writing the policy rule names");
+            // Written whole at the next change, whichever sets it changes.
+            self.described = None;
         }
     }
 
@@ -417,7 +424,7 @@ impl FirewallAgent {
             descriptions: BTreeMap::new(),
             names: DnsNames::default(),
             dns_cache: inputs.dns_cache.clone(),
-            rules_file: inputs.rules_file.clone(),
+            rules_dir: inputs.rules_dir.clone(),
             resolver: None,
             compiled: CompiledFirewalls::default(),
             firewalls_read: None,

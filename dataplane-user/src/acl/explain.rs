@@ -26,8 +26,10 @@ use serde::{Deserialize, Serialize};
 use super::{AclState, addr_key, policy::Direction};
 use crate::{AgentError, Pins, overlay::addr16};
 
-/// The file in the agent's run directory.
-pub const RULES_FILE: &str = "acl-rules.json";
+/// The directory in the agent's run directory: one file per installed set, `<set id>.json`,
+/// so that a change writes the sets it changed and not every set's description (at 110
+/// local pods whose sets have 300 peers each, writing them all took a label change 0.2 ms).
+pub const RULES_DIR: &str = "acl-rules";
 
 /// What one installed policy set's rule indexes stand for.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -96,19 +98,66 @@ fn objects(refs: &[super::policy::RuleRef]) -> Vec<String> {
     out
 }
 
-/// Writes the descriptions (atomically: a reader sees the old file or the new one).
-pub fn write(path: &Path, rules: &BTreeMap<u32, SetRules>) -> std::io::Result<()> {
-    // Described again at every start: no need to wait for the disk.
-    crate::state::write_json_replacing(path, rules, false)
+/// Writes the descriptions of the sets `changed` names (`None`: of every set, and removes the
+/// files of sets not in `rules`, left by an earlier run). Each file is replaced atomically: a
+/// reader sees a set's old description or its new one.
+pub fn write(
+    dir: &Path,
+    rules: &BTreeMap<u32, SetRules>,
+    changed: Option<&std::collections::BTreeSet<u32>>,
+) -> std::io::Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let ids: Vec<u32> = match changed {
+        Some(changed) => changed.iter().copied().collect(),
+        None => {
+            for entry in std::fs::read_dir(dir)? {
+                let path = entry?.path();
+                if set_of_file(&path).is_none_or(|id| !rules.contains_key(&id)) {
+                    remove_if_there(&path)?;
+                }
+            }
+            rules.keys().copied().collect()
+        }
+    };
+    for id in ids {
+        let path = dir.join(format!("{id}.json"));
+        match rules.get(&id) {
+            // Described again at every start: no need to wait for the disk.
+            Some(set) => crate::state::write_json_replacing(&path, set, false)?,
+            None => remove_if_there(&path)?,
+        }
+    }
+    Ok(())
 }
 
-/// The descriptions the agent last wrote under `run_dir` (empty without an agent).
+/// The set id a description file is named by (`None`: not a description).
+fn set_of_file(path: &Path) -> Option<u32> {
+    let name = path.file_name()?.to_str()?;
+    name.strip_suffix(".json")?.parse().ok()
+}
+
+fn remove_if_there(path: &Path) -> std::io::Result<()> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+        _ => Ok(()),
+    }
+}
+
+/// The descriptions the agent last wrote under `run_dir` (empty without an agent; a file
+/// that does not read, one being replaced, is left out).
 pub fn read(run_dir: &Path) -> BTreeMap<u32, SetRules> {
-    let path: PathBuf = run_dir.join(RULES_FILE);
-    std::fs::read(&path)
-        .ok()
-        .and_then(|text| serde_json::from_slice(&text).ok())
-        .unwrap_or_default()
+    let dir: PathBuf = run_dir.join(RULES_DIR);
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return BTreeMap::new();
+    };
+    entries
+        .filter_map(|entry| {
+            let path = entry.ok()?.path();
+            let id = set_of_file(&path)?;
+            let text = std::fs::read(&path).ok()?;
+            Some((id, serde_json::from_slice(&text).ok()?))
+        })
+        .collect()
 }
 
 /// A decision as the kernel takes it from one set.
@@ -266,6 +315,43 @@ mod tests {
 
     use super::*;
     use crate::acl::policy::{PolicyKind, PolicySet, RuleRef};
+
+    /// A change writes the files of the sets it names and no other; a whole write removes
+    /// the files of sets gone since an earlier run; reading gives every set's description.
+    #[test]
+    fn each_set_is_described_in_a_file_of_its_own() {
+        let run_dir = std::env::temp_dir().join(format!("explain-{}", std::process::id()));
+        let dir = run_dir.join(RULES_DIR);
+        let rules = |namespace: &str| SetRules {
+            namespace: namespace.into(),
+            direction: "ingress".into(),
+            rules: vec![format!("policy {namespace}/p")],
+            objects: Vec::new(),
+        };
+        let inode = |id: u32| {
+            std::os::unix::fs::MetadataExt::ino(
+                &std::fs::metadata(dir.join(format!("{id}.json"))).expect("file"),
+            )
+        };
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("9.json"), "{}").unwrap();
+        let mut described: BTreeMap<u32, SetRules> =
+            [(1, rules("a")), (2, rules("b"))].into_iter().collect();
+        write(&dir, &described, None).unwrap();
+        assert_eq!(read(&run_dir), described, "the earlier run's set 9 is gone");
+        let kept = inode(1);
+
+        described.insert(2, rules("c"));
+        described.insert(3, rules("d"));
+        write(&dir, &described, Some(&BTreeSet::from([2, 3]))).unwrap();
+        assert_eq!(read(&run_dir), described);
+        assert_eq!(inode(1), kept, "set 1 was not written again");
+
+        described.remove(&2);
+        write(&dir, &described, Some(&BTreeSet::from([2]))).unwrap();
+        assert_eq!(read(&run_dir), described);
+        let _ = std::fs::remove_dir_all(&run_dir);
+    }
 
     fn set(namespace: &str, policies: &[&str]) -> PolicySet {
         PolicySet {

@@ -637,7 +637,7 @@ fn bench_files() -> anyhow::Result<FirewallFiles> {
         dns_server: None,
         dns_cache: dir.join("dns-cache.json"),
         audit_path: dir.join("audit.log"),
-        rules_file: dir.join("acl-rules.json"),
+        rules_dir: dir.join("acl-rules"),
     })
 }
 
