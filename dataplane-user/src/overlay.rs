@@ -24,7 +24,7 @@ use crate::{AgentError, Dataplane, hybrid::HybridView, port};
 
 mod nodes;
 pub use nodes::NodeMaps;
-pub(crate) use nodes::node_changes;
+pub(crate) use nodes::{in_name_order, node_changes};
 
 /// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
 pub const IPV6_MIN_MTU: u32 = 1280;
@@ -551,7 +551,8 @@ impl Dataplane {
 
 /// The `OUTSIDE` bitmap `maps` call for: every bit set but those of the local pods' addresses
 /// and of the remote pod subnets (each /16 an IPv4 subnet spans; an IPv6 subnet shorter than
-/// /32, whose prefixes the bitmap's fold cannot list, clears every IPv6 bit).
+/// /32, whose prefixes the bitmap's fold cannot list, clears every IPv6 bit). The remote
+/// subnets' bits are the ones their entries keep counted (`NodeMaps::outside_cleared`).
 pub fn outside_words(maps: &OverlayMaps) -> Vec<u64> {
     let mut words = vec![u64::MAX; OUTSIDE_WORDS as usize];
     let mut clear = |(word, bit): (u32, u64)| words[word as usize] &= !bit;
@@ -561,22 +562,8 @@ pub fn outside_words(maps: &OverlayMaps) -> Vec<u64> {
             IpAddr::V6(v6) => clear(outside_bit_v6(first_four(&v6.octets()))),
         }
     }
-    for &(prefix_len, network) in maps.node_maps.remote_v4.keys() {
-        let spanned: u32 = 1 << 16u32.saturating_sub(prefix_len);
-        let first = (u32::from_be_bytes(network) >> 16) & !(spanned - 1);
-        for high in first..first + spanned {
-            clear(outside_bit_v4((high << 16).to_be_bytes()));
-        }
-    }
-    let mut all_ipv6 = false;
-    for (prefix_len, network) in maps.node_maps.remote_v6.keys() {
-        if *prefix_len < 32 {
-            all_ipv6 = true;
-        } else {
-            clear(outside_bit_v6(first_four(network)));
-        }
-    }
-    if all_ipv6 {
+    maps.node_maps.outside_cleared().for_each(&mut clear);
+    if maps.node_maps.has_short_v6() {
         words[OUTSIDE_WORDS as usize / 2..].fill(0);
     }
     words
@@ -874,17 +861,11 @@ mod tests {
             .insert(addr16(ip("10.244.1.3")), LocalPod::default());
         maps.local_pods
             .insert(addr16(ip("fd00:10:244:1::3")), LocalPod::default());
-        Arc::make_mut(&mut maps.node_maps)
-            .remote_v4
-            .insert((24, [10, 245, 7, 0]), endpoint);
+        Arc::make_mut(&mut maps.node_maps).insert_remote_v4((24, [10, 245, 7, 0]), endpoint);
         // Shorter than the bitmap's /16: every /16 it spans (a hybrid cluster network).
-        Arc::make_mut(&mut maps.node_maps)
-            .remote_v4
-            .insert((14, [172, 16, 0, 0]), endpoint);
+        Arc::make_mut(&mut maps.node_maps).insert_remote_v4((14, [172, 16, 0, 0]), endpoint);
         let v6_subnet: Ipv6Addr = "fd00:20:244:2::".parse().expect("address");
-        Arc::make_mut(&mut maps.node_maps)
-            .remote_v6
-            .insert((64, v6_subnet.octets()), endpoint);
+        Arc::make_mut(&mut maps.node_maps).insert_remote_v6((64, v6_subnet.octets()), endpoint);
         let words = outside_words(&maps);
         for inside in [
             "10.244.1.3",
@@ -911,13 +892,27 @@ mod tests {
         let clear: u32 = words.iter().map(|w| w.count_zeros()).sum();
         assert_eq!(clear, 2 + 4 + 2);
         // An IPv6 subnet shorter than /32 cannot be listed: every IPv6 destination is looked up.
-        Arc::make_mut(&mut maps.node_maps).remote_v6.insert(
-            (24, [0xfd, 0, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
-            endpoint,
-        );
+        let short = (24, [0xfd, 0, 0x30, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
+        Arc::make_mut(&mut maps.node_maps).insert_remote_v6(short, endpoint);
         let words = outside_words(&maps);
         assert!(!outside(&words, "2001:db8::1"));
         assert!(outside(&words, "192.0.2.1"));
+        // Subnets taken out give their bits back; a /16 two subnets clear stays clear while
+        // one of them is left.
+        let node_maps = Arc::make_mut(&mut maps.node_maps);
+        node_maps.insert_remote_v4((24, [10, 245, 8, 0]), endpoint);
+        node_maps.remove_remote_v6(short);
+        node_maps.remove_remote_v4((14, [172, 16, 0, 0]));
+        node_maps.remove_remote_v4((24, [10, 245, 7, 0]));
+        let words = outside_words(&maps);
+        assert!(outside(&words, "2001:db8::1"));
+        assert!(outside(&words, "172.16.0.1"));
+        assert!(
+            !outside(&words, "10.245.7.9"),
+            "10.245.8.0/24 is still there"
+        );
+        let clear: u32 = words.iter().map(|w| w.count_zeros()).sum();
+        assert_eq!(clear, 2 + 2);
     }
 
     #[test]

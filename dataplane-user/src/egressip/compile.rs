@@ -196,6 +196,10 @@ pub fn internal_prefixes(inputs: &EgressInputs) -> Arc<InternalPrefixes> {
 pub struct InternalCounts {
     counts: BTreeMap<(u32, Addr), u32>,
     prefixes: Arc<InternalPrefixes>,
+    /// The nodes counted, and whether they are in strict name order (so that a change to
+    /// them can be followed node by node).
+    nodes: Arc<Vec<Arc<NodeView>>>,
+    nodes_in_order: bool,
 }
 
 impl InternalCounts {
@@ -223,7 +227,12 @@ impl InternalCounts {
             *counts.entry(key).or_default() += 1;
         }
         let prefixes = Arc::new(counts.keys().map(|key| (*key, 1)).collect());
-        InternalCounts { counts, prefixes }
+        InternalCounts {
+            counts,
+            prefixes,
+            nodes: Arc::clone(&inputs.nodes),
+            nodes_in_order: crate::overlay::in_name_order(&inputs.nodes),
+        }
     }
 
     /// The prefixes, shared.
@@ -231,13 +240,21 @@ impl InternalCounts {
         Arc::clone(&self.prefixes)
     }
 
-    /// Follows the nodes from `old` (what these counts were made from) to `new`: the nodes
-    /// that left and came (`overlay::node_changes`, one walk down both lists in name order)
-    /// are taken away and added. Lists out of name order (a manifest directory's) take every
-    /// old node away and add every new one: the counts still end those of `new`.
-    pub fn follow_nodes(&mut self, old: &[Arc<NodeView>], new: &[Arc<NodeView>]) {
-        let (gone, come) = crate::overlay::node_changes(old, new)
-            .unwrap_or_else(|| (old.iter().collect(), new.iter().collect()));
+    /// Follows the nodes counted to `new`: the nodes that left and came
+    /// (`overlay::node_changes`, one walk down both lists in name order) are taken away and
+    /// added. Lists out of name order (a manifest directory's) take every old node away and
+    /// add every new one: the counts still end those of `new`.
+    pub fn follow_nodes(&mut self, new: &Arc<Vec<Arc<NodeView>>>) {
+        if Arc::ptr_eq(&self.nodes, new) {
+            return;
+        }
+        let old = std::mem::replace(&mut self.nodes, Arc::clone(new));
+        let changes = self
+            .nodes_in_order
+            .then(|| crate::overlay::node_changes(&old, new))
+            .flatten();
+        self.nodes_in_order = changes.is_some() || crate::overlay::in_name_order(new);
+        let (gone, come) = changes.unwrap_or_else(|| (old.iter().collect(), new.iter().collect()));
         for node in gone {
             self.take(node);
         }
@@ -590,12 +607,10 @@ mod tests {
             // Every node gone.
             Vec::new(),
         ];
-        let mut last = nodes;
         for step in steps {
-            counts.follow_nodes(&last, &step);
             inputs.nodes = Arc::new(step.clone());
+            counts.follow_nodes(&inputs.nodes);
             assert_eq!(*counts.prefixes(), *internal_prefixes(&inputs), "{step:?}");
-            last = step;
         }
         let links_and_networks = internal_prefixes(&inputs).len();
         assert_eq!(links_and_networks, NOT_EGRESS.len() + 2);

@@ -128,11 +128,7 @@ impl EgressNode {
                 && last.service_networks == inputs.service_networks
         });
         match (&self.inputs, &mut self.internal) {
-            (Some(last), Some(internal)) if same_networks => {
-                if !Arc::ptr_eq(&last.nodes, &inputs.nodes) {
-                    internal.follow_nodes(&last.nodes, &inputs.nodes);
-                }
-            }
+            (Some(_), Some(internal)) if same_networks => internal.follow_nodes(&inputs.nodes),
             _ => self.internal = None,
         }
         self.inputs = Some(inputs);

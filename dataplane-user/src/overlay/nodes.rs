@@ -8,7 +8,7 @@ use std::{
     sync::Arc,
 };
 
-use dataplane_common::overlay::{Addr, TunnelEndpoint};
+use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
 use super::{CompileError, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6};
@@ -25,8 +25,11 @@ const MOST_CHANGED_DIVISOR: usize = 4;
 #[derive(Clone, Debug, Default)]
 pub struct NodeMaps {
     /// Other nodes' IPv4 pod CIDRs (and the hybrid nodes' subnets) and their tunnel endpoints.
+    /// Changed through [`NodeMaps::insert_remote_v4`] and the like, which keep `outside`.
     pub remote_v4: imbl::OrdMap<(u32, [u8; 4]), TunnelEndpoint>,
     pub remote_v6: imbl::OrdMap<(u32, [u8; 16]), TunnelEndpoint>,
+    /// The bits of the `OUTSIDE` bitmap the remote subnets clear.
+    outside: OutsideBits,
     /// Every node's addresses (the value is unused).
     pub node_addrs: imbl::OrdMap<Addr, u32>,
     /// How many nodes name each address: one leaving takes it out only if no other has it.
@@ -34,8 +37,61 @@ pub struct NodeMaps {
     owners: PodCidrOwners,
     /// The node list, this node and hybrid view these entries are of.
     nodes: Arc<Vec<Arc<NodeView>>>,
+    /// Whether `nodes` is in strict name order (so a change can be followed node by node).
+    nodes_in_order: bool,
     this_node: String,
     hybrid: Option<HybridView>,
+}
+
+/// How many remote pod subnets clear each bit of the `OUTSIDE` bitmap
+/// (`overlay::outside_words`), kept with the entries: a node change moves the counts of its
+/// own subnets' bits, where the bitmap was made from every remote subnet, twice (the wanted
+/// and the last), at each node change: a tenth of a node added among 5,000.
+#[derive(Clone, Debug, Default)]
+struct OutsideBits {
+    /// By the bit's word and mask.
+    cleared: imbl::OrdMap<(u32, u64), u32>,
+    /// IPv6 subnets shorter than /32, whose prefixes the bitmap's fold cannot list.
+    short_v6: u32,
+}
+
+impl OutsideBits {
+    /// Counts (`up`) or uncounts an IPv4 subnet: each /16 it spans.
+    fn count_v4(&mut self, (prefix_len, network): (u32, [u8; 4]), up: bool) {
+        let spanned: u32 = 1 << 16u32.saturating_sub(prefix_len);
+        let first = (u32::from_be_bytes(network) >> 16) & !(spanned - 1);
+        for high in first..first + spanned {
+            self.count(outside_bit_v4((high << 16).to_be_bytes()), up);
+        }
+    }
+
+    fn count_v6(&mut self, (prefix_len, network): (u32, [u8; 16]), up: bool) {
+        if prefix_len < 32 {
+            self.short_v6 = if up {
+                self.short_v6 + 1
+            } else {
+                self.short_v6.saturating_sub(1)
+            };
+        } else {
+            let first_four = [network[0], network[1], network[2], network[3]];
+            self.count(outside_bit_v6(first_four), up);
+        }
+    }
+
+    fn count(&mut self, bit: (u32, u64), up: bool) {
+        let users = self.cleared.get(&bit).copied().unwrap_or(0);
+        match (up, users) {
+            (true, _) => {
+                self.cleared.insert(bit, users + 1);
+            }
+            (false, 0 | 1) => {
+                self.cleared.remove(&bit);
+            }
+            (false, _) => {
+                self.cleared.insert(bit, users - 1);
+            }
+        }
+    }
 }
 
 /// Entries are equal when the maps would hold the same.
@@ -50,10 +106,47 @@ impl PartialEq for NodeMaps {
 impl Eq for NodeMaps {}
 
 impl NodeMaps {
+    /// Routes the IPv4 subnet `key` (prefix length, network) to `endpoint`.
+    pub fn insert_remote_v4(&mut self, key: (u32, [u8; 4]), endpoint: TunnelEndpoint) {
+        if self.remote_v4.insert(key, endpoint).is_none() {
+            self.outside.count_v4(key, true);
+        }
+    }
+
+    pub fn remove_remote_v4(&mut self, key: (u32, [u8; 4])) {
+        if self.remote_v4.remove(&key).is_some() {
+            self.outside.count_v4(key, false);
+        }
+    }
+
+    /// Routes the IPv6 subnet `key` (prefix length, network) to `endpoint`.
+    pub fn insert_remote_v6(&mut self, key: (u32, [u8; 16]), endpoint: TunnelEndpoint) {
+        if self.remote_v6.insert(key, endpoint).is_none() {
+            self.outside.count_v6(key, true);
+        }
+    }
+
+    pub fn remove_remote_v6(&mut self, key: (u32, [u8; 16])) {
+        if self.remote_v6.remove(&key).is_some() {
+            self.outside.count_v6(key, false);
+        }
+    }
+
+    /// The `OUTSIDE` bitmap's bits (word, mask) that some remote subnet clears.
+    pub fn outside_cleared(&self) -> impl Iterator<Item = (u32, u64)> + '_ {
+        self.outside.cleared.keys().copied()
+    }
+
+    /// Whether a remote IPv6 subnet is shorter than /32 (every IPv6 bit is then clear).
+    pub fn has_short_v6(&self) -> bool {
+        self.outside.short_v6 > 0
+    }
+
     /// The entries of every node of `view`, and of its hybrid nodes' subnets.
     pub fn compile(view: &OverlayView) -> Result<Self, CompileError> {
         let mut maps = NodeMaps {
             nodes: Arc::clone(&view.nodes),
+            nodes_in_order: in_name_order(&view.nodes),
             this_node: view.this_node.clone(),
             hybrid: view.hybrid.clone(),
             ..NodeMaps::default()
@@ -71,7 +164,7 @@ impl NodeMaps {
                     cidr,
                 });
             }
-            maps.remote_v4.insert((prefix_len, network), endpoint);
+            maps.insert_remote_v4((prefix_len, network), endpoint);
         }
         Ok(maps)
     }
@@ -86,6 +179,9 @@ impl NodeMaps {
         }
         if Arc::ptr_eq(&self.nodes, &view.nodes) {
             return Some(Arc::clone(self));
+        }
+        if !self.nodes_in_order {
+            return None;
         }
         let (gone, come) = node_changes(&self.nodes, &view.nodes)?;
         if gone.is_empty() && come.is_empty() {
@@ -151,12 +247,16 @@ impl NodeMaps {
             let Some(endpoint) = endpoint else { continue };
             match cidr {
                 IpNet::V4(net) => {
-                    self.remote_v4
-                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                    self.insert_remote_v4(
+                        (u32::from(net.prefix_len()), net.addr().octets()),
+                        endpoint,
+                    );
                 }
                 IpNet::V6(net) => {
-                    self.remote_v6
-                        .insert((u32::from(net.prefix_len()), net.addr().octets()), endpoint);
+                    self.insert_remote_v6(
+                        (u32::from(net.prefix_len()), net.addr().octets()),
+                        endpoint,
+                    );
                 }
             }
         }
@@ -181,12 +281,10 @@ impl NodeMaps {
             self.owners.remove(&cidr);
             match cidr {
                 IpNet::V4(net) => {
-                    self.remote_v4
-                        .remove(&(u32::from(net.prefix_len()), net.addr().octets()));
+                    self.remove_remote_v4((u32::from(net.prefix_len()), net.addr().octets()));
                 }
                 IpNet::V6(net) => {
-                    self.remote_v6
-                        .remove(&(u32::from(net.prefix_len()), net.addr().octets()));
+                    self.remove_remote_v6((u32::from(net.prefix_len()), net.addr().octets()));
                 }
             }
         }
@@ -195,26 +293,43 @@ impl NodeMaps {
 
 /// The views that left `old` and those that came in `new` (a changed node is in both), found
 /// by one walk down both lists in name order, the views kept from one build to the next
-/// being the same objects. `None` if a list is not in strict name order.
+/// being the same objects. `old` must be in strict name order ([`in_name_order`]: its user
+/// knows from when it took it); `None` if `new` is not. That is checked on the way, where it
+/// is not already known: two views of `new` that are views of `old` follow each other in
+/// `old`'s order, so only the pairs with a new or changed view are compared (5,000 names
+/// compared twice a node change, for both lists, was a tenth of it).
 pub(crate) type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
 
 pub(crate) fn node_changes<'a>(
     old: &'a [Arc<NodeView>],
     new: &'a [Arc<NodeView>],
 ) -> Option<NodeChanges<'a>> {
-    let ordered = |list: &[Arc<NodeView>]| list.windows(2).all(|w| w[0].name < w[1].name);
-    if !ordered(old) || !ordered(new) {
-        return None;
-    }
     let (mut gone, mut come) = (Vec::new(), Vec::new());
     let (mut i, mut j) = (0, 0);
+    // The last view of `new` walked, and whether it was `old`'s.
+    let mut previous: Option<(&Arc<NodeView>, bool)> = None;
+    let mut step = |view: &'a Arc<NodeView>, kept: bool| {
+        let ordered = match previous {
+            Some((_, true)) if kept => true,
+            Some((before, _)) => before.name < view.name,
+            None => true,
+        };
+        previous = Some((view, kept));
+        ordered
+    };
     while i < old.len() || j < new.len() {
         match (old.get(i), new.get(j)) {
             (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
+                if !step(b, true) {
+                    return None;
+                }
                 i += 1;
                 j += 1;
             }
             (Some(a), Some(b)) if a.name == b.name => {
+                if !step(b, false) {
+                    return None;
+                }
                 if a != b {
                     gone.push(a);
                     come.push(b);
@@ -231,6 +346,9 @@ pub(crate) fn node_changes<'a>(
                 i += 1;
             }
             (_, Some(b)) => {
+                if !step(b, false) {
+                    return None;
+                }
                 come.push(b);
                 j += 1;
             }
@@ -238,6 +356,12 @@ pub(crate) fn node_changes<'a>(
         }
     }
     Some((gone, come))
+}
+
+/// Whether `nodes` is in strict name order (the sources' order; a manifest directory's lists
+/// are in its files' order).
+pub(crate) fn in_name_order(nodes: &[Arc<NodeView>]) -> bool {
+    nodes.windows(2).all(|w| w[0].name < w[1].name)
 }
 
 /// A hybrid route's subnet.
@@ -315,7 +439,7 @@ fn span(cidr: &IpNet) -> (bool, u128, u128) {
 mod tests {
     use super::*;
     use crate::{
-        overlay::{OvnKubernetesConfig, Underlay, compile, compile_since},
+        overlay::{OvnKubernetesConfig, Underlay, compile, compile_since, outside_words},
         test_rng::TestRng,
     };
 
@@ -383,6 +507,29 @@ mod tests {
         }
     }
 
+    /// A new list out of name order is found while walking it, wherever the misplaced view
+    /// is (one of the old list's, or a new one); a list in order gives its changes.
+    #[test]
+    fn a_new_list_out_of_name_order_is_found_on_the_way() {
+        let nodes: Vec<Arc<NodeView>> = (0..6).map(|i| node(i, i, i)).collect();
+        let mut swapped = nodes.clone();
+        swapped.swap(2, 4);
+        assert!(node_changes(&nodes, &swapped).is_none());
+        let mut moved = nodes.clone();
+        let last = moved.pop().expect("a node");
+        moved.insert(0, last);
+        assert!(node_changes(&nodes, &moved).is_none());
+        let mut misplaced = nodes.clone();
+        misplaced.insert(1, node(9, 9, 9));
+        assert!(node_changes(&nodes, &misplaced).is_none());
+        let mut changed = nodes.clone();
+        changed.remove(3);
+        changed.push(node(7, 7, 7));
+        let (gone, come) = node_changes(&nodes, &changed).expect("in order");
+        assert_eq!(gone, vec![&nodes[3]]);
+        assert_eq!(come, vec![&changed[5]]);
+    }
+
     /// One node added to 200 changes the last entries (it does not build them all), and
     /// gives what building them all gives; a list with no change shares the last entries.
     #[test]
@@ -442,7 +589,13 @@ mod tests {
             }
             let view = view_of(&changed);
             let full = compile(&view);
-            assert_eq!(compile_since(&view, Some(&last)), full, "step {step}");
+            let since = compile_since(&view, Some(&last));
+            assert_eq!(since, full, "step {step}");
+            // The bitmap of what lies outside the pod networks, from the counts each way
+            // kept, is the same.
+            if let (Ok(since), Ok(full)) = (&since, &full) {
+                assert_eq!(outside_words(since), outside_words(full), "step {step}");
+            }
             match full {
                 Ok(maps) => {
                     kept += 1;
