@@ -166,11 +166,14 @@ impl<T> Clone for Listed<T> {
 }
 
 impl<T> Objects<T> {
+    fn listed_mut(&mut self) -> &mut Listed<T> {
+        self.0
+            .get_or_insert_with(|| Box::new(Listed::new(imbl::Vector::new())))
+    }
+
     /// The list, to be changed other than by placing (which begins a new journal).
     fn vector_mut(&mut self) -> &mut imbl::Vector<Arc<T>> {
-        let listed = self
-            .0
-            .get_or_insert_with(|| Box::new(Listed::new(imbl::Vector::new())));
+        let listed = self.listed_mut();
         listed.journal = Journal::new();
         &mut listed.objects
     }
@@ -275,9 +278,7 @@ impl<T: kube::Resource> Objects<T> {
     /// a list in key order (`None`: removes it), and notes the key in the list's journal.
     pub fn place(&mut self, at: (&str, &str), new: Option<&Arc<T>>) {
         let found = self.binary_search_by(|object| order_key(&**object).cmp(&at));
-        let listed = self
-            .0
-            .get_or_insert_with(|| Box::new(Listed::new(imbl::Vector::new())));
+        let listed = self.listed_mut();
         match (found, new) {
             (Ok(index), Some(object)) => listed.objects[index] = Arc::clone(object),
             (Ok(index), None) => {
@@ -302,9 +303,8 @@ impl<T: kube::Resource> Objects<T> {
 
     /// The object keyed `at` (namespace, empty for none, and name) of a list in key order,
     /// found by binary search.
-    pub fn at_key(&self, at: (&str, &str)) -> Option<&Arc<T>> {
-        let found = self.binary_search_by(|object| order_key(&**object).cmp(&at));
-        self.get(found.ok()?)
+    pub fn at_key(&self, (namespace, name): (&str, &str)) -> Option<&Arc<T>> {
+        self.get(self.position_in_order(Some(namespace), name)?)
     }
 
     /// Whether the list is in the API source's order (namespace, then name), as
