@@ -811,8 +811,10 @@ impl MulticastAgent {
                 .collect(),
             refused_joins: self.refused,
         };
-        let text = serde_json::to_string_pretty(&described).expect("serializes");
-        if let Err(error) = std::fs::write(&self.state_file, text) {
+        // Written aside and renamed over: `inspect multicast` (and a test reading it while
+        // the groups change) must see the old description or the new, never a cut one.
+        if let Err(error) = crate::state::write_json_replacing(&self.state_file, &described, false)
+        {
             tracing::debug!(%error, "writing the multicast state file");
         }
     }
