@@ -225,7 +225,7 @@ mod tests {
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         let view = OverlayView {
             this_node: "a".into(),
-            nodes: std::sync::Arc::new(vec![
+            nodes: std::sync::Arc::new(imbl::vector![
                 std::sync::Arc::new(NodeView {
                     name: "a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],

@@ -130,12 +130,17 @@ pub struct Underlay {
     pub mtu: u32,
 }
 
+/// The cluster's nodes' views, in the sources' order (by name; a manifest directory's in its
+/// files' order). A persistent vector, shared: a Node added among 5,000 changes the path to
+/// its slot, where an ordinary vector was copied whole (touching every view's count).
+pub type NodeList = Arc<imbl::Vector<Arc<NodeView>>>;
+
 /// Everything the overlay compile needs.
 #[derive(Clone, Debug)]
 pub struct OverlayView {
     pub this_node: String,
     /// Shared: the egress stage reads the same list, and a sync that changed no Node keeps it.
-    pub nodes: Arc<Vec<Arc<NodeView>>>,
+    pub nodes: NodeList,
     pub local_pods: Vec<LocalPodView>,
     /// Veths named on the command line that no local pod claims: port security does not
     /// apply to them (`crate::port::unrestricted`).
@@ -157,7 +162,10 @@ impl OverlayView {
 /// API source's), a walk where that search misses (a manifest directory's order, or no such
 /// node). A sync looks this node up several times, and walking 5,000 names each time was a
 /// tenth of a node change.
-pub fn node_named<'a>(nodes: &'a [Arc<NodeView>], name: &str) -> Option<&'a Arc<NodeView>> {
+pub fn node_named<'a>(
+    nodes: &'a imbl::Vector<Arc<NodeView>>,
+    name: &str,
+) -> Option<&'a Arc<NodeView>> {
     match nodes.binary_search_by(|n| n.name.as_str().cmp(name)) {
         Ok(i) if nodes[i].name == name => Some(&nodes[i]),
         _ => nodes.iter().find(|n| n.name == name),
@@ -779,8 +787,8 @@ mod tests {
                 pod_cidrs: Vec::new(),
             })
         };
-        let sorted: Vec<_> = ["a", "b", "c", "d", "e"].map(node).into();
-        let shuffled: Vec<_> = ["d", "a", "e", "c", "b"].map(node).into();
+        let sorted: imbl::Vector<_> = ["a", "b", "c", "d", "e"].map(node).into_iter().collect();
+        let shuffled: imbl::Vector<_> = ["d", "a", "e", "c", "b"].map(node).into_iter().collect();
         for nodes in [&sorted, &shuffled] {
             for name in ["a", "b", "c", "d", "e"] {
                 assert_eq!(node_named(nodes, name).map(|n| n.name.as_str()), Some(name));
@@ -788,7 +796,7 @@ mod tests {
             assert!(node_named(nodes, "f").is_none());
             assert!(node_named(nodes, "").is_none());
         }
-        assert!(node_named(&[], "a").is_none());
+        assert!(node_named(&imbl::Vector::new(), "a").is_none());
     }
 
     fn net(s: &str) -> IpNet {
@@ -968,7 +976,7 @@ mod tests {
     fn view() -> OverlayView {
         OverlayView {
             this_node: "node-a".into(),
-            nodes: Arc::new(vec![
+            nodes: Arc::new(imbl::vector![
                 Arc::new(NodeView {
                     name: "node-a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],

@@ -377,29 +377,40 @@ impl<T> ObjectsCursor<'_, T> {
         let (Some(a), Some(b)) = (self.0.as_mut(), other.0.as_mut()) else {
             return 0;
         };
-        let mut run = 0;
-        while i + run < a.len() && j + run < b.len() {
-            let (at_a, chunk_a) = a.chunk_at(i + run);
-            let rest_a = &chunk_a[i + run - at_a.start..];
-            let (at_b, chunk_b) = b.chunk_at(j + run);
-            let rest_b = &chunk_b[j + run - at_b.start..];
-            let span = rest_a.len().min(rest_b.len());
-            if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
-                run += span;
-                continue;
-            }
-            let same = rest_a
-                .iter()
-                .zip(rest_b)
-                .take_while(|(x, y)| Arc::ptr_eq(x, y))
-                .count();
-            run += same;
-            if same < span {
-                break;
-            }
-        }
-        run
+        shared_run(a, i, b, j)
     }
+}
+
+/// How many elements from position `i` of `a` and `j` of `b` are the same objects, read a
+/// chunk at a time (see [`ObjectsCursor::shared_run`]).
+pub(crate) fn shared_run<T>(
+    a: &mut imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>,
+    i: usize,
+    b: &mut imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>,
+    j: usize,
+) -> usize {
+    let mut run = 0;
+    while i + run < a.len() && j + run < b.len() {
+        let (at_a, chunk_a) = a.chunk_at(i + run);
+        let rest_a = &chunk_a[i + run - at_a.start..];
+        let (at_b, chunk_b) = b.chunk_at(j + run);
+        let rest_b = &chunk_b[j + run - at_b.start..];
+        let span = rest_a.len().min(rest_b.len());
+        if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
+            run += span;
+            continue;
+        }
+        let same = rest_a
+            .iter()
+            .zip(rest_b)
+            .take_while(|(x, y)| Arc::ptr_eq(x, y))
+            .count();
+        run += same;
+        if same < span {
+            break;
+        }
+    }
+    run
 }
 
 /// The objects of an [`Objects`], in order.

@@ -77,23 +77,26 @@ pub fn bed() -> anyhow::Result<Bed> {
     let net = |s: &str| s.parse::<ipnet::IpNet>().expect("cidr");
     let view = OverlayView {
         this_node: "a".into(),
-        nodes: std::sync::Arc::new(vec![
-            std::sync::Arc::new(NodeView {
-                name: "a".into(),
-                addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
-                pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
-            }),
-            std::sync::Arc::new(NodeView {
-                name: "b".into(),
-                addresses: vec![ip("10.99.0.2")],
-                pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
-            }),
-            std::sync::Arc::new(NodeView {
-                name: "c".into(),
-                addresses: vec![ip("fd99::3")],
-                pod_cidrs: vec![net("10.244.3.0/24")],
-            }),
-        ]),
+        nodes: std::sync::Arc::new(
+            vec![
+                std::sync::Arc::new(NodeView {
+                    name: "a".into(),
+                    addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
+                    pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
+                }),
+                std::sync::Arc::new(NodeView {
+                    name: "b".into(),
+                    addresses: vec![ip("10.99.0.2")],
+                    pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
+                }),
+                std::sync::Arc::new(NodeView {
+                    name: "c".into(),
+                    addresses: vec![ip("fd99::3")],
+                    pod_cidrs: vec![net("10.244.3.0/24")],
+                }),
+            ]
+            .into(),
+        ),
         local_pods: vec![
             LocalPodView {
                 name: "default/local".into(),

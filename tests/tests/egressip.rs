@@ -541,7 +541,10 @@ fn a_sync_against_the_last_written_maps_writes_only_the_difference() {
         (written, deleted)
     }
     let parts = [
-        differing(&here.internal, &node_b.internal),
+        differing(
+            &here.internal.iter().map(|(k, v)| (*k, *v)).collect(),
+            &node_b.internal.iter().map(|(k, v)| (*k, *v)).collect(),
+        ),
         differing(&here.ips, &node_b.ips),
         differing(&here.snat, &node_b.snat),
         differing(&here.pods, &node_b.pods),

@@ -827,15 +827,17 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
     // This node and `count - 1` others, one /24 each.
     let view = |count: u8| OverlayView {
         this_node: "n0".into(),
-        nodes: (0..count)
-            .map(|i| NodeView {
-                name: format!("n{i}"),
-                addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
-                pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
-            })
-            .map(std::sync::Arc::new)
-            .collect::<Vec<_>>()
-            .into(),
+        nodes: std::sync::Arc::new(
+            (0..count)
+                .map(|i| NodeView {
+                    name: format!("n{i}"),
+                    addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
+                    pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
+                })
+                .map(std::sync::Arc::new)
+                .collect::<Vec<_>>()
+                .into(),
+        ),
         local_pods: Vec::new(),
         unrestricted_ifindexes: Vec::new(),
         underlay: Underlay {
@@ -885,19 +887,21 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
     // This node and `count - 1` others; node `moved` has another address.
     let view = |count: u8, moved: Option<u8>| OverlayView {
         this_node: "n0".into(),
-        nodes: (0..count)
-            .map(|i| NodeView {
-                name: format!("n{i}"),
-                addresses: vec![
-                    format!("10.99.{}.{}", u8::from(moved == Some(i)), i + 1)
-                        .parse()
-                        .expect("address"),
-                ],
-                pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
-            })
-            .map(std::sync::Arc::new)
-            .collect::<Vec<_>>()
-            .into(),
+        nodes: std::sync::Arc::new(
+            (0..count)
+                .map(|i| NodeView {
+                    name: format!("n{i}"),
+                    addresses: vec![
+                        format!("10.99.{}.{}", u8::from(moved == Some(i)), i + 1)
+                            .parse()
+                            .expect("address"),
+                    ],
+                    pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
+                })
+                .map(std::sync::Arc::new)
+                .collect::<Vec<_>>()
+                .into(),
+        ),
         local_pods: Vec::new(),
         unrestricted_ifindexes: Vec::new(),
         underlay: Underlay {

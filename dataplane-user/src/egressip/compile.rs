@@ -28,7 +28,7 @@ use crate::{
         policy::{PolicyPods, namespace_labels, selects},
     },
     model::NodeModel,
-    overlay::{NodeView, SyncStats, addr16, endpoint, sync_hash_since, sync_lpm_since},
+    overlay::{NodeList, NodeView, SyncStats, addr16, endpoint, sync_hash_since, sync_lpm_since},
     source::ClusterState,
 };
 
@@ -39,7 +39,7 @@ pub struct EgressInputs {
     /// Every pod-network pod of the cluster.
     pub pods: PolicyPods,
     pub namespaces: Vec<Arc<Namespace>>,
-    pub nodes: Arc<Vec<Arc<NodeView>>>,
+    pub nodes: NodeList,
     pub cluster_networks: Vec<IpNet>,
     pub service_networks: Vec<IpNet>,
     pub this_node: String,
@@ -178,8 +178,10 @@ pub fn compile(inputs: &EgressInputs, may_hold: impl Fn(&IpAddr) -> bool) -> Egr
 }
 
 /// The destinations that are the cluster's own, by LPM key: what the egress maps never send
-/// through an egress IP.
-pub type InternalPrefixes = BTreeMap<(u32, Addr), u32>;
+/// through an egress IP. A persistent map: a node change copies the path to its own entries
+/// (an ordinary map was copied whole, 5,000 nodes' addresses), and the sync compares it with
+/// what it last wrote without visiting what the two share.
+pub type InternalPrefixes = imbl::OrdMap<(u32, Addr), u32>;
 
 /// [`InternalPrefixes`] of `inputs`: the cluster and service networks, every node's address,
 /// and what never leaves the link. It reads only the nodes and networks, so the agent keeps
@@ -194,11 +196,11 @@ pub fn internal_prefixes(inputs: &EgressInputs) -> Arc<InternalPrefixes> {
 /// the prefixes again sorted 5,000 nodes' addresses (a quarter of a node change's time).
 #[derive(Clone, Debug, Default)]
 pub struct InternalCounts {
-    counts: BTreeMap<(u32, Addr), u32>,
+    counts: imbl::OrdMap<(u32, Addr), u32>,
     prefixes: Arc<InternalPrefixes>,
     /// The nodes counted, and whether they are in strict name order (so that a change to
     /// them can be followed node by node).
-    nodes: Arc<Vec<Arc<NodeView>>>,
+    nodes: NodeList,
     nodes_in_order: bool,
 }
 
@@ -222,11 +224,15 @@ impl InternalCounts {
             .map(|net| prefix_key(&net))
             .collect();
         keys.sort_unstable();
-        let mut counts: BTreeMap<(u32, Addr), u32> = BTreeMap::new();
+        let mut sorted: Vec<((u32, Addr), u32)> = Vec::with_capacity(keys.len());
         for key in keys {
-            *counts.entry(key).or_default() += 1;
+            match sorted.last_mut() {
+                Some((last, count)) if *last == key => *count += 1,
+                _ => sorted.push((key, 1)),
+            }
         }
-        let prefixes = Arc::new(counts.keys().map(|key| (*key, 1)).collect());
+        let prefixes = Arc::new(sorted.iter().map(|(key, _)| (*key, 1u32)).collect());
+        let counts = sorted.into_iter().collect();
         InternalCounts {
             counts,
             prefixes,
@@ -244,7 +250,7 @@ impl InternalCounts {
     /// (`overlay::node_changes`, one walk down both lists in name order) are taken away and
     /// added. Lists out of name order (a manifest directory's) take every old node away and
     /// add every new one: the counts still end those of `new`.
-    pub fn follow_nodes(&mut self, new: &Arc<Vec<Arc<NodeView>>>) {
+    pub fn follow_nodes(&mut self, new: &NodeList) {
         if Arc::ptr_eq(&self.nodes, new) {
             return;
         }
@@ -497,7 +503,7 @@ mod tests {
             .into_iter()
             .collect(),
             namespaces: Vec::new(),
-            nodes: Arc::new(vec![
+            nodes: Arc::new(imbl::vector![
                 node("node-0", "10.99.0.1", "10.244.1.0/24"),
                 node("node-1", "10.99.0.2", "10.244.2.0/24"),
             ]),
@@ -573,14 +579,14 @@ mod tests {
     fn internal_prefixes_followed_through_node_changes_equal_those_built_anew() {
         let mut inputs = inputs(&[]);
         let shared = node("node-2", "10.99.0.9", "10.244.3.0/24");
-        let nodes = vec![
+        let nodes = [
             node("node-0", "10.99.0.1", "10.244.1.0/24"),
             node("node-1", "10.99.0.2", "10.244.2.0/24"),
             Arc::clone(&shared),
             node("node-3", "10.99.0.9", "10.244.4.0/24"),
             node("node-4", "169.254.0.0", "10.244.5.0/24"),
         ];
-        inputs.nodes = Arc::new(nodes.clone());
+        inputs.nodes = Arc::new(nodes.iter().cloned().collect());
         let mut counts = InternalCounts::of(&inputs);
         assert_eq!(counts.prefixes(), internal_prefixes(&inputs));
         let steps: Vec<Vec<Arc<NodeView>>> = vec![
@@ -608,7 +614,7 @@ mod tests {
             Vec::new(),
         ];
         for step in steps {
-            inputs.nodes = Arc::new(step.clone());
+            inputs.nodes = Arc::new(step.iter().cloned().collect());
             counts.follow_nodes(&inputs.nodes);
             assert_eq!(*counts.prefixes(), *internal_prefixes(&inputs), "{step:?}");
         }

@@ -11,7 +11,7 @@ use std::{
 use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
-use super::{CompileError, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6};
+use super::{CompileError, NodeList, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6};
 use crate::hybrid::{self, HybridView};
 
 /// A compile changes the last entries node by node while at most this fraction of the
@@ -36,7 +36,7 @@ pub struct NodeMaps {
     address_users: imbl::OrdMap<Addr, u32>,
     owners: PodCidrOwners,
     /// The node list, this node and hybrid view these entries are of.
-    nodes: Arc<Vec<Arc<NodeView>>>,
+    nodes: NodeList,
     /// Whether `nodes` is in strict name order (so a change can be followed node by node).
     nodes_in_order: bool,
     this_node: String,
@@ -301,10 +301,14 @@ impl NodeMaps {
 pub(crate) type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
 
 pub(crate) fn node_changes<'a>(
-    old: &'a [Arc<NodeView>],
-    new: &'a [Arc<NodeView>],
+    old: &'a imbl::Vector<Arc<NodeView>>,
+    new: &'a imbl::Vector<Arc<NodeView>>,
 ) -> Option<NodeChanges<'a>> {
     let (mut gone, mut come) = (Vec::new(), Vec::new());
+    // Runs of views both lists share are passed a chunk at a time (`source::shared_run`):
+    // two versions of 5,000 nodes share all but the chunk a change copied. The few views
+    // between are looked up by position.
+    let (mut old_focus, mut new_focus) = (old.focus(), new.focus());
     let (mut i, mut j) = (0, 0);
     // The last view of `new` walked, and whether it was `old`'s.
     let mut previous: Option<(&Arc<NodeView>, bool)> = None;
@@ -317,15 +321,20 @@ pub(crate) fn node_changes<'a>(
         previous = Some((view, kept));
         ordered
     };
-    while i < old.len() || j < new.len() {
-        match (old.get(i), new.get(j)) {
-            (Some(a), Some(b)) if Arc::ptr_eq(a, b) => {
-                if !step(b, true) {
-                    return None;
-                }
-                i += 1;
-                j += 1;
+    loop {
+        let shared = crate::source::shared_run(&mut old_focus, i, &mut new_focus, j);
+        if shared > 0 {
+            // The run's first view is ordered after what came before it; the rest follow
+            // `old`'s order, and the last is what the next view is ordered after.
+            let (first, last) = (&new[j], &new[j + shared - 1]);
+            if !step(first, true) || !step(last, true) {
+                return None;
             }
+            i += shared;
+            j += shared;
+            continue;
+        }
+        match (old.get(i), new.get(j)) {
             (Some(a), Some(b)) if a.name == b.name => {
                 if !step(b, false) {
                     return None;
@@ -360,8 +369,11 @@ pub(crate) fn node_changes<'a>(
 
 /// Whether `nodes` is in strict name order (the sources' order; a manifest directory's lists
 /// are in its files' order).
-pub(crate) fn in_name_order(nodes: &[Arc<NodeView>]) -> bool {
-    nodes.windows(2).all(|w| w[0].name < w[1].name)
+pub(crate) fn in_name_order(nodes: &imbl::Vector<Arc<NodeView>>) -> bool {
+    nodes
+        .iter()
+        .zip(nodes.iter().skip(1))
+        .all(|(a, b)| a.name < b.name)
 }
 
 /// A hybrid route's subnet.
@@ -488,10 +500,10 @@ mod tests {
         })
     }
 
-    fn view_of(nodes: &[Arc<NodeView>]) -> OverlayView {
+    fn view_of(nodes: &imbl::Vector<Arc<NodeView>>) -> OverlayView {
         OverlayView {
             this_node: "n0000".into(),
-            nodes: Arc::new(nodes.to_vec()),
+            nodes: Arc::new(nodes.clone()),
             local_pods: Vec::new(),
             unrestricted_ifindexes: Vec::new(),
             underlay: Underlay {
@@ -511,20 +523,20 @@ mod tests {
     /// is (one of the old list's, or a new one); a list in order gives its changes.
     #[test]
     fn a_new_list_out_of_name_order_is_found_on_the_way() {
-        let nodes: Vec<Arc<NodeView>> = (0..6).map(|i| node(i, i, i)).collect();
+        let nodes: imbl::Vector<Arc<NodeView>> = (0..6).map(|i| node(i, i, i)).collect();
         let mut swapped = nodes.clone();
         swapped.swap(2, 4);
         assert!(node_changes(&nodes, &swapped).is_none());
         let mut moved = nodes.clone();
-        let last = moved.pop().expect("a node");
-        moved.insert(0, last);
+        let last = moved.pop_back().expect("a node");
+        moved.push_front(last);
         assert!(node_changes(&nodes, &moved).is_none());
         let mut misplaced = nodes.clone();
         misplaced.insert(1, node(9, 9, 9));
         assert!(node_changes(&nodes, &misplaced).is_none());
         let mut changed = nodes.clone();
         changed.remove(3);
-        changed.push(node(7, 7, 7));
+        changed.push_back(node(7, 7, 7));
         let (gone, come) = node_changes(&nodes, &changed).expect("in order");
         assert_eq!(gone, vec![&nodes[3]]);
         assert_eq!(come, vec![&changed[5]]);
@@ -534,12 +546,12 @@ mod tests {
     /// gives what building them all gives; a list with no change shares the last entries.
     #[test]
     fn one_node_added_changes_the_last_entries() {
-        let mut nodes: Vec<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
+        let mut nodes: imbl::Vector<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
         let first = compile(&view_of(&nodes)).expect("compiles");
         // Another list of the same views.
         let same = compile_since(&view_of(&nodes), Some(&first)).expect("compiles");
         assert!(Arc::ptr_eq(&first.node_maps, &same.node_maps));
-        nodes.push(node(200, 200, 200));
+        nodes.push_back(node(200, 200, 200));
         let view = view_of(&nodes);
         let updated = first
             .node_maps
@@ -557,9 +569,12 @@ mod tests {
     #[test]
     fn node_by_node_changes_equal_a_full_compile() {
         let mut rng = TestRng::new(7);
-        let mut nodes: Vec<Arc<NodeView>> = (0..40).map(|i| node(i, i, i)).collect();
+        // Long enough for the persistent vector to hold chunks: a changed list shares all
+        // but the chunks a change copied, as the model's lists do (every fifth step gives
+        // the compile a list rebuilt anew, sharing views but no chunk).
+        let mut nodes: imbl::Vector<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
         let mut last = compile(&view_of(&nodes)).expect("compiles");
-        let mut next_node = 40;
+        let mut next_node = 200;
         let (mut kept, mut refused) = (0, 0);
         for step in 0..2_000 {
             let mut changed = nodes.clone();
@@ -569,7 +584,11 @@ mod tests {
                     0 => {
                         let i = next_node;
                         next_node += 1;
-                        let at = changed.partition_point(|n| n.name < format!("n{i:04}"));
+                        let name = format!("n{i:04}");
+                        let at = changed
+                            .iter()
+                            .position(|n| n.name >= name)
+                            .unwrap_or(changed.len());
                         changed.insert(at, node(i, i, i));
                     }
                     1 if changed.len() > 2 => {
@@ -578,16 +597,19 @@ mod tests {
                     2 => {
                         let mut moved = (*changed[at]).clone();
                         moved.addresses = node(0, rng.below(60), 0).addresses.clone();
-                        changed[at] = Arc::new(moved);
+                        changed.set(at, Arc::new(moved));
                     }
                     _ => {
                         let mut moved = (*changed[at]).clone();
                         moved.pod_cidrs = node(0, 0, rng.below(100)).pod_cidrs.clone();
-                        changed[at] = Arc::new(moved);
+                        changed.set(at, Arc::new(moved));
                     }
                 }
             }
-            let view = view_of(&changed);
+            let mut view = view_of(&changed);
+            if step % 5 == 0 {
+                view.nodes = Arc::new(changed.iter().cloned().collect::<Vec<_>>().into());
+            }
             let full = compile(&view);
             let since = compile_since(&view, Some(&last));
             assert_eq!(since, full, "step {step}");
