@@ -53,8 +53,6 @@ struct NodeViews {
     /// One per object of `from`.
     built: imbl::Vector<BuiltNode>,
     views: NodeList,
-    /// Whether every object gave a view (then `views` is `built`'s views, slot for slot).
-    all_viewed: bool,
     /// How many objects gave warnings.
     warned: usize,
     warnings: Vec<String>,
@@ -89,7 +87,7 @@ impl NodeEdits {
     fn of(last: &NodeViews) -> Self {
         NodeEdits {
             built: last.built.clone(),
-            views: last.all_viewed.then(|| (*last.views).clone()),
+            views: last.all_viewed().then(|| (*last.views).clone()),
             warned: last.warned,
             at: 0,
         }
@@ -136,7 +134,6 @@ impl NodeEdits {
         let views: imbl::Vector<Arc<NodeView>> = self
             .views
             .unwrap_or_else(|| self.built.iter().filter_map(|b| b.view.clone()).collect());
-        let all_viewed = views.len() == self.built.len();
         let warnings = if self.warned == 0 {
             Vec::new()
         } else {
@@ -146,7 +143,6 @@ impl NodeEdits {
             from: from.clone(),
             built: self.built,
             views: Arc::new(views),
-            all_viewed,
             warned: self.warned,
             warnings,
         }
@@ -154,14 +150,16 @@ impl NodeEdits {
 }
 
 impl NodeViews {
+    /// Whether every object gave a view (then `views` is `built`'s views, slot for slot).
+    fn all_viewed(&self) -> bool {
+        self.views.len() == self.built.len()
+    }
+
     /// The views of `nodes`, taking from `last` what it built from the same objects. Both
     /// lists are walked side by side: runs of shared objects are kept at once, and past a
     /// difference the names (the sources' order) say which list moves on.
     fn build(nodes: &Objects<Node>, last: Option<&NodeViews>) -> NodeViews {
-        let empty = NodeViews {
-            all_viewed: true,
-            ..NodeViews::default()
-        };
+        let empty = NodeViews::default();
         let last = last.unwrap_or(&empty);
         if last.from.shares(nodes) {
             return last.clone();
@@ -933,7 +931,10 @@ mod reuse_tests {
             };
             assert_eq!(values(&patched), values(&fresh), "step {step}");
             assert_eq!(patched.warnings, fresh.warnings, "step {step}");
-            assert_eq!(patched.node_views.all_viewed, fresh.node_views.all_viewed);
+            assert_eq!(
+                patched.node_views.all_viewed(),
+                fresh.node_views.all_viewed()
+            );
             assert_eq!(patched.node_views.warned, fresh.node_views.warned);
             // Where both lists are in name order, the walk finds every object they share.
             let ordered = |nodes: &Objects<Node>| {
@@ -953,7 +954,7 @@ mod reuse_tests {
                 }
             }
             checked += usize::from(both_ordered);
-            unviewed += usize::from(!fresh.node_views.all_viewed);
+            unviewed += usize::from(!fresh.node_views.all_viewed());
             warned += usize::from(fresh.node_views.warned > 0);
             state = changed;
             last = patched;

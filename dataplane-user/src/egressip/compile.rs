@@ -224,13 +224,10 @@ impl InternalCounts {
             .map(|net| prefix_key(&net))
             .collect();
         keys.sort_unstable();
-        let mut sorted: Vec<((u32, Addr), u32)> = Vec::with_capacity(keys.len());
-        for key in keys {
-            match sorted.last_mut() {
-                Some((last, count)) if *last == key => *count += 1,
-                _ => sorted.push((key, 1)),
-            }
-        }
+        let sorted: Vec<((u32, Addr), u32)> = keys
+            .chunk_by(|a, b| a == b)
+            .map(|run| (run[0], run.len() as u32))
+            .collect();
         let prefixes = Arc::new(sorted.iter().map(|(key, _)| (*key, 1u32)).collect());
         let counts = sorted.into_iter().collect();
         InternalCounts {
