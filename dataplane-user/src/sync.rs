@@ -207,15 +207,15 @@ impl Changes {
         let everything = self.full
             || self.kinds.contains(&Kind::Namespace)
             || self.kinds.contains(&Kind::Network);
-        PolicyChanges {
+        let mut changes = PolicyChanges {
             everything,
-            pods: self
-                .pods
-                .keys()
-                .map(|(namespace, _)| namespace.clone())
-                .collect(),
             policies: self.policy_namespaces.clone(),
+            ..PolicyChanges::default()
+        };
+        for (namespace, name) in self.pods.keys() {
+            changes.note_pod(namespace, name);
         }
+        changes
     }
 
     /// Whether nothing changed.

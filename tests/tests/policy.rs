@@ -587,10 +587,9 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     assert_eq!((same.stats.written, same.stats.deleted), (0, 0));
     assert_eq!(inode(), described, "the description is not written again");
 
-    let peer = PolicyChanges {
-        pods: ["y".to_owned()].into(),
-        ..PolicyChanges::default()
-    };
+    // Pod y/e added (the agent adds the labels it had and has).
+    let mut peer = PolicyChanges::default();
+    peer.note_pod("y", "e");
     let added = runtime
         .block_on(agent.update(&mut fixture, inputs(&[("c", C), ("e", E)], peer)))
         .expect("update");

@@ -611,8 +611,11 @@ impl FirewallAgent {
         }
         self.objects = inputs.objects;
         self.policies = inputs.policies;
+        let mut changes = inputs.changes;
+        // Which local pods a pod change recompiles depends on the labels it had and has.
+        changes.label(&self.cluster_pods, &inputs.cluster_pods);
         self.cluster_pods = inputs.cluster_pods;
-        self.pending.merge(inputs.changes);
+        self.pending.merge(changes);
         self.context = inputs.context;
         self.pods = inputs.pods;
         self.dns_servers = inputs.dns_servers;

@@ -810,18 +810,19 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
         assert_eq!(since.errors, full.errors, "step {step}");
         previous = since.sets;
         changes = PolicyChanges::default();
+        let before = pods.clone();
         let namespace = NAMESPACES[next(3) as usize];
+        let name = PODS[next(3) as usize];
         match next(4) {
             0 => {
                 policies = parse(&policy_text(80 + next(2) as u32));
                 changes.policies.insert("x".into());
             }
             1 => {
-                pods.remove(namespace, PODS[next(3) as usize]);
-                changes.pods.insert(namespace.into());
+                pods.remove(namespace, name);
+                changes.note_pod(namespace, name);
             }
             _ => {
-                let name = PODS[next(3) as usize];
                 pods.insert(PolicyPod {
                     namespace: namespace.into(),
                     name: name.into(),
@@ -829,8 +830,93 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
                     addresses: vec![[10, 244, next(250) as u8, next(250) as u8].into()],
                     named_ports: BTreeMap::new(),
                 });
-                changes.pods.insert(namespace.into());
+                changes.note_pod(namespace, name);
             }
         }
+        // As the agent does: the changed pods' labels before and after.
+        changes.label(&before, &pods);
     }
+}
+
+/// A pod change recompiles only the local pods a rule of whose picked it, before or after the
+/// change, and the changed pod itself: a pod added beside local pods that no rule picks (in
+/// their own namespace, too) recompiles none of them.
+#[test]
+fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
+    use super::admin::AdminPolicies;
+    use super::policy::{PodRulesCache, PolicyChanges, policy_sets, policy_sets_since};
+
+    let labels = namespaces();
+    let mut pods: PolicyPods = cluster_pods().into_iter().collect();
+    let local: Vec<String> = PODS.iter().map(|p| format!("x/{p}")).collect();
+    let policies: Vec<Arc<NetworkPolicy>> = vec![Arc::new(
+        serde_yaml::from_str(
+            "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+             metadata: {name: from-y, namespace: x}\n\
+             spec:\n  podSelector: {matchLabels: {pod: a}}\n  ingress:\n\
+             \x20 - from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]\n",
+        )
+        .expect("NetworkPolicy"),
+    )];
+    let admin = AdminPolicies::default();
+    let mut cache = PodRulesCache::default();
+    let mut previous = BTreeMap::new();
+    let pod = |namespace: &str, name: &str, label: &str, last: u8| PolicyPod {
+        namespace: namespace.into(),
+        name: name.into(),
+        labels: [("pod".to_owned(), label.to_owned())].into(),
+        addresses: vec![[10, 244, 9, last].into()],
+        named_ports: BTreeMap::new(),
+    };
+    // (what changes, how many local pods it recompiles)
+    let steps: Vec<(PolicyPod, usize)> = vec![
+        // In a namespace the rule picks, but not a pod it picks.
+        (pod("y", "d", "c", 1), 0),
+        // Beside the local pods, in their own namespace: no rule picks pods of x.
+        (pod("x", "d", "a", 2), 0),
+        // Picked: x/a's ingress takes it.
+        (pod("y", "e", "b", 3), 1),
+        // No longer picked: its labels before the change were.
+        (pod("y", "e", "c", 3), 1),
+        // A local pod relabelled: itself only.
+        (pod("x", "b", "a", 4), 1),
+    ];
+    let mut changes = PolicyChanges::everything();
+    let mut expected = PODS.len();
+    for (step, (changed, recompiles)) in steps.into_iter().enumerate() {
+        let cluster = PolicyCluster::new(&pods, &labels);
+        let since = policy_sets_since(
+            &policies,
+            &cluster,
+            &local,
+            &mut previous,
+            &admin,
+            &mut cache,
+            &changes,
+        );
+        assert_eq!(since.recompiled, expected, "step {step}");
+        let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
+        assert_eq!(since.sets, full.sets, "step {step}");
+        assert_eq!(since.pods, full.pods, "step {step}");
+        previous = since.sets;
+        let before = pods.clone();
+        changes = PolicyChanges::default();
+        changes.note_pod(&changed.namespace, &changed.name);
+        pods.insert(changed);
+        changes.label(&before, &pods);
+        expected = recompiles;
+    }
+    let cluster = PolicyCluster::new(&pods, &labels);
+    let last = policy_sets_since(
+        &policies,
+        &cluster,
+        &local,
+        &mut previous,
+        &admin,
+        &mut cache,
+        &changes,
+    );
+    assert_eq!(last.recompiled, expected);
+    let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
+    assert_eq!((last.sets, last.pods), (full.sets, full.pods));
 }
