@@ -34,6 +34,7 @@ pub mod parallel;
 pub mod pins;
 pub mod port;
 pub mod preflight;
+pub mod seq;
 pub mod source;
 pub mod state;
 pub mod stats;

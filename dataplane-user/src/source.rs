@@ -38,6 +38,7 @@ use crate::{
     egressip::{self, EgressIP},
     hybrid::{HybridOverlayConfig, HybridSettings},
     overlay::OvnKubernetesConfig,
+    seq::{self, Seq},
 };
 
 /// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
@@ -80,15 +81,15 @@ pub struct ClusterState {
     pub rejected: Vec<String>,
 }
 
-/// One kind's objects, in a persistent vector (`imbl`): states share it, and a change copies
-/// only the chunk of 64 it falls in and the path to it. At 150,000 pods, copying the whole
-/// list for one changed pod cost more than the change itself. An empty list allocates
+/// One kind's objects, in a persistent sequence ([`Seq`]): states share it, and a change
+/// copies only the chunk it falls in and the list of chunks. At 150,000 pods, copying the
+/// whole list for one changed pod cost more than the change itself. An empty list allocates
 /// nothing (a parse holds one object of one kind).
 pub struct Objects<T>(Option<Box<Listed<T>>>);
 
 /// A list and the journal of what was placed in it.
 struct Listed<T> {
-    objects: imbl::Vector<Arc<T>>,
+    objects: Seq<Arc<T>>,
     journal: Journal,
 }
 
@@ -148,7 +149,7 @@ impl Journal {
 }
 
 impl<T> Listed<T> {
-    fn new(objects: imbl::Vector<Arc<T>>) -> Self {
+    fn new(objects: Seq<Arc<T>>) -> Self {
         Self {
             objects,
             journal: Journal::new(),
@@ -168,17 +169,17 @@ impl<T> Clone for Listed<T> {
 impl<T> Objects<T> {
     fn listed_mut(&mut self) -> &mut Listed<T> {
         self.0
-            .get_or_insert_with(|| Box::new(Listed::new(imbl::Vector::new())))
+            .get_or_insert_with(|| Box::new(Listed::new(Seq::new())))
     }
 
     /// The list, to be changed other than by placing (which begins a new journal).
-    fn vector_mut(&mut self) -> &mut imbl::Vector<Arc<T>> {
+    fn vector_mut(&mut self) -> &mut Seq<Arc<T>> {
         let listed = self.listed_mut();
         listed.journal = Journal::new();
         &mut listed.objects
     }
 
-    fn vector(&self) -> Option<&imbl::Vector<Arc<T>>> {
+    fn vector(&self) -> Option<&Seq<Arc<T>>> {
         self.0.as_ref().map(|listed| &listed.objects)
     }
 
@@ -234,7 +235,7 @@ impl<T> Objects<T> {
 
     /// A cursor for reading positions in order (cheap when each is near the last).
     pub fn cursor(&self) -> ObjectsCursor<'_, T> {
-        ObjectsCursor(self.vector().map(|v| v.focus()))
+        ObjectsCursor(self.vector().map(|v| v.cursor()))
     }
 
     /// Whether both are the same shared list (so certainly equal).
@@ -280,7 +281,11 @@ impl<T: kube::Resource> Objects<T> {
         let found = self.binary_search_by(|object| order_key(&**object).cmp(&at));
         let listed = self.listed_mut();
         match (found, new) {
-            (Ok(index), Some(object)) => listed.objects[index] = Arc::clone(object),
+            (Ok(index), Some(object)) => {
+                if let Some(slot) = listed.objects.get_mut(index) {
+                    *slot = Arc::clone(object);
+                }
+            }
             (Ok(index), None) => {
                 listed.objects.remove(index);
             }
@@ -359,12 +364,10 @@ fn order_key<T: kube::Resource>(object: &T) -> (&str, &str) {
 }
 
 /// Reads an [`Objects`] by position, keeping the last chunk at hand.
-pub struct ObjectsCursor<'a, T>(
-    Option<imbl::vector::Focus<'a, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>>,
-);
+pub struct ObjectsCursor<'a, T>(Option<seq::Cursor<'a, Arc<T>>>);
 
-impl<T> ObjectsCursor<'_, T> {
-    pub fn get(&mut self, index: usize) -> Option<&Arc<T>> {
+impl<'a, T> ObjectsCursor<'a, T> {
+    pub fn get(&mut self, index: usize) -> Option<&'a Arc<T>> {
         self.0.as_mut()?.get(index)
     }
 
@@ -381,20 +384,48 @@ impl<T> ObjectsCursor<'_, T> {
     }
 }
 
+/// A list of shared objects read a chunk at a time (see [`shared_run`]).
+pub(crate) trait Chunked<T> {
+    fn total(&self) -> usize;
+    /// The first position of the chunk holding `index` (within the list), and its elements.
+    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]);
+}
+
+impl<T> Chunked<T> for imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr> {
+    fn total(&self) -> usize {
+        self.len()
+    }
+
+    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]) {
+        let (at, chunk) = self.chunk_at(index);
+        (at.start, chunk)
+    }
+}
+
+impl<T> Chunked<T> for seq::Cursor<'_, Arc<T>> {
+    fn total(&self) -> usize {
+        self.len()
+    }
+
+    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]) {
+        self.chunk_at(index).expect("index within the list")
+    }
+}
+
 /// How many elements from position `i` of `a` and `j` of `b` are the same objects, read a
 /// chunk at a time (see [`ObjectsCursor::shared_run`]).
 pub(crate) fn shared_run<T>(
-    a: &mut imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>,
+    a: &mut impl Chunked<T>,
     i: usize,
-    b: &mut imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>,
+    b: &mut impl Chunked<T>,
     j: usize,
 ) -> usize {
     let mut run = 0;
-    while i + run < a.len() && j + run < b.len() {
-        let (at_a, chunk_a) = a.chunk_at(i + run);
-        let rest_a = &chunk_a[i + run - at_a.start..];
-        let (at_b, chunk_b) = b.chunk_at(j + run);
-        let rest_b = &chunk_b[j + run - at_b.start..];
+    while i + run < a.total() && j + run < b.total() {
+        let (at_a, chunk_a) = a.chunk(i + run);
+        let rest_a = &chunk_a[i + run - at_a..];
+        let (at_b, chunk_b) = b.chunk(j + run);
+        let rest_b = &chunk_b[j + run - at_b..];
         let span = rest_a.len().min(rest_b.len());
         if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
             run += span;
@@ -414,9 +445,7 @@ pub(crate) fn shared_run<T>(
 }
 
 /// The objects of an [`Objects`], in order.
-pub struct ObjectsIter<'a, T>(
-    Option<imbl::vector::Iter<'a, Arc<T>, imbl::shared_ptr::DefaultSharedPtr>>,
-);
+pub struct ObjectsIter<'a, T>(Option<seq::Iter<'a, Arc<T>>>);
 
 impl<'a, T> Iterator for ObjectsIter<'a, T> {
     type Item = &'a Arc<T>;
@@ -448,7 +477,9 @@ impl<T> std::ops::Index<usize> for Objects<T> {
 
 impl<T> std::ops::IndexMut<usize> for Objects<T> {
     fn index_mut(&mut self, index: usize) -> &mut Arc<T> {
-        &mut self.vector_mut()[index]
+        self.vector_mut()
+            .get_mut(index)
+            .expect("index within the objects")
     }
 }
 
@@ -484,7 +515,7 @@ impl<T> From<Vec<Arc<T>>> for Objects<T> {
 
 impl<T> FromIterator<Arc<T>> for Objects<T> {
     fn from_iter<I: IntoIterator<Item = Arc<T>>>(iter: I) -> Self {
-        let vector: imbl::Vector<Arc<T>> = iter.into_iter().collect();
+        let vector: Seq<Arc<T>> = iter.into_iter().collect();
         Self((!vector.is_empty()).then(|| Box::new(Listed::new(vector))))
     }
 }
