@@ -28,8 +28,8 @@ use super::{
         CompiledFirewalls, DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls_reusing,
     },
     policy::{
-        Direction, NamespaceLabels, PodRulesCache, PolicyChanges, PolicyCluster, PolicyKind,
-        PolicyPod, PolicyPods, namespace_labels, policy_sets_since,
+        CompiledPolicies, Direction, NamespaceLabels, PodRulesCache, PolicyChanges, PolicyCluster,
+        PolicyKind, PolicyPod, PolicyPods, namespace_labels, policy_sets_since,
     },
 };
 use crate::{AgentError, Dataplane};
@@ -272,6 +272,9 @@ pub struct FirewallAgent {
     /// Audit levels of the namespaces that log.
     levels: BTreeMap<String, NamespaceLogging>,
     state: AclState,
+    /// Whether the maps hold the last compile: its sync succeeded and nothing it reads
+    /// moved since (see [`Self::update`]).
+    in_sync: bool,
     /// `state.meta_version()` when the sets were last described (`None`: not yet), and what
     /// they were described as then.
     described: Option<u64>,
@@ -420,6 +423,7 @@ impl FirewallAgent {
             pods: inputs.pods,
             levels: levels.into_iter().collect(),
             state: AclState::default(),
+            in_sync: false,
             described: None,
             descriptions: BTreeMap::new(),
             names: DnsNames::default(),
@@ -464,7 +468,7 @@ impl FirewallAgent {
         agent.open_audit(dataplane, &inputs.audit, &inputs.audit_path)?;
         agent.dns_answers = open_ring(dataplane, maps::ACL_DNS)?;
         dataplane.adopt_acl(&mut agent.state, &agent.pods)?;
-        let stats = dataplane.sync_acl(&mut agent.state, &agent.compiled.desired, &agent.pods)?;
+        let stats = agent.sync_maps(dataplane)?;
         agent.describe_sets();
         tracing::info!(
             sets = stats.sets,
@@ -482,11 +486,17 @@ impl FirewallAgent {
     }
 
     /// Compiles the firewalls with the names' last good addresses, the NetworkPolicies of the
-    /// local pods and the audit flags.
-    fn compile(&mut self) {
+    /// local pods and the audit flags. Returns whether what the maps' sync reads of it may
+    /// differ from the last compile's.
+    fn compile(&mut self) -> bool {
         // The last compile: its firewall and policy sets still wanted are not compiled again.
         let mut previous = std::mem::take(&mut self.compiled);
-        let mut previous_policy_sets = std::mem::take(&mut previous.desired.policy_sets);
+        let mut policies = CompiledPolicies {
+            sets: std::mem::take(&mut previous.desired.policy_sets),
+            pods: std::mem::take(&mut previous.desired.pod_policies),
+            errors: std::mem::take(&mut self.policy_errors),
+        };
+        let last_log = std::mem::take(&mut previous.desired.log);
         let addresses = self.names.addresses();
         // The firewalls read their objects, this node's context and their names' addresses
         // only: when those are the last compile's, so is every firewall (a pod or policy
@@ -509,11 +519,11 @@ impl FirewallAgent {
         };
         let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
-        let policies = policy_sets_since(
+        let recompiled = policy_sets_since(
             &self.policies,
             &cluster,
             &local,
-            &mut previous_policy_sets,
+            &mut policies,
             &self.admin,
             &mut self.pod_rules,
             &std::mem::take(&mut self.pending),
@@ -526,6 +536,10 @@ impl FirewallAgent {
             .iter()
             .map(|(namespace, levels)| (namespace.clone(), levels.flags()))
             .collect();
+        let moved = !firewalls_hold || recompiled.changed || self.compiled.desired.log != last_log;
+        // The maps hold this compile only once a sync wrote it.
+        self.in_sync &= !moved;
+        moved
     }
 
     /// Sets the kernel's per-CPU rate and, when a namespace logs, opens the log file and the
@@ -617,6 +631,7 @@ impl FirewallAgent {
         self.cluster_pods = inputs.cluster_pods;
         self.pending.merge(changes);
         self.context = inputs.context;
+        let pods_moved = self.pods != inputs.pods;
         self.pods = inputs.pods;
         self.dns_servers = inputs.dns_servers;
         if unchanged {
@@ -631,7 +646,7 @@ impl FirewallAgent {
             // The first namespace or admin policy asking for records since the start.
             self.open_audit(dataplane, &inputs.audit, &inputs.audit_path)?;
         }
-        self.compile();
+        let mut moved = self.compile();
         let wanted = self.wanted_names();
         self.names.track(&wanted, Instant::now());
         if !wanted.is_empty() && self.resolver.is_none() {
@@ -652,12 +667,21 @@ impl FirewallAgent {
         };
         // With the same addresses the compile above stands.
         if dns_changed {
-            self.compile();
+            moved |= self.compile();
         }
         for error in self.compiled.errors.iter().chain(&self.policy_errors) {
             tracing::warn!(%error, "access control");
         }
-        let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        if self.in_sync && !moved && !pods_moved {
+            // The maps hold what this compile gives (a pod added elsewhere that no local
+            // pod's rules pick, say): their sync would walk every set and pod to write
+            // nothing.
+            return Ok(Updated {
+                stats: AclSyncStats::default(),
+                dns_changed,
+            });
+        }
+        let stats = self.sync_maps(dataplane)?;
         self.describe_sets();
         tracing::info!(
             sets = stats.sets,
@@ -667,6 +691,14 @@ impl FirewallAgent {
             "access control updated"
         );
         Ok(Updated { stats, dns_changed })
+    }
+
+    /// Writes the last compile to the maps.
+    fn sync_maps(&mut self, dataplane: &mut Dataplane) -> Result<AclSyncStats, AgentError> {
+        self.in_sync = false;
+        let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        self.in_sync = true;
+        Ok(stats)
     }
 
     /// Whether `inputs` hold what the last compile read: the same objects (shared, not
@@ -730,7 +762,7 @@ impl FirewallAgent {
             return Ok(());
         }
         self.compile();
-        let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+        let stats = self.sync_maps(dataplane)?;
         self.describe_sets();
         tracing::info!(
             learned = ?self.snooped.addresses(),
@@ -788,7 +820,7 @@ impl FirewallAgent {
         let patterns = self.admin_names().1;
         if self.snooped.expire(&patterns, Instant::now()) {
             self.compile();
-            let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+            let stats = self.sync_maps(dataplane)?;
             self.describe_sets();
             tracing::info!(
                 written = stats.written,
@@ -803,7 +835,7 @@ impl FirewallAgent {
         self.compile();
         if !self.admin_names().0.is_disjoint(&changed) {
             // Admin policies' sets are per pod: switch in whatever they changed.
-            let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+            let stats = self.sync_maps(dataplane)?;
             self.describe_sets();
             tracing::info!(
                 names = ?changed,
@@ -833,8 +865,7 @@ impl FirewallAgent {
                 }
                 None => {
                     // A new set for everything that changed (the lengths moved, say).
-                    let stats =
-                        dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
+                    let stats = self.sync_maps(dataplane)?;
                     self.describe_sets();
                     tracing::info!(
                         written = stats.written,

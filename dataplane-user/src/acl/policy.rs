@@ -1080,8 +1080,6 @@ pub struct CompiledPolicies {
     pub sets: BTreeMap<String, PolicySet>,
     pub pods: BTreeMap<String, PodSets>,
     pub errors: Vec<String>,
-    /// How many local pods were compiled anew (the others kept their last compile's sets).
-    pub recompiled: usize,
 }
 
 /// Compiles the policies for the pods of this node (`local`: `<namespace>/<name>` keys) against
@@ -1096,16 +1094,20 @@ pub fn policy_sets(
     previous: &BTreeMap<String, PolicySet>,
     admin: &AdminPolicies,
 ) -> CompiledPolicies {
-    let mut cache = PodRulesCache::default();
+    let mut compiled = CompiledPolicies {
+        sets: previous.clone(),
+        ..CompiledPolicies::default()
+    };
     policy_sets_since(
         policies,
         cluster,
         local,
-        &mut previous.clone(),
+        &mut compiled,
         admin,
-        &mut cache,
+        &mut PodRulesCache::default(),
         &PolicyChanges::everything(),
-    )
+    );
+    compiled
 }
 
 /// What changed for the NetworkPolicies since the last compile (see [`PodRulesCache`]).
@@ -1193,12 +1195,13 @@ impl PolicyChanges {
 
 /// Each local pod's policy sets as the last compile gave them, and whose pods they were
 /// compiled from: a change recompiles only the local pods it can affect (those of a namespace
-/// whose policies changed, and those whose rules looked at a namespace where a pod changed).
-/// At 110 local pods each taking 1,200 peers, compiling them all took a change 25 ms. Not kept
-/// with admin policies in force: their rules read every pod, the nodes and DNS answers.
+/// whose policies changed, and those whose rules picked a changed pod). At 110 local pods
+/// each taking 1,200 peers, compiling them all took a change 25 ms. Not kept with admin
+/// policies in force: their rules read every pod, the nodes and DNS answers.
 #[derive(Clone, Debug, Default)]
 pub struct PodRulesCache {
-    pods: BTreeMap<(String, String), CachedPod>,
+    /// By `<namespace>/<name>`.
+    pods: BTreeMap<String, CachedPod>,
 }
 
 #[derive(Clone, Debug)]
@@ -1216,150 +1219,184 @@ impl CachedPod {
     }
 }
 
-/// [`policy_sets`], recompiling only the local pods `changes` can affect since the compile
-/// `cache` holds (the others keep their sets, taken from `previous`). What is kept is moved,
-/// from the cache and from `previous`, not copied: at 110 local pods, copying each one's
-/// cached sets, errors and reads, and the sets' rule references, then freeing the old ones,
-/// was a tenth of a one-pod change.
+/// What [`policy_sets_since`] did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Recompiled {
+    /// Local pods compiled anew (the others kept their last compile's sets).
+    pub pods: usize,
+    /// Whether a local pod's sets changed, or a pod's came or went.
+    pub changed: bool,
+}
+
+/// [`policy_sets`], changing `last` (the last compile's, of the same local pods or others)
+/// in place: only the local pods `changes` can affect since the compile `cache` holds are
+/// compiled again, the sets no local pod names any more dropped. When a change reaches no
+/// local pod, nothing is copied or rebuilt: at 110 local pods, making every pod's entry and
+/// moving every set again cost a change elsewhere in a large cluster more than the rest of
+/// access control.
 pub fn policy_sets_since(
     policies: &[Arc<NetworkPolicy>],
     cluster: &PolicyCluster<'_>,
     local: &[String],
-    previous: &mut BTreeMap<String, PolicySet>,
+    last: &mut CompiledPolicies,
     admin: &AdminPolicies,
     cache: &mut PodRulesCache,
     changes: &PolicyChanges,
-) -> CompiledPolicies {
+) -> Recompiled {
     let admin_in_force = admin.all().next().is_some();
     if changes.everything || admin_in_force {
         cache.pods.clear();
     }
-    let mut out = CompiledPolicies::default();
-    let mut errors: BTreeSet<String> = BTreeSet::new();
-    let local: BTreeSet<(&str, &str)> =
-        local.iter().filter_map(|key| key.split_once('/')).collect();
-    let mut kept = BTreeMap::new();
-    let mut cached_pods = std::mem::take(&mut cache.pods);
-    for (namespace, name) in local {
-        let key = (namespace.to_owned(), name.to_owned());
+    let mut stale: BTreeSet<&str> = BTreeSet::new();
+    let mut cached = 0;
+    for key in local {
+        let holds = cache.pods.get(key.as_str()).is_some_and(|pod| {
+            let namespace = key.split_once('/').map_or("", |(namespace, _)| namespace);
+            pod.still_holds(namespace, changes) && sets_present(&pod.sets, &last.sets)
+        });
+        if holds {
+            cached += 1;
+        } else {
+            stale.insert(key);
+        }
+    }
+    let none_gone = cached == local.len() && cache.pods.len() == local.len();
+    if stale.is_empty() && none_gone {
+        return Recompiled::default();
+    }
+    let mut done = Recompiled::default();
+    let local_keys: BTreeSet<&str> = local.iter().map(String::as_str).collect();
+    let gone: Vec<String> = cache
+        .pods
+        .keys()
+        .filter(|key| !local_keys.contains(key.as_str()))
+        .cloned()
+        .collect();
+    for key in gone {
+        cache.pods.remove(&key);
+        done.changed |= last.pods.remove(&key).is_some();
+    }
+    // Errors of the pods compiled but not cached (admin policies in force).
+    let mut uncached_errors = Vec::new();
+    for key in stale {
         // The pod's sets of the last compile, which a set that moved by a few peers is made
         // from.
-        let mut prior = PodSets::default();
-        if let Some(cached) = cached_pods.remove(&key) {
-            // A pod whose compile holds is not looked up among the cluster's pods again: it is
-            // the pod compiled then (a change to any pod of its namespace, itself included,
-            // touches its reads), and 110 lookups among 150,000 pods were 6 % of a change.
-            if cached.still_holds(namespace, changes)
-                && reuse_sets(&cached.sets, previous, &mut out.sets)
-            {
-                errors.extend(cached.errors.iter().cloned());
-                if cached.sets != PodSets::default() {
-                    out.pods
-                        .insert(format!("{namespace}/{name}"), cached.sets.clone());
-                }
-                kept.insert(key, cached);
-                continue;
-            }
-            prior = cached.sets;
-        }
-        let Some(pod) = cluster.pods.get(namespace, name) else {
+        let prior = cache
+            .pods
+            .remove(key)
+            .map(|pod| pod.sets)
+            .or_else(|| last.pods.get(key).cloned())
+            .unwrap_or_default();
+        let found = key
+            .split_once('/')
+            .and_then(|(namespace, name)| cluster.pods.get(namespace, name));
+        let Some(pod) = found else {
+            done.changed |= last.pods.remove(key).is_some();
             continue;
         };
-        out.recompiled += 1;
-        *cluster.reads.borrow_mut() = Reads::Nothing;
-        cluster.read(&pod.namespace, Read::Named(pod.name.clone()));
-        let (policy, pod_errors) = pod_policy(policies, cluster, pod);
-        let mut sets = PodSets::default();
-        for (direction, rules) in [
-            (Direction::Ingress, policy.ingress),
-            (Direction::Egress, policy.egress),
-        ] {
-            let (rules, notes) = with_tiers(rules, direction, cluster, admin, pod);
-            sets.log |= notes.log;
-            sets.snoop_dns |= notes.snoop_dns;
-            let Some(rules) = rules else { continue };
-            let name = set_name(&pod.namespace, direction, &rules);
-            if !out.sets.contains_key(&name) {
-                let set = match previous.remove(&name) {
-                    Some(set) => set,
-                    None => {
-                        let prior = match direction {
-                            Direction::Ingress => prior.ingress.as_ref(),
-                            Direction::Egress => prior.egress.as_ref(),
-                        };
-                        let base = prior.and_then(|n| out.sets.get(n).or_else(|| previous.get(n)));
-                        let compiled = base
-                            .and_then(|base| {
-                                recompile_hosts(
-                                    &base.rules,
-                                    &base.compiled,
-                                    &rules.rules,
-                                    rules.admin_end,
-                                    false,
-                                )
-                            })
-                            .unwrap_or_else(|| {
-                                compile_tiered(&rules.rules, rules.admin_end, false)
-                            });
-                        PolicySet {
-                            namespace: pod.namespace.clone(),
-                            direction,
-                            compiled: Arc::new(compiled),
-                            refs: Arc::new(rules.refs),
-                            rules: Arc::new(rules.rules),
-                        }
-                    }
-                };
-                out.sets.insert(name.clone(), set);
-            }
-            match direction {
-                Direction::Ingress => sets.ingress = Some(name),
-                Direction::Egress => sets.egress = Some(name),
-            }
-        }
-        if sets != PodSets::default() {
-            out.pods.insert(pod.key(), sets.clone());
-        }
-        errors.extend(pod_errors.iter().cloned());
-        if !admin_in_force {
-            let reads = cluster.reads.take();
-            let entry = CachedPod {
-                sets,
-                errors: pod_errors,
-                reads,
-            };
-            kept.insert(key, entry);
+        done.pods += 1;
+        let (sets, errors, reads) = compile_pod(policies, cluster, admin, pod, &prior, last);
+        let before = if sets == PodSets::default() {
+            last.pods.remove(key)
+        } else {
+            last.pods.insert(key.to_owned(), sets.clone())
+        };
+        done.changed |= before.unwrap_or_default() != sets;
+        if admin_in_force {
+            uncached_errors.extend(errors);
+        } else {
+            cache.pods.insert(
+                key.to_owned(),
+                CachedPod {
+                    sets,
+                    errors,
+                    reads,
+                },
+            );
         }
     }
-    // Pods no longer local are forgotten.
-    cache.pods = kept;
-    out.errors = errors.into_iter().collect();
-    out
+    // The sets no local pod names any more.
+    let named: BTreeSet<&str> = last
+        .pods
+        .values()
+        .flat_map(|sets| [&sets.ingress, &sets.egress])
+        .flatten()
+        .map(String::as_str)
+        .collect();
+    last.sets.retain(|name, _| named.contains(name.as_str()));
+    let errors: BTreeSet<String> = cache
+        .pods
+        .values()
+        .flat_map(|pod| pod.errors.iter().cloned())
+        .chain(uncached_errors)
+        .collect();
+    last.errors = errors.into_iter().collect();
+    done
 }
 
-/// Moves the sets `sets` names into `out` from the last compile's; false when one is missing
-/// there (the pod is compiled again).
-fn reuse_sets(
-    sets: &PodSets,
-    previous: &mut BTreeMap<String, PolicySet>,
-    out: &mut BTreeMap<String, PolicySet>,
-) -> bool {
-    let names = [&sets.ingress, &sets.egress];
-    if names
-        .iter()
-        .filter_map(|n| n.as_ref())
-        .any(|n| !out.contains_key(n) && !previous.contains_key(n))
-    {
-        return false;
-    }
-    for name in names.into_iter().flatten() {
-        if !out.contains_key(name)
-            && let Some(set) = previous.remove(name)
-        {
-            out.insert(name.clone(), set);
+/// Whether the sets `sets` names are all in `sets_by_name`.
+fn sets_present(sets: &PodSets, sets_by_name: &BTreeMap<String, PolicySet>) -> bool {
+    [&sets.ingress, &sets.egress]
+        .into_iter()
+        .flatten()
+        .all(|name| sets_by_name.contains_key(name))
+}
+
+/// Compiles one local pod's sets, adding those not in `last` (made from the pod's `prior`
+/// sets where they moved by a few peers); also its errors and what it read.
+fn compile_pod(
+    policies: &[Arc<NetworkPolicy>],
+    cluster: &PolicyCluster<'_>,
+    admin: &AdminPolicies,
+    pod: &PolicyPod,
+    prior: &PodSets,
+    last: &mut CompiledPolicies,
+) -> (PodSets, Vec<String>, Reads) {
+    *cluster.reads.borrow_mut() = Reads::Nothing;
+    cluster.read(&pod.namespace, Read::Named(pod.name.clone()));
+    let (policy, errors) = pod_policy(policies, cluster, pod);
+    let mut sets = PodSets::default();
+    for (direction, rules) in [
+        (Direction::Ingress, policy.ingress),
+        (Direction::Egress, policy.egress),
+    ] {
+        let (rules, notes) = with_tiers(rules, direction, cluster, admin, pod);
+        sets.log |= notes.log;
+        sets.snoop_dns |= notes.snoop_dns;
+        let Some(rules) = rules else { continue };
+        let name = set_name(&pod.namespace, direction, &rules);
+        if !last.sets.contains_key(&name) {
+            let prior = match direction {
+                Direction::Ingress => prior.ingress.as_ref(),
+                Direction::Egress => prior.egress.as_ref(),
+            };
+            let base = prior.and_then(|n| last.sets.get(n));
+            let compiled = base
+                .and_then(|base| {
+                    recompile_hosts(
+                        &base.rules,
+                        &base.compiled,
+                        &rules.rules,
+                        rules.admin_end,
+                        false,
+                    )
+                })
+                .unwrap_or_else(|| compile_tiered(&rules.rules, rules.admin_end, false));
+            let set = PolicySet {
+                namespace: pod.namespace.clone(),
+                direction,
+                compiled: Arc::new(compiled),
+                refs: Arc::new(rules.refs),
+                rules: Arc::new(rules.rules),
+            };
+            last.sets.insert(name.clone(), set);
+        }
+        match direction {
+            Direction::Ingress => sets.ingress = Some(name),
+            Direction::Egress => sets.egress = Some(name),
         }
     }
-    true
+    (sets, errors, cluster.reads.take())
 }
 
 /// One direction of a pod with the cluster-wide tiers around its NetworkPolicy rules (`np`,

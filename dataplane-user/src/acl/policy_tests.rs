@@ -761,7 +761,9 @@ fn pods_collected_at_once_equal_pods_inserted_one_by_one() {
 #[test]
 fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
     use super::admin::AdminPolicies;
-    use super::policy::{PodRulesCache, PolicyChanges, policy_sets, policy_sets_since};
+    use super::policy::{
+        CompiledPolicies, PodRulesCache, PolicyChanges, policy_sets, policy_sets_since,
+    };
 
     let labels = namespaces();
     let mut pods: PolicyPods = cluster_pods().into_iter().collect();
@@ -788,27 +790,25 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
     let mut policies = parse(&policy_text(80));
     let admin = AdminPolicies::default();
     let mut cache = PodRulesCache::default();
-    let mut previous = BTreeMap::new();
+    let mut since = CompiledPolicies::default();
     let mut changes = PolicyChanges::everything();
     let mut rng = crate::test_rng::TestRng::new(5);
     let mut next = |bound: u64| rng.below(bound);
     for step in 0..200 {
         let cluster = PolicyCluster::new(&pods, &labels);
-        let since = policy_sets_since(
-            &policies,
-            &cluster,
-            &local,
-            &mut previous,
-            &admin,
-            &mut cache,
-            &changes,
+        let before = (since.sets.clone(), since.pods.clone());
+        let done = policy_sets_since(
+            &policies, &cluster, &local, &mut since, &admin, &mut cache, &changes,
         );
         let cluster = PolicyCluster::new(&pods, &labels);
         let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
         assert_eq!(since.sets, full.sets, "step {step}");
         assert_eq!(since.pods, full.pods, "step {step}");
         assert_eq!(since.errors, full.errors, "step {step}");
-        previous = since.sets;
+        assert_eq!(done.changed, before.1 != since.pods, "step {step}");
+        if !done.changed {
+            assert_eq!(before.0, since.sets, "step {step}");
+        }
         changes = PolicyChanges::default();
         let before = pods.clone();
         let namespace = NAMESPACES[next(3) as usize];
@@ -844,7 +844,9 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
 #[test]
 fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
     use super::admin::AdminPolicies;
-    use super::policy::{PodRulesCache, PolicyChanges, policy_sets, policy_sets_since};
+    use super::policy::{
+        CompiledPolicies, PodRulesCache, PolicyChanges, Recompiled, policy_sets, policy_sets_since,
+    };
 
     let labels = namespaces();
     let mut pods: PolicyPods = cluster_pods().into_iter().collect();
@@ -860,7 +862,7 @@ fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
     )];
     let admin = AdminPolicies::default();
     let mut cache = PodRulesCache::default();
-    let mut previous = BTreeMap::new();
+    let mut since = CompiledPolicies::default();
     let pod = |namespace: &str, name: &str, label: &str, last: u8| PolicyPod {
         namespace: namespace.into(),
         name: name.into(),
@@ -868,55 +870,40 @@ fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
         addresses: vec![[10, 244, 9, last].into()],
         named_ports: BTreeMap::new(),
     };
-    // (what changes, how many local pods it recompiles)
-    let steps: Vec<(PolicyPod, usize)> = vec![
+    let recompiled = |pods: usize, changed: bool| Recompiled { pods, changed };
+    // (what changes, what the compile after it does)
+    let steps: Vec<(PolicyPod, Recompiled)> = vec![
         // In a namespace the rule picks, but not a pod it picks.
-        (pod("y", "d", "c", 1), 0),
+        (pod("y", "d", "c", 1), recompiled(0, false)),
         // Beside the local pods, in their own namespace: no rule picks pods of x.
-        (pod("x", "d", "a", 2), 0),
+        (pod("x", "d", "a", 2), recompiled(0, false)),
         // Picked: x/a's ingress takes it.
-        (pod("y", "e", "b", 3), 1),
+        (pod("y", "e", "b", 3), recompiled(1, true)),
         // No longer picked: its labels before the change were.
-        (pod("y", "e", "c", 3), 1),
-        // A local pod relabelled: itself only.
-        (pod("x", "b", "a", 4), 1),
+        (pod("y", "e", "c", 3), recompiled(1, true)),
+        // A local pod relabelled (now isolated): itself only.
+        (pod("x", "b", "a", 4), recompiled(1, true)),
     ];
     let mut changes = PolicyChanges::everything();
-    let mut expected = PODS.len();
-    for (step, (changed, recompiles)) in steps.into_iter().enumerate() {
-        let cluster = PolicyCluster::new(&pods, &labels);
-        let since = policy_sets_since(
-            &policies,
-            &cluster,
-            &local,
-            &mut previous,
-            &admin,
-            &mut cache,
-            &changes,
+    let mut expected = recompiled(PODS.len(), true);
+    let mut compile = |pods: &PolicyPods, changes: &PolicyChanges, step: usize| {
+        let cluster = PolicyCluster::new(pods, &labels);
+        let done = policy_sets_since(
+            &policies, &cluster, &local, &mut since, &admin, &mut cache, changes,
         );
-        assert_eq!(since.recompiled, expected, "step {step}");
         let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
         assert_eq!(since.sets, full.sets, "step {step}");
         assert_eq!(since.pods, full.pods, "step {step}");
-        previous = since.sets;
+        done
+    };
+    for (step, (changed, next)) in steps.into_iter().enumerate() {
+        assert_eq!(compile(&pods, &changes, step), expected, "step {step}");
         let before = pods.clone();
         changes = PolicyChanges::default();
         changes.note_pod(&changed.namespace, &changed.name);
         pods.insert(changed);
         changes.label(&before, &pods);
-        expected = recompiles;
+        expected = next;
     }
-    let cluster = PolicyCluster::new(&pods, &labels);
-    let last = policy_sets_since(
-        &policies,
-        &cluster,
-        &local,
-        &mut previous,
-        &admin,
-        &mut cache,
-        &changes,
-    );
-    assert_eq!(last.recompiled, expected);
-    let full = policy_sets(&policies, &cluster, &local, &BTreeMap::new(), &admin);
-    assert_eq!((last.sets, last.pods), (full.sets, full.pods));
+    assert_eq!(compile(&pods, &changes, 99), expected);
 }
