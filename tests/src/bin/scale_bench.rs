@@ -172,11 +172,24 @@ fn namespace_yaml(n: usize) -> String {
     )
 }
 
+/// How many `app` labels pods have (pod `p`'s is `a-{p % APPS}`).
+const APPS: usize = 20;
+
+fn lcm(a: usize, b: usize) -> usize {
+    let gcd = |mut a: usize, mut b: usize| {
+        while b != 0 {
+            (a, b) = (b, a % b);
+        }
+        a
+    };
+    a / gcd(a, b) * b
+}
+
 /// Pod `p`; `variant` changes its `app` label.
 fn pod_yaml(shape: &Shape, p: usize, variant: usize) -> String {
     let (node, ip) = pod_place(shape, p);
     let app = if variant == 0 {
-        format!("a-{}", p % 20)
+        format!("a-{}", p % APPS)
     } else {
         format!("changed-{variant}")
     };
@@ -225,9 +238,9 @@ fn policy_yaml(shape: &Shape, k: usize, variant: usize) -> String {
          spec: {{podSelector: {{matchLabels: {{app: a-{}}}}}, policyTypes: [Ingress], ingress: [{{\
          from: [{{namespaceSelector: {{matchLabels: {{kubernetes.io/metadata.name: ns-{}}}}}, podSelector: {{matchLabels: {{app: a-{}}}}}}}], \
          ports: [{{protocol: TCP, port: {}}}]}}]}}\n",
-        k % 20,
+        k % APPS,
         (namespace + 1) % shape.namespaces,
-        (namespace + 1) % 20,
+        (namespace + 1) % APPS,
         8080 + variant
     )
 }
@@ -463,6 +476,17 @@ impl Agent {
         let s = self.shape;
         let namespace = format!("ns-{}", p % s.namespaces);
         self.event("pods", &namespace, &format!("pod-{p}"), pod_yaml(&s, p, 0));
+    }
+
+    /// The `r`-th new pod (on another node) that local pod 1's policy picks as a peer: one
+    /// of ns-2 labelled `app: a-2` (policy 1, of ns-1, takes port 8080 from those), so that
+    /// both clusters make the same change. A pod's namespace and app follow its index
+    /// (`pod_yaml`); at 500 namespaces every pod of a namespace has the same app, while at 50
+    /// most new pods were no local pod's peer, and the 10-node cluster's change recompiled
+    /// nothing where the large one's recompiled a set of 300 peers.
+    fn picked_pod(&self, r: usize) -> usize {
+        let period = lcm(self.shape.namespaces, APPS);
+        self.shape.pods.div_ceil(period) * period + 2 + r * period
     }
 
     /// Deletes pod `p` (as a watch's delete event does).
@@ -725,7 +749,7 @@ fn changes(
             a.change_policy(1, (r + 1) % 2)
         }),
         ("one pod added on another node", |a, r| {
-            let p = a.shape.pods + r;
+            let p = a.picked_pod(r);
             a.add_pod(p);
         }),
         ("one node added", |a, r| {
