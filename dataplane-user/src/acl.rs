@@ -379,10 +379,7 @@ pub fn recompile_hosts(
         if a.destinations == b.destinations {
             continue;
         }
-        let nets = |rule: &Rule| -> BTreeSet<IpNet> {
-            rule.destinations.iter().map(IpNet::trunc).collect()
-        };
-        for &net in nets(a).symmetric_difference(&nets(b)) {
+        for net in sorted_difference_of(&a.destinations, &b.destinations) {
             // Only hosts, of a length the set already has.
             if !is_host(&net) || !lengths_of(&net).contains(&net.prefix_len()) {
                 return None;
@@ -437,6 +434,47 @@ pub fn recompile_hosts(
         return None;
     }
     Some(compiled)
+}
+
+/// The networks (truncated) in one of `a` and `b` but not in the other, in order. Sorted
+/// vectors rather than ordered sets: for rules of 300 peers each, building the two sets was
+/// most of recompiling a set for one peer more.
+fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
+    let sorted = |nets: &[IpNet]| {
+        let mut nets: Vec<IpNet> = nets.iter().map(IpNet::trunc).collect();
+        nets.sort_unstable();
+        nets.dedup();
+        nets
+    };
+    let (a, b) = (sorted(a), sorted(b));
+    let (mut i, mut j) = (0, 0);
+    let mut differ = Vec::new();
+    while i < a.len() || j < b.len() {
+        match (a.get(i), b.get(j)) {
+            (Some(x), Some(y)) if x == y => {
+                i += 1;
+                j += 1;
+            }
+            (Some(x), Some(y)) if x < y => {
+                differ.push(*x);
+                i += 1;
+            }
+            (Some(_), Some(y)) => {
+                differ.push(*y);
+                j += 1;
+            }
+            (Some(x), None) => {
+                differ.push(*x);
+                i += 1;
+            }
+            (None, Some(y)) => {
+                differ.push(*y);
+                j += 1;
+            }
+            (None, None) => break,
+        }
+    }
+    differ
 }
 
 /// Brings one family's prefixes down to at most `ACL_MAX_LENGTHS` lengths: while there are
@@ -833,64 +871,53 @@ impl InstalledSet {
 /// pod wants `S`'s own name any more, and no other new set took `S` already. While the
 /// entries change, `S`'s pods may see some of the old entries and some of the new ones (each
 /// entry changes in one write), as during any policy update.
+///
+/// Looked up for each new set from what the maps hold and the sync wants, without building
+/// an index of every pod and set first: a sync has a new set or two, and indexing 110 pods'
+/// sets at each one cost a change reaching one pod more than the change.
+#[derive(Default)]
 struct Morphs {
-    /// New set name -> the pods wanting it (by `<namespace>/<name>`).
-    users: BTreeMap<String, BTreeSet<String>>,
-    /// Installed policy set id -> the pods whose endpoint points at it.
-    current_users: BTreeMap<u32, BTreeSet<String>>,
-    /// Installed policy set id -> its name, for the ids whose name no pod wants any more.
-    unwanted: BTreeMap<u32, String>,
-    /// Each pod's current (ingress, egress) set ids.
-    pod_sets: BTreeMap<String, [u32; 2]>,
+    /// The installed sets a new set took already.
+    taken: BTreeSet<u32>,
 }
 
 impl Morphs {
-    fn new(state: &AclState, desired: &DesiredFirewalls) -> Self {
-        let mut users: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-        for (pod, sets) in &desired.pod_policies {
-            for name in [&sets.ingress, &sets.egress].into_iter().flatten() {
-                users.entry(name.clone()).or_default().insert(pod.clone());
-            }
-        }
-        let mut current_users: BTreeMap<u32, BTreeSet<String>> = BTreeMap::new();
-        for (pod, ids) in &state.pod_sets {
-            for id in ids.iter().filter(|id| **id != 0) {
-                current_users.entry(*id).or_default().insert(pod.clone());
-            }
-        }
-        let unwanted = state
-            .policies
-            .iter()
-            .filter(|(name, _)| !desired.policy_sets.contains_key(*name))
-            .map(|(name, id)| (*id, name.clone()))
-            .collect();
-        Self {
-            users,
-            current_users,
-            unwanted,
-            pod_sets: state.pod_sets.clone(),
-        }
-    }
-
     /// An installed set that may become the new set `name` in place (see [`Morphs`]); taken,
-    /// so that no other new set gets it too.
-    fn take(&mut self, name: &str, direction: policy::Direction) -> Option<u32> {
-        let wanting = self.users.get(name)?;
+    /// so that no other new set gets it too. The candidates are the sets the pods wanting
+    /// `name` point at now, in the pods' order.
+    fn take(
+        &mut self,
+        state: &AclState,
+        desired: &DesiredFirewalls,
+        name: &str,
+        direction: policy::Direction,
+    ) -> Option<u32> {
+        let wants = |sets: &policy::PodSets| {
+            [&sets.ingress, &sets.egress]
+                .into_iter()
+                .any(|n| n.as_deref() == Some(name))
+        };
         let slot = match direction {
             policy::Direction::Ingress => 0,
             policy::Direction::Egress => 1,
         };
+        let wanting = desired.pod_policies.iter().filter(|(_, sets)| wants(sets));
         let candidate = wanting
-            .iter()
-            .filter_map(|pod| self.pod_sets.get(pod).map(|ids| ids[slot]))
+            .filter_map(|(pod, _)| state.pod_sets.get(pod).map(|ids| ids[slot]))
             .find(|id| {
-                self.unwanted.contains_key(id)
-                    && self
-                        .current_users
-                        .get(id)
-                        .is_some_and(|pods| pods.is_subset(wanting))
+                *id != 0
+                    && !self.taken.contains(id)
+                    && state
+                        .policies
+                        .iter()
+                        .any(|(n, set)| set == id && !desired.policy_sets.contains_key(n))
+                    && state
+                        .pod_sets
+                        .iter()
+                        .filter(|(_, ids)| ids.contains(id))
+                        .all(|(pod, _)| desired.pod_policies.get(pod).is_some_and(wants))
             })?;
-        self.unwanted.remove(&candidate);
+        self.taken.insert(candidate);
         Some(candidate)
     }
 }
@@ -1150,7 +1177,7 @@ impl Dataplane {
             }
         }
         let mut policies_in_force: BTreeMap<String, u32> = BTreeMap::new();
-        let mut morphs = Morphs::new(state, desired);
+        let mut morphs = Morphs::default();
         for (name, wanted) in &desired.policy_sets {
             let current = state.policies.get(name).copied();
             let unchanged = current
@@ -1159,7 +1186,7 @@ impl Dataplane {
             let set = match current {
                 Some(set) if unchanged => set,
                 // A set not installed yet may take over one its pods leave.
-                None => match morphs.take(name, wanted.direction) {
+                None => match morphs.take(state, desired, name, wanted.direction) {
                     Some(set) if self.morph_set(state, set, &wanted.compiled, &mut stats)? => set,
                     _ => self.install_set(state, &wanted.compiled, &mut stats)?,
                 },
@@ -1191,7 +1218,8 @@ impl Dataplane {
                 endpoint.firewall = set;
                 endpoint.firewall_lengths = lengths(set);
             }
-            let sets = desired.pod_policies.get(&pod.key());
+            let key = pod.key();
+            let sets = desired.pod_policies.get(&key);
             let set_of =
                 |name: Option<&String>| name.and_then(|n| policies_in_force.get(n)).copied();
             if let Some(set) = set_of(sets.and_then(|s| s.ingress.as_ref())) {
@@ -1203,7 +1231,7 @@ impl Dataplane {
                 endpoint.egress_lengths = lengths(set);
             }
             if endpoint.policed() {
-                pod_sets.insert(pod.key(), [endpoint.ingress, endpoint.egress]);
+                pod_sets.insert(key, [endpoint.ingress, endpoint.egress]);
             }
             if endpoint.firewall == 0 && !endpoint.policed() {
                 continue;

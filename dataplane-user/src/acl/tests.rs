@@ -687,3 +687,31 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
     assert!(!compile_tiered(&v4_only, 1, false).v6_lengths.contains(&128));
     assert!(recompile_hosts(&last_rules, &last, &v4_only, 1, false).is_none());
 }
+
+/// What `recompile_hosts` looks at: the networks one rule names and the other does not, as
+/// the ordered sets' symmetric difference gives them (truncated, each once, in order).
+#[test]
+fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
+    let mut rng = crate::test_rng::TestRng::new(3);
+    for _ in 0..200 {
+        let mut pick = |count: u64| -> Vec<IpNet> {
+            (0..rng.below(count))
+                .map(|_| {
+                    let host = format!(
+                        "10.0.{}.{}/{}",
+                        rng.below(3),
+                        rng.below(6),
+                        30 + rng.below(3)
+                    );
+                    net(&host)
+                })
+                .collect()
+        };
+        let (a, b) = (pick(12), pick(12));
+        let set = |nets: &[IpNet]| -> std::collections::BTreeSet<IpNet> {
+            nets.iter().map(IpNet::trunc).collect()
+        };
+        let expected: Vec<IpNet> = set(&a).symmetric_difference(&set(&b)).copied().collect();
+        assert_eq!(sorted_difference_of(&a, &b), expected, "{a:?} {b:?}");
+    }
+}
