@@ -203,6 +203,16 @@ impl NamespacePods {
             }
             None => Box::new(self.values()),
         };
+        // A selector of that one label (or of none) picks every candidate: 300 peers were
+        // each checked against it again.
+        let expressions = selector
+            .match_expressions
+            .as_ref()
+            .is_some_and(|e| !e.is_empty());
+        let labels = selector.match_labels.as_ref().map_or(0, BTreeMap::len);
+        if !expressions && labels <= 1 {
+            return Ok(candidates.collect());
+        }
         let mut chosen = Vec::new();
         for pod in candidates {
             if selects(selector, &pod.labels)? {

@@ -694,7 +694,7 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
 fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
     let mut rng = crate::test_rng::TestRng::new(3);
     for _ in 0..200 {
-        let mut pick = |count: u64| -> Vec<IpNet> {
+        let pick = |rng: &mut crate::test_rng::TestRng, count: u64| -> Vec<IpNet> {
             (0..rng.below(count))
                 .map(|_| {
                     let host = format!(
@@ -707,7 +707,28 @@ fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
                 })
                 .collect()
         };
-        let (a, b) = (pick(12), pick(12));
+        let a = pick(&mut rng, 12);
+        // Unrelated lists, and a list with one network more or less (as a peer added or
+        // removed gives).
+        let b = match rng.below(3) {
+            0 => pick(&mut rng, 12),
+            1 => {
+                let mut b = a.clone();
+                let at = rng.below(b.len() as u64 + 1) as usize;
+                b.insert(
+                    at,
+                    net(&format!("10.0.{}.{}/32", rng.below(3), rng.below(6))),
+                );
+                b
+            }
+            _ => {
+                let mut b = a.clone();
+                if !b.is_empty() {
+                    b.remove(rng.below(b.len() as u64) as usize);
+                }
+                b
+            }
+        };
         let set = |nets: &[IpNet]| -> std::collections::BTreeSet<IpNet> {
             nets.iter().map(IpNet::trunc).collect()
         };
