@@ -461,33 +461,15 @@ fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
         nets
     };
     let (a, b) = (sorted(a_mid), sorted(b_mid));
-    let (mut i, mut j) = (0, 0);
-    let mut differ = Vec::new();
-    while i < a.len() || j < b.len() {
-        match (a.get(i), b.get(j)) {
-            (Some(x), Some(y)) if x == y => {
-                i += 1;
-                j += 1;
-            }
-            (Some(x), Some(y)) if x < y => {
-                differ.push(*x);
-                i += 1;
-            }
-            (Some(_), Some(y)) => {
-                differ.push(*y);
-                j += 1;
-            }
-            (Some(x), None) => {
-                differ.push(*x);
-                i += 1;
-            }
-            (None, Some(y)) => {
-                differ.push(*y);
-                j += 1;
-            }
-            (None, None) => break,
-        }
-    }
+    let only_in = |one: &[IpNet], other: &[IpNet]| -> Vec<IpNet> {
+        one.iter()
+            .filter(|net| other.binary_search(net).is_err())
+            .copied()
+            .collect()
+    };
+    let mut differ = only_in(&a, &b);
+    differ.extend(only_in(&b, &a));
+    differ.sort_unstable();
     // A network both lists also hold outside the middles is in both.
     if !differ.is_empty() {
         let shared: BTreeSet<IpNet> = common.map(IpNet::trunc).collect();

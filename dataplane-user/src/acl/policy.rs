@@ -1140,6 +1140,15 @@ pub struct ChangedPod {
     pub labels: Vec<BTreeMap<String, String>>,
 }
 
+impl ChangedPod {
+    /// Notes one more version's labels (each set of labels once).
+    fn add_labels(&mut self, labels: &BTreeMap<String, String>) {
+        if !self.labels.contains(labels) {
+            self.labels.push(labels.clone());
+        }
+    }
+}
+
 impl PolicyChanges {
     pub fn everything() -> Self {
         Self {
@@ -1170,11 +1179,8 @@ impl PolicyChanges {
         for (namespace, changed) in &mut self.pods {
             for pod in changed {
                 for pods in [before, after] {
-                    let Some(found) = pods.get(namespace, &pod.name) else {
-                        continue;
-                    };
-                    if !pod.labels.contains(&found.labels) {
-                        pod.labels.push(found.labels.clone());
+                    if let Some(found) = pods.get(namespace, &pod.name) {
+                        pod.add_labels(&found.labels);
                     }
                 }
             }
@@ -1189,10 +1195,8 @@ impl PolicyChanges {
             for pod in changed {
                 match mine.iter_mut().find(|p| p.name == pod.name) {
                     Some(known) => {
-                        for labels in pod.labels {
-                            if !known.labels.contains(&labels) {
-                                known.labels.push(labels);
-                            }
+                        for labels in &pod.labels {
+                            known.add_labels(labels);
                         }
                     }
                     None => mine.push(pod),
