@@ -225,7 +225,7 @@ mod tests {
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         let view = OverlayView {
             this_node: "a".into(),
-            nodes: std::sync::Arc::new(imbl::vector![
+            nodes: std::sync::Arc::new(crate::overlay::NodeSeq::from_iter([
                 std::sync::Arc::new(NodeView {
                     name: "a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
@@ -241,7 +241,7 @@ mod tests {
                     addresses: vec![ip("10.99.0.3")],
                     pod_cidrs: vec![net("10.244.3.7/24")],
                 }),
-            ]),
+            ])),
             local_pods: Vec::new(),
             unrestricted_ifindexes: Vec::new(),
             underlay: Underlay {

@@ -8,7 +8,8 @@ use k8s_openapi::api::core::v1::Node;
 
 use crate::{
     hybrid::{self, HybridView},
-    overlay::{LocalPodView, NodeList, NodeView, OverlaySettings, OverlayView, Underlay},
+    overlay::{LocalPodView, NodeList, NodeSeq, NodeView, OverlaySettings, OverlayView, Underlay},
+    seq::Seq,
     source::{ClusterState, Objects, Pod},
     sync::{Changes, Kind, object_key},
 };
@@ -51,7 +52,7 @@ pub struct NodeModel {
 struct NodeViews {
     from: Objects<Node>,
     /// One per object of `from`.
-    built: imbl::Vector<BuiltNode>,
+    built: Seq<BuiltNode>,
     views: NodeList,
     /// How many objects gave warnings.
     warned: usize,
@@ -76,9 +77,9 @@ impl BuiltNode {
 /// The last build's lists being changed into the next's: slots before `at` are the new
 /// list's, slots from `at` on the last list's still to be walked.
 struct NodeEdits {
-    built: imbl::Vector<BuiltNode>,
+    built: Seq<BuiltNode>,
     /// `None` once an object without a view makes the slots differ from `built`'s.
-    views: Option<imbl::Vector<Arc<NodeView>>>,
+    views: Option<NodeSeq>,
     warned: usize,
     at: usize,
 }
@@ -131,7 +132,7 @@ impl NodeEdits {
         }
         // Made from every object when a slot has no view (rare: a Node without a name), until
         // every object gives one again.
-        let views: imbl::Vector<Arc<NodeView>> = self
+        let views: NodeSeq = self
             .views
             .unwrap_or_else(|| self.built.iter().filter_map(|b| b.view.clone()).collect());
         let warnings = if self.warned == 0 {

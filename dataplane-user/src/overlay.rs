@@ -131,9 +131,11 @@ pub struct Underlay {
 }
 
 /// The cluster's nodes' views, in the sources' order (by name; a manifest directory's in its
-/// files' order). A persistent vector, shared: a Node added among 5,000 changes the path to
-/// its slot, where an ordinary vector was copied whole (touching every view's count).
-pub type NodeList = Arc<imbl::Vector<Arc<NodeView>>>;
+/// files' order). A persistent sequence, shared: a Node added among 5,000 copies the chunk of
+/// its slot, where an ordinary vector was copied whole (touching every view's count) and
+/// `imbl::Vector` joined two trees (node names are not added at the end).
+pub type NodeSeq = crate::seq::Seq<Arc<NodeView>>;
+pub type NodeList = Arc<NodeSeq>;
 
 /// Everything the overlay compile needs.
 #[derive(Clone, Debug)]
@@ -162,10 +164,7 @@ impl OverlayView {
 /// API source's), a walk where that search misses (a manifest directory's order, or no such
 /// node). A sync looks this node up several times, and walking 5,000 names each time was a
 /// tenth of a node change.
-pub fn node_named<'a>(
-    nodes: &'a imbl::Vector<Arc<NodeView>>,
-    name: &str,
-) -> Option<&'a Arc<NodeView>> {
+pub fn node_named<'a>(nodes: &'a NodeSeq, name: &str) -> Option<&'a Arc<NodeView>> {
     match nodes.binary_search_by(|n| n.name.as_str().cmp(name)) {
         Ok(i) if nodes[i].name == name => Some(&nodes[i]),
         _ => nodes.iter().find(|n| n.name == name),
@@ -787,8 +786,8 @@ mod tests {
                 pod_cidrs: Vec::new(),
             })
         };
-        let sorted: imbl::Vector<_> = ["a", "b", "c", "d", "e"].map(node).into_iter().collect();
-        let shuffled: imbl::Vector<_> = ["d", "a", "e", "c", "b"].map(node).into_iter().collect();
+        let sorted: NodeSeq = ["a", "b", "c", "d", "e"].map(node).into_iter().collect();
+        let shuffled: NodeSeq = ["d", "a", "e", "c", "b"].map(node).into_iter().collect();
         for nodes in [&sorted, &shuffled] {
             for name in ["a", "b", "c", "d", "e"] {
                 assert_eq!(node_named(nodes, name).map(|n| n.name.as_str()), Some(name));
@@ -796,7 +795,7 @@ mod tests {
             assert!(node_named(nodes, "f").is_none());
             assert!(node_named(nodes, "").is_none());
         }
-        assert!(node_named(&imbl::Vector::new(), "a").is_none());
+        assert!(node_named(&NodeSeq::new(), "a").is_none());
     }
 
     fn net(s: &str) -> IpNet {
@@ -976,7 +975,7 @@ mod tests {
     fn view() -> OverlayView {
         OverlayView {
             this_node: "node-a".into(),
-            nodes: Arc::new(imbl::vector![
+            nodes: Arc::new(crate::overlay::NodeSeq::from_iter([
                 Arc::new(NodeView {
                     name: "node-a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
@@ -992,7 +991,7 @@ mod tests {
                     addresses: vec![ip("fd99::3")],
                     pod_cidrs: vec![net("10.244.3.0/24")],
                 }),
-            ]),
+            ])),
             local_pods: vec![LocalPodView {
                 name: "default/a".into(),
                 addresses: vec![ip("10.244.1.2"), ip("fd00:10:244:1::2")],

@@ -166,6 +166,24 @@ impl<T: Clone> Seq<T> {
         Arc::make_mut(&mut chunk.items).get_mut(index - chunk.start)
     }
 
+    /// Keeps the first `len` elements (all of them when there are fewer). The chunks before
+    /// the cut stay shared.
+    pub fn truncate(&mut self, len: usize) {
+        if len >= self.len {
+            return;
+        }
+        let at = self.chunk_of(len).expect("within the sequence");
+        let chunks = Arc::make_mut(&mut self.chunks);
+        let kept = len - chunks[at].start;
+        if kept == 0 {
+            chunks.truncate(at);
+        } else {
+            chunks.truncate(at + 1);
+            Arc::make_mut(&mut chunks[at].items).truncate(kept);
+        }
+        self.len = len;
+    }
+
     /// Keeps the elements `keep` says, in order. Chunks it keeps whole stay shared.
     pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
         let mut kept = Vec::with_capacity(self.chunks.len());
@@ -226,6 +244,36 @@ impl<T: Clone> Seq<T> {
     }
 }
 
+impl<T: Clone> std::ops::Index<usize> for Seq<T> {
+    type Output = T;
+
+    fn index(&self, index: usize) -> &T {
+        self.get(index)
+            .unwrap_or_else(|| panic!("position {index} past {}", self.len))
+    }
+}
+
+impl<T: Clone> std::ops::IndexMut<usize> for Seq<T> {
+    /// See [`Seq::get_mut`].
+    fn index_mut(&mut self, index: usize) -> &mut T {
+        let len = self.len;
+        self.get_mut(index)
+            .unwrap_or_else(|| panic!("position {index} past {len}"))
+    }
+}
+
+impl<T: Clone + std::fmt::Debug> std::fmt::Debug for Seq<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_list().entries(self.iter()).finish()
+    }
+}
+
+impl<T: Clone + PartialEq> PartialEq for Seq<T> {
+    fn eq(&self, other: &Self) -> bool {
+        self.len == other.len && (self.ptr_eq(other) || self.iter().eq(other.iter()))
+    }
+}
+
 fn chunk_items<T>(chunk: &Chunk<T>) -> std::slice::Iter<'_, T> {
     chunk.items.iter()
 }
@@ -255,6 +303,12 @@ impl<T: Clone> FromIterator<T> for Seq<T> {
             chunks: Arc::new(chunks),
             len,
         }
+    }
+}
+
+impl<T: Clone> From<Vec<T>> for Seq<T> {
+    fn from(items: Vec<T>) -> Self {
+        items.into_iter().collect()
     }
 }
 
@@ -340,6 +394,39 @@ impl<'a, T: Clone> Cursor<'a, T> {
     }
 }
 
+/// How many elements from position `i` of `a` and `j` of `b` are the same objects: a chunk
+/// both share is passed at once, so two versions of a long list that differ in one chunk
+/// are walked in a few steps.
+pub fn shared_run<T>(
+    a: &mut Cursor<'_, Arc<T>>,
+    i: usize,
+    b: &mut Cursor<'_, Arc<T>>,
+    j: usize,
+) -> usize {
+    let mut run = 0;
+    while let (Some((at_a, chunk_a)), Some((at_b, chunk_b))) =
+        (a.chunk_at(i + run), b.chunk_at(j + run))
+    {
+        let rest_a = &chunk_a[i + run - at_a..];
+        let rest_b = &chunk_b[j + run - at_b..];
+        let span = rest_a.len().min(rest_b.len());
+        if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
+            run += span;
+            continue;
+        }
+        let same = rest_a
+            .iter()
+            .zip(rest_b)
+            .take_while(|(x, y)| Arc::ptr_eq(x, y))
+            .count();
+        run += same;
+        if same < span {
+            break;
+        }
+    }
+    run
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -405,6 +492,12 @@ mod tests {
                     let value = rng.below(1_000_000) as u32;
                     model.push(value);
                     seq.push_back(value);
+                }
+                9 if rng.below(4) == 0 => {
+                    // The last few: within the last chunk or across a chunk boundary.
+                    let cut = model.len().saturating_sub(rng.below(60) as usize);
+                    model.truncate(cut);
+                    seq.truncate(cut);
                 }
                 _ => {
                     let modulus = 2 + rng.below(40) as u32;

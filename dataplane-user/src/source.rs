@@ -245,6 +245,17 @@ impl<T> Objects<T> {
             (a, b) => a.is_none() && b.is_none(),
         }
     }
+
+    /// Whether both hold the same objects (shared, not copies) in the same order: the same
+    /// shared list, or one made again of the same objects.
+    pub fn holds_the_same(&self, other: &Self) -> bool {
+        self.shares(other)
+            || (self.len() == other.len()
+                && self
+                    .iter()
+                    .zip(other.iter())
+                    .all(|(a, b)| Arc::ptr_eq(a, b)))
+    }
 }
 
 impl<T: kube::Resource> Objects<T> {
@@ -380,68 +391,8 @@ impl<'a, T> ObjectsCursor<'a, T> {
         let (Some(a), Some(b)) = (self.0.as_mut(), other.0.as_mut()) else {
             return 0;
         };
-        shared_run(a, i, b, j)
+        seq::shared_run(a, i, b, j)
     }
-}
-
-/// A list of shared objects read a chunk at a time (see [`shared_run`]).
-pub(crate) trait Chunked<T> {
-    fn total(&self) -> usize;
-    /// The first position of the chunk holding `index` (within the list), and its elements.
-    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]);
-}
-
-impl<T> Chunked<T> for imbl::vector::Focus<'_, Arc<T>, imbl::shared_ptr::DefaultSharedPtr> {
-    fn total(&self) -> usize {
-        self.len()
-    }
-
-    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]) {
-        let (at, chunk) = self.chunk_at(index);
-        (at.start, chunk)
-    }
-}
-
-impl<T> Chunked<T> for seq::Cursor<'_, Arc<T>> {
-    fn total(&self) -> usize {
-        self.len()
-    }
-
-    fn chunk(&mut self, index: usize) -> (usize, &[Arc<T>]) {
-        self.chunk_at(index).expect("index within the list")
-    }
-}
-
-/// How many elements from position `i` of `a` and `j` of `b` are the same objects, read a
-/// chunk at a time (see [`ObjectsCursor::shared_run`]).
-pub(crate) fn shared_run<T>(
-    a: &mut impl Chunked<T>,
-    i: usize,
-    b: &mut impl Chunked<T>,
-    j: usize,
-) -> usize {
-    let mut run = 0;
-    while i + run < a.total() && j + run < b.total() {
-        let (at_a, chunk_a) = a.chunk(i + run);
-        let rest_a = &chunk_a[i + run - at_a..];
-        let (at_b, chunk_b) = b.chunk(j + run);
-        let rest_b = &chunk_b[j + run - at_b..];
-        let span = rest_a.len().min(rest_b.len());
-        if std::ptr::eq(rest_a.as_ptr(), rest_b.as_ptr()) {
-            run += span;
-            continue;
-        }
-        let same = rest_a
-            .iter()
-            .zip(rest_b)
-            .take_while(|(x, y)| Arc::ptr_eq(x, y))
-            .count();
-        run += same;
-        if same < span {
-            break;
-        }
-    }
-    run
 }
 
 /// The objects of an [`Objects`], in order.

@@ -541,7 +541,7 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         nodes: Vec::new(),
         cluster_pods: cluster_pods(peers),
         changes,
-        namespaces: Vec::new(),
+        namespaces: Default::default(),
         context: FirewallContext::default(),
         pods: local_pods(),
         dns_server: None,

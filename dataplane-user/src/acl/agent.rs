@@ -50,7 +50,7 @@ pub struct FirewallInputs {
     pub cluster_pods: PolicyPods,
     /// What changed for the NetworkPolicies since the last inputs.
     pub changes: PolicyChanges,
-    pub namespaces: Vec<Arc<Namespace>>,
+    pub namespaces: crate::source::Objects<Namespace>,
     pub context: FirewallContext,
     pub pods: Vec<AclPod>,
     pub dns_server: Option<IpAddr>,
@@ -113,7 +113,7 @@ impl FirewallInputs {
             nodes,
             cluster_pods,
             changes,
-            namespaces: state.namespaces.to_vec(),
+            namespaces: state.namespaces.clone(),
             context: super::firewall::context(state, view),
             pods,
             dns_server: files.dns_server,
@@ -263,7 +263,7 @@ pub struct FirewallAgent {
     pending: PolicyChanges,
     /// The namespaces as last given, and what is read of them: their labels, and the audit
     /// levels of those that log (made again only when a namespace changed).
-    namespaces: Vec<Arc<Namespace>>,
+    namespaces: crate::source::Objects<Namespace>,
     namespace_labels: NamespaceLabels,
     /// Policy errors of the last compile (logged once).
     policy_errors: Vec<String>,
@@ -614,7 +614,7 @@ impl FirewallAgent {
         inputs: FirewallInputs,
     ) -> Result<Updated, AgentError> {
         let unchanged = self.reads_the_same(&inputs);
-        if !same_objects(&self.namespaces, &inputs.namespaces) {
+        if !self.namespaces.holds_the_same(&inputs.namespaces) {
             let (levels, warnings) = namespace_logging(&inputs.namespaces);
             for warning in &warnings {
                 tracing::warn!(%warning, "audit logging");
@@ -709,7 +709,7 @@ impl FirewallAgent {
             && inputs.changes.is_none()
             && inputs.admin.is_empty()
             && self.admin.all().next().is_none()
-            && same_objects(&self.namespaces, &inputs.namespaces)
+            && self.namespaces.holds_the_same(&inputs.namespaces)
             && same_objects(&self.objects, &inputs.objects)
             && same_objects(&self.policies, &inputs.policies)
             && self.context == inputs.context

@@ -101,8 +101,8 @@ impl NamespaceLogging {
 
 /// The audit levels of every namespace that asks for them, and one warning per invalid
 /// annotation (that namespace does not log).
-pub fn namespace_logging(
-    namespaces: &[Arc<Namespace>],
+pub fn namespace_logging<'a>(
+    namespaces: impl IntoIterator<Item = &'a Arc<Namespace>>,
 ) -> (Vec<(String, NamespaceLogging)>, Vec<String>) {
     let mut levels = Vec::new();
     let mut warnings = Vec::new();

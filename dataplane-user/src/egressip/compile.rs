@@ -500,10 +500,10 @@ mod tests {
             .into_iter()
             .collect(),
             namespaces: Vec::new(),
-            nodes: Arc::new(imbl::vector![
+            nodes: Arc::new(crate::overlay::NodeSeq::from_iter([
                 node("node-0", "10.99.0.1", "10.244.1.0/24"),
                 node("node-1", "10.99.0.2", "10.244.2.0/24"),
-            ]),
+            ])),
             cluster_networks: vec!["10.244.0.0/16".parse().unwrap()],
             service_networks: vec!["10.96.0.0/16".parse().unwrap()],
             this_node: "node-0".into(),

@@ -11,7 +11,9 @@ use std::{
 use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
-use super::{CompileError, NodeList, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6};
+use super::{
+    CompileError, NodeList, NodeSeq, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6,
+};
 use crate::hybrid::{self, HybridView};
 
 /// A compile changes the last entries node by node while at most this fraction of the
@@ -300,15 +302,12 @@ impl NodeMaps {
 /// compared twice a node change, for both lists, was a tenth of it).
 pub(crate) type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
 
-pub(crate) fn node_changes<'a>(
-    old: &'a imbl::Vector<Arc<NodeView>>,
-    new: &'a imbl::Vector<Arc<NodeView>>,
-) -> Option<NodeChanges<'a>> {
+pub(crate) fn node_changes<'a>(old: &'a NodeSeq, new: &'a NodeSeq) -> Option<NodeChanges<'a>> {
     let (mut gone, mut come) = (Vec::new(), Vec::new());
-    // Runs of views both lists share are passed a chunk at a time (`source::shared_run`):
+    // Runs of views both lists share are passed a chunk at a time (`seq::shared_run`):
     // two versions of 5,000 nodes share all but the chunk a change copied. The few views
     // between are looked up by position.
-    let (mut old_focus, mut new_focus) = (old.focus(), new.focus());
+    let (mut old_cursor, mut new_cursor) = (old.cursor(), new.cursor());
     let (mut i, mut j) = (0, 0);
     // The last view of `new` walked, and whether it was `old`'s.
     let mut previous: Option<(&Arc<NodeView>, bool)> = None;
@@ -322,7 +321,7 @@ pub(crate) fn node_changes<'a>(
         ordered
     };
     loop {
-        let shared = crate::source::shared_run(&mut old_focus, i, &mut new_focus, j);
+        let shared = crate::seq::shared_run(&mut old_cursor, i, &mut new_cursor, j);
         if shared > 0 {
             // The run's first view is ordered after what came before it; the rest follow
             // `old`'s order, and the last is what the next view is ordered after.
@@ -369,7 +368,7 @@ pub(crate) fn node_changes<'a>(
 
 /// Whether `nodes` is in strict name order (the sources' order; a manifest directory's lists
 /// are in its files' order).
-pub(crate) fn in_name_order(nodes: &imbl::Vector<Arc<NodeView>>) -> bool {
+pub(crate) fn in_name_order(nodes: &NodeSeq) -> bool {
     nodes
         .iter()
         .zip(nodes.iter().skip(1))
@@ -500,7 +499,7 @@ mod tests {
         })
     }
 
-    fn view_of(nodes: &imbl::Vector<Arc<NodeView>>) -> OverlayView {
+    fn view_of(nodes: &NodeSeq) -> OverlayView {
         OverlayView {
             this_node: "n0000".into(),
             nodes: Arc::new(nodes.clone()),
@@ -523,13 +522,15 @@ mod tests {
     /// is (one of the old list's, or a new one); a list in order gives its changes.
     #[test]
     fn a_new_list_out_of_name_order_is_found_on_the_way() {
-        let nodes: imbl::Vector<Arc<NodeView>> = (0..6).map(|i| node(i, i, i)).collect();
+        let nodes: NodeSeq = (0..6).map(|i| node(i, i, i)).collect();
         let mut swapped = nodes.clone();
-        swapped.swap(2, 4);
+        let fourth = swapped.remove(4);
+        let second = std::mem::replace(swapped.get_mut(2).expect("a node"), fourth);
+        swapped.insert(4, second);
         assert!(node_changes(&nodes, &swapped).is_none());
         let mut moved = nodes.clone();
-        let last = moved.pop_back().expect("a node");
-        moved.push_front(last);
+        let last = moved.remove(moved.len() - 1);
+        moved.insert(0, last);
         assert!(node_changes(&nodes, &moved).is_none());
         let mut misplaced = nodes.clone();
         misplaced.insert(1, node(9, 9, 9));
@@ -546,7 +547,7 @@ mod tests {
     /// gives what building them all gives; a list with no change shares the last entries.
     #[test]
     fn one_node_added_changes_the_last_entries() {
-        let mut nodes: imbl::Vector<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
+        let mut nodes: NodeSeq = (0..200).map(|i| node(i, i, i)).collect();
         let first = compile(&view_of(&nodes)).expect("compiles");
         // Another list of the same views.
         let same = compile_since(&view_of(&nodes), Some(&first)).expect("compiles");
@@ -572,7 +573,7 @@ mod tests {
         // Long enough for the persistent vector to hold chunks: a changed list shares all
         // but the chunks a change copied, as the model's lists do (every fifth step gives
         // the compile a list rebuilt anew, sharing views but no chunk).
-        let mut nodes: imbl::Vector<Arc<NodeView>> = (0..200).map(|i| node(i, i, i)).collect();
+        let mut nodes: NodeSeq = (0..200).map(|i| node(i, i, i)).collect();
         let mut last = compile(&view_of(&nodes)).expect("compiles");
         let mut next_node = 200;
         let (mut kept, mut refused) = (0, 0);
@@ -597,18 +598,18 @@ mod tests {
                     2 => {
                         let mut moved = (*changed[at]).clone();
                         moved.addresses = node(0, rng.below(60), 0).addresses.clone();
-                        changed.set(at, Arc::new(moved));
+                        *changed.get_mut(at).expect("within") = Arc::new(moved);
                     }
                     _ => {
                         let mut moved = (*changed[at]).clone();
                         moved.pod_cidrs = node(0, 0, rng.below(100)).pod_cidrs.clone();
-                        changed.set(at, Arc::new(moved));
+                        *changed.get_mut(at).expect("within") = Arc::new(moved);
                     }
                 }
             }
             let mut view = view_of(&changed);
             if step % 5 == 0 {
-                view.nodes = Arc::new(changed.iter().cloned().collect::<Vec<_>>().into());
+                view.nodes = Arc::new(changed.iter().cloned().collect());
             }
             let full = compile(&view);
             let since = compile_since(&view, Some(&last));
