@@ -441,6 +441,8 @@ pub fn recompile_hosts(
 /// entries both begin and end with are set aside first, and only the differing middles are
 /// sorted (sorting two lists of 300 networks was most of recompiling a set for one peer).
 fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
+    /// Up to this many differing networks are each looked for among the common entries.
+    const FEW_DIFFERING: usize = 8;
     let prefix = a.iter().zip(b).take_while(|(x, y)| x == y).count();
     let (a_rest, b_rest) = (&a[prefix..], &b[prefix..]);
     let suffix = a_rest
@@ -470,10 +472,14 @@ fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
     let mut differ = only_in(&a, &b);
     differ.extend(only_in(&b, &a));
     differ.sort_unstable();
-    // A network both lists also hold outside the middles is in both.
-    if !differ.is_empty() {
-        let shared: BTreeSet<IpNet> = common.map(IpNet::trunc).collect();
-        differ.retain(|net| !shared.contains(net));
+    // A network both lists also hold outside the middles is in both. A peer more or less
+    // leaves one or two networks to look for: a walk of the common entries for each costs
+    // less than sorting them (which was a tenth of a pod added).
+    if differ.len() <= FEW_DIFFERING {
+        differ.retain(|net| !common.clone().any(|c| c.trunc() == *net));
+    } else {
+        let shared = sorted(&common.copied().collect::<Vec<_>>());
+        differ.retain(|net| shared.binary_search(net).is_err());
     }
     differ
 }
@@ -923,6 +929,53 @@ impl Morphs {
     }
 }
 
+/// How a sync changes a map of the sets in force by name: the names whose set moves (with
+/// the set before, if any, and after), and the names no longer wanted.
+#[derive(Default)]
+struct Moves {
+    moved: Vec<(String, Option<u32>, u32)>,
+    gone: Vec<String>,
+}
+
+impl Moves {
+    /// Changes `in_force` as these moves say; a name no longer wanted keeps its set while
+    /// `keep` names it (a namespace whose firewall is now invalid keeps its last good
+    /// rules). Returns the sets that names left (which may be unused now).
+    fn apply(self, in_force: &mut BTreeMap<String, u32>, keep: &BTreeSet<String>) -> Vec<u32> {
+        let mut displaced = Vec::new();
+        for name in self.gone.into_iter().filter(|n| !keep.contains(n)) {
+            displaced.extend(in_force.remove(&name));
+        }
+        for (name, before, after) in self.moved {
+            displaced.extend(before);
+            in_force.insert(name, after);
+        }
+        displaced
+    }
+}
+
+/// The set in force for each of `wanted`'s names, in `wanted`'s order, and the names in
+/// force that `wanted` lacks: one walk down both maps, both in name order.
+fn in_force_beside<V>(
+    wanted: &BTreeMap<String, V>,
+    in_force: &BTreeMap<String, u32>,
+) -> (Vec<Option<u32>>, Vec<String>) {
+    let mut current = Vec::with_capacity(wanted.len());
+    let mut gone = Vec::new();
+    let mut held = in_force.iter().peekable();
+    for name in wanted.keys() {
+        while let Some((other, _)) = held.next_if(|(other, _)| *other < name) {
+            gone.push(other.clone());
+        }
+        current.push(
+            held.next_if(|(other, _)| *other == name)
+                .map(|(_, set)| *set),
+        );
+    }
+    gone.extend(held.map(|(name, _)| name.clone()));
+    (current, gone)
+}
+
 /// What the access-control maps hold, as this agent knows it.
 #[derive(Debug, Default)]
 pub struct AclState {
@@ -947,9 +1000,50 @@ pub struct AclState {
     /// The endpoints as the last sync wrote them (`None`: not known, compare with the
     /// kernel's), so that a sync reads none back (110 system calls).
     endpoints: Option<BTreeMap<Addr, AclEndpoint>>,
+    /// The last sync ended with every installed set in use (false after an adoption or a
+    /// sync that stopped midway: the next one looks at every set).
+    swept: bool,
 }
 
 impl AclState {
+    /// Whether the installed set `set` holds `compiled` (the same compile, shared).
+    fn holds(&self, set: u32, compiled: &Arc<CompiledSet>) -> bool {
+        self.sets
+            .get(&set)
+            .is_some_and(|s| s.compiled.as_ref() == Some(compiled))
+    }
+
+    /// Whether a namespace's firewall or a policy set in force is `set`.
+    fn uses(&self, set: u32) -> bool {
+        self.firewalls
+            .values()
+            .chain(self.policies.values())
+            .any(|s| *s == set)
+    }
+
+    /// The installed sets nothing is in force with.
+    fn unused_sets(&self) -> Vec<u32> {
+        let used: BTreeSet<u32> = self
+            .firewalls
+            .values()
+            .chain(self.policies.values())
+            .copied()
+            .collect();
+        let mut unused: Vec<u32> = self
+            .sets
+            .keys()
+            .copied()
+            .filter(|s| !used.contains(s))
+            .collect();
+        // Described sets are installed ones, but a description never outlives its set.
+        unused.extend(
+            self.policy_meta
+                .keys()
+                .filter(|s| !used.contains(s) && !self.sets.contains_key(s)),
+        );
+        unused
+    }
+
     /// The set in force for a namespace's firewall.
     pub fn firewall_set(&self, namespace: &str) -> Option<u32> {
         self.firewalls.get(namespace).copied()
@@ -1152,7 +1246,9 @@ impl Dataplane {
 
     /// Makes the access-control maps hold `desired` for `pods`. Order: new sets (port tables,
     /// then prefixes), then the pods' endpoint entries switch, then sets nobody uses are
-    /// deleted.
+    /// deleted. The sets in force are walked beside the wanted ones in name order, and only
+    /// those that move are written down: rebuilding both maps of names (220 sets at 2,000
+    /// policies) and sweeping every installed set was most of a sync that changed one set.
     pub fn sync_acl(
         &mut self,
         state: &mut AclState,
@@ -1160,69 +1256,28 @@ impl Dataplane {
         pods: &[AclPod],
     ) -> Result<AclSyncStats, AgentError> {
         let mut stats = AclSyncStats::default();
-        let mut in_force: BTreeMap<String, u32> = BTreeMap::new();
-        for (namespace, compiled) in &desired.sets {
-            let current = state.firewalls.get(namespace).copied();
-            let unchanged = current
-                .and_then(|set| state.sets.get(&set))
-                .is_some_and(|s| s.compiled.as_ref() == Some(compiled));
-            let set = match current {
-                Some(set) if unchanged => set,
-                _ => self.install_set(state, compiled, &mut stats)?,
-            };
-            in_force.insert(namespace.clone(), set);
-        }
-        for namespace in &desired.rejected {
-            if let Some(set) = state.firewalls.get(namespace) {
-                in_force.insert(namespace.clone(), *set);
-            }
-        }
-        let mut policies_in_force: BTreeMap<String, u32> = BTreeMap::new();
-        let mut morphs = Morphs::default();
-        for (name, wanted) in &desired.policy_sets {
-            let current = state.policies.get(name).copied();
-            let unchanged = current
-                .and_then(|set| state.sets.get(&set))
-                .is_some_and(|s| s.compiled.as_ref() == Some(&wanted.compiled));
-            let set = match current {
-                Some(set) if unchanged => set,
-                // A set not installed yet may take over one its pods leave.
-                None => match morphs.take(state, desired, name, wanted.direction) {
-                    Some(set) if self.morph_set(state, set, &wanted.compiled, &mut stats)? => set,
-                    _ => self.install_set(state, &wanted.compiled, &mut stats)?,
-                },
-                Some(_) => self.install_set(state, &wanted.compiled, &mut stats)?,
-            };
-            policies_in_force.insert(name.clone(), set);
-            // Copied only when new: most sets are the last sync's (a clone each, every sync,
-            // cost more than the change at 2,000 policies).
-            if state.policy_meta.get(&set) != Some(wanted) {
-                // A set changed in place for other peers is described as before.
-                let described = state.policy_meta.get(&set).is_some_and(|before| {
-                    (&before.namespace, before.direction, &before.refs)
-                        == (&wanted.namespace, wanted.direction, &wanted.refs)
-                });
-                state.policy_meta.insert(set, wanted.clone());
-                if !described {
-                    state.meta_version += 1;
-                    state.described_changes.insert(set);
-                }
-            }
-        }
-        stats.sets = in_force.len() + policies_in_force.len();
+        // Cleared until this sync ends well: orphans of a sync that stopped midway (sets it
+        // installed that nothing points at) are found by the next one's full sweep.
+        let full_sweep = !state.swept;
+        state.swept = false;
+        let firewalls = self.install_firewall_sets(state, desired, &mut stats)?;
+        let policies = self.install_policy_sets(state, desired, &mut stats)?;
+
+        let mut displaced = firewalls.apply(&mut state.firewalls, &desired.rejected);
+        displaced.extend(policies.apply(&mut state.policies, &BTreeSet::new()));
+        stats.sets = state.firewalls.len() + state.policies.len();
         let lengths = |set: u32| state.sets.get(&set).map(|s| s.lengths).unwrap_or_default();
         let mut wanted_endpoints: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
         let mut pod_sets = BTreeMap::new();
         for pod in pods {
             let mut endpoint = AclEndpoint::default();
-            if let Some(&set) = in_force.get(&pod.namespace) {
+            if let Some(&set) = state.firewalls.get(&pod.namespace) {
                 endpoint.firewall = set;
                 endpoint.firewall_lengths = lengths(set);
             }
             let key = pod.key();
             let sets = desired.pod_policies.get(&key);
-            let set_of =
-                |name: Option<&String>| name.and_then(|n| policies_in_force.get(n)).copied();
+            let set_of = |name: Option<&String>| name.and_then(|n| state.policies.get(n)).copied();
             if let Some(set) = set_of(sets.and_then(|s| s.ingress.as_ref())) {
                 endpoint.ingress = set;
                 endpoint.ingress_lengths = lengths(set);
@@ -1250,37 +1305,92 @@ impl Dataplane {
         self.sync_endpoints(&wanted_endpoints, last.as_ref(), &mut stats)?;
         state.endpoints = Some(wanted_endpoints);
         state.pod_sets = pod_sets;
-        state.firewalls = in_force;
-        state.policies = policies_in_force;
-        let used: BTreeSet<u32> = state
-            .firewalls
-            .values()
-            .chain(state.policies.values())
-            .copied()
-            .collect();
-        let described = state.policy_meta.len();
-        state.policy_meta.retain(|set, _| {
-            let kept = used.contains(set);
-            if !kept {
-                state.described_changes.insert(*set);
-            }
-            kept
-        });
-        if state.policy_meta.len() != described {
-            state.meta_version += 1;
-        }
-        let stale: Vec<u32> = state
-            .sets
-            .keys()
-            .copied()
-            .filter(|s| !used.contains(s))
-            .collect();
+        let stale = if full_sweep {
+            state.unused_sets()
+        } else {
+            displaced.retain(|set| !state.uses(*set));
+            displaced.sort_unstable();
+            displaced.dedup();
+            displaced
+        };
         for set in stale {
+            if state.policy_meta.remove(&set).is_some() {
+                state.described_changes.insert(set);
+                state.meta_version += 1;
+            }
             if let Some(installed) = state.sets.remove(&set) {
                 self.remove_set(&installed, &mut stats)?;
             }
         }
+        state.swept = true;
         Ok(stats)
+    }
+
+    /// Installs each namespace's firewall set not in force as wanted.
+    fn install_firewall_sets(
+        &mut self,
+        state: &mut AclState,
+        desired: &DesiredFirewalls,
+        stats: &mut AclSyncStats,
+    ) -> Result<Moves, AgentError> {
+        let (current, gone) = in_force_beside(&desired.sets, &state.firewalls);
+        let mut moves = Moves {
+            gone,
+            ..Moves::default()
+        };
+        for ((namespace, compiled), current) in desired.sets.iter().zip(current) {
+            if current.is_some_and(|set| state.holds(set, compiled)) {
+                continue;
+            }
+            let set = self.install_set(state, compiled, stats)?;
+            moves.moved.push((namespace.clone(), current, set));
+        }
+        Ok(moves)
+    }
+
+    /// Installs each policy set not in force as wanted, or changes in place one its pods
+    /// leave ([`Morphs`]), and notes what each set is (audit records, `inspect`).
+    fn install_policy_sets(
+        &mut self,
+        state: &mut AclState,
+        desired: &DesiredFirewalls,
+        stats: &mut AclSyncStats,
+    ) -> Result<Moves, AgentError> {
+        let (current, gone) = in_force_beside(&desired.policy_sets, &state.policies);
+        let mut moves = Moves {
+            gone,
+            ..Moves::default()
+        };
+        let mut morphs = Morphs::default();
+        for ((name, wanted), current) in desired.policy_sets.iter().zip(current) {
+            let set = match current {
+                Some(set) if state.holds(set, &wanted.compiled) => set,
+                // A set not installed yet may take over one its pods leave.
+                None => match morphs.take(state, desired, name, wanted.direction) {
+                    Some(set) if self.morph_set(state, set, &wanted.compiled, stats)? => set,
+                    _ => self.install_set(state, &wanted.compiled, stats)?,
+                },
+                Some(_) => self.install_set(state, &wanted.compiled, stats)?,
+            };
+            if Some(set) != current {
+                moves.moved.push((name.clone(), current, set));
+            }
+            // Copied only when new: most sets are the last sync's (a clone each, every sync,
+            // cost more than the change at 2,000 policies).
+            if state.policy_meta.get(&set) != Some(wanted) {
+                // A set changed in place for other peers is described as before.
+                let described = state.policy_meta.get(&set).is_some_and(|before| {
+                    (&before.namespace, before.direction, &before.refs)
+                        == (&wanted.namespace, wanted.direction, &wanted.refs)
+                });
+                state.policy_meta.insert(set, wanted.clone());
+                if !described {
+                    state.meta_version += 1;
+                    state.described_changes.insert(set);
+                }
+            }
+        }
+        Ok(moves)
     }
 
     /// Changes the installed set `set` in place into `compiled` (see [`Morphs`]); false,
@@ -1466,14 +1576,20 @@ impl Dataplane {
         {
             let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
                 self.typed_map(maps::ACL_ADDRS)?;
+            // Both versions walked side by side in prefix order: looking each prefix up in
+            // the other version (1,200 peers each way) was most of a peer added.
+            let mut before = old.prefixes.iter().peekable();
+            let mut gone = Vec::new();
             for (&prefix, decision) in &compiled.prefixes {
+                while let Some((&old_prefix, _)) = before.next_if(|(p, _)| **p < prefix) {
+                    gone.push(old_prefix);
+                }
                 let key = addr_key(set, prefix);
                 let value = addr_value(compiled, &table_ids, *decision);
-                let before = old
-                    .prefixes
-                    .get(&prefix)
-                    .map(|d| addr_value(old, &installed.table_ids, *d));
-                if before != Some(value) {
+                let was = before
+                    .next_if(|(p, _)| **p == prefix)
+                    .map(|(_, d)| addr_value(old, &installed.table_ids, *d));
+                if was != Some(value) {
                     addrs
                         .insert(key, value, 0)
                         .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
@@ -1481,11 +1597,8 @@ impl Dataplane {
                 }
                 prefixes.push(key);
             }
-            for (&prefix, _) in old
-                .prefixes
-                .iter()
-                .filter(|(p, _)| !compiled.prefixes.contains_key(p))
-            {
+            gone.extend(before.map(|(p, _)| *p));
+            for prefix in gone {
                 addrs
                     .remove(&addr_key(set, prefix))
                     .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;

@@ -693,7 +693,7 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
 #[test]
 fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
     let mut rng = crate::test_rng::TestRng::new(3);
-    for _ in 0..200 {
+    for _ in 0..400 {
         let pick = |rng: &mut crate::test_rng::TestRng, count: u64| -> Vec<IpNet> {
             (0..rng.below(count))
                 .map(|_| {
@@ -708,10 +708,10 @@ fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
                 .collect()
         };
         let a = pick(&mut rng, 12);
-        // Unrelated lists, and a list with one network more or less (as a peer added or
-        // removed gives).
+        // Unrelated lists (differing in many networks or few), and a list with one network
+        // more or less (as a peer added or removed gives).
         let b = match rng.below(3) {
-            0 => pick(&mut rng, 12),
+            0 => pick(&mut rng, 40),
             1 => {
                 let mut b = a.clone();
                 let at = rng.below(b.len() as u64 + 1) as usize;
@@ -735,4 +735,44 @@ fn the_networks_two_rules_differ_by_are_those_of_the_sets_difference() {
         let expected: Vec<IpNet> = set(&a).symmetric_difference(&set(&b)).copied().collect();
         assert_eq!(sorted_difference_of(&a, &b), expected, "{a:?} {b:?}");
     }
+}
+
+/// The sets in force walked beside the wanted ones: each wanted name gets its set in force
+/// (or none), the names no longer wanted are listed, and applying the moves leaves the map
+/// as wanted, a kept name (a rejected firewall's namespace) holding its last set, and the
+/// sets that names left returned.
+#[test]
+fn the_sets_in_force_follow_the_wanted_names_and_return_what_they_left() {
+    use std::collections::{BTreeMap, BTreeSet};
+    let names = |list: &[(&str, u32)]| -> BTreeMap<String, u32> {
+        list.iter().map(|(n, s)| (n.to_string(), *s)).collect()
+    };
+    let in_force = names(&[("a", 1), ("c", 3), ("d", 4), ("f", 6)]);
+    let wanted = names(&[("b", 0), ("c", 0), ("d", 0), ("g", 0)]);
+    let (current, gone) = super::in_force_beside(&wanted, &in_force);
+    assert_eq!(current, vec![None, Some(3), Some(4), None]);
+    assert_eq!(gone, vec!["a".to_string(), "f".to_string()]);
+    let (none, nothing_gone) = super::in_force_beside(&wanted, &BTreeMap::new());
+    assert_eq!((none, nothing_gone.len()), (vec![None; 4], 0));
+    let (nothing, all_gone) = super::in_force_beside(&BTreeMap::<String, ()>::new(), &in_force);
+    assert_eq!((nothing.len(), all_gone.len()), (0, 4));
+
+    // "b" and "g" installed, "d" replaced; "a" kept (rejected), "f" gone.
+    let moves = super::Moves {
+        moved: vec![
+            ("b".into(), None, 7),
+            ("d".into(), Some(4), 8),
+            ("g".into(), None, 9),
+        ],
+        gone,
+    };
+    let mut map = in_force.clone();
+    let keep: BTreeSet<String> = ["a".to_string()].into();
+    let mut displaced = moves.apply(&mut map, &keep);
+    displaced.sort();
+    assert_eq!(
+        map,
+        names(&[("a", 1), ("b", 7), ("c", 3), ("d", 8), ("g", 9)])
+    );
+    assert_eq!(displaced, vec![4, 6]);
 }
