@@ -1421,8 +1421,50 @@ impl Dataplane {
         let set = state.next_set;
         let mut table_ids = Vec::with_capacity(compiled.tables.len());
         let mut port_keys = Vec::new();
+        let mut prefix_keys = Vec::new();
+        let written = self.write_set(
+            state,
+            set,
+            compiled,
+            (&mut table_ids, &mut port_keys, &mut prefix_keys),
+            stats,
+        );
+        if let Err(error) = written {
+            // What was written of it goes again: no entry points at the set, and left in
+            // the maps its entries would take room from every later sync (a set too large
+            // for the map is tried again at each one).
+            self.discard(&prefix_keys, &port_keys);
+            return Err(error);
+        }
+        state.sets.insert(
+            set,
+            InstalledSet {
+                compiled: Some(Arc::clone(compiled)),
+                lengths: compiled.lengths(),
+                table_ids,
+                prefixes: prefix_keys,
+                ports: port_keys,
+            },
+        );
+        Ok(set)
+    }
+
+    /// Writes `compiled`'s port tables and prefixes under set id `set`, noting each table's
+    /// id and every key it tries to write (written or not, should a write fail).
+    fn write_set(
+        &mut self,
+        state: &mut AclState,
+        set: u32,
+        compiled: &CompiledSet,
+        (table_ids, port_keys, prefix_keys): (
+            &mut Vec<u32>,
+            &mut Vec<AclPortKey>,
+            &mut Vec<AclAddrKey>,
+        ),
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
         for table in &compiled.tables {
-            table_ids.push(self.write_table(state, table, &mut port_keys, stats)?);
+            table_ids.push(self.write_table(state, table, port_keys, stats)?);
         }
         // One batch call for the set's prefixes: a set of 300 peers written one call each
         // was a third of a label change's map work.
@@ -1430,27 +1472,35 @@ impl Dataplane {
             .prefixes
             .iter()
             .map(|(&prefix, decision)| {
-                let value = addr_value(compiled, &table_ids, *decision);
+                let value = addr_value(compiled, table_ids, *decision);
                 (addr_key(set, prefix), value)
             })
             .collect();
+        prefix_keys.extend(entries.iter().map(|(key, _)| *key));
         write_batch(self.map(maps::ACL_ADDRS)?, &entries, stats)
-            .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
-        let keys = entries.into_iter().map(|(key, _)| key).collect();
-        state.sets.insert(
-            set,
-            InstalledSet {
-                compiled: Some(Arc::clone(compiled)),
-                lengths: compiled.lengths(),
-                table_ids,
-                prefixes: keys,
-                ports: port_keys,
-            },
-        );
-        Ok(set)
+            .map_err(map_err(maps::ACL_ADDRS, "write prefix"))
     }
 
-    /// Writes a port table under a fresh id; returns the id. Its keys are added to `keys`.
+    /// Removes these entries where they are (a set that could not be written whole).
+    fn discard(&mut self, prefixes: &[AclAddrKey], ports: &[AclPortKey]) {
+        if let Ok(mut addrs) =
+            self.typed_map::<BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue>>(maps::ACL_ADDRS)
+        {
+            for key in prefixes {
+                let _ = addrs.remove(key);
+            }
+        }
+        if let Ok(mut table) =
+            self.typed_map::<BpfHashMap<&mut MapData, AclPortKey, AclVerdict>>(maps::ACL_PORTS)
+        {
+            for key in ports {
+                let _ = table.remove(key);
+            }
+        }
+    }
+
+    /// Writes a port table under a fresh id; returns the id. Its keys are added to `keys`
+    /// (before the write: all of them, should it stop midway).
     fn write_table(
         &mut self,
         state: &mut AclState,
@@ -1461,9 +1511,10 @@ impl Dataplane {
         state.next_table = state.next_table.wrapping_add(1).max(1);
         let id = state.next_table;
         let entries: Vec<(AclPortKey, AclVerdict)> = table_entries(id, table).collect();
+        // Noted before the write, which may stop midway: the caller knows what to take out.
+        keys.extend(entries.iter().map(|(key, _)| *key));
         write_batch(self.map(maps::ACL_PORTS)?, &entries, stats)
             .map_err(map_err(maps::ACL_PORTS, "write port table"))?;
-        keys.extend(entries.into_iter().map(|(key, _)| key));
         Ok(id)
     }
 

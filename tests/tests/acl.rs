@@ -545,6 +545,18 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
         Some(set),
         "the set in force stays"
     );
+    assert_eq!(
+        installed(&mut fixture),
+        before,
+        "what was written of the large set went again"
+    );
+    // Each later sync tries the large set again: the maps do not fill up with its pieces.
+    for _ in 0..3 {
+        fixture
+            .sync_acl(&mut state, &desired(&large), &pods())
+            .expect_err("still too large");
+        assert_eq!(installed(&mut fixture), before);
+    }
     assert_eq!(endpoint_sets(&mut fixture)[0].1, set);
     let web = [192, 0, 2, 5];
     assert_eq!(
@@ -562,5 +574,33 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
         ),
         TC_ACT_SHOT,
         "the large firewall's allow is not in force"
+    );
+    // A firewall that fits beside the one in force takes its place, and the old set goes.
+    let mut smaller = String::from(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {name: default, namespace: team}\nspec:\n  egress:\n",
+    );
+    for host in 1..=4 {
+        smaller.push_str(&format!(
+            "  - {{type: Allow, to: {{cidrSelector: 203.0.113.{host}/32}}}}\n"
+        ));
+    }
+    smaller.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
+    let fits = desired(&smaller);
+    fixture
+        .sync_acl(&mut state, &fits, &pods())
+        .expect("5 prefixes fit beside the set in force");
+    let new_set = state.firewall_set("team").expect("team has a firewall");
+    assert_ne!(new_set, set);
+    assert_eq!(
+        installed(&mut fixture),
+        (vec![new_set], port_entries(&fits))
+    );
+    assert_eq!(
+        verdict(
+            &mut fixture,
+            &tcp_v4_flow(TEAM_POD, 40000, [203, 0, 113, 1], 80, true)
+        ),
+        TC_ACT_OK
     );
 }
