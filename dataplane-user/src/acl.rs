@@ -929,6 +929,14 @@ impl Morphs {
     }
 }
 
+/// A set's table ids and the keys of its entries, as written (or tried).
+#[derive(Default)]
+struct SetKeys {
+    table_ids: Vec<u32>,
+    ports: Vec<AclPortKey>,
+    prefixes: Vec<AclAddrKey>,
+}
+
 /// How a sync changes a map of the sets in force by name: the names whose set moves (with
 /// the set before, if any, and after), and the names no longer wanted.
 #[derive(Default)]
@@ -1262,7 +1270,6 @@ impl Dataplane {
         state.swept = false;
         let firewalls = self.install_firewall_sets(state, desired, &mut stats)?;
         let policies = self.install_policy_sets(state, desired, &mut stats)?;
-
         let mut displaced = firewalls.apply(&mut state.firewalls, &desired.rejected);
         displaced.extend(policies.apply(&mut state.policies, &BTreeSet::new()));
         stats.sets = state.firewalls.len() + state.policies.len();
@@ -1419,21 +1426,12 @@ impl Dataplane {
     ) -> Result<u32, AgentError> {
         state.next_set = state.next_set.wrapping_add(1).max(1);
         let set = state.next_set;
-        let mut table_ids = Vec::with_capacity(compiled.tables.len());
-        let mut port_keys = Vec::new();
-        let mut prefix_keys = Vec::new();
-        let written = self.write_set(
-            state,
-            set,
-            compiled,
-            (&mut table_ids, &mut port_keys, &mut prefix_keys),
-            stats,
-        );
-        if let Err(error) = written {
+        let mut written = SetKeys::default();
+        if let Err(error) = self.write_set(state, set, compiled, &mut written, stats) {
             // What was written of it goes again: no entry points at the set, and left in
             // the maps its entries would take room from every later sync (a set too large
             // for the map is tried again at each one).
-            self.discard(&prefix_keys, &port_keys);
+            self.discard(&written.prefixes, &written.ports);
             return Err(error);
         }
         state.sets.insert(
@@ -1441,30 +1439,27 @@ impl Dataplane {
             InstalledSet {
                 compiled: Some(Arc::clone(compiled)),
                 lengths: compiled.lengths(),
-                table_ids,
-                prefixes: prefix_keys,
-                ports: port_keys,
+                table_ids: written.table_ids,
+                prefixes: written.prefixes,
+                ports: written.ports,
             },
         );
         Ok(set)
     }
 
-    /// Writes `compiled`'s port tables and prefixes under set id `set`, noting each table's
-    /// id and every key it tries to write (written or not, should a write fail).
+    /// Writes `compiled`'s port tables and prefixes under set id `set`, noting in `keys` each
+    /// table's id and every key it tries to write (written or not, should a write fail).
     fn write_set(
         &mut self,
         state: &mut AclState,
         set: u32,
         compiled: &CompiledSet,
-        (table_ids, port_keys, prefix_keys): (
-            &mut Vec<u32>,
-            &mut Vec<AclPortKey>,
-            &mut Vec<AclAddrKey>,
-        ),
+        keys: &mut SetKeys,
         stats: &mut AclSyncStats,
     ) -> Result<(), AgentError> {
         for table in &compiled.tables {
-            table_ids.push(self.write_table(state, table, port_keys, stats)?);
+            let id = self.write_table(state, table, &mut keys.ports, stats)?;
+            keys.table_ids.push(id);
         }
         // One batch call for the set's prefixes: a set of 300 peers written one call each
         // was a third of a label change's map work.
@@ -1472,11 +1467,11 @@ impl Dataplane {
             .prefixes
             .iter()
             .map(|(&prefix, decision)| {
-                let value = addr_value(compiled, table_ids, *decision);
+                let value = addr_value(compiled, &keys.table_ids, *decision);
                 (addr_key(set, prefix), value)
             })
             .collect();
-        prefix_keys.extend(entries.iter().map(|(key, _)| *key));
+        keys.prefixes.extend(entries.iter().map(|(key, _)| *key));
         write_batch(self.map(maps::ACL_ADDRS)?, &entries, stats)
             .map_err(map_err(maps::ACL_ADDRS, "write prefix"))
     }
