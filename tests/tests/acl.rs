@@ -499,6 +499,22 @@ fn pin_to_one_cpu() {
     }
 }
 
+/// The team's firewall allowing `hosts` single addresses (203.0.113.1 on) and denying the
+/// rest: `hosts` + 1 prefixes.
+fn hosts_firewall(hosts: u8) -> String {
+    let mut yaml = String::from(
+        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+         metadata: {name: default, namespace: team}\nspec:\n  egress:\n",
+    );
+    for host in 1..=hosts {
+        yaml.push_str(&format!(
+            "  - {{type: Allow, to: {{cidrSelector: 203.0.113.{host}/32}}}}\n"
+        ));
+    }
+    yaml.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
+    yaml
+}
+
 /// A set larger than the prefix map can hold (written in one batch call): the sync fails
 /// naming the map and the flag to raise, and the firewall in force stays whole: the same
 /// set id, its entries, and its verdicts.
@@ -520,16 +536,7 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
     let set = state.firewall_set("team").expect("team has a firewall");
     let before = installed(&mut fixture);
     assert_eq!(before, (vec![set], port_entries(&good)));
-    let mut large = String::from(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
-         metadata: {name: default, namespace: team}\nspec:\n  egress:\n",
-    );
-    for host in 1..=40 {
-        large.push_str(&format!(
-            "  - {{type: Allow, to: {{cidrSelector: 203.0.113.{host}/32}}}}\n"
-        ));
-    }
-    large.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
+    let large = hosts_firewall(40);
     let error = fixture
         .sync_acl(&mut state, &desired(&large), &pods())
         .expect_err("40 prefixes beside the set in force do not fit in 24");
@@ -576,17 +583,7 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
         "the large firewall's allow is not in force"
     );
     // A firewall that fits beside the one in force takes its place, and the old set goes.
-    let mut smaller = String::from(
-        "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
-         metadata: {name: default, namespace: team}\nspec:\n  egress:\n",
-    );
-    for host in 1..=4 {
-        smaller.push_str(&format!(
-            "  - {{type: Allow, to: {{cidrSelector: 203.0.113.{host}/32}}}}\n"
-        ));
-    }
-    smaller.push_str("  - {type: Deny, to: {cidrSelector: 0.0.0.0/0}}\n");
-    let fits = desired(&smaller);
+    let fits = desired(&hosts_firewall(4));
     fixture
         .sync_acl(&mut state, &fits, &pods())
         .expect("5 prefixes fit beside the set in force");
