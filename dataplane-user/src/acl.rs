@@ -1618,33 +1618,33 @@ impl Dataplane {
             };
             table_ids.push(id);
         }
-        let mut prefixes = Vec::with_capacity(compiled.prefixes.len());
+        let prefixes = compiled
+            .prefixes
+            .keys()
+            .map(|p| addr_key(set, *p))
+            .collect();
         {
             let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
                 self.typed_map(maps::ACL_ADDRS)?;
             // Both versions walked side by side in prefix order: looking each prefix up in
-            // the other version (1,200 peers each way) was most of a peer added.
-            let mut before = old.prefixes.iter().peekable();
-            let mut gone = Vec::new();
-            for (&prefix, decision) in &compiled.prefixes {
-                while let Some((&old_prefix, _)) = before.next_if(|(p, _)| **p < prefix) {
-                    gone.push(old_prefix);
-                }
-                let key = addr_key(set, prefix);
+            // the other version (1,200 peers each way) was most of a peer added. A decision
+            // is the same where it gives the kernel the same value (table ids differ).
+            let (changed, gone) = crate::overlay::sorted_difference_by(
+                &compiled.prefixes,
+                &old.prefixes,
+                |new, was| {
+                    addr_value(compiled, &table_ids, *new)
+                        == addr_value(old, &installed.table_ids, *was)
+                },
+            );
+            for (&prefix, decision) in changed {
                 let value = addr_value(compiled, &table_ids, *decision);
-                let was = before
-                    .next_if(|(p, _)| **p == prefix)
-                    .map(|(_, d)| addr_value(old, &installed.table_ids, *d));
-                if was != Some(value) {
-                    addrs
-                        .insert(key, value, 0)
-                        .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
-                    stats.written += 1;
-                }
-                prefixes.push(key);
+                addrs
+                    .insert(addr_key(set, prefix), value, 0)
+                    .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
+                stats.written += 1;
             }
-            gone.extend(before.map(|(p, _)| *p));
-            for prefix in gone {
+            for &prefix in gone {
                 addrs
                     .remove(&addr_key(set, prefix))
                     .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;

@@ -636,6 +636,16 @@ pub(crate) fn sorted_difference<'a, K: Ord, V: PartialEq>(
     desired: &'a BTreeMap<K, V>,
     last: &'a BTreeMap<K, V>,
 ) -> Difference<'a, K, V> {
+    sorted_difference_by(desired, last, |new, old| new == old)
+}
+
+/// [`sorted_difference`] with values of two kinds, `same` saying whether a desired value
+/// stands for a last one (values that mean something only with their map's context).
+pub(crate) fn sorted_difference_by<'a, K: Ord, V, W>(
+    desired: &'a BTreeMap<K, V>,
+    last: &'a BTreeMap<K, W>,
+    same: impl Fn(&V, &W) -> bool,
+) -> Difference<'a, K, V> {
     let (mut changed, mut gone) = (Vec::new(), Vec::new());
     let mut old = last.iter().peekable();
     for (key, value) in desired {
@@ -643,7 +653,7 @@ pub(crate) fn sorted_difference<'a, K: Ord, V: PartialEq>(
             gone.push(old_key);
         }
         match old.next_if(|(k, _)| *k == key) {
-            Some((_, old_value)) if old_value == value => {}
+            Some((_, old_value)) if same(value, old_value) => {}
             _ => changed.push((key, value)),
         }
     }
