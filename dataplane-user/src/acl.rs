@@ -222,14 +222,50 @@ pub enum Decision {
 }
 
 /// A compiled rule set, with set-local table indexes.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default)]
 pub struct CompiledSet {
     /// Prefix lengths in use per family, longest first (at most `ACL_MAX_LENGTHS` each).
     pub v4_lengths: Vec<u8>,
     pub v6_lengths: Vec<u8>,
-    /// Every prefix has one of its family's lengths.
-    pub prefixes: BTreeMap<IpNet, Decision>,
+    /// Every prefix has one of its family's lengths. Shared between versions of a set whose
+    /// prefixes all keep their decisions (a port changed), so that the sync sees it at once.
+    pub prefixes: Arc<BTreeMap<IpNet, Decision>>,
     pub tables: Vec<PortTable>,
+    /// The prefixes by the rules that cover them, when they are the prefixes the rules name
+    /// (`None` where a family had more lengths than the kernel looks up and some were
+    /// expanded): a change of rules' ports paints each group once ([`repaint_ports`]).
+    pub covers: Option<Vec<Cover>>,
+}
+
+/// Two sets are equal when they give the kernel the same entries: their covers are what
+/// the compile learnt on the way, listed in the order it met them.
+impl PartialEq for CompiledSet {
+    fn eq(&self, other: &Self) -> bool {
+        (
+            &self.v4_lengths,
+            &self.v6_lengths,
+            &self.prefixes,
+            &self.tables,
+        ) == (
+            &other.v4_lengths,
+            &other.v6_lengths,
+            &other.prefixes,
+            &other.tables,
+        )
+    }
+}
+
+impl Eq for CompiledSet {}
+
+/// Prefixes that the same rules cover (and whose holes leave them in), so that they have the
+/// same decision.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Cover {
+    /// Positions in the rule list, ascending.
+    pub rules: Vec<usize>,
+    /// In address order.
+    pub prefixes: Vec<IpNet>,
+    pub decision: Decision,
 }
 
 impl CompiledSet {
@@ -295,6 +331,9 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     // Prefixes painted alike share their table: many prefixes (a policy's peer pods) name the
     // same rules, and building a table walks every 256-port bucket of each protocol.
     let mut painted_index: HashMap<Painted, usize> = HashMap::new();
+    // Prefixes the same rules cover are painted once.
+    let mut covers: Vec<Cover> = Vec::new();
+    let mut cover_index: HashMap<Vec<usize>, usize> = HashMap::new();
     let mut decided: BTreeMap<IpNet, Decision> = BTreeMap::new();
     // In address order, so that the same rules always give the same table indexes.
     let ordered: BTreeSet<IpNet> = by_prefix.keys().copied().collect();
@@ -305,36 +344,58 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
         // it out.
         let mut covering = covering_rules(&by_prefix, &lengths, prefix);
         covering.retain(|&position| !rules[position].excepts(&prefix));
-        let painted = first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
-        let decision = match painted.as_slice() {
-            [] => Decision::Unmatched,
-            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
-            _ => match painted_index.get(&painted) {
-                Some(&index) => Decision::Table(index),
-                None => {
-                    let table = port_table(&painted);
-                    let next = compiled.tables.len();
-                    let index = *table_index.entry(table.clone()).or_insert(next);
-                    if index == next {
-                        compiled.tables.push(table);
-                    }
-                    painted_index.insert(painted, index);
-                    Decision::Table(index)
-                }
-            },
+        let cover = match cover_index.get(&covering) {
+            Some(&index) => &mut covers[index],
+            None => {
+                let painted =
+                    first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
+                let decision = match painted.as_slice() {
+                    [] => Decision::Unmatched,
+                    [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
+                    _ => match painted_index.get(&painted) {
+                        Some(&index) => Decision::Table(index),
+                        None => {
+                            let table = port_table(&painted);
+                            let next = compiled.tables.len();
+                            let index = *table_index.entry(table.clone()).or_insert(next);
+                            if index == next {
+                                compiled.tables.push(table);
+                            }
+                            painted_index.insert(painted, index);
+                            Decision::Table(index)
+                        }
+                    },
+                };
+                cover_index.insert(covering.clone(), covers.len());
+                covers.push(Cover {
+                    rules: covering,
+                    prefixes: Vec::new(),
+                    decision,
+                });
+                covers.last_mut().expect("just pushed")
+            }
         };
-        decided.insert(prefix, decision);
+        cover.prefixes.push(prefix);
+        decided.insert(prefix, cover.decision);
+    }
+    let keep = |len: u8| host_lengths.then_some(len);
+    // Past the kernel's lengths, some prefixes are expanded into longer ones: the covers no
+    // longer list the set's prefixes.
+    let fits = |named: &BTreeSet<u8>, host: u8| {
+        named.len() + usize::from(host_lengths && !named.contains(&host)) <= ACL_MAX_LENGTHS
+    };
+    if fits(&lengths.v4, 32) && fits(&lengths.v6, 128) {
+        compiled.covers = Some(covers);
     }
     let (v4, v6): (BTreeMap<IpNet, Decision>, BTreeMap<IpNet, Decision>) = decided
         .into_iter()
         .partition(|(p, _)| matches!(p, IpNet::V4(_)));
-    let keep = |len: u8| host_lengths.then_some(len);
-    let (lengths, prefixes) = limit_lengths(v4, keep(32));
+    let (lengths, mut prefixes) = limit_lengths(v4, keep(32));
     compiled.v4_lengths = lengths;
-    compiled.prefixes.extend(prefixes);
-    let (lengths, prefixes) = limit_lengths(v6, keep(128));
+    let (lengths, mut v6_prefixes) = limit_lengths(v6, keep(128));
     compiled.v6_lengths = lengths;
-    compiled.prefixes.extend(prefixes);
+    prefixes.append(&mut v6_prefixes);
+    compiled.prefixes = Arc::new(prefixes);
     compiled
 }
 
@@ -389,20 +450,26 @@ pub fn recompile_hosts(
     }
     let mut compiled = old.clone();
     for host in changed {
-        let named_here = rules.iter().any(|r| {
-            r.destinations
-                .iter()
-                .chain(&r.except)
-                .any(|n| n.trunc() == host)
-        });
+        if let Some(covers) = &mut compiled.covers {
+            leave_cover(covers, host);
+        }
+        let (named_here, covering) = host_covered(rules, host);
         if !named_here {
-            compiled.prefixes.remove(&host);
+            Arc::make_mut(&mut compiled.prefixes).remove(&host);
             continue;
         }
-        let covering = rules.iter().enumerate().filter(|(_, rule)| {
-            rule.destinations.iter().any(|d| d.contains(&host)) && !rule.excepts(&host)
-        });
-        let painted = first_match(covering.map(|(p, rule)| (p < first_tier_end, rule)));
+        if let Some(cover) = compiled
+            .covers
+            .as_mut()
+            .and_then(|covers| covers.iter_mut().find(|c| c.rules == covering))
+        {
+            // Covered as other prefixes are: their decision.
+            let at = cover.prefixes.partition_point(|p| *p < host);
+            cover.prefixes.insert(at, host);
+            Arc::make_mut(&mut compiled.prefixes).insert(host, cover.decision);
+            continue;
+        }
+        let painted = first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
         let decision = match painted.as_slice() {
             [] => Decision::Unmatched,
             [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
@@ -418,7 +485,14 @@ pub fn recompile_hosts(
                 Decision::Table(index)
             }
         };
-        compiled.prefixes.insert(host, decision);
+        Arc::make_mut(&mut compiled.prefixes).insert(host, decision);
+        if let Some(covers) = &mut compiled.covers {
+            covers.push(Cover {
+                rules: covering,
+                prefixes: vec![host],
+                decision,
+            });
+        }
     }
     // A host taken out may have been the last of its length: the lengths would change.
     let has_hosts = |v4: bool| {
@@ -434,6 +508,168 @@ pub fn recompile_hosts(
         return None;
     }
     Some(compiled)
+}
+
+/// Whether a rule names `host` (a destination or a hole), and the positions of the rules
+/// that cover it (a destination contains it and no hole takes it out). One walk of every
+/// rule's destinations (1,200 peers in a large policy set), where the host destinations are
+/// compared rather than asked whether they contain it.
+fn host_covered(rules: &[Rule], host: IpNet) -> (bool, Vec<usize>) {
+    let mut named = false;
+    let mut covering = Vec::new();
+    for (position, rule) in rules.iter().enumerate() {
+        let mut covered = false;
+        for destination in &rule.destinations {
+            if destination.prefix_len() == destination.max_prefix_len() {
+                if *destination == host {
+                    covered = true;
+                    named = true;
+                }
+            } else if destination.contains(&host) {
+                covered = true;
+            }
+        }
+        named |= rule.except.iter().any(|hole| hole.trunc() == host);
+        if covered && !rule.excepts(&host) {
+            covering.push(position);
+        }
+    }
+    (named, covering)
+}
+
+/// Takes `prefix` out of the cover that lists it (and the cover out, when it was its last).
+fn leave_cover(covers: &mut Vec<Cover>, prefix: IpNet) {
+    for (index, cover) in covers.iter_mut().enumerate() {
+        if let Ok(at) = cover.prefixes.binary_search(&prefix) {
+            cover.prefixes.remove(at);
+            if cover.prefixes.is_empty() {
+                covers.swap_remove(index);
+            }
+            return;
+        }
+    }
+}
+
+/// [`compile_tiered`] of `rules` made from `old`, the compile of `old_rules`, when the two
+/// lists differ only in some rules' ports (a NetworkPolicy's port changed): every prefix
+/// keeps the rules that cover it, so each of `old`'s covers is painted again once if one of
+/// its rules changed, and its prefixes take the new decision. A table only that cover used is
+/// written over in place, so that its prefixes keep pointing at it (the kernel's entries for
+/// them stay). `None` where that does not hold, or `old` has no covers.
+pub fn repaint_ports(
+    old_rules: &[Rule],
+    old: &CompiledSet,
+    rules: &[Rule],
+    first_tier_end: usize,
+) -> Option<CompiledSet> {
+    old.covers.as_ref()?;
+    if old_rules.len() != rules.len() {
+        return None;
+    }
+    let mut repainted = vec![false; rules.len()];
+    for ((a, b), repaint) in old_rules.iter().zip(rules).zip(&mut repainted) {
+        if a.index != b.index
+            || a.verdict != b.verdict
+            || a.except != b.except
+            || a.destinations != b.destinations
+        {
+            return None;
+        }
+        *repaint = a.ports != b.ports;
+    }
+    let mut compiled = old.clone();
+    let CompiledSet {
+        prefixes,
+        tables,
+        covers,
+        ..
+    } = &mut compiled;
+    let covers = covers.as_mut().expect("checked above");
+    // How many covers take each table.
+    let mut users = vec![0usize; tables.len()];
+    for cover in covers.iter() {
+        if let Decision::Table(index) = cover.decision {
+            users[index] += 1;
+        }
+    }
+    for cover in covers.iter_mut() {
+        if !cover.rules.iter().any(|&position| repainted[position]) {
+            continue;
+        }
+        let painted = first_match(cover.rules.iter().map(|&p| (p < first_tier_end, &rules[p])));
+        let decision = match painted.as_slice() {
+            [] => Decision::Unmatched,
+            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
+            _ => {
+                let table = port_table(&painted);
+                let index = match (tables.iter().position(|t| *t == table), cover.decision) {
+                    (Some(index), _) => index,
+                    (None, Decision::Table(index)) if users[index] == 1 => {
+                        tables[index] = table;
+                        index
+                    }
+                    (None, _) => {
+                        tables.push(table);
+                        users.push(0);
+                        tables.len() - 1
+                    }
+                };
+                Decision::Table(index)
+            }
+        };
+        if decision == cover.decision {
+            continue;
+        }
+        if let Decision::Table(index) = cover.decision {
+            users[index] -= 1;
+        }
+        if let Decision::Table(index) = decision {
+            users[index] += 1;
+        }
+        cover.decision = decision;
+        let prefixes = Arc::make_mut(prefixes);
+        for prefix in &cover.prefixes {
+            prefixes.insert(*prefix, decision);
+        }
+    }
+    drop_unused_tables(prefixes, tables, covers, &users);
+    Some(compiled)
+}
+
+/// Removes the tables no cover takes (`users` of each), renumbering the decisions of the
+/// prefixes that take a later one: tables are set-local, and a set's tables are all written
+/// to the kernel.
+fn drop_unused_tables(
+    prefixes: &mut Arc<BTreeMap<IpNet, Decision>>,
+    tables: &mut Vec<PortTable>,
+    covers: &mut [Cover],
+    users: &[usize],
+) {
+    if !users.contains(&0) {
+        return;
+    }
+    let mut renumbered = Vec::with_capacity(users.len());
+    let mut next = 0;
+    for &count in users {
+        renumbered.push(next);
+        next += usize::from(count > 0);
+    }
+    let mut index = 0;
+    tables.retain(|_| {
+        index += 1;
+        users[index - 1] > 0
+    });
+    for cover in covers {
+        if let Decision::Table(index) = cover.decision
+            && renumbered[index] != index
+        {
+            cover.decision = Decision::Table(renumbered[index]);
+            let prefixes = Arc::make_mut(prefixes);
+            for prefix in &cover.prefixes {
+                prefixes.insert(*prefix, cover.decision);
+            }
+        }
+    }
 }
 
 /// The networks (truncated) in one of `a` and `b` but not in the other, in order. Two
@@ -804,6 +1040,19 @@ fn table_follows(old: &CompiledSet, old_index: usize, new: &CompiledSet, new_ind
                 .get(prefix)
                 .is_none_or(|decision| *decision == Decision::Table(new_index))
         })
+}
+
+/// Whether `new` is `old` with only the contents of some port tables changed: the same
+/// prefixes (shared, see [`CompiledSet::prefixes`]) and tables, each table with the default
+/// and kinds of entry its prefixes' entries carry, so that only port entries change.
+fn tables_alone_differ(old: &CompiledSet, new: &CompiledSet) -> bool {
+    Arc::ptr_eq(&old.prefixes, &new.prefixes)
+        && old.tables.len() == new.tables.len()
+        && old
+            .tables
+            .iter()
+            .zip(&new.tables)
+            .all(|(a, b)| a.default == b.default && a.kinds() == b.kinds())
 }
 
 /// The `ACL_PORTS` entries of `table` written under the id `id`.
@@ -1573,15 +1822,19 @@ impl Dataplane {
         set: u32,
         compiled: &Arc<CompiledSet>,
     ) -> Result<Option<AclSyncStats>, AgentError> {
-        let Some(installed) = state.sets.get(&set).cloned() else {
+        let Some(installed) = state.sets.get(&set) else {
             return Ok(None);
         };
-        let Some(old) = &installed.compiled else {
+        let Some(old) = installed.compiled.clone() else {
             return Ok(None);
         };
         if installed.lengths != compiled.lengths() {
             return Ok(None);
         }
+        if tables_alone_differ(&old, compiled) {
+            return self.rewrite_tables(state, set, &old, compiled).map(Some);
+        }
+        let (old, installed_table_ids) = (&old, installed.table_ids.clone());
         let mut stats = AclSyncStats {
             sets: 1,
             ..AclSyncStats::default()
@@ -1607,9 +1860,9 @@ impl Dataplane {
                 .iter()
                 .position(|old_index| table_follows(old, *old_index, compiled, new_index));
             let id = if let Some(index) = same {
-                installed.table_ids[index]
+                installed_table_ids[index]
             } else if let Some(index) = follows.map(|at| spare.remove(at)) {
-                let id = installed.table_ids[index];
+                let id = installed_table_ids[index];
                 self.rewrite_table(id, &old.tables[index], table, &mut port_keys, &mut stats)?;
                 rewritten.insert(id);
                 id
@@ -1634,7 +1887,7 @@ impl Dataplane {
                 &old.prefixes,
                 |new, was| {
                     addr_value(compiled, &table_ids, *new)
-                        == addr_value(old, &installed.table_ids, *was)
+                        == addr_value(old, &installed_table_ids, *was)
                 },
             );
             for (&prefix, decision) in changed {
@@ -1654,6 +1907,7 @@ impl Dataplane {
         let kept: BTreeSet<u32> = table_ids.iter().copied().collect();
         let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
             self.typed_map(maps::ACL_PORTS)?;
+        let installed = state.sets.get(&set).expect("looked up above");
         for key in &installed.ports {
             if rewritten.contains(&key.table) {
                 // Its entries are in `port_keys` already, the stale ones removed.
@@ -1670,13 +1924,49 @@ impl Dataplane {
             set,
             InstalledSet {
                 compiled: Some(Arc::clone(compiled)),
-                lengths: installed.lengths,
+                lengths: compiled.lengths(),
                 table_ids,
                 prefixes,
                 ports: port_keys,
             },
         );
         Ok(Some(stats))
+    }
+
+    /// Writes over, in place under their ids, the tables of the installed set `set` that
+    /// changed from `old` to `compiled`, which shares `old`'s prefixes ([`tables_alone_differ`]):
+    /// no prefix entry changes (a NetworkPolicy's port changed: two port entries).
+    fn rewrite_tables(
+        &mut self,
+        state: &mut AclState,
+        set: u32,
+        old: &CompiledSet,
+        compiled: &Arc<CompiledSet>,
+    ) -> Result<AclSyncStats, AgentError> {
+        let mut stats = AclSyncStats {
+            sets: 1,
+            ..AclSyncStats::default()
+        };
+        let installed = state.sets.get_mut(&set).expect("an installed set");
+        let mut port_keys: Vec<AclPortKey> = Vec::new();
+        let mut rewritten: BTreeSet<u32> = BTreeSet::new();
+        for ((was, table), &id) in old
+            .tables
+            .iter()
+            .zip(&compiled.tables)
+            .zip(&installed.table_ids)
+        {
+            if was != table {
+                self.rewrite_table(id, was, table, &mut port_keys, &mut stats)?;
+                rewritten.insert(id);
+            }
+        }
+        installed
+            .ports
+            .retain(|key| !rewritten.contains(&key.table));
+        installed.ports.extend(port_keys);
+        installed.compiled = Some(Arc::clone(compiled));
+        Ok(stats)
     }
 
     /// Points every local pod at its sets (one write per address); removes entries of pods

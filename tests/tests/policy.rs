@@ -598,6 +598,31 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     let to_a = tcp_v4_flow(E, 45080, A, 80, true);
     assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a), TC_ACT_OK);
 
+    // The policy's port changes: the set is painted again by the rules covering its prefixes
+    // and changes in place, its one port table written over under its id (the entry of port
+    // 8080 written, that of 80 removed), no prefix or endpoint written.
+    let set_before = ingress_set(&mut fixture, A);
+    let mut port = PolicyChanges::default();
+    port.policies.insert("x".into());
+    let mut moved = inputs(&[("c", C), ("e", E)], port);
+    moved.policies = parse_policies(&SHARED.replace("port: 80}", "port: 8080}"));
+    let repainted = runtime
+        .block_on(agent.update(&mut fixture, moved))
+        .expect("update");
+    assert_eq!(
+        (repainted.stats.written, repainted.stats.deleted),
+        (1, 1),
+        "{:?}",
+        repainted.stats
+    );
+    assert_eq!(ingress_set(&mut fixture, A), set_before);
+    assert_eq!(ingress_set(&mut fixture, D), set_before);
+    // (A new flow: the first one's connection stays allowed.)
+    let to_a_80 = tcp_v4_flow(E, 45082, A, 80, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a_80), TC_ACT_SHOT);
+    let to_a_8080 = tcp_v4_flow(E, 45081, A, 8080, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a_8080), TC_ACT_OK);
+
     // The description follows the sets one by one: gone with the policies, described again
     // (under the new set's id) when they come back.
     let first = explain::read(&dir);

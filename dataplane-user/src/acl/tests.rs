@@ -536,7 +536,7 @@ fn a_recompile_from_the_last_one_equals_a_fresh_compile() {
 #[test]
 fn a_port_table_is_rewritten_in_place_only_for_the_prefixes_that_follow_it() {
     let set = |prefixes: &[(&str, Decision)]| CompiledSet {
-        prefixes: prefixes.iter().map(|(p, d)| (net(p), *d)).collect(),
+        prefixes: Arc::new(prefixes.iter().map(|(p, d)| (net(p), *d)).collect()),
         ..CompiledSet::default()
     };
     let old = set(&[
@@ -686,6 +686,158 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
     assert!(last.v6_lengths.contains(&128));
     assert!(!compile_tiered(&v4_only, 1, false).v6_lengths.contains(&128));
     assert!(recompile_hosts(&last_rules, &last, &v4_only, 1, false).is_none());
+}
+
+/// A set's covers with their decisions resolved (table indexes are set-local), by rules.
+type ResolvedCovers = BTreeMap<Vec<usize>, (Vec<IpNet>, Result<Option<Outcome>, PortTable>)>;
+
+fn resolved_covers(set: &CompiledSet) -> ResolvedCovers {
+    let covers = set.covers.as_ref().expect("covers");
+    let mut out = BTreeMap::new();
+    for cover in covers {
+        let decision = match cover.decision {
+            Decision::Final(outcome) => Ok(Some(outcome)),
+            Decision::Unmatched => Ok(None),
+            Decision::Table(index) => Err(set.tables[index].clone()),
+        };
+        for prefix in &cover.prefixes {
+            assert_eq!(set.prefixes.get(prefix), Some(&cover.decision), "{prefix}");
+        }
+        let before = out.insert(cover.rules.clone(), (cover.prefixes.clone(), decision));
+        assert!(before.is_none(), "one cover per rules: {:?}", cover.rules);
+    }
+    let listed: usize = covers.iter().map(|c| c.prefixes.len()).sum();
+    assert_eq!(listed, set.prefixes.len(), "every prefix in one cover");
+    out
+}
+
+/// Peers coming and going and rules' ports changing at random over 400 steps, each step
+/// made from the last as a pod's set is (`recompile_hosts`, else `repaint_ports`): every
+/// prefix is decided as the whole compile of the same rules decides it, the covers are the
+/// whole compile's, and a repaint leaves no table that no prefix takes. A port changed on the rule of
+/// a cover that alone takes its table rewrites that table in place: no prefix changes.
+#[test]
+fn ports_repainted_by_cover_decide_as_the_whole_compile() {
+    let choices = [
+        Ports::Any,
+        Ports::Only(vec![PortMatch::port(6, 8080)]),
+        Ports::Only(vec![PortMatch::port(6, 8081)]),
+        Ports::Only(vec![PortMatch::port(17, 53), PortMatch::port(6, 53)]),
+        Ports::Only(vec![PortMatch {
+            protocol: 6,
+            first: 8000,
+            last: 8999,
+        }]),
+        Ports::Only(vec![PortMatch::all_ports(17)]),
+    ];
+    let host = |n: u64| -> IpNet {
+        if n.is_multiple_of(5) {
+            format!("fd00::{:x}/128", n).parse().unwrap()
+        } else {
+            format!("10.1.{}.{}/32", n / 200, n % 200).parse().unwrap()
+        }
+    };
+    let rules = |peers: &BTreeSet<u64>, others: &BTreeSet<u64>, ports: &[usize; 4]| {
+        vec![
+            Rule {
+                index: 0,
+                verdict: Verdict::Pass,
+                destinations: others.iter().map(|&n| host(n)).collect(),
+                except: Vec::new(),
+                ports: choices[ports[0]].clone(),
+            },
+            Rule {
+                index: 1,
+                verdict: Verdict::Allow,
+                destinations: peers.iter().map(|&n| host(n)).collect(),
+                except: Vec::new(),
+                ports: choices[ports[1]].clone(),
+            },
+            Rule {
+                index: 2,
+                verdict: Verdict::Allow,
+                destinations: vec![net("10.1.0.0/24")],
+                except: vec![net("10.1.0.128/25"), net("10.1.0.7/32")],
+                ports: choices[ports[2]].clone(),
+            },
+            Rule {
+                index: 3,
+                verdict: Verdict::Deny,
+                destinations: vec![net("0.0.0.0/0"), net("::/0")],
+                except: Vec::new(),
+                ports: choices[ports[3]].clone(),
+            },
+        ]
+    };
+    let mut rng = crate::test_rng::TestRng::new(7);
+    let mut peers: BTreeSet<u64> = (1..40).collect();
+    let mut others: BTreeSet<u64> = (30..50).collect();
+    let mut ports = [1, 1, 0, 0];
+    let mut last_rules = rules(&peers, &others, &ports);
+    let mut last = compile_tiered(&last_rules, 1, true);
+    let mut repainted = 0;
+    for step in 0..400 {
+        if rng.below(2) == 0 {
+            ports[rng.below(4) as usize] = rng.below(choices.len() as u64) as usize;
+        } else {
+            let n = rng.below(400) + 1;
+            let list = if rng.below(3) == 0 {
+                &mut others
+            } else {
+                &mut peers
+            };
+            if !list.remove(&n) {
+                list.insert(n);
+            }
+        }
+        let now = rules(&peers, &others, &ports);
+        let whole = compile_tiered(&now, 1, true);
+        let mut by_ports = false;
+        let incremental = recompile_hosts(&last_rules, &last, &now, 1, true)
+            .or_else(|| {
+                by_ports = true;
+                repaint_ports(&last_rules, &last, &now, 1)
+            })
+            .unwrap_or_else(|| panic!("step {step}: hosts or ports alone changed"));
+        assert_eq!(resolved(&incremental), resolved(&whole), "step {step}");
+        assert_eq!(
+            resolved_covers(&incremental),
+            resolved_covers(&whole),
+            "step {step}"
+        );
+        let taken: BTreeSet<usize> = incremental
+            .prefixes
+            .values()
+            .filter_map(|d| match d {
+                Decision::Table(index) => Some(*index),
+                _ => None,
+            })
+            .collect();
+        if by_ports {
+            repainted += 1;
+            assert_eq!(taken.len(), incremental.tables.len(), "step {step}");
+        }
+        last_rules = now;
+        last = incremental;
+    }
+    assert!(repainted > 100, "{repainted} port changes");
+    // The peers' rule from 8080 to 8081: its cover alone takes its table.
+    ports = [0, 1, 0, 0];
+    let before_rules = rules(&peers, &others, &ports);
+    let before = compile_tiered(&before_rules, 1, true);
+    ports[1] = 2;
+    let after = repaint_ports(&before_rules, &before, &rules(&peers, &others, &ports), 1)
+        .expect("ports alone changed");
+    assert_eq!(after.prefixes, before.prefixes);
+    assert_eq!(after.tables.len(), before.tables.len());
+    assert_ne!(after.tables, before.tables);
+    // Anything else than ports: no repaint.
+    let mut cidr = before_rules.clone();
+    cidr[2].destinations.push(net("10.9.0.0/16"));
+    assert!(repaint_ports(&before_rules, &before, &cidr, 1).is_none());
+    let mut verdict = before_rules.clone();
+    verdict[1].verdict = Verdict::Deny;
+    assert!(repaint_ports(&before_rules, &before, &verdict, 1).is_none());
 }
 
 /// What `recompile_hosts` looks at: the networks one rule names and the other does not, as
