@@ -585,57 +585,69 @@ fn resolved(set: &CompiledSet) -> Vec<(IpNet, Result<Option<Outcome>, PortTable>
         .collect()
 }
 
+/// A peer host of the randomized tests (every fifth IPv6).
+fn peer_host(n: u64) -> IpNet {
+    if n.is_multiple_of(5) {
+        format!("fd00::{:x}/128", n).parse().unwrap()
+    } else {
+        format!("10.1.{}.{}/32", n / 200, n % 200).parse().unwrap()
+    }
+}
+
+/// Adds or takes out one of 400 peer hosts at random, of `others` a third of the time.
+fn toggle_peer(
+    rng: &mut crate::test_rng::TestRng,
+    peers: &mut BTreeSet<u64>,
+    others: &mut BTreeSet<u64>,
+) {
+    let n = rng.below(400) + 1;
+    let list = if rng.below(3) == 0 { others } else { peers };
+    if !list.remove(&n) {
+        list.insert(n);
+    }
+}
+
+/// Two tiers over peer hosts, with `ports` for each rule: a pass to `others` (the first
+/// tier), an allow to `peers`, an allow to a CIDR with holes, a deny of everything.
+fn tiered_rules(peers: &BTreeSet<u64>, others: &BTreeSet<u64>, ports: [Ports; 4]) -> Vec<Rule> {
+    let hosts = |set: &BTreeSet<u64>| set.iter().map(|&n| peer_host(n)).collect();
+    let parts = [
+        (Verdict::Pass, hosts(others), Vec::new()),
+        (Verdict::Allow, hosts(peers), Vec::new()),
+        (
+            Verdict::Allow,
+            vec![net("10.1.0.0/24")],
+            vec![net("10.1.0.128/25"), net("10.1.0.7/32")],
+        ),
+        (
+            Verdict::Deny,
+            vec![net("0.0.0.0/0"), net("::/0")],
+            Vec::new(),
+        ),
+    ];
+    parts
+        .into_iter()
+        .zip(ports)
+        .enumerate()
+        .map(|(index, ((verdict, destinations, except), ports))| Rule {
+            index: index as u32,
+            verdict,
+            destinations,
+            except,
+            ports,
+        })
+        .collect()
+}
+
 /// Peers coming and going as /32s and /128s among two tiers of rules (a port rule, a pass,
 /// a CIDR with a hole, a deny-all), at random over 300 steps: each incremental set decides
 /// every prefix as the whole compile of the same rules does, with the same lengths; a change
 /// other than hosts, or a new length, asks for the whole compile.
 #[test]
 fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
-    let tcp = |port: u16| {
-        Ports::Only(vec![PortMatch {
-            protocol: 6,
-            first: port,
-            last: port,
-        }])
-    };
-    let host = |n: u64| -> IpNet {
-        if n.is_multiple_of(5) {
-            format!("fd00::{:x}/128", n).parse().unwrap()
-        } else {
-            format!("10.1.{}.{}/32", n / 200, n % 200).parse().unwrap()
-        }
-    };
+    let tcp = |port: u16| Ports::Only(vec![PortMatch::port(6, port)]);
     let rules = |peers: &BTreeSet<u64>, others: &BTreeSet<u64>| -> Vec<Rule> {
-        vec![
-            Rule {
-                index: 0,
-                verdict: Verdict::Pass,
-                destinations: others.iter().map(|&n| host(n)).collect(),
-                except: Vec::new(),
-                ports: tcp(22),
-            },
-            Rule {
-                index: 1,
-                verdict: Verdict::Allow,
-                destinations: peers.iter().map(|&n| host(n)).collect(),
-                except: Vec::new(),
-                ports: tcp(8080),
-            },
-            Rule {
-                index: 2,
-                verdict: Verdict::Allow,
-                destinations: vec![net("10.1.0.0/24")],
-                except: vec![net("10.1.0.128/25"), net("10.1.0.7/32")],
-                ports: Ports::Any,
-            },
-            Rule {
-                index: 3,
-                verdict: Verdict::Deny,
-                destinations: vec![net("0.0.0.0/0"), net("::/0")],
-                except: Vec::new(),
-                ports: Ports::Any,
-            },
-        ]
+        tiered_rules(peers, others, [tcp(22), tcp(8080), Ports::Any, Ports::Any])
     };
     let (mut last_rules, mut last) = (Vec::new(), CompiledSet::default());
     for host_lengths in [true, false] {
@@ -645,15 +657,7 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
         last_rules = rules(&peers, &others);
         last = compile_tiered(&last_rules, 1, host_lengths);
         for step in 0..300 {
-            let n = rng.below(400) + 1;
-            let list = if rng.below(3) == 0 {
-                &mut others
-            } else {
-                &mut peers
-            };
-            if !list.remove(&n) {
-                list.insert(n);
-            }
+            toggle_peer(&mut rng, &mut peers, &mut others);
             let now = rules(&peers, &others);
             let whole = compile_tiered(&now, 1, host_lengths);
             let incremental = recompile_hosts(&last_rules, &last, &now, 1, host_lengths)
@@ -730,44 +734,8 @@ fn ports_repainted_by_cover_decide_as_the_whole_compile() {
         }]),
         Ports::Only(vec![PortMatch::all_ports(17)]),
     ];
-    let host = |n: u64| -> IpNet {
-        if n.is_multiple_of(5) {
-            format!("fd00::{:x}/128", n).parse().unwrap()
-        } else {
-            format!("10.1.{}.{}/32", n / 200, n % 200).parse().unwrap()
-        }
-    };
     let rules = |peers: &BTreeSet<u64>, others: &BTreeSet<u64>, ports: &[usize; 4]| {
-        vec![
-            Rule {
-                index: 0,
-                verdict: Verdict::Pass,
-                destinations: others.iter().map(|&n| host(n)).collect(),
-                except: Vec::new(),
-                ports: choices[ports[0]].clone(),
-            },
-            Rule {
-                index: 1,
-                verdict: Verdict::Allow,
-                destinations: peers.iter().map(|&n| host(n)).collect(),
-                except: Vec::new(),
-                ports: choices[ports[1]].clone(),
-            },
-            Rule {
-                index: 2,
-                verdict: Verdict::Allow,
-                destinations: vec![net("10.1.0.0/24")],
-                except: vec![net("10.1.0.128/25"), net("10.1.0.7/32")],
-                ports: choices[ports[2]].clone(),
-            },
-            Rule {
-                index: 3,
-                verdict: Verdict::Deny,
-                destinations: vec![net("0.0.0.0/0"), net("::/0")],
-                except: Vec::new(),
-                ports: choices[ports[3]].clone(),
-            },
-        ]
+        tiered_rules(peers, others, ports.map(|choice| choices[choice].clone()))
     };
     let mut rng = crate::test_rng::TestRng::new(7);
     let mut peers: BTreeSet<u64> = (1..40).collect();
@@ -780,15 +748,7 @@ fn ports_repainted_by_cover_decide_as_the_whole_compile() {
         if rng.below(2) == 0 {
             ports[rng.below(4) as usize] = rng.below(choices.len() as u64) as usize;
         } else {
-            let n = rng.below(400) + 1;
-            let list = if rng.below(3) == 0 {
-                &mut others
-            } else {
-                &mut peers
-            };
-            if !list.remove(&n) {
-                list.insert(n);
-            }
+            toggle_peer(&mut rng, &mut peers, &mut others);
         }
         let now = rules(&peers, &others, &ports);
         let whole = compile_tiered(&now, 1, true);
