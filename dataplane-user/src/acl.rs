@@ -1395,7 +1395,25 @@ fn write_batch<K: aya::Pod, V: aya::Pod>(
             Ok(())
         }
         Err(stopped) => {
-            stats.written += stopped.written;
+            stats.written += stopped.done;
+            Err(stopped.source)
+        }
+    }
+}
+
+/// Deletes `keys` from `map` (of values `V`) in batch calls, counting what went.
+fn delete_batch<K: aya::Pod, V: aya::Pod>(
+    map: &aya::maps::Map,
+    keys: &[K],
+    stats: &mut AclSyncStats,
+) -> Result<(), aya::maps::MapError> {
+    match crate::batch::delete::<K, V>(map, keys) {
+        Ok(()) => {
+            stats.deleted += keys.len();
+            Ok(())
+        }
+        Err(stopped) => {
+            stats.deleted += stopped.done;
             Err(stopped.source)
         }
     }
@@ -1996,24 +2014,11 @@ impl Dataplane {
         installed: &InstalledSet,
         stats: &mut AclSyncStats,
     ) -> Result<(), AgentError> {
-        {
-            let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
-                self.typed_map(maps::ACL_ADDRS)?;
-            for key in &installed.prefixes {
-                addrs
-                    .remove(key)
-                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;
-                stats.deleted += 1;
-            }
-        }
-        let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
-            self.typed_map(maps::ACL_PORTS)?;
-        for key in &installed.ports {
-            ports
-                .remove(key)
-                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
-            stats.deleted += 1;
-        }
-        Ok(())
+        // In batches: a set of 300 peers was 300 calls (a fifth of a local pod's label
+        // changed at 5,000 nodes).
+        delete_batch::<_, AclAddrValue>(self.map(maps::ACL_ADDRS)?, &installed.prefixes, stats)
+            .map_err(map_err(maps::ACL_ADDRS, "remove prefixes"))?;
+        delete_batch::<_, AclVerdict>(self.map(maps::ACL_PORTS)?, &installed.ports, stats)
+            .map_err(map_err(maps::ACL_PORTS, "remove port entries"))
     }
 }

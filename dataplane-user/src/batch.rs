@@ -1,5 +1,5 @@
-//! Many entries of one map written or read in one system call (`BPF_MAP_UPDATE_BATCH`,
-//! `BPF_MAP_LOOKUP_BATCH`).
+//! Many entries of one map written, read or deleted in one system call
+//! (`BPF_MAP_UPDATE_BATCH`, `BPF_MAP_LOOKUP_BATCH`, `BPF_MAP_DELETE_BATCH`).
 //!
 //! aya reads and writes one entry per `bpf()` call, and on kernels with speculative-execution
 //! mitigations the call costs more than the access itself: reading the 262,144 slots of the
@@ -21,17 +21,18 @@ use aya_obj::generated::{bpf_attr, bpf_cmd, bpf_map_type};
 /// the bound only keeps one call (and the key and value arrays) short.
 const CHUNK: usize = 4096;
 
-/// A batch that stopped: how many of its entries were written, and why it stopped.
+/// A batch that stopped: how many of its entries were written (or deleted), and why it
+/// stopped.
 #[derive(Debug)]
 pub struct Stopped {
-    pub written: usize,
+    pub done: usize,
     pub source: MapError,
 }
 
 /// Writes `entries` (key, value) to `map`, an array (keys `u32` indexes) or a hash map, in
 /// order, in as few calls as [`CHUNK`] allows.
 pub fn update<K: Pod, V: Pod>(map: &Map, entries: &[(K, V)]) -> Result<(), Stopped> {
-    let stop = |source| Stopped { written: 0, source };
+    let stop = |source| Stopped { done: 0, source };
     let data = checked_map_data::<K, V>(map).map_err(stop)?;
     let mut written = 0;
     for chunk in entries.chunks(CHUNK) {
@@ -41,11 +42,53 @@ pub fn update<K: Pod, V: Pod>(map: &Map, entries: &[(K, V)]) -> Result<(), Stopp
             Ok(()) => written += chunk.len(),
             Err((done, source)) => {
                 return Err(Stopped {
-                    written: written + done,
+                    done: written + done,
                     source,
                 });
             }
         }
+    }
+    Ok(())
+}
+
+/// Deletes the entries of `keys` from `map`, a hash map, in order, in as few calls as
+/// [`CHUNK`] allows. A key the map does not hold stops the batch (`ENOENT`), as a one-entry
+/// delete fails: what was deleted before it is counted.
+pub fn delete<K: Pod, V: Pod>(map: &Map, keys: &[K]) -> Result<(), Stopped> {
+    let stop = |source| Stopped { done: 0, source };
+    let data = match map {
+        Map::HashMap(data) | Map::LruHashMap(data) => {
+            HashMap::<&MapData, K, V>::try_from(map).map_err(stop)?;
+            data
+        }
+        _ => {
+            return Err(stop(MapError::Unsupported {
+                name: "batch delete".into(),
+                map_type: bpf_map_type::BPF_MAP_TYPE_UNSPEC,
+            }));
+        }
+    };
+    let mut deleted = 0;
+    for chunk in keys.chunks(CHUNK) {
+        // SAFETY: an all-zero bpf_attr is valid, and the kernel requires the unused bytes zero.
+        let mut attr: bpf_attr = unsafe { std::mem::zeroed() };
+        attr.batch.map_fd = data.fd().as_fd().as_raw_fd() as u32;
+        attr.batch.keys = chunk.as_ptr() as u64;
+        attr.batch.count = chunk.len() as u32;
+        // SAFETY: the attribute points at `chunk.len()` keys of the map's size (checked),
+        // alive for the call; the kernel only reads them.
+        if let Err(io_error) = unsafe { bpf(bpf_cmd::BPF_MAP_DELETE_BATCH, &mut attr) } {
+            // SAFETY: the kernel wrote back how many it deleted in the same variant.
+            let done = unsafe { attr.batch.count } as usize;
+            return Err(Stopped {
+                done: deleted + done,
+                source: MapError::SyscallError(SyscallError {
+                    call: "bpf_map_delete_batch",
+                    io_error,
+                }),
+            });
+        }
+        deleted += chunk.len();
     }
     Ok(())
 }

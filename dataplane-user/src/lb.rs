@@ -1261,7 +1261,7 @@ impl Dataplane {
         let result = crate::batch::update(map, &slots);
         let written = match &result {
             Ok(()) => wanted.len(),
-            Err(stopped) => stopped.written,
+            Err(stopped) => stopped.done,
         };
         have.extend(wanted.into_iter().take(written));
         result.map_err(|stopped| map_err(maps::LB_BACKENDS, "write backend")(stopped.source))?;

@@ -5,7 +5,7 @@
 
 use std::{net::IpAddr, thread::sleep, time::Duration};
 
-use aya::maps::{Array, HashMap, MapData};
+use aya::maps::{Array, HashMap, MapData, MapError};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     frag::{FragKey, FragPorts},
@@ -2324,9 +2324,9 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
 /// a hash map with room for fewer stops at the first that does not fit, saying how many went
 /// in and why (the kernel's E2BIG, which the agent names as a full map).
 #[test]
-fn batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_went_in() {
+fn batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went() {
     if !privileged(
-        "batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_went_in",
+        "batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went",
     ) {
         return;
     }
@@ -2384,7 +2384,7 @@ fn batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_wen
         (1..=5u8).map(|n| (key(n), value(n.into()))).collect();
     let map = fixture.ebpf().map(LB_SERVICES).expect("services map");
     let stopped = dataplane_user::batch::update(map, &five).expect_err("two more than fit");
-    assert_eq!(stopped.written, 3);
+    assert_eq!(stopped.done, 3);
     assert!(
         dataplane_user::capacity::is_full(&stopped.source),
         "{:?}",
@@ -2393,6 +2393,25 @@ fn batch_writes_and_reads_give_back_every_entry_and_a_full_map_says_how_many_wen
     let mut held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
     held.sort_by_key(|(k, _)| k.addr);
     assert_eq!(held, five[..3].to_vec(), "the first three, as written");
+
+    // Deleted in one call: the first two go, the third stays.
+    dataplane_user::batch::delete::<ServiceKey, ServiceValue>(map, &[key(1), key(2)])
+        .expect("batch delete");
+    let held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    assert_eq!(held, vec![(key(3), value(3))]);
+    // A key the map does not hold stops the batch, as a one-entry delete fails: what came
+    // before it is deleted and counted.
+    let stopped =
+        dataplane_user::batch::delete::<ServiceKey, ServiceValue>(map, &[key(3), key(1), key(2)])
+            .expect_err("key 1 is gone");
+    assert_eq!(stopped.done, 1);
+    assert!(
+        matches!(&stopped.source, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::ENOENT)),
+        "{:?}",
+        stopped.source
+    );
+    let held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    assert!(held.is_empty(), "{held:?}");
 }
 
 #[test]
