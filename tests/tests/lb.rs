@@ -2325,9 +2325,7 @@ fn a_sync_of_the_changed_service_ports_alone_leaves_the_maps_as_a_full_sync_has_
 /// in and why (the kernel's E2BIG, which the agent names as a full map).
 #[test]
 fn batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went() {
-    if !privileged(
-        "batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went",
-    ) {
+    if !privileged("batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went") {
         return;
     }
     let capacities = Capacities {
