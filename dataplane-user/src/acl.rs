@@ -349,23 +349,19 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
             None => {
                 let painted =
                     first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
-                let decision = match painted.as_slice() {
-                    [] => Decision::Unmatched,
-                    [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
-                    _ => match painted_index.get(&painted) {
-                        Some(&index) => Decision::Table(index),
-                        None => {
-                            let table = port_table(&painted);
-                            let next = compiled.tables.len();
-                            let index = *table_index.entry(table.clone()).or_insert(next);
-                            if index == next {
-                                compiled.tables.push(table);
-                            }
-                            painted_index.insert(painted, index);
-                            Decision::Table(index)
-                        }
-                    },
-                };
+                let decision = decision_of(painted, |painted| {
+                    if let Some(&index) = painted_index.get(&painted) {
+                        return index;
+                    }
+                    let table = port_table(&painted);
+                    let next = compiled.tables.len();
+                    let index = *table_index.entry(table.clone()).or_insert(next);
+                    if index == next {
+                        compiled.tables.push(table);
+                    }
+                    painted_index.insert(painted, index);
+                    index
+                });
                 cover_index.insert(covering.clone(), covers.len());
                 covers.push(Cover {
                     rules: covering,
@@ -470,21 +466,16 @@ pub fn recompile_hosts(
             continue;
         }
         let painted = first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
-        let decision = match painted.as_slice() {
-            [] => Decision::Unmatched,
-            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
-            _ => {
-                let table = port_table(&painted);
-                let index = match compiled.tables.iter().position(|t| *t == table) {
-                    Some(index) => index,
-                    None => {
-                        compiled.tables.push(table);
-                        compiled.tables.len() - 1
-                    }
-                };
-                Decision::Table(index)
+        let decision = decision_of(painted, |painted| {
+            let table = port_table(&painted);
+            match compiled.tables.iter().position(|t| *t == table) {
+                Some(index) => index,
+                None => {
+                    compiled.tables.push(table);
+                    compiled.tables.len() - 1
+                }
             }
-        };
+        });
         Arc::make_mut(&mut compiled.prefixes).insert(host, decision);
         if let Some(covers) = &mut compiled.covers {
             covers.push(Cover {
@@ -597,26 +588,22 @@ pub fn repaint_ports(
             continue;
         }
         let painted = first_match(cover.rules.iter().map(|&p| (p < first_tier_end, &rules[p])));
-        let decision = match painted.as_slice() {
-            [] => Decision::Unmatched,
-            [(0, PORT_SPACE_MAX, outcome)] => Decision::Final(*outcome),
-            _ => {
-                let table = port_table(&painted);
-                let index = match (tables.iter().position(|t| *t == table), cover.decision) {
-                    (Some(index), _) => index,
-                    (None, Decision::Table(index)) if users[index] == 1 => {
-                        tables[index] = table;
-                        index
-                    }
-                    (None, _) => {
-                        tables.push(table);
-                        users.push(0);
-                        tables.len() - 1
-                    }
-                };
-                Decision::Table(index)
+        let decision = decision_of(painted, |painted| {
+            let table = port_table(&painted);
+            match (tables.iter().position(|t| *t == table), cover.decision) {
+                (Some(index), _) => index,
+                // A table only this cover takes is overwritten in place.
+                (None, Decision::Table(index)) if users[index] == 1 => {
+                    tables[index] = table;
+                    index
+                }
+                (None, _) => {
+                    tables.push(table);
+                    users.push(0);
+                    tables.len() - 1
+                }
             }
-        };
+        });
         if decision == cover.decision {
             continue;
         }
@@ -755,6 +742,17 @@ fn limit_lengths(
             }
         }
     }
+}
+
+/// What prefixes painted so take: nothing matched, one outcome over every port, or a port
+/// table, which `table_index` finds or adds (each caller keeps its tables its own way).
+fn decision_of(painted: Painted, table_index: impl FnOnce(Painted) -> usize) -> Decision {
+    match painted.as_slice() {
+        [] => return Decision::Unmatched,
+        [(0, PORT_SPACE_MAX, outcome)] => return Decision::Final(*outcome),
+        _ => {}
+    }
+    Decision::Table(table_index(painted))
 }
 
 /// The kernel's form of a painted protocol/port space (see [`PortTable`]). Outcomes are

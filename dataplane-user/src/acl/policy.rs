@@ -679,10 +679,13 @@ pub fn pod_policy(
     cluster: &PolicyCluster<'_>,
     pod: &PolicyPod,
 ) -> (PodPolicy, Vec<String>) {
-    let parts: Vec<PolicyPart> = policies
-        .iter()
-        .filter_map(|policy| policy_part(policy, cluster, pod))
-        .collect();
+    let parts = parts_reusing(
+        policies,
+        cluster,
+        pod,
+        Vec::new(),
+        &PolicyChanges::default(),
+    );
     assemble_parts(&parts)
 }
 
@@ -703,16 +706,13 @@ pub struct PolicyPart {
 /// A policy's rules in one direction (rule indexes from 0), or why it has none.
 type DirectionPart = (Direction, Result<PodRules, String>);
 
-/// The part of `policy` for `pod`; `None` for a policy of another namespace.
+/// The part of `policy` (of the pod's namespace) for `pod`.
 fn policy_part(
     policy: &Arc<NetworkPolicy>,
     cluster: &PolicyCluster<'_>,
     pod: &PolicyPod,
-) -> Option<PolicyPart> {
-    let namespace = policy.metadata.namespace.as_deref().unwrap_or("default");
-    if namespace != pod.namespace {
-        return None;
-    }
+) -> PolicyPart {
+    let namespace = pod.namespace.as_str();
     let name = format!(
         "{namespace}/{}",
         policy.metadata.name.as_deref().unwrap_or("")
@@ -722,11 +722,11 @@ fn policy_part(
     let selected = policy_directions(policy, &name, namespace, cluster, pod);
     let reads = cluster.reads.replace(outer);
     cluster.reads.borrow_mut().merge(&reads);
-    Some(PolicyPart {
+    PolicyPart {
         policy: Arc::clone(policy),
         selected,
         reads,
-    })
+    }
 }
 
 /// Whether `policy` (named `name`) selects `pod`, and its rules in each direction it isolates.
@@ -825,7 +825,7 @@ fn parts_reusing(
                 cluster.reads.borrow_mut().merge(&part.reads);
                 parts.push(part);
             }
-            None => parts.extend(policy_part(policy, cluster, pod)),
+            None => parts.push(policy_part(policy, cluster, pod)),
         }
     }
     parts
