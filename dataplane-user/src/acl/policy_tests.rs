@@ -573,6 +573,47 @@ fn an_invalid_policy_is_named_and_still_isolates() {
 }
 
 #[test]
+fn peers_named_alike_by_two_policies_are_picked_once_and_give_each_its_rule() {
+    let peers = "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]";
+    let two_ports = |port: u16| format!("{peers}\n    ports: [{{protocol: TCP, port: {port}}}]");
+    let yaml = policy("x", "first", &two_ports(80)) + &policy("x", "second", &two_ports(443));
+    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(&yaml)
+        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
+        .collect();
+    let pods = cluster_pods();
+    let labels = namespaces();
+    let index: PolicyPods = pods.iter().cloned().collect();
+    let shared = PolicyCluster::new(&index, &labels);
+    let (both, errors) = pod_policy(&policies, &shared, &pods[0]);
+    assert!(errors.is_empty(), "{errors:?}");
+    assert_eq!(
+        shared.peers_picked(),
+        1,
+        "the same selectors over the same namespaces"
+    );
+    let ingress = both.ingress.expect("isolated");
+    assert_eq!(ingress.rules.len(), 2);
+    // Each as compiled alone, in a compile of its own.
+    for (rule, policy) in ingress.rules.iter().zip(&policies) {
+        let alone = PolicyCluster::new(&index, &labels);
+        let (one, _) = pod_policy(std::slice::from_ref(policy), &alone, &pods[0]);
+        let one = one.ingress.expect("isolated").rules.remove(0);
+        assert_eq!(rule.destinations, one.destinations);
+        assert_eq!(rule.ports, one.ports);
+    }
+    let y_b = pods
+        .iter()
+        .find(|p| p.namespace == "y" && p.name == "b")
+        .expect("y/b");
+    let y_b: Vec<ipnet::IpNet> = y_b
+        .addresses
+        .iter()
+        .map(|a| ipnet::IpNet::from(*a))
+        .collect();
+    assert_eq!(ingress.rules[0].destinations, y_b);
+}
+
+#[test]
 fn protocol_specific_and_default_namespace_label_scenarios() {
     check(
         "a policy allowing only SCTP still isolates TCP and UDP",
