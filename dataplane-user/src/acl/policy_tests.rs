@@ -63,10 +63,15 @@ struct Compiled {
     sets: Vec<(Option<CompiledSet>, Option<CompiledSet>)>,
 }
 
-fn compile(yaml: &str) -> Compiled {
-    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(yaml)
+/// The NetworkPolicies of a YAML stream.
+fn parsed_policies(yaml: &str) -> Vec<Arc<NetworkPolicy>> {
+    serde_yaml::Deserializer::from_str(yaml)
         .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-        .collect();
+        .collect()
+}
+
+fn compile(yaml: &str) -> Compiled {
+    let policies = parsed_policies(yaml);
     let pods = cluster_pods();
     let labels = namespaces();
     let index: PolicyPods = pods.iter().cloned().collect();
@@ -553,9 +558,7 @@ fn an_invalid_policy_is_named_and_still_isolates() {
         "broken",
         "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{ipBlock: {cidr: 10.244.0.0/33}}]",
     );
-    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(&yaml)
-        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-        .collect();
+    let policies = parsed_policies(&yaml);
     let pods = cluster_pods();
     let labels = namespaces();
     let index: PolicyPods = pods.iter().cloned().collect();
@@ -577,9 +580,7 @@ fn peers_named_alike_by_two_policies_are_picked_once_and_give_each_its_rule() {
     let peers = "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]";
     let two_ports = |port: u16| format!("{peers}\n    ports: [{{protocol: TCP, port: {port}}}]");
     let yaml = policy("x", "first", &two_ports(80)) + &policy("x", "second", &two_ports(443));
-    let policies: Vec<Arc<NetworkPolicy>> = serde_yaml::Deserializer::from_str(&yaml)
-        .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-        .collect();
+    let policies = parsed_policies(&yaml);
     let pods = cluster_pods();
     let labels = namespaces();
     let index: PolicyPods = pods.iter().cloned().collect();
@@ -861,11 +862,7 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
              spec:\n  podSelector: {}\n  ingress:\n\
              \x20 - from: [{namespaceSelector: {}, podSelector: {matchLabels: {pod: c}}}]\n\
              \x20   ports: [{port: 443}]\n";
-    let parse = |text: &str| -> Vec<Arc<NetworkPolicy>> {
-        serde_yaml::Deserializer::from_str(text)
-            .map(|d| Arc::new(serde::Deserialize::deserialize(d).expect("NetworkPolicy")))
-            .collect()
-    };
+    let parse = parsed_policies;
     let others = parse(others);
     let mut policies = parse(&policy_text(80));
     policies.extend(others.iter().cloned());
