@@ -1405,15 +1405,49 @@ fn delete_batch<K: aya::Pod, V: aya::Pod>(
     keys: &[K],
     stats: &mut AclSyncStats,
 ) -> Result<(), aya::maps::MapError> {
-    match crate::batch::delete::<K, V>(map, keys) {
-        Ok(()) => {
-            stats.deleted += keys.len();
-            Ok(())
+    let mut rest = keys;
+    loop {
+        match crate::batch::delete::<K, V>(map, rest) {
+            Ok(()) => {
+                stats.deleted += rest.len();
+                return Ok(());
+            }
+            // The key after those deleted is gone already (a sync that stopped midway took
+            // it out): the rest still go.
+            Err(stopped) if is_missing(&stopped.source) => {
+                stats.deleted += stopped.done;
+                rest = rest.get(stopped.done + 1..).unwrap_or_default();
+            }
+            Err(stopped) => {
+                stats.deleted += stopped.done;
+                return Err(stopped.source);
+            }
         }
-        Err(stopped) => {
-            stats.deleted += stopped.done;
-            Err(stopped.source)
+    }
+}
+
+/// Removes `key` from `map`; `false` when it was not there. An entry to remove may be gone
+/// already when a sync that stopped midway (a map full) had removed it but not yet written
+/// down the set's new version: failing on it would fail every later sync the same way.
+fn remove_present<K: aya::Pod, V: aya::Pod>(
+    map: &mut BpfHashMap<&mut MapData, K, V>,
+    key: &K,
+) -> Result<bool, aya::maps::MapError> {
+    match map.remove(key) {
+        Ok(()) => Ok(true),
+        Err(error) if is_missing(&error) => Ok(false),
+        Err(error) => Err(error),
+    }
+}
+
+/// Whether a map error says the key was not in the map.
+fn is_missing(error: &aya::maps::MapError) -> bool {
+    match error {
+        aya::maps::MapError::KeyNotFound => true,
+        aya::maps::MapError::SyscallError(syscall) => {
+            syscall.io_error.raw_os_error() == Some(libc::ENOENT)
         }
+        _ => false,
     }
 }
 
@@ -1803,10 +1837,11 @@ impl Dataplane {
             keys.push(key);
         }
         for key in before.keys().filter(|key| !after.contains(*key)) {
-            ports
-                .remove(key)
-                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
-            stats.deleted += 1;
+            if remove_present(&mut ports, key)
+                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?
+            {
+                stats.deleted += 1;
+            }
         }
         Ok(())
     }
@@ -1914,10 +1949,11 @@ impl Dataplane {
                 stats.written += 1;
             }
             for &prefix in gone {
-                addrs
-                    .remove(&addr_key(set, prefix))
-                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?;
-                stats.deleted += 1;
+                if remove_present(&mut addrs, &addr_key(set, prefix))
+                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?
+                {
+                    stats.deleted += 1;
+                }
             }
         }
         let kept: BTreeSet<u32> = table_ids.iter().copied().collect();
@@ -1929,10 +1965,9 @@ impl Dataplane {
                 // Its entries are in `port_keys` already, the stale ones removed.
             } else if kept.contains(&key.table) {
                 port_keys.push(*key);
-            } else {
-                ports
-                    .remove(key)
-                    .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?;
+            } else if remove_present(&mut ports, key)
+                .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?
+            {
                 stats.deleted += 1;
             }
         }

@@ -389,6 +389,81 @@ fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
     assert_eq!((unchanged.written, unchanged.deleted), (0, 0));
 }
 
+/// Deletes set `set`'s entry for the host `address` from the address map, as a sync that
+/// stopped midway may have.
+fn delete_host_entry(fixture: &mut Fixture, set: u32, address: &str) {
+    let mut addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    let wanted = addr16(address.parse().expect("address"));
+    let key = addrs
+        .keys()
+        .filter_map(Result::ok)
+        .find(|key| key.set == set && key.addr == wanted)
+        .expect("the host's entry");
+    addrs.remove(&key).expect("delete");
+}
+
+#[test]
+fn an_entry_gone_already_does_not_stop_an_update_or_a_removal() {
+    if !privileged("an_entry_gone_already_does_not_stop_an_update_or_a_removal") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = AclState::default();
+    let yaml = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                metadata: {name: default, namespace: team}\n\
+                spec: {egress: [{type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 443}]}, \
+                {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
+    let resolved = |addresses: &[&str]| -> DnsAddresses {
+        [(
+            "www.example.com".to_owned(),
+            addresses
+                .iter()
+                .map(|a| a.parse().expect("address"))
+                .collect(),
+        )]
+        .into()
+    };
+    let first = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.11"]));
+    fixture.sync_acl(&mut state, &first, &pods()).expect("sync");
+    let set = state.firewall_set("team").expect("set");
+    let https = |last: u8| tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, last], 443, true);
+
+    // .11 is gone from the map before the update that takes it out: the update goes on.
+    delete_host_entry(&mut fixture, set, "192.0.2.11");
+    let second = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.12"]));
+    let stats = fixture
+        .update_acl_in_place(&mut state, "team", &second.sets["team"])
+        .expect("an entry already gone is not an error")
+        .expect("in place");
+    assert_eq!((stats.written, stats.deleted), (1, 0));
+    assert_eq!(verdict(&mut fixture, &https(10)), TC_ACT_OK);
+    assert_eq!(verdict(&mut fixture, &https(11)), TC_ACT_SHOT);
+    assert_eq!(verdict(&mut fixture, &https(12)), TC_ACT_OK);
+
+    // .12 is gone before the set is removed: the batch goes on past it and every other
+    // entry of the set goes.
+    delete_host_entry(&mut fixture, set, "192.0.2.12");
+    let (sets, ports) = installed(&mut fixture);
+    assert_eq!(sets, vec![set]);
+    assert!(ports > 0);
+    let prefixes = {
+        let addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+            fixture.typed_map(ACL_ADDRS).expect("addrs map");
+        addrs.keys().filter_map(Result::ok).count()
+    };
+    let endpoints = endpoint_sets(&mut fixture).len();
+    assert!(endpoints > 0);
+    let stats = fixture
+        .sync_acl(&mut state, &DesiredFirewalls::default(), &pods())
+        .expect("a removal past an entry already gone");
+    assert_eq!(installed(&mut fixture), (vec![], 0));
+    assert!(endpoint_sets(&mut fixture).is_empty());
+    assert_eq!(state.firewall_set("team"), None);
+    // Each entry still there deleted once, the missing one not counted.
+    assert_eq!(stats.deleted, prefixes + ports + endpoints);
+}
+
 /// Every audit record waiting in the fixture's ring buffer.
 fn audit_events(fixture: &Fixture) -> Vec<AclEvent> {
     let pin = fixture.pins().map(ACL_EVENTS);
