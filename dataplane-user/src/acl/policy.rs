@@ -557,7 +557,14 @@ pub(super) struct Picked<'a> {
     addresses: std::cell::OnceCell<Vec<IpNet>>,
 }
 
-impl Picked<'_> {
+impl<'a> Picked<'a> {
+    fn new(pods: Vec<&'a PolicyPod>) -> Rc<Self> {
+        Rc::new(Self {
+            pods,
+            addresses: Default::default(),
+        })
+    }
+
     fn addresses(&self) -> &[IpNet] {
         self.addresses.get_or_init(|| addresses(&self.pods))
     }
@@ -1042,10 +1049,7 @@ fn peer_pods<'a>(
     cluster: &PolicyCluster<'a>,
 ) -> Result<Rc<Picked<'a>>, String> {
     if cluster.pods.is_empty() {
-        return Ok(Rc::new(Picked {
-            pods: Vec::new(),
-            addresses: Default::default(),
-        }));
+        return Ok(Picked::new(Vec::new()));
     }
     if let Some(selector) = &peer.namespace_selector {
         check_selector(selector).map_err(|e| format!("namespaceSelector: {e}"))?;
@@ -1098,10 +1102,7 @@ fn pods_among<'a>(
             chosen.extend(in_namespace.selected(pod_selector)?);
         }
     }
-    let picked = Rc::new(Picked {
-        pods: chosen,
-        addresses: Default::default(),
-    });
+    let picked = Picked::new(chosen);
     cluster.picked.borrow_mut().insert(key, Rc::clone(&picked));
     Ok(picked)
 }
