@@ -345,17 +345,7 @@ fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
                 spec: {egress: [{type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 443}]}, \
                 {type: Allow, to: {cidrSelector: 198.51.100.0/24}}, \
                 {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
-    let resolved = |addresses: &[&str]| -> DnsAddresses {
-        [(
-            "www.example.com".to_owned(),
-            addresses
-                .iter()
-                .map(|a| a.parse().expect("address"))
-                .collect(),
-        )]
-        .into()
-    };
-    let first = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.11"]));
+    let first = desired_with(yaml, &www_resolved_to(&["192.0.2.10", "192.0.2.11"]));
     fixture.sync_acl(&mut state, &first, &pods()).expect("sync");
     let set = state.firewall_set("team").expect("set");
     let https = |last: u8| tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, last], 443, true);
@@ -365,7 +355,7 @@ fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
     let (_, ports_before) = installed(&mut fixture);
 
     // .11 goes, .12 comes: one prefix written, one removed, the port table shared and kept.
-    let second = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.12"]));
+    let second = desired_with(yaml, &www_resolved_to(&["192.0.2.10", "192.0.2.12"]));
     let stats = fixture
         .update_acl_in_place(&mut state, "team", &second.sets["team"])
         .expect("update")
@@ -387,6 +377,18 @@ fn a_dns_name_with_new_addresses_changes_only_its_own_entries_in_place() {
         .expect("update")
         .expect("in place");
     assert_eq!((unchanged.written, unchanged.deleted), (0, 0));
+}
+
+/// `www.example.com` resolved to `addresses`.
+fn www_resolved_to(addresses: &[&str]) -> DnsAddresses {
+    [(
+        "www.example.com".to_owned(),
+        addresses
+            .iter()
+            .map(|a| a.parse().expect("address"))
+            .collect(),
+    )]
+    .into()
 }
 
 /// Deletes set `set`'s entry for the host `address` from the address map, as a sync that
@@ -414,24 +416,14 @@ fn an_entry_gone_already_does_not_stop_an_update_or_a_removal() {
                 metadata: {name: default, namespace: team}\n\
                 spec: {egress: [{type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 443}]}, \
                 {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
-    let resolved = |addresses: &[&str]| -> DnsAddresses {
-        [(
-            "www.example.com".to_owned(),
-            addresses
-                .iter()
-                .map(|a| a.parse().expect("address"))
-                .collect(),
-        )]
-        .into()
-    };
-    let first = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.11"]));
+    let first = desired_with(yaml, &www_resolved_to(&["192.0.2.10", "192.0.2.11"]));
     fixture.sync_acl(&mut state, &first, &pods()).expect("sync");
     let set = state.firewall_set("team").expect("set");
     let https = |last: u8| tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, last], 443, true);
 
     // .11 is gone from the map before the update that takes it out: the update goes on.
     delete_host_entry(&mut fixture, set, "192.0.2.11");
-    let second = desired_with(yaml, &resolved(&["192.0.2.10", "192.0.2.12"]));
+    let second = desired_with(yaml, &www_resolved_to(&["192.0.2.10", "192.0.2.12"]));
     let stats = fixture
         .update_acl_in_place(&mut state, "team", &second.sets["team"])
         .expect("an entry already gone is not an error")
