@@ -1268,6 +1268,26 @@ impl AclState {
             .is_some_and(|s| s.compiled.as_ref() == Some(compiled))
     }
 
+    /// What an in-place update of `set` that stopped midway (a write failed) leaves: some
+    /// entries old, some new, the record still the old version. Were the record kept, a later
+    /// sync wanting the old rules again would find them in force and leave the new entries
+    /// written so far (an address let through that no rule allows any more). The set's rules
+    /// are unknown from now on: nothing holds it and nothing updates it in place, so the next
+    /// sync replaces it whole, and its removal takes every key either version may have
+    /// written (`tried`).
+    fn forget_rules(&mut self, set: u32, tried: SetKeys) {
+        let Some(installed) = self.sets.get_mut(&set) else {
+            return;
+        };
+        installed.compiled = None;
+        installed.prefixes.extend(tried.prefixes);
+        installed.prefixes.sort_unstable();
+        installed.prefixes.dedup();
+        installed.ports.extend(tried.ports);
+        installed.ports.sort_unstable();
+        installed.ports.dedup();
+    }
+
     /// Whether a namespace's firewall or a policy set in force is `set`.
     fn uses(&self, set: u32) -> bool {
         self.firewalls
@@ -1882,15 +1902,34 @@ impl Dataplane {
         if installed.lengths != compiled.lengths() {
             return Ok(None);
         }
-        if tables_alone_differ(&old, compiled) {
-            return self.rewrite_tables(state, set, &old, compiled).map(Some);
+        let mut tried = SetKeys::default();
+        let updated = if tables_alone_differ(&old, compiled) {
+            self.rewrite_tables(state, set, &old, compiled, &mut tried.ports)
+        } else {
+            self.rewrite_entries(state, set, &old, compiled, &mut tried)
+        };
+        if updated.is_err() {
+            state.forget_rules(set, tried);
         }
-        let (old, installed_table_ids) = (&old, installed.table_ids.clone());
+        updated.map(Some)
+    }
+
+    /// [`Self::update_set_in_place`] where prefixes change: writes the entries that differ
+    /// and removes those gone, noting in `tried` every key it may have written.
+    fn rewrite_entries(
+        &mut self,
+        state: &mut AclState,
+        set: u32,
+        old: &CompiledSet,
+        compiled: &Arc<CompiledSet>,
+        tried: &mut SetKeys,
+    ) -> Result<AclSyncStats, AgentError> {
+        let installed_table_ids = state.sets[&set].table_ids.clone();
         let mut stats = AclSyncStats {
             sets: 1,
             ..AclSyncStats::default()
         };
-        let mut port_keys: Vec<AclPortKey> = Vec::new();
+        let port_keys = &mut tried.ports;
         // Tables equal to an old one keep its id; the others take the id of an old table no
         // new one equals, rewritten entry by entry (a port changed: two entries, and no
         // prefix has to point elsewhere), when every prefix that took the old table takes the
@@ -1914,19 +1953,20 @@ impl Dataplane {
                 installed_table_ids[index]
             } else if let Some(index) = follows.map(|at| spare.remove(at)) {
                 let id = installed_table_ids[index];
-                self.rewrite_table(id, &old.tables[index], table, &mut port_keys, &mut stats)?;
+                self.rewrite_table(id, &old.tables[index], table, port_keys, &mut stats)?;
                 rewritten.insert(id);
                 id
             } else {
-                self.write_table(state, table, &mut port_keys, &mut stats)?
+                self.write_table(state, table, port_keys, &mut stats)?
             };
             table_ids.push(id);
         }
-        let prefixes = compiled
+        let prefixes: Vec<AclAddrKey> = compiled
             .prefixes
             .keys()
             .map(|p| addr_key(set, *p))
             .collect();
+        tried.prefixes.clone_from(&prefixes);
         {
             let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
                 self.typed_map(maps::ACL_ADDRS)?;
@@ -1960,17 +2000,19 @@ impl Dataplane {
         let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =
             self.typed_map(maps::ACL_PORTS)?;
         let installed = state.sets.get(&set).expect("looked up above");
+        let mut kept_ports = Vec::new();
         for key in &installed.ports {
             if rewritten.contains(&key.table) {
                 // Its entries are in `port_keys` already, the stale ones removed.
             } else if kept.contains(&key.table) {
-                port_keys.push(*key);
+                kept_ports.push(*key);
             } else if remove_present(&mut ports, key)
                 .map_err(map_err(maps::ACL_PORTS, "remove port entry"))?
             {
                 stats.deleted += 1;
             }
         }
+        port_keys.append(&mut kept_ports);
         state.sets.insert(
             set,
             InstalledSet {
@@ -1978,10 +2020,10 @@ impl Dataplane {
                 lengths: compiled.lengths(),
                 table_ids,
                 prefixes,
-                ports: port_keys,
+                ports: std::mem::take(port_keys),
             },
         );
-        Ok(Some(stats))
+        Ok(stats)
     }
 
     /// Writes over, in place under their ids, the tables of the installed set `set` that
@@ -1993,29 +2035,25 @@ impl Dataplane {
         set: u32,
         old: &CompiledSet,
         compiled: &Arc<CompiledSet>,
+        port_keys: &mut Vec<AclPortKey>,
     ) -> Result<AclSyncStats, AgentError> {
         let mut stats = AclSyncStats {
             sets: 1,
             ..AclSyncStats::default()
         };
-        let installed = state.sets.get_mut(&set).expect("an installed set");
-        let mut port_keys: Vec<AclPortKey> = Vec::new();
+        let table_ids = state.sets[&set].table_ids.clone();
         let mut rewritten: BTreeSet<u32> = BTreeSet::new();
-        for ((was, table), &id) in old
-            .tables
-            .iter()
-            .zip(&compiled.tables)
-            .zip(&installed.table_ids)
-        {
+        for ((was, table), &id) in old.tables.iter().zip(&compiled.tables).zip(&table_ids) {
             if was != table {
-                self.rewrite_table(id, was, table, &mut port_keys, &mut stats)?;
+                self.rewrite_table(id, was, table, port_keys, &mut stats)?;
                 rewritten.insert(id);
             }
         }
+        let installed = state.sets.get_mut(&set).expect("an installed set");
         installed
             .ports
             .retain(|key| !rewritten.contains(&key.table));
-        installed.ports.extend(port_keys);
+        installed.ports.append(port_keys);
         installed.compiled = Some(Arc::clone(compiled));
         Ok(stats)
     }

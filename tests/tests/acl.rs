@@ -456,6 +456,113 @@ fn an_entry_gone_already_does_not_stop_an_update_or_a_removal() {
     assert_eq!(stats.deleted, prefixes + ports + endpoints);
 }
 
+/// How many entries the address map holds.
+fn prefix_entries(fixture: &mut Fixture) -> usize {
+    let addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    addrs.keys().filter_map(Result::ok).count()
+}
+
+/// A set id no sync hands out soon: entries that take room from the agent's sets.
+const FILLER_SET: u32 = u32::MAX - 1;
+
+/// Writes `count` entries of [`FILLER_SET`] (`remove`: takes them out again).
+fn filler_entries(fixture: &mut Fixture, count: usize, remove: bool) {
+    let mut addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    for index in 0..count {
+        let key = AclAddrKey {
+            set: FILLER_SET,
+            family: 4,
+            len: 32,
+            addr: addr16(IpAddr::from([198, 51, 100, index as u8])),
+            ..AclAddrKey::default()
+        };
+        if remove {
+            addrs.remove(&key).expect("remove a filler entry");
+        } else {
+            addrs
+                .insert(key, AclAddrValue::default(), 0)
+                .expect("room for a filler entry");
+        }
+    }
+}
+
+/// An in-place update that stopped midway (the address map filled up after the first of two
+/// new addresses) has written that address under a set whose record is still the old rules.
+/// Were the record kept, the old rules coming back would find themselves in force and leave
+/// the address let through. The set is no longer changed in place; the next sync replaces it
+/// whole, and every key either version wrote goes with it.
+#[test]
+fn an_update_stopped_midway_is_replaced_whole_when_the_old_rules_come_back() {
+    if !privileged("an_update_stopped_midway_is_replaced_whole_when_the_old_rules_come_back") {
+        return;
+    }
+    const CAPACITY: usize = 32;
+    let capacities = Capacities {
+        acl_entries: CAPACITY as u32,
+        ..Capacities::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    let mut state = AclState::default();
+    let yaml = "apiVersion: k8s.ovn.org/v1\nkind: EgressFirewall\n\
+                metadata: {name: default, namespace: team}\n\
+                spec: {egress: [{type: Allow, to: {dnsName: www.example.com}, ports: [{protocol: TCP, port: 443}]}, \
+                {type: Deny, to: {cidrSelector: 0.0.0.0/0}}]}\n";
+    let first = desired_with(yaml, &www_resolved_to(&["192.0.2.10"]));
+    fixture.sync_acl(&mut state, &first, &pods()).expect("sync");
+    let set = state.firewall_set("team").expect("set");
+    let https = |last: u8| tcp_v4_flow(TEAM_POD, 40000, [192, 0, 2, last], 443, true);
+    let held = prefix_entries(&mut fixture);
+    assert!(2 * held < CAPACITY, "{held} entries: room for a second set");
+
+    // Room for one entry more: .11 is written, .12 is not.
+    let fillers = CAPACITY - held - 1;
+    filler_entries(&mut fixture, fillers, false);
+    let grown = desired_with(
+        yaml,
+        &www_resolved_to(&["192.0.2.10", "192.0.2.11", "192.0.2.12"]),
+    );
+    let error = fixture
+        .update_acl_in_place(&mut state, "team", &grown.sets["team"])
+        .expect_err("the second new address does not fit");
+    assert!(
+        matches!(&error, AgentError::MapFull { name, .. } if name == ACL_ADDRS),
+        "{error}"
+    );
+    assert_eq!(prefix_entries(&mut fixture), CAPACITY);
+    assert_eq!(verdict(&mut fixture, &https(11)), TC_ACT_OK, "written");
+    assert_eq!(
+        verdict(&mut fixture, &https(12)),
+        TC_ACT_SHOT,
+        "not written"
+    );
+
+    // Its rules unknown, the set is not changed in place any more (nothing written).
+    assert!(
+        fixture
+            .update_acl_in_place(&mut state, "team", &first.sets["team"])
+            .expect("no write tried")
+            .is_none()
+    );
+    filler_entries(&mut fixture, fillers, true);
+    // The old rules again: a new set, and the half-updated one goes whole.
+    fixture
+        .sync_acl(&mut state, &first, &pods())
+        .expect("sync the old rules");
+    let new_set = state.firewall_set("team").expect("set");
+    assert_ne!(new_set, set);
+    assert_eq!(installed(&mut fixture).0, vec![new_set]);
+    assert_eq!(prefix_entries(&mut fixture), held);
+    assert_eq!(verdict(&mut fixture, &https(10)), TC_ACT_OK);
+    assert_eq!(
+        verdict(&mut fixture, &https(11)),
+        TC_ACT_SHOT,
+        "gone with the set"
+    );
+    assert_eq!(verdict(&mut fixture, &https(12)), TC_ACT_SHOT);
+}
+
 /// Every audit record waiting in the fixture's ring buffer.
 fn audit_events(fixture: &Fixture) -> Vec<AclEvent> {
     let pin = fixture.pins().map(ACL_EVENTS);
