@@ -12,6 +12,13 @@
 //!    prefix's port table: an exact port, a 256-port bucket, or a whole protocol, tried in that
 //!    order (each only when the table has entries of that kind); the table's default for
 //!    everything else is in the address entry itself.
+//! 3. Where no prefix decided and the set has peer entries, `ACL_PEERS` gives the peer
+//!    address's identity (the pods a set's selectors can only pick together, as the agent
+//!    groups them), and the set's entry for that identity (`peer_key`) decides as a prefix
+//!    entry does. Three hundred peer pods picked alike are one entry of the set, not three
+//!    hundred: a set that takes or leaves them changes one entry. The fallback is exact for
+//!    sets whose rules only allow (NetworkPolicy's): a packet is allowed when either lookup
+//!    allows it.
 
 use crate::overlay::Addr;
 
@@ -47,6 +54,8 @@ pub const ACL_NO_LENGTH: u8 = 0xFF;
 /// `AclAddrKey::family`.
 pub const ACL_FAMILY_V4: u8 = 4;
 pub const ACL_FAMILY_V6: u8 = 6;
+/// `AclAddrKey::family` of a peer identity's entry (`len` zero, the identity in `addr`).
+pub const ACL_FAMILY_PEER: u8 = 0;
 
 /// Key of `ACL_ADDRS`.
 #[repr(C)]
@@ -60,6 +69,24 @@ pub struct AclAddrKey {
     pub _pad: [u8; 2],
     /// The address masked to `len` bits, in the 16-byte form (IPv4-mapped for IPv4).
     pub addr: Addr,
+}
+
+/// The `ACL_ADDRS` key of set `set`'s entry for the peers of identity `identity`: the
+/// identity's bytes (native order) lead `addr`, the rest is zero.
+pub const fn peer_key(set: u32, identity: u32) -> AclAddrKey {
+    let id = identity.to_ne_bytes();
+    let mut addr = [0u8; 16];
+    addr[0] = id[0];
+    addr[1] = id[1];
+    addr[2] = id[2];
+    addr[3] = id[3];
+    AclAddrKey {
+        set,
+        family: ACL_FAMILY_PEER,
+        len: 0,
+        _pad: [0; 2],
+        addr,
+    }
 }
 
 /// What `ACL_ADDRS` answers for a prefix.
@@ -129,6 +156,10 @@ pub const ACL_LOG_DENY: u8 = 1 << 1;
 /// `AclEndpoint::flags`: the pod's admin policies name wildcard domains, whose addresses
 /// the agent learns from the DNS answers the pod receives: copy them to `ACL_DNS`.
 pub const ACL_ENDPOINT_SNOOP_DNS: u8 = 1 << 0;
+/// `AclEndpoint::flags`: the pod's ingress (egress) set has peer entries: where no prefix
+/// decides, the peer's identity is looked up (`ACL_PEERS`, then `peer_key`).
+pub const ACL_ENDPOINT_INGRESS_PEERS: u8 = 1 << 1;
+pub const ACL_ENDPOINT_EGRESS_PEERS: u8 = 1 << 2;
 
 /// Bytes of a DNS answer copied to the agent (an answer's A and AAAA records past them are
 /// not seen).

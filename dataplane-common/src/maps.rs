@@ -74,6 +74,10 @@ pub const ACL_ENDPOINTS: &str = "DP_ACL_ENDPOINTS";
 pub const ACL_ADDRS: &str = "DP_ACL_ADDRS";
 /// Hash (allocated on use): [`crate::acl::AclPortKey`] -> [`crate::acl::AclVerdict`].
 pub const ACL_PORTS: &str = "DP_ACL_PORTS";
+/// Hash (allocated on use): address of a pod (16-byte form) that policy sets name by its
+/// peer identity -> the identity (`u32`, never zero), which those sets key their entries
+/// for it by ([`crate::acl::peer_key`]).
+pub const ACL_PEERS: &str = "DP_ACL_PEERS";
 
 /// Array of one u32: how many local pod addresses are under access control (written by the
 /// agent after the endpoints; zero lets every packet skip the stage's lookups).
@@ -187,6 +191,7 @@ pub const ALL_MAPS: &[&str] = &[
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,
+    ACL_PEERS,
     ACL_ACTIVE,
     ACL_NODE_ADDRS,
     ACL_CT,

@@ -29,7 +29,8 @@ use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::{
         ACL_CT_CLOSING, ACL_CT_INBOUND, ACL_DIRECTION_EGRESS, ACL_DIRECTION_INGRESS,
-        ACL_DNS_CAPTURE, ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_FAMILY_V4, ACL_FAMILY_V6,
+        ACL_DNS_CAPTURE, ACL_ENDPOINT_EGRESS_PEERS, ACL_ENDPOINT_INGRESS_PEERS,
+        ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_FAMILY_PEER, ACL_FAMILY_V4, ACL_FAMILY_V6,
         ACL_KIND_FIREWALL, ACL_KIND_POLICY, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS,
         ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT,
         ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue,
@@ -45,7 +46,7 @@ use crate::{
     copy::{copy_bytes, set_ipv4_mapped},
     maps::{
         ACL_ACTIVE, ACL_ADDRS, ACL_CT, ACL_DNS, ACL_ENDPOINTS, ACL_EVENTS, ACL_LOG_BUCKETS,
-        ACL_LOG_CONFIG, ACL_NODE_ADDRS, ACL_PORTS, ACL_SCRATCH,
+        ACL_LOG_CONFIG, ACL_NODE_ADDRS, ACL_PEERS, ACL_PORTS, ACL_SCRATCH,
     },
     parse::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, read_addresses},
     stage::Stage,
@@ -601,21 +602,29 @@ fn judge_direction(
 ) -> Result<(), DropReason> {
     let ipv4 = work.parsed.ether_type == ETH_P_IP;
     let egress = direction == ACL_DIRECTION_EGRESS;
-    let (set, lengths, denied) = if egress {
+    let (set, lengths, peers, denied) = if egress {
         (
             endpoint.egress,
             &endpoint.egress_lengths,
+            ACL_ENDPOINT_EGRESS_PEERS,
             DropReason::PolicyDeniedEgress,
         )
     } else {
         (
             endpoint.ingress,
             &endpoint.ingress_lengths,
+            ACL_ENDPOINT_INGRESS_PEERS,
             DropReason::PolicyDeniedIngress,
         )
     };
     work.lengths = family_lengths(lengths, ipv4);
-    let (verdict, rule) = decide(set, !egress);
+    let (mut verdict, mut rule) = decide(set, !egress);
+    // No prefix allowed it: the peer's identity may (a policy set's rules only allow, so
+    // either lookup allowing is the set allowing).
+    if verdict == ACL_VERDICT_NONE && endpoint.flags & peers != 0 {
+        let packed = lookup_peer(set, !egress as u32);
+        (verdict, rule) = ((packed >> 32) as u8, packed as u32);
+    }
     let allowed = verdict == ACL_VERDICT_ALLOW;
     let packed = pack(verdict_of(allowed), direction, ACL_KIND_POLICY);
     log_policy(endpoint, set, rule, packed, hook);
@@ -734,6 +743,43 @@ fn lookup_set(set: u32, from_source: u32) -> u64 {
         },
     };
     (verdict as u64) << 32 | rule as u64
+}
+
+/// The verdict and rule of `set`'s entry for the identity of the packet's peer (its source
+/// when `from_source`), as [`lookup_set`] packs them; `ACL_VERDICT_NONE` when the peer has no
+/// identity or the set no entry for it. A subprogram, as [`lookup_set`] is.
+#[inline(never)]
+fn lookup_peer(set: u32, from_source: u32) -> u64 {
+    let (verdict, rule) = match current_work() {
+        None => (ACL_VERDICT_NONE, ACL_RULE_DEFAULT),
+        Some(work) => match peer_entry(work, set, from_source != 0) {
+            None => (ACL_VERDICT_NONE, ACL_RULE_DEFAULT),
+            Some(entry) if entry.kind == ACL_ENTRY_FINAL => (entry.verdict, entry.rule),
+            Some(entry) => port_verdict(work, entry),
+        },
+    };
+    (verdict as u64) << 32 | rule as u64
+}
+
+/// `set`'s entry for the identity `ACL_PEERS` gives the packet's peer, if both exist.
+#[inline(always)]
+fn peer_entry(work: &mut AclWork, set: u32, from_source: bool) -> Option<&'static AclAddrValue> {
+    let peer = if from_source {
+        &work.flow.src
+    } else {
+        &work.flow.dst
+    };
+    // SAFETY: the identity is copied out at once.
+    let identity = *unsafe { ACL_PEERS.get(peer) }?;
+    let key = &mut work.addr_key;
+    key.set = set;
+    key.family = ACL_FAMILY_PEER;
+    key.len = 0;
+    key._pad = [0; 2];
+    key.addr = [0; 16];
+    key.addr[..4].copy_from_slice(&identity.to_ne_bytes());
+    // SAFETY: map values stay valid under RCU for the program's run; only read.
+    unsafe { ACL_ADDRS.get(&*key) }
 }
 
 /// The EgressFirewall of the sender's namespace: no rule matching allows. Returns 0 or the

@@ -143,6 +143,10 @@ pub static ACL_ENDPOINTS: HashMap<Addr, AclEndpoint> = HashMap::pinned(MAX_LOCAL
 pub static ACL_ADDRS: HashMap<AclAddrKey, AclAddrValue> =
     HashMap::pinned(DEFAULT_ACL_ENTRIES, BPF_F_NO_PREALLOC);
 
+/// Address of a pod that policy sets name by its identity -> the identity.
+#[map(name = "DP_ACL_PEERS")]
+pub static ACL_PEERS: HashMap<Addr, u32> = HashMap::pinned(DEFAULT_ACL_ENTRIES, BPF_F_NO_PREALLOC);
+
 /// (port table, protocol, kind, port) -> the first-match verdict.
 #[map(name = "DP_ACL_PORTS")]
 pub static ACL_PORTS: HashMap<AclPortKey, AclVerdict> =

@@ -8,7 +8,7 @@
 use dataplane_common::{
     lb::MAX_BACKEND_SLOTS,
     maps::{
-        ACL_ADDRS, ACL_PORTS, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
+        ACL_ADDRS, ACL_PEERS, ACL_PORTS, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
         DEFAULT_SERVICE_PORTS, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SERVICES, MAX_NODES, NODE_ADDRS,
         REMOTE_PODS_V4, REMOTE_PODS_V6,
     },
@@ -32,9 +32,9 @@ pub struct Capacities {
     #[arg(long = "max-conntrack", default_value_t = DEFAULT_CT_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1024..))]
     pub conntrack: u32,
-    /// NetworkPolicy and EgressFirewall entries: address prefixes (`DP_ACL_ADDRS`) and port
-    /// entries (`DP_ACL_PORTS`), each; two generations of a namespace's rules coexist while
-    /// its update is switched in.
+    /// NetworkPolicy and EgressFirewall entries: address prefixes and peer identities
+    /// (`DP_ACL_ADDRS`), port entries (`DP_ACL_PORTS`) and peer addresses (`DP_ACL_PEERS`),
+    /// each; two generations of a namespace's rules coexist while its update is switched in.
     #[arg(long = "max-acl-entries", default_value_t = DEFAULT_ACL_ENTRIES,
           value_parser = clap::value_parser!(u32).range(1..))]
     pub acl_entries: u32,
@@ -59,7 +59,7 @@ impl Default for Capacities {
 
 impl Capacities {
     /// Each sized map with the size these capacities give it and the flag that sets it.
-    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 9] {
+    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 10] {
         [
             (LB_SERVICES, self.service_ports, "--max-service-ports"),
             (LB_MAGLEV, self.service_ports * 2, "--max-service-ports"),
@@ -67,6 +67,7 @@ impl Capacities {
             (LB_CT, self.conntrack, "--max-conntrack"),
             (ACL_ADDRS, self.acl_entries, "--max-acl-entries"),
             (ACL_PORTS, self.acl_entries, "--max-acl-entries"),
+            (ACL_PEERS, self.acl_entries, "--max-acl-entries"),
             (REMOTE_PODS_V4, self.nodes, "--max-nodes"),
             (REMOTE_PODS_V6, self.nodes, "--max-nodes"),
             (NODE_ADDRS, self.nodes * 2, "--max-nodes"),
@@ -79,7 +80,9 @@ impl Capacities {
             service_ports: size_of(LB_SERVICES).min(size_of(LB_MAGLEV) / 2),
             backends: size_of(LB_BACKENDS),
             conntrack: size_of(LB_CT),
-            acl_entries: size_of(ACL_ADDRS).min(size_of(ACL_PORTS)),
+            acl_entries: size_of(ACL_ADDRS)
+                .min(size_of(ACL_PORTS))
+                .min(size_of(ACL_PEERS)),
             nodes: size_of(REMOTE_PODS_V4)
                 .min(size_of(REMOTE_PODS_V6))
                 .min(size_of(NODE_ADDRS) / 2),

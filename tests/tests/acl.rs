@@ -5,14 +5,16 @@
 
 use std::net::IpAddr;
 
-use aya::maps::{HashMap, Map, MapData, RingBuf};
+use aya::maps::{Array, HashMap, Map, MapData, RingBuf};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::{
-        ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_VERDICT_ALLOW,
-        ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclEndpoint, AclEvent, AclPortKey, AclVerdict,
+        ACL_DIRECTION_EGRESS, ACL_ENDPOINT_EGRESS_PEERS, ACL_ENTRY_FINAL, ACL_ENTRY_PORTS,
+        ACL_KIND_FIREWALL, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_PORT_EXACT, ACL_RULE_DEFAULT,
+        ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue,
+        AclEndpoint, AclEvent, AclLengths, AclPortKey, AclVerdict, peer_key,
     },
-    maps::{ACL_ADDRS, ACL_ENDPOINTS, ACL_EVENTS, ACL_PORTS, PROG_FROM_POD},
+    maps::{ACL_ACTIVE, ACL_ADDRS, ACL_ENDPOINTS, ACL_EVENTS, ACL_PEERS, ACL_PORTS, PROG_FROM_POD},
     overlay::Addr,
 };
 use dataplane_tests::{
@@ -24,7 +26,9 @@ use dataplane_user::{
     AgentError,
     acl::{
         AclPod, AclState, DesiredFirewalls,
+        explain::PolicyMaps,
         firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
+        policy::Direction,
     },
     capacity::Capacities,
     overlay::addr16,
@@ -561,6 +565,149 @@ fn an_update_stopped_midway_is_replaced_whole_when_the_old_rules_come_back() {
         "gone with the set"
     );
     assert_eq!(verdict(&mut fixture, &https(12)), TC_ACT_SHOT);
+}
+
+/// A policy set that names peers by identity: where no prefix entry allows a packet, the
+/// peer's identity (`ACL_PEERS`) and the set's entry for it (`peer_key`) decide, port table
+/// included; every address of the identity shares the one entry; a peer without identity,
+/// or of an identity the set has no entry for, is denied; and without the endpoint's flag
+/// the identities are not looked at. `inspect`'s replay of the lookups agrees.
+#[test]
+fn a_policy_set_allows_the_peers_of_an_identity_through_one_entry() {
+    if !privileged("a_policy_set_allows_the_peers_of_an_identity_through_one_entry") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    const SET: u32 = 77;
+    const TABLE: u32 = 78;
+    const WEB: u32 = 9;
+    const DB: u32 = 10;
+    let peer = |last: u8| [203, 0, 113, last];
+    let mut lengths = AclLengths::default();
+    lengths.v4[0] = 32;
+    {
+        let mut addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+            fixture.typed_map(ACL_ADDRS).expect("addrs map");
+        // 203.0.113.5 allowed by an ipBlock (a prefix entry, every port).
+        let host = AclAddrKey {
+            set: SET,
+            family: 4,
+            len: 32,
+            addr: addr16(IpAddr::from(peer(5))),
+            ..AclAddrKey::default()
+        };
+        let allowed = AclAddrValue {
+            rule: 0,
+            verdict: ACL_VERDICT_ALLOW,
+            kind: ACL_ENTRY_FINAL,
+            ..AclAddrValue::default()
+        };
+        addrs.insert(host, allowed, 0).expect("prefix entry");
+        // Identity WEB's pods take TCP 8080 only (rule 1).
+        let by_port = AclAddrValue {
+            table: TABLE,
+            rule: ACL_RULE_DEFAULT,
+            verdict: ACL_VERDICT_NONE,
+            kind: ACL_ENTRY_PORTS,
+            port_kinds: ACL_PORT_EXACT,
+            ..AclAddrValue::default()
+        };
+        addrs
+            .insert(peer_key(SET, WEB), by_port, 0)
+            .expect("peer entry");
+    }
+    {
+        let mut ports: HashMap<&mut MapData, AclPortKey, AclVerdict> =
+            fixture.typed_map(ACL_PORTS).expect("ports map");
+        let key = AclPortKey {
+            table: TABLE,
+            protocol: 6,
+            kind: ACL_PORT_EXACT,
+            port: 8080,
+        };
+        let verdict = AclVerdict {
+            rule: 1,
+            verdict: ACL_VERDICT_ALLOW,
+            ..AclVerdict::default()
+        };
+        ports.insert(key, verdict, 0).expect("port entry");
+    }
+    {
+        let mut peers: HashMap<&mut MapData, [u8; 16], u32> =
+            fixture.typed_map(ACL_PEERS).expect("peers map");
+        for (last, identity) in [(7, WEB), (8, WEB), (9, DB)] {
+            peers
+                .insert(addr16(IpAddr::from(peer(last))), identity, 0)
+                .expect("peer address");
+        }
+    }
+    let set_endpoint = |fixture: &mut Fixture, flags: u8| {
+        let endpoint = AclEndpoint {
+            egress: SET,
+            egress_lengths: lengths,
+            flags,
+            ..AclEndpoint::default()
+        };
+        let mut endpoints: HashMap<&mut MapData, Addr, AclEndpoint> =
+            fixture.typed_map(ACL_ENDPOINTS).expect("endpoints map");
+        endpoints
+            .insert(addr16(IpAddr::from(TEAM_POD)), endpoint, 0)
+            .expect("endpoint");
+    };
+    set_endpoint(&mut fixture, ACL_ENDPOINT_EGRESS_PEERS);
+    let mut active: Array<&mut MapData, u32> = fixture.typed_map(ACL_ACTIVE).expect("active");
+    active.set(0, 1, 0).expect("active");
+
+    // A new source port each: an allowed flow is tracked, and its next packet would pass as
+    // one.
+    let mut source_port = 40000;
+    let mut send = |fixture: &mut Fixture, last: u8, port: u16| {
+        source_port += 1;
+        verdict(
+            fixture,
+            &tcp_v4_flow(TEAM_POD, source_port, peer(last), port, true),
+        )
+    };
+    assert_eq!(send(&mut fixture, 5, 80), TC_ACT_OK, "the prefix entry");
+    assert_eq!(send(&mut fixture, 7, 8080), TC_ACT_OK, "WEB's entry");
+    assert_eq!(send(&mut fixture, 8, 8080), TC_ACT_OK, "WEB's entry again");
+    assert_eq!(send(&mut fixture, 7, 80), TC_ACT_SHOT, "not WEB's port");
+    assert_eq!(send(&mut fixture, 9, 8080), TC_ACT_SHOT, "DB: no entry");
+    assert_eq!(send(&mut fixture, 10, 8080), TC_ACT_SHOT, "no identity");
+
+    let maps = PolicyMaps::open(fixture.pins()).expect("pinned maps");
+    let decide = |last: u8, port: u16| {
+        let decided = maps
+            .decide(
+                IpAddr::from(TEAM_POD),
+                Direction::Egress,
+                IpAddr::from(peer(last)),
+                6,
+                port,
+            )
+            .expect("an egress set");
+        (decided.set, decided.verdict, decided.rule)
+    };
+    assert_eq!(decide(5, 80), (SET, ACL_VERDICT_ALLOW, 0));
+    assert_eq!(decide(8, 8080), (SET, ACL_VERDICT_ALLOW, 1));
+    assert_eq!(decide(7, 80), (SET, ACL_VERDICT_NONE, ACL_RULE_DEFAULT));
+    assert_eq!(decide(10, 8080), (SET, ACL_VERDICT_NONE, ACL_RULE_DEFAULT));
+
+    // Without the flag, the set has no peer entries as far as the kernel looks.
+    set_endpoint(&mut fixture, 0);
+    assert_eq!(send(&mut fixture, 7, 8080), TC_ACT_SHOT);
+    assert_eq!(send(&mut fixture, 5, 80), TC_ACT_OK);
+    let maps = PolicyMaps::open(fixture.pins()).expect("pinned maps");
+    let decided = maps
+        .decide(
+            IpAddr::from(TEAM_POD),
+            Direction::Egress,
+            IpAddr::from(peer(7)),
+            6,
+            8080,
+        )
+        .expect("an egress set");
+    assert_eq!(decided.verdict, ACL_VERDICT_NONE);
 }
 
 /// Every audit record waiting in the fixture's ring buffer.

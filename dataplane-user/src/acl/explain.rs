@@ -12,10 +12,10 @@ use std::{
 use aya::maps::{HashMap, Map, MapData};
 use dataplane_common::{
     acl::{
-        ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_NO_LENGTH, ACL_PORT_BUCKET,
-        ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW,
-        ACL_VERDICT_DENY, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclPortKey,
-        AclVerdict,
+        ACL_ENDPOINT_EGRESS_PEERS, ACL_ENDPOINT_INGRESS_PEERS, ACL_ENTRY_PORTS, ACL_FAMILY_V4,
+        ACL_FAMILY_V6, ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL,
+        ACL_RULE_DEFAULT, ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE,
+        AclAddrKey, AclAddrValue, AclEndpoint, AclLengths, AclPortKey, AclVerdict, peer_key,
     },
     maps,
     overlay::Addr,
@@ -195,6 +195,7 @@ pub struct PolicyMaps {
     endpoints: HashMap<MapData, Addr, AclEndpoint>,
     addrs: HashMap<MapData, AclAddrKey, AclAddrValue>,
     ports: HashMap<MapData, AclPortKey, AclVerdict>,
+    peers: HashMap<MapData, Addr, u32>,
 }
 
 fn open<K: aya::Pod, V: aya::Pod>(
@@ -218,6 +219,7 @@ impl PolicyMaps {
             endpoints: open(pins, maps::ACL_ENDPOINTS)?,
             addrs: open(pins, maps::ACL_ADDRS)?,
             ports: open(pins, maps::ACL_PORTS)?,
+            peers: open(pins, maps::ACL_PEERS)?,
         })
     }
 
@@ -232,14 +234,29 @@ impl PolicyMaps {
         port: u16,
     ) -> Option<Decided> {
         let endpoint = self.endpoints.get(&addr16(pod), 0).ok()?;
-        let (set, lengths) = match direction {
-            Direction::Ingress => (endpoint.ingress, endpoint.ingress_lengths),
-            Direction::Egress => (endpoint.egress, endpoint.egress_lengths),
+        let (set, lengths, peers) = match direction {
+            Direction::Ingress => (
+                endpoint.ingress,
+                endpoint.ingress_lengths,
+                ACL_ENDPOINT_INGRESS_PEERS,
+            ),
+            Direction::Egress => (
+                endpoint.egress,
+                endpoint.egress_lengths,
+                ACL_ENDPOINT_EGRESS_PEERS,
+            ),
         };
         if set == 0 {
             return None;
         }
-        Some(self.lookup(set, &lengths, peer, protocol, port))
+        let decided = self.lookup(set, &lengths, peer, protocol, port);
+        if decided.verdict != ACL_VERDICT_NONE || endpoint.flags & peers == 0 {
+            return Some(decided);
+        }
+        Some(
+            self.lookup_peer(set, peer, protocol, port)
+                .unwrap_or(decided),
+        )
     }
 
     /// The kernel's lookups: the set's prefix lengths longest first, then the port table.
@@ -255,57 +272,58 @@ impl PolicyMaps {
             IpAddr::V4(_) => (ACL_FAMILY_V4, &lengths.v4),
             IpAddr::V6(_) => (ACL_FAMILY_V6, &lengths.v6),
         };
-        let unmatched = Decided {
-            set,
-            verdict: 0,
-            rule: ACL_RULE_DEFAULT,
-        };
         for &len in lengths.iter().take_while(|l| **l != ACL_NO_LENGTH) {
             let Ok(prefix) = IpNet::new(peer, len) else {
                 continue;
             };
             let key = addr_key(set, prefix);
             debug_assert_eq!(key.family, family);
-            let Ok(value) = self.addrs.get(&key, 0) else {
-                continue;
-            };
-            if value.kind != ACL_ENTRY_PORTS {
-                return Decided {
-                    set,
-                    verdict: value.verdict,
-                    rule: value.rule,
-                };
+            if let Ok(value) = self.addrs.get(&key, 0) {
+                return self.entry_decides(set, &value, protocol, port);
             }
-            let kinds = [
-                (ACL_PORT_EXACT, port),
-                (ACL_PORT_BUCKET, port & 0xFF00),
-                (ACL_PORT_PROTOCOL, 0),
-            ];
-            for (kind, port) in kinds {
-                if value.port_kinds & kind == 0 {
-                    continue;
-                }
-                let key = AclPortKey {
-                    table: value.table,
-                    protocol,
-                    kind,
-                    port,
-                };
-                if let Ok(found) = self.ports.get(&key, 0) {
-                    return Decided {
-                        set,
-                        verdict: found.verdict,
-                        rule: found.rule,
-                    };
-                }
-            }
-            return Decided {
-                set,
-                verdict: value.verdict,
-                rule: value.rule,
-            };
         }
-        unmatched
+        Decided {
+            set,
+            verdict: ACL_VERDICT_NONE,
+            rule: ACL_RULE_DEFAULT,
+        }
+    }
+
+    /// The kernel's fallback where no prefix decided: the set's entry for the peer's
+    /// identity, if the peer has one and the set an entry for it.
+    fn lookup_peer(&self, set: u32, peer: IpAddr, protocol: u8, port: u16) -> Option<Decided> {
+        let identity = self.peers.get(&addr16(peer), 0).ok()?;
+        let value = self.addrs.get(&peer_key(set, identity), 0).ok()?;
+        Some(self.entry_decides(set, &value, protocol, port))
+    }
+
+    /// What an address entry decides for the protocol and port: its own outcome, or its port
+    /// table's (exact port, bucket, protocol, then the table's default in the entry).
+    fn entry_decides(&self, set: u32, value: &AclAddrValue, protocol: u8, port: u16) -> Decided {
+        let decided = |verdict, rule| Decided { set, verdict, rule };
+        if value.kind != ACL_ENTRY_PORTS {
+            return decided(value.verdict, value.rule);
+        }
+        let kinds = [
+            (ACL_PORT_EXACT, port),
+            (ACL_PORT_BUCKET, port & 0xFF00),
+            (ACL_PORT_PROTOCOL, 0),
+        ];
+        for (kind, port) in kinds {
+            if value.port_kinds & kind == 0 {
+                continue;
+            }
+            let key = AclPortKey {
+                table: value.table,
+                protocol,
+                kind,
+                port,
+            };
+            if let Ok(found) = self.ports.get(&key, 0) {
+                return decided(found.verdict, found.rule);
+            }
+        }
+        decided(value.verdict, value.rule)
     }
 }
 
