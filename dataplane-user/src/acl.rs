@@ -25,6 +25,7 @@ pub mod audit;
 pub mod dns;
 pub mod explain;
 pub mod firewall;
+pub mod peers;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
@@ -32,7 +33,7 @@ mod policy_tests;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     net::IpAddr,
     sync::Arc,
 };
@@ -40,10 +41,11 @@ use std::{
 use aya::maps::{HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     acl::{
-        ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6,
-        ACL_MAX_LENGTHS, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT,
-        ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue,
-        AclEndpoint, AclLengths, AclLogConfig, AclPortKey, AclVerdict,
+        ACL_ENDPOINT_EGRESS_PEERS, ACL_ENDPOINT_INGRESS_PEERS, ACL_ENDPOINT_SNOOP_DNS,
+        ACL_ENTRY_FINAL, ACL_ENTRY_PORTS, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_MAX_LENGTHS,
+        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_VERDICT_ALLOW,
+        ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrKey, AclAddrValue, AclEndpoint, AclLengths,
+        AclLogConfig, AclPortKey, AclVerdict, peer_key,
     },
     maps,
     overlay::Addr,
@@ -141,6 +143,10 @@ pub struct Rule {
     pub destinations: Vec<IpNet>,
     /// Holes in `destinations` the rule does not match (NetworkPolicy's `ipBlock.except`).
     pub except: Vec<IpNet>,
+    /// Peer identities whose pods the rule matches (ascending): the addresses of those pods
+    /// are in `ACL_PEERS`, not among `destinations`. Only in rule lists that only allow and
+    /// have no tiers (see `dataplane_common::acl`).
+    pub peers: Vec<u32>,
     pub ports: Ports,
 }
 
@@ -230,6 +236,9 @@ pub struct CompiledSet {
     /// Every prefix has one of its family's lengths. Shared between versions of a set whose
     /// prefixes all keep their decisions (a port changed), so that the sync sees it at once.
     pub prefixes: Arc<BTreeMap<IpNet, Decision>>,
+    /// The decision for the pods of each peer identity the rules name, where no prefix
+    /// decides (a policy set's rules only allow).
+    pub peers: Arc<BTreeMap<u32, Decision>>,
     pub tables: Vec<PortTable>,
     /// The prefixes by the rules that cover them, when they are the prefixes the rules name
     /// (`None` where a family had more lengths than the kernel looks up and some were
@@ -245,11 +254,13 @@ impl PartialEq for CompiledSet {
             &self.v4_lengths,
             &self.v6_lengths,
             &self.prefixes,
+            &self.peers,
             &self.tables,
         ) == (
             &other.v4_lengths,
             &other.v6_lengths,
             &other.prefixes,
+            &other.peers,
             &other.tables,
         )
     }
@@ -285,6 +296,21 @@ impl CompiledSet {
             Decision::Unmatched => None,
             Decision::Table(index) => self.tables[index].lookup(protocol, port),
         }
+    }
+
+    /// What the kernel decides for a packet to a pod of peer identity `identity` where no
+    /// prefix decided. `None`: no rule matches.
+    pub fn lookup_peer(&self, identity: u32, protocol: u8, port: u16) -> Option<Outcome> {
+        match *self.peers.get(&identity)? {
+            Decision::Final(outcome) => Some(outcome),
+            Decision::Unmatched => None,
+            Decision::Table(index) => self.tables[index].lookup(protocol, port),
+        }
+    }
+
+    /// Whether the set has entries for peer identities (the kernel then looks them up).
+    pub fn names_peers(&self) -> bool {
+        !self.peers.is_empty()
     }
 
     /// The lengths in the endpoint's form.
@@ -327,10 +353,7 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
         }
     }
     let mut compiled = CompiledSet::default();
-    let mut table_index: HashMap<PortTable, usize> = HashMap::new();
-    // Prefixes painted alike share their table: many prefixes (a policy's peer pods) name the
-    // same rules, and building a table walks every 256-port bucket of each protocol.
-    let mut painted_index: HashMap<Painted, usize> = HashMap::new();
+    let mut tables = SetTables::default();
     // Prefixes the same rules cover are painted once.
     let mut covers: Vec<Cover> = Vec::new();
     let mut cover_index: HashMap<Vec<usize>, usize> = HashMap::new();
@@ -349,19 +372,7 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
             None => {
                 let painted =
                     first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
-                let decision = decision_of(painted, |painted| {
-                    if let Some(&index) = painted_index.get(&painted) {
-                        return index;
-                    }
-                    let table = port_table(&painted);
-                    let next = compiled.tables.len();
-                    let index = *table_index.entry(table.clone()).or_insert(next);
-                    if index == next {
-                        compiled.tables.push(table);
-                    }
-                    painted_index.insert(painted, index);
-                    index
-                });
+                let decision = decision_of(painted, |painted| tables.index_of(painted));
                 cover_index.insert(covering.clone(), covers.len());
                 covers.push(Cover {
                     rules: covering,
@@ -374,6 +385,33 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
         cover.prefixes.push(prefix);
         decided.insert(prefix, cover.decision);
     }
+    // Each peer identity decided by the rules that name it, painted once per such group.
+    let mut by_peer: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (position, rule) in rules.iter().enumerate() {
+        for &identity in &rule.peers {
+            let positions = by_peer.entry(identity).or_default();
+            if positions.last() != Some(&position) {
+                positions.push(position);
+            }
+        }
+    }
+    let mut peer_covers: HashMap<Vec<usize>, Decision> = HashMap::new();
+    let mut peers = BTreeMap::new();
+    for (identity, covering) in by_peer {
+        let decision = match peer_covers.get(&covering) {
+            Some(&decision) => decision,
+            None => {
+                let painted =
+                    first_match(covering.iter().map(|&p| (p < first_tier_end, &rules[p])));
+                let decision = decision_of(painted, |painted| tables.index_of(painted));
+                peer_covers.insert(covering, decision);
+                decision
+            }
+        };
+        peers.insert(identity, decision);
+    }
+    compiled.peers = Arc::new(peers);
+    compiled.tables = tables.tables;
     let keep = |len: u8| host_lengths.then_some(len);
     // Past the kernel's lengths, some prefixes are expanded into longer ones: the covers no
     // longer list the set's prefixes.
@@ -393,6 +431,38 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     prefixes.append(&mut v6_prefixes);
     compiled.prefixes = Arc::new(prefixes);
     compiled
+}
+
+/// Whether a rule of `rules` names peer identities.
+fn name_peers(rules: &[Rule]) -> bool {
+    rules.iter().any(|rule| !rule.peers.is_empty())
+}
+
+/// The port tables of a set being compiled, each once.
+#[derive(Default)]
+struct SetTables {
+    tables: Vec<PortTable>,
+    by_table: HashMap<PortTable, usize>,
+    /// Prefixes painted alike share their table: many prefixes (a policy's peer pods) name
+    /// the same rules, and building a table walks every 256-port bucket of each protocol.
+    by_painted: HashMap<Painted, usize>,
+}
+
+impl SetTables {
+    /// The index of the table of a port space painted so, added if new.
+    fn index_of(&mut self, painted: Painted) -> usize {
+        if let Some(&index) = self.by_painted.get(&painted) {
+            return index;
+        }
+        let table = port_table(&painted);
+        let next = self.tables.len();
+        let index = *self.by_table.entry(table.clone()).or_insert(next);
+        if index == next {
+            self.tables.push(table);
+        }
+        self.by_painted.insert(painted, index);
+        index
+    }
 }
 
 /// [`compile_tiered`] of `rules` made from `old`, the compile of `old_rules`, when the two
@@ -415,6 +485,8 @@ pub fn recompile_hosts(
     if old_rules.len() != rules.len()
         || old.v4_lengths.len() >= ACL_MAX_LENGTHS
         || old.v6_lengths.len() >= ACL_MAX_LENGTHS
+        || name_peers(old_rules)
+        || name_peers(rules)
     {
         // Under the limit, the set's lengths are those its rules name (no expansion).
         return None;
@@ -554,7 +626,8 @@ pub fn repaint_ports(
     first_tier_end: usize,
 ) -> Option<CompiledSet> {
     old.covers.as_ref()?;
-    if old_rules.len() != rules.len() {
+    // A set naming peer identities has a few entries: compiled whole.
+    if old_rules.len() != rules.len() || name_peers(old_rules) || name_peers(rules) {
         return None;
     }
     let mut repainted = vec![false; rules.len()];
@@ -1045,6 +1118,7 @@ fn table_follows(old: &CompiledSet, old_index: usize, new: &CompiledSet, new_ind
 /// and kinds of entry its prefixes' entries carry, so that only port entries change.
 fn tables_alone_differ(old: &CompiledSet, new: &CompiledSet) -> bool {
     Arc::ptr_eq(&old.prefixes, &new.prefixes)
+        && old.peers == new.peers
         && old.tables.len() == new.tables.len()
         && old
             .tables
@@ -1258,6 +1332,11 @@ pub struct AclState {
     /// The last sync ended with every installed set in use (false after an adoption or a
     /// sync that stopped midway: the next one looks at every set).
     swept: bool,
+    /// The addresses written to `ACL_PEERS` for each peer identity.
+    peers: BTreeMap<u32, Arc<[Addr]>>,
+    /// Whether `ACL_PEERS` holds nothing but `peers` (false until a sync has swept what a
+    /// previous agent may have left there).
+    peers_swept: bool,
 }
 
 impl AclState {
@@ -1362,6 +1441,8 @@ pub struct DesiredFirewalls {
     pub policy_sets: BTreeMap<String, policy::PolicySet>,
     /// The policy sets of each isolated local pod, by `<namespace>/<name>`.
     pub pod_policies: BTreeMap<String, policy::PodSets>,
+    /// The addresses of the pods of each peer identity the policy sets name (sorted).
+    pub peers: BTreeMap<u32, Arc<[Addr]>>,
 }
 
 /// A local pod as access control sees it.
@@ -1587,12 +1668,21 @@ impl Dataplane {
         // installed that nothing points at) are found by the next one's full sweep.
         let full_sweep = !state.swept;
         state.swept = false;
+        // The peers' addresses before the sets that name them.
+        self.write_peers(state, desired, &mut stats)?;
         let firewalls = self.install_firewall_sets(state, desired, &mut stats)?;
         let policies = self.install_policy_sets(state, desired, &mut stats)?;
         let mut displaced = firewalls.apply(&mut state.firewalls, &desired.rejected);
         displaced.extend(policies.apply(&mut state.policies, &BTreeSet::new()));
         stats.sets = state.firewalls.len() + state.policies.len();
         let lengths = |set: u32| state.sets.get(&set).map(|s| s.lengths).unwrap_or_default();
+        let names_peers = |set: u32| {
+            state
+                .sets
+                .get(&set)
+                .and_then(|s| s.compiled.as_ref())
+                .is_some_and(|c| c.names_peers())
+        };
         let mut wanted_endpoints: BTreeMap<Addr, AclEndpoint> = BTreeMap::new();
         let mut pod_sets = BTreeMap::new();
         for pod in pods {
@@ -1607,10 +1697,16 @@ impl Dataplane {
             if let Some(set) = set_of(sets.and_then(|s| s.ingress.as_ref())) {
                 endpoint.ingress = set;
                 endpoint.ingress_lengths = lengths(set);
+                if names_peers(set) {
+                    endpoint.flags |= ACL_ENDPOINT_INGRESS_PEERS;
+                }
             }
             if let Some(set) = set_of(sets.and_then(|s| s.egress.as_ref())) {
                 endpoint.egress = set;
                 endpoint.egress_lengths = lengths(set);
+                if names_peers(set) {
+                    endpoint.flags |= ACL_ENDPOINT_EGRESS_PEERS;
+                }
             }
             if endpoint.policed() {
                 pod_sets.insert(key, [endpoint.ingress, endpoint.egress]);
@@ -1648,8 +1744,88 @@ impl Dataplane {
                 self.remove_set(&installed, &mut stats)?;
             }
         }
+        self.remove_peers(state, desired, &mut stats)?;
         state.swept = true;
         Ok(stats)
+    }
+
+    /// What `ACL_PEERS` holds (a previous agent's peers after a restart): address, identity.
+    pub fn peers_held(&self) -> Result<Vec<(Addr, u32)>, AgentError> {
+        let held: BpfHashMap<&MapData, Addr, u32> =
+            BpfHashMap::try_from(self.map(maps::ACL_PEERS)?)
+                .map_err(map_err(maps::ACL_PEERS, "open"))?;
+        held.iter()
+            .collect::<Result<_, _>>()
+            .map_err(map_err(maps::ACL_PEERS, "read"))
+    }
+
+    /// Writes the addresses of the peer identities `desired` names that `ACL_PEERS` lacks
+    /// (new identities' members, pods that joined one).
+    fn write_peers(
+        &mut self,
+        state: &AclState,
+        desired: &DesiredFirewalls,
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        let mut entries: Vec<(Addr, u32)> = Vec::new();
+        for (&identity, members) in &desired.peers {
+            let written = state.peers.get(&identity);
+            if written == Some(members) {
+                continue;
+            }
+            let new = |addr: &&Addr| written.is_none_or(|w| w.binary_search(addr).is_err());
+            entries.extend(members.iter().filter(new).map(|addr| (*addr, identity)));
+        }
+        if entries.is_empty() {
+            return Ok(());
+        }
+        write_batch(self.map(maps::ACL_PEERS)?, &entries, stats)
+            .map_err(map_err(maps::ACL_PEERS, "write peer address"))
+    }
+
+    /// Removes the addresses of pods that left the peer identities they were written for, or
+    /// whose identity no set names any more, unless an identity `desired` names has them
+    /// now; the first time, also whatever else `ACL_PEERS` holds (a previous agent's).
+    fn remove_peers(
+        &mut self,
+        state: &mut AclState,
+        desired: &DesiredFirewalls,
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        let moved =
+            |identity: &u32, members: &Arc<[Addr]>| desired.peers.get(identity) != Some(members);
+        // An address that moved to another identity was written for it already.
+        let claimed: HashSet<Addr> = desired
+            .peers
+            .iter()
+            .filter(|(identity, members)| state.peers.get(*identity) != Some(*members))
+            .flat_map(|(_, members)| members.iter().copied())
+            .collect();
+        let mut gone: Vec<Addr> = Vec::new();
+        for (identity, written) in state.peers.iter().filter(|(i, m)| moved(i, m)) {
+            let kept = desired.peers.get(identity);
+            gone.extend(written.iter().filter(|addr| {
+                kept.is_none_or(|k| k.binary_search(addr).is_err()) && !claimed.contains(*addr)
+            }));
+        }
+        if !state.peers_swept {
+            let named: HashSet<&Addr> = desired.peers.values().flat_map(|m| m.iter()).collect();
+            let held: BpfHashMap<&MapData, Addr, u32> =
+                BpfHashMap::try_from(self.map(maps::ACL_PEERS)?)
+                    .map_err(map_err(maps::ACL_PEERS, "open"))?;
+            gone.extend(
+                held.keys()
+                    .filter_map(Result::ok)
+                    .filter(|addr| !named.contains(addr)),
+            );
+        }
+        gone.sort_unstable();
+        gone.dedup();
+        delete_batch::<Addr, u32>(self.map(maps::ACL_PEERS)?, &gone, stats)
+            .map_err(map_err(maps::ACL_PEERS, "remove peer addresses"))?;
+        state.peers.clone_from(&desired.peers);
+        state.peers_swept = true;
+        Ok(())
     }
 
     /// Installs each namespace's firewall set not in force as wanted.
@@ -1782,13 +1958,17 @@ impl Dataplane {
         }
         // One batch call for the set's prefixes: a set of 300 peers written one call each
         // was a third of a label change's map work.
+        let value = |decision: &Decision| addr_value(compiled, &keys.table_ids, *decision);
         let entries: Vec<(AclAddrKey, AclAddrValue)> = compiled
             .prefixes
             .iter()
-            .map(|(&prefix, decision)| {
-                let value = addr_value(compiled, &keys.table_ids, *decision);
-                (addr_key(set, prefix), value)
-            })
+            .map(|(&prefix, decision)| (addr_key(set, prefix), value(decision)))
+            .chain(
+                compiled
+                    .peers
+                    .iter()
+                    .map(|(&identity, decision)| (peer_key(set, identity), value(decision))),
+            )
             .collect();
         keys.prefixes.extend(entries.iter().map(|(key, _)| *key));
         write_batch(self.map(maps::ACL_ADDRS)?, &entries, stats)
@@ -1965,6 +2145,7 @@ impl Dataplane {
             .prefixes
             .keys()
             .map(|p| addr_key(set, *p))
+            .chain(compiled.peers.keys().map(|id| peer_key(set, *id)))
             .collect();
         tried.prefixes.clone_from(&prefixes);
         {
@@ -1991,6 +2172,25 @@ impl Dataplane {
             for &prefix in gone {
                 if remove_present(&mut addrs, &addr_key(set, prefix))
                     .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?
+                {
+                    stats.deleted += 1;
+                }
+            }
+            let (changed, gone) =
+                crate::overlay::sorted_difference_by(&compiled.peers, &old.peers, |new, was| {
+                    addr_value(compiled, &table_ids, *new)
+                        == addr_value(old, &installed_table_ids, *was)
+                });
+            for (&identity, decision) in changed {
+                let value = addr_value(compiled, &table_ids, *decision);
+                addrs
+                    .insert(peer_key(set, identity), value, 0)
+                    .map_err(map_err(maps::ACL_ADDRS, "write peer entry"))?;
+                stats.written += 1;
+            }
+            for &identity in gone {
+                if remove_present(&mut addrs, &peer_key(set, identity))
+                    .map_err(map_err(maps::ACL_ADDRS, "remove peer entry"))?
                 {
                     stats.deleted += 1;
                 }

@@ -4,13 +4,16 @@
 //! `tc_to_pod` for what the stack delivers), allowed flows tracked so that their replies pass,
 //! verdicts, drop reasons and tracked-flow entries checked exactly.
 
-use std::{net::IpAddr, sync::Arc};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    acl::{AclCtKey, AclCtValue, AclEndpoint},
-    maps::{ACL_CT, ACL_ENDPOINTS, PROG_FROM_POD, PROG_TO_POD},
+    acl::{
+        ACL_ENDPOINT_INGRESS_PEERS, ACL_FAMILY_PEER, AclAddrKey, AclAddrValue, AclCtKey,
+        AclCtValue, AclEndpoint, peer_key,
+    },
+    maps::{ACL_ADDRS, ACL_CT, ACL_ENDPOINTS, ACL_PEERS, PROG_FROM_POD, PROG_TO_POD},
 };
 use dataplane_tests::{
     fixture::Fixture,
@@ -446,6 +449,32 @@ fn ingress_set(fixture: &mut Fixture, ip: [u8; 4]) -> u32 {
         .ingress
 }
 
+/// What `ACL_PEERS` holds: peer address -> identity.
+fn peer_addresses(fixture: &mut Fixture) -> BTreeMap<[u8; 16], u32> {
+    let peers: HashMap<&mut MapData, [u8; 16], u32> =
+        fixture.typed_map(ACL_PEERS).expect("peers map");
+    peers.iter().map(|entry| entry.expect("entry")).collect()
+}
+
+/// The identities set `set` has entries for, and how many host prefixes it has.
+fn set_peers_and_hosts(fixture: &mut Fixture, set: u32) -> (Vec<u32>, usize) {
+    let addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    let keys: Vec<AclAddrKey> = addrs
+        .keys()
+        .map(|key| key.expect("key"))
+        .filter(|key| key.set == set)
+        .collect();
+    let mut peers: Vec<u32> = keys
+        .iter()
+        .filter(|key| key.family == ACL_FAMILY_PEER)
+        .map(|key| u32::from_ne_bytes(key.addr[..4].try_into().expect("4 bytes")))
+        .collect();
+    peers.sort_unstable();
+    let hosts = keys.iter().filter(|key| key.len == 32).count();
+    (peers, hosts)
+}
+
 #[test]
 fn a_changed_peer_set_changes_in_place_unless_a_pod_on_it_keeps_other_rules() {
     if !privileged("a_changed_peer_set_changes_in_place_unless_a_pod_on_it_keeps_other_rules") {
@@ -523,8 +552,9 @@ fn a_changed_peer_set_changes_in_place_unless_a_pod_on_it_keeps_other_rules() {
     assert_eq!(run(&mut fixture, PROG_TO_POD, &from_c(80, A)), TC_ACT_SHOT);
 }
 
-/// The running agent's access control: an update that reads nothing new writes nothing (and
-/// leaves the rules' description alone), a peer pod added writes its one prefix.
+/// The running agent's access control: peer pods are named by identity; an update that reads
+/// nothing new writes nothing (and leaves the rules' description alone), a peer pod added
+/// writes its one address, as its identity, and no set changes.
 #[test]
 fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     if !privileged("the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise") {
@@ -562,9 +592,28 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
             inputs(&[("c", C)], PolicyChanges::everything()),
         ))
         .expect("start");
-    // One shared set: a table of one port, C's prefix and the default prefixes, and the
-    // three endpoints' two policed ones.
+    // One shared set: a table of one port, the entry of y's `app: c` pods' identity, and
+    // the three endpoints' two policed ones (flagged: their set names peers); C's address
+    // in `ACL_PEERS`, as that identity.
     assert!(stats.written > 0, "{stats:?}");
+    let peers = peer_addresses(&mut fixture);
+    assert_eq!(peers.len(), 1, "{peers:?}");
+    let identity = peers[&addr16(IpAddr::from(C))];
+    let set = ingress_set(&mut fixture, A);
+    assert_eq!(set_peers_and_hosts(&mut fixture, set), (vec![identity], 0));
+    let endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> =
+        fixture.typed_map(ACL_ENDPOINTS).expect("endpoints map");
+    let flags = endpoints
+        .get(&addr16(IpAddr::from(A)), 0)
+        .expect("endpoint")
+        .flags;
+    assert_eq!(
+        flags & ACL_ENDPOINT_INGRESS_PEERS,
+        ACL_ENDPOINT_INGRESS_PEERS
+    );
+    let addrs: HashMap<&mut MapData, AclAddrKey, AclAddrValue> =
+        fixture.typed_map(ACL_ADDRS).expect("addrs map");
+    assert!(addrs.get(&peer_key(set, identity), 0).is_ok());
     // Each set's description file by name, with its inode (a write replaces the file).
     let inode = || -> Vec<(std::ffi::OsString, u64)> {
         let mut files: Vec<_> = std::fs::read_dir(&rules_dir)
@@ -595,6 +644,16 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         .expect("update");
     assert_eq!((added.stats.written, added.stats.deleted), (1, 0));
     assert_eq!(inode(), described, "the set's rules are the same");
+    // The one write: E's address, as C's identity; the set is as it was.
+    let peers = peer_addresses(&mut fixture);
+    assert_eq!(
+        peers,
+        BTreeMap::from([
+            (addr16(IpAddr::from(C)), identity),
+            (addr16(IpAddr::from(E)), identity)
+        ])
+    );
+    assert_eq!(ingress_set(&mut fixture, A), set);
     let to_a = tcp_v4_flow(E, 45080, A, 80, true);
     assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a), TC_ACT_OK);
 
@@ -633,6 +692,10 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         .block_on(agent.update(&mut fixture, without))
         .expect("update");
     assert!(explain::read(&dir).is_empty());
+    assert!(
+        peer_addresses(&mut fixture).is_empty(),
+        "no set names the identity any more"
+    );
     runtime
         .block_on(agent.update(
             &mut fixture,
@@ -648,5 +711,20 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         again.keys().collect::<Vec<_>>(),
         first.keys().collect::<Vec<_>>()
     );
+
+    // A restarted agent keeps the peers' identity numbers: the sets the last one left in
+    // force keep meaning the same pods until its own replace them.
+    let held = peer_addresses(&mut fixture);
+    assert_eq!(held.len(), 2, "{held:?}");
+    drop(agent);
+    let (_restarted, _) = runtime
+        .block_on(FirewallAgent::start(
+            &mut fixture,
+            inputs(&[("c", C), ("e", E)], PolicyChanges::everything()),
+        ))
+        .expect("restart");
+    assert_eq!(peer_addresses(&mut fixture), held);
+    let to_a_80 = tcp_v4_flow(E, 45083, A, 80, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a_80), TC_ACT_OK);
     let _ = std::fs::remove_dir_all(&dir);
 }

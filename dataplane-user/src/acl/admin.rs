@@ -987,6 +987,7 @@ fn add_rule(
             verdict,
             destinations,
             except: Vec::new(),
+            peers: Vec::new(),
             ports,
         });
     };

@@ -27,6 +27,7 @@ use super::{
     firewall::{
         CompiledFirewalls, DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls_reusing,
     },
+    peers::Registry,
     policy::{
         CompiledPolicies, Direction, NamespaceLabels, PodRulesCache, PolicyChanges, PolicyCluster,
         PolicyKind, PolicyPod, PolicyPods, namespace_labels, policy_sets_since,
@@ -321,6 +322,8 @@ pub struct FirewallAgent {
     /// Each local pod's policy sets as last compiled, and the changes since.
     pod_rules: PodRulesCache,
     pending: PolicyChanges,
+    /// The peer identities handed out (see [`super::peers`]).
+    identities: Registry,
     /// The namespaces as last given, and what is read of them: their labels, and the audit
     /// levels of those that log (made again only when a namespace changed).
     namespaces: crate::source::Objects<Namespace>,
@@ -476,6 +479,7 @@ impl FirewallAgent {
             cluster_pods: inputs.cluster_pods,
             pod_rules: PodRulesCache::default(),
             pending: PolicyChanges::everything(),
+            identities: Registry::default(),
             namespace_labels: namespace_labels(&inputs.namespaces),
             namespaces: inputs.namespaces,
             policy_errors: Vec::new(),
@@ -498,6 +502,13 @@ impl FirewallAgent {
             dns_answers: None,
             dns_servers: inputs.dns_servers.clone(),
         };
+        // Before the first compile hands identities out: a previous agent's sets stay in
+        // force until this one's replace them, and name its numbers.
+        let held = dataplane.peers_held()?;
+        agent
+            .identities
+            .borrow_mut()
+            .adopt(&held, &agent.cluster_pods);
         agent.take_admin(&inputs.admin, inputs.nodes);
         agent.compile();
         for error in &agent.compiled.errors {
@@ -557,6 +568,7 @@ impl FirewallAgent {
             errors: std::mem::take(&mut self.policy_errors),
         };
         let last_log = std::mem::take(&mut previous.desired.log);
+        let previous_peers = std::mem::take(&mut previous.desired.peers);
         let addresses = self.names.addresses();
         // The firewalls read their objects, this node's context and their names' addresses
         // only: when those are the last compile's, so is every firewall (a pod or policy
@@ -577,7 +589,12 @@ impl FirewallAgent {
             self.firewalls_read = Some((self.objects.clone(), addresses));
             compiled
         };
-        let cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
+        let changes = std::mem::take(&mut self.pending);
+        let mut cluster = PolicyCluster::new(&self.cluster_pods, &self.namespace_labels);
+        // Admin policies' tiers are first-match lists: their sets name every peer address.
+        if self.admin.all().next().is_none() {
+            cluster = cluster.with_identities(&self.identities);
+        }
         let local: Vec<String> = self.pods.iter().map(AclPod::key).collect();
         let recompiled = policy_sets_since(
             &self.policies,
@@ -586,8 +603,15 @@ impl FirewallAgent {
             &mut policies,
             &self.admin,
             &mut self.pod_rules,
-            &std::mem::take(&mut self.pending),
+            &changes,
         );
+        let peers = {
+            let mut identities = self.identities.borrow_mut();
+            identities.follow(&changes);
+            identities.named_by(&policies.sets, &self.cluster_pods)
+        };
+        let peers_moved = peers != previous_peers;
+        self.compiled.desired.peers = peers;
         self.compiled.desired.policy_sets = policies.sets;
         self.compiled.desired.pod_policies = policies.pods;
         self.policy_errors = policies.errors;
@@ -596,7 +620,10 @@ impl FirewallAgent {
             .iter()
             .map(|(namespace, levels)| (namespace.clone(), levels.flags()))
             .collect();
-        let moved = !firewalls_hold || recompiled.changed || self.compiled.desired.log != last_log;
+        let moved = !firewalls_hold
+            || recompiled.changed
+            || peers_moved
+            || self.compiled.desired.log != last_log;
         // The maps hold this compile only once a sync wrote it.
         self.in_sync &= !moved;
         moved

@@ -227,6 +227,7 @@ fn rule_of(
         verdict,
         destinations,
         except: Vec::new(),
+        peers: Vec::new(),
         ports,
     };
     Ok((rule, dns_name))
@@ -251,6 +252,7 @@ fn exempt_rules(context: &FirewallContext) -> Vec<Rule> {
             verdict: Verdict::Allow,
             destinations: context.exempt.clone(),
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Any,
         });
     }
@@ -264,6 +266,7 @@ fn exempt_rules(context: &FirewallContext) -> Vec<Rule> {
                 .map(|a| IpNet::from(*a))
                 .collect(),
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Only(vec![
                 PortMatch::port(PROTO_UDP, 53),
                 PortMatch::port(PROTO_TCP, 53),

@@ -49,7 +49,9 @@ use dataplane_common::acl::ACL_RULE_EXEMPT;
 use super::{
     CompiledSet, PortMatch, Ports, Rule, Verdict,
     admin::{AdminPolicies, TierNotes},
-    compile_tiered, protocol_number, recompile_hosts, repaint_ports,
+    compile_tiered,
+    peers::Registry,
+    protocol_number, recompile_hosts, repaint_ports,
 };
 
 /// Ingress or egress.
@@ -174,6 +176,27 @@ impl NamespacePods {
         self.pods.values().map(|pod| &**pod)
     }
 
+    /// The pods labelled exactly `labels`.
+    fn with_labels<'a>(
+        &'a self,
+        labels: &'a BTreeMap<String, String>,
+    ) -> Box<dyn Iterator<Item = &'a PolicyPod> + 'a> {
+        let rarest = labels
+            .iter()
+            .map(|(k, v)| self.by_label.get(&(k.clone(), v.clone())))
+            .min_by_key(|labelled| labelled.map_or(0, imbl::OrdMap::len));
+        let candidates: Box<dyn Iterator<Item = &Arc<PolicyPod>>> = match rarest {
+            None => Box::new(self.pods.values()),
+            Some(None) => return Box::new(std::iter::empty()),
+            Some(Some(labelled)) => Box::new(labelled.values()),
+        };
+        Box::new(
+            candidates
+                .map(|pod| &**pod)
+                .filter(move |pod| pod.labels == *labels),
+        )
+    }
+
     /// The pods `selector` picks (every pod without one), by name. Validated selectors only:
     /// an error of [`selects`] is passed on.
     fn selected(&self, selector: Option<&LabelSelector>) -> Result<Vec<&PolicyPod>, String> {
@@ -291,6 +314,17 @@ impl PolicyPods {
     /// The pods of `namespace`, if it has any.
     pub fn of_namespace(&self, namespace: &str) -> Option<&NamespacePods> {
         self.namespaces.get(namespace).map(|pods| &**pods)
+    }
+
+    /// The pods of `namespace` labelled exactly `labels`.
+    pub fn with_labels<'a>(
+        &'a self,
+        namespace: &str,
+        labels: &'a BTreeMap<String, String>,
+    ) -> impl Iterator<Item = &'a PolicyPod> + 'a {
+        self.of_namespace(namespace)
+            .into_iter()
+            .flat_map(move |pods| pods.with_labels(labels))
     }
 
     /// Each namespace with pods, and its pods.
@@ -549,12 +583,16 @@ pub struct PolicyCluster<'a> {
     /// policies taking the same clients, each selected pod compiled with them), and a pod
     /// picked by four policies of 300 such peers resolved the 300 four times.
     picked: std::cell::RefCell<HashMap<String, Rc<Picked<'a>>>>,
+    /// Where peer pods are named by identity (no admin policy in force: their tiers are
+    /// first-match lists the kernel's fallback to identities would not follow).
+    identities: Option<&'a Registry>,
 }
 
-/// The pods a peer's selectors picked, and their addresses once asked for.
+/// The pods a peer's selectors picked, and their addresses or identities once asked for.
 pub(super) struct Picked<'a> {
     pub(super) pods: Vec<&'a PolicyPod>,
     addresses: std::cell::OnceCell<Vec<IpNet>>,
+    identities: std::cell::OnceCell<Vec<u32>>,
 }
 
 impl<'a> Picked<'a> {
@@ -562,11 +600,28 @@ impl<'a> Picked<'a> {
         Rc::new(Self {
             pods,
             addresses: Default::default(),
+            identities: Default::default(),
         })
     }
 
     fn addresses(&self) -> &[IpNet] {
         self.addresses.get_or_init(|| addresses(&self.pods))
+    }
+
+    /// The identities of the pods with addresses, ascending.
+    fn identities(&self, registry: &Registry) -> &[u32] {
+        self.identities.get_or_init(|| {
+            let mut registry = registry.borrow_mut();
+            let mut ids: Vec<u32> = self
+                .pods
+                .iter()
+                .filter(|pod| !pod.addresses.is_empty())
+                .map(|pod| registry.identity(&pod.namespace, &pod.labels))
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        })
     }
 }
 
@@ -665,7 +720,19 @@ impl<'a> PolicyCluster<'a> {
             namespaces,
             reads: Default::default(),
             picked: Default::default(),
+            identities: None,
         }
+    }
+
+    /// The cluster with peer pods named by identity, handed out by `registry`.
+    pub fn with_identities(mut self, registry: &'a Registry) -> Self {
+        self.identities = Some(registry);
+        self
+    }
+
+    /// Whether peer pods are named by identity in this compile.
+    pub fn names_identities(&self) -> bool {
+        self.identities.is_some()
     }
 
     /// How many distinct peers this compile has picked.
@@ -926,19 +993,21 @@ fn add_direction(
             .enumerate()
             .map(|(i, p)| port_spec(p).map_err(|e| at(&format!("ports[{i}]"), e)))
             .collect::<Result<_, _>>()?;
-        let reference = out.refs.len() + added.refs.len();
-        let mut push = |destinations: Vec<IpNet>, except: Vec<IpNet>, ports: Ports| {
-            if destinations.is_empty() {
-                return;
-            }
-            added.rules.push(Rule {
-                index: reference as u32,
-                verdict: Verdict::Allow,
-                destinations,
-                except,
-                ports,
-            });
-        };
+        let reference = (out.refs.len() + added.refs.len()) as u32;
+        let mut push =
+            |destinations: Vec<IpNet>, except: Vec<IpNet>, peers: Vec<u32>, ports: Ports| {
+                if destinations.is_empty() && peers.is_empty() {
+                    return;
+                }
+                added.rules.push(Rule {
+                    index: reference,
+                    verdict: Verdict::Allow,
+                    destinations,
+                    except,
+                    peers,
+                    ports,
+                });
+            };
         let peers = peers.map(Vec::as_slice).unwrap_or_default();
         // Named ports of ingress rules resolve against this pod, for every peer alike.
         let own_ports = resolve(&specs, &pod.named_ports);
@@ -948,12 +1017,18 @@ fn add_direction(
                 "::/0".parse().expect("valid"),
             ];
             match direction {
-                Direction::Ingress => push(everything, Vec::new(), own_ports.clone()),
-                // Every address: pods by their own named ports, the rest by numbers only.
+                Direction::Ingress => push(everything, Vec::new(), Vec::new(), own_ports.clone()),
+                // Every address: pods by their own named ports, the rest by numbers only
+                // (with numbers only, every pod too: nothing to name by identity).
                 Direction::Egress => {
                     cluster.read_all();
-                    add_pod_peers(cluster.pods.iter().collect(), &specs, &mut push);
-                    push(everything, Vec::new(), resolve(&specs, &BTreeMap::new()));
+                    if cluster.identities.is_none() || names_ports(&specs) {
+                        add_pod_peers(cluster.pods.iter().collect(), &specs, &mut |d, e, p| {
+                            push(d, e, Vec::new(), p)
+                        });
+                    }
+                    let ports = resolve(&specs, &BTreeMap::new());
+                    push(everything, Vec::new(), Vec::new(), ports);
                 }
             }
         }
@@ -982,16 +1057,30 @@ fn add_direction(
                     Direction::Ingress => own_ports.clone(),
                     Direction::Egress => resolve(&specs, &BTreeMap::new()),
                 };
-                push(vec![cidr], except, ports);
+                push(vec![cidr], except, Vec::new(), ports);
                 continue;
             }
             let selected = peer_pods(peer, namespace, cluster)
                 .map_err(|e| at(&format!("{}[{p}]", peer_field(direction)), e))?;
-            match direction {
-                Direction::Ingress => {
-                    push(selected.addresses().to_vec(), Vec::new(), own_ports.clone())
+            // By identity where the ports are the same for every peer pod: ingress ports
+            // resolve on this pod, egress numbers on none.
+            let same_ports = match direction {
+                Direction::Ingress => Some(own_ports.clone()),
+                Direction::Egress => {
+                    (!names_ports(&specs)).then(|| resolve(&specs, &BTreeMap::new()))
                 }
-                Direction::Egress => add_pod_peers(selected.pods.clone(), &specs, &mut push),
+            };
+            match (cluster.identities, same_ports) {
+                (Some(registry), Some(ports)) => {
+                    let ids = selected.identities(registry).to_vec();
+                    push(Vec::new(), Vec::new(), ids, ports);
+                }
+                (None, Some(ports)) if direction == Direction::Ingress => {
+                    push(selected.addresses().to_vec(), Vec::new(), Vec::new(), ports)
+                }
+                _ => add_pod_peers(selected.pods.clone(), &specs, &mut |d, e, p| {
+                    push(d, e, Vec::new(), p)
+                }),
             }
         }
         added.refs.push(RuleRef {
@@ -1006,6 +1095,11 @@ fn add_direction(
     out.rules.extend(added.rules);
     out.refs.extend(added.refs);
     Ok(())
+}
+
+/// Whether a rule's ports name container ports (which resolve on each peer pod).
+fn names_ports(specs: &[PortSpec]) -> bool {
+    specs.iter().any(|spec| matches!(spec, PortSpec::Named(..)))
 }
 
 fn peer_field(direction: Direction) -> &'static str {
@@ -1638,6 +1732,7 @@ fn with_tiers(
                     "::/0".parse().expect("valid"),
                 ],
                 except: Vec::new(),
+                peers: Vec::new(),
                 ports: Ports::Any,
             });
             baseline

@@ -11,6 +11,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 
 use super::{
     CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
+    peers::Registry,
     policy::{NamespaceLabels, PodPolicy, PolicyCluster, PolicyPod, PolicyPods, pod_policy},
 };
 
@@ -57,10 +58,12 @@ fn namespaces() -> NamespaceLabels {
         .collect()
 }
 
-/// Each pod's compiled (ingress, egress) sets; `None` where it is not isolated.
+/// Each pod's compiled (ingress, egress) sets; `None` where it is not isolated. With peer
+/// identities, also each pod's identity.
 struct Compiled {
     pods: Vec<PolicyPod>,
     sets: Vec<(Option<CompiledSet>, Option<CompiledSet>)>,
+    identities: Option<Vec<u32>>,
 }
 
 /// The NetworkPolicies of a YAML stream.
@@ -70,12 +73,17 @@ fn parsed_policies(yaml: &str) -> Vec<Arc<NetworkPolicy>> {
         .collect()
 }
 
-fn compile(yaml: &str) -> Compiled {
+/// The scenario's sets, peer pods named by their addresses or (`by_identity`) by identity.
+fn compile(yaml: &str, by_identity: bool) -> Compiled {
     let policies = parsed_policies(yaml);
     let pods = cluster_pods();
     let labels = namespaces();
     let index: PolicyPods = pods.iter().cloned().collect();
-    let cluster = PolicyCluster::new(&index, &labels);
+    let registry = Registry::default();
+    let mut cluster = PolicyCluster::new(&index, &labels);
+    if by_identity {
+        cluster = cluster.with_identities(&registry);
+    }
     let sets = pods
         .iter()
         .map(|pod| {
@@ -87,14 +95,32 @@ fn compile(yaml: &str) -> Compiled {
             )
         })
         .collect();
-    Compiled { pods, sets }
+    let identities = by_identity.then(|| {
+        let mut registry = registry.borrow_mut();
+        pods.iter()
+            .map(|pod| registry.identity(&pod.namespace, &pod.labels))
+            .collect()
+    });
+    Compiled {
+        pods,
+        sets,
+        identities,
+    }
 }
 
-fn allows(set: &Option<CompiledSet>, peer: &PolicyPod, protocol: u8, port: u16) -> bool {
+/// As the kernel decides: the peer's address, then, where no prefix decided, its identity.
+fn allows(
+    set: &Option<CompiledSet>,
+    peer: &PolicyPod,
+    identity: Option<u32>,
+    protocol: u8,
+    port: u16,
+) -> bool {
     match set {
         None => true,
         Some(set) => set
             .lookup(peer.addresses[0], protocol, port)
+            .or_else(|| set.lookup_peer(identity?, protocol, port))
             .is_some_and(|o| o.verdict == Verdict::Allow),
     }
 }
@@ -103,9 +129,12 @@ fn allows(set: &Option<CompiledSet>, peer: &PolicyPod, protocol: u8, port: u16) 
 /// denied), rows are clients.
 fn matrix(compiled: &Compiled, protocol: u8, port: u16) -> String {
     let mut out = String::new();
-    for (from, (_, egress)) in compiled.pods.iter().zip(&compiled.sets) {
-        for (to, (ingress, _)) in compiled.pods.iter().zip(&compiled.sets) {
-            let ok = allows(egress, to, protocol, port) && allows(ingress, from, protocol, port);
+    let identity = |index: usize| compiled.identities.as_ref().map(|ids| ids[index]);
+    let pods = compiled.pods.iter().zip(&compiled.sets).enumerate();
+    for (f, (from, (_, egress))) in pods.clone() {
+        for (t, (to, (ingress, _))) in pods.clone() {
+            let ok = allows(egress, to, identity(t), protocol, port)
+                && allows(ingress, from, identity(f), protocol, port);
             out.push(if ok { '.' } else { 'X' });
         }
         out.push('\n');
@@ -128,16 +157,19 @@ fn expected(rule: impl Fn(&str, &str) -> bool) -> String {
     out
 }
 
-/// Checks one scenario on the given protocols and ports.
+/// Checks one scenario on the given protocols and ports, peer pods named by address and by
+/// identity.
 fn check(name: &str, yaml: &str, probes: &[(u8, u16)], rule: impl Fn(&str, &str, u8, u16) -> bool) {
-    let compiled = compile(yaml);
-    for &(protocol, port) in probes {
-        let want = expected(|from, to| rule(from, to, protocol, port));
-        let got = matrix(&compiled, protocol, port);
-        assert_eq!(
-            got, want,
-            "{name}, protocol {protocol} port {port}: got (left) vs expected (right), rows are clients x/a..z/c"
-        );
+    for by_identity in [false, true] {
+        let compiled = compile(yaml, by_identity);
+        for &(protocol, port) in probes {
+            let want = expected(|from, to| rule(from, to, protocol, port));
+            let got = matrix(&compiled, protocol, port);
+            assert_eq!(
+                got, want,
+                "{name} (by identity: {by_identity}), protocol {protocol} port {port}: got (left) vs expected (right), rows are clients x/a..z/c"
+            );
+        }
     }
 }
 
@@ -985,4 +1017,39 @@ fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
         expected = next;
     }
     assert_eq!(compile(&pods, &changes, 99), expected);
+}
+
+/// By identity, a peer pod is one entry of the set for its namespace and labels, and none of
+/// its addresses is a prefix of the set; an egress rule whose ports name container ports
+/// (which resolve on each peer) still names the peers' addresses.
+#[test]
+fn peer_pods_are_named_by_identity_unless_their_own_ports_resolve_the_rule() {
+    let yaml = policy(
+        "x",
+        "from-b",
+        "  podSelector: {matchLabels: {pod: a}}\n  policyTypes: [Ingress, Egress]\n  \
+         ingress: [{from: [{namespaceSelector: {}, podSelector: {matchLabels: {pod: b}}}], ports: [{protocol: TCP, port: 80}]}]\n  \
+         egress: [{to: [{podSelector: {matchLabels: {pod: c}}}], ports: [{protocol: TCP, port: serve-81-tcp}]}]",
+    );
+    let compiled = compile(&yaml, true);
+    let identities = compiled.identities.as_ref().expect("identities");
+    let (ingress, egress) = &compiled.sets[0];
+    let ingress = ingress.as_ref().expect("x/a is isolated for ingress");
+    // x/b, y/b and z/b: one identity each (their namespaces differ).
+    let bs: Vec<u32> = [1, 4, 7].map(|i| identities[i]).into();
+    assert_eq!(ingress.peers.keys().copied().collect::<Vec<_>>(), bs);
+    assert!(ingress.prefixes.is_empty(), "{:?}", ingress.prefixes);
+    let allowed = ingress
+        .lookup_peer(bs[1], PROTO_TCP, 80)
+        .expect("y/b allowed on TCP 80");
+    assert_eq!(allowed.verdict, Verdict::Allow);
+    assert_eq!(ingress.lookup_peer(bs[1], PROTO_TCP, 81), None);
+    assert_eq!(ingress.lookup_peer(identities[0], PROTO_TCP, 80), None);
+    let egress = egress.as_ref().expect("x/a is isolated for egress");
+    assert!(egress.peers.is_empty());
+    let xc = compiled.pods[2].addresses[0];
+    assert_eq!(
+        egress.lookup(xc, PROTO_TCP, 81).map(|o| o.verdict),
+        Some(Verdict::Allow)
+    );
 }

@@ -280,6 +280,7 @@ fn port_ranges_become_buckets_and_edge_ports() {
             verdict: Verdict::Allow,
             destinations: vec![net("0.0.0.0/0")],
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Only(vec![
                 PortMatch {
                     protocol: PROTO_TCP,
@@ -294,6 +295,7 @@ fn port_ranges_become_buckets_and_edge_ports() {
             verdict: Verdict::Deny,
             destinations: vec![net("0.0.0.0/0")],
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Any,
         },
     ];
@@ -329,6 +331,7 @@ fn more_prefix_lengths_than_lookups_are_expanded_into_fewer() {
             },
             destinations: vec![IpNet::new(ip("10.1.2.3"), 8 + 2 * i).unwrap().trunc()],
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Any,
         })
         .collect();
@@ -368,6 +371,7 @@ fn identical_port_tables_are_shared() {
             verdict: Verdict::Allow,
             destinations: vec![net("192.0.2.0/24"), net("198.51.100.0/24")],
             except: Vec::new(),
+            peers: Vec::new(),
             ports: Ports::Only(vec![PortMatch::port(PROTO_TCP, 80)]),
         }],
         false,
@@ -461,6 +465,7 @@ fn compiled_lookups_equal_scanning_the_rules_in_order() {
                     } else {
                         Vec::new()
                     },
+                    peers: Vec::new(),
                     ports,
                 }
             })
@@ -634,6 +639,7 @@ fn tiered_rules(peers: &BTreeSet<u64>, others: &BTreeSet<u64>, ports: [Ports; 4]
             verdict,
             destinations,
             except,
+            peers: Vec::new(),
             ports,
         })
         .collect()

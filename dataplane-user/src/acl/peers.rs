@@ -1,0 +1,285 @@
+//! Peer identities: the pods a NetworkPolicy peer can only pick together. A peer's selectors
+//! look at a pod's namespace (its name and labels) and the pod's labels, nothing else, so
+//! every pod of one namespace with the same labels is picked by the same peers. Such a group
+//! is one identity: a policy set names it by one entry (`peer_key`), and `ACL_PEERS` maps
+//! each of its pods' addresses to it. A local pod taking or leaving a policy whose peers are
+//! 300 pods of one app then changes one entry of its set, not 300, and a pod added to the
+//! group writes its address once, not once for every set that picks it.
+//!
+//! Identity numbers are this agent's own (the kernel maps are the node's) and stay with their
+//! group for the agent's life, so that a set naming them keeps its entries.
+
+use std::{
+    cell::RefCell,
+    collections::{BTreeMap, HashMap},
+    sync::Arc,
+};
+
+use dataplane_common::overlay::Addr;
+
+use super::policy::{PolicyChanges, PolicyPods, PolicySet};
+use crate::overlay::addr16;
+
+/// Identities no set names that are kept beyond as many as are named (see
+/// [`PeerIdentities::named_by`]).
+const UNNAMED_KEPT: usize = 1024;
+
+/// Labels of a pod, as selectors see them.
+type Labels = BTreeMap<String, String>;
+
+/// The identities handed out, and the members of those asked for.
+#[derive(Debug, Default)]
+pub struct PeerIdentities {
+    /// By namespace, then labels.
+    ids: HashMap<String, HashMap<Labels, u32>>,
+    /// What each identity stands for.
+    groups: HashMap<u32, (String, Labels)>,
+    last: u32,
+    /// The addresses of each identity's pods, sorted, as last found: kept until a change of
+    /// a pod of that namespace with those labels (before or after) may have moved them.
+    members: HashMap<u32, Arc<[Addr]>>,
+}
+
+impl PeerIdentities {
+    /// The identity of the pods of `namespace` labelled `labels`, handed out when new.
+    pub fn identity(&mut self, namespace: &str, labels: &Labels) -> u32 {
+        if let Some(&id) = self.ids.get(namespace).and_then(|by| by.get(labels)) {
+            return id;
+        }
+        self.last += 1;
+        let id = self.last;
+        self.ids
+            .entry(namespace.to_owned())
+            .or_default()
+            .insert(labels.clone(), id);
+        self.groups
+            .insert(id, (namespace.to_owned(), labels.clone()));
+        id
+    }
+
+    /// Takes over the numbering a previous agent left in `ACL_PEERS` (`held`: address,
+    /// identity), so that the sets it left in force keep meaning the same pods while this
+    /// agent's first sync replaces them: an identity whose addresses are all pods of one
+    /// namespace and labels (in `pods`) keeps its number for them. Others get new numbers,
+    /// above every number held, which no set left in force names.
+    pub fn adopt(&mut self, held: &[(Addr, u32)], pods: &PolicyPods) {
+        let Some(highest) = held.iter().map(|(_, id)| *id).max() else {
+            return;
+        };
+        self.last = self.last.max(highest);
+        let mut by_address: HashMap<Addr, (&str, &Labels)> = HashMap::new();
+        for (namespace, in_namespace) in pods.namespaces() {
+            for pod in in_namespace.values() {
+                for address in &pod.addresses {
+                    by_address.insert(addr16(*address), (namespace, &pod.labels));
+                }
+            }
+        }
+        let mut groups: BTreeMap<u32, Option<(&str, &Labels)>> = BTreeMap::new();
+        for (address, id) in held {
+            let found = by_address.get(address).copied();
+            groups
+                .entry(*id)
+                .and_modify(|group| {
+                    if *group != found {
+                        *group = None;
+                    }
+                })
+                .or_insert(found);
+        }
+        for (id, group) in groups {
+            let Some((namespace, labels)) = group else {
+                continue;
+            };
+            let taken = self
+                .ids
+                .get(namespace)
+                .is_some_and(|by| by.contains_key(labels));
+            if taken || self.groups.contains_key(&id) {
+                continue;
+            }
+            self.ids
+                .entry(namespace.to_owned())
+                .or_default()
+                .insert(labels.clone(), id);
+            self.groups
+                .insert(id, (namespace.to_owned(), labels.clone()));
+        }
+    }
+
+    /// Forgets the members of the identities `changes` may have moved pods into or out of.
+    pub fn follow(&mut self, changes: &PolicyChanges) {
+        if changes.everything {
+            self.members.clear();
+            return;
+        }
+        for (namespace, pods) in &changes.pods {
+            let Some(by_labels) = self.ids.get(namespace) else {
+                continue;
+            };
+            for labels in pods.iter().flat_map(|pod| &pod.labels) {
+                if let Some(id) = by_labels.get(labels) {
+                    self.members.remove(id);
+                }
+            }
+        }
+    }
+
+    /// The members of every identity the sets name. Identities no set names are forgotten
+    /// once they outnumber those named (pods labelled one by one, a Deployment's rollouts:
+    /// each new group is an identity); their numbers are not handed out again.
+    pub fn named_by(
+        &mut self,
+        sets: &BTreeMap<String, PolicySet>,
+        pods: &PolicyPods,
+    ) -> BTreeMap<u32, Arc<[Addr]>> {
+        let mut named = BTreeMap::new();
+        for set in sets.values() {
+            for &id in set.compiled.peers.keys() {
+                named.entry(id).or_insert_with(|| self.members(id, pods));
+            }
+        }
+        if self.groups.len() > 2 * named.len() + UNNAMED_KEPT {
+            self.keep_only(|id| named.contains_key(&id));
+        }
+        named
+    }
+
+    /// Forgets the identities `kept` refuses.
+    fn keep_only(&mut self, kept: impl Fn(u32) -> bool) {
+        self.groups.retain(|id, _| kept(*id));
+        self.members.retain(|id, _| kept(*id));
+        for by_labels in self.ids.values_mut() {
+            by_labels.retain(|_, id| kept(*id));
+        }
+        self.ids.retain(|_, by_labels| !by_labels.is_empty());
+    }
+
+    /// The addresses of identity `id`'s pods, sorted.
+    fn members(&mut self, id: u32, pods: &PolicyPods) -> Arc<[Addr]> {
+        if let Some(members) = self.members.get(&id) {
+            return Arc::clone(members);
+        }
+        let mut addresses: Vec<Addr> = match self.groups.get(&id) {
+            Some((namespace, labels)) => pods
+                .with_labels(namespace, labels)
+                .flat_map(|pod| pod.addresses.iter().map(|a| addr16(*a)))
+                .collect(),
+            None => Vec::new(),
+        };
+        addresses.sort_unstable();
+        addresses.dedup();
+        let members: Arc<[Addr]> = addresses.into();
+        self.members.insert(id, Arc::clone(&members));
+        members
+    }
+}
+
+/// The registry a compile hands identities out of, when it names peers by identity.
+pub type Registry = RefCell<PeerIdentities>;
+
+#[cfg(test)]
+mod tests {
+    use std::net::IpAddr;
+
+    use super::*;
+    use crate::acl::policy::PolicyPod;
+
+    fn pod(namespace: &str, name: &str, app: &str, ip: [u8; 4]) -> PolicyPod {
+        PolicyPod {
+            namespace: namespace.into(),
+            name: name.into(),
+            labels: [("app".to_owned(), app.to_owned())].into(),
+            addresses: vec![IpAddr::from(ip)],
+            named_ports: BTreeMap::new(),
+        }
+    }
+
+    fn labels(app: &str) -> Labels {
+        [("app".to_owned(), app.to_owned())].into()
+    }
+
+    /// One identity per namespace and labels, the same each time asked; its members are the
+    /// pods labelled exactly so (not those with more labels), kept until a change of one of
+    /// their namespace with those labels, before or after, says they may have moved.
+    #[test]
+    fn an_identity_is_a_namespace_and_labels_and_its_members_follow_pod_changes() {
+        let mut registry = PeerIdentities::default();
+        let web = registry.identity("x", &labels("web"));
+        assert_eq!(registry.identity("x", &labels("web")), web);
+        let other = registry.identity("y", &labels("web"));
+        assert_ne!(other, web);
+        assert_ne!(registry.identity("x", &labels("db")), web);
+
+        let mut more = pod("x", "w3", "web", [10, 0, 0, 3]);
+        more.labels.insert("tier".into(), "front".into());
+        let before: PolicyPods = [
+            pod("x", "w2", "web", [10, 0, 0, 2]),
+            pod("x", "w1", "web", [10, 0, 0, 1]),
+            more,
+            pod("y", "w4", "web", [10, 0, 0, 4]),
+        ]
+        .into_iter()
+        .collect();
+        let addr = |last: u8| addr16(IpAddr::from([10, 0, 0, last]));
+        assert_eq!(&*registry.members(web, &before), &[addr(1), addr(2)]);
+        assert_eq!(&*registry.members(other, &before), &[addr(4)]);
+
+        // w1 relabelled: without a change noted, the members stay as found.
+        let mut after = before.clone();
+        after.insert(pod("x", "w1", "db", [10, 0, 0, 1]));
+        assert_eq!(&*registry.members(web, &after), &[addr(1), addr(2)]);
+        let mut changes = PolicyChanges::default();
+        changes.note_pod("x", "w1");
+        changes.label(&before, &after);
+        registry.follow(&changes);
+        assert_eq!(&*registry.members(web, &after), &[addr(2)]);
+        assert_eq!(&*registry.members(other, &after), &[addr(4)]);
+        let db = registry.identity("x", &labels("db"));
+        assert_eq!(&*registry.members(db, &after), &[addr(1)]);
+    }
+
+    /// Identities no set names are forgotten once they outnumber the named ones by
+    /// `UNNAMED_KEPT`, and their numbers are not handed out again.
+    #[test]
+    fn identities_no_set_names_are_forgotten_when_they_pile_up() {
+        let mut registry = PeerIdentities::default();
+        let pods = PolicyPods::default();
+        let first = registry.identity("x", &labels("web"));
+        for n in 1..UNNAMED_KEPT {
+            registry.identity("x", &labels(&format!("app-{n}")));
+        }
+        registry.named_by(&BTreeMap::new(), &pods);
+        assert_eq!(registry.groups.len(), UNNAMED_KEPT, "not yet");
+        registry.identity("x", &labels("one-more"));
+        registry.named_by(&BTreeMap::new(), &pods);
+        assert!(registry.groups.is_empty() && registry.ids.is_empty());
+        let again = registry.identity("x", &labels("web"));
+        assert!(again > first + UNNAMED_KEPT as u32, "{again}");
+    }
+
+    /// A restarted agent keeps the numbers a previous one left for groups whose addresses all
+    /// still are that group's pods; a number whose addresses are now pods of two groups is
+    /// not kept (its old sets would let the other group's pods in), and new numbers start
+    /// above every number left.
+    #[test]
+    fn a_restarted_agent_keeps_the_numbers_left_for_the_same_pods() {
+        let pods: PolicyPods = [
+            pod("x", "w1", "web", [10, 0, 0, 1]),
+            pod("x", "w2", "web", [10, 0, 0, 2]),
+            pod("x", "d1", "db", [10, 0, 0, 3]),
+            pod("y", "w4", "web", [10, 0, 0, 4]),
+        ]
+        .into_iter()
+        .collect();
+        let addr = |last: u8| addr16(IpAddr::from([10, 0, 0, last]));
+        // 7: x's web pods; 9: x's db pod and y's web pod (relabelled meanwhile).
+        let held = [(addr(1), 7), (addr(2), 7), (addr(3), 9), (addr(4), 9)];
+        let mut registry = PeerIdentities::default();
+        registry.adopt(&held, &pods);
+        assert_eq!(registry.identity("x", &labels("web")), 7);
+        let db = registry.identity("x", &labels("db"));
+        let web = registry.identity("y", &labels("web"));
+        assert!(db > 9 && web > 9 && db != web, "{db} {web}");
+    }
+}
