@@ -1127,6 +1127,49 @@ fn tables_alone_differ(old: &CompiledSet, new: &CompiledSet) -> bool {
             .all(|(a, b)| a.default == b.default && a.kinds() == b.kinds())
 }
 
+/// The two versions of a set changed in place, with their tables' ids.
+struct EntryValues<'a> {
+    new: &'a CompiledSet,
+    new_tables: &'a [u32],
+    old: &'a CompiledSet,
+    old_tables: &'a [u32],
+}
+
+impl EntryValues<'_> {
+    /// Writes the entries of `new` (prefixes or peers) whose value differs from `old`'s and
+    /// removes those `new` lacks. Both versions are walked side by side in key order:
+    /// looking each key up in the other version (1,200 peers each way) was most of a peer
+    /// added. A decision is the same where it gives the kernel the same value (table ids
+    /// differ).
+    fn rewrite<K: Ord>(
+        &self,
+        addrs: &mut BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue>,
+        new: &BTreeMap<K, Decision>,
+        old: &BTreeMap<K, Decision>,
+        key: impl Fn(&K) -> AclAddrKey,
+        stats: &mut AclSyncStats,
+    ) -> Result<(), AgentError> {
+        let value = |set: &CompiledSet, tables: &[u32], decision: Decision| {
+            addr_value(set, tables, decision)
+        };
+        let (changed, gone) = crate::overlay::sorted_difference_by(new, old, |n, o| {
+            value(self.new, self.new_tables, *n) == value(self.old, self.old_tables, *o)
+        });
+        for (k, decision) in changed {
+            addrs
+                .insert(key(k), value(self.new, self.new_tables, *decision), 0)
+                .map_err(map_err(maps::ACL_ADDRS, "write entry"))?;
+            stats.written += 1;
+        }
+        for k in gone {
+            if remove_present(addrs, &key(k)).map_err(map_err(maps::ACL_ADDRS, "remove entry"))? {
+                stats.deleted += 1;
+            }
+        }
+        Ok(())
+    }
+}
+
 /// The `ACL_PORTS` entries of `table` written under the id `id`.
 fn table_entries(
     id: u32,
@@ -1334,9 +1377,9 @@ pub struct AclState {
     swept: bool,
     /// The addresses written to `ACL_PEERS` for each peer identity.
     peers: BTreeMap<u32, Arc<[Addr]>>,
-    /// Whether `ACL_PEERS` holds nothing but `peers` (false until a sync has swept what a
-    /// previous agent may have left there).
-    peers_swept: bool,
+    /// Addresses a previous agent left in `ACL_PEERS`, which the next sync removes where no
+    /// identity it names has them.
+    peers_left: Vec<Addr>,
 }
 
 impl AclState {
@@ -1365,6 +1408,11 @@ impl AclState {
         installed.ports.extend(tried.ports);
         installed.ports.sort_unstable();
         installed.ports.dedup();
+    }
+
+    /// Notes what a previous agent left in `ACL_PEERS` (see [`Dataplane::peers_held`]).
+    pub fn note_peers_left(&mut self, held: &[(Addr, u32)]) {
+        self.peers_left = held.iter().map(|(addr, _)| *addr).collect();
     }
 
     /// Whether a namespace's firewall or a policy set in force is `set`.
@@ -1785,7 +1833,7 @@ impl Dataplane {
 
     /// Removes the addresses of pods that left the peer identities they were written for, or
     /// whose identity no set names any more, unless an identity `desired` names has them
-    /// now; the first time, also whatever else `ACL_PEERS` holds (a previous agent's).
+    /// now; also those a previous agent left that no identity named now has.
     fn remove_peers(
         &mut self,
         state: &mut AclState,
@@ -1808,23 +1856,16 @@ impl Dataplane {
                 kept.is_none_or(|k| k.binary_search(addr).is_err()) && !claimed.contains(*addr)
             }));
         }
-        if !state.peers_swept {
+        if !state.peers_left.is_empty() {
             let named: HashSet<&Addr> = desired.peers.values().flat_map(|m| m.iter()).collect();
-            let held: BpfHashMap<&MapData, Addr, u32> =
-                BpfHashMap::try_from(self.map(maps::ACL_PEERS)?)
-                    .map_err(map_err(maps::ACL_PEERS, "open"))?;
-            gone.extend(
-                held.keys()
-                    .filter_map(Result::ok)
-                    .filter(|addr| !named.contains(addr)),
-            );
+            gone.extend(state.peers_left.iter().filter(|addr| !named.contains(addr)));
         }
         gone.sort_unstable();
         gone.dedup();
         delete_batch::<Addr, u32>(self.map(maps::ACL_PEERS)?, &gone, stats)
             .map_err(map_err(maps::ACL_PEERS, "remove peer addresses"))?;
         state.peers.clone_from(&desired.peers);
-        state.peers_swept = true;
+        state.peers_left = Vec::new();
         Ok(())
     }
 
@@ -2151,50 +2192,28 @@ impl Dataplane {
         {
             let mut addrs: BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue> =
                 self.typed_map(maps::ACL_ADDRS)?;
-            // Both versions walked side by side in prefix order: looking each prefix up in
-            // the other version (1,200 peers each way) was most of a peer added. A decision
-            // is the same where it gives the kernel the same value (table ids differ).
-            let (changed, gone) = crate::overlay::sorted_difference_by(
+            let values = EntryValues {
+                new: compiled,
+                new_tables: &table_ids,
+                old,
+                old_tables: &installed_table_ids,
+            };
+            let prefix_key = |prefix: &IpNet| addr_key(set, *prefix);
+            let peer_key = |identity: &u32| peer_key(set, *identity);
+            values.rewrite(
+                &mut addrs,
                 &compiled.prefixes,
                 &old.prefixes,
-                |new, was| {
-                    addr_value(compiled, &table_ids, *new)
-                        == addr_value(old, &installed_table_ids, *was)
-                },
-            );
-            for (&prefix, decision) in changed {
-                let value = addr_value(compiled, &table_ids, *decision);
-                addrs
-                    .insert(addr_key(set, prefix), value, 0)
-                    .map_err(map_err(maps::ACL_ADDRS, "write prefix"))?;
-                stats.written += 1;
-            }
-            for &prefix in gone {
-                if remove_present(&mut addrs, &addr_key(set, prefix))
-                    .map_err(map_err(maps::ACL_ADDRS, "remove prefix"))?
-                {
-                    stats.deleted += 1;
-                }
-            }
-            let (changed, gone) =
-                crate::overlay::sorted_difference_by(&compiled.peers, &old.peers, |new, was| {
-                    addr_value(compiled, &table_ids, *new)
-                        == addr_value(old, &installed_table_ids, *was)
-                });
-            for (&identity, decision) in changed {
-                let value = addr_value(compiled, &table_ids, *decision);
-                addrs
-                    .insert(peer_key(set, identity), value, 0)
-                    .map_err(map_err(maps::ACL_ADDRS, "write peer entry"))?;
-                stats.written += 1;
-            }
-            for &identity in gone {
-                if remove_present(&mut addrs, &peer_key(set, identity))
-                    .map_err(map_err(maps::ACL_ADDRS, "remove peer entry"))?
-                {
-                    stats.deleted += 1;
-                }
-            }
+                prefix_key,
+                &mut stats,
+            )?;
+            values.rewrite(
+                &mut addrs,
+                &compiled.peers,
+                &old.peers,
+                peer_key,
+                &mut stats,
+            )?;
         }
         let kept: BTreeSet<u32> = table_ids.iter().copied().collect();
         let mut ports: BpfHashMap<&mut MapData, AclPortKey, AclVerdict> =

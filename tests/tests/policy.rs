@@ -692,10 +692,8 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
         .block_on(agent.update(&mut fixture, without))
         .expect("update");
     assert!(explain::read(&dir).is_empty());
-    assert!(
-        peer_addresses(&mut fixture).is_empty(),
-        "no set names the identity any more"
-    );
+    // No set names the identity any more; its addresses stay, for a set naming it again.
+    assert_eq!(peer_addresses(&mut fixture), peers);
     runtime
         .block_on(agent.update(
             &mut fixture,
@@ -717,6 +715,13 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     let held = peer_addresses(&mut fixture);
     assert_eq!(held.len(), 2, "{held:?}");
     drop(agent);
+    // An address the last agent wrote for a pod since gone: removed.
+    let gone = addr16(IpAddr::from([10, 244, 9, 9]));
+    {
+        let mut peers: HashMap<&mut MapData, [u8; 16], u32> =
+            fixture.typed_map(ACL_PEERS).expect("peers map");
+        peers.insert(gone, 99, 0).expect("insert");
+    }
     let (_restarted, _) = runtime
         .block_on(FirewallAgent::start(
             &mut fixture,

@@ -509,6 +509,7 @@ impl FirewallAgent {
             .identities
             .borrow_mut()
             .adopt(&held, &agent.cluster_pods);
+        agent.state.note_peers_left(&held);
         agent.take_admin(&inputs.admin, inputs.nodes);
         agent.compile();
         for error in &agent.compiled.errors {

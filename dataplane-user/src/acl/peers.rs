@@ -11,7 +11,7 @@
 
 use std::{
     cell::RefCell,
-    collections::{BTreeMap, HashMap},
+    collections::{BTreeMap, BTreeSet, HashMap},
     sync::Arc,
 };
 
@@ -38,6 +38,8 @@ pub struct PeerIdentities {
     /// The addresses of each identity's pods, sorted, as last found: kept until a change of
     /// a pod of that namespace with those labels (before or after) may have moved them.
     members: HashMap<u32, Arc<[Addr]>>,
+    /// The identities a set has named, not forgotten since.
+    ever_named: BTreeSet<u32>,
 }
 
 impl PeerIdentities {
@@ -47,14 +49,18 @@ impl PeerIdentities {
             return id;
         }
         self.last += 1;
-        let id = self.last;
+        self.register(namespace, labels, self.last);
+        self.last
+    }
+
+    /// Notes `id` as the identity of the pods of `namespace` labelled `labels`.
+    fn register(&mut self, namespace: &str, labels: &Labels, id: u32) {
         self.ids
             .entry(namespace.to_owned())
             .or_default()
             .insert(labels.clone(), id);
         self.groups
             .insert(id, (namespace.to_owned(), labels.clone()));
-        id
     }
 
     /// Takes over the numbering a previous agent left in `ACL_PEERS` (`held`: address,
@@ -95,15 +101,9 @@ impl PeerIdentities {
                 .ids
                 .get(namespace)
                 .is_some_and(|by| by.contains_key(labels));
-            if taken || self.groups.contains_key(&id) {
-                continue;
+            if !taken && !self.groups.contains_key(&id) {
+                self.register(namespace, labels, id);
             }
-            self.ids
-                .entry(namespace.to_owned())
-                .or_default()
-                .insert(labels.clone(), id);
-            self.groups
-                .insert(id, (namespace.to_owned(), labels.clone()));
         }
     }
 
@@ -125,30 +125,37 @@ impl PeerIdentities {
         }
     }
 
-    /// The members of every identity the sets name. Identities no set names are forgotten
-    /// once they outnumber those named (pods labelled one by one, a Deployment's rollouts:
-    /// each new group is an identity); their numbers are not handed out again.
+    /// The members of every identity the sets name, and of those sets named before: a set
+    /// naming one again (a pod relabelled back, a policy restored) then writes one entry,
+    /// not one address per peer. Identities partition the pods, so `ACL_PEERS` never holds
+    /// more than the cluster's pod addresses. Identities no set names are forgotten once
+    /// they outnumber those named (pods labelled one by one, a Deployment's rollouts: each
+    /// new group is an identity); their numbers are not handed out again.
     pub fn named_by(
         &mut self,
         sets: &BTreeMap<String, PolicySet>,
         pods: &PolicyPods,
     ) -> BTreeMap<u32, Arc<[Addr]>> {
-        let mut named = BTreeMap::new();
-        for set in sets.values() {
-            for &id in set.compiled.peers.keys() {
-                named.entry(id).or_insert_with(|| self.members(id, pods));
-            }
-        }
+        let named: BTreeSet<u32> = sets
+            .values()
+            .flat_map(|set| set.compiled.peers.keys().copied())
+            .collect();
         if self.groups.len() > 2 * named.len() + UNNAMED_KEPT {
-            self.keep_only(|id| named.contains_key(&id));
+            self.keep_only(|id| named.contains(&id));
         }
-        named
+        self.ever_named.extend(&named);
+        let ever_named: Vec<u32> = self.ever_named.iter().copied().collect();
+        ever_named
+            .into_iter()
+            .map(|id| (id, self.members(id, pods)))
+            .collect()
     }
 
     /// Forgets the identities `kept` refuses.
     fn keep_only(&mut self, kept: impl Fn(u32) -> bool) {
         self.groups.retain(|id, _| kept(*id));
         self.members.retain(|id, _| kept(*id));
+        self.ever_named.retain(|id| kept(*id));
         for by_labels in self.ids.values_mut() {
             by_labels.retain(|_, id| kept(*id));
         }
