@@ -4,8 +4,10 @@
 //! Per packet: a hash lookup of the source and of the destination among the local pods; for a
 //! rule set that applies, one hash lookup per prefix length the set uses (at most
 //! `ACL_MAX_LENGTHS`, longest first, stopping at the first hit) and, when the decision depends
-//! on the port, at most three more (exact port, port bucket, protocol). The agent compiled the
-//! rules into these entries, so the cost does not grow with the number of rules and nothing
+//! on the port, at most three more (exact port, port bucket, protocol). Where no prefix of a
+//! NetworkPolicy set allows and the set names peers by identity, two more: the peer's identity
+//! (`ACL_PEERS`) and the set's entry for it, then its port table. The agent compiled the rules
+//! into these entries, so the cost does not grow with the number of rules or peers and nothing
 //! here scans a list.
 //!
 //! NetworkPolicy judges the first packet of a flow: allowed flows are tracked (`ACL_CT`) and
