@@ -32,12 +32,12 @@ use dataplane_common::{
     acl::{
         ACL_CT_CLOSING, ACL_CT_INBOUND, ACL_DIRECTION_EGRESS, ACL_DIRECTION_INGRESS,
         ACL_DNS_CAPTURE, ACL_ENDPOINT_EGRESS_PEERS, ACL_ENDPOINT_INGRESS_PEERS,
-        ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_FAMILY_PEER, ACL_FAMILY_V4, ACL_FAMILY_V6,
-        ACL_KIND_FIREWALL, ACL_KIND_POLICY, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS,
-        ACL_NO_LENGTH, ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT,
-        ACL_RULE_EXEMPT, ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue,
-        AclCtKey, AclCtValue, AclDnsEvent, AclEndpoint, AclEvent, AclLengths, AclLogBucket,
-        AclPortKey, SERVICE_REPLY_MARK,
+        ACL_ENDPOINT_SNOOP_DNS, ACL_ENTRY_FINAL, ACL_FAMILY_V4, ACL_FAMILY_V6, ACL_KIND_FIREWALL,
+        ACL_KIND_POLICY, ACL_LOG_ALLOW, ACL_LOG_DENY, ACL_MAX_LENGTHS, ACL_NO_LENGTH,
+        ACL_PORT_BUCKET, ACL_PORT_EXACT, ACL_PORT_PROTOCOL, ACL_RULE_DEFAULT, ACL_RULE_EXEMPT,
+        ACL_VERDICT_ALLOW, ACL_VERDICT_DENY, ACL_VERDICT_NONE, AclAddrValue, AclCtKey, AclCtValue,
+        AclDnsEvent, AclEndpoint, AclEvent, AclLengths, AclLogBucket, AclPortKey,
+        SERVICE_REPLY_MARK, peer_key,
     },
     lb::{CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_TCP},
     overlay::Addr,
@@ -773,15 +773,9 @@ fn peer_entry(work: &mut AclWork, set: u32, from_source: bool) -> Option<&'stati
     };
     // SAFETY: the identity is copied out at once.
     let identity = *unsafe { ACL_PEERS.get(peer) }?;
-    let key = &mut work.addr_key;
-    key.set = set;
-    key.family = ACL_FAMILY_PEER;
-    key.len = 0;
-    key._pad = [0; 2];
-    key.addr = [0; 16];
-    key.addr[..4].copy_from_slice(&identity.to_ne_bytes());
+    work.addr_key = peer_key(set, identity);
     // SAFETY: map values stay valid under RCU for the program's run; only read.
-    unsafe { ACL_ADDRS.get(&*key) }
+    unsafe { ACL_ADDRS.get(&work.addr_key) }
 }
 
 /// The EgressFirewall of the sender's namespace: no rule matching allows. Returns 0 or the

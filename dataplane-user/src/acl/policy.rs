@@ -737,11 +737,6 @@ impl<'a> PolicyCluster<'a> {
         self
     }
 
-    /// Whether peer pods are named by identity in this compile.
-    pub fn names_identities(&self) -> bool {
-        self.identities.is_some()
-    }
-
     /// How many distinct peers this compile has picked.
     #[cfg(test)]
     pub(super) fn peers_picked(&self) -> usize {
