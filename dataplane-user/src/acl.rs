@@ -33,7 +33,7 @@ mod policy_tests;
 mod tests;
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
+    collections::{BTreeMap, BTreeSet, HashMap},
     net::IpAddr,
     sync::Arc,
 };
@@ -1716,8 +1716,9 @@ impl Dataplane {
         // installed that nothing points at) are found by the next one's full sweep.
         let full_sweep = !state.swept;
         state.swept = false;
-        // The peers' addresses before the sets that name them.
-        self.write_peers(state, desired, &mut stats)?;
+        // The peers' addresses before the sets that name them, those gone after.
+        let peer_moves = peers::moves(&state.peers, &desired.peers, &state.peers_left);
+        self.write_peers(&peer_moves.write, &mut stats)?;
         let firewalls = self.install_firewall_sets(state, desired, &mut stats)?;
         let policies = self.install_policy_sets(state, desired, &mut stats)?;
         let mut displaced = firewalls.apply(&mut state.firewalls, &desired.rejected);
@@ -1792,7 +1793,9 @@ impl Dataplane {
                 self.remove_set(&installed, &mut stats)?;
             }
         }
-        self.remove_peers(state, desired, &mut stats)?;
+        self.remove_peers(&peer_moves.remove, &mut stats)?;
+        state.peers.clone_from(&desired.peers);
+        state.peers_left = Vec::new();
         state.swept = true;
         Ok(stats)
     }
@@ -1807,66 +1810,26 @@ impl Dataplane {
             .map_err(map_err(maps::ACL_PEERS, "read"))
     }
 
-    /// Writes the addresses of the peer identities `desired` names that `ACL_PEERS` lacks
-    /// (new identities' members, pods that joined one).
+    /// Writes the addresses new to their peer identities (see [`peers::moves`]).
     fn write_peers(
         &mut self,
-        state: &AclState,
-        desired: &DesiredFirewalls,
+        entries: &[(Addr, u32)],
         stats: &mut AclSyncStats,
     ) -> Result<(), AgentError> {
-        let mut entries: Vec<(Addr, u32)> = Vec::new();
-        for (&identity, members) in &desired.peers {
-            let written = state.peers.get(&identity);
-            if written == Some(members) {
-                continue;
-            }
-            let new = |addr: &&Addr| written.is_none_or(|w| w.binary_search(addr).is_err());
-            entries.extend(members.iter().filter(new).map(|addr| (*addr, identity)));
-        }
         if entries.is_empty() {
             return Ok(());
         }
-        write_batch(self.map(maps::ACL_PEERS)?, &entries, stats)
+        write_batch(self.map(maps::ACL_PEERS)?, entries, stats)
             .map_err(map_err(maps::ACL_PEERS, "write peer address"))
     }
 
-    /// Removes the addresses of pods that left the peer identities they were written for, or
-    /// whose identity no set names any more, unless an identity `desired` names has them
-    /// now; also those a previous agent left that no identity named now has.
-    fn remove_peers(
-        &mut self,
-        state: &mut AclState,
-        desired: &DesiredFirewalls,
-        stats: &mut AclSyncStats,
-    ) -> Result<(), AgentError> {
-        let moved =
-            |identity: &u32, members: &Arc<[Addr]>| desired.peers.get(identity) != Some(members);
-        // An address that moved to another identity was written for it already.
-        let claimed: HashSet<Addr> = desired
-            .peers
-            .iter()
-            .filter(|(identity, members)| state.peers.get(*identity) != Some(*members))
-            .flat_map(|(_, members)| members.iter().copied())
-            .collect();
-        let mut gone: Vec<Addr> = Vec::new();
-        for (identity, written) in state.peers.iter().filter(|(i, m)| moved(i, m)) {
-            let kept = desired.peers.get(identity);
-            gone.extend(written.iter().filter(|addr| {
-                kept.is_none_or(|k| k.binary_search(addr).is_err()) && !claimed.contains(*addr)
-            }));
+    /// Removes the addresses no peer identity named has any more (see [`peers::moves`]).
+    fn remove_peers(&mut self, gone: &[Addr], stats: &mut AclSyncStats) -> Result<(), AgentError> {
+        if gone.is_empty() {
+            return Ok(());
         }
-        if !state.peers_left.is_empty() {
-            let named: HashSet<&Addr> = desired.peers.values().flat_map(|m| m.iter()).collect();
-            gone.extend(state.peers_left.iter().filter(|addr| !named.contains(addr)));
-        }
-        gone.sort_unstable();
-        gone.dedup();
-        delete_batch::<Addr, u32>(self.map(maps::ACL_PEERS)?, &gone, stats)
-            .map_err(map_err(maps::ACL_PEERS, "remove peer addresses"))?;
-        state.peers.clone_from(&desired.peers);
-        state.peers_left = Vec::new();
-        Ok(())
+        delete_batch::<Addr, u32>(self.map(maps::ACL_PEERS)?, gone, stats)
+            .map_err(map_err(maps::ACL_PEERS, "remove peer addresses"))
     }
 
     /// Installs each namespace's firewall set not in force as wanted.

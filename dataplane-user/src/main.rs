@@ -249,6 +249,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let pages = dataplane_user::small_pages_only();
     let cli = Cli::parse();
     let logs = tracing_subscriber::fmt()
         .with_env_filter(
@@ -263,6 +264,9 @@ fn main() -> ExitCode {
         LogFormat::Text => logs
             .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
             .init(),
+    }
+    if let Err(error) = pages {
+        tracing::debug!(%error, "transparent huge pages stay as the kernel sets them");
     }
     match dispatch(cli) {
         Ok(()) => ExitCode::SUCCESS,

@@ -11,7 +11,8 @@
 
 use std::{
     cell::RefCell,
-    collections::{BTreeMap, BTreeSet, HashMap},
+    cmp::Ordering,
+    collections::{BTreeMap, BTreeSet, HashMap, HashSet},
     sync::Arc,
 };
 
@@ -185,6 +186,134 @@ impl PeerIdentities {
 /// The registry a compile hands identities out of, when it names peers by identity.
 pub type Registry = RefCell<PeerIdentities>;
 
+/// What `ACL_PEERS` needs to go from the identities' addresses as written to those wanted.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct PeerMoves {
+    /// Addresses new to their identity (sorted by identity, then address).
+    pub write: Vec<(Addr, u32)>,
+    /// Addresses no identity wanted has any more (sorted).
+    pub remove: Vec<Addr>,
+}
+
+/// The moves from `written` to `wanted` (each identity's sorted addresses), `left` being
+/// addresses a previous agent wrote that no record here names. Only identities whose
+/// addresses differ are walked, side by side (an unchanged one is the same `Arc`): a pod
+/// added to a group of 300 peers was a set of every address of the group hashed at each
+/// sync. An address that left one identity is kept where a changed identity has it (it
+/// moved: its entry was written over).
+pub fn moves(
+    written: &BTreeMap<u32, Arc<[Addr]>>,
+    wanted: &BTreeMap<u32, Arc<[Addr]>>,
+    left: &[Addr],
+) -> PeerMoves {
+    let mut moves = PeerMoves::default();
+    let mut left_behind: Vec<Addr> = Vec::new();
+    let mut claimants: Vec<&[Addr]> = Vec::new();
+    for (identity, before, after) in changed_identities(written, wanted) {
+        walk_sorted(
+            before,
+            after,
+            |gone| left_behind.push(gone),
+            |new| moves.write.push((new, identity)),
+        );
+        if !after.is_empty() {
+            claimants.push(after);
+        }
+    }
+    let mut gone = unclaimed(left_behind, &claimants);
+    if !left.is_empty() {
+        let named: HashSet<&Addr> = wanted.values().flat_map(|m| m.iter()).collect();
+        gone.extend(left.iter().filter(|addr| !named.contains(addr)));
+    }
+    gone.sort_unstable();
+    gone.dedup();
+    moves.remove = gone;
+    moves
+}
+
+/// An identity and its addresses as written and as wanted (empty: none).
+type ChangedIdentity<'a> = (u32, &'a [Addr], &'a [Addr]);
+
+/// Each identity whose addresses differ between `written` and `wanted`, the two maps walked
+/// side by side.
+fn changed_identities<'a>(
+    written: &'a BTreeMap<u32, Arc<[Addr]>>,
+    wanted: &'a BTreeMap<u32, Arc<[Addr]>>,
+) -> Vec<ChangedIdentity<'a>> {
+    let mut changed = Vec::new();
+    let (mut before, mut after) = (written.iter().peekable(), wanted.iter().peekable());
+    loop {
+        let (identity, old, new) = match (before.peek(), after.peek()) {
+            (None, None) => return changed,
+            (Some((b, _)), Some((a, _))) if b == a => {
+                let (identity, old) = before.next().expect("peeked");
+                (*identity, Some(old), after.next().map(|(_, new)| new))
+            }
+            (Some((b, _)), a) if a.is_none_or(|(a, _)| b < a) => {
+                let (identity, old) = before.next().expect("peeked");
+                (*identity, Some(old), None)
+            }
+            _ => {
+                let (identity, new) = after.next().expect("peeked");
+                (*identity, None, Some(new))
+            }
+        };
+        // `Arc` equality looks at the pointers first: an unchanged group is not compared.
+        if old != new {
+            let addresses = |group: Option<&'a Arc<[Addr]>>| group.map_or(&[][..], |g| &**g);
+            changed.push((identity, addresses(old), addresses(new)));
+        }
+    }
+}
+
+/// Calls `gone` for each address only in `before` and `new` for each only in `after`, both
+/// sorted.
+fn walk_sorted(
+    before: &[Addr],
+    after: &[Addr],
+    mut gone: impl FnMut(Addr),
+    mut new: impl FnMut(Addr),
+) {
+    let (mut b, mut a) = (0, 0);
+    while b < before.len() || a < after.len() {
+        let order = match (before.get(b), after.get(a)) {
+            (Some(x), Some(y)) => x.cmp(y),
+            (Some(_), None) => Ordering::Less,
+            _ => Ordering::Greater,
+        };
+        match order {
+            Ordering::Less => {
+                gone(before[b]);
+                b += 1;
+            }
+            Ordering::Greater => {
+                new(after[a]);
+                a += 1;
+            }
+            Ordering::Equal => {
+                b += 1;
+                a += 1;
+            }
+        }
+    }
+}
+
+/// `candidates` that none of `claimants` (sorted address lists) has. Few candidates (a pod
+/// relabelled or gone) are looked up in each claimant; many (a namespace relabelled, whose
+/// groups all changed) in one set of every claimant's addresses.
+fn unclaimed(mut candidates: Vec<Addr>, claimants: &[&[Addr]]) -> Vec<Addr> {
+    if candidates.is_empty() {
+        return candidates;
+    }
+    if candidates.len().saturating_mul(claimants.len()) <= 4096 {
+        candidates.retain(|addr| !claimants.iter().any(|c| c.binary_search(addr).is_ok()));
+    } else {
+        let claimed: HashSet<&Addr> = claimants.iter().flat_map(|c| c.iter()).collect();
+        candidates.retain(|addr| !claimed.contains(addr));
+    }
+    candidates
+}
+
 #[cfg(test)]
 mod tests {
     use std::net::IpAddr;
@@ -288,5 +417,91 @@ mod tests {
         let db = registry.identity("x", &labels("db"));
         let web = registry.identity("y", &labels("web"));
         assert!(db > 9 && web > 9 && db != web, "{db} {web}");
+    }
+
+    fn group(lasts: &[u8]) -> Arc<[Addr]> {
+        let mut addresses: Vec<Addr> = lasts
+            .iter()
+            .map(|last| addr16(IpAddr::from([10, 0, 0, *last])))
+            .collect();
+        addresses.sort_unstable();
+        addresses.into()
+    }
+
+    fn addrs(lasts: &[u8]) -> Vec<Addr> {
+        group(lasts).to_vec()
+    }
+
+    /// An unchanged group (the same `Arc`) moves nothing; a pod joining one writes its
+    /// address alone; one moving between two changed groups is written for its new group
+    /// and not removed; a group no set names any more takes its addresses with it, but not
+    /// one another group has now; what a previous agent left goes where no group has it.
+    #[test]
+    fn peer_moves_write_what_joined_and_remove_what_no_group_has() {
+        let (web, db, cache) = (group(&[1, 2, 3]), group(&[4, 5]), group(&[6, 7]));
+        let written: BTreeMap<u32, Arc<[Addr]>> = [
+            (1, Arc::clone(&web)),
+            (2, Arc::clone(&db)),
+            (3, Arc::clone(&cache)),
+        ]
+        .into();
+        assert_eq!(moves(&written, &written.clone(), &[]), PeerMoves::default());
+
+        let wanted = [
+            (1, group(&[1, 2, 3, 9])),
+            (2, db.clone()),
+            (3, cache.clone()),
+        ]
+        .into();
+        let expected = PeerMoves {
+            write: vec![(addrs(&[9])[0], 1)],
+            remove: Vec::new(),
+        };
+        assert_eq!(moves(&written, &wanted, &[]), expected);
+
+        // 3 moves from web to db; cache is no set's any more, but 7 joined web.
+        let wanted = [(1, group(&[1, 2, 7])), (2, group(&[3, 4, 5]))].into();
+        let expected = PeerMoves {
+            write: vec![(addrs(&[7])[0], 1), (addrs(&[3])[0], 2)],
+            remove: addrs(&[6]),
+        };
+        assert_eq!(moves(&written, &wanted, &[]), expected);
+
+        // A restart: 8 and 9 were left by the previous agent, 9 is a web pod now.
+        let wanted: BTreeMap<u32, Arc<[Addr]>> = [(1, group(&[1, 2, 3, 9]))].into();
+        let moved = moves(&BTreeMap::new(), &wanted, &addrs(&[8, 9]));
+        assert_eq!(moved.remove, addrs(&[8]));
+        assert_eq!(moved.write.len(), 4);
+    }
+
+    /// Many addresses leaving at once (a namespace relabelled) are checked against one set
+    /// of the claimants' addresses, few each against every claimant: the same answer.
+    #[test]
+    fn unclaimed_addresses_are_the_same_whichever_way_they_are_looked_up() {
+        let claimant_a: Vec<Addr> = (0..3000u32)
+            .map(|i| addr16(IpAddr::from((i * 2).to_be_bytes())))
+            .collect();
+        let claimant_b: Vec<Addr> = (0..3000u32)
+            .map(|i| addr16(IpAddr::from((i * 3).to_be_bytes())))
+            .collect();
+        let (mut a, mut b) = (claimant_a.clone(), claimant_b.clone());
+        a.sort_unstable();
+        b.sort_unstable();
+        let claimants: [&[Addr]; 2] = [&a, &b];
+        let candidates: Vec<Addr> = (0..6000u32)
+            .map(|i| addr16(IpAddr::from(i.to_be_bytes())))
+            .collect();
+        let many = unclaimed(candidates.clone(), &claimants);
+        let few: Vec<Addr> = candidates
+            .chunks(100)
+            .flat_map(|chunk| unclaimed(chunk.to_vec(), &claimants))
+            .collect();
+        assert_eq!(many, few);
+        // Neither a multiple of 2 below 6000 nor of 3 below 9000.
+        let expected: Vec<Addr> = (0..6000u32)
+            .filter(|i| i % 2 != 0 && i % 3 != 0)
+            .map(|i| addr16(IpAddr::from(i.to_be_bytes())))
+            .collect();
+        assert_eq!(many, expected);
     }
 }
