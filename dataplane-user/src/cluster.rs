@@ -548,13 +548,18 @@ impl Source {
                 own_status,
                 fingerprint: seen,
                 parsed,
-                ..
+                watch,
             } => {
                 *seen = fingerprint(dir, own_status);
+                // Taken before the files are read: a change during the read is named again.
+                let named = watch.as_ref().and_then(source::ManifestWatch::take_named);
                 if fresh {
                     *parsed = source::ManifestCache::default();
                 }
-                Ok(parsed.read_dir(dir)?)
+                match named {
+                    Some(named) => Ok(parsed.read_named(dir, &named)?),
+                    None => Ok(parsed.read_dir(dir)?),
+                }
             }
             Source::Kubernetes(kube) => Ok(kube.snapshot(fresh)),
         }

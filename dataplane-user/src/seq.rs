@@ -14,6 +14,8 @@ use std::sync::Arc;
 const CHUNK: usize = 256;
 /// A chunk that grows past this splits in two.
 const MAX_CHUNK: usize = 2 * CHUNK;
+/// The smallest chunk [`Seq::append`] shares rather than copies.
+const MIN_SHARED: usize = CHUNK / 8;
 
 /// One chunk and the position of its first element.
 struct Chunk<T> {
@@ -110,6 +112,30 @@ impl<T: Clone> Seq<T> {
             }),
         }
         self.len += 1;
+    }
+
+    /// Puts `other`'s elements after this one's, sharing its chunks of [`MIN_SHARED`] or more
+    /// elements (a manifest directory's state is its files' lists one after the other:
+    /// 20,000 objects were pushed one by one at each read); smaller ones are copied, so that
+    /// a list put together from many small ones (a file's, from one a document) is not
+    /// thousands of one-element chunks, which every walk then steps through one by one.
+    pub fn append(&mut self, other: &Self) {
+        if self.is_empty() && other.chunks.iter().all(|c| c.items.len() >= MIN_SHARED) {
+            *self = other.clone();
+            return;
+        }
+        for chunk in other.chunks.iter() {
+            if chunk.items.len() < MIN_SHARED {
+                self.extend(chunk.items.iter().cloned());
+                continue;
+            }
+            let start = self.len;
+            Arc::make_mut(&mut self.chunks).push(Chunk {
+                start,
+                items: Arc::clone(&chunk.items),
+            });
+            self.len += chunk.items.len();
+        }
     }
 
     /// Puts `value` at `index` (at most the length), the elements from there one further.
@@ -463,7 +489,7 @@ mod tests {
         assert!(seq.chunks.iter().all(|c| c.items.len() <= MAX_CHUNK));
     }
 
-    /// Random insertions, removals, changes and retains, as a `Vec` does them, with old
+    /// Random insertions, removals, changes, appends and retains, as a `Vec` does them, with old
     /// versions kept (so that chunks are shared) and unchanged by what follows.
     #[test]
     fn a_sequence_changes_as_a_vec_does_and_its_old_versions_stay() {
@@ -487,6 +513,15 @@ mod tests {
                     let at = rng.below(model.len() as u64) as usize;
                     *seq.get_mut(at).expect("within") += 1;
                     model[at] += 1;
+                }
+                8 if rng.below(3) == 0 && !kept.is_empty() => {
+                    // The first few of an old version, appended: its chunks shared.
+                    let (old, old_model) = &kept[rng.below(kept.len() as u64) as usize];
+                    let take = (rng.below(80) as usize).min(old_model.len());
+                    let mut other = old.clone();
+                    other.truncate(take);
+                    seq.append(&other);
+                    model.extend_from_slice(&old_model[..take]);
                 }
                 8 => {
                     let value = rng.below(1_000_000) as u32;
@@ -532,6 +567,29 @@ mod tests {
     }
 
     /// A change copies the chunk it falls in; the others stay shared with the old version.
+    /// Appended, a chunk of [`MIN_SHARED`] or more is shared and a smaller one copied: many
+    /// one-element sequences make a few full chunks, not one chunk each.
+    #[test]
+    fn appending_shares_large_chunks_and_copies_small_ones() {
+        let mut seq: Seq<u32> = Seq::new();
+        for value in 0..300 {
+            seq.append(&Seq::from(vec![value]));
+        }
+        assert_eq!(seq.chunks.len(), 2);
+        let big: Seq<u32> = (1000..1300).collect();
+        seq.append(&big);
+        assert_eq!(seq.len(), 600);
+        // 256 shared, 44 copied after it.
+        let shared = &seq.chunks[2];
+        assert!(Arc::ptr_eq(&shared.items, &big.chunks[0].items));
+        assert_eq!(shared.start, 300);
+        let model: Vec<u32> = (0..300).chain(1000..1300).collect();
+        assert_same(&seq, &model, 0);
+        // Changing the appended copy leaves the original as it was.
+        *seq.get_mut(310).expect("within") = 7;
+        assert_eq!(big.get(10), Some(&1010));
+    }
+
     #[test]
     fn a_change_copies_one_chunk() {
         let seq: Seq<u32> = (0..10_000).collect();

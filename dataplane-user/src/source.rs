@@ -7,7 +7,7 @@
 
 use std::{
     borrow::Cow,
-    collections::BTreeMap,
+    collections::{BTreeMap, BTreeSet, HashMap},
     fs,
     path::{Path, PathBuf},
     sync::{
@@ -471,6 +471,15 @@ impl<T> FromIterator<Arc<T>> for Objects<T> {
     }
 }
 
+impl<T> Objects<T> {
+    /// Puts `other`'s objects after these, sharing its chunks ([`Seq::append`]).
+    pub fn append(&mut self, other: &Self) {
+        if let Some(objects) = other.vector().filter(|objects| !objects.is_empty()) {
+            self.vector_mut().append(objects);
+        }
+    }
+}
+
 impl<T> Extend<Arc<T>> for Objects<T> {
     fn extend<I: IntoIterator<Item = Arc<T>>>(&mut self, iter: I) {
         let mut iter = iter.into_iter().peekable();
@@ -534,6 +543,16 @@ pub struct ManifestWatch {
     events: Arc<AtomicU64>,
     wake: Arc<tokio::sync::Notify>,
     first: FirstChange,
+    named: Arc<std::sync::Mutex<Named>>,
+}
+
+/// The paths inotify named since they were last taken, or that it may have missed some.
+#[derive(Debug, Default)]
+struct Named {
+    paths: BTreeSet<PathBuf>,
+    /// An error or an event without paths (an overflowed queue): the directory must be read
+    /// whole.
+    unknown: bool,
 }
 
 impl ManifestWatch {
@@ -543,7 +562,9 @@ impl ManifestWatch {
         let events = Arc::new(AtomicU64::new(0));
         let wake = Arc::new(tokio::sync::Notify::new());
         let first = FirstChange::default();
+        let named = Arc::new(std::sync::Mutex::new(Named::default()));
         let (counted, woken, noted) = (Arc::clone(&events), Arc::clone(&wake), first.clone());
+        let naming = Arc::clone(&named);
         let watch_err = |source| SourceError::Watch {
             path: dir.display().to_string(),
             source,
@@ -556,6 +577,14 @@ impl ManifestWatch {
                     .is_ok_and(|e| matches!(e.kind, notify::EventKind::Access(_)))
                 {
                     return;
+                }
+                if let Ok(mut named) = naming.lock() {
+                    match &event {
+                        Ok(event) if !event.paths.is_empty() && !event.need_rescan() => {
+                            named.paths.extend(event.paths.iter().cloned());
+                        }
+                        _ => named.unknown = true,
+                    }
                 }
                 counted.fetch_add(1, Ordering::Relaxed);
                 noted.note();
@@ -571,7 +600,16 @@ impl ManifestWatch {
             events,
             wake,
             first,
+            named,
         })
+    }
+
+    /// The paths changed since the last call (files written, created, removed or renamed),
+    /// or `None` when the events may not have named every change: read the directory whole.
+    pub fn take_named(&self) -> Option<BTreeSet<PathBuf>> {
+        let mut named = self.named.lock().ok()?;
+        let Named { paths, unknown } = std::mem::take(&mut *named);
+        (!unknown).then_some(paths)
     }
 
     /// When the first change no sync has taken yet came (taken: the next one starts anew).
@@ -597,66 +635,189 @@ pub fn read_dir(dir: &Path) -> Result<ClusterState, SourceError> {
 
 /// Each manifest file as last parsed, by a hash of its text, so that reading the directory
 /// again parses only the files whose text changed (reading and hashing is cheap; parsing
-/// is most of a read's cost; a modification time can miss a quick rewrite of the same size).
+/// is most of a read's cost; a modification time can miss a quick rewrite of the same size),
+/// and in a changed file only the documents whose text changed: one EndpointSlice changed in
+/// a file of a namespace's 100 Services and their slices parsed 200 documents (5 ms).
 #[derive(Debug, Default)]
 pub struct ManifestCache {
     files: BTreeMap<PathBuf, ParsedFile>,
+    /// The directory was listed once (later reads may take inotify's word for what changed).
+    listed: bool,
 }
 
 #[derive(Debug)]
 struct ParsedFile {
     text_hash: u64,
+    /// Each document as parsed, in the file's order.
+    documents: Vec<ParsedDocument>,
+    state: ClusterState,
+}
+
+#[derive(Debug)]
+struct ParsedDocument {
+    text_hash: u64,
+    /// The document's first line in its file (0-based): a document that did not parse is
+    /// named by the line and column of the fault, counted from the file's start.
+    first_line: usize,
     state: ClusterState,
 }
 
 impl ManifestCache {
     /// Reads `dir` as [`read_dir`] does, parsing again only the files whose text changed
-    /// since the last read.
+    /// since the last read, and in those only the documents whose text changed.
     pub fn read_dir(&mut self, dir: &Path) -> Result<ClusterState, SourceError> {
         let read_err = |source| SourceError::Read {
             path: dir.display().to_string(),
             source,
         };
-        let mut files: Vec<_> = fs::read_dir(dir)
+        let files: BTreeSet<PathBuf> = fs::read_dir(dir)
             .map_err(read_err)?
             .filter_map(Result::ok)
             .map(|e| e.path())
-            .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+            .filter(|path| is_manifest(path))
             .collect();
-        files.sort();
         self.files.retain(|path, _| files.contains(path));
-        let mut state = ClusterState::default();
         for file in files {
-            let text = fs::read_to_string(&file).map_err(|source| SourceError::Read {
-                path: file.display().to_string(),
-                source,
-            })?;
-            let text_hash = {
-                let mut hasher = std::collections::hash_map::DefaultHasher::new();
-                std::hash::Hash::hash(&text, &mut hasher);
-                std::hash::Hasher::finish(&hasher)
-            };
-            if self
-                .files
-                .get(&file)
-                .is_none_or(|p| p.text_hash != text_hash)
-            {
-                let mut parsed = ClusterState::default();
-                add_documents(&mut parsed, &file.display().to_string(), &text);
-                self.files.insert(
-                    file.clone(),
-                    ParsedFile {
-                        text_hash,
-                        state: parsed,
-                    },
-                );
-            }
-            if let Some(parsed) = self.files.get(&file) {
-                state.absorb(&parsed.state);
+            self.refresh(&file)?;
+        }
+        self.listed = true;
+        Ok(self.assemble())
+    }
+
+    /// Reads `dir` again where only the files `named` may have changed (inotify named every
+    /// change since the last read): a change reads, hashes and parses its own file, not the
+    /// directory's hundred. The first read lists the directory.
+    pub fn read_named(
+        &mut self,
+        dir: &Path,
+        named: &BTreeSet<PathBuf>,
+    ) -> Result<ClusterState, SourceError> {
+        if !self.listed {
+            return self.read_dir(dir);
+        }
+        for path in named {
+            if path.parent() == Some(dir) && is_manifest(path) {
+                self.refresh(path)?;
             }
         }
-        Ok(state)
+        Ok(self.assemble())
     }
+
+    /// Reads `file` again, parsing what changed in it (gone: forgotten).
+    fn refresh(&mut self, file: &Path) -> Result<(), SourceError> {
+        let text = match fs::read_to_string(file) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                self.files.remove(file);
+                return Ok(());
+            }
+            Err(source) => {
+                return Err(SourceError::Read {
+                    path: file.display().to_string(),
+                    source,
+                });
+            }
+        };
+        let text_hash = text_hash(&text);
+        let parsed = match self.files.remove(file) {
+            Some(old) if old.text_hash == text_hash => old,
+            old => parse_file(&file.display().to_string(), &text, old),
+        };
+        self.files.insert(file.to_path_buf(), parsed);
+        Ok(())
+    }
+
+    /// The objects of every file, in the files' order (by name).
+    fn assemble(&self) -> ClusterState {
+        let mut state = ClusterState::default();
+        for parsed in self.files.values() {
+            state.absorb(&parsed.state);
+        }
+        state
+    }
+}
+
+/// A manifest's name: `*.yaml` or `*.yml`.
+fn is_manifest(path: &Path) -> bool {
+    path.extension().is_some_and(|e| e == "yaml" || e == "yml")
+}
+
+fn text_hash(text: &str) -> u64 {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    std::hash::Hash::hash(text, &mut hasher);
+    std::hash::Hasher::finish(&hasher)
+}
+
+/// Parses a manifest file's `text` document by document, taking each document whose text
+/// `old`, the file's last parse, had unchanged from it.
+fn parse_file(file: &str, text: &str, old: Option<ParsedFile>) -> ParsedFile {
+    let mut reusable: HashMap<u64, ParsedDocument> = old
+        .into_iter()
+        .flat_map(|old| old.documents)
+        .map(|document| (document.text_hash, document))
+        .collect();
+    let mut state = ClusterState::default();
+    let mut documents = Vec::new();
+    for (first_line, document) in split_documents(text) {
+        let text_hash = text_hash(document);
+        let parsed = match reusable.remove(&text_hash) {
+            // A fault's line is the file's: a faulty document that moved is parsed again.
+            Some(old) if old.state.rejected.is_empty() || old.first_line == first_line => {
+                ParsedDocument { first_line, ..old }
+            }
+            _ => ParsedDocument {
+                text_hash,
+                first_line,
+                state: parse_document(file, document, first_line),
+            },
+        };
+        state.absorb(&parsed.state);
+        documents.push(parsed);
+    }
+    ParsedFile {
+        text_hash: text_hash(text),
+        documents,
+        state,
+    }
+}
+
+/// The objects of one document of a file (or of several, where the file could not be split),
+/// whose first line is the file's line `first_line`.
+fn parse_document(file: &str, document: &str, first_line: usize) -> ClusterState {
+    let mut state = ClusterState::default();
+    add_documents(&mut state, file, document);
+    if !state.rejected.is_empty() && first_line > 0 {
+        // Parsed again behind as many empty lines, so that a fault is named by the file's
+        // line (rare: only documents with a fault pay for it).
+        state = ClusterState::default();
+        add_documents(&mut state, file, &("\n".repeat(first_line) + document));
+    }
+    state
+}
+
+/// The documents of a manifest's text, each with its first line (0-based), split before each
+/// line that starts a document (`---` alone or followed by a blank): such a line starts one
+/// wherever it is, even inside a block scalar, so each part parses as it would in the whole.
+/// A text with directives (`%YAML`, whose document follows the next marker) is one part.
+fn split_documents(text: &str) -> Vec<(usize, &str)> {
+    let starts_document = |line: &str| {
+        line.strip_prefix("---")
+            .is_some_and(|rest| rest.is_empty() || rest.starts_with([' ', '\t', '\r']))
+    };
+    if text.lines().any(|line| line.starts_with('%')) {
+        return vec![(0, text)];
+    }
+    let mut parts = Vec::new();
+    let (mut start, mut start_line, mut offset) = (0, 0, 0);
+    for (number, line) in text.split_inclusive('\n').enumerate() {
+        if number > 0 && starts_document(line.trim_end_matches('\n')) {
+            parts.push((start_line, &text[start..offset]));
+            (start, start_line) = (offset, number);
+        }
+        offset += line.len();
+    }
+    parts.push((start_line, &text[start..]));
+    parts
 }
 
 /// A watched resource's name (its plural), and an object's namespace and name.
@@ -917,23 +1078,20 @@ impl ClusterState {
     /// Adds what `later` holds, as if its documents came after this state's: objects are
     /// appended, and a `Network` in it replaces this one's settings.
     pub fn absorb(&mut self, later: &ClusterState) {
-        self.nodes.extend(later.nodes.iter().cloned());
-        self.namespaces.extend(later.namespaces.iter().cloned());
-        self.pods.extend(later.pods.iter().cloned());
-        self.services.extend(later.services.iter().cloned());
-        self.endpoint_slices
-            .extend(later.endpoint_slices.iter().cloned());
-        self.network_policies
-            .extend(later.network_policies.iter().cloned());
-        self.egress_firewalls
-            .extend(later.egress_firewalls.iter().cloned());
-        self.egress_ips.extend(later.egress_ips.iter().cloned());
+        self.nodes.append(&later.nodes);
+        self.namespaces.append(&later.namespaces);
+        self.pods.append(&later.pods);
+        self.services.append(&later.services);
+        self.endpoint_slices.append(&later.endpoint_slices);
+        self.network_policies.append(&later.network_policies);
+        self.egress_firewalls.append(&later.egress_firewalls);
+        self.egress_ips.append(&later.egress_ips);
         self.admin_network_policies
-            .extend(later.admin_network_policies.iter().cloned());
+            .append(&later.admin_network_policies);
         self.baseline_admin_network_policies
-            .extend(later.baseline_admin_network_policies.iter().cloned());
+            .append(&later.baseline_admin_network_policies);
         self.cluster_network_policies
-            .extend(later.cluster_network_policies.iter().cloned());
+            .append(&later.cluster_network_policies);
         self.absorb_settings(later);
         self.rejected.extend(later.rejected.iter().cloned());
     }
@@ -1043,12 +1201,22 @@ impl Pod {
 
 /// Adds every document of one manifest file to `state`.
 pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
+    let mut last_fault = None;
     for document in serde_yaml::Deserializer::from_str(text) {
         let value = match serde_yaml::Value::deserialize(document) {
             Ok(serde_yaml::Value::Null) => continue,
             Ok(value) => value,
             Err(e) => {
-                state.rejected.push(format!("{file}: not YAML: {e}"));
+                let fault = format!("{file}: not YAML: {e}");
+                // A document that is YAML but not a value (a key twice) leaves the parser
+                // at the next one; a syntax fault stops it, and its iterator then yields the
+                // same error for ever: taken as a new one each time, a broken manifest hung
+                // the agent.
+                if last_fault.as_ref() == Some(&fault) {
+                    break;
+                }
+                state.rejected.push(fault.clone());
+                last_fault = Some(fault);
                 continue;
             }
         };
@@ -1447,6 +1615,166 @@ mod tests {
         let _ = fs::remove_dir_all(&dir);
     }
 
+    /// Told which files changed (inotify's names), a read looks at those alone: a named
+    /// file changed or removed is read as a fresh read would; one not named is taken as it
+    /// was. A cache that never listed the directory lists it.
+    #[test]
+    fn a_read_of_named_files_looks_at_those_alone() {
+        let dir = std::env::temp_dir().join(format!("dataplane-named-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        let namespace =
+            |name: &str| format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: {name}}}\n");
+        for file in ["a", "b", "c"] {
+            fs::write(dir.join(format!("{file}.yaml")), namespace(file)).expect("write");
+        }
+        let names = |state: &ClusterState| -> Vec<String> {
+            state
+                .namespaces
+                .iter()
+                .filter_map(|n| n.metadata.name.clone())
+                .collect()
+        };
+        let mut cache = ManifestCache::default();
+        let first = cache.read_named(&dir, &BTreeSet::new()).expect("read");
+        assert_eq!(names(&first), ["a", "b", "c"]);
+
+        fs::write(dir.join("a.yaml"), namespace("a2")).expect("write");
+        fs::remove_file(dir.join("b.yaml")).expect("remove");
+        fs::write(dir.join("c.yaml"), namespace("c2")).expect("write");
+        fs::write(dir.join("notes.txt"), "not a manifest").expect("write");
+        let named: BTreeSet<PathBuf> = ["a.yaml", "b.yaml", "notes.txt", "pod-status/x.json"]
+            .iter()
+            .map(|file| dir.join(file))
+            .collect();
+        // c.yaml was not named: as it was.
+        assert_eq!(
+            names(&cache.read_named(&dir, &named).expect("read")),
+            ["a2", "c"]
+        );
+        let named = BTreeSet::from([dir.join("c.yaml")]);
+        let read = cache.read_named(&dir, &named).expect("read");
+        assert_eq!(read, read_dir(&dir).expect("read"));
+        assert_eq!(names(&read), ["a2", "c2"]);
+        let _ = fs::remove_dir_all(&dir);
+    }
+
+    /// A manifest is cut before each line that starts a document (`---` alone or before a
+    /// blank), also inside a block scalar, and not at `---` inside a line or a word; a text
+    /// with directives is not cut.
+    #[test]
+    fn a_manifest_is_split_before_each_line_that_starts_a_document() {
+        let text = "---\na: 1\n--- # two\nb: |\n  x\n---\nc: 3 ---\n---x: 4\n---\n";
+        assert_eq!(
+            split_documents(text),
+            vec![
+                (0, "---\na: 1\n"),
+                (2, "--- # two\nb: |\n  x\n"),
+                (5, "---\nc: 3 ---\n---x: 4\n"),
+                (8, "---\n"),
+            ]
+        );
+        let directives = "%YAML 1.2\n---\na: 1\n---\nb: 2\n";
+        assert_eq!(split_documents(directives), vec![(0, directives)]);
+        assert_eq!(split_documents(""), vec![(0, "")]);
+    }
+
+    /// Parsed document by document, a file gives what the whole file parsed at once gives:
+    /// its objects in order, an invalid object rejected by name, a `Network`'s settings.
+    #[test]
+    fn a_file_parsed_by_document_gives_what_the_whole_file_gives() {
+        let invalid_pod =
+            "---\napiVersion: v1\nkind: Pod\nmetadata: {name: bad, namespace: default}\nspec: 7\n";
+        let block = "---\napiVersion: v1\nkind: Namespace\nmetadata:\n  name: team\n  annotations:\n    note: |\n      a --- b\n      ---not a marker\n";
+        for text in [
+            MANIFESTS.to_owned(),
+            format!("{MANIFESTS}{invalid_pod}{block}"),
+            format!("{block}{MANIFESTS}"),
+        ] {
+            let mut whole = ClusterState::default();
+            add_documents(&mut whole, "f.yaml", &text);
+            assert_eq!(parse_file("f.yaml", &text, None).state, whole, "{text}");
+        }
+    }
+
+    /// A document with a syntax fault is named once, and the read ends (it looped for ever,
+    /// the parser's iterator yielding the same error again); split by document, the file's
+    /// other documents are kept.
+    #[test]
+    fn a_syntax_fault_is_named_once_and_the_other_documents_are_kept() {
+        let text = "apiVersion: v1\nkind: Namespace\nmetadata: {name: [\n---\napiVersion: v1\nkind: Namespace\nmetadata: {name: kept}\n";
+        let mut whole = ClusterState::default();
+        add_documents(&mut whole, "f.yaml", text);
+        assert_eq!(whole.rejected.len(), 1, "{:?}", whole.rejected);
+        assert!(whole.rejected[0].starts_with("f.yaml: not YAML: "));
+        let parsed = parse_file("f.yaml", text, None).state;
+        assert_eq!(parsed.rejected, whole.rejected);
+        let names: Vec<_> = parsed
+            .namespaces
+            .iter()
+            .filter_map(|n| n.metadata.name.clone())
+            .collect();
+        assert_eq!(names, ["kept"]);
+    }
+
+    /// A file changed in one document parses that document alone (the others' objects are
+    /// the last parse's, shared); a document that does not parse is named by the file's line
+    /// of the fault, also when it was taken from the last parse and moved.
+    #[test]
+    fn a_changed_document_is_parsed_alone_and_a_fault_is_named_by_the_files_line() {
+        let first = parse_file("f.yaml", MANIFESTS, None);
+        let changed = MANIFESTS.replace("name: web", "name: wab");
+        let second = parse_file("f.yaml", &changed, Some(first));
+        let mut whole = ClusterState::default();
+        add_documents(&mut whole, "f.yaml", &changed);
+        assert_eq!(second.state, whole);
+        let third = parse_file("f.yaml", &changed, None);
+        let node =
+            |parsed: &ParsedFile| Arc::clone(parsed.state.nodes.iter().next().expect("node"));
+        let again = parse_file(
+            "f.yaml",
+            &MANIFESTS.replace("name: web", "name: wub"),
+            Some(second),
+        );
+        assert!(Arc::ptr_eq(
+            &node(&again),
+            &node(&parse_file("f.yaml", &changed, Some(again)))
+        ));
+        assert!(!Arc::ptr_eq(
+            &node(&third),
+            &node(&parse_file("f.yaml", &changed, None))
+        ));
+
+        let broken = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: [\n";
+        let fault = |text: &str, old: Option<ParsedFile>| {
+            let parsed = parse_file("f.yaml", text, old);
+            let rejected = parsed.state.rejected.clone();
+            (parsed, rejected)
+        };
+        let (parsed, rejected) = fault(&format!("{MANIFESTS}{broken}"), None);
+        let mut whole = ClusterState::default();
+        add_documents(&mut whole, "f.yaml", &format!("{MANIFESTS}{broken}"));
+        assert_eq!(rejected, whole.rejected);
+        let fault_line = |rejected: &[String]| {
+            let fault = rejected
+                .iter()
+                .find(|r| r.contains("did not find expected node content"));
+            fault
+                .expect("the syntax fault")
+                .split(" at line ")
+                .nth(1)
+                .map(str::to_owned)
+        };
+        let line = fault_line(&rejected);
+        // Two lines more before it: the same document, named by its new line.
+        let moved = format!("# one\n# two\n{MANIFESTS}{broken}");
+        let (_, moved_rejected) = fault(&moved, Some(parsed));
+        let mut whole = ClusterState::default();
+        add_documents(&mut whole, "f.yaml", &moved);
+        assert_eq!(moved_rejected, whole.rejected);
+        assert_ne!(fault_line(&moved_rejected), line);
+    }
+
     const MANIFESTS: &str = r#"
 apiVersion: v1
 kind: Node
@@ -1778,6 +2106,24 @@ mod watch_tests {
         fs::remove_file(dir.join("a.yaml")).expect("remove");
         wait("a removed manifest").await;
         assert!(watch.events() >= 3);
+        // Each changed path was named (the last events may come after the wake a stale
+        // permit gave), and taking them starts anew.
+        let expected = ["b.yaml", "pod-status/node1.json", "a.yaml"].map(|file| dir.join(file));
+        let mut named = BTreeSet::new();
+        for _ in 0..50 {
+            named.extend(watch.take_named().expect("no event was lost"));
+            if expected.iter().all(|path| named.contains(path)) {
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(
+            expected.iter().all(|path| named.contains(path)),
+            "{named:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let _ = watch.take_named();
+        assert_eq!(watch.take_named(), Some(BTreeSet::new()));
         let _ = fs::remove_dir_all(&dir);
     }
 }

@@ -268,15 +268,19 @@ impl Incremental {
     /// Writes the files that differ (not timed), then syncs as the agent does after a
     /// change: read (changed files parsed), diff, the stages the change reaches.
     fn step(&mut self, files: Vec<String>) -> anyhow::Result<Step> {
+        // The files written are those inotify names to the agent (`ManifestWatch::take_named`).
+        let mut named = std::collections::BTreeSet::new();
         for (n, text) in files.iter().enumerate() {
             if self.files.get(n) != Some(text) {
-                std::fs::write(self.dir.join(format!("ns-{n:03}.yaml")), text)?;
+                let path = self.dir.join(format!("ns-{n:03}.yaml"));
+                std::fs::write(&path, text)?;
+                named.insert(path);
             }
         }
         self.files = files;
         let mut step = Step::default();
         let started = Instant::now();
-        let state = self.cache.read_dir(&self.dir)?;
+        let state = self.cache.read_named(&self.dir, &named)?;
         anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
         step.read_ms = ms(started.elapsed());
         let lap = Instant::now();
