@@ -1,7 +1,7 @@
 //! The agent's sync orchestration: where the cluster state is read from, and how each read
 //! reaches the maps, stage by stage, as the dependency model (`dataplane_user::sync`) says.
 
-use std::{path::PathBuf, time::SystemTime};
+use std::{collections::BTreeSet, path::PathBuf, time::SystemTime};
 
 use anyhow::Context as _;
 use dataplane_user::{
@@ -550,9 +550,18 @@ impl Source {
                 parsed,
                 watch,
             } => {
-                *seen = fingerprint(dir, own_status);
+                let now = fingerprint(dir, own_status);
                 // Taken before the files are read: a change during the read is named again.
-                let named = watch.as_ref().and_then(source::ManifestWatch::take_named);
+                // The files whose name, size or time moved are read too, in case inotify
+                // lost an event without saying so (the periodic look's safety net).
+                let named = watch
+                    .as_ref()
+                    .and_then(source::ManifestWatch::take_named)
+                    .map(|mut named| {
+                        named.extend(moved_files(seen, &now));
+                        named
+                    });
+                *seen = now;
                 if fresh {
                     *parsed = source::ManifestCache::default();
                 }
@@ -637,6 +646,20 @@ fn fingerprint(
     files
 }
 
+/// The files whose entry (name, size, modification time) is in one fingerprint and not the
+/// other: added, removed or changed.
+fn moved_files(
+    before: &[(PathBuf, u64, SystemTime)],
+    after: &[(PathBuf, u64, SystemTime)],
+) -> BTreeSet<PathBuf> {
+    let (before, after): (BTreeSet<_>, BTreeSet<_>) =
+        (before.iter().collect(), after.iter().collect());
+    before
+        .symmetric_difference(&after)
+        .map(|(path, _, _)| path.clone())
+        .collect()
+}
+
 /// The host interface a pod address is routed to, in this node's namespace.
 fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     let name = netdev::host_route_device(ip)?;
@@ -659,5 +682,37 @@ fn warn_without_gro(underlay: &str) {
             "GRO is off on the underlay: decapsulated pod traffic will not be merged (ethtool -K {underlay} gro on)"
         ),
         Err(error) => tracing::debug!(underlay, %error, "cannot read the GRO setting"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A file added, removed, grown or touched is named; one unchanged is not.
+    #[test]
+    fn the_files_whose_entry_moved_are_named() {
+        let at = |seconds: u64| SystemTime::UNIX_EPOCH + Duration::from_secs(seconds);
+        let entry = |name: &str, size: u64, time: u64| (PathBuf::from(name), size, at(time));
+        let before = [
+            entry("a.yaml", 10, 1),
+            entry("b.yaml", 10, 1),
+            entry("c.yaml", 10, 1),
+            entry("d.yaml", 10, 1),
+        ];
+        let after = [
+            entry("a.yaml", 10, 1),
+            entry("b.yaml", 11, 1),
+            entry("c.yaml", 10, 2),
+            entry("e.yaml", 10, 1),
+        ];
+        let moved: Vec<PathBuf> = moved_files(&before, &after).into_iter().collect();
+        let expected: Vec<PathBuf> = ["b.yaml", "c.yaml", "d.yaml", "e.yaml"]
+            .iter()
+            .map(PathBuf::from)
+            .collect();
+        assert_eq!(moved, expected);
     }
 }
