@@ -566,7 +566,6 @@ mod tests {
         assert_eq!(Seq::<u32>::new().binary_search_by(|v| v.cmp(&1)), Err(0));
     }
 
-    /// A change copies the chunk it falls in; the others stay shared with the old version.
     /// Appended, a chunk of [`MIN_SHARED`] or more is shared and a smaller one copied: many
     /// one-element sequences make a few full chunks, not one chunk each.
     #[test]
@@ -590,6 +589,7 @@ mod tests {
         assert_eq!(big.get(10), Some(&1010));
     }
 
+    /// A change copies the chunk it falls in; the others stay shared with the old version.
     #[test]
     fn a_change_copies_one_chunk() {
         let seq: Seq<u32> = (0..10_000).collect();

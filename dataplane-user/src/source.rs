@@ -721,7 +721,7 @@ impl ManifestCache {
         let text_hash = text_hash(&text);
         let parsed = match self.files.remove(file) {
             Some(old) if old.text_hash == text_hash => old,
-            old => parse_file(&file.display().to_string(), &text, old),
+            old => parse_file(&file.display().to_string(), &text, text_hash, old),
         };
         self.files.insert(file.to_path_buf(), parsed);
         Ok(())
@@ -748,9 +748,9 @@ fn text_hash(text: &str) -> u64 {
     std::hash::Hasher::finish(&hasher)
 }
 
-/// Parses a manifest file's `text` document by document, taking each document whose text
-/// `old`, the file's last parse, had unchanged from it.
-fn parse_file(file: &str, text: &str, old: Option<ParsedFile>) -> ParsedFile {
+/// Parses a manifest file's `text` (whose hash is `text_hash`) document by document, taking
+/// each document whose text `old`, the file's last parse, had unchanged from it.
+fn parse_file(file: &str, text: &str, text_hash: u64, old: Option<ParsedFile>) -> ParsedFile {
     let mut reusable: HashMap<u64, ParsedDocument> = old
         .into_iter()
         .flat_map(|old| old.documents)
@@ -759,14 +759,14 @@ fn parse_file(file: &str, text: &str, old: Option<ParsedFile>) -> ParsedFile {
     let mut state = ClusterState::default();
     let mut documents = Vec::new();
     for (first_line, document) in split_documents(text) {
-        let text_hash = text_hash(document);
-        let parsed = match reusable.remove(&text_hash) {
+        let document_hash = self::text_hash(document);
+        let parsed = match reusable.remove(&document_hash) {
             // A fault's line is the file's: a faulty document that moved is parsed again.
             Some(old) if old.state.rejected.is_empty() || old.first_line == first_line => {
                 ParsedDocument { first_line, ..old }
             }
             _ => ParsedDocument {
-                text_hash,
+                text_hash: document_hash,
                 first_line,
                 state: parse_document(file, document, first_line),
             },
@@ -775,7 +775,7 @@ fn parse_file(file: &str, text: &str, old: Option<ParsedFile>) -> ParsedFile {
         documents.push(parsed);
     }
     ParsedFile {
-        text_hash: text_hash(text),
+        text_hash,
         documents,
         state,
     }
@@ -1693,7 +1693,11 @@ mod tests {
         ] {
             let mut whole = ClusterState::default();
             add_documents(&mut whole, "f.yaml", &text);
-            assert_eq!(parse_file("f.yaml", &text, None).state, whole, "{text}");
+            assert_eq!(
+                parse_file("f.yaml", &text, text_hash(&text), None).state,
+                whole,
+                "{text}"
+            );
         }
     }
 
@@ -1707,7 +1711,7 @@ mod tests {
         add_documents(&mut whole, "f.yaml", text);
         assert_eq!(whole.rejected.len(), 1, "{:?}", whole.rejected);
         assert!(whole.rejected[0].starts_with("f.yaml: not YAML: "));
-        let parsed = parse_file("f.yaml", text, None).state;
+        let parsed = parse_file("f.yaml", text, text_hash(text), None).state;
         assert_eq!(parsed.rejected, whole.rejected);
         let names: Vec<_> = parsed
             .namespaces
@@ -1722,32 +1726,34 @@ mod tests {
     /// of the fault, also when it was taken from the last parse and moved.
     #[test]
     fn a_changed_document_is_parsed_alone_and_a_fault_is_named_by_the_files_line() {
-        let first = parse_file("f.yaml", MANIFESTS, None);
+        let first = parse_file("f.yaml", MANIFESTS, text_hash(MANIFESTS), None);
         let changed = MANIFESTS.replace("name: web", "name: wab");
-        let second = parse_file("f.yaml", &changed, Some(first));
+        let second = parse_file("f.yaml", &changed, text_hash(&changed), Some(first));
         let mut whole = ClusterState::default();
         add_documents(&mut whole, "f.yaml", &changed);
         assert_eq!(second.state, whole);
-        let third = parse_file("f.yaml", &changed, None);
+        let third = parse_file("f.yaml", &changed, text_hash(&changed), None);
         let node =
             |parsed: &ParsedFile| Arc::clone(parsed.state.nodes.iter().next().expect("node"));
-        let again = parse_file(
-            "f.yaml",
-            &MANIFESTS.replace("name: web", "name: wub"),
-            Some(second),
-        );
+        let wub = MANIFESTS.replace("name: web", "name: wub");
+        let again = parse_file("f.yaml", &wub, text_hash(&wub), Some(second));
         assert!(Arc::ptr_eq(
             &node(&again),
-            &node(&parse_file("f.yaml", &changed, Some(again)))
+            &node(&parse_file(
+                "f.yaml",
+                &changed,
+                text_hash(&changed),
+                Some(again)
+            ))
         ));
         assert!(!Arc::ptr_eq(
             &node(&third),
-            &node(&parse_file("f.yaml", &changed, None))
+            &node(&parse_file("f.yaml", &changed, text_hash(&changed), None))
         ));
 
         let broken = "---\napiVersion: v1\nkind: Namespace\nmetadata: {name: [\n";
         let fault = |text: &str, old: Option<ParsedFile>| {
-            let parsed = parse_file("f.yaml", text, old);
+            let parsed = parse_file("f.yaml", text, text_hash(text), old);
             let rejected = parsed.state.rejected.clone();
             (parsed, rejected)
         };

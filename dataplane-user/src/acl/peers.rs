@@ -234,36 +234,26 @@ pub fn moves(
 /// An identity and its addresses as written and as wanted (empty: none).
 type ChangedIdentity<'a> = (u32, &'a [Addr], &'a [Addr]);
 
-/// Each identity whose addresses differ between `written` and `wanted`, the two maps walked
-/// side by side.
+/// Each identity whose addresses differ between `written` and `wanted`, by identity.
 fn changed_identities<'a>(
     written: &'a BTreeMap<u32, Arc<[Addr]>>,
     wanted: &'a BTreeMap<u32, Arc<[Addr]>>,
 ) -> Vec<ChangedIdentity<'a>> {
-    let mut changed = Vec::new();
-    let (mut before, mut after) = (written.iter().peekable(), wanted.iter().peekable());
-    loop {
-        let (identity, old, new) = match (before.peek(), after.peek()) {
-            (None, None) => return changed,
-            (Some((b, _)), Some((a, _))) if b == a => {
-                let (identity, old) = before.next().expect("peeked");
-                (*identity, Some(old), after.next().map(|(_, new)| new))
-            }
-            (Some((b, _)), a) if a.is_none_or(|(a, _)| b < a) => {
-                let (identity, old) = before.next().expect("peeked");
-                (*identity, Some(old), None)
-            }
-            _ => {
-                let (identity, new) = after.next().expect("peeked");
-                (*identity, None, Some(new))
-            }
-        };
-        // `Arc` equality looks at the pointers first: an unchanged group is not compared.
-        if old != new {
-            let addresses = |group: Option<&'a Arc<[Addr]>>| group.map_or(&[][..], |g| &**g);
-            changed.push((identity, addresses(old), addresses(new)));
-        }
-    }
+    let addresses = |group: Option<&'a Arc<[Addr]>>| group.map_or(&[][..], |g| &**g);
+    // `Arc` equality looks at the pointers first: an unchanged group is not compared.
+    let mut changed: Vec<ChangedIdentity<'a>> = written
+        .iter()
+        .filter(|(identity, old)| wanted.get(*identity) != Some(*old))
+        .map(|(identity, old)| (*identity, &**old, addresses(wanted.get(identity))))
+        .chain(
+            wanted
+                .iter()
+                .filter(|(identity, _)| !written.contains_key(*identity))
+                .map(|(identity, new)| (*identity, &[][..], &**new)),
+        )
+        .collect();
+    changed.sort_unstable_by_key(|(identity, _, _)| *identity);
+    changed
 }
 
 /// Calls `gone` for each address only in `before` and `new` for each only in `after`, both
