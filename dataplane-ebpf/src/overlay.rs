@@ -40,6 +40,7 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     DropReason, PacketClass,
+    frag::FRAG_NONE,
     multicast::is_group,
     overlay::{
         Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
@@ -217,6 +218,47 @@ pub fn to_local_pod(ctx: &TcContext, pod: &LocalPod) -> i32 {
     }
     // SAFETY: plain helper call.
     unsafe { bpf_redirect_peer(pod.ifindex, 0) as i32 }
+}
+
+/// Whether a packet that arrived on the underlay (decapsulated by XDP, merged by GRO) is for
+/// a pod of this node and may be handed straight into it by tc ([`from_pod`] after the pod's
+/// ingress policy), past what the stack would only do to it: route it to the pod's veth, lower
+/// its TTL and pass the veth's egress. Its TTL (hop limit) is lowered here as that forwarding
+/// would. `false`, nothing changed: what the stack does more than route stays the stack's (a
+/// fragment, which it may reassemble; a TTL that runs out, which it answers; a single packet
+/// over the pod's MTU). Skipping that pass is worth a route lookup, the forwarding, a queue
+/// and a second receive for each merged packet: what GRO merged reaches the pod as one.
+#[inline(always)]
+pub fn forwarded_to_local_pod(ctx: &TcContext, parsed: &Parsed) -> bool {
+    if parsed.l3_offset != ETH_LEN || parsed.fragment != FRAG_NONE {
+        return false;
+    }
+    let Some(config) = config() else {
+        return false;
+    };
+    let Some(dst) = destination(ctx, parsed) else {
+        return false;
+    };
+    // SAFETY: only presence is checked.
+    if unsafe { LOCAL_PODS.get(&dst.data) }.is_none() {
+        return false;
+    }
+    // SAFETY: reading a field of our own context.
+    let gso_size = unsafe { (*ctx.skb.skb).gso_size };
+    if gso_size == 0 && ctx.len() - ETH_LEN as u32 > config.pod_mtu {
+        return false;
+    }
+    let ipv4 = parsed.ether_type == ETH_P_IP;
+    let packet = Packet::new(ctx.data(), ctx.data_end(), ctx.len() as usize);
+    let ttl_at = if ipv4 { ETH_LEN + 8 } else { ETH_LEN + 7 };
+    let Some(ttl) = packet.header::<u8>(ttl_at) else {
+        return false;
+    };
+    // SAFETY: bounds-checked by header().
+    if unsafe { *ttl } <= 1 {
+        return false;
+    }
+    forward_hop(&packet, ipv4)
 }
 
 /// The node hosting the pod CIDR `dst` lies in, if it is a remote pod's address. The IPv6

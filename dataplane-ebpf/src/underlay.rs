@@ -226,6 +226,10 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
                 return TC_ACT_OK;
             }
         }
+        // For a pod of this node (decapsulated by XDP, merged by GRO): handed straight into
+        // the pod below, past this node's forwarding and the pod veth's egress, whose checks
+        // (the pod's ingress policy) are made here instead.
+        Ok(None) if overlay::forwarded_to_local_pod(ctx, parsed) => {}
         // Egress IP traffic: replies to an address held here, other nodes' pods to outside.
         Ok(None) if egressip::holder() => return hand_on(ctx, parsed, TAIL_UNDERLAY_EGRESS),
         Ok(None) => return TC_ACT_OK,
@@ -237,8 +241,9 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
             return TC_ACT_SHOT;
         }
     }
-    // A NodePort packet now addressed to its backend: a backend here is handed over without
-    // passing its veth's egress, so its ingress policy is applied now.
+    // A NodePort packet now addressed to its backend, or a packet for a pod of this node: a
+    // pod here is handed over without passing its veth's egress, so its ingress policy is
+    // applied now.
     if let Err(reason) = acl::to_pod(ctx, parsed, Hook::UnderlayTc).result() {
         count_drop(Hook::UnderlayTc, reason);
         return TC_ACT_SHOT;

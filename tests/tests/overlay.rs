@@ -7,7 +7,7 @@ use aya::maps::{Array, DevMapHash, HashMap, MapData};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::AclEndpoint,
-    maps::{self, PROG_FROM_POD, PROG_UNDERLAY},
+    maps::{self, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
 };
 use dataplane_tests::{
     overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC, NODE_B_MAC, NODE_C_MAC, UNDERLAY_MAC},
@@ -21,6 +21,7 @@ const XDP_DROP: u32 = 1;
 const XDP_PASS: u32 = 2;
 const XDP_REDIRECT: u32 = 4;
 const TC_ACT_OK: u32 = 0;
+const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 
 #[test]
@@ -524,6 +525,144 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
             .counters()
             .drops(DropReason::PolicyDeniedIngress),
         1
+    );
+}
+
+/// A scapy-built IPv6 frame from a pod of node b to the local pod the test frames come from
+/// (fd00:102a:0:1::2, behind the test runs' device), with `hlim` and `transport`.
+fn inner_frame_v6(dst_mac: [u8; 6], src_mac: [u8; 6], hlim: u8, transport: &str) -> Vec<u8> {
+    let expr = format!(
+        "Ether(dst='{}', src='{}')/IPv6(src='fd00:102a:0:2::5', dst='fd00:102a:0:1::2', hlim={hlim})/{transport}",
+        packets::mac_text(&dst_mac),
+        packets::mac_text(&src_mac),
+    );
+    bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
+}
+
+#[test]
+fn what_xdp_passes_up_for_a_local_pod_tc_hands_straight_to_it() {
+    if !privileged("what_xdp_passes_up_for_a_local_pod_tc_hands_straight_to_it") {
+        return;
+    }
+    let sender = [0x0a, 0x58, 10, 244, 2, 5];
+    // What XDP leaves to the stack (a segment carrying data, as GRO merges them), decapsulated
+    // and addressed to this node: into the pod at once, addressed as its gateway would, the
+    // TTL one lower as forwarding would (scapy's header checksum for TTL 63), nothing else
+    // changed; tc_to_pod's judgement made here.
+    let data = "TCP(sport=40000, dport=8080, flags='PA', seq=1, ack=7)/Raw(b'x' * 600)";
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    let cases = [
+        (
+            "IPv4",
+            inner_frame(UNDERLAY_MAC, sender, 64, data),
+            inner_frame(LOCAL_POD_MAC, LOCAL_HOST_MAC, 63, data),
+        ),
+        (
+            "IPv6",
+            inner_frame_v6(UNDERLAY_MAC, sender, 64, data),
+            inner_frame_v6(packets::POD_MAC, packets::GW_MAC, 63, data),
+        ),
+    ];
+    for (name, frame, expected) in &cases {
+        let out = bed
+            .fixture
+            .run_tc(PROG_UNDERLAY_TC, frame, 1)
+            .expect("tc run");
+        assert_eq!(out.action, TC_ACT_REDIRECT, "{name}");
+        assert_eq!(
+            hex(&out.output),
+            hex(expected),
+            "{name}: the frame the pod gets"
+        );
+    }
+    let counters = bed.fixture.counters();
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
+        2
+    );
+
+    // What the stack does more than route stays the stack's: unchanged, passed on.
+    let mut oversize = oversize_v4(1401, true);
+    oversize[..6].copy_from_slice(&UNDERLAY_MAC);
+    oversize[packets::L3 + 16..packets::L3 + 20].copy_from_slice(&[10, 244, 1, 3]);
+    packets::fix_ipv4_checksum(&mut oversize, packets::L3);
+    let up: Vec<(&str, Vec<u8>)> = vec![
+        (
+            "TTL 1 (the stack answers)",
+            inner_frame(UNDERLAY_MAC, sender, 1, data),
+        ),
+        (
+            "a first fragment (the stack may reassemble)",
+            bytes_of(
+                &scapy::call(&json!({"op": "build", "expr": format!(
+                    "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.3', flags='MF', id=9)/UDP(sport=40000, dport=5353)/Raw(b'x' * 64)",
+                    packets::mac_text(&UNDERLAY_MAC),
+                    packets::mac_text(&sender),
+                )}))
+                .expect("scapy build"),
+            ),
+        ),
+        ("a single packet over the pod's MTU", oversize),
+        (
+            "no pod of this node",
+            bytes_of(
+                &scapy::call(&json!({"op": "build", "expr": format!(
+                    "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.99')/TCP(sport=40000, dport=8080, flags='PA')/Raw(b'x')",
+                    packets::mac_text(&UNDERLAY_MAC),
+                    packets::mac_text(&sender),
+                )}))
+                .expect("scapy build"),
+            ),
+        ),
+    ];
+    for (name, frame) in &up {
+        let out = bed
+            .fixture
+            .run_tc(PROG_UNDERLAY_TC, frame, 1)
+            .expect("tc run");
+        assert_eq!(out.action, TC_ACT_OK, "{name}");
+        assert_eq!(hex(&out.output), hex(frame), "{name}: unchanged");
+    }
+    assert_eq!(
+        bed.fixture
+            .counters()
+            .packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
+        2,
+        "none of them handed over"
+    );
+
+    // The pod isolated for ingress, no rule allowing: dropped here, with the reason
+    // `tc_to_pod` would give.
+    let mut active: Array<&mut MapData, u32> =
+        bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
+    active.set(0, 1, 0).expect("set");
+    let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
+        .to_ipv6_mapped()
+        .octets();
+    let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
+        .fixture
+        .typed_map(maps::ACL_ENDPOINTS)
+        .expect("endpoints");
+    endpoints
+        .insert(
+            pod,
+            AclEndpoint {
+                ingress: 9,
+                ..AclEndpoint::default()
+            },
+            0,
+        )
+        .expect("insert");
+    let out = bed
+        .fixture
+        .run_tc(PROG_UNDERLAY_TC, &cases[0].1, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT, "denied");
+    let counters = bed.fixture.counters();
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 1);
+    assert_eq!(
+        counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
+        2
     );
 }
 

@@ -271,8 +271,10 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
     let c0 = agent0.counters().expect("counters");
     assert!(c0.drops(DropReason::PolicyDeniedEgress) >= 1, "{c0:?}");
     assert!(c0.drops(DropReason::PolicyDeniedIngress) >= 1, "{c0:?}");
+    // A cross-node flow's segments with data reach the pod from `tc_underlay`, which judges
+    // and tracks them as `tc_to_pod` did before it handed them over itself.
     assert!(
-        c0.packets(Hook::ToPod, PacketClass::PolicyTracked) >= 1,
+        c0.packets(Hook::UnderlayTc, PacketClass::PolicyTracked) >= 1,
         "{c0:?}"
     );
     let _ = agent1;
