@@ -8,12 +8,14 @@ use anyhow::{Context as _, bail};
 use serde::{Deserialize, Serialize};
 
 /// What one measurement gave: transactions per second and one transaction's latency at the
-/// median and the 99th percentile.
+/// median and the 99th percentile, on average and at most.
 #[derive(Clone, Copy, Debug, Deserialize, Serialize)]
 pub struct Transactions {
     pub per_second: f64,
     pub p50_us: f64,
     pub p99_us: f64,
+    pub mean_us: f64,
+    pub max_us: f64,
 }
 
 /// What is timed.
@@ -94,10 +96,12 @@ pub fn median_of(runs: &[Transactions], field: fn(&Transactions) -> f64) -> f64 
 /// One line: the median rate and latencies, then each round's rate.
 pub fn summary(runs: &[Transactions]) -> String {
     format!(
-        "median {:.0}/s, p50 {:.1} us, p99 {:.1} us  [{}]",
+        "median {:.0}/s, p50 {:.1} us, p99 {:.1} us, mean {:.1} us, max {:.0} us  [{}]",
         median_of(runs, |r| r.per_second),
         median_of(runs, |r| r.p50_us),
         median_of(runs, |r| r.p99_us),
+        median_of(runs, |r| r.mean_us),
+        median_of(runs, |r| r.max_us),
         runs.iter()
             .map(|r| format!("{:.0}", r.per_second))
             .collect::<Vec<_>>()
