@@ -5,7 +5,8 @@
 //!
 //! It is an nftables table the agent owns (`inet dataplane_gateway`), replaced whole in one
 //! transaction when the cluster's networks or nodes change. Conntrack then un-NATs the
-//! replies. Ports 61000-65535 of the node are left to the load-balancer's own masquerade
+//! replies. What pods send within the cluster through the node is not tracked by it
+//! (`notrack`; the dataplane tracks it). Ports 61000-65535 of the node are left to the load-balancer's own masquerade
 //! (`dataplane_common::lb::SNAT_PORT_MIN`), which conntrack does not see; its low range
 //! (1024-32767) only ever goes to other nodes' pods, where this table never sends.
 
@@ -33,6 +34,7 @@ pub struct GatewayInputs {
 pub fn script(inputs: &GatewayInputs) -> String {
     let mut out = format!("table inet {TABLE}\ndelete table inet {TABLE}\ntable inet {TABLE} {{\n");
     let mut rules = Vec::new();
+    let mut untracked = Vec::new();
     for (family, v4) in [("ip", true), ("ip6", false)] {
         let of_family = |nets: &mut dyn Iterator<Item = IpNet>| -> Vec<String> {
             nets.filter(|n| n.addr().is_ipv4() == v4)
@@ -71,7 +73,23 @@ pub fn script(inputs: &GatewayInputs) -> String {
         rules.push(format!(
             "{matches} meta l4proto != {{ tcp, udp }} masquerade"
         ));
+        // What pods send within the cluster through this node (not to this node's own
+        // addresses) is the dataplane's to track, and the other direction of such a flow
+        // mostly never passes this stack (XDP and tc deliver it): a NodePort backend's replies
+        // to the ingress node's masquerade port were picked up as new entries every time, and
+        // a port that came round again while its last flow's entry lived on clashed there
+        // (conntrack dropped the reply, the backend waited 200 ms to send it again).
+        untracked.push(format!(
+            "{family} saddr @pods_{suffix} {family} daddr @internal_{suffix} fib daddr type != local notrack"
+        ));
     }
+    out.push_str(
+        "  chain prerouting {\n    type filter hook prerouting priority raw; policy accept;\n",
+    );
+    for rule in untracked {
+        out.push_str(&format!("    {rule}\n"));
+    }
+    out.push_str("  }\n");
     out.push_str(
         "  chain postrouting {\n    type nat hook postrouting priority srcnat; policy accept;\n",
     );
@@ -142,6 +160,10 @@ mod tests {
         assert!(script.contains(
             "oifname \"eth0\" ip saddr @pods_v4 ip daddr != @internal_v4 meta l4proto { tcp, udp } masquerade to :1024-60999"
         ));
+        // Pods' traffic within the cluster, forwarded here, is not tracked by the node.
+        assert!(script.contains(
+            "type filter hook prerouting priority raw; policy accept;\n    ip saddr @pods_v4 ip daddr @internal_v4 fib daddr type != local notrack\n"
+        ), "{script}");
         // No IPv6 pod network: no IPv6 rule (the node's IPv6 address alone makes none).
         assert!(!script.contains("ip6 saddr"), "{script}");
     }
