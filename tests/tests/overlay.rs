@@ -296,12 +296,37 @@ fn geneve(overrides: serde_json::Value, inner: &[u8]) -> Vec<u8> {
 /// `ttl` and `transport` (a scapy layer expression), checksums by scapy unless the layer
 /// gives one.
 fn inner_frame(dst_mac: [u8; 6], src_mac: [u8; 6], ttl: u8, transport: &str) -> Vec<u8> {
+    scapy_frame(
+        dst_mac,
+        src_mac,
+        &format!("IP(src='10.244.2.5', dst='10.244.1.3', ttl={ttl}, id=7)/{transport}"),
+    )
+}
+
+/// A scapy-built Ethernet frame between the given MACs carrying `layers` (a scapy layer
+/// expression).
+fn scapy_frame(dst_mac: [u8; 6], src_mac: [u8; 6], layers: &str) -> Vec<u8> {
     let expr = format!(
-        "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.3', ttl={ttl}, id=7)/{transport}",
+        "Ether(dst='{}', src='{}')/{layers}",
         packets::mac_text(&dst_mac),
         packets::mac_text(&src_mac),
     );
     bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
+}
+
+/// Puts the local pod 10.244.1.3 under access control as `endpoint` says.
+fn police_local_pod(bed: &mut dataplane_tests::overlay_bed::Bed, endpoint: AclEndpoint) {
+    let mut active: Array<&mut MapData, u32> =
+        bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
+    active.set(0, 1, 0).expect("set");
+    let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
+        .to_ipv6_mapped()
+        .octets();
+    let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
+        .fixture
+        .typed_map(maps::ACL_ENDPOINTS)
+        .expect("endpoints");
+    endpoints.insert(pod, endpoint, 0).expect("insert");
 }
 
 /// The checksum field a sender with checksum offload leaves in a segment of `len` bytes of
@@ -458,20 +483,7 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
 
     // A pod under access control: its ingress policy judges the frame here, as `tc_to_pod`
     // would. Isolated for egress only: allowed and tracked, then known as tracked.
-    let mut active: Array<&mut MapData, u32> =
-        bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
-    active.set(0, 1, 0).expect("set");
-    let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
-        .to_ipv6_mapped()
-        .octets();
-    let set_endpoint = |bed: &mut dataplane_tests::overlay_bed::Bed, endpoint: AclEndpoint| {
-        let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
-            .fixture
-            .typed_map(maps::ACL_ENDPOINTS)
-            .expect("endpoints");
-        endpoints.insert(pod, endpoint, 0).expect("insert");
-    };
-    set_endpoint(
+    police_local_pod(
         &mut bed,
         AclEndpoint {
             egress: 7,
@@ -502,7 +514,7 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
     assert_eq!(out.action, XDP_PASS, "a DNS answer");
     assert_eq!(hex(&out.output), hex(&dns));
     // Isolated for ingress, no rule allowing: dropped here with the reason tc would give.
-    set_endpoint(
+    police_local_pod(
         &mut bed,
         AclEndpoint {
             ingress: 9,
@@ -531,12 +543,11 @@ fn decapsulated_frames_go_straight_to_a_pod_that_takes_xdp() {
 /// A scapy-built IPv6 frame from a pod of node b to the local pod the test frames come from
 /// (fd00:102a:0:1::2, behind the test runs' device), with `hlim` and `transport`.
 fn inner_frame_v6(dst_mac: [u8; 6], src_mac: [u8; 6], hlim: u8, transport: &str) -> Vec<u8> {
-    let expr = format!(
-        "Ether(dst='{}', src='{}')/IPv6(src='fd00:102a:0:2::5', dst='fd00:102a:0:1::2', hlim={hlim})/{transport}",
-        packets::mac_text(&dst_mac),
-        packets::mac_text(&src_mac),
-    );
-    bytes_of(&scapy::call(&json!({"op": "build", "expr": expr})).expect("scapy build"))
+    scapy_frame(
+        dst_mac,
+        src_mac,
+        &format!("IPv6(src='fd00:102a:0:2::5', dst='fd00:102a:0:1::2', hlim={hlim})/{transport}"),
+    )
 }
 
 #[test]
@@ -593,25 +604,19 @@ fn what_xdp_passes_up_for_a_local_pod_tc_hands_straight_to_it() {
         ),
         (
             "a first fragment (the stack may reassemble)",
-            bytes_of(
-                &scapy::call(&json!({"op": "build", "expr": format!(
-                    "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.3', flags='MF', id=9)/UDP(sport=40000, dport=5353)/Raw(b'x' * 64)",
-                    packets::mac_text(&UNDERLAY_MAC),
-                    packets::mac_text(&sender),
-                )}))
-                .expect("scapy build"),
+            scapy_frame(
+                UNDERLAY_MAC,
+                sender,
+                "IP(src='10.244.2.5', dst='10.244.1.3', flags='MF', id=9)/UDP(sport=40000, dport=5353)/Raw(b'x' * 64)",
             ),
         ),
         ("a single packet over the pod's MTU", oversize),
         (
             "no pod of this node",
-            bytes_of(
-                &scapy::call(&json!({"op": "build", "expr": format!(
-                    "Ether(dst='{}', src='{}')/IP(src='10.244.2.5', dst='10.244.1.99')/TCP(sport=40000, dport=8080, flags='PA')/Raw(b'x')",
-                    packets::mac_text(&UNDERLAY_MAC),
-                    packets::mac_text(&sender),
-                )}))
-                .expect("scapy build"),
+            scapy_frame(
+                UNDERLAY_MAC,
+                sender,
+                "IP(src='10.244.2.5', dst='10.244.1.99')/TCP(sport=40000, dport=8080, flags='PA')/Raw(b'x')",
             ),
         ),
     ];
@@ -633,26 +638,13 @@ fn what_xdp_passes_up_for_a_local_pod_tc_hands_straight_to_it() {
 
     // The pod isolated for ingress, no rule allowing: dropped here, with the reason
     // `tc_to_pod` would give.
-    let mut active: Array<&mut MapData, u32> =
-        bed.fixture.typed_map(maps::ACL_ACTIVE).expect("acl active");
-    active.set(0, 1, 0).expect("set");
-    let pod = std::net::Ipv4Addr::new(10, 244, 1, 3)
-        .to_ipv6_mapped()
-        .octets();
-    let mut endpoints: HashMap<&mut MapData, [u8; 16], AclEndpoint> = bed
-        .fixture
-        .typed_map(maps::ACL_ENDPOINTS)
-        .expect("endpoints");
-    endpoints
-        .insert(
-            pod,
-            AclEndpoint {
-                ingress: 9,
-                ..AclEndpoint::default()
-            },
-            0,
-        )
-        .expect("insert");
+    police_local_pod(
+        &mut bed,
+        AclEndpoint {
+            ingress: 9,
+            ..AclEndpoint::default()
+        },
+    );
     let out = bed
         .fixture
         .run_tc(PROG_UNDERLAY_TC, &cases[0].1, 1)
