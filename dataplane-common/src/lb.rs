@@ -98,6 +98,16 @@ pub const CT_NODEPORT: u8 = 1 << 2;
 /// the flow restarts the client's affinity timer (`service_id`, `backend_id`). Kept in the
 /// entry so an established flow needs no service lookup.
 pub const CT_AFFINITY: u8 = 1 << 3;
+/// `CtValue::flags` (with `CT_CLOSING`): the FIN or RST seen was an RST, which ends the
+/// connection at both ends at once.
+pub const CT_RESET: u8 = 1 << 4;
+
+/// Seconds both directions of a masqueraded flow that has ended (a FIN each way, or an RST)
+/// must have been idle before its port goes to a new flow, ahead of `CT_TIMEOUT_CLOSING`:
+/// the last ACK has long arrived, so the backend's socket has closed (or sits in TIME_WAIT,
+/// which accepts a new connection's SYN as the kernel's own NAT expects it to). Counted in
+/// whole clock seconds, so at least one second.
+pub const SNAT_PORT_REUSE_IDLE: u32 = 2;
 
 /// The source a pod's packets get when they reach the pod itself through a service (hairpin),
 /// so its replies leave the pod and come back through the load-balancer: OVN-Kubernetes'

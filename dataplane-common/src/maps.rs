@@ -58,6 +58,10 @@ pub const LB_MAGLEV: &str = "DP_LB_MAGLEV";
 pub const LB_PORTS: &str = "DP_LB_PORTS";
 /// LRU hash: [`crate::lb::CtKey`] -> [`crate::lb::CtValue`], both directions of every flow.
 pub const LB_CT: &str = "DP_LB_CT";
+/// Array of one u64: the index of the next masquerade source port to try (shared by every CPU,
+/// advanced atomically, so ports are handed out in turn and come round again only after all
+/// the others have; pinned, so a restarted agent continues where the last one was).
+pub const LB_SNAT_NEXT: &str = "DP_LB_SNAT_NEXT";
 /// Per-CPU array (not pinned): [`crate::lb::flow_cache_slot`] -> [`crate::lb::FlowCacheEntry`].
 pub const LB_FLOW_CACHE: &str = "DP_LB_FLOW_CACHE";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
@@ -185,6 +189,7 @@ pub const ALL_MAPS: &[&str] = &[
     LB_BACKENDS,
     LB_MAGLEV,
     LB_CT,
+    LB_SNAT_NEXT,
     LB_AFFINITY,
     LB_MEMBERS,
     FRAGS,

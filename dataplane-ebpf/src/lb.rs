@@ -28,11 +28,11 @@ use dataplane_common::{
     frag::FRAG_LATER,
     lb::{
         BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
-        CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey,
-        CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
+        CT_RESET, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP,
+        CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
         SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN,
-        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceValue, backend_slot, finalize, flow_hash, maglev_slot,
-        port_bit, sctp::port_rewrite_delta,
+        SNAT_PORT_MAX, SNAT_PORT_MIN, SNAT_PORT_REUSE_IDLE, ServiceValue, backend_slot, flow_hash,
+        maglev_slot, port_bit, sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -44,7 +44,7 @@ use crate::{
     frag, icmp,
     maps::{
         LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_MEMBERS, LB_PORTS, LB_SCRATCH, LB_SERVICES,
-        LOCAL_PODS,
+        LB_SNAT_NEXT, LOCAL_PODS,
     },
     overlay,
     parse::{
@@ -70,9 +70,8 @@ const TCP_FIN: u8 = 0x01;
 const TCP_SYN: u8 = 0x02;
 const TCP_RST: u8 = 0x04;
 const TCP_ACK: u8 = 0x10;
-/// Source ports tried for a masqueraded NodePort flow before giving up: with four, one new
-/// connection in about 2,500 was dropped (and its client waited a second to retry) with a
-/// tenth of the ports in use; with sixteen, one in 10^16.
+/// Source ports tried for a masqueraded NodePort flow before giving up (in turn: sixteen
+/// ports in a row all held by live flows means the ranges are nearly full).
 const SNAT_PORT_ATTEMPTS: u32 = 16;
 /// Deepest transport header the rewrite writes in place (a mask: one less than a power of two).
 const MAX_DIRECT_L4: usize = 0xFF;
@@ -160,14 +159,21 @@ fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
 }
 
 /// Refreshes a tracked entry in place: the clock at most once a second, the closing flag when
-/// a FIN or RST passes.
+/// a FIN or RST passes (and the reset flag with an RST).
 #[inline(always)]
 fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
     if entry.last_seen != now {
         entry.last_seen = now;
     }
-    if tcp_flags & (TCP_FIN | TCP_RST) != 0 && entry.flags & CT_CLOSING == 0 {
-        entry.flags |= CT_CLOSING;
+    if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
+        let ended = if tcp_flags & TCP_RST != 0 {
+            CT_CLOSING | CT_RESET
+        } else {
+            CT_CLOSING
+        };
+        if entry.flags & ended != ended {
+            entry.flags |= ended;
+        }
     }
 }
 
@@ -691,7 +697,7 @@ fn choose_backend<const FROM_OUTSIDE: bool>(
     let claimed = remote && !hairpin;
     s.snat_port = s.flow.src_port_be;
     if claimed {
-        s.snat_port = (claim_snat_port(s, backend_id).into_value()? as u16).to_be_bytes();
+        s.snat_port = (claim_snat_port(s).into_value()? as u16).to_be_bytes();
     }
     let original = &mut s.original_entry;
     copy_addr(&mut original.addr, &s.new_addr);
@@ -741,20 +747,19 @@ fn set_reply_key(s: &mut LbScratch, port: [u8; 2]) {
 
 /// Claims a source port for a masqueraded flow by inserting its reply entry (`s.reply_entry`)
 /// under the reply key only if no flow holds that key (atomic: `BPF_NOEXIST`), or by taking
-/// over the entry of an ended flow there (closed 10 s ago, or idle past its timeout; two CPUs
-/// taking over the same ended entry in the same instant is not excluded): up to sixteen ports of
-/// the reserved ranges, spread by the flow and the clock second.
+/// over the entry of a flow that has ended there: up to sixteen ports of the reserved ranges,
+/// in turn from the index every CPU shares (`LB_SNAT_NEXT`).
 #[inline(never)]
-fn claim_snat_port(s: &mut LbScratch, backend_id: u32) -> Stage {
+fn claim_snat_port(s: &mut LbScratch) -> Stage {
     Stage::value(
-        claimed_port(s, backend_id)
+        claimed_port(s)
             .map(u32::from)
             .ok_or(DropReason::LbSnatPortsExhausted),
     )
 }
 
 #[inline(always)]
-fn claimed_port(s: &mut LbScratch, backend_id: u32) -> Option<u16> {
+fn claimed_port(s: &mut LbScratch) -> Option<u16> {
     const HIGH: u32 = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
     const LOW: u32 = (SNAT_LOW_PORT_MAX - SNAT_LOW_PORT_MIN) as u32 + 1;
     // The wrap below relies on the high range ending at 65535.
@@ -766,37 +771,33 @@ fn claimed_port(s: &mut LbScratch, backend_id: u32) -> Option<u16> {
     } else {
         HIGH
     };
-    let a = s.flow.src;
-    let client = u32::from_ne_bytes([a[12], a[13], a[14], a[15]]);
-    let port = u16::from_ne_bytes(s.flow.src_port_be) as u32;
-    // Each attempt's port through a full mix: with a linear sequence (the seed times a
-    // constant, plus the attempt times another), the ports of a client's consecutive source
-    // ports fell on each other's, and a few connections in a thousand found all four taken at
-    // a tenth of the range in use. The clock second is mixed in too: a client's retried
-    // SYN draws other ports than the ones it found taken.
-    let seed = finalize(
-        client ^ port << 16 ^ backend_id.rotate_left(8) ^ s.reply_entry.last_seen.rotate_left(20),
-    );
-    for attempt in 0..SNAT_PORT_ATTEMPTS {
-        let offset = finalize(seed ^ attempt.wrapping_mul(0x9e37_79b9)) % range;
+    let next = LB_SNAT_NEXT.get_ptr_mut(0)?;
+    for _ in 0..SNAT_PORT_ATTEMPTS {
+        // Ports in turn, not at random: a port comes round again only after every other one
+        // has, so the flow that held it last is as old as the range allows (at 9,000 new
+        // flows a second, four seconds). Drawn at random, sixteen draws all found young
+        // flows' ports once a few thousand connections a second had half the range
+        // closing: one SYN in 16,000 to 70,000 was dropped, and its client waited a second.
+        let offset = (fetch_increment(next) % range as u64) as u32;
         // Offsets past the high range wrap past 65535 into the low one, without a branch
         // (each would double the paths the verifier walks through the attempts).
         let past = SNAT_PORT_MIN as u32 + offset;
         let port = ((past + (past >> 16) * SNAT_LOW_PORT_MIN as u32) & 0xFFFF) as u16;
-        set_reply_key(s, port.to_be_bytes());
+        let port_be = port.to_be_bytes();
+        set_reply_key(s, port_be);
         if LB_CT
             .insert(&s.reply, &s.reply_entry, BPF_NOEXIST as u64)
             .is_ok()
         {
             return Some(port);
         }
-        // Held by a flow that has ended (closed, or idle past its timeout): taken over, in
-        // place. Waiting for the LRU map to evict it kept short connections' ports for good,
-        // and a client retrying from the same port tried the same taken ports every time.
+        // Held by a flow that has ended: taken over, in place. Waiting for the LRU map to
+        // evict it kept short connections' ports for good.
         if let Some(held) = LB_CT.get_ptr_mut(&s.reply) {
             // SAFETY: a valid map value pointer for this program run.
             let held = unsafe { &mut *held };
-            if expired(held, s.flow.protocol, s.reply_entry.last_seen) {
+            let now = s.reply_entry.last_seen;
+            if expired(held, s.flow.protocol, now) || ended(s, held, port_be, now) {
                 // SAFETY: both are whole `CtValue`s, distinct memory.
                 unsafe {
                     copy_bytes::<{ core::mem::size_of::<CtValue>() }>(
@@ -809,6 +810,59 @@ fn claimed_port(s: &mut LbScratch, backend_id: u32) -> Option<u16> {
         }
     }
     None
+}
+
+/// Adds one to `*at` atomically (every CPU at once) and returns what it held before. In
+/// assembly: the target's `core` has no atomic read-modify-write, and LLVM emits the fetching
+/// add only when building for BPF v3 (the kernel has run it since 5.12).
+#[inline(always)]
+fn fetch_increment(at: *mut u64) -> u64 {
+    let mut value: u64 = 1;
+    // SAFETY: `at` points to an aligned 8-byte map value; the instruction reads and writes
+    // only there, and leaves the old value in the register it added from.
+    unsafe {
+        core::arch::asm!(
+            "{value} = atomic_fetch_add((u64 *)({at} + 0), {value})",
+            at = in(reg) at,
+            value = inout(reg) value,
+            options(nostack),
+        );
+    }
+    value
+}
+
+/// Whether the flow whose reply entry `held` holds masquerade port `port_be` has ended at both
+/// ends, both directions idle for `SNAT_PORT_REUSE_IDLE`: an RST either way, or a FIN each
+/// way (one FIN is a half-close: the other side may still send). Its original direction is
+/// looked up from what the reply entry restores (the client and the address it sent to); a
+/// client whose entry is gone, or now serves a newer flow from the same port, has left this
+/// one. Without this, a closed flow's port stayed `CT_TIMEOUT_CLOSING` (10 s), which at a few
+/// thousand connections a second to one backend is more ports than the ranges have; and a
+/// flow its client reset held its port for `CT_TIMEOUT_TCP`, the backend sending nothing more.
+#[inline(always)]
+fn ended(s: &mut LbScratch, held: &CtValue, port_be: [u8; 2], now: u32) -> bool {
+    if now.wrapping_sub(held.last_seen) < SNAT_PORT_REUSE_IDLE {
+        return false;
+    }
+    let holder = &mut s.holder;
+    copy_addr(&mut holder.src, &held.nat_addr);
+    copy_addr(&mut holder.dst, &held.addr);
+    holder.src_port_be = held.nat_port_be;
+    holder.dst_port_be = held.port_be;
+    holder.protocol = s.flow.protocol;
+    holder.direction = CT_ORIGINAL;
+    holder._pad = [0; 2];
+    // SAFETY: read within this program run.
+    let Some(original) = (unsafe { LB_CT.get(&s.holder) }) else {
+        return true;
+    };
+    if original.nat_port_be != port_be || original.addr != s.reply.src {
+        return true;
+    }
+    if now.wrapping_sub(original.last_seen) < SNAT_PORT_REUSE_IDLE {
+        return false;
+    }
+    (held.flags | original.flags) & CT_RESET != 0 || held.flags & original.flags & CT_CLOSING != 0
 }
 
 /// The client's affine backend, if it sent within the timeout and the backend still serves.

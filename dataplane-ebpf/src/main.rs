@@ -2,6 +2,10 @@
 //! script; on the host this crate compiles to an empty binary so workspace-wide checks work.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// The BPF target's `core` has no atomic read-modify-write (no compare-and-swap), and LLVM
+// emits a fetching atomic add only for BPF v3 programs: the one such add (`lb::fetch_add`) is
+// the instruction itself, in assembly.
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]
 mod acl;

@@ -221,6 +221,10 @@ pub static ROUTE_CACHE: PerCpuArray<dataplane_common::overlay::RouteCacheEntry> 
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
     PerCpuArray::with_max_entries(1, 0);
 
+/// The next masquerade source port's index (`lb::claimed_port`).
+#[map(name = "DP_LB_SNAT_NEXT")]
+pub static LB_SNAT_NEXT: aya_ebpf::maps::Array<u64> = aya_ebpf::maps::Array::pinned(1, 0);
+
 /// Per-CPU service flow cache: the translation and local delivery of recent flows, by
 /// `flow_cache_slot`. Not pinned: a cache, refilled by the first packet of each flow and second.
 #[map(name = "DP_LB_FLOW_CACHE")]

@@ -62,6 +62,8 @@ pub struct LbScratch {
     pub(crate) flow: CtKey,
     /// The reply direction of a new flow.
     pub(crate) reply: CtKey,
+    /// The original direction of the flow holding a masquerade port a new flow would take.
+    pub(crate) holder: CtKey,
     /// Entries written for a new flow.
     pub(crate) original_entry: CtValue,
     pub(crate) reply_entry: CtValue,

@@ -21,7 +21,7 @@ use dataplane_common::{
     hybrid::{HYBRID_ENABLED, HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
-        CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
+        CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
         ServiceValue,
     },
     maps,
@@ -312,6 +312,7 @@ pub fn read(
                     let mut flags = Vec::new();
                     for (bit, name) in [
                         (CT_CLOSING, "closing"),
+                        (CT_RESET, "reset"),
                         (CT_SNAT, "snat"),
                         (CT_NODEPORT, "nodeport"),
                         (CT_AFFINITY, "affinity"),

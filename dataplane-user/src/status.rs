@@ -281,7 +281,7 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
                 HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)
         }
-        maps::LB_PORTS => {
+        maps::LB_PORTS | maps::LB_SNAT_NEXT => {
             let map: Array<MapData, u64> = Array::try_from(Map::Array(data))?;
             count(map.iter(), |w| *w != 0)
         }

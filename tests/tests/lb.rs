@@ -10,13 +10,13 @@ use dataplane_common::{
     DropReason, Hook, PacketClass,
     frag::{FragKey, FragPorts},
     lb::{
-        AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY, CtKey,
-        CtValue, MemberKey, SCOPE_CLUSTER, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX,
-        SNAT_PORT_MIN, ServiceKey, ServiceValue, flow_hash, maglev_slot,
+        AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_REPLY,
+        CT_RESET, CtKey, CtValue, MemberKey, SCOPE_CLUSTER, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN,
+        SNAT_PORT_MAX, SNAT_PORT_MIN, ServiceKey, ServiceValue, flow_hash, maglev_slot,
     },
     maps::{
-        self, FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, PROG_FROM_POD, PROG_UNDERLAY,
-        PROG_UNDERLAY_TC,
+        self, FRAGS, LB_AFFINITY, LB_CT, LB_MEMBERS, LB_SERVICES, LB_SNAT_NEXT, PROG_FROM_POD,
+        PROG_UNDERLAY, PROG_UNDERLAY_TC,
     },
 };
 use dataplane_tests::{
@@ -1560,18 +1560,41 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         "the first client's flow is untouched"
     );
     // Every masquerade port towards this backend held by a live flow: a new connection finds
-    // none free and is dropped, counted. Once those flows have ended (closed more than 10 s
-    // ago), the next connection takes one of their ports over, with a fresh entry, rather
-    // than waiting for the map to evict them (short connections used to keep their ports
-    // for good).
-    let held = ct_entry(
-        fixture,
-        &ct_key("10.244.2.5", 8080, "10.99.0.1", first_port, 6, CT_REPLY),
-    )
-    .expect("reply entry of the first flow");
+    // none free and is dropped, counted.
+    let syn_from = |port: u16| {
+        tcp_frame(
+            "10.99.0.50",
+            port,
+            "10.99.0.1",
+            30081,
+            "S",
+            client_mac,
+            &node_mac,
+        )
+    };
+    let syns: Vec<Vec<u8>> = (45002..=45005).map(syn_from).collect();
+    let refresh = tcp_frame(
+        "10.244.2.5",
+        8080,
+        "10.99.0.1",
+        first_port,
+        "A",
+        NODE_B_MAC,
+        &node_mac,
+    );
+    let reply_key = |port: u16| ct_key("10.244.2.5", 8080, "10.99.0.1", port, 6, CT_REPLY);
+    // The first flow's reply entry, its clock refreshed by a packet just now: the live flow
+    // every port is filled with (the fill and the runs after it take well under a second).
+    let live = |fixture: &mut Fixture| {
+        let out = fixture
+            .run_tc(PROG_UNDERLAY_TC, &refresh, 1)
+            .expect("tc run");
+        assert_eq!(out.action, TC_ACT_REDIRECT);
+        ct_entry(fixture, &reply_key(first_port)).expect("reply entry of the first flow")
+    };
     let reply_keys: Vec<CtKey> = (SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX)
         .chain(SNAT_PORT_MIN..=SNAT_PORT_MAX)
-        .map(|port| ct_key("10.244.2.5", 8080, "10.99.0.1", port, 6, CT_REPLY))
+        .map(reply_key)
         .collect();
     let fill = |fixture: &mut Fixture, entry: CtValue| {
         let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
@@ -1580,22 +1603,132 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
             ct.insert(*key, entry, 0).expect("held port");
         }
     };
+    let put = |fixture: &mut Fixture, key: CtKey, entry: CtValue| {
+        let mut ct: HashMap<&mut MapData, CtKey, CtValue> =
+            fixture.typed_map(LB_CT).expect("ct map");
+        ct.insert(key, entry, 0).expect("ct entry");
+    };
+    // Ports are tried in turn from the index all CPUs share: set to 0, the next one tried is
+    // the first of the high range.
+    let next_index = |fixture: &mut Fixture, index: Option<u64>| -> u64 {
+        let mut next: Array<&mut MapData, u64> =
+            fixture.typed_map(LB_SNAT_NEXT).expect("next port map");
+        if let Some(index) = index {
+            next.set(0, index, 0).expect("next port index");
+        }
+        next.get(&0, 0).expect("next port index")
+    };
+    let masqueraded_port = |out: &RunOutcome| {
+        let decoded =
+            scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+        let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+        u16::from_be_bytes([inner[34], inner[35]])
+    };
+    let held = live(fixture);
     fill(fixture, held);
-    let syn = tcp_frame(
-        "10.99.0.50",
-        45002,
-        "10.99.0.1",
-        30081,
-        "S",
-        client_mac,
-        &node_mac,
-    );
-    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    let before = next_index(fixture, None);
+    let out = fixture
+        .run_tc(PROG_UNDERLAY_TC, &syns[0], 1)
+        .expect("tc run");
     assert_eq!(out.action, TC_ACT_SHOT, "no port free");
     assert_eq!(
         fixture.counters().drops(DropReason::LbSnatPortsExhausted),
         1
     );
+    assert_eq!(
+        next_index(fixture, None) - before,
+        16,
+        "sixteen ports tried, in turn"
+    );
+
+    // A flow that has ended at both ends, both directions idle for two clock seconds, gives
+    // its port to a new flow at once (a closing flow otherwise keeps it 10 s, which at a few
+    // thousand connections a second is more ports than there are): a FIN each way, or an RST
+    // either way. One FIN alone is a half-close, and the flow keeps its port. The flow's
+    // original direction is found from what its reply entry restores (client and service).
+    let holder = |client_port: u16| {
+        ct_key(
+            "10.99.0.60",
+            client_port,
+            "10.99.0.1",
+            30081,
+            6,
+            CT_ORIGINAL,
+        )
+    };
+    // A flow of client 10.99.0.60 from `client_port` on masquerade port `port`, both of its
+    // entries idle for two clock seconds, with these flags added to each direction's entry.
+    let ended_flow = |fixture: &mut Fixture, port: u16, client_port: u16, flags: (u8, u8)| {
+        let held = live(fixture);
+        fill(fixture, held);
+        let key = holder(client_port);
+        let idle = held.last_seen - 2;
+        let reply = CtValue {
+            flags: held.flags | flags.0,
+            last_seen: idle,
+            nat_addr: key.src,
+            nat_port_be: client_port.to_be_bytes(),
+            ..held
+        };
+        put(fixture, reply_key(port), reply);
+        let holder_original = CtValue {
+            flags: original.flags | flags.1,
+            last_seen: idle,
+            nat_port_be: port.to_be_bytes(),
+            ..original
+        };
+        put(fixture, key, holder_original);
+    };
+    // Half-closed (the backend's FIN only): kept.
+    ended_flow(fixture, SNAT_PORT_MIN, 47000, (CT_CLOSING, 0));
+    next_index(fixture, Some(0));
+    let out = fixture
+        .run_tc(PROG_UNDERLAY_TC, &syns[1], 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_SHOT, "a half-closed flow keeps its port");
+    assert_eq!(
+        fixture.counters().drops(DropReason::LbSnatPortsExhausted),
+        2
+    );
+    // A FIN each way: taken over.
+    ended_flow(fixture, SNAT_PORT_MIN, 47000, (CT_CLOSING, CT_CLOSING));
+    next_index(fixture, Some(0));
+    let closed = fixture
+        .run_tc(PROG_UNDERLAY_TC, &syns[1], 1)
+        .expect("tc run");
+    // Reset by its client (the backend sends nothing after an RST): taken over.
+    ended_flow(
+        fixture,
+        SNAT_PORT_MIN + 1,
+        47001,
+        (0, CT_CLOSING | CT_RESET),
+    );
+    assert_eq!(next_index(fixture, None), 1, "the port after the one taken");
+    let reset = fixture
+        .run_tc(PROG_UNDERLAY_TC, &syns[2], 1)
+        .expect("tc run");
+    for (out, port, client_port) in [
+        (closed, SNAT_PORT_MIN, 45003u16),
+        (reset, SNAT_PORT_MIN + 1, 45004),
+    ] {
+        assert_eq!(
+            out.action,
+            TC_ACT_REDIRECT,
+            "{:?}",
+            fixture.counters().drops
+        );
+        assert_eq!(masqueraded_port(&out), port);
+        let taken = ct_entry(fixture, &reply_key(port)).expect("reply entry");
+        assert_eq!(
+            (taken.flags & (CT_CLOSING | CT_RESET), taken.nat_port_be),
+            (0, client_port.to_be_bytes()),
+            "a fresh entry for the new connection"
+        );
+    }
+    // Closing flows, whatever the other direction did, give their ports up 10 s after their
+    // last packet, rather than waiting for the map to evict them (short connections used to
+    // keep their ports for good).
+    let held = live(fixture);
     fill(
         fixture,
         CtValue {
@@ -1604,25 +1737,21 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
             ..held
         },
     );
-    let out = fixture.run_tc(PROG_UNDERLAY_TC, &syn, 1).expect("tc run");
+    let out = fixture
+        .run_tc(PROG_UNDERLAY_TC, &syns[3], 1)
+        .expect("tc run");
     assert_eq!(
         out.action,
         TC_ACT_REDIRECT,
         "{:?}",
         fixture.counters().drops
     );
-    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
-    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
-    let taken_port = u16::from_be_bytes([inner[34], inner[35]]);
+    let taken_port = masqueraded_port(&out);
     assert!(masquerade_port(taken_port), "masquerade port {taken_port}");
-    let taken = ct_entry(
-        fixture,
-        &ct_key("10.244.2.5", 8080, "10.99.0.1", taken_port, 6, CT_REPLY),
-    )
-    .expect("reply entry");
+    let taken = ct_entry(fixture, &reply_key(taken_port)).expect("reply entry");
     assert_eq!(
         (taken.flags & CT_CLOSING, taken.nat_port_be),
-        (0, 45002u16.to_be_bytes()),
+        (0, 45005u16.to_be_bytes()),
         "a fresh entry for the new connection"
     );
 
@@ -1681,17 +1810,17 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceDnat),
-        5,
-        "one local, three remote, one over an ended flow's port"
+        7,
+        "one local, three remote, three over ended flows' ports"
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat),
-        4,
-        "three replies and an ICMP error"
+        9,
+        "three replies, an ICMP error and the first flow's five refreshes"
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::GeneveEncap),
-        4
+        6
     );
     assert_eq!(
         counters.packets(Hook::UnderlayTc, PacketClass::LocalRedirect),
