@@ -64,8 +64,9 @@ pub const SNAT_PORT_MAX: u16 = 65_535;
 /// More masquerade source ports, below the kernel's default ephemeral range (reserved by the
 /// agent too), for flows to a backend in another node's pod subnet: the node's gateway
 /// masquerade (pods to outside the cluster, ports 1024-60999) never goes there, so no tuple
-/// can collide. With the range above alone, at most about 450 new connections a second to
-/// one backend could be masqueraded (each port is held 10 s after its flow closes).
+/// can collide. Both ranges together are 36,280 ports per backend, handed out in turn, and a
+/// port is free again two clock seconds after its flow has ended at both ends
+/// (`SNAT_PORT_REUSE_IDLE`): room for about 18,000 new connections a second to one backend.
 pub const SNAT_LOW_PORT_MIN: u16 = 1_024;
 pub const SNAT_LOW_PORT_MAX: u16 = 32_767;
 
