@@ -1573,15 +1573,8 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
         )
     };
     let syns: Vec<Vec<u8>> = (45002..=45005).map(syn_from).collect();
-    let refresh = tcp_frame(
-        "10.244.2.5",
-        8080,
-        "10.99.0.1",
-        first_port,
-        "A",
-        NODE_B_MAC,
-        &node_mac,
-    );
+    // The backend's ACK to the first client, as sent above.
+    let refresh = reply;
     let reply_key = |port: u16| ct_key("10.244.2.5", 8080, "10.99.0.1", port, 6, CT_REPLY);
     // The first flow's reply entry, its clock refreshed by a packet just now: the live flow
     // every port is filled with (the fill and the runs after it take well under a second).
