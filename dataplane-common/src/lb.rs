@@ -7,7 +7,7 @@
 //! `table[flow_hash % MAGLEV_TABLE_SIZE]`, so its cost does not depend on the number of
 //! services or backends. Addresses use the 16-byte form of [`crate::overlay::Addr`].
 
-use crate::overlay::{Addr, LocalPod};
+use crate::overlay::{Addr, LocalPod, RouteCacheEntry, TunnelEndpoint};
 
 pub mod sctp;
 
@@ -278,6 +278,37 @@ pub struct FlowCacheEntry {
     pub _pad2: [u8; 2],
 }
 
+/// One NodePort flow to a backend on another node as XDP last translated and wrapped it
+/// (`lb/xdp.rs`), cached per CPU in the slot [`flow_cache_slot`] gives its original key, so
+/// the flow's next packets skip the conntrack, pod, pod-subnet and route lookups. Valid only
+/// within the clock second it was filled in (each flow's first packet of a second takes the
+/// full path, which refreshes the conntrack and affinity timers) and the route cache entry's
+/// own validity, while the local pods are unchanged (`pods_epoch`) and the backend is live.
+#[repr(C, align(8))]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XdpFlowCacheEntry {
+    /// The client's packet as it arrives (`direction` `CT_ORIGINAL`).
+    pub flow: CtKey,
+    /// The backend's address and port (the new destination).
+    pub new_addr: Addr,
+    /// The new source: this node's address when masqueraded, else the client's.
+    pub snat_addr: Addr,
+    pub new_port: [u8; 2],
+    pub snat_port: [u8; 2],
+    /// Checked live on every packet.
+    pub backend_id: u32,
+    /// `OverlayConfig::pods_epoch` at the fill.
+    pub epoch: u32,
+    /// The backend's node.
+    pub endpoint: TunnelEndpoint,
+    /// This CPU's route to that node at the fill (`fits_len`: the longest outer packet it
+    /// was checked for).
+    pub route: RouteCacheEntry,
+    /// The end of the fill's clock second (or the route's validity, if sooner), in the flow
+    /// clock's ticks: valid while the clock is below it.
+    pub until: u64,
+}
+
 /// The flow cache slot of a flow (its direction ignored): the words of its addresses, ports
 /// and protocol folded by XOR, then Fibonacci hashing (one multiply; the product's top bits
 /// depend on every input bit). Cheaper than [`flow_hash`], which a cache need not match.
@@ -353,6 +384,7 @@ const _: () = {
     assert!(core::mem::size_of::<AffinityValue>() == 8);
     assert!(core::mem::size_of::<MemberKey>() == 8);
     assert!(core::mem::size_of::<FlowCacheEntry>() == 104);
+    assert!(core::mem::size_of::<XdpFlowCacheEntry>() == 168);
     assert!(FLOW_CACHE_SLOTS.is_power_of_two());
 };
 
@@ -435,6 +467,8 @@ mod pod_impls {
     unsafe impl aya::Pod for super::MemberKey {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::FlowCacheEntry {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::XdpFlowCacheEntry {}
 }
 
 #[cfg(test)]

@@ -64,6 +64,9 @@ pub const LB_CT: &str = "DP_LB_CT";
 pub const LB_SNAT_NEXT: &str = "DP_LB_SNAT_NEXT";
 /// Per-CPU array (not pinned): [`crate::lb::flow_cache_slot`] -> [`crate::lb::FlowCacheEntry`].
 pub const LB_FLOW_CACHE: &str = "DP_LB_FLOW_CACHE";
+pub const LB_XDP_FLOW_CACHE: &str = "DP_LB_XDP_FLOW_CACHE";
+pub const NODE_ADDR_CACHE: &str = "DP_OVL_NODE_CACHE";
+pub const LOCAL_POD_CACHE: &str = "DP_OVL_POD_CACHE";
 /// LRU hash: [`crate::lb::AffinityKey`] -> [`crate::lb::AffinityValue`].
 pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
 /// (service port, backend) pairs of the service ports with ClientIP affinity.

@@ -75,8 +75,9 @@ pub struct OverlayConfig {
     pub node_ipv4: [u8; 4],
     /// This node's IPv6 underlay address (valid with `OVERLAY_HAS_IPV6`).
     pub node_ipv6: [u8; 16],
-    /// Moves on (wrapping) with every change of `LOCAL_PODS`: what the kernel cached from that
-    /// map under another epoch is stale (`crate::lb::FlowCacheEntry`).
+    /// Moves on (wrapping) with every change of `LOCAL_PODS`, `POD_PORTS` or the node maps
+    /// (`NODE_ADDRS`, the remote pod subnets): what the kernel cached from those maps under
+    /// another epoch is stale (`crate::lb::FlowCacheEntry`, `crate::lb::XdpFlowCacheEntry`).
     pub pods_epoch: u32,
 }
 
@@ -173,12 +174,44 @@ pub const fn route_cache_slot(third: u32, fourth: u32) -> u32 {
     (third ^ fourth).wrapping_mul(0x9E37_79B9) >> 26
 }
 
+/// Slots (per CPU) of each address cache: [`AddrCacheEntry`].
+pub const ADDR_CACHE_SLOTS: u32 = 256;
+
+/// A per-CPU copy of what a hash lookup by address found (a node's underlay address in
+/// `NODE_ADDRS`, a pod of this node in `LOCAL_PODS`), direct-mapped by [`addr_cache_slot`]:
+/// one inlined array read and a compare where the hash lookup hashes 16 bytes and walks a
+/// bucket. Valid under the `OverlayConfig::pods_epoch` it was filled in, which the agent
+/// moves on every change of either map.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AddrCacheEntry {
+    pub addr: Addr,
+    /// The epoch at the fill, plus one (0: never filled).
+    pub epoch_plus_one: u32,
+    /// The pod found (the local pods' cache only).
+    pub pod: LocalPod,
+}
+
+/// The address cache slot of `addr`: its four words folded, then Fibonacci hashing.
+#[inline(always)]
+pub fn addr_cache_slot(addr: &Addr) -> u32 {
+    let mut folded = 0u32;
+    let mut i = 0;
+    while i < 16 {
+        folded ^= u32::from_ne_bytes([addr[i], addr[i + 1], addr[i + 2], addr[i + 3]]);
+        i += 4;
+    }
+    folded.wrapping_mul(0x9E37_79B9) >> (32 - ADDR_CACHE_SLOTS.trailing_zeros())
+}
+
 const _: () = {
     assert!(core::mem::size_of::<OverlayConfig>() == 48);
     assert!(core::mem::size_of::<RouteCacheEntry>() == 56);
     assert!(1 << (32 - 26) == ROUTE_CACHE_SLOTS);
     assert!(core::mem::size_of::<TunnelEndpoint>() == 20);
     assert!(core::mem::size_of::<LocalPod>() == 16);
+    assert!(core::mem::size_of::<AddrCacheEntry>() == 36);
+    assert!(ADDR_CACHE_SLOTS.is_power_of_two());
     assert!(core::mem::align_of::<OverlayConfig>() == 4);
 };
 
@@ -190,4 +223,6 @@ mod pod_impls {
     unsafe impl aya::Pod for super::TunnelEndpoint {}
     // SAFETY: as above.
     unsafe impl aya::Pod for super::LocalPod {}
+    // SAFETY: as above.
+    unsafe impl aya::Pod for super::AddrCacheEntry {}
 }

@@ -1,4 +1,4 @@
-//! Copies and fills as plain loads and stores. LLVM lowers some assignments of byte arrays to
+//! Copies, fills and compares as plain loads and stores. LLVM lowers some assignments of byte arrays to
 //! calls of `memmove` or `memset`, each a BPF subprogram: a call, a byte loop and a return.
 //! On machines with the SRSO "safe RET" mitigation every return costs tens of nanoseconds, so
 //! the per-packet paths copy addresses and MACs through these instead.
@@ -56,4 +56,27 @@ pub fn zero<T>(dst: &mut T) {
         unsafe { core::ptr::write_volatile(words.add(i), 0) };
         i += 1;
     }
+}
+
+/// Whether the `N` bytes at `at` equal `expected` (`N` even), compared as 16-bit words into
+/// one accumulator: no copy of either side on the stack.
+///
+/// # Safety
+/// `at` must be valid for reading `N` bytes. Both sides sit at even offsets (MACs, addresses
+/// in the headers and in `PodPort`); the JIT's loads do not need more.
+#[inline(always)]
+pub unsafe fn same_bytes<const N: usize>(at: *const u8, expected: &[u8; N]) -> bool {
+    const { assert!(N.is_multiple_of(2)) };
+    let (at, expected) = (at.cast::<u16>(), expected.as_ptr().cast::<u16>());
+    let mut differ = 0u16;
+    let mut i = 0;
+    while i < N / 2 {
+        // SAFETY: the caller's contract; `i < N / 2` words. Volatile, so each word is compared
+        // as it is read instead of all being loaded (and spilled) first.
+        differ |= unsafe {
+            core::ptr::read_volatile(at.add(i)) ^ core::ptr::read_volatile(expected.add(i))
+        };
+        i += 1;
+    }
+    differ == 0
 }

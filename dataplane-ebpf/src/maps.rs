@@ -18,7 +18,7 @@ use dataplane_common::{
     hybrid::{HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
-        MaglevTable, MemberKey, ServiceKey, ServiceValue,
+        MaglevTable, MemberKey, ServiceKey, ServiceValue, XdpFlowCacheEntry,
     },
     maps::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
@@ -27,7 +27,7 @@ use dataplane_common::{
         MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MCAST_REPORTS_BYTES,
     },
     multicast::{MAX_GROUPS, McastGroup, McastKey, McastPod},
-    overlay::{Addr, LocalPod, OverlayConfig, TunnelEndpoint},
+    overlay::{ADDR_CACHE_SLOTS, Addr, AddrCacheEntry, LocalPod, OverlayConfig, TunnelEndpoint},
     port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
     stats::PACKET_COUNTER_SLOTS,
 };
@@ -67,6 +67,18 @@ pub static NODE_ADDRS: HashMap<Addr, u32> = HashMap::pinned(MAX_NODES * 2, 0);
 /// Pods on this node by address.
 #[map(name = "DP_OVL_PODS")]
 pub static LOCAL_PODS: HashMap<Addr, LocalPod> = HashMap::pinned(MAX_LOCAL_PODS, 0);
+
+/// Per-CPU copies of `NODE_ADDRS` hits by `addr_cache_slot`, valid within the pods' epoch.
+/// Not pinned: a cache.
+#[map(name = "DP_OVL_NODE_CACHE")]
+pub static NODE_ADDR_CACHE: PerCpuArray<AddrCacheEntry> =
+    PerCpuArray::with_max_entries(ADDR_CACHE_SLOTS, 0);
+
+/// Per-CPU copies of `LOCAL_PODS` hits by `addr_cache_slot`, valid within the pods' epoch.
+/// Not pinned: a cache.
+#[map(name = "DP_OVL_POD_CACHE")]
+pub static LOCAL_POD_CACHE: PerCpuArray<AddrCacheEntry> =
+    PerCpuArray::with_max_entries(ADDR_CACHE_SLOTS, 0);
 
 /// This CPU's copy of a transport segment XDP delivers to a pod, for its checksum
 /// (`overlay::deliver_in_xdp`): at most 512 bytes, and up to three bytes of padding.
@@ -229,6 +241,12 @@ pub static LB_SNAT_NEXT: aya_ebpf::maps::Array<u64> = aya_ebpf::maps::Array::pin
 /// `flow_cache_slot`. Not pinned: a cache, refilled by the first packet of each flow and second.
 #[map(name = "DP_LB_FLOW_CACHE")]
 pub static LB_FLOW_CACHE: PerCpuArray<FlowCacheEntry> =
+    PerCpuArray::with_max_entries(FLOW_CACHE_SLOTS, 0);
+
+/// Per-CPU NodePort flow cache of XDP: the translation and tunnel route of recent flows to
+/// remote backends, by `flow_cache_slot`. Not pinned: a cache, as `LB_FLOW_CACHE`.
+#[map(name = "DP_LB_XDP_FLOW_CACHE")]
+pub static LB_XDP_FLOW_CACHE: PerCpuArray<XdpFlowCacheEntry> =
     PerCpuArray::with_max_entries(FLOW_CACHE_SLOTS, 0);
 
 /// Per-CPU working set of the load-balancer (keys and entries being built). Not pinned.

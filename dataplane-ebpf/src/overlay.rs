@@ -35,7 +35,7 @@ use aya_ebpf::{
         bpf_skb_adjust_room, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_head,
         bpf_xdp_load_bytes,
     },
-    maps::lpm_trie::Key,
+    maps::{PerCpuArray, lpm_trie::Key},
     programs::{TcContext, XdpContext},
 };
 use dataplane_common::{
@@ -43,22 +43,22 @@ use dataplane_common::{
     frag::FRAG_NONE,
     multicast::is_group,
     overlay::{
-        Addr, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
+        Addr, AddrCacheEntry, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
         GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
         OVERLAY_HAS_IPV6, OverlayConfig, RouteCacheEntry, TUNNEL_VXLAN, TunnelEndpoint,
-        outside_bit_v4, outside_bit_v6, route_cache_slot,
+        addr_cache_slot, outside_bit_v4, outside_bit_v6, route_cache_slot,
     },
 };
 
 use crate::{
     clock::clock,
-    copy::{copy_addr, copy_bytes, set_ipv4_mapped, zero},
+    copy::{copy_addr, copy_bytes, same_bytes, set_ipv4_mapped, zero},
     csum::write_ipv4,
     hybrid, icmp,
     maps::{
-        ACL_ENDPOINTS, ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_PODS, NODE_ADDRS,
-        OUTSIDE, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6, ROUTE_CACHE, SCRATCH,
-        SEGMENT_SCRATCH, XDP_PODS,
+        ACL_ENDPOINTS, ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_POD_CACHE, LOCAL_PODS,
+        NODE_ADDR_CACHE, NODE_ADDRS, OUTSIDE, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6,
+        ROUTE_CACHE, SCRATCH, SEGMENT_SCRATCH, XDP_PODS,
     },
     parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, read},
     stage::Stage,
@@ -144,8 +144,7 @@ fn deliver(
     let Some(dst) = destination(ctx, parsed) else {
         return Ok(None);
     };
-    // SAFETY: map values stay valid under RCU for the program's run; only read.
-    if !not_local && let Some(pod) = unsafe { LOCAL_PODS.get(&dst.data) } {
+    if !not_local && let Some(pod) = local_pod_at(&dst.data) {
         return Ok(Some((to_local_pod(ctx, pod), PacketClass::LocalRedirect)));
     }
     let Some(endpoint) = remote_endpoint_of(parsed.ether_type, dst) else {
@@ -198,8 +197,7 @@ pub fn local_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(LocalPod, u32), bo
     }
     let epoch = config().ok_or(false)?.pods_epoch;
     let dst = destination(ctx, parsed).ok_or(false)?;
-    // SAFETY: the value is copied out before anything can change the map.
-    let pod = unsafe { LOCAL_PODS.get(&dst.data) }.ok_or(true)?;
+    let pod = local_pod_at(&dst.data).ok_or(true)?;
     Ok((*pod, epoch))
 }
 
@@ -603,6 +601,90 @@ pub fn inner_flow_hash(ctx: &TcContext, parsed: &Parsed) -> u32 {
     fold ^ (fold >> 16)
 }
 
+/// The pod of this node at `addr` (`LOCAL_PODS`), from this CPU's copy when it holds one of
+/// the current epoch; a hit is kept. The reference is to this CPU's copy (or the map's value):
+/// use it before the next lookup. A call of its own: inlined, its checks and copies added to
+/// the stack of every caller's frame.
+#[inline(never)]
+pub(crate) fn local_pod_at(addr: &Addr) -> Option<&'static LocalPod> {
+    let stamp = cache_stamp();
+    if let Some(entry) = cached_addr(&LOCAL_POD_CACHE, addr, stamp) {
+        return Some(&entry.pod);
+    }
+    // SAFETY: map values stay valid under RCU for the program's run.
+    let pod = unsafe { LOCAL_PODS.get(addr) }?;
+    let Some(entry) = cache_slot(&LOCAL_POD_CACHE, addr, stamp) else {
+        return Some(pod);
+    };
+    // SAFETY: this CPU's slot of a per-CPU map, used by one program run at a time; whole
+    // `LocalPod`s, distinct memory.
+    unsafe {
+        copy_bytes::<{ core::mem::size_of::<LocalPod>() }>(
+            (&raw mut (*entry).pod).cast(),
+            (pod as *const LocalPod).cast(),
+        );
+        Some(&(*entry).pod)
+    }
+}
+
+/// Whether `addr` is a node's underlay address (`NODE_ADDRS`), from this CPU's copy when it
+/// holds one of the current epoch; a hit is kept. A call of its own, as [`local_pod_at`].
+#[inline(never)]
+pub(crate) fn known_node(addr: &Addr) -> bool {
+    let stamp = cache_stamp();
+    if cached_addr(&NODE_ADDR_CACHE, addr, stamp).is_some() {
+        return true;
+    }
+    // SAFETY: only presence is checked.
+    if unsafe { NODE_ADDRS.get(addr) }.is_none() {
+        return false;
+    }
+    let _ = cache_slot(&NODE_ADDR_CACHE, addr, stamp);
+    true
+}
+
+/// What an address cache entry of the current epoch carries: the epoch plus one (0, never
+/// used: no overlay config, or the epoch about to wrap to where unfilled slots are).
+#[inline(always)]
+fn cache_stamp() -> u32 {
+    config().map_or(0, |config| config.pods_epoch.wrapping_add(1))
+}
+
+/// This CPU's entry for `addr` in `cache`, if it was filled under `stamp`.
+#[inline(always)]
+fn cached_addr(
+    cache: &'static PerCpuArray<AddrCacheEntry>,
+    addr: &Addr,
+    stamp: u32,
+) -> Option<&'static AddrCacheEntry> {
+    if stamp == 0 {
+        return None;
+    }
+    let entry = cache.get(addr_cache_slot(addr))?;
+    // SAFETY: both are whole 16-byte addresses at even offsets.
+    (entry.epoch_plus_one == stamp && unsafe { same_bytes::<16>(entry.addr.as_ptr(), addr) })
+        .then_some(entry)
+}
+
+/// This CPU's slot for `addr` in `cache`, claimed for it under `stamp` (the caller fills in
+/// what it found); `None` when nothing may be cached.
+#[inline(always)]
+fn cache_slot(
+    cache: &'static PerCpuArray<AddrCacheEntry>,
+    addr: &Addr,
+    stamp: u32,
+) -> Option<*mut AddrCacheEntry> {
+    if stamp == 0 {
+        return None;
+    }
+    let slot = cache.get_ptr_mut(addr_cache_slot(addr))?;
+    // SAFETY: this CPU's slot of a per-CPU map, used by one program run at a time.
+    let entry = unsafe { &mut *slot };
+    copy_addr(&mut entry.addr, addr);
+    entry.epoch_plus_one = stamp;
+    Some(slot)
+}
+
 /// Whether a packet's destination is known to lie outside every pod network, this node's
 /// pods and every remote pod subnet (`OUTSIDE`, kept by the agent): then neither local
 /// delivery nor the overlay applies, and their lookups are skipped. `false` when unknown.
@@ -873,8 +955,7 @@ fn unwrap_geneve(
         return Ok(None);
     }
     check_vlan(packet, parsed, config)?;
-    // SAFETY: only presence is checked.
-    if unsafe { NODE_ADDRS.get(&key.data) }.is_none() {
+    if !known_node(&key.data) {
         return Err(DropReason::GeneveUnknownNode);
     }
     let geneve = parsed.l4_offset + UDP_LEN;
@@ -886,8 +967,7 @@ fn unwrap_geneve(
     if is_group(&key.data) {
         return Ok(None);
     }
-    // SAFETY: the value is copied out before anything can change the map.
-    let pod = unsafe { LOCAL_PODS.get(&key.data) }.copied();
+    let pod = local_pod_at(&key.data).copied();
     if pod.is_none() && !egress_bound(packet, inner, key)? {
         return Err(DropReason::GeneveNoLocalPod);
     }

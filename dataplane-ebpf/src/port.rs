@@ -28,7 +28,7 @@ use dataplane_common::{
 };
 
 use crate::{
-    copy::copy_bytes,
+    copy::{copy_bytes, same_bytes},
     maps::{OVERLAY_CONFIG, POD_PORTS, PORT_CACHE},
     parse::{ETH_P_ARP, ETH_P_IP, ETH_P_IPV6, IPPROTO_ICMPV6, IPPROTO_UDP},
     stage::Stage,
@@ -352,29 +352,6 @@ fn check_to_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
     } else {
         Err(DropReason::PortDstIp)
     }
-}
-
-/// Whether the `N` bytes at `at` equal `expected` (`N` even), compared as 16-bit words into
-/// one accumulator: no copy of either side on the stack.
-///
-/// # Safety
-/// `at` must be valid for reading `N` bytes. Both sides sit at even offsets (MACs, addresses
-/// in the headers and in `PodPort`); the JIT's loads do not need more.
-#[inline(always)]
-unsafe fn same_bytes<const N: usize>(at: *const u8, expected: &[u8; N]) -> bool {
-    const { assert!(N.is_multiple_of(2)) };
-    let (at, expected) = (at.cast::<u16>(), expected.as_ptr().cast::<u16>());
-    let mut differ = 0u16;
-    let mut i = 0;
-    while i < N / 2 {
-        // SAFETY: the caller's contract; `i < N / 2` words. Volatile, so each word is compared
-        // as it is read instead of all being loaded (and spilled) first.
-        differ |= unsafe {
-            core::ptr::read_volatile(at.add(i)) ^ core::ptr::read_volatile(expected.add(i))
-        };
-        i += 1;
-    }
-    differ == 0
 }
 
 /// Whether the `N` bytes at `at` are all zero (the unspecified address).

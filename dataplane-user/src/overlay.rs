@@ -330,8 +330,9 @@ impl Dataplane {
     /// Makes the overlay maps equal `desired`, writing only differences. Each map gets its new
     /// and changed entries before its stale ones go; the maps packets are sent to (pods, nodes,
     /// remote CIDRs) are complete before the config that enables the overlay is written. The
-    /// config's `pods_epoch` moves on when the local pods or their port records changed (the
-    /// kernel's flow cache and port-security copies drop what they cached from them).
+    /// config's `pods_epoch` moves on when the local pods, their port records or the nodes
+    /// (addresses, pod subnets) changed (the kernel's flow caches and port-security copies
+    /// drop what they cached from them).
     /// `last`: what the previous call wrote, to compare with instead of reading every entry
     /// back (`None`: compared with what the kernel holds, as a first or full sync must).
     pub fn sync_overlay(
@@ -411,8 +412,12 @@ impl Dataplane {
         stats.add(self.sync_xdp_pods(&desired.xdp_pods, last.map(|l| &l.xdp_pods))?);
 
         // The same shared node entries as last written: nothing to compare.
+        let mut nodes_changed = false;
         if !last.is_some_and(|l| Arc::ptr_eq(&l.node_maps, &desired.node_maps)) {
-            stats.add(self.sync_node_maps(&desired.node_maps, last.map(|l| &*l.node_maps))?);
+            let node_changes =
+                self.sync_node_maps(&desired.node_maps, last.map(|l| &*l.node_maps))?;
+            nodes_changed = node_changes.written + node_changes.deleted > 0;
+            stats.add(node_changes);
         }
 
         stats.written += self.write_outside(&narrowed, &wanted_outside)?;
@@ -420,9 +425,12 @@ impl Dataplane {
         let mut config: Array<&mut MapData, OverlayConfig> =
             self.typed_map(maps::OVERLAY_CONFIG)?;
         let current = config.get(&0, 0).map_err(sync_err(maps::OVERLAY_CONFIG))?;
-        // Written after the pods: what the kernel cached from the old ones is stale from here.
+        // Written after the pods and nodes: what the kernel cached from the old ones is stale
+        // from here (XDP's NodePort flow cache keeps a backend's node and route).
         let wanted = OverlayConfig {
-            pods_epoch: current.pods_epoch.wrapping_add(pods_changed as u32),
+            pods_epoch: current
+                .pods_epoch
+                .wrapping_add((pods_changed || nodes_changed) as u32),
             ..desired.config
         };
         if current != wanted {

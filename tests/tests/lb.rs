@@ -2573,3 +2573,158 @@ fn only_maps_this_load_created_skip_their_first_read_and_a_restart_still_sweeps(
         "10.244.2.5 swept by the restarted agent"
     );
 }
+
+/// A NodePort flow to a backend on another node: after its first packet through tc, XDP
+/// translates and wraps its packets, and from the second on within a clock second replays
+/// them from its per-CPU flow cache (no conntrack, pod, pod-subnet or route lookup), every
+/// byte as the full path writes it. Segments that end the connection, a change of the pods
+/// or nodes, and a backend that went away all take the full path again.
+#[test]
+fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
+    if !privileged("node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache") {
+        return;
+    }
+    use dataplane_tests::overlay_bed::UNDERLAY_MAC;
+    // The cache is per CPU: every test run on one CPU.
+    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    let fixture = &mut bed.fixture;
+    let mut state = LbState::default();
+    let mut port = service("10.96.0.80", 80, 6, &["10.244.2.5:8080"], 0);
+    port.key.addr = dataplane_common::lb::NODEPORT_ANY_V4;
+    port.key.port_be = 30081u16.to_be_bytes();
+    port.key.scope = dataplane_common::lb::SCOPE_NODEPORT;
+    fixture
+        .sync_lb(&mut state, std::slice::from_ref(&port))
+        .expect("sync");
+    let client_mac = "02:00:00:00:99:50";
+    let node_mac = packets::mac_text(&UNDERLAY_MAC);
+    let segment = |flags: &str| {
+        tcp_frame(
+            "10.99.0.50",
+            45001,
+            "10.99.0.1",
+            30081,
+            flags,
+            client_mac,
+            &node_mac,
+        )
+    };
+    let out = fixture
+        .run_tc(PROG_UNDERLAY_TC, &segment("S"), 1)
+        .expect("tc run");
+    assert_eq!(
+        out.action,
+        TC_ACT_REDIRECT,
+        "{:?}",
+        fixture.counters().drops
+    );
+    let decoded = scapy::call(&json!({"op": "decode", "hex": hex(&out.output)})).expect("decode");
+    let inner = scapy::unhex(decoded["inner"].as_str().expect("inner"));
+    let masquerade = u16::from_be_bytes([inner[34], inner[35]]);
+    assert!(
+        (SNAT_PORT_MIN..=SNAT_PORT_MAX).contains(&masquerade)
+            || (SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX).contains(&masquerade),
+        "masquerade port {masquerade}"
+    );
+    let flow = ct_key("10.99.0.50", 45001, "10.99.0.1", 30081, 6, CT_ORIGINAL);
+    let wrapped = |flags: &str| {
+        let inner = tcp_frame(
+            "10.99.0.1",
+            masquerade,
+            "10.244.2.5",
+            8080,
+            flags,
+            client_mac,
+            &node_mac,
+        );
+        geneve_to_node_b(&inner, &flow)
+    };
+    let cached = |fixture: &Fixture| {
+        fixture
+            .counters()
+            .packets(Hook::Underlay, PacketClass::ServiceFlowCached)
+    };
+    let encapsulated = |fixture: &Fixture| {
+        fixture
+            .counters()
+            .packets(Hook::Underlay, PacketClass::GeneveEncap)
+    };
+    // Built before the runs (each scapy call takes a while): every step runs early in a clock
+    // second, so an entry filled in it is still current.
+    let (ack, fin) = (segment("A"), segment("FA"));
+    let (wrapped_ack, wrapped_fin) = (hex(&wrapped("A")), hex(&wrapped("FA")));
+    let second = early_in_a_second(0);
+    // The first XDP packet takes the full path and fills the cache; the next is replayed.
+    for replays in [0, 1, 2] {
+        let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+        assert_eq!(out.action, XDP_REDIRECT, "{:?}", fixture.counters().drops);
+        assert_eq!(hex(&out.output), wrapped_ack, "every byte as the full path");
+        assert_eq!(cached(fixture), replays);
+    }
+    assert_eq!(encapsulated(fixture), 3);
+    // A segment that ends the connection is tracked by the full path, not replayed.
+    let out = fixture.run_xdp(PROG_UNDERLAY, &fin, 1).expect("xdp run");
+    assert_eq!(out.action, XDP_REDIRECT);
+    assert_eq!(hex(&out.output), wrapped_fin);
+    assert_eq!(cached(fixture), 2);
+    let entry = ct_entry(fixture, &flow).expect("conntrack entry");
+    assert_ne!(entry.flags & CT_CLOSING, 0, "the FIN was tracked");
+    // A change of the nodes (a node added) moves the epoch: the next packet takes the full
+    // path again and refills, the one after is replayed.
+    early_in_a_second(second);
+    let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+    assert_eq!(hex(&out.output), wrapped_ack);
+    assert_eq!(
+        cached(fixture),
+        2,
+        "a new clock second: the full path again"
+    );
+    let mut nodes: Vec<_> = bed.view.nodes.iter().cloned().collect();
+    nodes.push(std::sync::Arc::new(dataplane_user::overlay::NodeView {
+        name: "d".into(),
+        addresses: vec![ip("10.99.0.4")],
+        pod_cidrs: vec!["10.244.4.0/24".parse().expect("cidr")],
+    }));
+    bed.view.nodes = std::sync::Arc::new(nodes.into());
+    let before = overlay_epoch(&mut bed.fixture);
+    bed.fixture
+        .sync_overlay(
+            &dataplane_user::overlay::compile(&bed.view).expect("compile"),
+            None,
+        )
+        .expect("sync overlay");
+    let fixture = &mut bed.fixture;
+    assert_eq!(overlay_epoch(fixture), before.wrapping_add(1));
+    for replays in [2, 3] {
+        let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+        assert_eq!(hex(&out.output), wrapped_ack);
+        assert_eq!(cached(fixture), replays);
+    }
+    // The backend went away: nothing is replayed to it; the packet goes up untouched (tc
+    // answers it).
+    let mut gone = port.clone();
+    gone.ready.clear();
+    fixture
+        .sync_lb(&mut state, std::slice::from_ref(&gone))
+        .expect("sync");
+    let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
+    assert_eq!(out.action, XDP_PASS);
+    assert_eq!(out.output, ack, "untouched");
+    assert_eq!(cached(fixture), 3);
+}
+
+/// `OverlayConfig::pods_epoch` as the kernel holds it.
+fn overlay_epoch(fixture: &mut Fixture) -> u32 {
+    let config: Array<&mut MapData, dataplane_common::overlay::OverlayConfig> =
+        fixture.typed_map(maps::OVERLAY_CONFIG).expect("config map");
+    config.get(&0, 0).expect("config").pods_epoch
+}

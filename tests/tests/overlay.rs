@@ -1063,14 +1063,109 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
         100 + dataplane_common::overlay::OUTSIDE_WORDS as usize
     );
     // Node 7 moves (its new address and its subnet's endpoint written, its old address
-    // deleted) and node 49 leaves (its subnet and address deleted).
+    // deleted) and node 49 leaves (its subnet and address deleted); the config is written
+    // too, its epoch moved on (the kernel's per-CPU copies of node lookups are stale).
     let second = overlay::compile(&view(49, Some(7))).expect("compile");
     let stats = fixture.sync_overlay(&second, Some(&first)).expect("sync");
-    assert_eq!((stats.written, stats.deleted), (2, 3));
+    assert_eq!((stats.written, stats.deleted), (3, 3));
     let incremental = remote_subnets(&mut fixture);
     assert_eq!(incremental.len(), 48);
     // The kernel holds what a comparison with its own entries finds nothing to change in.
     let stats = fixture.sync_overlay(&second, None).expect("sync");
     assert_eq!((stats.written, stats.deleted), (0, 0));
     assert_eq!(remote_subnets(&mut fixture), incremental);
+}
+
+/// The per-CPU copies of node and pod lookups (`DP_OVL_NODE_CACHE`, `DP_OVL_POD_CACHE`) that
+/// decapsulation reads first: filled by a frame's lookups, and never answering after the agent
+/// changed the nodes or pods (the epoch moves on): a removed node's Geneve is refused, a frame
+/// for a removed pod is dropped, as with no copy at all.
+#[test]
+fn cached_node_and_pod_lookups_follow_the_agents_changes() {
+    if !privileged("cached_node_and_pod_lookups_follow_the_agents_changes") {
+        return;
+    }
+    use dataplane_common::overlay::{AddrCacheEntry, addr_cache_slot};
+    use dataplane_user::overlay::{addr16, compile};
+    // The copies are per CPU: every test run on one CPU.
+    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(0, &mut set);
+        assert_eq!(
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
+            0
+        );
+    }
+    let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
+    let inner = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 1, 3]);
+    let packet = geneve(json!({}), &inner);
+    let copy_of = |bed: &dataplane_tests::overlay_bed::Bed, map: &'static str, addr: &str| {
+        let cache: aya::maps::PerCpuArray<&MapData, AddrCacheEntry> =
+            aya::maps::PerCpuArray::try_from(bed.fixture.map(map).expect("map")).expect("cache");
+        let addr = addr16(addr.parse().expect("address"));
+        cache.get(&addr_cache_slot(&addr), 0).expect("slot")[0]
+    };
+    for _ in 0..2 {
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &packet, 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS);
+    }
+    let epoch = overlay_epoch(&mut bed);
+    let node = copy_of(&bed, maps::NODE_ADDR_CACHE, "10.99.0.2");
+    assert_eq!(node.addr, addr16("10.99.0.2".parse().expect("address")));
+    assert_eq!(node.epoch_plus_one, epoch.wrapping_add(1));
+    let pod = copy_of(&bed, maps::LOCAL_POD_CACHE, "10.244.1.3");
+    assert_eq!(pod.addr, addr16("10.244.1.3".parse().expect("address")));
+    assert_eq!(pod.epoch_plus_one, epoch.wrapping_add(1));
+    assert_eq!(pod.pod.ifindex, bed.view.local_pods[0].host_ifindex);
+    assert_eq!(pod.pod.pod_mac, LOCAL_POD_MAC);
+    assert_eq!(pod.pod.host_mac, LOCAL_HOST_MAC);
+
+    // Node b leaves the cluster: its Geneve is refused at once.
+    let all_nodes = bed.view.nodes.clone();
+    let without_b: Vec<_> = all_nodes
+        .iter()
+        .filter(|n| n.name != "b")
+        .cloned()
+        .collect();
+    bed.view.nodes = std::sync::Arc::new(without_b.into());
+    let maps = compile(&bed.view).expect("compile");
+    bed.fixture.sync_overlay(&maps, None).expect("sync");
+    assert_eq!(overlay_epoch(&mut bed), epoch.wrapping_add(1));
+    let out = bed
+        .fixture
+        .run_xdp(PROG_UNDERLAY, &packet, 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_DROP);
+    assert_eq!(
+        bed.fixture.counters().drops(DropReason::GeneveUnknownNode),
+        1
+    );
+
+    // Node b is back and the pod is gone: its frames are dropped at once.
+    bed.view.nodes = all_nodes;
+    bed.view.local_pods.retain(|p| p.name != "default/local");
+    let maps = compile(&bed.view).expect("compile");
+    bed.fixture.sync_overlay(&maps, None).expect("sync");
+    let out = bed
+        .fixture
+        .run_xdp(PROG_UNDERLAY, &packet, 1)
+        .expect("xdp run");
+    assert_eq!(out.action, XDP_DROP);
+    assert_eq!(
+        bed.fixture.counters().drops(DropReason::GeneveNoLocalPod),
+        1
+    );
+}
+
+/// `OverlayConfig::pods_epoch` as the kernel holds it.
+fn overlay_epoch(bed: &mut dataplane_tests::overlay_bed::Bed) -> u32 {
+    let config: Array<&mut MapData, dataplane_common::overlay::OverlayConfig> = bed
+        .fixture
+        .typed_map(maps::OVERLAY_CONFIG)
+        .expect("config map");
+    config.get(&0, 0).expect("config").pods_epoch
 }

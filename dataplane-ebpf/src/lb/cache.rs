@@ -418,7 +418,7 @@ fn opens_or_closes(ctx: &TcContext, l4: usize) -> bool {
 
 /// Whether two flow keys are equal, compared as ten words (`CtKey` is 4-aligned).
 #[inline(always)]
-fn same_flow(a: &CtKey, b: &CtKey) -> bool {
+pub(super) fn same_flow(a: &CtKey, b: &CtKey) -> bool {
     let (a, b) = (
         (a as *const CtKey).cast::<u32>(),
         (b as *const CtKey).cast::<u32>(),

@@ -16,13 +16,16 @@
 //! changed words: XDP has no checksum helpers, and the payload is never read.
 
 use aya_ebpf::{
-    bindings::xdp_action,
+    bindings::{xdp_action, xdp_md},
     helpers::{bpf_redirect, bpf_xdp_adjust_head},
     programs::XdpContext,
 };
 use dataplane_common::{
-    DropReason, PacketClass,
-    lb::{CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_SNAT, SERVICE_PORTS_BASE, flow_hash},
+    DropReason, Hook, PacketClass,
+    lb::{
+        CT_AFFINITY, CT_CLOSING, CT_ORIGINAL, CT_SNAT, CtKey, SERVICE_PORTS_BASE,
+        XdpFlowCacheEntry, flow_cache_slot, flow_hash,
+    },
     overlay::{
         ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
         OVERLAY_XDP_FORWARD, OverlayConfig, RouteCacheEntry, TunnelEndpoint,
@@ -30,16 +33,17 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, TCP_SYN, expired, live_backend, outside_scope,
-    port_marked, refresh_affinity, scratch, touch,
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, TCP_FIN, TCP_RST, TCP_SYN, cache::same_flow,
+    expired, live_backend, outside_scope, port_marked, refresh_affinity, scratch, touch,
 };
 use crate::{
-    clock::now,
+    clock::{clock, now},
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{addr_diff, csum_diff, updated, write_ipv4},
-    maps::{LB_CT, LOCAL_PODS, ROUTE_CACHE, SCRATCH},
+    maps::{LB_CT, LB_XDP_FLOW_CACHE, LOCAL_PODS, ROUTE_CACHE, SCRATCH},
     overlay::{self, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve},
     stage::Stage,
+    stats::count_outcome,
     work::{LbScratch, Parsed},
 };
 
@@ -84,19 +88,149 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     // Sets `s.node_addr`, the masquerade source towards remote backends.
     outside_scope(config, s);
     s.flow.direction = CT_ORIGINAL;
-    let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
+    // Segments that open or end a connection take the full path, which tracks them.
+    let cacheable = s.tcp_flags & (TCP_SYN | TCP_FIN | TCP_RST) == 0;
+    let frame_len = ctx.data_end() - ctx.data();
+    let hit = if cacheable {
+        cached_remote(config, frame_len, s)
+    } else {
+        None
+    };
+    let replayed = hit.is_some();
+    let entry = match hit {
+        Some(entry) => entry,
+        None => match tracked(ctx, parsed, config, s)? {
+            Tracked::Pass => return Ok(None),
+            Tracked::Local => {
+                translate(ctx, 0, l4, ipv4, s)?;
+                return Ok(Some((xdp_action::XDP_PASS, PacketClass::ServiceDnat)));
+            }
+            Tracked::Remote(endpoint, route, backend_id) => {
+                // Sent from the cache slot either way (a cacheable flow's entry is kept).
+                let Some(entry) = remember(endpoint, route, backend_id, cacheable, config, s)
+                else {
+                    return Ok(None);
+                };
+                entry
+            }
+        },
+    };
+    // Within bounds: `l4 <= MAX_L4_OFFSET`, and an XDP frame is shorter than 64 KiB.
+    let shape = (frame_len as u32) << 16 | (ipv4 as u32) << 8 | l4 as u32;
+    let sent = lb_xdp_nodeport_send(ctx.ctx, s, entry, shape);
+    if sent == SEND_UNTOUCHED {
+        // Untouched still: tc does it all.
         return Ok(None);
+    }
+    if sent < 0 {
+        let code = (SEND_UNTOUCHED - 1 - sent) as u32;
+        return Err(DropReason::from_code(code).unwrap_or(DropReason::OverlayEncapFailed));
+    }
+    if replayed {
+        count_outcome(Hook::Underlay, PacketClass::ServiceFlowCached);
+    }
+    Ok(Some((sent as u32, PacketClass::GeneveEncap)))
+}
+
+/// [`lb_xdp_nodeport_send`]: the frame could not be made room for and is untouched. Below it,
+/// `SEND_UNTOUCHED - 1 - reason` for a frame changed and not finished.
+const SEND_UNTOUCHED: i64 = -1;
+
+/// The end of a NodePort packet's way to a remote backend, for both the cached and the full
+/// path: room made in front of the frame, the translation in the working set written (`s`),
+/// wrapped in Geneve to the cache entry's node and route (`entry`), sent. A global BPF
+/// function, verified once on its own rather than once after each of the two paths (whose
+/// states differ too much to be merged). `shape`: the frame's length `<< 16 | ipv4 << 8 |` its
+/// transport offset (BPF functions take five arguments at most). Returns the XDP action, or
+/// [`SEND_UNTOUCHED`] and what lies below it.
+#[unsafe(no_mangle)]
+#[inline(never)]
+pub extern "C" fn lb_xdp_nodeport_send(
+    xdp: *mut xdp_md,
+    s: *mut LbScratch,
+    entry: *const XdpFlowCacheEntry,
+    shape: u32,
+) -> i64 {
+    if s.is_null() || entry.is_null() {
+        return SEND_UNTOUCHED;
+    }
+    let ctx = XdpContext::new(xdp);
+    // SAFETY: the caller's per-CPU working set and cache slot (checked non-null above).
+    let (s, entry) = unsafe { (&mut *s, &*entry) };
+    let Some(config) = overlay::config() else {
+        return SEND_UNTOUCHED;
+    };
+    let (frame_len, ipv4, l4) = (shape >> 16, (shape >> 8) & 1 != 0, shape & 0xFF);
+    match send(
+        &ctx,
+        config,
+        entry,
+        l4 as usize,
+        ipv4,
+        frame_len as usize,
+        s,
+    ) {
+        Ok(Some(action)) => action as i64,
+        Ok(None) => SEND_UNTOUCHED,
+        Err(reason) => SEND_UNTOUCHED - 1 - reason as i64,
+    }
+}
+
+#[inline(always)]
+fn send(
+    ctx: &XdpContext,
+    config: &OverlayConfig,
+    entry: &XdpFlowCacheEntry,
+    l4: usize,
+    ipv4: bool,
+    frame_len: usize,
+    s: &mut LbScratch,
+) -> Result<Option<u32>, DropReason> {
+    let overhead = if entry.endpoint.family == FAMILY_IPV6 {
+        ENCAP_OVERHEAD_V6
+    } else {
+        ENCAP_OVERHEAD_V4
+    } as usize;
+    // SAFETY: plain helper call; the headroom XDP keeps in front of every frame is 256 bytes.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
+        return Ok(None);
+    }
+    translate(ctx, overhead, l4, ipv4, s).map_err(|_| DropReason::OverlayEncapFailed)?;
+    encapsulate(ctx, config, &entry.endpoint, &entry.route, frame_len, s).map(Some)
+}
+
+/// What the conntrack says of a NodePort packet (the translation is in the working set).
+enum Tracked {
+    /// Not this path's (untracked, expired, reopened, backend gone, no route yet): pass up.
+    Pass,
+    /// To a backend on this node.
+    Local,
+    /// To a backend on another node: its tunnel endpoint, this CPU's route to it, its id.
+    Remote(&'static TunnelEndpoint, &'static RouteCacheEntry, u32),
+}
+
+/// The full path: the flow's conntrack entry (refreshed: this packet is the path's from now
+/// on unless it passes), its backend and where that backend lives.
+#[inline(always)]
+fn tracked(
+    ctx: &XdpContext,
+    parsed: &Parsed,
+    config: &OverlayConfig,
+    s: &mut LbScratch,
+) -> Result<Tracked, DropReason> {
+    let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
+        return Ok(Tracked::Pass);
     };
     // SAFETY: a valid map value pointer for this program run.
     let entry = unsafe { &mut *entry };
     let now = now();
     let reopened = s.tcp_flags & TCP_SYN != 0 && entry.flags & CT_CLOSING != 0;
     if expired(entry, s.flow.protocol, now) || reopened {
-        return Ok(None);
+        return Ok(Tracked::Pass);
     }
     // A backend that went away: tc resets TCP and re-picks for the others.
     if live_backend(entry.backend_id).is_none() {
-        return Ok(None);
+        return Ok(Tracked::Pass);
     }
     copy_addr(&mut s.new_addr, &entry.addr);
     s.new_port = entry.port_be;
@@ -117,7 +251,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     } else {
         match remote_route(ctx, parsed, config, s) {
             Some(remote) => Some(remote),
-            None => return Ok(None),
+            None => return Ok(Tracked::Pass),
         }
     };
     // Decided: from here on the packet is this path's.
@@ -125,24 +259,95 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if entry.flags & CT_AFFINITY != 0 {
         refresh_affinity(s, entry.service_id, entry.backend_id, now);
     }
-    let Some((endpoint, route)) = remote else {
-        translate(ctx, 0, l4, ipv4, s)?;
-        return Ok(Some((xdp_action::XDP_PASS, PacketClass::ServiceDnat)));
-    };
-    let overhead = if endpoint.family == FAMILY_IPV6 {
+    Ok(match remote {
+        Some((endpoint, route)) => Tracked::Remote(endpoint, route, entry.backend_id),
+        None => Tracked::Local,
+    })
+}
+
+/// This CPU's NodePort flow cache entry for the flow in `s.flow` (its tunnel endpoint and
+/// route), with its translation put in the working set, when the cache holds it for now:
+/// filled in this clock second under the current local pods and nodes, forwarding in XDP
+/// still allowed, its backend live, and this frame within the pod MTU and the length the
+/// route was checked for (as [`remote_route`] requires).
+#[inline(always)]
+fn cached_remote(
+    config: &OverlayConfig,
+    frame_len: usize,
+    s: &mut LbScratch,
+) -> Option<&'static XdpFlowCacheEntry> {
+    // Forwarding in XDP turned off: at once, not at the end of the second.
+    if config.flags & OVERLAY_XDP_FORWARD == 0 {
+        return None;
+    }
+    let entry = LB_XDP_FLOW_CACHE.get(flow_cache_slot(&s.flow))?;
+    if !same_flow(&entry.flow, &s.flow)
+        || clock().0 >= entry.until
+        || entry.epoch != config.pods_epoch
+    {
+        return None;
+    }
+    let overhead = if entry.endpoint.family == FAMILY_IPV6 {
         ENCAP_OVERHEAD_V6
     } else {
         ENCAP_OVERHEAD_V4
     } as usize;
-    let frame_len = ctx.data_end() - ctx.data();
-    // SAFETY: plain helper call; the headroom XDP keeps in front of every frame is 256 bytes.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
-        // Untouched still: tc does it all.
-        return Ok(None);
+    let inner = frame_len.checked_sub(ETH_LEN)?;
+    if inner > config.pod_mtu as usize || inner + overhead > entry.route.fits_len as usize {
+        return None;
     }
-    translate(ctx, overhead, l4, ipv4, s).map_err(|_| DropReason::OverlayEncapFailed)?;
-    let action = encapsulate(ctx, config, endpoint, route, frame_len, s)?;
-    Ok(Some((action, PacketClass::GeneveEncap)))
+    live_backend(entry.backend_id)?;
+    copy_addr(&mut s.new_addr, &entry.new_addr);
+    copy_addr(&mut s.snat_addr, &entry.snat_addr);
+    s.new_port = entry.new_port;
+    s.snat_port = entry.snat_port;
+    Some(entry)
+}
+
+/// Writes the full path's decision for the flow in `s.flow` (its translation in the working
+/// set) into its slot of this CPU's NodePort flow cache, and returns the slot: valid until the
+/// end of this clock second or of the route's validity, whichever comes first, if `cacheable`;
+/// otherwise only this packet's (never replayed).
+#[inline(always)]
+fn remember(
+    endpoint: &TunnelEndpoint,
+    route: &RouteCacheEntry,
+    backend_id: u32,
+    cacheable: bool,
+    config: &OverlayConfig,
+    s: &LbScratch,
+) -> Option<&'static XdpFlowCacheEntry> {
+    let entry = LB_XDP_FLOW_CACHE.get_ptr_mut(flow_cache_slot(&s.flow))?;
+    // SAFETY: this CPU's slot of a per-CPU map, used by one program run at a time.
+    let entry = unsafe { &mut *entry };
+    // SAFETY: whole values of the same types on both sides.
+    unsafe {
+        copy_bytes::<{ core::mem::size_of::<CtKey>() }>(
+            (&mut entry.flow as *mut CtKey).cast(),
+            (&s.flow as *const CtKey).cast(),
+        );
+        copy_bytes::<{ core::mem::size_of::<TunnelEndpoint>() }>(
+            (&mut entry.endpoint as *mut TunnelEndpoint).cast(),
+            (endpoint as *const TunnelEndpoint).cast(),
+        );
+        copy_bytes::<{ core::mem::size_of::<RouteCacheEntry>() }>(
+            (&mut entry.route as *mut RouteCacheEntry).cast(),
+            (route as *const RouteCacheEntry).cast(),
+        );
+    }
+    copy_addr(&mut entry.new_addr, &s.new_addr);
+    copy_addr(&mut entry.snat_addr, &s.snat_addr);
+    entry.new_port = s.new_port;
+    entry.snat_port = s.snat_port;
+    entry.backend_id = backend_id;
+    entry.epoch = config.pods_epoch;
+    entry.until = if cacheable {
+        let (ticks, per_second) = clock();
+        ((ticks / per_second + 1) * per_second).min(route.until)
+    } else {
+        0
+    };
+    Some(entry)
 }
 
 /// Reads the packet's flow into `s.flow` (direction unset) straight from the packet.

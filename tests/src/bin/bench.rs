@@ -3,13 +3,17 @@
 //! numbers taken under the same conditions. A benchmark: it reports, it does not pass or fail.
 
 use clap::Parser;
-use dataplane_common::maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY};
+use dataplane_common::{
+    lb::{NODEPORT_ANY_V4, SCOPE_NODEPORT, ServiceKey},
+    maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+};
 use dataplane_tests::median;
 use dataplane_tests::{
     hybrid_bed::{self, HYBRID_POD, HYBRID_ROUTER_MAC, ROUTER_MAC},
-    overlay_bed,
+    overlay_bed::{self, UNDERLAY_MAC},
     packets::{self, Ext},
 };
+use dataplane_user::lb::{BackendAddr, LbState, ServicePort};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -114,6 +118,7 @@ fn cases() -> Vec<Case> {
         &from_hybrid_pod,
     );
     let to_hybrid_pod = packets::with_ipv4_destination(&packets::ipv4_tcp(), HYBRID_POD);
+    let node_port = node_port_datagram();
     vec![
         case(PROG_BASELINE, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
         case(PROG_UNDERLAY, Hook::Xdp, "ipv4 tcp", packets::ipv4_tcp()),
@@ -163,7 +168,58 @@ fn cases() -> Vec<Case> {
             to_hybrid_pod,
         ),
         single(PROG_FROM_POD, Hook::Tc, "same-node redirect", to_local_pod),
+        single(
+            PROG_UNDERLAY,
+            Hook::Xdp,
+            "nodeport masq + geneve encap",
+            node_port,
+        ),
     ]
+}
+
+/// The external client of the NodePort case, on the underlay's subnet.
+const NODE_PORT_CLIENT: [u8; 4] = [10, 99, 0, 50];
+const NODE_PORT_CLIENT_MAC: [u8; 6] = [0x02, 0, 0, 0, 0x99, 0x50];
+const NODE_PORT: u16 = 30053;
+
+/// A datagram from the external client to this node's UDP NodePort, whose backend is a pod of
+/// node b: after the flow's first packet (through `tc_underlay`), XDP masquerades it, wraps it
+/// in Geneve and sends it back out (what `lb_pps` measures end to end).
+fn node_port_datagram() -> Vec<u8> {
+    let mut frame = packets::udp_v4_flow(NODE_PORT_CLIENT, 40000, [10, 99, 0, 1], NODE_PORT);
+    frame[..6].copy_from_slice(&UNDERLAY_MAC);
+    frame[6..12].copy_from_slice(&NODE_PORT_CLIENT_MAC);
+    frame
+}
+
+/// Installs the UDP NodePort (backend 10.244.2.5:5353, on node b) and opens its flow with the
+/// first datagram through `tc_underlay`, as the stack hands it up when XDP passes it.
+fn open_node_port_flow(fixture: &mut dataplane_tests::fixture::Fixture) -> anyhow::Result<()> {
+    let port = ServicePort {
+        name: "bench/nodeport".into(),
+        key: ServiceKey {
+            addr: NODEPORT_ANY_V4,
+            port_be: NODE_PORT.to_be_bytes(),
+            protocol: 17,
+            scope: SCOPE_NODEPORT,
+        },
+        affinity_timeout: 0,
+        ready: vec![BackendAddr {
+            ip: "10.244.2.5".parse()?,
+            port: 5353,
+        }],
+        terminating: Vec::new(),
+    };
+    fixture.sync_lb(&mut LbState::default(), &[port])?;
+    fixture.sync_node_addresses(&["10.99.0.1".parse()?, "fd99::1".parse()?])?;
+    let first = fixture.run_tc(PROG_UNDERLAY_TC, &node_port_datagram(), 1)?;
+    // TC_ACT_REDIRECT: masqueraded, wrapped and sent towards node b.
+    anyhow::ensure!(
+        first.action == 7,
+        "the NodePort flow's first datagram was not forwarded (action {})",
+        first.action
+    );
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -177,6 +233,7 @@ fn main() -> anyhow::Result<()> {
     let mut bed = overlay_bed::bed()?;
     hybrid_bed::set_hybrid(&mut bed, Some(hybrid_bed::hybrid_view(4789, true)))?;
     let fixture = &mut bed.fixture;
+    open_node_port_flow(fixture)?;
     let mut cases = cases();
     if let Some(only) = &args.only {
         cases.retain(|c| {
