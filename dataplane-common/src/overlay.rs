@@ -30,6 +30,17 @@ pub const ENCAP_OVERHEAD_V6: u32 = 40 + 8 + 8 + 14;
 pub const FAMILY_IPV4: u8 = 4;
 pub const FAMILY_IPV6: u8 = 6;
 
+/// What encapsulation towards an endpoint of `family` (`FAMILY_*`) puts in front of the
+/// inner frame: [`ENCAP_OVERHEAD_V6`] or [`ENCAP_OVERHEAD_V4`].
+#[inline(always)]
+pub const fn encap_overhead(family: u8) -> u32 {
+    if family == FAMILY_IPV6 {
+        ENCAP_OVERHEAD_V6
+    } else {
+        ENCAP_OVERHEAD_V4
+    }
+}
+
 /// `OverlayConfig::flags`: the node has an IPv4 underlay address.
 pub const OVERLAY_HAS_IPV4: u16 = 1 << 0;
 /// `OverlayConfig::flags`: the node has an IPv6 underlay address.

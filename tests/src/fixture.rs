@@ -73,6 +73,12 @@ impl Fixture {
         Ok(())
     }
 
+    /// `OverlayConfig::pods_epoch` as the kernel holds it.
+    pub fn pods_epoch(&mut self) -> anyhow::Result<u32> {
+        let config: Array<&mut MapData, OverlayConfig> = self.typed_map(OVERLAY_CONFIG)?;
+        Ok(config.get(&0, 0)?.pods_epoch)
+    }
+
     /// [`Fixture::port_as`] the pod `frame` comes from: its source MAC and address.
     pub fn port_as_sender_of(&mut self, frame: &[u8]) -> anyhow::Result<()> {
         let (mac, address) = crate::packets::source_of(frame)?;
@@ -115,5 +121,19 @@ impl Drop for Fixture {
         if let Err(e) = self.pins.remove_all() {
             eprintln!("fixture cleanup: {e}");
         }
+    }
+}
+
+/// Keeps the calling thread on the CPU it runs on: BPF_PROG_TEST_RUN runs the program there,
+/// and a test of per-CPU state (the caches) must stay on the same CPU's.
+pub fn pin_to_one_cpu() {
+    // SAFETY: plain libc calls on a zeroed cpu_set_t owned here.
+    unsafe {
+        let cpu = libc::sched_getcpu();
+        assert!(cpu >= 0, "sched_getcpu");
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu as usize, &mut set);
+        let result = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
+        assert_eq!(result, 0, "sched_setaffinity");
     }
 }

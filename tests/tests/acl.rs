@@ -787,7 +787,7 @@ fn audited_namespaces_send_one_record_per_denied_packet_and_allowed_connection()
     // Over the per-CPU rate: a burst of the rate goes out, the rest is counted; the next
     // record after the bucket refills says how many were suppressed. The buckets are per CPU:
     // this thread stays on one for the rest of the test.
-    pin_to_one_cpu();
+    dataplane_tests::fixture::pin_to_one_cpu();
     fixture.set_audit_rate(3).expect("rate");
     std::thread::sleep(std::time::Duration::from_millis(1100));
     for _ in 0..10 {
@@ -804,20 +804,6 @@ fn audited_namespaces_send_one_record_per_denied_packet_and_allowed_connection()
         counters.packets(Hook::FromPod, PacketClass::AuditSuppressed),
         7
     );
-}
-
-/// Keeps the calling thread on the CPU it runs on (BPF_PROG_TEST_RUN runs the program there,
-/// and per-CPU state must stay the same CPU's).
-fn pin_to_one_cpu() {
-    // SAFETY: plain libc calls on a zeroed cpu_set_t owned here.
-    unsafe {
-        let cpu = libc::sched_getcpu();
-        assert!(cpu >= 0, "sched_getcpu");
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu as usize, &mut set);
-        let result = libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set);
-        assert_eq!(result, 0, "sched_setaffinity");
-    }
 }
 
 /// The team's firewall allowing `hosts` single addresses (203.0.113.1 on) and denying the

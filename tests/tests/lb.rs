@@ -1876,15 +1876,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     use dataplane_user::overlay::{LocalPodView, compile};
     const TC_ACT_REDIRECT: u32 = 7;
     // The cache is per CPU, as a flow's packets mostly are: every test run on one CPU.
-    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
+    dataplane_tests::fixture::pin_to_one_cpu();
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     // The client is a pod of this node too, behind a veth of its own: each side's frames are
     // run on its pod's device, as port security and the cache's sender check expect.
@@ -2586,15 +2578,7 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
     }
     use dataplane_tests::overlay_bed::UNDERLAY_MAC;
     // The cache is per CPU: every test run on one CPU.
-    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
+    dataplane_tests::fixture::pin_to_one_cpu();
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let fixture = &mut bed.fixture;
     let mut state = LbState::default();
@@ -2695,7 +2679,7 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
         pod_cidrs: vec!["10.244.4.0/24".parse().expect("cidr")],
     }));
     bed.view.nodes = std::sync::Arc::new(nodes.into());
-    let before = overlay_epoch(&mut bed.fixture);
+    let before = bed.fixture.pods_epoch().expect("epoch");
     bed.fixture
         .sync_overlay(
             &dataplane_user::overlay::compile(&bed.view).expect("compile"),
@@ -2703,7 +2687,7 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
         )
         .expect("sync overlay");
     let fixture = &mut bed.fixture;
-    assert_eq!(overlay_epoch(fixture), before.wrapping_add(1));
+    assert_eq!(fixture.pods_epoch().expect("epoch"), before.wrapping_add(1));
     for replays in [2, 3] {
         let out = fixture.run_xdp(PROG_UNDERLAY, &ack, 1).expect("xdp run");
         assert_eq!(hex(&out.output), wrapped_ack);
@@ -2720,11 +2704,4 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
     assert_eq!(out.action, XDP_PASS);
     assert_eq!(out.output, ack, "untouched");
     assert_eq!(cached(fixture), 3);
-}
-
-/// `OverlayConfig::pods_epoch` as the kernel holds it.
-fn overlay_epoch(fixture: &mut Fixture) -> u32 {
-    let config: Array<&mut MapData, dataplane_common::overlay::OverlayConfig> =
-        fixture.typed_map(maps::OVERLAY_CONFIG).expect("config map");
-    config.get(&0, 0).expect("config").pods_epoch
 }

@@ -1088,15 +1088,7 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
     use dataplane_common::overlay::{AddrCacheEntry, addr_cache_slot};
     use dataplane_user::overlay::{addr16, compile};
     // The copies are per CPU: every test run on one CPU.
-    // SAFETY: a zeroed CPU set with one CPU added, for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(0, &mut set);
-        assert_eq!(
-            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set),
-            0
-        );
-    }
+    dataplane_tests::fixture::pin_to_one_cpu();
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let inner = packets::with_ipv4_destination(&packets::ipv4_tcp(), [10, 244, 1, 3]);
     let packet = geneve(json!({}), &inner);
@@ -1104,7 +1096,9 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
         let cache: aya::maps::PerCpuArray<&MapData, AddrCacheEntry> =
             aya::maps::PerCpuArray::try_from(bed.fixture.map(map).expect("map")).expect("cache");
         let addr = addr16(addr.parse().expect("address"));
-        cache.get(&addr_cache_slot(&addr), 0).expect("slot")[0]
+        // SAFETY: sched_getcpu has no preconditions; this thread is pinned to that CPU.
+        let cpu = unsafe { libc::sched_getcpu() } as usize;
+        cache.get(&addr_cache_slot(&addr), 0).expect("slot")[cpu]
     };
     for _ in 0..2 {
         let out = bed
@@ -1113,7 +1107,7 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
             .expect("xdp run");
         assert_eq!(out.action, XDP_PASS);
     }
-    let epoch = overlay_epoch(&mut bed);
+    let epoch = bed.fixture.pods_epoch().expect("epoch");
     let node = copy_of(&bed, maps::NODE_ADDR_CACHE, "10.99.0.2");
     assert_eq!(node.addr, addr16("10.99.0.2".parse().expect("address")));
     assert_eq!(node.epoch_plus_one, epoch.wrapping_add(1));
@@ -1134,7 +1128,10 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
     bed.view.nodes = std::sync::Arc::new(without_b.into());
     let maps = compile(&bed.view).expect("compile");
     bed.fixture.sync_overlay(&maps, None).expect("sync");
-    assert_eq!(overlay_epoch(&mut bed), epoch.wrapping_add(1));
+    assert_eq!(
+        bed.fixture.pods_epoch().expect("epoch"),
+        epoch.wrapping_add(1)
+    );
     let out = bed
         .fixture
         .run_xdp(PROG_UNDERLAY, &packet, 1)
@@ -1159,13 +1156,4 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
         bed.fixture.counters().drops(DropReason::GeneveNoLocalPod),
         1
     );
-}
-
-/// `OverlayConfig::pods_epoch` as the kernel holds it.
-fn overlay_epoch(bed: &mut dataplane_tests::overlay_bed::Bed) -> u32 {
-    let config: Array<&mut MapData, dataplane_common::overlay::OverlayConfig> = bed
-        .fixture
-        .typed_map(maps::OVERLAY_CONFIG)
-        .expect("config map");
-    config.get(&0, 0).expect("config").pods_epoch
 }

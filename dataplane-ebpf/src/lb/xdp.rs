@@ -28,7 +28,7 @@ use dataplane_common::{
     },
     overlay::{
         ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
-        OVERLAY_XDP_FORWARD, OverlayConfig, RouteCacheEntry, TunnelEndpoint,
+        OVERLAY_XDP_FORWARD, OverlayConfig, RouteCacheEntry, TunnelEndpoint, encap_overhead,
     },
 };
 
@@ -186,11 +186,7 @@ fn send(
     frame_len: usize,
     s: &mut LbScratch,
 ) -> Result<Option<u32>, DropReason> {
-    let overhead = if entry.endpoint.family == FAMILY_IPV6 {
-        ENCAP_OVERHEAD_V6
-    } else {
-        ENCAP_OVERHEAD_V4
-    } as usize;
+    let overhead = encap_overhead(entry.endpoint.family) as usize;
     // SAFETY: plain helper call; the headroom XDP keeps in front of every frame is 256 bytes.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(overhead as i32)) } != 0 {
         return Ok(None);
@@ -287,11 +283,7 @@ fn cached_remote(
     {
         return None;
     }
-    let overhead = if entry.endpoint.family == FAMILY_IPV6 {
-        ENCAP_OVERHEAD_V6
-    } else {
-        ENCAP_OVERHEAD_V4
-    } as usize;
+    let overhead = encap_overhead(entry.endpoint.family) as usize;
     let inner = frame_len.checked_sub(ETH_LEN)?;
     if inner > config.pod_mtu as usize || inner + overhead > entry.route.fits_len as usize {
         return None;
@@ -420,11 +412,7 @@ fn remote_route(
     if frame_len - ETH_LEN as u32 > config.pod_mtu {
         return None;
     }
-    let overhead = if endpoint.family == FAMILY_IPV6 {
-        ENCAP_OVERHEAD_V6
-    } else {
-        ENCAP_OVERHEAD_V4
-    };
+    let overhead = encap_overhead(endpoint.family);
     let len = frame_len + overhead - ETH_LEN as u32;
     // No neighbour yet, a smaller route MTU, no route: tc's path knows what to do.
     let slot = overlay::tunnel_route(ctx, config, endpoint, len)
