@@ -285,6 +285,15 @@ pub const PROG_TC_BASELINE: &str = "tc_baseline";
 pub const PROG_TC_REDIRECT_BASELINE: &str = "tc_redirect_baseline";
 /// One entry: the host-side veth [`PROG_TC_REDIRECT_BASELINE`] redirects to (its peer).
 pub const BASELINE_REDIRECT: &str = "DP_BASELINE_REDIRECT";
+/// The testbed's switch, an XDP program for the ports of the fabric joining simulated nodes
+/// (tests and benchmarks only; the agent never attaches it).
+pub const PROG_FABRIC_SWITCH: &str = "xdp_fabric_switch";
+/// The switch's ports by ifindex (a device map).
+pub const FABRIC_PORTS: &str = "DP_FABRIC_PORTS";
+pub const MAX_FABRIC_PORTS: u32 = 64;
+/// The switch's learned MAC addresses -> port.
+pub const FABRIC_MACS: &str = "DP_FABRIC_MACS";
+pub const MAX_FABRIC_MACS: u32 = 1024;
 /// A program reached by tail call: its `TAILS` slot, and the programs that hand packets to it.
 pub struct TailStage {
     pub slot: u32,
@@ -360,4 +369,5 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_BASELINE,
     PROG_TC_BASELINE,
     PROG_TC_REDIRECT_BASELINE,
+    PROG_FABRIC_SWITCH,
 ];

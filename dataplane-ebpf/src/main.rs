@@ -20,6 +20,8 @@ mod csum;
 #[cfg(target_arch = "bpf")]
 mod egressip;
 #[cfg(target_arch = "bpf")]
+mod fabric;
+#[cfg(target_arch = "bpf")]
 mod frag;
 #[cfg(target_arch = "bpf")]
 mod hybrid;

@@ -74,6 +74,10 @@ pub struct Topology {
     node_metadata_extra: Vec<String>,
     /// Nodes whose Node object says NotReady (`set_node_ready`).
     not_ready: Vec<usize>,
+    /// The namespaces of the hosts on the fabric (`add_host`).
+    hosts: Vec<String>,
+    /// The fabric forwards in XDP (`switch_in_xdp`).
+    switched_in_xdp: bool,
 }
 
 /// The address of the host outside the cluster (`Topology::add_external_host`).
@@ -145,6 +149,8 @@ impl Topology {
             ovn_config_extra: String::new(),
             node_metadata_extra: Vec::new(),
             not_ready: Vec::new(),
+            hosts: Vec::new(),
+            switched_in_xdp: false,
         };
         let fabric = topology.add_namespace("fab")?;
         topology.fabric = fabric.clone();
@@ -233,6 +239,10 @@ impl Topology {
     /// Adds a host named after `suffix` on the fabric at `address` (in the nodes' underlay
     /// subnet), with complete checksums on its wire. Its namespace goes with the topology.
     pub fn add_host(&mut self, suffix: &str, address: Ipv4Addr) -> anyhow::Result<ExternalHost> {
+        ensure!(
+            !self.switched_in_xdp,
+            "hosts join the fabric before it switches in XDP"
+        );
         let netns = self.add_namespace(suffix)?;
         let fabric = self.fabric.clone();
         let port = format!("{suffix}0");
@@ -246,7 +256,47 @@ impl Topology {
         // local sender would otherwise leave them to an offload that never happens, which
         // only the receiving host's own stack forgives.
         sh_in(&netns, "ethtool -K eth0 tx off")?;
+        self.hosts.push(netns.clone());
         Ok(ExternalHost { netns, ip: address })
+    }
+
+    /// Makes the fabric forward unicast frames in XDP (`xdp_fabric_switch`, see its module),
+    /// as a hardware switch would, at no cost to the nodes: a frame a node's XDP sends back
+    /// reaches the next node as an XDP frame, which that node's XDP reads in place. The bridge
+    /// stays for what the switch passes (broadcast, multicast, not yet learned). So that
+    /// every frame on the wire is whole, as it is past a NIC, the nodes complete their
+    /// checksums before sending (`tx off`: an XDP frame carries no checksum-offload state,
+    /// which the bridge's socket buffers kept); the hosts' ends poll (GRO on) to take frames
+    /// from XDP. Call after the last `add_host`.
+    pub fn switch_in_xdp(&mut self) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            sh_in(&node.netns, "ethtool -K eth0 tx off")?;
+        }
+        for host in &self.hosts {
+            sh_in(host, "ethtool -K eth0 gro on")?;
+        }
+        let ports = bridge_ports(&self.fabric)?;
+        let mut fixture = crate::fixture::Fixture::load()?;
+        let mut devices: aya::maps::DevMapHash<_> =
+            fixture.typed_map(dataplane_common::maps::FABRIC_PORTS)?;
+        // A device map resolves each ifindex in the namespace of the thread that writes it.
+        in_netns(&self.fabric, || {
+            for (_, ifindex) in &ports {
+                devices
+                    .insert(*ifindex, *ifindex, None, 0)
+                    .with_context(|| format!("fabric port {ifindex} into the device map"))?;
+            }
+            Ok(())
+        })?;
+        let names: Vec<String> = ports.into_iter().map(|(name, _)| name).collect();
+        attach_pinned_xdp(
+            &mut fixture,
+            dataplane_common::maps::PROG_FABRIC_SWITCH,
+            &self.fabric,
+            &names,
+        )?;
+        self.switched_in_xdp = true;
+        Ok(())
     }
 
     /// Adds `fields` (YAML flow-mapping entries, e.g. `policyAuditConfig: {rateLimit: 5}`) to
@@ -872,23 +922,78 @@ pub fn dataplane_binary() -> PathBuf {
 /// fast path sends would wait in that ring. A NIC's wire takes them at once.
 fn attach_wire_xdp(fabric: &str, ports: &[String]) -> anyhow::Result<()> {
     let mut fixture = crate::fixture::Fixture::load()?;
+    attach_pinned_xdp(
+        &mut fixture,
+        dataplane_common::maps::PROG_BASELINE,
+        fabric,
+        ports,
+    )
+}
+
+/// Attaches `fixture`'s XDP program `name` to `ports` in `netns` (replacing what they ran:
+/// `-force`),
+/// by way of a pin, so that the attachments outlive the fixture: each interface keeps its own
+/// reference to the program, and the program to its maps.
+fn attach_pinned_xdp(
+    fixture: &mut crate::fixture::Fixture,
+    name: &'static str,
+    netns: &str,
+    ports: &[String],
+) -> anyhow::Result<()> {
     let pin = PathBuf::from(format!("/sys/fs/bpf/{}", crate::unique_name("wire")));
-    let program = fixture.xdp(dataplane_common::maps::PROG_BASELINE)?;
+    let program = fixture.xdp(name)?;
     program
         .pin(&pin)
-        .with_context(|| format!("pinning the wire program at {}", pin.display()))?;
+        .with_context(|| format!("pinning {name} at {}", pin.display()))?;
     let pinned = pin.display().to_string();
-    // Each interface keeps its own reference to the program: the pin can go afterwards.
     let attached = ports.iter().try_for_each(|port| {
         run_in(
-            fabric,
+            netns,
             &[
-                "ip", "link", "set", "dev", port, "xdpdrv", "pinned", &pinned,
+                "ip", "-force", "link", "set", "dev", port, "xdpdrv", "pinned", &pinned,
             ],
         )
     });
     let _ = fs::remove_file(&pin);
     attached
+}
+
+/// The ports of the fabric's bridge: name and ifindex.
+fn bridge_ports(fabric: &str) -> anyhow::Result<Vec<(String, u32)>> {
+    let out = exec_in(fabric, &["ip", "-o", "link", "show", "master", "br0"])?;
+    // Lines start with "<index>: <name>@<peer>:".
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|line| {
+            let mut fields = line.split(": ");
+            let index = fields.next().unwrap_or("").trim().parse()?;
+            let name = fields.next().unwrap_or("").split('@').next().unwrap_or("");
+            ensure!(!name.is_empty(), "no port name in {line:?}");
+            Ok((name.to_owned(), index))
+        })
+        .collect()
+}
+
+/// Runs `work` on a thread that has entered `netns`.
+fn in_netns<T: Send>(
+    netns: &str,
+    work: impl FnOnce() -> anyhow::Result<T> + Send,
+) -> anyhow::Result<T> {
+    use std::os::fd::AsRawFd as _;
+    let target = fs::File::open(format!("/run/netns/{netns}"))
+        .with_context(|| format!("opening netns {netns}"))?;
+    thread::scope(|scope| {
+        scope
+            .spawn(move || {
+                // SAFETY: a valid namespace descriptor; setns affects only this thread.
+                if unsafe { libc::setns(target.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
+                    bail!("setns into {netns}: {}", std::io::Error::last_os_error());
+                }
+                work()
+            })
+            .join()
+            .map_err(|_| anyhow::anyhow!("the thread in {netns} panicked"))?
+    })
 }
 
 /// Runs `ip` with whitespace-separated `args` in the host netns (for `ip netns` and

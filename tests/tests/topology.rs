@@ -408,3 +408,78 @@ fn metrics_report_counters_map_fill_syncs_and_rejected_objects() {
         "{text}"
     );
 }
+
+/// The veth counter `name` (`ethtool -S`) of `iface` in `netns`, summed over its queues.
+fn veth_counter(netns: &str, iface: &str, name: &str) -> u64 {
+    let out = exec_in(netns, &["ethtool", "-S", iface]).expect("ethtool -S");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|line| line.trim().split_once(": "))
+        .filter(|(key, _)| key.ends_with(name))
+        .map(|(_, value)| value.trim().parse::<u64>().expect("a counter"))
+        .sum()
+}
+
+#[test]
+fn the_xdp_fabric_switches_learned_unicast_port_to_port_with_whole_checksums() {
+    if !privileged("the_xdp_fabric_switches_learned_unicast_port_to_port_with_whole_checksums") {
+        return;
+    }
+    let mut topology = Topology::build(2, 1).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    topology.switch_in_xdp().expect("the XDP switch");
+    let (pod0, pod1) = (&topology.node(0).pods[0], &topology.node(1).pods[0]);
+    let fabric = topology.fabric.clone();
+    let redirected = || veth_counter(&fabric, "n0", "xdp_redirect");
+    let before = redirected();
+    // The first frames (ARP, the first echo) are flooded by the bridge and teach the switch;
+    // the rest go from port to port.
+    assert!(
+        pod0.ping(pod1.ip, 10).expect("ping"),
+        "pod to pod across nodes"
+    );
+    assert!(
+        redirected() >= before + 8,
+        "node 0's frames were switched in XDP: {} -> {}",
+        before,
+        redirected()
+    );
+    // TCP from a pod leaves its checksum to offload; the node completes it before the wire,
+    // or the far end would drop every segment.
+    let server = format!(
+        "import socket; s = socket.create_server(('{}', 7000)); s.settimeout(10); \
+         c, _ = s.accept(); c.sendall(c.recv(5))",
+        pod1.ip
+    );
+    let mut listener = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod1.netns))
+        .args(["python3", "-c", &server])
+        .spawn()
+        .expect("server");
+    let client = format!(
+        "import socket, time\n\
+         for _ in range(50):\n    \
+           try:\n        c = socket.create_connection(('{}', 7000), timeout=5); break\n    \
+           except ConnectionRefusedError: time.sleep(0.1)\n\
+         c.sendall(b'hello'); print(c.recv(5).decode())",
+        pod1.ip
+    );
+    let out = exec_in(&pod0.netns, &["python3", "-c", &client]).expect("client");
+    let _ = listener.wait();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "hello",
+        "echo over TCP across the switch: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // The host outside the cluster takes frames from the switch too.
+    let node1 = topology.node(1).underlay_ip.to_string();
+    let ping = exec_in(
+        &external.netns,
+        &[
+            "ping", "-n", "-q", "-c", "3", "-i", "0.2", "-W", "2", &node1,
+        ],
+    )
+    .expect("ping");
+    assert!(ping.status.success(), "external host to node 1");
+}

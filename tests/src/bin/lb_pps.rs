@@ -21,7 +21,12 @@
 //! and sent back out by XDP on node 0, unwrapped by XDP on node 1. nftables: kube-proxy's
 //! NodePort DNAT and masquerade, then node 1's pod CIDR reached two ways: routed over the
 //! underlay, and through the kernel's VXLAN device (the kernel-only equivalent of an overlay
-//! cluster, where pod CIDRs are not routed by the underlay).
+//! cluster, where pod CIDRs are not routed by the underlay). It runs twice: with the hosts
+//! joined by a Linux bridge, and by the testbed's XDP switch, which passes frames from port
+//! to port as a hardware switch does, at no cost to the nodes' CPUs. On the bridge every
+//! path pays for the fabric on the same two CPUs, and an XDP path pays twice: each frame its
+//! XDP sends back becomes a socket buffer for the bridge, which the next node's veth copies
+//! again for its XDP. Behind a NIC neither happens.
 //!
 //! Request/response over TCP, as users of a service feel it (`tcp_rr`): one-byte round trips
 //! over one connection (TCP_RR) and whole short connections (TCP_CRR), through the ClusterIP
@@ -55,6 +60,48 @@ struct Args {
     node_port_only: bool,
 }
 
+/// What joins the nodes and the external host in the NodePort comparisons.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Fabric {
+    /// A Linux bridge: its cost (a socket buffer per frame, and for a frame a node's XDP sent
+    /// back, the conversion into one) falls on the same two CPUs as the paths compared.
+    Bridge,
+    /// The testbed's XDP switch (`Topology::switch_in_xdp`): frames cross from node to node
+    /// as a hardware switch passes them, without costing the nodes' CPUs a bridge.
+    Xdp,
+}
+
+impl Fabric {
+    fn describe(self) -> &'static str {
+        match self {
+            Fabric::Bridge => "fabric: a Linux bridge",
+            Fabric::Xdp => "fabric: the XDP switch (unicast frames port to port, no bridge)",
+        }
+    }
+}
+
+/// The NodePort comparisons on each fabric.
+#[derive(Serialize)]
+struct NodePortFabrics {
+    #[serde(flatten)]
+    bridge: NodePortResults,
+    xdp_fabric: NodePortResults,
+}
+
+impl NodePortFabrics {
+    fn measure(args: &Args) -> anyhow::Result<Self> {
+        Ok(Self {
+            bridge: node_port_comparison(args, Fabric::Bridge)?,
+            xdp_fabric: node_port_comparison(args, Fabric::Xdp)?,
+        })
+    }
+
+    fn print(&self, args: &Args) {
+        print_node_port(args, Fabric::Bridge, &self.bridge);
+        print_node_port(args, Fabric::Xdp, &self.xdp_fabric);
+    }
+}
+
 const SERVICE_IP: &str = "10.96.0.10";
 /// The services' TCP port for request/response, and the backends' port behind it.
 const RR_PORT: u16 = 81;
@@ -72,7 +119,7 @@ struct Report {
     cluster_ip_tcp: TcpComparison,
     /// An external host to a NodePort whose backend is on another node.
     #[serde(flatten)]
-    node_port: NodePortResults,
+    node_port: NodePortFabrics,
     /// Our tc program's own time per packet on the ClusterIP path (`tc_from_pod`: a flow cache
     /// hit, DNAT, local delivery; each flow's first packet of a second takes the full path),
     /// from the kernel's BPF statistics in an extra run of the socket sender.
@@ -468,11 +515,11 @@ fn main() -> anyhow::Result<()> {
         "rounds and seconds must be positive"
     );
     if args.node_port_only {
-        let results = node_port_comparison(&args)?;
+        let results = NodePortFabrics::measure(&args)?;
         if args.json {
             println!("{}", serde_json::to_string_pretty(&results)?);
         } else {
-            print_node_port(&args, &results);
+            results.print(&args);
         }
         return Ok(());
     }
@@ -629,7 +676,7 @@ fn main() -> anyhow::Result<()> {
     drop(topology);
     let raw_frames = results.pop().context("raw results")?;
     let socket = results.pop().context("socket results")?;
-    let node_port = node_port_comparison(&args)?;
+    let node_port = NodePortFabrics::measure(&args)?;
     let report = Report {
         rounds: args.rounds,
         seconds: args.seconds,
@@ -671,14 +718,16 @@ fn main() -> anyhow::Result<()> {
     report
         .cluster_ip_tcp
         .print(cluster_ip.0, "kube-proxy nftables mode");
-    print_node_port(&args, &report.node_port);
+    report.node_port.print(&args);
     Ok(())
 }
 
-fn print_node_port(args: &Args, results: &NodePortResults) {
+fn print_node_port(args: &Args, fabric: Fabric, results: &NodePortResults) {
     println!(
-        "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating)",
-        args.rounds, args.seconds
+        "NodePort packet rate, UDP from an external host to node 0, backend on node 1 ({} x {} s alternating; {})",
+        args.rounds,
+        args.seconds,
+        fabric.describe()
     );
     let ours = "XDP DNAT + masquerade + Geneve, XDP_TX";
     results.routed.print(
@@ -847,10 +896,13 @@ impl NodePortPrograms {
 
 /// Rounds of: our agents on both nodes; nftables on node 0 with node 1's pod CIDR routed over
 /// the underlay; nftables with both nodes' pod CIDRs carried by the kernel's VXLAN device;
-/// then the sender alone (dropped as it reaches node 0).
-fn node_port_comparison(args: &Args) -> anyhow::Result<NodePortResults> {
+/// then the sender alone (dropped as it reaches node 0). All on `fabric`.
+fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortResults> {
     let mut topology = Topology::build_with(2, 1, Mode::Overlay)?;
     let external = topology.add_external_host()?;
+    if fabric == Fabric::Xdp {
+        topology.switch_in_xdp()?;
+    }
     let backend = topology.node(1).pods[0].clone();
     let service = format!(
         "apiVersion: v1\nkind: Service\nmetadata: {{name: blast, namespace: default}}\n\
