@@ -931,9 +931,8 @@ fn attach_wire_xdp(fabric: &str, ports: &[String]) -> anyhow::Result<()> {
 }
 
 /// Attaches `fixture`'s XDP program `name` to `ports` in `netns` (replacing what they ran:
-/// `-force`),
-/// by way of a pin, so that the attachments outlive the fixture: each interface keeps its own
-/// reference to the program, and the program to its maps.
+/// `-force`) by way of a pin, so that the attachments outlive the fixture: each interface
+/// keeps its own reference to the program, and the program to its maps.
 fn attach_pinned_xdp(
     fixture: &mut crate::fixture::Fixture,
     name: &'static str,
@@ -974,8 +973,9 @@ fn bridge_ports(fabric: &str) -> anyhow::Result<Vec<(String, u32)>> {
         .collect()
 }
 
-/// Runs `work` on a thread that has entered `netns`.
-fn in_netns<T: Send>(
+/// Runs `work` on a thread that has entered `netns` (for what resolves interfaces in the
+/// caller's namespace: attaching by name, device-map entries).
+pub fn in_netns<T: Send>(
     netns: &str,
     work: impl FnOnce() -> anyhow::Result<T> + Send,
 ) -> anyhow::Result<T> {

@@ -8,6 +8,7 @@ use dataplane_common::{
 use dataplane_tests::{
     packets,
     privileged::privileged,
+    service_bed,
     topology::{Mode, PinsCleanup, Topology, dataplane_binary, exec_in},
 };
 use dataplane_user::stats::Counters;
@@ -446,32 +447,10 @@ fn the_xdp_fabric_switches_learned_unicast_port_to_port_with_whole_checksums() {
     );
     // TCP from a pod leaves its checksum to offload; the node completes it before the wire,
     // or the far end would drop every segment.
-    let server = format!(
-        "import socket; s = socket.create_server(('{}', 7000)); s.settimeout(10); \
-         c, _ = s.accept(); c.sendall(c.recv(5))",
-        pod1.ip
-    );
-    let mut listener = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", pod1.netns))
-        .args(["python3", "-c", &server])
-        .spawn()
-        .expect("server");
-    let client = format!(
-        "import socket, time\n\
-         for _ in range(50):\n    \
-           try:\n        c = socket.create_connection(('{}', 7000), timeout=5); break\n    \
-           except ConnectionRefusedError: time.sleep(0.1)\n\
-         c.sendall(b'hello'); print(c.recv(5).decode())",
-        pod1.ip
-    );
-    let out = exec_in(&pod0.netns, &["python3", "-c", &client]).expect("client");
-    let _ = listener.wait();
-    assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
-        "hello",
-        "echo over TCP across the switch: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _backend = service_bed::echo_backend(pod1, false).expect("echo backend");
+    let answers = service_bed::tcp_answers(&pod0.netns, &pod1.ip.to_string(), 8080, 1)
+        .expect("TCP across the switch");
+    assert_eq!(answers, vec![format!("{} {}", pod1.ip, pod0.ip)]);
     // The host outside the cluster takes frames from the switch too.
     let node1 = topology.node(1).underlay_ip.to_string();
     let ping = exec_in(

@@ -33,7 +33,7 @@
 //! and through the NodePort, ours against the same nftables paths.
 //! A benchmark: it reports, it does not pass or fail.
 
-use std::{collections::BTreeMap, os::fd::AsRawFd as _, process::Command};
+use std::{collections::BTreeMap, process::Command};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
@@ -43,7 +43,8 @@ use dataplane_tests::median;
 use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
 use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
 use dataplane_tests::topology::{
-    Agent, Mode, Pod, Topology, exec_in, kernel_vxlan_down, kernel_vxlan_up, run_in, sh_in,
+    Agent, Mode, Pod, Topology, exec_in, in_netns, kernel_vxlan_down, kernel_vxlan_up, run_in,
+    sh_in,
 };
 use serde::Serialize;
 
@@ -465,21 +466,10 @@ fn redirect_floor(netns: &str, iface: &str, target_ifindex: u32) -> anyhow::Resu
     let mut target: aya::maps::Array<_, u32> = fixture.typed_map(BASELINE_REDIRECT)?;
     target.set(0, target_ifindex, 0)?;
     let program = fixture.classifier(PROG_TC_REDIRECT_BASELINE)?;
-    // The interface name resolves in the calling thread's namespace: attach from a thread
-    // that enters the node's.
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| -> anyhow::Result<()> {
-                let node = std::fs::File::open(format!("/run/netns/{netns}"))?;
-                // SAFETY: a valid namespace descriptor; setns affects only this thread.
-                if unsafe { libc::setns(node.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    bail!("setns into {netns}: {}", std::io::Error::last_os_error());
-                }
-                program.attach(iface, aya::programs::TcAttachType::Ingress)?;
-                Ok(())
-            })
-            .join()
-            .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))?
+    // The interface name resolves in the calling thread's namespace.
+    in_netns(netns, || {
+        program.attach(iface, aya::programs::TcAttachType::Ingress)?;
+        Ok(())
     })?;
     Ok(fixture)
 }
