@@ -24,6 +24,10 @@ struct Args {
     seconds: u32,
     #[arg(long)]
     json: bool,
+    /// Carry the fabric's frames in the testbed's XDP switch (`Topology::switch_in_xdp`)
+    /// instead of a Linux bridge, for both paths alike.
+    #[arg(long)]
+    xdp_fabric: bool,
 }
 
 #[derive(Serialize)]
@@ -132,7 +136,10 @@ fn main() -> anyhow::Result<()> {
         args.rounds > 0 && args.seconds > 0,
         "rounds and seconds must be positive"
     );
-    let topology = Topology::build_with(2, 1, Mode::Overlay)?;
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay)?;
+    if args.xdp_fabric {
+        topology.switch_in_xdp()?;
+    }
     let nodes = topology.nodes.clone();
     // The same nodes without the overlay: the agent only parses and counts on the underlay.
     let plain: Vec<Node> = nodes
