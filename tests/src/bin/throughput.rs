@@ -5,6 +5,12 @@
 //! also times one-byte round trips over one connection between the same pods (TCP_RR, with
 //! `tcp_rr`) through our Geneve and through VXLAN with XDP on the underlay. A benchmark: it
 //! reports, it does not pass or fail.
+//!
+//! One flow's rate on this testbed is not bounded by either path's per-byte work: both nodes,
+//! both pods and the fabric share the machine's CPUs, and the sender's system call runs the
+//! whole chain down to waking the receiver. So each run also records how many CPUs the
+//! machine kept busy, and the report gives CPU seconds per gigabyte moved for each path: what
+//! a path costs per byte, whatever limited the flow.
 
 use std::process::{Command, Stdio};
 
@@ -28,6 +34,13 @@ struct Args {
     /// instead of a Linux bridge, for both paths alike.
     #[arg(long)]
     xdp_fabric: bool,
+    /// A pfifo queue on each node's underlay veth, as a NIC has one (veth has none), for both
+    /// paths alike.
+    #[arg(long)]
+    queue_uplinks: bool,
+    /// Parallel TCP streams per iperf3 run.
+    #[arg(long, default_value_t = 1)]
+    streams: u32,
 }
 
 #[derive(Serialize)]
@@ -49,17 +62,68 @@ struct Report {
     ratio_same_wire: f64,
     /// Round trips per second, Geneve over VXLAN with XDP on the underlay (medians).
     rr_ratio: f64,
+    /// CPU seconds per gigabyte moved (medians), and VXLAN with XDP's over ours: how much
+    /// less the machine works per byte on our path, whatever bounds one flow's rate.
+    geneve_cpu_seconds_per_gb: f64,
+    vxlan_xdp_cpu_seconds_per_gb: f64,
+    cost_ratio: f64,
 }
 
-/// One iperf3 run: Gbit/s received and TCP retransmissions.
+/// One iperf3 run: Gbit/s received, TCP retransmissions, and what the run cost the machine.
 #[derive(Clone, Copy, Debug, Serialize)]
 struct Run {
     gbps: f64,
     retransmits: u64,
+    /// CPUs kept busy on average while the client ran (the whole machine: both nodes, both
+    /// pods and the fabric share it).
+    busy_cpus: f64,
+}
+
+impl Run {
+    /// CPU seconds the machine spent per gigabyte moved: the path's cost per byte, whatever
+    /// limited the flow's rate.
+    fn cpu_seconds_per_gb(&self) -> f64 {
+        self.busy_cpus * 8.0 / self.gbps
+    }
+}
+
+/// The machine's CPU time from `/proc/stat`, in ticks: busy and all.
+#[derive(Clone, Copy)]
+struct CpuTicks {
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTicks {
+    fn read() -> anyhow::Result<Self> {
+        let stat = std::fs::read_to_string("/proc/stat")?;
+        let line = stat.lines().next().context("empty /proc/stat")?;
+        // cpu user nice system idle iowait irq softirq steal ...
+        let ticks: Vec<u64> = line
+            .split_whitespace()
+            .skip(1)
+            .take(8)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .context("parsing /proc/stat")?;
+        anyhow::ensure!(ticks.len() == 8, "short cpu line in /proc/stat");
+        let total: u64 = ticks.iter().sum();
+        Ok(Self {
+            busy: total - ticks[3] - ticks[4],
+            total,
+        })
+    }
+
+    /// CPUs busy on average from `self` to `later`.
+    fn busy_cpus_until(self, later: CpuTicks) -> anyhow::Result<f64> {
+        let cpus = std::thread::available_parallelism()?.get() as f64;
+        let total = later.total.saturating_sub(self.total).max(1) as f64;
+        Ok(later.busy.saturating_sub(self.busy) as f64 / total * cpus)
+    }
 }
 
 /// iperf3 from the first pod of node 0 to the first pod of node 1.
-fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
+fn iperf(topology: &Topology, seconds: u32, streams: u32) -> anyhow::Result<Run> {
     let server_pod = &topology.node(1).pods[0];
     let client_pod = &topology.node(0).pods[0];
     let mut server = Command::new("nsenter")
@@ -73,8 +137,10 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
     // tried again, and the server stopped whatever happened (it would wait for a client
     // forever).
     let mut out = None;
+    let mut busy_cpus = 0.0;
     for _ in 0..25 {
         std::thread::sleep(std::time::Duration::from_millis(200));
+        let before = CpuTicks::read()?;
         let run = Command::new("nsenter")
             .arg(format!("--net=/run/netns/{}", client_pod.netns))
             .args([
@@ -85,9 +151,10 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
                 "5201",
                 "-J",
             ])
-            .args(["-t", &seconds.to_string()])
+            .args(["-t", &seconds.to_string(), "-P", &streams.to_string()])
             .output()
             .context("running iperf3 client")?;
+        busy_cpus = before.busy_cpus_until(CpuTicks::read()?)?;
         let done = run.status.success();
         out = Some(run);
         if done {
@@ -110,6 +177,7 @@ fn iperf(topology: &Topology, seconds: u32) -> anyhow::Result<Run> {
     Ok(Run {
         gbps: bps / 1e9,
         retransmits,
+        busy_cpus,
     })
 }
 
@@ -130,6 +198,11 @@ fn median(runs: &[Run]) -> f64 {
     dataplane_tests::median(&gbps)
 }
 
+fn median_cost(runs: &[Run]) -> f64 {
+    let costs: Vec<f64> = runs.iter().map(Run::cpu_seconds_per_gb).collect();
+    dataplane_tests::median(&costs)
+}
+
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
@@ -139,6 +212,14 @@ fn main() -> anyhow::Result<()> {
     let mut topology = Topology::build_with(2, 1, Mode::Overlay)?;
     if args.xdp_fabric {
         topology.switch_in_xdp()?;
+    }
+    if args.queue_uplinks {
+        for node in &topology.nodes {
+            dataplane_tests::topology::sh_in(
+                &node.netns,
+                "tc qdisc replace dev eth0 root pfifo limit 1000",
+            )?;
+        }
     }
     let nodes = topology.nodes.clone();
     // The same nodes without the overlay: the agent only parses and counts on the underlay.
@@ -155,16 +236,16 @@ fn main() -> anyhow::Result<()> {
     for _ in 0..args.rounds {
         {
             let _agents = (nodes[0].start_agent()?, nodes[1].start_agent()?);
-            geneve.push(iperf(&topology, args.seconds)?);
+            geneve.push(iperf(&topology, args.seconds, args.streams)?);
             geneve_rr.push(round_trips(&topology, args.seconds)?);
         }
         kernel_vxlan_up(&nodes)?;
-        let result = iperf(&topology, args.seconds);
+        let result = iperf(&topology, args.seconds, args.streams);
         let with_xdp = (|| {
             // XDP on a veth makes its peer hand over wire-sized frames, as a real NIC does.
             let _agents = (plain[0].start_agent()?, plain[1].start_agent()?);
             Ok::<_, anyhow::Error>((
-                iperf(&topology, args.seconds)?,
+                iperf(&topology, args.seconds, args.streams)?,
                 round_trips(&topology, args.seconds)?,
             ))
         })();
@@ -184,6 +265,9 @@ fn main() -> anyhow::Result<()> {
         ratio: median(&geneve) / median(&vxlan),
         ratio_same_wire: median(&geneve) / median(&vxlan_xdp),
         rr_ratio: median_of(&geneve_rr, rate) / median_of(&vxlan_xdp_rr, rate),
+        geneve_cpu_seconds_per_gb: median_cost(&geneve),
+        vxlan_xdp_cpu_seconds_per_gb: median_cost(&vxlan_xdp),
+        cost_ratio: median_cost(&vxlan_xdp) / median_cost(&geneve),
         geneve_rr,
         vxlan_xdp_rr,
         geneve,
@@ -194,12 +278,17 @@ fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "cross-node pod TCP (iperf3, {} s x {} alternating rounds, pod MTU 1400, underlay veth MTU 1500)",
-            args.seconds, args.rounds
+            "cross-node pod TCP (iperf3, {} s x {} alternating rounds, {} stream(s), pod MTU 1400, underlay veth MTU 1500)",
+            args.seconds, args.rounds, args.streams
         );
         let runs = |runs: &[Run]| {
             runs.iter()
-                .map(|r| format!("{:.2} ({} retr)", r.gbps, r.retransmits))
+                .map(|r| {
+                    format!(
+                        "{:.2} ({} retr, {:.2} CPUs)",
+                        r.gbps, r.retransmits, r.busy_cpus
+                    )
+                })
                 .collect::<Vec<_>>()
                 .join(", ")
         };
@@ -225,6 +314,12 @@ fn main() -> anyhow::Result<()> {
         println!(
             "  ratio Geneve / VXLAN with 64 KB frames on the veth:    {:.2}  (no NIC carries such frames)",
             report.ratio
+        );
+        println!(
+            "  CPU seconds per GB moved: Geneve {:.2}, VXLAN with XDP on underlay {:.2}; ratio VXLAN / Geneve {:.2}",
+            report.geneve_cpu_seconds_per_gb,
+            report.vxlan_xdp_cpu_seconds_per_gb,
+            report.cost_ratio
         );
         let rr = |name: &str, runs: &[Transactions]| {
             println!("  TCP_RR {name}: {}", request_response::summary(runs));
