@@ -107,10 +107,11 @@ impl CpuTicks {
             .collect::<Result<_, _>>()
             .context("parsing /proc/stat")?;
         anyhow::ensure!(ticks.len() == 8, "short cpu line in /proc/stat");
-        let total: u64 = ticks.iter().sum();
+        // Busy: user, nice, system, irq and softirq. Idle, iowait and steal (a virtual CPU
+        // waiting for its host) are not the paths' work.
         Ok(Self {
-            busy: total - ticks[3] - ticks[4],
-            total,
+            busy: ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6],
+            total: ticks.iter().sum(),
         })
     }
 
