@@ -10,7 +10,8 @@
 //! both pods and the fabric share the machine's CPUs, and the sender's system call runs the
 //! whole chain down to waking the receiver. So each run also records how many CPUs the
 //! machine kept busy, and the report gives CPU seconds per gigabyte moved for each path: what
-//! a path costs per byte, whatever limited the flow.
+//! a path costs per byte, whatever limited the flow. `--cpu-per-node` models the nodes as
+//! separate machines instead: each node's pod and receive work on a CPU of its own.
 
 use std::process::{Command, Stdio};
 
@@ -38,6 +39,11 @@ struct Args {
     /// paths alike.
     #[arg(long)]
     queue_uplinks: bool,
+    /// Give each node a CPU of its own, as if the nodes were separate machines (for both
+    /// paths alike): node n's pod runs iperf3 on CPU n, and node n's receive work after XDP
+    /// is steered to CPU n (RPS on its underlay veth).
+    #[arg(long)]
+    cpu_per_node: bool,
     /// Parallel TCP streams per iperf3 run.
     #[arg(long, default_value_t = 1)]
     streams: u32,
@@ -124,12 +130,13 @@ impl CpuTicks {
 }
 
 /// iperf3 from the first pod of node 0 to the first pod of node 1.
-fn iperf(topology: &Topology, seconds: u32, streams: u32) -> anyhow::Result<Run> {
+fn iperf(topology: &Topology, args: &Args) -> anyhow::Result<Run> {
+    let (seconds, streams) = (args.seconds, args.streams);
     let server_pod = &topology.node(1).pods[0];
     let client_pod = &topology.node(0).pods[0];
-    let mut server = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", server_pod.netns))
-        .args(["iperf3", "-s", "-1", "-p", "5201"])
+    let cpu = |node: usize| args.cpu_per_node.then_some(node);
+    let mut server = iperf3_in(&server_pod.netns, cpu(1))
+        .args(["-s", "-1", "-p", "5201"])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -142,16 +149,8 @@ fn iperf(topology: &Topology, seconds: u32, streams: u32) -> anyhow::Result<Run>
     for _ in 0..25 {
         std::thread::sleep(std::time::Duration::from_millis(200));
         let before = CpuTicks::read()?;
-        let run = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", client_pod.netns))
-            .args([
-                "iperf3",
-                "-c",
-                &server_pod.ip.to_string(),
-                "-p",
-                "5201",
-                "-J",
-            ])
+        let run = iperf3_in(&client_pod.netns, cpu(0))
+            .args(["-c", &server_pod.ip.to_string(), "-p", "5201", "-J"])
             .args(["-t", &seconds.to_string(), "-P", &streams.to_string()])
             .output()
             .context("running iperf3 client")?;
@@ -180,6 +179,46 @@ fn iperf(topology: &Topology, seconds: u32, streams: u32) -> anyhow::Result<Run>
         retransmits,
         busy_cpus,
     })
+}
+
+/// iperf3 in `netns`, on CPU `cpu` alone when one is given.
+fn iperf3_in(netns: &str, cpu: Option<usize>) -> Command {
+    let mut command = Command::new("nsenter");
+    command.arg(format!("--net=/run/netns/{netns}"));
+    if let Some(cpu) = cpu {
+        command.args(["taskset", "-c", &cpu.to_string()]);
+    }
+    command.arg("iperf3");
+    command
+}
+
+/// Steers the receive work of each node's underlay veth, after XDP, to the node's own CPU
+/// (node n to CPU n) with Receive Packet Steering.
+fn steer_nodes_to_own_cpus(topology: &Topology) -> anyhow::Result<()> {
+    let cpus = std::thread::available_parallelism()?.get();
+    anyhow::ensure!(
+        cpus >= topology.nodes.len(),
+        "a CPU per node needs {} CPUs, this machine has {cpus}",
+        topology.nodes.len()
+    );
+    for (n, node) in topology.nodes.iter().enumerate() {
+        let path = format!(
+            "/sys/class/net/{}/queues/rx-0/rps_cpus",
+            node.underlay_iface
+        );
+        // `ip netns exec` mounts the namespace's own /sys, where its devices are.
+        let out = Command::new("ip")
+            .args(["netns", "exec", &node.netns, "sh", "-c"])
+            .arg(format!("echo {:x} > {path}", 1u64 << n))
+            .output()?;
+        anyhow::ensure!(
+            out.status.success(),
+            "setting {path} in {}: {}",
+            node.netns,
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(())
 }
 
 /// TCP_RR from the first pod of node 0 to the first pod of node 1 for `seconds`.
@@ -222,6 +261,9 @@ fn main() -> anyhow::Result<()> {
             )?;
         }
     }
+    if args.cpu_per_node {
+        steer_nodes_to_own_cpus(&topology)?;
+    }
     let nodes = topology.nodes.clone();
     // The same nodes without the overlay: the agent only parses and counts on the underlay.
     let plain: Vec<Node> = nodes
@@ -237,16 +279,16 @@ fn main() -> anyhow::Result<()> {
     for _ in 0..args.rounds {
         {
             let _agents = (nodes[0].start_agent()?, nodes[1].start_agent()?);
-            geneve.push(iperf(&topology, args.seconds, args.streams)?);
+            geneve.push(iperf(&topology, &args)?);
             geneve_rr.push(round_trips(&topology, args.seconds)?);
         }
         kernel_vxlan_up(&nodes)?;
-        let result = iperf(&topology, args.seconds, args.streams);
+        let result = iperf(&topology, &args);
         let with_xdp = (|| {
             // XDP on a veth makes its peer hand over wire-sized frames, as a real NIC does.
             let _agents = (plain[0].start_agent()?, plain[1].start_agent()?);
             Ok::<_, anyhow::Error>((
-                iperf(&topology, args.seconds, args.streams)?,
+                iperf(&topology, &args)?,
                 round_trips(&topology, args.seconds)?,
             ))
         })();
@@ -282,6 +324,11 @@ fn main() -> anyhow::Result<()> {
             "cross-node pod TCP (iperf3, {} s x {} alternating rounds, {} stream(s), pod MTU 1400, underlay veth MTU 1500)",
             args.seconds, args.rounds, args.streams
         );
+        if args.cpu_per_node {
+            println!(
+                "  each node on a CPU of its own: its pod's iperf3 pinned there, its receive work steered there"
+            );
+        }
         let runs = |runs: &[Run]| {
             runs.iter()
                 .map(|r| {
