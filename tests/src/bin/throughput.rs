@@ -93,17 +93,23 @@ impl Run {
     }
 }
 
-/// The machine's CPU time from `/proc/stat`, in ticks: busy and all.
+/// The machine's CPU time from `/proc/stat`, in ticks summed over its CPUs: busy and all,
+/// and how many CPUs the sums cover.
 #[derive(Clone, Copy)]
 struct CpuTicks {
     busy: u64,
     total: u64,
+    cpus: usize,
 }
 
 impl CpuTicks {
     fn read() -> anyhow::Result<Self> {
         let stat = std::fs::read_to_string("/proc/stat")?;
         let line = stat.lines().next().context("empty /proc/stat")?;
+        let cpus = stat
+            .lines()
+            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
+            .count();
         // cpu user nice system idle iowait irq softirq steal ...
         let ticks: Vec<u64> = line
             .split_whitespace()
@@ -118,14 +124,14 @@ impl CpuTicks {
         Ok(Self {
             busy: ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6],
             total: ticks.iter().sum(),
+            cpus,
         })
     }
 
     /// CPUs busy on average from `self` to `later`.
-    fn busy_cpus_until(self, later: CpuTicks) -> anyhow::Result<f64> {
-        let cpus = std::thread::available_parallelism()?.get() as f64;
+    fn busy_cpus_until(self, later: CpuTicks) -> f64 {
         let total = later.total.saturating_sub(self.total).max(1) as f64;
-        Ok(later.busy.saturating_sub(self.busy) as f64 / total * cpus)
+        later.busy.saturating_sub(self.busy) as f64 / total * later.cpus as f64
     }
 }
 
@@ -154,7 +160,7 @@ fn iperf(topology: &Topology, args: &Args) -> anyhow::Result<Run> {
             .args(["-t", &seconds.to_string(), "-P", &streams.to_string()])
             .output()
             .context("running iperf3 client")?;
-        busy_cpus = before.busy_cpus_until(CpuTicks::read()?)?;
+        busy_cpus = before.busy_cpus_until(CpuTicks::read()?);
         let done = run.status.success();
         out = Some(run);
         if done {
@@ -233,14 +239,17 @@ fn round_trips(topology: &Topology, seconds: u32) -> anyhow::Result<Transactions
     )
 }
 
+/// The median of one figure of the runs.
+fn median_by(runs: &[Run], figure: fn(&Run) -> f64) -> f64 {
+    dataplane_tests::median(&runs.iter().map(figure).collect::<Vec<_>>())
+}
+
 fn median(runs: &[Run]) -> f64 {
-    let gbps: Vec<f64> = runs.iter().map(|r| r.gbps).collect();
-    dataplane_tests::median(&gbps)
+    median_by(runs, |r| r.gbps)
 }
 
 fn median_cost(runs: &[Run]) -> f64 {
-    let costs: Vec<f64> = runs.iter().map(Run::cpu_seconds_per_gb).collect();
-    dataplane_tests::median(&costs)
+    median_by(runs, Run::cpu_seconds_per_gb)
 }
 
 fn main() -> anyhow::Result<()> {
@@ -257,7 +266,10 @@ fn main() -> anyhow::Result<()> {
         for node in &topology.nodes {
             dataplane_tests::topology::sh_in(
                 &node.netns,
-                "tc qdisc replace dev eth0 root pfifo limit 1000",
+                &format!(
+                    "tc qdisc replace dev {} root pfifo limit 1000",
+                    node.underlay_iface
+                ),
             )?;
         }
     }
