@@ -29,6 +29,10 @@ pub struct Args {
     /// Alternating iperf3 rounds per path in the throughput comparison.
     #[arg(long, default_value_t = 5)]
     throughput_rounds: u32,
+    /// Alternating rounds per path in the NodePort packet-rate comparisons, whose kernel
+    /// VXLAN baseline varies most from round to round.
+    #[arg(long, default_value_t = 5)]
+    node_port_rounds: u32,
     /// Run every benchmark once with the least work, in the test profile (which `cargo xtask
     /// test` has built), to show each still runs: for CI, not for figures.
     #[arg(long)]
@@ -68,7 +72,12 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::build_release_agent()?;
     crate::build_release("dataplane-tests", "udp_blast")?;
     crate::build_release("dataplane-tests", "tcp_rr")?;
-    crate::run_testbed("lb_pps", &json)?;
+    let mut lb_pps = vec![
+        "--node-port-rounds".to_owned(),
+        args.node_port_rounds.to_string(),
+    ];
+    lb_pps.extend(json.iter().cloned());
+    crate::run_testbed("lb_pps", &lb_pps)?;
     crate::run_testbed("cni_bench", &json)?;
     crate::run_testbed("egressip_bench", &json)?;
     let mut throughput = vec!["--rounds".to_owned(), args.throughput_rounds.to_string()];
