@@ -513,7 +513,7 @@ fn main() -> anyhow::Result<()> {
     let args = Args::parse();
     anyhow::ensure!(
         args.rounds > 0 && args.seconds > 0 && args.node_port_rounds() > 0,
-        "rounds and seconds must be positive"
+        "rounds, node-port rounds and seconds must be positive"
     );
     if args.node_port_only {
         let results = NodePortFabrics::measure(&args)?;
