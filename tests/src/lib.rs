@@ -2,6 +2,7 @@
 //! - [`privileged`]: the gate every kernel-touching test passes (fails under CI=true when it
 //!   cannot run, never skips there);
 //! - [`cni`]: the CNI plugin run as a container runtime runs it;
+//! - [`cpu`]: the machine's busy CPU time over a run, from `/proc/stat`;
 //! - [`fixture`]: the real programs loaded under a private pin root, removed on drop;
 //! - [`podman`]: a real container runtime calling the plugin;
 //! - [`packets`]: packet builders (etherparse) and the byte surgery for malformed packets;
@@ -14,6 +15,7 @@
 
 pub mod capture;
 pub mod cni;
+pub mod cpu;
 pub mod egress_bed;
 pub mod egress_topology;
 pub mod fixture;

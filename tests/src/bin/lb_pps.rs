@@ -38,6 +38,7 @@ use std::{collections::BTreeMap, process::Command};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use dataplane_common::maps::{BASELINE_REDIRECT, PROG_FROM_POD, PROG_TC_REDIRECT_BASELINE};
+use dataplane_tests::cpu::CpuTicks;
 use dataplane_tests::fixture::Fixture;
 use dataplane_tests::median;
 use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
@@ -162,6 +163,82 @@ struct Comparison {
     /// than it would reach (0 when not measured).
     floor_path_ns: f64,
     floor_path_ratio: f64,
+    /// What each path cost the machine in CPU time (NodePort comparisons only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<CpuCost>,
+}
+
+/// The CPU time each path of a comparison cost the machine a packet, round by round: busy
+/// CPUs over the blast (all of the machine: sender, nodes, fabric) over the rate. Unlike the
+/// rate, it does not depend on whether the path's work ran inline in the sender's softirq on
+/// one CPU or was partly deferred to the other; beside the busy CPUs it shows which happened.
+#[derive(Serialize)]
+struct CpuCost {
+    dataplane_busy_cpus: Vec<f64>,
+    nftables_busy_cpus: Vec<f64>,
+    sender_only_busy_cpus: Vec<f64>,
+    /// Medians over the rounds of the machine's CPU time a packet.
+    dataplane_cpu_ns: f64,
+    nftables_cpu_ns: f64,
+    sender_only_cpu_ns: f64,
+    /// The same beyond the sender's own (each round less that round's sender alone), and
+    /// nftables' over ours.
+    dataplane_path_cpu_ns: f64,
+    nftables_path_cpu_ns: f64,
+    path_cpu_ratio: f64,
+}
+
+impl CpuCost {
+    fn new(ours: &[Sample], nft: &[Sample], sender: &[Sample]) -> Self {
+        let busy = |v: &[Sample]| v.iter().map(|s| s.busy_cpus).collect::<Vec<_>>();
+        let cpu = |v: &[Sample]| median(&v.iter().map(|s| s.cpu_ns()).collect::<Vec<_>>());
+        let beyond = |v: &[Sample]| {
+            let rounds: Vec<f64> = v
+                .iter()
+                .zip(sender)
+                .map(|(s, alone)| s.cpu_ns() - alone.cpu_ns())
+                .collect();
+            median(&rounds)
+        };
+        let (dataplane_path_cpu_ns, nftables_path_cpu_ns) = (beyond(ours), beyond(nft));
+        Self {
+            dataplane_busy_cpus: busy(ours),
+            nftables_busy_cpus: busy(nft),
+            sender_only_busy_cpus: busy(sender),
+            dataplane_cpu_ns: cpu(ours),
+            nftables_cpu_ns: cpu(nft),
+            sender_only_cpu_ns: cpu(sender),
+            dataplane_path_cpu_ns,
+            nftables_path_cpu_ns,
+            path_cpu_ratio: nftables_path_cpu_ns / dataplane_path_cpu_ns,
+        }
+    }
+
+    fn print(&self) {
+        let list = |v: &[f64]| {
+            v.iter()
+                .map(|c| format!("{c:.2}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "    CPUs the machine kept busy: dataplane [{}], nftables [{}], sender alone [{}]",
+            list(&self.dataplane_busy_cpus),
+            list(&self.nftables_busy_cpus),
+            list(&self.sender_only_busy_cpus)
+        );
+        println!(
+            "    CPU time a packet (busy CPUs / rate, medians): dataplane {:.0} ns, nftables {:.0} ns, \
+             sender alone {:.0} ns; beyond the sender: dataplane {:.0} ns, nftables {:.0} ns; \
+             ratio nftables / dataplane: {:.2}",
+            self.dataplane_cpu_ns,
+            self.nftables_cpu_ns,
+            self.sender_only_cpu_ns,
+            self.dataplane_path_cpu_ns,
+            self.nftables_path_cpu_ns,
+            self.path_cpu_ratio
+        );
+    }
 }
 
 impl Comparison {
@@ -196,9 +273,17 @@ impl Comparison {
             path_ratio: path_ns(nft_pps) / path_ns(ours_pps),
             round_path_ratio_median: median(&round_path_ratios),
             round_path_ratios,
+            cpu: None,
             dataplane_pps: ours,
             nftables_pps: nft,
             sender_only_pps: sender,
+        }
+    }
+
+    fn with_cpu(self, cpu: CpuCost) -> Self {
+        Self {
+            cpu: Some(cpu),
+            ..self
         }
     }
 
@@ -256,6 +341,9 @@ impl Comparison {
                 .collect::<Vec<_>>()
                 .join(", ")
         );
+        if let Some(cpu) = &self.cpu {
+            cpu.print();
+        }
         if !self.floor_pps.is_empty() {
             println!(
                 "    floor (a tc redirect into the backend, no lookup, no rewrite): median {:.0} pkt/s  [{}]",
@@ -404,14 +492,30 @@ fn blast(
 ) -> anyhow::Result<f64> {
     let source = client.ip.to_string();
     let target = format!("{SERVICE_IP}:80");
-    blast_from(
+    let sample = blast_from(
         &client.netns,
         &source,
         &target,
         counted,
         seconds,
         raw_gateway,
-    )
+    )?;
+    Ok(sample.pps)
+}
+
+/// One blast: the packets a second that arrived where counted, and the CPUs the whole
+/// machine kept busy on average meanwhile.
+#[derive(Clone, Copy)]
+struct Sample {
+    pps: f64,
+    busy_cpus: f64,
+}
+
+impl Sample {
+    /// The machine's CPU time a packet delivered, whatever CPUs it ran on.
+    fn cpu_ns(self) -> f64 {
+        self.busy_cpus * 1e9 / self.pps
+    }
 }
 
 /// As [`blast`], from any namespace (`source`: its address) to `target` (address:port).
@@ -422,7 +526,7 @@ fn blast_from(
     counted: &[(&str, &str)],
     seconds: u64,
     raw_gateway: Option<&str>,
-) -> anyhow::Result<f64> {
+) -> anyhow::Result<Sample> {
     let received = || {
         counted
             .iter()
@@ -430,6 +534,7 @@ fn blast_from(
             .sum::<anyhow::Result<u64>>()
     };
     let before = received()?;
+    let ticks = CpuTicks::read()?;
     let blaster = std::env::current_exe()?.with_file_name("udp_blast");
     let out = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
@@ -449,11 +554,15 @@ fn blast_from(
         })
         .output()
         .context("running udp_blast")?;
+    let busy_cpus = ticks.busy_cpus_until(CpuTicks::read()?);
     if !out.status.success() {
         bail!("udp_blast: {}", String::from_utf8_lossy(&out.stderr));
     }
     let after = received()?;
-    Ok((after - before) as f64 / seconds as f64)
+    Ok(Sample {
+        pps: (after - before) as f64 / seconds as f64,
+        busy_cpus,
+    })
 }
 
 /// The index of `iface` in `netns`.
@@ -963,7 +1072,7 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
             &format!("ip link del {}", dataplane_user::mgmt::HOST_SIDE),
         );
         sh_in(&node0.netns, &format!("ip route add {route}"))?;
-        let result = blast(&at_backend).and_then(|pps| Ok((pps, tcp()?)));
+        let result = blast(&at_backend).and_then(|sample| Ok((sample, tcp()?)));
         sh_in(&node0.netns, &format!("ip route del {route}"))?;
         let (pps, theirs) = result?;
         routed.push(pps);
@@ -971,7 +1080,7 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
         // An overlay cluster without us: the pod CIDRs reach the other node only through
         // the kernel's VXLAN device.
         kernel_vxlan_up(&nodes)?;
-        let result = blast(&at_backend).and_then(|pps| Ok((pps, tcp()?)));
+        let result = blast(&at_backend).and_then(|sample| Ok((sample, tcp()?)));
         kernel_vxlan_down(&nodes)?;
         sh_in(&node0.netns, "nft delete table ip kube-proxy")?;
         let (pps, theirs) = result?;
@@ -995,13 +1104,16 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
                 .collect::<anyhow::Result<Vec<_>>>()
         };
         let before = costs()?;
-        let pps = blast(&at_backend)?;
+        let pps = blast(&at_backend)?.pps;
         let after = costs()?;
         NodePortPrograms::new(&before, &after, pps, pps * args.seconds as f64)
     };
+    let rates = |samples: &[Sample]| samples.iter().map(|s| s.pps).collect::<Vec<_>>();
     Ok(NodePortResults {
-        routed: Comparison::new(ours.clone(), routed, sender.clone(), Vec::new()),
-        vxlan: Comparison::new(ours, vxlan, sender, Vec::new()),
+        routed: Comparison::new(rates(&ours), rates(&routed), rates(&sender), Vec::new())
+            .with_cpu(CpuCost::new(&ours, &routed, &sender)),
+        vxlan: Comparison::new(rates(&ours), rates(&vxlan), rates(&sender), Vec::new())
+            .with_cpu(CpuCost::new(&ours, &vxlan, &sender)),
         tcp_routed,
         tcp_vxlan,
         programs,

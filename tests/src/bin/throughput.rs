@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
+use dataplane_tests::cpu::CpuTicks;
 use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
 use dataplane_tests::topology::{Mode, Node, Topology, kernel_vxlan_down, kernel_vxlan_up};
 use serde::Serialize;
@@ -90,48 +91,6 @@ impl Run {
     /// limited the flow's rate.
     fn cpu_seconds_per_gb(&self) -> f64 {
         self.busy_cpus * 8.0 / self.gbps
-    }
-}
-
-/// The machine's CPU time from `/proc/stat`, in ticks summed over its CPUs: busy and all,
-/// and how many CPUs the sums cover.
-#[derive(Clone, Copy)]
-struct CpuTicks {
-    busy: u64,
-    total: u64,
-    cpus: usize,
-}
-
-impl CpuTicks {
-    fn read() -> anyhow::Result<Self> {
-        let stat = std::fs::read_to_string("/proc/stat")?;
-        let line = stat.lines().next().context("empty /proc/stat")?;
-        let cpus = stat
-            .lines()
-            .filter(|l| l.starts_with("cpu") && !l.starts_with("cpu "))
-            .count();
-        // cpu user nice system idle iowait irq softirq steal ...
-        let ticks: Vec<u64> = line
-            .split_whitespace()
-            .skip(1)
-            .take(8)
-            .map(str::parse)
-            .collect::<Result<_, _>>()
-            .context("parsing /proc/stat")?;
-        anyhow::ensure!(ticks.len() == 8, "short cpu line in /proc/stat");
-        // Busy: user, nice, system, irq and softirq. Idle, iowait and steal (a virtual CPU
-        // waiting for its host) are not the paths' work.
-        Ok(Self {
-            busy: ticks[0] + ticks[1] + ticks[2] + ticks[5] + ticks[6],
-            total: ticks.iter().sum(),
-            cpus,
-        })
-    }
-
-    /// CPUs busy on average from `self` to `later`.
-    fn busy_cpus_until(self, later: CpuTicks) -> f64 {
-        let total = later.total.saturating_sub(self.total).max(1) as f64;
-        later.busy.saturating_sub(self.busy) as f64 / total * later.cpus as f64
     }
 }
 
