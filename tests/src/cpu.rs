@@ -14,7 +14,7 @@ pub struct CpuTicks {
 }
 
 impl CpuTicks {
-    /// Now.
+    /// The counters as they stand now.
     pub fn read() -> anyhow::Result<Self> {
         let stat = std::fs::read_to_string("/proc/stat")?;
         let line = stat.lines().next().context("empty /proc/stat")?;
