@@ -1074,8 +1074,8 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
         sh_in(&node0.netns, &format!("ip route add {route}"))?;
         let result = blast(&at_backend).and_then(|sample| Ok((sample, tcp()?)));
         sh_in(&node0.netns, &format!("ip route del {route}"))?;
-        let (pps, theirs) = result?;
-        routed.push(pps);
+        let (sample, theirs) = result?;
+        routed.push(sample);
         tcp_routed.push(ours_tcp, theirs);
         // An overlay cluster without us: the pod CIDRs reach the other node only through
         // the kernel's VXLAN device.
@@ -1083,8 +1083,8 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
         let result = blast(&at_backend).and_then(|sample| Ok((sample, tcp()?)));
         kernel_vxlan_down(&nodes)?;
         sh_in(&node0.netns, "nft delete table ip kube-proxy")?;
-        let (pps, theirs) = result?;
-        vxlan.push(pps);
+        let (sample, theirs) = result?;
+        vxlan.push(sample);
         tcp_vxlan.push(ours_tcp, theirs);
         sink_udp(&node0.netns, "eth0", NODE_PORT)?;
         let result = blast(&at_node);
