@@ -85,6 +85,8 @@ pub struct Cluster {
     pub hosted_pods: model::HostedPods,
     /// How many Services the services stage last refused.
     pub services_rejected: usize,
+    /// Where Services' `spec.externalIPs` are honoured (`--external-ip-cidrs`).
+    pub external_ip_cidrs: Vec<ipnet::IpNet>,
     pub multicast_settings: multicast::Settings,
     /// Started at the first sync.
     pub multicast: Option<multicast::MulticastAgent>,
@@ -374,9 +376,14 @@ impl Cluster {
         state: &source::ClusterState,
         changes: &Changes,
     ) -> anyhow::Result<(usize, usize)> {
-        let recompiled =
-            self.services
-                .update(&state.services, &state.endpoint_slices, &self.node, changes);
+        let policy = self.address_policy(state);
+        let recompiled = self.services.update(
+            &state.services,
+            &state.endpoint_slices,
+            &self.node,
+            &policy,
+            changes,
+        );
         let errors = self.services.errors();
         for error in &errors {
             tracing::warn!(%error, "service skipped");
@@ -394,6 +401,31 @@ impl Cluster {
             "services configured"
         );
         Ok((stats.written + stats.deleted, errors.len()))
+    }
+
+    /// Which addresses Services may take besides their cluster IPs: the external IPs the
+    /// operator allows, never the cluster's own networks or a node's address.
+    fn address_policy(&self, state: &source::ClusterState) -> lb::AddressPolicy {
+        let mut reserved_networks = state.cluster_networks.clone();
+        reserved_networks.extend(state.service_networks.iter().copied());
+        if let Some(model) = &self.model {
+            reserved_networks.extend(hybrid::internal_networks(model.view.hybrid.as_ref()));
+        }
+        let node_addresses = state
+            .nodes
+            .iter()
+            .flat_map(|node| {
+                node.status
+                    .iter()
+                    .flat_map(|s| s.addresses.iter().flatten())
+            })
+            .filter_map(|a| a.address.parse().ok())
+            .collect();
+        lb::AddressPolicy {
+            external_ip_cidrs: self.external_ip_cidrs.clone(),
+            reserved_networks,
+            node_addresses,
+        }
     }
 
     /// Makes the gateway SNAT (pods to outside the cluster take the node's address) follow

@@ -55,7 +55,9 @@ pub fn write_conflist(
     socket: &std::path::Path,
 ) -> std::io::Result<std::path::PathBuf> {
     let path = conf_dir.join(CONFLIST_FILE);
-    crate::state::write_json_atomically(&path, &conflist(socket))?;
+    let text = serde_json::to_vec_pretty(&conflist(socket)).map_err(std::io::Error::other)?;
+    // Readable by all, as the runtime's other configuration files are.
+    crate::state::write_replacing(&path, &text, true, 0o644)?;
     Ok(path)
 }
 

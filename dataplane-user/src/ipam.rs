@@ -14,10 +14,12 @@
 //!   reserves are never given out.
 //! - After a release the next allocation moves on rather than reusing the freed address at
 //!   once (a packet in flight to the old pod should not reach a new one).
-//! - Persistent: every change is written (aside, synced, renamed) to a file on the node's
-//!   disk, so allocations survive agent restarts and node reboots; a file that does not parse
-//!   is an error naming it, never a silent start from nothing (which would hand out
-//!   addresses pods still hold).
+//! - Persistent: every change is written (aside, synced, renamed, the directory synced) to a
+//!   file on the node's disk before it is taken, so allocations survive agent restarts and
+//!   node reboots, and a change that could not be saved is not made (a full disk fails the
+//!   ADD and leaves no allocation a retry could take unsaved). A file that does not parse is
+//!   an error naming it, never a silent start from nothing (which would hand out addresses
+//!   pods still hold); one damaged entry is quarantined with a warning, its addresses held.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -61,12 +63,118 @@ pub struct Allocation {
 }
 
 /// What the state file holds.
-#[derive(Debug, Default, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Stored {
     /// By `<container id>/<interface>`.
     allocations: BTreeMap<String, Allocation>,
     /// Per pool, the address after the last one given out: where the next search starts.
     next: BTreeMap<IpNet, IpAddr>,
+    /// Entries found damaged when the file was read, kept as they were (for whoever repairs
+    /// the node) with the addresses they name held: an address a damaged entry may stand for
+    /// is never given to another pod.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    quarantined: Vec<Quarantined>,
+}
+
+/// A damaged allocation entry, set aside when the state file was read.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Quarantined {
+    pub key: String,
+    pub why: String,
+    pub entry: serde_json::Value,
+    /// Every address found in the entry, held until the entry is removed by hand.
+    pub holds: Vec<IpAddr>,
+}
+
+/// The state file as read: entries one by one, so one damaged entry is set aside rather than
+/// the whole file refused.
+#[derive(Deserialize)]
+struct StoredText {
+    #[serde(default)]
+    allocations: BTreeMap<String, serde_json::Value>,
+    #[serde(default)]
+    next: BTreeMap<IpNet, IpAddr>,
+    #[serde(default)]
+    quarantined: Vec<Quarantined>,
+}
+
+impl StoredText {
+    /// The allocations that are whole and consistent; the others quarantined, each with a
+    /// warning naming it.
+    fn check(self, path: &Path) -> Stored {
+        let mut stored = Stored {
+            next: self.next,
+            quarantined: self.quarantined,
+            ..Stored::default()
+        };
+        for (key, entry) in self.allocations {
+            match serde_json::from_value::<Allocation>(entry.clone())
+                .map_err(|e| e.to_string())
+                .and_then(|a| a.consistent_with(&key).map(|()| a))
+            {
+                Ok(allocation) => {
+                    stored.allocations.insert(key, allocation);
+                }
+                Err(why) => {
+                    tracing::warn!(
+                        path = %path.display(),
+                        entry = key,
+                        why,
+                        "damaged IPAM entry quarantined; its addresses stay held until it is removed by hand"
+                    );
+                    let holds = addresses_in(&entry);
+                    stored.quarantined.push(Quarantined {
+                        key,
+                        why,
+                        entry,
+                        holds,
+                    });
+                }
+            }
+        }
+        stored
+    }
+}
+
+/// Every IP address written anywhere in `value` (bare or with a prefix length).
+fn addresses_in(value: &serde_json::Value) -> Vec<IpAddr> {
+    match value {
+        serde_json::Value::String(text) => text
+            .parse::<IpNet>()
+            .map(|n| n.addr())
+            .or_else(|_| text.parse::<IpAddr>())
+            .into_iter()
+            .collect(),
+        serde_json::Value::Array(items) => items.iter().flat_map(addresses_in).collect(),
+        serde_json::Value::Object(fields) => fields.values().flat_map(addresses_in).collect(),
+        _ => Vec::new(),
+    }
+}
+
+impl Allocation {
+    /// Whether the entry stored under `key` is one the agent can act on: keyed by its own
+    /// container and interface, valid names, at least one address and at most one per family.
+    fn consistent_with(&self, key: &str) -> Result<(), String> {
+        if key != self::key(&self.container_id, &self.ifname) {
+            return Err(format!(
+                "stored under {key:?} but names container {:?} interface {:?}",
+                self.container_id, self.ifname
+            ));
+        }
+        crate::cni::protocol::check_container_id(&self.container_id)?;
+        crate::cni::protocol::check_ifname(&self.ifname)?;
+        if self.addresses.is_empty() {
+            return Err("no address".into());
+        }
+        let v4 = self.addresses.iter().filter(|a| a.addr().is_ipv4()).count();
+        if v4 > 1 || self.addresses.len() - v4 > 1 {
+            return Err(format!(
+                "more than one address of a family: {:?}",
+                self.addresses
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The node's allocations and the file they are kept in.
@@ -84,11 +192,13 @@ impl Ipam {
             detail,
         };
         let stored = match std::fs::read(path) {
-            Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| {
-                state_error(format!(
-                    "does not parse ({e}); move it aside only once no pod uses its addresses"
-                ))
-            })?,
+            Ok(bytes) => serde_json::from_slice::<StoredText>(&bytes)
+                .map_err(|e| {
+                    state_error(format!(
+                        "does not parse ({e}); move it aside only once no pod uses its addresses"
+                    ))
+                })?
+                .check(path),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Stored::default(),
             Err(e) => return Err(state_error(e.to_string())),
         };
@@ -117,25 +227,34 @@ impl Ipam {
         if pools.is_empty() {
             return Err(IpamError::NoPool);
         }
-        let used: BTreeSet<IpAddr> = self
-            .stored
-            .allocations
-            .values()
-            .flat_map(|a| a.addresses.iter().map(IpNet::addr))
-            .collect();
+        let used = self.used();
         let mut addresses = Vec::new();
         for pool in pools {
             let start = self.stored.next.get(&pool).copied();
             let address = free_address(pool, start, &used, reserved)?;
             addresses.push(IpNet::new(address, pool.prefix_len()).expect("a pool's prefix"));
         }
+        let mut next = self.stored.clone();
         for address in &addresses {
             let pool = pool_of(address);
-            self.stored
-                .next
-                .insert(pool, successor(pool, address.addr()));
+            next.next.insert(pool, successor(pool, address.addr()));
         }
-        self.store(key, container_id, ifname, pod, addresses)
+        self.store(next, key, container_id, ifname, pod, addresses)
+    }
+
+    /// Every address an allocation or a quarantined entry holds.
+    fn used(&self) -> BTreeSet<IpAddr> {
+        self.stored
+            .allocations
+            .values()
+            .flat_map(|a| a.addresses.iter().map(IpNet::addr))
+            .chain(
+                self.stored
+                    .quarantined
+                    .iter()
+                    .flat_map(|q| q.holds.iter().copied()),
+            )
+            .collect()
     }
 
     /// Gives `container_id`'s `ifname` exactly `addresses` (a pod whose manifest names its
@@ -175,14 +294,28 @@ impl Ipam {
                     holder: holder.container_id.clone(),
                 });
             }
+            if let Some(damaged) = self
+                .stored
+                .quarantined
+                .iter()
+                .find(|q| q.holds.contains(address))
+            {
+                return Err(IpamError::Held {
+                    address: *address,
+                    holder: format!("(quarantined entry {})", damaged.key),
+                });
+            }
             claimed.push(IpNet::new(*address, pool.prefix_len()).expect("a pool's prefix"));
         }
-        self.store(key, container_id, ifname, pod, claimed)
+        let next = self.stored.clone();
+        self.store(next, key, container_id, ifname, pod, claimed)
     }
 
-    /// Records and saves one allocation.
+    /// Records one allocation in `next` (the state as it is to be), saves it, and only then
+    /// takes it as the state: an allocation that is not on disk is not made.
     fn store(
         &mut self,
+        mut next: Stored,
         key: String,
         container_id: &str,
         ifname: &str,
@@ -195,9 +328,19 @@ impl Ipam {
             pod,
             addresses,
         };
-        self.stored.allocations.insert(key, allocation.clone());
-        self.save()?;
+        next.allocations.insert(key, allocation.clone());
+        self.commit(next)?;
         Ok(allocation)
+    }
+
+    /// Saves `next` and takes it as the state; on a failed save the state stays as it was.
+    fn commit(&mut self, next: Stored) -> Result<(), IpamError> {
+        crate::state::write_json_atomically(&self.path, &next).map_err(|e| IpamError::State {
+            path: self.path.clone(),
+            detail: e.to_string(),
+        })?;
+        self.stored = next;
+        Ok(())
     }
 
     /// The allocation of `container_id`'s `ifname`, if any.
@@ -211,11 +354,14 @@ impl Ipam {
         container_id: &str,
         ifname: &str,
     ) -> Result<Option<Allocation>, IpamError> {
-        let released = self.stored.allocations.remove(&key(container_id, ifname));
-        if released.is_some() {
-            self.save()?;
-        }
-        Ok(released)
+        let key = key(container_id, ifname);
+        let Some(released) = self.stored.allocations.get(&key).cloned() else {
+            return Ok(None);
+        };
+        let mut next = self.stored.clone();
+        next.allocations.remove(&key);
+        self.commit(next)?;
+        Ok(Some(released))
     }
 
     /// Releases every allocation whose (container id, interface) is not in `attachments` (the
@@ -231,29 +377,26 @@ impl Ipam {
             .filter(|(_, a)| !attachments.contains(&(a.container_id.clone(), a.ifname.clone())))
             .map(|(k, _)| k.clone())
             .collect();
+        if stale.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut next = self.stored.clone();
         let released: Vec<Allocation> = stale
             .iter()
-            .filter_map(|k| self.stored.allocations.remove(k))
+            .filter_map(|k| next.allocations.remove(k))
             .collect();
-        if !released.is_empty() {
-            self.save()?;
-        }
+        self.commit(next)?;
         Ok(released)
+    }
+
+    /// The entries set aside as damaged when the state was read.
+    pub fn quarantined(&self) -> &[Quarantined] {
+        &self.stored.quarantined
     }
 
     /// Every allocation, by container id and interface.
     pub fn allocations(&self) -> impl Iterator<Item = &Allocation> {
         self.stored.allocations.values()
-    }
-
-    /// Writes the state atomically: a crash leaves the old state or the new one.
-    fn save(&self) -> Result<(), IpamError> {
-        crate::state::write_json_atomically(&self.path, &self.stored).map_err(|e| {
-            IpamError::State {
-                path: self.path.clone(),
-                detail: e.to_string(),
-            }
-        })
     }
 }
 
@@ -528,6 +671,82 @@ mod tests {
             }
             assert_eq!(ipam.allocations().count(), live.len());
         }
+    }
+
+    #[test]
+    fn an_allocation_that_cannot_be_saved_is_not_made_and_a_retry_does_not_take_it_unsaved() {
+        let (mut ipam, path) = fresh("unsaved");
+        let pools = [net("10.244.7.0/24")];
+        // The file's place taken by a directory: every save fails, as on a full disk.
+        std::fs::create_dir_all(&path).unwrap();
+        for attempt in 0..2 {
+            let error = ipam
+                .allocate(&pools, &[], "c1", "eth0", None)
+                .expect_err("no save, no allocation");
+            assert!(
+                matches!(error, IpamError::State { .. }),
+                "{attempt}: {error}"
+            );
+            assert_eq!(ipam.allocations().count(), 0, "attempt {attempt}");
+        }
+        std::fs::remove_dir(&path).unwrap();
+        let saved = ipam.allocate(&pools, &[], "c1", "eth0", None).unwrap();
+        assert_eq!(saved.addresses, vec![net("10.244.7.2/24")]);
+        // A release that cannot be saved keeps the allocation too.
+        std::fs::remove_file(&path).unwrap();
+        std::fs::create_dir_all(&path).unwrap();
+        assert!(ipam.release("c1", "eth0").is_err());
+        assert_eq!(ipam.allocations().count(), 1);
+        assert!(ipam.gc(&BTreeSet::new()).is_err());
+        assert_eq!(ipam.allocations().count(), 1);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
+    }
+
+    #[test]
+    fn damaged_entries_are_quarantined_with_their_addresses_held() {
+        let (_, path) = fresh("damaged");
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        let text = serde_json::json!({
+            "allocations": {
+                "good/eth0": {"container_id": "good", "ifname": "eth0", "pod": null,
+                              "addresses": ["10.244.8.2/24"]},
+                "empty/eth0": {"container_id": "empty", "ifname": "eth0", "pod": null,
+                               "addresses": []},
+                "moved/eth0": {"container_id": "other", "ifname": "eth0", "pod": null,
+                               "addresses": ["10.244.8.4/24"]},
+                "torn/eth0": {"container_id": "torn", "addresses": ["10.244.8.5/24"]},
+                "bad/eth0\nlink": {"container_id": "bad", "ifname": "eth0\nlink",
+                                    "pod": null, "addresses": ["10.244.8.6/24"]},
+            },
+            "next": {},
+        });
+        std::fs::write(&path, text.to_string()).unwrap();
+        let mut ipam = Ipam::open(&path).expect("a damaged entry does not refuse the file");
+        let kept: Vec<&str> = ipam
+            .allocations()
+            .map(|a| a.container_id.as_str())
+            .collect();
+        assert_eq!(kept, vec!["good"]);
+        let mut quarantined: Vec<&str> =
+            ipam.quarantined().iter().map(|q| q.key.as_str()).collect();
+        quarantined.sort();
+        assert_eq!(
+            quarantined,
+            vec!["bad/eth0\nlink", "empty/eth0", "moved/eth0", "torn/eth0"]
+        );
+        // Their addresses are never handed out, nor claimed.
+        let pools = [net("10.244.8.0/28")];
+        let given = ipam.allocate(&pools, &[], "new", "eth0", None).unwrap();
+        assert_eq!(given.addresses, vec![net("10.244.8.7/28")]);
+        assert!(matches!(
+            ipam.claim(&pools, &[ip("10.244.8.5")], "x", "eth0", None),
+            Err(IpamError::Held { .. })
+        ));
+        // Saved and read again, the quarantine stays.
+        let reopened = Ipam::open(&path).unwrap();
+        assert_eq!(reopened.quarantined().len(), 4);
+        assert_eq!(reopened.allocations().count(), 2);
+        let _ = std::fs::remove_dir_all(path.parent().unwrap());
     }
 
     #[test]

@@ -35,6 +35,8 @@ use k8s_openapi::api::{
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
+use ipnet::IpNet;
+
 use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16, source::Objects};
 
 /// The label linking an EndpointSlice to its Service.
@@ -56,11 +58,95 @@ impl std::fmt::Display for BackendAddr {
     }
 }
 
+/// What kind of Service address a port was compiled for: when two Services claim one key, the
+/// lower kind holds it (a ClusterIP, which the API server allocates, over an external or
+/// load-balancer address a Service names for itself), then the first Service by name.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum AddressKind {
+    ClusterIp,
+    NodePort,
+    /// `spec.externalIPs` and `status.loadBalancer.ingress[].ip`.
+    External,
+}
+
+/// Which addresses, besides its cluster IPs, a Service may take (CVE-2020-8554: a tenant who
+/// may create Services could otherwise name another's address as an external IP and take its
+/// traffic, the cluster DNS's say).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AddressPolicy {
+    /// `spec.externalIPs` are honoured only inside these (`--external-ip-cidrs`); none by
+    /// default, as the API server's DenyServiceExternalIPs admission plugin advises.
+    pub external_ip_cidrs: Vec<IpNet>,
+    /// No external or load-balancer address may be inside these: the service networks, the
+    /// cluster (pod) networks, the hybrid overlay's.
+    pub reserved_networks: Vec<IpNet>,
+    /// No external IP may be a node's address (it would take the node's own ports, the
+    /// kubelet's among them). Load-balancer addresses may: some load balancers (k3s'
+    /// ServiceLB) publish the nodes' addresses.
+    pub node_addresses: BTreeSet<IpAddr>,
+}
+
+impl AddressPolicy {
+    /// Why `ip`, given as `field` of a Service, is not honoured; `None` when it is.
+    fn refuses(&self, ip: IpAddr, field: &str) -> Option<String> {
+        let external_ip = field == EXTERNAL_IPS;
+        if special_address(ip) {
+            return Some(format!(
+                "{ip} is an unspecified, loopback, link-local, multicast or broadcast address"
+            ));
+        }
+        if let Some(net) = self.reserved_networks.iter().find(|n| n.contains(&ip)) {
+            return Some(format!(
+                "{ip} is inside the cluster's own network {net} (service or pod addresses)"
+            ));
+        }
+        if external_ip && self.node_addresses.contains(&ip) {
+            return Some(format!("{ip} is a node's address"));
+        }
+        if external_ip && !self.external_ip_cidrs.iter().any(|n| n.contains(&ip)) {
+            return Some(if self.external_ip_cidrs.is_empty() {
+                format!(
+                    "{ip}: external IPs are not honoured on this cluster (the agent's --external-ip-cidrs is empty)"
+                )
+            } else {
+                format!("{ip} is outside the agent's --external-ip-cidrs")
+            });
+        }
+        None
+    }
+}
+
+/// Addresses no Service may claim but as a cluster IP.
+fn special_address(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            v4.is_unspecified()
+                || v4.is_loopback()
+                || v4.is_link_local()
+                || v4.is_multicast()
+                || v4.is_broadcast()
+        }
+        IpAddr::V6(v6) => {
+            v6.is_unspecified()
+                || v6.is_loopback()
+                || v6.is_multicast()
+                || v6.is_unicast_link_local()
+                || v6.to_ipv4_mapped().is_some()
+        }
+    }
+}
+
+const EXTERNAL_IPS: &str = "spec.externalIPs";
+const CLUSTER_IPS: &str = "spec.clusterIPs";
+const INGRESS_IPS: &str = "status.loadBalancer.ingress[].ip";
+
 /// One address + port + protocol of a Service, with its backends.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ServicePort {
     /// `namespace/name:port` for logs and status.
     pub name: String,
+    /// Which of the Service's addresses this is (decides who holds a key two Services claim).
+    pub kind: AddressKind,
     pub key: ServiceKey,
     /// ClientIP affinity timeout in seconds; 0 without affinity.
     pub affinity_timeout: u32,
@@ -81,18 +167,28 @@ pub struct CompiledServices {
 /// A Service's namespace and name.
 pub type ServiceName = (String, String);
 
-/// One Service's compiled ports, or why the whole Service was refused.
-pub type CompiledService = Result<Vec<ServicePort>, String>;
+/// One Service's compiled ports and the addresses of it that were not honoured (each message
+/// names the Service, the field and why), or why the whole Service was refused.
+pub type CompiledService = Result<ServiceCompiled, String>;
+
+/// What compiling one Service gave.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ServiceCompiled {
+    pub ports: Vec<ServicePort>,
+    /// Its external or load-balancer addresses the [`AddressPolicy`] refused.
+    pub refused: Vec<String>,
+}
 
 /// Compiles every Service with its EndpointSlices into the service ports of node `node`
 /// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
-/// endpoints on this node.
+/// endpoints on this node; external and load-balancer addresses as `policy` allows.
 pub fn compile_services(
     services: &Objects<Service>,
     slices: &Objects<EndpointSlice>,
     node: &str,
+    policy: &AddressPolicy,
 ) -> CompiledServices {
-    assemble(compile_each(services, slices, node, |_| true).values())
+    assemble(compile_each(services, slices, node, policy, |_| true).values())
 }
 
 /// Compiles the Services `wanted` picks (by namespace and name), each with its own
@@ -101,6 +197,7 @@ pub fn compile_each<'a>(
     services: impl IntoIterator<Item = &'a Arc<Service>>,
     slices: impl IntoIterator<Item = &'a Arc<EndpointSlice>>,
     node: &str,
+    policy: &AddressPolicy,
     wanted: impl Fn(&(&str, &str)) -> bool + Sync,
 ) -> BTreeMap<ServiceName, CompiledService> {
     // Slices by namespace and service name, found once: per-service scans would make the
@@ -126,7 +223,7 @@ pub fn compile_each<'a>(
         let own_slices = by_service.get(&key).map(Vec::as_slice).unwrap_or_default();
         (
             (key.0.to_owned(), key.1.to_owned()),
-            compile_service(service, own_slices, node),
+            compile_service(service, own_slices, node, policy),
         )
     };
     // A full compile (10,000 Services) on every core; a change's few here.
@@ -147,16 +244,21 @@ pub fn slice_service(slice: &EndpointSlice) -> Option<(&str, &str)> {
 }
 
 /// The service ports of compiled Services, in key order. Two Services claiming one address
-/// and port: the first in namespace and name order keeps it, the other's port is refused.
+/// and port: a cluster IP keeps it over an external or load-balancer address, then the first
+/// in namespace and name order; the other's port is refused.
 pub fn assemble<'a>(compiled: impl Iterator<Item = &'a CompiledService>) -> CompiledServices {
     let mut out = CompiledServices::default();
     for service in compiled {
         match service {
-            Ok(ports) => out.ports.extend(ports.iter().cloned()),
+            Ok(compiled) => {
+                out.ports.extend(compiled.ports.iter().cloned());
+                out.errors.extend(compiled.refused.iter().cloned());
+            }
             Err(error) => out.errors.push(error.clone()),
         }
     }
-    out.ports.sort_by_key(|p| p.key);
+    // Stable: among the ports of one key, the lowest kind, then the first Service by name.
+    out.ports.sort_by_key(|p| (p.key, p.kind));
     let mut seen = BTreeSet::new();
     let mut unique = Vec::new();
     for port in out.ports {
@@ -178,21 +280,27 @@ fn compile_service(
     service: &Service,
     own_slices: &[&EndpointSlice],
     node: &str,
-) -> Result<Vec<ServicePort>, String> {
+    policy: &AddressPolicy,
+) -> CompiledService {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
     let name = service.metadata.name.as_deref().unwrap_or("<unnamed>");
     let id = format!("Service {namespace}/{name}");
     let Some(spec) = &service.spec else {
-        return Ok(Vec::new());
+        return Ok(ServiceCompiled::default());
     };
     if spec.type_.as_deref() == Some("ExternalName") {
-        return Ok(Vec::new());
+        return Ok(ServiceCompiled::default());
     }
     let affinity_timeout = affinity_timeout(service).map_err(|e| format!("{id}: {e}"))?;
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
-    let addresses = service_addresses(service).map_err(|e| format!("{id}: {e}"))?;
+    let (addresses, refused) =
+        service_addresses(service, policy).map_err(|e| format!("{id}: {e}"))?;
+    let refused: Vec<String> = refused
+        .into_iter()
+        .map(|why| format!("{id}: {why}; that address is not served"))
+        .collect();
     let mut ports = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let field = format!("{id}: spec.ports[{index}]");
@@ -216,7 +324,7 @@ fn compile_service(
         );
         // Cluster IPs (ITP applies), external and load-balancer IPs reached from pods, and the
         // latter again as reached from outside (ETP applies).
-        let mut keys: Vec<(ServiceKey, IpAddr, bool, String)> = Vec::new();
+        let mut keys: Vec<(ServiceKey, AddressKind, IpAddr, bool, String)> = Vec::new();
         for &(address, cluster_ip) in &addresses {
             let key = ServiceKey {
                 addr: addr16(address),
@@ -224,8 +332,14 @@ fn compile_service(
                 protocol,
                 scope: SCOPE_CLUSTER,
             };
+            let kind = if cluster_ip {
+                AddressKind::ClusterIp
+            } else {
+                AddressKind::External
+            };
             keys.push((
                 key,
+                kind,
                 address,
                 cluster_ip && internal_local,
                 port_name.clone(),
@@ -236,7 +350,7 @@ fn compile_service(
                     ..key
                 };
                 let name = format!("{port_name} (external {address})");
-                keys.push((key, address, external_local, name));
+                keys.push((key, kind, address, external_local, name));
             }
         }
         // The NodePort, once per address family of the Service (ETP applies).
@@ -260,13 +374,14 @@ fn compile_service(
                 };
                 keys.push((
                     key,
+                    AddressKind::NodePort,
                     any,
                     external_local,
                     format!("{port_name} (NodePort {node_port})"),
                 ));
             }
         }
-        for (key, address, local_only, port_name) in keys {
+        for (key, kind, address, local_only, port_name) in keys {
             let local = local_only.then_some(node);
             let (ready, terminating) = endpoints_for(own_slices, port, address, protocol, local);
             if ready.len() + terminating.len() > MAX_BACKENDS_PER_SERVICE {
@@ -277,6 +392,7 @@ fn compile_service(
             }
             ports.push(ServicePort {
                 name: port_name,
+                kind,
                 key,
                 affinity_timeout,
                 ready,
@@ -284,7 +400,7 @@ fn compile_service(
             });
         }
     }
-    Ok(ports)
+    Ok(ServiceCompiled { ports, refused })
 }
 
 /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`
@@ -320,9 +436,16 @@ fn affinity_timeout(service: &Service) -> Result<u32, String> {
     }
 }
 
+/// A Service's address, and whether it is a cluster IP.
+type ServiceAddress = (IpAddr, bool);
+
 /// Every address clients reach the Service on: cluster IPs (both families), external IPs and
-/// load-balancer ingress IPs. A headless Service has none.
-fn service_addresses(service: &Service) -> Result<Vec<(IpAddr, bool)>, String> {
+/// load-balancer ingress IPs (those `policy` honours; why each other is not, second), each
+/// with whether it is a cluster IP. A headless Service has none.
+fn service_addresses(
+    service: &Service,
+    policy: &AddressPolicy,
+) -> Result<(Vec<ServiceAddress>, Vec<String>), String> {
     let mut texts: Vec<(String, &str)> = Vec::new();
     if let Some(spec) = &service.spec {
         let cluster_ips = spec
@@ -334,13 +457,13 @@ fn service_addresses(service: &Service) -> Result<Vec<(IpAddr, bool)>, String> {
             cluster_ips
                 .into_iter()
                 .filter(|ip| ip != "None" && !ip.is_empty())
-                .map(|ip| (ip, "spec.clusterIPs")),
+                .map(|ip| (ip, CLUSTER_IPS)),
         );
         texts.extend(
             spec.external_ips
                 .iter()
                 .flatten()
-                .map(|ip| (ip.clone(), "spec.externalIPs")),
+                .map(|ip| (ip.clone(), EXTERNAL_IPS)),
         );
     }
     if let Some(status) = &service.status {
@@ -353,19 +476,26 @@ fn service_addresses(service: &Service) -> Result<Vec<(IpAddr, bool)>, String> {
                 .into_iter()
                 .flatten()
                 .filter_map(|i| i.ip.clone())
-                .map(|ip| (ip, "status.loadBalancer.ingress[].ip")),
+                .map(|ip| (ip, INGRESS_IPS)),
         );
     }
-    let mut addresses = Vec::new();
+    let mut addresses: Vec<ServiceAddress> = Vec::new();
+    let mut refused = Vec::new();
     for (text, field) in texts {
         let ip: IpAddr = text
             .parse()
             .map_err(|_| format!("{field}: {text:?} is not an IP address"))?;
-        if !addresses.iter().any(|(a, _)| *a == ip) {
-            addresses.push((ip, field == "spec.clusterIPs"));
+        let cluster_ip = field == CLUSTER_IPS;
+        if addresses.iter().any(|(a, _)| *a == ip) {
+            continue;
         }
+        if !cluster_ip && let Some(why) = policy.refuses(ip, field) {
+            refused.push(format!("{field}: {why}"));
+            continue;
+        }
+        addresses.push((ip, cluster_ip));
     }
-    Ok(addresses)
+    Ok((addresses, refused))
 }
 
 /// Ready and serving-but-terminating backends of one Service port on one address family; with

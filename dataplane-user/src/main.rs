@@ -109,6 +109,15 @@ struct RunOptions {
     /// agent restarts and reboots.
     #[arg(long, default_value = cni::DEFAULT_IPAM_FILE)]
     ipam_file: PathBuf,
+    /// Networks in which Services' `spec.externalIPs` are honoured (comma-separated or
+    /// repeated CIDRs). Empty, the default: no external IP is (CVE-2020-8554). Addresses in
+    /// the cluster's own networks or of a node are refused whatever this says.
+    #[arg(long, value_delimiter = ',')]
+    external_ip_cidrs: Vec<ipnet::IpNet>,
+    /// Directories where the container runtime keeps pods' named network namespaces
+    /// (repeatable); `CNI_NETNS` is taken only from these and `/proc/<pid>/ns/net`.
+    #[arg(long = "cni-netns-dir", default_values = cni::wire::DEFAULT_NETNS_DIRS)]
+    cni_netns_dirs: Vec<PathBuf>,
     /// Write the plugin's network configuration list into this directory (the runtime's,
     /// e.g. /etc/cni/net.d) once the plugin is served: until then the node's network is
     /// not ready.
@@ -295,6 +304,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 metrics_address,
                 cni_socket,
                 ipam_file,
+                cni_netns_dirs,
+                external_ip_cidrs,
                 cni_conf_dir,
                 capacities,
                 look_every_seconds,
@@ -322,6 +333,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     metrics_address,
                     cni_socket: cni_socket.unwrap_or_else(|| cli.run_dir.join(cni::SOCKET_FILE)),
                     ipam_file,
+                    cni_netns_dirs,
+                    external_ip_cidrs,
                     cni_conf_dir,
                     capacities,
                     look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
@@ -476,6 +489,8 @@ struct RunArgs {
     metrics_address: Option<std::net::SocketAddr>,
     cni_socket: PathBuf,
     ipam_file: PathBuf,
+    cni_netns_dirs: Vec<PathBuf>,
+    external_ip_cidrs: Vec<ipnet::IpNet>,
     cni_conf_dir: Option<PathBuf>,
     capacities: dataplane_user::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
@@ -551,7 +566,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 Source::Kubernetes(Box::new(source))
             }
         };
-        let cni = CniPods::open(&args.ipam_file)?;
+        let cni = CniPods::open(&args.ipam_file)?.with_netns_dirs(args.cni_netns_dirs.clone());
         let mut watched = Cluster {
             cni,
             node_pods: NodePods::default(),
@@ -581,6 +596,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             policy_pods_follow_last: false,
             hosted_pods: Default::default(),
             services_rejected: 0,
+            external_ip_cidrs: args.external_ip_cidrs.clone(),
             multicast_settings: args.multicast,
             multicast: None,
             run_dir: run_dir.to_path_buf(),

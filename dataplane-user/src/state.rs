@@ -63,18 +63,56 @@ pub fn write_json_replacing(
     durable: bool,
 ) -> io::Result<()> {
     let text = serde_json::to_vec_pretty(value).map_err(io::Error::other)?;
-    if let Some(dir) = path.parent() {
-        fs::create_dir_all(dir)?;
+    write_replacing(path, &text, durable, PRIVATE)
+}
+
+/// Files only the agent (root) reads and writes.
+pub const PRIVATE: u32 = 0o600;
+
+/// Writes `bytes` to `path` by a file of its own beside it (a name no other writer uses,
+/// created exclusively with `mode`), renamed over `path`. `durable`: the file's data before
+/// the rename, and the directory's entry after it, are on disk when this returns.
+pub fn write_replacing(path: &Path, bytes: &[u8], durable: bool, mode: u32) -> io::Result<()> {
+    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static WRITES: AtomicU64 = AtomicU64::new(0);
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    fs::create_dir_all(dir)?;
+    let name = path.file_name().ok_or_else(|| {
+        io::Error::new(io::ErrorKind::InvalidInput, "a file path has a file name")
+    })?;
+    let mut aside_name = std::ffi::OsString::from(".");
+    aside_name.push(name);
+    aside_name.push(format!(
+        ".{}.{}.tmp",
+        std::process::id(),
+        WRITES.fetch_add(1, Ordering::Relaxed)
+    ));
+    let aside = dir.join(aside_name);
+    let written = (|| {
+        let mut file = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(mode)
+            .open(&aside)?;
+        io::Write::write_all(&mut file, bytes)?;
+        if durable {
+            file.sync_all()?;
+        }
+        fs::rename(&aside, path)
+    })();
+    if written.is_err() {
+        let _ = fs::remove_file(&aside);
+        return written;
     }
-    let mut aside = path.as_os_str().to_owned();
-    aside.push(".tmp");
-    let aside = std::path::PathBuf::from(aside);
-    let mut file = fs::File::create(&aside)?;
-    io::Write::write_all(&mut file, &text)?;
     if durable {
-        file.sync_all()?;
+        // The rename itself is on disk only once the directory is.
+        fs::File::open(dir)?.sync_all()?;
     }
-    fs::rename(&aside, path)
+    Ok(())
 }
 
 /// Reads the state a running (or crashed) agent left, if any.
@@ -152,5 +190,30 @@ mod tests {
         let error = read(&dir).expect_err("corrupt file");
         assert!(error.to_string().contains("state.json"), "{error}");
         let _ = fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn a_replaced_file_is_private_whole_and_leaves_nothing_aside() {
+        let dir = std::env::temp_dir().join(format!("state-write-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        let path = dir.join("x.json");
+        write_json_atomically(&path, &vec![1, 2, 3]).unwrap();
+        write_json_atomically(&path, &vec![4]).unwrap();
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, PRIVATE);
+        let back: Vec<u32> = serde_json::from_slice(&fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, vec![4]);
+        let names: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("x.json")]);
+        // A write that cannot be made leaves the old file and no temporary one.
+        fs::create_dir(dir.join("taken")).unwrap();
+        assert!(write_replacing(&dir.join("taken"), b"x", true, PRIVATE).is_err());
+        let count = fs::read_dir(&dir).unwrap().count();
+        assert_eq!(count, 2, "x.json and the directory in the way");
+        fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -5,7 +5,7 @@
 //! | stage | reads | work on a change |
 //! |---|---|---|
 //! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod of this node (before or after; not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (made again only for the Node objects that changed); the nodes' routes and addresses are changed node by node from the last compile's (`overlay::NodeMaps::updated_for`); the maps are written where they differ from what the last sync wrote |
-//! | services | Service, EndpointSlice | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name; only their keys are compared with the installed ports and written where they differ, backends counted by reference |
+//! | services | Service, EndpointSlice, Node, Network | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name (all of them when the addresses no Service may take as external ones changed: the nodes' addresses, the cluster's networks); only their keys are compared with the installed ports and written where they differ, backends counted by reference |
 //! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease), the cluster's own prefixes kept while the nodes and networks stay, the pods not read without an EgressIP; written where it differs from what it last wrote |
 //! | multicast | Node, Namespace, Pod (not its labels) | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
@@ -29,7 +29,10 @@ use kube::Resource;
 use crate::{
     AgentError, Dataplane,
     acl::policy::PolicyChanges,
-    lb::{self, CompiledService, CompiledServices, LbState, LbSyncStats, ServiceName, ServicePort},
+    lb::{
+        self, AddressKind, AddressPolicy, CompiledService, CompiledServices, LbState, LbSyncStats,
+        ServiceName, ServicePort,
+    },
     source::{ClusterState, Objects, Pod},
 };
 
@@ -85,7 +88,16 @@ pub const READS: [(Stage, &[Kind]); 5] = [
         Stage::Overlay,
         &[Kind::Node, Kind::HostedPod, Kind::Network],
     ),
-    (Stage::Services, &[Kind::Service, Kind::EndpointSlice]),
+    // Nodes and the Network: the addresses no Service may take as external ones.
+    (
+        Stage::Services,
+        &[
+            Kind::Service,
+            Kind::EndpointSlice,
+            Kind::Node,
+            Kind::Network,
+        ],
+    ),
     (
         Stage::AccessControl,
         &[
@@ -421,9 +433,12 @@ pub struct ServiceCache {
     slices: HashMap<(String, String), Arc<EndpointSlice>>,
     /// Each Service's EndpointSlices (their namespace and name).
     slices_of: HashMap<ServiceName, BTreeSet<(String, String)>>,
-    /// Each service key and the Services whose ports claim it, with how many ports each: the
-    /// first port of the first by name holds it (as [`lb::assemble`] decides).
-    claims: BTreeMap<ServiceKey, BTreeMap<ServiceName, usize>>,
+    /// Each service key and the Services whose ports claim it (with the kind of address),
+    /// with how many ports each: the first port of the lowest kind, then of the first Service
+    /// by name, holds it (as [`lb::assemble`] decides).
+    claims: BTreeMap<ServiceKey, BTreeMap<(AddressKind, ServiceName), usize>>,
+    /// The address policy the Services were compiled under: a change recompiles them all.
+    policy: AddressPolicy,
     /// The Services whose compile failed, and the keys more than one port claims: what
     /// [`Self::errors`] lists, kept so that it does not walk 10,000 Services at each change.
     failed: BTreeSet<ServiceName>,
@@ -440,11 +455,13 @@ impl ServiceCache {
         services: &Objects<Service>,
         slices: &Objects<EndpointSlice>,
         node: &str,
+        policy: &AddressPolicy,
         changes: &Changes,
     ) -> usize {
-        if changes.full {
+        if changes.full || self.policy != *policy {
+            self.policy = policy.clone();
             self.index(services, slices);
-            self.compiled = lb::compile_each(services, slices, node, |_| true);
+            self.compiled = lb::compile_each(services, slices, node, policy, |_| true);
             self.failed = self
                 .compiled
                 .iter()
@@ -487,7 +504,8 @@ impl ServiceCache {
                 .flatten()
                 .filter_map(|key| self.slices.get(key).cloned())
                 .collect();
-            let fresh = lb::compile_each(std::slice::from_ref(service), &own, node, |_| true);
+            let fresh =
+                lb::compile_each(std::slice::from_ref(service), &own, node, policy, |_| true);
             compiled += fresh.len();
             for (name, service) in fresh {
                 if service.is_err() {
@@ -540,12 +558,12 @@ impl ServiceCache {
 
     /// Every port of the Service `name` (as compiled) claims its key.
     fn claim(&mut self, name: &ServiceName) {
-        let Some(Ok(ports)) = self.compiled.get(name) else {
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
             return;
         };
-        for port in ports {
+        for port in &compiled.ports {
             let claims = self.claims.entry(port.key).or_default();
-            *claims.entry(name.clone()).or_default() += 1;
+            *claims.entry((port.kind, name.clone())).or_default() += 1;
             if claims.values().sum::<usize>() > 1 {
                 self.shared.insert(port.key);
             }
@@ -557,12 +575,12 @@ impl ServiceCache {
 
     /// The Service `name`'s ports (as compiled) give up their keys.
     fn unclaim(&mut self, name: &ServiceName) {
-        let Some(Ok(ports)) = self.compiled.get(name) else {
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
             return;
         };
-        for port in ports {
+        for port in &compiled.ports {
             if let Some(claims) = self.claims.get_mut(&port.key) {
-                claims.remove(name);
+                claims.remove(&(port.kind, name.clone()));
                 if claims.values().sum::<usize>() <= 1 {
                     self.shared.remove(&port.key);
                 }
@@ -588,13 +606,17 @@ impl ServiceCache {
         Some(dirty.iter().map(|key| (*key, self.holder(key))).collect())
     }
 
-    /// The port of the first Service (by name) claiming `key`.
+    /// The port holding `key`: of the lowest kind, then of the first Service by name.
     fn holder(&self, key: &ServiceKey) -> Option<ServicePort> {
-        let (name, _) = self.claims.get(key)?.first_key_value()?;
-        let Some(Ok(ports)) = self.compiled.get(name) else {
+        let ((kind, name), _) = self.claims.get(key)?.first_key_value()?;
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
             return None;
         };
-        ports.iter().find(|p| p.key == *key).cloned()
+        compiled
+            .ports
+            .iter()
+            .find(|p| p.key == *key && p.kind == *kind)
+            .cloned()
     }
 
     /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
@@ -604,6 +626,12 @@ impl ServiceCache {
             .iter()
             .filter_map(|name| self.compiled.get(name)?.as_ref().err().cloned())
             .collect();
+        errors.extend(
+            self.compiled
+                .values()
+                .filter_map(|c| c.as_ref().ok())
+                .flat_map(|c| c.refused.iter().cloned()),
+        );
         let shared = self
             .shared
             .iter()
@@ -611,8 +639,13 @@ impl ServiceCache {
         for (key, names) in shared {
             let ports = names
                 .keys()
-                .filter_map(|name| match self.compiled.get(name) {
-                    Some(Ok(ports)) => Some(ports.iter().filter(|p| p.key == *key)),
+                .filter_map(|(kind, name)| match self.compiled.get(name) {
+                    Some(Ok(compiled)) => Some(
+                        compiled
+                            .ports
+                            .iter()
+                            .filter(move |p| p.key == *key && p.kind == *kind),
+                    ),
                     _ => None,
                 });
             errors.extend(ports.flatten().skip(1).map(|port| {
@@ -922,14 +955,17 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
         assert_eq!(changes.stages(), vec![Stage::AccessControl]);
     }
 
+    /// Services read the nodes for the addresses no Service may take as external ones (an
+    /// unchanged set of addresses recompiles no Service).
     #[test]
-    fn a_node_change_runs_every_stage_but_services() {
+    fn a_node_change_runs_every_stage() {
         let changes =
             changed(|t| t.replace("podCIDRs: [10.244.1.0/24]", "podCIDRs: [10.244.2.0/24]"));
         assert_eq!(
             changes.stages(),
             vec![
                 Stage::Overlay,
+                Stage::Services,
                 Stage::AccessControl,
                 Stage::EgressIps,
                 Stage::Multicast
@@ -983,14 +1019,26 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 &old.services,
                 &old.endpoint_slices,
                 "node-a",
+                &AddressPolicy::default(),
                 &Changes::full(),
             );
             let before = cache.ports();
             cache.synced();
             let changes = Changes::between(&old, &new);
-            let compiled = cache.update(&new.services, &new.endpoint_slices, "node-a", &changes);
+            let compiled = cache.update(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+                &changes,
+            );
             assert!(compiled <= 2);
-            let full = lb::compile_services(&new.services, &new.endpoint_slices, "node-a");
+            let full = lb::compile_services(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+            );
             assert_eq!(cache.ports(), full);
             assert_eq!(cache.errors(), full.errors);
             // The ports that changed are named by key, with their port now: the ports of
@@ -1007,6 +1055,58 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 };
             }
             assert_eq!(ports.into_values().collect::<Vec<_>>(), full.ports);
+        }
+    }
+
+    /// A Service that names another's cluster IP as its external IP, added after it or
+    /// before it (by name, it sorts first): the cluster IP's port keeps the key in the
+    /// incremental path as in a full compile.
+    #[test]
+    fn the_service_cache_keeps_a_cluster_ip_against_an_external_ip_on_it() {
+        let grab = "\n---\napiVersion: v1\nkind: Service\n\
+                    metadata: {name: grab, namespace: aaa}\n\
+                    spec: {clusterIP: 10.96.9.9, externalIPs: [10.96.0.10], ports: [{name: http, port: 80}]}\n";
+        let open = AddressPolicy {
+            external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+            ..AddressPolicy::default()
+        };
+        let key = ServiceKey {
+            addr: crate::overlay::addr16("10.96.0.10".parse().unwrap()),
+            port_be: 80u16.to_be_bytes(),
+            protocol: 6,
+            scope: dataplane_common::lb::SCOPE_CLUSTER,
+        };
+        let with = state(&format!("{BASE}{grab}"));
+        let without = state(BASE);
+        for (first, then) in [(&without, &with), (&with, &without), (&with, &with)] {
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &first.services,
+                &first.endpoint_slices,
+                "node-a",
+                &open,
+                &Changes::full(),
+            );
+            cache.synced();
+            let changes = Changes::between(first, then);
+            cache.update(
+                &then.services,
+                &then.endpoint_slices,
+                "node-a",
+                &open,
+                &changes,
+            );
+            let holder = cache.holder(&key).expect("held");
+            assert_eq!(holder.name, "shop/web:http");
+            assert_eq!(holder.kind, AddressKind::ClusterIp);
+            let full = lb::compile_services(&then.services, &then.endpoint_slices, "node-a", &open);
+            assert_eq!(cache.ports(), full);
+            assert_eq!(cache.errors(), full.errors);
+            for (changed, port) in cache.changed_ports().unwrap() {
+                if changed == key {
+                    assert_eq!(port.unwrap().name, "shop/web:http");
+                }
+            }
         }
     }
 
@@ -1031,9 +1131,15 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 &new.services,
                 &new.endpoint_slices,
                 "node-a",
+                &AddressPolicy::default(),
                 &Changes::full(),
             );
-            let full = lb::compile_services(&new.services, &new.endpoint_slices, "node-a");
+            let full = lb::compile_services(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+            );
             assert!(!full.errors.is_empty(), "{text}");
             assert_eq!(cache.errors(), full.errors);
             assert_eq!(cache.changed_ports(), None, "a full compile: every port");

@@ -28,7 +28,7 @@ use dataplane_user::{
         firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
         policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
-    lb::{BackendAddr, LbState, ServicePort},
+    lb::{AddressKind, BackendAddr, LbState, ServicePort},
     overlay::addr16,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -339,6 +339,11 @@ fn cluster() -> anyhow::Result<Bed> {
         };
         ServicePort {
             name: format!("fuzz/{vip}:{port}"),
+            kind: if scope == SCOPE_NODEPORT {
+                AddressKind::NodePort
+            } else {
+                AddressKind::ClusterIp
+            },
             key: ServiceKey {
                 addr,
                 port_be: port.to_be_bytes(),

@@ -548,3 +548,163 @@ fn plugin_wires_pods_with_the_cluster_from_an_api_server() {
     drop(agent);
     drop(server);
 }
+
+/// Sends `request` (the agent's socket protocol, JSON) straight to `socket`, as any local
+/// client could without the plugin's own checks; the agent's reply.
+fn ask_socket(socket: &std::path::Path, request: &[u8]) -> serde_json::Value {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    // The agent stops reading a request that is too large and answers at once: the rest of
+    // the write may find the socket closed.
+    if stream.write_all(request).is_ok() {
+        stream.shutdown(std::net::Shutdown::Write).unwrap();
+    }
+    let mut reply = Vec::new();
+    stream.read_to_end(&mut reply).expect("read");
+    serde_json::from_slice(&reply).expect("a JSON reply")
+}
+
+/// The code and message of a `Failed` reply.
+fn refusal(reply: &serde_json::Value) -> (u64, String) {
+    let failed = &reply["Failed"];
+    assert!(failed.is_object(), "not refused: {reply}");
+    (
+        failed["code"].as_u64().unwrap(),
+        failed["msg"].as_str().unwrap().to_owned(),
+    )
+}
+
+fn link_exists(netns: &str, name: &str) -> bool {
+    dataplane_tests::topology::exec_in(netns, &["ip", "link", "show", "dev", name])
+        .unwrap()
+        .status
+        .success()
+}
+
+#[test]
+fn hostile_requests_on_the_plugin_socket_are_refused_and_change_nothing() {
+    if !privileged("hostile_requests_on_the_plugin_socket") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(1, 0, Mode::Overlay).expect("topology");
+    topology.add_manifest("pods.yaml", PODS).unwrap();
+    let agent = topology.node(0).start_agent().expect("agent");
+    let socket = cni::socket(&agent);
+    let node_netns = topology.node(0).netns.clone();
+    let container = cni::container(&mut topology, "default", "client").unwrap();
+    let add_request = |netns: &str, ifname: &str| {
+        json!({"Add": {"container_id": "hostile", "netns": netns, "ifname": ifname, "pod": null}})
+            .to_string()
+    };
+
+    // A newline in the interface name would be a second `ip` command in the node's namespace.
+    let reply = ask_socket(
+        &socket,
+        add_request(&container.netns_path(), "eth0\nlink add evil0 type dummy").as_bytes(),
+    );
+    let (code, msg) = refusal(&reply);
+    assert_eq!(code, 4, "{msg}");
+    assert!(msg.contains("CNI_IFNAME"), "{msg}");
+    assert!(
+        !link_exists(&node_netns, "evil0"),
+        "the injected command ran"
+    );
+
+    // The node's own namespace, by /proc and by its name: no "pod" interface lands there.
+    let agent_pid = agent.pid().expect("agent pid");
+    for netns in [
+        format!("/proc/{agent_pid}/ns/net"),
+        format!("/run/netns/{node_netns}"),
+    ] {
+        let (code, msg) = refusal(&ask_socket(&socket, add_request(&netns, "eth9").as_bytes()));
+        assert_eq!(code, 4, "{netns}: {msg}");
+        assert!(
+            msg.contains("node's own network namespace"),
+            "{netns}: {msg}"
+        );
+        assert!(
+            !link_exists(&node_netns, "eth9"),
+            "{netns}: wired into the node"
+        );
+    }
+    // Any other file is no pod's namespace.
+    for netns in [
+        "/etc/hostname",
+        "/run/netns/../../etc/hostname",
+        "/proc/1/ns/mnt",
+    ] {
+        let (code, msg) = refusal(&ask_socket(&socket, add_request(netns, "eth0").as_bytes()));
+        assert_eq!(code, 4, "{netns}: {msg}");
+    }
+    assert!(
+        allocations(&agent).map(|a| a.is_empty()).unwrap_or(true),
+        "a refused ADD kept an allocation"
+    );
+
+    // An oversized request is refused whole, not read into memory without end.
+    let mut huge = br#"{"Gc": [["a", ""#.to_vec();
+    huge.extend(std::iter::repeat_n(b'x', 2 << 20));
+    huge.extend(br#""]]}"#);
+    let (code, msg) = refusal(&ask_socket(&socket, &huge));
+    assert_eq!(code, 6, "{msg}");
+    assert!(msg.contains("larger than"), "{msg}");
+
+    // A client that connects and says nothing holds nobody up, and is let go.
+    let slow = std::os::unix::net::UnixStream::connect(&socket).unwrap();
+    let started = std::time::Instant::now();
+    let status = ask_socket(&socket, br#""Status""#);
+    assert_eq!(status, json!("Done"));
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        started.elapsed()
+    );
+    {
+        use std::io::Read as _;
+        let mut slow = slow;
+        slow.set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut reply = Vec::new();
+        slow.read_to_end(&mut reply).unwrap();
+        let reply: serde_json::Value = serde_json::from_slice(&reply).unwrap();
+        let (code, msg) = refusal(&reply);
+        assert_eq!(code, 6, "{msg}");
+        assert!(msg.contains("did not arrive whole"), "{msg}");
+    }
+
+    // A client that is not root is refused even where the socket's mode would let it in.
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = format!(
+        "import os, socket\nos.setgid(65534)\nos.setuid(65534)\n\
+         s = socket.socket(socket.AF_UNIX)\ns.connect({:?})\n\
+         try:\n    s.sendall(b'\"Status\"')\n    s.shutdown(socket.SHUT_WR)\n\
+         except BrokenPipeError:\n    pass\n\
+         print(s.makefile('rb').read().decode())\n",
+        socket.display().to_string()
+    );
+    let out = std::process::Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let reply: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (code, msg) = refusal(&reply);
+    assert_eq!(code, 4, "{msg}");
+    assert!(msg.contains("only root"), "{msg}");
+
+    // The agent is still serving: a proper ADD through the plugin wires the pod.
+    let conf = conf("1.1.0", &socket);
+    let (pod, _) = add(&container, &conf).expect("ADD after the hostile requests");
+    assert_eq!(pod.ip, "10.244.1.2".parse::<std::net::Ipv4Addr>().unwrap());
+    let log = agent.log();
+    assert!(!log.contains("panicked"), "{log}");
+}

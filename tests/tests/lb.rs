@@ -76,6 +76,7 @@ fn service(vip: &str, port: u16, protocol: u8, backends: &[&str], affinity: u32)
     ready.sort();
     ServicePort {
         name: format!("test/{vip}:{port}"),
+        kind: dataplane_user::lb::AddressKind::ClusterIp,
         key: ServiceKey {
             addr: addr16(ip(vip)),
             port_be: port.to_be_bytes(),

@@ -201,9 +201,17 @@ fn node_ports_and_external_ips_from_outside_keep_the_client_address_with_local_p
         .add_manifest("nodeports.yaml", &manifests)
         .expect("manifests");
     let server = echo_backend(&backend, false).expect("backend");
+    // The operator allows the external IPs the Services name (none are by default).
+    let allow = ["--external-ip-cidrs", "192.0.2.0/24"];
     let _agents = (
-        topology.node(0).start_agent().expect("agent on node 0"),
-        topology.node(1).start_agent().expect("agent on node 1"),
+        topology
+            .node(0)
+            .start_agent_with(&allow)
+            .expect("agent on node 0"),
+        topology
+            .node(1)
+            .start_agent_with(&allow)
+            .expect("agent on node 1"),
     );
     let node0 = topology.node(0).underlay_ip.to_string();
     let node1 = topology.node(1).underlay_ip.to_string();

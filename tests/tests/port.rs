@@ -410,6 +410,7 @@ fn a_spoofed_packet_never_reaches_the_load_balancer_or_the_flow_cache() {
     };
     let port = ServicePort {
         name: "test/svc:80".into(),
+        kind: dataplane_user::lb::AddressKind::ClusterIp,
         key: ServiceKey {
             addr: addr16("10.96.0.10".parse().expect("vip")),
             port_be: 80u16.to_be_bytes(),

@@ -75,7 +75,7 @@ fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<
         })
     };
     let target = |netns_required: bool| -> Result<Target, CniError> {
-        Ok(Target {
+        let target = Target {
             container_id: required("CNI_CONTAINERID")?,
             netns: if netns_required {
                 Some(required("CNI_NETNS")?)
@@ -84,7 +84,10 @@ fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<
             },
             ifname: required("CNI_IFNAME")?,
             pod: spec::pod_from_args(&env("CNI_ARGS").unwrap_or_default())?,
-        })
+        };
+        // The agent checks again: this only names the fault before the socket is asked.
+        target.check_names()?;
+        Ok(target)
     };
     let call = |request: &Request, unreachable: u32| match protocol::call(
         &socket,

@@ -21,7 +21,7 @@ use tokio::{
 };
 
 use super::{
-    protocol::{Attachment, Reply, Request, Target},
+    protocol::{Attachment, REQUEST_MAX, Reply, Request, Target},
     spec::{CniError, code},
     status::{self, PodStatusRecord},
     wire::{self, PodWiring},
@@ -72,9 +72,17 @@ pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
     Ok(listener)
 }
 
+/// Requests served at once (the rest wait in the socket's backlog): a runtime runs one
+/// plugin per pod being set up or torn down, and a node runs a few hundred pods.
+pub const CONNECTIONS_MAX: usize = 512;
+
 /// Accepts connections for ever, each read as one request and queued to `jobs`.
 pub async fn accept(listener: UnixListener, jobs: mpsc::UnboundedSender<Job>) {
+    let room = std::sync::Arc::new(tokio::sync::Semaphore::new(CONNECTIONS_MAX));
     loop {
+        let Ok(permit) = std::sync::Arc::clone(&room).acquire_owned().await else {
+            return;
+        };
         let stream = match listener.accept().await {
             Ok((stream, _)) => stream,
             Err(error) => {
@@ -87,7 +95,50 @@ pub async fn accept(listener: UnixListener, jobs: mpsc::UnboundedSender<Job>) {
             if let Err(error) = serve_one(stream, jobs).await {
                 tracing::warn!(%error, "serving a CNI request");
             }
+            drop(permit);
         });
+    }
+}
+
+/// How long a client may take to send its whole request: the plugin writes it at once.
+pub const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Reads one request: from root only (the plugin runs as root, as runtimes run plugins), at
+/// most [`REQUEST_MAX`] bytes, whole within [`REQUEST_TIMEOUT`].
+async fn read_request(stream: &mut tokio::net::UnixStream) -> Result<Vec<u8>, CniError> {
+    let peer = stream.peer_cred().map_err(|e| {
+        CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!("reading the peer's credentials: {e}"),
+        )
+    })?;
+    if peer.uid() != 0 {
+        return Err(CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!("only root may ask the agent (uid {} asked)", peer.uid()),
+        ));
+    }
+    let mut text = Vec::new();
+    let limit = u64::try_from(REQUEST_MAX).unwrap_or(u64::MAX) + 1;
+    let read = tokio::time::timeout(
+        REQUEST_TIMEOUT,
+        (&mut *stream).take(limit).read_to_end(&mut text),
+    )
+    .await;
+    match read {
+        Err(_) => Err(CniError::new(
+            code::DECODE_FAILURE,
+            format!("the request did not arrive whole within {REQUEST_TIMEOUT:?}"),
+        )),
+        Ok(Err(error)) => Err(CniError::new(
+            code::IO_FAILURE,
+            format!("reading the request: {error}"),
+        )),
+        Ok(Ok(_)) if text.len() > REQUEST_MAX => Err(CniError::new(
+            code::DECODE_FAILURE,
+            format!("the request is larger than {REQUEST_MAX} bytes"),
+        )),
+        Ok(Ok(_)) => Ok(text),
     }
 }
 
@@ -95,9 +146,19 @@ async fn serve_one(
     mut stream: tokio::net::UnixStream,
     jobs: mpsc::UnboundedSender<Job>,
 ) -> std::io::Result<()> {
-    let mut text = Vec::new();
-    stream.read_to_end(&mut text).await?;
-    let reply = match serde_json::from_slice::<Request>(&text) {
+    let request = read_request(&mut stream).await.and_then(|text| {
+        let request = serde_json::from_slice::<Request>(&text).map_err(|error| {
+            CniError::new(
+                code::DECODE_FAILURE,
+                format!(
+                    "the agent could not read the plugin's request ({error}); are the plugin and the agent of the same release?"
+                ),
+            )
+        })?;
+        request.check_names()?;
+        Ok(request)
+    });
+    let reply = match request {
         Ok(request) => {
             let (reply, answer) = oneshot::channel();
             let received = std::time::Instant::now();
@@ -116,12 +177,10 @@ async fn serve_one(
                 Err(_) => return Ok(()),
             }
         }
-        Err(error) => Reply::Failed(CniError::new(
-            code::DECODE_FAILURE,
-            format!(
-                "the agent could not read the plugin's request ({error}); are the plugin and the agent of the same release?"
-            ),
-        )),
+        Err(error) => {
+            tracing::warn!(%error, "CNI request refused");
+            Reply::Failed(error)
+        }
     };
     let text = serde_json::to_vec(&reply).expect("a reply serializes");
     stream.write_all(&text).await?;
@@ -224,21 +283,39 @@ impl NodePods {
 /// The pods this agent wired, kept by their address allocations.
 pub struct CniPods {
     ipam: Ipam,
+    /// Where runtimes keep named pod network namespaces (besides `/proc/<pid>/ns/net`).
+    netns_dirs: Vec<PathBuf>,
 }
 
 impl CniPods {
     pub fn open(ipam_file: &Path) -> Result<Self, IpamError> {
         Ok(Self {
             ipam: Ipam::open(ipam_file)?,
+            netns_dirs: wire::DEFAULT_NETNS_DIRS.iter().map(PathBuf::from).collect(),
         })
+    }
+
+    /// Takes pod network namespaces from `dirs` (and `/proc/<pid>/ns/net`) only.
+    pub fn with_netns_dirs(mut self, dirs: Vec<PathBuf>) -> Self {
+        self.netns_dirs = dirs;
+        self
+    }
+
+    /// The pod's network namespace, opened and checked: a namespace the agent may not wire
+    /// is the runtime's error, named.
+    fn open_netns(&self, netns: &str) -> Result<std::fs::File, CniError> {
+        wire::open_pod_netns(Path::new(netns), &self.netns_dirs).map_err(netns_error)
     }
 
     /// Allocates the pod's addresses (or takes those its manifest names) and wires it. The
     /// maps are not touched: the caller syncs, then answers.
     pub fn add(&mut self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
-        let netns = target.netns.clone().ok_or_else(|| {
+        target.check_names()?;
+        let netns_path = target.netns.clone().ok_or_else(|| {
             CniError::new(code::INVALID_ENVIRONMENT, "CNI_NETNS is required for ADD")
         })?;
+        // Opened and checked before anything is allocated: a refused ADD leaves no trace.
+        let netns = self.open_netns(&netns_path)?;
         let retried = self
             .ipam
             .get(&target.container_id, &target.ifname)
@@ -265,12 +342,20 @@ impl CniPods {
             )
         }
         .map_err(ipam_error)?;
-        let wiring = wiring(&allocated, &netns, node);
+        let wiring = match wiring(&allocated, &netns_path, node) {
+            Ok(wiring) => wiring,
+            Err(error) => {
+                if !retried {
+                    let _ = self.ipam.release(&target.container_id, &target.ifname);
+                }
+                return Err(error);
+            }
+        };
         // A runtime retrying ADD of a pod that is wired as it should be: leave it be.
-        if retried && wire::check(&wiring).is_ok() {
+        if retried && wire::check(&wiring, &netns).is_ok() {
             return Ok(attachment(&allocated, &wiring));
         }
-        if let Err(error) = wire::create(&wiring) {
+        if let Err(error) = wire::create(&wiring, &netns) {
             let _ = self.ipam.release(&target.container_id, &target.ifname);
             let code = match error {
                 wire::WireError::Netns { .. } => code::UNKNOWN_CONTAINER,
@@ -311,6 +396,7 @@ impl CniPods {
 
     /// Checks the pod's wiring against its allocation.
     pub fn check(&self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
+        target.check_names()?;
         let Some(allocated) = self.ipam.get(&target.container_id, &target.ifname) else {
             return Err(CniError::new(
                 code::UNKNOWN_CONTAINER,
@@ -320,11 +406,13 @@ impl CniPods {
                 ),
             ));
         };
-        let netns = target.netns.clone().ok_or_else(|| {
+        let netns_path = target.netns.clone().ok_or_else(|| {
             CniError::new(code::INVALID_ENVIRONMENT, "CNI_NETNS is required for CHECK")
         })?;
-        let wiring = wiring(allocated, &netns, node);
-        wire::check(&wiring).map_err(|e| CniError::new(code::CHECK_FAILED, e.to_string()))?;
+        let netns = self.open_netns(&netns_path)?;
+        let wiring = wiring(allocated, &netns_path, node)?;
+        wire::check(&wiring, &netns)
+            .map_err(|e| CniError::new(code::CHECK_FAILED, e.to_string()))?;
         Ok(attachment(allocated, &wiring))
     }
 
@@ -372,18 +460,29 @@ impl CniPods {
     }
 }
 
-fn wiring(allocated: &Allocation, netns: &str, node: &NodePods) -> PodWiring {
+/// The wiring of an allocation; an allocation without an address (a damaged state file
+/// the IPAM let through) is an error, never a panic of the agent's loop.
+fn wiring(allocated: &Allocation, netns: &str, node: &NodePods) -> Result<PodWiring, CniError> {
     let addresses: Vec<IpAddr> = allocated.addresses.iter().map(IpNet::addr).collect();
-    PodWiring {
+    let mac = node
+        .mac(allocated.pod.as_ref(), &addresses)
+        .ok_or_else(|| {
+            CniError::new(
+                code::IO_FAILURE,
+                format!(
+                    "the address allocation of container {} interface {} holds no address",
+                    allocated.container_id, allocated.ifname
+                ),
+            )
+        })?;
+    Ok(PodWiring {
         host_iface: wire::host_iface_name(&allocated.container_id, &allocated.ifname),
         ifname: allocated.ifname.clone(),
         netns: PathBuf::from(netns),
-        mac: node
-            .mac(allocated.pod.as_ref(), &addresses)
-            .expect("an allocation has an address"),
+        mac,
         addresses,
         mtu: node.pod_mtu,
-    }
+    })
 }
 
 fn attachment(allocated: &Allocation, wiring: &PodWiring) -> Attachment {
@@ -402,6 +501,20 @@ fn attachment(allocated: &Allocation, wiring: &PodWiring) -> Attachment {
             .collect(),
         mtu: wiring.mtu,
     }
+}
+
+/// A namespace refused is the runtime's error; one that cannot be opened is a container
+/// that is gone.
+fn netns_error(error: wire::WireError) -> CniError {
+    let code = match &error {
+        wire::WireError::Netns { source, .. }
+            if source.kind() == std::io::ErrorKind::PermissionDenied =>
+        {
+            code::INVALID_ENVIRONMENT
+        }
+        _ => code::UNKNOWN_CONTAINER,
+    };
+    CniError::new(code, format!("CNI_NETNS: {error}"))
 }
 
 fn ipam_error(error: IpamError) -> CniError {
@@ -431,7 +544,7 @@ mod tests {
     fn target(id: &str) -> Target {
         Target {
             container_id: id.into(),
-            netns: Some("/nonexistent/netns".into()),
+            netns: Some("/run/netns/dataplane-unit-test-absent".into()),
             ifname: "eth0".into(),
             pod: None,
         }
@@ -447,15 +560,19 @@ mod tests {
             pod_mtu: 1400,
             known: BTreeMap::new(),
         };
-        // The one address is taken; the next ADD fails before anything is wired.
+        // The one address is taken; the next allocation fails, as an ADD says it.
         pods.ipam
             .allocate(&node.pools, &[], "holder", "eth0", None)
             .unwrap();
-        let full = pods.add(&target("second"), &node).unwrap_err();
+        let full = ipam_error(
+            pods.ipam
+                .allocate(&node.pools, &[], "second", "eth0", None)
+                .unwrap_err(),
+        );
         assert_eq!(full.code, code::POOL_EXHAUSTED);
         assert!(full.msg.contains("10.244.9.0/30"), "{}", full.msg);
         assert!(full.msg.contains("hostPrefix"), "{}", full.msg);
-        // A container whose namespace is gone: unknown container, and its address is back.
+        // A container whose namespace is gone: unknown container, and nothing allocated.
         pods.ipam.release("holder", "eth0").unwrap();
         let gone = pods.add(&target("third"), &node).unwrap_err();
         assert_eq!(gone.code, code::UNKNOWN_CONTAINER, "{}", gone.msg);

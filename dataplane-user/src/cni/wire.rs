@@ -82,12 +82,12 @@ pub fn pod_mac(addresses: &[IpAddr]) -> Option<[u8; 6]> {
     Some([0x0a, 0x58, o[0], o[1], o[2], o[3]])
 }
 
-/// Makes the pod's wiring. Anything left from an earlier attempt under the same host name is
-/// removed first; a failure removes what was made.
-pub fn create(wiring: &PodWiring) -> Result<(), WireError> {
-    let netns = open_netns(&wiring.netns)?;
+/// Makes the pod's wiring in `netns` (the namespace file [`open_pod_netns`] checked).
+/// Anything left from an earlier attempt under the same host name is removed first; a
+/// failure removes what was made.
+pub fn create(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
     remove(&wiring.host_iface)?;
-    let made = make(wiring, &netns);
+    let made = make(wiring, netns);
     if made.is_err() {
         let _ = remove(&wiring.host_iface);
     }
@@ -104,7 +104,7 @@ fn make(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
     let mac = netdev::mac_text(&wiring.mac);
     let mut host_batch = vec![format!(
         "link add {host} mtu {mtu} type veth peer name {ifname} mtu {mtu} address {mac} netns {}",
-        wiring.netns.display()
+        fd_path(netns).display()
     )];
     let has_v4 = wiring.addresses.iter().any(IpAddr::is_ipv4);
     let has_v6 = wiring.addresses.iter().any(IpAddr::is_ipv6);
@@ -200,7 +200,7 @@ pub fn remove_many(hosts: &[String]) -> Result<Vec<String>, WireError> {
 
 /// Checks that the pod's wiring is as [`create`] made it: the host veth and its routes, the
 /// pod's interface with its MAC, MTU and addresses, and its default routes.
-pub fn check(wiring: &PodWiring) -> Result<(), WireError> {
+pub fn check(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
     let host = &wiring.host_iface;
     if !exists(host) {
         return Err(WireError::Mismatch(format!(
@@ -215,8 +215,7 @@ pub fn check(wiring: &PodWiring) -> Result<(), WireError> {
             )));
         }
     }
-    let netns = open_netns(&wiring.netns)?;
-    in_netns(&netns, || check_pod_side(wiring))
+    in_netns(netns, || check_pod_side(wiring))
 }
 
 fn check_pod_side(wiring: &PodWiring) -> Result<(), WireError> {
@@ -295,11 +294,123 @@ fn host_net(address: IpAddr) -> IpNet {
     IpNet::from(address)
 }
 
-fn open_netns(path: &Path) -> Result<File, WireError> {
-    File::open(path).map_err(|source| WireError::Netns {
+/// Where a runtime's named network namespaces are, unless the agent is told others
+/// (`--cni-netns-dir`): iproute2's, which containerd, CRI-O and podman use.
+pub const DEFAULT_NETNS_DIRS: [&str; 2] = ["/run/netns", "/var/run/netns"];
+
+/// Opens the pod's network namespace `path` as the runtime named it, refusing what is no
+/// pod's: a path outside `/proc/<pid>/ns/net` and the files directly in `allowed_dirs`
+/// (no `..`, no symbolic link as the last part), a file that is not a network namespace,
+/// and the agent's own namespace or init's (the node's: wiring a "pod" there would put its
+/// interface and routes on the node).
+pub fn open_pod_netns(path: &Path, allowed_dirs: &[PathBuf]) -> Result<File, WireError> {
+    check_netns_path(path, allowed_dirs)?;
+    let in_proc = is_proc_netns(path);
+    let mut options = std::fs::OpenOptions::new();
+    options.read(true);
+    if !in_proc {
+        // /proc's ns/net is a link by design; a runtime's bind-mounted file is not.
+        std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    }
+    let refused = |why: String| refused_netns(path, why);
+    let file = options.open(path).map_err(|source| WireError::Netns {
         path: path.to_owned(),
         source,
-    })
+    })?;
+    if !is_network_namespace(&file) {
+        return Err(refused("not a network namespace".into()));
+    }
+    let identity = file_identity(&file);
+    for node_namespace in ["/proc/self/ns/net", "/proc/1/ns/net"] {
+        let same = File::open(node_namespace)
+            .ok()
+            .is_some_and(|node| file_identity(&node) == identity);
+        if same {
+            return Err(refused(format!(
+                "the node's own network namespace ({node_namespace}), not a pod's"
+            )));
+        }
+    }
+    Ok(file)
+}
+
+/// Whether `path` may name a pod's network namespace at all (before anything is opened):
+/// `/proc/<pid>/ns/net`, or a plain file name directly in one of `allowed_dirs`.
+fn check_netns_path(path: &Path, allowed_dirs: &[PathBuf]) -> Result<(), WireError> {
+    let in_dirs = path
+        .parent()
+        .is_some_and(|dir| allowed_dirs.iter().any(|a| a == dir))
+        && plain_components(path);
+    if is_proc_netns(path) || in_dirs {
+        return Ok(());
+    }
+    Err(refused_netns(
+        path,
+        format!(
+            "not a pod's network namespace: only /proc/<pid>/ns/net and files in {} are taken",
+            allowed_dirs
+                .iter()
+                .map(|d| d.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    ))
+}
+
+/// A namespace the agent will not wire (`PermissionDenied`, told apart from a namespace
+/// that is gone).
+fn refused_netns(path: &Path, why: String) -> WireError {
+    WireError::Netns {
+        path: path.to_owned(),
+        source: std::io::Error::new(std::io::ErrorKind::PermissionDenied, why),
+    }
+}
+
+/// `/proc/<pid>/ns/net` exactly.
+fn is_proc_netns(path: &Path) -> bool {
+    let Some(text) = path.to_str() else {
+        return false;
+    };
+    text.strip_prefix("/proc/")
+        .and_then(|rest| rest.strip_suffix("/ns/net"))
+        .is_some_and(|pid| !pid.is_empty() && pid.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// An absolute path of plain names only (no `.`, `..` or empty parts): read from its bytes,
+/// as `Path::components` quietly drops `.` and doubled separators.
+fn plain_components(path: &Path) -> bool {
+    let text = path.as_os_str().as_encoded_bytes();
+    let Some(rest) = text.strip_prefix(b"/") else {
+        return false;
+    };
+    rest.split(|b| *b == b'/')
+        .all(|part| !matches!(part, b"" | b"." | b".."))
+}
+
+/// Whether `file` is a network namespace (nsfs' `NS_GET_NSTYPE`).
+fn is_network_namespace(file: &File) -> bool {
+    /// `_IO(0xb7, 0x3)`.
+    const NS_GET_NSTYPE: libc::c_ulong = 0xb703;
+    // SAFETY: the ioctl takes no argument and only reads the open descriptor.
+    let kind = unsafe { libc::ioctl(file.as_raw_fd(), NS_GET_NSTYPE as _) };
+    kind == libc::CLONE_NEWNET
+}
+
+/// The (device, inode) that names a namespace.
+fn file_identity(file: &File) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt as _;
+    file.metadata().ok().map(|m| (m.dev(), m.ino()))
+}
+
+/// A path naming the open namespace `file` for a child process (`ip ... netns <path>`): the
+/// agent's own descriptor, so what the child enters is what was checked, whatever happens to
+/// the runtime's path meanwhile.
+fn fd_path(file: &File) -> PathBuf {
+    PathBuf::from(format!(
+        "/proc/{}/fd/{}",
+        std::process::id(),
+        file.as_raw_fd()
+    ))
 }
 
 /// Runs `work` on a thread that entered `netns` (the thread, and what it spawns, only).
@@ -370,6 +481,58 @@ mod tests {
         assert_eq!(name, host_iface_name("0123456789abcdef", "eth0"));
         assert_ne!(name, host_iface_name("0123456789abcdef", "eth1"));
         assert_ne!(name, host_iface_name("0123456789abcdee", "eth0"));
+    }
+
+    #[test]
+    fn only_pod_namespace_paths_are_taken() {
+        let dirs: Vec<PathBuf> = DEFAULT_NETNS_DIRS.iter().map(PathBuf::from).collect();
+        for good in [
+            "/proc/4242/ns/net",
+            "/run/netns/cni-1234",
+            "/var/run/netns/pod",
+        ] {
+            assert!(check_netns_path(Path::new(good), &dirs).is_ok(), "{good}");
+        }
+        for bad in [
+            "/proc/self/ns/net",
+            "/proc/1/ns/mnt",
+            "/proc/12/task/12/ns/net",
+            "/run/netns/../../etc/passwd",
+            "/run/netns//x",
+            "/run/netns/a/b",
+            "/run/netns",
+            "run/netns/x",
+            "/etc/shadow",
+            "/dev/sda",
+            "/run/netns/./x",
+        ] {
+            let error = check_netns_path(Path::new(bad), &dirs).unwrap_err();
+            assert!(
+                matches!(&error, WireError::Netns { source, .. } if source.kind() == std::io::ErrorKind::PermissionDenied),
+                "{bad}: {error}"
+            );
+        }
+    }
+
+    #[test]
+    fn the_nodes_own_namespace_and_other_files_are_refused_when_opened() {
+        // /proc/<own pid>/ns/net passes the path check and is the agent's (the node's).
+        let own = PathBuf::from(format!("/proc/{}/ns/net", std::process::id()));
+        let error = open_pod_netns(&own, &[]).unwrap_err();
+        assert!(error.to_string().contains("node's own"), "{error}");
+        // A plain file in an allowed directory is no namespace.
+        let dir = std::env::temp_dir().join(format!("netns-dir-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("fake"), b"").unwrap();
+        let error = open_pod_netns(&dir.join("fake"), std::slice::from_ref(&dir)).unwrap_err();
+        assert!(
+            error.to_string().contains("not a network namespace"),
+            "{error}"
+        );
+        // Nor is a symbolic link to the node's namespace.
+        std::os::unix::fs::symlink("/proc/1/ns/net", dir.join("link")).unwrap();
+        assert!(open_pod_netns(&dir.join("link"), std::slice::from_ref(&dir)).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

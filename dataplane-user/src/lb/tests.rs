@@ -8,7 +8,21 @@ fn compile_yaml(yaml: &str) -> CompiledServices {
     let mut state = ClusterState::default();
     add_documents(&mut state, "test.yaml", yaml);
     assert!(state.rejected.is_empty(), "{:?}", state.rejected);
-    compile_services(&state.services, &state.endpoint_slices, "node-a")
+    compile_services(
+        &state.services,
+        &state.endpoint_slices,
+        "node-a",
+        &open_policy(),
+    )
+}
+
+/// A policy that honours every external and load-balancer address (the compile's own tests;
+/// the policy's have theirs).
+fn open_policy() -> AddressPolicy {
+    AddressPolicy {
+        external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap(), "::/0".parse().unwrap()],
+        ..AddressPolicy::default()
+    }
 }
 
 fn backend(text: &str) -> BackendAddr {
@@ -581,14 +595,164 @@ fn services_compiled_on_every_core_equal_each_compiled_alone() {
     let mut state = ClusterState::default();
     add_documents(&mut state, "test.yaml", &yaml);
     assert!(state.rejected.is_empty(), "{:?}", state.rejected);
-    let all = compile_each(&state.services, &state.endpoint_slices, "node-a", |_| true);
+    let all = compile_each(
+        &state.services,
+        &state.endpoint_slices,
+        "node-a",
+        &open_policy(),
+        |_| true,
+    );
     assert_eq!(all.len(), 3 * SERVICES_PER_TASK + 5);
     assert!(all.values().any(|s| s.is_err()));
     for (name, compiled) in &all {
-        let alone = compile_each(&state.services, &state.endpoint_slices, "node-a", |key| {
-            *key == (name.0.as_str(), name.1.as_str())
-        });
+        let alone = compile_each(
+            &state.services,
+            &state.endpoint_slices,
+            "node-a",
+            &open_policy(),
+            |key| *key == (name.0.as_str(), name.1.as_str()),
+        );
         assert_eq!(alone.len(), 1);
         assert_eq!(alone.get(name), Some(compiled), "{name:?}");
     }
+}
+
+const DNS_AND_TENANT: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: kube-dns, namespace: kube-system}
+spec:
+  clusterIP: 10.96.0.10
+  ports: [{name: dns, port: 53, protocol: UDP, targetPort: 53}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: kube-dns-1, namespace: kube-system, labels: {kubernetes.io/service-name: kube-dns}}
+addressType: IPv4
+ports: [{name: dns, port: 53, protocol: UDP}]
+endpoints: [{addresses: [10.244.1.53]}]
+---
+apiVersion: v1
+kind: Service
+metadata: {name: grab, namespace: aaa-tenant}
+spec:
+  clusterIP: 10.96.7.7
+  externalIPs: [10.96.0.10, 192.0.2.53]
+  ports: [{name: dns, port: 53, protocol: UDP, targetPort: 5353}]
+status:
+  loadBalancer: {ingress: [{ip: 10.96.0.10}]}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata: {name: grab-1, namespace: aaa-tenant, labels: {kubernetes.io/service-name: grab}}
+addressType: IPv4
+ports: [{name: dns, port: 5353, protocol: UDP}]
+endpoints: [{addresses: [10.244.9.9]}]
+"#;
+
+fn dns_key(ip: &str) -> ServiceKey {
+    ServiceKey {
+        addr: addr16(ip.parse().unwrap()),
+        port_be: 53u16.to_be_bytes(),
+        protocol: 17,
+        scope: SCOPE_CLUSTER,
+    }
+}
+
+#[test]
+fn a_cluster_ip_keeps_its_address_against_another_services_external_ip() {
+    // Even where every external IP is allowed, and the tenant's Service sorts first by name.
+    let out = compile_yaml(DNS_AND_TENANT);
+    let holder: Vec<&ServicePort> = out
+        .ports
+        .iter()
+        .filter(|p| p.key == dns_key("10.96.0.10"))
+        .collect();
+    assert_eq!(holder.len(), 1);
+    assert_eq!(holder[0].name, "kube-system/kube-dns:dns");
+    assert_eq!(holder[0].kind, AddressKind::ClusterIp);
+    assert_eq!(holder[0].ready, backends(&["10.244.1.53:53"]));
+    assert_eq!(
+        out.errors,
+        vec!["aaa-tenant/grab:dns: address and port already used by another Service".to_owned()]
+    );
+    // The tenant keeps its own cluster IP and its allowed external IP.
+    for ip in ["10.96.7.7", "192.0.2.53"] {
+        let port = out.ports.iter().find(|p| p.key == dns_key(ip)).unwrap();
+        assert_eq!(port.name, "aaa-tenant/grab:dns", "{ip}");
+        assert_eq!(port.ready, backends(&["10.244.9.9:5353"]), "{ip}");
+    }
+}
+
+#[test]
+fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allows() {
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", DNS_AND_TENANT);
+    let compile = |policy: &AddressPolicy| {
+        compile_services(&state.services, &state.endpoint_slices, "node-a", policy)
+    };
+    let has = |out: &CompiledServices, ip: &str| out.ports.iter().any(|p| p.key == dns_key(ip));
+    // The default: no external IP is honoured; each refusal names the Service and field.
+    let out = compile(&AddressPolicy::default());
+    assert!(has(&out, "10.96.7.7") && has(&out, "10.96.0.10"));
+    assert!(!has(&out, "192.0.2.53"));
+    assert!(
+        out.errors.contains(
+            &"Service aaa-tenant/grab: spec.externalIPs: 192.0.2.53: external IPs are not honoured on this cluster (the agent's --external-ip-cidrs is empty); that address is not served".to_owned()
+        ),
+        "{:?}",
+        out.errors
+    );
+    // Allowed networks; never the cluster's own networks (here the service network), whose
+    // refusal names it, for external and load-balancer addresses alike.
+    let policy = AddressPolicy {
+        external_ip_cidrs: vec![
+            "192.0.2.0/24".parse().unwrap(),
+            "10.0.0.0/8".parse().unwrap(),
+        ],
+        reserved_networks: vec!["10.96.0.0/16".parse().unwrap()],
+        node_addresses: BTreeSet::from(["192.0.2.1".parse().unwrap()]),
+    };
+    let out = compile(&policy);
+    assert!(has(&out, "192.0.2.53"));
+    let refused: Vec<&String> = out
+        .errors
+        .iter()
+        .filter(|e| e.contains("inside the cluster's own network 10.96.0.0/16"))
+        .collect();
+    assert_eq!(refused.len(), 2, "{:?}", out.errors);
+    assert!(
+        refused[0].contains("spec.externalIPs")
+            && refused[0].starts_with("Service aaa-tenant/grab")
+    );
+    assert!(refused[1].contains("status.loadBalancer.ingress[].ip"));
+    // Node addresses and special ones.
+    for (ip, why) in [
+        ("192.0.2.1", "a node's address"),
+        ("127.0.0.1", "loopback"),
+        ("169.254.1.1", "link-local"),
+        ("224.0.0.251", "multicast"),
+        ("0.0.0.0", "unspecified"),
+    ] {
+        let text = DNS_AND_TENANT.replace("192.0.2.53", ip);
+        let mut state = ClusterState::default();
+        add_documents(&mut state, "test.yaml", &text);
+        let open = AddressPolicy {
+            external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+            ..policy.clone()
+        };
+        let out = compile_services(&state.services, &state.endpoint_slices, "node-a", &open);
+        assert!(!has(&out, ip), "{ip}");
+        assert!(
+            out.errors.iter().any(|e| e.contains(ip) && e.contains(why)),
+            "{ip}: {:?}",
+            out.errors
+        );
+    }
+    // A load balancer may publish a node's address (k3s' ServiceLB does).
+    let text = DNS_AND_TENANT.replace("ingress: [{ip: 10.96.0.10}]", "ingress: [{ip: 192.0.2.1}]");
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", &text);
+    let out = compile_services(&state.services, &state.endpoint_slices, "node-a", &policy);
+    assert!(has(&out, "192.0.2.1"), "{:?}", out.errors);
 }

@@ -197,6 +197,7 @@ fn node_port_datagram() -> Vec<u8> {
 fn open_node_port_flow(fixture: &mut dataplane_tests::fixture::Fixture) -> anyhow::Result<()> {
     let port = ServicePort {
         name: "bench/nodeport".into(),
+        kind: dataplane_user::lb::AddressKind::NodePort,
         key: ServiceKey {
             addr: NODEPORT_ANY_V4,
             port_be: NODE_PORT.to_be_bytes(),

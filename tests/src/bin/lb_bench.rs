@@ -102,6 +102,7 @@ fn service(vip: [u8; 4], affinity: u32) -> ServicePort {
         .collect();
     ServicePort {
         name: format!("bench/{vip:?}"),
+        kind: dataplane_user::lb::AddressKind::ClusterIp,
         key: ServiceKey {
             addr: addr16(vip.into()),
             port_be: 80u16.to_be_bytes(),

@@ -531,8 +531,13 @@ impl Agent {
             step.writes += self.sync_overlay(&state, full)?;
         }
         if changes.runs(Stage::Services) {
-            self.services
-                .update(&state.services, &state.endpoint_slices, NODE, &changes);
+            self.services.update(
+                &state.services,
+                &state.endpoint_slices,
+                NODE,
+                &dataplane_user::lb::AddressPolicy::default(),
+                &changes,
+            );
             let errors = self.services.errors();
             anyhow::ensure!(errors.is_empty(), "{errors:?}");
             let stats = self.services.sync_maps(&mut self.fixture, &mut self.lb)?;

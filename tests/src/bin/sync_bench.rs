@@ -189,7 +189,12 @@ impl Agent {
         anyhow::ensure!(state.rejected.is_empty(), "{:?}", state.rejected);
         let mut lap = Instant::now();
         pass.parse_ms = ms(started.elapsed());
-        let compiled = lb::compile_services(&state.services, &state.endpoint_slices, NODE);
+        let compiled = lb::compile_services(
+            &state.services,
+            &state.endpoint_slices,
+            NODE,
+            &lb::AddressPolicy::default(),
+        );
         anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
         pass.services_compile_ms = ms(lap.elapsed());
         lap = Instant::now();
@@ -292,9 +297,13 @@ impl Incremental {
         let lap = Instant::now();
         step.stages = changes.stages().iter().map(|s| s.name()).collect();
         if changes.runs(Stage::Services) {
-            step.services_recompiled =
-                self.services
-                    .update(&state.services, &state.endpoint_slices, NODE, &changes);
+            step.services_recompiled = self.services.update(
+                &state.services,
+                &state.endpoint_slices,
+                NODE,
+                &lb::AddressPolicy::default(),
+                &changes,
+            );
             let errors = self.services.errors();
             anyhow::ensure!(errors.is_empty(), "{errors:?}");
             let stats = self.services.sync_maps(&mut self.fixture, &mut self.lb)?;
