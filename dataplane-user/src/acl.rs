@@ -326,10 +326,28 @@ impl CompiledSet {
     }
 }
 
+/// Most address entries (prefixes, once the lengths are limited) one compiled set may hold in
+/// each family: a sixteenth of the default `--max-acl-entries`, so that no one set fills the
+/// map, and the compile's own memory stays bounded whatever the rules name.
+pub const SET_MAX_PREFIXES: usize = 65_536;
+/// Most address entries one NetworkPolicy may need, counted alone, for one pod and direction.
+pub const POLICY_MAX_PREFIXES: usize = 16_384;
+
+/// A rule list whose compiled form would not fit [`SET_MAX_PREFIXES`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error(
+    "its addresses would need at least {needed} address entries in one family, more than the {limit} one set may hold"
+)]
+pub struct SetTooLarge {
+    /// A lower bound (saturating): the compile stops at the first step past the limit.
+    pub needed: u128,
+    pub limit: usize,
+}
+
 /// Compiles an ordered rule list (first match wins) into prefixes and port tables. With
 /// `host_lengths`, the lengths of single addresses (32, 128) are in use even without prefixes
 /// of that length yet, so addresses can be added later without changing the lengths.
-pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
+pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> Result<CompiledSet, SetTooLarge> {
     compile_tiered(rules, 0, host_lengths)
 }
 
@@ -337,7 +355,11 @@ pub fn compile_rules(rules: &[Rule], host_lengths: bool) -> CompiledSet {
 /// rules) first-match-wins, then, for whatever no rule of the first tier decided or a `Pass`
 /// rule matched, the rest of the list first-match-wins. The kernel still does one lookup
 /// chain: the tiers are resolved here, prefix by prefix and port by port.
-pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool) -> CompiledSet {
+pub fn compile_tiered(
+    rules: &[Rule],
+    first_tier_end: usize,
+    host_lengths: bool,
+) -> Result<CompiledSet, SetTooLarge> {
     // Rule positions by the prefixes they name.
     let mut by_prefix: HashMap<IpNet, Vec<usize>> = HashMap::new();
     for (position, rule) in rules.iter().enumerate() {
@@ -424,13 +446,13 @@ pub fn compile_tiered(rules: &[Rule], first_tier_end: usize, host_lengths: bool)
     let (v4, v6): (BTreeMap<IpNet, Decision>, BTreeMap<IpNet, Decision>) = decided
         .into_iter()
         .partition(|(p, _)| matches!(p, IpNet::V4(_)));
-    let (lengths, mut prefixes) = limit_lengths(v4, keep(32));
+    let (lengths, mut prefixes) = limit_lengths(v4, keep(32), SET_MAX_PREFIXES)?;
     compiled.v4_lengths = lengths;
-    let (lengths, mut v6_prefixes) = limit_lengths(v6, keep(128));
+    let (lengths, mut v6_prefixes) = limit_lengths(v6, keep(128), SET_MAX_PREFIXES)?;
     compiled.v6_lengths = lengths;
     prefixes.append(&mut v6_prefixes);
     compiled.prefixes = Arc::new(prefixes);
-    compiled
+    Ok(compiled)
 }
 
 /// Whether a rule of `rules` names peer identities.
@@ -784,25 +806,37 @@ fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
 /// more, the length whose prefixes cost the fewest entries to expand into the next longer
 /// length is expanded there (existing, more specific entries keep their decisions). Returns
 /// the lengths, longest first, and the prefixes. `keep` is in use even without prefixes (it is
-/// the family's longest, so never expanded).
+/// the family's longest, so never expanded). An expansion that would take the family past
+/// `limit` entries is not made: the set is too large (counted before anything is expanded,
+/// so the compile never holds more than `limit` entries).
 fn limit_lengths(
     mut prefixes: BTreeMap<IpNet, Decision>,
     keep: Option<u8>,
-) -> (Vec<u8>, BTreeMap<IpNet, Decision>) {
+    limit: usize,
+) -> Result<(Vec<u8>, BTreeMap<IpNet, Decision>), SetTooLarge> {
+    if prefixes.len() > limit {
+        return Err(SetTooLarge {
+            needed: prefixes.len() as u128,
+            limit,
+        });
+    }
     loop {
         let mut lengths: Vec<u8> = prefixes.keys().map(IpNet::prefix_len).chain(keep).collect();
         lengths.sort_unstable();
         lengths.dedup();
         if lengths.len() <= ACL_MAX_LENGTHS {
             lengths.reverse();
-            return (lengths, prefixes);
+            return Ok((lengths, prefixes));
         }
         let count = |len: u8| prefixes.keys().filter(|p| p.prefix_len() == len).count() as u128;
-        let (from, to) = lengths
-            .windows(2)
-            .map(|w| (w[0], w[1]))
-            .min_by_key(|&(from, to)| count(from) << (to - from))
-            .expect("more than one length");
+        let (from, to, cost) = cheapest_expansion(&lengths, count);
+        let after = (prefixes.len() as u128 - count(from)).saturating_add(cost);
+        if after > limit as u128 {
+            return Err(SetTooLarge {
+                needed: after,
+                limit,
+            });
+        }
         let expanded: Vec<(IpNet, Decision)> = prefixes
             .iter()
             .filter(|(p, _)| p.prefix_len() == from)
@@ -815,6 +849,47 @@ fn limit_lengths(
             }
         }
     }
+}
+
+/// Of neighbouring `lengths` (ascending, more than one), the pair whose expansion from the
+/// shorter into the longer costs the fewest entries (`count` prefixes of a length), with that
+/// cost. Saturating: expanding a /8 into /128 is 2^120 entries per prefix, which no `u128`
+/// product of counts may wrap into a small number.
+fn cheapest_expansion(lengths: &[u8], count: impl Fn(u8) -> u128) -> (u8, u8, u128) {
+    lengths
+        .windows(2)
+        .map(|w| (w[0], w[1], expansion_cost(count(w[0]), w[1] - w[0])))
+        .min_by_key(|&(_, _, cost)| cost)
+        .expect("more than one length")
+}
+
+/// Entries `count` prefixes become when lengthened by `gap` bits (saturating).
+fn expansion_cost(count: u128, gap: u8) -> u128 {
+    1u128
+        .checked_shl(u32::from(gap))
+        .and_then(|each| count.checked_mul(each))
+        .unwrap_or(u128::MAX)
+}
+
+/// How many address entries `prefixes` (of one family) would take in a compiled set once its
+/// lengths are limited, counted without expanding anything: an upper bound (prefixes an
+/// expansion meets are counted twice), saturating. What one policy's addresses cost alone.
+pub fn estimated_entries(prefixes: impl IntoIterator<Item = IpNet>) -> u128 {
+    let mut by_length: BTreeMap<u8, u128> = BTreeMap::new();
+    let distinct: BTreeSet<IpNet> = prefixes.into_iter().map(|p| p.trunc()).collect();
+    for prefix in distinct {
+        *by_length.entry(prefix.prefix_len()).or_default() += 1;
+    }
+    while by_length.len() > ACL_MAX_LENGTHS {
+        let lengths: Vec<u8> = by_length.keys().copied().collect();
+        let (from, to, cost) = cheapest_expansion(&lengths, |len| by_length[&len]);
+        by_length.remove(&from);
+        let into = by_length.entry(to).or_default();
+        *into = into.saturating_add(cost);
+    }
+    by_length
+        .values()
+        .fold(0u128, |sum, c| sum.saturating_add(*c))
 }
 
 /// What prefixes painted so take: nothing matched, one outcome over every port, or a port
@@ -1522,11 +1597,14 @@ pub fn pods_of(view: &OverlayView) -> Vec<AclPod> {
         .collect()
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AclSyncStats {
     pub sets: usize,
     pub written: usize,
     pub deleted: usize,
+    /// Policy sets that could not be written (the maps full), each named: their pods are
+    /// denied everything in that direction instead, and the next sync tries again.
+    pub closed: Vec<String>,
 }
 
 /// Writes `entries` to `map` in batch calls, counting what went in (also when a full map
@@ -1848,8 +1926,14 @@ impl Dataplane {
             if current.is_some_and(|set| state.holds(set, compiled)) {
                 continue;
             }
-            let set = self.install_set(state, compiled, stats)?;
-            moves.moved.push((namespace.clone(), current, set));
+            match self.install_set(state, compiled, stats) {
+                Ok(set) => moves.moved.push((namespace.clone(), current, set)),
+                // Refused alone (the maps full): the namespace keeps what is in force, and
+                // the next sync tries again.
+                Err(error) => stats.closed.push(format!(
+                    "EgressFirewall {namespace}/default: its rules could not be written ({error}); its last good rules stay in force"
+                )),
+            }
         }
         Ok(moves)
     }
@@ -1874,9 +1958,9 @@ impl Dataplane {
                 // A set not installed yet may take over one its pods leave.
                 None => match morphs.take(state, desired, name, wanted.direction) {
                     Some(set) if self.morph_set(state, set, &wanted.compiled, stats)? => set,
-                    _ => self.install_set(state, &wanted.compiled, stats)?,
+                    _ => self.install_or_close(state, name, wanted, stats)?,
                 },
-                Some(_) => self.install_set(state, &wanted.compiled, stats)?,
+                Some(_) => self.install_or_close(state, name, wanted, stats)?,
             };
             if Some(set) != current {
                 moves.moved.push((name.clone(), current, set));
@@ -1897,6 +1981,30 @@ impl Dataplane {
             }
         }
         Ok(moves)
+    }
+
+    /// Installs a policy set; one that cannot be written (the maps are full: other sets,
+    /// perhaps another tenant's, took the room) is replaced by an empty set, which denies its
+    /// pods everything in its direction: its namespace fails closed, alone, and the sync
+    /// goes on for everyone else.
+    fn install_or_close(
+        &mut self,
+        state: &mut AclState,
+        name: &str,
+        wanted: &policy::PolicySet,
+        stats: &mut AclSyncStats,
+    ) -> Result<u32, AgentError> {
+        let error = match self.install_set(state, &wanted.compiled, stats) {
+            Ok(set) => return Ok(set),
+            Err(error) => error,
+        };
+        let policies: BTreeSet<&str> = wanted.refs.iter().map(|r| r.policy.as_str()).collect();
+        stats.closed.push(format!(
+            "NetworkPolicy {}: the {:?} policy set {name} of its pods could not be written ({error}); they are denied everything in that direction until the maps have room (--max-acl-entries)",
+            policies.into_iter().collect::<Vec<_>>().join(", "),
+            wanted.direction,
+        ));
+        self.install_set(state, &Arc::new(CompiledSet::default()), stats)
     }
 
     /// Changes the installed set `set` in place into `compiled` (see [`Morphs`]); false,

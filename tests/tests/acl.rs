@@ -822,9 +822,9 @@ fn hosts_firewall(hosts: u8) -> String {
     yaml
 }
 
-/// A set larger than the prefix map can hold (written in one batch call): the sync fails
-/// naming the map and the flag to raise, and the firewall in force stays whole: the same
-/// set id, its entries, and its verdicts.
+/// A set larger than the prefix map can hold (written in one batch call): the firewall is
+/// refused alone, naming the map and the flag to raise (the sync goes on), and the firewall
+/// in force stays whole: the same set id, its entries, and its verdicts.
 #[test]
 fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_stay() {
     if !privileged(
@@ -844,16 +844,22 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
     let before = installed(&mut fixture);
     assert_eq!(before, (vec![set], port_entries(&good)));
     let large = hosts_firewall(40);
-    let error = fixture
+    // Refused alone: the sync goes on (for every other namespace), naming the firewall, the
+    // map and the flag to raise.
+    let stats = fixture
         .sync_acl(&mut state, &desired(&large), &pods())
-        .expect_err("40 prefixes beside the set in force do not fit in 24");
-    match &error {
-        AgentError::MapFull { name, flag, .. } => {
-            assert_eq!((name.as_str(), *flag), (ACL_ADDRS, "--max-acl-entries"));
-        }
-        other => panic!("expected a full map, got {other}"),
-    }
-    assert!(error.to_string().contains("raise --max-acl-entries"));
+        .expect("a firewall that does not fit fails alone, not the sync");
+    assert_eq!(stats.closed.len(), 1, "{:?}", stats.closed);
+    let why = &stats.closed[0];
+    assert!(
+        why.starts_with("EgressFirewall team/default: its rules could not be written"),
+        "{why}"
+    );
+    assert!(
+        why.contains(ACL_ADDRS) && why.contains("raise --max-acl-entries"),
+        "{why}"
+    );
+    assert!(why.ends_with("its last good rules stay in force"), "{why}");
     assert_eq!(
         state.firewall_set("team"),
         Some(set),
@@ -866,9 +872,10 @@ fn a_firewall_larger_than_the_prefix_map_names_the_map_and_the_last_good_rules_s
     );
     // Each later sync tries the large set again: the maps do not fill up with its pieces.
     for _ in 0..3 {
-        fixture
+        let stats = fixture
             .sync_acl(&mut state, &desired(&large), &pods())
-            .expect_err("still too large");
+            .expect("still refused alone");
+        assert_eq!(stats.closed.len(), 1, "still too large");
         assert_eq!(installed(&mut fixture), before);
     }
     assert_eq!(endpoint_sets(&mut fixture)[0].1, set);

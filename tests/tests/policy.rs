@@ -733,3 +733,82 @@ fn the_firewall_agent_writes_what_a_change_reaches_and_nothing_otherwise() {
     assert_eq!(run(&mut fixture, PROG_TO_POD, &to_a_80), TC_ACT_OK);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A NetworkPolicy whose set does not fit the address map (other tenants' sets took the
+/// room): its pods are denied that direction (an empty set), named, and the sync goes on for
+/// every other pod, whose sets are written and in force.
+#[test]
+fn a_policy_set_the_maps_cannot_hold_closes_its_pods_alone() {
+    if !privileged("a_policy_set_the_maps_cannot_hold_closes_its_pods_alone") {
+        return;
+    }
+    // x/a takes TCP from 100 addresses: 100 entries, in a map of 64.
+    let hosts: Vec<String> = (0..100)
+        .map(|i| format!("{{ipBlock: {{cidr: 198.51.100.{i}/32}}}}"))
+        .collect();
+    let yaml = format!(
+        "apiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+         metadata: {{name: big, namespace: x}}\n\
+         spec:\n  podSelector: {{matchLabels: {{app: a}}}}\n  ingress:\n  - from: [{}]\n\
+         ---\n{}",
+        hosts.join(", "),
+        POLICIES.split("---\n").nth(1).expect("b-to-a")
+    );
+    let pods: PolicyPods = [
+        cluster_pod("x", "a", A),
+        cluster_pod("x", "b", B),
+        cluster_pod("y", "c", C),
+    ]
+    .into_iter()
+    .collect();
+    let desired = desired_for(&yaml, &pods, &["x/a", "x/b"]);
+    let acl_pods: Vec<AclPod> = [("a", A), ("b", B)]
+        .iter()
+        .map(|(name, ip)| AclPod {
+            namespace: "x".into(),
+            name: (*name).into(),
+            addresses: vec![IpAddr::from(*ip)],
+        })
+        .collect();
+    let capacities = dataplane_user::capacity::Capacities {
+        acl_entries: 64,
+        ..Default::default()
+    };
+    let mut fixture = Fixture::load_with(&capacities).expect("programs load");
+    let mut state = AclState::default();
+    let stats = fixture
+        .sync_acl(&mut state, &desired, &acl_pods)
+        .expect("one set that does not fit fails alone, not the sync");
+    assert_eq!(stats.closed.len(), 1, "{:?}", stats.closed);
+    assert!(
+        stats.closed[0].starts_with("NetworkPolicy x/big: the Ingress policy set"),
+        "{}",
+        stats.closed[0]
+    );
+    assert!(
+        stats.closed[0].contains("--max-acl-entries"),
+        "{}",
+        stats.closed[0]
+    );
+    // x/a is closed: not even what the big policy allows comes in.
+    let from_allowed = tcp_v4_flow([198, 51, 100, 7], 40000, A, 80, true);
+    assert_eq!(run(&mut fixture, PROG_TO_POD, &from_allowed), TC_ACT_SHOT);
+    // x/b's egress set is in force: it denies c (and allows a, whose ingress is closed).
+    assert_eq!(
+        run(
+            &mut fixture,
+            PROG_FROM_POD,
+            &tcp_v4_flow(B, 40000, C, 80, true)
+        ),
+        TC_ACT_SHOT
+    );
+    let to_a = tcp_v4_flow(B, 40001, A, 80, true);
+    assert_eq!(
+        run(&mut fixture, PROG_FROM_POD, &to_a),
+        TC_ACT_SHOT,
+        "b's egress allows a, a's closed ingress does not"
+    );
+    let counters = fixture.counters();
+    assert_eq!(counters.drops(DropReason::PolicyDeniedIngress), 2);
+    assert_eq!(counters.drops(DropReason::PolicyDeniedEgress), 1);
+}

@@ -785,7 +785,12 @@ impl FirewallAgent {
     fn sync_maps(&mut self, dataplane: &mut Dataplane) -> Result<AclSyncStats, AgentError> {
         self.in_sync = false;
         let stats = dataplane.sync_acl(&mut self.state, &self.compiled.desired, &self.pods)?;
-        self.in_sync = true;
+        // A set closed for want of room is tried again at the next sync.
+        self.in_sync = stats.closed.is_empty();
+        for error in &stats.closed {
+            tracing::error!(%error, "access control");
+        }
+        self.policy_errors.extend(stats.closed.iter().cloned());
         Ok(stats)
     }
 

@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::{overlay::OverlayView, source::ClusterState};
 
 use super::{
-    CompiledSet, DesiredFirewalls, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict,
-    compile_rules, dns::normalize, protocol_number,
+    CompiledSet, DesiredFirewalls, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, SetTooLarge,
+    Verdict, compile_rules, dns::normalize, protocol_number,
 };
 
 /// The name of the one EgressFirewall per namespace that counts.
@@ -279,7 +279,10 @@ fn exempt_rules(context: &FirewallContext) -> Vec<Rule> {
 /// Compiles one namespace's firewall rules behind the exemptions. A firewall with DNS names
 /// always keeps the host prefix lengths, so that a name's new addresses go into the set in
 /// place.
-pub fn compile_firewall(rules: &FirewallRules, context: &FirewallContext) -> CompiledSet {
+pub fn compile_firewall(
+    rules: &FirewallRules,
+    context: &FirewallContext,
+) -> Result<CompiledSet, SetTooLarge> {
     let mut all = exempt_rules(context);
     all.extend_from_slice(&rules.rules);
     compile_rules(&all, !rules.names.is_empty())
@@ -389,14 +392,24 @@ pub fn compile_firewalls_reusing(
         }
     }
     let compile = |(namespace, rules): &(&String, &Arc<FirewallRules>)| {
-        (
-            (*namespace).clone(),
-            Arc::new(compile_firewall(rules, context)),
-        )
+        ((*namespace).clone(), compile_firewall(rules, context))
     };
     // A firewall of 100 rules takes about 2 ms: several (a first sync's 100) on every core.
     let fresh = crate::parallel::map(&to_compile, FIREWALLS_PER_TASK, compile);
-    compiled.desired.sets.extend(fresh);
+    for (namespace, set) in fresh {
+        match set {
+            Ok(set) => {
+                compiled.desired.sets.insert(namespace, Arc::new(set));
+            }
+            // Refused alone: its namespace keeps its last good set, the others are untouched.
+            Err(too_large) => {
+                compiled.errors.push(format!(
+                    "EgressFirewall {namespace}/{FIREWALL_NAME}: spec.egress: {too_large}; its last good rules stay in force"
+                ));
+                compiled.desired.rejected.insert(namespace);
+            }
+        }
+    }
     compiled.rules = rules_by_namespace;
     compiled.context = context.clone();
     compiled

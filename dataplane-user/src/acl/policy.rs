@@ -854,13 +854,85 @@ fn policy_directions(
     for direction in policy_types(spec) {
         let mut rules = PodRules::default();
         let added = add_direction(&mut rules, spec, direction, name, namespace, cluster, pod)
-            .map(|()| rules)
+            .and_then(|()| fits_alone(&rules, direction).map(|()| rules))
             .map_err(|e| {
                 format!("NetworkPolicy {name}: {e}; it isolates its pods and allows nothing")
             });
         directions.push((direction, added));
     }
     Ok(Some(directions))
+}
+
+/// Whether one policy's rules for one pod and direction stay within
+/// [`super::POLICY_MAX_PREFIXES`] address entries per family, counted alone: a policy of many
+/// networks over many prefix lengths expands into more entries than any set may hold.
+fn fits_alone(rules: &PodRules, direction: Direction) -> Result<(), String> {
+    for ipv4 in [true, false] {
+        let nets = rules
+            .rules
+            .iter()
+            .flat_map(|r| r.destinations.iter().chain(&r.except))
+            .filter(|n| matches!(n, IpNet::V4(_)) == ipv4)
+            .copied();
+        let needed = super::estimated_entries(nets);
+        if needed > super::POLICY_MAX_PREFIXES as u128 {
+            let field = match direction {
+                Direction::Ingress => "spec.ingress[].from[].ipBlock",
+                Direction::Egress => "spec.egress[].to[].ipBlock",
+            };
+            return Err(format!(
+                "{field}: its {} networks would need about {needed} address entries for one pod, more than the {} one policy may have (fewer prefix lengths, or fewer networks)",
+                if ipv4 { "IPv4" } else { "IPv6" },
+                super::POLICY_MAX_PREFIXES
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The part whose rules in `direction` need the most address entries: what is refused when
+/// a pod's policies fit alone but not together.
+fn largest_part(parts: &[PolicyPart], direction: Direction) -> Option<usize> {
+    parts
+        .iter()
+        .enumerate()
+        .filter_map(|(index, part)| {
+            let directions = part.selected.as_ref().ok()?.as_ref()?;
+            let (_, rules) = directions.iter().find(|(d, _)| *d == direction)?;
+            let rules = rules.as_ref().ok()?;
+            let nets = rules
+                .rules
+                .iter()
+                .flat_map(|r| r.destinations.iter().chain(&r.except))
+                .copied();
+            Some((index, super::estimated_entries(nets)))
+        })
+        .max_by_key(|&(index, entries)| (entries, std::cmp::Reverse(index)))
+        .map(|(index, _)| index)
+}
+
+/// `parts` with the rules of `parts[index]` in `direction` refused for `why`: the policy
+/// still isolates the pod and allows nothing there, as an invalid policy does.
+fn refuse_part(parts: &mut [PolicyPart], index: usize, direction: Direction, why: &str) {
+    let part = &mut parts[index];
+    let name = format!(
+        "{}/{}",
+        part.policy
+            .metadata
+            .namespace
+            .as_deref()
+            .unwrap_or("default"),
+        part.policy.metadata.name.as_deref().unwrap_or("")
+    );
+    if let Ok(Some(directions)) = &mut part.selected {
+        for (d, rules) in directions.iter_mut() {
+            if *d == direction {
+                *rules = Err(format!(
+                    "NetworkPolicy {name}: {why}; it isolates its pods and allows nothing"
+                ));
+            }
+        }
+    }
 }
 
 /// The pod's rules from its policies' parts, in order: each part's rules numbered after
@@ -1645,52 +1717,102 @@ fn compile_pod(
     *cluster.reads.borrow_mut() = Reads::Nothing;
     cluster.read(&pod.namespace, Read::Named(pod.name.clone()));
     let parts = parts_reusing(policies, cluster, pod, parts, changes);
-    let (policy, errors) = assemble_parts(&parts);
+    // The parts with those refused for size (a copy, made at the first refusal): the parts
+    // themselves are kept for the next compile, which may find room for them.
+    let mut refused: Option<Vec<PolicyPart>> = None;
     let mut sets = PodSets::default();
-    for (direction, rules) in [
-        (Direction::Ingress, policy.ingress),
-        (Direction::Egress, policy.egress),
-    ] {
-        let (rules, notes) = with_tiers(rules, direction, cluster, admin, pod);
+    let mut errors = Vec::new();
+    for direction in [Direction::Ingress, Direction::Egress] {
+        // Policies that fit alone may not fit together: the largest is refused (it allows
+        // nothing for this pod), and the rest compiled again, until what is left fits.
+        let (name, notes) = loop {
+            let working = refused.as_deref().unwrap_or(&parts);
+            let (policy, _) = assemble_parts(working);
+            let rules = match direction {
+                Direction::Ingress => policy.ingress,
+                Direction::Egress => policy.egress,
+            };
+            let (rules, notes) = with_tiers(rules, direction, cluster, admin, pod);
+            let Some(rules) = rules else {
+                break (None, notes);
+            };
+            match compile_set(&pod.namespace, direction, rules, prior, last) {
+                Ok(name) => break (Some(name), notes),
+                Err(too_large) => match largest_part(working, direction) {
+                    Some(index) => refuse_part(
+                        refused.get_or_insert_with(|| parts.clone()),
+                        index,
+                        direction,
+                        &format!("with the pod {}'s other policies, {too_large}", pod.key()),
+                    ),
+                    // Nothing of the namespace's own to refuse: the cluster-wide tiers alone
+                    // are too large, and the pod's direction is closed.
+                    None => {
+                        errors.push(format!(
+                            "pod {}: its admin network policies' {direction:?} rules: {too_large}; it is denied everything in that direction",
+                            pod.key()
+                        ));
+                        let closed = PodRules::default();
+                        let name = compile_set(&pod.namespace, direction, closed, prior, last)
+                            .expect("an empty rule list fits");
+                        break (Some(name), notes);
+                    }
+                },
+            }
+        };
         sets.log |= notes.log;
         sets.snoop_dns |= notes.snoop_dns;
-        let Some(rules) = rules else { continue };
-        let name = set_name(&pod.namespace, direction, &rules);
-        if !last.sets.contains_key(&name) {
-            let prior = match direction {
-                Direction::Ingress => prior.ingress.as_ref(),
-                Direction::Egress => prior.egress.as_ref(),
-            };
-            let base = prior.and_then(|n| last.sets.get(n));
-            let compiled = base
-                .and_then(|base| {
-                    recompile_hosts(
-                        &base.rules,
-                        &base.compiled,
-                        &rules.rules,
-                        rules.admin_end,
-                        false,
-                    )
-                    .or_else(|| {
-                        repaint_ports(&base.rules, &base.compiled, &rules.rules, rules.admin_end)
-                    })
-                })
-                .unwrap_or_else(|| compile_tiered(&rules.rules, rules.admin_end, false));
-            let set = PolicySet {
-                namespace: pod.namespace.clone(),
-                direction,
-                compiled: Arc::new(compiled),
-                refs: Arc::new(rules.refs),
-                rules: Arc::new(rules.rules),
-            };
-            last.sets.insert(name.clone(), set);
-        }
         match direction {
-            Direction::Ingress => sets.ingress = Some(name),
-            Direction::Egress => sets.egress = Some(name),
+            Direction::Ingress => sets.ingress = name,
+            Direction::Egress => sets.egress = name,
         }
     }
+    let (_, part_errors) = assemble_parts(refused.as_deref().unwrap_or(&parts));
+    errors.splice(0..0, part_errors);
     (sets, errors, cluster.reads.take(), parts)
+}
+
+/// The name of the set of `rules` (one pod's, in `direction`), compiled into `last` unless it
+/// is there already: made from the pod's `prior` set where it moved by a few peers or ports.
+fn compile_set(
+    namespace: &str,
+    direction: Direction,
+    rules: PodRules,
+    prior: &PodSets,
+    last: &mut CompiledPolicies,
+) -> Result<String, super::SetTooLarge> {
+    let name = set_name(namespace, direction, &rules);
+    if last.sets.contains_key(&name) {
+        return Ok(name);
+    }
+    let prior = match direction {
+        Direction::Ingress => prior.ingress.as_ref(),
+        Direction::Egress => prior.egress.as_ref(),
+    };
+    let base = prior.and_then(|n| last.sets.get(n));
+    let reused = base.and_then(|base| {
+        recompile_hosts(
+            &base.rules,
+            &base.compiled,
+            &rules.rules,
+            rules.admin_end,
+            false,
+        )
+        .or_else(|| repaint_ports(&base.rules, &base.compiled, &rules.rules, rules.admin_end))
+    });
+    let compiled = match reused {
+        Some(compiled) => compiled,
+        None => compile_tiered(&rules.rules, rules.admin_end, false)?,
+    };
+    let set = PolicySet {
+        namespace: namespace.to_owned(),
+        direction,
+        compiled: Arc::new(compiled),
+        refs: Arc::new(rules.refs),
+        rules: Arc::new(rules.rules),
+    };
+    last.sets.insert(name.clone(), set);
+    Ok(name)
 }
 
 /// One direction of a pod with the cluster-wide tiers around its NetworkPolicy rules (`np`,

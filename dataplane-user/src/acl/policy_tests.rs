@@ -90,8 +90,8 @@ fn compile(yaml: &str, by_identity: bool) -> Compiled {
             let (PodPolicy { ingress, egress }, errors) = pod_policy(&policies, &cluster, pod);
             assert!(errors.is_empty(), "{errors:?}");
             (
-                ingress.map(|r| compile_rules(&r.rules, false)),
-                egress.map(|r| compile_rules(&r.rules, false)),
+                ingress.map(|r| compile_rules(&r.rules, false).unwrap()),
+                egress.map(|r| compile_rules(&r.rules, false).unwrap()),
             )
         })
         .collect();
@@ -1052,4 +1052,147 @@ fn peer_pods_are_named_by_identity_unless_their_own_ports_resolve_the_rule() {
         egress.lookup(xc, PROTO_TCP, 81).map(|o| o.verdict),
         Some(Verdict::Allow)
     );
+}
+
+/// A NetworkPolicy of `nets` (IPv6 networks) allowing ingress to x/a from each.
+fn ip_block_policy(name: &str, nets: &[String]) -> String {
+    let peers: Vec<String> = nets
+        .iter()
+        .map(|n| format!("{{ipBlock: {{cidr: \"{n}\"}}}}"))
+        .collect();
+    policy(
+        "x",
+        name,
+        &format!(
+            "  podSelector: {{matchLabels: {{pod: a}}}}\n  ingress:\n  - from: [{}]",
+            peers.join(", ")
+        ),
+    )
+}
+
+/// Nine IPv6 networks of nine lengths 13 bits apart, the `n`th of each length: alone, the
+/// cheapest way down to the kernel's eight lengths is 2^13 entries.
+fn spread_nets(n: u16) -> Vec<String> {
+    [16u8, 29, 42, 55, 68, 81, 94, 107, 120]
+        .iter()
+        .map(|len| format!("fd{:02x}:{n:x}::/{len}", n % 256))
+        .collect()
+}
+
+/// Whether x/a's compiled ingress set allows `from` on TCP 80.
+fn x_a_allows(compiled: &super::policy::CompiledPolicies, from: &str) -> bool {
+    let Some(name) = compiled.pods.get("x/a").and_then(|s| s.ingress.as_ref()) else {
+        return true;
+    };
+    compiled.sets[name]
+        .compiled
+        .lookup(from.parse().unwrap(), PROTO_TCP, 80)
+        .is_some_and(|o| o.verdict == Verdict::Allow)
+}
+
+#[test]
+fn a_policy_too_large_to_compile_is_refused_alone_and_the_others_hold() {
+    use super::admin::AdminPolicies;
+    use super::policy::policy_sets;
+    // 2^16 entries for one pod (::/0 expanded into /16s): more than one policy may
+    // have. Another policy of the namespace still allows y/b.
+    let huge: Vec<String> = [0u8, 16, 32, 48, 64, 80, 96, 112, 128]
+        .iter()
+        .map(|len| format!("{}/{len}", if *len == 0 { "::" } else { "2001:db8::" }))
+        .collect();
+    let yaml = ip_block_policy("huge", &huge)
+        + &policy(
+            "x",
+            "from-y-b",
+            "  podSelector: {matchLabels: {pod: a}}\n  ingress:\n  - from: [{namespaceSelector: {matchLabels: {ns: y}}, podSelector: {matchLabels: {pod: b}}}]",
+        );
+    let policies = parsed_policies(&yaml);
+    let pods: PolicyPods = cluster_pods().into_iter().collect();
+    let labels = namespaces();
+    let cluster = PolicyCluster::new(&pods, &labels);
+    let started = std::time::Instant::now();
+    let compiled = policy_sets(
+        &policies,
+        &cluster,
+        &["x/a".to_owned()],
+        &BTreeMap::new(),
+        &AdminPolicies::default(),
+    );
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert_eq!(compiled.errors.len(), 1, "{:?}", compiled.errors);
+    let error = &compiled.errors[0];
+    assert!(
+        error.starts_with("NetworkPolicy x/huge: spec.ingress[].from[].ipBlock: its IPv6 networks would need about 65544 address entries for one pod, more than the 16384 one policy may have"),
+        "{error}"
+    );
+    assert!(
+        error.ends_with("it isolates its pods and allows nothing"),
+        "{error}"
+    );
+    assert!(
+        x_a_allows(&compiled, "10.244.2.2"),
+        "y/b, by the other policy"
+    );
+    assert!(
+        !x_a_allows(&compiled, "2001:db8::1"),
+        "the refused policy allows nothing"
+    );
+    assert!(!x_a_allows(&compiled, "10.244.2.1"), "y/a: still isolated");
+}
+
+#[test]
+fn policies_that_fit_alone_but_not_together_refuse_the_largest_until_the_rest_fit() {
+    use super::admin::AdminPolicies;
+    use super::policy::{CompiledPolicies, PodRulesCache, PolicyChanges, policy_sets_since};
+    // Nine policies of 8,201 entries each alone; together 9 x 2^13 expanded entries, more
+    // than one set holds: two are refused (the first of the largest each time), seven hold.
+    let all: Vec<String> = (0..9)
+        .map(|n| ip_block_policy(&format!("p{n}"), &spread_nets(n)))
+        .collect();
+    let pods: PolicyPods = cluster_pods().into_iter().collect();
+    let labels = namespaces();
+    let admin = AdminPolicies::default();
+    let local = ["x/a".to_owned()];
+    let mut cache = PodRulesCache::default();
+    let mut since = CompiledPolicies::default();
+    let policies = parsed_policies(&all.concat());
+    let cluster = PolicyCluster::new(&pods, &labels);
+    policy_sets_since(
+        &policies,
+        &cluster,
+        &local,
+        &mut since,
+        &admin,
+        &mut cache,
+        &PolicyChanges::everything(),
+    );
+    let refused: Vec<&str> = since
+        .errors
+        .iter()
+        .map(|e| e.split(':').next().unwrap())
+        .collect();
+    assert_eq!(
+        refused,
+        vec!["NetworkPolicy x/p0", "NetworkPolicy x/p1"],
+        "{:?}",
+        since.errors
+    );
+    assert!(
+        since.errors[0].contains("with the pod x/a's other policies"),
+        "{}",
+        since.errors[0]
+    );
+    assert!(!x_a_allows(&since, "fd00:0::1"), "p0 refused");
+    assert!(x_a_allows(&since, "fd02:2::1"), "p2 holds");
+    assert!(x_a_allows(&since, "fd08:8::1"), "p8 holds");
+    // Two policies gone: the rest fit, the refused ones included (a refusal is not kept).
+    let policies = parsed_policies(&all[..7].concat());
+    let cluster = PolicyCluster::new(&pods, &labels);
+    let mut changes = PolicyChanges::default();
+    changes.policies.insert("x".into());
+    policy_sets_since(
+        &policies, &cluster, &local, &mut since, &admin, &mut cache, &changes,
+    );
+    assert!(since.errors.is_empty(), "{:?}", since.errors);
+    assert!(x_a_allows(&since, "fd00:0::1"), "p0 now holds");
 }

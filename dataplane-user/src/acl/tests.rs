@@ -48,7 +48,7 @@ fn firewall(namespace: &str, rules: Vec<EgressFirewallRule>) -> EgressFirewall {
 fn compiled(rules: Vec<EgressFirewallRule>) -> CompiledSet {
     let rules =
         firewall_rules(&firewall("team", rules), &DnsAddresses::new()).expect("valid firewall");
-    compile_firewall(&rules, &FirewallContext::default())
+    compile_firewall(&rules, &FirewallContext::default()).unwrap()
 }
 
 fn allow(rule: u32) -> Option<Outcome> {
@@ -161,7 +161,7 @@ fn cluster_networks_and_node_dns_are_exempt() {
         exempt: vec![net("10.244.0.0/16"), net("10.96.0.0/16")],
         node_addresses: vec![ip("10.99.0.1")],
     };
-    let set = compile_firewall(&rules, &context);
+    let set = compile_firewall(&rules, &context).unwrap();
     assert_eq!(
         set.lookup(ip("10.244.3.4"), PROTO_TCP, 80),
         allow(ACL_RULE_EXEMPT)
@@ -299,7 +299,7 @@ fn port_ranges_become_buckets_and_edge_ports() {
             ports: Ports::Any,
         },
     ];
-    let set = compile_rules(&rules, false);
+    let set = compile_rules(&rules, false).unwrap();
     let table = &set.tables[0];
     // Buckets 1024-1279 .. 1792-2047 allow (1792-2047 by majority), ports 1000-1023 allow
     // exactly, 2001-2047 deny exactly; UDP allows as a whole protocol.
@@ -335,7 +335,7 @@ fn more_prefix_lengths_than_lookups_are_expanded_into_fewer() {
             ports: Ports::Any,
         })
         .collect();
-    let set = compile_rules(&rules, false);
+    let set = compile_rules(&rules, false).unwrap();
     assert_eq!(set.v4_lengths.len(), ACL_MAX_LENGTHS);
     assert!(
         set.v4_lengths.windows(2).all(|w| w[0] > w[1]),
@@ -375,7 +375,8 @@ fn identical_port_tables_are_shared() {
             ports: Ports::Only(vec![PortMatch::port(PROTO_TCP, 80)]),
         }],
         false,
-    );
+    )
+    .unwrap();
     assert_eq!(set.prefixes.len(), 2);
     assert_eq!(set.tables.len(), 1);
 }
@@ -470,7 +471,7 @@ fn compiled_lookups_equal_scanning_the_rules_in_order() {
                 }
             })
             .collect();
-        let set = compile_rules(&rules, false);
+        let set = compile_rules(&rules, false).unwrap();
         for _ in 0..2000 {
             let dst = IpAddr::from([10, 0, rng.below(256) as u8, rng.below(256) as u8]);
             let protocol = protocols[rng.below(4) as usize];
@@ -661,11 +662,11 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
         let mut peers: BTreeSet<u64> = (1..40).collect();
         let mut others: BTreeSet<u64> = (30..50).collect();
         last_rules = rules(&peers, &others);
-        last = compile_tiered(&last_rules, 1, host_lengths);
+        last = compile_tiered(&last_rules, 1, host_lengths).unwrap();
         for step in 0..300 {
             toggle_peer(&mut rng, &mut peers, &mut others);
             let now = rules(&peers, &others);
-            let whole = compile_tiered(&now, 1, host_lengths);
+            let whole = compile_tiered(&now, 1, host_lengths).unwrap();
             let incremental = recompile_hosts(&last_rules, &last, &now, 1, host_lengths)
                 .unwrap_or_else(|| panic!("step {step}: hosts alone changed"));
             assert_eq!(
@@ -694,7 +695,12 @@ fn host_peers_recompiled_alone_decide_as_the_whole_compile() {
         rule.destinations.retain(|d| matches!(d, IpNet::V4(_)));
     }
     assert!(last.v6_lengths.contains(&128));
-    assert!(!compile_tiered(&v4_only, 1, false).v6_lengths.contains(&128));
+    assert!(
+        !compile_tiered(&v4_only, 1, false)
+            .unwrap()
+            .v6_lengths
+            .contains(&128)
+    );
     assert!(recompile_hosts(&last_rules, &last, &v4_only, 1, false).is_none());
 }
 
@@ -748,7 +754,7 @@ fn ports_repainted_by_cover_decide_as_the_whole_compile() {
     let mut others: BTreeSet<u64> = (30..50).collect();
     let mut ports = [1, 1, 0, 0];
     let mut last_rules = rules(&peers, &others, &ports);
-    let mut last = compile_tiered(&last_rules, 1, true);
+    let mut last = compile_tiered(&last_rules, 1, true).unwrap();
     let mut repainted = 0;
     for step in 0..400 {
         if rng.below(2) == 0 {
@@ -757,7 +763,7 @@ fn ports_repainted_by_cover_decide_as_the_whole_compile() {
             toggle_peer(&mut rng, &mut peers, &mut others);
         }
         let now = rules(&peers, &others, &ports);
-        let whole = compile_tiered(&now, 1, true);
+        let whole = compile_tiered(&now, 1, true).unwrap();
         let mut by_ports = false;
         let incremental = recompile_hosts(&last_rules, &last, &now, 1, true)
             .or_else(|| {
@@ -790,7 +796,7 @@ fn ports_repainted_by_cover_decide_as_the_whole_compile() {
     // The peers' rule from 8080 to 8081: its cover alone takes its table.
     ports = [0, 1, 0, 0];
     let before_rules = rules(&peers, &others, &ports);
-    let before = compile_tiered(&before_rules, 1, true);
+    let before = compile_tiered(&before_rules, 1, true).unwrap();
     ports[1] = 2;
     let after = repaint_ports(&before_rules, &before, &rules(&peers, &others, &ports), 1)
         .expect("ports alone changed");
@@ -893,4 +899,55 @@ fn the_sets_in_force_follow_the_wanted_names_and_return_what_they_left() {
         names(&[("a", 1), ("b", 7), ("c", 3), ("d", 8), ("g", 9)])
     );
     assert_eq!(displaced, vec![4, 6]);
+}
+
+/// The cost of lengthening prefixes is counted without wrapping: 256 IPv6 /8 networks
+/// lengthened to /128 are 2^128 entries, which a wrapping shift counted as none and chose,
+/// expanding without end. Counted right, the cheap lengths are merged and the set is small.
+#[test]
+fn prefix_expansion_costs_are_counted_without_wrapping() {
+    let mut destinations: Vec<IpNet> = (0..=255u16)
+        .map(|b| net(&format!("{:x}00::/8", b)))
+        .collect();
+    destinations.extend((1..8).map(|len| net(&format!("8000::/{len}"))));
+    destinations.push(net("2001:db8::1/128"));
+    let rule = Rule {
+        index: 0,
+        verdict: Verdict::Allow,
+        destinations,
+        except: Vec::new(),
+        peers: Vec::new(),
+        ports: Ports::Any,
+    };
+    let started = std::time::Instant::now();
+    let set = compile_rules(&[rule], false).expect("fits");
+    assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    assert!(set.prefixes.len() < 300, "{}", set.prefixes.len());
+    assert_eq!(set.v6_lengths.len(), ACL_MAX_LENGTHS);
+    // Where no cheap length is left, the set is refused before anything is expanded.
+    let spread = Rule {
+        index: 0,
+        verdict: Verdict::Allow,
+        destinations: [0u8, 16, 32, 48, 64, 80, 96, 112, 128]
+            .iter()
+            .map(|len| net(&format!("2001:db8::/{len}")).trunc())
+            .chain((0..8).map(|i| net(&format!("2001:db8:{i}::/16")).trunc()))
+            .collect(),
+        except: Vec::new(),
+        peers: Vec::new(),
+        ports: Ports::Any,
+    };
+    let error = compile_rules(&[spread], false).expect_err("too large");
+    assert_eq!(error.limit, SET_MAX_PREFIXES);
+    assert!(error.needed > SET_MAX_PREFIXES as u128);
+    // Nine lengths: /1 lengthened to /2 is the cheapest step (two entries for one).
+    assert_eq!(
+        estimated_entries(
+            (0..=255u16)
+                .map(|b| net(&format!("{:x}00::/8", b)))
+                .chain((1..8).map(|len| net(&format!("8000::/{len}"))))
+                .chain([net("2001:db8::1/128")])
+        ),
+        256 + 7 - 1 + 2 + 1,
+    );
 }
