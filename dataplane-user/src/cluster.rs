@@ -19,7 +19,9 @@ use dataplane_user::{
     kubernetes::KubeSource,
     lb, mgmt, model, multicast, netdev,
     overlay::{self, Underlay},
-    preflight, source,
+    preflight,
+    rejected::{self, Rejection},
+    source,
     sync::{Changes, Kind, ServiceCache, Stage},
 };
 
@@ -83,8 +85,12 @@ pub struct Cluster {
     pub policy_pods_follow_last: bool,
     /// This node's pods, patched like `policy_pods` (and made anew with them).
     pub hosted_pods: model::HostedPods,
-    /// How many Services the services stage last refused.
-    pub services_rejected: usize,
+    /// What the services stage last refused, one line each.
+    pub service_errors: Vec<String>,
+    /// What the multicast stage last refused, one line each.
+    pub multicast_errors: Vec<String>,
+    /// Tells refusals to the API server as Events (with the API server only).
+    pub events: Option<dataplane_user::rejected::EventSender>,
     /// Where Services' `spec.externalIPs` are honoured (`--external-ip-cidrs`).
     pub external_ip_cidrs: Vec<ipnet::IpNet>,
     pub multicast_settings: multicast::Settings,
@@ -166,7 +172,6 @@ impl Cluster {
             ..Synced::default()
         };
         tracing::debug!(?changes.kinds, services = changes.services.len(), stages = ?synced.stages, "sync planned");
-        let mut rejected = vec![("manifest", state.rejected.len())];
         if full {
             self.overlay_written = None;
         }
@@ -179,11 +184,8 @@ impl Cluster {
         let own = netdev::local_addresses().context("listing this node's addresses")?;
         dataplane.sync_node_addresses(&own)?;
         if changes.runs(Stage::Services) {
-            let (written, refused) = self.sync_services(dataplane, &state, &changes)?;
-            synced.written += written;
-            self.services_rejected = refused;
+            synced.written += self.sync_services(dataplane, &state, &changes)?;
         }
-        rejected.push(("service", self.services_rejected));
         if let Some(model) = &self.model
             && changes.runs(Stage::AccessControl)
         {
@@ -218,12 +220,6 @@ impl Cluster {
                 }
             }
         }
-        if let Some(firewalls) = &self.firewalls {
-            let (firewalls, policies, admin) = firewalls.rejected();
-            rejected.push(("egressfirewall", firewalls));
-            rejected.push(("networkpolicy", policies));
-            rejected.push(("adminpolicy", admin));
-        }
         if let Some(model) = &self.model
             && changes.runs(Stage::Multicast)
         {
@@ -236,6 +232,7 @@ impl Cluster {
                     &self.run_dir,
                 )?);
             }
+            self.multicast_errors = plan.errors.clone();
             if let Some(agent) = self.multicast.as_mut() {
                 synced.written += agent.configure(dataplane, plan)?;
             }
@@ -248,7 +245,11 @@ impl Cluster {
                 egress?;
             }
         }
-        self.rejected = rejected;
+        let rejections = self.rejections(&state);
+        self.rejected = rejected::counts(&rejections);
+        if let Some(events) = &mut self.events {
+            events.tell(&rejections);
+        }
         synced.interfaces = self
             .model
             .as_ref()
@@ -257,6 +258,29 @@ impl Cluster {
         self.last = Some(state);
         self.policy_pods_follow_last = true;
         Ok(synced)
+    }
+
+    /// Every object this sync could not use, each named: what the source refused, what the
+    /// model and the overlay refused of the nodes and pods, and what each stage refused.
+    /// (A state that passes, such as a pod whose route is not there yet, is no refusal.)
+    fn rejections(&self, state: &source::ClusterState) -> Vec<Rejection> {
+        let transient = |line: &&String| line.ends_with(" yet") || line.contains(" yet;");
+        let model_lines = self.warnings.iter().filter(|l| !transient(l));
+        let node_lines = self
+            .overlay_written
+            .iter()
+            .flat_map(|maps| maps.node_maps.rejected.values());
+        let access_lines = self.firewalls.iter().flat_map(|f| f.rejections());
+        state
+            .rejected
+            .iter()
+            .chain(model_lines)
+            .chain(node_lines)
+            .chain(&self.service_errors)
+            .chain(access_lines)
+            .chain(&self.multicast_errors)
+            .map(|line| Rejection::of(line))
+            .collect()
     }
 
     /// The overlay stage: this node's view from the nodes and pods, the management port and
@@ -342,6 +366,14 @@ impl Cluster {
         // Node by node from what the last sync wrote (after a full recompute's reset, from
         // every node).
         let desired = overlay::compile_since(&model.view, self.overlay_written.as_ref())?;
+        for (node, why) in desired.node_maps.rejected.iter() {
+            tracing::warn!(
+                node,
+                error = why.as_str(),
+                "node refused; the other nodes are synced"
+            );
+        }
+        desired.node_maps.drop_rejected_from(&mut model.view);
         // The hybrid nodes before the VXLAN routes that lead to them.
         let hybrid_stats = dataplane.sync_hybrid(&hybrid::compile(model.view.hybrid.as_ref()))?;
         // Taken: a sync that fails midway leaves the next one comparing with the kernel.
@@ -375,7 +407,7 @@ impl Cluster {
         dataplane: &mut Dataplane,
         state: &source::ClusterState,
         changes: &Changes,
-    ) -> anyhow::Result<(usize, usize)> {
+    ) -> anyhow::Result<usize> {
         let policy = self.address_policy(state);
         let recompiled = self.services.update(
             &state.services,
@@ -400,7 +432,8 @@ impl Cluster {
             deleted = stats.deleted,
             "services configured"
         );
-        Ok((stats.written + stats.deleted, errors.len()))
+        self.service_errors = errors;
+        Ok(stats.written + stats.deleted)
     }
 
     /// Which addresses Services may take besides their cluster IPs: the external IPs the

@@ -1262,7 +1262,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cluster_role_reads_exactly_the_watched_resources_and_patches_only_nodes() {
+    fn the_cluster_role_reads_exactly_the_watched_resources_and_writes_only_nodes_and_events() {
         let roles: Vec<ClusterRole> = objects(&deploy_file("rbac.yaml"), "ClusterRole");
         assert_eq!(roles.len(), 1);
         let mut granted = BTreeSet::new();
@@ -1276,15 +1276,21 @@ mod tests {
                             granted.insert(entry)
                         }
                         [patch] if patch == "patch" => written.insert(entry),
+                        [create, patch] if create == "create" && patch == "patch" => {
+                            written.insert(entry)
+                        }
                         verbs => panic!("unexpected verbs {verbs:?}"),
                     };
                 }
             }
         }
-        // Its one write: its own Node's hybrid overlay annotations.
+        // Its writes: its own Node's hybrid overlay annotations, the Events of refusals.
         assert_eq!(
             written,
-            BTreeSet::from([(String::new(), "nodes".to_owned())])
+            BTreeSet::from([
+                (String::new(), "nodes".to_owned()),
+                ("events.k8s.io".to_owned(), "events".to_owned())
+            ])
         );
         let watched: BTreeSet<(String, String)> = WATCHED
             .iter()

@@ -297,10 +297,15 @@ fn compile_service(
     let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
     let (addresses, refused) =
         service_addresses(service, policy).map_err(|e| format!("{id}: {e}"))?;
-    let refused: Vec<String> = refused
+    let mut refused: Vec<String> = refused
         .into_iter()
         .map(|why| format!("{id}: {why}; that address is not served"))
         .collect();
+    refused.extend(
+        own_slices
+            .iter()
+            .flat_map(|slice| unusable_endpoints(slice)),
+    );
     let mut ports = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let field = format!("{id}: spec.ports[{index}]");
@@ -401,6 +406,34 @@ fn compile_service(
         }
     }
     Ok(ServiceCompiled { ports, refused })
+}
+
+/// The endpoint addresses of `slice` that are not addresses of its `addressType`, one line
+/// each: skipped, the slice's other endpoints kept.
+fn unusable_endpoints(slice: &EndpointSlice) -> Vec<String> {
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+    let name = slice.metadata.name.as_deref().unwrap_or("<unnamed>");
+    let ipv4 = match slice.address_type.as_str() {
+        "IPv4" => true,
+        "IPv6" => false,
+        // FQDN slices carry names, which no kube-proxy balances to.
+        _ => return Vec::new(),
+    };
+    let mut lines = Vec::new();
+    for (e, endpoint) in slice.endpoints.iter().enumerate() {
+        for (a, address) in endpoint.addresses.iter().enumerate() {
+            let usable = address
+                .parse::<IpAddr>()
+                .is_ok_and(|ip| ip.is_ipv4() == ipv4);
+            if !usable {
+                lines.push(format!(
+                    "EndpointSlice {namespace}/{name}: endpoints[{e}].addresses[{a}]: {address:?} is not an {} address; that endpoint is skipped",
+                    slice.address_type
+                ));
+            }
+        }
+    }
+    lines
 }
 
 /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`

@@ -37,6 +37,8 @@ pub mod gateway;
 pub mod hybrid;
 pub mod inspect;
 pub mod ipam;
+#[cfg(test)]
+mod isolation_tests;
 pub mod kubernetes;
 pub mod lb;
 pub mod loader;
@@ -50,6 +52,7 @@ pub mod parallel;
 pub mod pins;
 pub mod port;
 pub mod preflight;
+pub mod rejected;
 pub mod seq;
 pub mod source;
 pub mod state;

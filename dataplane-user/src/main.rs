@@ -529,6 +529,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     if let (Some((source, node)), Some(egress)) = (&args.cluster, egress) {
         preflight::check_forwarding()?;
         dataplane_user::lb::reserve_snat_ports()?;
+        let mut events = None;
         let source = match source {
             SourceArg::Manifests(dir) => {
                 let _entered = runtime.enter();
@@ -561,6 +562,11 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
                 let client = runtime.block_on(kubernetes::client(kubeconfig.as_deref()))?;
                 let _entered = runtime.enter();
                 let source = KubeSource::start(&client);
+                // Refusals told as Events on the objects, from a task of their own.
+                events = Some(dataplane_user::rejected::EventSender::start(
+                    client.clone(),
+                    node,
+                ));
                 runtime.block_on(source.wait_ready());
                 tracing::info!("API server lists received");
                 Source::Kubernetes(Box::new(source))
@@ -595,7 +601,9 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             policy_pods: Default::default(),
             policy_pods_follow_last: false,
             hosted_pods: Default::default(),
-            services_rejected: 0,
+            service_errors: Vec::new(),
+            multicast_errors: Vec::new(),
+            events,
             external_ip_cidrs: args.external_ip_cidrs.clone(),
             multicast_settings: args.multicast,
             multicast: None,

@@ -24,9 +24,6 @@ use tokio::net::TcpListener;
 
 use crate::{AgentError, Pins, egressip::node::Lease, stats, status};
 
-/// Kinds of object a sync can reject, as the `kind` label says.
-pub const REJECTED_KINDS: &[&str] = &["manifest", "service", "egressfirewall", "networkpolicy"];
-
 /// Histograms by label set, each made with the same buckets.
 type HistogramsBy<L> = Family<L, Histogram, fn() -> Histogram>;
 

@@ -436,10 +436,16 @@ fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
             }
         })
         .collect();
+    let created = node
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .map_or(i64::MAX, |t| t.0.as_second());
     Some(NodeView {
         name,
         addresses,
         pod_cidrs,
+        created,
     })
 }
 

@@ -106,6 +106,9 @@ pub struct NodeView {
     pub addresses: Vec<IpAddr>,
     /// Node spec.podCIDRs.
     pub pod_cidrs: Vec<IpNet>,
+    /// When the Node object was made (`metadata.creationTimestamp`, seconds since the epoch;
+    /// `i64::MAX` unknown): of two nodes claiming one pod CIDR, the older keeps it.
+    pub created: i64,
 }
 
 /// A pod on this node.
@@ -258,7 +261,7 @@ pub fn compile_since(
 
     maps.node_maps = match last.and_then(|l| l.node_maps.updated_for(view)) {
         Some(kept) => kept,
-        None => Arc::new(NodeMaps::compile(view)?),
+        None => Arc::new(NodeMaps::compile(view)),
     };
     maps.pod_ports = port::compile(&view.local_pods);
     for ifindex in &view.unrestricted_ifindexes {
@@ -799,6 +802,7 @@ mod tests {
     fn a_node_is_found_by_name_whatever_the_list_order() {
         let node = |name: &str| {
             Arc::new(NodeView {
+                created: i64::MAX,
                 name: name.into(),
                 addresses: Vec::new(),
                 pod_cidrs: Vec::new(),
@@ -995,16 +999,19 @@ mod tests {
             this_node: "node-a".into(),
             nodes: Arc::new(crate::overlay::NodeSeq::from_iter([
                 Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "node-a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
                     pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:10:244:1::/64")],
                 }),
                 Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "node-b".into(),
                     addresses: vec![ip("10.99.0.2"), ip("fd99::2")],
                     pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:10:244:2::/64")],
                 }),
                 Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "node-c".into(),
                     addresses: vec![ip("fd99::3")],
                     pod_cidrs: vec![net("10.244.3.0/24")],
@@ -1062,29 +1069,62 @@ mod tests {
     }
 
     #[test]
-    fn compile_refuses_inconsistent_views() {
+    fn a_missing_node_is_refused_and_bad_nodes_fail_alone() {
         let mut missing = view();
         missing.this_node = "node-z".into();
         assert_eq!(
             compile(&missing),
             Err(CompileError::ThisNodeMissing("node-z".into()))
         );
+        let good = compile(&view()).unwrap().node_maps;
+        assert!(good.rejected.is_empty());
+        // node-c claims part of node-b's CIDR: node-c alone is refused (node-b's entries and
+        // every other node's stay as they were).
         let mut overlapping = view();
         Arc::make_mut(&mut Arc::make_mut(&mut overlapping.nodes)[2]).pod_cidrs =
             vec![net("10.244.2.128/25")];
-        assert!(matches!(
-            compile(&overlapping),
-            Err(CompileError::OverlappingPodCidr { .. })
-        ));
+        let maps = compile(&overlapping).unwrap().node_maps;
+        assert_eq!(
+            maps.rejected.get("node-c").map(String::as_str),
+            Some("node node-c: spec.podCIDRs 10.244.2.128/25 is also the pod CIDR of node node-b")
+        );
+        assert_eq!(
+            maps.remote_v4.get(&(24, [10, 244, 2, 0])),
+            good.remote_v4.get(&(24, [10, 244, 2, 0]))
+        );
+        assert!(!maps.remote_v4.contains_key(&(25, [10, 244, 2, 128])));
+        assert!(
+            !maps.node_addrs.contains_key(&addr16(ip("fd99::3"))),
+            "nothing of node-c"
+        );
+        // The older Node keeps a CIDR two claim, whichever comes first by name.
+        let mut older = overlapping.clone();
+        Arc::make_mut(&mut Arc::make_mut(&mut older.nodes)[2]).created = 100;
+        Arc::make_mut(&mut Arc::make_mut(&mut older.nodes)[1]).created = 200;
+        let maps = compile(&older).unwrap().node_maps;
+        assert!(maps.rejected.contains_key("node-b"), "{:?}", maps.rejected);
+        assert!(maps.remote_v4.contains_key(&(25, [10, 244, 2, 128])));
+        // This node keeps its own CIDRs, whatever claims them.
+        let mut claimed = view();
+        Arc::make_mut(&mut Arc::make_mut(&mut claimed.nodes)[1]).pod_cidrs =
+            vec![net("10.244.1.0/24")];
+        Arc::make_mut(&mut Arc::make_mut(&mut claimed.nodes)[1]).created = 0;
+        let maps = compile(&claimed).unwrap().node_maps;
+        assert!(maps.rejected.contains_key("node-b"), "{:?}", maps.rejected);
+        // A node without an address: refused alone.
         let mut bare = view();
         Arc::make_mut(&mut Arc::make_mut(&mut bare.nodes)[1])
             .addresses
             .clear();
+        let maps = compile(&bare).unwrap().node_maps;
         assert_eq!(
-            compile(&bare),
-            Err(CompileError::NodeWithoutAddress {
-                node: "node-b".into()
-            })
+            maps.rejected.get("node-b").map(String::as_str),
+            Some("node node-b: status.addresses has no InternalIP")
         );
+        assert!(
+            maps.remote_v4.contains_key(&(24, [10, 244, 3, 0])),
+            "node-c still routed"
+        );
+        assert!(!maps.remote_v4.contains_key(&(24, [10, 244, 2, 0])));
     }
 }

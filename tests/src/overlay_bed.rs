@@ -80,16 +80,19 @@ pub fn bed() -> anyhow::Result<Bed> {
         nodes: std::sync::Arc::new(
             vec![
                 std::sync::Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "a".into(),
                     addresses: vec![ip("10.99.0.1"), ip("fd99::1")],
                     pod_cidrs: vec![net("10.244.1.0/24"), net("fd00:102a:0:1::/64")],
                 }),
                 std::sync::Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "b".into(),
                     addresses: vec![ip("10.99.0.2")],
                     pod_cidrs: vec![net("10.244.2.0/24"), net("fd00:102a:0:2::/64")],
                 }),
                 std::sync::Arc::new(NodeView {
+                    created: i64::MAX,
                     name: "c".into(),
                     addresses: vec![ip("fd99::3")],
                     pod_cidrs: vec![net("10.244.3.0/24")],

@@ -708,3 +708,63 @@ fn hostile_requests_on_the_plugin_socket_are_refused_and_change_nothing() {
     let log = agent.log();
     assert!(!log.contains("panicked"), "{log}");
 }
+
+/// Two bad Node objects (one without an address, one naming another node's pod CIDR): each is
+/// refused alone, named and counted; every other node keeps its routes, and the plugin wires
+/// pods on both good nodes, which reach each other across the overlay.
+#[test]
+fn bad_node_objects_are_refused_alone_and_pods_are_still_wired_everywhere() {
+    if !privileged("bad_node_objects_are_refused_alone") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(2, 0, Mode::Overlay).expect("topology");
+    topology.add_manifest("pods.yaml", PODS).unwrap();
+    topology
+        .add_manifest(
+            "bad-nodes.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: zz-bare}\n\
+             spec: {podCIDRs: [10.244.9.0/24]}\nstatus: {addresses: [{type: Hostname, address: bare}]}\n\
+             ---\napiVersion: v1\nkind: Node\nmetadata: {name: zz-thief}\n\
+             spec: {podCIDRs: [10.244.2.0/25]}\n\
+             status: {addresses: [{type: InternalIP, address: 10.99.0.250}]}\n",
+        )
+        .unwrap();
+    let agent0 = topology
+        .node(0)
+        .start_agent_with(&["--metrics-address", "127.0.0.1:9476"])
+        .expect("agent 0");
+    let agent1 = topology.node(1).start_agent().expect("agent 1");
+    let mut client = cni::container(&mut topology, "default", "client").unwrap();
+    client.uid = "uid-CLIENT".into();
+    let mut server = cni::container(&mut topology, "default", "server").unwrap();
+    server.uid = "uid-SERVER".into();
+    let (client_pod, _) =
+        add(&client, &conf("1.1.0", &cni::socket(&agent0))).expect("ADD on node 0");
+    let (server_pod, _) =
+        add(&server, &conf("1.1.0", &cni::socket(&agent1))).expect("ADD on node 1");
+    assert!(
+        client_pod.ping(server_pod.ip, 2).unwrap(),
+        "client -> server"
+    );
+    assert!(
+        server_pod.ping(client_pod.ip, 2).unwrap(),
+        "server -> client"
+    );
+    for agent in [&agent0, &agent1] {
+        let log = agent.log();
+        assert!(
+            log.contains("node zz-bare: status.addresses has no InternalIP"),
+            "{log}"
+        );
+        assert!(
+            log.contains("node zz-thief: spec.podCIDRs 10.244.2.0/25 is also the pod CIDR of node"),
+            "{log}"
+        );
+    }
+    let metrics = metrics_text(&topology.node(0).netns);
+    assert!(
+        metrics.contains("dataplane_rejected_objects{kind=\"node\"} 2"),
+        "{metrics}"
+    );
+}

@@ -97,6 +97,41 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
         log.contains("EgressFirewall default/default: spec.egress[0]"),
         "{log}"
     );
+    // And told to its owner: one Warning Event on the object, from each agent.
+    let events = |netns: &str| -> Vec<serde_json::Value> {
+        let script = "import urllib.request\nprint(urllib.request.urlopen('http://127.0.0.1:6443/apis/events.k8s.io/v1/events', timeout=5).read().decode())\n";
+        let out = dataplane_tests::topology::exec_in(netns, &["python3", "-c", script]).unwrap();
+        let list: serde_json::Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        list["items"].as_array().cloned().unwrap_or_default()
+    };
+    let mut told = Vec::new();
+    for _ in 0..50 {
+        told = events(&topology.node(0).netns);
+        if !told.is_empty() {
+            break;
+        }
+        thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(told.len(), 1, "{told:?}");
+    let event = &told[0];
+    assert_eq!(event["type"], "Warning");
+    assert_eq!(event["reason"], "Rejected");
+    assert_eq!(event["reportingController"], "dataplane");
+    assert_eq!(
+        event["reportingInstance"],
+        dataplane_tests::topology::node_name(0)
+    );
+    assert_eq!(event["regarding"]["kind"], "EgressFirewall");
+    assert_eq!(event["regarding"]["namespace"], "default");
+    assert_eq!(event["regarding"]["name"], "default");
+    assert!(
+        event["note"]
+            .as_str()
+            .unwrap()
+            .starts_with("EgressFirewall default/default: spec.egress[0]"),
+        "{event}"
+    );
 
     // A policy added through the API isolates the backend.
     topology

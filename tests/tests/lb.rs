@@ -2675,6 +2675,7 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
     );
     let mut nodes: Vec<_> = bed.view.nodes.iter().cloned().collect();
     nodes.push(std::sync::Arc::new(dataplane_user::overlay::NodeView {
+        created: i64::MAX,
         name: "d".into(),
         addresses: vec![ip("10.99.0.4")],
         pod_cidrs: vec!["10.244.4.0/24".parse().expect("cidr")],

@@ -961,6 +961,7 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
         nodes: std::sync::Arc::new(
             (0..count)
                 .map(|i| NodeView {
+                    created: i64::MAX,
                     name: format!("n{i}"),
                     addresses: vec![format!("10.99.0.{}", i + 1).parse().expect("address")],
                     pod_cidrs: vec![format!("10.244.{i}.0/24").parse().expect("CIDR")],
@@ -1021,6 +1022,7 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
         nodes: std::sync::Arc::new(
             (0..count)
                 .map(|i| NodeView {
+                    created: i64::MAX,
                     name: format!("n{i}"),
                     addresses: vec![
                         format!("10.99.{}.{}", u8::from(moved == Some(i)), i + 1)

@@ -383,6 +383,16 @@ pub enum Wake {
 impl FirewallAgent {
     /// How many EgressFirewalls, NetworkPolicies and admin policies the last compile
     /// rejected.
+    /// Every refusal line of the last update: EgressFirewalls, NetworkPolicies, admin
+    /// policies.
+    pub fn rejections(&self) -> impl Iterator<Item = &String> {
+        self.compiled
+            .errors
+            .iter()
+            .chain(&self.policy_errors)
+            .chain(&self.admin_errors)
+    }
+
     pub fn rejected(&self) -> (usize, usize, usize) {
         (
             self.compiled.errors.len(),

@@ -460,6 +460,7 @@ mod tests {
 
     fn node(name: &str, address: &str, cidr: &str) -> Arc<NodeView> {
         Arc::new(NodeView {
+            created: i64::MAX,
             name: name.into(),
             addresses: vec![address.parse().unwrap()],
             pod_cidrs: vec![cidr.parse().unwrap()],

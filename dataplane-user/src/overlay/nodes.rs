@@ -43,6 +43,10 @@ pub struct NodeMaps {
     nodes_in_order: bool,
     this_node: String,
     hybrid: Option<HybridView>,
+    /// Nodes (and hybrid subnets) whose entries were refused, each with why: a node without
+    /// an address, a pod CIDR another node holds first. One bad Node object costs only its
+    /// own pods their routes; every other node's entries are made.
+    pub rejected: imbl::OrdMap<String, String>,
 }
 
 /// How many remote pod subnets clear each bit of the `OUTSIDE` bitmap
@@ -102,6 +106,7 @@ impl PartialEq for NodeMaps {
         self.remote_v4 == other.remote_v4
             && self.remote_v6 == other.remote_v6
             && self.node_addrs == other.node_addrs
+            && self.rejected == other.rejected
     }
 }
 
@@ -144,8 +149,12 @@ impl NodeMaps {
         self.outside.short_v6 > 0
     }
 
-    /// The entries of every node of `view`, and of its hybrid nodes' subnets.
-    pub fn compile(view: &OverlayView) -> Result<Self, CompileError> {
+    /// The entries of every node of `view`, and of its hybrid nodes' subnets. A node that
+    /// cannot be given entries is refused alone ([`NodeMaps::rejected`]). Where two nodes
+    /// claim overlapping pod CIDRs, this node keeps its own, then the older Node object
+    /// (then the first by name) keeps them: a Node made later cannot take another's pods'
+    /// traffic by naming their CIDR.
+    pub fn compile(view: &OverlayView) -> Self {
         let mut maps = NodeMaps {
             nodes: Arc::clone(&view.nodes),
             nodes_in_order: in_name_order(&view.nodes),
@@ -153,22 +162,51 @@ impl NodeMaps {
             hybrid: view.hybrid.clone(),
             ..NodeMaps::default()
         };
-        for node in view.nodes.iter() {
-            maps.add_node(node)?;
+        let mut order: Vec<&Arc<NodeView>> = view.nodes.iter().collect();
+        order.sort_by(|a, b| {
+            (a.name != view.this_node, a.created, &a.name).cmp(&(
+                b.name != view.this_node,
+                b.created,
+                &b.name,
+            ))
+        });
+        for node in order {
+            if let Err(error) = maps.add_node(node) {
+                maps.rejected.insert(node.name.clone(), error.to_string());
+            }
         }
         // Hybrid nodes' pod subnets, reached in VXLAN: never one of the nodes' own CIDRs.
         for ((prefix_len, network), endpoint) in hybrid::routes(view.hybrid.as_ref()) {
             let cidr = hybrid_cidr(prefix_len, network);
             if let Some(other) = maps.owners.overlapping(&cidr) {
-                return Err(CompileError::OverlappingPodCidr {
-                    node: format!("{} (hybrid)", hybrid_owner(view, &cidr)),
+                let node = format!("{} (hybrid)", hybrid_owner(view, &cidr));
+                let error = CompileError::OverlappingPodCidr {
+                    node: node.clone(),
                     other: other.to_owned(),
                     cidr,
-                });
+                };
+                maps.rejected.insert(node, error.to_string());
+                continue;
             }
             maps.insert_remote_v4((prefix_len, network), endpoint);
         }
-        Ok(maps)
+        maps
+    }
+
+    /// Takes the nodes these entries refused out of `view`, so that the stages after the
+    /// overlay (egress IPs, access control, multicast) see the nodes the overlay accepted and
+    /// nothing of a refused Node object. Nothing is copied when none was refused.
+    pub fn drop_rejected_from(&self, view: &mut OverlayView) {
+        if self.rejected.is_empty() {
+            return;
+        }
+        let accepted: NodeSeq = view
+            .nodes
+            .iter()
+            .filter(|n| !self.rejected.contains_key(&n.name))
+            .cloned()
+            .collect();
+        view.nodes = Arc::new(accepted);
     }
 
     /// These entries changed to `view`'s nodes, one node at a time: `None` when that cannot
@@ -182,7 +220,8 @@ impl NodeMaps {
         if Arc::ptr_eq(&self.nodes, &view.nodes) {
             return Some(Arc::clone(self));
         }
-        if !self.nodes_in_order {
+        // With a node refused, who holds what depends on every node: compiled whole.
+        if !self.nodes_in_order || !self.rejected.is_empty() {
             return None;
         }
         let (gone, come) = node_changes(&self.nodes, &view.nodes)?;
@@ -212,12 +251,34 @@ impl NodeMaps {
         Some(Arc::new(next))
     }
 
-    /// Adds `node`'s addresses, CIDRs and (for another node) routes.
+    /// Adds `node`'s addresses, CIDRs and (for another node) routes; a node that cannot be
+    /// added (no address, a CIDR another node holds) is refused whole, nothing of it added.
     fn add_node(&mut self, node: &Arc<NodeView>) -> Result<(), CompileError> {
         if node.addresses.is_empty() {
             return Err(CompileError::NodeWithoutAddress {
                 node: node.name.clone(),
             });
+        }
+        for (index, cidr) in node.pod_cidrs.iter().enumerate() {
+            let cidr = cidr.trunc();
+            let other = self
+                .owners
+                .overlapping(&cidr)
+                .map(str::to_owned)
+                .or_else(|| {
+                    // Its own CIDRs overlapping each other.
+                    node.pod_cidrs[..index]
+                        .iter()
+                        .any(|earlier| overlap(&earlier.trunc(), &cidr))
+                        .then(|| node.name.clone())
+                });
+            if let Some(other) = other {
+                return Err(CompileError::OverlappingPodCidr {
+                    node: node.name.clone(),
+                    other,
+                    cidr,
+                });
+            }
         }
         for address in &node.addresses {
             let address = addr16(*address);
@@ -226,13 +287,6 @@ impl NodeMaps {
         }
         for cidr in &node.pod_cidrs {
             let cidr = cidr.trunc();
-            if let Some(other) = self.owners.overlapping(&cidr) {
-                return Err(CompileError::OverlappingPodCidr {
-                    node: node.name.clone(),
-                    other: other.to_owned(),
-                    cidr,
-                });
-            }
             self.owners.insert(cidr, Arc::from(node.name.as_str()));
             if node.name == self.this_node {
                 continue;
@@ -485,6 +539,7 @@ mod tests {
     /// pod CIDR 10.(128 + cidr / 256).(cidr % 256).0/24.
     fn node(i: u64, address: u64, cidr: u64) -> Arc<NodeView> {
         Arc::new(NodeView {
+            created: i64::MAX,
             name: format!("n{i:04}"),
             addresses: vec![
                 format!("10.99.{}.{}", address / 250, address % 250 + 1)
@@ -565,8 +620,8 @@ mod tests {
 
     /// Random changes to a cluster's nodes (added, removed, moved to another address, possibly
     /// one another node has, given another CIDR, possibly one another node has): each compile
-    /// from the last good one gives exactly what a compile from nothing gives, errors
-    /// included, and a failed change leaves the last good entries to compare with.
+    /// from the last one gives exactly what a compile from nothing gives, refused nodes
+    /// included, and a refused node costs no other node its routes.
     #[test]
     fn node_by_node_changes_equal_a_full_compile() {
         let mut rng = TestRng::new(7);
@@ -611,21 +666,37 @@ mod tests {
             if step % 5 == 0 {
                 view.nodes = Arc::new(changed.iter().cloned().collect());
             }
-            let full = compile(&view);
-            let since = compile_since(&view, Some(&last));
+            let full = compile(&view).expect("this node is there");
+            let since = compile_since(&view, Some(&last)).expect("this node is there");
             assert_eq!(since, full, "step {step}");
+            assert_eq!(
+                since.node_maps.rejected, full.node_maps.rejected,
+                "step {step}"
+            );
             // The bitmap of what lies outside the pod networks, from the counts each way
             // kept, is the same.
-            if let (Ok(since), Ok(full)) = (&since, &full) {
-                assert_eq!(outside_words(since), outside_words(full), "step {step}");
-            }
-            match full {
-                Ok(maps) => {
-                    kept += 1;
-                    last = maps;
-                    nodes = changed;
+            assert_eq!(outside_words(&since), outside_words(&full), "step {step}");
+            // A refused node refuses nothing else: every node not refused has its routes.
+            for node in view.nodes.iter().filter(|n| n.name != view.this_node) {
+                if full.node_maps.rejected.contains_key(&node.name) {
+                    continue;
                 }
-                Err(_) => refused += 1,
+                for cidr in &node.pod_cidrs {
+                    if let IpNet::V4(net) = cidr.trunc() {
+                        let key = (u32::from(net.prefix_len()), net.addr().octets());
+                        assert!(full.node_maps.remote_v4.contains_key(&key), "step {step}");
+                    }
+                }
+            }
+            if full.node_maps.rejected.is_empty() {
+                kept += 1;
+                nodes = changed;
+            } else {
+                refused += 1;
+            }
+            // Half the time the next change starts from a compile that refused a node.
+            if full.node_maps.rejected.is_empty() || rng.below(2) == 0 {
+                last = full;
             }
         }
         // Both ways were taken many times.

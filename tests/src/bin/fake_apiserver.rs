@@ -9,7 +9,9 @@
 //! and `coordination.k8s.io/v1` Leases (get, create, replace with optimistic concurrency on
 //! the resourceVersion), for the egress IP controller; a Node's annotations (`PATCH
 //! /api/v1/nodes/NAME`, a JSON merge patch of `metadata.annotations`, kept over the files'),
-//! for the agent's hybrid overlay annotations.
+//! for the agent's hybrid overlay annotations; `events.k8s.io/v1` Events (create and merge
+//! patch under `/apis/events.k8s.io/v1/namespaces/NS/events`, listed at
+//! `/apis/events.k8s.io/v1/events`), for the agent's refusals.
 //!
 //! It is written from the API conventions, not from the agent's code, so that the agent's kube
 //! watchers are checked against an independent server. Resource versions start at the
@@ -100,6 +102,8 @@ struct State {
     annotations: BTreeMap<ObjectKey, serde_json::Map<String, Value>>,
     /// Leases by (namespace, name).
     leases: BTreeMap<(String, String), Value>,
+    /// `events.k8s.io/v1` Events by (namespace, name).
+    kube_events: BTreeMap<(String, String), Value>,
     resource_version: u64,
     objects: BTreeMap<ObjectKey, Value>,
     history: Vec<Event>,
@@ -121,6 +125,7 @@ async fn main() -> anyhow::Result<()> {
         statuses: BTreeMap::new(),
         annotations: BTreeMap::new(),
         leases: BTreeMap::new(),
+        kube_events: BTreeMap::new(),
         resource_version: start,
         objects: BTreeMap::new(),
         history: Vec::new(),
@@ -269,6 +274,24 @@ async fn answer(
         .filter_map(|pair| pair.split_once('='))
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
+    if let Some(rest) = path.strip_prefix("/apis/events.k8s.io/v1/namespaces/") {
+        let method = request.method().clone();
+        let body = read_body(request).await;
+        return Ok(kube_event(&state, &method, rest, body));
+    }
+    if path == "/apis/events.k8s.io/v1/events" {
+        let Ok(state) = state.lock() else {
+            return Ok(status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned"));
+        };
+        let items: Vec<Value> = state.kube_events.values().cloned().collect();
+        let list = json!({
+            "apiVersion": "events.k8s.io/v1",
+            "kind": "EventList",
+            "metadata": {"resourceVersion": state.resource_version.to_string()},
+            "items": items,
+        });
+        return Ok(json_response(StatusCode::OK, &list));
+    }
     if let Some(rest) = path.strip_prefix("/apis/coordination.k8s.io/v1/namespaces/") {
         let method = request.method().clone();
         let body = read_body(request).await;
@@ -412,6 +435,56 @@ fn patch_node(state: &Shared, name: &str, body: Option<Value>) -> Response<Body>
         .extend(annotations);
     let object = publish(&mut state, key, object);
     json_response(StatusCode::OK, &object)
+}
+
+/// Events under `/apis/events.k8s.io/v1/namespaces/`: `rest` is `NS/events[/NAME]`; created
+/// (a `generateName` completed) or merge-patched.
+fn kube_event(
+    state: &Shared,
+    method: &hyper::Method,
+    rest: &str,
+    body: Option<Value>,
+) -> Response<Body> {
+    let parts: Vec<&str> = rest.split('/').collect();
+    let Ok(mut state) = state.lock() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
+    };
+    state.resource_version += 1;
+    let version = state.resource_version;
+    match (method, parts.as_slice(), body) {
+        (&hyper::Method::POST, [namespace, "events"], Some(mut event)) => {
+            let name = match event["metadata"]["name"].as_str() {
+                Some(name) => name.to_owned(),
+                None => format!(
+                    "{}{version:x}",
+                    event["metadata"]["generateName"]
+                        .as_str()
+                        .unwrap_or("event.")
+                ),
+            };
+            event["metadata"]["name"] = json!(name);
+            event["metadata"]["namespace"] = json!(namespace);
+            event["metadata"]["resourceVersion"] = json!(version.to_string());
+            state
+                .kube_events
+                .insert(((*namespace).to_owned(), name), event.clone());
+            json_response(StatusCode::CREATED, &event)
+        }
+        (&hyper::Method::PATCH, [namespace, "events", name], Some(patch)) => {
+            let key = ((*namespace).to_owned(), (*name).to_owned());
+            let Some(event) = state.kube_events.get_mut(&key) else {
+                return status(StatusCode::NOT_FOUND, &format!("events {name} not found"));
+            };
+            if let (Some(event), Some(patch)) = (event.as_object_mut(), patch.as_object()) {
+                for (field, value) in patch {
+                    event.insert(field.clone(), value.clone());
+                }
+            }
+            let event = event.clone();
+            json_response(StatusCode::OK, &event)
+        }
+        _ => status(StatusCode::METHOD_NOT_ALLOWED, &format!("{method} {rest}")),
+    }
 }
 
 /// Leases under `/apis/coordination.k8s.io/v1/namespaces/`: `rest` is `NS/leases[/NAME]`.
