@@ -14,6 +14,7 @@ pub mod compile;
 pub mod controller;
 pub mod leader;
 pub mod node;
+pub mod probe;
 
 /// Without an API server, the controller writes the objects' status here, under the manifest
 /// directory (the agents read it; a status in the manifests themselves is replaced by it).

@@ -1337,9 +1337,42 @@ mod tests {
             .expect("pod spec");
         let args = pod.containers[0].args.as_deref().unwrap_or_default();
         assert_eq!(args[..2], ["controller", "--kubernetes"]);
-        // It probes the agents where the DaemonSet serves their metrics.
-        assert!(args.iter().any(|a| a == "--probe-port=9476"), "{args:?}");
-        assert!(deploy_file("daemonset.yaml").contains("--metrics-address=0.0.0.0:9476"));
+        // It probes the agents where they answer by default, signed with the key the
+        // DaemonSet's agents hold too (the same Secret, mounted at the same path).
+        assert!(
+            args.iter().any(|a| *a
+                == format!(
+                    "--probe-port={}",
+                    crate::egressip::probe::DEFAULT_PROBE_PORT
+                )),
+            "{args:?}"
+        );
+        let key_flag = format!(
+            "--probe-key-file={}",
+            crate::egressip::probe::DEFAULT_KEY_FILE
+        );
+        assert!(args.contains(&key_flag), "{args:?}");
+        let mounted = |pod: &k8s_openapi::api::core::v1::PodSpec| {
+            let mount = pod.containers[0]
+                .volume_mounts
+                .iter()
+                .flatten()
+                .find(|m| m.mount_path == "/etc/dataplane/probe-key")?;
+            let volume = pod
+                .volumes
+                .iter()
+                .flatten()
+                .find(|v| v.name == mount.name)?;
+            volume.secret.as_ref()?.secret_name.clone()
+        };
+        assert_eq!(mounted(pod).as_deref(), Some("dataplane-probe-key"));
+        let sets: Vec<DaemonSet> = objects(&deploy_file("daemonset.yaml"), "DaemonSet");
+        let agent = sets[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        assert_eq!(mounted(agent).as_deref(), Some("dataplane-probe-key"));
     }
 
     #[test]

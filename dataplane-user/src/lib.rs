@@ -34,6 +34,7 @@ pub mod ebpf;
 pub mod egressip;
 pub mod error;
 pub mod gateway;
+pub mod http;
 pub mod hybrid;
 pub mod inspect;
 pub mod ipam;

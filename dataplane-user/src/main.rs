@@ -142,6 +142,15 @@ struct RunOptions {
     /// The UDP port agents announce their nodes' multicast groups to each other on.
     #[arg(long, default_value_t = 6083)]
     multicast_port: u16,
+    /// The port the egress IP controller's probes are answered on, on this node's
+    /// InternalIPs only (0: not answered, so this node holds no egress IP).
+    #[arg(long, default_value_t = egressip::probe::DEFAULT_PROBE_PORT)]
+    probe_port: u16,
+    /// The key the controller signs its probes with (a Secret mounted there). Default: with
+    /// --kubernetes /etc/dataplane/probe-key/key; with --manifests, the controller's key
+    /// beside the status file (egressip-status/probe.key).
+    #[arg(long)]
+    probe_key_file: Option<PathBuf>,
 }
 
 /// `dataplane controller`'s options.
@@ -159,9 +168,14 @@ struct ControllerOptions {
     kubernetes: bool,
     #[arg(long, requires = "kubernetes")]
     kubeconfig: Option<PathBuf>,
-    /// The port of the agents' metrics address, where they answer the probes.
-    #[arg(long, default_value_t = 9476)]
+    /// The port the agents answer the probes on (at their node's InternalIP).
+    #[arg(long, default_value_t = egressip::probe::DEFAULT_PROBE_PORT)]
     probe_port: u16,
+    /// The key probes are signed with (the agents hold the same). Default: with --kubernetes
+    /// /etc/dataplane/probe-key/key (the Secret `dataplane-probe-key`); with --manifests,
+    /// egressip-status/probe.key under them, made when missing.
+    #[arg(long)]
+    probe_key_file: Option<PathBuf>,
     /// Serve the controller's metrics on this address (`GET /metrics`).
     #[arg(long)]
     metrics_address: Option<std::net::SocketAddr>,
@@ -312,6 +326,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 full_sync_every_seconds,
                 multicast_query_interval_seconds,
                 multicast_port,
+                probe_port,
+                probe_key_file,
             } = *options;
             run(
                 &pins,
@@ -321,6 +337,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     pod_ifaces,
                     xdp_mode,
                     xdp_forward,
+                    probe_port,
+                    probe_key_file: probe_key_file.unwrap_or_else(|| match &manifests {
+                        Some(dir) => dir.join(egressip::probe::MANIFEST_KEY_FILE),
+                        None => PathBuf::from(egressip::probe::DEFAULT_KEY_FILE),
+                    }),
                     cluster: match (manifests, kubernetes) {
                         (Some(dir), _) => node_name.map(|node| (SourceArg::Manifests(dir), node)),
                         (None, true) => {
@@ -498,6 +519,8 @@ struct RunArgs {
     /// How often everything is re-read and every stage run.
     full_every: std::time::Duration,
     multicast: dataplane_user::multicast::Settings,
+    probe_port: u16,
+    probe_key_file: PathBuf,
 }
 
 fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result<()> {
@@ -513,16 +536,15 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     let mut dataplane = Dataplane::load_with(pins, &args.capacities)?;
     tracing::info!(capacities = ?dataplane.capacities(), "map sizes");
     let metrics = Arc::new(Metrics::new(pins));
-    // The egress IP lease is renewed by the controller's probes, on the metrics server.
+    // The egress IP lease is renewed by the controller's probes, on a server of its own.
     let egress = args
         .cluster
         .as_ref()
-        .map(|(_, node)| EgressNode::new(node, &args.underlay));
+        .map(|(_, node)| EgressNode::new(node, &args.underlay, args.probe_key_file.clone()));
     if let Some(address) = args.metrics_address {
         // Bound before anything is attached, so a taken port fails the start loudly.
-        let listener = runtime.block_on(metrics::bind(address))?;
-        let lease = egress.as_ref().map(|e| Arc::clone(&e.lease));
-        runtime.spawn(metrics::serve(listener, metrics.clone(), lease));
+        let listener = dataplane_user::http::bind(address)?;
+        metrics::spawn(listener, metrics.clone()).context("starting the metrics server")?;
     }
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
@@ -620,6 +642,7 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             }
         }
         watched.publish_pod_status();
+        serve_egress_probes(&watched, args.probe_port)?;
         cluster = Some(watched);
     } else {
         // No cluster state: no pod is known behind the named veths.
@@ -703,6 +726,30 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     Ok(())
 }
 
+/// Answers the egress IP controller's probes on this node's InternalIPs (the controller
+/// probes them there; pods' addresses are refused, and nothing else of the node listens).
+fn serve_egress_probes(cluster: &Cluster, port: u16) -> anyhow::Result<()> {
+    if port == 0 {
+        tracing::info!("egress IP probes not answered (--probe-port 0)");
+        return Ok(());
+    }
+    let addresses = cluster
+        .model
+        .as_ref()
+        .and_then(|m| m.view.this_node_view())
+        .map(|n| n.addresses.clone())
+        .unwrap_or_default();
+    if addresses.is_empty() {
+        tracing::warn!("this node has no InternalIP: egress IP probes not answered");
+    }
+    for address in addresses {
+        let listener = dataplane_user::http::bind(std::net::SocketAddr::new(address, port))?;
+        egressip::node::serve_probes(listener, Arc::clone(&cluster.egress.lease))
+            .context("starting the egress IP probe server")?;
+    }
+    Ok(())
+}
+
 /// `dataplane controller`: the egress IP controller, until SIGINT or SIGTERM.
 fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
     let ControllerOptions {
@@ -710,6 +757,7 @@ fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
         kubernetes: _,
         kubeconfig,
         probe_port,
+        probe_key_file,
         metrics_address,
         lease_namespace,
         identity,
@@ -723,15 +771,28 @@ fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
     runtime.block_on(async {
         let figures = Arc::new(std::sync::Mutex::new(ControllerMetrics::new()));
         if let Some(address) = metrics_address {
-            let listener = metrics::bind(address).await?;
-            tokio::spawn(metrics::serve(listener, figures.clone(), None));
+            let listener = dataplane_user::http::bind(address)?;
+            metrics::spawn(listener, figures.clone()).context("starting the metrics server")?;
         }
         let work = async {
             match manifests {
                 Some(dir) => {
                     tracing::info!(dir = %dir.display(), "egress IP controller on manifests");
-                    controller::run_manifests(dir, probe_port, figures).await;
-                    Ok(())
+                    let key_file = probe_key_file
+                        .unwrap_or_else(|| dir.join(egressip::probe::MANIFEST_KEY_FILE));
+                    if let Some(parent) = key_file.parent() {
+                        std::fs::create_dir_all(parent)
+                            .with_context(|| format!("making {}", parent.display()))?;
+                    }
+                    let key = egressip::probe::ProbeKey::read_or_make(&key_file)?;
+                    let probe = controller::ProbeSettings {
+                        port: probe_port,
+                        key: Arc::new(key),
+                        epoch: 0,
+                    };
+                    controller::run_manifests(dir, probe, figures)
+                        .await
+                        .map_err(anyhow::Error::msg)
                 }
                 None => {
                     let client = kubernetes::client(kubeconfig.as_deref()).await?;
@@ -745,7 +806,13 @@ fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
                         identity,
                         duration: std::time::Duration::from_secs(lease_duration_seconds),
                     };
-                    controller::run_kubernetes(client, lease, probe_port, figures).await;
+                    let key_file = probe_key_file
+                        .unwrap_or_else(|| PathBuf::from(egressip::probe::DEFAULT_KEY_FILE));
+                    let key = egressip::probe::ProbeKey::read(&key_file).with_context(|| {
+                        "the probe key (create the Secret dataplane-probe-key, as the README's install says)"
+                    })?;
+                    controller::run_kubernetes(client, lease, probe_port, Arc::new(key), figures)
+                        .await;
                     Ok::<(), anyhow::Error>(())
                 }
             }

@@ -3,12 +3,11 @@
 //! rejected. Map-backed figures are read at scrape time, so they are never staler than the
 //! scrape; agent figures are kept in the registry as they happen.
 
-use std::{convert::Infallible, fmt, net::SocketAddr, sync::Arc, time::Duration};
+use std::{fmt, sync::Arc, time::Duration};
 
+use crate::{Pins, http::reply, stats, status};
 use dataplane_common::maps::ALL_MAPS;
-use http_body_util::Full;
-use hyper::{Method, Request, Response, StatusCode, body::Bytes, service::service_fn};
-use hyper_util::rt::TokioIo;
+use hyper::{Method, Request, StatusCode};
 use prometheus_client::{
     collector::Collector,
     encoding::{DescriptorEncoder, EncodeMetric as _, text},
@@ -20,9 +19,6 @@ use prometheus_client::{
     },
     registry::Registry,
 };
-use tokio::net::TcpListener;
-
-use crate::{AgentError, Pins, egressip::node::Lease, stats, status};
 
 /// Histograms by label set, each made with the same buckets.
 type HistogramsBy<L> = Family<L, Histogram, fn() -> Histogram>;
@@ -254,58 +250,16 @@ impl Collector for PinnedMaps {
     }
 }
 
-/// Binds the metrics listener.
-pub async fn bind(address: SocketAddr) -> Result<TcpListener, AgentError> {
-    let listener = TcpListener::bind(address)
-        .await
-        .map_err(|source| AgentError::Listen { address, source })?;
-    tracing::info!(%address, "serving metrics on /metrics");
-    Ok(listener)
-}
-
-/// Serves `GET /metrics`, `GET /healthz` and, with a lease, the egress IP controller's probe
-/// `GET /egressip/probe?node=<name>&seq=<n>&grant=<ip>,<ip>` (renews the lease; answers with JSON
-/// naming the node and the addresses it holds) on `listener` for as long as the runtime runs.
-pub async fn serve(listener: TcpListener, metrics: Arc<dyn Exposition>, lease: Option<Arc<Lease>>) {
-    loop {
-        let (stream, _) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                tracing::warn!(%error, "accepting a metrics connection");
-                continue;
-            }
-        };
-        let metrics = Arc::clone(&metrics);
-        let lease = lease.clone();
-        tokio::spawn(async move {
-            let service =
-                service_fn(move |request| answer(request, Arc::clone(&metrics), lease.clone()));
-            if let Err(error) = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(stream), service)
-                .await
-            {
-                tracing::debug!(%error, "metrics connection");
-            }
-        });
+/// Serves `GET /metrics` and `GET /healthz` from `metrics` on `listener`, from a thread of its
+/// own ([`crate::http`]): a scrape never waits on the agent's loop, nor the loop on a scrape.
+pub fn spawn(listener: std::net::TcpListener, metrics: Arc<dyn Exposition>) -> std::io::Result<()> {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "serving metrics on /metrics");
     }
-}
-
-async fn answer(
-    request: Request<hyper::body::Incoming>,
-    metrics: Arc<dyn Exposition>,
-    lease: Option<Arc<Lease>>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
-    let reply = |status: StatusCode, content_type: &str, body: String| {
-        let mut response = Response::new(Full::new(Bytes::from(body)));
-        *response.status_mut() = status;
-        if let Ok(value) = content_type.parse() {
-            response
-                .headers_mut()
-                .insert(hyper::header::CONTENT_TYPE, value);
-        }
-        Ok(response)
-    };
-    match (request.method(), request.uri().path()) {
+    let handler = move |request: &Request<hyper::body::Incoming>, _peer| match (
+        request.method(),
+        request.uri().path(),
+    ) {
         (&Method::GET, "/metrics") => match metrics.render() {
             Ok(body) => reply(
                 StatusCode::OK,
@@ -319,47 +273,13 @@ async fn answer(
             ),
         },
         (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
-        (&Method::GET, PROBE_PATH) if let Some(lease) = lease.as_deref() => {
-            match renew(lease, request.uri().query().unwrap_or_default()) {
-                Ok(body) => reply(StatusCode::OK, "application/json", body),
-                Err(why) => reply(StatusCode::CONFLICT, "text/plain", format!("{why}\n")),
-            }
-        }
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",
-            "only /metrics, /healthz and /egressip/probe\n".into(),
+            "only /metrics and /healthz\n".into(),
         ),
-    }
-}
-
-/// The egress IP controller's probe.
-pub const PROBE_PATH: &str = "/egressip/probe";
-
-/// Renews `lease` from a probe's query (`node=<name>&seq=<n>&grant=<ip>,<ip>`); the reply as JSON.
-fn renew(lease: &Lease, query: &str) -> Result<String, String> {
-    let mut node = None;
-    let mut seq = None;
-    let mut granted = std::collections::BTreeSet::new();
-    for (key, value) in form_urlencoded::parse(query.as_bytes()) {
-        match key.as_ref() {
-            "node" => node = Some(value.into_owned()),
-            "seq" => seq = value.parse::<u64>().ok(),
-            "grant" => {
-                for text in value.split(',').filter(|t| !t.is_empty()) {
-                    let ip = text
-                        .parse::<std::net::IpAddr>()
-                        .map_err(|_| format!("grant: {text:?} is not an IP address"))?;
-                    granted.insert(ip);
-                }
-            }
-            _ => {}
-        }
-    }
-    let node = node.ok_or("node: missing")?;
-    let seq = seq.ok_or("seq: missing or not a number")?;
-    let reply = lease.renew(&node, seq, granted)?;
-    serde_json::to_string(&reply).map_err(|e| e.to_string())
+    };
+    crate::http::spawn("metrics", listener, Arc::new(handler))
 }
 
 #[cfg(test)]

@@ -16,7 +16,8 @@ use anyhow::Context as _;
 use crate::topology::{Agent, ExternalHost, Mode, Pod, Topology, dataplane_binary, exec_in};
 
 pub const EGRESS_IP: &str = "10.99.0.50";
-pub const PROBE_PORT: u16 = 9476;
+/// Where the agents answer the controller's probes (their default), apart from their metrics.
+pub const PROBE_PORT: u16 = dataplane_user::egressip::probe::DEFAULT_PROBE_PORT;
 
 /// A process killed on drop, its log kept for the assertion messages.
 pub struct Process {
@@ -295,6 +296,9 @@ pub fn spawn_in(netns: &str, args: &[&str], what: &str) -> Process {
 pub struct SharedApiServer {
     _process: Process,
     pub kubeconfig: PathBuf,
+    /// The probe key the controller replicas and the agents share (as the Secret would be
+    /// mounted into both).
+    pub probe_key: PathBuf,
 }
 
 pub fn start_shared_apiserver(external: &ExternalHost, manifests: &Path) -> SharedApiServer {
@@ -325,16 +329,26 @@ pub fn start_shared_apiserver(external: &ExternalHost, manifests: &Path) -> Shar
         ),
     )
     .expect("kubeconfig");
+    let probe_key = manifests.join("shared-probe.key");
+    fs::write(&probe_key, "a test key, 32 bytes long at least").expect("probe key");
     thread::sleep(Duration::from_millis(300));
     SharedApiServer {
         _process: Process { child, log },
         kubeconfig,
+        probe_key,
     }
 }
 
 /// A controller replica against the API server, named `identity`, its Lease lasting 3 s.
-pub fn start_api_controller(external: &ExternalHost, kubeconfig: &Path, identity: &str) -> Process {
+pub fn start_api_controller(
+    external: &ExternalHost,
+    api: &SharedApiServer,
+    identity: &str,
+) -> Process {
+    let key = api.probe_key.to_string_lossy().into_owned();
     let args = [
+        "--probe-key-file",
+        &key,
         "--kubernetes",
         "--identity",
         identity,
@@ -346,7 +360,7 @@ pub fn start_api_controller(external: &ExternalHost, kubeconfig: &Path, identity
     ]
     .map(OsStr::new);
     let mut args = args.to_vec();
-    args.push(kubeconfig.as_os_str());
+    args.push(api.kubeconfig.as_os_str());
     spawn_controller(external, &args)
 }
 

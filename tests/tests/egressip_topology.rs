@@ -14,9 +14,9 @@ use std::{
 use dataplane_tests::{
     capture::Capture,
     egress_topology::{
-        ASSIGNABLE, ASSIGNABLE_DUAL_STACK, ArpProber, EGRESS_IP, PROBE_PORT, UdpReceiver,
-        UdpSender, api_status, arp_answers, egress_cluster, egress_ip_yaml, holder, spawn_in,
-        start_agents, start_api_controller, start_controller, start_shared_apiserver, underlay_mac,
+        ASSIGNABLE, ASSIGNABLE_DUAL_STACK, ArpProber, EGRESS_IP, UdpReceiver, UdpSender,
+        api_status, arp_answers, egress_cluster, egress_ip_yaml, holder, spawn_in, start_agents,
+        start_api_controller, start_controller, start_shared_apiserver, underlay_mac,
     },
     privileged::privileged,
     service_bed::{echo_server, tcp_answers},
@@ -36,7 +36,7 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
             &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
         )
         .expect("egress ip manifest");
-    let metrics = format!("0.0.0.0:{PROBE_PORT}");
+    let metrics = "0.0.0.0:9476".to_owned();
     let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let _server = echo_server(&external.netns, "ext", false).expect("server outside");
     let controller = start_controller(&external, &manifests);
@@ -376,7 +376,7 @@ fn flows_spread_over_two_egress_ips_and_bad_objects_are_named() {
              spec:\n  egress:\n  - type: Deny\n    to: {cidrSelector: 10.99.0.100/32}\n    ports: [{protocol: TCP, port: 7171}]\n",
         )
         .expect("firewall manifest");
-    let metrics = format!("0.0.0.0:{PROBE_PORT}");
+    let metrics = "0.0.0.0:9476".to_owned();
     let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let client = topology.node(2).pods[0].clone();
 
@@ -572,7 +572,7 @@ fn ipv6_egress_ips_translate_and_only_the_holder_answers_neighbour_solicitations
             &egress_ip_yaml("prod", "[10.99.0.50, 'fd99::50']", "prod"),
         )
         .expect("egress ip manifest");
-    let metrics = format!("[::]:{PROBE_PORT}");
+    let metrics = "[::]:9476".to_owned();
     let agents = start_agents(&topology, &metrics, &[]).expect("agents");
     let _server = echo_server(&external.netns, "ext", true).expect("IPv6 server outside");
     let controller = start_controller(&external, &manifests);
@@ -687,17 +687,23 @@ fn against_an_api_server_one_controller_leads_writes_the_status_and_a_standby_ta
         .expect("egress ip manifest");
     let api = start_shared_apiserver(&external, &manifests);
     let kubeconfig = api.kubeconfig.to_string_lossy().into_owned();
-    let metrics = format!("0.0.0.0:{PROBE_PORT}");
+    let probe_key = api.probe_key.to_string_lossy().into_owned();
     let _agents = start_agents(
         &topology,
-        &metrics,
-        &["--kubernetes", "--kubeconfig", &kubeconfig],
+        "0.0.0.0:9476",
+        &[
+            "--kubernetes",
+            "--kubeconfig",
+            &kubeconfig,
+            "--probe-key-file",
+            &probe_key,
+        ],
     )
     .expect("agents");
     let _server = echo_server(&external.netns, "ext", false).expect("server outside");
     let mut replicas = vec![
-        start_api_controller(&external, &api.kubeconfig, "replica-a"),
-        start_api_controller(&external, &api.kubeconfig, "replica-b"),
+        start_api_controller(&external, &api, "replica-a"),
+        start_api_controller(&external, &api, "replica-b"),
     ];
     let deadline = Instant::now() + Duration::from_secs(15);
     let mut status = Vec::new();
@@ -753,5 +759,104 @@ fn against_an_api_server_one_controller_leads_writes_the_status_and_a_standby_ta
     assert_eq!(
         tcp_answers(&pod.netns, "10.99.0.100", 8080, 1).expect("after the takeover"),
         vec![format!("ext {EGRESS_IP}")]
+    );
+}
+
+/// The forged probes of the issue, from a pod and from a host on the node network: none is
+/// taken (a pod's address is refused outright; anything unsigned, or signed with another key,
+/// or replayed, is refused), and the holder keeps its egress IP and its traffic through them.
+#[test]
+fn forged_and_replayed_probes_change_nothing() {
+    if !privileged("forged_and_replayed_probes_change_nothing") {
+        return;
+    }
+    let (topology, external, manifests) = egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
+        )
+        .expect("egress ip manifest");
+    let agents = start_agents(&topology, "0.0.0.0:9476", &[]).expect("agents");
+    let _server = echo_server(&external.netns, "ext", false).expect("server outside");
+    let controller = start_controller(&external, &manifests);
+    let first = holder(&manifests, None, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no holder published\n{}", controller.log()));
+    assert_eq!(first, node_name(0));
+    thread::sleep(Duration::from_millis(500));
+    let node0 = topology.node(0).underlay_ip;
+    let get = |netns: &str, query: &str| -> String {
+        let script = format!(
+            "import urllib.request, urllib.error\n\
+             try:\n    r = urllib.request.urlopen('http://{node0}:9478/egressip/probe?{query}', timeout=3); print(r.status, r.read().decode())\n\
+             except urllib.error.HTTPError as e:\n    print(e.code, e.read().decode())\n\
+             except Exception as e:\n    print('unreachable', e)\n"
+        );
+        let out = exec_in(netns, &["python3", "-c", &script]).expect("python");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    // The issue's forgery: `seq` at its largest (and the new fields at theirs), unsigned.
+    let forged = format!(
+        "node={}&seq=18446744073709551615&epoch=18446744073709551615&counter=18446744073709551615&grant=",
+        node_name(0)
+    );
+    let pod = &topology.node(1).pods[0];
+    let from_pod = get(&pod.netns, &forged);
+    assert!(from_pod.starts_with("403 refused: 10.244.2."), "{from_pod}");
+    assert!(from_pod.contains("pods may not probe"), "{from_pod}");
+    let from_host = get(&external.netns, &forged);
+    assert!(from_host.starts_with("403 mac: missing"), "{from_host}");
+    // Signed with a key that is not the cluster's.
+    let wrong =
+        dataplane_user::egressip::probe::ProbeKey::from_bytes(b"not the cluster's key at all")
+            .unwrap();
+    let signed_wrong = dataplane_user::egressip::probe::Probe {
+        node: node_name(0),
+        order: dataplane_user::egressip::probe::Order {
+            epoch: u64::MAX,
+            counter: u64::MAX,
+        },
+        grants: Default::default(),
+    }
+    .to_query(&wrong);
+    let refused = get(&external.netns, &signed_wrong);
+    assert!(
+        refused.starts_with("403 not signed with the cluster's probe key"),
+        "{refused}"
+    );
+    // A real probe replayed (signed with the cluster's key, counter 1 of the first epoch):
+    // older than what the node took since.
+    let key = dataplane_user::egressip::probe::ProbeKey::read(
+        &manifests.join(dataplane_user::egressip::probe::MANIFEST_KEY_FILE),
+    )
+    .expect("the controller's key");
+    let replayed = dataplane_user::egressip::probe::Probe {
+        node: node_name(0),
+        order: dataplane_user::egressip::probe::Order {
+            epoch: 1,
+            counter: 1,
+        },
+        grants: Default::default(),
+    }
+    .to_query(&key);
+    let stale = get(&external.netns, &replayed);
+    assert!(stale.starts_with("409 probe"), "{stale}");
+    // Through all of it (and three reachability timeouts after), node 0 holds the address
+    // and the selected pods leave from it.
+    thread::sleep(Duration::from_secs(3));
+    assert_eq!(
+        holder(&manifests, None, Duration::from_secs(1)),
+        Some(node_name(0))
+    );
+    assert_eq!(
+        tcp_answers(&topology.node(0).pods[0].netns, "10.99.0.100", 8080, 2).expect("tcp"),
+        vec![format!("ext {EGRESS_IP}"); 2],
+        "{}",
+        agents[0].log()
+    );
+    assert!(
+        agents[0].log().contains("egress IP probe refused"),
+        "{}",
+        agents[0].log()
     );
 }

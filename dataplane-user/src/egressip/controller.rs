@@ -16,7 +16,7 @@ use std::{
     net::{IpAddr, SocketAddr},
     path::PathBuf,
     sync::{Arc, Mutex},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant},
 };
 
 use http_body_util::{BodyExt as _, Empty};
@@ -33,7 +33,7 @@ use prometheus_client::{
 use super::{
     EgressIP, EgressIpStatus, EgressIpStatusItem, StatusFile,
     assign::{Assignment, Candidate, Problem, assign},
-    node::ProbeReply,
+    probe::{Order, PROBE_PATH, Probe, ProbeKey, ProbeReply},
 };
 use crate::{metrics::Exposition, source::ClusterState};
 
@@ -161,9 +161,19 @@ impl Exposition for ControllerMetrics {
     }
 }
 
+/// How the controller probes: the agents' port, the shared key, and the epoch its probes
+/// are ordered in (see [`super::probe`]).
+pub struct ProbeSettings {
+    pub port: u16,
+    pub key: Arc<ProbeKey>,
+    pub epoch: u64,
+}
+
 /// The controller's memory between rounds.
 pub struct Controller {
-    probe_port: u16,
+    probe: ProbeSettings,
+    /// Probes sent in this epoch: the next one's counter.
+    counter: u64,
     /// When it started (or became leader): what it cannot know was granted before.
     started: Instant,
     /// Last successful probe of each node.
@@ -181,9 +191,10 @@ pub struct Controller {
 }
 
 impl Controller {
-    pub fn new(probe_port: u16, metrics: Arc<Mutex<ControllerMetrics>>) -> Self {
+    pub fn new(probe: ProbeSettings, metrics: Arc<Mutex<ControllerMetrics>>) -> Self {
         Controller {
-            probe_port,
+            probe,
+            counter: 0,
             started: Instant::now(),
             answered: BTreeMap::new(),
             grants: BTreeMap::new(),
@@ -385,9 +396,12 @@ impl Controller {
     /// Probes every node with an address at the same time, each granted what the status
     /// gives it; records the answers and the grants sent.
     async fn probe_all(&mut self, nodes: &[Arc<Node>]) {
-        let seq = SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_micros() as u64);
+        // One count a round, for every node: later than every probe of this epoch before.
+        self.counter += 1;
+        let order = Order {
+            epoch: self.probe.epoch,
+            counter: self.counter,
+        };
         let mut probes = Vec::new();
         for node in nodes {
             let (Some(name), Some(address)) = (node.metadata.name.clone(), internal_ip(node))
@@ -400,10 +414,16 @@ impl Controller {
                 .filter(|(_, (_, holder))| *holder == name)
                 .map(|(ip, _)| *ip)
                 .collect();
-            let target = SocketAddr::new(address, self.probe_port);
+            let target = SocketAddr::new(address, self.probe.port);
+            let key = Arc::clone(&self.probe.key);
             probes.push(async move {
                 let sent = Instant::now();
-                let reply = probe(target, &name, seq, &granted).await;
+                let message = Probe {
+                    node: name.clone(),
+                    order,
+                    grants: granted.clone(),
+                };
+                let reply = probe(target, &message, &key).await;
                 (name, granted, sent, reply)
             });
         }
@@ -441,9 +461,18 @@ const REREAD: Duration = Duration::from_secs(1);
 /// The Lease the controller replicas elect their leader on.
 pub const LEASE_NAME: &str = "dataplane-egressip-controller";
 
-/// Runs against a manifest directory (status in its status file) until dropped.
-pub async fn run_manifests(dir: PathBuf, probe_port: u16, metrics: Arc<Mutex<ControllerMetrics>>) {
-    let mut controller = Controller::new(probe_port, metrics);
+/// Runs against a manifest directory (status in its status file) until dropped; `probe` says
+/// the agents' port and the key (its epoch is counted in the directory here).
+pub async fn run_manifests(
+    dir: PathBuf,
+    mut probe: ProbeSettings,
+    metrics: Arc<Mutex<ControllerMetrics>>,
+) -> Result<(), String> {
+    let epoch_file = dir.join(super::probe::MANIFEST_EPOCH_FILE);
+    probe.epoch = super::probe::next_manifest_epoch(&epoch_file)
+        .map_err(|e| format!("{}: {e}", epoch_file.display()))?;
+    tracing::info!(epoch = probe.epoch, "egress IP probes of this start");
+    let mut controller = Controller::new(probe, metrics);
     let mut store = FileStore { dir: dir.clone() };
     let mut state: Option<ClusterState> = None;
     let mut read_at: Option<Instant> = None;
@@ -486,6 +515,7 @@ pub async fn run_kubernetes(
     client: kube::Client,
     lease: LeaseOptions,
     probe_port: u16,
+    key: Arc<ProbeKey>,
     metrics: Arc<Mutex<ControllerMetrics>>,
 ) {
     let LeaseOptions {
@@ -495,7 +525,7 @@ pub async fn run_kubernetes(
     } = lease;
     let source = crate::kubernetes::KubeSource::start(&client);
     source.wait_ready().await;
-    let leadership =
+    let mut leadership =
         super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity, duration);
     let mut store = ApiStore { client };
     let mut state = source.snapshot(false);
@@ -508,20 +538,26 @@ pub async fn run_kubernetes(
         if attempted.is_none_or(|at| at.elapsed() >= leadership.renew_every()) {
             attempted = Some(Instant::now());
             match leadership.acquire_or_renew().await {
-                Ok(true) => {
+                Ok(Some(epoch)) => {
                     renewed = Some(Instant::now());
                     if leading.is_none() {
                         tracing::info!(
                             identity,
                             lease = LEASE_NAME,
+                            epoch,
                             "leading the egress IP controller"
                         );
                         // A new leader cannot know what the last one granted: it waits a
                         // whole grant before moving anything (Controller::let_go).
-                        leading = Some(Controller::new(probe_port, Arc::clone(&metrics)));
+                        let probe = ProbeSettings {
+                            port: probe_port,
+                            key: Arc::clone(&key),
+                            epoch,
+                        };
+                        leading = Some(Controller::new(probe, Arc::clone(&metrics)));
                     }
                 }
-                Ok(false) => {
+                Ok(None) => {
                     if leading.take().is_some() {
                         tracing::warn!(identity, "another replica holds the lease; standing by");
                     }
@@ -548,19 +584,14 @@ pub async fn run_kubernetes(
     }
 }
 
-/// One probe: `GET /egressip/probe` on the node's agent, with the grants; its reply.
+/// One probe: `GET /egressip/probe` on the node's agent, signed with `key`; its reply, if the
+/// node signed it and it answers this probe.
 pub async fn probe(
     target: SocketAddr,
-    node: &str,
-    seq: u64,
-    granted: &BTreeSet<IpAddr>,
+    message: &Probe,
+    key: &ProbeKey,
 ) -> Result<ProbeReply, String> {
-    let grant: Vec<String> = granted.iter().map(IpAddr::to_string).collect();
-    let query = form_urlencoded::Serializer::new(String::new())
-        .append_pair("node", node)
-        .append_pair("seq", &seq.to_string())
-        .append_pair("grant", &grant.join(","))
-        .finish();
+    let query = message.to_query(key);
     let exchange = async {
         let stream = tokio::net::TcpStream::connect(target)
             .await
@@ -574,7 +605,7 @@ pub async fn probe(
             .await
             .map_err(|e| format!("{target}: {e}"))?;
         tokio::spawn(connection);
-        let request = Request::get(format!("{}?{query}", crate::metrics::PROBE_PATH))
+        let request = Request::get(format!("{PROBE_PATH}?{query}"))
             .header(hyper::header::HOST, target.to_string())
             .body(Empty::<Bytes>::new())
             .map_err(|e| e.to_string())?;
@@ -583,8 +614,8 @@ pub async fn probe(
             .await
             .map_err(|e| format!("{target}: {e}"))?;
         let status = response.status();
-        let body = response
-            .into_body()
+        // At most a page of answer: a node's reply is a few addresses.
+        let body = http_body_util::Limited::new(response.into_body(), 64 * 1024)
             .collect()
             .await
             .map_err(|e| format!("{target}: {e}"))?
@@ -595,7 +626,12 @@ pub async fn probe(
                 String::from_utf8_lossy(&body).trim()
             ));
         }
-        serde_json::from_slice::<ProbeReply>(&body).map_err(|e| format!("{target}: {e}"))
+        let reply =
+            serde_json::from_slice::<ProbeReply>(&body).map_err(|e| format!("{target}: {e}"))?;
+        reply
+            .check(key, message)
+            .map_err(|e| format!("{target}: the answer: {e}"))?;
+        Ok(reply)
     };
     tokio::time::timeout(PROBE_TIMEOUT, exchange)
         .await

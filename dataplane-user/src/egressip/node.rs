@@ -10,69 +10,93 @@
 
 use std::{
     collections::BTreeSet,
-    net::IpAddr,
+    net::{IpAddr, SocketAddr},
+    path::PathBuf,
     sync::{Arc, Mutex},
     time::{Duration, Instant},
 };
 
-use serde::{Deserialize, Serialize};
+use hyper::{Method, StatusCode};
+use ipnet::IpNet;
 
-use super::compile::{EgressInputs, EgressMaps, InternalCounts, compile_with};
+use super::{
+    compile::{EgressInputs, EgressMaps, InternalCounts, compile_with},
+    probe::{KeyFile, Order, PROBE_PATH, Probe, ProbeError, ProbeReply},
+};
 use crate::{AgentError, Dataplane};
 
-/// The probe's answer: which node answered and what it holds now.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
-pub struct ProbeReply {
-    pub node: String,
-    pub held: BTreeSet<IpAddr>,
-}
-
-/// The lease, shared between the HTTP server (renewals) and the agent's loop (holding).
+/// The lease, shared between the probe server (renewals, on a thread of its own) and the
+/// agent's loop (holding).
 #[derive(Debug)]
 pub struct Lease {
     node: String,
     state: Mutex<LeaseState>,
+    key: Mutex<KeyFile>,
+    /// The pods' networks: a probe from one of their addresses is a pod's, refused.
+    pod_networks: Mutex<Vec<IpNet>>,
 }
 
 #[derive(Debug, Default)]
 struct LeaseState {
-    seq: u64,
+    /// The latest probe taken.
+    last: Order,
     granted: BTreeSet<IpAddr>,
     renewed: Option<Instant>,
     held: BTreeSet<IpAddr>,
 }
 
 impl Lease {
-    pub fn new(node: &str) -> Self {
+    /// The lease of node `node`, its probes checked with the key in `key_file`.
+    pub fn new(node: &str, key_file: PathBuf) -> Self {
         Lease {
             node: node.to_owned(),
             state: Mutex::new(LeaseState::default()),
+            key: Mutex::new(KeyFile::new(key_file)),
+            pod_networks: Mutex::new(Vec::new()),
         }
     }
 
-    /// A probe for `node` granting `granted`; refused (`Err`) when it is meant for another
-    /// node (a probe sent to a reused address renews nothing) or when it is older (`seq`, the
-    /// controller's clock in microseconds) than one already taken: a probe delayed on the way
-    /// must not grant again what a later one took away.
-    pub fn renew(
-        &self,
-        node: &str,
-        seq: u64,
-        granted: BTreeSet<IpAddr>,
-    ) -> Result<ProbeReply, String> {
-        if node != self.node {
-            return Err(format!("this is node {}, not {node}", self.node));
+    /// Answers a probe from `peer` with `query`: refused from a pod's address, unsigned or
+    /// signed with another key, meant for another node, or not later than one already taken.
+    pub fn answer(&self, peer: IpAddr, query: &str) -> Result<ProbeReply, ProbeError> {
+        if let Some(net) = lock(&self.pod_networks).iter().find(|n| n.contains(&peer)) {
+            return Err(ProbeError::Refused(format!(
+                "{peer} is in the pod network {net}: pods may not probe"
+            )));
         }
-        let mut state = self.lock();
-        if seq <= state.seq {
-            return Err(format!("probe {seq} is older than probe {}", state.seq));
+        let mut key_file = lock(&self.key);
+        let key = key_file.key()?;
+        let probe = Probe::from_query(query, key)?;
+        let reply = self.renew(&probe)?;
+        Ok(reply.signed(key))
+    }
+
+    /// Takes `probe` (already authenticated): refused when it is meant for another node (a
+    /// probe sent to a reused address renews nothing) or when it is not later than one
+    /// already taken (a probe delayed on the way, replayed, or from a replica that lost the
+    /// lead must not grant again what a later one took away).
+    pub fn renew(&self, probe: &Probe) -> Result<ProbeReply, ProbeError> {
+        if probe.node != self.node {
+            return Err(ProbeError::OtherNode {
+                this: self.node.clone(),
+                asked: probe.node.clone(),
+            });
         }
-        state.seq = seq;
-        state.granted = granted;
+        let mut state = lock(&self.state);
+        if probe.order <= state.last {
+            return Err(ProbeError::Stale {
+                got: probe.order,
+                last: state.last,
+            });
+        }
+        state.last = probe.order;
+        state.granted = probe.grants.clone();
         state.renewed = Some(Instant::now());
         Ok(ProbeReply {
             node: self.node.clone(),
+            order: probe.order,
             held: state.held.clone(),
+            mac: String::new(),
         })
     }
 
@@ -80,7 +104,7 @@ impl Lease {
     /// off), else those granted by a probe younger than `timeout`.
     pub fn may_hold(&self, timeout: Option<Duration>) -> Option<BTreeSet<IpAddr>> {
         let timeout = timeout?;
-        let state = self.lock();
+        let state = lock(&self.state);
         Some(match state.renewed {
             Some(at) if at.elapsed() < timeout => state.granted.clone(),
             _ => BTreeSet::new(),
@@ -88,13 +112,59 @@ impl Lease {
     }
 
     fn set_held(&self, held: &BTreeSet<IpAddr>) {
-        self.lock().held = held.clone();
+        lock(&self.state).held = held.clone();
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, LeaseState> {
-        // A panic elsewhere cannot leave the lease half-written: its fields are set whole.
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    fn set_pod_networks(&self, networks: Vec<IpNet>) {
+        *lock(&self.pod_networks) = networks;
     }
+}
+
+/// A lock of the lease's parts: a panic elsewhere cannot leave one half-written (each field
+/// is set whole).
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Serves the controller's probes (`GET /egressip/probe?...`) for `lease` on `listener`, from
+/// a thread of its own ([`crate::http`]): a probe is answered whatever the agent's loop is
+/// doing, so a slow sync never lets a lease lapse.
+pub fn serve_probes(listener: std::net::TcpListener, lease: Arc<Lease>) -> std::io::Result<()> {
+    if let Ok(address) = listener.local_addr() {
+        tracing::info!(%address, "answering the egress IP controller's probes");
+    }
+    let handler = move |request: &hyper::Request<hyper::body::Incoming>, peer: SocketAddr| {
+        if (request.method(), request.uri().path()) != (&Method::GET, PROBE_PATH) {
+            return crate::http::reply(
+                StatusCode::NOT_FOUND,
+                "text/plain",
+                format!("only {PROBE_PATH}\n"),
+            );
+        }
+        let query = request.uri().query().unwrap_or_default();
+        match lease.answer(peer.ip(), query) {
+            Ok(reply) => match serde_json::to_string(&reply) {
+                Ok(body) => crate::http::reply(StatusCode::OK, "application/json", body),
+                Err(error) => crate::http::reply(
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "text/plain",
+                    format!("{error}\n"),
+                ),
+            },
+            Err(error) => {
+                let status = match error {
+                    ProbeError::Stale { .. } | ProbeError::OtherNode { .. } => StatusCode::CONFLICT,
+                    ProbeError::NoKey(_) => StatusCode::SERVICE_UNAVAILABLE,
+                    _ => StatusCode::FORBIDDEN,
+                };
+                if status == StatusCode::FORBIDDEN {
+                    tracing::warn!(%peer, %error, "egress IP probe refused");
+                }
+                crate::http::reply(status, "text/plain", format!("{error}\n"))
+            }
+        }
+    };
+    crate::http::spawn("egressip-probes", listener, Arc::new(handler))
 }
 
 /// The agent's egress state between syncs.
@@ -110,9 +180,10 @@ pub struct EgressNode {
 }
 
 impl EgressNode {
-    pub fn new(node: &str, underlay: &str) -> Self {
+    /// This node's egress state, its lease's probes checked with the key in `key_file`.
+    pub fn new(node: &str, underlay: &str, key_file: PathBuf) -> Self {
         EgressNode {
-            lease: Arc::new(Lease::new(node)),
+            lease: Arc::new(Lease::new(node, key_file)),
             underlay: underlay.to_owned(),
             inputs: None,
             internal: None,
@@ -130,6 +201,9 @@ impl EgressNode {
         match (&self.inputs, &mut self.internal) {
             (Some(_), Some(internal)) if same_networks => internal.follow_nodes(&inputs.nodes),
             _ => self.internal = None,
+        }
+        if !same_networks {
+            self.lease.set_pod_networks(inputs.cluster_networks.clone());
         }
         self.inputs = Some(inputs);
         self.timeout = timeout;
@@ -257,35 +331,99 @@ pub fn gratuitous_arp(mac: [u8; 6], ip: [u8; 4]) -> [u8; 42] {
 mod tests {
     use super::*;
 
+    fn probe(node: &str, epoch: u64, counter: u64, grants: &[IpAddr]) -> Probe {
+        Probe {
+            node: node.into(),
+            order: Order { epoch, counter },
+            grants: grants.iter().copied().collect(),
+        }
+    }
+
     #[test]
-    fn the_lease_grants_only_while_fresh_and_only_to_its_node() {
-        let lease = Lease::new("node-1");
+    fn the_lease_grants_only_while_fresh_only_to_its_node_and_only_later_probes() {
+        let lease = Lease::new("node-1", PathBuf::from("/nonexistent"));
         let ip: IpAddr = "10.99.0.50".parse().unwrap();
         assert_eq!(
             lease.may_hold(Some(Duration::from_secs(1))),
             Some(BTreeSet::new())
         );
-        assert!(lease.renew("node-2", 1, BTreeSet::from([ip])).is_err());
+        assert!(lease.renew(&probe("node-2", 1, 1, &[ip])).is_err());
         assert_eq!(
             lease.may_hold(Some(Duration::from_secs(1))),
             Some(BTreeSet::new())
         );
-        let reply = lease.renew("node-1", 2, BTreeSet::from([ip])).unwrap();
+        let reply = lease.renew(&probe("node-1", 1, 2, &[ip])).unwrap();
         assert_eq!(reply.node, "node-1");
-        assert!(
-            lease.renew("node-1", 1, BTreeSet::new()).is_err(),
-            "a late probe is refused"
+        assert_eq!(
+            reply.order,
+            Order {
+                epoch: 1,
+                counter: 2
+            }
         );
+        for (epoch, counter) in [(1, 1), (1, 2), (0, 99)] {
+            assert!(
+                matches!(
+                    lease.renew(&probe("node-1", epoch, counter, &[])),
+                    Err(ProbeError::Stale { .. })
+                ),
+                "a late or replayed probe ({epoch}, {counter}) is refused"
+            );
+        }
         assert_eq!(
             lease.may_hold(Some(Duration::from_secs(1))),
             Some(BTreeSet::from([ip]))
         );
+        // A new leader's epoch goes on from any counter.
+        assert!(lease.renew(&probe("node-1", 2, 1, &[ip])).is_ok());
         assert_eq!(
             lease.may_hold(Some(Duration::ZERO)),
             Some(BTreeSet::new()),
             "an expired grant holds nothing"
         );
         assert_eq!(lease.may_hold(None), None, "the check off: no limit");
+    }
+
+    #[test]
+    fn probes_need_the_key_and_no_pod_may_send_one() {
+        use super::super::probe::ProbeKey;
+        let dir = std::env::temp_dir().join(format!("lease-key-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key");
+        let lease = Lease::new("node-1", path.clone());
+        lease.set_pod_networks(vec!["10.244.0.0/16".parse().unwrap()]);
+        let ip: IpAddr = "10.99.0.50".parse().unwrap();
+        let controller: IpAddr = "10.99.0.254".parse().unwrap();
+        // No key yet: nothing is taken.
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef").unwrap();
+        let key = ProbeKey::read(&path).unwrap();
+        std::fs::remove_file(&path).unwrap();
+        let query = probe("node-1", 1, 1, &[ip]).to_query(&key);
+        assert!(matches!(
+            lease.answer(controller, &query),
+            Err(ProbeError::NoKey(_))
+        ));
+        std::fs::write(&path, "0123456789abcdef0123456789abcdef").unwrap();
+        // The forged probe of the issue: unsigned, `seq` at its largest.
+        let forged = "node=node-1&epoch=18446744073709551615&counter=18446744073709551615&grant=";
+        assert!(lease.answer(controller, forged).is_err());
+        // From a pod's address, even signed.
+        assert!(matches!(
+            lease.answer("10.244.1.7".parse().unwrap(), &query),
+            Err(ProbeError::Refused(_))
+        ));
+        // Signed, from the controller: taken, and the reply signed for the controller.
+        let reply = lease.answer(controller, &query).unwrap();
+        assert_eq!(reply.check(&key, &probe("node-1", 1, 1, &[ip])), Ok(()));
+        assert_eq!(
+            lease.may_hold(Some(Duration::from_secs(1))),
+            Some(BTreeSet::from([ip]))
+        );
+        // The forgery changed nothing: the next real probe is still taken.
+        let next = probe("node-1", 1, 2, &[]).to_query(&key);
+        assert!(lease.answer(controller, &next).is_ok());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

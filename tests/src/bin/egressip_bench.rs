@@ -12,8 +12,8 @@ use dataplane_common::maps::{PROG_FROM_POD, PROG_TC_BASELINE};
 use dataplane_tests::{
     egress_bed::{Holder, egress_maps},
     egress_topology::{
-        ASSIGNABLE, EGRESS_IP, PROBE_PORT, UdpReceiver, UdpSender, egress_cluster, egress_ip_yaml,
-        holder, start_agents, start_controller,
+        ASSIGNABLE, EGRESS_IP, UdpReceiver, UdpSender, egress_cluster, egress_ip_yaml, holder,
+        start_agents, start_controller,
     },
     median, overlay_bed, packets,
     topology::{node_name, sh_in},
@@ -98,7 +98,7 @@ fn failovers(count: u32) -> anyhow::Result<Vec<f64>> {
         "egressip.yaml",
         &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
     )?;
-    let _agents = start_agents(&topology, &format!("0.0.0.0:{PROBE_PORT}"), &[])?;
+    let _agents = start_agents(&topology, "0.0.0.0:9476", &[])?;
     let controller = start_controller(&external, &manifests);
     let mut seconds = Vec::new();
     for _ in 0..count {

@@ -334,7 +334,7 @@ impl Agent {
             runtime: tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()?,
-            egress: EgressNode::new(NODE, "lo"),
+            egress: EgressNode::new(NODE, "lo", std::path::PathBuf::from("/nonexistent")),
             collected: None,
         })
     }
