@@ -10,7 +10,7 @@
 //! (`dataplane_common::lb::SNAT_PORT_MIN`), which conntrack does not see; its low range
 //! (1024-32767) only ever goes to other nodes' pods, where this table never sends.
 
-use std::{io::Write as _, net::IpAddr, process::Command};
+use std::{net::IpAddr, process::Command};
 
 use ipnet::IpNet;
 
@@ -112,26 +112,15 @@ pub fn remove() -> Result<(), AgentError> {
 
 fn run_nft(script: &str) -> Result<(), AgentError> {
     let failed = |what: String| AgentError::Gateway(what);
-    let mut child = Command::new("nft")
-        .args(["-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .map_err(|e| failed(format!("running nft: {e} (is nftables installed?)")))?;
-    child
-        .stdin
-        .take()
-        .ok_or_else(|| failed("nft's stdin".into()))?
-        .write_all(script.as_bytes())
-        .map_err(|e| failed(format!("writing to nft: {e}")))?;
-    let out = child
-        .wait_with_output()
-        .map_err(|e| failed(format!("waiting for nft: {e}")))?;
-    if !out.status.success() {
+    let mut command = Command::new("nft");
+    command.args(["-f", "-"]);
+    let (status, _, stderr) =
+        crate::netdev::run_bounded(&mut command, Some(script), crate::netdev::CHILD_TIMEOUT)
+            .map_err(|e| failed(format!("running nft: {e} (is nftables installed?)")))?;
+    if !status.success() {
         return Err(failed(format!(
             "nft refused the gateway table: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            String::from_utf8_lossy(&stderr).trim()
         )));
     }
     Ok(())

@@ -265,14 +265,18 @@ pub fn assemble<'a>(compiled: impl Iterator<Item = &'a CompiledService>) -> Comp
         if seen.insert(port.key) {
             unique.push(port);
         } else {
-            out.errors.push(format!(
-                "{}: address and port already used by another Service",
-                port.name
-            ));
+            out.errors.push(key_taken(&port));
         }
     }
     out.ports = unique;
     out
+}
+
+/// Why `port` is refused: another Service's port holds its key. The line names the Service
+/// (`Service <namespace>/<name>: ...`), as every refusal does.
+pub fn key_taken(port: &ServicePort) -> String {
+    let (service, rest) = port.name.split_once(':').unwrap_or((&port.name, ""));
+    format!("Service {service}: port {rest}: address and port already used by another Service")
 }
 
 /// One Service's ports; `Err` refuses the whole Service.

@@ -544,7 +544,13 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
     if let Some(address) = args.metrics_address {
         // Bound before anything is attached, so a taken port fails the start loudly.
         let listener = dataplane_user::http::bind(address)?;
-        metrics::spawn(listener, metrics.clone()).context("starting the metrics server")?;
+        let figures = Arc::clone(&metrics);
+        metrics::spawn(
+            listener,
+            metrics.clone(),
+            Arc::new(move || figures.heartbeat.check()),
+        )
+        .context("starting the metrics server")?;
     }
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
@@ -772,7 +778,8 @@ fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
         let figures = Arc::new(std::sync::Mutex::new(ControllerMetrics::new()));
         if let Some(address) = metrics_address {
             let listener = dataplane_user::http::bind(address)?;
-            metrics::spawn(listener, figures.clone()).context("starting the metrics server")?;
+            metrics::spawn(listener, figures.clone(), Arc::new(|| Ok(())))
+                .context("starting the metrics server")?;
         }
         let work = async {
             match manifests {
@@ -949,6 +956,7 @@ async fn serve(
             _ = egress_tick.tick() => Event::Egress,
             _ = full_tick.tick() => Event::FullSync,
         };
+        metrics.heartbeat.beat();
         if let Event::SourceChanged = event {
             settle.get_or_insert_with(|| tokio::time::Instant::now() + DEBOUNCE);
             continue;

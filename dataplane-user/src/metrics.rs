@@ -35,6 +35,8 @@ pub struct Metrics {
     rejected: Family<[(&'static str, &'static str); 1], Gauge>,
     cni_requests: Family<[(&'static str, String); 2], Counter>,
     cni_seconds: HistogramsBy<[(&'static str, &'static str); 1]>,
+    /// The agent's loop's last turn (what `/healthz` answers from).
+    pub heartbeat: Heartbeat,
 }
 
 impl Metrics {
@@ -98,7 +100,10 @@ impl Metrics {
             "Time from the plugin's request reaching the agent to its answer (ADD: wired, in the maps, programs attached), successful requests by command",
             cni_seconds.clone(),
         );
-        registry.register_collector(Box::new(PinnedMaps { pins: pins.clone() }));
+        registry.register_collector(Box::new(PinnedMaps {
+            pins: pins.clone(),
+            fills: std::sync::Mutex::new(None),
+        }));
         Self {
             registry,
             syncs,
@@ -110,6 +115,7 @@ impl Metrics {
             rejected,
             cni_requests,
             cni_seconds,
+            heartbeat: Heartbeat::default(),
         }
     }
 
@@ -188,10 +194,33 @@ impl<T: Exposition> Exposition for std::sync::Mutex<T> {
     }
 }
 
-/// Reads the pinned counters and map fill at each scrape.
+/// Reads the pinned counters at each scrape, and the maps' fill at most every
+/// [`FILL_EVERY`]: counting a hash map's entries walks its keys (a full conntrack map is a
+/// quarter of a million of them), which a scrape every second must not repeat each time.
 #[derive(Debug)]
 struct PinnedMaps {
     pins: Pins,
+    fills: std::sync::Mutex<Option<(std::time::Instant, Vec<status::MapFill>)>>,
+}
+
+/// How long a count of the maps' entries is served before it is counted again.
+const FILL_EVERY: Duration = Duration::from_secs(15);
+
+impl PinnedMaps {
+    fn fills(&self) -> Vec<status::MapFill> {
+        let mut cached = self.fills.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((at, fills)) = cached.as_ref()
+            && at.elapsed() < FILL_EVERY
+        {
+            return fills.clone();
+        }
+        let fills: Vec<status::MapFill> = ALL_MAPS
+            .iter()
+            .filter_map(|&name| status::map_fill(&self.pins, name).ok().flatten())
+            .collect();
+        *cached = Some((std::time::Instant::now(), fills.clone()));
+        fills
+    }
 }
 
 impl Collector for PinnedMaps {
@@ -221,10 +250,7 @@ impl Collector for PinnedMaps {
                 ConstCounter::new(row.count).encode(drops.encode_family(&labels)?)?;
             }
         }
-        let fills: Vec<status::MapFill> = ALL_MAPS
-            .iter()
-            .filter_map(|&name| status::map_fill(&self.pins, name).ok().flatten())
-            .collect();
+        let fills = self.fills();
         let mut entries = encoder.encode_descriptor(
             "map_entries",
             "Entries in use in each pinned map",
@@ -250,9 +276,56 @@ impl Collector for PinnedMaps {
     }
 }
 
-/// Serves `GET /metrics` and `GET /healthz` from `metrics` on `listener`, from a thread of its
-/// own ([`crate::http`]): a scrape never waits on the agent's loop, nor the loop on a scrape.
-pub fn spawn(listener: std::net::TcpListener, metrics: Arc<dyn Exposition>) -> std::io::Result<()> {
+/// Whether the process serving `/healthz` is healthy: `Err` says why not.
+pub type Health = dyn Fn() -> Result<(), String> + Send + Sync;
+
+/// The agent's loop's last sign of life, for `/healthz`: the loop wakes at least every 100 ms
+/// (the egress IP tick), so a loop silent for [`STALLED_AFTER`] is stuck.
+#[derive(Debug)]
+pub struct Heartbeat {
+    started: std::time::Instant,
+    /// Milliseconds from `started` to the loop's last turn.
+    last: std::sync::atomic::AtomicU64,
+}
+
+/// How long the agent's loop may go without a turn before `/healthz` says it is stuck.
+pub const STALLED_AFTER: Duration = Duration::from_secs(60);
+
+impl Default for Heartbeat {
+    fn default() -> Self {
+        Heartbeat {
+            started: std::time::Instant::now(),
+            last: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+}
+
+impl Heartbeat {
+    /// The loop turned.
+    pub fn beat(&self) {
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last.store(now, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// `Err` when the loop has not turned for [`STALLED_AFTER`].
+    pub fn check(&self) -> Result<(), String> {
+        let last = Duration::from_millis(self.last.load(std::sync::atomic::Ordering::Relaxed));
+        let silent = self.started.elapsed().saturating_sub(last);
+        if silent > STALLED_AFTER {
+            return Err(format!("the agent's loop has not turned for {silent:?}"));
+        }
+        Ok(())
+    }
+}
+
+/// Serves `GET /metrics` and `GET /healthz` (200 while `health` says so, 503 with why not)
+/// from `metrics` on `listener`, from a thread of its own ([`crate::http`]): a scrape never
+/// waits on the agent's loop, nor the loop on a scrape.
+pub fn spawn(
+    listener: std::net::TcpListener,
+    metrics: Arc<dyn Exposition>,
+    health: Arc<Health>,
+) -> std::io::Result<()> {
     if let Ok(address) = listener.local_addr() {
         tracing::info!(%address, "serving metrics on /metrics");
     }
@@ -272,7 +345,14 @@ pub fn spawn(listener: std::net::TcpListener, metrics: Arc<dyn Exposition>) -> s
                 "encoding failed\n".into(),
             ),
         },
-        (&Method::GET, "/healthz") => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+        (&Method::GET, "/healthz") => match health() {
+            Ok(()) => reply(StatusCode::OK, "text/plain", "ok\n".into()),
+            Err(why) => reply(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "text/plain",
+                format!("{why}\n"),
+            ),
+        },
         _ => reply(
             StatusCode::NOT_FOUND,
             "text/plain",

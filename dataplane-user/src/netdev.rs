@@ -288,12 +288,32 @@ fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
     })
 }
 
+/// How long a helper program (`ip`, `nft`) may run before it is killed: each does one
+/// netlink exchange, which takes milliseconds; one that hangs must not stall the agent's loop.
+pub const CHILD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Runs iproute2's `ip` with `args`, `input` on its stdin (for `-batch -`); its stdout, or what
-/// went wrong (its stderr, or why it could not run).
+/// went wrong (its stderr, or why it could not run, or that it ran past [`CHILD_TIMEOUT`]).
 pub fn run_ip(args: &[&str], input: Option<&str>) -> Result<String, String> {
-    use std::{io::Write as _, process::Stdio};
-    let mut child = std::process::Command::new("ip")
-        .args(args)
+    let mut command = std::process::Command::new("ip");
+    command.args(args);
+    let (status, stdout, stderr) = run_bounded(&mut command, input, CHILD_TIMEOUT)
+        .map_err(|e| format!("cannot run ip: {e} (is iproute2 installed?)"))?;
+    if !status.success() {
+        return Err(String::from_utf8_lossy(&stderr).trim().to_owned());
+    }
+    Ok(String::from_utf8_lossy(&stdout).into_owned())
+}
+
+/// Runs `command` with `input` on its stdin, for at most `timeout` (killed and reaped past
+/// it: an error); its exit status, stdout and stderr.
+pub fn run_bounded(
+    command: &mut std::process::Command,
+    input: Option<&str>,
+    timeout: std::time::Duration,
+) -> std::io::Result<(std::process::ExitStatus, Vec<u8>, Vec<u8>)> {
+    use std::{io::Read as _, process::Stdio};
+    let mut child = command
         .stdin(if input.is_some() {
             Stdio::piped()
         } else {
@@ -301,19 +321,47 @@ pub fn run_ip(args: &[&str], input: Option<&str>) -> Result<String, String> {
         })
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
-        .spawn()
-        .map_err(|e| format!("cannot run ip: {e} (is iproute2 installed?)"))?;
-    if let Some(input) = input {
-        let mut stdin = child.stdin.take().expect("piped stdin");
-        stdin
-            .write_all(input.as_bytes())
-            .map_err(|e| e.to_string())?;
+        .spawn()?;
+    // Fed and drained from threads: a child that fills a pipe must not block us, and a child
+    // that does not read must not block our write.
+    let feeder = child.stdin.take().map(|mut stdin| {
+        let input = input.unwrap_or_default().to_owned();
+        std::thread::spawn(move || {
+            let _ = std::io::Write::write_all(&mut stdin, input.as_bytes());
+        })
+    });
+    let drain = |pipe: Option<Box<dyn std::io::Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = drain(child.stdout.take().map(|p| Box::new(p) as Box<_>));
+    let stderr = drain(child.stderr.take().map(|p| Box::new(p) as Box<_>));
+    let deadline = std::time::Instant::now() + timeout;
+    let status = loop {
+        if let Some(status) = child.try_wait()? {
+            break status;
+        }
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("still running after {timeout:?}; killed"),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    if let Some(feeder) = feeder {
+        let _ = feeder.join();
     }
-    let out = child.wait_with_output().map_err(|e| e.to_string())?;
-    if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).trim().to_owned());
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    let stdout = stdout.join().unwrap_or_default();
+    let stderr = stderr.join().unwrap_or_default();
+    Ok((status, stdout, stderr))
 }
 
 /// The names of this network namespace's interfaces.
@@ -453,6 +501,29 @@ mod tests {
             addresses.contains(&IpAddr::from([127, 0, 0, 1])),
             "{addresses:?}"
         );
+    }
+
+    #[test]
+    fn a_helper_that_hangs_is_killed_at_its_deadline_and_one_that_answers_is_read_whole() {
+        let started = std::time::Instant::now();
+        let error = run_bounded(
+            std::process::Command::new("sleep").arg("30"),
+            None,
+            std::time::Duration::from_millis(200),
+        )
+        .expect_err("killed");
+        assert_eq!(error.kind(), std::io::ErrorKind::TimedOut);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        // Input in, a large output out (more than a pipe holds), both whole.
+        let input = "x".repeat(200_000);
+        let (status, out, _) = run_bounded(
+            &mut std::process::Command::new("cat"),
+            Some(&input),
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
+        assert!(status.success());
+        assert_eq!(out.len(), input.len());
     }
 
     #[test]

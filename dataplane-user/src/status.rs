@@ -74,7 +74,7 @@ pub struct PinnedAttachment {
     pub interface: Option<String>,
 }
 
-#[derive(Debug, Serialize)]
+#[derive(Clone, Debug, Serialize)]
 pub struct MapFill {
     pub name: &'static str,
     pub map_type: String,

@@ -648,12 +648,7 @@ impl ServiceCache {
                     ),
                     _ => None,
                 });
-            errors.extend(ports.flatten().skip(1).map(|port| {
-                format!(
-                    "{}: address and port already used by another Service",
-                    port.name
-                )
-            }));
+            errors.extend(ports.flatten().skip(1).map(lb::key_taken));
         }
         errors
     }

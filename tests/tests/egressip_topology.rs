@@ -13,6 +13,7 @@ use std::{
 
 use dataplane_tests::{
     capture::Capture,
+    cni,
     egress_topology::{
         ASSIGNABLE, ASSIGNABLE_DUAL_STACK, ArpProber, EGRESS_IP, UdpReceiver, UdpSender,
         api_status, arp_answers, egress_cluster, egress_ip_yaml, holder, spawn_in, start_agents,
@@ -858,5 +859,131 @@ fn forged_and_replayed_probes_change_nothing() {
         agents[0].log().contains("egress IP probe refused"),
         "{}",
         agents[0].log()
+    );
+}
+
+/// Nothing slow stalls the agent: with node 0's conntrack map full (every scrape of /metrics
+/// counting a quarter of a million entries would take a while), /metrics is scraped without
+/// pause while the plugin wires pods there: every ADD stays under its deadline, every scrape
+/// is answered, /healthz stays 200, and the egress IP's probes keep node 0 the holder.
+#[test]
+fn scrapes_against_a_full_conntrack_map_stall_neither_cni_adds_nor_egress_probes() {
+    if !privileged("scrapes_against_a_full_conntrack_map_stall_neither") {
+        return;
+    }
+    use dataplane_common::lb::{CtKey, CtValue};
+    let (mut topology, external, manifests) =
+        egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
+        )
+        .expect("egress ip manifest");
+    const ADDS: usize = 6;
+    let pods: String = (0..ADDS)
+        .map(|i| {
+            format!(
+                "---\napiVersion: v1\nkind: Pod\nmetadata: {{name: load-{i}, namespace: default, uid: uid-load-{i}}}\n\
+                 spec: {{nodeName: {}, containers: [{{name: c, image: i}}]}}\n",
+                node_name(0)
+            )
+        })
+        .collect();
+    topology.add_manifest("load.yaml", &pods).expect("pods");
+    let agents = start_agents(&topology, "0.0.0.0:9476", &[]).expect("agents");
+    let controller = start_controller(&external, &manifests);
+    assert_eq!(
+        holder(&manifests, None, Duration::from_secs(10)),
+        Some(node_name(0)),
+        "{}",
+        controller.log()
+    );
+    // Node 0's conntrack map, filled to its size.
+    let mut ct = aya::maps::HashMap::<_, CtKey, CtValue>::try_from(aya::maps::Map::LruHashMap(
+        aya::maps::MapData::from_pin(agents[0].pins.map(dataplane_common::maps::LB_CT))
+            .expect("pinned conntrack map"),
+    ))
+    .expect("conntrack map");
+    let size = dataplane_common::maps::DEFAULT_CT_ENTRIES;
+    for i in 0..size {
+        let key = CtKey {
+            src: dataplane_user::overlay::addr16(std::net::IpAddr::from(
+                (0x0a80_0000 + i).to_be_bytes(),
+            )),
+            protocol: 17,
+            ..CtKey::default()
+        };
+        ct.insert(key, CtValue::default(), 0).expect("an entry");
+    }
+    // Scraping without pause from inside node 0, while the ADDs run.
+    let netns = topology.node(0).netns.clone();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let scraping = {
+        let stop = std::sync::Arc::clone(&stop);
+        thread::spawn(move || {
+            dataplane_tests::topology::in_netns(&netns, move || {
+                let get = |path: &str| -> anyhow::Result<(Duration, String)> {
+                    use std::io::{Read as _, Write as _};
+                    let started = Instant::now();
+                    let mut stream = std::net::TcpStream::connect("127.0.0.1:9476")?;
+                    stream.set_read_timeout(Some(Duration::from_secs(20)))?;
+                    write!(
+                        stream,
+                        "GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+                    )?;
+                    let mut text = String::new();
+                    stream.read_to_string(&mut text)?;
+                    Ok((started.elapsed(), text))
+                };
+                let mut slowest = Duration::ZERO;
+                let mut scrapes = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let (took, text) = get("/metrics")?;
+                    anyhow::ensure!(text.starts_with("HTTP/1.1 200"), "{text}");
+                    anyhow::ensure!(
+                        text.contains(&format!("dataplane_map_entries{{map=\"DP_LB_CT\"}} {size}")),
+                        "the full map counted"
+                    );
+                    let (_, health) = get("/healthz")?;
+                    anyhow::ensure!(health.starts_with("HTTP/1.1 200"), "{health}");
+                    slowest = slowest.max(took);
+                    scrapes += 1;
+                }
+                Ok((scrapes, slowest))
+            })
+        })
+    };
+    let conf = cni::conf("1.1.0", &cni::socket(&agents[0]));
+    let mut slowest_add = Duration::ZERO;
+    for i in 0..ADDS {
+        let mut container = cni::container(&mut topology, "default", &format!("load-{i}")).unwrap();
+        container.uid = format!("uid-load-{i}");
+        let started = Instant::now();
+        cni::add(&container, &conf)
+            .unwrap_or_else(|e| panic!("ADD {i}: {e:#}\n{}", agents[0].log()));
+        slowest_add = slowest_add.max(started.elapsed());
+    }
+    thread::sleep(Duration::from_secs(2));
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (scrapes, slowest_scrape) = scraping.join().expect("scraper").expect("scrapes");
+    assert!(scrapes > 3, "{scrapes} scrapes");
+    assert!(
+        slowest_add < Duration::from_secs(5),
+        "an ADD took {slowest_add:?}"
+    );
+    assert!(
+        slowest_scrape < Duration::from_secs(5),
+        "a scrape took {slowest_scrape:?}"
+    );
+    // The probes kept the lease: node 0 held the address throughout.
+    assert_eq!(
+        holder(&manifests, None, Duration::from_secs(1)),
+        Some(node_name(0))
+    );
+    assert!(
+        !controller.log().contains("stopped answering"),
+        "{}",
+        controller.log()
     );
 }

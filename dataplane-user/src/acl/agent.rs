@@ -989,14 +989,38 @@ impl FirewallAgent {
         Ok(())
     }
 
-    /// Looks up every due name; returns those whose addresses changed.
+    /// Looks up the due names, [`LOOKUPS_AT_ONCE`] at a time, each within
+    /// [`LOOKUP_TIMEOUT`] and all within [`REFRESH_BUDGET`]: a slow or silent name server
+    /// costs the agent's loop that long at most (names not looked up in time stay due, and
+    /// keep their last good addresses). Returns the names whose addresses changed.
     async fn resolve_due(&mut self) -> BTreeSet<String> {
+        use futures_util::StreamExt as _;
         let mut changed = BTreeSet::new();
         let Some(resolver) = &self.resolver else {
             return changed;
         };
-        for name in self.names.due(Instant::now()) {
-            let result = resolver.lookup(&name).await;
+        let due = self.names.due(Instant::now());
+        let lookups = futures_util::stream::iter(due)
+            .map(|name| async move {
+                let result = tokio::time::timeout(LOOKUP_TIMEOUT, resolver.lookup(&name))
+                    .await
+                    .unwrap_or_else(|_| Err(format!("no answer within {LOOKUP_TIMEOUT:?}")));
+                (name, result)
+            })
+            .buffer_unordered(LOOKUPS_AT_ONCE);
+        let deadline = tokio::time::sleep(REFRESH_BUDGET);
+        tokio::pin!(lookups, deadline);
+        loop {
+            let (name, result) = tokio::select! {
+                next = lookups.next() => match next {
+                    Some(done) => done,
+                    None => break,
+                },
+                () = &mut deadline => {
+                    tracing::warn!(budget = ?REFRESH_BUDGET, "DNS names not all looked up in time; the rest are tried at the next refresh");
+                    break;
+                }
+            };
             if let Err(error) = &result {
                 tracing::warn!(name, %error, "DNS lookup failed; keeping the last good addresses");
             }
@@ -1017,6 +1041,13 @@ impl FirewallAgent {
         changed
     }
 }
+
+/// How long one DNS name's lookup may take.
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long one refresh of the due names may take in all.
+const REFRESH_BUDGET: Duration = Duration::from_secs(3);
+/// Lookups in flight at once.
+const LOOKUPS_AT_ONCE: usize = 16;
 
 /// Waits until `fd` is readable (forever without one).
 pub(crate) async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {

@@ -674,7 +674,10 @@ fn a_cluster_ip_keeps_its_address_against_another_services_external_ip() {
     assert_eq!(holder[0].ready, backends(&["10.244.1.53:53"]));
     assert_eq!(
         out.errors,
-        vec!["aaa-tenant/grab:dns: address and port already used by another Service".to_owned()]
+        vec![
+            "Service aaa-tenant/grab: port dns: address and port already used by another Service"
+                .to_owned()
+        ]
     );
     // The tenant keeps its own cluster IP and its allowed external IP.
     for ip in ["10.96.7.7", "192.0.2.53"] {
