@@ -101,6 +101,7 @@ drop_reasons! {
     MulticastBadTunnel = 64, "multicast_bad_tunnel", "a Geneve multicast copy without a valid namespace option, or whose inner frame is no IP multicast";
     MulticastCopyFailed = 65, "multicast_copy_failed", "a multicast copy could not be made (clone, encapsulation or route to the other node failed)";
     MulticastReportLost = 66, "multicast_report_lost", "an IGMP or MLD message found the agent's ring full (the next query asks again)";
+    LbNotOpening = 67, "lb_not_opening", "a TCP segment without SYN (or an SCTP chunk other than INIT) to a service port that belongs to no tracked flow: only a connection's opening is given a backend";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 

@@ -9,6 +9,9 @@ pub const FRAG_NONE: u8 = 0;
 pub const FRAG_FIRST: u8 = 1;
 /// A later fragment (offset above 0): no transport header.
 pub const FRAG_LATER: u8 = 2;
+/// The last fragment (offset above 0, no more fragments follow): no transport header, and the
+/// datagram's remembered ports go with it.
+pub const FRAG_LAST: u8 = 3;
 
 /// One datagram being fragmented, as every fragment names it (RFC 791, RFC 8200 4.5): its
 /// addresses, identification and protocol.

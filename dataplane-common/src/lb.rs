@@ -54,6 +54,10 @@ pub const CT_TIMEOUT_OTHER: u32 = 60;
 /// same as netfilter's for an established association.
 pub const CT_TIMEOUT_SCTP: u32 = 210;
 pub const CT_TIMEOUT_CLOSING: u32 = 10;
+/// A TCP connection (or SCTP association) that never got past its opening (no segment but
+/// its SYN, or INIT, was seen in that direction): as the kernel's conntrack gives SYN_RECV,
+/// so that spoofed SYNs hold their entries, and a masquerade port, a minute, not six hours.
+pub const CT_TIMEOUT_OPENING: u32 = 60;
 
 /// Source ports of masqueraded flows (NodePort to a backend on another node): above the
 /// kernel's default ephemeral range (32768-60999), and reserved on the node by the agent
@@ -102,6 +106,10 @@ pub const CT_AFFINITY: u8 = 1 << 3;
 /// `CtValue::flags` (with `CT_CLOSING`): the FIN or RST seen was an RST, which ends the
 /// connection at both ends at once.
 pub const CT_RESET: u8 = 1 << 4;
+/// `CtValue::flags`: a packet other than the opening one (a TCP segment without SYN, an SCTP
+/// chunk other than INIT) passed in this entry's direction: the connection got past its
+/// handshake there. Until then the entry lives `CT_TIMEOUT_OPENING`.
+pub const CT_ESTABLISHED: u8 = 1 << 5;
 
 /// Seconds both directions of a masqueraded flow that has ended (a FIN each way, or an RST)
 /// must have been idle before its port goes to a new flow, ahead of `CT_TIMEOUT_CLOSING`:

@@ -73,6 +73,8 @@ pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
 pub const LB_MEMBERS: &str = "DP_LB_MEMBERS";
 /// Datagrams being fragmented -> their first fragment's ports (LRU).
 pub const FRAGS: &str = "DP_FRAGS";
+/// Per pod (host-side veth ifindex): drops and service flows opened (`stats::PodCounters`).
+pub const POD_STATS: &str = "DP_POD_STATS";
 
 /// Hash: address of every local pod under access control (16-byte form) ->
 /// [`crate::acl::AclEndpoint`], the rule sets that apply to it.
@@ -127,6 +129,8 @@ pub const DEFAULT_CT_ENTRIES: u32 = 262_144;
 pub const MAX_AFFINITY_ENTRIES: u32 = 65_536;
 /// Datagrams in flight in fragments, on all of a node's pods and its underlay.
 pub const MAX_FRAGMENTED_DATAGRAMS: u32 = 8192;
+/// Pods counted in `POD_STATS` (LRU: a pod gone long ago makes room).
+pub const MAX_POD_STATS: u32 = 4096;
 /// Ready backends summed over the service ports with ClientIP affinity.
 pub const MAX_AFFINITY_MEMBERS: u32 = 65_536;
 
@@ -196,6 +200,7 @@ pub const ALL_MAPS: &[&str] = &[
     LB_AFFINITY,
     LB_MEMBERS,
     FRAGS,
+    POD_STATS,
     ACL_ENDPOINTS,
     ACL_ADDRS,
     ACL_PORTS,

@@ -246,6 +246,27 @@ const _: () = {
     assert!(Hook::ALL.len() as u32 <= HOOK_SLOTS);
 };
 
+/// What one pod's traffic cost, counted per CPU against its host-side veth (`POD_STATS`): the
+/// packets dropped at its veth (either way), and the service flows it opened (each two
+/// conntrack entries). `dataplane inspect pods` sums them, so the pod that floods is named.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PodCounters {
+    pub drops: u64,
+    pub flows: u64,
+}
+
+/// [`PodCounters`] field: a drop.
+pub const POD_DROP: u32 = 0;
+/// [`PodCounters`] field: a service flow opened.
+pub const POD_FLOW: u32 = 1;
+
+#[cfg(feature = "user")]
+// SAFETY: `repr(C)`, two u64 fields, no padding.
+unsafe impl aya::Pod for PodCounters {}
+
+const _: () = assert!(core::mem::size_of::<PodCounters>() == 16);
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,7 +5,7 @@
 use aya_ebpf::programs::TcContext;
 use dataplane_common::{
     DropReason,
-    frag::{FRAG_FIRST, FRAG_LATER, FRAG_NONE, FragPorts},
+    frag::{FRAG_FIRST, FRAG_LAST, FRAG_LATER, FRAG_NONE, FragKey, FragPorts},
 };
 
 use crate::{
@@ -19,7 +19,8 @@ const ETH_LEN: usize = 14;
 
 /// After the parse (and port security): a first fragment's ports are remembered; a later
 /// fragment is given its first's ports in this CPU's parse slot (`parsed` is that slot), or
-/// is refused when its first was not seen here (`fragment_without_first`).
+/// is refused when its first was not seen here (`fragment_without_first`); the last one's
+/// entry goes at this CPU's next fragment ([`forget_last_datagram`]).
 #[inline(always)]
 pub fn follow_first(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
     if parsed.fragment == FRAG_NONE {
@@ -56,7 +57,7 @@ fn remember_or_fill(ctx: &TcContext) -> Result<(), DropReason> {
             &mut key.dst,
         );
     if !known {
-        return if parsed.fragment == FRAG_LATER && parsed.l3_offset == ETH_LEN {
+        return if parsed.fragment >= FRAG_LATER && parsed.l3_offset == ETH_LEN {
             Err(DropReason::FragmentWithoutFirst)
         } else {
             Ok(())
@@ -65,6 +66,7 @@ fn remember_or_fill(ctx: &TcContext) -> Result<(), DropReason> {
     key.id = parsed.frag_id;
     key.protocol = parsed.protocol;
     key._pad = [0; 3];
+    forget_last_datagram(key);
     if parsed.fragment == FRAG_FIRST {
         let ports = FragPorts {
             src_port: parsed.src_port,
@@ -75,10 +77,48 @@ fn remember_or_fill(ctx: &TcContext) -> Result<(), DropReason> {
         return Ok(());
     }
     // SAFETY: the value is copied out at once.
-    let ports = unsafe { FRAGS.get(key) }.ok_or(DropReason::FragmentWithoutFirst)?;
+    let ports = *unsafe { FRAGS.get(&*key) }.ok_or(DropReason::FragmentWithoutFirst)?;
     parsed.src_port = ports.src_port;
     parsed.dst_port = ports.dst_port;
+    if parsed.fragment == FRAG_LAST
+        && let Some(pending) = FRAG_KEY.get_ptr_mut(1)
+    {
+        // SAFETY: this CPU's own slot.
+        let pending = unsafe { &mut *pending };
+        *pending = *key;
+        pending._pad[0] = PENDING;
+    }
     Ok(())
+}
+
+/// Slot 1 of `FRAG_KEY` holds a last fragment's key whose entry is still to go.
+const PENDING: u8 = 1;
+
+/// Removes the entry of the datagram whose last fragment this CPU saw before, unless `key`
+/// is that datagram's (the same last fragment passing a second program of this node, one
+/// after the other on this CPU: a pod's veth, then the receiving pod's). A datagram's entry
+/// so goes with its last fragment, rather than waiting for the LRU map to push it out (a
+/// sender of many fragmented datagrams filled it with dead ones); at most one waits per CPU.
+#[inline(always)]
+fn forget_last_datagram(key: &FragKey) {
+    let Some(pending) = FRAG_KEY.get_ptr_mut(1) else {
+        return;
+    };
+    // SAFETY: this CPU's own slot, used by one program run at a time.
+    let pending = unsafe { &mut *pending };
+    if pending._pad[0] != PENDING {
+        return;
+    }
+    pending._pad[0] = 0;
+    if pending.src == key.src
+        && pending.dst == key.dst
+        && pending.id == key.id
+        && pending.protocol == key.protocol
+    {
+        pending._pad[0] = PENDING;
+        return;
+    }
+    let _ = FRAGS.remove(pending);
 }
 
 /// After the load-balancer rewrote a later fragment's address: the port its flow was

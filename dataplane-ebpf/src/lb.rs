@@ -27,12 +27,13 @@ use dataplane_common::{
     DropReason, Hook, PacketClass,
     frag::FRAG_LATER,
     lb::{
-        BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_REPLY,
-        CT_RESET, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP,
-        CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN,
-        SNAT_PORT_MAX, SNAT_PORT_MIN, SNAT_PORT_REUSE_IDLE, ServiceValue, backend_slot, flow_hash,
-        maglev_slot, port_bit, sctp::port_rewrite_delta,
+        BACKEND_PORTS_BASE, Backend, CT_AFFINITY, CT_CLOSING, CT_ESTABLISHED, CT_NODEPORT,
+        CT_ORIGINAL, CT_REPLY, CT_RESET, CT_SNAT, CT_TIMEOUT_CLOSING, CT_TIMEOUT_OPENING,
+        CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6,
+        MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+        SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, SNAT_PORT_MIN,
+        SNAT_PORT_REUSE_IDLE, ServiceValue, backend_slot, flow_hash, maglev_slot, port_bit,
+        sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -102,7 +103,7 @@ fn scratch() -> Option<&'static mut LbScratch> {
 #[inline(always)]
 fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     // A later fragment has no transport header but its first fragment's ports (`frag`).
-    let later_fragment = parsed.fragment == FRAG_LATER;
+    let later_fragment = parsed.fragment >= FRAG_LATER;
     if parsed.l3_offset != ETH_LEN || (parsed.l4_offset == 0 && !later_fragment) {
         return false;
     }
@@ -131,6 +132,16 @@ fn read_flow(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> bool {
     true
 }
 
+/// Whether the packet may open a flow: a TCP SYN (without ACK), an SCTP INIT, anything of
+/// another protocol.
+#[inline(always)]
+fn opening(s: &LbScratch) -> bool {
+    match s.flow.protocol {
+        IPPROTO_TCP | IPPROTO_SCTP => s.tcp_flags & (TCP_SYN | TCP_ACK) == TCP_SYN,
+        _ => true,
+    }
+}
+
 /// The TCP flags an SCTP packet's first chunk amounts to for connection tracking: INIT opens
 /// (as SYN), ABORT and SHUTDOWN COMPLETE end the association (as RST and FIN).
 #[inline(always)]
@@ -143,11 +154,16 @@ fn sctp_flags(chunk_type: u8) -> u8 {
     }
 }
 
-/// Whether a tracked entry has been idle longer than its protocol and state allow.
+/// Whether a tracked entry has been idle longer than its protocol and state allow: a TCP
+/// connection or SCTP association that never got past its opening in this direction lives a
+/// minute (`CT_TIMEOUT_OPENING`), not its protocol's established timeout.
 #[inline(always)]
 fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
+    let handshaking = protocol == IPPROTO_TCP || protocol == IPPROTO_SCTP;
     let timeout = if entry.flags & CT_CLOSING != 0 {
         CT_TIMEOUT_CLOSING
+    } else if handshaking && entry.flags & CT_ESTABLISHED == 0 {
+        CT_TIMEOUT_OPENING
     } else if protocol == IPPROTO_TCP {
         CT_TIMEOUT_TCP
     } else if protocol == IPPROTO_SCTP {
@@ -158,12 +174,16 @@ fn expired(entry: &CtValue, protocol: u8, now: u32) -> bool {
     now.wrapping_sub(entry.last_seen) > timeout
 }
 
-/// Refreshes a tracked entry in place: the clock at most once a second, the closing flag when
-/// a FIN or RST passes (and the reset flag with an RST).
+/// Refreshes a tracked entry in place: the clock at most once a second, the established flag
+/// when a packet other than an opening one passes, the closing flag when a FIN or RST passes
+/// (and the reset flag with an RST).
 #[inline(always)]
 fn touch(entry: &mut CtValue, tcp_flags: u8, now: u32) {
     if entry.last_seen != now {
         entry.last_seen = now;
+    }
+    if tcp_flags & TCP_SYN == 0 && entry.flags & CT_ESTABLISHED == 0 {
+        entry.flags |= CT_ESTABLISHED;
     }
     if tcp_flags & (TCP_FIN | TCP_RST) != 0 {
         let ended = if tcp_flags & TCP_RST != 0 {
@@ -461,7 +481,17 @@ fn dnat<const FROM_OUTSIDE: bool>(
         let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
             return Ok(None);
         };
+        // Only a connection's opening is given a backend and entries: a stray segment (or a
+        // flood of spoofed ones) takes no room in the conntrack map and no masquerade port.
+        // (A service without endpoints answers anything, as kube-proxy rejects it.)
+        if service.backends != 0 && !opening(s) {
+            return Err(DropReason::LbNotOpening);
+        }
         new_flow::<FROM_OUTSIDE>(s, &service, now).into_value()?;
+        if !FROM_OUTSIDE {
+            // A pod's veth: the pod that opened it is known.
+            crate::stats::count_pod_flow(crate::stats::device(ctx));
+        }
     }
     copy_addr(&mut s.old_addr, &s.flow.dst);
     s.old_port = s.flow.dst_port_be;

@@ -5,7 +5,7 @@
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
     macros::map,
-    maps::{HashMap, LpmTrie, LruHashMap, PerCpuArray, ProgramArray},
+    maps::{HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
     acl::{
@@ -25,12 +25,12 @@ use dataplane_common::{
         DEFAULT_SERVICE_PORTS, MAX_ACL_CT_ENTRIES, MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
         MAX_FABRIC_MACS, MAX_FABRIC_PORTS, MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES,
-        MAX_LOCAL_PODS, MAX_NODES, MCAST_REPORTS_BYTES,
+        MAX_LOCAL_PODS, MAX_NODES, MAX_POD_STATS, MCAST_REPORTS_BYTES,
     },
     multicast::{MAX_GROUPS, McastGroup, McastKey, McastPod},
     overlay::{ADDR_CACHE_SLOTS, Addr, AddrCacheEntry, LocalPod, OverlayConfig, TunnelEndpoint},
     port::{PORT_CACHE_SLOTS, PodPort, PortCacheEntry},
-    stats::PACKET_COUNTER_SLOTS,
+    stats::{PACKET_COUNTER_SLOTS, PodCounters},
 };
 
 use crate::work::{AclWork, EgressWork, LbScratch, Parsed};
@@ -143,9 +143,17 @@ pub static LB_MEMBERS: HashMap<MemberKey, u32> = HashMap::pinned(MAX_AFFINITY_ME
 #[map(name = "DP_FRAGS")]
 pub static FRAGS: LruHashMap<FragKey, FragPorts> = LruHashMap::pinned(MAX_FRAGMENTED_DATAGRAMS, 0);
 
-/// The key of `FRAGS` being built, per CPU (not on the stack). Not pinned.
+/// Per pod, by its host-side veth's ifindex, per CPU: drops at its veth and service flows it
+/// opened (`stats::count_pod`).
+#[map(name = "DP_POD_STATS")]
+pub static POD_STATS: LruPerCpuHashMap<u32, PodCounters> =
+    LruPerCpuHashMap::pinned(MAX_POD_STATS, 0);
+
+/// Per CPU (not on the stack; not pinned): 0, the key of `FRAGS` being built; 1, the key of
+/// the last fragment this CPU saw, whose entry goes at its next fragment (`_pad[0]` is 1
+/// while it waits: see `frag::remember_or_fill`).
 #[map(name = "DP_FRAG_KEY")]
-pub static FRAG_KEY: PerCpuArray<FragKey> = PerCpuArray::with_max_entries(1, 0);
+pub static FRAG_KEY: PerCpuArray<FragKey> = PerCpuArray::with_max_entries(2, 0);
 
 /// Local pods under access control -> the rule sets that apply to them.
 #[map(name = "DP_ACL_ENDPOINTS")]

@@ -13,7 +13,7 @@ use crate::{
 };
 use dataplane_common::{
     DropReason, PacketClass,
-    frag::{FRAG_FIRST, FRAG_LATER, FRAG_NONE},
+    frag::{FRAG_FIRST, FRAG_LAST, FRAG_LATER, FRAG_NONE},
     overlay::Addr,
 };
 use network_types::{
@@ -160,7 +160,11 @@ fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
         parsed.frag_id = [id[0], id[1], 0, 0];
         // A non-first fragment carries no transport header: recognise it, do not parse it.
         if frags & IPV4_OFFSET_MASK != 0 {
-            parsed.fragment = FRAG_LATER;
+            parsed.fragment = if frags & IPV4_MORE_FRAGMENTS != 0 {
+                FRAG_LATER
+            } else {
+                FRAG_LAST
+            };
             return Ok(parsed);
         }
         parsed.fragment = FRAG_FIRST;
@@ -224,7 +228,11 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
                 if fragment_offset != 0 {
                     parsed.protocol = next;
                     parsed.class = PacketClass::Fragment;
-                    parsed.fragment = FRAG_LATER;
+                    parsed.fragment = if frag[3] & 1 != 0 {
+                        FRAG_LATER
+                    } else {
+                        FRAG_LAST
+                    };
                     return Ok(parsed);
                 }
                 // An atomic fragment (offset 0, no more) is a whole datagram (RFC 6946).

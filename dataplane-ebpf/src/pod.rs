@@ -22,7 +22,7 @@ use crate::{
         IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, parse_skb, parse_untagged_ipv4, stashed,
     },
     port,
-    stats::{count_drop, count_malformed, count_outcome, count_packet},
+    stats::{count_outcome, count_packet, count_pod_drop, count_pod_malformed},
 };
 
 /// `skb->cb` word carrying "this is a service reply" from the first half to the second.
@@ -39,7 +39,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     let parsed = match parse_untagged_ipv4(&packet).map_or_else(|| parse_skb(&ctx), Ok) {
         Ok(parsed) => parsed,
         Err(reason) => {
-            count_malformed(Hook::FromPod, reason);
+            count_pod_malformed(crate::stats::device(&ctx), Hook::FromPod, reason);
             return TC_ACT_SHOT;
         }
     };
@@ -48,7 +48,11 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // the verifier instead of the constants of each parse path, so what follows is walked
     // once rather than once per kind of packet.
     let Some(parsed) = stashed(&parsed) else {
-        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        count_pod_drop(
+            crate::stats::device(&ctx),
+            Hook::FromPod,
+            DropReason::ScratchUnavailable,
+        );
         return TC_ACT_SHOT;
     };
     // With no pod under access control, a service flow's packets try the flow cache, which
@@ -65,7 +69,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
                 verdict
             }
             Err(reason) => {
-                count_drop(Hook::FromPod, reason);
+                count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
                 TC_ACT_SHOT
             }
         };
@@ -76,7 +80,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
         // ARP the pod may send: for the stack, which answers it.
         Ok(_) => return TC_ACT_OK,
         Err(reason) => {
-            count_drop(Hook::FromPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
             return TC_ACT_SHOT;
         }
     }
@@ -86,7 +90,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     }
     // A later fragment gets its first fragment's ports, for the load-balancer and policy.
     if let Err(reason) = frag::follow_first(&ctx, parsed) {
-        count_drop(Hook::FromPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
     // With no pod under access control, TCP and UDP to a pod of this node are delivered here
@@ -103,7 +107,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             }
             Ok(None) => {}
             Err(reason) => {
-                count_drop(Hook::FromPod, reason);
+                count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
                 return TC_ACT_SHOT;
             }
         }
@@ -131,7 +135,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
             return lb::answer_counted(&ctx, parsed, reason, Hook::FromPod);
         }
         Err(reason) => {
-            count_drop(Hook::FromPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
             return TC_ACT_SHOT;
         }
     }
@@ -176,7 +180,11 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
 fn hand_on(ctx: &TcContext, next: u32) -> i32 {
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(ctx, next) };
-    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    count_pod_drop(
+        crate::stats::device(&ctx),
+        Hook::FromPod,
+        DropReason::TailCallFailed,
+    );
     TC_ACT_SHOT
 }
 
@@ -194,16 +202,24 @@ fn count_replayed(translation: PacketClass) {
 #[classifier]
 pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
     let Some(parsed) = PARSED.get(0) else {
-        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        count_pod_drop(
+            crate::stats::device(&ctx),
+            Hook::FromPod,
+            DropReason::ScratchUnavailable,
+        );
         return TC_ACT_SHOT;
     };
     if let Err(reason) = lb::follow_sctp_ports(&ctx, parsed).into_value() {
-        count_drop(Hook::FromPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
-    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    count_pod_drop(
+        crate::stats::device(&ctx),
+        Hook::FromPod,
+        DropReason::TailCallFailed,
+    );
     TC_ACT_SHOT
 }
 
@@ -213,12 +229,16 @@ pub fn tc_from_pod_sctp(ctx: TcContext) -> i32 {
 #[classifier]
 pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
     let Some(parsed) = PARSED.get(0) else {
-        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        count_pod_drop(
+            crate::stats::device(&ctx),
+            Hook::FromPod,
+            DropReason::ScratchUnavailable,
+        );
         return TC_ACT_SHOT;
     };
     // Neighbour discovery names the pod's own link-layer address and addresses.
     if let Err(reason) = port::nd_from_pod(&ctx, parsed) {
-        count_drop(Hook::FromPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
@@ -233,13 +253,17 @@ pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
             return (routed - 2) as i32;
         }
         Err(reason) => {
-            count_drop(Hook::FromPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
             return TC_ACT_SHOT;
         }
     }
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_DELIVER) };
-    count_drop(Hook::FromPod, DropReason::TailCallFailed);
+    count_pod_drop(
+        crate::stats::device(&ctx),
+        Hook::FromPod,
+        DropReason::TailCallFailed,
+    );
     TC_ACT_SHOT
 }
 
@@ -250,7 +274,11 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
     // The first half's parse result (offsets and protocol still hold: the load-balancer only
     // rewrites addresses and ports in place).
     let Some(parsed) = PARSED.get(0) else {
-        count_drop(Hook::FromPod, DropReason::ScratchUnavailable);
+        count_pod_drop(
+            crate::stats::device(&ctx),
+            Hook::FromPod,
+            DropReason::ScratchUnavailable,
+        );
         return TC_ACT_SHOT;
     };
     let reply = ctx.cb()[CB_REPLY] != 0;
@@ -258,7 +286,7 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         && acl::active()
         && let Err(reason) = acl::from_pod(&ctx, parsed).result()
     {
-        count_drop(Hook::FromPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
         return TC_ACT_SHOT;
     }
     // Only `tc_from_pod` sets it; the SCTP and ICMP halves pass it on as cleared.
@@ -273,12 +301,16 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         Ok(None) if !reply && egressip::pods_selected() => {
             // SAFETY: a tail call either does not return or returns having done nothing.
             unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_EGRESS) };
-            count_drop(Hook::FromPod, DropReason::TailCallFailed);
+            count_pod_drop(
+                crate::stats::device(&ctx),
+                Hook::FromPod,
+                DropReason::TailCallFailed,
+            );
             TC_ACT_SHOT
         }
         Ok(None) => TC_ACT_OK,
         Err(reason) => {
-            count_drop(Hook::FromPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
             TC_ACT_SHOT
         }
     }
@@ -292,18 +324,22 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
     let parsed = match parse_skb(&ctx) {
         Ok(parsed) => parsed,
         Err(reason) => {
-            count_malformed(Hook::ToPod, reason);
+            count_pod_malformed(crate::stats::device(&ctx), Hook::ToPod, reason);
             return TC_ACT_SHOT;
         }
     };
     count_packet(Hook::ToPod, parsed.class);
     let Some(parsed) = stashed(&parsed) else {
-        count_drop(Hook::ToPod, DropReason::ScratchUnavailable);
+        count_pod_drop(
+            crate::stats::device(&ctx),
+            Hook::ToPod,
+            DropReason::ScratchUnavailable,
+        );
         return TC_ACT_SHOT;
     };
     // Port security: only what is addressed to the pod (or a group) reaches it.
     if let Err(reason) = port::to_pod(&ctx, parsed).into_value() {
-        count_drop(Hook::ToPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::ToPod, reason);
         return TC_ACT_SHOT;
     }
     // To a group: only the dataplane's copies for members, and queries.
@@ -312,7 +348,7 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
     }
     // A later fragment is judged by its first fragment's ports.
     if let Err(reason) = frag::follow_first(&ctx, parsed) {
-        count_drop(Hook::ToPod, reason);
+        count_pod_drop(crate::stats::device(&ctx), Hook::ToPod, reason);
         return TC_ACT_SHOT;
     }
     // A reply of a service flow whose backend is this node: the service's address back. It
@@ -328,14 +364,14 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
         }
         Ok(None) => {}
         Err(reason) => {
-            count_drop(Hook::ToPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::ToPod, reason);
             return TC_ACT_SHOT;
         }
     }
     match acl::to_pod(&ctx, parsed, Hook::ToPod).result() {
         Ok(_) => TC_ACT_OK,
         Err(reason) => {
-            count_drop(Hook::ToPod, reason);
+            count_pod_drop(crate::stats::device(&ctx), Hook::ToPod, reason);
             TC_ACT_SHOT
         }
     }

@@ -29,7 +29,7 @@ pub struct Parsed {
     pub src_port: [u8; 2],
     pub dst_port: [u8; 2],
     pub class: PacketClass,
-    /// `FRAG_NONE`, `FRAG_FIRST` or `FRAG_LATER`. A later fragment's ports are its first
+    /// `FRAG_NONE`, `FRAG_FIRST`, `FRAG_LATER` or `FRAG_LAST`. A later fragment's ports are its first
     /// fragment's, filled in by `frag::follow_first` (its `l4_offset` stays 0).
     pub fragment: u8,
     /// The fragment's datagram identification (network byte order; IPv4's in the first two).

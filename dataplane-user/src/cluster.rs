@@ -227,7 +227,7 @@ impl Cluster {
             if self.multicast.is_none() {
                 self.multicast = Some(multicast::MulticastAgent::start(
                     dataplane,
-                    self.multicast_settings,
+                    self.multicast_settings.clone(),
                     &self.node,
                     &self.run_dir,
                 )?);

@@ -25,7 +25,7 @@ use dataplane_common::{
         ServiceValue,
     },
     maps,
-    overlay::{Addr, TUNNEL_VXLAN, TunnelEndpoint},
+    overlay::{Addr, LocalPod, TUNNEL_VXLAN, TunnelEndpoint},
 };
 use serde::Serialize;
 
@@ -60,6 +60,9 @@ pub enum Table {
     Egressip,
     /// Multicast groups: namespace, group, local member pods, member nodes.
     Multicast,
+    /// Local pods by host-side veth: their addresses, the packets dropped at their veth and
+    /// the service flows they opened (summed over CPUs), most drops first: which pod floods.
+    Pods,
 }
 
 /// A decoded table: column names and rows of cells.
@@ -432,6 +435,10 @@ pub fn read(
             (vec!["WHAT", "SET / PREFIX", "DECISION", "RULE"], rows)
         }
         // By ids here; `dataplane inspect multicast` names them from the run directory.
+        Table::Pods => (
+            vec!["IFINDEX", "ADDRESSES", "DROPS", "SERVICE_FLOWS"],
+            pod_rows(pins)?,
+        ),
         Table::Multicast => {
             let rows = crate::multicast::inspect_rows(pins, None)?;
             (rows.columns, rows.rows)
@@ -676,6 +683,45 @@ fn policy_rows(pins: &Pins, rules: &BTreeMap<u32, SetRules>) -> Result<Vec<Vec<C
         ]);
     }
     Ok(rows)
+}
+
+/// One row per pod veth counted in `POD_STATS`, with the pod's addresses (from `LOCAL_PODS`),
+/// most drops first.
+fn pod_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
+    use dataplane_common::stats::PodCounters;
+    let data = pinned(pins, maps::POD_STATS)?;
+    let counters: aya::maps::PerCpuHashMap<MapData, u32, PodCounters> =
+        aya::maps::PerCpuHashMap::try_from(Map::PerCpuLruHashMap(data))
+            .map_err(open_err(maps::POD_STATS, "open"))?;
+    let mut addresses: BTreeMap<u32, Vec<String>> = BTreeMap::new();
+    for (addr, pod) in hash::<Addr, LocalPod>(pins, maps::LOCAL_PODS, false)? {
+        addresses
+            .entry(pod.ifindex)
+            .or_default()
+            .push(ip_of(&addr).to_string());
+    }
+    let mut rows: Vec<(u64, u64, u32)> = counters
+        .iter()
+        .filter_map(Result::ok)
+        .map(|(ifindex, per_cpu)| {
+            let (drops, flows) = per_cpu
+                .iter()
+                .fold((0u64, 0u64), |(d, f), c| (d + c.drops, f + c.flows));
+            (drops, flows, ifindex)
+        })
+        .collect();
+    rows.sort_by(|a, b| b.cmp(a));
+    Ok(rows
+        .into_iter()
+        .map(|(drops, flows, ifindex)| {
+            vec![
+                ifindex.into(),
+                Cell::List(addresses.remove(&ifindex).unwrap_or_default()),
+                Cell::Number(drops),
+                Cell::Number(flows),
+            ]
+        })
+        .collect())
 }
 
 #[cfg(test)]

@@ -1299,6 +1299,101 @@ mod tests {
         assert_eq!(granted, watched);
     }
 
+    /// The agents' node writes are held to their own Node and their own annotations by an
+    /// admission policy (RBAC cannot say so): the policy names the agents' service account
+    /// and exactly the annotations the agent writes, and is bound to deny.
+    #[test]
+    fn an_admission_policy_holds_each_agent_to_its_own_node_and_annotations() {
+        use k8s_openapi::api::admissionregistration::v1::{
+            ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+        };
+        let text = deploy_file("rbac.yaml");
+        let policies: Vec<ValidatingAdmissionPolicy> = objects(&text, "ValidatingAdmissionPolicy");
+        let bindings: Vec<ValidatingAdmissionPolicyBinding> =
+            objects(&text, "ValidatingAdmissionPolicyBinding");
+        assert_eq!(policies.len(), 1);
+        let name = policies[0].metadata.name.clone().unwrap();
+        let binding = bindings[0].spec.as_ref().unwrap();
+        assert_eq!(binding.policy_name.as_deref(), Some(name.as_str()));
+        assert_eq!(
+            binding.validation_actions.as_deref(),
+            Some(&["Deny".to_owned()][..])
+        );
+        let spec = policies[0].spec.as_ref().unwrap();
+        assert_eq!(spec.failure_policy.as_deref(), Some("Fail"));
+        let condition = &spec.match_conditions.as_ref().unwrap()[0].expression;
+        assert!(
+            condition.contains("'system:serviceaccount:dataplane:dataplane-agent'"),
+            "{condition}"
+        );
+        let owned = spec
+            .variables
+            .iter()
+            .flatten()
+            .find(|v| v.name == "owned")
+            .expect("the owned annotations");
+        for annotation in [
+            crate::hybrid::ROUTER_IP_ANNOTATION,
+            crate::hybrid::ROUTER_MAC_ANNOTATION,
+        ] {
+            assert!(
+                owned.expression.contains(&format!("'{annotation}'")),
+                "{annotation}"
+            );
+        }
+        assert_eq!(owned.expression.matches("'k8s.ovn.org/").count(), 2);
+        let checks: Vec<&str> = spec
+            .validations
+            .iter()
+            .flatten()
+            .map(|v| v.expression.as_str())
+            .collect();
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.contains("object.metadata.name == variables.ownNode"))
+        );
+        assert!(
+            checks
+                .iter()
+                .any(|c| c.contains("object.spec == oldObject.spec"))
+        );
+    }
+
+    /// The controller needs no privilege and has none.
+    #[test]
+    fn the_controller_runs_unprivileged() {
+        let deployments: Vec<k8s_openapi::api::apps::v1::Deployment> =
+            objects(&deploy_file("controller.yaml"), "Deployment");
+        let pod = deployments[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        let context = pod.security_context.as_ref().expect("pod security context");
+        assert_eq!(context.run_as_non_root, Some(true));
+        assert!(context.run_as_user.is_some_and(|u| u != 0));
+        let container = pod.containers[0]
+            .security_context
+            .as_ref()
+            .expect("context");
+        assert_eq!(container.allow_privilege_escalation, Some(false));
+        assert_eq!(container.privileged, None);
+        let dropped = container
+            .capabilities
+            .as_ref()
+            .and_then(|c| c.drop.clone())
+            .unwrap_or_default();
+        assert_eq!(dropped, vec!["ALL".to_owned()]);
+        assert!(
+            container
+                .capabilities
+                .as_ref()
+                .and_then(|c| c.add.as_ref())
+                .is_none()
+        );
+    }
+
     #[test]
     fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_and_its_lease() {
         let text = deploy_file("controller.yaml");

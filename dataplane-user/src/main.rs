@@ -633,7 +633,10 @@ fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> anyhow::Result
             multicast_errors: Vec::new(),
             events,
             external_ip_cidrs: args.external_ip_cidrs.clone(),
-            multicast_settings: args.multicast,
+            multicast_settings: dataplane_user::multicast::Settings {
+                key_file: Some(args.probe_key_file.clone()),
+                ..args.multicast.clone()
+            },
             multicast: None,
             run_dir: run_dir.to_path_buf(),
         };

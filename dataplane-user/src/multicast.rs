@@ -57,7 +57,7 @@ const LAST_MEMBER_QUERIES: u32 = 2;
 const LAST_MEMBER_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The agent's multicast settings (command line).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct Settings {
     /// Between general queries (IGMP's default: 125 s).
     pub query_interval: Duration,
@@ -65,6 +65,9 @@ pub struct Settings {
     pub peer_port: u16,
     /// Between two announcements of an unchanged list.
     pub announce_every: Duration,
+    /// The cluster's key (the egress IP probes' Secret): announcements are signed with it,
+    /// and, while it is there, only signed ones are believed.
+    pub key_file: Option<PathBuf>,
 }
 
 impl Default for Settings {
@@ -73,6 +76,7 @@ impl Default for Settings {
             query_interval: Duration::from_secs(125),
             peer_port: 6083,
             announce_every: Duration::from_secs(10),
+            key_file: None,
         }
     }
 }
@@ -282,6 +286,10 @@ pub struct MulticastAgent {
     /// The groups last announced.
     announced: Option<BTreeSet<peers::Group>>,
     refused: u64,
+    /// Announcements refused (unsigned, forged, too large, from no node): counted, logged
+    /// once in a while, so a flood of them costs no log flood.
+    refused_announcements: u64,
+    key: Option<crate::egressip::probe::KeyFile>,
     state_file: PathBuf,
     /// What the pinned groups map held at start, adopted at the first plan.
     adopted: Adopted,
@@ -314,6 +322,11 @@ impl MulticastAgent {
     /// An agent with nothing learnt yet and nothing opened.
     fn new(settings: Settings, node: &str, state_file: PathBuf) -> Self {
         Self {
+            key: settings
+                .key_file
+                .clone()
+                .map(crate::egressip::probe::KeyFile::new),
+            refused_announcements: 0,
             settings,
             node: node.to_owned(),
             plan: Plan::default(),
@@ -593,13 +606,19 @@ impl MulticastAgent {
             match socket.try_recv_from(&mut buffer) {
                 Ok((len, from)) => {
                     let from = canonical(from.ip());
-                    match peers::decode(&buffer[..len], from, &self.plan.node_addresses) {
+                    let key = self.key.as_mut().and_then(|k| k.key().ok());
+                    match peers::decode(&buffer[..len], from, &self.plan.node_addresses, key) {
                         Ok(announcement) => {
                             changed |=
                                 self.received
                                     .take(announcement, now, self.settings.peer_hold());
                         }
-                        Err(error) => tracing::warn!(%error, "multicast announcement refused"),
+                        Err(error) => {
+                            self.refused_announcements += 1;
+                            if self.refused_announcements.is_power_of_two() {
+                                tracing::warn!(%error, refused = self.refused_announcements, "multicast announcement refused");
+                            }
+                        }
                     }
                 }
                 Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => break,
@@ -836,7 +855,8 @@ impl MulticastAgent {
         let generation = SystemTime::now()
             .duration_since(SystemTime::UNIX_EPOCH)
             .map_or(0, |d| d.as_nanos() as u64);
-        let datagrams = peers::encode(&self.node, generation, &groups);
+        let key = self.key.as_mut().and_then(|k| k.key().ok());
+        let datagrams = peers::encode(&self.node, generation, &groups, key);
         for peer in self.plan.peers.values() {
             let to = SocketAddr::new(peer.address, self.settings.peer_port);
             for datagram in &datagrams {

@@ -887,6 +887,8 @@ fn every_fragment_of_a_datagram_is_translated_as_its_first() {
     if !privileged("every_fragment_of_a_datagram_is_translated_as_its_first") {
         return;
     }
+    // One CPU: a datagram's entry goes at that CPU's next fragment after its last.
+    dataplane_tests::fixture::pin_to_one_cpu();
     let mut fixture = Fixture::load().expect("programs load");
     let mut state = LbState::default();
     let ports = vec![
@@ -926,11 +928,17 @@ fn every_fragment_of_a_datagram_is_translated_as_its_first() {
             );
         }
     }
-    // The first fragments' ports are remembered by datagram.
-    let frags: HashMap<&mut MapData, FragKey, FragPorts> =
-        fixture.typed_map(FRAGS).expect("fragments map");
-    let mut remembered: Vec<(FragKey, FragPorts)> = frags.iter().filter_map(Result::ok).collect();
-    remembered.sort_by_key(|(k, _)| k.src);
+    // The first fragments' ports are remembered by datagram, and go with its last fragment:
+    // the IPv4 datagram's went when the IPv6 one began; the IPv6 one's waits for the next
+    // fragment (its last fragment may still pass another program of this node).
+    let remembered = |fixture: &mut Fixture| -> Vec<(FragKey, FragPorts)> {
+        let frags: HashMap<&mut MapData, FragKey, FragPorts> =
+            fixture.typed_map(FRAGS).expect("fragments map");
+        let mut remembered: Vec<(FragKey, FragPorts)> =
+            frags.iter().filter_map(Result::ok).collect();
+        remembered.sort_by_key(|(k, _)| k.src);
+        remembered
+    };
     let ports = FragPorts {
         src_port: 40000u16.to_be_bytes(),
         dst_port: 53u16.to_be_bytes(),
@@ -942,15 +950,13 @@ fn every_fragment_of_a_datagram_is_translated_as_its_first() {
         protocol: 17,
         _pad: [0; 3],
     };
-    let mut expected = vec![
-        (key("10.244.1.9", "10.96.0.45", [0x03, 0x09, 0, 0]), ports),
-        (
+    assert_eq!(
+        remembered(&mut fixture),
+        vec![(
             key("fd00:10:244:1::9", "fd00:96::45", 777u32.to_be_bytes()),
             ports,
-        ),
-    ];
-    expected.sort_by_key(|(k, _)| k.src);
-    assert_eq!(remembered, expected);
+        )]
+    );
 
     // A later fragment of a datagram whose first was never seen: dropped, for its own reason.
     let lone = fragment_frame(
@@ -963,6 +969,8 @@ fn every_fragment_of_a_datagram_is_translated_as_its_first() {
         fixture.counters().drops(DropReason::FragmentWithoutFirst),
         1
     );
+    // Its run took the last datagram's entry with it: no dead entry stays.
+    assert_eq!(remembered(&mut fixture), Vec::new());
 }
 
 const TC_ACT_REDIRECT: u32 = 7;
@@ -2706,4 +2714,113 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
     assert_eq!(out.action, XDP_PASS);
     assert_eq!(out.output, ack, "untouched");
     assert_eq!(cached(fixture), 3);
+}
+
+/// Only a connection's opening takes a backend and conntrack entries: a TCP segment without
+/// SYN (or a SYN-ACK) to a service port that no flow tracks is dropped, counted, and leaves no
+/// entry; a SYN opens both directions, which live a minute until the connection gets past its
+/// opening (the client's next segment), then the established timeout.
+#[test]
+fn only_an_opening_creates_entries_and_unestablished_flows_live_a_minute() {
+    if !privileged("only_an_opening_creates_entries_and_unestablished_flows_live_a_minute") {
+        return;
+    }
+    use dataplane_common::lb::{CT_ESTABLISHED, CT_REPLY, CT_TIMEOUT_OPENING};
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![service("10.96.0.30", 80, 6, &["10.244.2.5:8080"], 0)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let vip = [10, 96, 0, 30];
+    let original = |sport| ct_key("10.244.1.9", sport, "10.96.0.30", 80, 6, CT_ORIGINAL);
+    let reply = |sport| ct_key("10.244.2.5", 8080, "10.244.1.9", sport, 6, CT_REPLY);
+    let before = fixture.counters();
+    // An ACK, a SYN-ACK, a FIN, an RST of no tracked flow: dropped, no entry made.
+    for (sport, flags) in [(42000u16, "A"), (42001, "SA"), (42002, "FA"), (42003, "R")] {
+        let segment = frame("tcp", "10.244.1.9", sport, "10.96.0.30", 80, flags);
+        let out = from_pod(&mut fixture, &segment).expect("tc run");
+        assert_eq!(out.action, TC_ACT_SHOT, "{flags}");
+        assert_eq!(ct_entry(&mut fixture, &original(sport)), None, "{flags}");
+    }
+    let counters = fixture.counters();
+    assert_eq!(
+        counters.drops(DropReason::LbNotOpening) - before.drops(DropReason::LbNotOpening),
+        4
+    );
+    // A SYN opens the flow: both directions, neither established yet.
+    let syn = tcp_v4_flow(CLIENT, 42010, vip, 80, true);
+    assert_eq!(
+        from_pod(&mut fixture, &syn).expect("tc run").action,
+        TC_ACT_OK
+    );
+    let opened = ct_entry(&mut fixture, &original(42010)).expect("original entry");
+    assert_eq!(opened.flags & CT_ESTABLISHED, 0);
+    assert!(
+        ct_entry(&mut fixture, &reply(42010)).is_some(),
+        "reply entry"
+    );
+    // Idle past a minute without getting past its opening: gone for the next segment (which,
+    // being no SYN, opens nothing).
+    let mut ct: HashMap<&mut MapData, CtKey, CtValue> = fixture.typed_map(LB_CT).expect("ct");
+    let mut aged = opened;
+    aged.last_seen = opened.last_seen - CT_TIMEOUT_OPENING - 1;
+    ct.insert(original(42010), aged, 0).expect("age the entry");
+    let ack = tcp_v4_flow(CLIENT, 42010, vip, 80, false);
+    assert_eq!(
+        from_pod(&mut fixture, &ack).expect("tc run").action,
+        TC_ACT_SHOT
+    );
+    // A flow whose client got past the opening is established, and lives past the minute.
+    let syn = tcp_v4_flow(CLIENT, 42011, vip, 80, true);
+    assert_eq!(
+        from_pod(&mut fixture, &syn).expect("tc run").action,
+        TC_ACT_OK
+    );
+    let ack = tcp_v4_flow(CLIENT, 42011, vip, 80, false);
+    assert_eq!(
+        from_pod(&mut fixture, &ack).expect("tc run").action,
+        TC_ACT_OK
+    );
+    let established = ct_entry(&mut fixture, &original(42011)).expect("entry");
+    assert_eq!(established.flags & CT_ESTABLISHED, CT_ESTABLISHED);
+    let mut ct: HashMap<&mut MapData, CtKey, CtValue> = fixture.typed_map(LB_CT).expect("ct");
+    let mut aged = established;
+    aged.last_seen = established.last_seen - CT_TIMEOUT_OPENING - 1;
+    ct.insert(original(42011), aged, 0).expect("age the entry");
+    let out = from_pod(&mut fixture, &ack).expect("tc run");
+    assert_eq!(
+        out.action, TC_ACT_OK,
+        "an established flow outlives the minute"
+    );
+    assert_eq!(IpAddr::from(destination(&out.output)), ip("10.244.2.5"));
+    // UDP needs no opening: any datagram opens its flow.
+    let udp_ports = vec![
+        service("10.96.0.30", 80, 6, &["10.244.2.5:8080"], 0),
+        service("10.96.0.30", 53, 17, &["10.244.2.5:5353"], 0),
+    ];
+    fixture.sync_lb(&mut state, &udp_ports).expect("sync");
+    let datagram = frame("udp", "10.244.1.9", 42020, "10.96.0.30", 53, "");
+    assert_eq!(
+        from_pod(&mut fixture, &datagram).expect("tc run").action,
+        TC_ACT_OK
+    );
+    // Each service flow a pod opened is counted against it (its veth), as are its drops.
+    let pods = dataplane_user::inspect::read(
+        fixture.pins(),
+        dataplane_user::inspect::Table::Pods,
+        &Default::default(),
+    )
+    .expect("inspect pods");
+    assert_eq!(pods.rows.len(), 1, "{:?}", pods.rows);
+    let row = &pods.rows[0];
+    use dataplane_user::inspect::Cell;
+    assert_eq!(
+        row[2],
+        Cell::Number(5),
+        "drops: 4 strays, the ACK of the expired flow"
+    );
+    assert_eq!(
+        row[3],
+        Cell::Number(3),
+        "flows opened: two SYNs and a datagram"
+    );
 }

@@ -108,11 +108,13 @@ impl ProbeKey {
         Self::read(path)
     }
 
-    fn sign(&self, text: &str) -> String {
+    /// The signature of `text` (hex).
+    pub fn sign(&self, text: &str) -> String {
         hex(hmac::sign(&self.0, text.as_bytes()).as_ref())
     }
 
-    fn verify(&self, text: &str, mac: &str) -> Result<(), ProbeError> {
+    /// Whether `mac` is the signature of `text` (in constant time).
+    pub fn verify(&self, text: &str, mac: &str) -> Result<(), ProbeError> {
         let mac = unhex(mac).ok_or(ProbeError::BadSignature)?;
         hmac::verify(&self.0, text.as_bytes(), &mac).map_err(|_| ProbeError::BadSignature)
     }

@@ -7,7 +7,12 @@
 //! forgets a node's groups three periods after its last complete announcement. Each
 //! announcement is the node's whole list, split in parts of at most [`GROUPS_PER_PART`]
 //! groups under one generation number; a receiver takes it once every part arrived. Only
-//! datagrams from a cluster node's address, naming that node, are believed.
+//! datagrams from a cluster node's address, naming that node, are believed; with the
+//! cluster's key (the egress IP probes' Secret, which every agent holds) only signed ones.
+//! What one node can make another hold is bounded: [`MAX_PARTS`] parts of
+//! [`GROUPS_PER_PART`] groups, assembled one generation at a time; and a generation from far
+//! ahead stops a node's later announcements only while it is fresh (a node's groups expire
+//! unless announced again, and an expired node's next generation is taken whatever it is).
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -17,10 +22,16 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
+use crate::egressip::probe::ProbeKey;
+
 /// The version of the format below.
 pub const VERSION: u32 = 1;
 /// Groups per datagram: about 60 bytes each in JSON, so a part stays well under 64 KiB.
 pub const GROUPS_PER_PART: usize = 500;
+
+/// The most parts one announcement may have: a node holds at most `MAX_GROUPS` groups
+/// (2,048), five parts; room to spare, and no more.
+pub const MAX_PARTS: u32 = 8;
 
 /// A namespace and one of its groups.
 pub type Group = (String, IpAddr);
@@ -36,6 +47,28 @@ pub struct Announcement {
     pub part: u32,
     pub parts: u32,
     pub groups: Vec<Group>,
+    /// HMAC-SHA256 of the rest with the cluster's key (empty without one).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub mac: String,
+}
+
+impl Announcement {
+    fn signed_text(&self) -> String {
+        let groups: Vec<String> = self
+            .groups
+            .iter()
+            .map(|(namespace, group)| format!("{namespace}={group}"))
+            .collect();
+        format!(
+            "multicast\n{}\n{}\n{}\n{}\n{}\n{}",
+            self.version,
+            self.node,
+            self.generation,
+            self.part,
+            self.parts,
+            groups.join(",")
+        )
+    }
 }
 
 /// Why a datagram was refused.
@@ -55,10 +88,25 @@ pub enum PeerError {
     },
     #[error("multicast announcement from {0}, which is no cluster node")]
     UnknownSender(IpAddr),
+    #[error("multicast announcement of node {0} not signed with the cluster's key")]
+    Unsigned(String),
+    #[error(
+        "multicast announcement of {groups} groups in part {part} of {parts}: more than an announcement may hold"
+    )]
+    TooLarge {
+        part: u32,
+        parts: u32,
+        groups: usize,
+    },
 }
 
-/// The datagrams announcing `groups` under `generation`.
-pub fn encode(node: &str, generation: u64, groups: &BTreeSet<Group>) -> Vec<Vec<u8>> {
+/// The datagrams announcing `groups` under `generation`, signed with `key` when there is one.
+pub fn encode(
+    node: &str,
+    generation: u64,
+    groups: &BTreeSet<Group>,
+    key: Option<&ProbeKey>,
+) -> Vec<Vec<u8>> {
     let groups: Vec<Group> = groups.iter().cloned().collect();
     let chunks: Vec<&[Group]> = if groups.is_empty() {
         vec![&[]]
@@ -70,24 +118,30 @@ pub fn encode(node: &str, generation: u64, groups: &BTreeSet<Group>) -> Vec<Vec<
         .into_iter()
         .enumerate()
         .map(|(part, groups)| {
-            serde_json::to_vec(&Announcement {
+            let mut announcement = Announcement {
                 version: VERSION,
                 node: node.to_owned(),
                 generation,
                 part: part as u32,
                 parts,
                 groups: groups.to_vec(),
-            })
-            .expect("an announcement serializes")
+                mac: String::new(),
+            };
+            if let Some(key) = key {
+                announcement.mac = key.sign(&announcement.signed_text());
+            }
+            serde_json::to_vec(&announcement).expect("an announcement serializes")
         })
         .collect()
 }
 
-/// Reads a datagram from `from`, checked against the cluster's nodes (address to name).
+/// Reads a datagram from `from`, checked against the cluster's nodes (address to name) and,
+/// with the cluster's `key`, its signature.
 pub fn decode(
     bytes: &[u8],
     from: IpAddr,
     nodes: &BTreeMap<IpAddr, String>,
+    key: Option<&ProbeKey>,
 ) -> Result<Announcement, PeerError> {
     let actual = nodes.get(&from).ok_or(PeerError::UnknownSender(from))?;
     let announcement: Announcement = serde_json::from_slice(bytes)?;
@@ -99,6 +153,20 @@ pub fn decode(
             part: announcement.part,
             parts: announcement.parts,
         });
+    }
+    if announcement.parts > MAX_PARTS || announcement.groups.len() > GROUPS_PER_PART {
+        return Err(PeerError::TooLarge {
+            part: announcement.part,
+            parts: announcement.parts,
+            groups: announcement.groups.len(),
+        });
+    }
+    if let Some(key) = key
+        && key
+            .verify(&announcement.signed_text(), &announcement.mac)
+            .is_err()
+    {
+        return Err(PeerError::Unsigned(announcement.node));
     }
     if &announcement.node != actual {
         return Err(PeerError::WrongNode {
@@ -137,18 +205,25 @@ impl Received {
     /// Takes one datagram; whether a node's groups changed.
     pub fn take(&mut self, announcement: Announcement, now: Instant, hold: Duration) -> bool {
         let node = announcement.node.clone();
+        // An older generation than the node's last is a late datagram, unless what the node
+        // last announced has expired: then whatever came before does not count (a forged
+        // generation from far ahead silences a node no longer than it would stay fresh).
         if self
             .known
             .get(&node)
-            .is_some_and(|known| known.generation > announcement.generation)
+            .is_some_and(|known| known.expires > now && known.generation > announcement.generation)
         {
             return false;
         }
         let assembly = self.assembling.entry(node.clone()).or_default();
-        if announcement.generation < assembly.generation {
+        let stale = self
+            .known
+            .get(&node)
+            .is_none_or(|known| known.expires <= now);
+        if announcement.generation < assembly.generation && !stale {
             return false;
         }
-        if announcement.generation > assembly.generation {
+        if announcement.generation != assembly.generation {
             *assembly = Assembly {
                 generation: announcement.generation,
                 parts: announcement.parts,
@@ -222,12 +297,67 @@ mod tests {
         [("10.99.0.2".parse().unwrap(), "node-b".to_owned())].into()
     }
 
+    /// The forgeries of the issue: a generation at its largest would have silenced the node
+    /// for good, a count of parts without end grown memory; with the key, nothing unsigned
+    /// is believed at all.
+    #[test]
+    fn forged_generations_are_bounded_parts_refused_and_keys_checked() {
+        let from: IpAddr = "10.99.0.2".parse().unwrap();
+        let now = Instant::now();
+        let hold = Duration::from_secs(30);
+        let mut received = Received::default();
+        let forged = Announcement {
+            version: VERSION,
+            node: "node-b".into(),
+            generation: u64::MAX,
+            part: 0,
+            parts: 1,
+            groups: Vec::new(),
+            mac: String::new(),
+        };
+        received.take(forged, now, hold);
+        // While the forgery is fresh the real generations are older: refused...
+        let real = encode("node-b", 5, &[group("team", "224.5.5.5")].into(), None);
+        let taken = decode(&real[0], from, &nodes(), None).unwrap();
+        assert!(!received.take(taken.clone(), now, hold));
+        // ...once it has expired, taken.
+        assert!(received.take(taken, now + hold + Duration::from_secs(1), hold));
+        // Parts past the bound, and too many groups in a part.
+        let mut many = real.clone();
+        let mut text: serde_json::Value = serde_json::from_slice(&many[0]).unwrap();
+        text["parts"] = serde_json::json!(1_000_000);
+        many[0] = serde_json::to_vec(&text).unwrap();
+        assert!(matches!(
+            decode(&many[0], from, &nodes(), None),
+            Err(PeerError::TooLarge { .. })
+        ));
+        // With the key: an unsigned or otherwise signed announcement is refused.
+        let key = ProbeKey::from_bytes(b"0123456789abcdef0123456789abcdef").unwrap();
+        let other = ProbeKey::from_bytes(b"another key of enough length!!").unwrap();
+        assert!(matches!(
+            decode(&real[0], from, &nodes(), Some(&key)),
+            Err(PeerError::Unsigned(_))
+        ));
+        let signed = encode(
+            "node-b",
+            6,
+            &[group("team", "224.5.5.5")].into(),
+            Some(&key),
+        );
+        assert!(decode(&signed[0], from, &nodes(), Some(&key)).is_ok());
+        assert!(decode(&signed[0], from, &nodes(), Some(&other)).is_err());
+        let mut tampered: serde_json::Value = serde_json::from_slice(&signed[0]).unwrap();
+        tampered["generation"] = serde_json::json!(u64::MAX);
+        let tampered = serde_json::to_vec(&tampered).unwrap();
+        assert!(decode(&tampered, from, &nodes(), Some(&key)).is_err());
+    }
+
     #[test]
     fn a_large_announcement_is_taken_once_every_part_arrived() {
         let groups: BTreeSet<Group> = (0..1200)
             .map(|i| group("team", &format!("239.1.{}.{}", i / 250, i % 250)))
             .collect();
-        let datagrams = encode("node-b", 7, &groups);
+        let datagrams = encode("node-b", 7, &groups, None);
         assert_eq!(datagrams.len(), 3);
         assert!(datagrams.iter().all(|d| d.len() < 65_000));
         let from = "10.99.0.2".parse().unwrap();
@@ -235,36 +365,36 @@ mod tests {
         let now = Instant::now();
         let hold = Duration::from_secs(30);
         for (i, datagram) in datagrams.iter().enumerate() {
-            let announcement = decode(datagram, from, &nodes()).unwrap();
+            let announcement = decode(datagram, from, &nodes(), None).unwrap();
             let changed = received.take(announcement, now, hold);
             assert_eq!(changed, i == 2, "part {i}");
         }
         let (node, got) = received.nodes().next().unwrap();
         assert_eq!((node, got), ("node-b", &groups));
         // An older generation arriving late changes nothing.
-        let old = encode("node-b", 6, &BTreeSet::new());
-        assert!(!received.take(decode(&old[0], from, &nodes()).unwrap(), now, hold));
+        let old = encode("node-b", 6, &BTreeSet::new(), None);
+        assert!(!received.take(decode(&old[0], from, &nodes(), None).unwrap(), now, hold));
         // An empty newer one withdraws everything.
-        let empty = encode("node-b", 8, &BTreeSet::new());
-        assert!(received.take(decode(&empty[0], from, &nodes()).unwrap(), now, hold));
+        let empty = encode("node-b", 8, &BTreeSet::new(), None);
+        assert!(received.take(decode(&empty[0], from, &nodes(), None).unwrap(), now, hold));
         assert_eq!(received.nodes().count(), 0);
     }
 
     #[test]
     fn announcements_are_believed_only_from_the_node_they_name() {
-        let datagrams = encode("node-c", 1, &[group("team", "224.5.5.5")].into());
+        let datagrams = encode("node-c", 1, &[group("team", "224.5.5.5")].into(), None);
         let from: IpAddr = "10.99.0.2".parse().unwrap();
         assert!(matches!(
-            decode(&datagrams[0], from, &nodes()),
+            decode(&datagrams[0], from, &nodes(), None),
             Err(PeerError::WrongNode { .. })
         ));
         let stranger: IpAddr = "10.99.0.9".parse().unwrap();
         assert!(matches!(
-            decode(&datagrams[0], stranger, &nodes()),
+            decode(&datagrams[0], stranger, &nodes(), None),
             Err(PeerError::UnknownSender(_))
         ));
         assert!(matches!(
-            decode(b"{", from, &nodes()),
+            decode(b"{", from, &nodes(), None),
             Err(PeerError::Parse(_))
         ));
     }
@@ -274,9 +404,13 @@ mod tests {
         let mut received = Received::default();
         let now = Instant::now();
         let hold = Duration::from_secs(30);
-        let datagrams = encode("node-b", 1, &[group("team", "224.5.5.5")].into());
+        let datagrams = encode("node-b", 1, &[group("team", "224.5.5.5")].into(), None);
         let from = "10.99.0.2".parse().unwrap();
-        received.take(decode(&datagrams[0], from, &nodes()).unwrap(), now, hold);
+        received.take(
+            decode(&datagrams[0], from, &nodes(), None).unwrap(),
+            now,
+            hold,
+        );
         let all: BTreeSet<&str> = ["node-b"].into();
         assert!(!received.expire(now + Duration::from_secs(29), &all));
         assert!(received.expire(now + Duration::from_secs(31), &all));
