@@ -4,19 +4,8 @@
 //! overlay, the Services, NetworkPolicies, admin policies and EgressFirewalls, egress IPs,
 //! multicast.
 
-use std::{collections::BTreeMap, net::IpAddr};
-
 use crate::{
-    acl::{
-        admin::{AdminObjects, validate_all},
-        firewall::{DnsAddresses, compile_firewalls, context},
-        policy::{PolicyCluster, PolicyPods, namespace_labels, policy_sets},
-    },
-    egressip::compile::{EgressInputs, compile as compile_egress},
-    lb::{self, AddressPolicy},
-    model::{self, HostInterface, HostedPods},
-    multicast,
-    overlay::{self, OvnKubernetesConfig, Underlay},
+    pipeline::Desired,
     rejected::Rejection,
     source::{ClusterState, add_documents},
     test_rng::TestRng,
@@ -103,122 +92,9 @@ spec:
   egress: [{name: dns, action: Allow, to: [{networks: [10.96.0.0/16]}], ports: [{portNumber: {protocol: UDP, port: 53}}]}]
 "#;
 
-/// A policy set's prefix lengths (IPv4, IPv6), prefix count and table count.
-type SetShape = (Vec<u8>, Vec<u8>, usize, usize);
-
-/// What every stage compiles the cluster to, in comparable form.
-#[derive(Debug, PartialEq)]
-struct Desired {
-    overlay: String,
-    services: String,
-    policies: String,
-    firewalls: String,
-    admin: String,
-    egress: String,
-    multicast: String,
-}
-
-/// Runs every stage's compile on `state` as the agent on node `a` would; what each stage
-/// refused, too.
+/// Every stage's compile as the agent on node `a` runs it.
 fn compile_all(state: &ClusterState) -> (Desired, Vec<String>) {
-    let mut refused: Vec<String> = state.rejected.clone();
-    let underlay = Underlay {
-        ifindex: 2,
-        mac: [2, 0, 0, 0, 0, 1],
-        xdp_forward: false,
-        mtu: 1500,
-    };
-    let settings = state
-        .network
-        .unwrap_or_default()
-        .validate(1500)
-        .unwrap_or_else(|_| OvnKubernetesConfig::default().validate(1500).unwrap());
-    let interface = |ip: IpAddr| {
-        (ip.to_string() == "10.244.1.5").then(|| HostInterface {
-            name: "vp0".into(),
-            ifindex: 10,
-            mac: [2, 0, 0, 0, 1, 1],
-            takes_xdp: false,
-        })
-    };
-    let hosted = HostedPods::from_pods(&state.pods, "a");
-    let mut model = model::build(state, &hosted, None, "a", underlay, settings, interface);
-    refused.extend(model.warnings.iter().cloned());
-    let overlay = overlay::compile(&model.view).expect("node a is there");
-    refused.extend(overlay.node_maps.rejected.values().cloned());
-    overlay.node_maps.drop_rejected_from(&mut model.view);
-
-    let services = lb::compile_services(
-        &state.services,
-        &state.endpoint_slices,
-        "a",
-        &AddressPolicy::default(),
-    );
-    refused.extend(services.errors.iter().cloned());
-
-    let pods = PolicyPods::from_pods(&state.pods);
-    let labels = namespace_labels(&state.namespaces);
-    let cluster = PolicyCluster::new(&pods, &labels);
-    let admin_objects = AdminObjects {
-        admin: state.admin_network_policies.to_vec(),
-        baseline: state.baseline_admin_network_policies.to_vec(),
-        cluster: state.cluster_network_policies.to_vec(),
-    };
-    let admin = validate_all(&admin_objects, &mut BTreeMap::new());
-    refused.extend(admin.errors.iter().cloned());
-    let policies = policy_sets(
-        &state.network_policies.to_vec(),
-        &cluster,
-        &["shop/web".to_owned()],
-        &BTreeMap::new(),
-        &admin.policies,
-    );
-    refused.extend(policies.errors.iter().cloned());
-    let firewalls = compile_firewalls(
-        &state.egress_firewalls.to_vec(),
-        &context(state, &model.view),
-        &DnsAddresses::new(),
-    );
-    refused.extend(firewalls.errors.iter().cloned());
-    let inputs = EgressInputs::from_state(state, state.egress_ips.to_vec(), &pods, &model);
-    let egress = compile_egress(&inputs, |_| true);
-    let plan = multicast::plan(state, &model.view);
-    refused.extend(plan.errors.iter().cloned());
-
-    // Each set's lengths and sizes (its whole decisions are in the egress and firewall
-    // comparisons' kind of detail elsewhere; a set's name is the hash of its rules).
-    let sets: BTreeMap<&String, SetShape> = policies
-        .sets
-        .iter()
-        .map(|(name, set)| {
-            let c = &set.compiled;
-            (
-                name,
-                (
-                    c.v4_lengths.clone(),
-                    c.v6_lengths.clone(),
-                    c.prefixes.len(),
-                    c.tables.len(),
-                ),
-            )
-        })
-        .collect();
-    let desired = Desired {
-        overlay: format!(
-            "{:?} {:?} {:?} {:?}",
-            overlay.node_maps.remote_v4,
-            overlay.node_maps.remote_v6,
-            overlay.node_maps.node_addrs,
-            overlay.local_pods
-        ),
-        services: format!("{:?}", services.ports),
-        policies: format!("{:?} {sets:?}", policies.pods),
-        firewalls: format!("{:?}", firewalls.desired.sets),
-        admin: format!("{:?}", admin.policies),
-        egress: format!("{egress:?}"),
-        multicast: format!("{:?} {:?}", plan.namespaces, plan.pods),
-    };
-    (desired, refused)
+    crate::pipeline::compile_node(state, "a").expect("node a is there")
 }
 
 /// One malformed object of kind `kind`, named `bad-<n>` (in a namespace of its own where it

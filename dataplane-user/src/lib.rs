@@ -51,6 +51,7 @@ pub mod netdev;
 pub mod overlay;
 pub mod parallel;
 pub mod pins;
+pub mod pipeline;
 pub mod port;
 pub mod preflight;
 pub mod rejected;

@@ -127,7 +127,8 @@ impl Rejection {
                 message: message.to_owned(),
             };
         }
-        let kind = if head.ends_with(".yaml") || head.ends_with(".yml") || head.starts_with("api:")
+        let kind = if [".yaml", ".yml", ".json"].iter().any(|e| head.ends_with(e))
+            || head.starts_with("api:")
         {
             "manifest"
         } else {

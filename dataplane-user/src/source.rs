@@ -1203,7 +1203,19 @@ impl Pod {
 pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
     let mut last_fault = None;
     for document in serde_yaml::Deserializer::from_str(text) {
-        let value = match serde_yaml::Value::deserialize(document) {
+        // serde_yaml 0.9 panics on some malformed streams (an event it does not expect: the
+        // object fuzzer found one); a manifest must never stop the agent. The rest of the
+        // file is refused with it: the parser's state past a panic is not to be trusted.
+        let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            serde_yaml::Value::deserialize(document)
+        }));
+        let Ok(parsed) = parsed else {
+            state.rejected.push(format!(
+                "{file}: not YAML: the parser gave up; the rest of the file is skipped"
+            ));
+            break;
+        };
+        let value = match parsed {
             Ok(serde_yaml::Value::Null) => continue,
             Ok(value) => value,
             Err(e) => {
@@ -1463,6 +1475,29 @@ struct OvnConfigSpec {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The object fuzzer's find: an alias to no anchor inside a flow mapping made serde_yaml
+    /// panic ("unexpected end of mapping"), which would have stopped the agent. Refused, named
+    /// by file, the documents before it kept.
+    #[test]
+    fn a_manifest_that_makes_the_yaml_parser_panic_is_refused_not_fatal() {
+        let mut state = ClusterState::default();
+        add_documents(
+            &mut state,
+            "nodes.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: a}\n---\n\
+             metadata: {name: b, labels: {kubernetes.io/os: *inux}}\n",
+        );
+        assert_eq!(state.nodes.len(), 1);
+        assert!(
+            state
+                .rejected
+                .iter()
+                .any(|r| r.starts_with("nodes.yaml: not YAML")),
+            "{:?}",
+            state.rejected
+        );
+    }
 
     /// One object's parse, as the API source makes it: key and state.
     fn parsed(

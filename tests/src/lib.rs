@@ -23,6 +23,7 @@ pub mod fuzz;
 pub mod hybrid_bed;
 pub mod multicast_bed;
 pub mod netns;
+pub mod object_fuzz;
 pub mod overlay_bed;
 pub mod packets;
 pub mod podman;

@@ -1,5 +1,7 @@
-//! `cargo xtask fuzz [--frames N] [--seed S]`: hostile input at scale through every entry
-//! program (`tests/src/fuzz.rs` says what is sent and which invariants are checked). Built in
+//! `cargo xtask fuzz [--frames N] [--objects N] [--seed S]`: hostile input at scale through
+//! every entry program (`tests/src/fuzz.rs` says what is sent and which invariants are
+//! checked), then hostile cluster objects through the decoding and every compile
+//! (`tests/src/object_fuzz.rs`). Built in
 //! the test profile, which `cargo xtask test` has already compiled: the kernel's work, not
 //! the harness's, is what takes the time.
 
@@ -11,6 +13,9 @@ pub struct Args {
     /// Seed of the frame generator (the same seed gives the same frames).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Mutated clusters through the object decoding and every stage's compile.
+    #[arg(long, default_value_t = 2_000)]
+    objects: u64,
 }
 
 pub fn run(args: &Args) -> anyhow::Result<()> {
@@ -23,6 +28,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
             args.frames.to_string(),
             "--seed".into(),
             args.seed.to_string(),
+            "--objects".into(),
+            args.objects.to_string(),
         ],
     )
 }

@@ -1,6 +1,8 @@
-//! `cargo xtask fuzz [--frames N] [--seed S]`: random and mutated frames through every entry
-//! program against a node's maps, with the invariants of `dataplane_tests::fuzz` checked on
-//! each result. Prints one line per program; exits non-zero at the first broken invariant.
+//! `cargo xtask fuzz [--frames N] [--objects N] [--seed S]`: random and mutated frames through
+//! every entry program against a node's maps, with the invariants of `dataplane_tests::fuzz`
+//! checked on each result; then mutated clusters through the object decoding and every
+//! stage's compile (`dataplane_tests::object_fuzz`). Prints one line per program and one for
+//! the objects; exits non-zero at the first broken invariant.
 
 use std::time::Instant;
 
@@ -15,6 +17,10 @@ struct Args {
     /// Seed of the frame generator (the same seed gives the same frames).
     #[arg(long, default_value_t = 1)]
     seed: u64,
+    /// Mutated clusters through the object decoding and every stage's compile (after the
+    /// frames; the same seed gives the same clusters).
+    #[arg(long, default_value_t = 2_000)]
+    objects: u64,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -51,5 +57,22 @@ fn main() -> anyhow::Result<()> {
             if drops.len() > 6 { ", ..." } else { "" }
         );
     }
+    let started = Instant::now();
+    let objects = dataplane_tests::object_fuzz::run(args.objects, args.seed)
+        .map_err(|error| anyhow::anyhow!("{error:#}"))?;
+    let refused: Vec<String> = objects
+        .refused
+        .iter()
+        .map(|(kind, n)| format!("{kind} {n}"))
+        .collect();
+    println!(
+        "fuzz: {} mutated clusters, seed {}, {:.1} s (slowest {:?}); every invariant held: {} compiled, refusals by kind: {}",
+        objects.cases,
+        args.seed,
+        started.elapsed().as_secs_f64(),
+        objects.slowest,
+        objects.compiled,
+        refused.join(", ")
+    );
     Ok(())
 }
