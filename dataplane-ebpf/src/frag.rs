@@ -77,7 +77,7 @@ fn remember_or_fill(ctx: &TcContext) -> Result<(), DropReason> {
         return Ok(());
     }
     // SAFETY: the value is copied out at once.
-    let ports = *unsafe { FRAGS.get(&*key) }.ok_or(DropReason::FragmentWithoutFirst)?;
+    let ports = *unsafe { FRAGS.get(*key) }.ok_or(DropReason::FragmentWithoutFirst)?;
     parsed.src_port = ports.src_port;
     parsed.dst_port = ports.dst_port;
     if parsed.fragment == FRAG_LAST

@@ -181,7 +181,7 @@ fn hand_on(ctx: &TcContext, next: u32) -> i32 {
     // SAFETY: a tail call either does not return or returns having done nothing.
     unsafe { TAILS.tail_call(ctx, next) };
     count_pod_drop(
-        crate::stats::device(&ctx),
+        crate::stats::device(ctx),
         Hook::FromPod,
         DropReason::TailCallFailed,
     );

@@ -74,7 +74,7 @@ pub fn count_pod_flow(ifindex: u32) {
 /// CPU's slot. A subprogram: called from many drop paths, inlined it would weigh on each.
 #[inline(never)]
 fn count_pod(ifindex: u32, what: u32) {
-    if let Some(counters) = POD_STATS.get_ptr_mut(&ifindex) {
+    if let Some(counters) = POD_STATS.get_ptr_mut(ifindex) {
         // SAFETY: this CPU's own value of a per-CPU map.
         unsafe {
             if what == POD_DROP {
@@ -90,5 +90,5 @@ fn count_pod(ifindex: u32, what: u32) {
         flows: u64::from(what == POD_FLOW),
     };
     // A full LRU map evicts the pod counted longest ago.
-    let _ = POD_STATS.insert(&ifindex, &first, 0);
+    let _ = POD_STATS.insert(ifindex, first, 0);
 }
