@@ -112,12 +112,6 @@ async fn read_request(stream: &mut tokio::net::UnixStream) -> Result<Vec<u8>, Cn
             format!("reading the peer's credentials: {e}"),
         )
     })?;
-    if peer.uid() != 0 {
-        return Err(CniError::new(
-            code::INVALID_ENVIRONMENT,
-            format!("only root may ask the agent (uid {} asked)", peer.uid()),
-        ));
-    }
     let mut text = Vec::new();
     let limit = u64::try_from(REQUEST_MAX).unwrap_or(u64::MAX) + 1;
     let read = tokio::time::timeout(
@@ -125,21 +119,41 @@ async fn read_request(stream: &mut tokio::net::UnixStream) -> Result<Vec<u8>, Cn
         (&mut *stream).take(limit).read_to_end(&mut text),
     )
     .await;
-    match read {
-        Err(_) => Err(CniError::new(
-            code::DECODE_FAILURE,
-            format!("the request did not arrive whole within {REQUEST_TIMEOUT:?}"),
-        )),
-        Ok(Err(error)) => Err(CniError::new(
-            code::IO_FAILURE,
-            format!("reading the request: {error}"),
-        )),
-        Ok(Ok(_)) if text.len() > REQUEST_MAX => Err(CniError::new(
-            code::DECODE_FAILURE,
-            format!("the request is larger than {REQUEST_MAX} bytes"),
-        )),
-        Ok(Ok(_)) => Ok(text),
+    // What is refused is read to its end first (discarded, within the time limit): a socket
+    // closed with unread data resets, and the client would lose the answer saying why.
+    let refusal = if peer.uid() != 0 {
+        Some(CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!("only root may ask the agent (uid {} asked)", peer.uid()),
+        ))
+    } else {
+        match read {
+            Err(_) => Some(CniError::new(
+                code::DECODE_FAILURE,
+                format!("the request did not arrive whole within {REQUEST_TIMEOUT:?}"),
+            )),
+            Ok(Err(error)) => Some(CniError::new(
+                code::IO_FAILURE,
+                format!("reading the request: {error}"),
+            )),
+            Ok(Ok(_)) if text.len() > REQUEST_MAX => Some(CniError::new(
+                code::DECODE_FAILURE,
+                format!("the request is larger than {REQUEST_MAX} bytes"),
+            )),
+            Ok(Ok(_)) => None,
+        }
+    };
+    let Some(refusal) = refusal else {
+        return Ok(text);
+    };
+    if text.len() > REQUEST_MAX {
+        let _ = tokio::time::timeout(
+            REQUEST_TIMEOUT,
+            tokio::io::copy(&mut *stream, &mut tokio::io::sink()),
+        )
+        .await;
     }
+    Err(refusal)
 }
 
 async fn serve_one(
