@@ -167,6 +167,12 @@ fn main() -> anyhow::Result<()> {
                 let mut round = Vec::with_capacity(frames.len());
                 // The client pod passes port security (set up outside the timing).
                 fixture.port_as_sender_of(&frames[0])?;
+                // The tracked flow is opened by its SYN, as any connection is (outside the
+                // timing: only an opening makes entries).
+                if *case == Case::ConntrackHit {
+                    let syn = tcp_v4_flow([10, 244, 1, 9], 40000, [10, 96, 0, 1], 80, true);
+                    fixture.run_tc(program, &syn, 1)?;
+                }
                 for frame in &frames {
                     let run = fixture.run_tc(program, frame, 1)?;
                     anyhow::ensure!(
