@@ -30,6 +30,7 @@ pub mod attach;
 pub mod batch;
 pub mod capacity;
 pub mod cni;
+pub mod crds;
 pub mod ebpf;
 pub mod egressip;
 pub mod error;

@@ -214,6 +214,14 @@ enum Command {
         #[arg(long)]
         plugin: Option<PathBuf>,
     },
+    /// Print the custom resource definitions the agent reads (EgressFirewall, EgressIP and the
+    /// admin network policies), generated from its own types, as one YAML stream for
+    /// `kubectl apply -f -`; or write each to its file in a directory (`deploy/crds`).
+    Crds {
+        /// Write `<group>_<plural>.yaml` files here instead of printing.
+        #[arg(long)]
+        write: Option<PathBuf>,
+    },
     /// Show what is attached where, map fill levels and packet/drop counters.
     Status {
         /// Print JSON instead of tables.
@@ -300,6 +308,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// The `crds` subcommand: every shipped CRD to standard output, or each to its file in `dir`.
+fn print_or_write_crds(dir: Option<&std::path::Path>) -> anyhow::Result<()> {
+    for (file, crd) in dataplane_user::crds::shipped() {
+        let yaml =
+            dataplane_user::crds::to_yaml(&crd).with_context(|| format!("encoding {file}"))?;
+        match dir {
+            Some(dir) => {
+                let path = dir.join(&file);
+                std::fs::write(&path, yaml)
+                    .with_context(|| format!("writing {}", path.display()))?;
+                println!("wrote {}", path.display());
+            }
+            None => print!("---\n{yaml}"),
+        }
+    }
+    Ok(())
+}
+
 fn dispatch(cli: Cli) -> anyhow::Result<()> {
     let pins = Pins::new(&cli.pin_root);
     match cli.command {
@@ -371,6 +397,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             )
         }
         Command::Controller(options) => run_controller(*options),
+        Command::Crds { write } => print_or_write_crds(write.as_deref()),
         Command::InstallCni { bin_dir, plugin } => {
             let plugin = match plugin {
                 Some(plugin) => plugin,
@@ -1373,5 +1400,52 @@ mod tests {
             options.capacities,
             dataplane_user::capacity::Capacities::default()
         );
+    }
+
+    /// The init container's and the controller's arguments parse whole too, each as the
+    /// subcommand it is meant to run.
+    #[test]
+    fn the_install_and_controller_arguments_parse() {
+        let parse = |args: &[String]| {
+            Cli::try_parse_from(std::iter::once("dataplane").chain(args.iter().map(String::as_str)))
+                .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+        };
+        let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
+            serde_yaml::from_str(include_str!("../../deploy/daemonset.yaml")).expect("DaemonSet");
+        let pod = daemonset
+            .spec
+            .expect("spec")
+            .template
+            .spec
+            .expect("pod spec");
+        let install = pod
+            .init_containers
+            .iter()
+            .flatten()
+            .find(|c| c.name == "install-cni")
+            .and_then(|c| c.args.clone())
+            .expect("install-cni args");
+        assert!(matches!(
+            parse(&install).command,
+            Command::InstallCni { bin_dir, plugin: None } if bin_dir == std::path::Path::new("/host/opt/cni/bin")
+        ));
+        let controller_yaml = include_str!("../../deploy/controller.yaml");
+        let deployment = serde_yaml::Deserializer::from_str(controller_yaml)
+            .filter_map(|document| {
+                let value =
+                    <serde_yaml::Value as serde::Deserialize>::deserialize(document).ok()?;
+                (value["kind"] == "Deployment").then_some(value)
+            })
+            .next()
+            .expect("the controller's Deployment");
+        let deployment: k8s_openapi::api::apps::v1::Deployment =
+            serde_yaml::from_value(deployment).expect("Deployment");
+        let args = deployment
+            .spec
+            .and_then(|s| s.template.spec)
+            .and_then(|p| p.containers.into_iter().next())
+            .and_then(|c| c.args)
+            .expect("controller args");
+        assert!(matches!(parse(&args).command, Command::Controller(_)));
     }
 }

@@ -159,6 +159,26 @@ pub fn probe(pod: &Pod, probes: &[(&str, &str, u16)]) -> anyhow::Result<Vec<Stri
     probe_in(&pod.netns, &pod.name, probes)
 }
 
+/// One TCP SYN from `netns` to `address`:`port`, given up on after half a second (before the
+/// kernel's first retransmission at 1 s), so a counter sees exactly one packet: "connected",
+/// "refused" or "timeout".
+pub fn one_syn(netns: &str, address: &str, port: u16) -> anyhow::Result<String> {
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET6 if ':' in '{address}' else socket.AF_INET)\n\
+         s.settimeout(0.5)\n\
+         try:\n\
+         \x20   s.connect(('{address}', {port})); print('connected')\n\
+         except ConnectionRefusedError: print('refused')\n\
+         except socket.timeout: print('timeout')\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script])?;
+    if !out.status.success() {
+        bail!("SYN from {netns}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+}
+
 /// As [`probe`], from any network namespace (`who` names it in errors).
 pub fn probe_in(
     netns: &str,

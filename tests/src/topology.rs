@@ -90,8 +90,11 @@ pub struct ExternalHost {
     pub ip: Ipv4Addr,
 }
 
-/// Pod MTU in overlay mode: OVN-Kubernetes' default, underlay MTU (1500) minus 100.
-pub const OVERLAY_POD_MTU: u32 = 1400;
+/// MTU of the nodes' underlay veths (and their fabric ports), as an Ethernet NIC's.
+pub const UNDERLAY_MTU: u32 = 1500;
+
+/// Pod MTU in overlay mode: OVN-Kubernetes' default, the underlay MTU minus 100.
+pub const OVERLAY_POD_MTU: u32 = UNDERLAY_MTU - 100;
 
 pub fn underlay_ip(node: usize) -> Ipv4Addr {
     Ipv4Addr::new(10, 99, 0, node as u8 + 1)
@@ -169,7 +172,8 @@ impl Topology {
         for n in 0..nodes {
             let netns = topology.add_namespace(&format!("n{n}"))?;
             ip(&format!(
-                "link add eth0 netns {netns} type veth peer name n{n} netns {fabric}"
+                "link add eth0 netns {netns} mtu {UNDERLAY_MTU} type veth \
+                 peer name n{n} netns {fabric} mtu {UNDERLAY_MTU}"
             ))?;
             sh_in(&fabric, &format!("ip link set n{n} master br0 up"))?;
             // A queue on the wire side, as a switch port has: veth then pushes back on the

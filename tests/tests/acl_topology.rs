@@ -13,7 +13,7 @@ use std::{
 use dataplane_common::{DropReason, Hook, PacketClass};
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{Server, echo_backend, echo_server, probe, tcp_answers},
+    service_bed::{Server, echo_backend, echo_server, one_syn, probe, tcp_answers},
     topology::{
         Mode, PinsCleanup, Topology, dataplane_binary, exec_in, node_name, run_in, underlay_ip,
     },
@@ -161,12 +161,25 @@ fn egress_firewall_allows_and_refuses_real_connections_as_its_rules_say() {
             .any(|l| l.contains("0.0.0.0/0") && l.contains("deny") && l.trim_end().ends_with('2')),
         "{table}"
     );
-    let counters = agent0.counters().expect("counters");
-    assert!(
-        counters.drops(DropReason::FirewallDenied) >= 2,
-        "{counters:?}"
+    // Counted exactly: one denied SYN and one denied datagram are two firewall drops; one
+    // allowed datagram is one packet the firewall allowed (and its answer comes back).
+    let before = agent0.counters().expect("counters");
+    assert_eq!(one_syn(&team.netns, &ext, 9090).expect("SYN"), "timeout");
+    assert_eq!(
+        probe(&team, &[("udp", &ext, 5454), ("udp", &ext, 5353)]).expect("probe"),
+        vec!["timeout", ext.as_str()]
     );
-    assert!(counters.packets(Hook::FromPod, PacketClass::FirewallAllowed) >= 4);
+    let after = agent0.counters().expect("counters");
+    assert_eq!(
+        after.drops(DropReason::FirewallDenied),
+        before.drops(DropReason::FirewallDenied) + 2,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.packets(Hook::FromPod, PacketClass::FirewallAllowed),
+        before.packets(Hook::FromPod, PacketClass::FirewallAllowed) + 1,
+        "{after:?}"
+    );
     drop(servers);
 }
 

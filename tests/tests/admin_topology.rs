@@ -13,16 +13,25 @@
 
 use dataplane_tests::{
     privileged::privileged,
-    service_bed::{Server, echo_backend, probe_in},
+    service_bed::{Server, echo_backend, one_syn, probe_in},
     topology::{Agent, Mode, Pod, Topology, dataplane_json},
 };
 use serde_json::Value;
 
 const NAMESPACES: usize = 5;
 
+/// The namespaces; n4 audits its NetworkPolicies' denials, so that node 0's audit log has
+/// lines in both runs and an admin record's absence means something.
 fn namespaces() -> String {
     (0..NAMESPACES)
-        .map(|n| format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: n{n}, labels: {{team: n{n}}}}}\n"))
+        .map(|n| {
+            let audit = if n == 4 {
+                ", annotations: {k8s.ovn.org/acl-logging: '{\"deny\":\"alert\"}'}"
+            } else {
+                ""
+            };
+            format!("---\napiVersion: v1\nkind: Namespace\nmetadata: {{name: n{n}, labels: {{team: n{n}}}{audit}}}\n")
+        })
         .collect()
 }
 
@@ -373,7 +382,14 @@ fn run(name: &str, policies: &str, audited: bool) {
     // The monitoring policy's denials, named as OVN-Kubernetes names them: n2's client on
     // node 0 refused by rule 2 (`nobody-else`) of the admin policy.
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let audit = std::fs::read_to_string(&audit_log).unwrap_or_default();
+    let audit = std::fs::read_to_string(&audit_log)
+        .unwrap_or_else(|e| panic!("{name}: node 0's audit log {}: {e}", audit_log.display()));
+    // n4's NetworkPolicy audits in both runs: n0's client on node 0 refused by n4's pod there.
+    let n4_record = "name=\"NP:n4:isolation:Ingress:default\", verdict=drop, severity=alert, direction=to-lport: tcp,nw_src=10.244.1.2,nw_dst=10.244.1.6";
+    assert!(
+        audit.lines().any(|l| l.contains(n4_record)),
+        "{name}: n4's denial is audited: {audit}"
+    );
     let record = "name=\"ANP:monitoring:Ingress:2\", verdict=drop, severity=alert, direction=to-lport: tcp,nw_src=10.244.1.4,nw_dst=10.244.1.2";
     assert_eq!(
         audit.lines().any(|l| l.contains(record)),
@@ -384,10 +400,25 @@ fn run(name: &str, policies: &str, audited: bool) {
     if let Some(dir) = audit_log.parent() {
         let _ = std::fs::remove_dir_all(dir);
     }
-    let counters = agents[1].counters().expect("counters");
-    assert!(
-        counters.drops(dataplane_common::DropReason::PolicyDeniedIngress) >= 1,
-        "{counters:?}"
+    // Counted exactly: one SYN of n2's client (node 0) to n0's pod on node 1, refused there
+    // by the admin tier's ingress rule, is one ingress denial on node 1 and none on node 0.
+    let denied = |agent: &Agent| {
+        agent
+            .counters()
+            .expect("counters")
+            .drops(dataplane_common::DropReason::PolicyDeniedIngress)
+    };
+    let before = (denied(&agents[0]), denied(&agents[1]));
+    let (n2_client, _) = &clients[2];
+    assert_eq!(
+        one_syn(n2_client, "10.244.2.2", 8080).expect("SYN"),
+        "timeout",
+        "{name}"
+    );
+    assert_eq!(
+        (denied(&agents[0]), denied(&agents[1])),
+        (before.0, before.1 + 1),
+        "{name}: one ingress denial, on node 1"
     );
 }
 

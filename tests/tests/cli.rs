@@ -99,8 +99,11 @@ fn status_without_an_agent_reports_absent() {
     assert_eq!(status["maps"], serde_json::json!([]));
 }
 
-/// The deployment's DaemonSet passes arguments the agent accepts: run with them (the
-/// variables as the kubelet would expand them), it gets as far as looking for the underlay.
+/// The deployment's DaemonSet passes arguments the agent accepts, all of them as shipped (the
+/// variables expanded from the container's own env as the kubelet would, the underlay one set
+/// to a missing interface): it gets as far as looking for the underlay. It runs in a mount
+/// namespace of its own with a fresh bpffs and an empty /run, so the shipped pin root and run
+/// directory are the agent's real ones and nothing of the host's is touched.
 #[test]
 fn the_daemonset_arguments_are_accepted() {
     if !privileged("the_daemonset_arguments_are_accepted") {
@@ -110,23 +113,56 @@ fn the_daemonset_arguments_are_accepted() {
     let text = std::fs::read_to_string(path).expect("daemonset.yaml");
     let set: k8s_openapi::api::apps::v1::DaemonSet =
         serde_yaml::from_str(&text).expect("a DaemonSet");
-    let args: Vec<String> = set
+    let agent = set
         .spec
         .and_then(|s| s.template.spec)
-        .and_then(|p| p.containers.into_iter().next())
-        .and_then(|c| c.args)
+        .and_then(|p| p.containers.into_iter().find(|c| c.name == "agent"))
+        .expect("the agent container");
+    // The container's variables: literal values as written, field references as the kubelet
+    // fills them (the node's name), the underlay an interface this machine does not have.
+    let env: Vec<(String, String)> = agent
+        .env
+        .iter()
+        .flatten()
+        .map(|var| {
+            let value = match (var.name.as_str(), &var.value) {
+                ("UNDERLAY", _) => "nosuch2".to_owned(),
+                (_, Some(value)) => value.clone(),
+                (_, None) => "node-a".to_owned(),
+            };
+            (var.name.clone(), value)
+        })
+        .collect();
+    let args: Vec<String> = agent
+        .args
         .expect("container args")
         .into_iter()
-        .map(|a| {
-            a.replace("$(NODE_NAME)", "node-a")
-                .replace("$(UNDERLAY)", "nosuch2")
+        .map(|arg| {
+            let expanded = env.iter().fold(arg, |arg, (name, value)| {
+                arg.replace(&format!("$({name})"), value)
+            });
+            assert!(
+                !expanded.contains("$("),
+                "{expanded}: a variable the container does not set"
+            );
+            expanded
         })
-        // The pin root and run dir are the test's own.
-        .filter(|a| !a.starts_with("--pin-root") && !a.starts_with("--run-dir"))
         .collect();
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let (code, stderr) = dataplane(&[], &args);
-    assert_eq!(code, Some(1));
+    assert!(
+        args.iter().any(|a| a == "--pin-root=/sys/fs/bpf/dataplane")
+            && args.iter().any(|a| a == "--run-dir=/run/dataplane"),
+        "the shipped pin root and run dir are among the arguments: {args:?}"
+    );
+    let script = "mount -t bpf bpf /sys/fs/bpf && mount -t tmpfs tmpfs /run && exec \"$0\" \"$@\"";
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", script])
+        .arg(dataplane_binary())
+        .args(&args)
+        .env("RUST_LOG", "off")
+        .output()
+        .expect("run dataplane");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert_one_line_error(&stderr, "interface \"nosuch2\" not found");
 }
 

@@ -365,11 +365,51 @@ fn linux_and_windows_pods_reach_each_other_over_the_hybrid_overlay() {
     eventually("the Windows pod unreachable", &agents, || {
         !ping(&pod0.netns, WINDOWS_POD)
     });
-    let dropped = agents[0]
+    // On the wire, while three echo requests go to the Windows pod and a ping to node 1's pod
+    // shows that the capture sees the overlay: nothing to or from the Windows node's address.
+    let capture = Capture::start_for(
+        &topology.fabric,
+        "br0",
+        &format!("udp port 4789 or udp port 6081 or host {WINDOWS_IP}"),
+        400,
+        4,
+        &["ip.src", "ip.dst", "udp.dstport"],
+    )
+    .expect("capture");
+    let before = agents[0]
         .counters()
         .expect("counters")
         .drops(DropReason::HybridNoNode);
-    assert!(dropped > 0, "counted as hybrid_no_node");
+    assert!(
+        !exec_in(
+            &pod0.netns,
+            &["ping", "-c", "3", "-i", "0.2", "-W", "1", WINDOWS_POD]
+        )
+        .expect("ping")
+        .status
+        .success()
+    );
+    assert!(ping(&pod0.netns, &pod1.ip.to_string()), "node 1's pod");
+    let wire = capture.finish().expect("capture");
+    let after = agents[0]
+        .counters()
+        .expect("counters")
+        .drops(DropReason::HybridNoNode);
+    assert_eq!(
+        after - before,
+        3,
+        "each echo request counted as hybrid_no_node"
+    );
+    assert!(
+        wire.iter().any(|l| l.ends_with("|6081")),
+        "the capture saw the Geneve pings: {wire:#?}"
+    );
+    assert!(
+        !wire
+            .iter()
+            .any(|l| l.contains(WINDOWS_IP) || l.ends_with("|4789")),
+        "nothing went to the Windows node's old address: {wire:#?}"
+    );
 
     // Back, on VXLAN port 9898 (the operator's hybridOverlayVXLANPort).
     topology

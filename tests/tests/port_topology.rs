@@ -243,12 +243,27 @@ fn forged_arp_and_neighbour_advertisements_change_no_neighbour_table() {
     let victim = topology.node(0).pods[1].clone();
     let victim6 = victim.ip6.expect("dual stack");
     let own = mac_text(&attacker.mac);
-    // The node learns the victim through its own veth: make sure it has, so a poisoned entry
-    // would show as a change.
+    // The node learns the victim through its own veth, over ARP and over neighbour discovery:
+    // make sure it has both, so a poisoned entry would show as a change.
     assert!(victim.ping(topology.node(0).underlay_ip, 1).expect("ping"));
+    let node_ns = topology.node(0).netns.clone();
+    let ping6 = exec_in(
+        &node_ns,
+        &["ping", "-6", "-c", "1", "-W", "2", &victim6.to_string()],
+    )
+    .expect("ping -6");
+    assert!(
+        ping6.status.success(),
+        "the node reaches the victim over IPv6"
+    );
     let before = (
         neighbours(&topology, 0, &victim.ip.to_string()),
         neighbours(&topology, 0, &victim6.to_string()),
+    );
+    let victim_mac = mac_text(&victim.mac);
+    assert!(
+        before.0.contains(&victim_mac) && before.1.contains(&victim_mac),
+        "the node knows the victim's MAC for both addresses: {before:?}"
     );
     // Gratuitous ARP claiming the victim's address, and an ARP reply naming another MAC.
     let claim = format!(

@@ -100,16 +100,17 @@ fn trace_shows_translation_conntrack_and_firewall_drops_without_touching_live_ma
         &agent,
         &["trace", "--from", &from, "--to", "192.0.2.10:443"],
     );
-    let step = &report["steps"][0];
-    assert!(
-        step["verdict"]
-            .as_str()
-            .unwrap_or_default()
-            .starts_with("shot"),
-        "{report:#}"
+    assert_eq!(
+        report["steps"],
+        serde_json::json!([{
+            "program": "tc_from_pod",
+            "decisions": ["tcp", "dropped", "drop: firewall_denied"],
+            "verdict": "shot (dropped)",
+            "output": report["input"],
+        }]),
+        "one program, the drop and its reason: {report:#}"
     );
-    let decisions = step["decisions"].to_string();
-    assert!(decisions.contains("drop: firewall_denied"), "{decisions}");
+    assert_eq!(report["created"], serde_json::json!([]), "{report:#}");
     // The same address on another port passes the firewall.
     let report = dataplane_json(
         node0,
@@ -117,12 +118,22 @@ fn trace_shows_translation_conntrack_and_firewall_drops_without_touching_live_ma
         &["trace", "--from", &from, "--to", "192.0.2.10:80"],
     );
     assert!(
-        !report["steps"][0]["verdict"]
+        report["input"]
             .as_str()
-            .unwrap_or_default()
-            .starts_with("shot"),
+            .is_some_and(|i| i.ends_with("ip 10.244.1.2 > 192.0.2.10 ttl 64, tcp 40000 > 80 [S]")),
         "{report:#}"
     );
+    assert_eq!(
+        report["steps"],
+        serde_json::json!([{
+            "program": "tc_from_pod",
+            "decisions": ["tcp", "firewall_allowed"],
+            "verdict": "ok (on through the stack)",
+            "output": report["input"],
+        }]),
+        "allowed by the firewall, on to the node's stack unchanged: {report:#}"
+    );
+    assert_eq!(report["created"], serde_json::json!([]), "{report:#}");
 
     // Nothing live changed: no conntrack entry, no DNAT or drop counted, no trace pins left.
     assert_eq!(live_conntrack(), conntrack_before);

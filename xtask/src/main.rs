@@ -3,6 +3,7 @@
 
 mod bench;
 mod build_ebpf;
+mod crds;
 mod demo;
 mod fuzz;
 mod setup;
@@ -38,6 +39,8 @@ enum Task {
     Verify(verify::Args),
     /// Random and mutated frames through every program, invariants checked on each result.
     Fuzz(fuzz::Args),
+    /// Regenerate deploy/crds/ from the agent's Rust types (the tests only compare).
+    Crds,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -49,6 +52,7 @@ fn main() -> anyhow::Result<()> {
         Task::Demo(args) => demo::run(&args),
         Task::Verify(args) => verify::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
+        Task::Crds => crds::run(),
     }
 }
 

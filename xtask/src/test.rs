@@ -1,5 +1,6 @@
 //! The README's test command: set-up, formatting, lints on both sides, then every test. Under
-//! `CI=true` privileged tests that cannot run fail instead of returning early.
+//! CI (any truthy `CI`) privileged tests that cannot run fail instead of returning early;
+//! elsewhere they return early, and the closing line counts them as not run.
 
 use std::{
     io::{BufRead as _, BufReader},
@@ -35,12 +36,23 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(filter) = &args.filter {
         test.args(["--", filter]);
     }
-    run_and_total(&mut test)
+    // Privileged tests that return early write their names here (the tests' `privileged`
+    // gate): libtest counts them as passed, the closing line must not.
+    let not_run = std::env::temp_dir().join(format!("dataplane-not-run-{}", std::process::id()));
+    let _ = std::fs::remove_file(&not_run);
+    test.env(NOT_RUN_LOG, &not_run);
+    let result = run_and_total(&mut test, &not_run);
+    let _ = std::fs::remove_file(&not_run);
+    result
 }
 
+/// The variable the tests' `privileged` gate reads (tests/src/privileged.rs `NOT_RUN_LOG`).
+const NOT_RUN_LOG: &str = "DATAPLANE_NOT_RUN_LOG";
+
 /// Runs cargo test, passing its output through, and closes with one line totalling every test
-/// binary's result, so a reader (or CI) sees the whole count rather than the last binary's.
-fn run_and_total(command: &mut Command) -> anyhow::Result<()> {
+/// binary's result, so a reader (or CI) sees the whole count rather than the last binary's,
+/// and how many privileged tests returned without running (named in `not_run`).
+fn run_and_total(command: &mut Command, not_run: &std::path::Path) -> anyhow::Result<()> {
     eprintln!("+ {}", crate::describe(command));
     let mut child = command
         .stdout(Stdio::piped())
@@ -54,14 +66,19 @@ fn run_and_total(command: &mut Command) -> anyhow::Result<()> {
         totals.add(&line);
     }
     let status = child.wait().context("waiting for cargo test")?;
-    println!(
-        "{} passed, {} failed, {} skipped",
-        totals.passed, totals.failed, totals.ignored
-    );
+    let not_run: Vec<String> = std::fs::read_to_string(not_run)
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect();
+    for test in &not_run {
+        println!("not run (needs root): {test}");
+    }
+    println!("{}", totals.closing_line(not_run.len() as u64));
     if !status.success() {
         bail!("cargo test failed: {status}");
     }
-    if totals.passed == 0 {
+    if totals.passed <= not_run.len() as u64 {
         bail!("no test ran");
     }
     Ok(())
@@ -75,6 +92,23 @@ struct Totals {
 }
 
 impl Totals {
+    /// The run's last line: the counts, with the tests that returned early taken out of the
+    /// passed ones, and a run that left some out called incomplete.
+    fn closing_line(&self, not_run: u64) -> String {
+        let passed = self.passed.saturating_sub(not_run);
+        let counts = format!(
+            "{passed} passed, {} failed, {} skipped, {not_run} not run",
+            self.failed, self.ignored
+        );
+        if not_run == 0 {
+            counts
+        } else {
+            format!(
+                "{counts}: INCOMPLETE, {not_run} privileged test(s) returned without running (run as root for the whole suite)"
+            )
+        }
+    }
+
     /// Adds a libtest summary line: `test result: ok. 4 passed; 0 failed; 1 ignored; ...`.
     fn add(&mut self, line: &str) {
         let Some(rest) = line.strip_prefix("test result: ") else {
@@ -110,5 +144,13 @@ mod tests {
             .add("test result: FAILED. 2 passed; 3 failed; 0 ignored; 0 measured; 0 filtered out");
         totals.add("running 4 tests");
         assert_eq!((totals.passed, totals.failed, totals.ignored), (6, 3, 1));
+        assert_eq!(
+            totals.closing_line(0),
+            "6 passed, 3 failed, 1 skipped, 0 not run"
+        );
+        assert_eq!(
+            totals.closing_line(2),
+            "4 passed, 3 failed, 1 skipped, 2 not run: INCOMPLETE, 2 privileged test(s) returned without running (run as root for the whole suite)"
+        );
     }
 }

@@ -614,39 +614,6 @@ fn pods_under_admin_policies_only_are_judged_and_audit_names_follow_ovn_kubernet
 }
 
 #[test]
-fn the_shipped_crds_are_the_ones_generated_from_the_types() {
-    use kube::CustomResourceExt;
-
-    use super::admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy};
-    let crds = [
-        (
-            "policy.networking.k8s.io_adminnetworkpolicies.yaml",
-            AdminNetworkPolicy::crd(),
-        ),
-        (
-            "policy.networking.k8s.io_baselineadminnetworkpolicies.yaml",
-            BaselineAdminNetworkPolicy::crd(),
-        ),
-        (
-            "policy.networking.k8s.io_clusternetworkpolicies.yaml",
-            ClusterNetworkPolicy::crd(),
-        ),
-    ];
-    for (file, crd) in crds {
-        let generated = serde_yaml::to_string(&crd).expect("CRD serializes");
-        let path = format!("{}/../deploy/crds/{file}", env!("CARGO_MANIFEST_DIR"));
-        if std::env::var_os("UPDATE_CRDS").is_some() {
-            std::fs::write(&path, &generated).expect("write CRD");
-        }
-        let shipped = std::fs::read_to_string(&path).unwrap_or_default();
-        assert!(
-            shipped == generated,
-            "{path} is stale: regenerate it with UPDATE_CRDS=1 cargo test -p dataplane-user shipped_crds"
-        );
-    }
-}
-
-#[test]
 fn domain_names_allow_their_resolved_addresses_and_only_local_subjects_resolve_them() {
     let yaml = anp(
         "dns",

@@ -19,7 +19,9 @@ use anyhow::{Context as _, bail};
 use clap::Parser;
 use dataplane_tests::cpu::CpuTicks;
 use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
-use dataplane_tests::topology::{Mode, Node, Topology, kernel_vxlan_down, kernel_vxlan_up};
+use dataplane_tests::topology::{
+    Mode, Node, OVERLAY_POD_MTU, Topology, UNDERLAY_MTU, kernel_vxlan_down, kernel_vxlan_up,
+};
 use serde::Serialize;
 
 #[derive(Parser)]
@@ -292,7 +294,7 @@ fn main() -> anyhow::Result<()> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "cross-node pod TCP (iperf3, {} s x {} alternating rounds, {} stream(s), pod MTU 1400, underlay veth MTU 1500)",
+            "cross-node pod TCP (iperf3, {} s x {} alternating rounds, {} stream(s), pod MTU {OVERLAY_POD_MTU}, underlay veth MTU {UNDERLAY_MTU})",
             args.seconds, args.rounds, args.streams
         );
         if args.cpu_per_node {
