@@ -1,5 +1,5 @@
-//! Access control (EgressFirewall now, NetworkPolicy next): map layouts shared by the kernel
-//! stage and the agent's compiler.
+//! Access control (NetworkPolicy, admin network policies, EgressFirewall): map layouts shared by
+//! the kernel stage and the agent's compiler.
 //!
 //! A rule set (one namespace's EgressFirewall, later one pod's policies for one direction) is
 //! compiled into hash lookups whose number does not depend on the number of rules:

@@ -43,6 +43,7 @@ use dataplane_common::{
     overlay::Addr,
 };
 
+use crate::parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6};
 use crate::{
     clock::now,
     copy::{copy_bytes, set_ipv4_mapped},
@@ -64,10 +65,6 @@ const TCP_ACK: u8 = 0x10;
 const MAX_AUDIT_RATE: u32 = 1_000_000;
 /// One audit event in the token bucket's units.
 const NANOS_PER_EVENT: u64 = 1_000_000_000;
-
-const ETH_LEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
 
 /// Whether any pod of this node is under access control (else the stage has nothing to do,
 /// and its callers skip the call).

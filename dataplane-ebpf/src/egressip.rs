@@ -34,18 +34,19 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     egressip::{
-        EGRESS_ACTIVE_HOLDER, EGRESS_ACTIVE_PODS, EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT,
-        EGRESS_HELD_HERE, EGRESS_PORT_MAX, EGRESS_PORT_MIN, EgressHolder, MAX_EGRESS_IPS_PER_POD,
+        EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EGRESS_PORT_MAX,
+        EGRESS_PORT_MIN, EgressHolder, MAX_EGRESS_IPS_PER_POD,
     },
     overlay::Addr,
 };
 
+use crate::lookup;
+use crate::parse::ETH_LEN;
 use crate::{
     copy::{copy_addr, copy_bytes},
     lb,
     maps::{
-        EGRESS_ACTIVE, EGRESS_CT, EGRESS_INTERNAL, EGRESS_IPS, EGRESS_PODS, EGRESS_SCRATCH,
-        EGRESS_SNAT, PARSED,
+        EGRESS_CT, EGRESS_INTERNAL, EGRESS_IPS, EGRESS_PODS, EGRESS_SCRATCH, EGRESS_SNAT, PARSED,
     },
     overlay,
     parse::{
@@ -56,7 +57,6 @@ use crate::{
     work::{EgressWork, Parsed},
 };
 
-const ETH_LEN: usize = 14;
 /// Ports tried on the egress address for a new flow: its own, then spread over the range.
 const PORT_ATTEMPTS: u32 = 4;
 
@@ -67,33 +67,6 @@ const ICMP_OTHER: u8 = 0;
 const ICMP_ECHO_REQUEST: u8 = 1;
 /// `EgressWork::icmp`: an echo reply; its identifier is read as the destination port.
 const ICMP_ECHO_REPLY: u8 = 2;
-
-/// The `EGRESS_ACTIVE_*` bits (zero: no egress IP concerns this node).
-#[inline(always)]
-fn active() -> u32 {
-    EGRESS_ACTIVE.get(0).copied().unwrap_or(0)
-}
-
-/// Whether a local pod is selected by an EgressIP (the pod stage hands on to
-/// `tc_from_pod_egress` then).
-#[inline(always)]
-pub fn pods_selected() -> bool {
-    active() & EGRESS_ACTIVE_PODS != 0
-}
-
-/// Whether this node may hold egress addresses (the underlay stages look further then).
-#[inline(always)]
-pub fn holder() -> bool {
-    active() & EGRESS_ACTIVE_HOLDER != 0
-}
-
-/// Whether this node translates the traffic of the pod `src` (Geneve from another node whose
-/// inner destination is no local pod is accepted for it).
-#[inline(always)]
-pub fn translates_for(src: &Addr) -> bool {
-    // SAFETY: only presence is checked.
-    unsafe { EGRESS_SNAT.get(src) }.is_some()
-}
 
 #[classifier]
 pub fn tc_from_pod_egress(ctx: TcContext) -> i32 {
@@ -269,7 +242,7 @@ fn reroute(
     parsed: &Parsed,
     holder: &EgressHolder,
 ) -> Result<(i32, Option<PacketClass>), DropReason> {
-    let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
+    let config = lookup::overlay_config().ok_or(DropReason::OverlayNoRoute)?;
     let hash = overlay::inner_flow_hash(ctx, parsed);
     let verdict = overlay::encapsulate(ctx, config, &holder.node, hash).into_value()? as i32;
     Ok((verdict, Some(PacketClass::EgressRerouted)))
@@ -304,7 +277,7 @@ fn from_underlay(
     }
     // Another node's pod bound for outside, and this node does not translate for it: it
     // came here as egress traffic and must not leave as the pod.
-    if overlay::remote_endpoint(parsed.ether_type, &w.flow.src).is_some() && !internal(w) {
+    if lookup::remote_endpoint(parsed.ether_type, &w.flow.src).is_some() && !internal(w) {
         return Err(DropReason::EgressIpNotHere);
     }
     Ok((TC_ACT_OK, None))
@@ -462,7 +435,7 @@ fn deliver_to_pod(
 /// forward from a pod's veth.
 #[inline(always)]
 fn send_out() -> Result<(), DropReason> {
-    let config = overlay::config().ok_or(DropReason::OverlayNoRoute)?;
+    let config = lookup::overlay_config().ok_or(DropReason::OverlayNoRoute)?;
     // SAFETY: a null parameter block asks the kernel to do its own FIB lookup.
     let verdict =
         unsafe { bpf_redirect_neigh(config.underlay_ifindex, core::ptr::null_mut(), 0, 0) };
@@ -500,7 +473,7 @@ pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
     if held.flags & EGRESS_HELD_HERE == 0 {
         return None;
     }
-    let config = overlay::config()?;
+    let config = lookup::overlay_config()?;
     let mut sender = [0u8; 10];
     sender.copy_from_slice(&frame[22..32]);
     // Reply: to the requester, from the underlay's MAC, the target now the sender.
@@ -550,7 +523,7 @@ pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
     if held.flags & EGRESS_HELD_HERE == 0 {
         return None;
     }
-    let config = overlay::config()?;
+    let config = lookup::overlay_config()?;
     let mut solicitor_mac = [0u8; 6];
     solicitor_mac.copy_from_slice(&frame[6..12]);
     w.egress_peer.copy_from_slice(&frame[22..38]);

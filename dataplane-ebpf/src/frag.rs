@@ -8,14 +8,13 @@ use dataplane_common::{
     frag::{FRAG_FIRST, FRAG_LAST, FRAG_LATER, FRAG_NONE, FragKey, FragPorts},
 };
 
+use crate::parse::ETH_LEN;
 use crate::{
     maps::{FRAG_KEY, FRAGS, PARSED},
     parse::{ETH_P_IP, read_addresses},
     stage::Stage,
     work::Parsed,
 };
-
-const ETH_LEN: usize = 14;
 
 /// After the parse (and port security): a first fragment's ports are remembered; a later
 /// fragment is given its first's ports in this CPU's parse slot (`parsed` is that slot), or

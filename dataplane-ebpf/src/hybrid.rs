@@ -19,51 +19,19 @@
 use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
 use dataplane_common::{
     DropReason, PacketClass,
-    hybrid::{HYBRID_ENABLED, HYBRID_VNI, HybridConfig, VXLAN_FLAG_VNI, VXLAN_HEADER_LEN},
-    overlay::{Addr, OVERLAY_HAS_IPV4, TUNNEL_VXLAN, TunnelEndpoint},
+    hybrid::{HYBRID_VNI, VXLAN_FLAG_VNI, VXLAN_HEADER_LEN},
+    overlay::{OVERLAY_HAS_IPV4, TunnelEndpoint},
 };
 
+use crate::lookup;
+use crate::parse::{ETH_LEN, ETH_P_IP, UDP_LEN};
 use crate::{
     copy::{copy_bytes, set_ipv4_mapped},
-    maps::{ADDR_SCRATCH, ENCAP_SCRATCH_LEN, HYBRID_CONFIG, HYBRID_NODES},
-    overlay,
+    maps::{ADDR_SCRATCH, ENCAP_SCRATCH_LEN, HYBRID_NODES},
     parse::Packet,
     stage::Stage,
     work::Parsed,
 };
-
-const ETH_LEN: usize = 14;
-const UDP_LEN: usize = 8;
-const ETH_P_IP: u16 = 0x0800;
-
-/// The hybrid overlay settings as the agent wrote them; callers check [`on`]. (Checked here,
-/// the result would be an `Option` the compiler builds by masking the pointer, which the
-/// verifier refuses.)
-#[inline(always)]
-pub fn settings() -> Option<&'static HybridConfig> {
-    HYBRID_CONFIG.get(0)
-}
-
-/// Whether `settings` say the hybrid overlay is configured on this node.
-#[inline(always)]
-pub fn on(settings: &HybridConfig) -> bool {
-    settings.flags & HYBRID_ENABLED != 0
-}
-
-/// Whether the hybrid overlay is configured on this node.
-#[inline(always)]
-pub fn enabled() -> bool {
-    settings().is_some_and(on)
-}
-
-/// Whether `addr` (of a packet of `ether_type`) is a hybrid node's pod: its subnet's route
-/// leads into VXLAN.
-#[inline(always)]
-pub fn is_hybrid_pod(ether_type: u16, addr: &Addr) -> bool {
-    ether_type == ETH_P_IP
-        && enabled()
-        && overlay::remote_endpoint(ether_type, addr).is_some_and(|e| e.kind == TUNNEL_VXLAN)
-}
 
 /// UDP (checksum zero, as RFC 7348 allows over IPv4) and the VXLAN header for the outer IPv4
 /// header of `block`: the I flag and the hybrid overlay's VNI.
@@ -92,8 +60,8 @@ pub fn inner_macs(
     at: usize,
     endpoint: &TunnelEndpoint,
 ) -> Option<()> {
-    let config = settings()?;
-    if !on(config) {
+    let config = lookup::hybrid_settings()?;
+    if !lookup::hybrid_on(config) {
         return None;
     }
     // SAFETY: only read, before this program run ends.
@@ -113,8 +81,8 @@ pub fn inner_macs(
 #[inline(always)]
 pub fn vxlan_port(parsed: &Parsed) -> bool {
     parsed.class == PacketClass::Udp
-        && settings().is_some_and(|config| {
-            on(config) && u16::from_be_bytes(parsed.dst_port) == config.vxlan_port
+        && lookup::hybrid_settings().is_some_and(|config| {
+            lookup::hybrid_on(config) && u16::from_be_bytes(parsed.dst_port) == config.vxlan_port
         })
 }
 
@@ -139,10 +107,11 @@ fn unwrap_vxlan(
     if parsed.ether_type != ETH_P_IP || parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
         return Ok(None);
     }
-    let (Some(config), Some(overlay)) = (settings(), overlay::config()) else {
+    let (Some(config), Some(overlay)) = (lookup::hybrid_settings(), lookup::overlay_config())
+    else {
         return Ok(None);
     };
-    if !on(config) {
+    if !lookup::hybrid_on(config) {
         return Ok(None);
     }
     let addresses: *const [u8; 8] = packet

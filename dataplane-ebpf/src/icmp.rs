@@ -12,6 +12,7 @@ use dataplane_common::{
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
+use crate::parse::ETH_LEN;
 use crate::{
     copy::copy_bytes,
     csum::{store_checksum, sum_words, write_ipv4},
@@ -19,7 +20,6 @@ use crate::{
     stage::Stage,
 };
 
-const ETH_LEN: usize = 14;
 const IPPROTO_ICMP: u8 = 1;
 const IPPROTO_ICMPV6: u8 = 58;
 /// Quoted bytes of the offending IPv4 packet: its header (with options, at most 60) and the

@@ -32,19 +32,21 @@ use dataplane_common::{
         CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey, CtValue, HAIRPIN_V4, HAIRPIN_V6,
         MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
         SERVICE_PORTS_BASE, SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, SNAT_PORT_MIN,
-        SNAT_PORT_REUSE_IDLE, ServiceValue, backend_slot, flow_hash, maglev_slot, port_bit,
+        SNAT_PORT_REUSE_IDLE, ServiceValue, backend_slot, flow_hash, maglev_slot,
         sctp::port_rewrite_delta,
     },
     overlay::{Addr, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
 
+use crate::lookup;
+use crate::parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6};
 use crate::{
     clock::now,
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{addr_diff, csum_add, fold, store_checksum, sum_words, updated, write_ipv4},
     frag, icmp,
     maps::{
-        LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_MEMBERS, LB_PORTS, LB_SCRATCH, LB_SERVICES,
+        LB_AFFINITY, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_MEMBERS, LB_SCRATCH, LB_SERVICES,
         LB_SNAT_NEXT, LOCAL_PODS,
     },
     overlay,
@@ -60,9 +62,6 @@ use crate::{
 pub mod cache;
 pub mod xdp;
 
-const ETH_LEN: usize = 14;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
 /// SCTP chunk types that open and end an association (RFC 9260, 3.2).
 const SCTP_INIT: u8 = 1;
 const SCTP_ABORT: u8 = 6;
@@ -235,7 +234,7 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
         Ok(s) => s,
         Err(done) => return done,
     };
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Stage::new(Ok(None));
     };
     let mut scope = outside_scope(config, s);
@@ -243,8 +242,8 @@ pub fn from_underlay(ctx: &TcContext, parsed: &Parsed) -> Stage {
     // replies come back here: masqueraded when the backend is elsewhere, as for a NodePort).
     // Looked up only for a service port: other packets pay nothing for it.
     if scope == SCOPE_EXTERNAL
-        && port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be)
-        && crate::hybrid::is_hybrid_pod(parsed.ether_type, &s.flow.src)
+        && lookup::port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be)
+        && lookup::is_hybrid_pod(parsed.ether_type, &s.flow.src)
     {
         scope = SCOPE_CLUSTER;
     }
@@ -469,7 +468,7 @@ fn dnat<const FROM_OUTSIDE: bool>(
     s: &mut LbScratch,
     scope: u8,
 ) -> Result<Option<PacketClass>, DropReason> {
-    if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
+    if !lookup::port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
     let now = now();
@@ -507,29 +506,6 @@ fn dnat<const FROM_OUTSIDE: bool>(
     Ok(Some(PacketClass::ServiceDnat))
 }
 
-/// Whether the load-balancer may have work for a packet: its destination port is some
-/// service's, or its source port some backend's (a reply). Two inlined array reads; a
-/// packet of neither skips the stage and the flow cache, which would find nothing.
-#[inline(always)]
-pub fn may_be_service(parsed: &Parsed) -> bool {
-    port_marked(SERVICE_PORTS_BASE, parsed.dst_port)
-        || port_marked(BACKEND_PORTS_BASE, parsed.src_port)
-}
-
-/// Whether `port_be` is some backend's port: a packet from it may be the reply of a service
-/// flow, which the load-balancer gives its service address back.
-#[inline(always)]
-pub fn backend_port(port_be: [u8; 2]) -> bool {
-    port_marked(BACKEND_PORTS_BASE, port_be)
-}
-
-/// Whether `port` is marked in the bitmap at `base` (a service port or a backend port).
-#[inline(always)]
-fn port_marked(base: u32, port_be: [u8; 2]) -> bool {
-    let (word, bit) = port_bit(base, u16::from_be_bytes(port_be));
-    LB_PORTS.get(word).is_some_and(|w| *w & bit != 0)
-}
-
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.
 #[inline(always)]
 fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
@@ -543,7 +519,7 @@ fn reverse_nat_flow(
     s: &mut LbScratch,
 ) -> Result<u32, DropReason> {
     // Only a backend's port can be the source of a reply.
-    if !port_marked(BACKEND_PORTS_BASE, s.flow.src_port_be) {
+    if !lookup::port_marked(BACKEND_PORTS_BASE, s.flow.src_port_be) {
         return Ok(0);
     }
     s.flow.direction = CT_REPLY;
@@ -796,7 +772,7 @@ fn claimed_port(s: &mut LbScratch) -> Option<u16> {
     const { assert!(SNAT_PORT_MAX == u16::MAX) };
     // The low range only towards a pod subnet of another node (`SNAT_LOW_PORT_MIN`).
     let ether_type = if s.ipv4 != 0 { ETH_P_IP } else { ETH_P_IPV6 };
-    let range = if overlay::remote_endpoint(ether_type, &s.new_addr).is_some() {
+    let range = if lookup::remote_endpoint(ether_type, &s.new_addr).is_some() {
         HIGH + LOW
     } else {
         HIGH

@@ -30,6 +30,8 @@ mod icmp;
 #[cfg(target_arch = "bpf")]
 mod lb;
 #[cfg(target_arch = "bpf")]
+mod lookup;
+#[cfg(target_arch = "bpf")]
 mod maps;
 #[cfg(target_arch = "bpf")]
 mod multicast;

@@ -46,6 +46,8 @@ use dataplane_common::{
     },
 };
 
+use crate::lookup;
+use crate::parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, UDP_LEN};
 use crate::{
     copy::{copy_bytes, set_ipv4_mapped},
     csum::write_ipv4,
@@ -59,10 +61,6 @@ use crate::{
     work::Parsed,
 };
 
-const ETH_LEN: usize = 14;
-const UDP_LEN: usize = 8;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
 const IPPROTO_IGMP: u8 = 2;
 const IGMP_QUERY: u8 = 0x11;
 const MLD_QUERY: u8 = 130;
@@ -362,7 +360,7 @@ fn decrement_ttl(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropReason> {
 /// members writes its outer headers and sends a copy out of the underlay.
 #[inline(never)]
 fn copy_to_nodes(ctx: &TcContext, group: &McastGroup, namespace: u32) -> Result<(), DropReason> {
-    let config = overlay::config().ok_or(DropReason::MulticastCopyFailed)?;
+    let config = lookup::overlay_config().ok_or(DropReason::MulticastCopyFailed)?;
     let ipv6 = group.remote[0].family == FAMILY_IPV6;
     let overhead = if ipv6 {
         ENCAP_OVERHEAD_V6
@@ -591,7 +589,7 @@ fn receive(ctx: &TcContext) -> Result<Option<i32>, DropReason> {
     let Some(parsed) = PARSED.get(0) else {
         return Ok(None);
     };
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     // Only untagged underlay frames carry copies (a tagged underlay keeps unicast). The

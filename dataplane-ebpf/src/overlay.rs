@@ -44,12 +44,14 @@ use dataplane_common::{
     multicast::is_group,
     overlay::{
         Addr, AddrCacheEntry, ENCAP_OVERHEAD_V4, ENCAP_OVERHEAD_V6, FAMILY_IPV6, GENEVE_HEADER_LEN,
-        GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_ENABLED, OVERLAY_HAS_IPV4,
+        GENEVE_MAX_OPTIONS_LEN, GENEVE_PROTO_ETHERNET, LocalPod, OVERLAY_HAS_IPV4,
         OVERLAY_HAS_IPV6, OverlayConfig, RouteCacheEntry, TUNNEL_VXLAN, TunnelEndpoint,
         addr_cache_slot, outside_bit_v4, outside_bit_v6, route_cache_slot,
     },
 };
 
+use crate::lookup;
+use crate::parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, UDP_LEN};
 use crate::{
     clock::clock,
     copy::{copy_addr, copy_bytes, same_bytes, set_ipv4_mapped, zero},
@@ -57,33 +59,18 @@ use crate::{
     hybrid, icmp,
     maps::{
         ACL_ENDPOINTS, ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, LOCAL_POD_CACHE, LOCAL_PODS,
-        NODE_ADDR_CACHE, NODE_ADDRS, OUTSIDE, OVERLAY_CONFIG, REMOTE_PODS_V4, REMOTE_PODS_V6,
-        ROUTE_CACHE, SCRATCH, SEGMENT_SCRATCH, XDP_PODS,
+        NODE_ADDR_CACHE, NODE_ADDRS, OUTSIDE, ROUTE_CACHE, SCRATCH, SEGMENT_SCRATCH, XDP_PODS,
     },
     parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, read},
     stage::Stage,
     work::Parsed,
 };
 
-const ETH_LEN: usize = 14;
-const UDP_LEN: usize = 8;
-const ETH_P_IP: u16 = 0x0800;
-const ETH_P_IPV6: u16 = 0x86DD;
 const AF_INET: u8 = 2;
 const AF_INET6: u8 = 10;
 const OUTER_TTL: u8 = 64;
 /// Geneve options are walked one by one to find critical ones; each is at least 4 bytes.
 const MAX_GENEVE_OPTIONS: usize = GENEVE_MAX_OPTIONS_LEN / 4;
-
-/// The overlay settings, when an agent has configured the overlay on this node.
-#[inline(always)]
-pub fn config() -> Option<&'static OverlayConfig> {
-    let config = OVERLAY_CONFIG.get(0)?;
-    if config.flags & OVERLAY_ENABLED == 0 {
-        return None;
-    }
-    Some(config)
-}
 
 /// Destination address of an untagged IP packet in 16-byte form, written into this CPU's
 /// lookup key (prefix length 128): the pod lookups take it from there, not from copies on the
@@ -138,7 +125,7 @@ fn deliver(
     if parsed.l3_offset != ETH_LEN {
         return Ok(None);
     }
-    let Some(config) = config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     let Some(dst) = destination(ctx, parsed) else {
@@ -147,7 +134,7 @@ fn deliver(
     if !not_local && let Some(pod) = local_pod_at(&dst.data) {
         return Ok(Some((to_local_pod(ctx, pod), PacketClass::LocalRedirect)));
     }
-    let Some(endpoint) = remote_endpoint_of(parsed.ether_type, dst) else {
+    let Some(endpoint) = lookup::remote_endpoint_of(parsed.ether_type, dst) else {
         return Ok(None);
     };
     let vxlan = endpoint.kind == TUNNEL_VXLAN;
@@ -158,8 +145,8 @@ fn deliver(
     }
     // Towards a hybrid node the limit is its VXLAN's (less overhead than Geneve's reserve).
     let mtu = if vxlan {
-        match hybrid::settings() {
-            Some(hybrid) if hybrid::on(hybrid) => hybrid.mtu,
+        match lookup::hybrid_settings() {
+            Some(hybrid) if lookup::hybrid_on(hybrid) => hybrid.mtu,
             _ => config.pod_mtu,
         }
     } else {
@@ -195,7 +182,7 @@ pub fn local_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(LocalPod, u32), bo
     if parsed.l3_offset != ETH_LEN {
         return Err(false);
     }
-    let epoch = config().ok_or(false)?.pods_epoch;
+    let epoch = lookup::overlay_config().ok_or(false)?.pods_epoch;
     let dst = destination(ctx, parsed).ok_or(false)?;
     let pod = local_pod_at(&dst.data).ok_or(true)?;
     Ok((*pod, epoch))
@@ -231,7 +218,7 @@ pub fn forwarded_to_local_pod(ctx: &TcContext, parsed: &Parsed) -> bool {
     if parsed.l3_offset != ETH_LEN || parsed.fragment != FRAG_NONE {
         return false;
     }
-    let Some(config) = config() else {
+    let Some(config) = lookup::overlay_config() else {
         return false;
     };
     let Some(dst) = destination(ctx, parsed) else {
@@ -257,29 +244,6 @@ pub fn forwarded_to_local_pod(ctx: &TcContext, parsed: &Parsed) -> bool {
         return false;
     }
     forward_hop(&packet, ipv4)
-}
-
-/// The node hosting the pod CIDR `dst` lies in, if it is a remote pod's address. The IPv6
-/// key is built in per-CPU memory: 20 more bytes on the stack would not fit the deepest paths.
-#[inline(always)]
-pub(crate) fn remote_endpoint(ether_type: u16, dst: &Addr) -> Option<&'static TunnelEndpoint> {
-    let key = ADDR_SCRATCH.get_ptr_mut(0)?;
-    // SAFETY: this CPU's slot, used within this program run only.
-    let key = unsafe { &mut *key };
-    key.prefix_len = 128;
-    copy_addr(&mut key.data, dst);
-    remote_endpoint_of(ether_type, key)
-}
-
-/// [`remote_endpoint`] for an address already in this CPU's lookup key.
-#[inline(always)]
-fn remote_endpoint_of(ether_type: u16, key: &Key<Addr>) -> Option<&'static TunnelEndpoint> {
-    if ether_type == ETH_P_IP {
-        let d = &key.data;
-        REMOTE_PODS_V4.get(&Key::new(32, [d[12], d[13], d[14], d[15]]))
-    } else {
-        REMOTE_PODS_V6.get(key)
-    }
 }
 
 /// Length of the outer headers plus the inner Ethernet header, written in one store:
@@ -402,10 +366,10 @@ fn wrap(
             )
         };
         if vxlan {
-            let Some(hybrid) = hybrid::settings() else {
+            let Some(hybrid) = lookup::hybrid_settings() else {
                 return Err(DropReason::OverlayNoRoute);
             };
-            if !hybrid::on(hybrid) {
+            if !lookup::hybrid_on(hybrid) {
                 return Err(DropReason::OverlayNoRoute);
             }
             hybrid::write_udp_vxlan(block, source_port, hybrid.vxlan_port, udp_len);
@@ -647,7 +611,7 @@ pub(crate) fn known_node(addr: &Addr) -> bool {
 /// used: no overlay config, or the epoch about to wrap to where unfilled slots are).
 #[inline(always)]
 fn cache_stamp() -> u32 {
-    config().map_or(0, |config| config.pods_epoch.wrapping_add(1))
+    lookup::overlay_config().map_or(0, |config| config.pods_epoch.wrapping_add(1))
 }
 
 /// This CPU's entry for `addr` in `cache`, if it was filled under `stamp`.
@@ -778,7 +742,7 @@ pub fn route_out(ctx: &TcContext, parsed: &Parsed) -> Stage {
 
 #[inline(always)]
 fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
-    let config = config().ok_or(DropReason::OverlayNoRoute)?;
+    let config = lookup::overlay_config().ok_or(DropReason::OverlayNoRoute)?;
     // A hybrid pod (a service reply to it) is behind its node's VXLAN, not a next hop of the
     // underlay (the FIB lookup, bound to the underlay, finds no route to it): sent into the
     // management port, it is wrapped in VXLAN on the other side like any pod's packet (an
@@ -786,10 +750,11 @@ fn route(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
     // every load-balancer path).
     if parsed.l3_offset == ETH_LEN
         && parsed.ether_type == ETH_P_IP
-        && let Some(mgmt) = hybrid::settings()
-        && hybrid::on(mgmt)
+        && let Some(mgmt) = lookup::hybrid_settings()
+        && lookup::hybrid_on(mgmt)
         && let Some(dst) = destination(ctx, parsed)
-        && remote_endpoint_of(parsed.ether_type, dst).is_some_and(|e| e.kind == TUNNEL_VXLAN)
+        && lookup::remote_endpoint_of(parsed.ether_type, dst)
+            .is_some_and(|e| e.kind == TUNNEL_VXLAN)
     {
         // SAFETY: plain helper call.
         let verdict = unsafe { bpf_redirect(mgmt.mgmt_ifindex, 0) };
@@ -917,7 +882,8 @@ fn set_words(words: &mut [u32; 4], addr: &Addr) {
 #[inline(always)]
 pub fn geneve_port(parsed: &Parsed) -> bool {
     parsed.class == PacketClass::Udp
-        && config().is_some_and(|config| u16::from_be_bytes(parsed.dst_port) == config.geneve_port)
+        && lookup::overlay_config()
+            .is_some_and(|config| u16::from_be_bytes(parsed.dst_port) == config.geneve_port)
 }
 
 /// The XDP stage for Geneve arriving on the underlay: the XDP action when the packet was
@@ -940,7 +906,7 @@ fn unwrap_geneve(
     if parsed.class != PacketClass::Udp {
         return Ok(None);
     }
-    let Some(config) = config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     if u16::from_be_bytes(parsed.dst_port) != config.geneve_port {
@@ -1247,7 +1213,7 @@ fn segment_accepted<const L4: usize>(
     };
     // SAFETY: bounds-checked by header().
     let head = unsafe { *head };
-    if crate::lb::backend_port([head[0], head[1]]) {
+    if lookup::backend_port([head[0], head[1]]) {
         return SEGMENT_REFUSED;
     }
     if seg.protocol == IPPROTO_UDP {
@@ -1472,11 +1438,11 @@ pub(crate) fn check_geneve(packet: &Packet, at: usize, vni: u32) -> Result<usize
 /// node translates to an egress address (the frame's inner source is read into `key`).
 #[inline(always)]
 fn egress_bound(packet: &Packet, inner: usize, key: &mut Key<Addr>) -> Result<bool, DropReason> {
-    if !crate::egressip::holder() {
+    if !lookup::egress_holder() {
         return Ok(false);
     }
     inner_address(packet, inner, true, &mut key.data)?;
-    Ok(crate::egressip::translates_for(&key.data))
+    Ok(lookup::egress_translates_for(&key.data))
 }
 
 /// Writes the source (`source`) or destination address of the inner frame at `at` (Ethernet,

@@ -30,6 +30,9 @@ const MAX_VLAN_TAGS: usize = 2;
 /// IPv6 extension headers walked before giving up with `Ipv6ExtTooDeep`.
 pub const MAX_IPV6_EXT_HEADERS: usize = 6;
 
+/// The wire's fixed header sizes and EtherTypes, defined here once for every stage.
+pub const ETH_LEN: usize = 14;
+pub const UDP_LEN: usize = 8;
 pub const ETH_P_IP: u16 = 0x0800;
 pub const ETH_P_IPV6: u16 = 0x86DD;
 pub const ETH_P_ARP: u16 = 0x0806;
@@ -397,7 +400,6 @@ pub fn stashed(parsed: &Parsed) -> Option<&'static Parsed> {
 /// copy on the stack.
 #[inline(always)]
 pub fn read_addresses(ctx: &TcContext, ipv4: bool, src: &mut Addr, dst: &mut Addr) -> bool {
-    const ETH_LEN: usize = 14;
     if ipv4 {
         let Some(a) = read::<[u8; 8]>(ctx, ETH_LEN + 12) else {
             return false;

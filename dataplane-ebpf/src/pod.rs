@@ -14,8 +14,9 @@ use dataplane_common::{
     maps::{TAIL_FROM_POD_DELIVER, TAIL_FROM_POD_EGRESS, TAIL_FROM_POD_ICMP, TAIL_FROM_POD_SCTP},
 };
 
+use crate::lookup;
 use crate::{
-    acl, egressip, frag, lb,
+    acl, frag, lb,
     maps::{PARSED, TAILS},
     multicast, overlay,
     parse::{
@@ -60,7 +61,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // the veth and source MAC of the packet that filled the entry: one port security passed.
     let controlled = acl::active();
     if !controlled
-        && lb::may_be_service(parsed)
+        && lookup::may_be_service(parsed)
         && let Some(done) = lb::cache::replay_plain_v4(&ctx, parsed)
     {
         return match done {
@@ -98,7 +99,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     // parse result), and the other service flows' packets try the flow cache.
     let direct = (parsed.protocol == IPPROTO_TCP || parsed.protocol == IPPROTO_UDP) && !controlled;
     // After the fragment stage: a later fragment's ports are its first's.
-    let service = lb::may_be_service(parsed);
+    let service = lookup::may_be_service(parsed);
     if direct && service {
         match lb::cache::replay(&ctx, parsed) {
             Ok(Some((verdict, translation))) => {
@@ -143,7 +144,7 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     if direct && overlay::outside_pod_networks(&ctx, parsed) {
         // Neither a pod here nor a remote pod subnet: the second half would only let it go
         // (after the tail call and its lookups), unless an egress IP may apply to its pod.
-        if !egressip::pods_selected() {
+        if !lookup::egress_pods_selected() {
             return TC_ACT_OK;
         }
         not_local = true;
@@ -298,7 +299,7 @@ pub fn tc_from_pod_deliver(ctx: TcContext) -> i32 {
         }
         // Leaving by the stack: outside the overlay, where a pod an EgressIP selects must
         // take its egress address (a service reply keeps the address the client reached).
-        Ok(None) if !reply && egressip::pods_selected() => {
+        Ok(None) if !reply && lookup::egress_pods_selected() => {
             // SAFETY: a tail call either does not return or returns having done nothing.
             unsafe { TAILS.tail_call(&ctx, TAIL_FROM_POD_EGRESS) };
             count_pod_drop(

@@ -27,6 +27,7 @@ use dataplane_common::{
     port::{PORT_CACHE_SLOTS, PORT_HAS_IPV4, PORT_HAS_IPV6, PORT_UNRESTRICTED, PodPort},
 };
 
+use crate::parse::ETH_LEN;
 use crate::{
     copy::{copy_bytes, same_bytes},
     maps::{OVERLAY_CONFIG, POD_PORTS, PORT_CACHE},
@@ -35,7 +36,6 @@ use crate::{
     work::Parsed,
 };
 
-const ETH_LEN: usize = 14;
 /// Where the fields this module reads lie in an untagged frame.
 const IPV4_SRC: usize = ETH_LEN + 12;
 const IPV4_DST: usize = ETH_LEN + 16;

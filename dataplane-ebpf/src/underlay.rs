@@ -18,6 +18,7 @@ use dataplane_common::{
     maps::{TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST, TAIL_UNDERLAY_SCTP},
 };
 
+use crate::lookup;
 use crate::{
     acl, egressip, frag, hybrid, lb,
     maps::{PARSED, TAILS},
@@ -40,13 +41,13 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
     };
     count_packet(Hook::Underlay, parsed.class);
     if parsed.class == PacketClass::Arp
-        && egressip::holder()
+        && lookup::egress_holder()
         && let Some(action) = egressip::answer_arp(&ctx)
     {
         return action;
     }
     if parsed.class == PacketClass::Icmpv6
-        && egressip::holder()
+        && lookup::egress_holder()
         && let Some(action) = egressip::answer_ns(&ctx)
     {
         return action;
@@ -126,7 +127,7 @@ pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     };
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
-        Ok(0) if egressip::holder() => {
+        Ok(0) if lookup::egress_holder() => {
             // SAFETY: a tail call either does not return or returns having done nothing.
             unsafe { TAILS.tail_call(&ctx, TAIL_UNDERLAY_EGRESS) };
             count_drop(Hook::UnderlayTc, DropReason::TailCallFailed);
@@ -231,7 +232,7 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
         // (the pod's ingress policy) are made here instead.
         Ok(None) if overlay::forwarded_to_local_pod(ctx, parsed) => {}
         // Egress IP traffic: replies to an address held here, other nodes' pods to outside.
-        Ok(None) if egressip::holder() => return hand_on(ctx, parsed, TAIL_UNDERLAY_EGRESS),
+        Ok(None) if lookup::egress_holder() => return hand_on(ctx, parsed, TAIL_UNDERLAY_EGRESS),
         Ok(None) => return TC_ACT_OK,
         Err(reason) if lb::answerable(reason) => {
             return lb::answer_counted(ctx, parsed, reason, Hook::UnderlayTc);

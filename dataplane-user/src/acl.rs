@@ -54,7 +54,8 @@ use ipnet::IpNet;
 
 use crate::{
     AgentError, Dataplane,
-    overlay::{OverlayView, addr16, sync_hash, sync_hash_since},
+    mapsync::{addr16, map_err, sync_hash, sync_hash_since},
+    overlay::OverlayView,
 };
 
 pub const PROTO_TCP: u8 = 6;
@@ -1227,7 +1228,7 @@ impl EntryValues<'_> {
         let value = |set: &CompiledSet, tables: &[u32], decision: Decision| {
             addr_value(set, tables, decision)
         };
-        let (changed, gone) = crate::overlay::sorted_difference_by(new, old, |n, o| {
+        let (changed, gone) = crate::mapsync::sorted_difference_by(new, old, |n, o| {
             value(self.new, self.new_tables, *n) == value(self.old, self.old_tables, *o)
         });
         for (k, decision) in changed {
@@ -1675,25 +1676,6 @@ fn is_missing(error: &aya::maps::MapError) -> bool {
             syscall.io_error.raw_os_error() == Some(libc::ENOENT)
         }
         _ => false,
-    }
-}
-
-/// Names a map and what was done to it in a map error.
-pub(crate) fn map_err(
-    name: &'static str,
-    action: &'static str,
-) -> impl Fn(aya::maps::MapError) -> AgentError {
-    move |source| match crate::capacity::flag_for(name) {
-        Some(flag) if crate::capacity::is_full(&source) => AgentError::MapFull {
-            name: name.into(),
-            action,
-            flag,
-        },
-        _ => AgentError::Map {
-            name: name.into(),
-            action,
-            source,
-        },
     }
 }
 

@@ -5,16 +5,20 @@
 //! holds no state: it reads the environment and the configuration, asks the node's agent over
 //! a unix socket, and prints the agent's answer as the specification shapes it. The agent does
 //! the work (as OVN-Kubernetes' `ovnkube-node` serves `ovn-k8s-cni-overlay`): it allocates the
-//! addresses ([`crate::ipam`]), wires the pod ([`wire`]), and syncs the maps before it
+//! addresses ([`ipam`]), wires the pod ([`wire`]), and syncs the maps before it
 //! answers, so a pod's first packet is already judged by its policy.
 //!
 //! - [`spec`]: the specification's side (configuration, environment, results, errors).
+//! - [`names`]: the container id and interface name checks.
+//! - [`ipam`]: the pods' addresses, allocated from the node's pod CIDRs and kept on disk.
 //! - [`protocol`]: what the plugin and the agent say to each other.
 //! - [`wire`]: the veth pair, addresses, routes and sysctls of one pod.
 //! - [`server`]: the agent's socket and the pods it wired.
 //! - [`plugin`]: the plugin binary's logic.
 //! - [`status`]: the pods' addresses in the cluster state (written back in manifest mode).
 
+pub mod ipam;
+pub mod names;
 pub mod plugin;
 pub mod protocol;
 pub mod server;

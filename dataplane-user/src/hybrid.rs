@@ -32,7 +32,7 @@ use serde::Deserialize;
 
 use crate::{
     AgentError, Dataplane,
-    overlay::{SyncStats, addr16, sync_hash},
+    mapsync::{SyncStats, addr16, sync_hash},
 };
 
 /// A hybrid node's pod subnet (and, on this dataplane's nodes, nothing: they have podCIDRs).

@@ -25,6 +25,7 @@ use dataplane_common::{
         ServiceValue,
     },
     maps,
+    multicast::{MAX_LOCAL_MEMBERS, MAX_REMOTE_MEMBERS, McastGroup, McastKey},
     overlay::{Addr, LocalPod, TUNNEL_VXLAN, TunnelEndpoint},
 };
 use serde::Serialize;
@@ -35,7 +36,8 @@ use crate::{
         explain::{PolicyMaps, SetRules},
         policy::Direction,
     },
-    overlay::ip_of,
+    mapsync::ip_of,
+    multicast,
 };
 
 /// What `inspect` can show.
@@ -143,14 +145,6 @@ fn open_err(
 
 fn pinned(pins: &Pins, name: &'static str) -> Result<MapData, AgentError> {
     MapData::from_pin(pins.map(name)).map_err(open_err(name, "open pin"))
-}
-
-/// The entries of the pinned hash map `name`.
-pub(crate) fn pinned_hash<K: aya::Pod, V: aya::Pod>(
-    pins: &Pins,
-    name: &'static str,
-) -> Result<Vec<(K, V)>, AgentError> {
-    hash(pins, name, false)
 }
 
 fn hash<K: aya::Pod, V: aya::Pod>(
@@ -440,7 +434,7 @@ pub fn read(
             pod_rows(pins)?,
         ),
         Table::Multicast => {
-            let rows = crate::multicast::inspect_rows(pins, None)?;
+            let rows = multicast_rows(pins, None)?;
             (rows.columns, rows.rows)
         }
         Table::Egressip => (
@@ -569,6 +563,62 @@ fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<Cell> {
         decision.into(),
         rule(value.rule).into(),
     ]
+}
+
+/// The rows of `dataplane inspect multicast`: every group in the kernel's map with its local
+/// members and member nodes, named from what the agent wrote in `run_dir` (ids, interface
+/// indexes and addresses where it wrote nothing).
+pub fn multicast_rows(pins: &Pins, run_dir: Option<&std::path::Path>) -> Result<Rows, AgentError> {
+    let names: multicast::Described = run_dir
+        .and_then(|dir| std::fs::read_to_string(dir.join(multicast::STATE_FILE)).ok())
+        .and_then(|text| serde_json::from_str(&text).ok())
+        .unwrap_or_default();
+    let namespace_of: BTreeMap<u32, &str> = names
+        .namespaces
+        .iter()
+        .map(|(name, id)| (*id, name.as_str()))
+        .collect();
+    let groups: Vec<(McastKey, McastGroup)> = hash(pins, maps::MCAST_GROUPS, false)?;
+    let mut rows: Vec<Vec<Cell>> = groups
+        .iter()
+        .map(|(key, group)| {
+            let namespace = namespace_of
+                .get(&key.namespace)
+                .map_or_else(|| format!("{:#x}", key.namespace), |n| (*n).to_owned());
+            let local = group.local[..(group.local_count as usize).min(MAX_LOCAL_MEMBERS)]
+                .iter()
+                .map(|i| {
+                    names
+                        .pods
+                        .get(i)
+                        .cloned()
+                        .unwrap_or_else(|| format!("ifindex {i}"))
+                })
+                .collect();
+            let remote = group.remote[..(group.remote_count as usize).min(MAX_REMOTE_MEMBERS)]
+                .iter()
+                .map(|e| {
+                    let address = ip_of(&e.addr);
+                    names
+                        .nodes
+                        .get(&address)
+                        .cloned()
+                        .unwrap_or_else(|| address.to_string())
+                })
+                .collect();
+            vec![
+                Cell::Text(namespace),
+                Cell::Text(ip_of(&key.group).to_string()),
+                Cell::List(local),
+                Cell::List(remote),
+            ]
+        })
+        .collect();
+    rows.sort();
+    Ok(Rows {
+        columns: vec!["NAMESPACE", "GROUP", "LOCAL_MEMBERS", "MEMBER_NODES"],
+        rows,
+    })
 }
 
 /// The rows as aligned text columns.

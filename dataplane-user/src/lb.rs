@@ -37,7 +37,11 @@ use k8s_openapi::api::{
 
 use ipnet::IpNet;
 
-use crate::{AgentError, Dataplane, acl::map_err, overlay::addr16, source::Objects};
+use crate::{
+    AgentError, Dataplane,
+    mapsync::{addr16, map_err},
+    source::Objects,
+};
 
 /// The label linking an EndpointSlice to its Service.
 const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";

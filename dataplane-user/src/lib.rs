@@ -38,12 +38,12 @@ pub mod gateway;
 pub mod http;
 pub mod hybrid;
 pub mod inspect;
-pub mod ipam;
 #[cfg(test)]
 mod isolation_tests;
 pub mod kubernetes;
 pub mod lb;
 pub mod loader;
+pub mod mapsync;
 pub mod metrics;
 pub mod mgmt;
 pub mod model;

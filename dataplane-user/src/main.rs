@@ -166,6 +166,7 @@ struct ControllerOptions {
     /// Use the API server (in-cluster service account, KUBECONFIG or ~/.kube/config).
     #[arg(long)]
     kubernetes: bool,
+    /// The kubeconfig for --kubernetes.
     #[arg(long, requires = "kubernetes")]
     kubeconfig: Option<PathBuf>,
     /// The port the agents answer the probes on (at their node's InternalIP).
@@ -256,9 +257,9 @@ enum Command {
         json: bool,
     },
     /// The cluster-wide egress IP controller: assigns each EgressIP address to a node, probes
-    /// the nodes' agents (`/egressip/probe` on their metrics address) and moves the addresses
-    /// of a node that stops answering; writes the objects' status. Run one per cluster (as
-    /// a Deployment; replicas elect a leader on a Lease).
+    /// the nodes' agents (signed `/egressip/probe` requests to their probe port at their
+    /// InternalIP) and moves the addresses of a node that stops answering; writes the objects'
+    /// status. Run one per cluster (as a Deployment; replicas elect a leader on a Lease).
     Controller(Box<ControllerOptions>),
     /// Remove every pin under the pin root and the pod tc filters of this network namespace:
     /// detaches the programs and drops all adopted state.
@@ -422,9 +423,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Inspect { table, json } => {
             let rows = match table {
-                inspect::Table::Multicast => {
-                    dataplane_user::multicast::inspect_rows(&pins, Some(&cli.run_dir))?
-                }
+                inspect::Table::Multicast => inspect::multicast_rows(&pins, Some(&cli.run_dir))?,
                 _ => inspect::read(&pins, table, &acl::explain::read(&cli.run_dir))?,
             };
             if json {

@@ -40,8 +40,9 @@ use crate::{
     AgentError,
     cni::{GATEWAY_V4, GATEWAY_V6},
     loader::Dataplane,
+    mapsync::{addr16, ip_of, map_err, sync_hash},
     model::in_pod_network,
-    overlay::{self, OverlayView, addr16, ip_of, sync_hash},
+    overlay::{self, OverlayView},
     source::ClusterState,
 };
 
@@ -406,8 +407,7 @@ impl MulticastAgent {
             .collect();
         let mut map: BpfHashMap<&mut MapData, u32, McastPod> =
             dataplane.typed_map(maps::MCAST_PODS)?;
-        let stats =
-            sync_hash(&mut map, &pods).map_err(crate::acl::map_err(maps::MCAST_PODS, "sync"))?;
+        let stats = sync_hash(&mut map, &pods).map_err(map_err(maps::MCAST_PODS, "sync"))?;
         let written = self.write_groups(dataplane)?;
         self.announce(now);
         Ok(stats.written + stats.deleted + written)
@@ -775,8 +775,7 @@ impl MulticastAgent {
         }
         let mut map: BpfHashMap<&mut MapData, McastKey, McastGroup> =
             dataplane.typed_map(maps::MCAST_GROUPS)?;
-        let stats = sync_hash(&mut map, &desired)
-            .map_err(crate::acl::map_err(maps::MCAST_GROUPS, "sync"))?;
+        let stats = sync_hash(&mut map, &desired).map_err(map_err(maps::MCAST_GROUPS, "sync"))?;
         if stats.written + stats.deleted > 0 {
             tracing::info!(
                 groups = desired.len(),
@@ -868,67 +867,6 @@ impl MulticastAgent {
         self.announced = Some(groups);
         self.next_announce = Some(now + self.settings.announce_every);
     }
-}
-
-/// The rows of `dataplane inspect multicast`: every group in the kernel's map with its local
-/// members and member nodes, named from what the agent wrote in `run_dir` (ids, interface
-/// indexes and addresses where it wrote nothing).
-pub fn inspect_rows(
-    pins: &crate::Pins,
-    run_dir: Option<&std::path::Path>,
-) -> Result<crate::inspect::Rows, AgentError> {
-    use crate::inspect::{Cell, Rows};
-    let names: Described = run_dir
-        .and_then(|dir| std::fs::read_to_string(dir.join(STATE_FILE)).ok())
-        .and_then(|text| serde_json::from_str(&text).ok())
-        .unwrap_or_default();
-    let namespace_of: BTreeMap<u32, &str> = names
-        .namespaces
-        .iter()
-        .map(|(name, id)| (*id, name.as_str()))
-        .collect();
-    let groups: Vec<(McastKey, McastGroup)> =
-        crate::inspect::pinned_hash(pins, maps::MCAST_GROUPS)?;
-    let mut rows: Vec<Vec<Cell>> = groups
-        .iter()
-        .map(|(key, group)| {
-            let namespace = namespace_of
-                .get(&key.namespace)
-                .map_or_else(|| format!("{:#x}", key.namespace), |n| (*n).to_owned());
-            let local = group.local[..(group.local_count as usize).min(MAX_LOCAL_MEMBERS)]
-                .iter()
-                .map(|i| {
-                    names
-                        .pods
-                        .get(i)
-                        .cloned()
-                        .unwrap_or_else(|| format!("ifindex {i}"))
-                })
-                .collect();
-            let remote = group.remote[..(group.remote_count as usize).min(MAX_REMOTE_MEMBERS)]
-                .iter()
-                .map(|e| {
-                    let address = ip_of(&e.addr);
-                    names
-                        .nodes
-                        .get(&address)
-                        .cloned()
-                        .unwrap_or_else(|| address.to_string())
-                })
-                .collect();
-            vec![
-                Cell::Text(namespace),
-                Cell::Text(ip_of(&key.group).to_string()),
-                Cell::List(local),
-                Cell::List(remote),
-            ]
-        })
-        .collect();
-    rows.sort();
-    Ok(Rows {
-        columns: vec!["NAMESPACE", "GROUP", "LOCAL_MEMBERS", "MEMBER_NODES"],
-        rows,
-    })
 }
 
 /// What a previous agent left in the pinned groups map.

@@ -134,7 +134,7 @@ pub fn collect(pins: &Pins, run_dir: &Path) -> Result<StatusReport, AgentError> 
 
 /// The allocations in `ipam_file`, as pods.
 fn cni_pods(ipam_file: &Path) -> Vec<CniPod> {
-    let ipam = match crate::ipam::Ipam::open(ipam_file) {
+    let ipam = match crate::cni::ipam::Ipam::open(ipam_file) {
         Ok(ipam) => ipam,
         Err(error) => {
             tracing::warn!(%error, "reading the CNI allocations");

@@ -1066,7 +1066,7 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
             ..AddressPolicy::default()
         };
         let key = ServiceKey {
-            addr: crate::overlay::addr16("10.96.0.10".parse().unwrap()),
+            addr: crate::mapsync::addr16("10.96.0.10".parse().unwrap()),
             port_be: 80u16.to_be_bytes(),
             protocol: 6,
             scope: dataplane_common::lb::SCOPE_CLUSTER,

@@ -32,9 +32,8 @@ use crate::{
         policy::Direction,
     },
     inspect::{self, Table},
-    netdev,
-    overlay::addr16,
-    stats,
+    mapsync::addr16,
+    netdev, stats,
 };
 
 /// Transport of the described packet.

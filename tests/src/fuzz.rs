@@ -29,7 +29,7 @@ use dataplane_user::{
         policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
     },
     lb::{AddressKind, BackendAddr, LbState, ServicePort},
-    overlay::addr16,
+    mapsync::addr16,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 

@@ -31,7 +31,7 @@ use dataplane_user::{
         policy::Direction,
     },
     capacity::Capacities,
-    overlay::addr16,
+    mapsync::addr16,
 };
 
 const TC_ACT_OK: u32 = 0;

@@ -17,7 +17,7 @@ use dataplane_tests::{
     privileged::privileged,
     scapy::{self, bytes_of, hex},
 };
-use dataplane_user::overlay::addr16;
+use dataplane_user::mapsync::addr16;
 use serde_json::json;
 
 const XDP_PASS: u32 = 2;

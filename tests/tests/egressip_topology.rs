@@ -907,7 +907,7 @@ fn scrapes_against_a_full_conntrack_map_stall_neither_cni_adds_nor_egress_probes
     .expect("conntrack map");
     for i in 0..dataplane_common::maps::DEFAULT_CT_ENTRIES {
         let key = CtKey {
-            src: dataplane_user::overlay::addr16(std::net::IpAddr::from(
+            src: dataplane_user::mapsync::addr16(std::net::IpAddr::from(
                 (0x0a80_0000 + i).to_be_bytes(),
             )),
             protocol: 17,

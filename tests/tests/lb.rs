@@ -29,7 +29,7 @@ use dataplane_user::{
     AgentError,
     capacity::Capacities,
     lb::{BackendAddr, LbState, ServicePort, maglev_table, port_bitmaps},
-    overlay::addr16,
+    mapsync::addr16,
     testrun::RunOutcome,
 };
 use serde_json::json;
@@ -2277,7 +2277,7 @@ fn lb_maps(fixture: &mut Fixture) -> LbMaps {
         .filter_map(Result::ok)
         .filter(|b| b.is_live(b.id))
         .map(|b| {
-            let addr = dataplane_user::overlay::ip_of(&b.addr);
+            let addr = dataplane_user::mapsync::ip_of(&b.addr);
             (format!("{addr}:{}", u16::from_be_bytes(b.port_be)), b.id)
         })
         .collect();

@@ -1088,7 +1088,7 @@ fn cached_node_and_pod_lookups_follow_the_agents_changes() {
         return;
     }
     use dataplane_common::overlay::{AddrCacheEntry, addr_cache_slot};
-    use dataplane_user::overlay::{addr16, compile};
+    use dataplane_user::{mapsync::addr16, overlay::compile};
     // The copies are per CPU: every test run on one CPU.
     dataplane_tests::fixture::pin_to_one_cpu();
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");

@@ -30,7 +30,7 @@ use dataplane_user::{
             NamespaceLabels, PolicyChanges, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
         },
     },
-    overlay::addr16,
+    mapsync::addr16,
 };
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 

@@ -22,7 +22,8 @@ use dataplane_tests::{
 };
 use dataplane_user::{
     lb::{BackendAddr, LbState, ServicePort},
-    overlay::{addr16, compile},
+    mapsync::addr16,
+    overlay::compile,
 };
 use etherparse::PacketBuilder;
 

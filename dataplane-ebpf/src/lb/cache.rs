@@ -32,6 +32,7 @@ use super::{
     ETH_LEN, ETH_P_IP, MAX_DIRECT_L4, Side, TCP_FIN, TCP_RST, TCP_SYN, follow_transport_checksum,
     live_backend, scratch, translate,
 };
+use crate::lookup;
 use crate::{
     clock::clock,
     copy::{copy_addr, copy_bytes},
@@ -116,7 +117,7 @@ fn replay_flow(
     if protocol == IPPROTO_TCP && opens_or_closes(ctx, l4) {
         return Ok(None);
     }
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     let Some(s) = scratch() else {
@@ -229,7 +230,7 @@ fn replay_v4(ctx: &TcContext, protocol: u8, ports: u32) -> Result<Option<(i32, S
     if !same_sender(ctx, entry) {
         return Ok(None);
     }
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     if entry.epoch != config.pods_epoch {

@@ -34,14 +34,15 @@ use dataplane_common::{
 
 use super::{
     ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, TCP_FIN, TCP_RST, TCP_SYN, cache::same_flow,
-    expired, live_backend, outside_scope, port_marked, refresh_affinity, scratch, touch,
+    expired, live_backend, outside_scope, refresh_affinity, scratch, touch,
 };
+use crate::lookup;
 use crate::{
     clock::{clock, now},
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
     csum::{addr_diff, csum_diff, updated, write_ipv4},
     maps::{LB_CT, LB_XDP_FLOW_CACHE, LOCAL_PODS, ROUTE_CACHE, SCRATCH},
-    overlay::{self, remote_endpoint, write_ethernet, write_ipv6, write_udp_geneve},
+    overlay::{self, write_ethernet, write_ipv6, write_udp_geneve},
     stage::Stage,
     stats::count_outcome,
     work::{LbScratch, Parsed},
@@ -72,7 +73,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if !matches!(parsed.protocol, IPPROTO_TCP | IPPROTO_UDP) {
         return Ok(None);
     }
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return Ok(None);
     };
     let Some(s) = scratch() else {
@@ -82,7 +83,7 @@ fn forward(ctx: &XdpContext, parsed: &Parsed) -> Result<Option<(u32, PacketClass
     if !read_flow(ctx, parsed, ipv4, s) {
         return Ok(None);
     }
-    if !port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
+    if !lookup::port_marked(SERVICE_PORTS_BASE, s.flow.dst_port_be) {
         return Ok(None);
     }
     // Sets `s.node_addr`, the masquerade source towards remote backends.
@@ -157,7 +158,7 @@ pub extern "C" fn lb_xdp_nodeport_send(
     let ctx = XdpContext::new(xdp);
     // SAFETY: the caller's per-CPU working set and cache slot (checked non-null above).
     let (s, entry) = unsafe { (&mut *s, &*entry) };
-    let Some(config) = overlay::config() else {
+    let Some(config) = lookup::overlay_config() else {
         return SEND_UNTOUCHED;
     };
     let (frame_len, ipv4, l4) = (shape >> 16, (shape >> 8) & 1 != 0, shape & 0xFF);
@@ -398,7 +399,7 @@ fn remote_route(
     if config.flags & OVERLAY_XDP_FORWARD == 0 {
         return None;
     }
-    let endpoint = remote_endpoint(parsed.ether_type, &s.new_addr)?;
+    let endpoint = lookup::remote_endpoint(parsed.ether_type, &s.new_addr)?;
     let has_source = if endpoint.family == FAMILY_IPV6 {
         config.flags & OVERLAY_HAS_IPV6 != 0
     } else {

@@ -848,7 +848,7 @@ impl FirewallAgent {
             // SAFETY: the kernel wrote an AclDnsEvent (plain data) of at least this size.
             let event: AclDnsEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
             drop(item);
-            if !trusted.contains(&crate::overlay::ip_of(&event.src)) {
+            if !trusted.contains(&crate::mapsync::ip_of(&event.src)) {
                 untrusted += 1;
                 continue;
             }

@@ -29,7 +29,7 @@ use dataplane_common::acl::{
 use k8s_openapi::api::core::v1::Namespace;
 use serde::Deserialize;
 
-use crate::overlay::ip_of;
+use crate::mapsync::ip_of;
 
 /// The namespace annotation that turns audit logging on.
 pub const ACL_LOGGING_ANNOTATION: &str = "k8s.ovn.org/acl-logging";
@@ -490,7 +490,7 @@ mod tests {
     use dataplane_common::acl::{ACL_DIRECTION_EGRESS, ACL_KIND_FIREWALL, ACL_VERDICT_ALLOW};
 
     use super::*;
-    use crate::overlay::addr16;
+    use crate::mapsync::addr16;
 
     fn namespace(name: &str, annotation: Option<&str>) -> Arc<Namespace> {
         let mut ns = Namespace::default();

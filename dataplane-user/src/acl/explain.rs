@@ -24,7 +24,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::{AclState, addr_key, policy::Direction};
-use crate::{AgentError, Pins, overlay::addr16};
+use crate::{AgentError, Pins, mapsync::addr16};
 
 /// The directory in the agent's run directory: one file per installed set, `<set id>.json`,
 /// so that a change writes the sets it changed and not every set's description (at 110

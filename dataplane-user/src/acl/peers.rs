@@ -19,7 +19,7 @@ use std::{
 use dataplane_common::overlay::Addr;
 
 use super::policy::{PolicyChanges, PolicyPods, PolicySet};
-use crate::overlay::addr16;
+use crate::mapsync::addr16;
 
 /// Identities no set names that are kept beyond as many as are named (see
 /// [`PeerIdentities::named_by`]).

@@ -8,11 +8,13 @@ use std::{
     time::Duration,
 };
 
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
-use super::spec::{CniError, code};
-use crate::ipam::PodRef;
+use super::{
+    ipam::PodRef,
+    names::{check_container_id, check_ifname},
+    spec::{Attachment, CniError, code},
+};
 
 /// One container interface, as the runtime names it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -24,56 +26,8 @@ pub struct Target {
     pub pod: Option<PodRef>,
 }
 
-/// The longest interface name the kernel takes: IFNAMSIZ (16) less its terminating zero.
-pub const IFNAME_MAX: usize = 15;
-/// The longest container id taken: runtimes use 64 hex digits; room for others' schemes.
-pub const CONTAINER_ID_MAX: usize = 256;
 /// The largest request the agent reads: a GC naming thousands of attachments fits easily.
 pub const REQUEST_MAX: usize = 1 << 20;
-
-/// Whether `name` may be given to the kernel as a pod's interface name, and written into an
-/// `ip -batch` line and a `/proc/sys/net/.../conf/<name>/` path: 1 to 15 characters of
-/// `[A-Za-z0-9_.-]`, not `.` or `..` (path components), not `all` or `default` (the sysctl
-/// directories that change every interface of the namespace).
-pub fn check_ifname(name: &str) -> Result<(), String> {
-    if name.is_empty() || name.len() > IFNAME_MAX {
-        return Err(format!(
-            "CNI_IFNAME {name:?}: an interface name has 1 to {IFNAME_MAX} characters"
-        ));
-    }
-    if !name.bytes().all(is_name_byte) {
-        return Err(format!(
-            "CNI_IFNAME {name:?}: only letters, digits, '_', '.' and '-' are allowed"
-        ));
-    }
-    if matches!(name, "." | ".." | "all" | "default") {
-        return Err(format!("CNI_IFNAME {name:?} is reserved"));
-    }
-    Ok(())
-}
-
-/// Whether `id` is a container id as the specification allows it: 1 to
-/// [`CONTAINER_ID_MAX`] characters of `[A-Za-z0-9_.-]` (it keys the address allocations and
-/// appears in logs).
-pub fn check_container_id(id: &str) -> Result<(), String> {
-    if id.is_empty() || id.len() > CONTAINER_ID_MAX {
-        return Err(format!(
-            "CNI_CONTAINERID: a container id has 1 to {CONTAINER_ID_MAX} characters (got {})",
-            id.len()
-        ));
-    }
-    if !id.bytes().all(is_name_byte) {
-        return Err(format!(
-            "CNI_CONTAINERID {:?}: only letters, digits, '_', '.' and '-' are allowed",
-            id.chars().take(80).collect::<String>()
-        ));
-    }
-    Ok(())
-}
-
-fn is_name_byte(byte: u8) -> bool {
-    byte.is_ascii_alphanumeric() || matches!(byte, b'_' | b'.' | b'-')
-}
 
 impl Target {
     /// Checks the names the runtime gave before anything is made of them (the netns path is
@@ -110,18 +64,6 @@ pub enum Request {
     Status,
     /// Every attachment the runtime still has; the agent releases the others.
     Gc(Vec<(String, String)>),
-}
-
-/// A pod's wiring, as ADD made it.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Attachment {
-    pub host_iface: String,
-    pub host_mac: String,
-    pub ifname: String,
-    pub pod_mac: String,
-    pub netns: String,
-    pub addresses: Vec<IpNet>,
-    pub mtu: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -190,35 +132,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn interface_names_that_could_reach_a_command_or_a_path_are_refused() {
-        for good in ["eth0", "net1", "a", "veth_1.2-x", "abcdefghijklmno"] {
-            assert_eq!(check_ifname(good), Ok(()), "{good}");
-        }
-        for bad in [
-            "",
-            "abcdefghijklmnop",
-            "eth0\nlink del eth0",
-            "eth0 type dummy",
-            "../../x",
-            "a/b",
-            ".",
-            "..",
-            "all",
-            "default",
-            "eth0\0",
-            "é",
-        ] {
-            assert!(check_ifname(bad).is_err(), "{bad:?} accepted");
-        }
-    }
-
-    #[test]
-    fn container_ids_are_checked_as_the_specification_says() {
-        assert_eq!(check_container_id(&"f".repeat(64)), Ok(()));
-        assert!(check_container_id("").is_err());
-        assert!(check_container_id(&"f".repeat(CONTAINER_ID_MAX + 1)).is_err());
-        assert!(check_container_id("abc/../x").is_err());
-        assert!(check_container_id("abc\ndef").is_err());
+    fn requests_with_bad_names_are_refused_with_the_specifications_codes() {
         let target = Target {
             container_id: "abc".into(),
             netns: None,

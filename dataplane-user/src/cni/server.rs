@@ -21,16 +21,13 @@ use tokio::{
 };
 
 use super::{
-    protocol::{Attachment, REQUEST_MAX, Reply, Request, Target},
-    spec::{CniError, code},
+    ipam::{Allocation, Ipam, IpamError, PodRef},
+    protocol::{REQUEST_MAX, Reply, Request, Target},
+    spec::{Attachment, CniError, code},
     status::{self, PodStatusRecord},
     wire::{self, PodWiring},
 };
-use crate::{
-    ipam::{Allocation, Ipam, IpamError, PodRef},
-    model, netdev,
-    source::ClusterState,
-};
+use crate::{model, netdev, source::ClusterState};
 
 /// One request from the plugin and where its answer goes.
 pub struct Job {

@@ -7,8 +7,20 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
-use super::{GATEWAY_V4, GATEWAY_V6, protocol::Attachment};
-use crate::ipam::PodRef;
+use super::{GATEWAY_V4, GATEWAY_V6, ipam::PodRef};
+
+/// A pod's wiring, as ADD made it: what the CNI result reports (the agent sends it to the
+/// plugin in its reply).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Attachment {
+    pub host_iface: String,
+    pub host_mac: String,
+    pub ifname: String,
+    pub pod_mac: String,
+    pub netns: String,
+    pub addresses: Vec<IpNet>,
+    pub mtu: u32,
+}
 
 /// The configuration versions this plugin reads and answers in.
 pub const SUPPORTED_VERSIONS: [&str; 3] = ["0.4.0", "1.0.0", "1.1.0"];

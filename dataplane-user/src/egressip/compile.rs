@@ -23,12 +23,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use super::EgressIP;
 use crate::{
     AgentError, Dataplane,
-    acl::{
-        map_err,
-        policy::{PolicyPods, namespace_labels, selects},
-    },
+    acl::policy::{PolicyPods, namespace_labels, selects},
+    mapsync::{SyncStats, addr16, map_err, sync_hash_since, sync_lpm_since},
     model::NodeModel,
-    overlay::{NodeList, NodeView, SyncStats, addr16, endpoint, sync_hash_since, sync_lpm_since},
+    overlay::{NodeList, NodeView, endpoint},
     source::ClusterState,
 };
 

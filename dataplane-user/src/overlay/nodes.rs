@@ -11,10 +11,11 @@ use std::{
 use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
-use super::{
-    CompileError, NodeList, NodeSeq, NodeView, OverlayView, addr16, endpoint, first_v4, first_v6,
+use super::{CompileError, NodeList, NodeSeq, NodeView, OverlayView, endpoint, first_v4, first_v6};
+use crate::{
+    hybrid::{self, HybridView},
+    mapsync::addr16,
 };
-use crate::hybrid::{self, HybridView};
 
 /// A compile changes the last entries node by node while at most this fraction of the
 /// nodes changed (one in four); past it, building them all again costs less.

@@ -17,7 +17,7 @@ use dataplane_tests::{fixture::Fixture, packets::tcp_v4_flow};
 use dataplane_user::{
     capacity::Capacities,
     lb::{BackendAddr, LbState, ServicePort},
-    overlay::addr16,
+    mapsync::addr16,
 };
 use serde::Serialize;
 

@@ -161,8 +161,8 @@ impl Allocation {
                 self.container_id, self.ifname
             ));
         }
-        crate::cni::protocol::check_container_id(&self.container_id)?;
-        crate::cni::protocol::check_ifname(&self.ifname)?;
+        super::names::check_container_id(&self.container_id)?;
+        super::names::check_ifname(&self.ifname)?;
         if self.addresses.is_empty() {
             return Err("no address".into());
         }
