@@ -18,7 +18,7 @@
 
 // Keys are passed to the map helpers by reference on purpose: by value they would be copied
 // to the BPF stack, which the per-CPU working set is there to spare.
-#![allow(
+#![expect(
     clippy::needless_borrows_for_generic_args,
     reason = "keys stay in the per-CPU working set"
 )]

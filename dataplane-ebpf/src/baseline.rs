@@ -26,6 +26,7 @@ pub fn tc_baseline(_ctx: TcContext) -> i32 {
 #[classifier]
 pub fn tc_redirect_baseline(_ctx: TcContext) -> i32 {
     match BASELINE_REDIRECT.get(0) {
+        // SAFETY: a helper call with plain integer arguments.
         Some(&ifindex) if ifindex != 0 => unsafe { bpf_redirect_peer(ifindex, 0) as i32 },
         _ => TC_ACT_OK,
     }

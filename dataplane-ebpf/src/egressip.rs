@@ -197,6 +197,7 @@ fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(i32, Option<PacketClass
     }
     // The flow's pinned address, as long as some node holds it; else one chosen by its hash.
     w.flow.direction = EGRESS_CT_CHOSEN;
+    // SAFETY: map values stay valid under RCU for the program's run; only read.
     let pinned = match unsafe { EGRESS_CT.get(&w.flow) } {
         // SAFETY: only presence is checked.
         Some(chosen) if unsafe { EGRESS_IPS.get(&chosen.addr) }.is_some() => {

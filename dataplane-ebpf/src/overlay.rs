@@ -1477,8 +1477,8 @@ pub(crate) fn inner_address(
             if ip[0] >> 4 != 6 {
                 return Err(DropReason::GeneveInnerMalformed);
             }
-            // SAFETY: the 16 bytes lie within the checked header.
             let a = if source { 8 } else { 24 };
+            // SAFETY: the 16 bytes lie within the checked header.
             unsafe { copy_bytes::<16>(dst.as_mut_ptr(), ip[a..].as_ptr()) };
             Ok(())
         }

@@ -94,6 +94,7 @@ impl Packet {
 #[inline(always)]
 pub fn parse(packet: &Packet) -> Result<Parsed, DropReason> {
     let eth: *const EthHdr = packet.header(0).ok_or(DropReason::EthTruncated)?;
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let mut ether_type = u16::from_be(unsafe { (*eth).ether_type });
     let mut offset = EthHdr::LEN;
 
@@ -102,6 +103,7 @@ pub fn parse(packet: &Packet) -> Result<Parsed, DropReason> {
             break;
         }
         let vlan: *const VlanHdr = packet.header(offset).ok_or(DropReason::VlanTruncated)?;
+        // SAFETY: `Packet::header` checked that the whole header lies within the packet.
         ether_type = u16::from_be(unsafe { (*vlan).ether_type });
         offset += VlanHdr::LEN;
     }
@@ -130,6 +132,7 @@ pub fn parse_untagged_ipv4(packet: &Packet) -> Option<Parsed> {
 #[inline(always)]
 fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, DropReason> {
     let ip: *const Ipv4Hdr = packet.header(l3).ok_or(DropReason::Ipv4Truncated)?;
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let vihl = unsafe { (*ip).vihl };
     if vihl >> 4 != 4 {
         return Err(DropReason::Ipv4BadVersion);
@@ -141,11 +144,14 @@ fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
     if l3 + header_len > packet.len {
         return Err(DropReason::Ipv4OptionsTruncated);
     }
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let total_len = u16::from_be_bytes(unsafe { (*ip).tot_len }) as usize;
     if total_len < header_len || l3 + total_len > packet.len {
         return Err(DropReason::Ipv4BadTotalLength);
     }
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let protocol = unsafe { (*ip).proto };
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let frags = u16::from_be_bytes(unsafe { (*ip).frags });
     let mut parsed = Parsed {
         ether_type,
@@ -159,6 +165,7 @@ fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
         frag_id: [0; 4],
     };
     if frags & (IPV4_MORE_FRAGMENTS | IPV4_OFFSET_MASK) != 0 {
+        // SAFETY: `Packet::header` checked that the whole header lies within the packet.
         let id = unsafe { (*ip).id };
         parsed.frag_id = [id[0], id[1], 0, 0];
         // A non-first fragment carries no transport header: recognise it, do not parse it.
@@ -179,13 +186,16 @@ fn parse_ipv4(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
 #[inline(always)]
 fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, DropReason> {
     let ip: *const Ipv6Hdr = packet.header(l3).ok_or(DropReason::Ipv6Truncated)?;
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     if unsafe { (*ip).vcf[0] } >> 4 != 6 {
         return Err(DropReason::Ipv6BadVersion);
     }
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let payload_len = u16::from_be_bytes(unsafe { (*ip).payload_len }) as usize;
     if l3 + Ipv6Hdr::LEN + payload_len > packet.len {
         return Err(DropReason::Ipv6BadPayloadLength);
     }
+    // SAFETY: `Packet::header` checked that the whole header lies within the packet.
     let mut next = unsafe { (*ip).next_hdr };
     let mut offset = l3 + Ipv6Hdr::LEN;
     let mut parsed = Parsed {
@@ -208,6 +218,7 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
                 // Generic layout: next header, length in 8-octet units not counting the first.
                 let ext: *const [u8; 2] =
                     packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                // SAFETY: `Packet::header` checked that the whole header lies within the packet.
                 let [ext_next, ext_len] = unsafe { *ext };
                 next = ext_next;
                 offset += (ext_len as usize + 1) * 8;
@@ -216,6 +227,7 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
                 // AH counts its length in 4-octet units minus 2 (RFC 4302).
                 let ext: *const [u8; 2] =
                     packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                // SAFETY: `Packet::header` checked that the whole header lies within the packet.
                 let [ext_next, ext_len] = unsafe { *ext };
                 next = ext_next;
                 offset += (ext_len as usize + 2) * 4;
@@ -223,6 +235,7 @@ fn parse_ipv6(packet: &Packet, l3: usize, ether_type: u16) -> Result<Parsed, Dro
             IPPROTO_FRAGMENT => {
                 let ext: *const [u8; 8] =
                     packet.header(offset).ok_or(DropReason::Ipv6ExtTruncated)?;
+                // SAFETY: `Packet::header` checked that the whole header lies within the packet.
                 let frag = unsafe { *ext };
                 next = frag[0];
                 offset += 8;
@@ -277,19 +290,25 @@ fn parse_l4(
             if header_len < TcpHdr::LEN || l4 + header_len > packet.len {
                 return Err(DropReason::TcpBadDataOffset);
             }
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.src_port = unsafe { (*tcp).source };
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.dst_port = unsafe { (*tcp).dest };
             parsed.class = PacketClass::Tcp;
         }
         IPPROTO_UDP => {
             let udp: *const UdpHdr = packet.header(l4).ok_or(DropReason::UdpTruncated)?;
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.src_port = unsafe { (*udp).src };
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.dst_port = unsafe { (*udp).dst };
             parsed.class = PacketClass::Udp;
         }
         IPPROTO_SCTP => {
             let sctp: *const SctpHdr = packet.header(l4).ok_or(DropReason::SctpTruncated)?;
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.src_port = unsafe { (*sctp).src };
+            // SAFETY: `Packet::header` checked that the whole header lies within the packet.
             parsed.dst_port = unsafe { (*sctp).dst };
             parsed.class = PacketClass::Sctp;
         }

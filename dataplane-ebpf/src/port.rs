@@ -170,13 +170,15 @@ fn check_ipv6_source(ctx: &TcContext, parsed: &Parsed, port: &PodPort) -> Result
         return Err(DropReason::Ipv6Truncated);
     }
     let src = (start + IPV6_SRC) as *const u8;
-    // SAFETY (all three): the source address lies within the packet (checked above).
+    // SAFETY: the source address lies within the packet (checked above).
     if port.flags & PORT_HAS_IPV6 != 0 && unsafe { same_bytes::<16>(src, &port.ipv6) } {
         return Ok(());
     }
+    // SAFETY: as above.
     if unsafe { same_bytes::<16>(src, &port.ipv6_link_local) } {
         return Ok(());
     }
+    // SAFETY: as above.
     if !unsafe { all_zero::<16>(src) } {
         return Err(DropReason::PortSrcIp);
     }
@@ -339,10 +341,15 @@ fn check_to_pod(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
                 return Err(DropReason::Ipv6Truncated);
             }
             let dst = (start + IPV6_DST) as *const u8;
-            // SAFETY (all three): the destination lies within the packet (checked above).
+            // SAFETY: the destination lies within the packet (checked above).
             let multicast = unsafe { *dst == 0xff };
+            // Short-circuited as written: evaluating every comparison on every path costs
+            // `tc_to_pod` the verifier's whole budget.
             multicast
-                || (port.flags & PORT_HAS_IPV6 != 0 && unsafe { same_bytes::<16>(dst, &port.ipv6) })
+                || (port.flags & PORT_HAS_IPV6 != 0
+                    // SAFETY: as above.
+                    && unsafe { same_bytes::<16>(dst, &port.ipv6) })
+                // SAFETY: as above.
                 || unsafe { same_bytes::<16>(dst, &port.ipv6_link_local) }
         }
         _ => return Err(DropReason::PortEthertype),

@@ -10,7 +10,8 @@ use crate::maps::{DROPS, PACKETS, POD_STATS};
 #[inline(always)]
 fn bump(map: &aya_ebpf::maps::PerCpuArray<u64>, index: u32) {
     if let Some(slot) = map.get_ptr_mut(index) {
-        // Per-CPU slot: no other CPU writes it, so a plain add is race-free.
+        // SAFETY: a valid pointer to this CPU's slot; no other CPU writes it, so a plain add is
+        // race-free.
         unsafe { *slot += 1 };
     }
 }

@@ -22,10 +22,18 @@ pub struct Parsed {
     /// Offset of the transport header (0 when there is none, e.g. a non-first fragment).
     pub l4_offset: usize,
     /// IP protocol / final IPv6 next header (0 when not IP).
-    #[allow(dead_code, reason = "read by the LB and policy stages")]
+    #[allow(
+        dead_code,
+        reason = "read by the LB and policy stages, which only the BPF build has (an expect \
+                  would fail the host build)"
+    )]
     pub protocol: u8,
     /// Transport ports in network byte order as on the wire (0 when the protocol has none).
-    #[allow(dead_code, reason = "read by the LB and policy stages")]
+    #[allow(
+        dead_code,
+        reason = "read by the LB and policy stages, which only the BPF build has (an expect \
+                  would fail the host build)"
+    )]
     pub src_port: [u8; 2],
     pub dst_port: [u8; 2],
     pub class: PacketClass,

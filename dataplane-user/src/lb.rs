@@ -1472,7 +1472,7 @@ impl Dataplane {
     /// One changed service port: its Maglev table (a new one under the spare index when its
     /// ready backends changed), its members (before the service entry: new backends are
     /// members from their first flow), then the service entry. Returns what is installed.
-    #[allow(
+    #[expect(
         clippy::too_many_arguments,
         reason = "the sync's working sets, passed down"
     )]

@@ -159,7 +159,8 @@ pub fn is_bpffs(path: &Path) -> bool {
     let stat = unsafe { stat.assume_init() };
     #[allow(
         clippy::unnecessary_cast,
-        reason = "f_type's integer type differs by architecture"
+        reason = "f_type's integer type differs by architecture (an expect would fail on the \
+                  architectures where the cast is needed)"
     )]
     let fs_type = stat.f_type as i64;
     fs_type == BPF_FS_MAGIC

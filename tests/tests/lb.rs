@@ -143,8 +143,8 @@ fn monotonic_seconds() -> u32 {
         tv_sec: 0,
         tv_nsec: 0,
     };
-    // SAFETY: a valid clock id and a valid out pointer.
     assert_eq!(
+        // SAFETY: a valid clock id and a valid out pointer.
         unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
         0
     );
@@ -1126,10 +1126,6 @@ fn a_pod_reaching_itself_through_its_service_is_masqueraded_and_answered_by_the_
 }
 
 /// A TCP frame with the given Ethernet addresses, as scapy builds it.
-#[allow(
-    clippy::too_many_arguments,
-    reason = "a frame described field by field"
-)]
 fn tcp_frame(
     src: &str,
     sport: u16,
@@ -1831,7 +1827,7 @@ fn node_ports_keep_the_client_address_locally_and_masquerade_to_remote_backends(
 }
 
 /// A frame of `proto` ("tcp" with `flags`, or "udp") between the given MACs, as scapy builds it.
-#[allow(
+#[expect(
     clippy::too_many_arguments,
     reason = "a frame's fields, named at each call"
 )]
@@ -1862,8 +1858,8 @@ fn early_in_a_second(after: u32) -> u32 {
             tv_sec: 0,
             tv_nsec: 0,
         };
-        // SAFETY: a valid clock id and a valid out pointer.
         assert_eq!(
+            // SAFETY: a valid clock id and a valid out pointer.
             unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
             0
         );

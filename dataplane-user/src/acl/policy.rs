@@ -1703,7 +1703,10 @@ fn sets_present(sets: &PodSets, sets_by_name: &BTreeMap<String, PolicySet>) -> b
 /// Compiles one local pod's sets, adding those not in `last` (made from the pod's `prior`
 /// sets where they moved by a few peers, from its policies' `parts` of the last compile
 /// where `changes` leaves them); also its errors, what it read and its policies' parts.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the pod, its cluster, its policies and what the last compile left, passed down"
+)]
 fn compile_pod(
     policies: &[Arc<NetworkPolicy>],
     cluster: &PolicyCluster<'_>,

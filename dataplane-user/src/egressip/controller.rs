@@ -599,7 +599,7 @@ pub async fn probe(
         // Reset, not closed, when given up on: a request left in the socket must not reach
         // the node later and renew what the controller counts as lapsed. (The deprecation is
         // about a non-zero linger blocking on drop; a zero one resets at once.)
-        #[allow(deprecated)]
+        #[expect(deprecated, reason = "a zero linger resets at once, it never blocks")]
         stream.set_linger(Some(Duration::ZERO)).ok();
         let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
             .await
