@@ -648,17 +648,6 @@ fn domain_name(name: &str) -> Result<String, String> {
     }
 }
 
-/// Whether `name` (key form) matches `pattern` (key form: a name, or `*.` and a name, which
-/// matches one or more labels before it).
-pub fn name_matches(pattern: &str, name: &str) -> bool {
-    match pattern.strip_prefix("*.") {
-        Some(suffix) => name
-            .strip_suffix(suffix)
-            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
-        None => pattern == name,
-    }
-}
-
 /// The API refuses a named port beside peers that have no named ports.
 fn check_named_ports(peers: &[Peer], ports: &[PortSpec]) -> Result<(), String> {
     let named = ports.iter().any(|p| matches!(p, PortSpec::Named(..)));

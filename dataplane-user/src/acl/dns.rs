@@ -210,6 +210,17 @@ impl Resolver {
     }
 }
 
+/// Whether `name` (key form) matches `pattern` (key form: a name, or `*.` and a name, which
+/// matches one or more labels before it).
+pub fn name_matches(pattern: &str, name: &str) -> bool {
+    match pattern.strip_prefix("*.") {
+        Some(suffix) => name
+            .strip_suffix(suffix)
+            .is_some_and(|head| head.len() > 1 && head.ends_with('.')),
+        None => pattern == name,
+    }
+}
+
 /// Checks a `dnsName` and returns it in the form used as its key (lower case, no trailing
 /// dot).
 pub fn normalize(name: &str) -> Result<String, String> {
@@ -282,7 +293,7 @@ impl Snooped {
                 let answers_it = questions
                     .iter()
                     .chain(std::iter::once(&name))
-                    .any(|n| super::admin::name_matches(pattern, n));
+                    .any(|n| name_matches(pattern, n));
                 if !answers_it {
                     continue;
                 }
