@@ -109,48 +109,43 @@ async fn read_request(stream: &mut tokio::net::UnixStream) -> Result<Vec<u8>, Cn
             format!("reading the peer's credentials: {e}"),
         )
     })?;
-    let mut text = Vec::new();
-    let limit = u64::try_from(REQUEST_MAX).unwrap_or(u64::MAX) + 1;
-    let read = tokio::time::timeout(
-        REQUEST_TIMEOUT,
-        (&mut *stream).take(limit).read_to_end(&mut text),
-    )
-    .await;
-    // What is refused is read to its end first (discarded, within the time limit): a socket
-    // closed with unread data resets, and the client would lose the answer saying why.
-    let refusal = if peer.uid() != 0 {
-        Some(CniError::new(
+    // One deadline for the whole request, refused or not.
+    let deadline = tokio::time::Instant::now() + REQUEST_TIMEOUT;
+    if peer.uid() != 0 {
+        // Not kept, only drained: a socket closed with unread data resets, and the client
+        // would lose the answer saying why.
+        drain(stream, deadline).await;
+        return Err(CniError::new(
             code::INVALID_ENVIRONMENT,
             format!("only root may ask the agent (uid {} asked)", peer.uid()),
-        ))
-    } else {
-        match read {
-            Err(_) => Some(CniError::new(
-                code::DECODE_FAILURE,
-                format!("the request did not arrive whole within {REQUEST_TIMEOUT:?}"),
-            )),
-            Ok(Err(error)) => Some(CniError::new(
-                code::IO_FAILURE,
-                format!("reading the request: {error}"),
-            )),
-            Ok(Ok(_)) if text.len() > REQUEST_MAX => Some(CniError::new(
+        ));
+    }
+    let mut text = Vec::new();
+    let limit = u64::try_from(REQUEST_MAX).unwrap_or(u64::MAX) + 1;
+    let read =
+        tokio::time::timeout_at(deadline, (&mut *stream).take(limit).read_to_end(&mut text)).await;
+    let refusal = match read {
+        Err(_) => CniError::new(
+            code::DECODE_FAILURE,
+            format!("the request did not arrive whole within {REQUEST_TIMEOUT:?}"),
+        ),
+        Ok(Err(error)) => CniError::new(code::IO_FAILURE, format!("reading the request: {error}")),
+        Ok(Ok(_)) if text.len() > REQUEST_MAX => {
+            drain(stream, deadline).await;
+            CniError::new(
                 code::DECODE_FAILURE,
                 format!("the request is larger than {REQUEST_MAX} bytes"),
-            )),
-            Ok(Ok(_)) => None,
+            )
         }
+        Ok(Ok(_)) => return Ok(text),
     };
-    let Some(refusal) = refusal else {
-        return Ok(text);
-    };
-    if text.len() > REQUEST_MAX {
-        let _ = tokio::time::timeout(
-            REQUEST_TIMEOUT,
-            tokio::io::copy(&mut *stream, &mut tokio::io::sink()),
-        )
-        .await;
-    }
     Err(refusal)
+}
+
+/// Reads and discards what the client still sends, until it stops or `deadline` passes.
+async fn drain(stream: &mut tokio::net::UnixStream, deadline: tokio::time::Instant) {
+    let _ =
+        tokio::time::timeout_at(deadline, tokio::io::copy(stream, &mut tokio::io::sink())).await;
 }
 
 async fn serve_one(
