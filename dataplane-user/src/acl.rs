@@ -26,9 +26,12 @@ pub mod dns;
 pub mod explain;
 pub mod firewall;
 pub mod peers;
+pub mod pods;
 pub mod policy;
 #[cfg(test)]
 mod policy_tests;
+pub mod rules;
+pub mod select;
 #[cfg(test)]
 mod tests;
 
@@ -55,7 +58,7 @@ use ipnet::IpNet;
 use crate::{
     AgentError, Dataplane,
     mapsync::{addr16, map_err, sync_hash, sync_hash_since},
-    overlay::OverlayView,
+    model::OverlayView,
 };
 
 pub const PROTO_TCP: u8 = 6;
@@ -1337,7 +1340,7 @@ impl Morphs {
         state: &AclState,
         desired: &DesiredFirewalls,
         name: &str,
-        direction: policy::Direction,
+        direction: pods::Direction,
     ) -> Option<u32> {
         let wants = |sets: &policy::PodSets| {
             [&sets.ingress, &sets.egress]
@@ -1345,8 +1348,8 @@ impl Morphs {
                 .any(|n| n.as_deref() == Some(name))
         };
         let slot = match direction {
-            policy::Direction::Ingress => 0,
-            policy::Direction::Egress => 1,
+            pods::Direction::Ingress => 0,
+            pods::Direction::Egress => 1,
         };
         let wanting = desired.pod_policies.iter().filter(|(_, sets)| wants(sets));
         let candidate = wanting
@@ -1435,7 +1438,7 @@ pub struct AclState {
     /// The NetworkPolicy sets in force by name.
     policies: BTreeMap<String, u32>,
     /// What each policy set is (for audit records).
-    policy_meta: BTreeMap<u32, policy::PolicySet>,
+    policy_meta: BTreeMap<u32, rules::PolicySet>,
     /// Counts the changes to `policy_meta`: what is described for `inspect` is written again
     /// only when it moved.
     meta_version: u64,
@@ -1528,7 +1531,7 @@ impl AclState {
     }
 
     /// The policy set with this id.
-    pub fn policy_set(&self, set: u32) -> Option<&policy::PolicySet> {
+    pub fn policy_set(&self, set: u32) -> Option<&rules::PolicySet> {
         self.policy_meta.get(&set)
     }
 
@@ -1562,7 +1565,7 @@ pub struct DesiredFirewalls {
     pub log: BTreeMap<String, u8>,
     /// NetworkPolicy sets by name (see [`policy::policy_sets`]), shared by the local pods with
     /// the same rules.
-    pub policy_sets: BTreeMap<String, policy::PolicySet>,
+    pub policy_sets: BTreeMap<String, rules::PolicySet>,
     /// The policy sets of each isolated local pod, by `<namespace>/<name>`.
     pub pod_policies: BTreeMap<String, policy::PodSets>,
     /// The addresses of the pods of each peer identity the policy sets name (sorted).
@@ -1973,7 +1976,7 @@ impl Dataplane {
         &mut self,
         state: &mut AclState,
         name: &str,
-        wanted: &policy::PolicySet,
+        wanted: &rules::PolicySet,
         stats: &mut AclSyncStats,
     ) -> Result<u32, AgentError> {
         let error = match self.install_set(state, &wanted.compiled, stats) {

@@ -1,5 +1,5 @@
 //! The agent's sync orchestration: where the cluster state is read from, and how each read
-//! reaches the maps, stage by stage, as the dependency model (`dataplane_user::sync`) says.
+//! reaches the maps, stage by stage, as the dependency model (`dataplane_user::changes`) says.
 
 use std::{collections::BTreeSet, path::PathBuf, time::SystemTime};
 
@@ -9,7 +9,9 @@ use dataplane_user::{
     acl::{
         self,
         agent::{FirewallAgent, FirewallFiles, FirewallInputs, HostedLists},
+        pods::PolicyChanges,
     },
+    changes::{Changes, Kind, Stage},
     cni::{
         self,
         server::{CniPods, NodePods},
@@ -17,12 +19,12 @@ use dataplane_user::{
     egressip::{self, compile::EgressInputs, node::EgressNode},
     hybrid,
     kubernetes::KubeSource,
-    lb, mgmt, model, multicast, netdev,
-    overlay::{self, Underlay},
-    preflight,
+    lb::{self, ServiceCache},
+    mgmt, model,
+    model::Underlay,
+    multicast, netdev, overlay, preflight,
     rejected::{self, Rejection},
     source,
-    sync::{Changes, Kind, ServiceCache, Stage},
 };
 
 /// Says that port security does not apply to a veth named on the command line that no pod
@@ -79,7 +81,7 @@ pub struct Cluster {
     pub services: ServiceCache,
     /// Every pod of the cluster as policies and egress IPs select them, patched with the
     /// pods each sync finds changed.
-    pub policy_pods: acl::policy::PolicyPods,
+    pub policy_pods: acl::pods::PolicyPods,
     /// Whether `policy_pods` holds `last`'s pods (a sync that failed after patching them
     /// leaves them ahead of it: the next one makes them anew).
     pub policy_pods_follow_last: bool,
@@ -118,7 +120,7 @@ pub struct Synced {
 
 impl Cluster {
     /// Reads the cluster state and brings the maps to it, running only the stages that read
-    /// what changed since the last good sync ([`sync::READS`]); `full` re-reads everything
+    /// what changed since the last good sync ([`changes::READS`]); `full` re-reads everything
     /// from scratch and runs every stage (the first sync takes over what a previous agent
     /// pinned). Returns what ran and what it wrote.
     pub async fn sync(&mut self, dataplane: &mut Dataplane, full: bool) -> anyhow::Result<Synced> {
@@ -157,7 +159,7 @@ impl Cluster {
             if changes.kinds.contains(&Kind::Pod) {
                 changes.kinds.insert(Kind::HostedPod);
             }
-            self.policy_pods = acl::policy::PolicyPods::from_pods(&state.pods);
+            self.policy_pods = acl::pods::PolicyPods::from_pods(&state.pods);
             self.hosted_pods = model::HostedPods::from_pods(&state.pods, &self.node);
         }
         self.policy_pods_follow_last = false;
@@ -199,7 +201,7 @@ impl Cluster {
                 &state,
                 &model.view,
                 self.policy_pods.clone(),
-                changes.for_policies(),
+                PolicyChanges::from_changes(&changes),
                 &files,
                 // The API source's lists are in key order (`ObjectCache`); after the read only
                 // pods are merged in. A manifest directory's are in its files' order.
@@ -320,7 +322,7 @@ impl Cluster {
             tracing::warn!(%warning, "cluster state");
         }
         self.warnings = model.warnings.clone();
-        let pools = dataplane_user::overlay::node_named(&model.view.nodes, &self.node)
+        let pools = dataplane_user::model::node_named(&model.view.nodes, &self.node)
             .map(|n| n.pod_cidrs.clone())
             .unwrap_or_default();
         // The Pod objects as declared (before the attachments' addresses were merged in) of
@@ -442,7 +444,7 @@ impl Cluster {
         let mut reserved_networks = state.cluster_networks.clone();
         reserved_networks.extend(state.service_networks.iter().copied());
         if let Some(model) = &self.model {
-            reserved_networks.extend(hybrid::internal_networks(model.view.hybrid.as_ref()));
+            reserved_networks.extend(model::hybrid::internal_networks(model.view.hybrid.as_ref()));
         }
         let node_addresses = state
             .nodes
@@ -466,7 +468,7 @@ impl Cluster {
     fn sync_gateway(
         &mut self,
         state: &source::ClusterState,
-        view: &overlay::OverlayView,
+        view: &model::OverlayView,
     ) -> anyhow::Result<bool> {
         let mut inputs = dataplane_user::gateway::GatewayInputs {
             underlay: self.underlay.clone(),
@@ -480,7 +482,7 @@ impl Cluster {
         };
         inputs
             .cluster_networks
-            .extend(hybrid::internal_networks(view.hybrid.as_ref()));
+            .extend(model::hybrid::internal_networks(view.hybrid.as_ref()));
         let script = dataplane_user::gateway::script(&inputs);
         if self.gateway_script.as_deref() != Some(script.as_str()) {
             dataplane_user::gateway::apply(&script)?;
@@ -498,14 +500,14 @@ impl Cluster {
     /// Node when they are not there yet (hybrid nodes read them). A failure is logged and
     /// tried again at the next sync that runs the overlay stage (a Node or Pod change, the
     /// periodic full recompute).
-    async fn announce_hybrid(&self, state: &source::ClusterState, view: &overlay::OverlayView) {
+    async fn announce_hybrid(&self, state: &source::ClusterState, view: &model::OverlayView) {
         let Source::Kubernetes(kube) = &self.source else {
             return;
         };
         let Some(hybrid) = &view.hybrid else {
             return;
         };
-        let wanted = hybrid::own_annotations(hybrid.router_ip, &hybrid.router_mac);
+        let wanted = model::hybrid::own_annotations(hybrid.router_ip, &hybrid.router_mac);
         let current = state
             .nodes
             .iter()
@@ -542,7 +544,7 @@ impl Cluster {
         let mut inputs = EgressInputs::from_state(state, objects, &self.policy_pods, model);
         inputs
             .cluster_networks
-            .extend(hybrid::internal_networks(model.view.hybrid.as_ref()));
+            .extend(model::hybrid::internal_networks(model.view.hybrid.as_ref()));
         let timeout = state.egress_ip_config.reachability_timeout();
         self.egress.set_inputs(inputs, timeout);
         self.egress.apply(dataplane)?;

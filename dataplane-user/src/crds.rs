@@ -6,11 +6,9 @@
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResourceExt as _;
 
-use crate::{
-    acl::{
-        admin::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy},
-        firewall::EgressFirewall,
-    },
+use crate::api::{
+    adminpolicy::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy},
+    egressfirewall::EgressFirewall,
     egressip::EgressIP,
 };
 

@@ -34,7 +34,7 @@ use crate::{
     AgentError, Pins,
     acl::{
         explain::{PolicyMaps, SetRules},
-        policy::Direction,
+        pods::Direction,
     },
     mapsync::ip_of,
     multicast,

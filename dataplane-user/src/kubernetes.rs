@@ -1333,8 +1333,8 @@ mod tests {
             .find(|v| v.name == "owned")
             .expect("the owned annotations");
         for annotation in [
-            crate::hybrid::ROUTER_IP_ANNOTATION,
-            crate::hybrid::ROUTER_MAC_ANNOTATION,
+            crate::model::hybrid::ROUTER_IP_ANNOTATION,
+            crate::model::hybrid::ROUTER_MAC_ANNOTATION,
         ] {
             assert!(
                 owned.expression.contains(&format!("'{annotation}'")),

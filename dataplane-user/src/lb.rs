@@ -40,11 +40,11 @@ use ipnet::IpNet;
 use crate::{
     AgentError, Dataplane,
     mapsync::{addr16, map_err},
-    source::Objects,
+    source::{Objects, slice_service},
 };
 
-/// The label linking an EndpointSlice to its Service.
-const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+mod cache;
+pub use cache::ServiceCache;
 
 /// One backend address and target port.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -238,14 +238,6 @@ pub fn compile_each<'a>(
 
 /// Services compiled by one task of [`compile_each`]: a Service is about 10 us.
 const SERVICES_PER_TASK: usize = 256;
-
-/// The namespace and Service name an EndpointSlice belongs to (its
-/// `kubernetes.io/service-name` label).
-pub fn slice_service(slice: &EndpointSlice) -> Option<(&str, &str)> {
-    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
-    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
-    Some((namespace, name))
-}
 
 /// The service ports of compiled Services, in key order. Two Services claiming one address
 /// and port: a cluster IP keeps it over an external or load-balancer address, then the first

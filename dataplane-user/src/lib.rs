@@ -26,9 +26,11 @@ pub fn small_pages_only() -> std::io::Result<()> {
 }
 
 pub mod acl;
+pub mod api;
 pub mod attach;
 pub mod batch;
 pub mod capacity;
+pub mod changes;
 pub mod cni;
 pub mod crds;
 pub mod ebpf;
@@ -61,7 +63,6 @@ pub mod source;
 pub mod state;
 pub mod stats;
 pub mod status;
-pub mod sync;
 #[cfg(test)]
 mod test_rng;
 pub mod testrun;

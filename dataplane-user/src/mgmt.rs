@@ -20,9 +20,10 @@ use std::{collections::BTreeSet, net::IpAddr};
 use ipnet::IpNet;
 
 use crate::{
-    AgentError, netdev,
-    overlay::{OverlaySettings, OverlayView},
-    preflight,
+    AgentError,
+    api::network::OverlaySettings,
+    model::{OverlayView, hybrid::internal_networks},
+    netdev, preflight,
 };
 
 /// The host's side of the pair: the routes to other nodes' pods point into it.
@@ -55,7 +56,7 @@ pub fn wanted_routes(view: &OverlayView) -> Vec<(IpNet, IpAddr)> {
         return Vec::new();
     };
     let source = |v4: bool| this.addresses.iter().copied().find(|a| a.is_ipv4() == v4);
-    let hybrid = crate::hybrid::internal_networks(view.hybrid.as_ref());
+    let hybrid = internal_networks(view.hybrid.as_ref());
     view.nodes
         .iter()
         .filter(|n| n.name != view.this_node)
@@ -217,7 +218,10 @@ fn ip_output(args: &[&str]) -> Result<String, AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::overlay::{NodeView, OvnKubernetesConfig, Underlay};
+    use crate::{
+        api::network::OvnKubernetesConfig,
+        model::{NodeSeq, NodeView, Underlay},
+    };
 
     #[test]
     fn every_other_nodes_pod_cidrs_are_routed_from_this_nodes_address_of_their_family() {
@@ -225,7 +229,7 @@ mod tests {
         let net = |s: &str| s.parse::<IpNet>().unwrap();
         let view = OverlayView {
             this_node: "a".into(),
-            nodes: std::sync::Arc::new(crate::overlay::NodeSeq::from_iter([
+            nodes: std::sync::Arc::new(NodeSeq::from_iter([
                 std::sync::Arc::new(NodeView {
                     created: i64::MAX,
                     name: "a".into(),

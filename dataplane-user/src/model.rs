@@ -7,12 +7,43 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Node;
 
 use crate::{
-    hybrid::{self, HybridView},
-    overlay::{LocalPodView, NodeList, NodeSeq, NodeView, OverlaySettings, OverlayView, Underlay},
+    api::network::OverlaySettings,
+    changes::{Changes, Kind, object_key},
     seq::Seq,
     source::{ClusterState, Objects, Pod},
-    sync::{Changes, Kind, object_key},
 };
+
+pub mod hybrid;
+mod view;
+
+pub use hybrid::{HybridNodeView, HybridView};
+pub use view::{
+    LocalPodView, NodeChanges, NodeList, NodeSeq, NodeView, Underlay, endpoint, in_name_order,
+    internal_ips, node_changes, node_named,
+};
+
+/// Everything the overlay compile needs.
+#[derive(Clone, Debug)]
+pub struct OverlayView {
+    pub this_node: String,
+    /// Shared: the egress stage reads the same list, and a sync that changed no Node keeps it.
+    pub nodes: NodeList,
+    pub local_pods: Vec<LocalPodView>,
+    /// Veths named on the command line that no local pod claims: port security does not
+    /// apply to them (port security's `unrestricted`).
+    pub unrestricted_ifindexes: Vec<u32>,
+    pub underlay: Underlay,
+    pub settings: OverlaySettings,
+    /// The hybrid overlay, when the `Network` configures it.
+    pub hybrid: Option<HybridView>,
+}
+
+impl OverlayView {
+    /// This node's view, if it is among the nodes (see [`node_named`]).
+    pub fn this_node_view(&self) -> Option<&Arc<NodeView>> {
+        node_named(&self.nodes, &self.this_node)
+    }
+}
 
 /// OVN-Kubernetes' per-pod network annotation, carrying the pod's MAC.
 pub const POD_NETWORKS_ANNOTATION: &str = "k8s.ovn.org/pod-networks";
@@ -276,8 +307,7 @@ pub fn build(
     let node_views = NodeViews::build(&state.nodes, last.map(|m| &m.node_views));
     let nodes = Arc::clone(&node_views.views);
     let mut warnings = node_views.warnings.clone();
-    let own_cidrs: &[IpNet] =
-        crate::overlay::node_named(&nodes, this_node).map_or(&[], |n| &n.pod_cidrs);
+    let own_cidrs: &[IpNet] = node_named(&nodes, this_node).map_or(&[], |n| &n.pod_cidrs);
     let hybrid = hybrid_view(state, this_node, own_cidrs, underlay.mtu, &mut warnings);
     let router_ip = hybrid.as_ref().map(|h| h.router_ip);
     let mut local_pods = Vec::new();
@@ -392,17 +422,6 @@ fn hybrid_view(
         // Known once the management port exists (`crate::mgmt::sync`).
         mgmt_ifindex: 0,
     })
-}
-
-/// The `InternalIP` entries of a Node's `status.addresses`, as written.
-pub(crate) fn internal_ips(node: &Node) -> impl Iterator<Item = &str> {
-    node.status
-        .as_ref()
-        .and_then(|s| s.addresses.as_ref())
-        .into_iter()
-        .flatten()
-        .filter(|a| a.type_ == "InternalIP")
-        .map(|a| a.address.as_str())
 }
 
 fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
@@ -534,7 +553,7 @@ pub(crate) fn pod_mac(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{overlay::OvnKubernetesConfig, source::add_documents};
+    use crate::{api::network::OvnKubernetesConfig, source::add_documents};
 
     const CLUSTER: &str = r#"
 apiVersion: v1
@@ -666,7 +685,13 @@ status: {podIPs: [{ip: 10.244.1.7}]}
 #[cfg(test)]
 mod hosted_tests {
     use super::*;
-    use crate::source::{PodSpec, PodStatus};
+    use crate::{
+        changes::{
+            Stage,
+            tests::{BASE, state},
+        },
+        source::{PodSpec, PodStatus},
+    };
 
     fn pod(namespace: &str, name: &str, node: &str, phase: &str) -> Arc<Pod> {
         let mut pod = Pod::default();
@@ -721,6 +746,41 @@ mod hosted_tests {
         }
         assert!(seen_here > 0, "some steps had pods here");
     }
+
+    /// A changed pod of this node (before or after) runs the overlay too; one elsewhere, or
+    /// a label alone, does not.
+    #[test]
+    fn a_pod_change_runs_the_overlay_only_for_this_nodes_pods() {
+        let address =
+            |t: &str| t.replace("podIPs: [{ip: 10.244.1.5}]", "podIPs: [{ip: 10.244.1.7}]");
+        let (old, new) = (state(BASE), state(&address(BASE)));
+        let pod = new.pods.first().expect("pod");
+        let node = pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.node_name.clone())
+            .expect("node");
+        for (here, hosted_before) in [(node.as_str(), true), ("elsewhere", false)] {
+            let hosted = HostedPods::from_pods(&old.pods, here);
+            assert_eq!(hosted.iter().next().is_some(), hosted_before);
+            let mut changes = Changes::between(&old, &new);
+            hosted.note_changes(&mut changes);
+            assert_eq!(changes.runs(Stage::Overlay), hosted_before, "{here}");
+            assert!(changes.runs(Stage::AccessControl));
+        }
+        // Moved here: hosted after the change.
+        let moved = |t: &str| address(t).replace(&format!("nodeName: {node}"), "nodeName: other");
+        let away = state(&moved(BASE));
+        let hosted = HostedPods::from_pods(&away.pods, "other");
+        let mut changes = Changes::between(&old, &away);
+        HostedPods::from_pods(&old.pods, "other").note_changes(&mut changes);
+        assert!(changes.runs(Stage::Overlay), "a pod arriving here");
+        assert!(hosted.iter().next().is_some());
+        let relabelled = state(&BASE.replace("labels: {app: web}", "labels: {app: shop}"));
+        let mut changes = Changes::between(&old, &relabelled);
+        HostedPods::from_pods(&old.pods, &node).note_changes(&mut changes);
+        assert!(!changes.runs(Stage::Overlay), "a label alone");
+    }
 }
 
 #[cfg(test)]
@@ -751,7 +811,7 @@ mod reuse_tests {
             xdp_forward: false,
             mtu: 1500,
         };
-        let settings = crate::overlay::OvnKubernetesConfig::default()
+        let settings = crate::api::network::OvnKubernetesConfig::default()
             .validate(1500)
             .expect("settings");
         let hosted = HostedPods::from_pods(&state.pods, "n00");

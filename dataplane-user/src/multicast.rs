@@ -42,7 +42,7 @@ use crate::{
     loader::Dataplane,
     mapsync::{addr16, ip_of, map_err, sync_hash},
     model::in_pod_network,
-    overlay::{self, OverlayView},
+    model::{OverlayView, endpoint},
     source::ClusterState,
 };
 
@@ -217,7 +217,7 @@ pub fn plan(state: &ClusterState, view: &OverlayView) -> Plan {
                 node.name.clone(),
                 Peer {
                     address: *address,
-                    endpoint: overlay::endpoint(*address),
+                    endpoint: endpoint(*address),
                 },
             );
         }

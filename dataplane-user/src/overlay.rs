@@ -1,5 +1,6 @@
-//! The Geneve pod overlay, agent side: validate the overlay settings, compile this node's view
-//! of the cluster into the exact contents of the overlay maps (pure), and sync the maps.
+//! The Geneve pod overlay, agent side: compile this node's view of the cluster (`model`, with
+//! the settings `api::network` validated) into the exact contents of the overlay maps (pure),
+//! and sync the maps.
 
 use std::{
     collections::{BTreeMap, BTreeSet},
@@ -11,10 +12,8 @@ use aya::maps::{Array, DevMapHash, HashMap, LpmTrie, MapData};
 use dataplane_common::{
     maps,
     overlay::{
-        Addr, DEFAULT_NETWORK_VNI, ENCAP_OVERHEAD_V6, FAMILY_IPV4, FAMILY_IPV6,
-        GENEVE_DEFAULT_PORT, LocalPod, OUTSIDE_WORDS, OVERLAY_DEFAULT_OVERHEAD, OVERLAY_ENABLED,
-        OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OVERLAY_XDP_FORWARD, OverlayConfig, TUNNEL_GENEVE,
-        TunnelEndpoint, VXLAN_PORT, outside_bit_v4, outside_bit_v6,
+        Addr, LocalPod, OUTSIDE_WORDS, OVERLAY_ENABLED, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
+        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, outside_bit_v4, outside_bit_v6,
     },
     port::PodPort,
 };
@@ -22,162 +21,13 @@ use ipnet::IpNet;
 
 use crate::{
     AgentError, Dataplane,
-    hybrid::HybridView,
     mapsync::{SyncStats, addr16, ip_of, sync_hash_since, sync_lpm_since},
+    model::OverlayView,
     port,
 };
 
 mod nodes;
 pub use nodes::NodeMaps;
-pub(crate) use nodes::{in_name_order, node_changes};
-
-/// IPv6's minimum link MTU (RFC 8200): the pod MTU may not go below it.
-pub const IPV6_MIN_MTU: u32 = 1280;
-
-/// Why overlay settings were refused. Each message names the field as the operator wrote it.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
-pub enum SettingsError {
-    #[error("ovnKubernetesConfig.genevePort: 0 is not a port")]
-    PortZero,
-    #[error("ovnKubernetesConfig.genevePort: {VXLAN_PORT} is the VXLAN port; choose another")]
-    PortIsVxlan,
-    #[error("ovnKubernetesConfig.mtu: {mtu} is below IPv6's minimum link MTU of {IPV6_MIN_MTU}")]
-    MtuTooSmall { mtu: u32 },
-    #[error(
-        "ovnKubernetesConfig.mtu: {mtu} does not fit the underlay MTU {underlay_mtu} with the \
-         {overhead}-byte Geneve overhead"
-    )]
-    MtuTooLarge {
-        mtu: u32,
-        underlay_mtu: u32,
-        overhead: u32,
-    },
-}
-
-/// `defaultNetwork.ovnKubernetesConfig` of the OpenShift network operator, the overlay part.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct OvnKubernetesConfig {
-    pub mtu: Option<u32>,
-    pub geneve_port: Option<u16>,
-}
-
-/// Validated overlay settings.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct OverlaySettings {
-    pub geneve_port: u16,
-    /// Largest IP packet a pod may send (its interface MTU).
-    pub pod_mtu: u32,
-    pub vni: u32,
-}
-
-impl OvnKubernetesConfig {
-    /// Applies the defaults (port 6081, MTU = underlay MTU - 100) and the limits: the port is
-    /// neither 0 nor VXLAN's, the MTU is at least 1280 and leaves room for encapsulation.
-    pub fn validate(&self, underlay_mtu: u32) -> Result<OverlaySettings, SettingsError> {
-        let geneve_port = self.geneve_port.unwrap_or(GENEVE_DEFAULT_PORT);
-        if geneve_port == 0 {
-            return Err(SettingsError::PortZero);
-        }
-        if geneve_port == VXLAN_PORT {
-            return Err(SettingsError::PortIsVxlan);
-        }
-        let pod_mtu = self
-            .mtu
-            .unwrap_or(underlay_mtu.saturating_sub(OVERLAY_DEFAULT_OVERHEAD));
-        if pod_mtu < IPV6_MIN_MTU {
-            return Err(SettingsError::MtuTooSmall { mtu: pod_mtu });
-        }
-        // The largest encapsulation (IPv6 underlay) must still fit the underlay.
-        if pod_mtu + ENCAP_OVERHEAD_V6 > underlay_mtu {
-            return Err(SettingsError::MtuTooLarge {
-                mtu: pod_mtu,
-                underlay_mtu,
-                overhead: ENCAP_OVERHEAD_V6,
-            });
-        }
-        Ok(OverlaySettings {
-            geneve_port,
-            pod_mtu,
-            vni: DEFAULT_NETWORK_VNI,
-        })
-    }
-}
-
-/// A cluster node as the overlay needs it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct NodeView {
-    pub name: String,
-    /// Underlay addresses (Node status InternalIP), at most one per family used.
-    pub addresses: Vec<IpAddr>,
-    /// Node spec.podCIDRs.
-    pub pod_cidrs: Vec<IpNet>,
-    /// When the Node object was made (`metadata.creationTimestamp`, seconds since the epoch;
-    /// `i64::MAX` unknown): of two nodes claiming one pod CIDR, the older keeps it.
-    pub created: i64,
-}
-
-/// A pod on this node.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalPodView {
-    pub name: String,
-    pub addresses: Vec<IpAddr>,
-    pub pod_mac: [u8; 6],
-    pub host_ifindex: u32,
-    pub host_mac: [u8; 6],
-    /// The pod's end takes frames from XDP: decapsulated frames may go straight in.
-    pub takes_xdp: bool,
-}
-
-/// This node's underlay NIC.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Underlay {
-    pub ifindex: u32,
-    pub mac: [u8; 6],
-    /// Whether XDP may send NodePort packets to remote backends itself (`--xdp-forward`).
-    pub xdp_forward: bool,
-    pub mtu: u32,
-}
-
-/// The cluster's nodes' views, in the sources' order (by name; a manifest directory's in its
-/// files' order). A persistent sequence, shared: a Node added among 5,000 copies the chunk of
-/// its slot, where an ordinary vector was copied whole (touching every view's count) and
-/// `imbl::Vector` joined two trees (node names are not added at the end).
-pub type NodeSeq = crate::seq::Seq<Arc<NodeView>>;
-pub type NodeList = Arc<NodeSeq>;
-
-/// Everything the overlay compile needs.
-#[derive(Clone, Debug)]
-pub struct OverlayView {
-    pub this_node: String,
-    /// Shared: the egress stage reads the same list, and a sync that changed no Node keeps it.
-    pub nodes: NodeList,
-    pub local_pods: Vec<LocalPodView>,
-    /// Veths named on the command line that no local pod claims: port security does not
-    /// apply to them (`crate::port::unrestricted`).
-    pub unrestricted_ifindexes: Vec<u32>,
-    pub underlay: Underlay,
-    pub settings: OverlaySettings,
-    /// The hybrid overlay, when the `Network` configures it (`crate::hybrid`).
-    pub hybrid: Option<HybridView>,
-}
-
-impl OverlayView {
-    /// This node's view, if it is among the nodes (see [`node_named`]).
-    pub fn this_node_view(&self) -> Option<&Arc<NodeView>> {
-        node_named(&self.nodes, &self.this_node)
-    }
-}
-
-/// The node named `name` among `nodes`: a binary search where the list is in name order (the
-/// API source's), a walk where that search misses (a manifest directory's order, or no such
-/// node). A sync looks this node up several times, and walking 5,000 names each time was a
-/// tenth of a node change.
-pub fn node_named<'a>(nodes: &'a NodeSeq, name: &str) -> Option<&'a Arc<NodeView>> {
-    match nodes.binary_search_by(|n| n.name.as_str().cmp(name)) {
-        Ok(i) if nodes[i].name == name => Some(&nodes[i]),
-        _ => nodes.iter().find(|n| n.name == name),
-    }
-}
 
 /// Why the overlay view could not be compiled.
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -273,20 +123,6 @@ pub fn compile_since(
         }
     }
     Ok(maps)
-}
-
-/// The tunnel endpoint of a node at `address` (Geneve, the family of the address).
-pub fn endpoint(address: IpAddr) -> TunnelEndpoint {
-    TunnelEndpoint {
-        addr: addr16(address),
-        family: if address.is_ipv4() {
-            FAMILY_IPV4
-        } else {
-            FAMILY_IPV6
-        },
-        kind: TUNNEL_GENEVE,
-        _pad: [0; 2],
-    }
 }
 
 fn first_v4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
@@ -568,6 +404,10 @@ fn first_four(addr: &Addr) -> [u8; 4] {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::{
+        api::network::OvnKubernetesConfig,
+        model::{LocalPodView, NodeSeq, NodeView, Underlay, endpoint, node_named},
+    };
 
     /// In name order (found by the search) or not (by the walk), a node is found, and a
     /// name no node has is not.
@@ -672,60 +512,10 @@ mod tests {
         assert_eq!(clear, 2 + 2);
     }
 
-    #[test]
-    fn settings_defaults_and_limits() {
-        let defaults = OvnKubernetesConfig::default()
-            .validate(1500)
-            .expect("defaults");
-        assert_eq!(
-            defaults,
-            OverlaySettings {
-                geneve_port: 6081,
-                pod_mtu: 1400,
-                vni: 1
-            }
-        );
-        let custom = OvnKubernetesConfig {
-            mtu: Some(1350),
-            geneve_port: Some(6082),
-        };
-        assert_eq!(custom.validate(1500).expect("custom").geneve_port, 6082);
-        let cases = [
-            (Some(0), None, 1500, SettingsError::PortZero),
-            (Some(4789), None, 1500, SettingsError::PortIsVxlan),
-            (
-                None,
-                Some(1279),
-                1500,
-                SettingsError::MtuTooSmall { mtu: 1279 },
-            ),
-            (None, None, 1300, SettingsError::MtuTooSmall { mtu: 1200 }),
-            (
-                None,
-                Some(1450),
-                1500,
-                SettingsError::MtuTooLarge {
-                    mtu: 1450,
-                    underlay_mtu: 1500,
-                    overhead: 70,
-                },
-            ),
-        ];
-        for (geneve_port, mtu, underlay, expected) in cases {
-            let config = OvnKubernetesConfig { mtu, geneve_port };
-            assert_eq!(config.validate(underlay), Err(expected));
-        }
-        assert!(
-            SettingsError::PortIsVxlan
-                .to_string()
-                .contains("ovnKubernetesConfig.genevePort")
-        );
-    }
-
     fn view() -> OverlayView {
         OverlayView {
             this_node: "node-a".into(),
-            nodes: Arc::new(crate::overlay::NodeSeq::from_iter([
+            nodes: Arc::new(NodeSeq::from_iter([
                 Arc::new(NodeView {
                     created: i64::MAX,
                     name: "node-a".into(),

@@ -8,15 +8,18 @@ use std::{collections::BTreeMap, net::IpAddr};
 
 use crate::{
     acl::{
-        admin::{AdminObjects, validate_all},
+        admin::validate_all,
         firewall::{DnsAddresses, compile_firewalls, context},
-        policy::{PolicyCluster, PolicyPods, namespace_labels, policy_sets},
+        pods::{PolicyPods, namespace_labels},
+        policy::policy_sets,
+        select::PolicyCluster,
     },
+    api::{adminpolicy::AdminObjects, network::OvnKubernetesConfig},
     egressip::compile::{EgressInputs, compile as compile_egress},
     lb::{self, AddressPolicy},
+    model::Underlay,
     model::{self, HostInterface, HostedPods},
-    multicast,
-    overlay::{self, OvnKubernetesConfig, Underlay},
+    multicast, overlay,
     source::ClusterState,
 };
 

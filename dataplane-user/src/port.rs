@@ -11,7 +11,7 @@ use dataplane_common::{
     port::{PORT_HAS_IPV4, PORT_HAS_IPV6, PORT_UNRESTRICTED, PodPort, link_local_of},
 };
 
-use crate::{AgentError, Dataplane, overlay::LocalPodView};
+use crate::{AgentError, Dataplane, model::LocalPodView};
 
 /// One record per local pod, keyed by the ifindex of its host-side veth: its MAC, its first
 /// IPv4 and first IPv6 address (a pod has one of each at most), and the link-local address

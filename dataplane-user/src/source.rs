@@ -1,7 +1,8 @@
 //! Cluster state from a directory of Kubernetes YAML manifests (the embedded default outside a
 //! cluster): Nodes, Pods, Services and EndpointSlices as the API serves them (k8s-openapi
 //! types), Namespaces, NetworkPolicies, OVN-Kubernetes' EgressFirewalls, and the OpenShift
-//! network operator's `Network` for the overlay settings. Unknown kinds are skipped; an object
+//! network operator's `Network` for the overlay settings, decoded into k8s-openapi's types and
+//! this project's (`api`), which validate them. Unknown kinds are skipped; an object
 //! that does not parse is reported by file, kind and name and skipped, the rest still loads.
 //! The directory is followed by its inotify events ([`ManifestWatch`]).
 
@@ -28,16 +29,16 @@ use k8s_openapi::{
 use serde::Deserialize;
 
 use crate::{
-    acl::{
-        admin::{
+    api::{
+        adminpolicy::{
             AdminNetworkPolicy, AdminObjects, BaselineAdminNetworkPolicy, ClusterNetworkPolicy,
         },
-        audit::PolicyAuditConfig,
-        firewall::EgressFirewall,
+        egressfirewall::EgressFirewall,
+        egressip::{self, EgressIP},
+        network::{
+            EgressIpConfig, HybridSettings, NetworkOperator, OvnKubernetesConfig, PolicyAuditConfig,
+        },
     },
-    egressip::{self, EgressIP},
-    hybrid::{HybridOverlayConfig, HybridSettings},
-    overlay::OvnKubernetesConfig,
     seq::{self, Seq},
 };
 
@@ -73,7 +74,7 @@ pub struct ClusterState {
     /// `ovnKubernetesConfig.policyAuditConfig` of that `Network`.
     pub policy_audit: PolicyAuditConfig,
     /// `ovnKubernetesConfig.egressIPConfig` of that `Network`.
-    pub egress_ip_config: egressip::EgressIpConfig,
+    pub egress_ip_config: EgressIpConfig,
     /// `ovnKubernetesConfig.hybridOverlayConfig` of that `Network`, validated: the hybrid
     /// overlay is on when it is there.
     pub hybrid: Option<HybridSettings>,
@@ -1199,6 +1200,17 @@ impl Pod {
     }
 }
 
+/// The label linking an EndpointSlice to its Service.
+pub const SERVICE_NAME_LABEL: &str = "kubernetes.io/service-name";
+
+/// The namespace and Service name an EndpointSlice belongs to (its
+/// `kubernetes.io/service-name` label).
+pub fn slice_service(slice: &EndpointSlice) -> Option<(&str, &str)> {
+    let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
+    let name = slice.metadata.labels.as_ref()?.get(SERVICE_NAME_LABEL)?;
+    Some((namespace, name))
+}
+
 /// Adds every document of one manifest file to `state`.
 pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
     let mut last_fault = None;
@@ -1352,64 +1364,17 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
             Err(e) => reject(state, e),
         },
         ("operator.openshift.io/v1", "Network") => match value.decode::<NetworkOperator>() {
-            Ok(network) if network.metadata.name == "cluster" => {
-                let spec = network.spec;
-                let cidrs = spec
-                    .cluster_network
-                    .iter()
-                    .map(|c| (c.cidr.as_str(), "spec.clusterNetwork"))
-                    .chain(
-                        spec.service_network
-                            .iter()
-                            .map(|c| (c.as_str(), "spec.serviceNetwork")),
-                    );
-                let mut parsed = Vec::new();
-                for (text, field) in cidrs {
-                    match text.parse::<IpNet>() {
-                        Ok(net) => parsed.push((net, field)),
-                        Err(_) => {
-                            return reject(state, format!("{field} {text:?} is not a CIDR"));
-                        }
-                    }
+            Ok(network) if network.is_the_cluster_network() => match network.validate() {
+                Ok(network) => {
+                    state.hybrid = network.hybrid;
+                    state.policy_audit = network.policy_audit;
+                    state.egress_ip_config = network.egress_ip;
+                    state.network = Some(network.overlay);
+                    state.cluster_networks = network.cluster_networks;
+                    state.service_networks = network.service_networks;
                 }
-                let ovn = spec.default_network.ovn_kubernetes_config;
-                let networks = |wanted: &str| -> Vec<IpNet> {
-                    parsed
-                        .iter()
-                        .filter(|(_, f)| *f == wanted)
-                        .map(|(n, _)| *n)
-                        .collect()
-                };
-                let hybrid = match &ovn.hybrid_overlay_config {
-                    Some(config) => match config.validate(
-                        &networks("spec.clusterNetwork"),
-                        &networks("spec.serviceNetwork"),
-                        ovn.geneve_port
-                            .unwrap_or(dataplane_common::overlay::GENEVE_DEFAULT_PORT),
-                    ) {
-                        Ok(settings) => Some(settings),
-                        Err(error) => return reject(state, error.to_string()),
-                    },
-                    None => None,
-                };
-                state.hybrid = hybrid;
-                state.policy_audit = ovn.policy_audit_config.unwrap_or_default();
-                state.egress_ip_config = ovn.egress_ip_config.unwrap_or_default();
-                state.network = Some(OvnKubernetesConfig {
-                    mtu: ovn.mtu,
-                    geneve_port: ovn.geneve_port,
-                });
-                state.cluster_networks = parsed
-                    .iter()
-                    .filter(|(_, f)| *f == "spec.clusterNetwork")
-                    .map(|(n, _)| *n)
-                    .collect();
-                state.service_networks = parsed
-                    .iter()
-                    .filter(|(_, f)| *f == "spec.serviceNetwork")
-                    .map(|(n, _)| *n)
-                    .collect();
-            }
+                Err(error) => reject(state, error),
+            },
             Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
             Err(e) => reject(state, e),
         },
@@ -1421,55 +1386,6 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
             "kind not used by the dataplane, skipped"
         ),
     }
-}
-
-/// The part of `operator.openshift.io/v1` `Network` the overlay reads.
-#[derive(Deserialize)]
-struct NetworkOperator {
-    metadata: NetworkMetadata,
-    #[serde(default)]
-    spec: NetworkSpec,
-}
-
-#[derive(Deserialize)]
-struct NetworkMetadata {
-    name: String,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct NetworkSpec {
-    #[serde(default)]
-    default_network: DefaultNetwork,
-    #[serde(default)]
-    cluster_network: Vec<ClusterNetworkEntry>,
-    #[serde(default)]
-    service_network: Vec<String>,
-}
-
-/// One `spec.clusterNetwork` entry (`hostPrefix` is the per-node slice; nodes carry theirs).
-#[derive(Deserialize)]
-struct ClusterNetworkEntry {
-    cidr: String,
-}
-
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DefaultNetwork {
-    #[serde(default)]
-    ovn_kubernetes_config: OvnConfigSpec,
-}
-
-/// Other fields of `ovnKubernetesConfig` (gatewayConfig, ...) belong to other features.
-#[derive(Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct OvnConfigSpec {
-    mtu: Option<u32>,
-    geneve_port: Option<u16>,
-    policy_audit_config: Option<PolicyAuditConfig>,
-    #[serde(rename = "egressIPConfig")]
-    egress_ip_config: Option<egressip::EgressIpConfig>,
-    hybrid_overlay_config: Option<HybridOverlayConfig>,
 }
 
 #[cfg(test)]
@@ -1594,8 +1510,8 @@ mod tests {
             {
                 journalled += usize::from(now.pods.placed_since(&earlier.pods).is_some());
                 assert_eq!(
-                    crate::sync::Changes::between(earlier, &now),
-                    crate::sync::Changes::between(earlier, &anew),
+                    crate::changes::Changes::between(earlier, &now),
+                    crate::changes::Changes::between(earlier, &anew),
                     "after step {step}"
                 );
             }

@@ -29,7 +29,7 @@ use crate::{
     AgentError, Dataplane, Pins,
     acl::{
         explain::{PolicyMaps, SetRules},
-        policy::Direction,
+        pods::Direction,
     },
     inspect::{self, Table},
     mapsync::addr16,

@@ -6,12 +6,10 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use dataplane_user::{
-    acl::policy::PolicyPod,
-    egressip::{
-        EgressIP, EgressIpSpec, EgressIpStatus, EgressIpStatusItem,
-        compile::{EgressInputs, EgressMaps, compile},
-    },
-    overlay::OverlayView,
+    acl::pods::PolicyPod,
+    api::egressip::{EgressIP, EgressIpSpec, EgressIpStatus, EgressIpStatusItem},
+    egressip::compile::{EgressInputs, EgressMaps, compile},
+    model::OverlayView,
 };
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 

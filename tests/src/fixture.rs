@@ -11,9 +11,7 @@ use dataplane_common::{
     overlay::OverlayConfig,
     port::PodPort,
 };
-use dataplane_user::{
-    Dataplane, Pins, capacity::Capacities, overlay::LocalPodView, stats::Counters,
-};
+use dataplane_user::{Dataplane, Pins, capacity::Capacities, model::LocalPodView, stats::Counters};
 
 use crate::packets::{POD_MAC, SRC_V4, SRC_V6};
 

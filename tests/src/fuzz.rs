@@ -25,9 +25,12 @@ use dataplane_common::{
 use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
-        firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
-        policy::{PolicyCluster, PolicyPod, PolicyPods, policy_sets},
+        firewall::{DnsAddresses, FirewallContext, compile_firewalls},
+        pods::{PolicyPod, PolicyPods},
+        policy::policy_sets,
+        select::PolicyCluster,
     },
+    api::egressfirewall::EgressFirewall,
     lb::{AddressKind, BackendAddr, LbState, ServicePort},
     mapsync::addr16,
 };
@@ -448,7 +451,7 @@ fn cluster() -> anyhow::Result<Bed> {
     ]
     .into_iter()
     .collect();
-    let namespaces = dataplane_user::acl::policy::NamespaceLabels::default();
+    let namespaces = dataplane_user::acl::pods::NamespaceLabels::default();
     let cluster = PolicyCluster::new(&pods, &namespaces);
     let local = ["default/local".to_owned(), "default/sender".to_owned()];
     let compiled = policy_sets(

@@ -4,7 +4,9 @@
 //! Compiled and synced by the agent's own code.
 
 use dataplane_user::{
-    hybrid::{self, HybridNodeView, HybridSettings, HybridView},
+    api::network::HybridSettings,
+    hybrid,
+    model::{HybridNodeView, HybridView},
     overlay::compile,
 };
 

@@ -9,8 +9,10 @@
 
 use std::net::IpAddr;
 
-use dataplane_user::overlay::{
-    LocalPodView, NodeView, OverlayView, OvnKubernetesConfig, Underlay, compile,
+use dataplane_user::{
+    api::network::OvnKubernetesConfig,
+    model::{LocalPodView, NodeView, OverlayView, Underlay},
+    overlay::compile,
 };
 
 use crate::{

@@ -27,9 +27,10 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         explain::PolicyMaps,
-        firewall::{DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls},
-        policy::Direction,
+        firewall::{DnsAddresses, FirewallContext, compile_firewalls},
+        pods::Direction,
     },
+    api::egressfirewall::EgressFirewall,
     capacity::Capacities,
     mapsync::addr16,
 };

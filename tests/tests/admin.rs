@@ -18,7 +18,9 @@ use dataplane_user::{
     acl::{
         AclPod, AclState, DesiredFirewalls,
         admin::validate_all,
-        policy::{NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets},
+        pods::{NamespaceLabels, PolicyPod, PolicyPods},
+        policy::policy_sets,
+        select::PolicyCluster,
     },
     source::{ClusterState, add_documents},
 };

@@ -1878,7 +1878,7 @@ fn established_flows_replay_from_the_flow_cache_until_what_they_depend_on_change
     }
     use dataplane_tests::overlay_bed::{LOCAL_HOST_MAC, LOCAL_POD_MAC};
     use dataplane_tests::packets::mac_text;
-    use dataplane_user::overlay::{LocalPodView, compile};
+    use dataplane_user::{model::LocalPodView, overlay::compile};
     const TC_ACT_REDIRECT: u32 = 7;
     // The cache is per CPU, as a flow's packets mostly are: every test run on one CPU.
     dataplane_tests::fixture::pin_to_one_cpu();
@@ -2678,7 +2678,7 @@ fn node_port_flows_to_remote_backends_replay_from_the_xdp_flow_cache() {
         "a new clock second: the full path again"
     );
     let mut nodes: Vec<_> = bed.view.nodes.iter().cloned().collect();
-    nodes.push(std::sync::Arc::new(dataplane_user::overlay::NodeView {
+    nodes.push(std::sync::Arc::new(dataplane_user::model::NodeView {
         created: i64::MAX,
         name: "d".into(),
         addresses: vec![ip("10.99.0.4")],

@@ -940,8 +940,10 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
     use dataplane_common::{maps, overlay::TunnelEndpoint};
     use dataplane_tests::fixture::Fixture;
     use dataplane_user::{
+        api::network::OvnKubernetesConfig,
         capacity::Capacities,
-        overlay::{self, NodeView, OverlayView, OvnKubernetesConfig, Underlay},
+        model::{NodeView, OverlayView, Underlay},
+        overlay,
     };
 
     if !privileged(
@@ -1010,7 +1012,11 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
     use aya::maps::{LpmTrie, MapData};
     use dataplane_common::{maps, overlay::TunnelEndpoint};
     use dataplane_tests::fixture::Fixture;
-    use dataplane_user::overlay::{self, NodeView, OverlayView, OvnKubernetesConfig, Underlay};
+    use dataplane_user::{
+        api::network::OvnKubernetesConfig,
+        model::{NodeView, OverlayView, Underlay},
+        overlay,
+    };
 
     if !privileged("a_sync_against_the_last_written_maps_writes_only_the_change") {
         return;

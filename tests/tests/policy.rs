@@ -26,9 +26,9 @@ use dataplane_user::{
         agent::{FirewallAgent, FirewallInputs},
         explain,
         firewall::FirewallContext,
-        policy::{
-            NamespaceLabels, PolicyChanges, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
-        },
+        pods::{NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods},
+        policy::policy_sets,
+        select::PolicyCluster,
     },
     mapsync::addr16,
 };

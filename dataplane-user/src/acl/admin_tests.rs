@@ -11,14 +11,14 @@ use std::{
 
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 
+use crate::api::adminpolicy::AdminObjects;
+
 use super::{
     PROTO_TCP, PROTO_UDP, Verdict,
-    admin::{
-        AdminNode, AdminObjects, AdminPolicies, AdminPolicy, ObjectKey, Validated, validate_all,
-    },
-    policy::{
-        CompiledPolicies, NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
-    },
+    admin::{AdminNode, AdminPolicies, AdminPolicy, ObjectKey, Validated, validate_all},
+    pods::{NamespaceLabels, PolicyPod, PolicyPods},
+    policy::{CompiledPolicies, policy_sets},
+    select::PolicyCluster,
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];

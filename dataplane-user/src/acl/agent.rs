@@ -19,19 +19,21 @@ use dataplane_common::{
 use k8s_openapi::api::{core::v1::Namespace, networking::v1::NetworkPolicy};
 use tokio::io::{Interest, unix::AsyncFd};
 
+use crate::api::{
+    adminpolicy::AdminObjects, egressfirewall::EgressFirewall, network::PolicyAuditConfig,
+};
+
 use super::{
     AclPod, AclState, AclSyncStats,
-    admin::{self, AdminNode, AdminObjects, AdminPolicies, AdminPolicy, ObjectKey},
-    audit::{AuditLog, NamespaceLogging, PolicyAuditConfig, RecordSource, namespace_logging},
+    admin::{self, AdminNode, AdminPolicies, AdminPolicy, ObjectKey},
+    audit::{AuditLog, NamespaceLogging, RecordSource, namespace_logging},
     dns::{self, DnsNames, Resolver, Snooped},
-    firewall::{
-        CompiledFirewalls, DnsAddresses, EgressFirewall, FirewallContext, compile_firewalls_reusing,
-    },
+    firewall::{CompiledFirewalls, DnsAddresses, FirewallContext, compile_firewalls_reusing},
     peers::Registry,
-    policy::{
-        CompiledPolicies, Direction, NamespaceLabels, PodRulesCache, PolicyChanges, PolicyCluster,
-        PolicyKind, PolicyPod, PolicyPods, namespace_labels, policy_sets_since,
-    },
+    pods::{Direction, NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods, namespace_labels},
+    policy::{CompiledPolicies, PodRulesCache, policy_sets_since},
+    rules::PolicyKind,
+    select::PolicyCluster,
 };
 use crate::{AgentError, Dataplane};
 
@@ -87,7 +89,7 @@ impl FirewallInputs {
     /// `last` keeps what the last call took of the lists, for the next.
     pub fn from_state(
         state: &crate::source::ClusterState,
-        view: &crate::overlay::OverlayView,
+        view: &crate::model::OverlayView,
         cluster_pods: PolicyPods,
         changes: PolicyChanges,
         files: &FirewallFiles,
@@ -1370,7 +1372,7 @@ mod tests {
 
     #[test]
     fn records_of_cluster_wide_policies_are_named_as_ovn_kubernetes_names_them() {
-        use super::super::{admin::Tier, policy::RuleRef};
+        use super::super::{rules::RuleRef, rules::Tier};
         let reference = |kind, tier, policy: &str, rule| RuleRef {
             kind,
             tier: Some(tier),
@@ -1382,7 +1384,7 @@ mod tests {
         let mut state = AclState::default();
         state.policy_meta.insert(
             7,
-            super::super::policy::PolicySet {
+            super::super::rules::PolicySet {
                 namespace: "web".into(),
                 direction: Direction::Egress,
                 refs: Arc::new(vec![

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::{
     fs::{self, File, OpenOptions},
     io::Write as _,
-    net::{SocketAddr, UdpSocket},
+    net::UdpSocket,
     os::unix::net::UnixDatagram,
     path::{Path, PathBuf},
     time::{Instant, SystemTime},
@@ -29,7 +29,10 @@ use dataplane_common::acl::{
 use k8s_openapi::api::core::v1::Namespace;
 use serde::Deserialize;
 
-use crate::mapsync::ip_of;
+use crate::{
+    api::network::{AuditSettings, Destination},
+    mapsync::ip_of,
+};
 
 /// The namespace annotation that turns audit logging on.
 pub const ACL_LOGGING_ANNOTATION: &str = "k8s.ovn.org/acl-logging";
@@ -146,88 +149,6 @@ pub(super) fn parse_annotation(text: &str) -> Result<NamespaceLogging, String> {
         deny: level("deny", levels.deny)?,
         allow: level("allow", levels.allow)?,
     })
-}
-
-/// `ovnKubernetesConfig.policyAuditConfig` as the operator API spells it.
-#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct PolicyAuditConfig {
-    pub rate_limit: Option<u32>,
-    pub max_file_size: Option<u32>,
-    pub max_log_files: Option<u32>,
-    pub destination: Option<String>,
-    pub syslog_facility: Option<String>,
-}
-
-/// Where records go besides the file.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Destination {
-    FileOnly,
-    /// The local syslog socket (/dev/log).
-    Libc,
-    Udp(SocketAddr),
-    Unix(PathBuf),
-}
-
-/// The validated audit settings.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct AuditSettings {
-    pub rate_limit: u32,
-    pub max_file_bytes: u64,
-    pub max_log_files: u32,
-    pub destination: Destination,
-    pub facility: u8,
-}
-
-const FACILITIES: &[&str] = &[
-    "kern", "user", "mail", "daemon", "auth", "syslog", "lpr", "news", "uucp", "clock", "authpriv",
-    "ftp", "ntp", "audit", "alert", "cron", "local0", "local1", "local2", "local3", "local4",
-    "local5", "local6", "local7",
-];
-
-impl PolicyAuditConfig {
-    /// OVN-Kubernetes' defaults for what is absent; an error names the invalid field.
-    pub fn validate(&self) -> Result<AuditSettings, String> {
-        let rate_limit = self.rate_limit.unwrap_or(20);
-        if rate_limit == 0 {
-            return Err("policyAuditConfig.rateLimit must be at least 1".into());
-        }
-        let max_file_size = self.max_file_size.unwrap_or(50);
-        if max_file_size == 0 {
-            return Err("policyAuditConfig.maxFileSize must be at least 1 (MB)".into());
-        }
-        let destination = match self.destination.as_deref().unwrap_or("null") {
-            "null" => Destination::FileOnly,
-            "libc" => Destination::Libc,
-            other => match (other.strip_prefix("udp:"), other.strip_prefix("unix:")) {
-                (Some(target), _) => Destination::Udp(target.parse().map_err(|_| {
-                    format!("policyAuditConfig.destination {other:?}: not udp:<address>:<port>")
-                })?),
-                (_, Some(path)) if !path.is_empty() => Destination::Unix(path.into()),
-                _ => {
-                    return Err(format!(
-                        "policyAuditConfig.destination {other:?}: not null, libc, udp:<host>:<port> or unix:<path>"
-                    ));
-                }
-            },
-        };
-        let facility_name = self.syslog_facility.as_deref().unwrap_or("local0");
-        let facility = FACILITIES
-            .iter()
-            .position(|f| *f == facility_name)
-            .ok_or_else(|| {
-                format!(
-                    "policyAuditConfig.syslogFacility {facility_name:?} is not a syslog facility"
-                )
-            })? as u8;
-        Ok(AuditSettings {
-            rate_limit,
-            max_file_bytes: u64::from(max_file_size) * 1024 * 1024,
-            max_log_files: self.max_log_files.unwrap_or(5).max(1),
-            destination,
-            facility,
-        })
-    }
 }
 
 /// What a record names besides its packet: who decided and at which level.
@@ -536,65 +457,6 @@ mod tests {
             "Namespace typo: annotation k8s.ovn.org/acl-logging ignored: deny: \"loud\""
         ));
         assert!(warnings[1].starts_with("Namespace junk:"));
-    }
-
-    #[test]
-    fn policy_audit_config_defaults_and_errors() {
-        let defaults = PolicyAuditConfig::default().validate().expect("defaults");
-        assert_eq!(
-            defaults,
-            AuditSettings {
-                rate_limit: 20,
-                max_file_bytes: 50 * 1024 * 1024,
-                max_log_files: 5,
-                destination: Destination::FileOnly,
-                facility: 16,
-            }
-        );
-        let udp = PolicyAuditConfig {
-            destination: Some("udp:10.0.0.1:514".into()),
-            syslog_facility: Some("local7".into()),
-            ..PolicyAuditConfig::default()
-        }
-        .validate()
-        .expect("udp");
-        assert_eq!(
-            udp.destination,
-            Destination::Udp("10.0.0.1:514".parse().unwrap())
-        );
-        assert_eq!(udp.facility, 23);
-        for (bad, field) in [
-            (
-                PolicyAuditConfig {
-                    rate_limit: Some(0),
-                    ..Default::default()
-                },
-                "rateLimit",
-            ),
-            (
-                PolicyAuditConfig {
-                    destination: Some("tcp:x".into()),
-                    ..Default::default()
-                },
-                "destination",
-            ),
-            (
-                PolicyAuditConfig {
-                    destination: Some("udp:nowhere".into()),
-                    ..Default::default()
-                },
-                "destination",
-            ),
-            (
-                PolicyAuditConfig {
-                    syslog_facility: Some("local9".into()),
-                    ..Default::default()
-                },
-                "syslogFacility",
-            ),
-        ] {
-            assert!(bad.validate().unwrap_err().contains(field), "{bad:?}");
-        }
     }
 
     fn event(verdict: u8, rule: u32) -> AclEvent {

@@ -1,5 +1,5 @@
-//! OVN-Kubernetes EgressFirewall (`k8s.ovn.org/v1`): the custom resource, its validation, and
-//! its translation into an ordered rule list for [`super::compile_rules`].
+//! OVN-Kubernetes EgressFirewall (`k8s.ovn.org/v1`, the type in `api::egressfirewall`): its
+//! validation and its translation into an ordered rule list for [`super::compile_rules`].
 //!
 //! Semantics (OVN-Kubernetes'): only the object named `default` in a namespace counts; its
 //! `spec.egress` rules are evaluated in order and the first match wins; traffic no rule matches
@@ -16,76 +16,17 @@ use std::{
 
 use dataplane_common::acl::{ACL_RULE_EXEMPT, MAX_FIREWALL_RULES};
 use ipnet::IpNet;
-use kube::CustomResource;
-use schemars::JsonSchema;
-use serde::{Deserialize, Serialize};
 
-use crate::{overlay::OverlayView, source::ClusterState};
+use crate::{
+    api::egressfirewall::{EgressFirewall, EgressFirewallPort, EgressFirewallRule, FIREWALL_NAME},
+    model::{OverlayView, hybrid::internal_networks},
+    source::ClusterState,
+};
 
 use super::{
     CompiledSet, DesiredFirewalls, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, SetTooLarge,
     Verdict, compile_rules, dns::normalize, protocol_number,
 };
-
-/// The name of the one EgressFirewall per namespace that counts.
-pub const FIREWALL_NAME: &str = "default";
-
-/// `spec` of an EgressFirewall.
-#[derive(CustomResource, Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[kube(
-    group = "k8s.ovn.org",
-    version = "v1",
-    kind = "EgressFirewall",
-    plural = "egressfirewalls",
-    namespaced,
-    status = "EgressFirewallStatus",
-    shortname = "egressfirewall",
-    derive = "PartialEq"
-)]
-pub struct EgressFirewallSpec {
-    /// Rules in evaluation order; the first one matching a packet decides.
-    pub egress: Vec<EgressFirewallRule>,
-}
-
-/// One rule of `spec.egress`.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-pub struct EgressFirewallRule {
-    /// `Allow` or `Deny`.
-    #[serde(rename = "type")]
-    pub type_: String,
-    pub to: EgressFirewallDestination,
-    /// Protocols and ports the rule is limited to; empty or absent: all traffic.
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub ports: Vec<EgressFirewallPort>,
-}
-
-/// Where a rule applies: exactly one of `cidrSelector` and `dnsName` (resolved by the agent,
-/// see [`super::dns`]).
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-#[serde(rename_all = "camelCase")]
-pub struct EgressFirewallDestination {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub cidr_selector: Option<String>,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub dns_name: Option<String>,
-}
-
-/// A protocol (`TCP`, `UDP` or `SCTP`) and optionally one port of it.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-pub struct EgressFirewallPort {
-    pub protocol: String,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub port: Option<i32>,
-}
-
-/// What the agent reports about the object.
-#[derive(Clone, Debug, Default, Deserialize, Serialize, JsonSchema, PartialEq)]
-pub struct EgressFirewallStatus {
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub status: Option<String>,
-    #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub messages: Vec<String>,
-}
 
 /// Why an EgressFirewall was rejected whole. The message names the object and the rule.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
@@ -131,7 +72,7 @@ pub fn context(state: &ClusterState, view: &OverlayView) -> FirewallContext {
         exempt.extend(view.nodes.iter().flat_map(|n| n.pod_cidrs.iter().copied()));
     }
     // Hybrid nodes' pods are the cluster's too.
-    exempt.extend(crate::hybrid::internal_networks(view.hybrid.as_ref()));
+    exempt.extend(internal_networks(view.hybrid.as_ref()));
     let node_addresses = view
         .this_node_view()
         .into_iter()

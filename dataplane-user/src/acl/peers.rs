@@ -18,7 +18,10 @@ use std::{
 
 use dataplane_common::overlay::Addr;
 
-use super::policy::{PolicyChanges, PolicyPods, PolicySet};
+use super::{
+    pods::{PolicyChanges, PolicyPods},
+    rules::PolicySet,
+};
 use crate::mapsync::addr16;
 
 /// Identities no set names that are kept beyond as many as are named (see
@@ -309,7 +312,7 @@ mod tests {
     use std::net::IpAddr;
 
     use super::*;
-    use crate::acl::policy::PolicyPod;
+    use crate::acl::pods::PolicyPod;
 
     fn pod(namespace: &str, name: &str, app: &str, ip: [u8; 4]) -> PolicyPod {
         PolicyPod {

@@ -12,7 +12,10 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use super::{
     CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
     peers::Registry,
-    policy::{NamespaceLabels, PodPolicy, PolicyCluster, PolicyPod, PolicyPods, pod_policy},
+    pods::{NamespaceLabels, PolicyPod, PolicyPods},
+    policy::pod_policy,
+    rules::PodPolicy,
+    select::PolicyCluster,
 };
 
 const NAMESPACES: [&str; 3] = ["x", "y", "z"];
@@ -732,7 +735,7 @@ fn protocol_specific_and_default_namespace_label_scenarios() {
 fn the_label_index_picks_what_a_scan_of_every_pod_picks() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
 
-    use super::policy::{select_pods, selects};
+    use super::{pods::selects, select::select_pods};
 
     let mut pods = PolicyPods::default();
     let mut rng = crate::test_rng::TestRng::new(11);
@@ -837,14 +840,14 @@ fn pods_collected_at_once_equal_pods_inserted_one_by_one() {
 type Decided<'a> = (
     (
         &'a String,
-        super::policy::Direction,
-        &'a [super::policy::RuleRef],
+        super::pods::Direction,
+        &'a [super::rules::RuleRef],
         &'a [super::Rule],
     ),
     Vec<(ipnet::IpNet, Result<super::Decision, super::PortTable>)>,
 );
 
-fn decided(sets: &BTreeMap<String, super::policy::PolicySet>) -> Vec<(&String, Decided<'_>)> {
+fn decided(sets: &BTreeMap<String, super::rules::PolicySet>) -> Vec<(&String, Decided<'_>)> {
     sets.iter()
         .map(|(name, set)| {
             let compiled = &set.compiled;
@@ -867,8 +870,9 @@ fn decided(sets: &BTreeMap<String, super::policy::PolicySet>) -> Vec<(&String, D
 #[test]
 fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
     use super::admin::AdminPolicies;
-    use super::policy::{
-        CompiledPolicies, PodRulesCache, PolicyChanges, policy_sets, policy_sets_since,
+    use super::{
+        pods::PolicyChanges,
+        policy::{CompiledPolicies, PodRulesCache, policy_sets, policy_sets_since},
     };
 
     let labels = namespaces();
@@ -955,8 +959,9 @@ fn recompiling_only_the_pods_a_change_affects_gives_the_full_compile() {
 #[test]
 fn a_pod_change_recompiles_only_the_local_pods_whose_rules_pick_it() {
     use super::admin::AdminPolicies;
-    use super::policy::{
-        CompiledPolicies, PodRulesCache, PolicyChanges, Recompiled, policy_sets, policy_sets_since,
+    use super::{
+        pods::PolicyChanges,
+        policy::{CompiledPolicies, PodRulesCache, Recompiled, policy_sets, policy_sets_since},
     };
 
     let labels = namespaces();
@@ -1143,7 +1148,10 @@ fn a_policy_too_large_to_compile_is_refused_alone_and_the_others_hold() {
 #[test]
 fn policies_that_fit_alone_but_not_together_refuse_the_largest_until_the_rest_fit() {
     use super::admin::AdminPolicies;
-    use super::policy::{CompiledPolicies, PodRulesCache, PolicyChanges, policy_sets_since};
+    use super::{
+        pods::PolicyChanges,
+        policy::{CompiledPolicies, PodRulesCache, policy_sets_since},
+    };
     // Nine policies of 8,201 entries each alone; together 9 x 2^13 expanded entries, more
     // than one set holds: two are refused (the first of the largest each time), seven hold.
     let all: Vec<String> = (0..9)

@@ -3,11 +3,15 @@ use std::{net::IpAddr, sync::Arc};
 use dataplane_common::acl::{ACL_MAX_LENGTHS, ACL_RULE_EXEMPT, MAX_FIREWALL_RULES};
 use ipnet::IpNet;
 
+use crate::api::egressfirewall::{
+    EgressFirewall, EgressFirewallDestination, EgressFirewallPort, EgressFirewallRule,
+    EgressFirewallSpec,
+};
+
 use super::{
     firewall::{
-        DnsAddresses, EgressFirewall, EgressFirewallDestination, EgressFirewallPort,
-        EgressFirewallRule, EgressFirewallSpec, FirewallContext, FirewallError, compile_firewall,
-        compile_firewalls, compile_firewalls_reusing, firewall_rules,
+        DnsAddresses, FirewallContext, FirewallError, compile_firewall, compile_firewalls,
+        compile_firewalls_reusing, firewall_rules,
     },
     *,
 };

@@ -233,7 +233,7 @@ mod tests {
     fn object(name: &str, ips: &[&str]) -> Arc<EgressIP> {
         let mut object = EgressIP::new(
             name,
-            super::super::EgressIpSpec {
+            crate::api::egressip::EgressIpSpec {
                 egress_ips: ips.iter().map(|s| (*s).to_owned()).collect(),
                 ..Default::default()
             },

@@ -23,10 +23,10 @@ use k8s_openapi::api::core::v1::Namespace;
 use super::EgressIP;
 use crate::{
     AgentError, Dataplane,
-    acl::policy::{PolicyPods, namespace_labels, selects},
+    acl::pods::{PolicyPods, namespace_labels, selects},
     mapsync::{SyncStats, addr16, map_err, sync_hash_since, sync_lpm_since},
     model::NodeModel,
-    overlay::{NodeList, NodeView, endpoint},
+    model::{NodeList, NodeView, endpoint, in_name_order, node_changes},
     source::ClusterState,
 };
 
@@ -232,7 +232,7 @@ impl InternalCounts {
             counts,
             prefixes,
             nodes: Arc::clone(&inputs.nodes),
-            nodes_in_order: crate::overlay::in_name_order(&inputs.nodes),
+            nodes_in_order: in_name_order(&inputs.nodes),
         }
     }
 
@@ -252,9 +252,9 @@ impl InternalCounts {
         let old = std::mem::replace(&mut self.nodes, Arc::clone(new));
         let changes = self
             .nodes_in_order
-            .then(|| crate::overlay::node_changes(&old, new))
+            .then(|| node_changes(&old, new))
             .flatten();
-        self.nodes_in_order = changes.is_some() || crate::overlay::in_name_order(new);
+        self.nodes_in_order = changes.is_some() || in_name_order(new);
         let (gone, come) = changes.unwrap_or_else(|| (old.iter().collect(), new.iter().collect()));
         for node in gone {
             self.take(node);
@@ -441,8 +441,8 @@ impl Dataplane {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::acl::policy::PolicyPod;
-    use crate::egressip::{EgressIpSpec, EgressIpStatus, EgressIpStatusItem};
+    use crate::acl::pods::PolicyPod;
+    use crate::api::egressip::{EgressIpSpec, EgressIpStatus, EgressIpStatusItem};
     use dataplane_common::overlay::ipv4_mapped;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
@@ -499,7 +499,7 @@ mod tests {
             .into_iter()
             .collect(),
             namespaces: Vec::new(),
-            nodes: Arc::new(crate::overlay::NodeSeq::from_iter([
+            nodes: Arc::new(crate::model::NodeSeq::from_iter([
                 node("node-0", "10.99.0.1", "10.244.1.0/24"),
                 node("node-1", "10.99.0.2", "10.244.2.0/24"),
             ])),

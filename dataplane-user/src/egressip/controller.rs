@@ -30,8 +30,10 @@ use prometheus_client::{
     registry::Registry,
 };
 
+use crate::api::egressip::{EgressIP, EgressIpStatus, EgressIpStatusItem};
+
 use super::{
-    EgressIP, EgressIpStatus, EgressIpStatusItem, StatusFile,
+    StatusFile,
     assign::{Assignment, Candidate, Problem, assign},
     probe::{Order, PROBE_PATH, Probe, ProbeKey, ProbeReply},
 };

@@ -11,10 +11,13 @@ use std::{
 use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
-use super::{CompileError, NodeList, NodeSeq, NodeView, OverlayView, endpoint, first_v4, first_v6};
+use super::{CompileError, first_v4, first_v6};
 use crate::{
-    hybrid::{self, HybridView},
     mapsync::addr16,
+    model::{
+        HybridView, NodeList, NodeSeq, NodeView, OverlayView, endpoint, hybrid, in_name_order,
+        node_changes,
+    },
 };
 
 /// A compile changes the last entries node by node while at most this fraction of the
@@ -348,88 +351,6 @@ impl NodeMaps {
     }
 }
 
-/// The views that left `old` and those that came in `new` (a changed node is in both), found
-/// by one walk down both lists in name order, the views kept from one build to the next
-/// being the same objects. `old` must be in strict name order ([`in_name_order`]: its user
-/// knows from when it took it); `None` if `new` is not. That is checked on the way, where it
-/// is not already known: two views of `new` that are views of `old` follow each other in
-/// `old`'s order, so only the pairs with a new or changed view are compared (5,000 names
-/// compared twice a node change, for both lists, was a tenth of it).
-pub(crate) type NodeChanges<'a> = (Vec<&'a Arc<NodeView>>, Vec<&'a Arc<NodeView>>);
-
-pub(crate) fn node_changes<'a>(old: &'a NodeSeq, new: &'a NodeSeq) -> Option<NodeChanges<'a>> {
-    let (mut gone, mut come) = (Vec::new(), Vec::new());
-    // Runs of views both lists share are passed a chunk at a time (`seq::shared_run`):
-    // two versions of 5,000 nodes share all but the chunk a change copied. The few views
-    // between are looked up by position.
-    let (mut old_cursor, mut new_cursor) = (old.cursor(), new.cursor());
-    let (mut i, mut j) = (0, 0);
-    // The last view of `new` walked, and whether it was `old`'s.
-    let mut previous: Option<(&Arc<NodeView>, bool)> = None;
-    let mut step = |view: &'a Arc<NodeView>, kept: bool| {
-        let ordered = match previous {
-            Some((_, true)) if kept => true,
-            Some((before, _)) => before.name < view.name,
-            None => true,
-        };
-        previous = Some((view, kept));
-        ordered
-    };
-    loop {
-        let shared = crate::seq::shared_run(&mut old_cursor, i, &mut new_cursor, j);
-        if shared > 0 {
-            // The run's first view is ordered after what came before it; the rest follow
-            // `old`'s order, and the last is what the next view is ordered after.
-            let (first, last) = (&new[j], &new[j + shared - 1]);
-            if !step(first, true) || !step(last, true) {
-                return None;
-            }
-            i += shared;
-            j += shared;
-            continue;
-        }
-        match (old.get(i), new.get(j)) {
-            (Some(a), Some(b)) if a.name == b.name => {
-                if !step(b, false) {
-                    return None;
-                }
-                if a != b {
-                    gone.push(a);
-                    come.push(b);
-                }
-                i += 1;
-                j += 1;
-            }
-            (Some(a), Some(b)) if a.name < b.name => {
-                gone.push(a);
-                i += 1;
-            }
-            (Some(a), None) => {
-                gone.push(a);
-                i += 1;
-            }
-            (_, Some(b)) => {
-                if !step(b, false) {
-                    return None;
-                }
-                come.push(b);
-                j += 1;
-            }
-            (None, None) => break,
-        }
-    }
-    Some((gone, come))
-}
-
-/// Whether `nodes` is in strict name order (the sources' order; a manifest directory's lists
-/// are in its files' order).
-pub(crate) fn in_name_order(nodes: &NodeSeq) -> bool {
-    nodes
-        .iter()
-        .zip(nodes.iter().skip(1))
-        .all(|(a, b)| a.name < b.name)
-}
-
 /// A hybrid route's subnet.
 fn hybrid_cidr(prefix_len: u32, network: [u8; 4]) -> IpNet {
     IpNet::V4(
@@ -505,7 +426,9 @@ fn span(cidr: &IpNet) -> (bool, u128, u128) {
 mod tests {
     use super::*;
     use crate::{
-        overlay::{OvnKubernetesConfig, Underlay, compile, compile_since, outside_words},
+        api::network::OvnKubernetesConfig,
+        model::Underlay,
+        overlay::{compile, compile_since, outside_words},
         test_rng::TestRng,
     };
 

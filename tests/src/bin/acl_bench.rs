@@ -33,12 +33,15 @@ use dataplane_tests::{
     packets::{tcp_v4_flow, udp_v4_flow},
     topology::run_in,
 };
-use dataplane_user::acl::{
-    AclPod, AclState, DesiredFirewalls,
-    admin::validate_all,
-    firewall::{
+use dataplane_user::{
+    acl::{
+        AclPod, AclState, DesiredFirewalls,
+        admin::validate_all,
+        firewall::{FirewallContext, compile_firewalls},
+    },
+    api::egressfirewall::{
         EgressFirewall, EgressFirewallDestination, EgressFirewallPort, EgressFirewallRule,
-        EgressFirewallSpec, FirewallContext, compile_firewalls,
+        EgressFirewallSpec,
     },
 };
 use serde::Serialize;
@@ -306,8 +309,10 @@ fn admin_manifests(count: usize, rules: usize) -> String {
 fn loaded_with_admin(
     (count, rules): (usize, usize),
 ) -> anyhow::Result<(Fixture, Duration, Duration, usize)> {
-    use dataplane_user::acl::policy::{
-        NamespaceLabels, PolicyCluster, PolicyPod, PolicyPods, policy_sets,
+    use dataplane_user::acl::{
+        pods::{NamespaceLabels, PolicyPod, PolicyPods},
+        policy::policy_sets,
+        select::PolicyCluster,
     };
     let mut state = dataplane_user::source::ClusterState::default();
     dataplane_user::source::add_documents(&mut state, "bench.yaml", &admin_manifests(count, rules));

@@ -12,7 +12,7 @@ use dataplane_common::{
     multicast::{McastGroup, McastKey, McastPod, namespace_id},
 };
 use dataplane_tests::{fixture::TEST_RUN_IFINDEX, median, overlay_bed, packets};
-use dataplane_user::{mapsync::addr16, overlay::endpoint};
+use dataplane_user::{mapsync::addr16, model::endpoint};
 use etherparse::PacketBuilder;
 use serde::Serialize;
 

@@ -5,7 +5,7 @@
 //! as the agent's watchers decode it (`kubernetes::WatchedObject`) and then into its type
 //! (`kubernetes::parse_watched`), parsed on its own into the per-object cache the Kubernetes
 //! source keeps (`source::ObjectCache`, its only copy of the objects), and a sync assembles
-//! the state, finds what changed (`sync::Changes`) and runs the stages that read it, as the
+//! the state, finds what changed (`changes::Changes`) and runs the stages that read it, as the
 //! agent's `cluster` module does, into real maps in this kernel; access control is the
 //! agent's own `FirewallAgent`, given its inputs as the agent gives them
 //! (`FirewallInputs::from_state`). Figures:
@@ -40,16 +40,17 @@ use dataplane_tests::fixture::Fixture;
 use dataplane_user::{
     acl::{
         agent::{FirewallAgent, FirewallFiles, FirewallInputs, HostedLists},
-        policy::PolicyPods,
+        pods::{PolicyChanges, PolicyPods},
     },
+    changes::{Changes, Stage},
     egressip::{compile::EgressInputs, node::EgressNode},
     kubernetes::{Listing, Watched, WatchedObject, parse_watched},
-    lb::LbState,
+    lb::{LbState, ServiceCache},
+    model::Underlay,
     model::{self, HostInterface, NodeModel},
     multicast,
-    overlay::{self, OverlayMaps, Underlay},
+    overlay::{self, OverlayMaps},
     source::{ClusterState, ObjectCache},
-    sync::{Changes, ServiceCache, Stage},
 };
 use serde::Serialize;
 
@@ -616,7 +617,7 @@ impl Agent {
             state,
             &model.view,
             self.policy_pods.clone(),
-            changes.for_policies(),
+            PolicyChanges::from_changes(changes),
             &self.files,
             // The per-object cache's lists, as the API source's.
             true,

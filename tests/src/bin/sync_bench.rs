@@ -29,9 +29,9 @@ use dataplane_user::{
             CompiledFirewalls, FirewallContext, compile_firewalls, compile_firewalls_reusing,
         },
     },
-    lb::{self, LbState},
+    changes::{Changes, Stage},
+    lb::{self, LbState, ServiceCache},
     source::{ClusterState, ManifestCache, add_documents},
-    sync::{Changes, ServiceCache, Stage},
 };
 use serde::Serialize;
 

@@ -6,7 +6,7 @@
 //! |---|---|---|
 //! | overlay (model, routes, management port, gateway SNAT, hybrid overlay) | Node, Pod of this node (before or after; not its labels), Network | the node's view is rebuilt from this node's pods (`model::HostedPods`, patched) and the node views (made again only for the Node objects that changed); the nodes' routes and addresses are changed node by node from the last compile's (`overlay::NodeMaps::updated_for`); the maps are written where they differ from what the last sync wrote |
 //! | services | Service, EndpointSlice, Node, Network | the changed Services (a slice counts for its Service) are recompiled from the objects indexed by name (all of them when the addresses no Service may take as external ones changed: the nodes' addresses, the cluster's networks); only their keys are compared with the installed ports and written where they differ, backends counted by reference |
-//! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again ([`Changes::for_policies`]); only changed sets are written |
+//! | access control (NetworkPolicy, admin policies, EgressFirewall, audit) | Node, Namespace, Pod (labels included), NetworkPolicy, AdminNetworkPolicy / BaselineAdminNetworkPolicy / ClusterNetworkPolicy, EgressFirewall, Network | the policy peers are patched with the changed pods; only the local pods the change can reach are compiled again (`acl::pods::PolicyChanges::from_changes`); only changed sets are written |
 //! | egress IPs | Node, Namespace, Pod (labels included), EgressIP, Network | recompiled (a cheap pass; it also runs every 100 ms for the lease), the cluster's own prefixes kept while the nodes and networks stay, the pods not read without an EgressIP; written where it differs from what it last wrote |
 //! | multicast | Node, Namespace, Pod (not its labels) | the enabled namespaces' local pods and peer nodes planned again; only changed pod records and groups are written (memberships follow IGMP/MLD and the other nodes' announcements between syncs) |
 //!
@@ -17,24 +17,18 @@
 //! to write: anything is a difference the dependency model missed.
 
 use std::{
-    collections::{BTreeMap, BTreeSet, HashMap},
+    collections::{BTreeMap, BTreeSet},
     ops::Range,
     sync::Arc,
 };
 
-use dataplane_common::lb::ServiceKey;
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 use kube::Resource;
 
-use crate::{
-    AgentError, Dataplane,
-    acl::policy::PolicyChanges,
-    lb::{
-        self, AddressKind, AddressPolicy, CompiledService, CompiledServices, LbState, LbSyncStats,
-        ServiceName, ServicePort,
-    },
-    source::{ClusterState, Objects, Pod},
-};
+use crate::source::{ClusterState, Objects, Pod, slice_service};
+
+/// A namespaced object's namespace and name.
+pub type ObjectName = (String, String);
 
 /// The kinds of cluster object the stages read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -132,7 +126,7 @@ pub struct Changes {
     pub full: bool,
     pub kinds: BTreeSet<Kind>,
     /// The Services whose object or EndpointSlices changed (added, removed or modified).
-    pub services: BTreeSet<ServiceName>,
+    pub services: BTreeSet<ObjectName>,
     /// The Pods added, removed or modified, by namespace and name: each one as it is now
     /// (`None`: removed).
     pub pods: BTreeMap<(String, String), Option<Arc<Pod>>>,
@@ -140,7 +134,7 @@ pub struct Changes {
     pub policy_namespaces: BTreeSet<String>,
     /// The Services and EndpointSlices added, removed or modified, by namespace and name:
     /// each as it is now (`None`: removed).
-    pub service_objects: BTreeMap<ServiceName, Option<Arc<Service>>>,
+    pub service_objects: BTreeMap<ObjectName, Option<Arc<Service>>>,
     pub slices: BTreeMap<(String, String), Option<Arc<EndpointSlice>>>,
 }
 
@@ -209,24 +203,6 @@ impl Changes {
         changes.services.extend(slice_services);
         changes.slices = now_by_key(slices);
         changes.kinds = kinds;
-        changes
-    }
-
-    /// What the NetworkPolicies' compile must look at again (`acl::policy::PodRulesCache`):
-    /// the namespaces where pods or policies changed, or everything when a Namespace or the
-    /// `Network` changed (a namespace selector may pick other namespaces now).
-    pub fn for_policies(&self) -> PolicyChanges {
-        let everything = self.full
-            || self.kinds.contains(&Kind::Namespace)
-            || self.kinds.contains(&Kind::Network);
-        let mut changes = PolicyChanges {
-            everything,
-            policies: self.policy_namespaces.clone(),
-            ..PolicyChanges::default()
-        };
-        for (namespace, name) in self.pods.keys() {
-            changes.note_pod(namespace, name);
-        }
         changes
     }
 
@@ -396,7 +372,7 @@ pub(crate) fn object_key<T: Resource>(object: &T) -> (String, String) {
     owned(key_of(object))
 }
 
-fn owned((namespace, name): (&str, &str)) -> ServiceName {
+pub(crate) fn owned((namespace, name): (&str, &str)) -> ObjectName {
     (namespace.to_owned(), name.to_owned())
 }
 
@@ -411,275 +387,18 @@ fn now_by_key<T: Resource>(
 }
 
 /// The Services changed EndpointSlices belong to (before and after a relabelling, both).
-fn slice_services(slices: &[Versions<'_, EndpointSlice>]) -> BTreeSet<ServiceName> {
+fn slice_services(slices: &[Versions<'_, EndpointSlice>]) -> BTreeSet<ObjectName> {
     slices
         .iter()
         .flat_map(|(a, b)| [a, b])
         .flatten()
-        .filter_map(|slice| lb::slice_service(slice))
+        .filter_map(|slice| slice_service(slice))
         .map(owned)
         .collect()
 }
 
-/// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
-/// it touches, and the service ports that may differ since the last load-balancer sync are
-/// known by key, so that sync looks at those alone.
-#[derive(Debug, Default)]
-pub struct ServiceCache {
-    compiled: BTreeMap<ServiceName, CompiledService>,
-    /// The Services and EndpointSlices, patched with each change: a change compiles its
-    /// Services from these, not from a pass over every object (at 10,000 Services, 10 ms).
-    objects: HashMap<ServiceName, Arc<Service>>,
-    slices: HashMap<(String, String), Arc<EndpointSlice>>,
-    /// Each Service's EndpointSlices (their namespace and name).
-    slices_of: HashMap<ServiceName, BTreeSet<(String, String)>>,
-    /// Each service key and the Services whose ports claim it (with the kind of address),
-    /// with how many ports each: the first port of the lowest kind, then of the first Service
-    /// by name, holds it (as [`lb::assemble`] decides).
-    claims: BTreeMap<ServiceKey, BTreeMap<(AddressKind, ServiceName), usize>>,
-    /// The address policy the Services were compiled under: a change recompiles them all.
-    policy: AddressPolicy,
-    /// The Services whose compile failed, and the keys more than one port claims: what
-    /// [`Self::errors`] lists, kept so that it does not walk 10,000 Services at each change.
-    failed: BTreeSet<ServiceName>,
-    shared: BTreeSet<ServiceKey>,
-    /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
-    dirty: Option<BTreeSet<ServiceKey>>,
-}
-
-impl ServiceCache {
-    /// Recompiles what `changes` touches (everything when full); returns how many Services
-    /// were compiled.
-    pub fn update(
-        &mut self,
-        services: &Objects<Service>,
-        slices: &Objects<EndpointSlice>,
-        node: &str,
-        policy: &AddressPolicy,
-        changes: &Changes,
-    ) -> usize {
-        if changes.full || self.policy != *policy {
-            self.policy = policy.clone();
-            self.index(services, slices);
-            self.compiled = lb::compile_each(services, slices, node, policy, |_| true);
-            self.failed = self
-                .compiled
-                .iter()
-                .filter(|(_, service)| service.is_err())
-                .map(|(name, _)| name.clone())
-                .collect();
-            self.claims.clear();
-            self.shared.clear();
-            let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
-            for name in &all {
-                self.claim(name);
-            }
-            self.dirty = None;
-            return self.compiled.len();
-        }
-        for (name, service) in &changes.service_objects {
-            match service {
-                Some(service) => self.objects.insert(name.clone(), Arc::clone(service)),
-                None => self.objects.remove(name),
-            };
-        }
-        for (key, slice) in &changes.slices {
-            self.forget_slice(key);
-            if let Some(slice) = slice {
-                self.add_slice(key.clone(), slice);
-            }
-        }
-        let mut compiled = 0;
-        for name in &changes.services {
-            self.unclaim(name);
-            self.compiled.remove(name);
-            self.failed.remove(name);
-            let Some(service) = self.objects.get(name) else {
-                continue;
-            };
-            let own: Vec<Arc<EndpointSlice>> = self
-                .slices_of
-                .get(name)
-                .into_iter()
-                .flatten()
-                .filter_map(|key| self.slices.get(key).cloned())
-                .collect();
-            let fresh =
-                lb::compile_each(std::slice::from_ref(service), &own, node, policy, |_| true);
-            compiled += fresh.len();
-            for (name, service) in fresh {
-                if service.is_err() {
-                    self.failed.insert(name.clone());
-                }
-                self.compiled.insert(name.clone(), service);
-                self.claim(&name);
-            }
-        }
-        compiled
-    }
-
-    /// The Services and EndpointSlices indexed anew.
-    fn index(&mut self, services: &Objects<Service>, slices: &Objects<EndpointSlice>) {
-        self.objects = services
-            .iter()
-            .map(|s| (object_key(&**s), Arc::clone(s)))
-            .collect();
-        self.slices.clear();
-        self.slices_of.clear();
-        for slice in slices {
-            self.add_slice(object_key(&**slice), slice);
-        }
-    }
-
-    fn add_slice(&mut self, key: (String, String), slice: &Arc<EndpointSlice>) {
-        if let Some(service) = lb::slice_service(slice) {
-            self.slices_of
-                .entry(owned(service))
-                .or_default()
-                .insert(key.clone());
-        }
-        self.slices.insert(key, Arc::clone(slice));
-    }
-
-    fn forget_slice(&mut self, key: &(String, String)) {
-        let Some(slice) = self.slices.remove(key) else {
-            return;
-        };
-        if let Some(service) = lb::slice_service(&slice) {
-            let service = owned(service);
-            if let Some(keys) = self.slices_of.get_mut(&service) {
-                keys.remove(key);
-                if keys.is_empty() {
-                    self.slices_of.remove(&service);
-                }
-            }
-        }
-    }
-
-    /// Every port of the Service `name` (as compiled) claims its key.
-    fn claim(&mut self, name: &ServiceName) {
-        let Some(Ok(compiled)) = self.compiled.get(name) else {
-            return;
-        };
-        for port in &compiled.ports {
-            let claims = self.claims.entry(port.key).or_default();
-            *claims.entry((port.kind, name.clone())).or_default() += 1;
-            if claims.values().sum::<usize>() > 1 {
-                self.shared.insert(port.key);
-            }
-            if let Some(dirty) = &mut self.dirty {
-                dirty.insert(port.key);
-            }
-        }
-    }
-
-    /// The Service `name`'s ports (as compiled) give up their keys.
-    fn unclaim(&mut self, name: &ServiceName) {
-        let Some(Ok(compiled)) = self.compiled.get(name) else {
-            return;
-        };
-        for port in &compiled.ports {
-            if let Some(claims) = self.claims.get_mut(&port.key) {
-                claims.remove(&(port.kind, name.clone()));
-                if claims.values().sum::<usize>() <= 1 {
-                    self.shared.remove(&port.key);
-                }
-                if claims.is_empty() {
-                    self.claims.remove(&port.key);
-                }
-            }
-            if let Some(dirty) = &mut self.dirty {
-                dirty.insert(port.key);
-            }
-        }
-    }
-
-    /// The service ports of every Service, as [`lb::compile_services`] gives them.
-    pub fn ports(&self) -> CompiledServices {
-        lb::assemble(self.compiled.values())
-    }
-
-    /// The port each key that may have changed since the last [`Self::synced`] now has
-    /// (`None`: no Service holds it); `None` when any may have.
-    pub fn changed_ports(&self) -> Option<Vec<(ServiceKey, Option<ServicePort>)>> {
-        let dirty = self.dirty.as_ref()?;
-        Some(dirty.iter().map(|key| (*key, self.holder(key))).collect())
-    }
-
-    /// The port holding `key`: of the lowest kind, then of the first Service by name.
-    fn holder(&self, key: &ServiceKey) -> Option<ServicePort> {
-        let ((kind, name), _) = self.claims.get(key)?.first_key_value()?;
-        let Some(Ok(compiled)) = self.compiled.get(name) else {
-            return None;
-        };
-        compiled
-            .ports
-            .iter()
-            .find(|p| p.key == *key && p.kind == *kind)
-            .cloned()
-    }
-
-    /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
-    pub fn errors(&self) -> Vec<String> {
-        let mut errors: Vec<String> = self
-            .failed
-            .iter()
-            .filter_map(|name| self.compiled.get(name)?.as_ref().err().cloned())
-            .collect();
-        errors.extend(
-            self.compiled
-                .values()
-                .filter_map(|c| c.as_ref().ok())
-                .flat_map(|c| c.refused.iter().cloned()),
-        );
-        let shared = self
-            .shared
-            .iter()
-            .filter_map(|key| Some((key, self.claims.get(key)?)));
-        for (key, names) in shared {
-            let ports = names
-                .keys()
-                .filter_map(|(kind, name)| match self.compiled.get(name) {
-                    Some(Ok(compiled)) => Some(
-                        compiled
-                            .ports
-                            .iter()
-                            .filter(move |p| p.key == *key && p.kind == *kind),
-                    ),
-                    _ => None,
-                });
-            errors.extend(ports.flatten().skip(1).map(lb::key_taken));
-        }
-        errors
-    }
-
-    /// Brings the load-balancer maps to the ports as they are now: only the keys that may
-    /// have changed since the last call, or every port after a full compile or a failed sync.
-    pub fn sync_maps(
-        &mut self,
-        dataplane: &mut Dataplane,
-        lb: &mut LbState,
-    ) -> Result<LbSyncStats, AgentError> {
-        let changed = match self.changed_ports() {
-            Some(changed) => dataplane.sync_lb_changed(lb, &changed)?,
-            None => None,
-        };
-        let stats = match changed {
-            Some(stats) => stats,
-            None => dataplane.sync_lb(lb, &self.ports().ports)?,
-        };
-        self.synced();
-        Ok(stats)
-    }
-
-    /// The load-balancer maps hold the ports as they are now.
-    pub fn synced(&mut self) {
-        self.dirty = Some(BTreeSet::new());
-    }
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::source::add_documents;
     use k8s_openapi::api::core::v1::Namespace;
@@ -775,7 +494,7 @@ mod tests {
         assert_eq!(seen.len(), 5, "every kind of edit happened: {seen:?}");
     }
 
-    const BASE: &str = r#"
+    pub(crate) const BASE: &str = r#"
 apiVersion: v1
 kind: Node
 metadata: {name: node-a}
@@ -814,7 +533,7 @@ metadata: {name: deny, namespace: shop}
 spec: {podSelector: {}, policyTypes: [Ingress]}
 "#;
 
-    fn state(text: &str) -> ClusterState {
+    pub(crate) fn state(text: &str) -> ClusterState {
         let mut state = ClusterState::default();
         add_documents(&mut state, "test.yaml", text);
         assert!(state.rejected.is_empty(), "{:?}", state.rejected);
@@ -825,7 +544,7 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
         Changes::between(&state(BASE), &state(&edit(BASE)))
     }
 
-    fn names(services: &[(&str, &str)]) -> BTreeSet<ServiceName> {
+    fn names(services: &[(&str, &str)]) -> BTreeSet<ObjectName> {
         services.iter().map(|&k| owned(k)).collect()
     }
 
@@ -899,41 +618,6 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
         );
     }
 
-    /// A changed pod of this node (before or after) runs the overlay too; one elsewhere, or
-    /// a label alone, does not.
-    #[test]
-    fn a_pod_change_runs_the_overlay_only_for_this_nodes_pods() {
-        let address =
-            |t: &str| t.replace("podIPs: [{ip: 10.244.1.5}]", "podIPs: [{ip: 10.244.1.7}]");
-        let (old, new) = (state(BASE), state(&address(BASE)));
-        let pod = new.pods.first().expect("pod");
-        let node = pod
-            .spec
-            .as_ref()
-            .and_then(|s| s.node_name.clone())
-            .expect("node");
-        for (here, hosted_before) in [(node.as_str(), true), ("elsewhere", false)] {
-            let hosted = crate::model::HostedPods::from_pods(&old.pods, here);
-            assert_eq!(hosted.iter().next().is_some(), hosted_before);
-            let mut changes = Changes::between(&old, &new);
-            hosted.note_changes(&mut changes);
-            assert_eq!(changes.runs(Stage::Overlay), hosted_before, "{here}");
-            assert!(changes.runs(Stage::AccessControl));
-        }
-        // Moved here: hosted after the change.
-        let moved = |t: &str| address(t).replace(&format!("nodeName: {node}"), "nodeName: other");
-        let away = state(&moved(BASE));
-        let hosted = crate::model::HostedPods::from_pods(&away.pods, "other");
-        let mut changes = Changes::between(&old, &away);
-        crate::model::HostedPods::from_pods(&old.pods, "other").note_changes(&mut changes);
-        assert!(changes.runs(Stage::Overlay), "a pod arriving here");
-        assert!(hosted.iter().next().is_some());
-        let relabelled = state(&BASE.replace("labels: {app: web}", "labels: {app: shop}"));
-        let mut changes = Changes::between(&old, &relabelled);
-        crate::model::HostedPods::from_pods(&old.pods, &node).note_changes(&mut changes);
-        assert!(!changes.runs(Stage::Overlay), "a label alone");
-    }
-
     #[test]
     fn a_namespace_label_change_runs_access_control_egress_and_multicast_only() {
         let changes = changed(|t| t.replace("labels: {team: a}", "labels: {team: b}"));
@@ -980,164 +664,5 @@ spec: {podSelector: {}, policyTypes: [Ingress]}
                 Stage::Multicast
             ]
         );
-    }
-
-    /// The cache after a change equals a compile of everything from the new state.
-    #[test]
-    fn the_service_cache_after_changes_equals_a_full_compile() {
-        let edits: [fn(&str) -> String; 4] = [
-            |t| {
-                t.replace(
-                    "addresses: [10.244.1.5]",
-                    "addresses: [10.244.1.6, 10.244.1.7]",
-                )
-            },
-            |t| {
-                t.replace(
-                    "kubernetes.io/service-name: web",
-                    "kubernetes.io/service-name: db",
-                )
-            },
-            |t| t.replace("name: db, namespace: shop", "name: db2, namespace: shop"),
-            // Two Services on one address: the first by namespace and name keeps it.
-            |t| {
-                t.replace(
-                    "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
-                    "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
-                )
-            },
-        ];
-        for edit in edits {
-            let (old, new) = (state(BASE), state(&edit(BASE)));
-            let mut cache = ServiceCache::default();
-            cache.update(
-                &old.services,
-                &old.endpoint_slices,
-                "node-a",
-                &AddressPolicy::default(),
-                &Changes::full(),
-            );
-            let before = cache.ports();
-            cache.synced();
-            let changes = Changes::between(&old, &new);
-            let compiled = cache.update(
-                &new.services,
-                &new.endpoint_slices,
-                "node-a",
-                &AddressPolicy::default(),
-                &changes,
-            );
-            assert!(compiled <= 2);
-            let full = lb::compile_services(
-                &new.services,
-                &new.endpoint_slices,
-                "node-a",
-                &AddressPolicy::default(),
-            );
-            assert_eq!(cache.ports(), full);
-            assert_eq!(cache.errors(), full.errors);
-            // The ports that changed are named by key, with their port now: the ports of
-            // before with those applied are the ports of now.
-            let changed = cache
-                .changed_ports()
-                .expect("after a sync, the changes are known");
-            let mut ports: BTreeMap<ServiceKey, ServicePort> =
-                before.ports.into_iter().map(|p| (p.key, p)).collect();
-            for (key, port) in changed {
-                match port {
-                    Some(port) => ports.insert(key, port),
-                    None => ports.remove(&key),
-                };
-            }
-            assert_eq!(ports.into_values().collect::<Vec<_>>(), full.ports);
-        }
-    }
-
-    /// A Service that names another's cluster IP as its external IP, added after it or
-    /// before it (by name, it sorts first): the cluster IP's port keeps the key in the
-    /// incremental path as in a full compile.
-    #[test]
-    fn the_service_cache_keeps_a_cluster_ip_against_an_external_ip_on_it() {
-        let grab = "\n---\napiVersion: v1\nkind: Service\n\
-                    metadata: {name: grab, namespace: aaa}\n\
-                    spec: {clusterIP: 10.96.9.9, externalIPs: [10.96.0.10], ports: [{name: http, port: 80}]}\n";
-        let open = AddressPolicy {
-            external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
-            ..AddressPolicy::default()
-        };
-        let key = ServiceKey {
-            addr: crate::mapsync::addr16("10.96.0.10".parse().unwrap()),
-            port_be: 80u16.to_be_bytes(),
-            protocol: 6,
-            scope: dataplane_common::lb::SCOPE_CLUSTER,
-        };
-        let with = state(&format!("{BASE}{grab}"));
-        let without = state(BASE);
-        for (first, then) in [(&without, &with), (&with, &without), (&with, &with)] {
-            let mut cache = ServiceCache::default();
-            cache.update(
-                &first.services,
-                &first.endpoint_slices,
-                "node-a",
-                &open,
-                &Changes::full(),
-            );
-            cache.synced();
-            let changes = Changes::between(first, then);
-            cache.update(
-                &then.services,
-                &then.endpoint_slices,
-                "node-a",
-                &open,
-                &changes,
-            );
-            let holder = cache.holder(&key).expect("held");
-            assert_eq!(holder.name, "shop/web:http");
-            assert_eq!(holder.kind, AddressKind::ClusterIp);
-            let full = lb::compile_services(&then.services, &then.endpoint_slices, "node-a", &open);
-            assert_eq!(cache.ports(), full);
-            assert_eq!(cache.errors(), full.errors);
-            for (changed, port) in cache.changed_ports().unwrap() {
-                if changed == key {
-                    assert_eq!(port.unwrap().name, "shop/web:http");
-                }
-            }
-        }
-    }
-
-    /// One Service with two ports on one key, and two Services on one key: the errors name
-    /// the ports that lose, as assembling every port says.
-    #[test]
-    fn the_service_cache_names_the_ports_that_lose_their_key() {
-        let doubled = BASE.replace(
-            "ports: [{name: http, port: 80, targetPort: 8080}]",
-            "ports: [{name: http, port: 80, targetPort: 8080}, {name: again, port: 80}]",
-        );
-        for text in [
-            doubled.clone(),
-            doubled.replace(
-                "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
-                "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
-            ),
-        ] {
-            let new = state(&text);
-            let mut cache = ServiceCache::default();
-            cache.update(
-                &new.services,
-                &new.endpoint_slices,
-                "node-a",
-                &AddressPolicy::default(),
-                &Changes::full(),
-            );
-            let full = lb::compile_services(
-                &new.services,
-                &new.endpoint_slices,
-                "node-a",
-                &AddressPolicy::default(),
-            );
-            assert!(!full.errors.is_empty(), "{text}");
-            assert_eq!(cache.errors(), full.errors);
-            assert_eq!(cache.changed_ports(), None, "a full compile: every port");
-        }
     }
 }

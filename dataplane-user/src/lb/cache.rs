@@ -1,0 +1,449 @@
+//! The load-balancer's cache of compiled Services between syncs: a change recompiles only the
+//! Services it touches (found by the dependency model, `changes`), and the next map sync
+//! compares only the service ports that may differ.
+
+use std::{
+    collections::{BTreeMap, BTreeSet, HashMap},
+    sync::Arc,
+};
+
+use dataplane_common::lb::ServiceKey;
+use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
+
+use crate::{
+    AgentError, Dataplane,
+    changes::{Changes, object_key, owned},
+    source::Objects,
+};
+
+use super::{
+    AddressKind, AddressPolicy, CompiledService, CompiledServices, LbState, LbSyncStats,
+    ServiceName, ServicePort,
+};
+
+/// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
+/// it touches, and the service ports that may differ since the last load-balancer sync are
+/// known by key, so that sync looks at those alone.
+#[derive(Debug, Default)]
+pub struct ServiceCache {
+    compiled: BTreeMap<ServiceName, CompiledService>,
+    /// The Services and EndpointSlices, patched with each change: a change compiles its
+    /// Services from these, not from a pass over every object (at 10,000 Services, 10 ms).
+    objects: HashMap<ServiceName, Arc<Service>>,
+    slices: HashMap<(String, String), Arc<EndpointSlice>>,
+    /// Each Service's EndpointSlices (their namespace and name).
+    slices_of: HashMap<ServiceName, BTreeSet<(String, String)>>,
+    /// Each service key and the Services whose ports claim it (with the kind of address),
+    /// with how many ports each: the first port of the lowest kind, then of the first Service
+    /// by name, holds it (as [`super::assemble`] decides).
+    claims: BTreeMap<ServiceKey, BTreeMap<(AddressKind, ServiceName), usize>>,
+    /// The address policy the Services were compiled under: a change recompiles them all.
+    policy: AddressPolicy,
+    /// The Services whose compile failed, and the keys more than one port claims: what
+    /// [`Self::errors`] lists, kept so that it does not walk 10,000 Services at each change.
+    failed: BTreeSet<ServiceName>,
+    shared: BTreeSet<ServiceKey>,
+    /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
+    dirty: Option<BTreeSet<ServiceKey>>,
+}
+
+impl ServiceCache {
+    /// Recompiles what `changes` touches (everything when full); returns how many Services
+    /// were compiled.
+    pub fn update(
+        &mut self,
+        services: &Objects<Service>,
+        slices: &Objects<EndpointSlice>,
+        node: &str,
+        policy: &AddressPolicy,
+        changes: &Changes,
+    ) -> usize {
+        if changes.full || self.policy != *policy {
+            self.policy = policy.clone();
+            self.index(services, slices);
+            self.compiled = super::compile_each(services, slices, node, policy, |_| true);
+            self.failed = self
+                .compiled
+                .iter()
+                .filter(|(_, service)| service.is_err())
+                .map(|(name, _)| name.clone())
+                .collect();
+            self.claims.clear();
+            self.shared.clear();
+            let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
+            for name in &all {
+                self.claim(name);
+            }
+            self.dirty = None;
+            return self.compiled.len();
+        }
+        for (name, service) in &changes.service_objects {
+            match service {
+                Some(service) => self.objects.insert(name.clone(), Arc::clone(service)),
+                None => self.objects.remove(name),
+            };
+        }
+        for (key, slice) in &changes.slices {
+            self.forget_slice(key);
+            if let Some(slice) = slice {
+                self.add_slice(key.clone(), slice);
+            }
+        }
+        let mut compiled = 0;
+        for name in &changes.services {
+            self.unclaim(name);
+            self.compiled.remove(name);
+            self.failed.remove(name);
+            let Some(service) = self.objects.get(name) else {
+                continue;
+            };
+            let own: Vec<Arc<EndpointSlice>> = self
+                .slices_of
+                .get(name)
+                .into_iter()
+                .flatten()
+                .filter_map(|key| self.slices.get(key).cloned())
+                .collect();
+            let fresh =
+                super::compile_each(std::slice::from_ref(service), &own, node, policy, |_| true);
+            compiled += fresh.len();
+            for (name, service) in fresh {
+                if service.is_err() {
+                    self.failed.insert(name.clone());
+                }
+                self.compiled.insert(name.clone(), service);
+                self.claim(&name);
+            }
+        }
+        compiled
+    }
+
+    /// The Services and EndpointSlices indexed anew.
+    fn index(&mut self, services: &Objects<Service>, slices: &Objects<EndpointSlice>) {
+        self.objects = services
+            .iter()
+            .map(|s| (object_key(&**s), Arc::clone(s)))
+            .collect();
+        self.slices.clear();
+        self.slices_of.clear();
+        for slice in slices {
+            self.add_slice(object_key(&**slice), slice);
+        }
+    }
+
+    fn add_slice(&mut self, key: (String, String), slice: &Arc<EndpointSlice>) {
+        if let Some(service) = super::slice_service(slice) {
+            self.slices_of
+                .entry(owned(service))
+                .or_default()
+                .insert(key.clone());
+        }
+        self.slices.insert(key, Arc::clone(slice));
+    }
+
+    fn forget_slice(&mut self, key: &(String, String)) {
+        let Some(slice) = self.slices.remove(key) else {
+            return;
+        };
+        if let Some(service) = super::slice_service(&slice) {
+            let service = owned(service);
+            if let Some(keys) = self.slices_of.get_mut(&service) {
+                keys.remove(key);
+                if keys.is_empty() {
+                    self.slices_of.remove(&service);
+                }
+            }
+        }
+    }
+
+    /// Every port of the Service `name` (as compiled) claims its key.
+    fn claim(&mut self, name: &ServiceName) {
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
+            return;
+        };
+        for port in &compiled.ports {
+            let claims = self.claims.entry(port.key).or_default();
+            *claims.entry((port.kind, name.clone())).or_default() += 1;
+            if claims.values().sum::<usize>() > 1 {
+                self.shared.insert(port.key);
+            }
+            if let Some(dirty) = &mut self.dirty {
+                dirty.insert(port.key);
+            }
+        }
+    }
+
+    /// The Service `name`'s ports (as compiled) give up their keys.
+    fn unclaim(&mut self, name: &ServiceName) {
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
+            return;
+        };
+        for port in &compiled.ports {
+            if let Some(claims) = self.claims.get_mut(&port.key) {
+                claims.remove(&(port.kind, name.clone()));
+                if claims.values().sum::<usize>() <= 1 {
+                    self.shared.remove(&port.key);
+                }
+                if claims.is_empty() {
+                    self.claims.remove(&port.key);
+                }
+            }
+            if let Some(dirty) = &mut self.dirty {
+                dirty.insert(port.key);
+            }
+        }
+    }
+
+    /// The service ports of every Service, as [`super::compile_services`] gives them.
+    pub fn ports(&self) -> CompiledServices {
+        super::assemble(self.compiled.values())
+    }
+
+    /// The port each key that may have changed since the last [`Self::synced`] now has
+    /// (`None`: no Service holds it); `None` when any may have.
+    pub fn changed_ports(&self) -> Option<Vec<(ServiceKey, Option<ServicePort>)>> {
+        let dirty = self.dirty.as_ref()?;
+        Some(dirty.iter().map(|key| (*key, self.holder(key))).collect())
+    }
+
+    /// The port holding `key`: of the lowest kind, then of the first Service by name.
+    fn holder(&self, key: &ServiceKey) -> Option<ServicePort> {
+        let ((kind, name), _) = self.claims.get(key)?.first_key_value()?;
+        let Some(Ok(compiled)) = self.compiled.get(name) else {
+            return None;
+        };
+        compiled
+            .ports
+            .iter()
+            .find(|p| p.key == *key && p.kind == *kind)
+            .cloned()
+    }
+
+    /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
+    pub fn errors(&self) -> Vec<String> {
+        let mut errors: Vec<String> = self
+            .failed
+            .iter()
+            .filter_map(|name| self.compiled.get(name)?.as_ref().err().cloned())
+            .collect();
+        errors.extend(
+            self.compiled
+                .values()
+                .filter_map(|c| c.as_ref().ok())
+                .flat_map(|c| c.refused.iter().cloned()),
+        );
+        let shared = self
+            .shared
+            .iter()
+            .filter_map(|key| Some((key, self.claims.get(key)?)));
+        for (key, names) in shared {
+            let ports = names
+                .keys()
+                .filter_map(|(kind, name)| match self.compiled.get(name) {
+                    Some(Ok(compiled)) => Some(
+                        compiled
+                            .ports
+                            .iter()
+                            .filter(move |p| p.key == *key && p.kind == *kind),
+                    ),
+                    _ => None,
+                });
+            errors.extend(ports.flatten().skip(1).map(super::key_taken));
+        }
+        errors
+    }
+
+    /// Brings the load-balancer maps to the ports as they are now: only the keys that may
+    /// have changed since the last call, or every port after a full compile or a failed sync.
+    pub fn sync_maps(
+        &mut self,
+        dataplane: &mut Dataplane,
+        lb: &mut LbState,
+    ) -> Result<LbSyncStats, AgentError> {
+        let changed = match self.changed_ports() {
+            Some(changed) => dataplane.sync_lb_changed(lb, &changed)?,
+            None => None,
+        };
+        let stats = match changed {
+            Some(stats) => stats,
+            None => dataplane.sync_lb(lb, &self.ports().ports)?,
+        };
+        self.synced();
+        Ok(stats)
+    }
+
+    /// The load-balancer maps hold the ports as they are now.
+    pub fn synced(&mut self) {
+        self.dirty = Some(BTreeSet::new());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::changes::tests::{BASE, state};
+
+    /// The cache after a change equals a compile of everything from the new state.
+    #[test]
+    fn the_service_cache_after_changes_equals_a_full_compile() {
+        let edits: [fn(&str) -> String; 4] = [
+            |t| {
+                t.replace(
+                    "addresses: [10.244.1.5]",
+                    "addresses: [10.244.1.6, 10.244.1.7]",
+                )
+            },
+            |t| {
+                t.replace(
+                    "kubernetes.io/service-name: web",
+                    "kubernetes.io/service-name: db",
+                )
+            },
+            |t| t.replace("name: db, namespace: shop", "name: db2, namespace: shop"),
+            // Two Services on one address: the first by namespace and name keeps it.
+            |t| {
+                t.replace(
+                    "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
+                    "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
+                )
+            },
+        ];
+        for edit in edits {
+            let (old, new) = (state(BASE), state(&edit(BASE)));
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &old.services,
+                &old.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+                &Changes::full(),
+            );
+            let before = cache.ports();
+            cache.synced();
+            let changes = Changes::between(&old, &new);
+            let compiled = cache.update(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+                &changes,
+            );
+            assert!(compiled <= 2);
+            let full = super::super::compile_services(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+            );
+            assert_eq!(cache.ports(), full);
+            assert_eq!(cache.errors(), full.errors);
+            // The ports that changed are named by key, with their port now: the ports of
+            // before with those applied are the ports of now.
+            let changed = cache
+                .changed_ports()
+                .expect("after a sync, the changes are known");
+            let mut ports: BTreeMap<ServiceKey, ServicePort> =
+                before.ports.into_iter().map(|p| (p.key, p)).collect();
+            for (key, port) in changed {
+                match port {
+                    Some(port) => ports.insert(key, port),
+                    None => ports.remove(&key),
+                };
+            }
+            assert_eq!(ports.into_values().collect::<Vec<_>>(), full.ports);
+        }
+    }
+
+    /// A Service that names another's cluster IP as its external IP, added after it or
+    /// before it (by name, it sorts first): the cluster IP's port keeps the key in the
+    /// incremental path as in a full compile.
+    #[test]
+    fn the_service_cache_keeps_a_cluster_ip_against_an_external_ip_on_it() {
+        let grab = "\n---\napiVersion: v1\nkind: Service\n\
+                    metadata: {name: grab, namespace: aaa}\n\
+                    spec: {clusterIP: 10.96.9.9, externalIPs: [10.96.0.10], ports: [{name: http, port: 80}]}\n";
+        let open = AddressPolicy {
+            external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
+            ..AddressPolicy::default()
+        };
+        let key = ServiceKey {
+            addr: crate::mapsync::addr16("10.96.0.10".parse().unwrap()),
+            port_be: 80u16.to_be_bytes(),
+            protocol: 6,
+            scope: dataplane_common::lb::SCOPE_CLUSTER,
+        };
+        let with = state(&format!("{BASE}{grab}"));
+        let without = state(BASE);
+        for (first, then) in [(&without, &with), (&with, &without), (&with, &with)] {
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &first.services,
+                &first.endpoint_slices,
+                "node-a",
+                &open,
+                &Changes::full(),
+            );
+            cache.synced();
+            let changes = Changes::between(first, then);
+            cache.update(
+                &then.services,
+                &then.endpoint_slices,
+                "node-a",
+                &open,
+                &changes,
+            );
+            let holder = cache.holder(&key).expect("held");
+            assert_eq!(holder.name, "shop/web:http");
+            assert_eq!(holder.kind, AddressKind::ClusterIp);
+            let full = super::super::compile_services(
+                &then.services,
+                &then.endpoint_slices,
+                "node-a",
+                &open,
+            );
+            assert_eq!(cache.ports(), full);
+            assert_eq!(cache.errors(), full.errors);
+            for (changed, port) in cache.changed_ports().unwrap() {
+                if changed == key {
+                    assert_eq!(port.unwrap().name, "shop/web:http");
+                }
+            }
+        }
+    }
+
+    /// One Service with two ports on one key, and two Services on one key: the errors name
+    /// the ports that lose, as assembling every port says.
+    #[test]
+    fn the_service_cache_names_the_ports_that_lose_their_key() {
+        let doubled = BASE.replace(
+            "ports: [{name: http, port: 80, targetPort: 8080}]",
+            "ports: [{name: http, port: 80, targetPort: 8080}, {name: again, port: 80}]",
+        );
+        for text in [
+            doubled.clone(),
+            doubled.replace(
+                "clusterIP: 10.96.0.11, ports: [{name: pg, port: 5432}]",
+                "clusterIP: 10.96.0.10, ports: [{name: http, port: 80}]",
+            ),
+        ] {
+            let new = state(&text);
+            let mut cache = ServiceCache::default();
+            cache.update(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+                &Changes::full(),
+            );
+            let full = super::super::compile_services(
+                &new.services,
+                &new.endpoint_slices,
+                "node-a",
+                &AddressPolicy::default(),
+            );
+            assert!(!full.errors.is_empty(), "{text}");
+            assert_eq!(cache.errors(), full.errors);
+            assert_eq!(cache.changed_ports(), None, "a full compile: every port");
+        }
+    }
+}
