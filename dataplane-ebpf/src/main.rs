@@ -4,7 +4,7 @@
 #![cfg_attr(target_arch = "bpf", no_main)]
 // The BPF target's `core` has no atomic read-modify-write (no compare-and-swap), and LLVM
 // emits a fetching atomic add only for BPF v3 programs: the one such add
-// (`lb::fetch_increment`) is the instruction itself, in assembly.
+// (`lb::conntrack::fetch_increment`) is the instruction itself, in assembly.
 #![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 
 #[cfg(target_arch = "bpf")]

@@ -242,7 +242,7 @@ pub static ROUTE_CACHE: PerCpuArray<dataplane_common::overlay::RouteCacheEntry> 
 pub static FIB_SCRATCH: PerCpuArray<aya_ebpf::bindings::bpf_fib_lookup> =
     PerCpuArray::with_max_entries(1, 0);
 
-/// The next masquerade source port's index (`lb::claimed_port`).
+/// The next masquerade source port's index (`lb::conntrack::claimed_port`).
 #[map(name = "DP_LB_SNAT_NEXT")]
 pub static LB_SNAT_NEXT: aya_ebpf::maps::Array<u64> = aya_ebpf::maps::Array::pinned(1, 0);
 

@@ -50,13 +50,12 @@ use crate::lookup;
 use crate::parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, UDP_LEN};
 use crate::{
     copy::{copy_bytes, set_ipv4_mapped},
-    csum::write_ipv4,
     maps::{
         ADDR_SCRATCH, ENCAP_SCRATCH_LEN, FIB_SCRATCH, MCAST_GROUPS, MCAST_PODS, MCAST_REPORTS,
         NODE_ADDRS, PARSED, SCRATCH, TAILS,
     },
     overlay,
-    parse::{IPPROTO_ICMPV6, IPPROTO_UDP, Packet, read},
+    parse::{IPPROTO_ICMPV6, Packet, read},
     stats::{count_drop, count_outcome},
     work::Parsed,
 };
@@ -450,46 +449,22 @@ fn copy_to_node(
     if rc != BPF_FIB_LKUP_RET_SUCCESS {
         return Err(DropReason::MulticastCopyFailed);
     }
-    let source_port = 0xC000u16 | (hash as u16 & 0x3FFF);
     let written = if ipv6 {
         let udp_len = (outer_len - 40) as u16;
-        overlay::write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IPV6);
-        overlay::write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
-        overlay::write_udp_geneve(
-            block,
-            14 + 40,
-            source_port,
-            config.geneve_port,
-            udp_len,
-            config.vni,
-        );
+        overlay::write_geneve_v6(block, &fib.dmac, &fib.smac, config, endpoint, udp_len, hash);
         write_option(block, 14 + 40 + UDP_LEN, namespace);
         BLOCK_V6
     } else {
         let udp_len = (outer_len - 20) as u16;
-        let dst = [
-            endpoint.addr[12],
-            endpoint.addr[13],
-            endpoint.addr[14],
-            endpoint.addr[15],
-        ];
-        overlay::write_ethernet(block, &fib.dmac, &fib.smac, ETH_P_IP);
-        write_ipv4(
+        overlay::write_outer_v4(
             block,
+            &fib.dmac,
+            &fib.smac,
+            config,
+            endpoint,
             outer_len as u16,
-            IPPROTO_UDP,
-            true,
-            &config.node_ipv4,
-            &dst,
         );
-        overlay::write_udp_geneve(
-            block,
-            14 + 20,
-            source_port,
-            config.geneve_port,
-            udp_len,
-            config.vni,
-        );
+        overlay::write_geneve_after_v4(block, config, udp_len, hash);
         write_option(block, 14 + 20 + UDP_LEN, namespace);
         BLOCK_V4
     };

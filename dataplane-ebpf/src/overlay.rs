@@ -316,20 +316,17 @@ fn wrap(
     let route = ROUTE_CACHE
         .get(slot)
         .ok_or(DropReason::OverlayEncapFailed)?;
-    // Spread flows over ECMP paths and receive queues: the source port follows the inner flow.
-    let source_port = 0xC000u16 | (hash as u16 & 0x3FFF);
-
+    let source_port = tunnel_source_port(hash);
     let written = if ipv6 {
         let udp_len = (outer_len - 40) as u16;
-        write_ethernet(block, &route.dmac, &route.smac, ETH_P_IPV6);
-        write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
-        write_udp_geneve(
+        write_geneve_v6(
             block,
-            14 + 40,
-            source_port,
-            config.geneve_port,
+            &route.dmac,
+            &route.smac,
+            config,
+            endpoint,
             udp_len,
-            config.vni,
+            hash,
         );
         // SAFETY: 14 bytes of the linear packet (checked above) into the block.
         unsafe {
@@ -341,6 +338,8 @@ fn wrap(
         ENCAP_BLOCK_V6
     } else {
         let udp_len = (outer_len - 20) as u16;
+        // What `write_outer_v4` does, written out: called here, it cost this function 16 more
+        // bytes of stack (the IPv6 header's function did not).
         let dst = [
             endpoint.addr[12],
             endpoint.addr[13],
@@ -348,8 +347,6 @@ fn wrap(
             endpoint.addr[15],
         ];
         write_ethernet(block, &route.dmac, &route.smac, ETH_P_IP);
-        // DF set: the overlay answers oversize packets itself rather than letting the
-        // underlay fragment.
         write_ipv4(
             block,
             outer_len as u16,
@@ -377,14 +374,7 @@ fn wrap(
             hybrid::inner_macs(block, ENCAP_BLOCK_V4 - 14, endpoint)
                 .ok_or(DropReason::OverlayNoRoute)?;
         } else {
-            write_udp_geneve(
-                block,
-                14 + 20,
-                source_port,
-                config.geneve_port,
-                udp_len,
-                config.vni,
-            );
+            write_geneve_after_v4(block, config, udp_len, hash);
         }
         ENCAP_BLOCK_V4
     };
@@ -671,6 +661,83 @@ pub fn outside_pod_networks(ctx: &TcContext, parsed: &Parsed) -> bool {
         return false;
     };
     OUTSIDE.get(word).is_some_and(|w| *w & bit != 0)
+}
+
+/// The outer UDP source port of a flow's encapsulated packets: from the inner flow's hash, so
+/// that ECMP paths and receive queues spread flows and keep each one in order.
+#[inline(always)]
+pub(crate) fn tunnel_source_port(hash: u32) -> u16 {
+    0xC000u16 | (hash as u16 & 0x3FFF)
+}
+
+/// The outer headers of a Geneve packet over IPv6 to `endpoint`, at the start of `block`:
+/// Ethernet (`dmac`, `smac`), IPv6 from this node's address with the flow label from `hash`,
+/// UDP from the flow's source port ([`tunnel_source_port`]) to the Geneve port, and the Geneve
+/// base header with the overlay's VNI. `udp_len` counts the UDP header and everything after
+/// it. The one place the IPv6 outer header is built: the overlay's encapsulation, the NodePort
+/// fast path's and multicast's copies all call it. (The MACs come apart: passed as a pair,
+/// they cost `encapsulate` 16 more bytes of stack.)
+#[inline(always)]
+pub(crate) fn write_geneve_v6(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    dmac: &[u8; 6],
+    smac: &[u8; 6],
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    udp_len: u16,
+    hash: u32,
+) {
+    write_ethernet(block, dmac, smac, ETH_P_IPV6);
+    write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
+    write_udp_geneve(
+        block,
+        14 + 40,
+        tunnel_source_port(hash),
+        config.geneve_port,
+        udp_len,
+        config.vni,
+    );
+}
+
+/// The outer Ethernet and IPv4 headers of a tunnel packet to `endpoint` (`total_len` bytes
+/// from the IPv4 header on), with DF set: the overlay answers oversize packets itself rather
+/// than letting the underlay fragment. The UDP and tunnel headers follow at 34. (`encapsulate`
+/// writes the same two headers itself, for its stack's sake.)
+#[inline(always)]
+pub(crate) fn write_outer_v4(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    dmac: &[u8; 6],
+    smac: &[u8; 6],
+    config: &OverlayConfig,
+    endpoint: &TunnelEndpoint,
+    total_len: u16,
+) {
+    let dst = [
+        endpoint.addr[12],
+        endpoint.addr[13],
+        endpoint.addr[14],
+        endpoint.addr[15],
+    ];
+    write_ethernet(block, dmac, smac, ETH_P_IP);
+    write_ipv4(block, total_len, IPPROTO_UDP, true, &config.node_ipv4, &dst);
+}
+
+/// The UDP and Geneve headers of an IPv4 tunnel packet (after [`write_outer_v4`]).
+#[inline(always)]
+pub(crate) fn write_geneve_after_v4(
+    block: &mut [u8; ENCAP_SCRATCH_LEN],
+    config: &OverlayConfig,
+    udp_len: u16,
+    hash: u32,
+) {
+    write_udp_geneve(
+        block,
+        14 + 20,
+        tunnel_source_port(hash),
+        config.geneve_port,
+        udp_len,
+        config.vni,
+    );
 }
 
 #[inline(always)]

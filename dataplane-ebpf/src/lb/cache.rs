@@ -29,8 +29,10 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, MAX_DIRECT_L4, Side, TCP_FIN, TCP_RST, TCP_SYN, follow_transport_checksum,
-    live_backend, scratch, translate,
+    ETH_LEN, ETH_P_IP,
+    backend::live_backend,
+    conntrack::{TCP_FIN, TCP_RST, TCP_SYN, scratch},
+    rewrite::{MAX_DIRECT_L4, Side, follow_transport_checksum, translate},
 };
 use crate::lookup;
 use crate::{

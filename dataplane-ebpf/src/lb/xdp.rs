@@ -33,16 +33,19 @@ use dataplane_common::{
 };
 
 use super::{
-    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP, TCP_FIN, TCP_RST, TCP_SYN, cache::same_flow,
-    expired, live_backend, outside_scope, refresh_affinity, scratch, touch,
+    ETH_LEN, ETH_P_IP, IPPROTO_TCP, IPPROTO_UDP,
+    backend::{live_backend, refresh_affinity},
+    cache::same_flow,
+    conntrack::{TCP_FIN, TCP_RST, TCP_SYN, expired, scratch, touch},
+    outside_scope,
 };
 use crate::lookup;
 use crate::{
     clock::{clock, now},
     copy::{copy_addr, copy_bytes, set_ipv4_mapped},
-    csum::{addr_diff, csum_diff, updated, write_ipv4},
+    csum::{addr_diff, csum_diff, updated},
     maps::{LB_CT, LB_XDP_FLOW_CACHE, LOCAL_PODS, ROUTE_CACHE, SCRATCH},
-    overlay::{self, write_ethernet, write_ipv6, write_udp_geneve},
+    overlay::{self, write_geneve_after_v4, write_geneve_v6, write_outer_v4},
     stage::Stage,
     stats::count_outcome,
     work::{LbScratch, Parsed},
@@ -535,21 +538,19 @@ fn encapsulate(
     // The same flow always leaves by the same source port: ECMP and receive queues keep it
     // in order.
     let hash = flow_hash(&s.flow);
-    let source_port = 0xC000u16 | (hash as u16 & 0x3FFF);
     let ipv6 = endpoint.family == FAMILY_IPV6;
     let (start, end) = (ctx.data(), ctx.data_end());
     if ipv6 {
         const LEN: usize = ENCAP_OVERHEAD_V6 as usize - ETH_LEN;
         let udp_len = (frame_len + LEN - 40) as u16;
-        write_ethernet(block, &route.dmac, &route.smac, 0x86DD);
-        write_ipv6(block, udp_len, &config.node_ipv6, &endpoint.addr, hash);
-        write_udp_geneve(
+        write_geneve_v6(
             block,
-            14 + 40,
-            source_port,
-            config.geneve_port,
+            &route.dmac,
+            &route.smac,
+            config,
+            endpoint,
             udp_len,
-            config.vni,
+            hash,
         );
         if start + ENCAP_OVERHEAD_V6 as usize > end {
             return Err(failed);
@@ -565,22 +566,8 @@ fn encapsulate(
     } else {
         const LEN: usize = ENCAP_OVERHEAD_V4 as usize - ETH_LEN;
         let total_len = (frame_len + LEN) as u16;
-        let dst = [
-            endpoint.addr[12],
-            endpoint.addr[13],
-            endpoint.addr[14],
-            endpoint.addr[15],
-        ];
-        write_ethernet(block, &route.dmac, &route.smac, ETH_P_IP);
-        write_ipv4(block, total_len, IPPROTO_UDP, true, &config.node_ipv4, &dst);
-        write_udp_geneve(
-            block,
-            14 + 20,
-            source_port,
-            config.geneve_port,
-            total_len - 20,
-            config.vni,
-        );
+        write_outer_v4(block, &route.dmac, &route.smac, config, endpoint, total_len);
+        write_geneve_after_v4(block, config, total_len - 20, hash);
         if start + ENCAP_OVERHEAD_V4 as usize > end {
             return Err(failed);
         }

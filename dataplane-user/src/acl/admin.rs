@@ -39,9 +39,9 @@ use super::{
     PROTO_SCTP, PROTO_TCP, PROTO_UDP, PortMatch, Ports, Rule, Verdict,
     audit::{ACL_LOGGING_ANNOTATION, NamespaceLogging, parse_annotation},
     dns::normalize,
+    pod_rules::{PodRules, PolicyKind, PortSpec, RuleRef, Tier, add_pod_peers, resolve},
     pods::{Direction, PolicyPod, selects},
     protocol_number,
-    rules::{PodRules, PolicyKind, PortSpec, RuleRef, Tier, add_pod_peers, resolve},
     select::{PolicyCluster, select_pods},
 };
 

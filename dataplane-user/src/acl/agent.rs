@@ -30,9 +30,9 @@ use super::{
     dns::{self, DnsNames, Resolver, Snooped},
     firewall::{CompiledFirewalls, DnsAddresses, FirewallContext, compile_firewalls_reusing},
     peers::Registry,
+    pod_rules::PolicyKind,
     pods::{Direction, NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods, namespace_labels},
     policy::{CompiledPolicies, PodRulesCache, policy_sets_since},
-    rules::PolicyKind,
     select::PolicyCluster,
 };
 use crate::{AgentError, Dataplane};
@@ -1372,7 +1372,7 @@ mod tests {
 
     #[test]
     fn records_of_cluster_wide_policies_are_named_as_ovn_kubernetes_names_them() {
-        use super::super::{rules::RuleRef, rules::Tier};
+        use super::super::{pod_rules::RuleRef, pod_rules::Tier};
         let reference = |kind, tier, policy: &str, rule| RuleRef {
             kind,
             tier: Some(tier),
@@ -1384,7 +1384,7 @@ mod tests {
         let mut state = AclState::default();
         state.policy_meta.insert(
             7,
-            super::super::rules::PolicySet {
+            super::super::pod_rules::PolicySet {
                 namespace: "web".into(),
                 direction: Direction::Egress,
                 refs: Arc::new(vec![

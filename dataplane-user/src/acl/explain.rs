@@ -69,7 +69,7 @@ pub fn set_rules_since(
     }
 }
 
-fn describe_set(set: &super::rules::PolicySet) -> SetRules {
+fn describe_set(set: &super::pod_rules::PolicySet) -> SetRules {
     SetRules {
         namespace: set.namespace.clone(),
         direction: match set.direction {
@@ -82,7 +82,7 @@ fn describe_set(set: &super::rules::PolicySet) -> SetRules {
 }
 
 /// The distinct objects of `refs`, in order.
-fn objects(refs: &[super::rules::RuleRef]) -> Vec<String> {
+fn objects(refs: &[super::pod_rules::RuleRef]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for reference in refs {
         let object = format!(
@@ -332,7 +332,7 @@ mod tests {
     use std::collections::BTreeSet;
 
     use super::*;
-    use crate::acl::rules::{PolicyKind, PolicySet, RuleRef};
+    use crate::acl::pod_rules::{PolicyKind, PolicySet, RuleRef};
 
     /// A change writes the files of the sets it names and no other; a whole write removes
     /// the files of sets gone since an earlier run; reading gives every set's description.

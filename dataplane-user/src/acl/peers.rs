@@ -19,8 +19,8 @@ use std::{
 use dataplane_common::overlay::Addr;
 
 use super::{
+    pod_rules::PolicySet,
     pods::{PolicyChanges, PolicyPods},
-    rules::PolicySet,
 };
 use crate::mapsync::addr16;
 

@@ -39,12 +39,12 @@ use super::{
     Ports, Rule, Verdict,
     admin::{AdminPolicies, TierNotes},
     compile_tiered,
-    pods::{Direction, PolicyChanges, PolicyPod, selects},
-    recompile_hosts, repaint_ports,
-    rules::{
+    pod_rules::{
         PodPolicy, PodRules, PolicyKind, PolicySet, PortSpec, RuleRef, add_pod_peers, port_spec,
         resolve,
     },
+    pods::{Direction, PolicyChanges, PolicyPod, selects},
+    recompile_hosts, repaint_ports,
     select::{PolicyCluster, Read, Reads, peer_pods},
 };
 

@@ -12,9 +12,9 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use super::{
     CompiledSet, PROTO_SCTP, PROTO_TCP, PROTO_UDP, Verdict, compile_rules,
     peers::Registry,
+    pod_rules::PodPolicy,
     pods::{NamespaceLabels, PolicyPod, PolicyPods},
     policy::pod_policy,
-    rules::PodPolicy,
     select::PolicyCluster,
 };
 
@@ -841,13 +841,13 @@ type Decided<'a> = (
     (
         &'a String,
         super::pods::Direction,
-        &'a [super::rules::RuleRef],
+        &'a [super::pod_rules::RuleRef],
         &'a [super::Rule],
     ),
     Vec<(ipnet::IpNet, Result<super::Decision, super::PortTable>)>,
 );
 
-fn decided(sets: &BTreeMap<String, super::rules::PolicySet>) -> Vec<(&String, Decided<'_>)> {
+fn decided(sets: &BTreeMap<String, super::pod_rules::PolicySet>) -> Vec<(&String, Decided<'_>)> {
     sets.iter()
         .map(|(name, set)| {
             let compiled = &set.compiled;

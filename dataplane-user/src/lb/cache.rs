@@ -132,7 +132,7 @@ impl ServiceCache {
     }
 
     fn add_slice(&mut self, key: (String, String), slice: &Arc<EndpointSlice>) {
-        if let Some(service) = super::slice_service(slice) {
+        if let Some(service) = crate::source::slice_service(slice) {
             self.slices_of
                 .entry(owned(service))
                 .or_default()
@@ -145,7 +145,7 @@ impl ServiceCache {
         let Some(slice) = self.slices.remove(key) else {
             return;
         };
-        if let Some(service) = super::slice_service(&slice) {
+        if let Some(service) = crate::source::slice_service(&slice) {
             let service = owned(service);
             if let Some(keys) = self.slices_of.get_mut(&service) {
                 keys.remove(key);

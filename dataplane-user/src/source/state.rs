@@ -1,0 +1,123 @@
+//! The store of one read of the cluster: each kind's objects, and the cluster network's
+//! settings.
+
+use ipnet::IpNet;
+use k8s_openapi::api::{
+    core::v1::{Namespace, Node, Service},
+    discovery::v1::EndpointSlice,
+    networking::v1::NetworkPolicy,
+};
+
+use super::{objects::Objects, pod::Pod};
+use crate::api::{
+    adminpolicy::{
+        AdminNetworkPolicy, AdminObjects, BaselineAdminNetworkPolicy, ClusterNetworkPolicy,
+    },
+    egressfirewall::EgressFirewall,
+    egressip::EgressIP,
+    network::{EgressIpConfig, HybridSettings, OvnKubernetesConfig, PolicyAuditConfig},
+};
+
+/// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
+/// for a sync, the last sync's state and the sources' parse caches hold the same objects, so
+/// an unchanged object compares equal by its pointer. Each kind's list is shared too
+/// ([`Objects`]): handing a sync the state copies no list, and only a changed kind's list is
+/// copied when it is patched.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ClusterState {
+    pub nodes: Objects<Node>,
+    pub namespaces: Objects<Namespace>,
+    pub pods: Objects<Pod>,
+    pub services: Objects<Service>,
+    pub endpoint_slices: Objects<EndpointSlice>,
+    /// `networking.k8s.io/v1` NetworkPolicies (a missing namespace reads as `default`).
+    pub network_policies: Objects<NetworkPolicy>,
+    /// `k8s.ovn.org/v1` EgressFirewalls (a missing namespace reads as `default`).
+    pub egress_firewalls: Objects<EgressFirewall>,
+    /// Validated EgressIPs: their status says which node holds each address.
+    pub egress_ips: Objects<EgressIP>,
+    /// Cluster-wide admin policies (validated by access control, which keeps an invalid
+    /// one's last good version).
+    pub admin_network_policies: Objects<AdminNetworkPolicy>,
+    pub baseline_admin_network_policies: Objects<BaselineAdminNetworkPolicy>,
+    pub cluster_network_policies: Objects<ClusterNetworkPolicy>,
+    /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
+    pub network: Option<OvnKubernetesConfig>,
+    /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
+    pub cluster_networks: Vec<IpNet>,
+    /// `spec.serviceNetwork` of that `Network`: the service address ranges.
+    pub service_networks: Vec<IpNet>,
+    /// `ovnKubernetesConfig.policyAuditConfig` of that `Network`.
+    pub policy_audit: PolicyAuditConfig,
+    /// `ovnKubernetesConfig.egressIPConfig` of that `Network`.
+    pub egress_ip_config: EgressIpConfig,
+    /// `ovnKubernetesConfig.hybridOverlayConfig` of that `Network`, validated: the hybrid
+    /// overlay is on when it is there.
+    pub hybrid: Option<HybridSettings>,
+    /// Objects skipped because they did not parse, one line each naming the object.
+    pub rejected: Vec<String>,
+}
+
+impl ClusterState {
+    /// How many objects of every kind it holds.
+    pub(super) fn object_count(&self) -> usize {
+        self.nodes.len()
+            + self.namespaces.len()
+            + self.pods.len()
+            + self.services.len()
+            + self.endpoint_slices.len()
+            + self.network_policies.len()
+            + self.egress_firewalls.len()
+            + self.egress_ips.len()
+            + self.admin_network_policies.len()
+            + self.baseline_admin_network_policies.len()
+            + self.cluster_network_policies.len()
+    }
+
+    /// The cluster-wide admin policies, as access control takes them.
+    pub fn admin_objects(&self) -> AdminObjects {
+        AdminObjects {
+            admin: self.admin_network_policies.to_vec(),
+            baseline: self.baseline_admin_network_policies.to_vec(),
+            cluster: self.cluster_network_policies.to_vec(),
+        }
+    }
+
+    /// Adds what `later` holds, as if its documents came after this state's: objects are
+    /// appended, and a `Network` in it replaces this one's settings.
+    pub fn absorb(&mut self, later: &ClusterState) {
+        self.nodes.append(&later.nodes);
+        self.namespaces.append(&later.namespaces);
+        self.pods.append(&later.pods);
+        self.services.append(&later.services);
+        self.endpoint_slices.append(&later.endpoint_slices);
+        self.network_policies.append(&later.network_policies);
+        self.egress_firewalls.append(&later.egress_firewalls);
+        self.egress_ips.append(&later.egress_ips);
+        self.admin_network_policies
+            .append(&later.admin_network_policies);
+        self.baseline_admin_network_policies
+            .append(&later.baseline_admin_network_policies);
+        self.cluster_network_policies
+            .append(&later.cluster_network_policies);
+        self.absorb_settings(later);
+        self.rejected.extend(later.rejected.iter().cloned());
+    }
+
+    /// Takes `later`'s `Network` settings if it has a `Network`.
+    pub(super) fn absorb_settings(&mut self, later: &ClusterState) {
+        if later.network.is_some() {
+            self.copy_settings(later);
+        }
+    }
+
+    /// Takes `other`'s `Network` settings, none included.
+    pub(super) fn copy_settings(&mut self, other: &ClusterState) {
+        self.network = other.network;
+        self.cluster_networks = other.cluster_networks.clone();
+        self.service_networks = other.service_networks.clone();
+        self.policy_audit = other.policy_audit.clone();
+        self.egress_ip_config = other.egress_ip_config;
+        self.hybrid = other.hybrid;
+    }
+}
