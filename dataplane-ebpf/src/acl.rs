@@ -15,6 +15,11 @@
 //! where it sends (tc on its veth), its ingress where it receives: in the same program for a
 //! sender on this node, on the veth's egress (`tc_to_pod`) for what the stack delivers, and in
 //! `tc_underlay` for NodePort traffic handed straight to a local backend.
+//!
+//! One file (about 1,000 lines) on purpose: moving kernel functions between modules changes
+//! what the optimizer inlines, and with it the verifier's walk and the stack (see
+//! docs/architecture.md on `overlay.rs`); this stage is split when `cargo xtask verify` shows
+//! the split costs nothing.
 
 // Keys are passed to the map helpers by reference on purpose: by value they would be copied
 // to the BPF stack, which the per-CPU working set is there to spare.

@@ -37,7 +37,7 @@ use crate::{
     maps::{LB_CT, LB_SERVICES},
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP},
-    stage::Stage,
+    stage::{Stage, reverse_nat, routed_out},
     work::{LbScratch, Parsed},
 };
 
@@ -62,10 +62,10 @@ pub use sctp::{follow_sctp, follow_sctp_ports};
 /// The tc stage for a packet leaving a pod: reverse NAT of a local backend's reply, or DNAT of
 /// a packet to a service port. `Ok(None)`: not service traffic.
 ///
-/// The stage's value is 0 when the packet continues (rewritten or not) and `verdict + 1` when
-/// the load-balancer has routed it out itself. A service without endpoints or a TCP flow
-/// whose backend is gone is the drop `LbNoEndpoints` or `LbBackendGone`, which the caller
-/// answers with [`answer`].
+/// The stage's value is 0 when the packet continues (rewritten or not), and [`routed_out`] of
+/// the tc verdict when the load-balancer has routed it out itself. A service without
+/// endpoints or a TCP flow whose backend is gone is the drop `LbNoEndpoints` or
+/// `LbBackendGone`, which the caller answers with [`answer`].
 #[inline(never)]
 pub fn from_pod(ctx: &TcContext, parsed: &Parsed) -> Stage {
     let s = match unreplied_flow(ctx, parsed) {
@@ -174,11 +174,13 @@ fn unreplied_flow(ctx: &TcContext, parsed: &Parsed) -> Result<&'static mut LbScr
 #[inline(always)]
 fn replied(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Option<Stage> {
     match reverse_nat(ctx, parsed, s).into_value() {
-        Ok(0) => None,
-        Ok(1) => Some(Stage::new(Ok(Some((0, PacketClass::ServiceReverseNat))))),
-        // Routed out by us: `verdict + 2` becomes the stage's `verdict + 1`.
+        Ok(reverse_nat::UNTOUCHED) => None,
+        Ok(reverse_nat::TRANSLATED) => {
+            Some(Stage::new(Ok(Some((0, PacketClass::ServiceReverseNat)))))
+        }
+        // Routed out by us: the stage says so with the verdict (`routed_out`).
         Ok(routed) => Some(Stage::new(Ok(Some((
-            routed - 1,
+            routed_out(reverse_nat::verdict_of(routed)),
             PacketClass::ServiceReverseNat,
         ))))),
         Err(reason) => Some(Stage::new(Err(reason))),
@@ -276,7 +278,7 @@ fn reverse_nat_flow(
         // Its source is now this node's address: the stack would refuse to forward it, so
         // it is routed out of the underlay here.
         let verdict = overlay::route_out(ctx, parsed).into_value()?;
-        return Ok(verdict + 2);
+        return Ok(reverse_nat::routed(verdict));
     }
-    Ok(1)
+    Ok(reverse_nat::TRANSLATED)
 }

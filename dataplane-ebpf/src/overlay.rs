@@ -13,6 +13,11 @@
 //! IPv4; over IPv6 it follows the tunnel rules of RFC 6935/6936 (zero checksums accepted by the
 //! tunnel endpoints, which our receive path does). A computed checksum would need the whole
 //! payload, which tc cannot do for GSO packets without the kernel's tunnel checksum offload.
+//!
+//! One file (about 1,550 lines) for now: splitting its decapsulation and routing into files of
+//! their own changed what the optimizer inlined (16 % more instructions verified in
+//! `tc_from_pod_deliver`, 32 bytes more stack in `tc_from_pod`), so the split waits for a
+//! form that costs nothing in `cargo xtask verify`.
 
 // Keys are passed to the map helpers by reference on purpose: by value they would be copied
 // to the BPF stack, which the per-CPU lookup key is there to spare.

@@ -23,6 +23,7 @@ use crate::{
         IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, Packet, parse_skb, parse_untagged_ipv4, stashed,
     },
     port,
+    stage::{reverse_nat, routed_verdict},
     stats::{count_outcome, count_packet, count_pod_drop, count_pod_malformed},
 };
 
@@ -123,9 +124,9 @@ pub fn tc_from_pod(mut ctx: TcContext) -> i32 {
     match balanced {
         Ok(Some((routed, outcome))) => {
             count_outcome(Hook::FromPod, outcome);
-            // The load-balancer routed the packet out itself: its verdict, plus one.
-            if routed != 0 {
-                return (routed - 1) as i32;
+            // The load-balancer routed the packet out itself.
+            if let Some(verdict) = routed_verdict(routed) {
+                return verdict;
             }
             reply = (outcome == PacketClass::ServiceReverseNat) as u32;
             translated =
@@ -243,15 +244,15 @@ pub fn tc_from_pod_icmp(mut ctx: TcContext) -> i32 {
         return TC_ACT_SHOT;
     }
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
-        Ok(0) => {}
-        Ok(1) => {
+        Ok(reverse_nat::UNTOUCHED) => {}
+        Ok(reverse_nat::TRANSLATED) => {
             count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
             ctx.cb_mut()[CB_REPLY] = 1;
         }
         // Routed out to a NodePort client by the load-balancer itself.
         Ok(routed) => {
             count_outcome(Hook::FromPod, PacketClass::ServiceReverseNat);
-            return (routed - 2) as i32;
+            return reverse_nat::verdict_of(routed) as i32;
         }
         Err(reason) => {
             count_pod_drop(crate::stats::device(&ctx), Hook::FromPod, reason);
@@ -357,11 +358,7 @@ pub fn tc_to_pod(ctx: TcContext) -> i32 {
     match lb::to_pod(&ctx, parsed).result() {
         Ok(Some((routed, outcome))) => {
             count_outcome(Hook::ToPod, outcome);
-            return if routed != 0 {
-                (routed - 1) as i32
-            } else {
-                TC_ACT_OK
-            };
+            return routed_verdict(routed).unwrap_or(TC_ACT_OK);
         }
         Ok(None) => {}
         Err(reason) => {

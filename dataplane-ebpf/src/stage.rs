@@ -57,3 +57,37 @@ impl Stage {
         self.result().map(|v| v.map_or(0, |(value, _)| value))
     }
 }
+
+/// A stage's value saying that the stage routed the packet out itself with tc verdict
+/// `verdict`: the verdict plus one, so that 0 still says "not routed, go on".
+#[inline(always)]
+pub fn routed_out(verdict: u32) -> u32 {
+    verdict + 1
+}
+
+/// The tc verdict in a value made by [`routed_out`]; `None` when the packet was not routed.
+#[inline(always)]
+pub fn routed_verdict(value: u32) -> Option<i32> {
+    (value != 0).then(|| (value - 1) as i32)
+}
+
+/// The values of a reverse-NAT step: the packet untouched, translated, or translated and routed
+/// out with a tc verdict (kept apart from the first two by two).
+pub mod reverse_nat {
+    /// Not a reply of a tracked flow: untouched.
+    pub const UNTOUCHED: u32 = 0;
+    /// Translated; the caller delivers it.
+    pub const TRANSLATED: u32 = 1;
+
+    /// Translated and routed out with tc verdict `verdict`.
+    #[inline(always)]
+    pub fn routed(verdict: u32) -> u32 {
+        verdict + 2
+    }
+
+    /// The tc verdict of a value made by [`routed`] (a value above [`TRANSLATED`]).
+    #[inline(always)]
+    pub fn verdict_of(value: u32) -> u32 {
+        value - 2
+    }
+}

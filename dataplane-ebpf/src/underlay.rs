@@ -24,7 +24,7 @@ use crate::{
     maps::{PARSED, TAILS},
     overlay,
     parse::{Packet, parse, parse_skb, stash},
-    stage::Stage,
+    stage::{Stage, reverse_nat, routed_verdict},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
     work::Parsed,
 };
@@ -127,14 +127,14 @@ pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
         return TC_ACT_OK;
     };
     match lb::icmp_error_reverse_nat(&ctx, parsed).into_value() {
-        Ok(0) if lookup::egress_holder() => {
+        Ok(reverse_nat::UNTOUCHED) if lookup::egress_holder() => {
             // SAFETY: a tail call either does not return or returns having done nothing.
             unsafe { TAILS.tail_call(&ctx, TAIL_UNDERLAY_EGRESS) };
             count_drop(Hook::UnderlayTc, DropReason::TailCallFailed);
             TC_ACT_OK
         }
-        Ok(0) => TC_ACT_OK,
-        Ok(1) => {
+        Ok(reverse_nat::UNTOUCHED) => TC_ACT_OK,
+        Ok(reverse_nat::TRANSLATED) => {
             count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
             ctx.set_mark(acl::skb_mark(&ctx) | SERVICE_REPLY_MARK);
             TC_ACT_OK
@@ -142,7 +142,7 @@ pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
         // Routed out to a NodePort client by the load-balancer itself.
         Ok(routed) => {
             count_outcome(Hook::UnderlayTc, PacketClass::ServiceReverseNat);
-            (routed - 2) as i32
+            reverse_nat::verdict_of(routed) as i32
         }
         Err(reason) => {
             count_drop(Hook::UnderlayTc, reason);
@@ -215,9 +215,9 @@ fn underlay_services(ctx: &TcContext, parsed: &Parsed, sctp: bool) -> i32 {
                 count_drop(Hook::UnderlayTc, reason);
                 return TC_ACT_SHOT;
             }
-            // Routed out by the load-balancer: its verdict, plus one.
-            if routed != 0 {
-                return (routed - 1) as i32;
+            // Routed out by the load-balancer.
+            if let Some(verdict) = routed_verdict(routed) {
+                return verdict;
             }
             if outcome == PacketClass::ServiceReverseNat {
                 // The client pod's ingress policy lets replies of its own connections pass.

@@ -21,10 +21,28 @@ pub enum AgentError {
     )]
     ForwardingDisabled,
 
-    #[error("gateway SNAT: {0}")]
-    Gateway(String),
-    #[error("trace: {0}")]
-    Trace(String),
+    #[error("cannot run {program}: {source} (is it installed?)")]
+    Spawn {
+        program: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    #[error("nft refused the {table} table: {stderr}")]
+    NftRefused { table: &'static str, stderr: String },
+    #[error("ip {args}: {detail}")]
+    IpCommand { args: String, detail: String },
+
+    #[error("no dataplane pinned under {pins}: start the agent first")]
+    NotRunning { pins: PathBuf },
+    #[error("trace: source {from} and destination {to} must be of one family")]
+    MixedFamilies {
+        from: std::net::IpAddr,
+        to: std::net::IpAddr,
+    },
+    #[error("trace: building the packet")]
+    TracePacket(#[source] etherparse::err::packet::BuildWriteError),
+    #[error("counting this machine's CPUs")]
+    CpuCount(#[source] io::Error),
 
     #[error("cannot listen on {address} for metrics: {source}; pick a free address")]
     Listen {
@@ -81,6 +99,14 @@ pub enum AgentError {
         source: aya::maps::MapError,
     },
 
+    #[error("map {name}: {action} failed")]
+    XdpMap {
+        name: &'static str,
+        action: &'static str,
+        #[source]
+        source: aya::maps::xdp::XdpMapError,
+    },
+
     #[error("pinning {path} failed")]
     Pin {
         path: PathBuf,
@@ -122,8 +148,6 @@ pub enum AgentError {
 
     /// A change to the node's interfaces, neighbours or routes failed (what was asked, and
     /// what the kernel or `ip` said).
-    #[error("configuring the node's network: {0}")]
-    Netdev(String),
 
     #[error("{action} {path}")]
     Io {

@@ -111,17 +111,19 @@ pub fn remove() -> Result<(), AgentError> {
 }
 
 fn run_nft(script: &str) -> Result<(), AgentError> {
-    let failed = |what: String| AgentError::Gateway(what);
     let mut command = Command::new("nft");
     command.args(["-f", "-"]);
     let (status, _, stderr) =
         crate::netdev::run_bounded(&mut command, Some(script), crate::netdev::CHILD_TIMEOUT)
-            .map_err(|e| failed(format!("running nft: {e} (is nftables installed?)")))?;
+            .map_err(|source| AgentError::Spawn {
+                program: "nft",
+                source,
+            })?;
     if !status.success() {
-        return Err(failed(format!(
-            "nft refused the gateway table: {}",
-            String::from_utf8_lossy(&stderr).trim()
-        )));
+        return Err(AgentError::NftRefused {
+            table: TABLE,
+            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+        });
     }
     Ok(())
 }

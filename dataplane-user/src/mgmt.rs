@@ -211,8 +211,10 @@ fn ip(args: &[&str]) -> Result<(), AgentError> {
 }
 
 fn ip_output(args: &[&str]) -> Result<String, AgentError> {
-    netdev::run_ip(args, None)
-        .map_err(|detail| AgentError::Netdev(format!("ip {}: {detail}", args.join(" "))))
+    netdev::run_ip(args, None).map_err(|detail| AgentError::IpCommand {
+        args: args.join(" "),
+        detail,
+    })
 }
 
 #[cfg(test)]

@@ -106,10 +106,9 @@ pub fn trace(
     rules: &BTreeMap<u32, SetRules>,
 ) -> Result<Report, AgentError> {
     if !live.map(maps::META).exists() {
-        return Err(AgentError::Trace(format!(
-            "no dataplane pinned under {}: start the agent first",
-            live.root().display()
-        )));
+        return Err(AgentError::NotRunning {
+            pins: live.root().to_path_buf(),
+        });
     }
     let private = Pins::new(
         live.root()
@@ -200,7 +199,11 @@ fn fill_xdp_pods(live: &Pins, copy: &mut Dataplane) -> Result<(), AgentError> {
     let mut map: DevMapHash<&mut MapData> = copy.typed_map(maps::XDP_PODS)?;
     for ifindex in veths {
         map.insert(ifindex, ifindex, None, 0)
-            .map_err(|error| AgentError::Trace(format!("{}: {error}", maps::XDP_PODS)))?;
+            .map_err(|source| AgentError::XdpMap {
+                name: maps::XDP_PODS,
+                action: "copy for the trace",
+                source,
+            })?;
     }
     Ok(())
 }
@@ -343,11 +346,7 @@ fn build_frame(packet: &Described, local: Option<&LocalPod>) -> Result<Vec<u8>, 
     let ip = match (packet.from, packet.to) {
         (IpAddr::V4(from), IpAddr::V4(to)) => ethernet.ipv4(from.octets(), to.octets(), 64),
         (IpAddr::V6(from), IpAddr::V6(to)) => ethernet.ipv6(from.octets(), to.octets(), 64),
-        _ => {
-            return Err(AgentError::Trace(
-                "source and destination must be of one family".into(),
-            ));
-        }
+        (from, to) => return Err(AgentError::MixedFamilies { from, to }),
     };
     let payload = b"dataplane trace";
     let mut frame = Vec::new();
@@ -362,7 +361,7 @@ fn build_frame(packet: &Described, local: Option<&LocalPod>) -> Result<Vec<u8>, 
         (Protocol::Icmp, IpAddr::V4(_)) => ip.icmpv4_echo_request(1, 1).write(&mut frame, payload),
         (Protocol::Icmp, IpAddr::V6(_)) => ip.icmpv6_echo_request(1, 1).write(&mut frame, payload),
     };
-    written.map_err(|e| AgentError::Trace(format!("building the packet: {e}")))?;
+    written.map_err(AgentError::TracePacket)?;
     Ok(frame)
 }
 
@@ -518,7 +517,7 @@ fn copy_map(from: &Path, to: &Path, name: &'static str) -> Result<usize, AgentEr
         MapType::PerCpuArray | MapType::PerCpuHash | MapType::LruPerCpuHash
     );
     let cpus = if per_cpu {
-        aya::util::nr_cpus().map_err(|(_, e)| AgentError::Trace(format!("counting CPUs: {e}")))?
+        aya::util::nr_cpus().map_err(|(_, e)| AgentError::CpuCount(e))?
     } else {
         1
     };

@@ -27,7 +27,7 @@ use crate::{
     maps::LB_CT,
     overlay,
     parse::{IPPROTO_ICMP, IPPROTO_ICMPV6, IPPROTO_SCTP, IPPROTO_TCP, IPPROTO_UDP, load_bytes},
-    stage::Stage,
+    stage::{Stage, reverse_nat},
     work::{LbScratch, Parsed},
 };
 
@@ -47,15 +47,15 @@ pub(super) const ICMPV6_PARAMETER_PROBLEM: u8 = 4;
 /// about a NodePort flow is routed out to its client here (its source may now be this node's
 /// address, which the stack would not forward).
 ///
-/// The value: 0 untouched, 1 translated, `verdict + 2` translated and routed out.
+/// The value: one of [`reverse_nat`]'s (untouched, translated, or translated and routed out).
 #[inline(never)]
 pub fn icmp_error_reverse_nat(ctx: &TcContext, parsed: &Parsed) -> Stage {
     Stage::value(match translate_icmp_error(ctx, parsed) {
-        Ok(Translated::No) => Ok(0),
-        Ok(Translated::Yes) => Ok(1),
+        Ok(Translated::No) => Ok(reverse_nat::UNTOUCHED),
+        Ok(Translated::Yes) => Ok(reverse_nat::TRANSLATED),
         Ok(Translated::RouteOut) => overlay::route_out(ctx, parsed)
             .into_value()
-            .map(|verdict| verdict + 2),
+            .map(reverse_nat::routed),
         Err(reason) => Err(reason),
     })
 }

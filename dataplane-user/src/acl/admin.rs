@@ -18,6 +18,10 @@
 //!
 //! Validation rejects an object whole, naming it and the field; the agent keeps the last good
 //! version of an object that turns invalid (an object never valid has no effect).
+//!
+//! One piece (about 850 lines): the three kinds' validation onto one tier model and that
+//! model's compile are kept together so that what is accepted and what is compiled cannot
+//! drift apart; the kinds' types are in `api::adminpolicy`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

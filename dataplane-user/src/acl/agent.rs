@@ -3,39 +3,41 @@
 //! touching only that name's entries, when the set allows it), and the kernel's audit records
 //! written to the audit log.
 
-use std::sync::Arc;
+mod hosted_lists;
+mod names;
+mod records;
+
+pub use hosted_lists::HostedLists;
+pub(crate) use records::{open_ring, readable};
+
 use std::{
     collections::{BTreeMap, BTreeSet},
     net::IpAddr,
     path::PathBuf,
+    sync::Arc,
     time::{Duration, Instant},
 };
 
-use aya::maps::{Map, MapData, RingBuf};
-use dataplane_common::{
-    acl::{ACL_KIND_POLICY, ACL_VERDICT_DENY, AclDnsEvent, AclEvent},
-    maps,
-};
+use aya::maps::{MapData, RingBuf};
+use dataplane_common::maps;
 use k8s_openapi::api::{core::v1::Namespace, networking::v1::NetworkPolicy};
-use tokio::io::{Interest, unix::AsyncFd};
-
-use crate::api::{
-    adminpolicy::AdminObjects, egressfirewall::EgressFirewall, network::PolicyAuditConfig,
-};
+use tokio::io::unix::AsyncFd;
 
 use super::{
     AclPod, AclState, AclSyncStats,
     admin::{self, AdminNode, AdminPolicies, AdminPolicy, ObjectKey},
-    audit::{AuditLog, NamespaceLogging, RecordSource, namespace_logging},
+    audit::{AuditLog, NamespaceLogging, namespace_logging},
     dns::{self, DnsNames, Resolver, Snooped},
     firewall::{CompiledFirewalls, DnsAddresses, FirewallContext, compile_firewalls_reusing},
     peers::Registry,
-    pod_rules::PolicyKind,
-    pods::{Direction, NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods, namespace_labels},
+    pods::{NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods, namespace_labels},
     policy::{CompiledPolicies, PodRulesCache, policy_sets_since},
     select::PolicyCluster,
 };
-use crate::{AgentError, Dataplane};
+use crate::{
+    AgentError, Dataplane,
+    api::{adminpolicy::AdminObjects, egressfirewall::EgressFirewall, network::PolicyAuditConfig},
+};
 
 /// How long the first resolution of every name may take before the firewalls are installed
 /// (names not answered by then match nothing until they are).
@@ -127,187 +129,6 @@ impl FirewallInputs {
             rules_dir: files.rules_dir.clone(),
         }
     }
-}
-
-/// The hosted namespaces' EgressFirewalls and NetworkPolicies as [`FirewallInputs::from_state`]
-/// last took them: taken again from a list only when that list or the hosted namespaces
-/// changed. A pod or node change leaves both as they were, and walking the 2,000 policies of
-/// a large cluster for them was 5 to 8 % of such a change.
-#[derive(Default)]
-pub struct HostedLists {
-    /// The hosted namespaces, and whether the lists were in key order, of the last call.
-    namespaces: Vec<String>,
-    in_key_order: bool,
-    firewalls: Hosted<EgressFirewall>,
-    policies: Hosted<NetworkPolicy>,
-}
-
-impl HostedLists {
-    /// Forgets what was taken when the hosted namespaces are not those of the last call.
-    fn follow_namespaces(&mut self, namespaces: &BTreeSet<&str>, in_key_order: bool) {
-        if self.in_key_order == in_key_order
-            && namespaces
-                .iter()
-                .copied()
-                .eq(self.namespaces.iter().map(String::as_str))
-        {
-            return;
-        }
-        *self = Self {
-            namespaces: namespaces.iter().map(|n| n.to_string()).collect(),
-            in_key_order,
-            ..Self::default()
-        };
-    }
-}
-
-/// One kind's hosted objects and the list they were taken from.
-struct Hosted<T> {
-    from: Option<crate::source::Objects<T>>,
-    hosted: Vec<Arc<T>>,
-}
-
-impl<T> Default for Hosted<T> {
-    fn default() -> Self {
-        Self {
-            from: None,
-            hosted: Vec::new(),
-        }
-    }
-}
-
-impl<T: kube::Resource> Hosted<T> {
-    /// [`hosted`] of `objects`, the last result when `objects` is the list it came from.
-    fn take(
-        &mut self,
-        objects: &crate::source::Objects<T>,
-        namespaces: &BTreeSet<&str>,
-        ordered: bool,
-    ) -> Vec<Arc<T>> {
-        let kept = match &self.from {
-            Some(from) if from.shares(objects) => true,
-            // A list the object cache changed at a few keys since (a policy's port, say):
-            // only those keys are looked at, where walking the 2,000 policies again was a
-            // tenth of such a change.
-            Some(from) if ordered => objects.placed_since(from).is_some_and(|placed| {
-                let keys: BTreeSet<(&str, &str)> = placed.collect();
-                keys.len() <= FEW_PLACED && {
-                    patch_hosted(&mut self.hosted, objects, namespaces, &keys);
-                    true
-                }
-            }),
-            _ => false,
-        };
-        if !kept {
-            self.hosted = hosted(objects, namespaces, ordered);
-        }
-        self.from = Some(objects.clone());
-        self.hosted.clone()
-    }
-}
-
-/// Up to this many keys placed since the last list, [`hosted`]'s result is patched.
-const FEW_PLACED: usize = 64;
-
-/// Where an object of `hosted`'s result sorts: by namespace (one without sorts where
-/// `default` does, before `default`'s own objects), then name.
-fn hosted_slot<'a>(namespace: &'a str, name: &'a str) -> (&'a str, bool, &'a str) {
-    if namespace.is_empty() {
-        ("default", false, name)
-    } else {
-        (namespace, true, name)
-    }
-}
-
-/// Where `object` sorts in [`hosted`]'s result (see [`hosted_slot`]).
-fn slot_of<T: kube::Resource>(object: &T) -> (&str, bool, &str) {
-    let meta = object.meta();
-    hosted_slot(
-        meta.namespace.as_deref().unwrap_or(""),
-        meta.name.as_deref().unwrap_or(""),
-    )
-}
-
-/// Brings `hosted`, [`hosted`]'s result for an earlier version of `objects` (in key order),
-/// to `objects` at the `placed` keys: each is taken out, and put back where it sorts if the
-/// list holds it and its namespace is hosted.
-fn patch_hosted<T: kube::Resource>(
-    hosted: &mut Vec<Arc<T>>,
-    objects: &crate::source::Objects<T>,
-    namespaces: &BTreeSet<&str>,
-    placed: &BTreeSet<(&str, &str)>,
-) {
-    for &(namespace, name) in placed {
-        let slot = hosted_slot(namespace, name);
-        if !namespaces.contains(slot.0) {
-            continue;
-        }
-        if let Some(at) = hosted.iter().position(|o| slot_of(&**o) == slot) {
-            hosted.remove(at);
-        }
-        if let Some(object) = objects.at_key((namespace, name)) {
-            let at = hosted.partition_point(|o| slot_of(&**o) < slot);
-            hosted.insert(at, Arc::clone(object));
-        }
-    }
-}
-
-/// The objects of `namespaces` (an object without a namespace is in `default`), by namespace
-/// and, within one, in the list's order. A node judges its own pods' traffic only (a pod's
-/// egress at its veth, a packet to it at its veth), and EgressFirewalls and NetworkPolicies
-/// apply to their own namespace's pods: so a node resolves, compiles and writes nothing for
-/// namespaces it does not host (at 5,000 nodes, a firewall's DNS names are resolved by the
-/// nodes of its namespace's pods, not by all). What stays cluster-wide is what a local pod's
-/// rules may name: every pod as a policy peer, and the namespaces' labels. A list in key order
-/// (the API source's) is walked once, its runs of one namespace kept or skipped whole: a
-/// binary search per hosted namespace into the persistent list cost every access-control
-/// sync 0.4 ms at 2,000 policies and 110 namespaces, against tens of microseconds for the walk.
-fn hosted<T: kube::Resource>(
-    objects: &crate::source::Objects<T>,
-    namespaces: &BTreeSet<&str>,
-    ordered: bool,
-) -> Vec<Arc<T>> {
-    if !ordered {
-        let mut out = Vec::new();
-        for namespace in namespaces {
-            if *namespace == "default" {
-                out.extend(objects.of_namespace("", false));
-            }
-            out.extend(objects.of_namespace(namespace, false));
-        }
-        return out;
-    }
-    let hosts_default = namespaces.contains("default");
-    // Objects without a namespace sort first in the list but belong where `default` sorts.
-    let mut unnamespaced = Vec::new();
-    let mut out = Vec::new();
-    let mut run: Option<(&str, bool)> = None;
-    for object in objects.iter() {
-        let namespace = object.meta().namespace.as_deref().unwrap_or("");
-        if namespace.is_empty() {
-            if hosts_default {
-                unnamespaced.push(Arc::clone(object));
-            }
-            continue;
-        }
-        let kept = match run {
-            Some((current, kept)) if current == namespace => kept,
-            _ => {
-                let kept = namespaces.contains(namespace);
-                run = Some((namespace, kept));
-                kept
-            }
-        };
-        if !kept {
-            continue;
-        }
-        if namespace >= "default" && !unnamespaced.is_empty() {
-            out.append(&mut unnamespaced);
-        }
-        out.push(Arc::clone(object));
-    }
-    out.append(&mut unnamespaced);
-    out
 }
 
 pub struct FirewallAgent {
@@ -416,37 +237,6 @@ impl FirewallAgent {
         self.admin = validated.policies;
         self.admin.nodes = nodes;
         self.admin_errors = validated.errors;
-    }
-
-    /// Writes what the installed policy sets' rules stand for, for `inspect` and `trace`,
-    /// when it changed since it was last written.
-    fn describe_sets(&mut self) {
-        let version = self.state.meta_version();
-        if self.described == Some(version) {
-            return;
-        }
-        let changed = self.state.take_described_changes();
-        let written = match self.described {
-            Some(_) => {
-                super::explain::set_rules_since(&self.state, &mut self.descriptions, &changed);
-                Some(&changed)
-            }
-            None => {
-                self.descriptions = super::explain::set_rules(&self.state);
-                None
-            }
-        };
-        self.described = Some(version);
-        if let Err(error) = super::explain::write(&self.rules_dir, &self.descriptions, written) {
-            tracing::warn!(path = %self.rules_dir.display(), %error, "writing the policy rule names");
-            // Written whole at the next change, whichever sets it changes.
-            self.described = None;
-        }
-    }
-
-    /// Whether a namespace or an admin policy asks for audit records.
-    fn wants_audit(&self) -> bool {
-        !self.levels.is_empty() || self.admin.all().any(|p| p.log.is_some())
     }
 
     /// Every DNS name the firewalls and the admin policies of this node's pods use.
@@ -642,36 +432,6 @@ impl FirewallAgent {
         moved
     }
 
-    /// Sets the kernel's per-CPU rate and, when a namespace logs, opens the log file and the
-    /// ring buffer. An invalid `policyAuditConfig` is reported and the defaults are used.
-    fn open_audit(
-        &mut self,
-        dataplane: &mut Dataplane,
-        config: &PolicyAuditConfig,
-        path: &std::path::Path,
-    ) -> Result<(), AgentError> {
-        let settings = config.validate().unwrap_or_else(|error| {
-            tracing::warn!(%error, "policyAuditConfig invalid; using the defaults");
-            PolicyAuditConfig::default()
-                .validate()
-                .expect("the defaults are valid")
-        });
-        dataplane.set_audit_rate(settings.rate_limit)?;
-        if !self.wants_audit() {
-            return Ok(());
-        }
-        match AuditLog::open(settings, path) {
-            Ok(log) => self.audit = Some(log),
-            Err(error) => {
-                tracing::warn!(path = %path.display(), %error, "audit log not writable; no audit records");
-                return Ok(());
-            }
-        }
-        self.events = open_ring(dataplane, maps::ACL_EVENTS)?;
-        tracing::info!(path = %path.display(), "audit log open");
-        Ok(())
-    }
-
     /// Waits until there is something to do: a DNS name is due, or audit records wait.
     pub async fn wait(&self) -> Wake {
         let due = self.next_refresh();
@@ -821,346 +581,16 @@ impl FirewallAgent {
             && self.pods == inputs.pods
             && self.dns_servers == inputs.dns_servers
     }
-
-    /// When a DNS name is next due for a refresh, or a learned address expires.
-    fn next_refresh(&self) -> Option<Instant> {
-        let resolved = self.resolver.as_ref().and(self.names.next_refresh());
-        [resolved, self.snooped.next_expiry()]
-            .into_iter()
-            .flatten()
-            .min()
-    }
-
-    /// Learns wildcard names' addresses from the DNS answers the kernel copied (those from
-    /// a trusted DNS server only); switches in the sets that use new ones.
-    fn learn_dns_answers(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
-        let patterns = self.admin_names().1;
-        let mut trusted = self.dns_servers.clone();
-        trusted.extend(self.context.node_addresses.iter().copied());
-        let Some(fd) = self.dns_answers.as_mut() else {
-            return Ok(());
-        };
-        let ring = fd.get_mut();
-        let now = Instant::now();
-        let (mut learned, mut untrusted) = (false, 0usize);
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<AclDnsEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote an AclDnsEvent (plain data) of at least this size.
-            let event: AclDnsEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            drop(item);
-            if !trusted.contains(&crate::mapsync::ip_of(&event.src)) {
-                untrusted += 1;
-                continue;
-            }
-            let len = (event.len as usize).min(event.message.len());
-            learned |= self.snooped.learn(&event.message[..len], &patterns, now);
-        }
-        if untrusted > 0 {
-            tracing::warn!(
-                answers = untrusted,
-                "DNS answers to pods from addresses that are no cluster DNS server ignored"
-            );
-        }
-        if !learned {
-            return Ok(());
-        }
-        self.compile();
-        let stats = self.sync_maps(dataplane)?;
-        self.describe_sets();
-        tracing::info!(
-            learned = ?self.snooped.addresses(),
-            written = stats.written,
-            deleted = stats.deleted,
-            "wildcard domain names learned new addresses; access control updated"
-        );
-        Ok(())
-    }
-
-    /// Writes every record waiting in the ring buffer.
-    fn drain_events(&mut self) {
-        let (Some(fd), Some(log)) = (self.events.as_mut(), self.audit.as_mut()) else {
-            return;
-        };
-        let ring = fd.get_mut();
-        while let Some(item) = ring.next() {
-            if item.len() < std::mem::size_of::<AclEvent>() {
-                continue;
-            }
-            // SAFETY: the kernel wrote an AclEvent (plain data) of at least this size.
-            let event: AclEvent = unsafe { std::ptr::read_unaligned(item.as_ptr().cast()) };
-            drop(item);
-            let Some(described) = describe(&self.state, &event) else {
-                continue;
-            };
-            let levels = match &described.admin {
-                Some((kind, name)) => admin_logging(&self.admin, *kind, name),
-                None => self.levels.get(&described.namespace).copied(),
-            };
-            let Some(levels) = levels else {
-                continue;
-            };
-            let severity = if event.verdict == ACL_VERDICT_DENY {
-                levels.deny
-            } else {
-                levels.allow
-            };
-            let Some(severity) = severity else { continue };
-            let source = RecordSource {
-                namespace: described.namespace,
-                acl_name: described.acl_name,
-                severity,
-                rule: described.rule,
-            };
-            if let Err(error) = log.record(&event, &source) {
-                tracing::warn!(%error, "writing the audit log");
-            }
-        }
-    }
-
-    /// Resolves the names that are due; where addresses changed, updates the firewalls that
-    /// use them.
-    async fn refresh(&mut self, dataplane: &mut Dataplane) -> Result<(), AgentError> {
-        let patterns = self.admin_names().1;
-        if self.snooped.expire(&patterns, Instant::now()) {
-            self.compile();
-            let stats = self.sync_maps(dataplane)?;
-            self.describe_sets();
-            tracing::info!(
-                written = stats.written,
-                deleted = stats.deleted,
-                "learned addresses of wildcard domain names expired; access control updated"
-            );
-        }
-        let changed = self.resolve_due().await;
-        if changed.is_empty() {
-            return Ok(());
-        }
-        self.compile();
-        if !self.admin_names().0.is_disjoint(&changed) {
-            // Admin policies' sets are per pod: switch in whatever they changed.
-            let stats = self.sync_maps(dataplane)?;
-            self.describe_sets();
-            tracing::info!(
-                names = ?changed,
-                written = stats.written,
-                deleted = stats.deleted,
-                "DNS names changed; access control updated"
-            );
-            return Ok(());
-        }
-        let affected: Vec<String> = self
-            .compiled
-            .names
-            .iter()
-            .filter(|(_, names)| !names.is_disjoint(&changed))
-            .map(|(namespace, _)| namespace.clone())
-            .collect();
-        let mut total = AclSyncStats::default();
-        for namespace in &affected {
-            let Some(set) = self.compiled.desired.sets.get(namespace) else {
-                continue;
-            };
-            match dataplane.update_acl_in_place(&mut self.state, namespace, set)? {
-                Some(stats) => {
-                    total.sets += 1;
-                    total.written += stats.written;
-                    total.deleted += stats.deleted;
-                }
-                None => {
-                    // A new set for everything that changed (the lengths moved, say).
-                    let stats = self.sync_maps(dataplane)?;
-                    self.describe_sets();
-                    tracing::info!(
-                        written = stats.written,
-                        deleted = stats.deleted,
-                        "egress firewalls rebuilt for changed DNS names"
-                    );
-                    return Ok(());
-                }
-            }
-        }
-        tracing::info!(
-            names = ?changed,
-            firewalls = total.sets,
-            written = total.written,
-            deleted = total.deleted,
-            "DNS names changed; egress firewalls updated in place"
-        );
-        Ok(())
-    }
-
-    /// Looks up the due names, [`LOOKUPS_AT_ONCE`] at a time, each within
-    /// [`LOOKUP_TIMEOUT`] and all within [`REFRESH_BUDGET`]: a slow or silent name server
-    /// costs the agent's loop that long at most (names not looked up in time stay due, and
-    /// keep their last good addresses). Returns the names whose addresses changed.
-    async fn resolve_due(&mut self) -> BTreeSet<String> {
-        use futures_util::StreamExt as _;
-        let mut changed = BTreeSet::new();
-        let Some(resolver) = &self.resolver else {
-            return changed;
-        };
-        let due = self.names.due(Instant::now());
-        let lookups = futures_util::stream::iter(due)
-            .map(|name| async move {
-                let result = tokio::time::timeout(LOOKUP_TIMEOUT, resolver.lookup(&name))
-                    .await
-                    .unwrap_or_else(|_| Err(format!("no answer within {LOOKUP_TIMEOUT:?}")));
-                (name, result)
-            })
-            .buffer_unordered(LOOKUPS_AT_ONCE);
-        let deadline = tokio::time::sleep(REFRESH_BUDGET);
-        tokio::pin!(lookups, deadline);
-        loop {
-            let (name, result) = tokio::select! {
-                next = lookups.next() => match next {
-                    Some(done) => done,
-                    None => break,
-                },
-                () = &mut deadline => {
-                    tracing::warn!(budget = ?REFRESH_BUDGET, "DNS names not all looked up in time; the rest are tried at the next refresh");
-                    break;
-                }
-            };
-            if let Err(error) = &result {
-                tracing::warn!(name, %error, "DNS lookup failed; keeping the last good addresses");
-            }
-            if self.names.record(&name, result, Instant::now()) {
-                tracing::info!(
-                    name,
-                    addresses = ?self.names.addresses().get(&name),
-                    "DNS name resolved to new addresses"
-                );
-                changed.insert(name);
-            }
-        }
-        if !changed.is_empty()
-            && let Err(error) = dns::save_cache(&self.dns_cache, &self.names.addresses())
-        {
-            tracing::warn!(%error, "keeping the DNS names' addresses for the next agent");
-        }
-        changed
-    }
 }
 
-/// How long one DNS name's lookup may take.
-const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long one refresh of the due names may take in all.
-const REFRESH_BUDGET: Duration = Duration::from_secs(3);
-/// Lookups in flight at once.
-const LOOKUPS_AT_ONCE: usize = 16;
-
-/// Waits until `fd` is readable (forever without one).
-pub(crate) async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
-    match fd {
-        Some(fd) => match fd.readable().await {
-            Ok(mut guard) => guard.clear_ready(),
-            Err(_) => std::future::pending().await,
-        },
-        None => std::future::pending().await,
-    }
-}
-
-/// Opens a pinned ring buffer for polling; `None` (with a warning) where it cannot be polled.
-pub(crate) fn open_ring(
-    dataplane: &Dataplane,
-    name: &'static str,
-) -> Result<Option<AsyncFd<RingBuf<MapData>>>, AgentError> {
-    let pin = dataplane.pins().map(name);
-    let ring = MapData::from_pin(&pin)
-        .map_err(|e| AgentError::Map {
-            name: name.into(),
-            action: "open pin",
-            source: e,
-        })
-        .and_then(|data| {
-            RingBuf::try_from(Map::RingBuf(data)).map_err(|source| AgentError::Map {
-                name: name.into(),
-                action: "open",
-                source,
-            })
-        })?;
-    // SAFETY: the ring buffer owns its map's descriptor, which stays open and the same for as
-    // long as the ring (moved into the AsyncFd) lives.
-    match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {
-        Ok(fd) => Ok(Some(fd)),
-        Err(error) => {
-            tracing::warn!(%error, ring = name, "ring buffer not pollable");
-            Ok(None)
-        }
-    }
-}
-
-/// The audit levels of an admin policy in force.
-fn admin_logging(admin: &AdminPolicies, kind: PolicyKind, name: &str) -> Option<NamespaceLogging> {
-    admin
-        .all()
-        .find(|p| p.kind == kind && p.name == name)
-        .and_then(|p| p.log)
-}
-
-/// Who a record is about and the name it is logged under.
-struct Described {
-    /// The namespace of the pod whose rules decided.
-    namespace: String,
-    acl_name: String,
-    /// The rule index the record names (the event's own when `None`).
-    rule: Option<u32>,
-    /// The cluster-wide policy that decided: its levels apply, not the namespace's.
-    admin: Option<(PolicyKind, String)>,
-}
-
-/// The ACL name a record is logged under, as OVN-Kubernetes names them:
-/// `EF:<namespace>:default` for the EgressFirewall, `NP:<namespace>:<policy>:<Ingress|Egress>`
-/// for a NetworkPolicy (the record's rule index follows), `ANP:<name>:<Ingress|Egress>` and
-/// `BANP:default:<Ingress|Egress>` (with the rule's index in the policy), and `CNP:<name>:...`
-/// for a ClusterNetworkPolicy.
-fn describe(state: &AclState, event: &AclEvent) -> Option<Described> {
-    if event.kind == ACL_KIND_POLICY {
-        let set = state.policy_set(event.set)?;
-        let direction = match set.direction {
-            Direction::Ingress => "Ingress",
-            Direction::Egress => "Egress",
-        };
-        let namespace = set.namespace.clone();
-        return Some(match set.refs.get(event.rule as usize) {
-            Some(reference) if reference.kind == PolicyKind::NetworkPolicy => {
-                let policy = reference.policy.rsplit('/').next().unwrap_or_default();
-                Described {
-                    acl_name: format!("NP:{namespace}:{policy}:{direction}"),
-                    namespace,
-                    rule: None,
-                    admin: None,
-                }
-            }
-            Some(reference) => Described {
-                acl_name: format!(
-                    "{}:{}:{direction}",
-                    reference.kind.audit_prefix(),
-                    reference.policy
-                ),
-                namespace,
-                rule: Some(reference.rule as u32),
-                admin: Some((reference.kind, reference.policy.clone())),
-            },
-            // No rule allowed: the isolation itself denied.
-            None => Described {
-                acl_name: format!("NP:{namespace}:isolation:{direction}"),
-                namespace,
-                rule: None,
-                admin: None,
-            },
-        });
-    }
-    let namespace = state.namespace_of(event.set)?;
-    Some(Described {
-        acl_name: format!("EF:{namespace}:default"),
-        namespace: namespace.to_owned(),
-        rule: None,
-        admin: None,
-    })
-}
+// What the tests below take from here with `use super::*`.
+#[cfg(test)]
+use {
+    super::{pod_rules::PolicyKind, pods::Direction},
+    dataplane_common::acl::{ACL_KIND_POLICY, AclEvent},
+    hosted_lists::{hosted, slot_of},
+    records::describe,
+};
 
 #[cfg(test)]
 mod tests {

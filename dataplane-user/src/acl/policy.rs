@@ -21,6 +21,10 @@
 //! Every rule compiles to an `Allow` rule; what no rule allows is denied (the kernel treats
 //! "no rule matched" as a deny for policy sets). `Rule::index` points into [`PodRules::refs`],
 //! which says which policy and rule allowed (for audit records).
+//!
+//! One piece (about 870 lines): the compile of one pod's rules, the per-policy parts it reuses
+//! and the cache that says which pods a change reaches are one algorithm; the pods, rules and
+//! selectors it stands on are `pods`, `pod_rules` and `select`.
 
 use std::{
     collections::{BTreeMap, BTreeSet},

@@ -1,5 +1,9 @@
 //! The access-control maps brought to the wanted sets: a changed set written under new ids,
 //! each pod switched to it in one write, the old set deleted.
+//!
+//! One piece (about 900 lines): the order of these writes is what keeps every packet seeing
+//! an old set or a new one, never a mix, and it reads best in one file; the entries it writes
+//! are made in `entries`, the state it follows in `state`.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap},
