@@ -277,7 +277,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
 
 /// Answers the egress IP controller's probes on this node's InternalIPs (the controller
 /// probes them there; pods' addresses are refused, and nothing else of the node listens).
-pub(super) fn serve_egress_probes(cluster: &Cluster, port: u16) -> anyhow::Result<()> {
+fn serve_egress_probes(cluster: &Cluster, port: u16) -> anyhow::Result<()> {
     if port == 0 {
         tracing::info!("egress IP probes not answered (--probe-port 0)");
         return Ok(());
@@ -300,17 +300,17 @@ pub(super) fn serve_egress_probes(cluster: &Cluster, port: u16) -> anyhow::Resul
 }
 
 /// How often the agent applies the egress IP lease and status between syncs.
-pub(super) const EGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
+const EGRESS_TICK: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// How often the serving loop looks at the cluster without a reported change, and runs a
 /// full recompute.
-pub(super) struct Periods {
+struct Periods {
     look_every: std::time::Duration,
     full_every: std::time::Duration,
 }
 
 /// What woke the serving loop.
-pub(super) enum Event {
+enum Event {
     Stop,
     /// A CNI request, and any others queued behind it.
     Cni(Job),
@@ -331,11 +331,11 @@ pub(super) enum Event {
 /// they say (tc is attached to new pods' veths). A failed sync is logged; the maps keep the
 /// last good state and the next change is tried again.
 /// How long a burst of source events is let settle before the sync they cause.
-pub(super) const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
 /// How often a manifest directory is looked at when inotify is not available.
-pub(super) const POLL: std::time::Duration = std::time::Duration::from_secs(1);
+const POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
-pub(super) async fn serve(
+async fn serve(
     dataplane: &mut Dataplane,
     mut cluster: Option<Cluster>,
     mut jobs: Option<tokio::sync::mpsc::UnboundedReceiver<Job>>,
@@ -490,7 +490,7 @@ pub(super) async fn serve(
 
 /// A sync the serving loop runs (`full`: the periodic full recompute): the source's first
 /// unsynced change starts its lag; a failure is logged and the last good state stays.
-pub(super) async fn sync_taking_lag(
+async fn sync_taking_lag(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
     agent: &mut AgentState,
@@ -516,7 +516,7 @@ pub(super) async fn sync_taking_lag(
 /// Syncs the maps with the cluster state (`full`: everything re-read, every stage run) and
 /// attaches tc to new pods' veths; returns the local pods' host-side veths. What a full sync
 /// had to write is counted as changes the incremental syncs missed.
-pub(super) async fn sync_and_attach(
+async fn sync_and_attach(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
     agent: &mut AgentState,
@@ -555,12 +555,12 @@ pub(super) async fn sync_and_attach(
     Ok(interfaces)
 }
 
-pub(super) fn stage_names(synced: &crate::cluster::Synced) -> Vec<&'static str> {
+fn stage_names(synced: &crate::cluster::Synced) -> Vec<&'static str> {
     synced.stages.iter().map(|s| s.name()).collect()
 }
 
 /// Whether both of the pod programs are attached to `iface`.
-pub(super) fn programs_attached(agent: &AgentState, iface: &str) -> bool {
+fn programs_attached(agent: &AgentState, iface: &str) -> bool {
     agent
         .attachments
         .iter()
@@ -573,7 +573,7 @@ pub(super) fn programs_attached(agent: &AgentState, iface: &str) -> bool {
 /// the new pods' overlay entries, policies and services are in the maps and their programs
 /// attached; only then are ADDs answered. An ADD whose pod did not make it into the maps is
 /// undone and fails, naming why.
-pub(super) async fn handle_cni(
+async fn handle_cni(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
     agent: &mut AgentState,
@@ -725,7 +725,7 @@ pub(super) async fn handle_cni(
 }
 
 /// Answers a CNI request and counts it in the metrics.
-pub(super) fn answer(metrics: &Metrics, job: Job, reply: Reply) {
+fn answer(metrics: &Metrics, job: Job, reply: Reply) {
     let error = match &reply {
         Reply::Failed(error) => Some(error.code),
         _ => None,
@@ -735,7 +735,7 @@ pub(super) fn answer(metrics: &Metrics, job: Job, reply: Reply) {
 }
 
 /// Attaches tc to the veths of pods that appeared, and records them in the state file.
-pub(super) fn attach_new_pods(
+fn attach_new_pods(
     dataplane: &mut Dataplane,
     agent: &mut AgentState,
     run_dir: &std::path::Path,
@@ -766,7 +766,7 @@ pub(super) fn attach_new_pods(
 }
 
 /// Resolves `--xdp-forward` for `underlay`, saying what was decided and why.
-pub(super) fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
+fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
     let allowed = match choice {
         XdpForward::On => true,
         XdpForward::Off => false,

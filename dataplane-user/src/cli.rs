@@ -10,7 +10,7 @@ use dataplane_user::{
 };
 
 /// Where OVN-Kubernetes nodes keep their ACL audit log.
-pub(super) const DEFAULT_AUDIT_LOG: &str = "/var/log/ovn/acl-audit-log.log";
+const DEFAULT_AUDIT_LOG: &str = "/var/log/ovn/acl-audit-log.log";
 
 #[derive(Parser)]
 #[command(

@@ -61,7 +61,7 @@ pub(super) fn new_flow<const FROM_OUTSIDE: bool>(
 /// may be masqueraded to another node; the pods' programs are built without the port claim,
 /// which the verifier would otherwise walk through all its attempts in them too.
 #[inline(always)]
-pub(super) fn choose_backend<const FROM_OUTSIDE: bool>(
+fn choose_backend<const FROM_OUTSIDE: bool>(
     s: &mut LbScratch,
     service: &ServiceValue,
     now: u32,
@@ -165,7 +165,7 @@ pub(super) fn choose_backend<const FROM_OUTSIDE: bool>(
 /// The client's affine backend, if it sent within the timeout and the backend still serves.
 /// Leaves `s.affinity` keyed for this client either way.
 #[inline(always)]
-pub(super) fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Option<u32> {
+fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32) -> Option<u32> {
     if service.affinity_timeout == 0 {
         return None;
     }
@@ -189,12 +189,12 @@ pub(super) fn affine_backend(s: &mut LbScratch, service: &ServiceValue, now: u32
 
 /// The Maglev table's backend for this flow's hash.
 #[inline(never)]
-pub(super) fn maglev_backend(s: &LbScratch, service: &ServiceValue) -> Stage {
+fn maglev_backend(s: &LbScratch, service: &ServiceValue) -> Stage {
     Stage::value(maglev_lookup(s, service))
 }
 
 #[inline(always)]
-pub(super) fn maglev_lookup(s: &LbScratch, service: &ServiceValue) -> Result<u32, DropReason> {
+fn maglev_lookup(s: &LbScratch, service: &ServiceValue) -> Result<u32, DropReason> {
     // SAFETY: the table is read before this program run ends; updates replace whole tables
     // under another index, never this one in place.
     let table = unsafe { LB_MAGLEV.get(&service.table) }.ok_or(DropReason::LbNoEndpoints)?;
@@ -221,7 +221,7 @@ pub(super) fn tracked_backend(s: &mut LbScratch, now: u32) -> Stage {
 }
 
 #[inline(always)]
-pub(super) fn tracked(s: &mut LbScratch, now: u32) -> Result<bool, DropReason> {
+fn tracked(s: &mut LbScratch, now: u32) -> Result<bool, DropReason> {
     s.flow.direction = CT_ORIGINAL;
     let Some(entry) = LB_CT.get_ptr_mut(&s.flow) else {
         return Ok(false);

@@ -29,9 +29,9 @@ use crate::{
 };
 
 /// SCTP chunk types that open and end an association (RFC 9260, 3.2).
-pub(super) const SCTP_INIT: u8 = 1;
-pub(super) const SCTP_ABORT: u8 = 6;
-pub(super) const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
+const SCTP_INIT: u8 = 1;
+const SCTP_ABORT: u8 = 6;
+const SCTP_SHUTDOWN_COMPLETE: u8 = 14;
 pub(super) const TCP_FIN: u8 = 0x01;
 pub(super) const TCP_SYN: u8 = 0x02;
 pub(super) const TCP_RST: u8 = 0x04;
@@ -39,7 +39,7 @@ pub(super) const TCP_ACK: u8 = 0x10;
 
 /// Source ports tried for a masqueraded NodePort flow before giving up (in turn: sixteen
 /// ports in a row all held by live flows means the ranges are nearly full).
-pub(super) const SNAT_PORT_ATTEMPTS: u32 = 16;
+const SNAT_PORT_ATTEMPTS: u32 = 16;
 
 /// This CPU's working set.
 #[inline(always)]
@@ -96,7 +96,7 @@ pub(super) fn opening(s: &LbScratch) -> bool {
 /// The TCP flags an SCTP packet's first chunk amounts to for connection tracking: INIT opens
 /// (as SYN), ABORT and SHUTDOWN COMPLETE end the association (as RST and FIN).
 #[inline(always)]
-pub(super) fn sctp_flags(chunk_type: u8) -> u8 {
+fn sctp_flags(chunk_type: u8) -> u8 {
     match chunk_type {
         SCTP_INIT => TCP_SYN,
         SCTP_ABORT => TCP_RST,
@@ -183,7 +183,7 @@ pub(super) fn claim_snat_port(s: &mut LbScratch) -> Stage {
 }
 
 #[inline(always)]
-pub(super) fn claimed_port(s: &mut LbScratch) -> Option<u16> {
+fn claimed_port(s: &mut LbScratch) -> Option<u16> {
     const HIGH: u32 = (SNAT_PORT_MAX - SNAT_PORT_MIN) as u32 + 1;
     const LOW: u32 = (SNAT_LOW_PORT_MAX - SNAT_LOW_PORT_MIN) as u32 + 1;
     // The wrap below relies on the high range ending at 65535.
@@ -240,7 +240,7 @@ pub(super) fn claimed_port(s: &mut LbScratch) -> Option<u16> {
 /// assembly: the target's `core` has no atomic read-modify-write, and LLVM emits the fetching
 /// add only when building for BPF v3 (the kernel has run it since 5.12).
 #[inline(always)]
-pub(super) fn fetch_increment(at: *mut u64) -> u64 {
+fn fetch_increment(at: *mut u64) -> u64 {
     let mut value: u64 = 1;
     // SAFETY: `at` points to an aligned 8-byte map value; the instruction reads and writes
     // only there, and leaves the old value in the register it added from.
@@ -264,7 +264,7 @@ pub(super) fn fetch_increment(at: *mut u64) -> u64 {
 /// thousand connections a second to one backend is more ports than the ranges have; and a
 /// flow its client reset held its port for `CT_TIMEOUT_TCP`, the backend sending nothing more.
 #[inline(always)]
-pub(super) fn ended(s: &mut LbScratch, held: &CtValue, port_be: [u8; 2], now: u32) -> bool {
+fn ended(s: &mut LbScratch, held: &CtValue, port_be: [u8; 2], now: u32) -> bool {
     if now.wrapping_sub(held.last_seen) < SNAT_PORT_REUSE_IDLE {
         return false;
     }

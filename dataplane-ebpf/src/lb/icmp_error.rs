@@ -32,11 +32,11 @@ use crate::{
 };
 
 /// ICMP error types that quote the packet they are about (RFC 792, RFC 4443).
-pub(super) const ICMP_DEST_UNREACH: u8 = 3;
-pub(super) const ICMP_TIME_EXCEEDED: u8 = 11;
-pub(super) const ICMP_PARAMETER_PROBLEM: u8 = 12;
-pub(super) const ICMPV6_DEST_UNREACH: u8 = 1;
-pub(super) const ICMPV6_PARAMETER_PROBLEM: u8 = 4;
+const ICMP_DEST_UNREACH: u8 = 3;
+const ICMP_TIME_EXCEEDED: u8 = 11;
+const ICMP_PARAMETER_PROBLEM: u8 = 12;
+const ICMPV6_DEST_UNREACH: u8 = 1;
+const ICMPV6_PARAMETER_PROBLEM: u8 = 4;
 
 /// An ICMP or ICMPv6 error from a backend about a packet of a service flow (port unreachable,
 /// packet too big, ...), given the service's address back: the quoted packet's destination
@@ -61,17 +61,14 @@ pub fn icmp_error_reverse_nat(ctx: &TcContext, parsed: &Parsed) -> Stage {
 }
 
 /// What [`translate_icmp_error`] did.
-pub(super) enum Translated {
+enum Translated {
     No,
     Yes,
     RouteOut,
 }
 
 #[inline(always)]
-pub(super) fn translate_icmp_error(
-    ctx: &TcContext,
-    parsed: &Parsed,
-) -> Result<Translated, DropReason> {
+fn translate_icmp_error(ctx: &TcContext, parsed: &Parsed) -> Result<Translated, DropReason> {
     let ipv4 = parsed.ether_type == ETH_P_IP;
     let Some((s, icmp, quoted_l4)) = quoted_error(ctx, parsed) else {
         return Ok(Translated::No);
@@ -115,10 +112,7 @@ pub(super) fn translate_icmp_error(
 /// with the quoted flow read into its `flow` in the reply direction, the error's offset and
 /// the quoted transport header's. `None` for anything else.
 #[inline(always)]
-pub(super) fn quoted_error(
-    ctx: &TcContext,
-    parsed: &Parsed,
-) -> Option<(&'static mut LbScratch, u32, u32)> {
+fn quoted_error(ctx: &TcContext, parsed: &Parsed) -> Option<(&'static mut LbScratch, u32, u32)> {
     if parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
         return None;
     }
@@ -205,7 +199,7 @@ pub extern "C" fn quoted_rewrite_at(
 }
 
 #[inline(always)]
-pub(super) fn quoted_rewrite(
+fn quoted_rewrite(
     ctx: &TcContext,
     s: &mut LbScratch,
     icmp: u32,
@@ -219,7 +213,7 @@ pub(super) fn quoted_rewrite(
 }
 
 #[inline(always)]
-pub(super) fn rewrite_quoted(
+fn rewrite_quoted(
     ctx: &TcContext,
     s: &mut LbScratch,
     icmp: usize,
@@ -279,7 +273,7 @@ pub(super) fn rewrite_quoted(
 /// The ICMP error's own source or destination address, `s.old_addr` to `s.new_addr`, with the
 /// IPv4 header checksum or the ICMPv6 checksum (its pseudo-header) following.
 #[inline(never)]
-pub(super) fn error_rewrite(
+fn error_rewrite(
     ctx: &TcContext,
     s: &mut LbScratch,
     icmp: u32,
@@ -303,21 +297,21 @@ pub(super) fn error_rewrite(
 
 /// Whether the packet's destination address is `addr`.
 #[inline(always)]
-pub(super) fn addressed_to(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
+fn addressed_to(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
     let at = if ipv4 { ETH_LEN + 16 } else { ETH_LEN + 24 };
     address_at(ctx, ipv4, at, addr)
 }
 
 /// Whether the packet's source address is `addr`.
 #[inline(always)]
-pub(super) fn sent_by(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
+fn sent_by(ctx: &TcContext, ipv4: bool, addr: &Addr) -> bool {
     let at = if ipv4 { ETH_LEN + 12 } else { ETH_LEN + 8 };
     address_at(ctx, ipv4, at, addr)
 }
 
 /// Whether the address at `at` in the packet is `addr`.
 #[inline(always)]
-pub(super) fn address_at(ctx: &TcContext, ipv4: bool, at: usize, addr: &Addr) -> bool {
+fn address_at(ctx: &TcContext, ipv4: bool, at: usize, addr: &Addr) -> bool {
     if ipv4 {
         ctx.load::<u32>(at)
             .is_ok_and(|a| a == u32::from_ne_bytes(v4_of(addr)))
@@ -336,7 +330,7 @@ pub(super) fn address_at(ctx: &TcContext, ipv4: bool, at: usize, addr: &Addr) ->
 /// offset of its transport header; `None` when it is not a TCP, UDP or SCTP packet quoted
 /// with its ports.
 #[inline(always)]
-pub(super) fn read_quoted_reply_flow(
+fn read_quoted_reply_flow(
     ctx: &TcContext,
     quoted: usize,
     ipv4: bool,
@@ -386,6 +380,6 @@ pub(super) fn read_quoted_reply_flow(
 
 /// The IPv4 address of an IPv4-mapped one.
 #[inline(always)]
-pub(super) fn v4_of(addr: &Addr) -> [u8; 4] {
+fn v4_of(addr: &Addr) -> [u8; 4] {
     [addr[12], addr[13], addr[14], addr[15]]
 }

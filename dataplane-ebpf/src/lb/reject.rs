@@ -67,7 +67,7 @@ pub fn answer_counted(ctx: &TcContext, parsed: &Parsed, reason: DropReason, hook
 /// backend is gone, so the client does not wait for a timeout: TCP with a reset, UDP with ICMP
 /// port unreachable, both from the service address.
 #[inline(always)]
-pub(super) fn reject(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
+fn reject(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
     let s = scratch().ok_or(DropReason::LbNoEndpoints)?;
     let ipv6 = s.ipv4 == 0;
     if parsed.protocol == IPPROTO_TCP {
@@ -87,12 +87,12 @@ pub(super) fn reject(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason
 /// sends it back: with the segment's ACK, `seq = SEG.ACK`; without, `seq = 0` and
 /// `ack = SEG.SEQ + SEG.LEN` (SYN and FIN count one).
 #[inline(never)]
-pub(super) fn tcp_reset(ctx: &TcContext, parsed: &Parsed) -> Stage {
+fn tcp_reset(ctx: &TcContext, parsed: &Parsed) -> Stage {
     Stage::value(build_reset(ctx, parsed).map(|verdict| verdict as u32))
 }
 
 #[inline(always)]
-pub(super) fn build_reset(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
+fn build_reset(ctx: &TcContext, parsed: &Parsed) -> Result<i32, DropReason> {
     let failed = DropReason::LbNoEndpoints;
     let s = scratch().ok_or(failed)?;
     let l4 = parsed.l4_offset;

@@ -23,10 +23,10 @@ pub(super) const MAX_DIRECT_L4: usize = 0xFF;
 
 /// Deepest transport checksum field read and written in place (a mask, covering TCP's at
 /// `MAX_DIRECT_L4 + 16`).
-pub(super) const MAX_DIRECT_CHECK: usize = 0x1FF;
+const MAX_DIRECT_CHECK: usize = 0x1FF;
 
 /// What a UDP checksum that computes to zero is sent as (zero means "no checksum").
-pub(super) const CSUM_MANGLED_0: u16 = 0xFFFF;
+const CSUM_MANGLED_0: u16 = 0xFFFF;
 
 /// Which address and port a rewrite replaces. Crosses the global BPF functions as its `u32`.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -167,7 +167,7 @@ pub(super) fn translate(
 /// of TCP, UDP and SCTP; an ICMP or ICMPv6 echo's identifier, which stands for the port on
 /// both sides (the querier's end of the exchange).
 #[inline(always)]
-pub(super) fn port_offset(echo: bool, side: Side) -> usize {
+fn port_offset(echo: bool, side: Side) -> usize {
     match (echo, side) {
         (true, _) => 4,
         (false, Side::Source) => 0,
@@ -179,7 +179,7 @@ pub(super) fn port_offset(echo: bool, side: Side) -> usize {
 /// `diff` (only ICMPv6 sums a pseudo-header) and its identifier `old_id` became `new_id` (the
 /// identifier is already rewritten).
 #[inline(always)]
-pub(super) fn follow_echo_checksum(
+fn follow_echo_checksum(
     ctx: &TcContext,
     l4: usize,
     protocol: u8,
@@ -254,7 +254,7 @@ pub(super) fn follow_transport_checksum(
 /// The transport checksum field at `at` as a pointer into the packet, bounds-checked (`None`
 /// when not directly reachable).
 #[inline(always)]
-pub(super) fn checksum_field_ptr(ctx: &TcContext, at: usize) -> Option<*mut [u8; 2]> {
+fn checksum_field_ptr(ctx: &TcContext, at: usize) -> Option<*mut [u8; 2]> {
     if at > MAX_DIRECT_CHECK {
         return None;
     }
@@ -268,7 +268,7 @@ pub(super) fn checksum_field_ptr(ctx: &TcContext, at: usize) -> Option<*mut [u8;
 
 /// The transport checksum field at `at`, read in place (`None` when not directly readable).
 #[inline(always)]
-pub(super) fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
+fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
     let field = checksum_field_ptr(ctx, at)?;
     // SAFETY: the two bytes were bounds-checked by `checksum_field_ptr`.
     Some(u16::from_ne_bytes(unsafe {
@@ -278,7 +278,7 @@ pub(super) fn checksum_field(ctx: &TcContext, at: usize) -> Option<u16> {
 
 /// What `bpf_l4_csum_replace` made of a pseudo-header change, told by the value it wrote.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(super) enum ChecksumKind {
+enum ChecksumKind {
     /// A full checksum: the ports count too.
     Full,
     /// An offload's pseudo-header seed (`CHECKSUM_PARTIAL`): only the addresses count.
@@ -293,7 +293,7 @@ pub(super) enum ChecksumKind {
 /// (or the field is not directly writable); the caller's helper call decides then. Saves a
 /// helper call per translated packet, whose internal calls and returns cost about 40 ns here.
 #[inline(always)]
-pub(super) fn port_fixed_in_place(
+fn port_fixed_in_place(
     ctx: &TcContext,
     check: usize,
     before: Option<u16>,
@@ -325,7 +325,7 @@ pub(super) fn port_fixed_in_place(
 /// zero rule included). An address change that leaves the sum's residue unchanged moves
 /// neither, and then nothing can be told.
 #[inline(always)]
-pub(super) fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> ChecksumKind {
+fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> ChecksumKind {
     let residue = !fold(diff);
     if residue == 0 || residue == 0xFFFF || (udp && before == 0) {
         return ChecksumKind::Unknown;
@@ -344,7 +344,7 @@ pub(super) fn checksum_kind(before: u16, after: u16, diff: u32, udp: bool) -> Ch
 
 /// Writes the transport checksum field at `at` in place; false if not directly writable.
 #[inline(always)]
-pub(super) fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bool {
+fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bool {
     let Some(field) = checksum_field_ptr(ctx, at) else {
         return false;
     };
@@ -357,7 +357,7 @@ pub(super) fn write_checksum_field(ctx: &TcContext, at: usize, value: u16) -> bo
 /// header) over the source or destination in place, and the IPv4 header checksum by the address change `diff` (RFC 1624). Headers
 /// outside the skb's linear data are pulled in first.
 #[inline(always)]
-pub(super) fn write_headers(
+fn write_headers(
     ctx: &TcContext,
     l4: usize,
     s: &LbScratch,
@@ -427,7 +427,7 @@ pub(super) fn write_headers(
 /// [`write_headers`] through the store helpers, for a transport header deeper than
 /// `MAX_DIRECT_L4` (IPv6 with long extension headers).
 #[inline(never)]
-pub(super) fn store_headers(
+fn store_headers(
     ctx: &TcContext,
     l4: usize,
     s: &LbScratch,

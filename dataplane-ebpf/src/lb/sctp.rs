@@ -35,7 +35,7 @@ pub fn follow_sctp_ports(ctx: &TcContext, parsed: &Parsed) -> Stage {
 }
 
 #[inline(always)]
-pub(super) fn sctp_follow_ports(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
+fn sctp_follow_ports(ctx: &TcContext, parsed: &Parsed) -> Result<(), DropReason> {
     if parsed.protocol != IPPROTO_SCTP || parsed.l4_offset == 0 {
         return Ok(());
     }

@@ -249,13 +249,13 @@ pub fn compile_tiered(
 }
 
 /// Whether a rule of `rules` names peer identities.
-pub(super) fn name_peers(rules: &[Rule]) -> bool {
+fn name_peers(rules: &[Rule]) -> bool {
     rules.iter().any(|rule| !rule.peers.is_empty())
 }
 
 /// The port tables of a set being compiled, each once.
 #[derive(Default)]
-pub(super) struct SetTables {
+struct SetTables {
     tables: Vec<PortTable>,
     by_table: HashMap<PortTable, usize>,
     /// Prefixes painted alike share their table: many prefixes (a policy's peer pods) name
@@ -392,7 +392,7 @@ pub fn recompile_hosts(
 /// that cover it (a destination contains it and no hole takes it out). One walk of every
 /// rule's destinations (1,200 peers in a large policy set), where the host destinations are
 /// compared rather than asked whether they contain it.
-pub(super) fn host_covered(rules: &[Rule], host: IpNet) -> (bool, Vec<usize>) {
+fn host_covered(rules: &[Rule], host: IpNet) -> (bool, Vec<usize>) {
     let mut named = false;
     let mut covering = Vec::new();
     for (position, rule) in rules.iter().enumerate() {
@@ -416,7 +416,7 @@ pub(super) fn host_covered(rules: &[Rule], host: IpNet) -> (bool, Vec<usize>) {
 }
 
 /// Takes `prefix` out of the cover that lists it (and the cover out, when it was its last).
-pub(super) fn leave_cover(covers: &mut Vec<Cover>, prefix: IpNet) {
+fn leave_cover(covers: &mut Vec<Cover>, prefix: IpNet) {
     for (index, cover) in covers.iter_mut().enumerate() {
         if let Ok(at) = cover.prefixes.binary_search(&prefix) {
             cover.prefixes.remove(at);
@@ -514,7 +514,7 @@ pub fn repaint_ports(
 /// Removes the tables no cover takes (`users` of each), renumbering the decisions of the
 /// prefixes that take a later one: tables are set-local, and a set's tables are all written
 /// to the kernel.
-pub(super) fn drop_unused_tables(
+fn drop_unused_tables(
     prefixes: &mut Arc<BTreeMap<IpNet, Decision>>,
     tables: &mut Vec<PortTable>,
     covers: &mut [Cover],
@@ -602,7 +602,7 @@ pub(super) fn sorted_difference_of(a: &[IpNet], b: &[IpNet]) -> Vec<IpNet> {
 /// the family's longest, so never expanded). An expansion that would take the family past
 /// `limit` entries is not made: the set is too large (counted before anything is expanded,
 /// so the compile never holds more than `limit` entries).
-pub(super) fn limit_lengths(
+fn limit_lengths(
     mut prefixes: BTreeMap<IpNet, Decision>,
     keep: Option<u8>,
     limit: usize,
@@ -648,7 +648,7 @@ pub(super) fn limit_lengths(
 /// shorter into the longer costs the fewest entries (`count` prefixes of a length), with that
 /// cost. Saturating: expanding a /8 into /128 is 2^120 entries per prefix, which no `u128`
 /// product of counts may wrap into a small number.
-pub(super) fn cheapest_expansion(lengths: &[u8], count: impl Fn(u8) -> u128) -> (u8, u8, u128) {
+fn cheapest_expansion(lengths: &[u8], count: impl Fn(u8) -> u128) -> (u8, u8, u128) {
     lengths
         .windows(2)
         .map(|w| (w[0], w[1], expansion_cost(count(w[0]), w[1] - w[0])))
@@ -657,7 +657,7 @@ pub(super) fn cheapest_expansion(lengths: &[u8], count: impl Fn(u8) -> u128) -> 
 }
 
 /// Entries `count` prefixes become when lengthened by `gap` bits (saturating).
-pub(super) fn expansion_cost(count: u128, gap: u8) -> u128 {
+fn expansion_cost(count: u128, gap: u8) -> u128 {
     1u128
         .checked_shl(u32::from(gap))
         .and_then(|each| count.checked_mul(each))

@@ -135,7 +135,7 @@ pub(super) fn table_entries(
         })
 }
 
-pub(super) fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
+fn verdict_value(outcome: Option<Outcome>) -> AclVerdict {
     AclVerdict {
         rule: outcome.map_or(ACL_RULE_DEFAULT, |o| o.rule),
         verdict: outcome.map_or(ACL_VERDICT_NONE, |o| o.verdict.code()),

@@ -138,7 +138,7 @@ pub(super) fn port_table(painted: &Painted) -> PortTable {
 
 /// The ports of `protocol` as contiguous segments covering 0..=65535, each with its outcome
 /// (`None` where no rule matches).
-pub(super) fn segments(painted: &Painted, protocol: u8) -> Vec<(u16, u16, Option<Outcome>)> {
+fn segments(painted: &Painted, protocol: u8) -> Vec<(u16, u16, Option<Outcome>)> {
     let (base, top) = (
         u32::from(protocol) << 16,
         u32::from(protocol) << 16 | 0xFFFF,
@@ -161,11 +161,7 @@ pub(super) fn segments(painted: &Painted, protocol: u8) -> Vec<(u16, u16, Option
 }
 
 /// The outcome covering most of `low..=high` among `segments` (the first of equals).
-pub(super) fn most_covering(
-    segments: &[(u16, u16, Option<Outcome>)],
-    low: u16,
-    high: u16,
-) -> Option<Outcome> {
+fn most_covering(segments: &[(u16, u16, Option<Outcome>)], low: u16, high: u16) -> Option<Outcome> {
     let mut covered: Vec<(Option<Outcome>, u32)> = Vec::new();
     for &(first, last, outcome) in segments {
         let (first, last) = (first.max(low), last.min(high));
@@ -284,7 +280,7 @@ pub(super) fn first_match<'a>(rules: impl Iterator<Item = (bool, &'a Rule)>) -> 
 }
 
 /// Gives `outcome` to the parts of `first..=last` no earlier rule painted.
-pub(super) fn paint_gaps(
+fn paint_gaps(
     painted: &mut BTreeMap<u32, (u32, Outcome)>,
     first: u32,
     last: u32,

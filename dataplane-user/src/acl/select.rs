@@ -110,7 +110,7 @@ pub enum Read {
 impl Read {
     /// Whether a change of `pod` may change what this look saw: the pod picked, before the
     /// change or after it.
-    pub(super) fn touched_by(&self, pod: &ChangedPod) -> bool {
+    fn touched_by(&self, pod: &ChangedPod) -> bool {
         match self {
             Read::Named(name) => *name == pod.name,
             Read::Selected(None) => true,

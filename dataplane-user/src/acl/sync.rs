@@ -39,7 +39,7 @@ use crate::{
 
 /// Writes `entries` to `map` in batch calls, counting what went in (also when a full map
 /// stopped the batch).
-pub(super) fn write_batch<K: aya::Pod, V: aya::Pod>(
+fn write_batch<K: aya::Pod, V: aya::Pod>(
     map: &aya::maps::Map,
     entries: &[(K, V)],
     stats: &mut AclSyncStats,
@@ -57,7 +57,7 @@ pub(super) fn write_batch<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Deletes `keys` from `map` (of values `V`) in batch calls, counting what went.
-pub(super) fn delete_batch<K: aya::Pod, V: aya::Pod>(
+fn delete_batch<K: aya::Pod, V: aya::Pod>(
     map: &aya::maps::Map,
     keys: &[K],
     stats: &mut AclSyncStats,
@@ -86,7 +86,7 @@ pub(super) fn delete_batch<K: aya::Pod, V: aya::Pod>(
 /// Removes `key` from `map`; `false` when it was not there. An entry to remove may be gone
 /// already when a sync that stopped midway (a map full) had removed it but not yet written
 /// down the set's new version: failing on it would fail every later sync the same way.
-pub(super) fn remove_present<K: aya::Pod, V: aya::Pod>(
+fn remove_present<K: aya::Pod, V: aya::Pod>(
     map: &mut BpfHashMap<&mut MapData, K, V>,
     key: &K,
 ) -> Result<bool, aya::maps::MapError> {
@@ -98,7 +98,7 @@ pub(super) fn remove_present<K: aya::Pod, V: aya::Pod>(
 }
 
 /// Whether a map error says the key was not in the map.
-pub(super) fn is_missing(error: &aya::maps::MapError) -> bool {
+fn is_missing(error: &aya::maps::MapError) -> bool {
     match error {
         aya::maps::MapError::KeyNotFound => true,
         aya::maps::MapError::SyscallError(syscall) => {
@@ -796,11 +796,11 @@ impl Dataplane {
 }
 
 /// The two versions of a set changed in place, with their tables' ids.
-pub(super) struct EntryValues<'a> {
-    pub(super) new: &'a CompiledSet,
-    pub(super) new_tables: &'a [u32],
-    pub(super) old: &'a CompiledSet,
-    pub(super) old_tables: &'a [u32],
+struct EntryValues<'a> {
+    new: &'a CompiledSet,
+    new_tables: &'a [u32],
+    old: &'a CompiledSet,
+    old_tables: &'a [u32],
 }
 
 impl EntryValues<'_> {
@@ -809,7 +809,7 @@ impl EntryValues<'_> {
     /// looking each key up in the other version (1,200 peers each way) was most of a peer
     /// added. A decision is the same where it gives the kernel the same value (table ids
     /// differ).
-    pub(super) fn rewrite<K: Ord>(
+    fn rewrite<K: Ord>(
         &self,
         addrs: &mut BpfHashMap<&mut MapData, AclAddrKey, AclAddrValue>,
         new: &BTreeMap<K, Decision>,
@@ -852,7 +852,7 @@ impl EntryValues<'_> {
 /// an index of every pod and set first: a sync has a new set or two, and indexing 110 pods'
 /// sets at each one cost a change reaching one pod more than the change.
 #[derive(Default)]
-pub(super) struct Morphs {
+struct Morphs {
     /// The installed sets a new set took already.
     taken: BTreeSet<u32>,
 }
@@ -861,7 +861,7 @@ impl Morphs {
     /// An installed set that may become the new set `name` in place (see [`Morphs`]); taken,
     /// so that no other new set gets it too. The candidates are the sets the pods wanting
     /// `name` point at now, in the pods' order.
-    pub(super) fn take(
+    fn take(
         &mut self,
         state: &AclState,
         desired: &DesiredFirewalls,

@@ -34,7 +34,7 @@ impl<'de> Deserialize<'de> for WatchedObject {
     }
 }
 
-pub(super) struct ObjectVisitor;
+struct ObjectVisitor;
 
 impl<'de> Visitor<'de> for ObjectVisitor {
     type Value = WatchedObject;
@@ -63,7 +63,7 @@ impl<'de> Visitor<'de> for ObjectVisitor {
 }
 
 /// A JSON object written out key by key at the end of `text`.
-pub(super) struct JsonObject<'a> {
+struct JsonObject<'a> {
     text: &'a mut Vec<u8>,
     empty: bool,
 }
@@ -90,7 +90,7 @@ impl<'a> JsonObject<'a> {
 }
 
 /// Writes the value it is given to the text as JSON, whatever the deserializer.
-pub(super) struct Transcode<'a>(&'a mut Vec<u8>);
+struct Transcode<'a>(&'a mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for Transcode<'_> {
     type Value = ();
@@ -104,7 +104,7 @@ impl<'de> DeserializeSeed<'de> for Transcode<'_> {
 /// serde_json's name for its raw values (`serde_json::value::RawValue`, the `raw_value`
 /// feature): asked for a newtype struct of this name, its deserializer hands over the value's
 /// text as it is in the input, checked but not decoded.
-pub(super) const RAW_VALUE: &str = "$serde_json::private::RawValue";
+const RAW_VALUE: &str = "$serde_json::private::RawValue";
 
 /// Writes the value it is given to the text: straight from serde_json's input where it can
 /// (the text as the server wrote it, found by a scan: a list's or an event's object comes to
@@ -112,7 +112,7 @@ pub(super) const RAW_VALUE: &str = "$serde_json::private::RawValue";
 /// event whose object comes before its type, or any other deserializer). Copying the text
 /// rather than writing it again token by token was about half of the watchers' first pass
 /// over 150,000 pods.
-pub(super) struct Verbatim<'a>(&'a mut Vec<u8>);
+struct Verbatim<'a>(&'a mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for Verbatim<'_> {
     type Value = ();
@@ -155,7 +155,7 @@ impl<'de> Visitor<'de> for Verbatim<'_> {
 }
 
 /// A map's key, borrowed from the input where it can be (serde's `Cow` always copies).
-pub(super) struct Key<'de>(Cow<'de, str>);
+struct Key<'de>(Cow<'de, str>);
 
 impl<'de> Deserialize<'de> for Key<'de> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
@@ -163,7 +163,7 @@ impl<'de> Deserialize<'de> for Key<'de> {
     }
 }
 
-pub(super) struct KeyVisitor;
+struct KeyVisitor;
 
 impl<'de> Visitor<'de> for KeyVisitor {
     type Value = Key<'de>;
@@ -186,7 +186,7 @@ impl<'de> Visitor<'de> for KeyVisitor {
 }
 
 /// A raw value's text, appended as it is.
-pub(super) struct RawText<'a>(&'a mut Vec<u8>);
+struct RawText<'a>(&'a mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for RawText<'_> {
     type Value = ();
@@ -211,7 +211,7 @@ impl Visitor<'_> for RawText<'_> {
 
 /// Writes an object's metadata to the text without `managedFields` and the last applied
 /// copy, and gives back its name, namespace and resource version.
-pub(super) struct MetadataSeed<'a>(&'a mut Vec<u8>);
+struct MetadataSeed<'a>(&'a mut Vec<u8>);
 
 impl<'de> DeserializeSeed<'de> for MetadataSeed<'_> {
     type Value = ObjectMeta;

@@ -65,7 +65,7 @@ impl AddressPolicy {
 }
 
 /// Addresses no Service may claim but as a cluster IP.
-pub(super) fn special_address(ip: IpAddr) -> bool {
+fn special_address(ip: IpAddr) -> bool {
     match ip {
         IpAddr::V4(v4) => {
             v4.is_unspecified()

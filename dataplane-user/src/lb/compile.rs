@@ -19,6 +19,7 @@ use k8s_openapi::api::{
 
 use super::address::{AddressKind, AddressPolicy, CLUSTER_IPS, EXTERNAL_IPS, INGRESS_IPS};
 use crate::{
+    changes::ObjectName,
     mapsync::addr16,
     source::{Objects, slice_service},
 };
@@ -63,8 +64,8 @@ pub struct CompiledServices {
     pub errors: Vec<String>,
 }
 
-/// A Service's namespace and name.
-pub type ServiceName = (String, String);
+/// A Service's namespace and name (as the store keys every namespaced object).
+pub type ServiceName = ObjectName;
 
 /// One Service's compiled ports and the addresses of it that were not honoured (each message
 /// names the Service, the field and why), or why the whole Service was refused.
@@ -171,7 +172,7 @@ pub fn key_taken(port: &ServicePort) -> String {
 }
 
 /// One Service's ports; `Err` refuses the whole Service.
-pub(super) fn compile_service(
+fn compile_service(
     service: &Service,
     own_slices: &[&EndpointSlice],
     node: &str,
@@ -305,7 +306,7 @@ pub(super) fn compile_service(
 
 /// The endpoint addresses of `slice` that are not addresses of its `addressType`, one line
 /// each: skipped, the slice's other endpoints kept.
-pub(super) fn unusable_endpoints(slice: &EndpointSlice) -> Vec<String> {
+fn unusable_endpoints(slice: &EndpointSlice) -> Vec<String> {
     let namespace = slice.metadata.namespace.as_deref().unwrap_or("default");
     let name = slice.metadata.name.as_deref().unwrap_or("<unnamed>");
     let ipv4 = match slice.address_type.as_str() {
@@ -333,7 +334,7 @@ pub(super) fn unusable_endpoints(slice: &EndpointSlice) -> Vec<String> {
 
 /// `sessionAffinity: ClientIP` with `sessionAffinityConfig.clientIP.timeoutSeconds`
 /// (1 to 86400, default 10800); 0 without affinity.
-pub(super) fn affinity_timeout(service: &Service) -> Result<u32, String> {
+fn affinity_timeout(service: &Service) -> Result<u32, String> {
     let Some(spec) = &service.spec else {
         return Ok(0);
     };
@@ -365,12 +366,12 @@ pub(super) fn affinity_timeout(service: &Service) -> Result<u32, String> {
 }
 
 /// A Service's address, and whether it is a cluster IP.
-pub(super) type ServiceAddress = (IpAddr, bool);
+type ServiceAddress = (IpAddr, bool);
 
 /// Every address clients reach the Service on: cluster IPs (both families), external IPs and
 /// load-balancer ingress IPs (those `policy` honours; why each other is not, second), each
 /// with whether it is a cluster IP. A headless Service has none.
-pub(super) fn service_addresses(
+fn service_addresses(
     service: &Service,
     policy: &AddressPolicy,
 ) -> Result<(Vec<ServiceAddress>, Vec<String>), String> {
@@ -428,7 +429,7 @@ pub(super) fn service_addresses(
 
 /// Ready and serving-but-terminating backends of one Service port on one address family; with
 /// `local_node`, only the endpoints on that node.
-pub(super) fn endpoints_for(
+fn endpoints_for(
     slices: &[&EndpointSlice],
     port: &K8sServicePort,
     address: IpAddr,
@@ -491,13 +492,13 @@ pub(super) fn endpoints_for(
     (ready.into_iter().collect(), terminating)
 }
 
-pub(super) enum EndpointState {
+enum EndpointState {
     Ready,
     Terminating,
 }
 
 /// Ready (unset counts as ready), serving-but-terminating, or neither (`None`).
-pub(super) fn endpoint_state(endpoint: &Endpoint) -> Option<EndpointState> {
+fn endpoint_state(endpoint: &Endpoint) -> Option<EndpointState> {
     let conditions = endpoint.conditions.as_ref();
     let ready = conditions.and_then(|c| c.ready).unwrap_or(true);
     let terminating = conditions.and_then(|c| c.terminating).unwrap_or(false);

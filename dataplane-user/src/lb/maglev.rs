@@ -10,14 +10,14 @@ use super::{
 
 /// FNV-1a (64-bit) of `bytes` from `seed`: a hash stable across builds and restarts, so a
 /// restarted agent rebuilds the same Maglev tables.
-pub(super) fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
+fn fnv1a(seed: u64, bytes: &[u8]) -> u64 {
     bytes.iter().fold(seed, |hash, &b| {
         (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
     })
 }
 
 /// The ids of `port`'s ready backends (allocated before).
-pub(super) fn ready_ids(state: &LbState, port: &ServicePort) -> Vec<u32> {
+fn ready_ids(state: &LbState, port: &ServicePort) -> Vec<u32> {
     port.ready.iter().map(|b| state.backend_ids[b]).collect()
 }
 
@@ -56,7 +56,7 @@ pub(super) fn new_tables(state: &LbState, ports: &[&ServicePort]) -> Vec<Prepare
 }
 
 /// Maglev tables built by one task of [`new_tables`].
-pub(super) const TABLES_PER_TASK: usize = 64;
+const TABLES_PER_TASK: usize = 64;
 
 /// The Maglev lookup table (Eisenbud et al., NSDI 2016) of `backends`: each backend walks its
 /// own permutation of the slots and they take turns claiming free slots, so every backend gets
@@ -107,7 +107,7 @@ pub(super) fn maglev_permutation(backend: &BackendAddr) -> (u64, u64) {
 }
 
 /// The slot after `slot` in a permutation of stride `skip` over `m` slots (both below `m`).
-pub(super) fn next_slot(slot: u64, skip: u64, m: u64) -> u64 {
+fn next_slot(slot: u64, skip: u64, m: u64) -> u64 {
     let next = slot + skip;
     if next >= m { next - m } else { next }
 }

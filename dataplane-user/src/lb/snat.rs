@@ -6,7 +6,7 @@ use dataplane_common::lb::{SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, 
 use crate::AgentError;
 
 /// The node's list of ports its own sockets never get as ephemeral ports.
-pub(super) const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
 
 /// Reserves the masquerade source ports (`SNAT_PORT_MIN..=SNAT_PORT_MAX` and
 /// `SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX`) on this node, so no local connection to a backend

@@ -309,7 +309,7 @@ pub(super) fn removed_backend(id: u32) -> Backend {
 }
 
 /// The address and port a live backends-array entry holds.
-pub(super) fn backend_addr(backend: &Backend) -> BackendAddr {
+fn backend_addr(backend: &Backend) -> BackendAddr {
     let ip = if backend.family == FAMILY_IPV4 {
         let a = backend.addr;
         IpAddr::from([a[12], a[13], a[14], a[15]])
@@ -350,7 +350,7 @@ pub(super) fn count_port_bits<'a>(
 }
 
 /// The port bitmaps' words with `bits` set.
-pub(super) fn words_with(bits: impl Iterator<Item = u32>) -> Vec<u64> {
+fn words_with(bits: impl Iterator<Item = u32>) -> Vec<u64> {
     let mut words = vec![0u64; (PORT_BITMAP_WORDS * 2) as usize];
     for bit in bits {
         words[(bit / 64) as usize] |= 1 << (bit % 64);

@@ -94,7 +94,7 @@ pub struct Plan {
 }
 
 /// Whether a Namespace has enabled multicast.
-pub(super) fn enabled(namespace: &k8s_openapi::api::core::v1::Namespace) -> bool {
+fn enabled(namespace: &k8s_openapi::api::core::v1::Namespace) -> bool {
     namespace
         .metadata
         .annotations

@@ -13,6 +13,7 @@ use ipnet::IpNet;
 
 use super::{CompileError, first_v4, first_v6};
 use crate::{
+    api::network::overlaps,
     mapsync::addr16,
     model::{
         HybridView, NodeList, NodeSeq, NodeView, OverlayView, endpoint, hybrid, in_name_order,
@@ -245,7 +246,7 @@ impl NodeMaps {
             let meets_hybrid = node.pod_cidrs.iter().any(|cidr| {
                 hybrid_routes
                     .keys()
-                    .any(|&(len, network)| overlap(&hybrid_cidr(len, network), cidr))
+                    .any(|&(len, network)| overlaps(&hybrid_cidr(len, network), cidr))
             });
             if meets_hybrid {
                 return None;
@@ -273,7 +274,7 @@ impl NodeMaps {
                     // Its own CIDRs overlapping each other.
                     node.pod_cidrs[..index]
                         .iter()
-                        .any(|earlier| overlap(&earlier.trunc(), &cidr))
+                        .any(|earlier| overlaps(&earlier.trunc(), &cidr))
                         .then(|| node.name.clone())
                 });
             if let Some(other) = other {
@@ -357,11 +358,6 @@ fn hybrid_cidr(prefix_len: u32, network: [u8; 4]) -> IpNet {
         ipnet::Ipv4Net::new(Ipv4Addr::from(network), prefix_len as u8)
             .expect("a route's prefix length fits IPv4"),
     )
-}
-
-/// Whether two CIDRs share an address.
-fn overlap(a: &IpNet, b: &IpNet) -> bool {
-    a.contains(&b.network()) || b.contains(&a.network())
 }
 
 /// The hybrid node whose subnet is `cidr`.

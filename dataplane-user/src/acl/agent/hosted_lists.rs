@@ -85,11 +85,11 @@ impl<T: kube::Resource> Hosted<T> {
 }
 
 /// Up to this many keys placed since the last list, [`hosted`]'s result is patched.
-pub(super) const FEW_PLACED: usize = 64;
+const FEW_PLACED: usize = 64;
 
 /// Where an object of `hosted`'s result sorts: by namespace (one without sorts where
 /// `default` does, before `default`'s own objects), then name.
-pub(super) fn hosted_slot<'a>(namespace: &'a str, name: &'a str) -> (&'a str, bool, &'a str) {
+fn hosted_slot<'a>(namespace: &'a str, name: &'a str) -> (&'a str, bool, &'a str) {
     if namespace.is_empty() {
         ("default", false, name)
     } else {
@@ -109,7 +109,7 @@ pub(super) fn slot_of<T: kube::Resource>(object: &T) -> (&str, bool, &str) {
 /// Brings `hosted`, [`hosted`]'s result for an earlier version of `objects` (in key order),
 /// to `objects` at the `placed` keys: each is taken out, and put back where it sorts if the
 /// list holds it and its namespace is hosted.
-pub(super) fn patch_hosted<T: kube::Resource>(
+fn patch_hosted<T: kube::Resource>(
     hosted: &mut Vec<Arc<T>>,
     objects: &crate::source::Objects<T>,
     namespaces: &BTreeSet<&str>,

@@ -15,13 +15,13 @@ use super::{
 use crate::{AgentError, Dataplane};
 
 /// How long one DNS name's lookup may take.
-pub(super) const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
+const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// How long one refresh of the due names may take in all.
-pub(super) const REFRESH_BUDGET: Duration = Duration::from_secs(3);
+const REFRESH_BUDGET: Duration = Duration::from_secs(3);
 
 /// Lookups in flight at once.
-pub(super) const LOOKUPS_AT_ONCE: usize = 16;
+const LOOKUPS_AT_ONCE: usize = 16;
 
 impl FirewallAgent {
     /// When a DNS name is next due for a refresh, or a learned address expires.

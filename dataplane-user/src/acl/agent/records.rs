@@ -62,11 +62,7 @@ pub(crate) fn open_ring(
 }
 
 /// The audit levels of an admin policy in force.
-pub(super) fn admin_logging(
-    admin: &AdminPolicies,
-    kind: PolicyKind,
-    name: &str,
-) -> Option<NamespaceLogging> {
+fn admin_logging(admin: &AdminPolicies, kind: PolicyKind, name: &str) -> Option<NamespaceLogging> {
     admin
         .all()
         .find(|p| p.kind == kind && p.name == name)
