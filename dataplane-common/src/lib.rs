@@ -14,6 +14,7 @@ pub mod multicast;
 pub mod overlay;
 pub mod port;
 pub mod stats;
+pub mod testbed;
 
 pub use drop::DropReason;
 pub use stats::{Hook, PacketClass};

@@ -281,24 +281,6 @@ pub const PROG_TO_POD: &str = "tc_to_pod";
 /// tc program on the underlay NIC's ingress: reverse NAT of service replies that XDP
 /// decapsulated.
 pub const PROG_UNDERLAY_TC: &str = "tc_underlay";
-/// An XDP program that does nothing but pass: the baseline XDP benchmarks are measured against.
-pub const PROG_BASELINE: &str = "xdp_baseline";
-/// A tc program that does nothing but accept: the baseline of tc benchmarks.
-pub const PROG_TC_BASELINE: &str = "tc_baseline";
-/// A tc program that redirects every packet into one pod, deciding nothing: the floor of the
-/// service packet-rate benchmark.
-pub const PROG_TC_REDIRECT_BASELINE: &str = "tc_redirect_baseline";
-/// One entry: the host-side veth [`PROG_TC_REDIRECT_BASELINE`] redirects to (its peer).
-pub const BASELINE_REDIRECT: &str = "DP_BASELINE_REDIRECT";
-/// The testbed's switch, an XDP program for the ports of the fabric joining simulated nodes
-/// (tests and benchmarks only; the agent never attaches it).
-pub const PROG_FABRIC_SWITCH: &str = "xdp_fabric_switch";
-/// The switch's ports by ifindex (a device map).
-pub const FABRIC_PORTS: &str = "DP_FABRIC_PORTS";
-pub const MAX_FABRIC_PORTS: u32 = 64;
-/// The switch's learned MAC addresses -> port.
-pub const FABRIC_MACS: &str = "DP_FABRIC_MACS";
-pub const MAX_FABRIC_MACS: u32 = 1024;
 /// A program reached by tail call: its `TAILS` slot, and the programs that hand packets to it.
 pub struct TailStage {
     pub slot: u32,
@@ -356,7 +338,7 @@ pub const TAIL_STAGES: &[TailStage] = &[
     },
 ];
 
-/// Every program the dataplane loads.
+/// Every program the dataplane loads (the test bed's own are `crate::testbed`'s).
 pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY,
     PROG_FROM_POD,
@@ -371,8 +353,4 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY_MULTICAST,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
-    PROG_BASELINE,
-    PROG_TC_BASELINE,
-    PROG_TC_REDIRECT_BASELINE,
-    PROG_FABRIC_SWITCH,
 ];

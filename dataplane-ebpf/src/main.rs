@@ -10,8 +10,6 @@
 #[cfg(target_arch = "bpf")]
 mod acl;
 #[cfg(target_arch = "bpf")]
-mod baseline;
-#[cfg(target_arch = "bpf")]
 mod clock;
 #[cfg(target_arch = "bpf")]
 mod copy;
@@ -19,8 +17,6 @@ mod copy;
 mod csum;
 #[cfg(target_arch = "bpf")]
 mod egressip;
-#[cfg(target_arch = "bpf")]
-mod fabric;
 #[cfg(target_arch = "bpf")]
 mod frag;
 #[cfg(target_arch = "bpf")]

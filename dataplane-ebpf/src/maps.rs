@@ -24,8 +24,8 @@ use dataplane_common::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
         DEFAULT_SERVICE_PORTS, MAX_ACL_CT_ENTRIES, MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
-        MAX_FABRIC_MACS, MAX_FABRIC_PORTS, MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES,
-        MAX_LOCAL_PODS, MAX_NODES, MAX_POD_STATS, MCAST_REPORTS_BYTES,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MAX_POD_STATS,
+        MCAST_REPORTS_BYTES,
     },
     multicast::{MAX_GROUPS, McastGroup, McastKey, McastPod},
     overlay::{ADDR_CACHE_SLOTS, Addr, AddrCacheEntry, LocalPod, OverlayConfig, TunnelEndpoint},
@@ -272,23 +272,6 @@ pub static ACL_SCRATCH: PerCpuArray<AclWork> = PerCpuArray::with_max_entries(1, 
 /// need not parse again). Not pinned.
 #[map(name = "DP_PARSED")]
 pub static PARSED: PerCpuArray<Parsed> = PerCpuArray::with_max_entries(1, 0);
-
-/// The host-side veth `tc_redirect_baseline` sends every packet to (its pod's side). Set only
-/// by benchmarks. Not pinned.
-#[map(name = "DP_BASELINE_REDIRECT")]
-pub static BASELINE_REDIRECT: aya_ebpf::maps::Array<u32> =
-    aya_ebpf::maps::Array::with_max_entries(1, 0);
-
-/// The testbed switch's ports (`fabric::xdp_fabric_switch`), by ifindex. Set only by tests
-/// and benchmarks. Not pinned.
-#[map(name = "DP_FABRIC_PORTS")]
-pub static FABRIC_PORTS: aya_ebpf::maps::DevMapHash =
-    aya_ebpf::maps::DevMapHash::with_max_entries(MAX_FABRIC_PORTS, 0);
-
-/// The testbed switch's learned addresses: a MAC address (packed) -> the port it was last
-/// seen on. Not pinned.
-#[map(name = "DP_FABRIC_MACS")]
-pub static FABRIC_MACS: HashMap<u64, u32> = HashMap::with_max_entries(MAX_FABRIC_MACS, 0);
 
 /// Local pods an EgressIP selects -> the egress addresses of their family.
 #[map(name = "DP_EGRESS_PODS")]

@@ -61,7 +61,7 @@ pub fn write_conflist(
     let path = conf_dir.join(CONFLIST_FILE);
     let text = serde_json::to_vec_pretty(&conflist(socket)).map_err(std::io::Error::other)?;
     // Readable by all, as the runtime's other configuration files are.
-    crate::state::write_replacing(&path, &text, true, 0o644)?;
+    crate::kernel::state::write_replacing(&path, &text, true, 0o644)?;
     Ok(path)
 }
 

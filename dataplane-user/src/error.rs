@@ -11,9 +11,9 @@ pub enum AgentError {
     NotPrivileged,
 
     #[error(
-        "unsupported kernel: {reason}; the dataplane needs Linux 5.15 or newer with BPF and BTF enabled"
+        "unsupported kernel: {gap}; the dataplane needs Linux 5.15 or newer with BPF and BTF enabled"
     )]
-    KernelUnsupported { reason: String },
+    KernelUnsupported { gap: KernelGap },
 
     #[error(
         "IP forwarding is off on this node: the pod overlay needs it \
@@ -114,11 +114,14 @@ pub enum AgentError {
         source: aya::pin::PinError,
     },
 
-    #[error("attaching {program} to {interface} failed in every allowed mode: {attempts}")]
+    #[error(
+        "attaching {program} to {interface} failed in every allowed mode: {}",
+        AttachAttempt::list(attempts)
+    )]
     Attach {
         program: &'static str,
         interface: String,
-        attempts: String,
+        attempts: Vec<AttachAttempt>,
     },
 
     /// A sync needs more entries than a map holds: nothing of it was written.
@@ -176,4 +179,56 @@ mod tests {
             "{text}"
         );
     }
+}
+
+/// What the kernel lacks for the dataplane.
+#[derive(Debug, thiserror::Error)]
+pub enum KernelGap {
+    #[error("cannot read the kernel version")]
+    VersionUnreadable(#[source] Box<dyn std::error::Error + Send + Sync>),
+    #[error("running {running}")]
+    TooOld { running: aya::util::KernelVersion },
+    #[error("no /sys/kernel/btf/vmlinux (kernel built without CONFIG_DEBUG_INFO_BTF)")]
+    NoBtf,
+}
+
+/// One way of attaching a program that the kernel refused.
+#[derive(Debug)]
+pub struct AttachAttempt {
+    /// The mode or step tried: an XDP mode ("native"), "tc filter", "adding the clsact qdisc".
+    pub step: &'static str,
+    pub error: Box<dyn std::error::Error + Send + Sync>,
+}
+
+impl AttachAttempt {
+    pub fn new(step: &'static str, error: impl std::error::Error + Send + Sync + 'static) -> Self {
+        Self {
+            step,
+            error: Box::new(error),
+        }
+    }
+
+    /// The attempts as one line, each with its error's chain of causes.
+    fn list(attempts: &[AttachAttempt]) -> String {
+        let each: Vec<String> = attempts.iter().map(ToString::to_string).collect();
+        each.join("; ")
+    }
+}
+
+impl std::fmt::Display for AttachAttempt {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.step, error_chain(self.error.as_ref()))
+    }
+}
+
+/// An error and its causes, in one line: the kernel's answer is often the innermost cause.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }

@@ -113,12 +113,15 @@ pub fn remove() -> Result<(), AgentError> {
 fn run_nft(script: &str) -> Result<(), AgentError> {
     let mut command = Command::new("nft");
     command.args(["-f", "-"]);
-    let (status, _, stderr) =
-        crate::netdev::run_bounded(&mut command, Some(script), crate::netdev::CHILD_TIMEOUT)
-            .map_err(|source| AgentError::Spawn {
-                program: "nft",
-                source,
-            })?;
+    let (status, _, stderr) = crate::kernel::netdev::run_bounded(
+        &mut command,
+        Some(script),
+        crate::kernel::netdev::CHILD_TIMEOUT,
+    )
+    .map_err(|source| AgentError::Spawn {
+        program: "nft",
+        source,
+    })?;
     if !status.success() {
         return Err(AgentError::NftRefused {
             table: TABLE,

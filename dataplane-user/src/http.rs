@@ -106,3 +106,14 @@ pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener, crate::AgentEr
     std::net::TcpListener::bind(address)
         .map_err(|source| crate::AgentError::Listen { address, source })
 }
+
+/// What an HTTP scrape renders: the agent's or the controller's registry.
+pub trait Exposition: Send + Sync {
+    fn render(&self) -> Result<String, std::fmt::Error>;
+}
+
+impl<T: Exposition> Exposition for std::sync::Mutex<T> {
+    fn render(&self) -> Result<String, std::fmt::Error> {
+        self.lock().unwrap_or_else(|p| p.into_inner()).render()
+    }
+}

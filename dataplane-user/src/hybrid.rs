@@ -26,6 +26,7 @@ use dataplane_common::{
     overlay::Addr,
 };
 
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Dataplane,
     mapsync::{SyncStats, addr16, sync_hash},
@@ -73,13 +74,7 @@ impl Dataplane {
     /// Makes the hybrid maps equal `desired`: the nodes first, so no VXLAN route leads to a
     /// node the kernel does not know, then the settings.
     pub fn sync_hybrid(&mut self, desired: &HybridMaps) -> Result<SyncStats, AgentError> {
-        let sync_err = |name: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action: "sync",
-                source,
-            }
-        };
+        let sync_err = |name: &'static str| map_err(name, "sync");
         let mut stats = SyncStats::default();
         let mut nodes: HashMap<&mut MapData, Addr, HybridNode> =
             self.typed_map(maps::HYBRID_NODES)?;

@@ -27,48 +27,34 @@ pub fn small_pages_only() -> std::io::Result<()> {
 
 pub mod acl;
 pub mod api;
-pub mod attach;
-pub mod batch;
-pub mod capacity;
 pub mod changes;
+pub mod cli;
 pub mod cni;
 pub mod crds;
-pub mod ebpf;
 pub mod egressip;
 pub mod error;
 pub mod gateway;
 pub mod http;
 pub mod hybrid;
-pub mod inspect;
 #[cfg(test)]
 mod isolation_tests;
+pub mod kernel;
 pub mod kubernetes;
 pub mod lb;
-pub mod loader;
 pub mod mapsync;
 pub mod metrics;
 pub mod mgmt;
 pub mod model;
 pub mod multicast;
-pub mod netdev;
 pub mod overlay;
 pub mod parallel;
-pub mod pins;
 pub mod pipeline;
 pub mod port;
-pub mod preflight;
 pub mod rejected;
 pub mod seq;
 pub mod source;
-pub mod state;
-pub mod stats;
-pub mod status;
 #[cfg(test)]
 mod test_rng;
-pub mod testrun;
-pub mod trace;
-pub mod verify;
 
 pub use error::AgentError;
-pub use loader::Dataplane;
-pub use pins::Pins;
+pub use kernel::{loader::Dataplane, pins::Pins};

@@ -1,7 +1,8 @@
 //! Writing wanted map contents into the kernel's maps: the difference between what a compile
 //! wants and what a map holds (or what this agent last wrote there), written as inserts and
-//! deletes; the one error that names a map and what was done to it; and the 16-byte address
-//! form the maps key on. Every feature's sync uses these; none of them knows a feature.
+//! deletes, and the 16-byte address form the maps key on. Every feature's sync uses these;
+//! none of them knows a feature. Their errors come from `kernel::capacity::map_err`, the one
+//! place a map error is made.
 
 use std::{
     collections::BTreeMap,
@@ -10,8 +11,6 @@ use std::{
 
 use aya::maps::{HashMap, LpmTrie, MapData, lpm_trie::Key};
 use dataplane_common::overlay::{Addr, ipv4_mapped};
-
-use crate::AgentError;
 
 /// Map writes made by one sync.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -41,25 +40,6 @@ pub fn addr16(ip: IpAddr) -> Addr {
     match ip {
         IpAddr::V4(v4) => ipv4_mapped(v4.octets()),
         IpAddr::V6(v6) => v6.octets(),
-    }
-}
-
-/// Names a map and what was done to it in a map error.
-pub fn map_err(
-    name: &'static str,
-    action: &'static str,
-) -> impl Fn(aya::maps::MapError) -> AgentError {
-    move |source| match crate::capacity::flag_for(name) {
-        Some(flag) if crate::capacity::is_full(&source) => AgentError::MapFull {
-            name: name.into(),
-            action,
-            flag,
-        },
-        _ => AgentError::Map {
-            name: name.into(),
-            action,
-            source,
-        },
     }
 }
 

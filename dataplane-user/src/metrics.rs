@@ -5,7 +5,11 @@
 
 use std::{fmt, sync::Arc, time::Duration};
 
-use crate::{Pins, http::reply, stats, status};
+use crate::{
+    Pins,
+    http::{Exposition, reply},
+    kernel::{fill, stats},
+};
 use dataplane_common::maps::ALL_MAPS;
 use hyper::{Method, Request, StatusCode};
 use prometheus_client::{
@@ -177,20 +181,9 @@ impl Metrics {
     }
 }
 
-/// What an HTTP scrape renders: the agent's or the controller's registry.
-pub trait Exposition: Send + Sync {
-    fn render(&self) -> Result<String, fmt::Error>;
-}
-
 impl Exposition for Metrics {
     fn render(&self) -> Result<String, fmt::Error> {
         Metrics::render(self)
-    }
-}
-
-impl<T: Exposition> Exposition for std::sync::Mutex<T> {
-    fn render(&self) -> Result<String, fmt::Error> {
-        self.lock().unwrap_or_else(|p| p.into_inner()).render()
     }
 }
 
@@ -200,23 +193,23 @@ impl<T: Exposition> Exposition for std::sync::Mutex<T> {
 #[derive(Debug)]
 struct PinnedMaps {
     pins: Pins,
-    fills: std::sync::Mutex<Option<(std::time::Instant, Vec<status::MapFill>)>>,
+    fills: std::sync::Mutex<Option<(std::time::Instant, Vec<fill::MapFill>)>>,
 }
 
 /// How long a count of the maps' entries is served before it is counted again.
 const FILL_EVERY: Duration = Duration::from_secs(15);
 
 impl PinnedMaps {
-    fn fills(&self) -> Vec<status::MapFill> {
+    fn fills(&self) -> Vec<fill::MapFill> {
         let mut cached = self.fills.lock().unwrap_or_else(|p| p.into_inner());
         if let Some((at, fills)) = cached.as_ref()
             && at.elapsed() < FILL_EVERY
         {
             return fills.clone();
         }
-        let fills: Vec<status::MapFill> = ALL_MAPS
+        let fills: Vec<fill::MapFill> = ALL_MAPS
             .iter()
-            .filter_map(|&name| status::map_fill(&self.pins, name).ok().flatten())
+            .filter_map(|&name| fill::map_fill(&self.pins, name).ok().flatten())
             .collect();
         *cached = Some((std::time::Instant::now(), fills.clone()));
         fills

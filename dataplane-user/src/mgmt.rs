@@ -22,8 +22,9 @@ use ipnet::IpNet;
 use crate::{
     AgentError,
     api::network::OverlaySettings,
+    kernel::netdev,
+    kernel::preflight,
     model::{OverlayView, hybrid::internal_networks},
-    netdev, preflight,
 };
 
 /// The host's side of the pair: the routes to other nodes' pods point into it.

@@ -538,7 +538,7 @@ pub(crate) fn pod_mac(
         let parsed = serde_json::from_str::<serde_json::Value>(text)
             .ok()
             .and_then(|v| v["default"]["mac_address"].as_str().map(str::to_owned))
-            .and_then(|m| crate::netdev::parse_mac(&m));
+            .and_then(|m| crate::kernel::netdev::parse_mac(&m));
         match parsed {
             Some(mac) => return Some(mac),
             None => warnings.push(format!(

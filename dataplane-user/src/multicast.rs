@@ -39,11 +39,12 @@ use plan::MAX_RESPONSE;
 use serde::Serialize;
 use tokio::io::unix::AsyncFd;
 
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError,
     cni::{GATEWAY_V4, GATEWAY_V6},
-    loader::Dataplane,
-    mapsync::{addr16, ip_of, map_err, sync_hash},
+    kernel::loader::Dataplane,
+    mapsync::{addr16, ip_of, sync_hash},
 };
 
 pub use plan::{ENABLED_ANNOTATION, Peer, Plan, PlanPod, Settings, plan};
@@ -536,7 +537,7 @@ impl MulticastAgent {
                 },
                 pod.host_mac,
             );
-            if let Err(error) = crate::netdev::send_frame(query.ifindex, &frame) {
+            if let Err(error) = crate::kernel::netdev::send_frame(query.ifindex, &frame) {
                 tracing::warn!(pod = %pod.name, %error, "sending a multicast query");
             }
         }
@@ -661,7 +662,8 @@ impl MulticastAgent {
         };
         // Written aside and renamed over: `inspect multicast` (and a test reading it while
         // the groups change) must see the old description or the new, never a cut one.
-        if let Err(error) = crate::state::write_json_replacing(&self.state_file, &described, false)
+        if let Err(error) =
+            crate::kernel::state::write_json_replacing(&self.state_file, &described, false)
         {
             tracing::debug!(%error, "writing the multicast state file");
         }

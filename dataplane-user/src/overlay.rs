@@ -19,6 +19,7 @@ use dataplane_common::{
 };
 use ipnet::IpNet;
 
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Dataplane,
     mapsync::{SyncStats, addr16, ip_of, sync_hash_since, sync_lpm_since},
@@ -154,13 +155,7 @@ impl Dataplane {
         last: Option<&OverlayMaps>,
     ) -> Result<SyncStats, AgentError> {
         let mut stats = SyncStats::default();
-        let sync_err = |name: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action: "sync",
-                source,
-            }
-        };
+        let sync_err = |name: &'static str| map_err(name, "sync");
         // Every node must fit before anything is written.
         let nodes = self.capacities().nodes;
         for (what, needed, map, limit) in [
@@ -264,13 +259,7 @@ impl Dataplane {
         desired: &NodeMaps,
         last: Option<&NodeMaps>,
     ) -> Result<SyncStats, AgentError> {
-        let sync_err = |name: &'static str| {
-            move |source| AgentError::Map {
-                name: name.into(),
-                action: "sync",
-                source,
-            }
-        };
+        let sync_err = |name: &'static str| map_err(name, "sync");
         let mut stats = SyncStats::default();
         let mut nodes: HashMap<&mut MapData, Addr, u32> = self.typed_map(maps::NODE_ADDRS)?;
         stats.add(
@@ -307,13 +296,7 @@ impl Dataplane {
         desired: &BTreeSet<u32>,
         last: Option<&BTreeSet<u32>>,
     ) -> Result<SyncStats, AgentError> {
-        let map_err = |action: &'static str| {
-            move |source| AgentError::Map {
-                name: maps::XDP_PODS.into(),
-                action,
-                source,
-            }
-        };
+        let map_err = |action: &'static str| map_err(maps::XDP_PODS, action);
         let mut map: DevMapHash<&mut MapData> = self.typed_map(maps::XDP_PODS)?;
         let current: BTreeSet<u32> = match last {
             Some(last) => last.clone(),
@@ -328,8 +311,10 @@ impl Dataplane {
             map.insert(*ifindex, *ifindex, None, 0)
                 .map_err(|error| match error {
                     aya::maps::xdp::XdpMapError::MapError(source) => map_err("write")(source),
-                    other => AgentError::KernelUnsupported {
-                        reason: format!("{}: {other}", maps::XDP_PODS),
+                    other => AgentError::XdpMap {
+                        name: maps::XDP_PODS,
+                        action: "write",
+                        source: other,
                     },
                 })?;
             stats.written += 1;
@@ -351,11 +336,7 @@ impl Dataplane {
         (0..OUTSIDE_WORDS)
             .map(|i| map.get(&i, 0))
             .collect::<Result<_, _>>()
-            .map_err(|source| AgentError::Map {
-                name: maps::OUTSIDE.into(),
-                action: "read",
-                source,
-            })
+            .map_err(map_err(maps::OUTSIDE, "read"))
     }
 
     /// Writes the words of `wanted` that differ from `have`; returns how many.
@@ -365,11 +346,7 @@ impl Dataplane {
         for (index, (have, want)) in have.iter().zip(wanted).enumerate() {
             if have != want {
                 map.set(index as u32, *want, 0)
-                    .map_err(|source| AgentError::Map {
-                        name: maps::OUTSIDE.into(),
-                        action: "write",
-                        source,
-                    })?;
+                    .map_err(map_err(maps::OUTSIDE, "write"))?;
                 written += 1;
             }
         }

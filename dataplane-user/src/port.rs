@@ -11,6 +11,7 @@ use dataplane_common::{
     port::{PORT_HAS_IPV4, PORT_HAS_IPV6, PORT_UNRESTRICTED, PodPort, link_local_of},
 };
 
+use crate::kernel::capacity::map_err;
 use crate::{AgentError, Dataplane, model::LocalPodView};
 
 /// One record per local pod, keyed by the ifindex of its host-side veth: its MAC, its first
@@ -40,11 +41,7 @@ impl Dataplane {
         let mut map: HashMap<&mut MapData, u32, PodPort> = self.typed_map(maps::POD_PORTS)?;
         for (ifindex, port) in ports {
             map.insert(ifindex, port, 0)
-                .map_err(|source| AgentError::Map {
-                    name: maps::POD_PORTS.into(),
-                    action: "write",
-                    source,
-                })?;
+                .map_err(map_err(maps::POD_PORTS, "write"))?;
         }
         Ok(())
     }

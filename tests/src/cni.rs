@@ -180,8 +180,8 @@ pub fn pod_of(container: &Container, result: &Value) -> anyhow::Result<Pod> {
     let mac_text = result["interfaces"][1]["mac"]
         .as_str()
         .context("result without the pod's MAC")?;
-    let mac =
-        dataplane_user::netdev::parse_mac(mac_text).with_context(|| format!("MAC {mac_text:?}"))?;
+    let mac = dataplane_user::kernel::netdev::parse_mac(mac_text)
+        .with_context(|| format!("MAC {mac_text:?}"))?;
     let Some(ip) = ip else {
         bail!("result without an IPv4 address: {result}");
     };

@@ -11,9 +11,16 @@ use dataplane_common::{
     overlay::OverlayConfig,
     port::PodPort,
 };
-use dataplane_user::{Dataplane, Pins, capacity::Capacities, model::LocalPodView, stats::Counters};
+use dataplane_user::{
+    AgentError, Dataplane, Pins,
+    kernel::{capacity::Capacities, stats::Counters, testrun::RunOutcome},
+    model::LocalPodView,
+};
 
-use crate::packets::{POD_MAC, SRC_V4, SRC_V6};
+use crate::{
+    packets::{POD_MAC, SRC_V4, SRC_V6},
+    testbed::Testbed,
+};
 
 /// The device BPF_PROG_TEST_RUN runs tc programs on (loopback): port security looks up the
 /// record of the pod a test frame comes from, or goes to, under its ifindex.
@@ -22,6 +29,8 @@ pub const TEST_RUN_IFINDEX: u32 = 1;
 pub struct Fixture {
     dataplane: Option<Dataplane>,
     pins: Pins,
+    /// The test bed's programs, loaded at the first run of one (`run_xdp`, `run_tc`).
+    testbed: Option<Testbed>,
 }
 
 impl Fixture {
@@ -44,6 +53,7 @@ impl Fixture {
         let mut fixture = Self {
             dataplane: Some(dataplane),
             pins,
+            testbed: None,
         };
         fixture.port_as_test_pod()?;
         Ok(fixture)
@@ -94,9 +104,45 @@ impl Fixture {
         self.port_as(POD_MAC, &[IpAddr::from(SRC_V4), IpAddr::from(SRC_V6)])
     }
 
+    /// Runs XDP program `name` `repeat` times on `input`: the dataplane's program, or the test
+    /// bed's when `name` is one of those (the benchmarks time a baseline beside each path).
+    pub fn run_xdp(
+        &mut self,
+        name: &'static str,
+        input: &[u8],
+        repeat: u32,
+    ) -> Result<RunOutcome, AgentError> {
+        if Testbed::has_program(name) {
+            return self.testbed()?.run_xdp(name, input, repeat);
+        }
+        Dataplane::run_xdp(self, name, input, repeat)
+    }
+
+    /// [`Fixture::run_xdp`] for a tc program.
+    pub fn run_tc(
+        &mut self,
+        name: &'static str,
+        input: &[u8],
+        repeat: u32,
+    ) -> Result<RunOutcome, AgentError> {
+        if Testbed::has_program(name) {
+            return self.testbed()?.run_tc(name, input, repeat);
+        }
+        Dataplane::run_tc(self, name, input, repeat)
+    }
+
+    /// The test bed's programs, loaded at the first call.
+    fn testbed(&mut self) -> Result<&mut Testbed, AgentError> {
+        if self.testbed.is_none() {
+            self.testbed = Some(Testbed::load()?);
+        }
+        Ok(self.testbed.as_mut().expect("loaded just above"))
+    }
+
     /// The counters as the maps hold them now.
     pub fn counters(&self) -> Counters {
-        dataplane_user::stats::read(&self.pins).expect("reading counters from the fixture's pins")
+        dataplane_user::kernel::stats::read(&self.pins)
+            .expect("reading counters from the fixture's pins")
     }
 }
 

@@ -11,6 +11,7 @@
 //! - [`request_response`]: TCP round trips and short connections timed between pods;
 //! - [`scapy`]: the independent Geneve encoder/decoder;
 //! - [`service_bed`]: echoing service backends and clients in pods;
+//! - [`testbed`]: the test bed's own programs (benchmark baselines, the fabric's switch);
 //! - [`topology`]: simulated nodes and pods in network namespaces, with the real agent.
 
 pub mod capture;
@@ -31,6 +32,7 @@ pub mod privileged;
 pub mod request_response;
 pub mod scapy;
 pub mod service_bed;
+pub mod testbed;
 pub mod topology;
 
 use std::sync::atomic::{AtomicU32, Ordering};

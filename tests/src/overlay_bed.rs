@@ -46,7 +46,7 @@ impl Bed {
     pub fn add_pod_veth(&self, host: &str, pod: &str) -> anyhow::Result<u32> {
         self._netns
             .sh(&format!("link add {host} type veth peer name {pod}"))?;
-        Ok(dataplane_user::preflight::interface_index(host)?)
+        Ok(dataplane_user::kernel::preflight::interface_index(host)?)
     }
 }
 
@@ -74,7 +74,7 @@ pub fn bed() -> anyhow::Result<Bed> {
     ] {
         netns.sh(line)?;
     }
-    let ifindex = dataplane_user::preflight::interface_index;
+    let ifindex = dataplane_user::kernel::preflight::interface_index;
     let ip = |s: &str| s.parse::<IpAddr>().expect("address");
     let net = |s: &str| s.parse::<ipnet::IpNet>().expect("cidr");
     let view = OverlayView {

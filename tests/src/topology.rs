@@ -19,7 +19,7 @@ use std::{
 };
 
 use anyhow::{Context as _, bail, ensure};
-use dataplane_user::{Pins, stats::Counters};
+use dataplane_user::{Pins, kernel::stats::Counters};
 
 /// One simulated pod: its own netns behind a veth whose host side lives in the node netns.
 #[derive(Clone, Debug)]
@@ -280,9 +280,9 @@ impl Topology {
             sh_in(host, "ethtool -K eth0 gro on")?;
         }
         let ports = bridge_ports(&self.fabric)?;
-        let mut fixture = crate::fixture::Fixture::load()?;
+        let mut testbed = crate::testbed::Testbed::load()?;
         let mut devices: aya::maps::DevMapHash<_> =
-            fixture.typed_map(dataplane_common::maps::FABRIC_PORTS)?;
+            testbed.typed_map(dataplane_common::testbed::FABRIC_PORTS)?;
         // A device map resolves each ifindex in the namespace of the thread that writes it.
         in_netns(&self.fabric, || {
             for (_, ifindex) in &ports {
@@ -294,8 +294,8 @@ impl Topology {
         })?;
         let names: Vec<String> = ports.into_iter().map(|(name, _)| name).collect();
         attach_pinned_xdp(
-            &mut fixture,
-            dataplane_common::maps::PROG_FABRIC_SWITCH,
+            &mut testbed,
+            dataplane_common::testbed::PROG_FABRIC_SWITCH,
             &self.fabric,
             &names,
         )?;
@@ -507,7 +507,7 @@ impl Topology {
         // As the CNI plugin wires a pod: GRO on at the pod's end (it then polls, and takes
         // frames the node's XDP hands it), said on the host side for the agent.
         sh_in(&netns, "ethtool -K eth0 gro on")?;
-        let alias = dataplane_user::netdev::TAKES_XDP_ALIAS;
+        let alias = dataplane_user::kernel::netdev::TAKES_XDP_ALIAS;
         sh_in(&node_ns, &format!("ip link set {host_iface} alias {alias}"))?;
         let ip6 = (self.mode == Mode::Overlay).then(|| pod_ip6(node, index));
         if let Some(ip6) = ip6 {
@@ -775,7 +775,7 @@ pub struct Agent {
 impl Agent {
     fn wait_running(&mut self) -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(30);
-        let state = dataplane_user::state::state_path(&self.run_dir);
+        let state = dataplane_user::kernel::state::state_path(&self.run_dir);
         while Instant::now() < deadline {
             if let Some(child) = self.child.as_mut()
                 && let Some(status) = child.try_wait()?
@@ -802,7 +802,7 @@ impl Agent {
 
     /// The counters in the agent's pinned maps.
     pub fn counters(&self) -> anyhow::Result<Counters> {
-        Ok(dataplane_user::stats::read(&self.pins)?)
+        Ok(dataplane_user::kernel::stats::read(&self.pins)?)
     }
 
     /// `dataplane status --json` for this agent, parsed.
@@ -925,26 +925,26 @@ pub fn dataplane_binary() -> PathBuf {
 /// wakes the peer only when the peer runs XDP itself; without this, the frames a node's XDP
 /// fast path sends would wait in that ring. A NIC's wire takes them at once.
 fn attach_wire_xdp(fabric: &str, ports: &[String]) -> anyhow::Result<()> {
-    let mut fixture = crate::fixture::Fixture::load()?;
+    let mut testbed = crate::testbed::Testbed::load()?;
     attach_pinned_xdp(
-        &mut fixture,
-        dataplane_common::maps::PROG_BASELINE,
+        &mut testbed,
+        dataplane_common::testbed::PROG_BASELINE,
         fabric,
         ports,
     )
 }
 
-/// Attaches `fixture`'s XDP program `name` to `ports` in `netns` (replacing what they ran:
-/// `-force`) by way of a pin, so that the attachments outlive the fixture: each interface
+/// Attaches the test bed's XDP program `name` to `ports` in `netns` (replacing what they ran:
+/// `-force`) by way of a pin, so that the attachments outlive the loaded object: each interface
 /// keeps its own reference to the program, and the program to its maps.
 fn attach_pinned_xdp(
-    fixture: &mut crate::fixture::Fixture,
+    testbed: &mut crate::testbed::Testbed,
     name: &'static str,
     netns: &str,
     ports: &[String],
 ) -> anyhow::Result<()> {
     let pin = PathBuf::from(format!("/sys/fs/bpf/{}", crate::unique_name("wire")));
-    let program = fixture.xdp(name)?;
+    let program = testbed.xdp(name)?;
     program
         .pin(&pin)
         .with_context(|| format!("pinning {name} at {}", pin.display()))?;

@@ -31,7 +31,7 @@ use dataplane_user::{
         pods::Direction,
     },
     api::egressfirewall::EgressFirewall,
-    capacity::Capacities,
+    kernel::capacity::Capacities,
     mapsync::addr16,
 };
 

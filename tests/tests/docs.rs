@@ -1,5 +1,5 @@
 //! docs/architecture.md kept in step with the code: its module map lists every module file of
-//! the three crates (and nothing that is gone), its map table every map `maps.rs` names.
+//! the three crates (and nothing that is gone), its map table every map `maps.rs` and `testbed.rs` name.
 
 use std::{collections::BTreeSet, path::Path};
 
@@ -63,8 +63,12 @@ fn the_module_map_lists_every_module_file_and_no_other() {
 
 #[test]
 fn the_map_table_lists_every_map_and_no_other() {
-    let maps_rs =
-        std::fs::read_to_string(format!("{ROOT}/dataplane-common/src/maps.rs")).expect("maps.rs");
+    // The dataplane's maps and the test bed's.
+    let maps_rs = ["maps.rs", "testbed.rs"]
+        .map(|file| {
+            std::fs::read_to_string(format!("{ROOT}/dataplane-common/src/{file}")).expect(file)
+        })
+        .join("\n");
     let named: BTreeSet<String> = maps_rs
         .lines()
         .filter_map(|line| line.trim().strip_prefix("pub const "))

@@ -27,10 +27,10 @@ use dataplane_tests::{
 };
 use dataplane_user::{
     AgentError,
-    capacity::Capacities,
+    kernel::capacity::Capacities,
+    kernel::testrun::RunOutcome,
     lb::{BackendAddr, LbState, ServicePort, maglev_table, port_bitmaps},
     mapsync::addr16,
-    testrun::RunOutcome,
 };
 use serde_json::json;
 
@@ -2464,8 +2464,8 @@ fn batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went() 
         .map(|n| ((n * 7919) % maps::DEFAULT_BACKENDS, backend(n + 1)))
         .collect();
     let map = fixture.ebpf().map(maps::LB_BACKENDS).expect("backends map");
-    dataplane_user::batch::update(map, &written).expect("batch write");
-    let read = dataplane_user::batch::read::<u32, Backend>(map).expect("batch read");
+    dataplane_user::kernel::batch::update(map, &written).expect("batch write");
+    let read = dataplane_user::kernel::batch::read::<u32, Backend>(map).expect("batch read");
     assert_eq!(
         read.len(),
         maps::DEFAULT_BACKENDS as usize,
@@ -2500,34 +2500,37 @@ fn batch_writes_reads_and_deletes_give_back_every_entry_and_say_how_many_went() 
     let five: Vec<(ServiceKey, ServiceValue)> =
         (1..=5u8).map(|n| (key(n), value(n.into()))).collect();
     let map = fixture.ebpf().map(LB_SERVICES).expect("services map");
-    let stopped = dataplane_user::batch::update(map, &five).expect_err("two more than fit");
+    let stopped = dataplane_user::kernel::batch::update(map, &five).expect_err("two more than fit");
     assert_eq!(stopped.done, 3);
     assert!(
-        dataplane_user::capacity::is_full(&stopped.source),
+        dataplane_user::kernel::capacity::is_full(&stopped.source),
         "{:?}",
         stopped.source
     );
-    let mut held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    let mut held =
+        dataplane_user::kernel::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
     held.sort_by_key(|(k, _)| k.addr);
     assert_eq!(held, five[..3].to_vec(), "the first three, as written");
 
     // Deleted in one call: the first two go, the third stays.
-    dataplane_user::batch::delete::<ServiceKey, ServiceValue>(map, &[key(1), key(2)])
+    dataplane_user::kernel::batch::delete::<ServiceKey, ServiceValue>(map, &[key(1), key(2)])
         .expect("batch delete");
-    let held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    let held = dataplane_user::kernel::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
     assert_eq!(held, vec![(key(3), value(3))]);
     // A key the map does not hold stops the batch, as a one-entry delete fails: what came
     // before it is deleted and counted.
-    let stopped =
-        dataplane_user::batch::delete::<ServiceKey, ServiceValue>(map, &[key(3), key(1), key(2)])
-            .expect_err("key 1 is gone");
+    let stopped = dataplane_user::kernel::batch::delete::<ServiceKey, ServiceValue>(
+        map,
+        &[key(3), key(1), key(2)],
+    )
+    .expect_err("key 1 is gone");
     assert_eq!(stopped.done, 1);
     assert!(
         matches!(&stopped.source, MapError::SyscallError(e) if e.io_error.raw_os_error() == Some(libc::ENOENT)),
         "{:?}",
         stopped.source
     );
-    let held = dataplane_user::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
+    let held = dataplane_user::kernel::batch::read::<ServiceKey, ServiceValue>(map).expect("read");
     assert!(held.is_empty(), "{held:?}");
 }
 
@@ -2552,7 +2555,8 @@ fn only_maps_this_load_created_skip_their_first_read_and_a_restart_still_sweeps(
     );
     // A restarted agent over the same pins finds them pinned: it reads them whole and sweeps
     // the backend its ports no longer have.
-    let mut restarted = dataplane_user::loader::Dataplane::load(fixture.pins()).expect("reload");
+    let mut restarted =
+        dataplane_user::kernel::loader::Dataplane::load(fixture.pins()).expect("reload");
     assert!(!restarted.first_read_of_created(maps::LB_BACKENDS));
     assert!(!restarted.first_read_of_created(maps::LB_MEMBERS));
     let mut fresh = LbState::default();
@@ -2800,15 +2804,15 @@ fn only_an_opening_creates_entries_and_unestablished_flows_live_a_minute() {
         TC_ACT_OK
     );
     // Each service flow a pod opened is counted against it (its veth), as are its drops.
-    let pods = dataplane_user::inspect::read(
+    let pods = dataplane_user::cli::inspect::read(
         fixture.pins(),
-        dataplane_user::inspect::Table::Pods,
+        dataplane_user::cli::inspect::Table::Pods,
         &Default::default(),
     )
     .expect("inspect pods");
     assert_eq!(pods.rows.len(), 1, "{:?}", pods.rows);
     let row = &pods.rows[0];
-    use dataplane_user::inspect::Cell;
+    use dataplane_user::cli::inspect::Cell;
     assert_eq!(
         row[2],
         Cell::Number(5),

@@ -166,7 +166,8 @@ fn the_copied_route_to_a_node_follows_neighbour_and_mtu_changes() {
     }
     let mut bed = dataplane_tests::overlay_bed::bed().expect("overlay bed");
     let frame = packets::ipv4_udp();
-    let dst_mac = |out: &dataplane_user::testrun::RunOutcome| packets::mac_text(&out.output[..6]);
+    let dst_mac =
+        |out: &dataplane_user::kernel::testrun::RunOutcome| packets::mac_text(&out.output[..6]);
     let out = bed
         .fixture
         .run_tc(PROG_FROM_POD, &frame, 1)
@@ -941,7 +942,7 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
     use dataplane_tests::fixture::Fixture;
     use dataplane_user::{
         api::network::OvnKubernetesConfig,
-        capacity::Capacities,
+        kernel::capacity::Capacities,
         model::{NodeView, OverlayView, Underlay},
         overlay,
     };

@@ -15,7 +15,7 @@ use dataplane_tests::{
     privileged::privileged,
     topology::{Mode, OVERLAY_POD_MTU, Pod, Topology, exec_in, run_in, sh_in},
 };
-use dataplane_user::stats::Counters;
+use dataplane_user::kernel::stats::Counters;
 
 fn delta(after: &Counters, before: &Counters, hook: Hook, class: PacketClass) -> u64 {
     after.packets(hook, class) - before.packets(hook, class)

@@ -4,13 +4,15 @@
 
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{ALL_MAPS, PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY},
+    maps::{ALL_MAPS, ALL_PROGRAMS, PROG_FROM_POD, PROG_UNDERLAY},
+    testbed::TESTBED_PROGRAMS,
 };
 use dataplane_tests::{
     fixture::Fixture,
     fuzz::XorShift,
     packets::{self, Ext, L3},
     privileged::privileged,
+    testbed::Testbed,
 };
 
 const XDP_ABORTED: u32 = 0;
@@ -157,16 +159,23 @@ fn object_has_every_shared_name() {
         );
         assert!(fixture.pins().map(name).exists(), "map {name} not pinned");
     }
-    for name in [
-        PROG_UNDERLAY,
-        PROG_FROM_POD,
-        PROG_BASELINE,
-        PROG_TC_BASELINE,
-    ] {
+    for name in ALL_PROGRAMS {
         assert!(
             fixture.ebpf().program(name).is_some(),
             "program {name} missing"
         );
+    }
+    // The test bed's programs are an object of their own, never in the node's.
+    let mut testbed = Testbed::load().expect("load the test bed's programs");
+    for &name in TESTBED_PROGRAMS {
+        assert!(
+            fixture.ebpf().program(name).is_none(),
+            "test-bed program {name} in the dataplane's object"
+        );
+        testbed
+            .run_xdp(name, &packets::ipv4_tcp(), 1)
+            .or_else(|_| testbed.run_tc(name, &packets::ipv4_tcp(), 1))
+            .unwrap_or_else(|e| panic!("test-bed program {name}: {e}"));
     }
     for name in [PROG_UNDERLAY, PROG_FROM_POD] {
         assert!(

@@ -770,7 +770,7 @@ fn a_policy_set_the_maps_cannot_hold_closes_its_pods_alone() {
             addresses: vec![IpAddr::from(*ip)],
         })
         .collect();
-    let capacities = dataplane_user::capacity::Capacities {
+    let capacities = dataplane_user::kernel::capacity::Capacities {
         acl_entries: 64,
         ..Default::default()
     };

@@ -146,7 +146,7 @@ fn network_policies_allow_and_refuse_real_connections_on_one_node_and_across_nod
     let after_egress = agent0.counters().expect("counters");
     assert_eq!(one_syn(&outsider.netns, &s, 8080).expect("SYN"), "timeout");
     let after_ingress = agent0.counters().expect("counters");
-    let denied = |c: &dataplane_user::stats::Counters| {
+    let denied = |c: &dataplane_user::kernel::stats::Counters| {
         (
             c.drops(DropReason::PolicyDeniedEgress),
             c.drops(DropReason::PolicyDeniedIngress),

@@ -113,9 +113,9 @@ fn a_service_connection_survives_restarting_both_agents() {
     let (pins0, run0) = agent0.stop_keeping_pins().expect("stop agent 0");
     let (pins1, run1) = agent1.stop_keeping_pins().expect("stop agent 1");
     let _cleanup = PinsCleanup(vec![pins0.clone(), pins1.clone()]);
-    let stopped = dataplane_user::stats::read(&pins0).expect("counters");
+    let stopped = dataplane_user::kernel::stats::read(&pins0).expect("counters");
     thread::sleep(Duration::from_millis(1500));
-    let unattended = dataplane_user::stats::read(&pins0).expect("counters");
+    let unattended = dataplane_user::kernel::stats::read(&pins0).expect("counters");
     let forwarded = unattended.packets(Hook::FromPod, PacketClass::Tcp)
         - stopped.packets(Hook::FromPod, PacketClass::Tcp);
     assert!(

@@ -11,7 +11,7 @@ use dataplane_tests::{
     service_bed,
     topology::{Mode, PinsCleanup, Topology, dataplane_binary, exec_in},
 };
-use dataplane_user::stats::Counters;
+use dataplane_user::kernel::stats::Counters;
 use std::process::Command;
 
 use serde_json::Value;

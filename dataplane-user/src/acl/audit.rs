@@ -350,7 +350,7 @@ pub struct AuditLog {
 impl AuditLog {
     pub fn open(settings: AuditSettings, path: &Path) -> std::io::Result<Self> {
         let file = RotatingFile::open(path, settings.max_file_bytes, settings.max_log_files)?;
-        let hostname = crate::netdev::host_name().unwrap_or_else(|_| "-".into());
+        let hostname = crate::kernel::netdev::host_name().unwrap_or_else(|_| "-".into());
         Ok(Self {
             limiter: RateLimiter::new(settings.rate_limit, Instant::now()),
             settings,

@@ -158,7 +158,7 @@ pub fn save_cache(
     path: &Path,
     addresses: &BTreeMap<String, BTreeSet<IpAddr>>,
 ) -> std::io::Result<()> {
-    crate::state::write_json_atomically(path, addresses)
+    crate::kernel::state::write_json_atomically(path, addresses)
 }
 
 /// Looks names up (A and AAAA) against the node's resolver configuration, or against one

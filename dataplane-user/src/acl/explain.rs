@@ -24,6 +24,7 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::{AclState, addr_key, pods::Direction};
+use crate::kernel::capacity::map_err;
 use crate::{AgentError, Pins, mapsync::addr16};
 
 /// The directory in the agent's run directory: one file per installed set, `<set id>.json`,
@@ -123,7 +124,7 @@ pub fn write(
         let path = dir.join(format!("{id}.json"));
         match rules.get(&id) {
             // Described again at every start: no need to wait for the disk.
-            Some(set) => crate::state::write_json_replacing(&path, set, false)?,
+            Some(set) => crate::kernel::state::write_json_replacing(&path, set, false)?,
             None => remove_if_there(&path)?,
         }
     }
@@ -202,13 +203,7 @@ fn open<K: aya::Pod, V: aya::Pod>(
     pins: &Pins,
     name: &'static str,
 ) -> Result<HashMap<MapData, K, V>, AgentError> {
-    let err = |action| {
-        move |source| AgentError::Map {
-            name: name.into(),
-            action,
-            source,
-        }
-    };
+    let err = |action| map_err(name, action);
     let data = MapData::from_pin(pins.map(name)).map_err(err("open pin"))?;
     HashMap::try_from(Map::HashMap(data)).map_err(err("open"))
 }

@@ -32,9 +32,10 @@ use super::{
     ports::{Decision, PortTable},
     state::{AclPod, AclState, AclSyncStats, DesiredFirewalls},
 };
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Dataplane,
-    mapsync::{addr16, map_err, sync_hash, sync_hash_since},
+    mapsync::{addr16, sync_hash, sync_hash_since},
 };
 
 /// Writes `entries` to `map` in batch calls, counting what went in (also when a full map
@@ -44,7 +45,7 @@ fn write_batch<K: aya::Pod, V: aya::Pod>(
     entries: &[(K, V)],
     stats: &mut AclSyncStats,
 ) -> Result<(), aya::maps::MapError> {
-    match crate::batch::update(map, entries) {
+    match crate::kernel::batch::update(map, entries) {
         Ok(()) => {
             stats.written += entries.len();
             Ok(())
@@ -64,7 +65,7 @@ fn delete_batch<K: aya::Pod, V: aya::Pod>(
 ) -> Result<(), aya::maps::MapError> {
     let mut rest = keys;
     loop {
-        match crate::batch::delete::<K, V>(map, rest) {
+        match crate::kernel::batch::delete::<K, V>(map, rest) {
             Ok(()) => {
                 stats.deleted += rest.len();
                 return Ok(());

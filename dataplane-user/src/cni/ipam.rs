@@ -335,9 +335,11 @@ impl Ipam {
 
     /// Saves `next` and takes it as the state; on a failed save the state stays as it was.
     fn commit(&mut self, next: Stored) -> Result<(), IpamError> {
-        crate::state::write_json_atomically(&self.path, &next).map_err(|e| IpamError::State {
-            path: self.path.clone(),
-            detail: e.to_string(),
+        crate::kernel::state::write_json_atomically(&self.path, &next).map_err(|e| {
+            IpamError::State {
+                path: self.path.clone(),
+                detail: e.to_string(),
+            }
         })?;
         self.stored = next;
         Ok(())

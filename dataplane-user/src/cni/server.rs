@@ -27,7 +27,7 @@ use super::{
     status::{self, PodStatusRecord},
     wire::{self, PodWiring},
 };
-use crate::{model, netdev, source::ClusterState};
+use crate::{kernel::netdev, model, source::ClusterState};
 
 /// One request from the plugin and where its answer goes.
 pub struct Job {

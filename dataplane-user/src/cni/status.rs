@@ -44,7 +44,7 @@ pub fn write(dir: &Path, node: &str, records: &[PodStatusRecord]) -> std::io::Re
     if current.as_deref() == Some(records) {
         return Ok(());
     }
-    crate::state::write_json_atomically(&path, &records)
+    crate::kernel::state::write_json_atomically(&path, &records)
 }
 
 /// Every node's records in `dir`; a file that does not parse is named in the returned

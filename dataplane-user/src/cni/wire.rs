@@ -19,7 +19,7 @@ use std::{
 use ipnet::IpNet;
 
 use super::{GATEWAY_V4, GATEWAY_V6};
-use crate::netdev;
+use crate::kernel::netdev;
 
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
@@ -286,7 +286,7 @@ fn check_pod_side(wiring: &PodWiring) -> Result<(), WireError> {
 /// Whether this namespace has interface `name` (asked of the kernel: /sys may show another
 /// namespace's).
 fn exists(name: &str) -> bool {
-    crate::preflight::interface_index(name).is_ok()
+    crate::kernel::preflight::interface_index(name).is_ok()
 }
 
 /// `address` as a host prefix.

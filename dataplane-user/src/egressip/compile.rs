@@ -21,10 +21,11 @@ use ipnet::IpNet;
 use k8s_openapi::api::core::v1::Namespace;
 
 use super::EgressIP;
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Dataplane,
     acl::pods::{PolicyPods, namespace_labels, selects},
-    mapsync::{SyncStats, addr16, map_err, sync_hash_since, sync_lpm_since},
+    mapsync::{SyncStats, addr16, sync_hash_since, sync_lpm_since},
     model::NodeModel,
     model::{NodeList, NodeView, endpoint, in_name_order, node_changes},
     source::ClusterState,

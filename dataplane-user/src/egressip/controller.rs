@@ -37,7 +37,7 @@ use super::{
     assign::{Assignment, Candidate, Problem, assign},
     probe::{Order, PROBE_PATH, Probe, ProbeKey, ProbeReply},
 };
-use crate::{metrics::Exposition, source::ClusterState};
+use crate::{http::Exposition, source::ClusterState};
 
 /// The label that lets a node hold egress IPs.
 pub const ASSIGNABLE_LABEL: &str = "k8s.ovn.org/egress-assignable";

@@ -268,12 +268,16 @@ impl EgressNode {
 /// (sender and target both `ip`, broadcast), or an unsolicited neighbour advertisement (to
 /// all nodes, override set).
 fn announce(underlay: &str, ip: IpAddr) -> std::io::Result<()> {
-    let mac = crate::netdev::mac(underlay)?;
-    let ifindex = crate::preflight::interface_index(underlay)
+    let mac = crate::kernel::netdev::mac(underlay)?;
+    let ifindex = crate::kernel::preflight::interface_index(underlay)
         .map_err(|e| std::io::Error::other(e.to_string()))?;
     match ip {
-        IpAddr::V4(v4) => crate::netdev::send_frame(ifindex, &gratuitous_arp(mac, v4.octets())),
-        IpAddr::V6(v6) => crate::netdev::send_frame(ifindex, &unsolicited_na(mac, v6.octets())),
+        IpAddr::V4(v4) => {
+            crate::kernel::netdev::send_frame(ifindex, &gratuitous_arp(mac, v4.octets()))
+        }
+        IpAddr::V6(v6) => {
+            crate::kernel::netdev::send_frame(ifindex, &unsolicited_na(mac, v6.octets()))
+        }
     }
 }
 

@@ -319,7 +319,7 @@ pub fn next_manifest_epoch(path: &Path) -> io::Result<u64> {
         .and_then(|t| t.trim().parse::<u64>().ok())
         .unwrap_or(0);
     let next = last + 1;
-    crate::state::write_replacing(path, next.to_string().as_bytes(), true, 0o600)?;
+    crate::kernel::state::write_replacing(path, next.to_string().as_bytes(), true, 0o600)?;
     Ok(next)
 }
 

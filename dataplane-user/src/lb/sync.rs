@@ -20,7 +20,8 @@ use super::{
         live_by_id, patched_words, port_bit_numbers, removed_backend,
     },
 };
-use crate::{AgentError, Dataplane, mapsync::map_err};
+use crate::kernel::capacity::map_err;
+use crate::{AgentError, Dataplane};
 
 impl Dataplane {
     /// Writes the words of the port bitmaps that differ from what the map holds.
@@ -29,13 +30,7 @@ impl Dataplane {
         state: &mut LbState,
         wanted: Vec<u64>,
     ) -> Result<usize, AgentError> {
-        let err = |action: &'static str| {
-            move |source| AgentError::Map {
-                name: maps::LB_PORTS.into(),
-                action,
-                source,
-            }
-        };
+        let err = |action: &'static str| map_err(maps::LB_PORTS, action);
         let mut map: Array<&mut MapData, u64> = self.typed_map(maps::LB_PORTS)?;
         let current = match state.port_words.take() {
             Some(words) => words,
@@ -68,7 +63,7 @@ impl Dataplane {
         // What the first sync would otherwise read back once more.
         state.backends = Some(live_by_id(slots));
         let map = self.map(maps::LB_SERVICES)?;
-        let services = crate::batch::read::<ServiceKey, ServiceValue>(map)
+        let services = crate::kernel::batch::read::<ServiceKey, ServiceValue>(map)
             .map_err(map_err(maps::LB_SERVICES, "read services"))?;
         for (key, value) in services {
             // The live table's backends are not known: the first sync rebuilds it aside.
@@ -348,7 +343,8 @@ impl Dataplane {
             return Ok(Vec::new());
         }
         let map = self.map(maps::LB_BACKENDS)?;
-        crate::batch::read::<u32, Backend>(map).map_err(map_err(maps::LB_BACKENDS, "read backends"))
+        crate::kernel::batch::read::<u32, Backend>(map)
+            .map_err(map_err(maps::LB_BACKENDS, "read backends"))
     }
 
     /// Writes the backends of `ids` that the array does not hold as they should be.
@@ -368,7 +364,7 @@ impl Dataplane {
             .iter()
             .map(|&(id, value)| (backend_slot(id), value))
             .collect();
-        let result = crate::batch::update(map, &slots);
+        let result = crate::kernel::batch::update(map, &slots);
         let written = match &result {
             Ok(()) => wanted.len(),
             Err(stopped) => stopped.done,

@@ -15,8 +15,8 @@ use dataplane_common::overlay::{FAMILY_IPV4, TUNNEL_VXLAN, TunnelEndpoint};
 
 use crate::{
     api::network::{HybridSettings, overlaps},
+    kernel::netdev::{mac_text, parse_mac},
     mapsync::addr16,
-    netdev::{mac_text, parse_mac},
 };
 
 use super::view::internal_ips;

@@ -5,7 +5,8 @@
 use clap::Parser;
 use dataplane_common::{
     lb::{NODEPORT_ANY_V4, SCOPE_NODEPORT, ServiceKey},
-    maps::{PROG_BASELINE, PROG_FROM_POD, PROG_TC_BASELINE, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    maps::{PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    testbed::{PROG_BASELINE, PROG_TC_BASELINE},
 };
 use dataplane_tests::median;
 use dataplane_tests::{

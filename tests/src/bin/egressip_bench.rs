@@ -8,7 +8,7 @@
 use std::{thread, time::Duration};
 
 use clap::Parser;
-use dataplane_common::maps::{PROG_FROM_POD, PROG_TC_BASELINE};
+use dataplane_common::{maps::PROG_FROM_POD, testbed::PROG_TC_BASELINE};
 use dataplane_tests::{
     egress_bed::{Holder, egress_maps},
     egress_topology::{

@@ -10,12 +10,13 @@
 use clap::Parser;
 use dataplane_common::{
     lb::{MAX_BACKEND_SLOTS, SCOPE_CLUSTER, ServiceKey},
-    maps::{PROG_FROM_POD, PROG_TC_BASELINE},
+    maps::PROG_FROM_POD,
+    testbed::PROG_TC_BASELINE,
 };
 use dataplane_tests::median;
 use dataplane_tests::{fixture::Fixture, packets::tcp_v4_flow};
 use dataplane_user::{
-    capacity::Capacities,
+    kernel::capacity::Capacities,
     lb::{BackendAddr, LbState, ServicePort},
     mapsync::addr16,
 };

@@ -37,12 +37,15 @@ use std::{collections::BTreeMap, process::Command};
 
 use anyhow::{Context as _, bail};
 use clap::Parser;
-use dataplane_common::maps::{BASELINE_REDIRECT, PROG_FROM_POD, PROG_TC_REDIRECT_BASELINE};
+use dataplane_common::{
+    maps::PROG_FROM_POD,
+    testbed::{BASELINE_REDIRECT, PROG_TC_REDIRECT_BASELINE},
+};
 use dataplane_tests::cpu::CpuTicks;
-use dataplane_tests::fixture::Fixture;
 use dataplane_tests::median;
 use dataplane_tests::request_response::{self, Kind, Server, Transactions, median_of};
 use dataplane_tests::service_bed::{ServicePort, cluster_ip_manifests};
+use dataplane_tests::testbed::Testbed;
 use dataplane_tests::topology::{
     Agent, Mode, Pod, Topology, exec_in, in_netns, kernel_vxlan_down, kernel_vxlan_up, run_in,
     sh_in,
@@ -578,20 +581,20 @@ fn interface_index(netns: &str, iface: &str) -> anyhow::Result<u32> {
         .with_context(|| format!("ifindex of {iface} in {netns}"))
 }
 
-/// The programs loaded on their own (no agent), with the redirect floor attached to the
-/// ingress of `iface` in `netns` and sending everything into the pod behind `target_ifindex`.
-/// Detached when dropped.
-fn redirect_floor(netns: &str, iface: &str, target_ifindex: u32) -> anyhow::Result<Fixture> {
-    let mut fixture = Fixture::load()?;
-    let mut target: aya::maps::Array<_, u32> = fixture.typed_map(BASELINE_REDIRECT)?;
+/// The test bed's programs loaded on their own (no agent), with the redirect floor attached to
+/// the ingress of `iface` in `netns` and sending everything into the pod behind
+/// `target_ifindex`. Detached when dropped.
+fn redirect_floor(netns: &str, iface: &str, target_ifindex: u32) -> anyhow::Result<Testbed> {
+    let mut testbed = Testbed::load()?;
+    let mut target: aya::maps::Array<_, u32> = testbed.typed_map(BASELINE_REDIRECT)?;
     target.set(0, target_ifindex, 0)?;
-    let program = fixture.classifier(PROG_TC_REDIRECT_BASELINE)?;
+    let program = testbed.classifier(PROG_TC_REDIRECT_BASELINE)?;
     // The interface name resolves in the calling thread's namespace.
     in_netns(netns, || {
         program.attach(iface, aya::programs::TcAttachType::Ingress)?;
         Ok(())
     })?;
-    Ok(fixture)
+    Ok(testbed)
 }
 
 /// Runs and total run time (ns) of each of the agent's programs, by name, from its status

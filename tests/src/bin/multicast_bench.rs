@@ -8,8 +8,9 @@
 
 use clap::Parser;
 use dataplane_common::{
-    maps::{MCAST_GROUPS, MCAST_PODS, PROG_FROM_POD, PROG_TC_BASELINE},
+    maps::{MCAST_GROUPS, MCAST_PODS, PROG_FROM_POD},
     multicast::{McastGroup, McastKey, McastPod, namespace_id},
+    testbed::PROG_TC_BASELINE,
 };
 use dataplane_tests::{fixture::TEST_RUN_IFINDEX, median, overlay_bed, packets};
 use dataplane_user::{mapsync::addr16, model::endpoint};

@@ -141,7 +141,7 @@ fn packet_socket(iface: &str) -> anyhow::Result<(OwnedFd, [u8; 6])> {
     // Asked of the kernel in this thread's namespace: /sys/class/net shows the namespace that
     // mounted it (the host's, under nsenter), whose `eth0` is another interface. A frame with
     // another MAC than the pod's is refused by port security.
-    let mac = dataplane_user::netdev::mac(iface)
+    let mac = dataplane_user::kernel::netdev::mac(iface)
         .with_context(|| format!("reading the MAC of {iface}"))?;
     Ok((fd, mac))
 }

@@ -18,6 +18,7 @@ use super::{
     },
     FirewallAgent,
 };
+use crate::kernel::capacity::map_err;
 use crate::{AgentError, Dataplane, api::network::PolicyAuditConfig};
 
 /// Waits until `fd` is readable (forever without one).
@@ -38,18 +39,8 @@ pub(crate) fn open_ring(
 ) -> Result<Option<AsyncFd<RingBuf<MapData>>>, AgentError> {
     let pin = dataplane.pins().map(name);
     let ring = MapData::from_pin(&pin)
-        .map_err(|e| AgentError::Map {
-            name: name.into(),
-            action: "open pin",
-            source: e,
-        })
-        .and_then(|data| {
-            RingBuf::try_from(Map::RingBuf(data)).map_err(|source| AgentError::Map {
-                name: name.into(),
-                action: "open",
-                source,
-            })
-        })?;
+        .map_err(map_err(name, "open pin"))
+        .and_then(|data| RingBuf::try_from(Map::RingBuf(data)).map_err(map_err(name, "open")))?;
     // SAFETY: the ring buffer owns its map's descriptor, which stays open and the same for as
     // long as the ring (moved into the AsyncFd) lives.
     match unsafe { AsyncFd::register_with_interest(ring, Interest::READABLE) } {

@@ -5,6 +5,7 @@
 //! When a sync needs more than a map holds, the error names the map and the flag to raise, and
 //! nothing of that sync's change is half-written.
 
+use crate::AgentError;
 use dataplane_common::{
     lb::MAX_BACKEND_SLOTS,
     maps::{
@@ -108,6 +109,26 @@ pub fn is_full(error: &aya::maps::MapError) -> bool {
             Some(libc::E2BIG) | Some(libc::ENOSPC)
         ),
         _ => false,
+    }
+}
+
+/// Names a map and what was done to it in a map error: every map error of the agent is made
+/// here, so that a sized map that is full always names the flag that raises it.
+pub fn map_err(
+    name: &'static str,
+    action: &'static str,
+) -> impl Fn(aya::maps::MapError) -> AgentError {
+    move |source| match flag_for(name) {
+        Some(flag) if is_full(&source) => AgentError::MapFull {
+            name: name.into(),
+            action,
+            flag,
+        },
+        _ => AgentError::Map {
+            name: name.into(),
+            action,
+            source,
+        },
     }
 }
 

@@ -3,17 +3,19 @@
 mod cluster;
 
 mod agent;
-mod cli;
+mod args;
 mod controller;
 
 use std::{path::PathBuf, process::ExitCode};
 
 use agent::{RunArgs, SourceArg, run};
 use anyhow::Context as _;
+use args::{Cli, Command, LogFormat, RunOptions};
 use clap::Parser as _;
-use cli::{Cli, Command, LogFormat, RunOptions};
 use controller::run_controller;
-use dataplane_user::{Pins, acl, cni, egressip, inspect, state, status, trace, verify};
+use dataplane_user::{
+    Pins, acl, cli::inspect, cli::status, cli::trace, cni, egressip, kernel::state, kernel::verify,
+};
 
 fn main() -> ExitCode {
     let pages = dataplane_user::small_pages_only();
@@ -237,7 +239,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::Cleanup => {
-            let cleaned = dataplane_user::attach::remove_pod_filters();
+            let cleaned = dataplane_user::kernel::attach::remove_pod_filters();
             if let Err(error) = dataplane_user::gateway::remove() {
                 tracing::warn!(%error, "removing the gateway SNAT table");
             }
@@ -261,7 +263,7 @@ mod tests {
     /// stated defaults.
     #[test]
     fn the_daemonsets_agent_arguments_parse_with_the_map_sizes_at_their_defaults() {
-        let text = include_str!("../../deploy/daemonset.yaml");
+        let text = include_str!("../../../../deploy/daemonset.yaml");
         let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
             serde_yaml::from_str(text).expect("DaemonSet");
         let spec = daemonset
@@ -286,7 +288,7 @@ mod tests {
         };
         assert_eq!(
             options.capacities,
-            dataplane_user::capacity::Capacities::default()
+            dataplane_user::kernel::capacity::Capacities::default()
         );
     }
 
@@ -299,7 +301,8 @@ mod tests {
                 .unwrap_or_else(|e| panic!("{args:?}: {e}"))
         };
         let daemonset: k8s_openapi::api::apps::v1::DaemonSet =
-            serde_yaml::from_str(include_str!("../../deploy/daemonset.yaml")).expect("DaemonSet");
+            serde_yaml::from_str(include_str!("../../../../deploy/daemonset.yaml"))
+                .expect("DaemonSet");
         let pod = daemonset
             .spec
             .expect("spec")
@@ -317,7 +320,7 @@ mod tests {
             parse(&install).command,
             Command::InstallCni { bin_dir, plugin: None } if bin_dir == std::path::Path::new("/host/opt/cni/bin")
         ));
-        let controller_yaml = include_str!("../../deploy/controller.yaml");
+        let controller_yaml = include_str!("../../../../deploy/controller.yaml");
         let deployment = serde_yaml::Deserializer::from_str(controller_yaml)
             .filter_map(|document| {
                 let value =

@@ -30,6 +30,7 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Pins,
     acl::{
@@ -136,11 +137,7 @@ fn open_err(
     name: &'static str,
     action: &'static str,
 ) -> impl Fn(aya::maps::MapError) -> AgentError {
-    move |source| AgentError::Map {
-        name: name.into(),
-        action,
-        source,
-    }
+    map_err(name, action)
 }
 
 fn pinned(pins: &Pins, name: &'static str) -> Result<MapData, AgentError> {
@@ -460,7 +457,7 @@ fn hybrid_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
     if config.flags & HYBRID_ENABLED == 0 {
         return Ok(Vec::new());
     }
-    let mac = |m: &[u8; 6]| crate::netdev::mac_text(m);
+    let mac = |m: &[u8; 6]| crate::kernel::netdev::mac_text(m);
     let mut rows = vec![vec![
         "hybrid overlay".into(),
         format!("VXLAN port {}, VNI 4097", config.vxlan_port).into(),

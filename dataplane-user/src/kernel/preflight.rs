@@ -5,7 +5,7 @@ use std::ffi::CString;
 
 use aya::util::KernelVersion;
 
-use crate::AgentError;
+use crate::{AgentError, error::KernelGap};
 
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;
@@ -26,19 +26,14 @@ pub fn check_privileges() -> Result<(), AgentError> {
 }
 
 pub fn check_kernel() -> Result<(), AgentError> {
-    let version = KernelVersion::current().map_err(|e| AgentError::KernelUnsupported {
-        reason: format!("cannot read the kernel version: {e}"),
-    })?;
+    let unsupported = |gap| AgentError::KernelUnsupported { gap };
+    let version = KernelVersion::current()
+        .map_err(|e| unsupported(KernelGap::VersionUnreadable(Box::new(e))))?;
     if version < KernelVersion::new(MIN_KERNEL.0, MIN_KERNEL.1, 0) {
-        return Err(AgentError::KernelUnsupported {
-            reason: format!("running {version}"),
-        });
+        return Err(unsupported(KernelGap::TooOld { running: version }));
     }
     if !std::path::Path::new("/sys/kernel/btf/vmlinux").exists() {
-        return Err(AgentError::KernelUnsupported {
-            reason: "no /sys/kernel/btf/vmlinux (kernel built without CONFIG_DEBUG_INFO_BTF)"
-                .into(),
-        });
+        return Err(unsupported(KernelGap::NoBtf));
     }
     Ok(())
 }

@@ -25,15 +25,17 @@ use dataplane_common::{
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use serde::Serialize;
 
+use crate::kernel::capacity::map_err;
 use crate::{
     AgentError, Dataplane, Pins,
     acl::{
         explain::{PolicyMaps, SetRules},
         pods::Direction,
     },
-    inspect::{self, Table},
+    cli::inspect::{self, Table},
+    kernel::netdev,
+    kernel::stats,
     mapsync::addr16,
-    netdev, stats,
 };
 
 /// Transport of the described packet.
@@ -317,22 +319,14 @@ fn local_pod(pins: &Pins, ip: IpAddr) -> Result<Option<LocalPod>, AgentError> {
     match pinned_local_pods(pins)?.get(&addr16(ip), 0) {
         Ok(pod) => Ok(Some(pod)),
         Err(aya::maps::MapError::KeyNotFound) => Ok(None),
-        Err(source) => Err(local_pods_error(source)),
+        Err(source) => Err(map_err(LOCAL_PODS, "read")(source)),
     }
 }
 
 /// The local-pod map pinned under `pins`.
 fn pinned_local_pods(pins: &Pins) -> Result<HashMap<MapData, Addr, LocalPod>, AgentError> {
-    let data = MapData::from_pin(pins.map(LOCAL_PODS)).map_err(local_pods_error)?;
-    HashMap::try_from(Map::HashMap(data)).map_err(local_pods_error)
-}
-
-fn local_pods_error(source: aya::maps::MapError) -> AgentError {
-    AgentError::Map {
-        name: LOCAL_PODS.into(),
-        action: "read",
-        source,
-    }
+    let data = MapData::from_pin(pins.map(LOCAL_PODS)).map_err(map_err(LOCAL_PODS, "read"))?;
+    HashMap::try_from(Map::HashMap(data)).map_err(map_err(LOCAL_PODS, "read"))
 }
 
 /// The frame for `packet`: from a local pod as its veth delivers it (pod MAC to the host-side
@@ -500,13 +494,7 @@ pub fn render(report: &Report) -> String {
 /// definition). aya's typed maps need the key and value types at compile time; this copy
 /// works from the sizes the kernel reports, so it serves every map, per-CPU ones included.
 fn copy_map(from: &Path, to: &Path, name: &'static str) -> Result<usize, AgentError> {
-    let err = |action| {
-        move |source| AgentError::Map {
-            name: name.into(),
-            action,
-            source,
-        }
-    };
+    let err = |action| map_err(name, action);
     let info = MapInfo::from_pin(from).map_err(err("read info"))?;
     let map_type = info.map_type().map_err(err("read type"))?;
     if matches!(map_type, MapType::RingBuf | MapType::ProgramArray) {

@@ -13,7 +13,6 @@ use dataplane_common::maps::LAYOUT_VERSION;
 use dataplane_user::{
     Dataplane, Pins,
     acl::{self, agent::Wake},
-    attach::XdpModeChoice,
     cni::{
         self,
         protocol::{Reply, Request},
@@ -21,15 +20,18 @@ use dataplane_user::{
         spec::{CniError, code},
     },
     egressip::{self, node::EgressNode},
+    kernel::attach::XdpModeChoice,
+    kernel::netdev,
+    kernel::preflight,
+    kernel::state::{self, AgentState},
     kubernetes::{self, KubeSource},
     lb,
     metrics::{self, Metrics},
-    netdev, port, preflight, source,
-    state::{self, AgentState},
+    port, source,
 };
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::cli::XdpForward;
+use super::args::XdpForward;
 use crate::cluster::{Cluster, Source, warn_unrestricted};
 
 pub(super) enum SourceArg {
@@ -53,7 +55,7 @@ pub(super) struct RunArgs {
     pub(super) cni_netns_dirs: Vec<PathBuf>,
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
     pub(super) cni_conf_dir: Option<PathBuf>,
-    pub(super) capacities: dataplane_user::capacity::Capacities,
+    pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
     pub(super) look_every: std::time::Duration,
     /// How often everything is re-read and every stage run.

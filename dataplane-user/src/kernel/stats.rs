@@ -8,6 +8,7 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
+use crate::kernel::capacity::map_err;
 use crate::{AgentError, Pins};
 
 #[derive(Clone, Debug, Default, Serialize)]
@@ -82,21 +83,15 @@ pub fn read(pins: &Pins) -> Result<Counters, AgentError> {
     Ok(counters)
 }
 
-fn open_counter_map(pins: &Pins, name: &str) -> Result<PerCpuArray<MapData, u64>, AgentError> {
-    let err = |action, source| AgentError::Map {
-        name: name.into(),
-        action,
-        source,
-    };
-    let data = MapData::from_pin(pins.map(name)).map_err(|e| err("open pin", e))?;
-    PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(|e| err("open", e))
+fn open_counter_map(
+    pins: &Pins,
+    name: &'static str,
+) -> Result<PerCpuArray<MapData, u64>, AgentError> {
+    let data = MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"))?;
+    PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(map_err(name, "open"))
 }
 
-fn sum(map: &PerCpuArray<MapData, u64>, index: u32, name: &str) -> Result<u64, AgentError> {
-    let values = map.get(&index, 0).map_err(|source| AgentError::Map {
-        name: name.into(),
-        action: "read",
-        source,
-    })?;
+fn sum(map: &PerCpuArray<MapData, u64>, index: u32, name: &'static str) -> Result<u64, AgentError> {
+    let values = map.get(&index, 0).map_err(map_err(name, "read"))?;
     Ok(values.iter().sum())
 }

@@ -15,7 +15,8 @@ use dataplane_common::maps::{
     PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_STAGES, TAILS, TailStage,
 };
 
-use crate::{AgentError, Pins, capacity::Capacities, ebpf, preflight};
+use crate::kernel::capacity::map_err;
+use crate::{AgentError, Pins, kernel::capacity::Capacities, kernel::ebpf, kernel::preflight};
 
 /// Loads of one program tried before giving up on a verifier interrupted each time (twice
 /// libbpf's default, with a growing pause between them).
@@ -52,11 +53,7 @@ fn found_capacities(ebpf: &Ebpf, wanted: &Capacities) -> Result<Capacities, Agen
         };
         let size = data
             .info()
-            .map_err(|source| AgentError::Map {
-                name: name.into(),
-                action: "read the size of",
-                source,
-            })?
+            .map_err(map_err(name, "read the size of"))?
             .max_entries();
         if size != asked {
             tracing::warn!(
@@ -140,7 +137,7 @@ impl Dataplane {
         &mut self.ebpf
     }
 
-    /// Map `name` of the loaded object, untyped (for the batch calls of [`crate::batch`]).
+    /// Map `name` of the loaded object, untyped (for the batch calls of [`crate::kernel::batch`]).
     pub fn map(&self, name: &'static str) -> Result<&aya::maps::Map, AgentError> {
         self.ebpf.map(name).ok_or(AgentError::MissingMap { name })
     }
@@ -154,11 +151,7 @@ impl Dataplane {
             .ebpf
             .map_mut(name)
             .ok_or(AgentError::MissingMap { name })?;
-        T::try_from(map).map_err(|source| AgentError::Map {
-            name: name.into(),
-            action: "open",
-            source,
-        })
+        T::try_from(map).map_err(map_err(name, "open"))
     }
 
     pub fn xdp(&mut self, name: &'static str) -> Result<&mut Xdp, AgentError> {
@@ -246,11 +239,7 @@ impl Dataplane {
                     source: source.into(),
                 })?;
             let mut tails: ProgramArray<&mut MapData> = self.typed_map(TAILS)?;
-            tails.set(slot, &fd, 0).map_err(|source| AgentError::Map {
-                name: TAILS.into(),
-                action: "fill",
-                source,
-            })?;
+            tails.set(slot, &fd, 0).map_err(map_err(TAILS, "fill"))?;
         }
         // The kernel empties a program array when its last user reference (descriptor or pin)
         // goes, even while attached programs still jump through it. Pinned under this agent's
@@ -306,17 +295,9 @@ impl Dataplane {
             .ebpf
             .map_mut(META)
             .ok_or(AgentError::MissingMap { name: META })?;
-        let mut meta: Array<_, u32> = Array::try_from(map).map_err(|source| AgentError::Map {
-            name: META.into(),
-            action: "open",
-            source,
-        })?;
+        let mut meta: Array<_, u32> = Array::try_from(map).map_err(map_err(META, "open"))?;
         meta.set(0, LAYOUT_VERSION, 0)
-            .map_err(|source| AgentError::Map {
-                name: META.into(),
-                action: "write layout version",
-                source,
-            })
+            .map_err(map_err(META, "write layout version"))
     }
 }
 
@@ -339,11 +320,7 @@ fn check_layout_version(pins: &Pins) -> Result<(), AgentError> {
     if !path.exists() {
         return Ok(());
     }
-    let found = read_layout_version(&path).map_err(|source| AgentError::Map {
-        name: META.into(),
-        action: "read layout version",
-        source,
-    })?;
+    let found = read_layout_version(&path).map_err(map_err(META, "read layout version"))?;
     if found != 0 && found != LAYOUT_VERSION {
         return Err(AgentError::LayoutMismatch {
             path: pins.root().to_owned(),

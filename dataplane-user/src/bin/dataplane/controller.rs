@@ -3,10 +3,10 @@
 use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
-use dataplane_user::{egressip, kubernetes, metrics, netdev};
+use dataplane_user::{egressip, kernel::netdev, kubernetes, metrics};
 use tokio::signal::unix::{SignalKind, signal};
 
-use super::cli::ControllerOptions;
+use super::args::ControllerOptions;
 
 /// `dataplane controller`: the egress IP controller, until SIGINT or SIGTERM.
 pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {

@@ -27,7 +27,11 @@ use dataplane_common::{
 };
 use serde::{Deserialize, Serialize};
 
-use crate::{AgentError, Dataplane, preflight};
+use crate::{
+    AgentError, Dataplane,
+    error::{AttachAttempt, error_chain},
+    kernel::preflight,
+};
 
 /// The priority of the pods' tc filters (both directions).
 pub const POD_FILTER_PRIORITY: u16 = 1;
@@ -128,14 +132,14 @@ impl Dataplane {
                 }
                 Err(e) => {
                     tracing::info!(interface, mode = mode_name(mode), error = %e, "XDP mode refused, trying the next");
-                    attempts.push(format!("{}: {}", mode_name(mode), error_chain(&e)));
+                    attempts.push(AttachAttempt::new(mode_name(mode), e));
                 }
             }
         }
         Err(AgentError::Attach {
             program: PROG_UNDERLAY,
             interface: interface.into(),
-            attempts: attempts.join("; "),
+            attempts,
         })
     }
 
@@ -150,7 +154,7 @@ impl Dataplane {
             return Err(AgentError::Attach {
                 program: PROG_FROM_POD,
                 interface: interface.into(),
-                attempts: format!("adding the clsact qdisc: {}", error_chain(&error)),
+                attempts: vec![AttachAttempt::new("adding the clsact qdisc", error)],
             });
         }
         let mut attachments = Vec::new();
@@ -186,10 +190,13 @@ impl Dataplane {
         interface: &str,
         direction: TcAttachType,
     ) -> Result<(), AgentError> {
-        let attach_error = |e: &dyn std::error::Error| AgentError::Attach {
+        let attach_error = |e: Box<dyn std::error::Error + Send + Sync>| AgentError::Attach {
             program: name,
             interface: interface.into(),
-            attempts: format!("tc filter: {}", error_chain(e)),
+            attempts: vec![AttachAttempt {
+                step: "tc filter",
+                error: e,
+            }],
         };
         let program = self.classifier(name)?;
         let options = TcAttachOptions::Netlink(NlOptions {
@@ -210,14 +217,16 @@ impl Dataplane {
                     POD_FILTER_HANDLE.into(),
                     None,
                 )
-                .map_err(|e| attach_error(&e))?;
-                let id = program.attach_to_link(link).map_err(|e| attach_error(&e))?;
+                .map_err(|e| attach_error(e.into()))?;
+                let id = program
+                    .attach_to_link(link)
+                    .map_err(|e| attach_error(e.into()))?;
                 tracing::info!(interface, program = name, "took over the tc filter");
                 id
             }
-            Err(error) => return Err(attach_error(&error)),
+            Err(error) => return Err(attach_error(error.into())),
         };
-        let link = program.take_link(id).map_err(|e| attach_error(&e))?;
+        let link = program.take_link(id).map_err(|e| attach_error(e.into()))?;
         // Dropping the link would remove the filter: it stays, holding the program, when this
         // agent exits, for the next to take over.
         std::mem::forget(link);
@@ -271,15 +280,13 @@ impl Dataplane {
             return Ok(attachment);
         }
         let program = self.classifier(name)?;
-        let attach_error = |e: &dyn std::error::Error| AgentError::Attach {
+        let attach_error = |e: ProgramError| AgentError::Attach {
             program: name,
             interface: interface.into(),
-            attempts: format!("{mode}: {}", error_chain(e)),
+            attempts: vec![AttachAttempt::new(mode, e)],
         };
-        let id = program
-            .attach(interface, direction)
-            .map_err(|e| attach_error(&e))?;
-        let link = program.take_link(id).map_err(|e| attach_error(&e))?;
+        let id = program.attach(interface, direction).map_err(attach_error)?;
+        let link = program.take_link(id).map_err(attach_error)?;
         pin_link(FdLink::try_from(link), &pin, name, interface)?;
         tracing::info!(interface, program = name, mode, "attached");
         Ok(attachment)
@@ -386,7 +393,7 @@ fn pin_link(
     let link = link.map_err(|e| AgentError::Attach {
         program,
         interface: interface.into(),
-        attempts: format!("not a bpf link: {e}"),
+        attempts: vec![AttachAttempt::new("pinning its link", e)],
     })?;
     link.pin(pin).map_err(|source| AgentError::Pin {
         path: pin.to_owned(),
@@ -409,7 +416,7 @@ fn is_exists(error: &TcError) -> bool {
 /// pods' veths and the management port): `dataplane cleanup`'s part beside the pins.
 pub fn remove_pod_filters() -> Vec<String> {
     let mut cleaned = Vec::new();
-    for interface in crate::netdev::interface_names() {
+    for interface in crate::kernel::netdev::interface_names() {
         let mut removed = false;
         for (name, direction) in [
             (PROG_FROM_POD, TcAttachType::Ingress),
@@ -430,17 +437,6 @@ fn remove_pin(pin: &Path) {
     {
         tracing::warn!(pin = %pin.display(), %error, "removing a pinned link");
     }
-}
-
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -68,7 +68,7 @@ pub enum VerifyError {
 
 /// Loads every program under a private pin root (removed again) and measures each.
 pub fn measure() -> Result<Vec<ProgramBudget>, VerifyError> {
-    let stacks = stack_chains(crate::ebpf::object())?;
+    let stacks = stack_chains(crate::kernel::ebpf::object())?;
     let pins = Pins::new(PathBuf::from(format!(
         "/sys/fs/bpf/dataplane-verify-{}",
         std::process::id()

@@ -3,7 +3,10 @@
 
 use std::time::Duration;
 
-use aya::{TestRun as _, TestRunOptions};
+use aya::{
+    TestRun as _, TestRunOptions,
+    programs::{SchedClassifier, Xdp},
+};
 
 use crate::{AgentError, Dataplane};
 
@@ -29,8 +32,7 @@ impl Dataplane {
         input: &[u8],
         repeat: u32,
     ) -> Result<RunOutcome, AgentError> {
-        let program = self.xdp(name)?;
-        run(name, input, repeat, |opts| program.test_run(opts))
+        run_xdp_program(self.xdp(name)?, name, input, repeat)
     }
 
     /// Runs tc program `name` `repeat` times on `input` (an Ethernet frame).
@@ -40,8 +42,7 @@ impl Dataplane {
         input: &[u8],
         repeat: u32,
     ) -> Result<RunOutcome, AgentError> {
-        let program = self.classifier(name)?;
-        run(name, input, repeat, |opts| program.test_run(opts))
+        run_tc_program(self.classifier(name)?, name, input, repeat)
     }
 
     /// [`Dataplane::run_tc`] on the device `ifindex` of the calling thread's namespace (the
@@ -62,6 +63,27 @@ impl Dataplane {
             })
         })
     }
+}
+
+/// Runs the loaded XDP program `program` (`name` in errors) `repeat` times on `input`: for
+/// programs of another object than the dataplane's (the test bed's).
+pub fn run_xdp_program(
+    program: &mut Xdp,
+    name: &'static str,
+    input: &[u8],
+    repeat: u32,
+) -> Result<RunOutcome, AgentError> {
+    run(name, input, repeat, |opts| program.test_run(opts))
+}
+
+/// [`run_xdp_program`] for a loaded tc program.
+pub fn run_tc_program(
+    program: &mut SchedClassifier,
+    name: &'static str,
+    input: &[u8],
+    repeat: u32,
+) -> Result<RunOutcome, AgentError> {
+    run(name, input, repeat, |opts| program.test_run(opts))
 }
 
 /// The start of a `struct __sk_buff` for BPF_PROG_TEST_RUN: zero (what the kernel requires of
