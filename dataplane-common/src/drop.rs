@@ -102,6 +102,7 @@ drop_reasons! {
     MulticastCopyFailed = 65, "multicast_copy_failed", "a multicast copy could not be made (clone, encapsulation or route to the other node failed)";
     MulticastReportLost = 66, "multicast_report_lost", "an IGMP or MLD message found the agent's ring full (the next query asks again)";
     LbNotOpening = 67, "lb_not_opening", "a TCP segment without SYN (or an SCTP chunk other than INIT) to a service port that belongs to no tracked flow: only a connection's opening is given a backend";
+    LbSourceRange = 68, "lb_source_range", "a new flow to a load-balancer address from a source outside the Service's spec.loadBalancerSourceRanges";
     ScratchUnavailable = 39, "scratch_unavailable", "a program's per-CPU working set (the parse result handed between stages) could not be reached";
 }
 

@@ -151,6 +151,33 @@ pub struct ServiceValue {
     pub affinity_timeout: u32,
 }
 
+/// Key of the load-balancer source ranges (`LB_SOURCE_RANGES`, an LPM trie): a load-balancer
+/// address, port and protocol (the first [`SOURCE_RANGE_SERVICE_BITS`] bits, always whole),
+/// then a client source prefix. An address with source ranges has one entry per range
+/// ([`SOURCE_RANGE_ALLOW`]) and one for every other source ([`SOURCE_RANGE_DENY`], prefix
+/// length [`SOURCE_RANGE_SERVICE_BITS`]), so one lookup answers, whatever the number of
+/// ranges; an address without ranges has no entry and every source may open a flow.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SourceRangeKey {
+    pub addr: Addr,
+    /// Port in network byte order, as on the wire.
+    pub port_be: [u8; 2],
+    pub protocol: u8,
+    pub _pad: u8,
+    /// The client's address (IPv4 as `::ffff:a.b.c.d`).
+    pub source: Addr,
+}
+
+/// Bits of a [`SourceRangeKey`] before its source: address, port, protocol and padding.
+pub const SOURCE_RANGE_SERVICE_BITS: u32 = 160;
+/// Prefix length of a lookup: the whole key.
+pub const SOURCE_RANGE_FULL_BITS: u32 = SOURCE_RANGE_SERVICE_BITS + 128;
+/// `LB_SOURCE_RANGES` value: sources under this prefix may open flows.
+pub const SOURCE_RANGE_ALLOW: u8 = 1;
+/// `LB_SOURCE_RANGES` value: sources under this prefix (every source no range allows) may not.
+pub const SOURCE_RANGE_DENY: u8 = 0;
+
 /// One slot of the backends array (indexed by [`backend_slot`] of a backend id).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]

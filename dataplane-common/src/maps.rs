@@ -71,6 +71,9 @@ pub const LOCAL_POD_CACHE: &str = "DP_OVL_POD_CACHE";
 pub const LB_AFFINITY: &str = "DP_LB_AFFINITY";
 /// (service port, backend) pairs of the service ports with ClientIP affinity.
 pub const LB_MEMBERS: &str = "DP_LB_MEMBERS";
+/// LPM trie: [`crate::lb::SourceRangeKey`] -> `SOURCE_RANGE_ALLOW` or `SOURCE_RANGE_DENY`, the
+/// load-balancer addresses' `spec.loadBalancerSourceRanges`.
+pub const LB_SOURCE_RANGES: &str = "DP_LB_SRC_RANGES";
 /// Datagrams being fragmented -> their first fragment's ports (LRU).
 pub const FRAGS: &str = "DP_FRAGS";
 /// Per pod (host-side veth ifindex): drops and service flows opened (`stats::PodCounters`).
@@ -199,6 +202,7 @@ pub const ALL_MAPS: &[&str] = &[
     LB_SNAT_NEXT,
     LB_AFFINITY,
     LB_MEMBERS,
+    LB_SOURCE_RANGES,
     FRAGS,
     POD_STATS,
     ACL_ENDPOINTS,

@@ -24,7 +24,8 @@ use dataplane_common::{
     DropReason, PacketClass,
     lb::{
         BACKEND_PORTS_BASE, CT_NODEPORT, CT_REPLY, CT_SNAT, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE,
+        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW,
+        SOURCE_RANGE_FULL_BITS,
     },
     overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
 };
@@ -34,7 +35,7 @@ use crate::parse::{ETH_LEN, ETH_P_IP};
 use crate::{
     clock::now,
     copy::{copy_addr, set_ipv4_mapped},
-    maps::{LB_CT, LB_SERVICES},
+    maps::{LB_CT, LB_SERVICES, LB_SOURCE_RANGES},
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP},
     stage::{Stage, reverse_nat, routed_out},
@@ -206,6 +207,12 @@ fn dnat<const FROM_OUTSIDE: bool>(
         let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
             return Ok(None);
         };
+        // A load-balancer address with source ranges takes new flows from those alone,
+        // before anything else is decided (kube-proxy's firewall check comes first too);
+        // NodePorts are not subject to them, as with kube-proxy.
+        if scope != SCOPE_NODEPORT && !source_allowed(s) {
+            return Err(DropReason::LbSourceRange);
+        }
         // Only a connection's opening is given a backend and entries: a stray segment (or a
         // flood of spoofed ones) takes no room in the conntrack map and no masquerade port.
         // (A service without endpoints answers anything, as kube-proxy rejects it.)
@@ -230,6 +237,23 @@ fn dnat<const FROM_OUTSIDE: bool>(
     }
     s.cacheable = (s.snat == 0 && s.nodeport == 0) as u8;
     Ok(Some(PacketClass::ServiceDnat))
+}
+
+/// Whether the flow's source may open a flow to its destination: an address without source
+/// ranges has no entry (a miss), one with ranges answers allow or deny in one lookup.
+#[inline(always)]
+fn source_allowed(s: &mut LbScratch) -> bool {
+    // Field by field: the key is packed (no references into it) and lives in the per-CPU
+    // working set, not on the stack.
+    s.range.prefix_len = SOURCE_RANGE_FULL_BITS;
+    s.range.data.addr = s.flow.dst;
+    s.range.data.port_be = s.flow.dst_port_be;
+    s.range.data.protocol = s.flow.protocol;
+    s.range.data._pad = 0;
+    s.range.data.source = s.flow.src;
+    LB_SOURCE_RANGES
+        .get(&s.range)
+        .is_none_or(|verdict| *verdict == SOURCE_RANGE_ALLOW)
 }
 
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.

@@ -18,7 +18,7 @@ use dataplane_common::{
     hybrid::{HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
-        MaglevTable, MemberKey, ServiceKey, ServiceValue, XdpFlowCacheEntry,
+        MaglevTable, MemberKey, ServiceKey, ServiceValue, SourceRangeKey, XdpFlowCacheEntry,
     },
     maps::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
@@ -137,6 +137,13 @@ pub static LB_AFFINITY: LruHashMap<AffinityKey, AffinityValue> =
 /// the service port is not used for its new flows, whatever other service ports it serves.
 #[map(name = "DP_LB_MEMBERS")]
 pub static LB_MEMBERS: HashMap<MemberKey, u32> = HashMap::pinned(MAX_AFFINITY_MEMBERS, 0);
+
+/// The load-balancer addresses' source ranges (`spec.loadBalancerSourceRanges`, see
+/// `SourceRangeKey`): one lookup per new flow, whatever the number of ranges. Sized with the
+/// service ports (`--max-service-ports`, twice as many entries), allocated as used.
+#[map(name = "DP_LB_SRC_RANGES")]
+pub static LB_SOURCE_RANGES: LpmTrie<SourceRangeKey, u8> =
+    LpmTrie::pinned(DEFAULT_SERVICE_PORTS * 2, 0);
 
 /// Datagrams in flight in fragments -> their first fragment's ports (`frag`). LRU: a datagram
 /// whose last fragment never came ages out.

@@ -3,12 +3,13 @@
 //! on the 512-byte BPF stack, and cross tail calls there. Plain layouts only: the stages that
 //! fill and read them sit above, the maps that hold them below.
 
+use aya_ebpf::maps::lpm_trie::Key;
 use dataplane_common::{
     PacketClass,
     acl::{ACL_MAX_LENGTHS, AclAddrKey, AclCtKey, AclPortKey},
     egressip::EgressCtValue,
     frag::FRAG_NONE,
-    lb::{AffinityKey, AffinityValue, CtKey, CtValue, MemberKey, ServiceKey},
+    lb::{AffinityKey, AffinityValue, CtKey, CtValue, MemberKey, ServiceKey, SourceRangeKey},
     overlay::Addr,
 };
 
@@ -103,6 +104,8 @@ pub struct LbScratch {
     /// outside) that the flow cache may replay.
     pub(crate) cacheable: u8,
     pub(crate) _pad3: [u8; 3],
+    /// A new flow's source-range lookup: its service address, port and protocol, its source.
+    pub(crate) range: Key<SourceRangeKey>,
 }
 
 // The addresses whose checksum differences are summed as words (`addr_diff`) are 4-aligned.

@@ -61,7 +61,9 @@ pub fn spawn(
     Ok(())
 }
 
-async fn serve(listener: std::net::TcpListener, handler: Arc<Handler>, name: String) {
+/// Serves `handler` on `listener` on the calling runtime until the task is dropped or aborted
+/// (what [`spawn`] runs on a thread of its own).
+pub async fn serve(listener: std::net::TcpListener, handler: Arc<Handler>, name: String) {
     let listener = match tokio::net::TcpListener::from_std(listener) {
         Ok(listener) => listener,
         Err(error) => {

@@ -10,13 +10,20 @@
 //! name; ready endpoints take new flows; serving-but-terminating ones only keep their
 //! established flows (or take new ones when no endpoint is ready, as kube-proxy does).
 //! Headless and ExternalName Services have nothing to balance. SCTP ports may differ from their
-//! target ports: the kernel keeps SCTP's CRC32c right across the rewrite.
+//! target ports: the kernel keeps SCTP's CRC32c right across the rewrite. As kube-proxy: the
+//! endpoints' topology hints narrow a node's ready endpoints (`compile`), load-balancer
+//! addresses admit new flows from their source ranges alone (`ranges`), `ipMode: Proxy`
+//! addresses and other proxies' Services are left alone, and every node answers the
+//! health-check ports of `externalTrafficPolicy: Local` Services and kube-proxy's node health
+//! (`health`).
 
 mod cache;
 
 mod address;
 mod compile;
+mod health;
 mod maglev;
+mod ranges;
 mod snat;
 mod state;
 mod sync;
@@ -41,14 +48,17 @@ use {
 
 pub use address::{AddressKind, AddressPolicy};
 pub use compile::{
-    BackendAddr, CompiledService, CompiledServices, ServiceCompiled, ServiceName, ServicePort,
-    assemble, compile_each, compile_services, key_taken,
+    BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, LocalNode,
+    MAX_SOURCE_RANGES, MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled,
+    ServiceName, ServicePort, assemble, compile_each, compile_services, key_taken,
 };
 pub use maglev::maglev_table;
+pub use ranges::{RANGE_KEY_LEN, RangeEntries, key_parts, range_entries};
 pub use snat::reserve_snat_ports;
 pub use state::{LbState, LbSyncStats, port_bitmaps};
 
 pub use cache::ServiceCache;
+pub use health::{HealthServers, ProxyHealth, TO_BE_DELETED_TAINT, health_answer, node_eligible};
 
 #[cfg(test)]
 mod tests;

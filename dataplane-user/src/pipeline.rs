@@ -77,7 +77,7 @@ pub fn compile_node(state: &ClusterState, node: &str) -> Option<(Desired, Vec<St
     let services = lb::compile_services(
         &state.services,
         &state.endpoint_slices,
-        node,
+        &lb::LocalNode::from_nodes(&state.nodes, node),
         &AddressPolicy::default(),
     );
     refused.extend(services.errors.iter().cloned());

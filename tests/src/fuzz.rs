@@ -356,6 +356,8 @@ fn cluster() -> anyhow::Result<Bed> {
             affinity_timeout: affinity,
             ready,
             terminating: Vec::new(),
+            source_ranges: Vec::new(),
+            topology: None,
         }
     };
     let ports = vec![

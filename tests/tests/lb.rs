@@ -86,6 +86,8 @@ fn service(vip: &str, port: u16, protocol: u8, backends: &[&str], affinity: u32)
         affinity_timeout: affinity,
         ready,
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
+        topology: None,
     }
 }
 
@@ -2823,4 +2825,175 @@ fn only_an_opening_creates_entries_and_unestablished_flows_live_a_minute() {
         Cell::Number(3),
         "flows opened: two SYNs and a datagram"
     );
+}
+
+/// A load-balancer address with `ranges`, as the compile gives it: the pods' key and the
+/// outside's, both carrying the ranges (the kernel's entries come from the outside's).
+fn load_balancer(vip: &str, backends: &[&str], ranges: &[&str]) -> Vec<ServicePort> {
+    let mut pods = service(vip, 443, 6, backends, 0);
+    pods.kind = dataplane_user::lb::AddressKind::External;
+    pods.source_ranges = ranges.iter().map(|r| r.parse().expect("range")).collect();
+    let mut outside = pods.clone();
+    outside.key.scope = dataplane_common::lb::SCOPE_EXTERNAL;
+    vec![pods, outside]
+}
+
+/// `LB_SOURCE_RANGES` as the kernel holds it: (prefix length, key bytes) -> verdict.
+fn source_range_entries(fixture: &mut Fixture) -> dataplane_user::lb::RangeEntries {
+    let map: aya::maps::lpm_trie::LpmTrie<
+        &mut MapData,
+        [u8; dataplane_user::lb::RANGE_KEY_LEN],
+        u8,
+    > = fixture
+        .typed_map(maps::LB_SOURCE_RANGES)
+        .expect("source ranges map");
+    map.keys()
+        .map(|k| {
+            let k = k.expect("key");
+            let verdict = map.get(&k, 0).expect("value");
+            ((k.prefix_len(), k.data()), verdict)
+        })
+        .collect()
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_new_flows_from_their_ranges_alone() {
+    if !privileged("load_balancer_source_ranges_admit_new_flows_from_their_ranges_alone") {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let (vip, vip6, cluster_ip) = ("192.0.2.30", "2001:db8:30::30", "10.96.0.30");
+    let backends = ["10.244.3.7:8443"];
+    let backends6 = ["[fd00:10:244:3::7]:8443"];
+    let with_ranges = |v4: &[&str], v6: &[&str]| {
+        let mut ports = load_balancer(vip, &backends, v4);
+        ports.extend(load_balancer(vip6, &backends6, v6));
+        ports.push(service(cluster_ip, 443, 6, &backends, 0));
+        ports
+    };
+    let ports = with_ranges(&["10.244.1.0/24"], &["fd00:10:244:1::/64"]);
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    // The map: per address, a deny of every source and an allow of the range, and nothing
+    // for the cluster IP.
+    let expected = |v4: &[&str], v6: &[&str]| {
+        let keys: std::collections::BTreeMap<ServiceKey, Vec<ipnet::IpNet>> = with_ranges(v4, v6)
+            .iter()
+            .filter(|p| p.key.scope == dataplane_common::lb::SCOPE_EXTERNAL)
+            .filter(|p| !p.source_ranges.is_empty())
+            .map(|p| (p.key, p.source_ranges.clone()))
+            .collect();
+        dataplane_user::lb::range_entries(&keys)
+    };
+    let held = source_range_entries(&mut fixture);
+    assert_eq!(held, expected(&["10.244.1.0/24"], &["fd00:10:244:1::/64"]));
+    assert_eq!(held.len(), 4);
+    // `dataplane inspect services` shows each load-balancer address's ranges.
+    let rows = dataplane_user::cli::inspect::read(
+        fixture.pins(),
+        dataplane_user::cli::inspect::Table::Services,
+        &Default::default(),
+    )
+    .expect("inspect");
+    let text = dataplane_user::cli::inspect::render(&rows);
+    assert!(text.contains("SOURCE_RANGES"), "{text}");
+    let line = |address: &str| {
+        text.lines()
+            .filter(|l| l.starts_with(address))
+            .map(str::to_owned)
+            .collect::<Vec<_>>()
+    };
+    for row in line("192.0.2.30:443") {
+        assert!(row.trim_end().ends_with("10.244.1.0/24"), "{row}");
+    }
+    for row in line("[2001:db8:30::30]:443") {
+        assert!(row.trim_end().ends_with("fd00:10:244:1::/64"), "{row}");
+    }
+    assert_eq!(line("192.0.2.30:443").len(), 2, "{text}");
+    assert!(!line("10.96.0.30:443")[0].contains("10.244.1.0/24"));
+
+    let syn_from = |fixture: &mut Fixture, client: &str, sport: u16, to: &str| {
+        from_pod(fixture, &frame("tcp", client, sport, to, 443, "S")).expect("tc run")
+    };
+    let backend_v4: [u8; 4] = [10, 244, 3, 7];
+    // Inside the range: translated to the backend, both families.
+    let out = syn_from(&mut fixture, "10.244.1.9", 47000, vip);
+    assert_eq!(
+        (out.action, destination(&out.output)),
+        (TC_ACT_OK, backend_v4)
+    );
+    assert!(checksums_ok(&out.output));
+    let out = syn_from(&mut fixture, "fd00:10:244:1::9", 47000, vip6);
+    assert_eq!(out.action, TC_ACT_OK);
+    assert_eq!(&out.output[38..54], &addr16(ip("fd00:10:244:3::7"))[..]);
+    // Outside the range: dropped, counted, and no entry made; the cluster IP of the same
+    // backends is not subject to the ranges.
+    for (client, to) in [("10.244.2.9", vip), ("fd00:10:244:2::9", vip6)] {
+        let out = syn_from(&mut fixture, client, 47001, to);
+        assert_eq!(out.action, TC_ACT_SHOT, "{client} -> {to}");
+        let key = ct_key(client, 47001, to, 443, 6, CT_ORIGINAL);
+        assert!(ct_entry(&mut fixture, &key).is_none(), "{client}: no flow");
+    }
+    assert_eq!(fixture.counters().drops(DropReason::LbSourceRange), 2);
+    let out = syn_from(&mut fixture, "10.244.2.9", 47002, cluster_ip);
+    assert_eq!(
+        (out.action, destination(&out.output)),
+        (TC_ACT_OK, backend_v4)
+    );
+
+    // The ranges change on the live Service: the established flow keeps going; new flows
+    // follow the new ranges.
+    let ports = with_ranges(&["10.244.2.0/24"], &["fd00:10:244:1::/64"]);
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    assert_eq!(
+        source_range_entries(&mut fixture),
+        expected(&["10.244.2.0/24"], &["fd00:10:244:1::/64"])
+    );
+    let ack = frame("tcp", "10.244.1.9", 47000, vip, 443, "A");
+    let out = from_pod(&mut fixture, &ack).expect("tc run");
+    assert_eq!(
+        (out.action, destination(&out.output)),
+        (TC_ACT_OK, backend_v4)
+    );
+    let out = syn_from(&mut fixture, "10.244.1.9", 47003, vip);
+    assert_eq!(out.action, TC_ACT_SHOT);
+    let out = syn_from(&mut fixture, "10.244.2.9", 47004, vip);
+    assert_eq!(
+        (out.action, destination(&out.output)),
+        (TC_ACT_OK, backend_v4)
+    );
+    assert_eq!(fixture.counters().drops(DropReason::LbSourceRange), 3);
+
+    // Without ranges, every source; the map is empty again, through the changed-ports sync too.
+    let ports = with_ranges(&[], &[]);
+    let changed: Vec<(ServiceKey, Option<ServicePort>)> =
+        ports.iter().map(|p| (p.key, Some(p.clone()))).collect();
+    fixture
+        .sync_lb_changed(&mut state, &changed)
+        .expect("sync changed")
+        .expect("the state allows a sync of the changed ports");
+    assert!(source_range_entries(&mut fixture).is_empty());
+    let out = syn_from(&mut fixture, "10.244.1.9", 47005, vip);
+    assert_eq!(
+        (out.action, destination(&out.output)),
+        (TC_ACT_OK, backend_v4)
+    );
+    // And back, through the changed-ports sync.
+    let ports = with_ranges(&["10.244.1.0/24"], &[]);
+    let changed: Vec<(ServiceKey, Option<ServicePort>)> =
+        ports.iter().map(|p| (p.key, Some(p.clone()))).collect();
+    fixture
+        .sync_lb_changed(&mut state, &changed)
+        .expect("sync changed")
+        .expect("changed-ports sync");
+    assert_eq!(
+        source_range_entries(&mut fixture),
+        expected(&["10.244.1.0/24"], &[])
+    );
+    let out = syn_from(&mut fixture, "10.244.2.9", 47006, vip);
+    assert_eq!(out.action, TC_ACT_SHOT);
+    // The Service goes: its entries go with it.
+    let ports = vec![service(cluster_ip, 443, 6, &backends, 0)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    assert!(source_range_entries(&mut fixture).is_empty());
 }

@@ -438,3 +438,235 @@ fn offloaded_checksums_stay_seeds_of_the_translated_addresses_on_the_flow_cache(
         "no datagram replayed from the cache"
     );
 }
+
+/// One connection attempt from `netns` to `address:port` within two seconds: `ok` (with the
+/// backend's answer), `timeout` or `refused`.
+fn try_connect(netns: &str, address: &str, port: u16) -> String {
+    let script = format!(
+        "import socket\n\
+         try:\n\
+         \x20   c = socket.create_connection(('{address}', {port}), timeout=2)\n\
+         \x20   c.settimeout(2); c.sendall(b'x'); print('ok', c.recv(200).decode().strip())\n\
+         except socket.timeout:\n\
+         \x20   print('timeout')\n\
+         except ConnectionRefusedError:\n\
+         \x20   print('refused')\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("probe");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Whether `check` holds within ten seconds (the agents see a rewritten manifest at their
+/// next sync).
+fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..20 {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    false
+}
+
+#[test]
+fn load_balancer_source_ranges_admit_their_clients_alone_and_follow_a_live_change() {
+    if !privileged("load_balancer_source_ranges_admit_their_clients_alone_and_follow_a_live_change")
+    {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let near = topology.add_external_host().expect("external host");
+    let far = topology
+        .add_host("far", "10.99.0.101".parse().unwrap())
+        .expect("second external host");
+    let backend = topology.node(0).pods[1].clone();
+    let manifests = |ranges: &str| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: guarded, namespace: default}}\n\
+             spec: {{type: LoadBalancer, clusterIP: 10.96.0.40, loadBalancerSourceRanges: [{ranges}], \
+             ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]}}\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.40}}]}}}}\n\
+             ---\napiVersion: v1\nkind: Service\n\
+             metadata: {{name: foreign, namespace: default, labels: {{service.kubernetes.io/service-proxy-name: other-proxy}}}}\n\
+             spec: {{type: LoadBalancer, clusterIP: 10.96.0.41, ports: [{{port: 80, targetPort: 8080, nodePort: 30091}}]}}\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.41}}]}}}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: guarded-1, namespace: default, labels: {{kubernetes.io/service-name: guarded}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+             endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: foreign-1, namespace: default, labels: {{kubernetes.io/service-name: foreign}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+             endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+            ip = backend.ip,
+            node = dataplane_tests::topology::node_name(0),
+        )
+    };
+    topology
+        .add_manifest("guarded.yaml", &manifests(&format!("{}/32", near.ip)))
+        .expect("manifests");
+    let server = echo_backend(&backend, false).expect("backend");
+    let agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let node1 = topology.node(1).underlay_ip.to_string();
+    // The load balancer sends its address to node 1 (whose pods are no backend: the flow
+    // crosses to node 0 through the overlay), as a VIP-mode load balancer routes it.
+    for host in [&near, &far] {
+        for vip in ["192.0.2.40", "192.0.2.41"] {
+            run_in(&host.netns, &["ip", "route", "add", vip, "via", &node1]).unwrap();
+        }
+    }
+    let answered = |host: &dataplane_tests::topology::ExternalHost, address: &str, port: u16| {
+        try_connect(&host.netns, address, port)
+    };
+    let served = format!("ok {} {}", backend.ip, node1);
+    assert_eq!(
+        answered(&near, "192.0.2.40", 80),
+        served,
+        "inside the ranges"
+    );
+    assert_eq!(
+        answered(&far, "192.0.2.40", 80),
+        "timeout",
+        "outside the ranges"
+    );
+    // NodePorts are not subject to the ranges (as with kube-proxy).
+    assert_eq!(answered(&far, &node1, 30090), served);
+    // The Service another proxy serves is not served here, from anywhere.
+    assert_ne!(answered(&near, "192.0.2.41", 80), served);
+    assert_eq!(answered(&near, &node1, 30091), "refused");
+    let drops = agents.1.counters().expect("counters");
+    assert!(
+        drops.drops(dataplane_common::DropReason::LbSourceRange) >= 1,
+        "{:?}",
+        drops.drops
+    );
+
+    // The ranges grow on the live Service: the far host gets in, the near one stays.
+    topology
+        .add_manifest(
+            "guarded.yaml",
+            &manifests(&format!("{}/32, {}/32", near.ip, far.ip)),
+        )
+        .expect("manifests");
+    assert!(
+        eventually(|| answered(&far, "192.0.2.40", 80) == served),
+        "the far host is admitted after the change"
+    );
+    assert_eq!(answered(&near, "192.0.2.40", 80), served);
+    // And shrink to the far host alone.
+    topology
+        .add_manifest("guarded.yaml", &manifests(&format!("{}/32", far.ip)))
+        .expect("manifests");
+    assert!(
+        eventually(|| answered(&near, "192.0.2.40", 80) == "timeout"),
+        "the near host is refused after the change"
+    );
+    assert_eq!(answered(&far, "192.0.2.40", 80), served);
+    drop(server);
+}
+
+/// `GET http://address:port/` from `netns`: the status code, weight header and body.
+fn http_get(netns: &str, address: &str, port: u16) -> (u16, String) {
+    http_get_path(netns, address, port, "/")
+}
+
+/// [`http_get`] of `path`.
+fn http_get_path(netns: &str, address: &str, port: u16, path: &str) -> (u16, String) {
+    let script = format!(
+        "import urllib.request, urllib.error\n\
+         try:\n\
+         \x20   r = urllib.request.urlopen('http://{address}:{port}{path}', timeout=3)\n\
+         \x20   print(r.status, r.headers.get('X-Load-Balancing-Endpoint-Weight'), r.read().decode())\n\
+         except urllib.error.HTTPError as e:\n\
+         \x20   print(e.code, e.headers.get('X-Load-Balancing-Endpoint-Weight'), e.read().decode())\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("http probe");
+    let text = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let (code, rest) = text.split_once(' ').unwrap_or((&text, ""));
+    (code.parse().unwrap_or(0), rest.to_owned())
+}
+
+#[test]
+fn health_check_node_ports_answer_200_where_local_endpoints_are_and_503_elsewhere() {
+    if !privileged("health_check_node_ports_answer_200_where_local_endpoints_are_and_503_elsewhere")
+    {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let on_node0 = topology.node(0).pods[1].clone();
+    let on_node1 = topology.node(1).pods[1].clone();
+    let manifests = |endpoints: &str, health_port: u16| {
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: local-lb, namespace: default}}\n\
+             spec: {{type: LoadBalancer, clusterIP: 10.96.0.50, externalTrafficPolicy: Local, \
+             healthCheckNodePort: {health_port}, ports: [{{port: 80, targetPort: 8080, nodePort: 30095}}]}}\n\
+             status: {{loadBalancer: {{ingress: [{{ip: 192.0.2.50}}]}}}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: local-lb-1, namespace: default, labels: {{kubernetes.io/service-name: local-lb}}}}\n\
+             addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+             endpoints: [{endpoints}]\n"
+        )
+    };
+    let endpoint = |pod: &dataplane_tests::topology::Pod, node: usize| {
+        format!(
+            "{{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}",
+            pod.ip,
+            dataplane_tests::topology::node_name(node)
+        )
+    };
+    topology
+        .add_manifest("local-lb.yaml", &manifests(&endpoint(&on_node0, 0), 32100))
+        .expect("manifests");
+    let _agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let (node0, node1) = (
+        topology.node(0).underlay_ip.to_string(),
+        topology.node(1).underlay_ip.to_string(),
+    );
+    let body = |count: usize| {
+        format!(
+            "{count} {{\"localEndpoints\":{count},\"service\":{{\"name\":\"local-lb\",\"namespace\":\"default\"}},\"serviceProxyHealthy\":true}}"
+        )
+    };
+    // The endpoint's node answers 200 with one local endpoint, the other 503 with none.
+    assert_eq!(http_get(&external.netns, &node0, 32100), (200, body(1)));
+    assert_eq!(http_get(&external.netns, &node1, 32100), (503, body(0)));
+    // The endpoint moves to node 1 and a second one joins it there: the answers follow.
+    topology
+        .add_manifest(
+            "local-lb.yaml",
+            &manifests(
+                &format!(
+                    "{}, {}",
+                    endpoint(&on_node1, 1),
+                    endpoint(&topology.node(1).pods[0].clone(), 1)
+                ),
+                32100,
+            ),
+        )
+        .expect("manifests");
+    assert!(
+        eventually(|| http_get(&external.netns, &node1, 32100) == (200, body(2))),
+        "node 1 has two local endpoints"
+    );
+    assert_eq!(http_get(&external.netns, &node0, 32100), (503, body(0)));
+    // The port changes: the old one closes, the new one answers.
+    topology
+        .add_manifest("local-lb.yaml", &manifests(&endpoint(&on_node1, 1), 32101))
+        .expect("manifests");
+    assert!(
+        eventually(|| http_get(&external.netns, &node1, 32101) == (200, body(1))),
+        "the new port answers"
+    );
+    assert_eq!(
+        http_get(&external.netns, &node1, 32100).0,
+        0,
+        "the old port is closed"
+    );
+}

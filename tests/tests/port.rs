@@ -426,6 +426,8 @@ fn a_spoofed_packet_never_reaches_the_load_balancer_or_the_flow_cache() {
         affinity_timeout: 0,
         ready: vec![backend],
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
+        topology: None,
     };
     bed.fixture.sync_lb(&mut state, &[port]).expect("sync lb");
     // A flood of random sources (and random source MACs) to the service.

@@ -10,8 +10,8 @@ use dataplane_common::{
     lb::MAX_BACKEND_SLOTS,
     maps::{
         ACL_ADDRS, ACL_PEERS, ACL_PORTS, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
-        DEFAULT_SERVICE_PORTS, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SERVICES, MAX_NODES, NODE_ADDRS,
-        REMOTE_PODS_V4, REMOTE_PODS_V6,
+        DEFAULT_SERVICE_PORTS, LB_BACKENDS, LB_CT, LB_MAGLEV, LB_SERVICES, LB_SOURCE_RANGES,
+        MAX_NODES, NODE_ADDRS, REMOTE_PODS_V4, REMOTE_PODS_V6,
     },
 };
 
@@ -60,10 +60,15 @@ impl Default for Capacities {
 
 impl Capacities {
     /// Each sized map with the size these capacities give it and the flag that sets it.
-    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 10] {
+    pub fn map_sizes(&self) -> [(&'static str, u32, &'static str); 11] {
         [
             (LB_SERVICES, self.service_ports, "--max-service-ports"),
             (LB_MAGLEV, self.service_ports * 2, "--max-service-ports"),
+            (
+                LB_SOURCE_RANGES,
+                self.service_ports * 2,
+                "--max-service-ports",
+            ),
             (LB_BACKENDS, self.backends, "--max-backends"),
             (LB_CT, self.conntrack, "--max-conntrack"),
             (ACL_ADDRS, self.acl_entries, "--max-acl-entries"),
@@ -78,7 +83,9 @@ impl Capacities {
     /// The capacities maps of these sizes give (`size_of(name)`: a map's actual size).
     pub fn from_map_sizes(size_of: impl Fn(&'static str) -> u32) -> Self {
         Self {
-            service_ports: size_of(LB_SERVICES).min(size_of(LB_MAGLEV) / 2),
+            service_ports: size_of(LB_SERVICES)
+                .min(size_of(LB_MAGLEV) / 2)
+                .min(size_of(LB_SOURCE_RANGES) / 2),
             backends: size_of(LB_BACKENDS),
             conntrack: size_of(LB_CT),
             acl_entries: size_of(ACL_ADDRS)
@@ -172,9 +179,16 @@ mod tests {
         assert_eq!(flag_for(ACL_PORTS), Some("--max-acl-entries"));
         assert_eq!(flag_for("DP_OVL_PODS"), None);
         let found = Capacities::from_map_sizes(|name| match name {
-            LB_MAGLEV => 100,
+            LB_MAGLEV | LB_SOURCE_RANGES => 100,
             _ => 80,
         });
         assert_eq!((found.service_ports, found.backends), (50, 80));
+        // The source ranges sized with the service ports: a smaller one lowers them too.
+        let found = Capacities::from_map_sizes(|name| match name {
+            LB_MAGLEV => 100,
+            LB_SOURCE_RANGES => 60,
+            _ => 80,
+        });
+        assert_eq!(found.service_ports, 30);
     }
 }

@@ -7,7 +7,7 @@ use std::{
     sync::Arc,
 };
 
-use dataplane_common::lb::ServiceKey;
+use dataplane_common::lb::{SCOPE_NODEPORT, ServiceKey};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use crate::{
@@ -17,8 +17,8 @@ use crate::{
 };
 
 use super::{
-    AddressKind, AddressPolicy, CompiledService, CompiledServices, LbState, LbSyncStats,
-    ServiceName, ServicePort,
+    AddressKind, AddressPolicy, CompiledService, CompiledServices, HealthCheck, LbState,
+    LbSyncStats, LocalNode, ServiceName, ServicePort,
 };
 
 /// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
@@ -37,12 +37,17 @@ pub struct ServiceCache {
     /// with how many ports each: the first port of the lowest kind, then of the first Service
     /// by name, holds it (as [`super::assemble`] decides).
     claims: BTreeMap<ServiceKey, BTreeMap<(AddressKind, ServiceName), usize>>,
-    /// The address policy the Services were compiled under: a change recompiles them all.
+    /// The address policy and the node the Services were compiled under: a change of either
+    /// recompiles them all.
     policy: AddressPolicy,
+    node: LocalNode,
     /// The Services whose compile failed, and the keys more than one port claims: what
     /// [`Self::errors`] lists, kept so that it does not walk 10,000 Services at each change.
     failed: BTreeSet<ServiceName>,
     shared: BTreeSet<ServiceKey>,
+    /// The Services that ask for a health-check port (few: `externalTrafficPolicy: Local`
+    /// LoadBalancers), so that [`Self::health_checks`] does not walk every Service.
+    with_health_check: BTreeSet<ServiceName>,
     /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
     dirty: Option<BTreeSet<ServiceKey>>,
 }
@@ -54,18 +59,25 @@ impl ServiceCache {
         &mut self,
         services: &Objects<Service>,
         slices: &Objects<EndpointSlice>,
-        node: &str,
+        node: &LocalNode,
         policy: &AddressPolicy,
         changes: &Changes,
     ) -> usize {
-        if changes.full || self.policy != *policy {
+        if changes.full || self.policy != *policy || self.node != *node {
             self.policy = policy.clone();
+            self.node = node.clone();
             self.index(services, slices);
             self.compiled = super::compile_each(services, slices, node, policy, |_| true);
             self.failed = self
                 .compiled
                 .iter()
                 .filter(|(_, service)| service.is_err())
+                .map(|(name, _)| name.clone())
+                .collect();
+            self.with_health_check = self
+                .compiled
+                .iter()
+                .filter(|(_, c)| c.as_ref().is_ok_and(|c| c.health_check.is_some()))
                 .map(|(name, _)| name.clone())
                 .collect();
             self.claims.clear();
@@ -94,6 +106,7 @@ impl ServiceCache {
             self.unclaim(name);
             self.compiled.remove(name);
             self.failed.remove(name);
+            self.with_health_check.remove(name);
             let Some(service) = self.objects.get(name) else {
                 continue;
             };
@@ -110,6 +123,9 @@ impl ServiceCache {
             for (name, service) in fresh {
                 if service.is_err() {
                     self.failed.insert(name.clone());
+                }
+                if service.as_ref().is_ok_and(|c| c.health_check.is_some()) {
+                    self.with_health_check.insert(name.clone());
                 }
                 self.compiled.insert(name.clone(), service);
                 self.claim(&name);
@@ -253,6 +269,52 @@ impl ServiceCache {
         errors
     }
 
+    /// The health-check node ports this node serves, by port, and a line for each one not
+    /// served: a port two Services name goes to the first by namespace and name; a port that
+    /// is also a NodePort (whose traffic the load-balancer takes before the node's stack
+    /// sees it) to neither.
+    pub fn health_checks(&self) -> (BTreeMap<u16, HealthCheck>, Vec<String>) {
+        if self.with_health_check.is_empty() {
+            return (BTreeMap::new(), Vec::new());
+        }
+        let node_ports: BTreeSet<u16> = self
+            .claims
+            .keys()
+            .filter(|key| key.scope == SCOPE_NODEPORT && key.protocol == 6)
+            .map(|key| u16::from_be_bytes(key.port_be))
+            .collect();
+        let mut checks = BTreeMap::new();
+        let mut refused = Vec::new();
+        let wanted = self.with_health_check.iter().filter_map(|name| {
+            self.compiled
+                .get(name)?
+                .as_ref()
+                .ok()?
+                .health_check
+                .as_ref()
+        });
+        for check in wanted {
+            let id = format!("Service {}/{}", check.namespace, check.name);
+            if node_ports.contains(&check.port) {
+                refused.push(format!(
+                    "{id}: spec.healthCheckNodePort: {} is a NodePort of a Service; the health check is not served",
+                    check.port
+                ));
+                continue;
+            }
+            match checks.entry(check.port) {
+                std::collections::btree_map::Entry::Occupied(_) => refused.push(format!(
+                    "{id}: spec.healthCheckNodePort: {} is another Service's; the health check is not served",
+                    check.port
+                )),
+                std::collections::btree_map::Entry::Vacant(slot) => {
+                    slot.insert(check.clone());
+                }
+            }
+        }
+        (checks, refused)
+    }
+
     /// Brings the load-balancer maps to the ports as they are now: only the keys that may
     /// have changed since the last call, or every port after a full compile or a failed sync.
     pub fn sync_maps(
@@ -314,7 +376,7 @@ mod tests {
             cache.update(
                 &old.services,
                 &old.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &AddressPolicy::default(),
                 &Changes::full(),
             );
@@ -324,7 +386,7 @@ mod tests {
             let compiled = cache.update(
                 &new.services,
                 &new.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &AddressPolicy::default(),
                 &changes,
             );
@@ -332,7 +394,7 @@ mod tests {
             let full = super::super::compile_services(
                 &new.services,
                 &new.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &AddressPolicy::default(),
             );
             assert_eq!(cache.ports(), full);
@@ -379,7 +441,7 @@ mod tests {
             cache.update(
                 &first.services,
                 &first.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &open,
                 &Changes::full(),
             );
@@ -388,7 +450,7 @@ mod tests {
             cache.update(
                 &then.services,
                 &then.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &open,
                 &changes,
             );
@@ -398,7 +460,7 @@ mod tests {
             let full = super::super::compile_services(
                 &then.services,
                 &then.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &open,
             );
             assert_eq!(cache.ports(), full);
@@ -431,19 +493,76 @@ mod tests {
             cache.update(
                 &new.services,
                 &new.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &AddressPolicy::default(),
                 &Changes::full(),
             );
             let full = super::super::compile_services(
                 &new.services,
                 &new.endpoint_slices,
-                "node-a",
+                &LocalNode::named("node-a"),
                 &AddressPolicy::default(),
             );
             assert!(!full.errors.is_empty(), "{text}");
             assert_eq!(cache.errors(), full.errors);
             assert_eq!(cache.changed_ports(), None, "a full compile: every port");
         }
+    }
+
+    /// Health-check ports: the first Service by name keeps a port two name, a NodePort is
+    /// nobody's, a system port is refused at the compile; each refusal names its Service.
+    #[test]
+    fn health_check_ports_go_to_one_service_and_never_to_a_node_port() {
+        let service = |name: &str, health: u16, node_port: u16| {
+            format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
+                 spec: {{type: LoadBalancer, clusterIP: 10.96.0.{node_port_low}, externalTrafficPolicy: Local, \
+                 healthCheckNodePort: {health}, ports: [{{port: 80, nodePort: {node_port}}}]}}\n\
+                 ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: {name}-1, namespace: shop, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+                 addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+                 endpoints: [{{addresses: [10.244.1.{node_port_low}, 10.244.1.200], nodeName: node-a}}, \
+                 {{addresses: [10.244.2.9], nodeName: node-b}}]\n",
+                node_port_low = node_port % 200
+            )
+        };
+        let yaml = [
+            service("a-first", 32000, 30001),
+            service("b-same-port", 32000, 30002),
+            service("c-on-a-node-port", 30001, 30003),
+            service("d-system-port", 22, 30004),
+            service("e-own", 32001, 30005),
+        ]
+        .concat();
+        let state = state(&yaml);
+        let mut cache = ServiceCache::default();
+        cache.update(
+            &state.services,
+            &state.endpoint_slices,
+            &LocalNode::named("node-a"),
+            &AddressPolicy::default(),
+            &Changes::full(),
+        );
+        let (checks, refused) = cache.health_checks();
+        let served: Vec<(u16, &str, usize)> = checks
+            .values()
+            .map(|c| (c.port, c.name.as_str(), c.local_endpoints))
+            .collect();
+        // Two distinct local addresses each (the other node's endpoint does not count).
+        assert_eq!(served, vec![(32000, "a-first", 2), (32001, "e-own", 2)]);
+        assert_eq!(
+            refused,
+            vec![
+                "Service shop/b-same-port: spec.healthCheckNodePort: 32000 is another Service's; the health check is not served".to_owned(),
+                "Service shop/c-on-a-node-port: spec.healthCheckNodePort: 30001 is a NodePort of a Service; the health check is not served".to_owned(),
+            ]
+        );
+        assert!(
+            cache.errors().contains(
+                &"Service shop/d-system-port: spec.healthCheckNodePort: 22 is not a port from 1024 to 65535; the health check is not served".to_owned()
+            ),
+            "{:?}",
+            cache.errors()
+        );
     }
 }

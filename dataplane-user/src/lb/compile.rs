@@ -8,12 +8,14 @@ use std::{
     sync::Arc,
 };
 
+use ipnet::IpNet;
+
 use dataplane_common::lb::{
     AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, MAX_BACKENDS_PER_SERVICE,
     NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
 };
 use k8s_openapi::api::{
-    core::v1::{Service, ServicePort as K8sServicePort},
+    core::v1::{Node, Service, ServicePort as K8sServicePort},
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
@@ -54,7 +56,61 @@ pub struct ServicePort {
     pub ready: Vec<BackendAddr>,
     /// Serving-but-terminating backends: they keep their established flows only (sorted).
     pub terminating: Vec<BackendAddr>,
+    /// The sources allowed to open flows (`spec.loadBalancerSourceRanges`, truncated to their
+    /// networks): set on the ports of load-balancer ingress addresses only, empty for every
+    /// source.
+    pub source_ranges: Vec<IpNet>,
+    /// How topology narrowed `ready` (`None`: it did not), e.g. `zone zone-a`.
+    pub topology: Option<String>,
 }
+
+/// This node as the Service compile reads it: its name (the endpoints that `Local` traffic
+/// policies keep, same-node hints) and its `topology.kubernetes.io/zone` (same-zone hints).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LocalNode {
+    pub name: String,
+    pub zone: Option<String>,
+}
+
+impl LocalNode {
+    /// A node without a zone.
+    pub fn named(name: &str) -> Self {
+        Self {
+            name: name.to_owned(),
+            zone: None,
+        }
+    }
+
+    /// Node `name` as `nodes` has it (no zone when it is not there, or has no zone label).
+    pub fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Arc<Node>>, name: &str) -> Self {
+        let zone = nodes
+            .into_iter()
+            .find(|node| node.metadata.name.as_deref() == Some(name))
+            .and_then(|node| node.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
+        Self {
+            name: name.to_owned(),
+            zone,
+        }
+    }
+}
+
+/// The label that names a node's zone, which same-zone hints are matched against.
+pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
+
+/// Services and EndpointSlices with either label belong to another proxy, or to none (a
+/// headless Service's slices): kube-proxy does not watch them, and neither does this one.
+pub const SERVICE_PROXY_NAME_LABEL: &str = "service.kubernetes.io/service-proxy-name";
+pub const HEADLESS_LABEL: &str = "service.kubernetes.io/headless";
+
+/// Whether an object with these labels is another proxy's (or a headless Service's).
+fn not_ours(labels: Option<&BTreeMap<String, String>>) -> bool {
+    labels
+        .is_some_and(|l| l.contains_key(SERVICE_PROXY_NAME_LABEL) || l.contains_key(HEADLESS_LABEL))
+}
+
+/// The most source ranges one Service may give: each becomes an entry per load-balancer
+/// address and port in a map all Services share.
+pub const MAX_SOURCE_RANGES: usize = 256;
 
 /// What compiling the Services gave: the service ports, and one message per refused Service
 /// or skipped port naming the object and field.
@@ -77,7 +133,26 @@ pub struct ServiceCompiled {
     pub ports: Vec<ServicePort>,
     /// Its external or load-balancer addresses the [`AddressPolicy`] refused.
     pub refused: Vec<String>,
+    /// Its health-check node port, served on this node (`externalTrafficPolicy: Local`
+    /// LoadBalancer Services).
+    pub health_check: Option<HealthCheck>,
 }
+
+/// A Service's health-check node port as this node answers it: load balancers send traffic
+/// only to the nodes that answer 200, those with a ready endpoint of the Service.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HealthCheck {
+    pub port: u16,
+    pub namespace: String,
+    pub name: String,
+    /// The Service's ready endpoints on this node.
+    pub local_endpoints: usize,
+}
+
+/// Health-check node ports below this are refused: the agent runs as root, and a Service must
+/// not make it take a system port of the node (the API server allocates them from the
+/// NodePort range, 30000-32767 by default).
+pub const MIN_HEALTH_CHECK_PORT: u16 = 1024;
 
 /// Compiles every Service with its EndpointSlices into the service ports of node `node`
 /// (pure): `internalTrafficPolicy: Local` and `externalTrafficPolicy: Local` keep only the
@@ -85,7 +160,7 @@ pub struct ServiceCompiled {
 pub fn compile_services(
     services: &Objects<Service>,
     slices: &Objects<EndpointSlice>,
-    node: &str,
+    node: &LocalNode,
     policy: &AddressPolicy,
 ) -> CompiledServices {
     assemble(compile_each(services, slices, node, policy, |_| true).values())
@@ -96,7 +171,7 @@ pub fn compile_services(
 pub fn compile_each<'a>(
     services: impl IntoIterator<Item = &'a Arc<Service>>,
     slices: impl IntoIterator<Item = &'a Arc<EndpointSlice>>,
-    node: &str,
+    node: &LocalNode,
     policy: &AddressPolicy,
     wanted: impl Fn(&(&str, &str)) -> bool + Sync,
 ) -> BTreeMap<ServiceName, CompiledService> {
@@ -175,7 +250,7 @@ pub fn key_taken(port: &ServicePort) -> String {
 fn compile_service(
     service: &Service,
     own_slices: &[&EndpointSlice],
-    node: &str,
+    node: &LocalNode,
     policy: &AddressPolicy,
 ) -> CompiledService {
     let namespace = service.metadata.namespace.as_deref().unwrap_or("default");
@@ -184,19 +259,35 @@ fn compile_service(
     let Some(spec) = &service.spec else {
         return Ok(ServiceCompiled::default());
     };
-    if spec.type_.as_deref() == Some("ExternalName") {
+    if spec.type_.as_deref() == Some("ExternalName") || not_ours(service.metadata.labels.as_ref()) {
         return Ok(ServiceCompiled::default());
     }
+    let own_slices: Vec<&EndpointSlice> = own_slices
+        .iter()
+        .copied()
+        .filter(|slice| !not_ours(slice.metadata.labels.as_ref()))
+        .collect();
+    let own_slices = own_slices.as_slice();
+    let (source_ranges, bad_ranges) = source_ranges(spec.load_balancer_source_ranges.as_deref());
     let affinity_timeout = affinity_timeout(service).map_err(|e| format!("{id}: {e}"))?;
     let internal_local = spec.internal_traffic_policy.as_deref() == Some("Local");
     let external_local = spec.external_traffic_policy.as_deref() == Some("Local");
     let node_ports = matches!(spec.type_.as_deref(), Some("NodePort" | "LoadBalancer"));
     let (addresses, refused) =
         service_addresses(service, policy).map_err(|e| format!("{id}: {e}"))?;
+    if source_ranges.len() > MAX_SOURCE_RANGES {
+        return Err(format!(
+            "{id}: spec.loadBalancerSourceRanges: {} ranges, more than the {MAX_SOURCE_RANGES} one Service may give",
+            source_ranges.len()
+        ));
+    }
     let mut refused: Vec<String> = refused
         .into_iter()
         .map(|why| format!("{id}: {why}; that address is not served"))
         .collect();
+    refused.extend(bad_ranges.into_iter().map(|why| {
+        format!("{id}: spec.loadBalancerSourceRanges{why}; that range allows no source")
+    }));
     refused.extend(
         own_slices
             .iter()
@@ -225,8 +316,10 @@ fn compile_service(
         );
         // Cluster IPs (ITP applies), external and load-balancer IPs reached from pods, and the
         // latter again as reached from outside (ETP applies).
-        let mut keys: Vec<(ServiceKey, AddressKind, IpAddr, bool, String)> = Vec::new();
-        for &(address, cluster_ip) in &addresses {
+        let mut keys: Vec<(ServiceKey, AddressKind, IpAddr, bool, String, bool)> = Vec::new();
+        for &(address, origin) in &addresses {
+            let cluster_ip = origin == Origin::ClusterIp;
+            let ingress = origin == Origin::Ingress;
             let key = ServiceKey {
                 addr: addr16(address),
                 port_be: number.to_be_bytes(),
@@ -244,6 +337,7 @@ fn compile_service(
                 address,
                 cluster_ip && internal_local,
                 port_name.clone(),
+                ingress,
             ));
             if !cluster_ip {
                 let key = ServiceKey {
@@ -251,7 +345,7 @@ fn compile_service(
                     ..key
                 };
                 let name = format!("{port_name} (external {address})");
-                keys.push((key, kind, address, external_local, name));
+                keys.push((key, kind, address, external_local, name, ingress));
             }
         }
         // The NodePort, once per address family of the Service (ETP applies).
@@ -279,12 +373,21 @@ fn compile_service(
                     any,
                     external_local,
                     format!("{port_name} (NodePort {node_port})"),
+                    false,
                 ));
             }
         }
-        for (key, kind, address, local_only, port_name) in keys {
-            let local = local_only.then_some(node);
-            let (ready, terminating) = endpoints_for(own_slices, port, address, protocol, local);
+        for (key, kind, address, local_only, port_name, ingress) in keys {
+            let local = local_only.then_some(node.name.as_str());
+            let chosen = endpoints_for(own_slices, port, address, protocol, local, node);
+            let (ready, terminating, topology) = chosen;
+            // The ranges of the address's own family, as kube-proxy takes them: a family with
+            // none (or with a range of every address) leaves that family's addresses open.
+            let source_ranges = if ingress {
+                ranges_of_family(&source_ranges, address.is_ipv4())
+            } else {
+                Vec::new()
+            };
             if ready.len() + terminating.len() > MAX_BACKENDS_PER_SERVICE {
                 return Err(format!(
                     "{field}: {} endpoints, more than the {MAX_BACKENDS_PER_SERVICE} one service port may have",
@@ -298,10 +401,66 @@ fn compile_service(
                 affinity_timeout,
                 ready,
                 terminating,
+                source_ranges,
+                topology,
             });
         }
     }
-    Ok(ServiceCompiled { ports, refused })
+    let health_check = match health_check(service, own_slices, node) {
+        Ok(check) => check,
+        Err(why) => {
+            refused.push(format!("{id}: {why}; the health check is not served"));
+            None
+        }
+    };
+    Ok(ServiceCompiled {
+        ports,
+        refused,
+        health_check,
+    })
+}
+
+/// The health check a Service asks of this node: a LoadBalancer Service with
+/// `externalTrafficPolicy: Local` and `spec.healthCheckNodePort`, answered with the number
+/// of its ready endpoints on this node (distinct addresses, whatever their ports).
+fn health_check(
+    service: &Service,
+    own_slices: &[&EndpointSlice],
+    node: &LocalNode,
+) -> Result<Option<HealthCheck>, String> {
+    let Some(spec) = &service.spec else {
+        return Ok(None);
+    };
+    let wanted = spec.type_.as_deref() == Some("LoadBalancer")
+        && spec.external_traffic_policy.as_deref() == Some("Local");
+    let Some(port) = spec.health_check_node_port.filter(|_| wanted) else {
+        return Ok(None);
+    };
+    let port = u16::try_from(port)
+        .ok()
+        .filter(|p| *p >= MIN_HEALTH_CHECK_PORT)
+        .ok_or_else(|| {
+            format!(
+                "spec.healthCheckNodePort: {port} is not a port from {MIN_HEALTH_CHECK_PORT} to 65535"
+            )
+        })?;
+    let local: BTreeSet<&str> = own_slices
+        .iter()
+        .flat_map(|slice| &slice.endpoints)
+        .filter(|e| e.node_name.as_deref() == Some(node.name.as_str()))
+        .filter(|e| matches!(endpoint_state(e), Some(EndpointState::Ready)))
+        .flat_map(|e| e.addresses.iter().map(String::as_str))
+        .collect();
+    Ok(Some(HealthCheck {
+        port,
+        namespace: service
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: service.metadata.name.clone().unwrap_or_default(),
+        local_endpoints: local.len(),
+    }))
 }
 
 /// The endpoint addresses of `slice` that are not addresses of its `addressType`, one line
@@ -365,8 +524,19 @@ fn affinity_timeout(service: &Service) -> Result<u32, String> {
     }
 }
 
-/// A Service's address, and whether it is a cluster IP.
-type ServiceAddress = (IpAddr, bool);
+/// Where a Service's address comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Origin {
+    /// `spec.clusterIPs`.
+    ClusterIp,
+    /// `spec.externalIPs`.
+    ExternalIp,
+    /// `status.loadBalancer.ingress[].ip` (in VIP mode).
+    Ingress,
+}
+
+/// A Service's address, and where it comes from.
+type ServiceAddress = (IpAddr, Origin);
 
 /// Every address clients reach the Service on: cluster IPs (both families), external IPs and
 /// load-balancer ingress IPs (those `policy` honours; why each other is not, second), each
@@ -400,10 +570,14 @@ fn service_addresses(
             .load_balancer
             .as_ref()
             .and_then(|lb| lb.ingress.as_ref());
+        // `ipMode: Proxy`: the load balancer proxies to the nodes (from its own address), so
+        // traffic to its address must leave the cluster for it rather than be short-cut here,
+        // as kube-proxy leaves such addresses alone.
         texts.extend(
             ingress
                 .into_iter()
                 .flatten()
+                .filter(|i| i.ip_mode.as_deref() != Some("Proxy"))
                 .filter_map(|i| i.ip.clone())
                 .map(|ip| (ip, INGRESS_IPS)),
         );
@@ -414,28 +588,66 @@ fn service_addresses(
         let ip: IpAddr = text
             .parse()
             .map_err(|_| format!("{field}: {text:?} is not an IP address"))?;
-        let cluster_ip = field == CLUSTER_IPS;
+        let origin = match field {
+            CLUSTER_IPS => Origin::ClusterIp,
+            EXTERNAL_IPS => Origin::ExternalIp,
+            _ => Origin::Ingress,
+        };
         if addresses.iter().any(|(a, _)| *a == ip) {
             continue;
         }
-        if !cluster_ip && let Some(why) = policy.refuses(ip, field) {
+        if origin != Origin::ClusterIp
+            && let Some(why) = policy.refuses(ip, field)
+        {
             refused.push(format!("{field}: {why}"));
             continue;
         }
-        addresses.push((ip, cluster_ip));
+        addresses.push((ip, origin));
     }
     Ok((addresses, refused))
 }
 
-/// Ready and serving-but-terminating backends of one Service port on one address family; with
-/// `local_node`, only the endpoints on that node.
+/// The source ranges of a Service (`spec.loadBalancerSourceRanges`), each truncated to its
+/// network (kube-proxy reads `10.1.2.3/8` as `10.0.0.0/8`, and forgives surrounding spaces),
+/// and a line for each that is no CIDR (`[index]: why`), which allows nothing.
+fn source_ranges(texts: Option<&[String]>) -> (Vec<IpNet>, Vec<String>) {
+    let (mut ranges, mut bad) = (Vec::new(), Vec::new());
+    for (index, text) in texts.unwrap_or_default().iter().enumerate() {
+        match text.trim().parse::<IpNet>() {
+            Ok(range) => ranges.push(range.trunc()),
+            Err(_) => bad.push(format!("[{index}]: {text:?} is not a CIDR")),
+        }
+    }
+    ranges.sort();
+    ranges.dedup();
+    (ranges, bad)
+}
+
+/// The ranges of one family; none when one of them is every address of the family (kube-proxy
+/// reads `0.0.0.0/0` as no restriction, as it reads no ranges).
+fn ranges_of_family(ranges: &[IpNet], ipv4: bool) -> Vec<IpNet> {
+    let own: Vec<IpNet> = ranges
+        .iter()
+        .filter(|r| r.addr().is_ipv4() == ipv4)
+        .copied()
+        .collect();
+    if own.iter().any(|r| r.prefix_len() == 0) {
+        return Vec::new();
+    }
+    own
+}
+
+/// Ready and serving-but-terminating backends of one Service port on one address family, and
+/// how topology narrowed the ready ones; with `local_node`, only the endpoints on that node
+/// (and no topology: a Local traffic policy has its own).
 fn endpoints_for(
     slices: &[&EndpointSlice],
     port: &K8sServicePort,
     address: IpAddr,
     protocol: u8,
     local_node: Option<&str>,
-) -> (Vec<BackendAddr>, Vec<BackendAddr>) {
+    node: &LocalNode,
+) -> (Vec<BackendAddr>, Vec<BackendAddr>, Option<String>) {
     let family = if address.is_ipv4() { "IPv4" } else { "IPv6" };
     let protocol_name = match protocol {
         6 => "TCP",
@@ -444,6 +656,8 @@ fn endpoints_for(
     };
     let mut ready = BTreeSet::new();
     let mut terminating = BTreeSet::new();
+    // The ready endpoints' hints, for topology: (backend, zones hinted, nodes hinted).
+    let mut hinted: Vec<(BackendAddr, Vec<&str>, Vec<&str>)> = Vec::new();
     for slice in slices.iter().filter(|s| s.address_type == family) {
         // The slice port with the Service port's name (both unnamed for a single-port
         // Service) carries the target port, named target ports already resolved.
@@ -478,7 +692,10 @@ fn endpoints_for(
                 }
                 let backend = BackendAddr { ip, port: target };
                 match state {
-                    EndpointState::Ready => ready.insert(backend),
+                    EndpointState::Ready => {
+                        hinted.push((backend, zone_hints(endpoint), node_hints(endpoint)));
+                        ready.insert(backend)
+                    }
                     EndpointState::Terminating => terminating.insert(backend),
                 };
             }
@@ -486,10 +703,95 @@ fn endpoints_for(
     }
     // kube-proxy's rule: with no ready endpoint, serving-terminating ones take new flows.
     if ready.is_empty() {
-        return (terminating.into_iter().collect(), Vec::new());
+        return (terminating.into_iter().collect(), Vec::new(), None);
     }
-    let terminating = terminating.difference(&ready).copied().collect();
-    (ready.into_iter().collect(), terminating)
+    let topology = match local_node {
+        Some(_) => None,
+        None => topology_of(&hinted, node),
+    };
+    let all_ready = ready;
+    let chosen: BTreeSet<BackendAddr> = match &topology {
+        // Only the ready endpoints hinted for this node (or its zone); the others keep their
+        // established flows, as terminating ones do, until they are chosen again.
+        Some(Topology::SameNode) => hinted
+            .iter()
+            .filter(|(_, _, nodes)| nodes.contains(&node.name.as_str()))
+            .map(|(backend, _, _)| *backend)
+            .collect(),
+        Some(Topology::SameZone(zone)) => hinted
+            .iter()
+            .filter(|(_, zones, _)| zones.contains(&zone.as_str()))
+            .map(|(backend, _, _)| *backend)
+            .collect(),
+        None => all_ready.clone(),
+    };
+    // Ready endpoints topology left out keep their established flows, as terminating ones.
+    let terminating = terminating
+        .union(&all_ready)
+        .filter(|b| !chosen.contains(b))
+        .copied()
+        .collect();
+    let ready = chosen;
+    let description = topology.map(|t| match t {
+        Topology::SameNode => format!("node {}", node.name),
+        Topology::SameZone(zone) => format!("zone {zone}"),
+    });
+    (ready.into_iter().collect(), terminating, description)
+}
+
+/// Which of a service port's ready endpoints this node uses, from their hints.
+enum Topology {
+    /// Those hinted for this node (`hints.forNodes`).
+    SameNode,
+    /// Those hinted for this node's zone (`hints.forZones`).
+    SameZone(String),
+}
+
+/// kube-proxy's choice: the same node when every ready endpoint has a node hint and one names
+/// this node; else the same zone when every ready endpoint has a zone hint and one names this
+/// node's zone; else none (every ready endpoint), which is also what a node without a zone
+/// label gets. Endpoints without hints (a slice controller that wrote none, a Service without
+/// `trafficDistribution`) leave every endpoint in use.
+fn topology_of(
+    hinted: &[(BackendAddr, Vec<&str>, Vec<&str>)],
+    node: &LocalNode,
+) -> Option<Topology> {
+    let all_node_hinted = hinted.iter().all(|(_, _, nodes)| !nodes.is_empty());
+    if all_node_hinted
+        && hinted
+            .iter()
+            .any(|(_, _, nodes)| nodes.contains(&node.name.as_str()))
+    {
+        return Some(Topology::SameNode);
+    }
+    let zone = node.zone.as_deref()?;
+    let all_zone_hinted = hinted.iter().all(|(_, zones, _)| !zones.is_empty());
+    (all_zone_hinted && hinted.iter().any(|(_, zones, _)| zones.contains(&zone)))
+        .then(|| Topology::SameZone(zone.to_owned()))
+}
+
+/// The zones an endpoint is hinted for.
+fn zone_hints(endpoint: &Endpoint) -> Vec<&str> {
+    endpoint
+        .hints
+        .as_ref()
+        .and_then(|h| h.for_zones.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|z| z.name.as_str())
+        .collect()
+}
+
+/// The nodes an endpoint is hinted for.
+fn node_hints(endpoint: &Endpoint) -> Vec<&str> {
+    endpoint
+        .hints
+        .as_ref()
+        .and_then(|h| h.for_nodes.as_ref())
+        .into_iter()
+        .flatten()
+        .map(|n| n.name.as_str())
+        .collect()
 }
 
 enum EndpointState {

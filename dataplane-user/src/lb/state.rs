@@ -15,7 +15,12 @@ use dataplane_common::{
     overlay::{FAMILY_IPV4, FAMILY_IPV6},
 };
 
-use super::compile::{BackendAddr, ServicePort};
+use ipnet::IpNet;
+
+use super::{
+    compile::{BackendAddr, ServicePort},
+    ranges::RangeEntries,
+};
 use crate::{AgentError, mapsync::addr16};
 
 /// The live backends of the array's `slots`, by id.
@@ -58,6 +63,10 @@ pub struct LbState {
     /// of an endpoint change's time). `None`: counted again from the installed ports (after a
     /// full sync or a failed one).
     pub(super) bit_users: Option<HashMap<u32, u32>>,
+    /// The load-balancer keys reached from outside that have source ranges, with them.
+    pub(super) range_ports: BTreeMap<ServiceKey, Vec<IpNet>>,
+    /// `LB_SOURCE_RANGES` as last written (`None`: read it at the next sync).
+    pub(super) ranges_written: Option<RangeEntries>,
 }
 
 /// What one load-balancer sync writes: the ports to install (new or different), the keys to

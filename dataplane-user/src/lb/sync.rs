@@ -7,7 +7,7 @@ use aya::maps::{Array, HashMap as BpfHashMap, MapData};
 use dataplane_common::{
     lb::{
         AffinityKey, AffinityValue, Backend, MAGLEV_TABLE_SIZE, MaglevTable, MemberKey,
-        PORT_BITMAP_WORDS, ServiceKey, ServiceValue, backend_slot,
+        PORT_BITMAP_WORDS, SCOPE_EXTERNAL, ServiceKey, ServiceValue, backend_slot,
     },
     maps::{self, MAX_AFFINITY_MEMBERS},
 };
@@ -15,6 +15,7 @@ use dataplane_common::{
 use super::{
     compile::{BackendAddr, ServicePort},
     maglev::{PreparedPort, new_tables, port_table},
+    ranges::{range_entries, ranges_of},
     state::{
         Installed, LbState, LbSyncStats, SyncPlan, backend_value, bitmap_words, count_port_bits,
         live_by_id, patched_words, port_bit_numbers, removed_backend,
@@ -117,7 +118,12 @@ impl Dataplane {
             ports: ports.len(),
             words: bitmap_words(&users),
         };
-        let stats = self.sync_lb_planned(state, plan, sweep)?;
+        state.range_ports = ports.iter().filter_map(ranges_of).collect();
+        let ranges = range_entries(&state.range_ports);
+        let added = self.add_source_ranges(&ranges, &mut state.ranges_written)?;
+        let mut stats = self.sync_lb_planned(state, plan, sweep)?;
+        stats.deleted += self.remove_source_ranges(&ranges, &mut state.ranges_written)?;
+        stats.written += added;
         state.bit_users = Some(users);
         Ok(stats)
     }
@@ -189,7 +195,29 @@ impl Dataplane {
             ports,
             words,
         };
-        let stats = self.sync_lb_planned(state, plan, false)?;
+        // The source ranges of the keys reached from outside that changed.
+        let mut ranges_changed = state.ranges_written.is_none();
+        for (key, port) in &after {
+            if key.scope != SCOPE_EXTERNAL {
+                continue;
+            }
+            let old = state.range_ports.remove(key);
+            let new = port.and_then(ranges_of);
+            ranges_changed |= old.as_ref() != new.as_ref().map(|(_, ranges)| ranges);
+            if let Some((key, ranges)) = new {
+                state.range_ports.insert(key, ranges);
+            }
+        }
+        let ranges = ranges_changed.then(|| range_entries(&state.range_ports));
+        let added = match &ranges {
+            Some(ranges) => self.add_source_ranges(ranges, &mut state.ranges_written)?,
+            None => 0,
+        };
+        let mut stats = self.sync_lb_planned(state, plan, false)?;
+        if let Some(ranges) = &ranges {
+            stats.deleted += self.remove_source_ranges(ranges, &mut state.ranges_written)?;
+        }
+        stats.written += added;
         // The installed ports are now those the counts were made for.
         state.bit_users = Some(users);
         Ok(Some(stats))

@@ -11,7 +11,7 @@ fn compile_yaml(yaml: &str) -> CompiledServices {
     compile_services(
         &state.services,
         &state.endpoint_slices,
-        "node-a",
+        &LocalNode::named("node-a"),
         &open_policy(),
     )
 }
@@ -598,7 +598,7 @@ fn services_compiled_on_every_core_equal_each_compiled_alone() {
     let all = compile_each(
         &state.services,
         &state.endpoint_slices,
-        "node-a",
+        &LocalNode::named("node-a"),
         &open_policy(),
         |_| true,
     );
@@ -608,7 +608,7 @@ fn services_compiled_on_every_core_equal_each_compiled_alone() {
         let alone = compile_each(
             &state.services,
             &state.endpoint_slices,
-            "node-a",
+            &LocalNode::named("node-a"),
             &open_policy(),
             |key| *key == (name.0.as_str(), name.1.as_str()),
         );
@@ -692,7 +692,12 @@ fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allow
     let mut state = ClusterState::default();
     add_documents(&mut state, "test.yaml", DNS_AND_TENANT);
     let compile = |policy: &AddressPolicy| {
-        compile_services(&state.services, &state.endpoint_slices, "node-a", policy)
+        compile_services(
+            &state.services,
+            &state.endpoint_slices,
+            &LocalNode::named("node-a"),
+            policy,
+        )
     };
     let has = |out: &CompiledServices, ip: &str| out.ports.iter().any(|p| p.key == dns_key(ip));
     // The default: no external IP is honoured; each refusal names the Service and field.
@@ -744,7 +749,12 @@ fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allow
             external_ip_cidrs: vec!["0.0.0.0/0".parse().unwrap()],
             ..policy.clone()
         };
-        let out = compile_services(&state.services, &state.endpoint_slices, "node-a", &open);
+        let out = compile_services(
+            &state.services,
+            &state.endpoint_slices,
+            &LocalNode::named("node-a"),
+            &open,
+        );
         assert!(!has(&out, ip), "{ip}");
         assert!(
             out.errors.iter().any(|e| e.contains(ip) && e.contains(why)),
@@ -756,6 +766,266 @@ fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allow
     let text = DNS_AND_TENANT.replace("ingress: [{ip: 10.96.0.10}]", "ingress: [{ip: 192.0.2.1}]");
     let mut state = ClusterState::default();
     add_documents(&mut state, "test.yaml", &text);
-    let out = compile_services(&state.services, &state.endpoint_slices, "node-a", &policy);
+    let out = compile_services(
+        &state.services,
+        &state.endpoint_slices,
+        &LocalNode::named("node-a"),
+        &policy,
+    );
     assert!(has(&out, "192.0.2.1"), "{:?}", out.errors);
+}
+
+const LOAD_BALANCER: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: front, namespace: shop}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.0.20
+  clusterIPs: [10.96.0.20, "fd00:96::20"]
+  ipFamilies: [IPv4, IPv6]
+  externalIPs: [192.0.2.20]
+  loadBalancerSourceRanges: [" 203.0.113.7/24 ", 198.51.100.0/25, 198.51.100.0/25]
+  ports:
+  - {name: https, port: 443, protocol: TCP, nodePort: 30443}
+status:
+  loadBalancer:
+    ingress:
+    - {ip: 198.51.100.20}
+    - {ip: "2001:db8::20"}
+    - {ip: 198.51.100.21, ipMode: Proxy}
+    - {ip: 198.51.100.22, ipMode: VIP}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: front-v4
+  namespace: shop
+  labels: {kubernetes.io/service-name: front}
+addressType: IPv4
+ports: [{name: https, port: 8443, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.5]
+"#;
+
+fn key_of(ip: &str, port: u16, scope: u8) -> ServiceKey {
+    ServiceKey {
+        addr: addr16(ip.parse().unwrap()),
+        port_be: port.to_be_bytes(),
+        protocol: 6,
+        scope,
+    }
+}
+
+#[test]
+fn source_ranges_apply_to_load_balancer_addresses_of_their_family_only() {
+    let out = compile_yaml(LOAD_BALANCER);
+    assert!(out.errors.is_empty(), "{:?}", out.errors);
+    let ranges_at = |ip: &str, scope: u8| -> Vec<String> {
+        let port = out
+            .ports
+            .iter()
+            .find(|p| p.key == key_of(ip, 443, scope))
+            .unwrap_or_else(|| panic!("{ip} scope {scope}"));
+        port.source_ranges.iter().map(ToString::to_string).collect()
+    };
+    // Truncated to their networks, spaces forgiven, duplicates once, sorted.
+    let v4 = vec!["198.51.100.0/25".to_owned(), "203.0.113.0/24".to_owned()];
+    for scope in [SCOPE_CLUSTER, SCOPE_EXTERNAL] {
+        assert_eq!(ranges_at("198.51.100.20", scope), v4);
+        assert_eq!(ranges_at("198.51.100.22", scope), v4);
+        // No IPv6 range: the IPv6 address is open, as kube-proxy leaves it.
+        assert!(ranges_at("2001:db8::20", scope).is_empty());
+        // External IPs and cluster IPs are not load-balancer addresses.
+        assert!(ranges_at("192.0.2.20", scope).is_empty());
+    }
+    assert!(ranges_at("10.96.0.20", SCOPE_CLUSTER).is_empty());
+    // NodePorts are not subject to them (kube-proxy's nftables proxier says as much).
+    let node_port = out
+        .ports
+        .iter()
+        .find(|p| p.key.scope == SCOPE_NODEPORT)
+        .unwrap();
+    assert!(node_port.source_ranges.is_empty());
+    // `ipMode: Proxy`: the address belongs to a proxying load balancer, not served here.
+    assert!(
+        !out.ports
+            .iter()
+            .any(|p| p.key.addr == addr16("198.51.100.21".parse().unwrap()))
+    );
+}
+
+#[test]
+fn a_range_of_every_address_opens_its_family_and_a_bad_range_allows_nothing() {
+    let open = LOAD_BALANCER.replace("198.51.100.0/25, 198.51.100.0/25", "0.0.0.0/0");
+    let out = compile_yaml(&open);
+    let at = |out: &CompiledServices| {
+        out.ports
+            .iter()
+            .find(|p| p.key == key_of("198.51.100.20", 443, SCOPE_EXTERNAL))
+            .unwrap()
+            .source_ranges
+            .clone()
+    };
+    assert!(at(&out).is_empty());
+    // A range that is no CIDR is refused by name and allows no source: the others stay.
+    let bad = LOAD_BALANCER.replace("198.51.100.0/25, 198.51.100.0/25", "10.0.0.0/33");
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", &bad);
+    let out = compile_services(
+        &state.services,
+        &state.endpoint_slices,
+        &LocalNode::named("node-a"),
+        &open_policy(),
+    );
+    assert_eq!(
+        out.errors,
+        vec![
+            "Service shop/front: spec.loadBalancerSourceRanges[1]: \"10.0.0.0/33\" is not a CIDR; that range allows no source"
+                .to_owned()
+        ]
+    );
+    assert_eq!(
+        at(&out),
+        vec!["203.0.113.0/24".parse::<ipnet::IpNet>().unwrap()]
+    );
+    // More ranges than one Service may give: the whole Service is refused, not opened.
+    let many: Vec<String> = (0..=MAX_SOURCE_RANGES)
+        .map(|i| format!("10.{}.{}.0/24", i / 256, i % 256))
+        .collect();
+    let too_many = LOAD_BALANCER.replace(
+        "[\" 203.0.113.7/24 \", 198.51.100.0/25, 198.51.100.0/25]",
+        &format!("[{}]", many.join(", ")),
+    );
+    let out = compile_yaml(&too_many);
+    assert!(out.ports.is_empty());
+    assert_eq!(
+        out.errors,
+        vec![format!(
+            "Service shop/front: spec.loadBalancerSourceRanges: {} ranges, more than the {MAX_SOURCE_RANGES} one Service may give",
+            MAX_SOURCE_RANGES + 1
+        )]
+    );
+}
+
+#[test]
+fn services_and_slices_of_another_proxy_or_headless_are_ignored() {
+    for label in [SERVICE_PROXY_NAME_LABEL, HEADLESS_LABEL] {
+        let labelled = LOAD_BALANCER.replace(
+            "metadata: {name: front, namespace: shop}",
+            &format!("metadata: {{name: front, namespace: shop, labels: {{{label}: other}}}}"),
+        );
+        assert!(compile_yaml(&labelled).ports.is_empty(), "{label}");
+        let slice_labelled = LOAD_BALANCER.replace(
+            "labels: {kubernetes.io/service-name: front}",
+            &format!("labels: {{kubernetes.io/service-name: front, {label}: other}}"),
+        );
+        let out = compile_yaml(&slice_labelled);
+        assert!(!out.ports.is_empty(), "{label}");
+        assert!(
+            out.ports.iter().all(|p| p.ready.is_empty()),
+            "{label}: the slice's endpoints are not used"
+        );
+    }
+}
+
+const ZONED: &str = r#"
+apiVersion: v1
+kind: Service
+metadata: {name: api, namespace: shop}
+spec:
+  clusterIP: 10.96.0.30
+  trafficDistribution: PreferClose
+  ports: [{name: http, port: 80, protocol: TCP}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: api-v4
+  namespace: shop
+  labels: {kubernetes.io/service-name: api}
+addressType: IPv4
+ports: [{name: http, port: 8080, protocol: TCP}]
+endpoints:
+- addresses: [10.244.1.5]
+  zone: zone-a
+  hints: {forZones: [{name: zone-a}]}
+- addresses: [10.244.2.6]
+  zone: zone-b
+  hints: {forZones: [{name: zone-b}]}
+- addresses: [10.244.3.7]
+  zone: zone-b
+  hints: {forZones: [{name: zone-b}]}
+"#;
+
+fn compile_on(yaml: &str, node: &LocalNode) -> CompiledServices {
+    let mut state = ClusterState::default();
+    add_documents(&mut state, "test.yaml", yaml);
+    assert!(state.rejected.is_empty(), "{:?}", state.rejected);
+    compile_services(
+        &state.services,
+        &state.endpoint_slices,
+        node,
+        &open_policy(),
+    )
+}
+
+#[test]
+fn zone_hints_narrow_a_node_to_its_zone_and_fall_back_as_kube_proxy_does() {
+    let in_zone = |zone: Option<&str>| LocalNode {
+        name: "node-a".into(),
+        zone: zone.map(str::to_owned),
+    };
+    let port_of = |out: &CompiledServices| out.ports[0].clone();
+    // In zone-b: its two endpoints; zone-a's keeps its established flows only.
+    let port = port_of(&compile_on(ZONED, &in_zone(Some("zone-b"))));
+    assert_eq!(
+        port.ready,
+        backends(&["10.244.2.6:8080", "10.244.3.7:8080"])
+    );
+    assert_eq!(port.terminating, backends(&["10.244.1.5:8080"]));
+    assert_eq!(port.topology.as_deref(), Some("zone zone-b"));
+    let port = port_of(&compile_on(ZONED, &in_zone(Some("zone-a"))));
+    assert_eq!(port.ready, backends(&["10.244.1.5:8080"]));
+    // No endpoint hinted for the node's zone, no zone label, or one endpoint without hints:
+    // every endpoint, as without topology.
+    let all = backends(&["10.244.1.5:8080", "10.244.2.6:8080", "10.244.3.7:8080"]);
+    for (yaml, zone) in [
+        (ZONED.to_owned(), Some("zone-c")),
+        (ZONED.to_owned(), None),
+        (
+            ZONED.replace(
+                "  hints: {forZones: [{name: zone-b}]}\n- addresses: [10.244.3.7]",
+                "- addresses: [10.244.3.7]",
+            ),
+            Some("zone-b"),
+        ),
+    ] {
+        let port = port_of(&compile_on(&yaml, &in_zone(zone)));
+        assert_eq!(port.ready, all, "{zone:?}");
+        assert!(port.terminating.is_empty());
+        assert_eq!(port.topology, None);
+    }
+    // Node hints on every endpoint, one for this node: that one alone.
+    let node_hinted = ZONED
+        .replace(
+            "hints: {forZones: [{name: zone-a}]}",
+            "hints: {forZones: [{name: zone-a}], forNodes: [{name: node-a}]}",
+        )
+        .replace(
+            "hints: {forZones: [{name: zone-b}]}",
+            "hints: {forZones: [{name: zone-b}], forNodes: [{name: node-b}]}",
+        );
+    let port = port_of(&compile_on(&node_hinted, &in_zone(Some("zone-b"))));
+    assert_eq!(port.ready, backends(&["10.244.1.5:8080"]));
+    assert_eq!(port.topology.as_deref(), Some("node node-a"));
+    // A Local traffic policy takes its own endpoints; hints do not narrow it.
+    let local = ZONED.replace(
+        "trafficDistribution: PreferClose",
+        "internalTrafficPolicy: Local",
+    );
+    let local = local.replace("  zone: zone-a\n", "  zone: zone-a\n  nodeName: node-a\n");
+    let port = port_of(&compile_on(&local, &in_zone(Some("zone-b"))));
+    assert_eq!(port.ready, backends(&["10.244.1.5:8080"]));
+    assert_eq!(port.topology, None);
 }

@@ -211,6 +211,8 @@ fn open_node_port_flow(fixture: &mut dataplane_tests::fixture::Fixture) -> anyho
             port: 5353,
         }],
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
+        topology: None,
     };
     fixture.sync_lb(&mut LbState::default(), &[port])?;
     fixture.sync_node_addresses(&["10.99.0.1".parse()?, "fd99::1".parse()?])?;

@@ -113,6 +113,8 @@ fn service(vip: [u8; 4], affinity: u32) -> ServicePort {
         affinity_timeout: affinity,
         ready: backends,
         terminating: Vec::new(),
+        source_ranges: Vec::new(),
+        topology: None,
     }
 }
 

@@ -535,7 +535,7 @@ impl Agent {
             self.services.update(
                 &state.services,
                 &state.endpoint_slices,
-                NODE,
+                &dataplane_user::lb::LocalNode::from_nodes(&state.nodes, NODE),
                 &dataplane_user::lb::AddressPolicy::default(),
                 &changes,
             );

@@ -192,7 +192,7 @@ impl Agent {
         let compiled = lb::compile_services(
             &state.services,
             &state.endpoint_slices,
-            NODE,
+            &lb::LocalNode::from_nodes(&state.nodes, NODE),
             &lb::AddressPolicy::default(),
         );
         anyhow::ensure!(compiled.errors.is_empty(), "{:?}", compiled.errors);
@@ -300,7 +300,7 @@ impl Incremental {
             step.services_recompiled = self.services.update(
                 &state.services,
                 &state.endpoint_slices,
-                NODE,
+                &lb::LocalNode::from_nodes(&state.nodes, NODE),
                 &lb::AddressPolicy::default(),
                 &changes,
             );

@@ -73,6 +73,10 @@ pub(super) struct RunOptions {
     /// Serve Prometheus metrics on this address (`GET /metrics`), e.g. 0.0.0.0:9476.
     #[arg(long)]
     pub(super) metrics_address: Option<std::net::SocketAddr>,
+    /// Serve kube-proxy's node health (`GET /healthz`, `GET /livez`) on this address, as
+    /// load balancers probe it.
+    #[arg(long, default_value = "0.0.0.0:10256")]
+    pub(super) healthz_address: std::net::SocketAddr,
     /// The unix socket the CNI plugin (`dataplane-cni`) asks (default: `cni.sock` in the
     /// run directory). Served once the first sync is done, with a cluster state.
     #[arg(long)]

@@ -102,6 +102,10 @@ pub struct Cluster {
     pub multicast: Option<multicast::MulticastAgent>,
     /// Where the agent describes its state for `inspect`.
     pub run_dir: PathBuf,
+    /// The health-check node ports of `externalTrafficPolicy: Local` LoadBalancer Services.
+    pub health_checks: lb::HealthServers,
+    /// kube-proxy's node health: when the service maps were last brought to the cluster.
+    pub proxy_health: std::sync::Arc<lb::ProxyHealth>,
 }
 
 /// What one sync did.
@@ -413,21 +417,29 @@ impl Cluster {
         changes: &Changes,
     ) -> anyhow::Result<usize> {
         let policy = self.address_policy(state);
+        let node = lb::LocalNode::from_nodes(&state.nodes, &self.node);
         let recompiled = self.services.update(
             &state.services,
             &state.endpoint_slices,
-            &self.node,
+            &node,
             &policy,
             changes,
         );
-        let errors = self.services.errors();
+        let mut errors = self.services.errors();
+        // The health-check ports follow the compile: opened, answered, closed here.
+        let (checks, refused) = self.services.health_checks();
+        errors.extend(refused);
+        errors.extend(self.health_checks.sync(checks));
         for error in &errors {
             tracing::warn!(%error, "service skipped");
         }
         if self.firewalls.is_none() {
             dataplane.adopt_lb(&mut self.lb)?;
         }
+        self.proxy_health
+            .set_node_eligible(lb::node_eligible(&state.nodes, &self.node));
         let stats = self.services.sync_maps(dataplane, &mut self.lb)?;
+        self.proxy_health.updated();
         tracing::info!(
             recompiled,
             service_ports = stats.services,
