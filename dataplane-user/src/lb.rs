@@ -27,6 +27,7 @@ mod ranges;
 mod snat;
 mod state;
 mod sync;
+mod topology;
 
 // What the tests beside this module take from here with `use super::*`.
 #[cfg(test)]
@@ -48,17 +49,21 @@ use {
 
 pub use address::{AddressKind, AddressPolicy};
 pub use compile::{
-    BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, LocalNode,
-    MAX_SOURCE_RANGES, MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled,
-    ServiceName, ServicePort, assemble, compile_each, compile_services, key_taken,
+    BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, MAX_SOURCE_RANGES,
+    MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled, ServiceName, ServicePort,
+    assemble, compile_each, compile_services, key_taken,
 };
 pub use maglev::maglev_table;
-pub use ranges::{RANGE_KEY_LEN, RangeEntries, key_parts, range_entries};
+pub use ranges::{RANGE_KEY_LEN, RangeEntries, admitted_sources, key_parts, range_entries};
 pub use snat::reserve_snat_ports;
 pub use state::{LbState, LbSyncStats, port_bitmaps};
+pub use topology::{LocalNode, ZONE_LABEL};
 
 pub use cache::ServiceCache;
-pub use health::{HealthServers, ProxyHealth, TO_BE_DELETED_TAINT, health_answer, node_eligible};
+pub use health::{
+    HealthServers, ProxyHealth, TO_BE_DELETED_TAINT, health_answer, node_eligible,
+    serve_proxy_health,
+};
 
 #[cfg(test)]
 mod tests;

@@ -21,8 +21,8 @@ use dataplane_common::{
     hybrid::{HYBRID_ENABLED, HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
-        CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT,
-        SOURCE_RANGE_ALLOW, SOURCE_RANGE_SERVICE_BITS, ServiceKey, ServiceValue,
+        CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
+        ServiceValue,
     },
     maps,
     multicast::{MAX_LOCAL_MEMBERS, MAX_REMOTE_MEMBERS, McastGroup, McastKey},
@@ -37,7 +37,6 @@ use crate::{
         explain::{PolicyMaps, SetRules},
         pods::Direction,
     },
-    lb::{RANGE_KEY_LEN, key_parts},
     mapsync::ip_of,
     multicast,
 };
@@ -161,36 +160,6 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     Ok(map.iter().filter_map(Result::ok).collect())
 }
 
-/// A service address, port (network byte order) and protocol.
-type ServicePortKey = (Addr, [u8; 2], u8);
-
-/// The sources each load-balancer address, port and protocol with source ranges admits
-/// (`LB_SOURCE_RANGES`' allow entries), as prefixes; none for the others (every source).
-fn source_ranges(pins: &Pins) -> Result<BTreeMap<ServicePortKey, Vec<String>>, AgentError> {
-    let name = maps::LB_SOURCE_RANGES;
-    let map: LpmTrie<MapData, [u8; RANGE_KEY_LEN], u8> =
-        LpmTrie::try_from(Map::LpmTrie(pinned(pins, name)?)).map_err(open_err(name, "open"))?;
-    let mut ranges: BTreeMap<ServicePortKey, Vec<String>> = BTreeMap::new();
-    for key in map.keys().filter_map(Result::ok) {
-        let allowed = map.get(&key, 0).is_ok_and(|v| v == SOURCE_RANGE_ALLOW);
-        let parts = key_parts(&key.data());
-        let bits = key.prefix_len().saturating_sub(SOURCE_RANGE_SERVICE_BITS);
-        let service = (parts.addr, parts.port_be, parts.protocol);
-        let entry = ranges.entry(service).or_default();
-        if allowed {
-            let source = ip_of(&parts.source);
-            // IPv4 sources sit under `::ffff:0:0/96`.
-            let length = if source.is_ipv4() {
-                bits.saturating_sub(96)
-            } else {
-                bits
-            };
-            entry.push(format!("{source}/{length}"));
-        }
-    }
-    Ok(ranges)
-}
-
 /// The live backends of the backends array, by id.
 fn live_backends(pins: &Pins) -> Result<Vec<Backend>, AgentError> {
     let name = maps::LB_BACKENDS;
@@ -284,7 +253,7 @@ pub fn read(
         Table::Services => {
             let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
             let mut backends = service_backends(pins, &services)?;
-            let ranges = source_ranges(pins)?;
+            let ranges = crate::lb::admitted_sources(pins)?;
             (
                 vec![
                     "ADDRESS",

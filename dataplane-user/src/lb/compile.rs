@@ -15,11 +15,14 @@ use dataplane_common::lb::{
     NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
 };
 use k8s_openapi::api::{
-    core::v1::{Node, Service, ServicePort as K8sServicePort},
+    core::v1::{Service, ServicePort as K8sServicePort},
     discovery::v1::{Endpoint, EndpointSlice},
 };
 
-use super::address::{AddressKind, AddressPolicy, CLUSTER_IPS, EXTERNAL_IPS, INGRESS_IPS};
+use super::{
+    address::{AddressKind, AddressPolicy, CLUSTER_IPS, EXTERNAL_IPS, INGRESS_IPS},
+    topology::{LocalNode, Topology, node_hints, topology_of, zone_hints},
+};
 use crate::{
     changes::ObjectName,
     mapsync::addr16,
@@ -63,39 +66,6 @@ pub struct ServicePort {
     /// How topology narrowed `ready` (`None`: it did not), e.g. `zone zone-a`.
     pub topology: Option<String>,
 }
-
-/// This node as the Service compile reads it: its name (the endpoints that `Local` traffic
-/// policies keep, same-node hints) and its `topology.kubernetes.io/zone` (same-zone hints).
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
-pub struct LocalNode {
-    pub name: String,
-    pub zone: Option<String>,
-}
-
-impl LocalNode {
-    /// A node without a zone.
-    pub fn named(name: &str) -> Self {
-        Self {
-            name: name.to_owned(),
-            zone: None,
-        }
-    }
-
-    /// Node `name` as `nodes` has it (no zone when it is not there, or has no zone label).
-    pub fn from_nodes<'a>(nodes: impl IntoIterator<Item = &'a Arc<Node>>, name: &str) -> Self {
-        let zone = nodes
-            .into_iter()
-            .find(|node| node.metadata.name.as_deref() == Some(name))
-            .and_then(|node| node.metadata.labels.as_ref()?.get(ZONE_LABEL).cloned());
-        Self {
-            name: name.to_owned(),
-            zone,
-        }
-    }
-}
-
-/// The label that names a node's zone, which same-zone hints are matched against.
-pub const ZONE_LABEL: &str = "topology.kubernetes.io/zone";
 
 /// Services and EndpointSlices with either label belong to another proxy, or to none (a
 /// headless Service's slices): kube-proxy does not watch them, and neither does this one.
@@ -737,61 +707,6 @@ fn endpoints_for(
         Topology::SameZone(zone) => format!("zone {zone}"),
     });
     (ready.into_iter().collect(), terminating, description)
-}
-
-/// Which of a service port's ready endpoints this node uses, from their hints.
-enum Topology {
-    /// Those hinted for this node (`hints.forNodes`).
-    SameNode,
-    /// Those hinted for this node's zone (`hints.forZones`).
-    SameZone(String),
-}
-
-/// kube-proxy's choice: the same node when every ready endpoint has a node hint and one names
-/// this node; else the same zone when every ready endpoint has a zone hint and one names this
-/// node's zone; else none (every ready endpoint), which is also what a node without a zone
-/// label gets. Endpoints without hints (a slice controller that wrote none, a Service without
-/// `trafficDistribution`) leave every endpoint in use.
-fn topology_of(
-    hinted: &[(BackendAddr, Vec<&str>, Vec<&str>)],
-    node: &LocalNode,
-) -> Option<Topology> {
-    let all_node_hinted = hinted.iter().all(|(_, _, nodes)| !nodes.is_empty());
-    if all_node_hinted
-        && hinted
-            .iter()
-            .any(|(_, _, nodes)| nodes.contains(&node.name.as_str()))
-    {
-        return Some(Topology::SameNode);
-    }
-    let zone = node.zone.as_deref()?;
-    let all_zone_hinted = hinted.iter().all(|(_, zones, _)| !zones.is_empty());
-    (all_zone_hinted && hinted.iter().any(|(_, zones, _)| zones.contains(&zone)))
-        .then(|| Topology::SameZone(zone.to_owned()))
-}
-
-/// The zones an endpoint is hinted for.
-fn zone_hints(endpoint: &Endpoint) -> Vec<&str> {
-    endpoint
-        .hints
-        .as_ref()
-        .and_then(|h| h.for_zones.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|z| z.name.as_str())
-        .collect()
-}
-
-/// The nodes an endpoint is hinted for.
-fn node_hints(endpoint: &Endpoint) -> Vec<&str> {
-    endpoint
-        .hints
-        .as_ref()
-        .and_then(|h| h.for_nodes.as_ref())
-        .into_iter()
-        .flatten()
-        .map(|n| n.name.as_str())
-        .collect()
 }
 
 enum EndpointState {

@@ -141,6 +141,30 @@ impl ProxyHealth {
     }
 }
 
+/// Serves kube-proxy's node health on `address` (load balancers probe it), alive while `alive`
+/// says so (the agent's loop turns). A port that cannot be taken costs the probes only: the
+/// dataplane runs on, and says so.
+pub fn serve_proxy_health(
+    address: SocketAddr,
+    health: &Arc<ProxyHealth>,
+    alive: Arc<dyn Fn() -> Result<(), String> + Send + Sync>,
+) {
+    let listener = match crate::http::bind(address) {
+        Ok(listener) => listener,
+        Err(error) => {
+            tracing::error!(%error, "node health (kube-proxy's /healthz) not served");
+            return;
+        }
+    };
+    let health = Arc::clone(health);
+    let handler: Arc<crate::http::Handler> =
+        Arc::new(move |request, _peer| health.answer(request.uri().path(), alive()));
+    match crate::http::spawn("node-health", listener, handler) {
+        Ok(()) => tracing::info!(%address, "serving node health on /healthz and /livez"),
+        Err(error) => tracing::error!(%error, "node health (kube-proxy's /healthz) not served"),
+    }
+}
+
 /// The health-check listeners, by port.
 pub struct HealthServers {
     runtime: tokio::runtime::Runtime,

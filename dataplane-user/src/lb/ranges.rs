@@ -8,18 +8,23 @@
 
 use std::collections::BTreeMap;
 
-use aya::maps::{MapData, lpm_trie::Key, lpm_trie::LpmTrie};
+use aya::maps::{Map, MapData, lpm_trie::Key, lpm_trie::LpmTrie};
 use dataplane_common::{
     lb::{
         SCOPE_EXTERNAL, SOURCE_RANGE_ALLOW, SOURCE_RANGE_DENY, SOURCE_RANGE_SERVICE_BITS,
         ServiceKey, SourceRangeKey,
     },
     maps,
+    overlay::Addr,
 };
 use ipnet::IpNet;
 
 use super::compile::ServicePort;
-use crate::{AgentError, Dataplane, kernel::capacity::map_err, mapsync::addr16};
+use crate::{
+    AgentError, Dataplane, Pins,
+    kernel::capacity::map_err,
+    mapsync::{addr16, ip_of},
+};
 
 /// Bytes of a [`SourceRangeKey`], as the map's keys carry them.
 pub const RANGE_KEY_LEN: usize = size_of::<SourceRangeKey>();
@@ -207,6 +212,39 @@ fn read_entries(
         entries.insert((key.prefix_len(), key.data()), verdict);
     }
     Ok(entries)
+}
+
+/// For `dataplane inspect services`, from the pins alone.
+/// A service address, port (network byte order) and protocol.
+pub type ServicePortKey = (Addr, [u8; 2], u8);
+
+/// The sources each load-balancer address, port and protocol with source ranges admits
+/// (`LB_SOURCE_RANGES`' allow entries), as prefixes; none for the others (every source).
+pub fn admitted_sources(pins: &Pins) -> Result<BTreeMap<ServicePortKey, Vec<String>>, AgentError> {
+    let name = maps::LB_SOURCE_RANGES;
+    let map: LpmTrie<MapData, [u8; RANGE_KEY_LEN], u8> = LpmTrie::try_from(Map::LpmTrie(
+        MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"))?,
+    ))
+    .map_err(map_err(name, "open"))?;
+    let mut ranges: BTreeMap<ServicePortKey, Vec<String>> = BTreeMap::new();
+    for key in map.keys().filter_map(Result::ok) {
+        let allowed = map.get(&key, 0).is_ok_and(|v| v == SOURCE_RANGE_ALLOW);
+        let parts = key_parts(&key.data());
+        let bits = key.prefix_len().saturating_sub(SOURCE_RANGE_SERVICE_BITS);
+        let service = (parts.addr, parts.port_be, parts.protocol);
+        let entry = ranges.entry(service).or_default();
+        if allowed {
+            let source = ip_of(&parts.source);
+            // IPv4 sources sit under `::ffff:0:0/96`.
+            let length = if source.is_ipv4() {
+                bits.saturating_sub(96)
+            } else {
+                bits
+            };
+            entry.push(format!("{source}/{length}"));
+        }
+    }
+    Ok(ranges)
 }
 
 #[cfg(test)]

@@ -96,7 +96,12 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
         .context("starting the metrics server")?;
     }
     let proxy_health = Arc::new(lb::ProxyHealth::default());
-    serve_proxy_health(args.healthz_address, &proxy_health, &metrics);
+    let figures = Arc::clone(&metrics);
+    lb::serve_proxy_health(
+        args.healthz_address,
+        &proxy_health,
+        Arc::new(move || figures.heartbeat.check()),
+    );
     let mut pod_ifaces = args.pod_ifaces.clone();
     let mut cluster = None;
     if let (Some((source, node)), Some(egress)) = (&args.cluster, egress) {
@@ -794,29 +799,4 @@ fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
         "NodePort forwarding to remote backends in XDP"
     );
     allowed
-}
-
-/// Serves kube-proxy's node health on `address` (load balancers probe it), alive while the
-/// agent's loop turns. A port that cannot be taken costs the probes only: the dataplane runs
-/// on, and says so.
-fn serve_proxy_health(
-    address: std::net::SocketAddr,
-    health: &Arc<lb::ProxyHealth>,
-    metrics: &Arc<Metrics>,
-) {
-    let listener = match dataplane_user::http::bind(address) {
-        Ok(listener) => listener,
-        Err(error) => {
-            tracing::error!(%error, "node health (kube-proxy's /healthz) not served");
-            return;
-        }
-    };
-    let (health, figures) = (Arc::clone(health), Arc::clone(metrics));
-    let handler: Arc<dataplane_user::http::Handler> = Arc::new(move |request, _peer| {
-        health.answer(request.uri().path(), figures.heartbeat.check())
-    });
-    match dataplane_user::http::spawn("node-health", listener, handler) {
-        Ok(()) => tracing::info!(%address, "serving node health on /healthz and /livez"),
-        Err(error) => tracing::error!(%error, "node health (kube-proxy's /healthz) not served"),
-    }
 }
