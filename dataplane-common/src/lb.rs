@@ -110,6 +110,10 @@ pub const CT_RESET: u8 = 1 << 4;
 /// chunk other than INIT) passed in this entry's direction: the connection got past its
 /// handshake there. Until then the entry lives `CT_TIMEOUT_OPENING`.
 pub const CT_ESTABLISHED: u8 = 1 << 5;
+/// `CtValue::flags` (reply direction): the client is a pod of this node that sent to a node's
+/// address and NodePort. Translated, the reply comes from that address, which the stack would
+/// not forward to a pod when it is this node's own: the load-balancer hands it to the pod.
+pub const CT_LOCAL_CLIENT: u8 = 1 << 6;
 
 /// Seconds both directions of a masqueraded flow that has ended (a FIN each way, or an RST)
 /// must have been idle before its port goes to a new flow, ahead of `CT_TIMEOUT_CLOSING`:

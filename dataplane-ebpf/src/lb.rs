@@ -23,8 +23,8 @@ use aya_ebpf::programs::TcContext;
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        BACKEND_PORTS_BASE, CT_NODEPORT, CT_REPLY, CT_SNAT, NODEPORT_ANY_V4, SCOPE_CLUSTER,
-        SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW,
+        BACKEND_PORTS_BASE, CT_LOCAL_CLIENT, CT_NODEPORT, CT_REPLY, CT_SNAT, NODEPORT_ANY_V4,
+        SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW,
         SOURCE_RANGE_FULL_BITS,
     },
     overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
@@ -35,7 +35,7 @@ use crate::parse::{ETH_LEN, ETH_P_IP};
 use crate::{
     clock::now,
     copy::{copy_addr, set_ipv4_mapped},
-    maps::{LB_CT, LB_SERVICES, LB_SOURCE_RANGES},
+    maps::{LB_CT, LB_SERVICES, LB_SOURCE_RANGES, NODE_ADDRS},
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP},
     stage::{Stage, reverse_nat, routed_out},
@@ -204,7 +204,16 @@ fn dnat<const FROM_OUTSIDE: bool>(
     if tracked_backend(s, now).into_value()? == 0 {
         set_service_key(s, scope);
         // SAFETY: the value is copied out at once.
-        let Some(service) = (unsafe { LB_SERVICES.get(&s.service) }).copied() else {
+        let mut found = unsafe { LB_SERVICES.get(&s.service) }.copied();
+        // A pod to a node's address and NodePort (its own node's or another's): translated
+        // here at the source, as a ClusterIP is, so that the reply comes back the way the
+        // request went (through the overlay) rather than from a node that never saw a pod.
+        if !FROM_OUTSIDE && found.is_none() && to_a_node(s) {
+            set_service_key(s, SCOPE_NODEPORT);
+            // SAFETY: the value is copied out at once.
+            found = unsafe { LB_SERVICES.get(&s.service) }.copied();
+        }
+        let Some(service) = found else {
             return Ok(None);
         };
         // A load-balancer address with source ranges takes new flows from those alone,
@@ -237,6 +246,13 @@ fn dnat<const FROM_OUTSIDE: bool>(
     }
     s.cacheable = (s.snat == 0 && s.nodeport == 0) as u8;
     Ok(Some(PacketClass::ServiceDnat))
+}
+
+/// Whether the flow goes to a cluster node's underlay address.
+#[inline(always)]
+fn to_a_node(s: &LbScratch) -> bool {
+    // SAFETY: only presence is checked.
+    unsafe { NODE_ADDRS.get(&s.flow.dst) }.is_some()
 }
 
 /// Whether the flow's source may open a flow to its destination: an address without source
@@ -303,6 +319,14 @@ fn reverse_nat_flow(
         // it is routed out of the underlay here.
         let verdict = overlay::route_out(ctx, parsed).into_value()?;
         return Ok(reverse_nat::routed(verdict));
+    }
+    if entry.flags & CT_LOCAL_CLIENT != 0 {
+        // To a pod of this node from a node's address (a NodePort it sent to): handed to the
+        // pod here, as the stack would not forward it when the address is this node's.
+        let Ok((pod, _)) = overlay::local_pod(ctx, parsed) else {
+            return Err(DropReason::OverlayNoRoute);
+        };
+        return Ok(reverse_nat::routed(overlay::to_local_pod(ctx, &pod) as u32));
     }
     Ok(reverse_nat::TRANSLATED)
 }

@@ -50,9 +50,12 @@ pub struct MgmtSync {
     pub routes_removed: usize,
 }
 
-/// The routes the host needs: every other node's pod CIDRs (hybrid nodes' subnets too) of a
-/// family this node has an address in, with that address as the source.
-pub fn wanted_routes(view: &OverlayView) -> Vec<(IpNet, IpAddr)> {
+/// The routes the host needs: every other node's pod CIDRs (hybrid nodes' subnets too) and the
+/// service networks, of a family this node has an address in, with that address as the
+/// source. The service networks make the node's own clients (the kubelet, host-network pods,
+/// node daemons) reach ClusterIPs as kube-proxy's output chain has them do: their packets
+/// enter `tc_from_pod` on the overlay's side, whose load-balancer translates them as a pod's.
+pub fn wanted_routes(view: &OverlayView, service_networks: &[IpNet]) -> Vec<(IpNet, IpAddr)> {
     let Some(this) = view.this_node_view() else {
         return Vec::new();
     };
@@ -63,6 +66,7 @@ pub fn wanted_routes(view: &OverlayView) -> Vec<(IpNet, IpAddr)> {
         .filter(|n| n.name != view.this_node)
         .flat_map(|n| n.pod_cidrs.iter().copied())
         .chain(hybrid)
+        .chain(service_networks.iter().copied())
         .filter_map(|cidr| {
             let cidr = cidr.trunc();
             source(matches!(cidr, IpNet::V4(_))).map(|src| (cidr, src))
@@ -76,6 +80,7 @@ pub fn sync(
     view: &OverlayView,
     settings: &OverlaySettings,
     underlay: &str,
+    service_networks: &[IpNet],
 ) -> Result<MgmtSync, AgentError> {
     if preflight::interface_index(HOST_SIDE).is_err() {
         ip(&[
@@ -129,7 +134,7 @@ pub fn sync(
     ])?;
     loosen_reverse_path_filter(underlay);
 
-    let wanted = wanted_routes(view);
+    let wanted = wanted_routes(view, service_networks);
     let mut result = MgmtSync {
         ifindex: preflight::interface_index(OVERLAY_SIDE)?,
         host_ifindex: preflight::interface_index(HOST_SIDE)?,
@@ -264,7 +269,7 @@ mod tests {
             hybrid: None,
         };
         assert_eq!(
-            wanted_routes(&view),
+            wanted_routes(&view, &[]),
             vec![
                 (net("10.244.2.0/24"), ip("10.99.0.1")),
                 (net("fd00:10:244:2::/64"), ip("fd99::1")),
@@ -277,7 +282,7 @@ mod tests {
             .addresses
             .truncate(1);
         assert!(
-            wanted_routes(&v4_only)
+            wanted_routes(&v4_only, &[])
                 .iter()
                 .all(|(c, _)| c.addr().is_ipv4())
         );

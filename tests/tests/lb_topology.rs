@@ -44,6 +44,11 @@ fn client_requests(client: &Pod, count: usize) -> Vec<String> {
 
 /// As [`client_requests`], to the service at `service_ip` (IPv4 or IPv6).
 fn requests_to(client: &Pod, service_ip: &str, count: usize) -> Vec<String> {
+    requests_from(&client.netns, service_ip, count)
+}
+
+/// As [`requests_to`], from any namespace (a node's own, say).
+fn requests_from(netns: &str, service_ip: &str, count: usize) -> Vec<String> {
     let family = if service_ip.contains(':') {
         "AF_INET6"
     } else {
@@ -62,11 +67,10 @@ fn requests_to(client: &Pod, service_ip: &str, count: usize) -> Vec<String> {
          \x20   u.sendto(b'q', ('{service_ip}', 53)); d, a = u.recvfrom(100)\n\
          \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
     );
-    let out = exec_in(&client.netns, &["python3", "-c", &script]).expect("client");
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
     assert!(
         out.status.success(),
-        "client in {}: {}",
-        client.netns,
+        "client in {netns}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout)
@@ -669,4 +673,113 @@ fn health_check_node_ports_answer_200_where_local_endpoints_are_and_503_elsewher
         0,
         "the old port is closed"
     );
+}
+
+#[test]
+fn host_network_clients_reach_cluster_ips_with_backends_on_both_nodes() {
+    if !privileged("host_network_clients_reach_cluster_ips_with_backends_on_both_nodes") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    topology
+        .add_manifest("web.yaml", &web_manifests(&backends))
+        .expect("service manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let _agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let backend_ips: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    // The nodes themselves (the kubelet, host-network pods): every backend is reached, each
+    // sees the node's address, and the replies come from the service address.
+    for node in [topology.node(0), topology.node(1)] {
+        let lines = requests_from(&node.netns, SERVICE_IP, 16);
+        assert_eq!(lines.len(), 32, "{lines:?}");
+        let reached = check_answers(&lines, &backend_ips, SERVICE_IP, |_| {
+            node.underlay_ip.to_string()
+        });
+        assert_eq!(reached.len(), 4, "node {}: {reached:?}", node.underlay_ip);
+    }
+    drop(servers);
+}
+
+#[test]
+fn pods_reach_the_node_ports_of_their_own_node_and_of_others() {
+    if !privileged("pods_reach_the_node_ports_of_their_own_node_and_of_others") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let endpoints: Vec<String> = backends
+        .iter()
+        .map(|p| format!("{{addresses: [{}], conditions: {{ready: true}}}}", p.ip))
+        .collect();
+    topology
+        .add_manifest(
+            "nodeport.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: np, namespace: default}}\n\
+                 spec: {{type: NodePort, clusterIP: 10.96.0.60, ports: [\
+                 {{name: http, port: 80, targetPort: 8080, nodePort: 30096, protocol: TCP}}, \
+                 {{name: dns, port: 53, targetPort: 5353, nodePort: 30097, protocol: UDP}}]}}\n\
+                 ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: np-1, namespace: default, labels: {{kubernetes.io/service-name: np}}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}, {{name: dns, port: 5353, protocol: UDP}}]\n\
+                 endpoints: [{}]\n",
+                endpoints.join(", ")
+            ),
+        )
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let _agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let client = &topology.node(0).pods[0];
+    let backend_ips: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    for node in [topology.node(0), topology.node(1)] {
+        let address = node.underlay_ip.to_string();
+        let script = format!(
+            "import socket, time\n\
+             for i in range(12):\n\
+             \x20   for _ in range(50):\n\
+             \x20       try:\n\
+             \x20           c = socket.create_connection(('{address}', 30096), timeout=3); break\n\
+             \x20       except OSError: time.sleep(0.1)\n\
+             \x20   print('tcp', c.recv(100).decode(), c.getpeername()[0]); c.close()\n\
+             for i in range(12):\n\
+             \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(3)\n\
+             \x20   u.sendto(b'q', ('{address}', 30097)); d, a = u.recvfrom(100)\n\
+             \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
+        );
+        let out = exec_in(&client.netns, &["python3", "-c", &script]).expect("client");
+        assert!(
+            out.status.success(),
+            "to {address}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut reached = BTreeSet::new();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            let fields: Vec<&str> = line.split_whitespace().collect();
+            let [proto, backend, seen, source] = fields[..] else {
+                panic!("answer {line:?}");
+            };
+            assert!(backend_ips.contains(backend), "{line}");
+            // The pod's own address reaches the backend, and the answer comes from the node
+            // address and port the pod sent to.
+            assert_eq!(seen, client.ip.to_string(), "{line}");
+            let port = if proto == "tcp" { "" } else { ":30097" };
+            assert_eq!(source, format!("{address}{port}"), "{line}");
+            reached.insert((proto.to_owned(), backend.to_owned()));
+        }
+        assert_eq!(reached.len(), 4, "to {address}: {reached:?}");
+    }
+    drop(servers);
 }

@@ -10,8 +10,9 @@ use super::conntrack::{TCP_SYN, claim_snat_port, expired, set_reply_key, touch};
 use dataplane_common::{
     DropReason,
     lb::{
-        Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_ORIGINAL, CT_SNAT, HAIRPIN_V4,
-        HAIRPIN_V6, MAGLEV_TABLE_SIZE, ServiceValue, backend_slot, flow_hash, maglev_slot,
+        Backend, CT_AFFINITY, CT_CLOSING, CT_LOCAL_CLIENT, CT_NODEPORT, CT_ORIGINAL, CT_SNAT,
+        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, SCOPE_NODEPORT, ServiceValue, backend_slot,
+        flow_hash, maglev_slot,
     },
 };
 
@@ -113,6 +114,8 @@ fn choose_backend<const FROM_OUTSIDE: bool>(
     let flags = if s.snat != 0 { CT_SNAT } else { 0 };
     let reply_flags = if s.nodeport != 0 {
         flags | CT_NODEPORT
+    } else if !FROM_OUTSIDE && s.service.scope == SCOPE_NODEPORT {
+        flags | CT_LOCAL_CLIENT
     } else {
         flags
     };

@@ -167,7 +167,8 @@ pub fn serve_proxy_health(
 
 /// The health-check listeners, by port.
 pub struct HealthServers {
-    runtime: tokio::runtime::Runtime,
+    /// Taken by `Drop` only.
+    runtime: Option<tokio::runtime::Runtime>,
     /// What each port answers now: the servers read it at each request.
     checks: Arc<RwLock<BTreeMap<u16, HealthCheck>>>,
     listening: BTreeMap<u16, tokio::task::JoinHandle<()>>,
@@ -182,7 +183,7 @@ impl HealthServers {
             .enable_all()
             .build()?;
         Ok(Self {
-            runtime,
+            runtime: Some(runtime),
             checks: Arc::default(),
             listening: BTreeMap::new(),
         })
@@ -233,7 +234,8 @@ impl HealthServers {
             let checks = checks.read().unwrap_or_else(|p| p.into_inner());
             health_answer(checks.get(&port))
         });
-        self.runtime.spawn(crate::http::serve(
+        let runtime = self.runtime.as_ref().expect("taken only by drop");
+        runtime.spawn(crate::http::serve(
             listener,
             handler,
             format!("health-check {port}"),
@@ -243,15 +245,11 @@ impl HealthServers {
 
 impl Drop for HealthServers {
     fn drop(&mut self) {
-        // The agent's own runtime may be the caller: a runtime may not wait for its threads
-        // there, and the listeners need no goodbye.
-        let runtime = std::mem::replace(
-            &mut self.runtime,
-            tokio::runtime::Builder::new_current_thread()
-                .build()
-                .expect("an empty runtime"),
-        );
-        runtime.shutdown_background();
+        // The agent's own runtime may be the caller: a runtime may not be dropped (and wait
+        // for its threads) there, and the listeners need no goodbye.
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
     }
 }
 
@@ -296,6 +294,37 @@ mod tests {
             weight,
             serde_json::from_slice(&bytes).expect("JSON"),
         )
+    }
+
+    /// The servers open and close their ports, and may be dropped inside the agent's own
+    /// runtime (where dropping a runtime the usual way panics).
+    #[test]
+    fn ports_open_and_close_and_the_servers_drop_inside_a_runtime() {
+        let mut servers = HealthServers::new().expect("runtime");
+        // A free port of this namespace, for a moment.
+        let port = TcpListener::bind("127.0.0.1:0")
+            .expect("probe")
+            .local_addr()
+            .expect("address")
+            .port();
+        let checks = |port| BTreeMap::from([(port, HealthCheck { port, ..check(1) })]);
+        assert!(servers.sync(checks(port)).is_empty());
+        assert_eq!(servers.ports(), vec![port]);
+        // A port that cannot be taken is that Service's failure, named.
+        let taken = TcpListener::bind("[::]:0")
+            .or_else(|_| TcpListener::bind("0.0.0.0:0"))
+            .expect("taken port");
+        let taken_port = taken.local_addr().expect("address").port();
+        let failed = servers.sync(checks(taken_port));
+        assert_eq!(failed.len(), 1, "{failed:?}");
+        assert!(failed[0].starts_with(&format!(
+            "Service shop/front: spec.healthCheckNodePort: {taken_port}: cannot listen"
+        )));
+        assert!(servers.ports().is_empty(), "the old port is closed");
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .expect("runtime")
+            .block_on(async move { drop(servers) });
     }
 
     #[test]

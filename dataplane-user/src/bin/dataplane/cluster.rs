@@ -354,7 +354,12 @@ impl Cluster {
             }
         }
         // The node's own way to other nodes' pods: its packets enter the overlay as a pod's.
-        let port = mgmt::sync(&model.view, &settings, &self.underlay)?;
+        let port = mgmt::sync(
+            &model.view,
+            &settings,
+            &self.underlay,
+            &state.service_networks,
+        )?;
         let mut written = port.routes_added + port.routes_removed;
         if written != 0 {
             tracing::info!(
