@@ -7,8 +7,6 @@ use std::sync::Arc;
 
 use k8s_openapi::api::{core::v1::Node, discovery::v1::Endpoint};
 
-use super::compile::BackendAddr;
-
 /// This node as the Service compile reads it: its name (the endpoints that `Local` traffic
 /// policies keep, same-node hints) and its `topology.kubernetes.io/zone` (same-zone hints).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -55,8 +53,8 @@ pub(super) enum Topology {
 /// node's zone; else none (every ready endpoint), which is also what a node without a zone
 /// label gets. Endpoints without hints (a slice controller that wrote none, a Service without
 /// `trafficDistribution`) leave every endpoint in use.
-pub(super) fn topology_of(
-    hinted: &[(BackendAddr, Vec<&str>, Vec<&str>)],
+pub(super) fn topology_of<T>(
+    hinted: &[(T, Vec<&str>, Vec<&str>)],
     node: &LocalNode,
 ) -> Option<Topology> {
     let all_node_hinted = hinted.iter().all(|(_, _, nodes)| !nodes.is_empty());
