@@ -1,5 +1,5 @@
-//! Attaching the programs: XDP on the underlay NIC (trying hardware offload, then native, then
-//! generic, as the operator allows) and tc on the host side of pod veths. Every attachment stays
+//! Attaching the programs: XDP on the underlay NIC (native, then generic, as the operator
+//! allows) and tc on the host side of pod veths. Every attachment stays
 //! in force while no agent runs, and a restarted or upgraded agent swaps its programs in place,
 //! atomically: no packet sees the hook empty.
 //!
@@ -41,24 +41,26 @@ pub const POD_FILTER_HANDLE: u32 = 0xd9;
 /// The XDP modes the operator allows, as on the command line.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum XdpModeChoice {
-    /// Offload if the NIC can, else native (driver), else generic (skb).
+    /// Native (driver) if the NIC's driver runs XDP, else generic (skb).
     Auto,
     /// Driver mode only.
     Native,
     /// Generic (skb) mode only.
     Generic,
-    /// Hardware offload only (a hardware-offload hook for SmartNICs).
-    Offload,
 }
+
+// No hardware offload mode: a program is offloaded only when it is loaded for the device
+// (`prog_ifindex` at load), which the loader does not do, and these programs use what no
+// offloading NIC runs (tail calls, LPM tries, per-CPU maps, redirects). Trying it at every
+// start only failed: `auto` tries what can work.
 
 impl XdpModeChoice {
     /// The modes to try, best first.
     pub fn candidates(self) -> &'static [XdpMode] {
         match self {
-            XdpModeChoice::Auto => &[XdpMode::Hardware, XdpMode::Driver, XdpMode::Skb],
+            XdpModeChoice::Auto => &[XdpMode::Driver, XdpMode::Skb],
             XdpModeChoice::Native => &[XdpMode::Driver],
             XdpModeChoice::Generic => &[XdpMode::Skb],
-            XdpModeChoice::Offload => &[XdpMode::Hardware],
         }
     }
 }
@@ -444,16 +446,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn auto_tries_offload_then_native_then_generic() {
+    fn auto_tries_native_then_generic() {
         let names: Vec<&str> = XdpModeChoice::Auto
             .candidates()
             .iter()
             .map(|m| mode_name(*m))
             .collect();
-        assert_eq!(names, ["offload", "native", "generic"]);
+        assert_eq!(names, ["native", "generic"]);
         assert_eq!(XdpModeChoice::Native.candidates(), &[XdpMode::Driver]);
         assert_eq!(XdpModeChoice::Generic.candidates(), &[XdpMode::Skb]);
-        assert_eq!(XdpModeChoice::Offload.candidates(), &[XdpMode::Hardware]);
     }
 
     #[test]

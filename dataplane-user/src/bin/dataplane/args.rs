@@ -41,7 +41,8 @@ pub(super) struct RunOptions {
     /// Host-side veth of a local pod (tc is attached to its ingress); repeatable.
     #[arg(long = "pod-iface")]
     pub(super) pod_ifaces: Vec<String>,
-    /// XDP attach mode: auto tries offload, then native, then generic.
+    /// XDP attach mode: auto tries native, then generic (no hardware offload: see
+    /// docs/features.md).
     #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
     pub(super) xdp_mode: XdpModeChoice,
     /// Whether XDP sends NodePort packets of established flows to backends on other nodes
