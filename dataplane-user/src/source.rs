@@ -600,6 +600,32 @@ status:
         );
     }
 
+    /// Fields of the operator's Network the dataplane does not apply are named, and the rest
+    /// of the Network applies.
+    #[test]
+    fn network_fields_not_applied_are_named_and_the_rest_applies() {
+        let mut state = ClusterState::default();
+        add_documents(
+            &mut state,
+            "network.yaml",
+            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+             spec:\n  serviceNetwork: [10.96.0.0/16]\n  defaultNetwork:\n    ovnKubernetesConfig:\n\
+             \x20     mtu: 1400\n      ipsecConfig: {mode: Full}\n      gatewayConfig: {routingViaHost: false}\n",
+        );
+        assert_eq!(
+            state.service_networks,
+            vec!["10.96.0.0/16".parse::<IpNet>().unwrap()]
+        );
+        assert_eq!(state.network.map(|n| n.mtu), Some(Some(1400)));
+        assert_eq!(
+            state.rejected,
+            vec![
+                "network.yaml: Network cluster: spec.defaultNetwork.ovnKubernetesConfig.gatewayConfig: not applied: pods leave the cluster through the node's own routing and masquerade (as routingViaHost: true), whatever it says; the rest of the Network applies".to_owned(),
+                "network.yaml: Network cluster: spec.defaultNetwork.ovnKubernetesConfig.ipsecConfig: IPsec is not supported (the kernels this dataplane runs on have no ESP): traffic between nodes is not encrypted; the rest of the Network applies".to_owned(),
+            ]
+        );
+    }
+
     #[test]
     fn reads_nodes_pods_and_network_and_names_what_it_rejects() {
         let mut state = ClusterState::default();

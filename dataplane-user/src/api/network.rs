@@ -357,7 +357,8 @@ struct DefaultNetwork {
     ovn_kubernetes_config: OvnConfigSpec,
 }
 
-/// Other fields of `ovnKubernetesConfig` (gatewayConfig, ...) belong to other features.
+/// `ovnKubernetesConfig`: what the dataplane applies, and every other field, reported by name
+/// (never silently ignored).
 #[derive(Default, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct OvnConfigSpec {
@@ -367,6 +368,26 @@ struct OvnConfigSpec {
     #[serde(rename = "egressIPConfig")]
     egress_ip_config: Option<EgressIpConfig>,
     hybrid_overlay_config: Option<HybridOverlayConfig>,
+    #[serde(flatten)]
+    others: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
+}
+
+/// Why a field of `ovnKubernetesConfig` the dataplane does not apply is not applied.
+fn not_applied(field: &str) -> String {
+    let why = match field {
+        "ipsecConfig" => {
+            "IPsec is not supported (the kernels this dataplane runs on have no ESP): traffic \
+             between nodes is not encrypted"
+        }
+        "gatewayConfig" => {
+            "not applied: pods leave the cluster through the node's own routing and masquerade \
+             (as routingViaHost: true), whatever it says"
+        }
+        _ => "not supported by this dataplane",
+    };
+    format!(
+        "spec.defaultNetwork.ovnKubernetesConfig.{field}: {why}; the rest of the Network applies"
+    )
 }
 
 /// The cluster's `Network`, its networks parsed and its hybrid overlay checked against them.
@@ -378,6 +399,8 @@ pub struct ClusterNetwork {
     pub policy_audit: PolicyAuditConfig,
     pub egress_ip: EgressIpConfig,
     pub hybrid: Option<HybridSettings>,
+    /// The fields given that the dataplane does not apply, each a line naming it and why.
+    pub not_applied: Vec<String>,
 }
 
 impl NetworkOperator {
@@ -428,6 +451,7 @@ impl NetworkOperator {
             policy_audit: ovn.policy_audit_config.unwrap_or_default(),
             egress_ip: ovn.egress_ip_config.unwrap_or_default(),
             hybrid,
+            not_applied: ovn.others.keys().map(|field| not_applied(field)).collect(),
         })
     }
 }

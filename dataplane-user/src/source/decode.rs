@@ -150,6 +150,9 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
         ("operator.openshift.io/v1", "Network") => match value.decode::<NetworkOperator>() {
             Ok(network) if network.is_the_cluster_network() => match network.validate() {
                 Ok(network) => {
+                    for line in &network.not_applied {
+                        reject(state, line.clone());
+                    }
                     state.hybrid = network.hybrid;
                     state.policy_audit = network.policy_audit;
                     state.egress_ip_config = network.egress_ip;
