@@ -248,7 +248,8 @@ impl KubeSource {
     }
 
     /// Sets `annotations` on the Node `node` (a merge patch: other annotations stay). The
-    /// agent's only write: what the hybrid overlay's other end reads (`crate::hybrid`).
+    /// agent's only write of cluster objects: what others read of its node (its underlay
+    /// network for the egress IP controller, its router for the hybrid overlay's other end).
     pub async fn annotate_node(
         &self,
         node: &str,

@@ -237,8 +237,8 @@ fn agents_follow_an_api_server_through_changes_bad_objects_and_outages() {
 }
 
 #[test]
-fn with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node() {
-    if !privileged("with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node") {
+fn an_agent_announces_its_underlay_network_and_hybrid_router_on_its_own_node() {
+    if !privileged("an_agent_announces_its_underlay_network_and_hybrid_router_on_its_own_node") {
         return;
     }
     let mut topology = Topology::build_with(1, 1, Mode::Overlay).expect("build topology");
@@ -266,16 +266,18 @@ fn with_the_hybrid_overlay_on_an_agent_announces_its_router_on_its_own_node() {
         thread::sleep(Duration::from_millis(200));
     };
     // Node 0's pod subnet is 10.244.1.0/24: its router is the third address, its MAC 0a:58
-    // and that address.
+    // and that address. Its underlay network and address, as OVN-Kubernetes writes them (the
+    // egress IP controller assigns by them: no hand-made annotation needed).
     assert_eq!(
         annotations,
         "{\"k8s.ovn.org/hybrid-overlay-distributed-router-gateway-ip\": \"10.244.1.3\", \
-         \"k8s.ovn.org/hybrid-overlay-distributed-router-gateway-mac\": \"0a:58:0a:f4:01:03\"}",
+         \"k8s.ovn.org/hybrid-overlay-distributed-router-gateway-mac\": \"0a:58:0a:f4:01:03\", \
+         \"k8s.ovn.org/node-primary-ifaddr\": \"{\\\"ipv4\\\":\\\"10.99.0.1/24\\\",\\\"ipv6\\\":\\\"fd99::1/64\\\"}\"}",
         "{}",
         agent.log()
     );
     assert!(
-        agent.log().contains("hybrid overlay annotations written"),
+        agent.log().contains("node annotations written"),
         "{}",
         agent.log()
     );

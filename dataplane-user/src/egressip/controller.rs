@@ -696,6 +696,24 @@ fn internal_ip(node: &Node) -> Option<IpAddr> {
         .find_map(|a| a.address.parse().ok())
 }
 
+/// This node's `k8s.ovn.org/node-primary-ifaddr`, as OVN-Kubernetes writes it: per family,
+/// the underlay network (`networks`, the underlay interface's) holding the node's own address
+/// (`addresses`, its InternalIPs), as `address/prefix`. `None` when no address is on the
+/// underlay (nothing to announce).
+pub fn primary_ifaddr(networks: &[IpNet], addresses: &[std::net::IpAddr]) -> Option<String> {
+    let mut fields = BTreeMap::new();
+    for address in addresses {
+        let family = if address.is_ipv4() { "ipv4" } else { "ipv6" };
+        if fields.contains_key(family) {
+            continue;
+        }
+        if let Some(net) = networks.iter().find(|n| n.addr() == *address) {
+            fields.insert(family, net.to_string());
+        }
+    }
+    (!fields.is_empty()).then(|| serde_json::json!(fields).to_string())
+}
+
 /// The node's underlay subnets from `k8s.ovn.org/node-primary-ifaddr`
 /// (`{"ipv4":"10.99.0.2/24","ipv6":"fd99::2/64"}`); none when absent or malformed.
 pub fn primary_subnets(node: &Node) -> Vec<IpNet> {
@@ -725,6 +743,31 @@ pub fn primary_subnets(node: &Node) -> Vec<IpNet> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_primary_ifaddr_names_the_underlay_network_of_each_own_address() {
+        let nets: Vec<IpNet> = ["10.99.0.1/24", "192.0.2.9/28", "fd99::1/64"]
+            .iter()
+            .map(|n| n.parse().unwrap())
+            .collect();
+        let own = ["10.99.0.1".parse().unwrap(), "fd99::1".parse().unwrap()];
+        let text = primary_ifaddr(&nets, &own).expect("annotation");
+        assert_eq!(text, r#"{"ipv4":"10.99.0.1/24","ipv6":"fd99::1/64"}"#);
+        // What the controller reads back: the networks themselves.
+        let node: Node = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "a", "annotations": {PRIMARY_IFADDR: text}}
+        }))
+        .unwrap();
+        assert_eq!(
+            primary_subnets(&node),
+            vec![
+                "10.99.0.0/24".parse::<IpNet>().unwrap(),
+                "fd99::/64".parse().unwrap()
+            ]
+        );
+        // No own address on the underlay: nothing to write.
+        assert_eq!(primary_ifaddr(&nets, &["10.0.0.1".parse().unwrap()]), None);
+    }
 
     fn node(yaml: &str) -> Node {
         serde_yaml::from_str(yaml).unwrap()

@@ -388,6 +388,24 @@ pub fn interface_names() -> Vec<String> {
     names
 }
 
+/// The global addresses of interface `name` with their prefix lengths (`ip -o addr show`),
+/// e.g. `10.99.0.1/24`; empty when it has none or `ip` fails.
+pub fn interface_networks(name: &str) -> Vec<ipnet::IpNet> {
+    let Ok(out) = run_ip(
+        &["-o", "addr", "show", "dev", name, "scope", "global"],
+        None,
+    ) else {
+        return Vec::new();
+    };
+    out.lines()
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            words.find(|w| *w == "inet" || *w == "inet6")?;
+            words.next()?.parse().ok()
+        })
+        .collect()
+}
+
 /// Every IP address of this network namespace's interfaces (getifaddrs).
 pub fn local_addresses() -> io::Result<Vec<IpAddr>> {
     let mut list: *mut libc::ifaddrs = std::ptr::null_mut();

@@ -394,7 +394,7 @@ impl Cluster {
         let mut stats = dataplane.sync_overlay(&desired, last.as_ref())?;
         self.overlay_written = Some(desired);
         stats.add(hybrid_stats);
-        self.announce_hybrid(state, &model.view).await;
+        self.announce_node(state, &model.view).await;
         tracing::info!(
             node = self.node,
             geneve_port = settings.geneve_port,
@@ -515,34 +515,55 @@ impl Cluster {
         Ok(false)
     }
 
-    /// With the API server: writes this node's hybrid overlay router address and MAC on its
-    /// Node when they are not there yet (hybrid nodes read them). A failure is logged and
-    /// tried again at the next sync that runs the overlay stage (a Node or Pod change, the
-    /// periodic full recompute).
-    async fn announce_hybrid(&self, state: &source::ClusterState, view: &model::OverlayView) {
+    /// With the API server: writes on this node's Node the annotations others read of it when
+    /// they are not there yet: its underlay network and address (`node-primary-ifaddr`, which
+    /// the egress IP controller assigns by) and, with the hybrid overlay, its router's address
+    /// and MAC (hybrid nodes read them). A failure is logged and tried again at the next sync
+    /// that runs the overlay stage (a Node or Pod change, the periodic full recompute).
+    async fn announce_node(&self, state: &source::ClusterState, view: &model::OverlayView) {
         let Source::Kubernetes(kube) = &self.source else {
             return;
         };
-        let Some(hybrid) = &view.hybrid else {
-            return;
-        };
-        let wanted = model::hybrid::own_annotations(hybrid.router_ip, &hybrid.router_mac);
         let current = state
             .nodes
             .iter()
             .find(|n| n.metadata.name.as_deref() == Some(self.node.as_str()))
             .and_then(|n| n.metadata.annotations.clone())
             .unwrap_or_default();
+        let mut wanted = std::collections::BTreeMap::new();
+        let ifaddr = egressip::controller::PRIMARY_IFADDR;
+        if let Some(this) = view.this_node_view() {
+            // The interface is asked (a process spawned) only when the annotation is missing
+            // or does not name each of the node's addresses, not at every sync.
+            let named = current.get(ifaddr).is_some_and(|text| {
+                this.addresses
+                    .iter()
+                    .all(|a| text.contains(&format!("\"{a}/")))
+            });
+            let written = if named {
+                current.get(ifaddr).cloned()
+            } else {
+                egressip::controller::primary_ifaddr(
+                    &netdev::interface_networks(&self.underlay),
+                    &this.addresses,
+                )
+            };
+            if let Some(written) = written {
+                wanted.insert(ifaddr.to_owned(), written);
+            }
+        }
+        if let Some(hybrid) = &view.hybrid {
+            wanted.extend(model::hybrid::own_annotations(
+                hybrid.router_ip,
+                &hybrid.router_mac,
+            ));
+        }
         if wanted.iter().all(|(k, v)| current.get(k) == Some(v)) {
             return;
         }
         match kube.annotate_node(&self.node, &wanted).await {
-            Ok(()) => tracing::info!(
-                node = self.node,
-                ?wanted,
-                "hybrid overlay annotations written"
-            ),
-            Err(error) => tracing::warn!(%error, "hybrid overlay annotations not written"),
+            Ok(()) => tracing::info!(node = self.node, ?wanted, "node annotations written"),
+            Err(error) => tracing::warn!(%error, "node annotations not written"),
         }
     }
 
