@@ -996,7 +996,8 @@ mod tests {
                 }
             }
         }
-        // Its writes: its own Node's hybrid overlay annotations, the Events of refusals.
+        // Its writes: its own Node's annotations (underlay network, hybrid overlay router),
+        // the Events of refusals.
         assert_eq!(
             written,
             BTreeSet::from([
@@ -1045,6 +1046,7 @@ mod tests {
             .find(|v| v.name == "owned")
             .expect("the owned annotations");
         for annotation in [
+            crate::egressip::controller::PRIMARY_IFADDR,
             crate::model::hybrid::ROUTER_IP_ANNOTATION,
             crate::model::hybrid::ROUTER_MAC_ANNOTATION,
         ] {
@@ -1053,7 +1055,7 @@ mod tests {
                 "{annotation}"
             );
         }
-        assert_eq!(owned.expression.matches("'k8s.ovn.org/").count(), 2);
+        assert_eq!(owned.expression.matches("'k8s.ovn.org/").count(), 3);
         let checks: Vec<&str> = spec
             .validations
             .iter()
