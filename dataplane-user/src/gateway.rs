@@ -14,7 +14,7 @@ use std::{net::IpAddr, process::Command};
 
 use ipnet::IpNet;
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// The table's name (family `inet`).
 pub const TABLE: &str = "dataplane_gateway";

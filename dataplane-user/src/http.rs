@@ -104,9 +104,9 @@ pub async fn serve(listener: std::net::TcpListener, handler: Arc<Handler>, name:
 }
 
 /// Binds `address` (a taken port is an error naming it, before anything else starts).
-pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener, crate::AgentError> {
+pub fn bind(address: SocketAddr) -> Result<std::net::TcpListener, crate::error::AgentError> {
     std::net::TcpListener::bind(address)
-        .map_err(|source| crate::AgentError::Listen { address, source })
+        .map_err(|source| crate::error::AgentError::Listen { address, source })
 }
 
 /// What an HTTP scrape renders: the agent's or the controller's registry.

@@ -28,7 +28,8 @@ use dataplane_common::{
 
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Dataplane,
+    error::AgentError,
+    kernel::loader::Dataplane,
     mapsync::{SyncStats, addr16, sync_hash},
     model::HybridView,
 };

@@ -6,8 +6,8 @@
 use std::{fmt, sync::Arc, time::Duration};
 
 use crate::{
-    Pins,
     http::{Exposition, reply},
+    kernel::pins::Pins,
     kernel::{fill, stats},
 };
 use dataplane_common::maps::ALL_MAPS;

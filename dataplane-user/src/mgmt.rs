@@ -20,8 +20,8 @@ use std::{collections::BTreeSet, net::IpAddr};
 use ipnet::IpNet;
 
 use crate::{
-    AgentError,
     api::network::OverlaySettings,
+    error::AgentError,
     kernel::netdev,
     kernel::preflight,
     model::{OverlayView, hybrid::internal_networks},

@@ -547,12 +547,42 @@ pub(crate) fn pod_mac(
             )),
         }
     }
-    crate::cni::wire::pod_mac(addresses)
+    derived_pod_mac(addresses)
+}
+
+/// The MAC OVN-Kubernetes gives a pod: 0a:58 and its IPv4 address, or for an IPv6-only pod
+/// the last four bytes of its IPv6 address.
+pub fn derived_pod_mac(addresses: &[IpAddr]) -> Option<[u8; 6]> {
+    let last4 = |a: &IpAddr| match a {
+        IpAddr::V4(v4) => v4.octets(),
+        IpAddr::V6(v6) => {
+            let o = v6.octets();
+            [o[12], o[13], o[14], o[15]]
+        }
+    };
+    let chosen = addresses
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addresses.first())?;
+    let o = last4(chosen);
+    Some([0x0a, 0x58, o[0], o[1], o[2], o[3]])
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_macs_follow_ovn_kubernetes() {
+        let v4: IpAddr = "10.244.1.3".parse().unwrap();
+        let v6: IpAddr = "fd00::1:2:3:4".parse().unwrap();
+        assert_eq!(
+            derived_pod_mac(&[v6, v4]),
+            Some([0x0a, 0x58, 10, 244, 1, 3])
+        );
+        assert_eq!(derived_pod_mac(&[v6]), Some([0x0a, 0x58, 0, 3, 0, 4]));
+        assert_eq!(derived_pod_mac(&[]), None);
+    }
     use crate::{api::network::OvnKubernetesConfig, source::add_documents};
 
     const CLUSTER: &str = r#"

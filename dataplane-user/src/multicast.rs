@@ -41,8 +41,8 @@ use tokio::io::unix::AsyncFd;
 
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError,
     cni::{GATEWAY_V4, GATEWAY_V6},
+    error::AgentError,
     kernel::loader::Dataplane,
     mapsync::{addr16, ip_of, sync_hash},
 };

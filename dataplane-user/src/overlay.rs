@@ -21,7 +21,8 @@ use ipnet::IpNet;
 
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Dataplane,
+    error::AgentError,
+    kernel::loader::Dataplane,
     mapsync::{SyncStats, addr16, ip_of, sync_hash_since, sync_lpm_since},
     model::OverlayView,
     port,

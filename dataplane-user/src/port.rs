@@ -12,7 +12,7 @@ use dataplane_common::{
 };
 
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Dataplane, model::LocalPodView};
+use crate::{error::AgentError, kernel::loader::Dataplane, model::LocalPodView};
 
 /// One record per local pod, keyed by the ifindex of its host-side veth: its MAC, its first
 /// IPv4 and first IPv6 address (a pod has one of each at most), and the link-local address

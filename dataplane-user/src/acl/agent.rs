@@ -35,8 +35,9 @@ use super::{
     select::PolicyCluster,
 };
 use crate::{
-    AgentError, Dataplane,
     api::{adminpolicy::AdminObjects, egressfirewall::EgressFirewall, network::PolicyAuditConfig},
+    error::AgentError,
+    kernel::loader::Dataplane,
 };
 
 /// How long the first resolution of every name may take before the firewalls are installed

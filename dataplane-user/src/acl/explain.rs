@@ -25,7 +25,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{AclState, addr_key, pods::Direction};
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Pins, mapsync::addr16};
+use crate::{error::AgentError, kernel::pins::Pins, mapsync::addr16};
 
 /// The directory in the agent's run directory: one file per installed set, `<set id>.json`,
 /// so that a change writes the sets it changed and not every set's description (at 110

@@ -34,7 +34,8 @@ use super::{
 };
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Dataplane,
+    error::AgentError,
+    kernel::loader::Dataplane,
     mapsync::{addr16, sync_hash, sync_hash_since},
 };
 

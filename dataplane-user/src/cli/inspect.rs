@@ -32,11 +32,12 @@ use serde::Serialize;
 
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Pins,
     acl::{
         explain::{PolicyMaps, SetRules},
         pods::Direction,
     },
+    error::AgentError,
+    kernel::pins::Pins,
     mapsync::ip_of,
     multicast,
 };

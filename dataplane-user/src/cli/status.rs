@@ -8,9 +8,10 @@ use dataplane_common::maps::{self, ALL_MAPS};
 use serde::Serialize;
 
 use crate::{
-    AgentError, Pins,
+    error::AgentError,
     kernel::attach::LinkPin,
     kernel::fill::{MapFill, map_fill},
+    kernel::pins::Pins,
     kernel::preflight,
     kernel::state::{self, AgentState},
     kernel::stats::{self, Counters},

@@ -27,13 +27,15 @@ use serde::Serialize;
 
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Dataplane, Pins,
     acl::{
         explain::{PolicyMaps, SetRules},
         pods::Direction,
     },
     cli::inspect::{self, Table},
+    error::AgentError,
+    kernel::loader::Dataplane,
     kernel::netdev,
+    kernel::pins::Pins,
     kernel::stats,
     mapsync::addr16,
 };

@@ -282,7 +282,7 @@ impl NodePods {
     fn mac(&self, pod: Option<&PodRef>, addresses: &[IpAddr]) -> Option<[u8; 6]> {
         self.known(pod)
             .and_then(|k| k.mac)
-            .or_else(|| wire::pod_mac(addresses))
+            .or_else(|| model::derived_pod_mac(addresses))
     }
 }
 

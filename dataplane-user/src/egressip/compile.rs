@@ -23,8 +23,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use super::EgressIP;
 use crate::kernel::capacity::map_err;
 use crate::{
-    AgentError, Dataplane,
     acl::pods::{PolicyPods, namespace_labels, selects},
+    error::AgentError,
+    kernel::loader::Dataplane,
     mapsync::{SyncStats, addr16, sync_hash_since, sync_lpm_since},
     model::NodeModel,
     model::{NodeList, NodeView, endpoint, in_name_order, node_changes},

@@ -23,7 +23,7 @@ use super::{
     compile::{EgressInputs, EgressMaps, InternalCounts, compile_with},
     probe::{KeyFile, Order, PROBE_PATH, Probe, ProbeError, ProbeReply},
 };
-use crate::{AgentError, Dataplane};
+use crate::{error::AgentError, kernel::loader::Dataplane};
 
 /// The lease, shared between the probe server (renewals, on a thread of its own) and the
 /// agent's loop (holding).

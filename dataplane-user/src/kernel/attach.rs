@@ -28,8 +28,9 @@ use dataplane_common::{
 use serde::{Deserialize, Serialize};
 
 use crate::{
-    AgentError, Dataplane,
+    error::AgentError,
     error::{AttachAttempt, error_chain},
+    kernel::loader::Dataplane,
     kernel::preflight,
 };
 

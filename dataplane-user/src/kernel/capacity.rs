@@ -5,7 +5,7 @@
 //! When a sync needs more than a map holds, the error names the map and the flag to raise, and
 //! nothing of that sync's change is half-written.
 
-use crate::AgentError;
+use crate::error::AgentError;
 use dataplane_common::{
     lb::MAX_BACKEND_SLOTS,
     maps::{

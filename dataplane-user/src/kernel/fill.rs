@@ -15,7 +15,7 @@ use dataplane_common::{
 };
 use serde::Serialize;
 
-use crate::{AgentError, Pins, kernel::capacity::map_err};
+use crate::{error::AgentError, kernel::capacity::map_err, kernel::pins::Pins};
 
 #[derive(Clone, Debug, Serialize)]
 pub struct MapFill {

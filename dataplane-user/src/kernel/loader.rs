@@ -16,7 +16,10 @@ use dataplane_common::maps::{
 };
 
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Pins, kernel::capacity::Capacities, kernel::ebpf, kernel::preflight};
+use crate::{
+    error::AgentError, kernel::capacity::Capacities, kernel::ebpf, kernel::pins::Pins,
+    kernel::preflight,
+};
 
 /// Loads of one program tried before giving up on a verifier interrupted each time (twice
 /// libbpf's default, with a growing pause between them).

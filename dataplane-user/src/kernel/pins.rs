@@ -11,7 +11,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// Where a node's agent pins everything by default.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/dataplane";

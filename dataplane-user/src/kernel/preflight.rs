@@ -5,7 +5,7 @@ use std::ffi::CString;
 
 use aya::util::KernelVersion;
 
-use crate::{AgentError, error::KernelGap};
+use crate::{error::AgentError, error::KernelGap};
 
 const CAP_NET_ADMIN: u32 = 12;
 const CAP_SYS_ADMIN: u32 = 21;

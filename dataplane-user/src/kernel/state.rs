@@ -8,7 +8,7 @@ use std::{
 
 use serde::{Deserialize, Serialize};
 
-use crate::{AgentError, kernel::attach::Attachment};
+use crate::{error::AgentError, kernel::attach::Attachment};
 
 /// Default run directory of a node's agent.
 pub const DEFAULT_RUN_DIR: &str = "/run/dataplane";

@@ -9,7 +9,7 @@ use dataplane_common::{
 use serde::Serialize;
 
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Pins};
+use crate::{error::AgentError, kernel::pins::Pins};
 
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Counters {

@@ -8,7 +8,7 @@ use aya::{
     programs::{SchedClassifier, Xdp},
 };
 
-use crate::{AgentError, Dataplane};
+use crate::{error::AgentError, kernel::loader::Dataplane};
 
 /// Headroom for programs that grow the packet (encapsulation adds up to ~100 bytes).
 const OUTPUT_HEADROOM: usize = 256;

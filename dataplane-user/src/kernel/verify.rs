@@ -19,7 +19,7 @@ use dataplane_common::maps::{ALL_PROGRAMS, TAIL_STAGES};
 use object::{Object as _, ObjectSection as _, ObjectSymbol as _, RelocationTarget};
 use serde::Serialize;
 
-use crate::{AgentError, Dataplane, Pins};
+use crate::{error::AgentError, kernel::loader::Dataplane, kernel::pins::Pins};
 
 /// Instructions the kernel's verifier walks at most per program (BPF_COMPLEXITY_LIMIT_INSNS).
 pub const VERIFIER_BUDGET: u32 = 1_000_000;

@@ -11,8 +11,9 @@ use dataplane_common::lb::{SCOPE_NODEPORT, ServiceKey};
 use k8s_openapi::api::{core::v1::Service, discovery::v1::EndpointSlice};
 
 use crate::{
-    AgentError, Dataplane,
     changes::{Changes, object_key, owned},
+    error::AgentError,
+    kernel::loader::Dataplane,
     source::Objects,
 };
 

@@ -21,8 +21,10 @@ use ipnet::IpNet;
 
 use super::compile::ServicePort;
 use crate::{
-    AgentError, Dataplane, Pins,
+    error::AgentError,
     kernel::capacity::map_err,
+    kernel::loader::Dataplane,
+    kernel::pins::Pins,
     mapsync::{addr16, ip_of},
 };
 

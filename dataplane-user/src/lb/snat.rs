@@ -3,7 +3,7 @@
 
 use dataplane_common::lb::{SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, SNAT_PORT_MIN};
 
-use crate::AgentError;
+use crate::error::AgentError;
 
 /// The node's list of ports its own sockets never get as ephemeral ports.
 const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";

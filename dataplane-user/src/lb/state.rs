@@ -21,7 +21,7 @@ use super::{
     compile::{BackendAddr, ServicePort},
     ranges::RangeEntries,
 };
-use crate::{AgentError, mapsync::addr16};
+use crate::{error::AgentError, mapsync::addr16};
 
 /// The live backends of the array's `slots`, by id.
 pub(super) fn live_by_id(slots: Vec<(u32, Backend)>) -> HashMap<u32, Backend> {

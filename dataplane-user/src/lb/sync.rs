@@ -22,7 +22,7 @@ use super::{
     },
 };
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Dataplane};
+use crate::{error::AgentError, kernel::loader::Dataplane};
 
 impl Dataplane {
     /// Writes the words of the port bitmaps that differ from what the map holds.

@@ -12,7 +12,7 @@ use super::{
     super::{AclSyncStats, dns},
     FirewallAgent,
 };
-use crate::{AgentError, Dataplane};
+use crate::{error::AgentError, kernel::loader::Dataplane};
 
 /// How long one DNS name's lookup may take.
 const LOOKUP_TIMEOUT: Duration = Duration::from_secs(2);

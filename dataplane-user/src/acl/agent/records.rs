@@ -19,7 +19,7 @@ use super::{
     FirewallAgent,
 };
 use crate::kernel::capacity::map_err;
-use crate::{AgentError, Dataplane, api::network::PolicyAuditConfig};
+use crate::{api::network::PolicyAuditConfig, error::AgentError, kernel::loader::Dataplane};
 
 /// Waits until `fd` is readable (forever without one).
 pub(crate) async fn readable(fd: Option<&AsyncFd<RingBuf<MapData>>>) {
