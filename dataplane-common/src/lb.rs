@@ -82,6 +82,11 @@ pub const SCOPE_NODEPORT: u8 = 1;
 /// `ServiceKey::scope`: an external or load-balancer IP reached from outside, through the
 /// underlay (externalTrafficPolicy applies, unlike the same address reached from a pod).
 pub const SCOPE_EXTERNAL: u8 = 2;
+/// `ServiceKey::scope`: a NodePort of an `externalTrafficPolicy: Local` Service as a pod of the
+/// cluster reaches it (on any node's address): every endpoint, as kube-proxy sends pods'
+/// traffic to such addresses, where `SCOPE_NODEPORT`'s table holds this node's endpoints
+/// only. Keyed as `SCOPE_NODEPORT`; only Services with that policy have one.
+pub const SCOPE_NODEPORT_FROM_POD: u8 = 3;
 /// The address of an IPv4 NodePort key (`::ffff:0.0.0.0`).
 pub const NODEPORT_ANY_V4: Addr = [0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0, 0, 0, 0];
 

@@ -74,6 +74,12 @@ pub const LB_MEMBERS: &str = "DP_LB_MEMBERS";
 /// LPM trie: [`crate::lb::SourceRangeKey`] -> `SOURCE_RANGE_ALLOW` or `SOURCE_RANGE_DENY`, the
 /// load-balancer addresses' `spec.loadBalancerSourceRanges`.
 pub const LB_SOURCE_RANGES: &str = "DP_LB_SRC_RANGES";
+/// Hash: address -> 1, the addresses NodePorts are served on when `--nodeport-addresses`
+/// lists networks (`OVERLAY_NODEPORT_LISTED`); unused with the default (the node's primary
+/// address per family, in `OverlayConfig`).
+pub const LB_NODEPORT_ADDRS: &str = "DP_LB_NP_ADDRS";
+/// Capacity of [`LB_NODEPORT_ADDRS`]: the node's own addresses inside the listed networks.
+pub const MAX_NODEPORT_ADDRS: u32 = 64;
 /// Datagrams being fragmented -> their first fragment's ports (LRU).
 pub const FRAGS: &str = "DP_FRAGS";
 /// Per pod (host-side veth ifindex): drops and service flows opened (`stats::PodCounters`).
@@ -203,6 +209,7 @@ pub const ALL_MAPS: &[&str] = &[
     LB_AFFINITY,
     LB_MEMBERS,
     LB_SOURCE_RANGES,
+    LB_NODEPORT_ADDRS,
     FRAGS,
     POD_STATS,
     ACL_ENDPOINTS,

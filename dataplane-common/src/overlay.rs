@@ -51,6 +51,9 @@ pub const OVERLAY_ENABLED: u16 = 1 << 2;
 /// other nodes itself (Geneve, then XDP_TX or a redirect). Off where the underlay cannot take
 /// frames back from XDP (a veth whose peer runs no NAPI drops them).
 pub const OVERLAY_XDP_FORWARD: u16 = 1 << 3;
+/// `OverlayConfig::flags`: NodePorts are served on the addresses `LB_NODEPORT_ADDRS` holds
+/// (`--nodeport-addresses` lists networks) rather than on the node's address of each family.
+pub const OVERLAY_NODEPORT_LISTED: u16 = 1 << 4;
 
 /// An address in the 16-byte form used by every overlay key.
 pub type Addr = [u8; 16];

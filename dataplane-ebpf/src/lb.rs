@@ -24,10 +24,10 @@ use dataplane_common::{
     DropReason, PacketClass,
     lb::{
         BACKEND_PORTS_BASE, CT_LOCAL_CLIENT, CT_NODEPORT, CT_REPLY, CT_SNAT, NODEPORT_ANY_V4,
-        SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW,
-        SOURCE_RANGE_FULL_BITS,
+        SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SCOPE_NODEPORT_FROM_POD, SERVICE_PORTS_BASE,
+        SOURCE_RANGE_ALLOW, SOURCE_RANGE_FULL_BITS,
     },
-    overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OverlayConfig},
+    overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OVERLAY_NODEPORT_LISTED, OverlayConfig},
 };
 
 use crate::lookup;
@@ -35,7 +35,7 @@ use crate::parse::{ETH_LEN, ETH_P_IP};
 use crate::{
     clock::now,
     copy::{copy_addr, set_ipv4_mapped},
-    maps::{LB_CT, LB_SERVICES, LB_SOURCE_RANGES, NODE_ADDRS},
+    maps::{LB_CT, LB_NODEPORT_ADDRS, LB_SERVICES, LB_SOURCE_RANGES, NODE_ADDRS},
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP},
     stage::{Stage, reverse_nat, routed_out},
@@ -133,7 +133,23 @@ fn outside_scope(config: &OverlayConfig, s: &mut LbScratch) -> u8 {
         copy_addr(&mut s.node_addr, &config.node_ipv6);
         config.flags & OVERLAY_HAS_IPV6 != 0
     };
+    if config.flags & OVERLAY_NODEPORT_LISTED != 0 {
+        return listed_scope(s);
+    }
     if has_address && s.flow.dst == s.node_addr {
+        SCOPE_NODEPORT
+    } else {
+        SCOPE_EXTERNAL
+    }
+}
+
+/// The scope of a packet from outside when `--nodeport-addresses` lists networks: a NodePort
+/// on the addresses it gave, else an external or load-balancer IP.
+// Not inlined: inlined, its lookup cost the callers' frames 16 bytes of stack.
+#[inline(never)]
+fn listed_scope(s: &LbScratch) -> u8 {
+    // SAFETY: only presence is checked.
+    if unsafe { LB_NODEPORT_ADDRS.get(&s.flow.dst) }.is_some() {
         SCOPE_NODEPORT
     } else {
         SCOPE_EXTERNAL
@@ -144,7 +160,7 @@ fn outside_scope(config: &OverlayConfig, s: &mut LbScratch) -> u8 {
 /// are keyed by port alone).
 #[inline(always)]
 fn set_service_key(s: &mut LbScratch, scope: u8) {
-    let addr = if scope != SCOPE_NODEPORT {
+    let addr = if scope == SCOPE_CLUSTER || scope == SCOPE_EXTERNAL {
         &s.flow.dst
     } else if s.ipv4 != 0 {
         &NODEPORT_ANY_V4
@@ -209,9 +225,16 @@ fn dnat<const FROM_OUTSIDE: bool>(
         // here at the source, as a ClusterIP is, so that the reply comes back the way the
         // request went (through the overlay) rather than from a node that never saw a pod.
         if !FROM_OUTSIDE && found.is_none() && to_a_node(s) {
-            set_service_key(s, SCOPE_NODEPORT);
+            // An externalTrafficPolicy: Local NodePort has a key for pods (every endpoint,
+            // as kube-proxy sends them); any other NodePort's own key has every endpoint.
+            set_service_key(s, SCOPE_NODEPORT_FROM_POD);
             // SAFETY: the value is copied out at once.
             found = unsafe { LB_SERVICES.get(&s.service) }.copied();
+            if found.is_none() {
+                s.service.scope = SCOPE_NODEPORT;
+                // SAFETY: the value is copied out at once.
+                found = unsafe { LB_SERVICES.get(&s.service) }.copied();
+            }
         }
         let Some(service) = found else {
             return Ok(None);

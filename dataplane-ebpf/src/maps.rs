@@ -24,8 +24,8 @@ use dataplane_common::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
         DEFAULT_SERVICE_PORTS, MAX_ACL_CT_ENTRIES, MAX_AFFINITY_ENTRIES, MAX_AFFINITY_MEMBERS,
         MAX_EGRESS_CT_ENTRIES, MAX_EGRESS_INTERNAL_PREFIXES, MAX_EGRESS_IPS, MAX_EGRESS_SNAT_PODS,
-        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODES, MAX_POD_STATS,
-        MCAST_REPORTS_BYTES,
+        MAX_FRAGMENTED_DATAGRAMS, MAX_HYBRID_NODES, MAX_LOCAL_PODS, MAX_NODEPORT_ADDRS, MAX_NODES,
+        MAX_POD_STATS, MCAST_REPORTS_BYTES,
     },
     multicast::{MAX_GROUPS, McastGroup, McastKey, McastPod},
     overlay::{ADDR_CACHE_SLOTS, Addr, AddrCacheEntry, LocalPod, OverlayConfig, TunnelEndpoint},
@@ -144,6 +144,11 @@ pub static LB_MEMBERS: HashMap<MemberKey, u32> = HashMap::pinned(MAX_AFFINITY_ME
 #[map(name = "DP_LB_SRC_RANGES")]
 pub static LB_SOURCE_RANGES: LpmTrie<SourceRangeKey, u8> =
     LpmTrie::pinned(DEFAULT_SERVICE_PORTS * 2, 0);
+
+/// The addresses NodePorts are served on when `--nodeport-addresses` lists networks
+/// (`OVERLAY_NODEPORT_LISTED`): looked up only then.
+#[map(name = "DP_LB_NP_ADDRS")]
+pub static LB_NODEPORT_ADDRS: HashMap<Addr, u8> = HashMap::pinned(MAX_NODEPORT_ADDRS, 0);
 
 /// Datagrams in flight in fragments -> their first fragment's ports (`frag`). LRU: a datagram
 /// whose last fragment never came ages out.

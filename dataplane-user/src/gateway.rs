@@ -10,7 +10,7 @@
 //! (`dataplane_common::lb::SNAT_PORT_MIN`), which conntrack does not see; its low range
 //! (1024-32767) only ever goes to other nodes' pods, where this table never sends.
 
-use std::{net::IpAddr, process::Command};
+use std::net::IpAddr;
 
 use ipnet::IpNet;
 
@@ -102,33 +102,15 @@ pub fn script(inputs: &GatewayInputs) -> String {
 
 /// Applies `script` with `nft -f -`.
 pub fn apply(script: &str) -> Result<(), AgentError> {
-    run_nft(script)
+    crate::kernel::netdev::run_nft(TABLE, script)
 }
 
 /// Removes the table (nothing when it is not there).
 pub fn remove() -> Result<(), AgentError> {
-    run_nft(&format!("table inet {TABLE}\ndelete table inet {TABLE}\n"))
-}
-
-fn run_nft(script: &str) -> Result<(), AgentError> {
-    let mut command = Command::new("nft");
-    command.args(["-f", "-"]);
-    let (status, _, stderr) = crate::kernel::netdev::run_bounded(
-        &mut command,
-        Some(script),
-        crate::kernel::netdev::CHILD_TIMEOUT,
+    crate::kernel::netdev::run_nft(
+        TABLE,
+        &format!("table inet {TABLE}\ndelete table inet {TABLE}\n"),
     )
-    .map_err(|source| AgentError::Spawn {
-        program: "nft",
-        source,
-    })?;
-    if !status.success() {
-        return Err(AgentError::NftRefused {
-            table: TABLE,
-            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
-        });
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -22,6 +22,7 @@ mod cache;
 mod address;
 mod compile;
 mod health;
+mod host;
 mod maglev;
 mod ranges;
 mod snat;
@@ -36,7 +37,7 @@ use {
     compile::SERVICES_PER_TASK,
     dataplane_common::lb::{
         Backend, MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
-        ServiceKey,
+        SCOPE_NODEPORT_FROM_POD, ServiceKey,
     },
     maglev::maglev_permutation,
     snat::with_snat_ports,
@@ -52,6 +53,10 @@ pub use compile::{
     BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, MAX_SOURCE_RANGES,
     MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled, ServiceName, ServicePort,
     assemble, compile_each, compile_services, key_taken,
+};
+pub use host::{
+    HostRedirect, NodePortAddresses, TABLE as HOST_TABLE, apply as apply_host_table, host_entries,
+    remove as remove_host_table, script as host_script,
 };
 pub use maglev::maglev_table;
 pub use ranges::{RANGE_KEY_LEN, RangeEntries, admitted_sources, key_parts, range_entries};

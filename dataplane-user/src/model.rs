@@ -652,6 +652,7 @@ status: {podIPs: [{ip: 10.244.1.7}]}
             ifindex: 2,
             mac: [2, 0, 0, 0, 0, 1],
             xdp_forward: false,
+            nodeport_listed: false,
             mtu: 1500,
         };
         let settings = OvnKubernetesConfig::default()
@@ -839,6 +840,7 @@ mod reuse_tests {
             ifindex: 2,
             mac: [2, 0, 0, 0, 0, 1],
             xdp_forward: false,
+            nodeport_listed: false,
             mtu: 1500,
         };
         let settings = crate::api::network::OvnKubernetesConfig::default()

@@ -13,7 +13,8 @@ use dataplane_common::{
     maps,
     overlay::{
         Addr, LocalPod, OUTSIDE_WORDS, OVERLAY_ENABLED, OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6,
-        OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint, outside_bit_v4, outside_bit_v6,
+        OVERLAY_NODEPORT_LISTED, OVERLAY_XDP_FORWARD, OverlayConfig, TunnelEndpoint,
+        outside_bit_v4, outside_bit_v6,
     },
     port::PodPort,
 };
@@ -81,11 +82,17 @@ pub fn compile_since(
         vni: view.settings.vni,
         pod_mtu: view.settings.pod_mtu,
         geneve_port: view.settings.geneve_port,
-        flags: if view.underlay.xdp_forward {
-            OVERLAY_ENABLED | OVERLAY_XDP_FORWARD
-        } else {
-            OVERLAY_ENABLED
-        },
+        flags: OVERLAY_ENABLED
+            | if view.underlay.xdp_forward {
+                OVERLAY_XDP_FORWARD
+            } else {
+                0
+            }
+            | if view.underlay.nodeport_listed {
+                OVERLAY_NODEPORT_LISTED
+            } else {
+                0
+            },
         underlay_mac: view.underlay.mac,
         ..OverlayConfig::default()
     };
@@ -526,6 +533,7 @@ mod tests {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 2],
                 xdp_forward: false,
+                nodeport_listed: false,
                 mtu: 1500,
             },
             settings: OvnKubernetesConfig::default()

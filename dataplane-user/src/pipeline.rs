@@ -47,6 +47,7 @@ pub fn compile_node(state: &ClusterState, node: &str) -> Option<(Desired, Vec<St
         ifindex: 2,
         mac: [2, 0, 0, 0, 0, 1],
         xdp_forward: false,
+        nodeport_listed: false,
         mtu: 1500,
     };
     let settings = state

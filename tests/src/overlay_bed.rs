@@ -127,6 +127,7 @@ pub fn bed() -> anyhow::Result<Bed> {
             ifindex: ifindex("ul0")?,
             mac: UNDERLAY_MAC,
             xdp_forward: true,
+            nodeport_listed: false,
             mtu: 1500,
         },
         settings: OvnKubernetesConfig::default().validate(1500)?,

@@ -783,3 +783,229 @@ fn pods_reach_the_node_ports_of_their_own_node_and_of_others() {
     }
     drop(servers);
 }
+
+/// One TCP connection after another to `address:port` from `netns`; each answer as
+/// "<backend> <client seen> <peer address>".
+fn connections_from(netns: &str, address: &str, port: u16, count: usize) -> Vec<String> {
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for _ in range(50):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{address}', {port}), timeout=3); break\n\
+         \x20       except OSError: time.sleep(0.1)\n\
+         \x20   print(c.recv(100).decode(), c.getpeername()[0]); c.close()\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
+    assert!(
+        out.status.success(),
+        "from {netns} to {address}:{port}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn nodes_reach_their_own_node_ports_and_external_addresses_and_pods_every_endpoint_of_local_node_ports()
+ {
+    if !privileged(
+        "nodes_reach_their_own_node_ports_and_external_addresses_and_pods_every_endpoint_of_local_node_ports",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let endpoints: Vec<String> = backends
+        .iter()
+        .enumerate()
+        .map(|(node, p)| {
+            format!(
+                "{{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}",
+                p.ip,
+                dataplane_tests::topology::node_name(node)
+            )
+        })
+        .collect();
+    // externalTrafficPolicy Local: from outside, each node's NodePort reaches its own endpoint
+    // only; from the nodes themselves and from pods, every endpoint (as kube-proxy).
+    topology
+        .add_manifest(
+            "local.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: local, namespace: default}}\n\
+                 spec: {{type: NodePort, clusterIP: 10.96.0.61, externalIPs: [192.0.2.12], \
+                 externalTrafficPolicy: Local, \
+                 ports: [{{name: http, port: 80, targetPort: 8080, nodePort: 30098, protocol: TCP}}]}}\n\
+                 ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: local-1, namespace: default, labels: {{kubernetes.io/service-name: local}}}}\n\
+                 addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+                 endpoints: [{}]\n",
+                endpoints.join(", ")
+            ),
+        )
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let allow = ["--external-ip-cidrs", "192.0.2.0/24"];
+    let _agents = (
+        topology
+            .node(0)
+            .start_agent_with(&allow)
+            .expect("agent on node 0"),
+        topology
+            .node(1)
+            .start_agent_with(&allow)
+            .expect("agent on node 1"),
+    );
+    let backend_ips: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    let reached = |lines: &[String], client: &str, peer: &str| -> BTreeSet<String> {
+        lines
+            .iter()
+            .map(|line| {
+                let fields: Vec<&str> = line.split_whitespace().collect();
+                let [backend, seen, source] = fields[..] else {
+                    panic!("answer {line:?}");
+                };
+                assert!(backend_ips.contains(backend), "{line}");
+                assert_eq!(
+                    seen, client,
+                    "the client's own address reaches the backend: {line}"
+                );
+                assert_eq!(
+                    source, peer,
+                    "the answer comes from where it was sent: {line}"
+                );
+                backend.to_owned()
+            })
+            .collect()
+    };
+    for node in [topology.node(0), topology.node(1)] {
+        let own = node.underlay_ip.to_string();
+        // Its own address and NodePort: through the host services table to the ClusterIP.
+        let lines = connections_from(&node.netns, &own, 30098, 16);
+        assert_eq!(lines.len(), 16);
+        assert_eq!(reached(&lines, &own, &own), backend_ips, "node {own}");
+        // An external address of a Service: the node's route for it (a default route on a
+        // real node) would take it out of the uplink; the table sends it to the Service.
+        run_in(
+            &node.netns,
+            &[
+                "ip",
+                "route",
+                "replace",
+                "192.0.2.0/24",
+                "dev",
+                &node.underlay_iface,
+            ],
+        )
+        .expect("route to the external addresses");
+        let lines = connections_from(&node.netns, "192.0.2.12", 80, 16);
+        assert_eq!(
+            reached(&lines, &own, "192.0.2.12"),
+            backend_ips,
+            "node {own}"
+        );
+        // The loopback address is not a NodePort address (as kube-proxy's nftables mode).
+        let refused = exec_in(
+            &node.netns,
+            &[
+                "python3",
+                "-c",
+                "import socket; socket.create_connection(('127.0.0.1', 30098), timeout=2)",
+            ],
+        )
+        .expect("client");
+        assert!(
+            String::from_utf8_lossy(&refused.stderr).contains("ConnectionRefused"),
+            "{}",
+            String::from_utf8_lossy(&refused.stderr)
+        );
+    }
+    // A pod, to the NodePort of its own node and of the other: every endpoint.
+    let client = &topology.node(0).pods[0];
+    for node in [topology.node(0), topology.node(1)] {
+        let address = node.underlay_ip.to_string();
+        let lines = connections_from(&client.netns, &address, 30098, 16);
+        assert_eq!(
+            reached(&lines, &client.ip.to_string(), &address),
+            backend_ips,
+            "pod to {address}"
+        );
+    }
+    drop(servers);
+}
+
+#[test]
+fn node_ports_are_served_on_the_addresses_nodeport_addresses_selects() {
+    if !privileged("node_ports_are_served_on_the_addresses_nodeport_addresses_selects") {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let backend = topology.node(0).pods[1].clone();
+    topology
+        .add_manifest(
+            "np.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Service\nmetadata: {{name: np, namespace: default}}\n\
+                 spec: {{type: NodePort, clusterIP: 10.96.0.62, \
+                 ports: [{{port: 80, targetPort: 8080, nodePort: 30085, protocol: TCP}}]}}\n\
+                 ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+                 metadata: {{name: np-1, namespace: default, labels: {{kubernetes.io/service-name: np}}}}\n\
+                 addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+                 endpoints: [{{addresses: [{}], nodeName: {}, conditions: {{ready: true}}}}]\n",
+                backend.ip,
+                dataplane_tests::topology::node_name(0)
+            ),
+        )
+        .expect("manifests");
+    // Node 0 has a second address on its uplink; NodePorts are served there alone.
+    let node0 = topology.node(0);
+    run_in(
+        &node0.netns,
+        &[
+            "ip",
+            "addr",
+            "add",
+            "10.99.0.150/24",
+            "dev",
+            &node0.underlay_iface,
+        ],
+    )
+    .expect("second address");
+    let server = echo_backend(&backend, false).expect("backend");
+    let _agents = (
+        node0
+            .start_agent_with(&["--nodeport-addresses", "10.99.0.150/32"])
+            .expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let primary0 = node0.underlay_ip.to_string();
+    let primary1 = topology.node(1).underlay_ip.to_string();
+    let answer = format!("ok {} {}", backend.ip, external.ip);
+    assert!(
+        eventually(|| try_connect(&external.netns, "10.99.0.150", 30085) == answer),
+        "the listed address: {}",
+        try_connect(&external.netns, "10.99.0.150", 30085)
+    );
+    // The primary address is not listed: the node's own stack answers (nothing listens).
+    assert_eq!(try_connect(&external.netns, &primary0, 30085), "refused");
+    // Node 1 keeps the default (its primary address), forwarding to node 0's backend.
+    assert_eq!(
+        try_connect(&external.netns, &primary1, 30085),
+        format!("ok {} {primary1}", backend.ip)
+    );
+    // The node's own connections follow the same addresses; they reach the backend from the
+    // node's primary address (the management port's), as kube-proxy masquerades them.
+    assert_eq!(
+        try_connect(&node0.netns, "10.99.0.150", 30085),
+        format!("ok {} {primary0}", backend.ip)
+    );
+    assert_eq!(try_connect(&node0.netns, &primary0, 30085), "refused");
+    drop(server);
+}

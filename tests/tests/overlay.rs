@@ -979,6 +979,7 @@ fn more_nodes_than_the_maps_hold_are_refused_naming_the_map_and_flag_writing_not
             ifindex: 1,
             mac: UNDERLAY_MAC,
             xdp_forward: false,
+            nodeport_listed: false,
             mtu: 1500,
         },
         settings: OvnKubernetesConfig::default()
@@ -1048,6 +1049,7 @@ fn a_sync_against_the_last_written_maps_writes_only_the_change() {
             ifindex: 1,
             mac: UNDERLAY_MAC,
             xdp_forward: false,
+            nodeport_listed: false,
             mtu: 1500,
         },
         settings: OvnKubernetesConfig::default()

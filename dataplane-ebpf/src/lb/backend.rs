@@ -11,7 +11,7 @@ use dataplane_common::{
     DropReason,
     lb::{
         Backend, CT_AFFINITY, CT_CLOSING, CT_LOCAL_CLIENT, CT_NODEPORT, CT_ORIGINAL, CT_SNAT,
-        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, SCOPE_NODEPORT, ServiceValue, backend_slot,
+        HAIRPIN_V4, HAIRPIN_V6, MAGLEV_TABLE_SIZE, SCOPE_CLUSTER, ServiceValue, backend_slot,
         flow_hash, maglev_slot,
     },
 };
@@ -114,7 +114,8 @@ fn choose_backend<const FROM_OUTSIDE: bool>(
     let flags = if s.snat != 0 { CT_SNAT } else { 0 };
     let reply_flags = if s.nodeport != 0 {
         flags | CT_NODEPORT
-    } else if !FROM_OUTSIDE && s.service.scope == SCOPE_NODEPORT {
+    } else if !FROM_OUTSIDE && s.service.scope != SCOPE_CLUSTER {
+        // A pod's flow to a node's NodePort (either NodePort scope).
         flags | CT_LOCAL_CLIENT
     } else {
         flags

@@ -21,8 +21,8 @@ use dataplane_common::{
     hybrid::{HYBRID_ENABLED, HybridConfig, HybridNode},
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
-        CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
-        ServiceValue,
+        CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+        SCOPE_NODEPORT_FROM_POD, ServiceKey, ServiceValue,
     },
     maps,
     multicast::{MAX_LOCAL_MEMBERS, MAX_REMOTE_MEMBERS, McastGroup, McastKey},
@@ -271,6 +271,7 @@ pub fn read(
                     .map(|(k, v)| {
                         let scope = match k.scope {
                             SCOPE_NODEPORT => "nodeport",
+                            SCOPE_NODEPORT_FROM_POD => "nodeport-from-pods",
                             SCOPE_EXTERNAL => "external",
                             _ => "cluster",
                         };
@@ -284,7 +285,7 @@ pub fn read(
                             Cell::List(backends.remove(&v.table).unwrap_or_default()),
                             // NodePorts are not subject to them.
                             Cell::List(match k.scope {
-                                SCOPE_NODEPORT => Vec::new(),
+                                SCOPE_NODEPORT | SCOPE_NODEPORT_FROM_POD => Vec::new(),
                                 _ => ranges
                                     .get(&(k.addr, k.port_be, k.protocol))
                                     .cloned()

@@ -87,6 +87,10 @@ fn used_entries(name: &str, data: MapData) -> Result<u32, MapError> {
             let map: HashMap<MapData, Addr, u32> = HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)
         }
+        maps::LB_NODEPORT_ADDRS => {
+            let map: HashMap<MapData, Addr, u8> = HashMap::try_from(Map::HashMap(data))?;
+            count(map.keys(), |_| true)
+        }
         maps::LOCAL_PODS => {
             let map: HashMap<MapData, Addr, LocalPod> = HashMap::try_from(Map::HashMap(data))?;
             count(map.keys(), |_| true)

@@ -305,6 +305,27 @@ pub fn run_ip(args: &[&str], input: Option<&str>) -> Result<String, String> {
     Ok(String::from_utf8_lossy(&stdout).into_owned())
 }
 
+/// Applies an nftables script with `nft -f -` (one transaction), bounded by [`CHILD_TIMEOUT`];
+/// `table` names the agent's table the script writes, for the error.
+pub fn run_nft(table: &'static str, script: &str) -> Result<(), crate::error::AgentError> {
+    let mut command = std::process::Command::new("nft");
+    command.args(["-f", "-"]);
+    let (status, _, stderr) =
+        run_bounded(&mut command, Some(script), CHILD_TIMEOUT).map_err(|source| {
+            crate::error::AgentError::Spawn {
+                program: "nft",
+                source,
+            }
+        })?;
+    if !status.success() {
+        return Err(crate::error::AgentError::NftRefused {
+            table,
+            stderr: String::from_utf8_lossy(&stderr).trim().to_owned(),
+        });
+    }
+    Ok(())
+}
+
 /// Runs `command` with `input` on its stdin, for at most `timeout` (killed and reaped past
 /// it: an error); its exit status, stdout and stderr.
 pub fn run_bounded(

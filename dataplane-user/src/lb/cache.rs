@@ -18,8 +18,8 @@ use crate::{
 };
 
 use super::{
-    AddressKind, AddressPolicy, CompiledService, CompiledServices, HealthCheck, LbState,
-    LbSyncStats, LocalNode, ServiceName, ServicePort,
+    AddressKind, AddressPolicy, CompiledService, CompiledServices, HealthCheck, HostRedirect,
+    LbState, LbSyncStats, LocalNode, ServiceName, ServicePort,
 };
 
 /// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
@@ -49,6 +49,9 @@ pub struct ServiceCache {
     /// The Services that ask for a health-check port (few: `externalTrafficPolicy: Local`
     /// LoadBalancers), so that [`Self::health_checks`] does not walk every Service.
     with_health_check: BTreeSet<ServiceName>,
+    /// The Services with NodePorts or external or load-balancer addresses, which the node's
+    /// own connections are translated for ([`Self::host_redirects`]).
+    with_host: BTreeSet<ServiceName>,
     /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
     dirty: Option<BTreeSet<ServiceKey>>,
 }
@@ -81,6 +84,12 @@ impl ServiceCache {
                 .filter(|(_, c)| c.as_ref().is_ok_and(|c| c.health_check.is_some()))
                 .map(|(name, _)| name.clone())
                 .collect();
+            self.with_host = self
+                .compiled
+                .iter()
+                .filter(|(_, c)| c.as_ref().is_ok_and(|c| !c.host.is_empty()))
+                .map(|(name, _)| name.clone())
+                .collect();
             self.claims.clear();
             self.shared.clear();
             let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
@@ -108,6 +117,7 @@ impl ServiceCache {
             self.compiled.remove(name);
             self.failed.remove(name);
             self.with_health_check.remove(name);
+            self.with_host.remove(name);
             let Some(service) = self.objects.get(name) else {
                 continue;
             };
@@ -127,6 +137,9 @@ impl ServiceCache {
                 }
                 if service.as_ref().is_ok_and(|c| c.health_check.is_some()) {
                     self.with_health_check.insert(name.clone());
+                }
+                if service.as_ref().is_ok_and(|c| !c.host.is_empty()) {
+                    self.with_host.insert(name.clone());
                 }
                 self.compiled.insert(name.clone(), service);
                 self.claim(&name);
@@ -314,6 +327,24 @@ impl ServiceCache {
             }
         }
         (checks, refused)
+    }
+
+    /// The NodePorts and external and load-balancer addresses the node's own connections are
+    /// translated for: each of a Service that holds its key (as the load-balancer maps have
+    /// it), walking only the Services that have any.
+    pub fn host_redirects(&self) -> Vec<&HostRedirect> {
+        self.with_host
+            .iter()
+            .filter_map(|name| Some((name, self.compiled.get(name)?.as_ref().ok()?)))
+            .flat_map(|(name, compiled)| {
+                compiled.host.iter().filter(move |redirect| {
+                    self.claims
+                        .get(&redirect.key)
+                        .and_then(|claims| claims.first_key_value())
+                        .is_some_and(|((_, holder), _)| holder == name)
+                })
+            })
+            .collect()
     }
 
     /// Brings the load-balancer maps to the ports as they are now: only the keys that may
@@ -564,6 +595,81 @@ mod tests {
             ),
             "{:?}",
             cache.errors()
+        );
+    }
+
+    /// The node's own connections: each NodePort and external address whose key a Service
+    /// holds goes to that Service's ClusterIP of its family; a key another Service holds
+    /// goes to that one's, and after a change the table follows.
+    #[test]
+    fn host_redirects_follow_the_holders_of_the_keys() {
+        let service = |name: &str, cluster_ip: &str, external: &str, node_port: u16| {
+            format!(
+                "---\napiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: shop}}\n\
+                 spec: {{type: NodePort, clusterIP: {cluster_ip}, externalIPs: [{external}], \
+                 ports: [{{port: 80, targetPort: 8080, nodePort: {node_port}}}]}}\n"
+            )
+        };
+        let yaml = [
+            service("a", "10.96.0.1", "192.0.2.1", 30001),
+            // Claims a's external address and NodePort: a keeps both (first by name).
+            service("b", "10.96.0.2", "192.0.2.1", 30001),
+            service("c", "10.96.0.3", "192.0.2.3", 30003),
+        ]
+        .concat();
+        let policy = AddressPolicy {
+            external_ip_cidrs: vec!["192.0.2.0/24".parse().unwrap()],
+            ..AddressPolicy::default()
+        };
+        let node: [std::net::IpAddr; 1] = ["10.99.0.1".parse().unwrap()];
+        let listed = |cache: &ServiceCache| -> Vec<String> {
+            super::super::host_entries(cache.host_redirects(), &node)
+                .iter()
+                .map(|((protocol, address, port), to)| format!("{protocol} {address}:{port} {to}"))
+                .collect()
+        };
+        let mut cache = ServiceCache::default();
+        let full = state(&yaml);
+        cache.update(
+            &full.services,
+            &full.endpoint_slices,
+            &LocalNode::named("node-a"),
+            &policy,
+            &Changes::full(),
+        );
+        assert_eq!(
+            listed(&cache),
+            [
+                "6 10.99.0.1:30001 10.96.0.1:80",
+                "6 10.99.0.1:30003 10.96.0.3:80",
+                "6 192.0.2.1:80 10.96.0.1:80",
+                "6 192.0.2.3:80 10.96.0.3:80",
+            ]
+        );
+        // Service a goes: b takes its address and NodePort over.
+        let without_a = state(
+            &[
+                service("b", "10.96.0.2", "192.0.2.1", 30001),
+                service("c", "10.96.0.3", "192.0.2.3", 30003),
+            ]
+            .concat(),
+        );
+        let changes = crate::changes::Changes::between(&full, &without_a);
+        cache.update(
+            &without_a.services,
+            &without_a.endpoint_slices,
+            &LocalNode::named("node-a"),
+            &policy,
+            &changes,
+        );
+        assert_eq!(
+            listed(&cache),
+            [
+                "6 10.99.0.1:30001 10.96.0.2:80",
+                "6 10.99.0.1:30003 10.96.0.3:80",
+                "6 192.0.2.1:80 10.96.0.2:80",
+                "6 192.0.2.3:80 10.96.0.3:80",
+            ]
         );
     }
 }

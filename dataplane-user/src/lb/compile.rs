@@ -12,7 +12,8 @@ use ipnet::IpNet;
 
 use dataplane_common::lb::{
     AFFINITY_TIMEOUT_DEFAULT, AFFINITY_TIMEOUT_MAX, AFFINITY_TIMEOUT_MIN, MAX_BACKENDS_PER_SERVICE,
-    NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, ServiceKey,
+    NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SCOPE_NODEPORT_FROM_POD,
+    ServiceKey,
 };
 use k8s_openapi::api::{
     core::v1::{Service, ServicePort as K8sServicePort},
@@ -21,6 +22,7 @@ use k8s_openapi::api::{
 
 use super::{
     address::{AddressKind, AddressPolicy, CLUSTER_IPS, EXTERNAL_IPS, INGRESS_IPS},
+    host::HostRedirect,
     topology::{LocalNode, Topology, node_hints, topology_of, zone_hints},
 };
 use crate::{
@@ -106,6 +108,9 @@ pub struct ServiceCompiled {
     /// Its health-check node port, served on this node (`externalTrafficPolicy: Local`
     /// LoadBalancer Services).
     pub health_check: Option<HealthCheck>,
+    /// Its NodePorts and external and load-balancer addresses as the node's own connections
+    /// reach them (sent to its ClusterIP of their family).
+    pub host: Vec<HostRedirect>,
 }
 
 /// A Service's health-check node port as this node answers it: load balancers send traffic
@@ -263,7 +268,14 @@ fn compile_service(
             .iter()
             .flat_map(|slice| unusable_endpoints(slice)),
     );
+    let cluster_ip_of = |v4: bool| {
+        addresses
+            .iter()
+            .find(|(a, origin)| *origin == Origin::ClusterIp && a.is_ipv4() == v4)
+            .map(|(a, _)| *a)
+    };
     let mut ports = Vec::new();
+    let mut host = Vec::new();
     for (index, port) in spec.ports.iter().flatten().enumerate() {
         let field = format!("{id}: spec.ports[{index}]");
         let protocol = match port.protocol.as_deref().unwrap_or("TCP") {
@@ -345,6 +357,15 @@ fn compile_service(
                     format!("{port_name} (NodePort {node_port})"),
                     false,
                 ));
+                // Pods reach an externalTrafficPolicy: Local NodePort's every endpoint.
+                if external_local {
+                    let key = ServiceKey {
+                        scope: SCOPE_NODEPORT_FROM_POD,
+                        ..key
+                    };
+                    let name = format!("{port_name} (NodePort {node_port} from pods)");
+                    keys.push((key, AddressKind::NodePort, any, false, name, false));
+                }
             }
         }
         for (key, kind, address, local_only, port_name, ingress) in keys {
@@ -363,6 +384,15 @@ fn compile_service(
                     "{field}: {} endpoints, more than the {MAX_BACKENDS_PER_SERVICE} one service port may have",
                     ready.len() + terminating.len()
                 ));
+            }
+            if matches!(key.scope, SCOPE_NODEPORT | SCOPE_EXTERNAL)
+                && let Some(ip) = cluster_ip_of(address.is_ipv4())
+            {
+                host.push(HostRedirect {
+                    key,
+                    to: BackendAddr { ip, port: number },
+                    source_ranges: source_ranges.clone(),
+                });
             }
             ports.push(ServicePort {
                 name: port_name,
@@ -387,6 +417,7 @@ fn compile_service(
         ports,
         refused,
         health_check,
+        host,
     })
 }
 

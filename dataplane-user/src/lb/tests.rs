@@ -427,7 +427,23 @@ endpoints:
     let node_port = find(NODEPORT_ANY_V4, 30081, SCOPE_NODEPORT);
     assert_eq!(node_port.ready, all);
     assert_eq!(node_port.name, "web/lb:80 (NodePort 30081)");
-    assert_eq!(out.ports.len(), 6);
+    // Pods reach the Local policy's NodePort at every endpoint (as kube-proxy sends them): a
+    // key of their own, per family; the Cluster policy's NodePort needs none.
+    let from_pods = find(NODEPORT_ANY_V4, 30080, SCOPE_NODEPORT_FROM_POD);
+    assert_eq!(from_pods.ready, all);
+    assert_eq!(from_pods.name, "web/np:80 (NodePort 30080 from pods)");
+    assert!(
+        find([0; 16], 30080, SCOPE_NODEPORT_FROM_POD)
+            .ready
+            .is_empty()
+    );
+    assert!(
+        !out.ports
+            .iter()
+            .any(|p| p.key.port_be == 30081u16.to_be_bytes()
+                && p.key.scope == SCOPE_NODEPORT_FROM_POD)
+    );
+    assert_eq!(out.ports.len(), 8);
 }
 
 #[test]

@@ -44,6 +44,9 @@ pub struct Underlay {
     pub mac: [u8; 6],
     /// Whether XDP may send NodePort packets to remote backends itself (`--xdp-forward`).
     pub xdp_forward: bool,
+    /// NodePorts are served on the addresses `--nodeport-addresses` selects (the services
+    /// stage writes them), not on the node's address of each family.
+    pub nodeport_listed: bool,
     pub mtu: u32,
 }
 

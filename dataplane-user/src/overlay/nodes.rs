@@ -484,6 +484,7 @@ mod tests {
                 ifindex: 2,
                 mac: [2, 0, 0, 0, 0, 1],
                 xdp_forward: false,
+                nodeport_listed: false,
                 mtu: 1500,
             },
             settings: OvnKubernetesConfig::default()

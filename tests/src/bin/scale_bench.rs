@@ -581,6 +581,7 @@ impl Agent {
             ifindex: 1,
             mac: [2, 0, 0, 0, 0, 1],
             xdp_forward: false,
+            nodeport_listed: false,
             mtu: 1500,
         };
         let model = model::build(

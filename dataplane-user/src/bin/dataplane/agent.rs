@@ -55,6 +55,7 @@ pub(super) struct RunArgs {
     pub(super) ipam_file: PathBuf,
     pub(super) cni_netns_dirs: Vec<PathBuf>,
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
+    pub(super) nodeport_addresses: dataplane_user::lb::NodePortAddresses,
     pub(super) cni_conf_dir: Option<PathBuf>,
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
@@ -171,6 +172,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             rejected: Vec::new(),
             egress,
             gateway_script: None,
+            host_services_script: None,
             egress_status: None,
             last: None,
             model: None,
@@ -183,6 +185,8 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             multicast_errors: Vec::new(),
             events,
             external_ip_cidrs: args.external_ip_cidrs.clone(),
+            nodeport_addresses: args.nodeport_addresses.clone(),
+            nodeport_written: None,
             multicast_settings: dataplane_user::multicast::Settings {
                 key_file: Some(args.probe_key_file.clone()),
                 ..args.multicast.clone()

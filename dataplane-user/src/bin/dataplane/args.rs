@@ -91,6 +91,11 @@ pub(super) struct RunOptions {
     /// the cluster's own networks or of a node are refused whatever this says.
     #[arg(long, value_delimiter = ',')]
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
+    /// Where NodePorts are served, as kube-proxy's flag (comma-separated or repeated):
+    /// `primary` (the default), the node's address of each family; CIDRs, every address of
+    /// the node inside them (loopback addresses never); both may be mixed.
+    #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_address)]
+    pub(super) nodeport_addresses: Vec<String>,
     /// Directories where the container runtime keeps pods' named network namespaces
     /// (repeatable); `CNI_NETNS` is taken only from these and `/proc/<pid>/ns/net`.
     #[arg(long = "cni-netns-dir", default_values = cni::wire::DEFAULT_NETNS_DIRS)]
@@ -263,4 +268,10 @@ pub(super) enum XdpForward {
     Auto,
     On,
     Off,
+}
+
+/// One `--nodeport-addresses` value: `primary` or a CIDR.
+fn nodeport_address(value: &str) -> Result<String, String> {
+    dataplane_user::lb::NodePortAddresses::parse(&[value.to_owned()])?;
+    Ok(value.to_owned())
 }

@@ -70,6 +70,8 @@ pub struct Cluster {
     pub egress: EgressNode,
     /// The gateway SNAT table as last written.
     pub gateway_script: Option<String>,
+    /// What the host services table was last written with (`None`: not yet by this agent).
+    pub host_services_script: Option<String>,
     /// Manifest mode: the egress IP status file (size, modification time) as last read.
     pub egress_status: Option<(u64, SystemTime)>,
     /// The cluster state of the last good sync: the next one runs what differs from it.
@@ -97,6 +99,10 @@ pub struct Cluster {
     pub events: Option<dataplane_user::rejected::EventSender>,
     /// Where Services' `spec.externalIPs` are honoured (`--external-ip-cidrs`).
     pub external_ip_cidrs: Vec<ipnet::IpNet>,
+    /// Where NodePorts are served (`--nodeport-addresses`).
+    pub nodeport_addresses: lb::NodePortAddresses,
+    /// The addresses last written to the NodePort addresses map (`None`: not yet).
+    pub nodeport_written: Option<Vec<std::net::IpAddr>>,
     pub multicast_settings: multicast::Settings,
     /// Started at the first sync.
     pub multicast: Option<multicast::MulticastAgent>,
@@ -312,6 +318,7 @@ impl Cluster {
         let underlay = Underlay {
             ifindex: self.underlay_index,
             xdp_forward: self.xdp_forward,
+            nodeport_listed: self.nodeport_addresses.listed(),
             mac,
             mtu,
         };
@@ -444,6 +451,7 @@ impl Cluster {
         self.proxy_health
             .set_node_eligible(lb::node_eligible(&state.nodes, &self.node));
         let stats = self.services.sync_maps(dataplane, &mut self.lb)?;
+        let host_written = self.sync_host_services(dataplane)?;
         self.proxy_health.updated();
         tracing::info!(
             recompiled,
@@ -454,7 +462,39 @@ impl Cluster {
             "services configured"
         );
         self.service_errors = errors;
-        Ok(stats.written + stats.deleted)
+        Ok(stats.written + stats.deleted + usize::from(host_written))
+    }
+
+    /// Makes the node's own connections to its NodePorts and to the Services' external and
+    /// load-balancer addresses go to the Services (kube-proxy's output chain): the host
+    /// services table follows the service ports, written only when it changes.
+    fn sync_host_services(&mut self, dataplane: &mut Dataplane) -> anyhow::Result<bool> {
+        let addresses = self.nodeport_addresses();
+        let mut written = false;
+        if self.nodeport_written.as_ref() != Some(&addresses) {
+            dataplane.sync_nodeport_addresses(&addresses)?;
+            if self.nodeport_addresses.listed() {
+                tracing::info!(
+                    ?addresses,
+                    "NodePorts served on the listed networks' addresses"
+                );
+            }
+            self.nodeport_written = Some(addresses.clone());
+            written = true;
+        }
+        let entries = lb::host_entries(self.services.host_redirects(), &addresses);
+        let script = lb::host_script(&entries);
+        if self.host_services_script.as_deref() == Some(script.as_str()) {
+            return Ok(written);
+        }
+        lb::apply_host_table(&script)?;
+        tracing::info!(
+            table = lb::HOST_TABLE,
+            entries = entries.len(),
+            "the node's own connections to NodePorts and external addresses go to their Services"
+        );
+        self.host_services_script = Some(script);
+        Ok(true)
     }
 
     /// Which addresses Services may take besides their cluster IPs: the external IPs the
@@ -480,6 +520,31 @@ impl Cluster {
             reserved_networks,
             node_addresses,
         }
+    }
+
+    /// The addresses this node serves NodePorts on: its first address of each family (as the
+    /// kernel's `OverlayConfig` has them) and, with `--nodeport-addresses` networks, its own
+    /// addresses inside them.
+    fn nodeport_addresses(&self) -> Vec<std::net::IpAddr> {
+        let primary: Vec<std::net::IpAddr> = self
+            .model
+            .as_ref()
+            .and_then(|model| model.view.this_node_view())
+            .map(|node| {
+                let v4 = node.addresses.iter().find(|a| a.is_ipv4());
+                let v6 = node.addresses.iter().find(|a| a.is_ipv6());
+                v4.into_iter().chain(v6).copied().collect()
+            })
+            .unwrap_or_default();
+        let local = if self.nodeport_addresses.listed() {
+            dataplane_user::kernel::netdev::local_addresses().unwrap_or_else(|error| {
+                tracing::warn!(%error, "reading the node's addresses for --nodeport-addresses");
+                Vec::new()
+            })
+        } else {
+            Vec::new()
+        };
+        self.nodeport_addresses.select(&primary, &local)
     }
 
     /// Makes the gateway SNAT (pods to outside the cluster take the node's address) follow

@@ -85,6 +85,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 ipam_file,
                 cni_netns_dirs,
                 external_ip_cidrs,
+                nodeport_addresses,
                 cni_conf_dir,
                 capacities,
                 look_every_seconds,
@@ -122,6 +123,11 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     ipam_file,
                     cni_netns_dirs,
                     external_ip_cidrs,
+                    // Each value was checked as clap read it.
+                    nodeport_addresses: dataplane_user::lb::NodePortAddresses::parse(
+                        &nodeport_addresses,
+                    )
+                    .map_err(anyhow::Error::msg)?,
                     cni_conf_dir,
                     capacities,
                     look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
@@ -244,6 +250,9 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let cleaned = dataplane_user::kernel::attach::remove_pod_filters();
             if let Err(error) = dataplane_user::gateway::remove() {
                 tracing::warn!(%error, "removing the gateway SNAT table");
+            }
+            if let Err(error) = dataplane_user::lb::remove_host_table() {
+                tracing::warn!(%error, "removing the host services table");
             }
             pins.remove_all()?;
             state::remove(&cli.run_dir);
