@@ -21,6 +21,7 @@ mod cache;
 
 mod address;
 mod compile;
+mod describe;
 mod health;
 mod host;
 mod maglev;
@@ -53,6 +54,10 @@ pub use compile::{
     BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, MAX_SOURCE_RANGES,
     MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled, ServiceName, ServicePort,
     assemble, compile_each, compile_services, key_taken,
+};
+pub use describe::{
+    Described, DescribedHealthCheck, DescribedPort, STATE_FILE as DESCRIBED_FILE, described_key,
+    read_described,
 };
 pub use host::{
     HostRedirect, NodePortAddresses, TABLE as HOST_TABLE, apply as apply_host_table, host_entries,

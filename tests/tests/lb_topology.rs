@@ -673,6 +673,148 @@ fn health_check_node_ports_answer_200_where_local_endpoints_are_and_503_elsewher
         0,
         "the old port is closed"
     );
+    // `inspect services` names the Service of each of its ports and the answer its node
+    // gives on the health-check port.
+    let health_of = |node: usize, agent: &dataplane_tests::topology::Agent| {
+        let rows = dataplane_tests::topology::dataplane_json(
+            topology.node(node),
+            agent,
+            &["inspect", "services"],
+        );
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .filter(|row| row["address"] == "192.0.2.50:80")
+            .map(|row| {
+                format!(
+                    "{} {} {}",
+                    row["scope"].as_str().unwrap(),
+                    row["service"].as_str().unwrap(),
+                    row["health_check"].as_str().unwrap()
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        health_of(1, &_agents.1),
+        [
+            "cluster default/local-lb:80 32101: 200, 1 local endpoint(s)",
+            "external default/local-lb:80 (external 192.0.2.50) 32101: 200, 1 local endpoint(s)",
+        ]
+    );
+    assert_eq!(
+        health_of(0, &_agents.0),
+        [
+            "cluster default/local-lb:80 32101: 503, no local endpoint",
+            "external default/local-lb:80 (external 192.0.2.50) 32101: 503, no local endpoint",
+        ]
+    );
+}
+
+#[test]
+fn zone_hints_keep_each_node_to_its_zone_until_an_endpoint_lacks_them() {
+    if !privileged("zone_hints_keep_each_node_to_its_zone_until_an_endpoint_lacks_them") {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    topology
+        .set_node_metadata_of(0, "labels: {topology.kubernetes.io/zone: zone-a}")
+        .expect("zone of node 0");
+    topology
+        .set_node_metadata_of(1, "labels: {topology.kubernetes.io/zone: zone-b}")
+        .expect("zone of node 1");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let manifests = |hint_b: bool| {
+        let endpoint = |node: usize, zone: &str, hinted: bool| {
+            format!(
+                "{{addresses: [{}], nodeName: {}, zone: {zone}, conditions: {{ready: true}}{}}}",
+                backends[node].ip,
+                dataplane_tests::topology::node_name(node),
+                if hinted {
+                    format!(", hints: {{forZones: [{{name: {zone}}}]}}")
+                } else {
+                    String::new()
+                }
+            )
+        };
+        format!(
+            "apiVersion: v1\nkind: Service\nmetadata: {{name: zoned, namespace: default}}\n\
+             spec: {{clusterIP: 10.96.0.63, trafficDistribution: PreferClose, \
+             ports: [{{name: http, port: 80, targetPort: 8080, protocol: TCP}}]}}\n\
+             ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: zoned-1, namespace: default, labels: {{kubernetes.io/service-name: zoned}}}}\n\
+             addressType: IPv4\nports: [{{name: http, port: 8080, protocol: TCP}}]\n\
+             endpoints: [{}, {}]\n",
+            endpoint(0, "zone-a", true),
+            endpoint(1, "zone-b", hint_b)
+        )
+    };
+    topology
+        .add_manifest("zoned.yaml", &manifests(true))
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let agents = (
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    );
+    let reached = |client: &Pod| -> BTreeSet<String> {
+        connections_from(&client.netns, "10.96.0.63", 80, 12)
+            .iter()
+            .map(|line| line.split_whitespace().next().unwrap().to_owned())
+            .collect()
+    };
+    let only = |pod: &Pod| BTreeSet::from([pod.ip.to_string()]);
+    // Every endpoint hinted: each node's pods reach their own zone's endpoint alone.
+    assert_eq!(reached(&topology.node(0).pods[0]), only(backends[0]));
+    assert_eq!(reached(&topology.node(1).pods[0]), only(backends[1]));
+    let topology_of = |node: usize, agent: &dataplane_tests::topology::Agent| {
+        let rows = dataplane_tests::topology::dataplane_json(
+            topology.node(node),
+            agent,
+            &["inspect", "services"],
+        );
+        rows.as_array()
+            .expect("rows")
+            .iter()
+            .find(|row| row["address"] == "10.96.0.63:80")
+            .map(|row| {
+                format!(
+                    "{} {} {}",
+                    row["service"].as_str().unwrap(),
+                    row["topology"].as_str().unwrap(),
+                    row["backend_addresses"]
+                )
+            })
+            .expect("the service's row")
+    };
+    assert_eq!(
+        topology_of(0, &agents.0),
+        format!(
+            "default/zoned:http zone zone-a [\"{}:8080\"]",
+            backends[0].ip
+        )
+    );
+    assert_eq!(
+        topology_of(1, &agents.1),
+        format!(
+            "default/zoned:http zone zone-b [\"{}:8080\"]",
+            backends[1].ip
+        )
+    );
+    // An endpoint loses its hints: as kube-proxy, every node falls back to every endpoint.
+    topology
+        .add_manifest("zoned.yaml", &manifests(false))
+        .expect("manifests");
+    let all: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    assert!(
+        eventually(|| reached(&topology.node(0).pods[0]) == all),
+        "node 0 falls back to every endpoint"
+    );
+    assert_eq!(reached(&topology.node(1).pods[0]), all);
+    drop(servers);
 }
 
 #[test]

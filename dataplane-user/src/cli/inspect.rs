@@ -252,49 +252,8 @@ pub fn read(
 ) -> Result<Rows, AgentError> {
     let (columns, mut rows): (Vec<&'static str>, Vec<Vec<Cell>>) = match table {
         Table::Services => {
-            let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
-            let mut backends = service_backends(pins, &services)?;
-            let ranges = crate::lb::admitted_sources(pins)?;
-            (
-                vec![
-                    "ADDRESS",
-                    "PROTO",
-                    "SCOPE",
-                    "ID",
-                    "BACKENDS",
-                    "AFFINITY_S",
-                    "BACKEND_ADDRESSES",
-                    "SOURCE_RANGES",
-                ],
-                services
-                    .iter()
-                    .map(|(k, v)| {
-                        let scope = match k.scope {
-                            SCOPE_NODEPORT => "nodeport",
-                            SCOPE_NODEPORT_FROM_POD => "nodeport-from-pods",
-                            SCOPE_EXTERNAL => "external",
-                            _ => "cluster",
-                        };
-                        vec![
-                            endpoint(&k.addr, k.port_be).into(),
-                            protocol(k.protocol).into(),
-                            scope.into(),
-                            v.id.into(),
-                            v.backends.into(),
-                            v.affinity_timeout.into(),
-                            Cell::List(backends.remove(&v.table).unwrap_or_default()),
-                            // NodePorts are not subject to them.
-                            Cell::List(match k.scope {
-                                SCOPE_NODEPORT | SCOPE_NODEPORT_FROM_POD => Vec::new(),
-                                _ => ranges
-                                    .get(&(k.addr, k.port_be, k.protocol))
-                                    .cloned()
-                                    .unwrap_or_default(),
-                            }),
-                        ]
-                    })
-                    .collect(),
-            )
+            let rows = services_rows(pins, &crate::lb::Described::default())?;
+            (rows.columns, rows.rows)
         }
         Table::Backends => (
             vec!["ID", "BACKEND"],
@@ -573,6 +532,67 @@ fn prefix_row(key: &AclAddrKey, value: &AclAddrValue) -> Vec<Cell> {
         decision.into(),
         rule(value.rule).into(),
     ]
+}
+
+/// The rows of `dataplane inspect services`: every service port in the kernel's map, named
+/// from what the agent wrote in its run directory (`described`: the Service, how topology
+/// narrowed the endpoints, the health-check port's answer) where it wrote something.
+pub fn services_rows(pins: &Pins, described: &crate::lb::Described) -> Result<Rows, AgentError> {
+    let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
+    let mut backends = service_backends(pins, &services)?;
+    let ranges = crate::lb::admitted_sources(pins)?;
+    let (columns, mut rows) = (
+        vec![
+            "ADDRESS",
+            "PROTO",
+            "SCOPE",
+            "ID",
+            "BACKENDS",
+            "AFFINITY_S",
+            "BACKEND_ADDRESSES",
+            "SOURCE_RANGES",
+            "SERVICE",
+            "TOPOLOGY",
+            "HEALTH_CHECK",
+        ],
+        services
+            .iter()
+            .map(|(k, v)| {
+                let scope = match k.scope {
+                    SCOPE_NODEPORT => "nodeport",
+                    SCOPE_NODEPORT_FROM_POD => "nodeport-from-pods",
+                    SCOPE_EXTERNAL => "external",
+                    _ => "cluster",
+                };
+                let about = described.ports.get(&crate::lb::described_key(k));
+                let text = |f: fn(&crate::lb::DescribedPort) -> Option<&String>| {
+                    Cell::Text(about.and_then(f).cloned().unwrap_or_default())
+                };
+                vec![
+                    endpoint(&k.addr, k.port_be).into(),
+                    protocol(k.protocol).into(),
+                    scope.into(),
+                    v.id.into(),
+                    v.backends.into(),
+                    v.affinity_timeout.into(),
+                    Cell::List(backends.remove(&v.table).unwrap_or_default()),
+                    // NodePorts are not subject to them.
+                    Cell::List(match k.scope {
+                        SCOPE_NODEPORT | SCOPE_NODEPORT_FROM_POD => Vec::new(),
+                        _ => ranges
+                            .get(&(k.addr, k.port_be, k.protocol))
+                            .cloned()
+                            .unwrap_or_default(),
+                    }),
+                    text(|p| Some(&p.name)),
+                    text(|p| p.topology.as_ref()),
+                    text(|p| p.health_check.as_ref()),
+                ]
+            })
+            .collect::<Vec<_>>(),
+    );
+    rows.sort();
+    Ok(Rows { columns, rows })
 }
 
 /// The rows of `dataplane inspect multicast`: every group in the kernel's map with its local

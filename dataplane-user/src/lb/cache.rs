@@ -20,7 +20,13 @@ use crate::{
 use super::{
     AddressKind, AddressPolicy, CompiledService, CompiledServices, HealthCheck, HostRedirect,
     LbState, LbSyncStats, LocalNode, ServiceName, ServicePort,
+    describe::{Described, DescribedHealthCheck, DescribedPort, described_key},
 };
+
+/// Whether topology narrowed the endpoints of any of a compiled Service's ports.
+fn narrowed(compiled: &super::ServiceCompiled) -> bool {
+    compiled.ports.iter().any(|p| p.topology.is_some())
+}
 
 /// Every Service's compiled ports, kept between syncs: a change recompiles only the Services
 /// it touches, and the service ports that may differ since the last load-balancer sync are
@@ -52,6 +58,8 @@ pub struct ServiceCache {
     /// The Services with NodePorts or external or load-balancer addresses, which the node's
     /// own connections are translated for ([`Self::host_redirects`]).
     with_host: BTreeSet<ServiceName>,
+    /// The Services with a port whose endpoints topology narrowed ([`Self::describe`]).
+    with_topology: BTreeSet<ServiceName>,
     /// The keys whose port may have changed since the last [`Self::synced`] (`None`: any).
     dirty: Option<BTreeSet<ServiceKey>>,
 }
@@ -90,6 +98,12 @@ impl ServiceCache {
                 .filter(|(_, c)| c.as_ref().is_ok_and(|c| !c.host.is_empty()))
                 .map(|(name, _)| name.clone())
                 .collect();
+            self.with_topology = self
+                .compiled
+                .iter()
+                .filter(|(_, c)| c.as_ref().is_ok_and(narrowed))
+                .map(|(name, _)| name.clone())
+                .collect();
             self.claims.clear();
             self.shared.clear();
             let all: Vec<ServiceName> = self.compiled.keys().cloned().collect();
@@ -118,6 +132,7 @@ impl ServiceCache {
             self.failed.remove(name);
             self.with_health_check.remove(name);
             self.with_host.remove(name);
+            self.with_topology.remove(name);
             let Some(service) = self.objects.get(name) else {
                 continue;
             };
@@ -140,6 +155,9 @@ impl ServiceCache {
                 }
                 if service.as_ref().is_ok_and(|c| !c.host.is_empty()) {
                     self.with_host.insert(name.clone());
+                }
+                if service.as_ref().is_ok_and(narrowed) {
+                    self.with_topology.insert(name.clone());
                 }
                 self.compiled.insert(name.clone(), service);
                 self.claim(&name);
@@ -345,6 +363,61 @@ impl ServiceCache {
                 })
             })
             .collect()
+    }
+
+    /// What `dataplane inspect services` shows beside the maps: the ports of the Services
+    /// whose endpoints topology narrowed or that have a health check (each port its Service
+    /// holds), and the health-check ports served.
+    pub fn describe(&self) -> Described {
+        let (checks, _) = self.health_checks();
+        let served: BTreeMap<(&str, &str), String> = checks
+            .values()
+            .map(|c| {
+                let answer = DescribedHealthCheck {
+                    port: c.port,
+                    service: String::new(),
+                    local_endpoints: c.local_endpoints,
+                }
+                .answer();
+                ((c.namespace.as_str(), c.name.as_str()), answer)
+            })
+            .collect();
+        let mut ports = BTreeMap::new();
+        for name in self.with_topology.union(&self.with_health_check) {
+            let Some(Ok(compiled)) = self.compiled.get(name) else {
+                continue;
+            };
+            let health_check = served.get(&(name.0.as_str(), name.1.as_str()));
+            for port in &compiled.ports {
+                let held = self
+                    .claims
+                    .get(&port.key)
+                    .and_then(|claims| claims.first_key_value())
+                    .is_some_and(|((_, holder), _)| holder == name);
+                if held {
+                    ports.insert(
+                        described_key(&port.key),
+                        DescribedPort {
+                            name: port.name.clone(),
+                            topology: port.topology.clone(),
+                            health_check: health_check.cloned(),
+                        },
+                    );
+                }
+            }
+        }
+        Described {
+            zone: self.node.zone.clone(),
+            ports,
+            health_checks: checks
+                .values()
+                .map(|c| DescribedHealthCheck {
+                    port: c.port,
+                    service: format!("{}/{}", c.namespace, c.name),
+                    local_endpoints: c.local_endpoints,
+                })
+                .collect(),
+        }
     }
 
     /// Brings the load-balancer maps to the ports as they are now: only the keys that may

@@ -173,6 +173,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             egress,
             gateway_script: None,
             host_services_script: None,
+            services_described: None,
             egress_status: None,
             last: None,
             model: None,

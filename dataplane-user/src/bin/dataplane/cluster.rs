@@ -72,6 +72,8 @@ pub struct Cluster {
     pub gateway_script: Option<String>,
     /// What the host services table was last written with (`None`: not yet by this agent).
     pub host_services_script: Option<String>,
+    /// What `inspect services` was last given (`None`: not yet written).
+    pub services_described: Option<lb::Described>,
     /// Manifest mode: the egress IP status file (size, modification time) as last read.
     pub egress_status: Option<(u64, SystemTime)>,
     /// The cluster state of the last good sync: the next one runs what differs from it.
@@ -452,6 +454,7 @@ impl Cluster {
             .set_node_eligible(lb::node_eligible(&state.nodes, &self.node));
         let stats = self.services.sync_maps(dataplane, &mut self.lb)?;
         let host_written = self.sync_host_services(dataplane)?;
+        self.describe_services();
         self.proxy_health.updated();
         tracing::info!(
             recompiled,
@@ -519,6 +522,19 @@ impl Cluster {
             external_ip_cidrs: self.external_ip_cidrs.clone(),
             reserved_networks,
             node_addresses,
+        }
+    }
+
+    /// Writes what `dataplane inspect services` shows beside the maps, when it changed.
+    fn describe_services(&mut self) {
+        let described = self.services.describe();
+        if self.services_described.as_ref() == Some(&described) {
+            return;
+        }
+        let path = self.run_dir.join(lb::DESCRIBED_FILE);
+        match dataplane_user::kernel::state::write_json_replacing(&path, &described, false) {
+            Ok(()) => self.services_described = Some(described),
+            Err(error) => tracing::debug!(%error, "writing the services description"),
         }
     }
 

@@ -169,6 +169,10 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         Command::Inspect { table, json } => {
             let rows = match table {
                 inspect::Table::Multicast => inspect::multicast_rows(&pins, Some(&cli.run_dir))?,
+                inspect::Table::Services => inspect::services_rows(
+                    &pins,
+                    &dataplane_user::lb::read_described(&cli.run_dir),
+                )?,
                 _ => inspect::read(&pins, table, &acl::explain::read(&cli.run_dir))?,
             };
             if json {
