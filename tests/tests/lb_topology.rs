@@ -355,6 +355,14 @@ fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
         let reached = check_answers(&lines, &backend_ips, SERVICE_IP6, |_| client_ip.clone());
         assert_eq!(reached.len(), 4, "client {}: {reached:?}", client.ip);
     }
+    // The nodes themselves, over IPv6: every backend, each seeing the node's IPv6 address.
+    for node in [topology.node(0), topology.node(1)] {
+        let lines = requests_from(&node.netns, SERVICE_IP6, 12);
+        assert_eq!(lines.len(), 24, "{lines:?}");
+        let node_ip = dataplane_tests::topology::underlay_ip6(node.index).to_string();
+        let reached = check_answers(&lines, &backend_ips, SERVICE_IP6, |_| node_ip.clone());
+        assert_eq!(reached.len(), 4, "node {node_ip}: {reached:?}");
+    }
     drop(servers);
 }
 
