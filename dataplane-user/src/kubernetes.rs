@@ -212,6 +212,63 @@ impl Shared {
 pub struct KubeSource {
     client: Client,
     shared: Arc<Shared>,
+    /// Where the cluster's network configuration comes from when the API server has no
+    /// `operator.openshift.io/v1 Network` (vanilla Kubernetes): a file, the DaemonSet's
+    /// mounted ConfigMap.
+    network_file: Option<NetworkFile>,
+}
+
+/// The cluster network configuration of a file holding an `operator.openshift.io/v1 Network`
+/// (the same schema as OpenShift's): read again when its size or time moves.
+struct NetworkFile {
+    path: std::path::PathBuf,
+    /// The file's stamp (`None`: unreadable) and what it parsed into, as last read.
+    last: Mutex<Option<(Option<FileStamp>, ClusterState)>>,
+}
+
+/// A file's size and modification time.
+type FileStamp = (u64, std::time::SystemTime);
+
+impl NetworkFile {
+    fn stamp(&self) -> Option<FileStamp> {
+        let metadata = std::fs::metadata(&self.path).ok()?;
+        Some((metadata.len(), metadata.modified().ok()?))
+    }
+
+    /// Whether the file moved since it was last read.
+    fn changed(&self) -> bool {
+        let last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        last.as_ref()
+            .is_none_or(|(stamp, _)| *stamp != self.stamp())
+    }
+
+    /// The file's `Network` settings (none: its faults, named, in `rejected`).
+    fn read(&self) -> ClusterState {
+        let stamp = self.stamp();
+        let mut last = self.last.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((seen, parsed)) = last.as_ref()
+            && *seen == stamp
+        {
+            return parsed.clone();
+        }
+        let name = self.path.display().to_string();
+        let mut parsed = ClusterState::default();
+        match std::fs::read_to_string(&self.path) {
+            Ok(text) => {
+                source::add_documents(&mut parsed, &name, &text);
+                if parsed.network.is_none() {
+                    parsed.rejected.push(format!(
+                        "{name}: no operator.openshift.io/v1 Network in it: the cluster's networks are unknown"
+                    ));
+                }
+            }
+            Err(error) => parsed.rejected.push(format!(
+                "{name}: {error}: the cluster's networks are unknown"
+            )),
+        }
+        *last = Some((stamp, parsed.clone()));
+        parsed
+    }
 }
 
 /// The client for `kubeconfig`, or as inferred: in-cluster service account, `KUBECONFIG`,
@@ -244,7 +301,19 @@ impl KubeSource {
         Self {
             client: client.clone(),
             shared,
+            network_file: None,
         }
+    }
+
+    /// Reads the cluster's network configuration from `path` (an `operator.openshift.io/v1
+    /// Network`, as the DaemonSet mounts the deploy/ ConfigMap) wherever the API server has no
+    /// `Network` of its own; one in the API server (OpenShift's) takes precedence.
+    pub fn with_network_file(mut self, path: std::path::PathBuf) -> Self {
+        self.network_file = Some(NetworkFile {
+            path,
+            last: Mutex::new(None),
+        });
+        self
     }
 
     /// Sets `annotations` on the Node `node` (a merge patch: other annotations stay). The
@@ -306,6 +375,7 @@ impl KubeSource {
     /// Whether anything changed since the last [`Self::snapshot`].
     pub fn changed(&self) -> bool {
         self.shared.changed.load(Ordering::Acquire)
+            || self.network_file.as_ref().is_some_and(NetworkFile::changed)
     }
 
     /// Returns once something changed (possibly before the last snapshot: check
@@ -323,7 +393,18 @@ impl KubeSource {
         if fresh {
             parsed.reassemble();
         }
-        parsed.assemble()
+        let mut state = parsed.assemble();
+        drop(parsed);
+        if let Some(file) = &self.network_file
+            && state.network.is_none()
+        {
+            let configured = file.read();
+            if configured.network.is_some() {
+                state.copy_settings(&configured);
+            }
+            state.rejected.extend(configured.rejected);
+        }
+        state
     }
 }
 
@@ -1182,6 +1263,82 @@ mod tests {
             .and_then(|s| s.template.spec.as_ref())
             .expect("pod spec");
         assert_eq!(mounted(agent).as_deref(), Some("dataplane-probe-key"));
+    }
+
+    /// deploy/network.yaml is a ConfigMap whose `network.yaml` the agent reads as its
+    /// configuration, the DaemonSet mounts it where `--network-config` points, and a snapshot
+    /// takes it where the API server has no Network (its faults named when it is unusable).
+    #[test]
+    fn the_network_config_map_is_mounted_where_the_agent_reads_it_and_configures_the_cluster() {
+        use k8s_openapi::api::core::v1::ConfigMap;
+        let maps: Vec<ConfigMap> = objects(&deploy_file("network.yaml"), "ConfigMap");
+        let data = maps[0].data.as_ref().expect("data");
+        let text = &data["network.yaml"];
+        let file = NetworkFile {
+            path: std::env::temp_dir()
+                .join(format!("dataplane-network-{}.yaml", std::process::id())),
+            last: Mutex::new(None),
+        };
+        std::fs::write(&file.path, text).expect("write");
+        assert!(file.changed());
+        let configured = file.read();
+        assert!(configured.rejected.is_empty(), "{:?}", configured.rejected);
+        assert!(configured.network.is_some());
+        let nets = |n: &[ipnet::IpNet]| n.iter().map(|n| n.to_string()).collect::<Vec<_>>();
+        assert_eq!(nets(&configured.cluster_networks), ["10.244.0.0/16"]);
+        assert_eq!(nets(&configured.service_networks), ["10.96.0.0/12"]);
+        assert!(!file.changed(), "read once until it moves");
+        // Unusable: named, and the networks stay unknown.
+        std::fs::write(
+            &file.path,
+            "apiVersion: v1\nkind: Namespace\nmetadata: {name: x}\n",
+        )
+        .expect("write");
+        let configured = file.read();
+        assert!(configured.network.is_none());
+        assert!(
+            configured
+                .rejected
+                .iter()
+                .any(|r| r.contains("no operator.openshift.io/v1 Network in it")),
+            "{:?}",
+            configured.rejected
+        );
+        std::fs::remove_file(&file.path).expect("remove");
+        assert!(file.read().rejected[0].contains("the cluster's networks are unknown"));
+
+        let sets: Vec<DaemonSet> = objects(&deploy_file("daemonset.yaml"), "DaemonSet");
+        let pod = sets[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.template.spec.as_ref())
+            .expect("pod spec");
+        let agent = &pod.containers[0];
+        let args = agent.args.as_deref().unwrap_or_default();
+        let path = args
+            .iter()
+            .find_map(|a| a.strip_prefix("--network-config="))
+            .expect("--network-config");
+        let mount = agent
+            .volume_mounts
+            .iter()
+            .flatten()
+            .find(|m| path.starts_with(&format!("{}/", m.mount_path)))
+            .expect("a mount holding the file");
+        let volume = pod
+            .volumes
+            .iter()
+            .flatten()
+            .find(|v| v.name == mount.name)
+            .expect("volume");
+        let config_map = volume.config_map.as_ref().expect("a ConfigMap volume");
+        assert_eq!(config_map.name, "dataplane-network");
+        assert_eq!(config_map.optional, Some(true));
+        assert_eq!(
+            path.strip_prefix(&format!("{}/", mount.mount_path)),
+            Some("network.yaml"),
+            "the key the ConfigMap has"
+        );
     }
 
     #[test]

@@ -72,6 +72,10 @@ pub struct Topology {
     ovn_config_extra: String,
     /// More metadata fields for each Node object (`set_node_metadata`), by node index.
     node_metadata_extra: Vec<String>,
+    /// The operator Network is not among the manifests ([`Topology::network_elsewhere`]).
+    network_elsewhere: bool,
+    /// Files the topology wrote outside its directories, removed with it.
+    extra_files: Vec<PathBuf>,
     /// Nodes whose Node object says NotReady (`set_node_ready`).
     not_ready: Vec<usize>,
     /// The namespaces of the hosts on the fabric (`add_host`).
@@ -151,6 +155,8 @@ impl Topology {
             manifests: None,
             ovn_config_extra: String::new(),
             node_metadata_extra: Vec::new(),
+            network_elsewhere: false,
+            extra_files: Vec::new(),
             not_ready: Vec::new(),
             hosts: Vec::new(),
             switched_in_xdp: false,
@@ -350,6 +356,38 @@ impl Topology {
         Ok(())
     }
 
+    /// The operator `Network` of the cluster (its networks and overlay settings).
+    fn network_yaml(&self) -> String {
+        let mut yaml = String::from(
+            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+             spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
+             \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n\
+             \x20 defaultNetwork:\n    type: OVNKubernetes\n",
+        );
+        yaml.push_str(&format!(
+            "    ovnKubernetesConfig: {{genevePort: 6081{}}}\n",
+            self.ovn_config_extra
+        ));
+        yaml
+    }
+
+    /// Takes the operator `Network` out of the cluster's manifests (so an API server serving
+    /// them has none, as on vanilla Kubernetes) and writes it to a file of its own, as
+    /// deploy/network.yaml's ConfigMap is mounted; returns that file's path (it goes with the
+    /// topology). Overlay mode only.
+    pub fn network_elsewhere(&mut self) -> anyhow::Result<PathBuf> {
+        let dir = self
+            .manifests
+            .clone()
+            .context("manifests exist in overlay mode only")?;
+        self.network_elsewhere = true;
+        self.rewrite_manifests()?;
+        let path = dir.with_extension("network.yaml");
+        fs::write(&path, self.network_yaml())?;
+        self.extra_files.push(path.clone());
+        Ok(path)
+    }
+
     /// The manifest directory (overlay mode).
     pub fn manifest_dir(&self) -> Option<&std::path::Path> {
         self.manifests.as_deref()
@@ -405,16 +443,12 @@ impl Topology {
     /// The cluster as Kubernetes objects: the operator Network, one Node per node (InternalIP,
     /// podCIDRs), one Pod per pod (nodeName, podIPs, OVN-Kubernetes' pod-networks annotation).
     fn manifests_yaml(&self) -> String {
-        let mut yaml = String::from(
-            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
-             spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
-             \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n\
-             \x20 defaultNetwork:\n    type: OVNKubernetes\n",
-        );
-        yaml.push_str(&format!(
-            "    ovnKubernetesConfig: {{genevePort: 6081{}}}\n",
-            self.ovn_config_extra
-        ));
+        let mut yaml = if self.network_elsewhere {
+            // Nodes' documents below start with a separator.
+            String::from("apiVersion: v1\nkind: Namespace\nmetadata: {name: kube-system}\n")
+        } else {
+            self.network_yaml()
+        };
         for node in &self.nodes {
             yaml.push_str(&format!(
                 "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}{extra}}}\n\
@@ -552,6 +586,9 @@ impl Drop for Topology {
     fn drop(&mut self) {
         if let Some(dir) = &self.manifests {
             let _ = fs::remove_dir_all(dir);
+        }
+        for file in &self.extra_files {
+            let _ = fs::remove_file(file);
         }
         for name in self.namespaces.iter().rev() {
             if let Err(e) = ip(&format!("netns del {name}")) {

@@ -284,3 +284,87 @@ fn an_agent_announces_its_underlay_network_and_hybrid_router_on_its_own_node() {
     drop(agent);
     drop(server);
 }
+
+#[test]
+fn without_an_operator_network_agents_take_the_mounted_config_or_refuse_to_start() {
+    if !privileged("without_an_operator_network_agents_take_the_mounted_config_or_refuse_to_start")
+    {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay).expect("build topology");
+    let (client, backend) = (
+        topology.node(0).pods[0].clone(),
+        topology.node(1).pods[0].clone(),
+    );
+    let ports = [ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    }];
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", SERVICE_IP, &ports, &[&backend]),
+        )
+        .expect("service");
+    // As on vanilla Kubernetes: the API server has no operator Network; deploy/network.yaml's
+    // ConfigMap, mounted, holds it.
+    let network = topology.network_elsewhere().expect("network file");
+    let server = echo_backend(&backend, false).expect("backend");
+    let servers: Vec<_> = (0..2)
+        .map(|n| topology.node(n).start_fake_apiserver().expect("API server"))
+        .collect();
+    let args_of = |n: usize, config: bool| -> Vec<String> {
+        let mut args = servers[n].agent_args();
+        if config {
+            args.extend(["--network-config".into(), network.display().to_string()]);
+        }
+        args
+    };
+    // Without it, the agent does not half work: it refuses to sync and says why.
+    let name = dataplane_tests::unique_name("agent");
+    let pins = dataplane_user::kernel::pins::Pins::new(format!("/sys/fs/bpf/{name}"));
+    let run_dir = std::env::temp_dir().join(&name);
+    let args = args_of(0, false);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let refused = topology
+        .node(0)
+        .start_agent_at_with(pins.clone(), run_dir.clone(), &args)
+        .err()
+        .expect("no configuration: the agent does not start");
+    let _ = pins.remove_all();
+    let _ = std::fs::remove_dir_all(&run_dir);
+    assert!(
+        format!("{refused:#}").contains(
+            "no cluster network configuration: the API server has no operator.openshift.io/v1 Network and --network-config gives none"
+        ),
+        "{refused:#}"
+    );
+    // With it: the cluster's networks are known (the gateway masquerades pods leaving the
+    // cluster) and pods reach a Service across nodes.
+    let agents: Vec<_> = (0..2)
+        .map(|n| {
+            let args = args_of(n, true);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            topology.node(n).start_agent_with(&args).expect("agent")
+        })
+        .collect();
+    assert_eq!(
+        answer_becomes(&client, &backend.ip.to_string()),
+        backend.ip.to_string()
+    );
+    let table = dataplane_tests::topology::exec_in(
+        &topology.node(0).netns,
+        &["nft", "list", "table", "inet", "dataplane_gateway"],
+    )
+    .expect("nft");
+    assert!(
+        String::from_utf8_lossy(&table.stdout).contains("10.244.0.0/16"),
+        "{}",
+        String::from_utf8_lossy(&table.stdout)
+    );
+    drop(agents);
+    drop(servers);
+    drop(server);
+}

@@ -112,7 +112,7 @@ impl ClusterState {
     }
 
     /// Takes `other`'s `Network` settings, none included.
-    pub(super) fn copy_settings(&mut self, other: &ClusterState) {
+    pub fn copy_settings(&mut self, other: &ClusterState) {
         self.network = other.network;
         self.cluster_networks = other.cluster_networks.clone();
         self.service_networks = other.service_networks.clone();

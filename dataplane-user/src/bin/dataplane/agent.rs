@@ -54,6 +54,7 @@ pub(super) struct RunArgs {
     pub(super) cni_socket: PathBuf,
     pub(super) ipam_file: PathBuf,
     pub(super) cni_netns_dirs: Vec<PathBuf>,
+    pub(super) network_config: Option<PathBuf>,
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
     pub(super) nodeport_addresses: dataplane_user::lb::NodePortAddresses,
     pub(super) cni_conf_dir: Option<PathBuf>,
@@ -140,7 +141,10 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             SourceArg::Kubernetes(kubeconfig) => {
                 let client = runtime.block_on(kubernetes::client(kubeconfig.as_deref()))?;
                 let _entered = runtime.enter();
-                let source = KubeSource::start(&client);
+                let mut source = KubeSource::start(&client);
+                if let Some(path) = &args.network_config {
+                    source = source.with_network_file(path.clone());
+                }
                 // Refusals told as Events on the objects, from a task of their own.
                 events = Some(dataplane_user::rejected::EventSender::start(
                     client.clone(),

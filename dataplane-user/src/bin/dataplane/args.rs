@@ -96,6 +96,12 @@ pub(super) struct RunOptions {
     /// the node inside them (loopback addresses never); both may be mixed.
     #[arg(long, value_delimiter = ',', default_value = "primary", value_parser = nodeport_address)]
     pub(super) nodeport_addresses: Vec<String>,
+    /// With the API server: a file holding the cluster's network configuration as an
+    /// `operator.openshift.io/v1 Network` (deploy/'s ConfigMap, mounted by the DaemonSet),
+    /// used where the API server has no such `Network` (vanilla Kubernetes; OpenShift's own
+    /// takes precedence). Re-read when it changes.
+    #[arg(long)]
+    pub(super) network_config: Option<PathBuf>,
     /// Directories where the container runtime keeps pods' named network namespaces
     /// (repeatable); `CNI_NETNS` is taken only from these and `/proc/<pid>/ns/net`.
     #[arg(long = "cni-netns-dir", default_values = cni::wire::DEFAULT_NETNS_DIRS)]

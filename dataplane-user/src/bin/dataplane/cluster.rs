@@ -140,6 +140,25 @@ impl Cluster {
     pub async fn sync(&mut self, dataplane: &mut Dataplane, full: bool) -> anyhow::Result<Synced> {
         let full = full || self.last.is_none() || self.source.take_relisted();
         let mut state = self.source.read(full)?;
+        // Without the cluster's networks a node would half work (no masquerade, no node
+        // subnets to check pods against): no sync until they are known.
+        if matches!(self.source, Source::Kubernetes(_)) && state.network.is_none() {
+            let why: Vec<&str> = state
+                .rejected
+                .iter()
+                .filter(|r| r.contains("Network"))
+                .map(String::as_str)
+                .collect();
+            anyhow::bail!(
+                "no cluster network configuration: the API server has no operator.openshift.io/v1 Network \
+                 and --network-config gives none{}",
+                if why.is_empty() {
+                    String::new()
+                } else {
+                    format!(" ({})", why.join("; "))
+                }
+            );
+        }
         // What the Pod objects themselves say (a manifest's own addresses), before the
         // attachments' addresses are merged in.
         let declared = state.clone();

@@ -86,6 +86,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 cni_netns_dirs,
                 external_ip_cidrs,
                 nodeport_addresses,
+                network_config,
                 cni_conf_dir,
                 capacities,
                 look_every_seconds,
@@ -122,6 +123,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     cni_socket: cni_socket.unwrap_or_else(|| cli.run_dir.join(cni::SOCKET_FILE)),
                     ipam_file,
                     cni_netns_dirs,
+                    network_config,
                     external_ip_cidrs,
                     // Each value was checked as clap read it.
                     nodeport_addresses: dataplane_user::lb::NodePortAddresses::parse(
