@@ -106,6 +106,7 @@ mod tests {
         let view = HybridView {
             settings: HybridSettings {
                 network: None,
+                host_prefix: None,
                 vxlan_port: 9898,
             },
             nodes: vec![HybridNodeView {

@@ -1190,7 +1190,8 @@ mod tests {
     }
 
     #[test]
-    fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_and_its_lease() {
+    fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_node_subnets_and_its_lease()
+     {
         let text = deploy_file("controller.yaml");
         let roles: Vec<ClusterRole> = objects(&text, "ClusterRole");
         let mut read = BTreeSet::new();
@@ -1214,7 +1215,28 @@ mod tests {
         assert_eq!(read, watched);
         assert_eq!(
             written,
-            BTreeSet::from([("k8s.ovn.org".to_owned(), "egressips/status".to_owned())])
+            BTreeSet::from([
+                (String::new(), "nodes".to_owned()),
+                ("k8s.ovn.org".to_owned(), "egressips/status".to_owned()),
+            ])
+        );
+        // Its Node writes are held to the annotations the allocation writes.
+        let policies: Vec<k8s_openapi::api::admissionregistration::v1::ValidatingAdmissionPolicy> =
+            objects(&text, "ValidatingAdmissionPolicy");
+        let owned = policies[0]
+            .spec
+            .as_ref()
+            .and_then(|s| s.variables.as_ref())
+            .and_then(|v| v.iter().find(|v| v.name == "owned"))
+            .map(|v| v.expression.clone())
+            .expect("owned annotations");
+        assert_eq!(
+            owned,
+            format!(
+                "['{}', '{}']",
+                crate::model::subnets::NODE_SUBNETS_ANNOTATION,
+                crate::model::hybrid::NODE_SUBNET_ANNOTATION
+            )
         );
         let leases: Vec<k8s_openapi::api::rbac::v1::Role> = objects(&text, "Role");
         let rule = &leases[0].rules.as_deref().unwrap_or_default()[0];

@@ -53,6 +53,7 @@ pub mod port;
 pub mod rejected;
 pub mod seq;
 pub mod source;
+pub mod subnets;
 #[cfg(test)]
 mod test_rng;
 

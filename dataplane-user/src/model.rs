@@ -14,6 +14,7 @@ use crate::{
 };
 
 pub mod hybrid;
+pub mod subnets;
 mod view;
 
 pub use hybrid::{HybridNodeView, HybridView};
@@ -443,7 +444,12 @@ fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
         // (`crate::hybrid`), whatever podCIDRs the cluster gave it.
         _ if hybrid::is_hybrid_node(node) => Vec::new(),
         Some(cidrs) if !cidrs.is_empty() => cidrs,
-        _ => spec.and_then(|s| s.pod_cidr.clone()).into_iter().collect(),
+        _ => match spec.and_then(|s| s.pod_cidr.clone()) {
+            Some(cidr) => vec![cidr],
+            // No subnet from the cluster: the one the controller allocated (OpenShift runs no
+            // kube-controller-manager allocation), as OVN-Kubernetes' cluster manager writes it.
+            None => allocated_subnets(node, &name, warnings),
+        },
     };
     let pod_cidrs = cidrs
         .iter()
@@ -466,6 +472,26 @@ fn node_view(node: &Node, warnings: &mut Vec<String>) -> Option<NodeView> {
         pod_cidrs,
         created,
     })
+}
+
+/// The node's `k8s.ovn.org/node-subnets` (written by the controller), as CIDR texts; a bad
+/// value is a warning naming the node, and no subnet.
+fn allocated_subnets(node: &Node, name: &str, warnings: &mut Vec<String>) -> Vec<String> {
+    let Some(text) = node
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(subnets::NODE_SUBNETS_ANNOTATION))
+    else {
+        return Vec::new();
+    };
+    match subnets::parse_node_subnets(text) {
+        Ok(nets) => nets.iter().map(ToString::to_string).collect(),
+        Err(error) => {
+            warnings.push(format!("node {name}: {error}"));
+            Vec::new()
+        }
+    }
 }
 
 pub(crate) fn pod_name(pod: &Pod) -> String {

@@ -789,6 +789,7 @@ mod hybrid_tests {
             state.hybrid,
             Some(HybridSettings {
                 network: Some("10.132.0.0/14".parse().unwrap()),
+                host_prefix: Some(23),
                 vxlan_port: 9898
             })
         );

@@ -27,6 +27,7 @@ pub fn hybrid_view(port: u16, with_node: bool) -> HybridView {
     HybridView {
         settings: HybridSettings {
             network: Some("10.132.0.0/14".parse().expect("cidr")),
+            host_prefix: None,
             vxlan_port: port,
         },
         nodes: with_node

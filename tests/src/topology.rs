@@ -74,6 +74,8 @@ pub struct Topology {
     node_metadata_extra: Vec<String>,
     /// The operator Network is not among the manifests ([`Topology::network_elsewhere`]).
     network_elsewhere: bool,
+    /// The Nodes carry no `spec.podCIDRs` ([`Topology::subnets_allocated`]).
+    subnets_allocated: bool,
     /// Files the topology wrote outside its directories, removed with it.
     extra_files: Vec<PathBuf>,
     /// Nodes whose Node object says NotReady (`set_node_ready`).
@@ -156,6 +158,7 @@ impl Topology {
             ovn_config_extra: String::new(),
             node_metadata_extra: Vec::new(),
             network_elsewhere: false,
+            subnets_allocated: false,
             extra_files: Vec::new(),
             not_ready: Vec::new(),
             hosts: Vec::new(),
@@ -371,6 +374,13 @@ impl Topology {
         yaml
     }
 
+    /// Writes the Nodes without `spec.podCIDRs`, as on OpenShift, where the cluster manager
+    /// (here the controller) allocates them; rewrites the cluster manifest. Overlay mode only.
+    pub fn subnets_allocated(&mut self) -> anyhow::Result<()> {
+        self.subnets_allocated = true;
+        self.rewrite_manifests()
+    }
+
     /// Takes the operator `Network` out of the cluster's manifests (so an API server serving
     /// them has none, as on vanilla Kubernetes) and writes it to a file of its own, as
     /// deploy/network.yaml's ConfigMap is mounted; returns that file's path (it goes with the
@@ -452,11 +462,18 @@ impl Topology {
         for node in &self.nodes {
             yaml.push_str(&format!(
                 "---\napiVersion: v1\nkind: Node\nmetadata: {{name: {name}{extra}}}\n\
-                 spec: {{podCIDR: {cidr}, podCIDRs: [{cidr}, \"{cidr6}\"]}}\n\
+                 spec: {spec}\n\
                  status: {{addresses: [{{type: InternalIP, address: {ip}}}, {{type: InternalIP, address: \"{ip6}\"}}, {{type: Hostname, address: {name}}}]{conditions}}}\n",
                 name = node_name(node.index),
-                cidr = pod_cidr(node.index),
-                cidr6 = pod_cidr6(node.index),
+                spec = if self.subnets_allocated {
+                    "{}".to_owned()
+                } else {
+                    format!(
+                        "{{podCIDR: {cidr}, podCIDRs: [{cidr}, \"{cidr6}\"]}}",
+                        cidr = pod_cidr(node.index),
+                        cidr6 = pod_cidr6(node.index)
+                    )
+                },
                 ip = node.underlay_ip,
                 ip6 = underlay_ip6(node.index),
                 conditions = if self.not_ready.contains(&node.index) {

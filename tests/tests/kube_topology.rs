@@ -368,3 +368,108 @@ fn without_an_operator_network_agents_take_the_mounted_config_or_refuse_to_start
     drop(servers);
     drop(server);
 }
+
+#[test]
+fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_network() {
+    if !privileged(
+        "the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_network",
+    ) {
+        return;
+    }
+    let mut topology = Topology::build_with(1, 2, Mode::Overlay).expect("build topology");
+    // As on OpenShift: Nodes without spec.podCIDRs. A node given its subnets by hand holds
+    // the lowest ones; a Windows node takes a hybrid overlay subnet.
+    topology
+        .subnets_allocated()
+        .expect("nodes without pod CIDRs");
+    topology
+        .set_ovn_config(
+            "hybridOverlayConfig: {hybridClusterNetwork: [{cidr: 10.132.0.0/14, hostPrefix: 24}]}",
+        )
+        .expect("hybrid overlay");
+    topology
+        .add_manifest(
+            "other-nodes.yaml",
+            "apiVersion: v1\nkind: Node\nmetadata: {name: by-hand}\n\
+             spec: {podCIDRs: [10.244.0.0/24, \"fd00:10:244::/64\"]}\n\
+             ---\napiVersion: v1\nkind: Node\n\
+             metadata: {name: win0, labels: {kubernetes.io/os: windows}}\n",
+        )
+        .expect("nodes");
+    let (client, backend) = (&topology.node(0).pods[0], &topology.node(0).pods[1]);
+    let ports = [ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    }];
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", SERVICE_IP, &ports, &[backend]),
+        )
+        .expect("service");
+    let server = echo_backend(backend, false).expect("backend");
+    let api = topology.node(0).start_fake_apiserver().expect("API server");
+    let key = std::env::temp_dir().join(dataplane_tests::unique_name("probe-key"));
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("probe key");
+    let log = std::env::temp_dir().join(dataplane_tests::unique_name("controller.log"));
+    let mut controller = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
+        .arg(dataplane_tests::topology::dataplane_binary())
+        .arg("controller")
+        .args(api.agent_args())
+        .arg("--probe-key-file")
+        .arg(&key)
+        .args([
+            "--identity",
+            "controller-0",
+            "--lease-namespace",
+            "dataplane",
+        ])
+        .env("RUST_LOG", "info")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("controller");
+    let args = api.agent_args();
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let agent = topology.node(0).start_agent_with(&args).expect("agent");
+    // The pods are in the subnet the controller gives node0 (10.244.1.0/24, the lowest free
+    // one): once it is written, the agent wires them and the Service answers.
+    assert_eq!(
+        answer_becomes(client, &backend.ip.to_string()),
+        backend.ip.to_string(),
+        "{}\n{}",
+        agent.log(),
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let script = "import json, urllib.request\n\
+                  nodes = json.load(urllib.request.urlopen('http://127.0.0.1:6443/api/v1/nodes'))\n\
+                  for n in sorted(nodes['items'], key=lambda n: n['metadata']['name']):\n\
+                  \x20   a = n['metadata'].get('annotations', {})\n\
+                  \x20   print(n['metadata']['name'], a.get('k8s.ovn.org/node-subnets', '-'), a.get('k8s.ovn.org/hybrid-overlay-node-subnet', '-'))\n";
+    let out =
+        dataplane_tests::topology::exec_in(&topology.node(0).netns, &["python3", "-c", script])
+            .expect("reading the Nodes");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            "by-hand - -",
+            "node0 {\"default\":[\"10.244.1.0/24\",\"fd00:10:244:1::/64\"]} -",
+            "win0 - 10.132.0.0/24",
+        ],
+        "{}",
+        std::fs::read_to_string(&log).unwrap_or_default()
+    );
+    let _ = controller.kill();
+    let _ = controller.wait();
+    let _ = std::fs::remove_file(&key);
+    let _ = std::fs::remove_file(&log);
+    drop(agent);
+    drop(api);
+    drop(server);
+}

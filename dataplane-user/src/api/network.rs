@@ -181,6 +181,13 @@ pub struct HybridOverlayConfig {
     pub vxlan_port: Option<u64>,
 }
 
+/// A network nodes get subnets of: its CIDR and the subnets' prefix length (`hostPrefix`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SubnetPool {
+    pub network: IpNet,
+    pub host_prefix: u8,
+}
+
 /// One `hybridClusterNetwork` entry.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(rename_all = "camelCase")]
@@ -196,6 +203,8 @@ pub struct HybridSettings {
     /// The hybrid nodes' pod subnets lie in it (any subnet outside the cluster's own networks
     /// when none is given).
     pub network: Option<Ipv4Net>,
+    /// Each hybrid node's slice of `network` (`hostPrefix`), which the controller allocates.
+    pub host_prefix: Option<u8>,
     pub vxlan_port: u16,
 }
 
@@ -255,6 +264,10 @@ impl HybridOverlayConfig {
         }
         Ok(HybridSettings {
             network,
+            host_prefix: self
+                .hybrid_cluster_network
+                .first()
+                .and_then(|e| e.host_prefix),
             vxlan_port,
         })
     }
@@ -344,10 +357,13 @@ struct NetworkSpec {
     service_network: Vec<String>,
 }
 
-/// One `spec.clusterNetwork` entry (`hostPrefix` is the per-node slice; nodes carry theirs).
+/// One `spec.clusterNetwork` entry: the network and each node's slice of it (`hostPrefix`),
+/// which the controller allocates to nodes the cluster gives no `spec.podCIDRs`.
 #[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
 struct ClusterNetworkEntry {
     cidr: String,
+    host_prefix: Option<u8>,
 }
 
 #[derive(Default, Deserialize)]
@@ -399,6 +415,8 @@ pub struct ClusterNetwork {
     pub policy_audit: PolicyAuditConfig,
     pub egress_ip: EgressIpConfig,
     pub hybrid: Option<HybridSettings>,
+    /// The cluster networks with a `hostPrefix`: what node subnets are allocated from.
+    pub subnet_pools: Vec<SubnetPool>,
     /// The fields given that the dataplane does not apply, each a line naming it and why.
     pub not_applied: Vec<String>,
 }
@@ -423,6 +441,28 @@ impl NetworkOperator {
             .iter()
             .map(|c| parse("spec.clusterNetwork", &c.cidr))
             .collect::<Result<Vec<_>, _>>()?;
+        let mut subnet_pools = Vec::new();
+        for (index, (entry, network)) in spec
+            .cluster_network
+            .iter()
+            .zip(&cluster_networks)
+            .enumerate()
+        {
+            let Some(host_prefix) = entry.host_prefix else {
+                continue;
+            };
+            if host_prefix < network.prefix_len() || host_prefix > network.max_prefix_len() {
+                return Err(format!(
+                    "spec.clusterNetwork[{index}].hostPrefix: {host_prefix} is not between {} and {}",
+                    network.prefix_len(),
+                    network.max_prefix_len()
+                ));
+            }
+            subnet_pools.push(SubnetPool {
+                network: network.trunc(),
+                host_prefix,
+            });
+        }
         let service_networks = spec
             .service_network
             .iter()
@@ -451,6 +491,7 @@ impl NetworkOperator {
             policy_audit: ovn.policy_audit_config.unwrap_or_default(),
             egress_ip: ovn.egress_ip_config.unwrap_or_default(),
             hybrid,
+            subnet_pools,
             not_applied: ovn.others.keys().map(|field| not_applied(field)).collect(),
         })
     }
@@ -543,6 +584,7 @@ mod tests {
             validate(&config(&["10.132.0.0/14"], None)),
             Ok(HybridSettings {
                 network: Some("10.132.0.0/14".parse().unwrap()),
+                host_prefix: Some(26),
                 vxlan_port: 4789
             })
         );

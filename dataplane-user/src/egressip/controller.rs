@@ -515,6 +515,7 @@ pub struct LeaseOptions {
 /// `namespace`, and waits otherwise.
 pub async fn run_kubernetes(
     client: kube::Client,
+    network_config: Option<std::path::PathBuf>,
     lease: LeaseOptions,
     probe_port: u16,
     key: Arc<ProbeKey>,
@@ -525,13 +526,17 @@ pub async fn run_kubernetes(
         identity,
         duration,
     } = lease;
-    let source = crate::kubernetes::KubeSource::start(&client);
+    let mut source = crate::kubernetes::KubeSource::start(&client);
+    if let Some(path) = network_config {
+        source = source.with_network_file(path);
+    }
     source.wait_ready().await;
     let mut leadership =
         super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity, duration);
     let mut store = ApiStore { client };
     let mut state = source.snapshot(false);
     let mut leading: Option<Controller> = None;
+    let mut subnets = crate::subnets::SubnetAllocator::default();
     let mut attempted: Option<Instant> = None;
     let mut renewed: Option<Instant> = None;
     let mut rounds = tokio::time::interval(ROUND);
@@ -582,6 +587,10 @@ pub async fn run_kubernetes(
             && let Err(error) = controller.round(&state, &mut store).await
         {
             tracing::warn!(%error, "egress IP round");
+        }
+        // The leader also gives nodes their pod subnets where the cluster gives none.
+        if leading.is_some() {
+            subnets.round(&state, &source).await;
         }
     }
 }

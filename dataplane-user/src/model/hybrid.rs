@@ -245,6 +245,7 @@ mod tests {
     fn hybrid_nodes_need_their_annotations_and_a_subnet_of_the_hybrid_network() {
         let settings = HybridSettings {
             network: Some("10.132.0.0/14".parse().unwrap()),
+            host_prefix: None,
             vxlan_port: 4789,
         };
         let nodes = vec![

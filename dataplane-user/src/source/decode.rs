@@ -158,6 +158,7 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
                     state.egress_ip_config = network.egress_ip;
                     state.network = Some(network.overlay);
                     state.cluster_networks = network.cluster_networks;
+                    state.subnet_pools = network.subnet_pools;
                     state.service_networks = network.service_networks;
                 }
                 Err(error) => reject(state, error),

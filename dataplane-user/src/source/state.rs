@@ -54,6 +54,8 @@ pub struct ClusterState {
     /// `ovnKubernetesConfig.hybridOverlayConfig` of that `Network`, validated: the hybrid
     /// overlay is on when it is there.
     pub hybrid: Option<HybridSettings>,
+    /// The cluster networks with a `hostPrefix` (node subnets the controller allocates).
+    pub subnet_pools: Vec<crate::api::network::SubnetPool>,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -119,5 +121,6 @@ impl ClusterState {
         self.policy_audit = other.policy_audit.clone();
         self.egress_ip_config = other.egress_ip_config;
         self.hybrid = other.hybrid;
+        self.subnet_pools = other.subnet_pools.clone();
     }
 }

@@ -179,6 +179,11 @@ pub(super) struct ControllerOptions {
     /// until a standby takes the Lease: this bounds that outage.
     #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(u64).range(3..))]
     pub(super) lease_duration_seconds: u64,
+    /// With the API server: the cluster's network configuration as an
+    /// `operator.openshift.io/v1 Network` file (deploy/network.yaml's ConfigMap), where the API
+    /// server has none; its `hostPrefix` sizes the node subnets the leader allocates.
+    #[arg(long, requires = "kubernetes")]
+    pub(super) network_config: Option<PathBuf>,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]

@@ -1,4 +1,5 @@
-//! `dataplane controller`: the cluster-wide egress IP controller, until SIGINT or SIGTERM.
+//! `dataplane controller`: the cluster-wide controller (egress IP assignment, and node subnets
+//! where the cluster gives none), until SIGINT or SIGTERM.
 
 use std::{path::PathBuf, sync::Arc};
 
@@ -20,6 +21,7 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
         lease_namespace,
         identity,
         lease_duration_seconds,
+        network_config,
     } = options;
     use egressip::controller::{self, ControllerMetrics, LeaseOptions};
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -70,7 +72,14 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
                     let key = egressip::probe::ProbeKey::read(&key_file).with_context(|| {
                         "the probe key (create the Secret dataplane-probe-key, as the README's install says)"
                     })?;
-                    controller::run_kubernetes(client, lease, probe_port, Arc::new(key), figures)
+                    controller::run_kubernetes(
+                        client,
+                        network_config,
+                        lease,
+                        probe_port,
+                        Arc::new(key),
+                        figures,
+                    )
                         .await;
                     Ok::<(), anyhow::Error>(())
                 }
