@@ -648,6 +648,12 @@ impl Node {
     /// Starts the stand-in API server (`fake_apiserver`) in this node's namespace, serving the
     /// topology's manifest directory on 127.0.0.1:6443, and writes a kubeconfig for it.
     pub fn start_fake_apiserver(&self) -> anyhow::Result<ApiServer> {
+        self.start_fake_apiserver_with(&[])
+    }
+
+    /// [`Node::start_fake_apiserver`] with more arguments (`--page-limit`, `--history-limit`,
+    /// `--watch-timeout-seconds`, `--bookmark-every-ms`: the real server's behaviours).
+    pub fn start_fake_apiserver_with(&self, extra: &[&str]) -> anyhow::Result<ApiServer> {
         let dir = self
             .manifests
             .as_ref()
@@ -659,6 +665,7 @@ impl Node {
             .arg("--manifests")
             .arg(dir)
             .args(["--listen", "127.0.0.1:6443"])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .spawn()

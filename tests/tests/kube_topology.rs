@@ -473,3 +473,151 @@ fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_n
     drop(api);
     drop(server);
 }
+
+#[test]
+fn agents_follow_paged_lists_expired_versions_and_ended_watches_without_losing_a_change() {
+    if !privileged(
+        "agents_follow_paged_lists_expired_versions_and_ended_watches_without_losing_a_change",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let (client, backend) = (&topology.node(0).pods[0], &topology.node(1).pods[0]);
+    let ports = [ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    }];
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", SERVICE_IP, &ports, &[backend]),
+        )
+        .expect("service");
+    let server = echo_backend(backend, false).expect("backend");
+    // As a real API server under load: lists one item a page (continue tokens), only the two
+    // newest events kept (an older version is 410 Gone), every watch ended after a second.
+    // First without bookmarks, so that watchers come back with versions the server has lost.
+    let behaviour = [
+        "--page-limit",
+        "1",
+        "--history-limit",
+        "2",
+        "--watch-timeout-seconds",
+        "1",
+    ];
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            topology
+                .node(n)
+                .start_fake_apiserver_with(&behaviour)
+                .expect("API server")
+        })
+        .collect();
+    let agents: Vec<_> = (0..2)
+        .map(|n| {
+            let mut args = servers[n].agent_args();
+            args.extend(["--full-sync-every-seconds".into(), "3600".into()]);
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            topology.node(n).start_agent_with(&args).expect("agent")
+        })
+        .collect();
+    // Every list came in pages: the cluster is whole (two nodes, four pods, the Service).
+    assert_eq!(
+        answer_becomes(client, &backend.ip.to_string()),
+        backend.ip.to_string(),
+        "{}",
+        agents[0].log()
+    );
+    // Churn elsewhere pushes every watcher's version out of the history: their next watch is
+    // 410 Gone, and they list again.
+    for round in 0..6 {
+        topology
+            .add_manifest(
+                "churn.yaml",
+                &format!("apiVersion: v1\nkind: Namespace\nmetadata: {{name: churn-{round}}}\n"),
+            )
+            .expect("churn");
+        thread::sleep(Duration::from_millis(300));
+    }
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while !agents[0]
+        .log()
+        .contains("listed again; a full recompute follows")
+        && Instant::now() < deadline
+    {
+        thread::sleep(Duration::from_millis(200));
+    }
+    assert!(
+        agents[0]
+            .log()
+            .contains("listed again; a full recompute follows"),
+        "{}",
+        agents[0].log()
+    );
+    // A change made now is in force within 5 s, and so is its undoing: nothing lost among
+    // the re-lists (and the agents' drop checks that no full recompute had anything to
+    // write: nothing doubled or missed by the incremental syncs).
+    topology
+        .add_manifest("policy.yaml", &isolate(backend))
+        .expect("policy");
+    let started = Instant::now();
+    assert_eq!(answer_becomes(client, "timeout"), "timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    topology
+        .remove_manifest("policy.yaml")
+        .expect("delete policy");
+    let started = Instant::now();
+    assert_eq!(
+        answer_becomes(client, &backend.ip.to_string()),
+        backend.ip.to_string()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(8),
+        "{:?}",
+        started.elapsed()
+    );
+    drop(agents);
+    drop(servers);
+
+    // With bookmarks, a watcher's version keeps up with the server's even when its own
+    // resource is quiet: ended watches come back where they were, with no re-list.
+    let behaviour = [
+        "--page-limit",
+        "1",
+        "--history-limit",
+        "2",
+        "--watch-timeout-seconds",
+        "1",
+        "--bookmark-every-ms",
+        "100",
+    ];
+    let servers: Vec<_> = (0..2)
+        .map(|n| {
+            topology
+                .node(n)
+                .start_fake_apiserver_with(&behaviour)
+                .expect("API server")
+        })
+        .collect();
+    let agent = {
+        let mut args = servers[0].agent_args();
+        args.extend(["--full-sync-every-seconds".into(), "3600".into()]);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        topology.node(0).start_agent_with(&args).expect("agent")
+    };
+    thread::sleep(Duration::from_secs(3));
+    assert!(
+        !agent.log().contains("listed again"),
+        "bookmarks keep the watches' versions current:\n{}",
+        agent.log()
+    );
+    drop(agent);
+    drop(servers);
+    drop(server);
+}

@@ -13,6 +13,11 @@
 //! patch under `/apis/events.k8s.io/v1/namespaces/NS/events`, listed at
 //! `/apis/events.k8s.io/v1/events`), for the agent's refusals.
 //!
+//! As a real server does to its clients, on request (flags): lists in pages with `continue`
+//! tokens whatever `limit` the client asks, a history compacted to its newest events (a watch
+//! from a version it no longer has gets 410 Gone, as does one from before the server
+//! started), watches ended after a timeout, and BOOKMARK events for clients that allow them.
+//!
 //! It is written from the API conventions, not from the agent's code, so that the agent's kube
 //! watchers are checked against an independent server. Resource versions start at the
 //! current time in milliseconds, so a restarted server never goes back in time.
@@ -46,6 +51,31 @@ struct Args {
     /// Address to listen on.
     #[arg(long)]
     listen: SocketAddr,
+    /// At most this many items per list page, whatever `limit` the client asks (the real
+    /// server may return fewer): the rest follows with `continue` tokens.
+    #[arg(long)]
+    page_limit: Option<usize>,
+    /// Keep only the newest this many events: a watch from an older version gets 410 Gone,
+    /// as after etcd's compaction, and the client must list anew.
+    #[arg(long)]
+    history_limit: Option<usize>,
+    /// End every watch after this many seconds (the real server ends them after its
+    /// `--min-request-timeout`, or the client's `timeoutSeconds`): the client watches again
+    /// from the last version it saw.
+    #[arg(long)]
+    watch_timeout_seconds: Option<u64>,
+    /// Send a BOOKMARK (the current resource version) this often on watches that allow them.
+    #[arg(long)]
+    bookmark_every_ms: Option<u64>,
+}
+
+/// The settings of the behaviours above, as the handlers read them.
+#[derive(Clone, Copy, Debug, Default)]
+struct Behaviour {
+    page_limit: Option<usize>,
+    history_limit: Option<usize>,
+    watch_timeout: Option<Duration>,
+    bookmark_every: Option<Duration>,
 }
 
 /// The resources served: URL path (cluster-wide list), apiVersion, kind.
@@ -96,6 +126,9 @@ struct Event {
 struct State {
     /// The first resource version this server handed out: older ones are unknown to it.
     first_version: u64,
+    /// Events up to this version were dropped from the history (compacted).
+    compacted: u64,
+    behaviour: Behaviour,
     /// Statuses written through the API, over the files' objects.
     statuses: BTreeMap<ObjectKey, Value>,
     /// Annotations written through the API, merged over the files' objects.
@@ -120,8 +153,16 @@ async fn main() -> anyhow::Result<()> {
         .as_millis()
         .try_into()?;
     let (events, _) = broadcast::channel(4096);
+    let behaviour = Behaviour {
+        page_limit: args.page_limit,
+        history_limit: args.history_limit,
+        watch_timeout: args.watch_timeout_seconds.map(Duration::from_secs),
+        bookmark_every: args.bookmark_every_ms.map(Duration::from_millis),
+    };
     let state = Arc::new(Mutex::new(State {
         first_version: start + 1,
+        compacted: 0,
+        behaviour,
         statuses: BTreeMap::new(),
         annotations: BTreeMap::new(),
         leases: BTreeMap::new(),
@@ -140,6 +181,7 @@ async fn main() -> anyhow::Result<()> {
         loop {
             tokio::time::sleep(Duration::from_millis(200)).await;
             reload(&watcher_state, &args.manifests);
+            compact(&watcher_state);
         }
     });
     loop {
@@ -151,6 +193,23 @@ async fn main() -> anyhow::Result<()> {
                 .serve_connection(TokioIo::new(stream), service)
                 .await;
         });
+    }
+}
+
+/// Drops the oldest events past `--history-limit`, remembering the newest version dropped.
+fn compact(state: &Shared) {
+    let Ok(mut state) = state.lock() else {
+        return;
+    };
+    let Some(limit) = state.behaviour.history_limit else {
+        return;
+    };
+    let excess = state.history.len().saturating_sub(limit);
+    if excess > 0 {
+        let dropped: Vec<Event> = state.history.drain(..excess).collect();
+        if let Some(last) = dropped.last() {
+            state.compacted = state.compacted.max(last.resource_version);
+        }
     }
 }
 
@@ -321,24 +380,83 @@ async fn answer(
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        return Ok(watch(&state, api_version, kind, since));
+        let bookmarks = query
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true" || b == "1");
+        let timeout = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse().ok())
+            .map(Duration::from_secs);
+        return Ok(watch(&state, api_version, kind, since, bookmarks, timeout));
     }
     let Ok(state) = state.lock() else {
         return Ok(status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned"));
     };
-    let items: Vec<Value> = state
+    // A page: after the continue token's last key (at its list's version), at most the
+    // smaller of the client's `limit` and `--page-limit` items.
+    let (version, after) = match query.get("continue").map(|t| decode_continue(t)) {
+        Some(Some((version, after))) => (version, Some(after)),
+        Some(None) => return Ok(status(StatusCode::BAD_REQUEST, "bad continue token")),
+        None => (state.resource_version, None),
+    };
+    let limit = [
+        query
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0),
+        state.behaviour.page_limit,
+    ]
+    .into_iter()
+    .flatten()
+    .min();
+    let mut matching = state
         .objects
         .iter()
         .filter(|(key, _)| key.0 == api_version && key.1 == kind)
-        .map(|(_, v)| v.clone())
-        .collect();
+        .filter(|(key, _)| {
+            after
+                .as_ref()
+                .is_none_or(|a| (&key.2, &key.3) > (&a.0, &a.1))
+        });
+    let mut items = Vec::new();
+    let mut last = None;
+    for (key, value) in matching.by_ref() {
+        items.push(value.clone());
+        last = Some((key.2.clone(), key.3.clone()));
+        if limit.is_some_and(|l| items.len() >= l) {
+            break;
+        }
+    }
+    let more = limit.is_some_and(|l| items.len() >= l) && matching.next().is_some();
+    let mut metadata = json!({"resourceVersion": version.to_string()});
+    if more && let Some(last) = last {
+        metadata["continue"] = json!(encode_continue(version, &last));
+    }
     let list = json!({
         "apiVersion": api_version,
         "kind": format!("{kind}List"),
-        "metadata": {"resourceVersion": state.resource_version.to_string()},
+        "metadata": metadata,
         "items": items,
     });
     Ok(json_response(StatusCode::OK, &list))
+}
+
+/// A continue token: the list's version and the last key returned, as hex (URL-safe).
+fn encode_continue(version: u64, last: &(String, String)) -> String {
+    let text = json!([version, last.0, last.1]).to_string();
+    text.bytes().map(|b| format!("{b:02x}")).collect()
+}
+
+fn decode_continue(token: &str) -> Option<(u64, (String, String))> {
+    let bytes: Option<Vec<u8>> = (0..token.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(token.get(i..i + 2)?, 16).ok())
+        .collect();
+    let value: Value = serde_json::from_slice(&bytes?).ok()?;
+    Some((
+        value[0].as_u64()?,
+        (value[1].as_str()?.to_owned(), value[2].as_str()?.to_owned()),
+    ))
 }
 
 async fn read_body(request: Request<hyper::body::Incoming>) -> Option<Value> {
@@ -546,17 +664,22 @@ fn lease(
     }
 }
 
-/// A watch: events after `since` from the history, then live ones, one JSON object per line.
+/// A watch: events after `since` from the history, then live ones, one JSON object per line;
+/// BOOKMARKs when the client allows them and `--bookmark-every-ms` is set; ended after the
+/// shorter of the client's `timeoutSeconds` and `--watch-timeout-seconds`.
 fn watch(
     state: &Shared,
     api_version: &'static str,
     kind: &'static str,
     since: u64,
+    bookmarks: bool,
+    timeout: Option<Duration>,
 ) -> Response<Body> {
-    let (backlog, receiver) = match state.lock() {
-        // A version from before this server (e.g. a previous process): as the API server does
-        // for versions it no longer has, answer 410 Gone, which makes a client list anew.
-        Ok(state) if since != 0 && since < state.first_version => {
+    let (backlog, receiver, behaviour) = match state.lock() {
+        // A version from before this server (e.g. a previous process) or compacted away: as
+        // the API server does for versions it no longer has, answer 410 Gone, which makes a
+        // client list anew.
+        Ok(state) if since != 0 && (since < state.first_version || since < state.compacted) => {
             let gone = json!({"type": "ERROR", "object": {
                 "kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Failure",
                 "message": format!("too old resource version: {since}"),
@@ -574,31 +697,65 @@ fn watch(
                 .cloned()
                 .collect::<Vec<_>>(),
             state.events.subscribe(),
+            state.behaviour,
         ),
         Err(_) => return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned"),
     };
     let matches = move |e: &Event| e.api_version == api_version && e.kind == kind;
     let backlog: Vec<Event> = backlog.into_iter().filter(|e| matches(e)).collect();
+    let ends = [timeout, behaviour.watch_timeout]
+        .into_iter()
+        .flatten()
+        .min()
+        .map(|t| tokio::time::Instant::now() + t);
+    let bookmark_every = behaviour.bookmark_every.filter(|_| bookmarks);
+    let shared = Arc::clone(state);
     let stream = futures_util::stream::unfold(
         (backlog.into_iter(), receiver),
-        move |(mut backlog, mut receiver)| async move {
-            let event = match backlog.next() {
-                Some(event) => event,
-                None => loop {
-                    match receiver.recv().await {
-                        Ok(event) if matches(&event) => break event,
-                        Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(broadcast::error::RecvError::Closed) => return None,
-                    }
-                },
-            };
-            let line = json!({"type": event.kind_of_event, "object": event.object});
-            let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
-            bytes.push(b'\n');
-            Some((
-                Ok::<_, Infallible>(Frame::data(Bytes::from(bytes))),
-                (backlog, receiver),
-            ))
+        move |(mut backlog, mut receiver)| {
+            let shared = Arc::clone(&shared);
+            async move {
+                let line = match backlog.next() {
+                    Some(event) => json!({"type": event.kind_of_event, "object": event.object}),
+                    None => loop {
+                        let tick = async {
+                            match bookmark_every {
+                                Some(every) => tokio::time::sleep(every).await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        let end = async {
+                            match ends {
+                                Some(at) => tokio::time::sleep_until(at).await,
+                                None => std::future::pending().await,
+                            }
+                        };
+                        tokio::select! {
+                            received = receiver.recv() => match received {
+                                Ok(event) if matches(&event) => break json!({
+                                    "type": event.kind_of_event, "object": event.object,
+                                }),
+                                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                                Err(broadcast::error::RecvError::Closed) => return None,
+                            },
+                            () = tick => {
+                                let version = shared.lock().ok()?.resource_version;
+                                break json!({"type": "BOOKMARK", "object": {
+                                    "apiVersion": api_version, "kind": kind,
+                                    "metadata": {"resourceVersion": version.to_string()},
+                                }});
+                            }
+                            () = end => return None,
+                        }
+                    },
+                };
+                let mut bytes = serde_json::to_vec(&line).unwrap_or_default();
+                bytes.push(b'\n');
+                Some((
+                    Ok::<_, Infallible>(Frame::data(Bytes::from(bytes))),
+                    (backlog, receiver),
+                ))
+            }
         },
     );
     let mut response = Response::new(StreamBody::new(stream).boxed());
