@@ -120,3 +120,45 @@ fn the_readme_lists_every_flag_of_the_agent_and_the_controller() {
         );
     }
 }
+
+/// The README's YAML: every object of every `yaml` block decodes with the agent's own types
+/// and validation (nothing refused), and the deploy/ manifests it tells users to apply exist.
+#[test]
+fn the_readmes_yaml_decodes_with_the_agents_own_types() {
+    let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).expect("README.md");
+    let mut blocks = Vec::new();
+    let mut current: Option<String> = None;
+    for line in readme.lines() {
+        match (&mut current, line.trim_start()) {
+            (None, "```yaml") => current = Some(String::new()),
+            (Some(block), "```") => {
+                blocks.push(std::mem::take(block));
+                current = None;
+            }
+            (Some(block), _) => {
+                block.push_str(line);
+                block.push('\n');
+            }
+            (None, _) => {}
+        }
+    }
+    assert!(!blocks.is_empty(), "the README has YAML blocks");
+    for (index, block) in blocks.iter().enumerate() {
+        let mut state = dataplane_user::source::ClusterState::default();
+        dataplane_user::source::add_documents(&mut state, &format!("README block {index}"), block);
+        assert!(state.rejected.is_empty(), "block {index}: {:?}", state.rejected);
+        assert!(state.network.is_some(), "block {index} configures the cluster");
+        assert!(!state.nodes.is_empty() && !state.services.is_empty());
+    }
+    for line in readme.lines() {
+        for file in line
+            .split_whitespace()
+            .filter_map(|word| word.strip_prefix("deploy/"))
+            .map(|rest| rest.trim_end_matches(|c: char| !c.is_ascii_alphanumeric() && c != '/'))
+            .filter(|rest| rest.ends_with(".yaml") || rest.ends_with('/'))
+        {
+            let path = format!("{ROOT}/deploy/{file}");
+            assert!(Path::new(&path).exists(), "the README names {path}");
+        }
+    }
+}
