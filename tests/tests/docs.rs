@@ -146,8 +146,15 @@ fn the_readmes_yaml_decodes_with_the_agents_own_types() {
     for (index, block) in blocks.iter().enumerate() {
         let mut state = dataplane_user::source::ClusterState::default();
         dataplane_user::source::add_documents(&mut state, &format!("README block {index}"), block);
-        assert!(state.rejected.is_empty(), "block {index}: {:?}", state.rejected);
-        assert!(state.network.is_some(), "block {index} configures the cluster");
+        assert!(
+            state.rejected.is_empty(),
+            "block {index}: {:?}",
+            state.rejected
+        );
+        assert!(
+            state.network.is_some(),
+            "block {index} configures the cluster"
+        );
         assert!(!state.nodes.is_empty() && !state.services.is_empty());
     }
     for line in readme.lines() {

@@ -6,6 +6,7 @@ mod build_ebpf;
 mod crds;
 mod demo;
 mod fuzz;
+mod image;
 mod setup;
 mod test;
 mod verify;
@@ -41,6 +42,8 @@ enum Task {
     Fuzz(fuzz::Args),
     /// Regenerate deploy/crds/ from the agent's Rust types (the tests only compare).
     Crds,
+    /// Build the agent's container image (deploy/Containerfile) with no image registry.
+    Image,
 }
 
 fn main() -> anyhow::Result<()> {
@@ -53,6 +56,7 @@ fn main() -> anyhow::Result<()> {
         Task::Verify(args) => verify::run(&args),
         Task::Fuzz(args) => fuzz::run(&args),
         Task::Crds => crds::run(),
+        Task::Image => image::run(),
     }
 }
 

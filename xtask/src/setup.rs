@@ -28,6 +28,8 @@ const PACKAGES: &[&str] = &[
     "busybox-static",
     // The reference plugins (ptp, host-local): the CNI benchmark's baseline.
     "containernetworking-plugins",
+    // The root certificates the agent's image carries (`cargo xtask image`).
+    "ca-certificates",
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const LLVM_PREFIX: &str = "/usr/lib/llvm-22";

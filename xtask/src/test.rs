@@ -31,6 +31,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     crate::build_ebpf::build(true)?;
     // The topology and CLI tests run the real agent and plugin binaries.
     run_checked(crate::cargo().args(["build", "--package", "dataplane-user", "--bins"]))?;
+    // The image the DaemonSet runs, which a topology test runs the agents from.
+    crate::image::run()?;
     let mut test = crate::cargo();
     test.args(["test", "--workspace"]);
     if let Some(filter) = &args.filter {
