@@ -245,9 +245,14 @@ pub fn render(report: &StatusReport) -> String {
                 "INTERFACE", "HOOK", "PROGRAM"
             );
             for a in &s.attachments {
+                let why = a
+                    .why
+                    .as_ref()
+                    .map(|w| format!(" ({w})"))
+                    .unwrap_or_default();
                 let _ = writeln!(
                     out,
-                    "  {:<16} {:<12} {:<14} {}",
+                    "  {:<16} {:<12} {:<14} {}{why}",
                     a.interface, a.hook, a.program, a.mode
                 );
             }
@@ -386,7 +391,8 @@ mod tests {
                     ifindex: 2,
                     program: "xdp_underlay".into(),
                     hook: "underlay".into(),
-                    mode: "native".into(),
+                    mode: "generic".into(),
+                    why: Some("native refused: the driver has no XDP".into()),
                 }],
             }),
             interfaces_seen_from: "agent namespace",
@@ -452,7 +458,11 @@ mod tests {
             text.contains("agent:    running (pid 9, layout v1)"),
             "{text}"
         );
-        assert!(text.contains("eth0") && text.contains("xdp_underlay") && text.contains("native"));
+        // The mode each device got, and why (the modes refused before it).
+        assert!(
+            text.contains("xdp_underlay   generic (native refused: the driver has no XDP)"),
+            "{text}"
+        );
         assert!(text.contains("DP_DROPS") && text.contains("32"));
         assert!(
             text.contains("(gone)           4        tc_from_pod    tcx"),

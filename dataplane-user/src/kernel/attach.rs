@@ -83,8 +83,12 @@ pub struct Attachment {
     pub ifindex: u32,
     pub program: String,
     pub hook: String,
-    /// XDP mode (offload/native/generic) or the tc direction.
+    /// XDP mode (native/generic) or the tc direction.
     pub mode: String,
+    /// Why this mode: the better modes the kernel or driver refused, with their errors (an
+    /// `auto` attachment that fell back), or that a previous agent's link was taken over.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 impl Dataplane {
@@ -97,19 +101,23 @@ impl Dataplane {
         choice: XdpModeChoice,
     ) -> Result<Attachment, AgentError> {
         let ifindex = preflight::interface_index(interface)?;
-        let attachment = |mode: XdpMode| Attachment {
+        let attachment = |mode: XdpMode, why: Option<String>| Attachment {
             interface: interface.into(),
             ifindex,
             program: PROG_UNDERLAY.into(),
             hook: Hook::Underlay.name().into(),
             mode: mode_name(mode).into(),
+            why,
         };
         for &mode in choice.candidates() {
             let pin = self
                 .pins()
                 .link(&link_name(PROG_UNDERLAY, ifindex, Some(mode)));
             if pin.exists() && self.take_over_xdp(&pin, interface) {
-                return Ok(attachment(mode));
+                return Ok(attachment(
+                    mode,
+                    Some("the previous agent's link, taken over".into()),
+                ));
             }
         }
         // Links left in a mode the operator no longer allows, or whose interface went away.
@@ -131,7 +139,14 @@ impl Dataplane {
                         .link(&link_name(PROG_UNDERLAY, ifindex, Some(mode)));
                     pin_link(FdLink::try_from(link), &pin, PROG_UNDERLAY, interface)?;
                     tracing::info!(interface, mode = mode_name(mode), "attached XDP");
-                    return Ok(attachment(mode));
+                    let why = (!attempts.is_empty()).then(|| {
+                        attempts
+                            .iter()
+                            .map(|a: &AttachAttempt| format!("{} refused: {}", a.step, a.error))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    });
+                    return Ok(attachment(mode, why));
                 }
                 Err(e) => {
                     tracing::info!(interface, mode = mode_name(mode), error = %e, "XDP mode refused, trying the next");
@@ -180,6 +195,7 @@ impl Dataplane {
                 program: name.into(),
                 hook: hook.name().into(),
                 mode: mode.into(),
+                why: None,
             });
         }
         Ok(attachments)
@@ -277,6 +293,7 @@ impl Dataplane {
             program: name.into(),
             hook: hook.name().into(),
             mode: mode.into(),
+            why: None,
         };
         let pin = self.pins().link(&link_name(name, ifindex, None));
         if pin.exists() && self.take_over_tc(name, &pin, interface) {

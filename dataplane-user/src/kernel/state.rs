@@ -171,6 +171,7 @@ mod tests {
                 program: "xdp_underlay".into(),
                 hook: "underlay".into(),
                 mode: "native".into(),
+                why: None,
             }],
         };
         write(&dir, &state).expect("write");
