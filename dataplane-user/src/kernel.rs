@@ -15,5 +15,6 @@ pub mod pins;
 pub mod preflight;
 pub mod state;
 pub mod stats;
+pub mod sysctl;
 pub mod testrun;
 pub mod verify;

@@ -1364,7 +1364,7 @@ mod tests {
     }
 
     #[test]
-    fn the_daemonset_runs_a_privileged_host_network_agent_with_bpffs_on_every_node() {
+    fn the_daemonset_runs_a_host_network_agent_with_capabilities_and_bpffs_on_every_node() {
         let sets: Vec<DaemonSet> = objects(&deploy_file("daemonset.yaml"), "DaemonSet");
         let pod = sets[0]
             .spec
@@ -1380,13 +1380,32 @@ mod tests {
                 .any(|t| t.operator.as_deref() == Some("Exists") && t.key.is_none()),
             "tolerates every taint"
         );
+        // The agent: capabilities, every other one dropped, never privileged; its sysctls
+        // through the host's /proc/sys/net (its own /proc/sys is read-only).
         let agent = &pod.containers[0];
+        let context = agent.security_context.as_ref().expect("security context");
+        assert_eq!(context.privileged, Some(false));
+        assert_eq!(context.allow_privilege_escalation, Some(false));
+        let capabilities = context.capabilities.as_ref().expect("capabilities");
+        assert_eq!(capabilities.drop.as_deref(), Some(&["ALL".to_owned()][..]));
         assert_eq!(
-            agent.security_context.as_ref().and_then(|s| s.privileged),
-            Some(true)
+            capabilities.add.clone().unwrap_or_default(),
+            [
+                "BPF",
+                "PERFMON",
+                "SYS_ADMIN",
+                "NET_ADMIN",
+                "NET_RAW",
+                "SYS_RESOURCE",
+                "SYS_PTRACE"
+            ]
         );
         let args = agent.args.as_deref().unwrap_or_default();
         assert!(args.iter().any(|a| a == "--kubernetes"), "{args:?}");
+        assert!(
+            args.iter().any(|a| a == "--proc-sys-dir=/host/proc/sys"),
+            "{args:?}"
+        );
         let mounts: Vec<(&str, Option<&str>)> = agent
             .volume_mounts
             .iter()
@@ -1394,9 +1413,22 @@ mod tests {
             .map(|m| (m.mount_path.as_str(), m.mount_propagation.as_deref()))
             .collect();
         assert!(
-            mounts.contains(&("/sys/fs/bpf", Some("Bidirectional"))),
+            mounts.contains(&("/sys/fs/bpf", Some("HostToContainer"))),
             "{mounts:?}"
         );
+        assert!(mounts.iter().any(|(path, _)| *path == "/host/proc/sys/net"));
+        // The one privileged step: the pin root on the host's bpf filesystem.
+        let inits = pod.init_containers.as_deref().unwrap_or_default();
+        let prepare = &inits[0];
+        assert_eq!(
+            prepare.args.as_deref().unwrap_or_default(),
+            ["prepare-pins", "--pin-root=/sys/fs/bpf/dataplane"]
+        );
+        assert_eq!(
+            prepare.security_context.as_ref().and_then(|s| s.privileged),
+            Some(true)
+        );
+        assert!(args.iter().any(|a| a == "--pin-root=/sys/fs/bpf/dataplane"));
         assert!(mounts.iter().any(|(path, _)| *path == "/sys"));
         let host_paths: Vec<&str> = pod
             .volumes
@@ -1409,7 +1441,7 @@ mod tests {
         // /opt/cni/bin; the agent writes the configuration into the host's /etc/cni/net.d,
         // keeps the allocations on the host's disk and sees the pods' namespaces.
         assert_eq!(pod.host_pid, Some(true));
-        let init = &pod.init_containers.as_deref().unwrap_or_default()[0];
+        let init = &pod.init_containers.as_deref().unwrap_or_default()[1];
         let init_args = init.args.as_deref().unwrap_or_default();
         assert_eq!(init_args, ["install-cni", "--bin-dir=/host/opt/cni/bin"]);
         let mounted_from = |container: &k8s_openapi::api::core::v1::Container, path: &str| {

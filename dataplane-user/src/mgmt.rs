@@ -192,8 +192,9 @@ fn present_routes() -> Result<BTreeSet<IpNet>, AgentError> {
 /// Sets the underlay's IPv4 reverse-path filter to loose when it is strict (the effective
 /// value is the larger of `all` and the interface's, so loose on the interface suffices).
 fn loosen_reverse_path_filter(underlay: &str) {
-    let path = format!("/proc/sys/net/ipv4/conf/{underlay}/rp_filter");
-    let all = std::fs::read_to_string("/proc/sys/net/ipv4/conf/all/rp_filter").unwrap_or_default();
+    let path = crate::kernel::sysctl::path(&format!("net/ipv4/conf/{underlay}/rp_filter"));
+    let all = std::fs::read_to_string(crate::kernel::sysctl::path("net/ipv4/conf/all/rp_filter"))
+        .unwrap_or_default();
     let own = std::fs::read_to_string(&path).unwrap_or_default();
     if all.trim() != "1" && own.trim() != "1" {
         return;

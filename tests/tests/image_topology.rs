@@ -10,7 +10,9 @@
 //! each node's host paths are directories of its own (its bpffs directory, run directory,
 //! plugin and configuration directories), and the plugin configuration's socket path is
 //! translated to where that node's run directory is on the host; the agent reaches the
-//! stand-in API server by a kubeconfig (`KUBECONFIG`) rather than a service account.
+//! stand-in API server by a kubeconfig (`KUBECONFIG`) rather than a service account; and the
+//! bpffs mount is a plain bind (Bidirectional needs the host's /sys/fs/bpf to be a shared
+//! mount, and this machine's is private; its bpffs is mounted already).
 
 use std::{
     collections::BTreeMap,
@@ -66,6 +68,37 @@ fn checked(command: &mut Command, what: &str) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
 }
 
+/// podman's flags for `container`'s security context: privileged, or the capabilities it
+/// drops and adds and its seccomp and AppArmor profiles.
+fn security(container: &Container) -> Vec<String> {
+    let Some(context) = &container.security_context else {
+        return Vec::new();
+    };
+    if context.privileged == Some(true) {
+        return vec!["--privileged".into()];
+    }
+    let mut out = Vec::new();
+    if let Some(capabilities) = &context.capabilities {
+        for drop in capabilities.drop.iter().flatten() {
+            out.extend(["--cap-drop".into(), drop.clone()]);
+        }
+        for add in capabilities.add.iter().flatten() {
+            out.extend(["--cap-add".into(), add.clone()]);
+        }
+    }
+    if context.allow_privilege_escalation == Some(false) {
+        out.extend(["--security-opt".into(), "no-new-privileges".into()]);
+    }
+    let unconfined = |kind: Option<&str>| kind == Some("Unconfined");
+    if unconfined(context.seccomp_profile.as_ref().map(|p| p.type_.as_str())) {
+        out.extend(["--security-opt".into(), "seccomp=unconfined".into()]);
+    }
+    if unconfined(context.app_armor_profile.as_ref().map(|p| p.type_.as_str())) {
+        out.extend(["--security-opt".into(), "apparmor=unconfined".into()]);
+    }
+    out
+}
+
 /// One node's host paths standing for the DaemonSet's hostPath volumes.
 struct NodeHost {
     base: PathBuf,
@@ -92,8 +125,9 @@ impl NodeHost {
             paths.insert(host.to_owned(), dir);
         }
         paths.insert("/sys/fs/bpf".into(), bpffs.clone());
-        // The machine's own: the kernel's view and the runtime's namespaces.
-        for shared in ["/sys", "/run/netns", "/var/run/netns"] {
+        // The machine's own: the kernel's view, the net sysctls (of the reader's namespace, the
+        // node's) and the runtime's namespaces.
+        for shared in ["/sys", "/proc/sys/net", "/run/netns", "/var/run/netns"] {
             paths.insert(shared.into(), PathBuf::from(shared));
         }
         Self { base, paths, bpffs }
@@ -206,12 +240,8 @@ fn the_image_runs_as_the_daemonset_says_and_its_plugin_networks_pods_across_node
         .clone();
     assert_eq!(pod_spec.host_network, Some(true));
     assert_eq!(pod_spec.host_pid, Some(true));
-    let init = &pod_spec.init_containers.as_deref().unwrap_or_default()[0];
+    let inits = pod_spec.init_containers.clone().unwrap_or_default();
     let agent = &pod_spec.containers[0];
-    assert_eq!(
-        agent.security_context.as_ref().and_then(|s| s.privileged),
-        Some(true)
-    );
 
     let topology = Topology::build_with(2, 0, Mode::Overlay).expect("topology");
     let web = unique_name("web");
@@ -235,18 +265,26 @@ fn the_image_runs_as_the_daemonset_says_and_its_plugin_networks_pods_across_node
     for n in 0..2 {
         let node = topology.node(n);
         let network = format!("ns:/run/netns/{}", node.netns);
-        // The init container: the plugin into the node's plugin directory.
-        let mut install = podman(&conf);
-        install.args(["run", "--rm", "--network", &network]);
-        for volume in hosts[n].volumes(&set, init) {
-            install.args(["-v", &volume]);
+        // The init containers, in order: the pin root on a bpf filesystem (privileged), the
+        // plugin into the node's plugin directory.
+        for init in &inits {
+            let mut run = podman(&conf);
+            run.args(["run", "--rm", "--network", &network])
+                .args(security(init));
+            for volume in hosts[n].volumes(&set, init) {
+                run.args(["-v", &volume]);
+            }
+            run.arg(IMAGE).args(init.args.iter().flatten());
+            checked(&mut run, &format!("init container {}", init.name));
         }
-        install.arg(IMAGE).args(init.args.iter().flatten());
-        checked(&mut install, "the init container");
         assert!(
             hosts[n].paths["/opt/cni/bin"]
                 .join("dataplane-cni")
                 .exists()
+        );
+        assert!(
+            hosts[n].bpffs.join("dataplane").is_dir(),
+            "the pin root prepared"
         );
 
         // The agent, with the DaemonSet's arguments ($(VAR) as the kubelet expands them).
@@ -281,7 +319,8 @@ fn the_image_runs_as_the_daemonset_says_and_its_plugin_networks_pods_across_node
         let name = unique_name(&format!("agent{n}"));
         let mut run = podman(&conf);
         run.args(["run", "--detach", "--name", &name, "--network", &network])
-            .args(["--pid", "host", "--privileged"])
+            .args(["--pid", "host"])
+            .args(security(agent))
             .args(["-v", &format!("{kubeconfig}:/kubeconfig:ro")])
             .args(["-e", "KUBECONFIG=/kubeconfig"]);
         for (k, v) in &env {

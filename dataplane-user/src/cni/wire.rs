@@ -424,7 +424,7 @@ fn in_netns<T: Send>(
 /// Writes a sysctl of the current thread's network namespace; a missing key (IPv6 off) is
 /// left alone.
 fn set_sysctl(key: &str, value: &str) {
-    let path = Path::new("/proc/sys").join(key);
+    let path = crate::kernel::sysctl::path(key);
     if let Err(error) = std::fs::write(&path, value) {
         tracing::debug!(path = %path.display(), %error, "sysctl not set");
     }

@@ -41,10 +41,10 @@ pub fn check_kernel() -> Result<(), AgentError> {
 /// The overlay forwards between pods and the underlay, and the kernel's FIB lookup for BPF
 /// refuses to answer on a node that does not forward.
 pub fn check_forwarding() -> Result<(), AgentError> {
-    let path = "/proc/sys/net/ipv4/conf/all/forwarding";
-    let value = std::fs::read_to_string(path).map_err(|source| AgentError::Io {
+    let path = super::sysctl::path("net/ipv4/conf/all/forwarding");
+    let value = std::fs::read_to_string(&path).map_err(|source| AgentError::Io {
         action: "reading",
-        path: path.into(),
+        path: path.clone(),
         source,
     })?;
     if value.trim() == "1" {

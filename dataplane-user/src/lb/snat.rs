@@ -6,23 +6,25 @@ use dataplane_common::lb::{SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, 
 use crate::error::AgentError;
 
 /// The node's list of ports its own sockets never get as ephemeral ports.
-const RESERVED_PORTS: &str = "/proc/sys/net/ipv4/ip_local_reserved_ports";
+const RESERVED_PORTS: &str = "net/ipv4/ip_local_reserved_ports";
 
 /// Reserves the masquerade source ports (`SNAT_PORT_MIN..=SNAT_PORT_MAX` and
 /// `SNAT_LOW_PORT_MIN..=SNAT_LOW_PORT_MAX`) on this node, so no local connection to a backend
 /// ever shares its ports with a masqueraded flow (its replies would be taken for that flow's),
 /// whatever ephemeral range the node is given. Ports reserved by others stay reserved.
 pub fn reserve_snat_ports() -> Result<(), AgentError> {
+    let path = crate::kernel::sysctl::path(RESERVED_PORTS);
     let io = |action| {
+        let path = path.clone();
         move |source| AgentError::Io {
             action,
-            path: RESERVED_PORTS.into(),
+            path,
             source,
         }
     };
-    let current = std::fs::read_to_string(RESERVED_PORTS).map_err(io("reading"))?;
+    let current = std::fs::read_to_string(&path).map_err(io("reading"))?;
     if let Some(updated) = with_snat_ports(&current) {
-        std::fs::write(RESERVED_PORTS, &updated).map_err(io("writing"))?;
+        std::fs::write(&path, &updated).map_err(io("writing"))?;
         tracing::info!(reserved = %updated, "masquerade source ports reserved on this node");
     }
     Ok(())

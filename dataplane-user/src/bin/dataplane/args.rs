@@ -102,6 +102,11 @@ pub(super) struct RunOptions {
     /// takes precedence). Re-read when it changes.
     #[arg(long)]
     pub(super) network_config: Option<PathBuf>,
+    /// Where the node's sysctls are read and written: /proc/sys, or where the host's
+    /// /proc/sys/net is mounted in a container that is not privileged (its own /proc/sys is
+    /// read-only), as the DaemonSet mounts it.
+    #[arg(long, default_value = dataplane_user::kernel::sysctl::DEFAULT_ROOT)]
+    pub(super) proc_sys_dir: PathBuf,
     /// Directories where the container runtime keeps pods' named network namespaces
     /// (repeatable); `CNI_NETNS` is taken only from these and `/proc/<pid>/ns/net`.
     #[arg(long = "cni-netns-dir", default_values = cni::wire::DEFAULT_NETNS_DIRS)]
@@ -198,6 +203,10 @@ pub(super) enum Command {
     /// until SIGINT or SIGTERM. The attachments stay pinned: the data path keeps forwarding
     /// while no agent runs, and the next agent swaps its programs in. `cleanup` detaches.
     Run(Box<RunOptions>),
+    /// Make sure the pin root lies on a bpf filesystem (mounting one at /sys/fs/bpf when none
+    /// is) and create its directories: the DaemonSet's one privileged step, an init container,
+    /// so that the agent itself runs with capabilities only.
+    PreparePins,
     /// Install the CNI plugin binary into the runtime's plugin directory (the DaemonSet's init
     /// container runs this).
     InstallCni {

@@ -87,6 +87,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 external_ip_cidrs,
                 nodeport_addresses,
                 network_config,
+                proc_sys_dir,
                 cni_conf_dir,
                 capacities,
                 look_every_seconds,
@@ -96,6 +97,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 probe_port,
                 probe_key_file,
             } = *options;
+            dataplane_user::kernel::sysctl::set_root(&proc_sys_dir);
             run(
                 &pins,
                 &cli.run_dir,
@@ -146,6 +148,14 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
         }
         Command::Controller(options) => run_controller(*options),
         Command::Crds { write } => print_or_write_crds(write.as_deref()),
+        Command::PreparePins => {
+            pins.prepare()?;
+            println!(
+                "pin root {} ready on a bpf filesystem",
+                pins.root().display()
+            );
+            Ok(())
+        }
         Command::InstallCni { bin_dir, plugin } => {
             let plugin = match plugin {
                 Some(plugin) => plugin,
