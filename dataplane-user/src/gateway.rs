@@ -107,10 +107,7 @@ pub fn apply(script: &str) -> Result<(), AgentError> {
 
 /// Removes the table (nothing when it is not there).
 pub fn remove() -> Result<(), AgentError> {
-    crate::kernel::netdev::run_nft(
-        TABLE,
-        &format!("table inet {TABLE}\ndelete table inet {TABLE}\n"),
-    )
+    crate::kernel::netdev::remove_nft_table(TABLE)
 }
 
 #[cfg(test)]

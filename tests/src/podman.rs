@@ -58,17 +58,7 @@ impl Podman {
     }
 
     fn podman(&self) -> Command {
-        let mut command = Command::new("podman");
-        command
-            .env("CONTAINERS_CONF", &self.conf)
-            .args([
-                "--runtime",
-                "/usr/sbin/runc",
-                "--cgroup-manager",
-                "cgroupfs",
-            ])
-            .args(["--events-backend", "file"]);
-        command
+        command(&self.conf)
     }
 
     fn run_args(&self, name: &str, network: &str) -> Vec<String> {
@@ -132,6 +122,22 @@ impl Drop for Podman {
         }
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// podman as the tests run it: configuration `conf` (this machine's ulimits, the CNI backend
+/// where it says so), runc (crun cannot run here), cgroupfs, events to a file.
+pub fn command(conf: &Path) -> Command {
+    let mut command = Command::new("podman");
+    command
+        .env("CONTAINERS_CONF", conf)
+        .args([
+            "--runtime",
+            "/usr/sbin/runc",
+            "--cgroup-manager",
+            "cgroupfs",
+        ])
+        .args(["--events-backend", "file"]);
+    command
 }
 
 fn checked(out: &Output, what: &str) -> anyhow::Result<()> {

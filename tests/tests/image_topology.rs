@@ -44,17 +44,7 @@ fn daemonset() -> DaemonSet {
 
 /// podman as the tests run it (runc, cgroupfs, this machine's ulimits).
 fn podman(conf: &Path) -> Command {
-    let mut command = Command::new("podman");
-    command
-        .env("CONTAINERS_CONF", conf)
-        .args([
-            "--runtime",
-            "/usr/sbin/runc",
-            "--cgroup-manager",
-            "cgroupfs",
-        ])
-        .args(["--events-backend", "file"]);
-    command
+    dataplane_tests::podman::command(conf)
 }
 
 fn checked(command: &mut Command, what: &str) -> String {

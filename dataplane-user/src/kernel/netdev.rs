@@ -326,6 +326,14 @@ pub fn run_nft(table: &'static str, script: &str) -> Result<(), crate::error::Ag
     Ok(())
 }
 
+/// Removes the agent's nftables table `table` (family `inet`; nothing when it is not there).
+pub fn remove_nft_table(table: &'static str) -> Result<(), crate::error::AgentError> {
+    run_nft(
+        table,
+        &format!("table inet {table}\ndelete table inet {table}\n"),
+    )
+}
+
 /// Runs `command` with `input` on its stdin, for at most `timeout` (killed and reaped past
 /// it: an error); its exit status, stdout and stderr.
 pub fn run_bounded(

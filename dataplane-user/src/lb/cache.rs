@@ -267,6 +267,15 @@ impl ServiceCache {
             .cloned()
     }
 
+    /// Whether the Service `name` holds `key` (its port of the lowest kind, then the first
+    /// Service by name, as [`super::assemble`] decides).
+    fn holds(&self, name: &ServiceName, key: &ServiceKey) -> bool {
+        self.claims
+            .get(key)
+            .and_then(|claims| claims.first_key_value())
+            .is_some_and(|((_, holder), _)| holder == name)
+    }
+
     /// Why Services or ports are refused: as [`Self::ports`] says, without assembling them.
     pub fn errors(&self) -> Vec<String> {
         let mut errors: Vec<String> = self
@@ -355,12 +364,10 @@ impl ServiceCache {
             .iter()
             .filter_map(|name| Some((name, self.compiled.get(name)?.as_ref().ok()?)))
             .flat_map(|(name, compiled)| {
-                compiled.host.iter().filter(move |redirect| {
-                    self.claims
-                        .get(&redirect.key)
-                        .and_then(|claims| claims.first_key_value())
-                        .is_some_and(|((_, holder), _)| holder == name)
-                })
+                compiled
+                    .host
+                    .iter()
+                    .filter(move |redirect| self.holds(name, &redirect.key))
             })
             .collect()
     }
@@ -370,31 +377,26 @@ impl ServiceCache {
     /// holds), and the health-check ports served.
     pub fn describe(&self) -> Described {
         let (checks, _) = self.health_checks();
-        let served: BTreeMap<(&str, &str), String> = checks
+        let health_checks: Vec<DescribedHealthCheck> = checks
             .values()
-            .map(|c| {
-                let answer = DescribedHealthCheck {
-                    port: c.port,
-                    service: String::new(),
-                    local_endpoints: c.local_endpoints,
-                }
-                .answer();
-                ((c.namespace.as_str(), c.name.as_str()), answer)
+            .map(|c| DescribedHealthCheck {
+                port: c.port,
+                service: format!("{}/{}", c.namespace, c.name),
+                local_endpoints: c.local_endpoints,
             })
+            .collect();
+        let served: BTreeMap<&str, String> = health_checks
+            .iter()
+            .map(|c| (c.service.as_str(), c.answer()))
             .collect();
         let mut ports = BTreeMap::new();
         for name in self.with_topology.union(&self.with_health_check) {
             let Some(Ok(compiled)) = self.compiled.get(name) else {
                 continue;
             };
-            let health_check = served.get(&(name.0.as_str(), name.1.as_str()));
+            let health_check = served.get(format!("{}/{}", name.0, name.1).as_str());
             for port in &compiled.ports {
-                let held = self
-                    .claims
-                    .get(&port.key)
-                    .and_then(|claims| claims.first_key_value())
-                    .is_some_and(|((_, holder), _)| holder == name);
-                if held {
+                if self.holds(name, &port.key) {
                     ports.insert(
                         described_key(&port.key),
                         DescribedPort {
@@ -409,14 +411,7 @@ impl ServiceCache {
         Described {
             zone: self.node.zone.clone(),
             ports,
-            health_checks: checks
-                .values()
-                .map(|c| DescribedHealthCheck {
-                    port: c.port,
-                    service: format!("{}/{}", c.namespace, c.name),
-                    local_endpoints: c.local_endpoints,
-                })
-                .collect(),
+            health_checks,
         }
     }
 
