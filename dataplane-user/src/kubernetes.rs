@@ -45,6 +45,9 @@ pub struct Watched {
     pub version: &'static str,
     pub kind: &'static str,
     pub plural: &'static str,
+    /// The agent's name for it (its object keys, readiness, logs): the plural, qualified by
+    /// the group where two groups share one (OpenShift's two `networks`).
+    pub resource: &'static str,
     /// Served only where OVN-Kubernetes (or OpenShift) installed its CRD; absent is empty.
     pub optional: bool,
 }
@@ -61,6 +64,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1",
         kind: "EndpointSlice",
         plural: "endpointslices",
+        resource: "endpointslices",
         optional: false,
     },
     Watched {
@@ -68,6 +72,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1",
         kind: "NetworkPolicy",
         plural: "networkpolicies",
+        resource: "networkpolicies",
         optional: false,
     },
     Watched {
@@ -75,6 +80,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1",
         kind: "EgressFirewall",
         plural: "egressfirewalls",
+        resource: "egressfirewalls",
         optional: true,
     },
     Watched {
@@ -82,6 +88,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1",
         kind: "EgressIP",
         plural: "egressips",
+        resource: "egressips",
         optional: true,
     },
     Watched {
@@ -89,6 +96,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1alpha1",
         kind: "AdminNetworkPolicy",
         plural: "adminnetworkpolicies",
+        resource: "adminnetworkpolicies",
         optional: true,
     },
     Watched {
@@ -96,6 +104,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1alpha1",
         kind: "BaselineAdminNetworkPolicy",
         plural: "baselineadminnetworkpolicies",
+        resource: "baselineadminnetworkpolicies",
         optional: true,
     },
     Watched {
@@ -103,6 +112,7 @@ pub const WATCHED: &[Watched] = &[
         version: "v1alpha2",
         kind: "ClusterNetworkPolicy",
         plural: "clusternetworkpolicies",
+        resource: "clusternetworkpolicies",
         optional: true,
     },
     Watched {
@@ -110,6 +120,16 @@ pub const WATCHED: &[Watched] = &[
         version: "v1",
         kind: "Network",
         plural: "networks",
+        resource: "networks",
+        optional: true,
+    },
+    // OpenShift's cluster network configuration: the networks the installer wrote.
+    Watched {
+        group: "config.openshift.io",
+        version: "v1",
+        kind: "Network",
+        plural: "networks",
+        resource: "networks.config.openshift.io",
         optional: true,
     },
 ];
@@ -120,14 +140,16 @@ const fn core(kind: &'static str, plural: &'static str) -> Watched {
         version: "v1",
         kind,
         plural,
+        resource: plural,
         optional: false,
     }
 }
 
 impl Watched {
-    /// The watched resource of this plural name (`pods`, `egressfirewalls`), if watched.
-    pub fn by_plural(plural: &str) -> Option<Watched> {
-        WATCHED.iter().find(|w| w.plural == plural).copied()
+    /// The watched resource of this name (`pods`, `egressfirewalls`,
+    /// `networks.config.openshift.io`), if watched.
+    pub fn by_resource(resource: &str) -> Option<Watched> {
+        WATCHED.iter().find(|w| w.resource == resource).copied()
     }
 
     pub fn api_version(&self) -> String {
@@ -346,8 +368,8 @@ impl KubeSource {
                 let ready = self.shared.ready.lock().unwrap_or_else(|e| e.into_inner());
                 WATCHED
                     .iter()
-                    .map(|w| w.plural)
-                    .filter(|plural| !ready.contains(plural))
+                    .map(|w| w.resource)
+                    .filter(|resource| !ready.contains(resource))
                     .collect()
             };
             if pending.is_empty() {
@@ -399,11 +421,10 @@ impl KubeSource {
             && state.network.is_none()
         {
             let configured = file.read();
-            if configured.network.is_some() {
-                state.copy_settings(&configured);
-            }
+            state.absorb_settings(&configured);
             state.rejected.extend(configured.rejected);
         }
+        state.settle_networks();
         state
     }
 }
@@ -411,16 +432,16 @@ impl KubeSource {
 /// A watched object's resource, namespace (empty for a cluster-scoped one) and name.
 fn object_key(watched: &Watched, object: &WatchedObject) -> ObjectKey {
     (
-        watched.plural,
+        watched.resource,
         object.metadata.namespace.clone().unwrap_or_default(),
         object.metadata.name.clone().unwrap_or_default(),
     )
 }
 
-/// A watched object of resource `plural` (`apiVersion`, `kind`) decoded into the cluster state
-/// as the API source does: its fields straight into its type. Public for the scale benchmark.
+/// A watched object of `resource` (`apiVersion`, `kind`) decoded into the cluster state as the
+/// API source does: its fields straight into its type. Public for the scale benchmark.
 pub fn parse_watched(
-    plural: &str,
+    resource: &str,
     api_version: &str,
     kind: &str,
     object: WatchedObject,
@@ -433,7 +454,7 @@ pub fn parse_watched(
         name: object.metadata.name.as_deref(),
         json: &object.json,
     };
-    source::add_object(&mut state, &format!("api:{plural}"), document);
+    source::add_object(&mut state, &format!("api:{resource}"), document);
     state
 }
 
@@ -588,7 +609,7 @@ impl ListParser {
     fn start(watched: Watched) -> Option<Self> {
         let (items, received) = std::sync::mpsc::channel::<Vec<ListItem>>();
         let thread = std::thread::Builder::new()
-            .name(format!("list-{}", watched.plural))
+            .name(format!("list-{}", watched.resource))
             .spawn(move || {
                 let mut listed = Listed::default();
                 for batch in received {
@@ -605,7 +626,7 @@ impl ListParser {
         match thread {
             Ok(thread) => Some(Self { items, thread }),
             Err(error) => {
-                tracing::warn!(resource = watched.plural, %error, "no thread to parse the list: parsed by its watcher");
+                tracing::warn!(resource = watched.resource, %error, "no thread to parse the list: parsed by its watcher");
                 None
             }
         }
@@ -614,7 +635,13 @@ impl ListParser {
 
 /// Parses one listed object of `watched` as the cache keeps it.
 fn parse_watched_item(watched: &Watched, object: WatchedObject) -> source::Parsed {
-    parse_watched(watched.plural, &watched.api_version(), watched.kind, object).into()
+    parse_watched(
+        watched.resource,
+        &watched.api_version(),
+        watched.kind,
+        object,
+    )
+    .into()
 }
 
 /// Applies one watcher event of `watched` to the shared cache; whether it changed what a sync
@@ -627,7 +654,7 @@ fn apply_event(
 ) -> bool {
     let api_version = watched.api_version();
     let parse =
-        |object: WatchedObject| parse_watched(watched.plural, &api_version, watched.kind, object);
+        |object: WatchedObject| parse_watched(watched.resource, &api_version, watched.kind, object);
     match event {
         watcher::Event::Apply(object) => {
             let key = object_key(watched, &object);
@@ -657,17 +684,17 @@ fn apply_event(
                 .unwrap_or_else(|| Listing::new(*watched))
                 .finish();
             let mut cache = shared.parsed();
-            cache.retain(|key| key.0 != watched.plural || seen.binary_search(key).is_ok());
+            cache.retain(|key| key.0 != watched.resource || seen.binary_search(key).is_ok());
             cache.put_listed(parsed);
             drop(cache);
             let first = shared
                 .ready
                 .lock()
-                .map(|mut ready| ready.insert(watched.plural))
+                .map(|mut ready| ready.insert(watched.resource))
                 .unwrap_or(false);
             if !first {
                 tracing::info!(
-                    resource = watched.plural,
+                    resource = watched.resource,
                     "listed again; a full recompute follows"
                 );
                 shared.relisted.store(true, Ordering::Release);
@@ -689,7 +716,7 @@ async fn follow(watched: Watched, api: Api<WatchedObject>, shared: Arc<Shared>) 
         match event {
             Ok(event) => {
                 if failing {
-                    tracing::info!(resource = watched.plural, "watch restored");
+                    tracing::info!(resource = watched.resource, "watch restored");
                     failing = false;
                 }
                 if apply_event(&watched, event, &mut listing, &shared) {
@@ -702,22 +729,22 @@ async fn follow(watched: Watched, api: Api<WatchedObject>, shared: Arc<Shared>) 
                 let newly = shared
                     .absent
                     .lock()
-                    .map(|mut a| a.insert(watched.plural))
+                    .map(|mut a| a.insert(watched.resource))
                     .unwrap_or(false);
                 if newly {
                     if let Ok(mut ready) = shared.ready.lock() {
-                        ready.insert(watched.plural);
+                        ready.insert(watched.resource);
                     }
                     shared.raise();
                     tracing::info!(
-                        resource = watched.plural,
+                        resource = watched.resource,
                         "not served by this API server (CRD not installed); taken as empty"
                     );
                 }
             }
             Err(error) => {
                 if !failing {
-                    tracing::warn!(resource = watched.plural, %error, "watch failed; retrying with backoff, the maps keep the last good state");
+                    tracing::warn!(resource = watched.resource, %error, "watch failed; retrying with backoff, the maps keep the last good state");
                 }
                 failing = true;
             }
@@ -873,7 +900,7 @@ mod tests {
     }
 
     fn watched(plural: &str) -> Watched {
-        Watched::by_plural(plural).expect("watched")
+        Watched::by_resource(plural).expect("watched")
     }
 
     #[test]
@@ -887,7 +914,7 @@ mod tests {
             if let Some(object) = object {
                 expected_parsed.push(key.clone());
                 in_place.put(key, version, || {
-                    parse_watched(pods.plural, &pods.api_version(), pods.kind, object)
+                    parse_watched(pods.resource, &pods.api_version(), pods.kind, object)
                 });
             }
         }

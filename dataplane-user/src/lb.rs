@@ -49,7 +49,7 @@ use {
     },
 };
 
-pub use address::{AddressKind, AddressPolicy};
+pub use address::{AddressKind, AddressPolicy, ExternalIpSource};
 pub use compile::{
     BackendAddr, CompiledService, CompiledServices, HEADLESS_LABEL, HealthCheck, MAX_SOURCE_RANGES,
     MIN_HEALTH_CHECK_PORT, SERVICE_PROXY_NAME_LABEL, ServiceCompiled, ServiceName, ServicePort,

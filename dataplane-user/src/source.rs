@@ -85,6 +85,9 @@ mod tests {
             "pods" => format!(
                 "apiVersion: v1\nkind: Pod\nmetadata: {{name: {name}, namespace: {namespace}, labels: {{v: \"{variant}\"}}}}\nspec: {{containers: []}}\n"
             ),
+            "networks.config.openshift.io" => format!(
+                "apiVersion: config.openshift.io/v1\nkind: Network\nmetadata: {{name: {name}}}\nspec: {{clusterNetwork: [{{cidr: 10.{variant}.0.0/16, hostPrefix: 24}}]}}\n"
+            ),
             _ => format!(
                 "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {{name: {name}}}\nspec: {{clusterNetwork: [{{cidr: 10.{variant}.0.0/16}}], serviceNetwork: [10.96.0.0/16]}}\n"
             ),
@@ -102,19 +105,21 @@ mod tests {
         let mut cache = ObjectCache::default();
         let mut model: BTreeMap<ObjectKey, ClusterState> = BTreeMap::new();
         let (mut seen_settings, mut seen_rejected, mut seen_both) = (false, false, false);
+        let mut seen_platform = false;
         let (mut history, mut journalled) = (Vec::<ClusterState>::new(), 0);
         let mut rng = crate::test_rng::TestRng::new(7);
         let mut next = |bound: u64| rng.below(bound);
         for step in 0..600 {
-            let (plural, namespace) = match next(4) {
+            let (plural, namespace) = match next(5) {
                 0 => ("nodes", ""),
                 1 => ("namespaces", ""),
                 2 => ("pods", ["a", "b", "c"][next(3) as usize]),
+                3 => ("networks.config.openshift.io", ""),
                 _ => ("networks", ""),
             };
             let name = match (plural, next(6)) {
-                // Only the Network named `cluster` has settings.
-                ("networks", 0..=2) => "cluster".to_owned(),
+                // Only the Networks named `cluster` have settings.
+                ("networks" | "networks.config.openshift.io", 0..=2) => "cluster".to_owned(),
                 (_, n) => format!("n{n}"),
             };
             let (key, state) = parsed(plural, namespace, &name, next(4) as u32);
@@ -166,11 +171,12 @@ mod tests {
             }
             history.push(now);
             seen_settings |= anew.network.is_some();
+            seen_platform |= anew.platform.is_some() && anew.network.is_some();
             seen_rejected |= !anew.rejected.is_empty();
             seen_both |= anew.nodes.len() + anew.namespaces.len() > 6;
         }
         assert!(
-            seen_settings && seen_rejected && seen_both && journalled > 900,
+            seen_settings && seen_platform && seen_rejected && seen_both && journalled > 900,
             "every case met ({journalled} comparisons by journal)"
         );
     }
@@ -684,6 +690,118 @@ status:
 #[cfg(test)]
 mod network_tests {
     use super::*;
+
+    const OPERATOR: &str = "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+         spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}]\n  serviceNetwork: [10.96.0.0/16]\n\
+         \x20 defaultNetwork: {ovnKubernetesConfig: {mtu: 1400, HYBRID}}\n";
+    const CONFIG: &str = "apiVersion: config.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+         spec: {clusterNetwork: [{cidr: 10.128.0.0/14, hostPrefix: 23}], serviceNetwork: [172.30.0.0/16], networkType: Dataplane}\n";
+
+    fn nets(v: &[&str]) -> Vec<ipnet::IpNet> {
+        v.iter().map(|c| c.parse().expect("cidr")).collect()
+    }
+
+    /// A directory holding `files`, read as the agent reads its manifests.
+    fn read(files: &[(&str, &str)]) -> ClusterState {
+        static READS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let read = READS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("platform-{}-{read}", std::process::id()));
+        let _ = fs::remove_dir_all(&dir);
+        fs::create_dir_all(&dir).expect("dir");
+        for (name, text) in files {
+            fs::write(dir.join(name), text).expect("write");
+        }
+        let state = read_dir(&dir).expect("read");
+        fs::remove_dir_all(&dir).expect("remove");
+        state
+    }
+
+    /// As on OpenShift: the installer's networks are in `config.openshift.io/v1 Network`, the
+    /// overlay settings in the operator's; the former's networks apply in whichever order
+    /// they come, the operator's differing copies are named, its settings stay.
+    #[test]
+    fn the_cluster_network_configuration_gives_the_networks_and_the_operator_the_settings() {
+        let operator = OPERATOR.replace(", HYBRID", "");
+        for files in [
+            [("a.yaml", CONFIG), ("b.yaml", operator.as_str())],
+            [("a.yaml", operator.as_str()), ("b.yaml", CONFIG)],
+        ] {
+            let state = read(&files);
+            assert_eq!(state.cluster_networks, nets(&["10.128.0.0/14"]));
+            assert_eq!(state.service_networks, nets(&["172.30.0.0/16"]));
+            assert_eq!(
+                state.subnet_pools,
+                [crate::api::network::SubnetPool {
+                    network: "10.128.0.0/14".parse().unwrap(),
+                    host_prefix: 23
+                }]
+            );
+            assert_eq!(state.network.map(|n| n.mtu), Some(Some(1400)));
+            assert_eq!(
+                state.rejected,
+                [
+                    "operator.openshift.io/v1 Network cluster: spec.clusterNetwork [\"10.244.0.0/16\"] differs from config.openshift.io/v1 Network cluster's [\"10.128.0.0/14\"]: the latter applies",
+                    "operator.openshift.io/v1 Network cluster: spec.serviceNetwork [\"10.96.0.0/16\"] differs from config.openshift.io/v1 Network cluster's [\"172.30.0.0/16\"]: the latter applies",
+                ]
+            );
+        }
+        // The operator's Network without networks (they are the installer's): nothing to name.
+        let bare = "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
+                    spec: {defaultNetwork: {ovnKubernetesConfig: {genevePort: 6081}}}\n";
+        let state = read(&[("a.yaml", bare), ("b.yaml", CONFIG)]);
+        assert_eq!(state.cluster_networks, nets(&["10.128.0.0/14"]));
+        assert!(
+            state.network.is_some() && state.rejected.is_empty(),
+            "{:?}",
+            state.rejected
+        );
+        // The configuration alone: the networks are known, the node still waits for the
+        // operator's settings (the agent refuses to sync without them).
+        let state = read(&[("a.yaml", CONFIG)]);
+        assert_eq!(state.cluster_networks, nets(&["10.128.0.0/14"]));
+        assert!(state.network.is_none());
+    }
+
+    /// The hybrid overlay's network is checked against the networks that apply: one that
+    /// overlaps the installer's networks refuses the operator's Network, named.
+    #[test]
+    fn a_hybrid_overlay_inside_the_configured_networks_refuses_the_network() {
+        let operator = OPERATOR.replace(
+            "HYBRID",
+            "hybridOverlayConfig: {hybridClusterNetwork: [{cidr: 10.130.0.0/16}]}",
+        );
+        let state = read(&[("a.yaml", &operator)]);
+        assert!(
+            state.network.is_some() && state.hybrid.is_some(),
+            "{:?}",
+            state.rejected
+        );
+        let state = read(&[("a.yaml", &operator), ("b.yaml", CONFIG)]);
+        assert!(state.network.is_none() && state.hybrid.is_none());
+        assert_eq!(
+            state.rejected.last().map(String::as_str),
+            Some(
+                "operator.openshift.io/v1 Network cluster: hybridOverlayConfig.hybridClusterNetwork[0].cidr: \
+                 10.130.0.0/16 overlaps spec.clusterNetwork 10.128.0.0/14 (of config.openshift.io/v1 \
+                 Network cluster); the Network is refused"
+            )
+        );
+        // An invalid configuration is named and the operator's networks stay.
+        let bad = CONFIG.replace("hostPrefix: 23", "hostPrefix: 7");
+        let state = read(&[
+            ("a.yaml", &bad),
+            ("b.yaml", &OPERATOR.replace(", HYBRID", "")),
+        ]);
+        assert_eq!(state.cluster_networks, nets(&["10.244.0.0/16"]));
+        assert_eq!(state.rejected.len(), 1);
+        assert!(
+            state.rejected[0].ends_with(
+                "/a.yaml: Network.config.openshift.io cluster: spec.clusterNetwork[0].hostPrefix: 7 is not between 14 and 32"
+            ),
+            "{:?}",
+            state.rejected
+        );
+    }
 
     #[test]
     fn an_invalid_service_network_rejects_the_network_object() {

@@ -97,9 +97,15 @@ pub fn start_agents(
 
 /// `dataplane controller` with `args` on the outside host, its log kept.
 fn spawn_controller(external: &ExternalHost, args: &[&OsStr]) -> Process {
+    spawn_controller_in(&external.netns, args)
+}
+
+/// `dataplane controller` with `args` in network namespace `netns`, its log kept; killed on
+/// drop (a failed assertion leaves no controller behind).
+pub fn spawn_controller_in(netns: &str, args: &[&OsStr]) -> Process {
     let log = std::env::temp_dir().join(crate::unique_name("controller.log"));
     let child = Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", external.netns))
+        .arg(format!("--net=/run/netns/{netns}"))
         .arg(dataplane_binary())
         .arg("controller")
         .args(args)

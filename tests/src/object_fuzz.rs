@@ -36,6 +36,15 @@ spec:
       policyAuditConfig: {destination: "null", maxFileSize: 50, rateLimit: 20}
       egressIPConfig: {reachabilityTotalTimeoutSeconds: 1}
 ---
+apiVersion: config.openshift.io/v1
+kind: Network
+metadata: {name: cluster}
+spec:
+  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: "fd00:10:244::/48", hostPrefix: 64}]
+  serviceNetwork: [10.96.0.0/16]
+  networkType: Dataplane
+  externalIP: {policy: {allowedCIDRs: [192.0.2.0/24], rejectedCIDRs: [192.0.2.128/25]}}
+---
 apiVersion: v1
 kind: Node
 metadata: {name: a, creationTimestamp: "2026-01-01T00:00:00Z", labels: {k8s.ovn.org/egress-assignable: ""}}

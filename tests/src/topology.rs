@@ -74,6 +74,9 @@ pub struct Topology {
     node_metadata_extra: Vec<String>,
     /// The operator Network is not among the manifests ([`Topology::network_elsewhere`]).
     network_elsewhere: bool,
+    /// The networks are in OpenShift's cluster configuration, with this external IP policy
+    /// ([`Topology::network_as_on_openshift`]).
+    openshift_external_ips: Option<String>,
     /// The Nodes carry no `spec.podCIDRs` ([`Topology::subnets_allocated`]).
     subnets_allocated: bool,
     /// Files the topology wrote outside its directories, removed with it.
@@ -158,6 +161,7 @@ impl Topology {
             ovn_config_extra: String::new(),
             node_metadata_extra: Vec::new(),
             network_elsewhere: false,
+            openshift_external_ips: None,
             subnets_allocated: false,
             extra_files: Vec::new(),
             not_ready: Vec::new(),
@@ -361,17 +365,36 @@ impl Topology {
 
     /// The operator `Network` of the cluster (its networks and overlay settings).
     fn network_yaml(&self) -> String {
-        let mut yaml = String::from(
-            "apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\n\
-             spec:\n  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
-             \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n\
-             \x20 defaultNetwork:\n    type: OVNKubernetes\n",
-        );
+        const NETWORKS: &str = "  clusterNetwork: [{cidr: 10.244.0.0/16, hostPrefix: 24}, {cidr: \"fd00:10:244::/48\", hostPrefix: 64}]\n\
+             \x20 serviceNetwork: [10.96.0.0/16, \"fd00:10:96::/112\"]\n";
+        let mut yaml = String::new();
+        if let Some(external_ips) = &self.openshift_external_ips {
+            // As OpenShift's installer writes them: the networks in the cluster configuration,
+            // the operator's Network holding the plugin's settings only.
+            yaml.push_str(&format!(
+                "apiVersion: config.openshift.io/v1\nkind: Network\nmetadata: {{name: cluster}}\n\
+                 spec:\n{NETWORKS}  networkType: Dataplane\n  externalIP: {{policy: {{allowedCIDRs: [{external_ips}]}}}}\n---\n"
+            ));
+        }
+        yaml.push_str("apiVersion: operator.openshift.io/v1\nkind: Network\nmetadata: {name: cluster}\nspec:\n");
+        if self.openshift_external_ips.is_none() {
+            yaml.push_str(NETWORKS);
+        }
+        yaml.push_str("  defaultNetwork:\n    type: OVNKubernetes\n");
         yaml.push_str(&format!(
             "    ovnKubernetesConfig: {{genevePort: 6081{}}}\n",
             self.ovn_config_extra
         ));
         yaml
+    }
+
+    /// Writes the cluster's networks as OpenShift's installer does: in a
+    /// `config.openshift.io/v1 Network` (with `external_ips` as its external IP policy's
+    /// allowed CIDRs), the operator's `Network` holding only the overlay settings. Rewrites
+    /// the cluster manifest. Overlay mode only.
+    pub fn network_as_on_openshift(&mut self, external_ips: &str) -> anyhow::Result<()> {
+        self.openshift_external_ips = Some(external_ips.to_owned());
+        self.rewrite_manifests()
     }
 
     /// Writes the Nodes without `spec.podCIDRs`, as on OpenShift, where the cluster manager

@@ -378,10 +378,15 @@ fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_n
     }
     let mut topology = Topology::build_with(1, 2, Mode::Overlay).expect("build topology");
     // As on OpenShift: Nodes without spec.podCIDRs. A node given its subnets by hand holds
-    // the lowest ones; a Windows node takes a hybrid overlay subnet.
+    // the lowest ones; a Windows node takes a hybrid overlay subnet. The networks are where
+    // the installer writes them (config.openshift.io/v1 Network), with its external IP
+    // policy; the operator's Network holds only the overlay settings.
     topology
         .subnets_allocated()
         .expect("nodes without pod CIDRs");
+    topology
+        .network_as_on_openshift("192.0.2.0/24")
+        .expect("OpenShift's networks");
     topology
         .set_ovn_config(
             "hybridOverlayConfig: {hybridClusterNetwork: [{cidr: 10.132.0.0/14, hostPrefix: 24}]}",
@@ -403,36 +408,34 @@ fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_n
         protocol: "TCP",
         target: 8080,
     }];
-    topology
-        .add_manifest(
-            "web.yaml",
-            &cluster_ip_manifests("web", SERVICE_IP, &ports, &[backend]),
-        )
-        .expect("service");
+    let web = cluster_ip_manifests("web", SERVICE_IP, &ports, &[backend]).replacen(
+        "ports: [",
+        "externalIPs: [192.0.2.80, 198.51.100.80], ports: [",
+        1,
+    );
+    topology.add_manifest("web.yaml", &web).expect("service");
     let server = echo_backend(backend, false).expect("backend");
     let api = topology.node(0).start_fake_apiserver().expect("API server");
     let key = std::env::temp_dir().join(dataplane_tests::unique_name("probe-key"));
     std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("probe key");
-    let log = std::env::temp_dir().join(dataplane_tests::unique_name("controller.log"));
-    let mut controller = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
-        .arg(dataplane_tests::topology::dataplane_binary())
-        .arg("controller")
-        .args(api.agent_args())
-        .arg("--probe-key-file")
-        .arg(&key)
-        .args([
-            "--identity",
-            "controller-0",
-            "--lease-namespace",
-            "dataplane",
-        ])
-        .env("RUST_LOG", "info")
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::fs::File::create(&log).expect("log"))
-        .spawn()
-        .expect("controller");
+    let controller_args = api.agent_args();
+    let mut controller_args: Vec<&std::ffi::OsStr> =
+        controller_args.iter().map(std::ffi::OsStr::new).collect();
+    controller_args.extend(
+        [
+            "--probe-key-file".as_ref(),
+            key.as_os_str(),
+            "--identity".as_ref(),
+            "controller-0".as_ref(),
+            "--lease-namespace".as_ref(),
+            "dataplane".as_ref(),
+        ]
+        .iter(),
+    );
+    let controller = dataplane_tests::egress_topology::spawn_controller_in(
+        &topology.node(0).netns,
+        &controller_args,
+    );
     let args = api.agent_args();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let agent = topology.node(0).start_agent_with(&args).expect("agent");
@@ -443,7 +446,20 @@ fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_n
         backend.ip.to_string(),
         "{}\n{}",
         agent.log(),
-        std::fs::read_to_string(&log).unwrap_or_default()
+        controller.log()
+    );
+    // The external IP the cluster Network's policy allows is served; the other is refused,
+    // and the refusal says whose policy refused it.
+    assert_eq!(
+        probe(client, &[("tcp", "192.0.2.80", 80)]).expect("probe"),
+        [backend.ip.to_string()]
+    );
+    assert!(
+        agent.log().contains(
+            "198.51.100.80 is outside the cluster Network's (config.openshift.io/v1) spec.externalIP.policy.allowedCIDRs"
+        ) && !agent.log().contains("192.0.2.80 is"),
+        "{}",
+        agent.log()
     );
     let script = "import json, urllib.request\n\
                   nodes = json.load(urllib.request.urlopen('http://127.0.0.1:6443/api/v1/nodes'))\n\
@@ -463,12 +479,10 @@ fn the_controller_gives_nodes_without_pod_cidrs_their_subnets_and_their_pods_a_n
             "win0 - 10.132.0.0/24",
         ],
         "{}",
-        std::fs::read_to_string(&log).unwrap_or_default()
+        controller.log()
     );
-    let _ = controller.kill();
-    let _ = controller.wait();
+    drop(controller);
     let _ = std::fs::remove_file(&key);
-    let _ = std::fs::remove_file(&log);
     drop(agent);
     drop(api);
     drop(server);

@@ -1,8 +1,10 @@
 //! The cluster network configuration: the OpenShift network operator's `Network`
 //! (`operator.openshift.io/v1`, the object named `cluster`) and the parts of its
 //! `defaultNetwork.ovnKubernetesConfig` the dataplane reads: the overlay's MTU and Geneve port,
-//! the audit log settings, the egress IP reachability timeout and the hybrid overlay. Each
-//! part validates itself and names the field it refuses.
+//! the audit log settings, the egress IP reachability timeout and the hybrid overlay; and
+//! OpenShift's cluster configuration (`config.openshift.io/v1 Network`), where the installer
+//! writes the cluster's networks and the external IP policy. Each part validates itself and
+//! names the field it refuses.
 
 use std::{net::SocketAddr, path::PathBuf};
 
@@ -432,42 +434,8 @@ impl NetworkOperator {
     /// underlay MTU, for one), so that a bad value there keeps the last good settings.
     pub fn validate(self) -> Result<ClusterNetwork, String> {
         let spec = self.spec;
-        let parse = |field: &str, text: &str| {
-            text.parse::<IpNet>()
-                .map_err(|_| format!("{field} {text:?} is not a CIDR"))
-        };
-        let cluster_networks = spec
-            .cluster_network
-            .iter()
-            .map(|c| parse("spec.clusterNetwork", &c.cidr))
-            .collect::<Result<Vec<_>, _>>()?;
-        let mut subnet_pools = Vec::new();
-        for (index, (entry, network)) in spec
-            .cluster_network
-            .iter()
-            .zip(&cluster_networks)
-            .enumerate()
-        {
-            let Some(host_prefix) = entry.host_prefix else {
-                continue;
-            };
-            if host_prefix < network.prefix_len() || host_prefix > network.max_prefix_len() {
-                return Err(format!(
-                    "spec.clusterNetwork[{index}].hostPrefix: {host_prefix} is not between {} and {}",
-                    network.prefix_len(),
-                    network.max_prefix_len()
-                ));
-            }
-            subnet_pools.push(SubnetPool {
-                network: network.trunc(),
-                host_prefix,
-            });
-        }
-        let service_networks = spec
-            .service_network
-            .iter()
-            .map(|c| parse("spec.serviceNetwork", c))
-            .collect::<Result<Vec<_>, _>>()?;
+        let (cluster_networks, subnet_pools) = parse_cluster_networks(&spec.cluster_network)?;
+        let service_networks = parse_service_networks(&spec.service_network)?;
         let ovn = spec.default_network.ovn_kubernetes_config;
         let hybrid = match &ovn.hybrid_overlay_config {
             Some(config) => Some(
@@ -493,6 +461,179 @@ impl NetworkOperator {
             hybrid,
             subnet_pools,
             not_applied: ovn.others.keys().map(|field| not_applied(field)).collect(),
+        })
+    }
+}
+
+/// `spec.clusterNetwork` parsed: the networks, and the pools nodes get subnets of (the entries
+/// with a `hostPrefix`, checked to lie within their network's length).
+fn parse_cluster_networks(
+    entries: &[ClusterNetworkEntry],
+) -> Result<(Vec<IpNet>, Vec<SubnetPool>), String> {
+    let mut networks = Vec::new();
+    let mut pools = Vec::new();
+    for (index, entry) in entries.iter().enumerate() {
+        let network = parse_cidr("spec.clusterNetwork", &entry.cidr)?;
+        networks.push(network);
+        let Some(host_prefix) = entry.host_prefix else {
+            continue;
+        };
+        if host_prefix < network.prefix_len() || host_prefix > network.max_prefix_len() {
+            return Err(format!(
+                "spec.clusterNetwork[{index}].hostPrefix: {host_prefix} is not between {} and {}",
+                network.prefix_len(),
+                network.max_prefix_len()
+            ));
+        }
+        pools.push(SubnetPool {
+            network: network.trunc(),
+            host_prefix,
+        });
+    }
+    Ok((networks, pools))
+}
+
+fn parse_service_networks(entries: &[String]) -> Result<Vec<IpNet>, String> {
+    entries
+        .iter()
+        .map(|text| parse_cidr("spec.serviceNetwork", text))
+        .collect()
+}
+
+fn parse_cidr(field: &str, text: &str) -> Result<IpNet, String> {
+    text.parse::<IpNet>()
+        .map_err(|_| format!("{field} {text:?} is not a CIDR"))
+}
+
+/// OpenShift's cluster network configuration, `config.openshift.io/v1 Network` named `cluster`:
+/// where the installer writes the cluster's pod and service networks (the operator's `Network`
+/// holds copies of them), the network type, and which external IPs Services may take.
+#[derive(Deserialize)]
+pub struct NetworkConfig {
+    metadata: NetworkMetadata,
+    #[serde(default)]
+    spec: NetworkConfigSpec,
+}
+
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NetworkConfigSpec {
+    #[serde(default)]
+    cluster_network: Vec<ClusterNetworkEntry>,
+    #[serde(default)]
+    service_network: Vec<String>,
+    network_type: Option<String>,
+    #[serde(rename = "externalIP")]
+    external_ip: Option<ExternalIpConfig>,
+    #[serde(flatten)]
+    others: std::collections::BTreeMap<String, serde::de::IgnoredAny>,
+}
+
+/// `spec.externalIP`.
+#[derive(Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExternalIpConfig {
+    policy: Option<ExternalIpPolicySpec>,
+    #[serde(default, rename = "autoAssignCIDRs")]
+    auto_assign_cidrs: Vec<String>,
+}
+
+#[derive(Default, Deserialize)]
+struct ExternalIpPolicySpec {
+    #[serde(default, rename = "allowedCIDRs")]
+    allowed_cidrs: Vec<String>,
+    #[serde(default, rename = "rejectedCIDRs")]
+    rejected_cidrs: Vec<String>,
+}
+
+/// The network types for which the Cluster Network Operator installs a plugin of its own:
+/// with one of them, that plugin would run beside this dataplane.
+const OPERATOR_INSTALLED_TYPES: &[&str] = &["OVNKubernetes", "OpenShiftSDN"];
+
+/// Fields of the cluster `Network` that others apply: the API server allocates NodePorts
+/// within `serviceNodePortRange`, and the dataplane serves whatever port a Service was given.
+const APPLIED_ELSEWHERE: &[&str] = &["serviceNodePortRange"];
+
+/// Which external IPs Services may take, as OpenShift's cluster `Network` says
+/// (`spec.externalIP.policy`): inside an allowed CIDR and no rejected one; none without a
+/// policy, as OpenShift admits none.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ExternalIpPolicy {
+    pub allowed: Vec<IpNet>,
+    pub rejected: Vec<IpNet>,
+}
+
+/// OpenShift's cluster network configuration, parsed.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PlatformNetwork {
+    /// `spec.clusterNetwork` (empty: not given, the operator `Network`'s apply).
+    pub cluster_networks: Vec<IpNet>,
+    pub subnet_pools: Vec<SubnetPool>,
+    /// `spec.serviceNetwork` (empty: not given, the operator `Network`'s apply).
+    pub service_networks: Vec<IpNet>,
+    pub external_ips: ExternalIpPolicy,
+    /// The fields given that the dataplane does not apply, each a line naming it and why.
+    pub not_applied: Vec<String>,
+}
+
+impl NetworkConfig {
+    /// Only the object named `cluster` configures the cluster; others are ignored.
+    pub fn is_the_cluster_network(&self) -> bool {
+        self.metadata.name == "cluster"
+    }
+
+    /// The networks and the external IP policy parsed; the error names the field.
+    pub fn validate(self) -> Result<PlatformNetwork, String> {
+        let spec = self.spec;
+        let (cluster_networks, subnet_pools) = parse_cluster_networks(&spec.cluster_network)?;
+        let service_networks = parse_service_networks(&spec.service_network)?;
+        let mut not_applied = Vec::new();
+        if let Some(network_type) = spec
+            .network_type
+            .as_deref()
+            .filter(|t| OPERATOR_INSTALLED_TYPES.contains(t))
+        {
+            not_applied.push(format!(
+                "spec.networkType: {network_type}: the Cluster Network Operator installs its own \
+                 plugin for this type, beside this dataplane; install with a type it does not \
+                 know (README: OpenShift)"
+            ));
+        }
+        let external_ip = spec.external_ip.unwrap_or_default();
+        if !external_ip.auto_assign_cidrs.is_empty() {
+            not_applied.push(
+                "spec.externalIP.autoAssignCIDRs: not applied: nothing here assigns external IPs \
+                 to LoadBalancer Services; the rest of the Network applies"
+                    .to_owned(),
+            );
+        }
+        let policy = external_ip.policy.unwrap_or_default();
+        let cidrs = |field: &str, texts: &[String]| {
+            texts
+                .iter()
+                .map(|text| parse_cidr(field, text))
+                .collect::<Result<Vec<_>, _>>()
+        };
+        let external_ips = ExternalIpPolicy {
+            allowed: cidrs("spec.externalIP.policy.allowedCIDRs", &policy.allowed_cidrs)?,
+            rejected: cidrs(
+                "spec.externalIP.policy.rejectedCIDRs",
+                &policy.rejected_cidrs,
+            )?,
+        };
+        let others = spec.others.keys();
+        let ours = others.filter(|field| !APPLIED_ELSEWHERE.contains(&field.as_str()));
+        not_applied.extend(ours.map(|field| {
+            format!(
+                "spec.{field}: not supported by this dataplane; the rest of the Network applies"
+            )
+        }));
+        Ok(PlatformNetwork {
+            cluster_networks,
+            subnet_pools,
+            service_networks,
+            external_ips,
+            not_applied,
         })
     }
 }
@@ -646,6 +787,104 @@ mod tests {
                     .to_owned()
             )
         );
+    }
+
+    fn platform(yaml: &str) -> Result<PlatformNetwork, String> {
+        let config: NetworkConfig = serde_yaml::from_str(yaml).expect("yaml");
+        assert!(config.is_the_cluster_network());
+        config.validate()
+    }
+
+    #[test]
+    fn the_platform_network_gives_networks_pools_and_the_external_ip_policy() {
+        let parsed = platform(
+            "metadata: {name: cluster}\n\
+             spec:\n  clusterNetwork: [{cidr: 10.128.0.0/14, hostPrefix: 23}, {cidr: \"fd01::/48\", hostPrefix: 64}]\n\
+             \x20 serviceNetwork: [172.30.0.0/16, \"fd02::/112\"]\n\
+             \x20 networkType: Dataplane\n\
+             \x20 serviceNodePortRange: 30000-32767\n\
+             \x20 externalIP: {policy: {allowedCIDRs: [192.0.2.0/24], rejectedCIDRs: [192.0.2.128/25]}}\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            parsed.cluster_networks,
+            nets(&["10.128.0.0/14", "fd01::/48"])
+        );
+        assert_eq!(
+            parsed.subnet_pools,
+            [
+                SubnetPool {
+                    network: "10.128.0.0/14".parse().unwrap(),
+                    host_prefix: 23
+                },
+                SubnetPool {
+                    network: "fd01::/48".parse().unwrap(),
+                    host_prefix: 64
+                }
+            ]
+        );
+        assert_eq!(
+            parsed.service_networks,
+            nets(&["172.30.0.0/16", "fd02::/112"])
+        );
+        assert_eq!(
+            parsed.external_ips,
+            ExternalIpPolicy {
+                allowed: nets(&["192.0.2.0/24"]),
+                rejected: nets(&["192.0.2.128/25"])
+            }
+        );
+        assert_eq!(parsed.not_applied, Vec::<String>::new());
+        // No policy: no external IP, as OpenShift admits none.
+        let bare = platform(
+            "metadata: {name: cluster}\nspec: {clusterNetwork: [{cidr: 10.128.0.0/14}]}\n",
+        )
+        .expect("valid");
+        assert_eq!(bare.external_ips, ExternalIpPolicy::default());
+        assert!(bare.subnet_pools.is_empty() && bare.service_networks.is_empty());
+    }
+
+    #[test]
+    fn the_platform_network_names_what_it_does_not_apply_and_what_it_refuses() {
+        let parsed = platform(
+            "metadata: {name: cluster}\nspec: {networkType: OVNKubernetes, \
+             externalIP: {autoAssignCIDRs: [198.51.100.0/24]}, networkDiagnostics: {mode: All}}\n",
+        )
+        .expect("valid");
+        assert_eq!(
+            parsed.not_applied,
+            [
+                "spec.networkType: OVNKubernetes: the Cluster Network Operator installs its own \
+                 plugin for this type, beside this dataplane; install with a type it does not \
+                 know (README: OpenShift)",
+                "spec.externalIP.autoAssignCIDRs: not applied: nothing here assigns external IPs \
+                 to LoadBalancer Services; the rest of the Network applies",
+                "spec.networkDiagnostics: not supported by this dataplane; the rest of the Network applies",
+            ]
+        );
+        for (spec, error) in [
+            (
+                "{clusterNetwork: [{cidr: 10.128.0.0/33}]}",
+                "spec.clusterNetwork \"10.128.0.0/33\" is not a CIDR",
+            ),
+            (
+                "{clusterNetwork: [{cidr: 10.128.0.0/14, hostPrefix: 8}]}",
+                "spec.clusterNetwork[0].hostPrefix: 8 is not between 14 and 32",
+            ),
+            (
+                "{serviceNetwork: [nowhere]}",
+                "spec.serviceNetwork \"nowhere\" is not a CIDR",
+            ),
+            (
+                "{externalIP: {policy: {rejectedCIDRs: [x]}}}",
+                "spec.externalIP.policy.rejectedCIDRs \"x\" is not a CIDR",
+            ),
+        ] {
+            assert_eq!(
+                platform(&format!("metadata: {{name: cluster}}\nspec: {spec}\n")),
+                Err(error.to_owned())
+            );
+        }
     }
 
     #[test]

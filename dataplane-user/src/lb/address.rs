@@ -22,9 +22,13 @@ pub enum AddressKind {
 /// traffic, the cluster DNS's say).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AddressPolicy {
-    /// `spec.externalIPs` are honoured only inside these (`--external-ip-cidrs`); none by
-    /// default, as the API server's DenyServiceExternalIPs admission plugin advises.
+    /// `spec.externalIPs` are honoured only inside these; none by default, as the API
+    /// server's DenyServiceExternalIPs admission plugin advises.
     pub external_ip_cidrs: Vec<IpNet>,
+    /// ... and outside these.
+    pub external_ip_rejected_cidrs: Vec<IpNet>,
+    /// Who said so (named in refusals).
+    pub external_ip_source: ExternalIpSource,
     /// No external or load-balancer address may be inside these: the service networks, the
     /// cluster (pod) networks, the hybrid overlay's.
     pub reserved_networks: Vec<IpNet>,
@@ -32,6 +36,15 @@ pub struct AddressPolicy {
     /// kubelet's among them). Load-balancer addresses may: some load balancers (k3s'
     /// ServiceLB) publish the nodes' addresses.
     pub node_addresses: BTreeSet<IpAddr>,
+}
+
+/// Where the external IP allow-list comes from: the agent's flag, which overrides, or
+/// OpenShift's cluster `Network` (`spec.externalIP.policy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ExternalIpSource {
+    #[default]
+    Flag,
+    ClusterNetwork,
 }
 
 impl AddressPolicy {
@@ -51,16 +64,40 @@ impl AddressPolicy {
         if external_ip && self.node_addresses.contains(&ip) {
             return Some(format!("{ip} is a node's address"));
         }
-        if external_ip && !self.external_ip_cidrs.iter().any(|n| n.contains(&ip)) {
-            return Some(if self.external_ip_cidrs.is_empty() {
-                format!(
-                    "{ip}: external IPs are not honoured on this cluster (the agent's --external-ip-cidrs is empty)"
-                )
-            } else {
-                format!("{ip} is outside the agent's --external-ip-cidrs")
-            });
+        if external_ip {
+            return self.refuses_external_ip(ip);
         }
         None
+    }
+
+    fn refuses_external_ip(&self, ip: IpAddr) -> Option<String> {
+        let policy = "the cluster Network's (config.openshift.io/v1) spec.externalIP.policy";
+        if let Some(net) = self
+            .external_ip_rejected_cidrs
+            .iter()
+            .find(|n| n.contains(&ip))
+        {
+            return Some(format!("{ip} is inside {net} of {policy}.rejectedCIDRs"));
+        }
+        if self.external_ip_cidrs.iter().any(|n| n.contains(&ip)) {
+            return None;
+        }
+        Some(
+            match (self.external_ip_source, self.external_ip_cidrs.is_empty()) {
+                (ExternalIpSource::Flag, true) => format!(
+                    "{ip}: external IPs are not honoured on this cluster (the agent's --external-ip-cidrs is empty)"
+                ),
+                (ExternalIpSource::Flag, false) => {
+                    format!("{ip} is outside the agent's --external-ip-cidrs")
+                }
+                (ExternalIpSource::ClusterNetwork, true) => format!(
+                    "{ip}: external IPs are not honoured on this cluster ({policy} allows none)"
+                ),
+                (ExternalIpSource::ClusterNetwork, false) => {
+                    format!("{ip} is outside {policy}.allowedCIDRs")
+                }
+            },
+        )
     }
 }
 

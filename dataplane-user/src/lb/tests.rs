@@ -736,6 +736,7 @@ fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allow
         ],
         reserved_networks: vec!["10.96.0.0/16".parse().unwrap()],
         node_addresses: BTreeSet::from(["192.0.2.1".parse().unwrap()]),
+        ..AddressPolicy::default()
     };
     let out = compile(&policy);
     assert!(has(&out, "192.0.2.53"));
@@ -778,6 +779,50 @@ fn external_and_load_balancer_addresses_are_honoured_only_where_the_policy_allow
             out.errors
         );
     }
+    // OpenShift's cluster Network's policy: allowed CIDRs less the rejected ones, named as
+    // the reason when an address is refused.
+    let openshift = |allowed: &[&str], rejected: &[&str]| AddressPolicy {
+        external_ip_cidrs: allowed.iter().map(|c| c.parse().unwrap()).collect(),
+        external_ip_rejected_cidrs: rejected.iter().map(|c| c.parse().unwrap()).collect(),
+        external_ip_source: super::ExternalIpSource::ClusterNetwork,
+        ..AddressPolicy::default()
+    };
+    let refusal = |policy: &AddressPolicy| -> Vec<String> {
+        let out = compile(policy);
+        let refused: Vec<String> = (out.errors.iter())
+            .filter(|e| e.contains("spec.externalIPs: 192.0.2.53"))
+            .cloned()
+            .collect();
+        assert_eq!(
+            has(&out, "192.0.2.53"),
+            refused.is_empty(),
+            "{:?}",
+            out.errors
+        );
+        refused
+    };
+    assert_eq!(
+        refusal(&openshift(&["192.0.2.0/24"], &[])),
+        Vec::<String>::new()
+    );
+    assert_eq!(
+        refusal(&openshift(&["192.0.2.0/24"], &["192.0.2.0/26"])),
+        [
+            "Service aaa-tenant/grab: spec.externalIPs: 192.0.2.53 is inside 192.0.2.0/26 of the cluster Network's (config.openshift.io/v1) spec.externalIP.policy.rejectedCIDRs; that address is not served"
+        ]
+    );
+    assert_eq!(
+        refusal(&openshift(&["198.51.100.0/24"], &[])),
+        [
+            "Service aaa-tenant/grab: spec.externalIPs: 192.0.2.53 is outside the cluster Network's (config.openshift.io/v1) spec.externalIP.policy.allowedCIDRs; that address is not served"
+        ]
+    );
+    assert_eq!(
+        refusal(&openshift(&[], &[])),
+        [
+            "Service aaa-tenant/grab: spec.externalIPs: 192.0.2.53: external IPs are not honoured on this cluster (the cluster Network's (config.openshift.io/v1) spec.externalIP.policy allows none); that address is not served"
+        ]
+    );
     // A load balancer may publish a node's address (k3s' ServiceLB does).
     let text = DNS_AND_TENANT.replace("ingress: [{ip: 10.96.0.10}]", "ingress: [{ip: 192.0.2.1}]");
     let mut state = ClusterState::default();

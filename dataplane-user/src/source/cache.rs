@@ -164,7 +164,7 @@ impl ObjectCache {
             baseline_admin_network_policies,
             cluster_network_policies
         );
-        let settings_changed = old.network.is_some() || new.network.is_some();
+        let settings_changed = old.has_settings() || new.has_settings();
         if !old.rejected.is_empty() || !new.rejected.is_empty() {
             if new.rejected.is_empty() {
                 self.rejected.remove(key);
@@ -185,7 +185,7 @@ impl ObjectCache {
             .objects
             .iter()
             .filter_map(|(k, (_, parsed))| match parsed {
-                Parsed::State(state) if k != key && state.network.is_some() => Some((k, &**state)),
+                Parsed::State(state) if k != key && state.has_settings() => Some((k, &**state)),
                 _ => None,
             })
             .collect();

@@ -15,7 +15,7 @@ use crate::api::{
     adminpolicy::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy},
     egressfirewall::EgressFirewall,
     egressip::{self, EgressIP},
-    network::NetworkOperator,
+    network::{NetworkConfig, NetworkOperator},
 };
 
 /// The label linking an EndpointSlice to its Service.
@@ -66,6 +66,17 @@ pub fn add_documents(state: &mut ClusterState, file: &str, text: &str) {
     }
 }
 
+/// How a refusal names an object's kind: by its kind, group-qualified where two groups' kinds
+/// share the name (OpenShift's two `Network`s).
+fn kind_label<'a>(api_version: &str, kind: &'a str) -> std::borrow::Cow<'a, str> {
+    match api_version.split_once('/') {
+        Some((group, _)) if kind == "Network" && group != "operator.openshift.io" => {
+            format!("{kind}.{group}").into()
+        }
+        _ => kind.into(),
+    }
+}
+
 /// Adds one object (any kind; kinds the dataplane does not use are skipped) to `state`,
 /// rejecting it by `origin`, kind and name when it does not parse or validate.
 pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
@@ -76,7 +87,15 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
         .unwrap_or("<unnamed>")
         .to_owned();
     let reject = |state: &mut ClusterState, error: String| {
-        tracing::warn!(file, kind, name, error, "manifest object rejected");
+        tracing::warn!(
+            file,
+            api_version,
+            kind,
+            name,
+            error,
+            "manifest object rejected"
+        );
+        let kind = kind_label(&api_version, &kind);
         state
             .rejected
             .push(format!("{file}: {kind} {name}: {error}"));
@@ -160,6 +179,19 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
                     state.cluster_networks = network.cluster_networks;
                     state.subnet_pools = network.subnet_pools;
                     state.service_networks = network.service_networks;
+                }
+                Err(error) => reject(state, error),
+            },
+            Ok(_) => tracing::info!(file, name, "Network other than `cluster` ignored"),
+            Err(e) => reject(state, e),
+        },
+        ("config.openshift.io/v1", "Network") => match value.decode::<NetworkConfig>() {
+            Ok(config) if config.is_the_cluster_network() => match config.validate() {
+                Ok(platform) => {
+                    for line in &platform.not_applied {
+                        reject(state, line.clone());
+                    }
+                    state.platform = Some(platform);
                 }
                 Err(error) => reject(state, error),
             },

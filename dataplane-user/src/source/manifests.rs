@@ -248,6 +248,7 @@ impl ManifestCache {
         for parsed in self.files.values() {
             state.absorb(&parsed.state);
         }
+        state.settle_networks();
         state
     }
 }

@@ -15,7 +15,10 @@ use crate::api::{
     },
     egressfirewall::EgressFirewall,
     egressip::EgressIP,
-    network::{EgressIpConfig, HybridSettings, OvnKubernetesConfig, PolicyAuditConfig},
+    network::{
+        EgressIpConfig, HybridError, HybridSettings, OvnKubernetesConfig, PlatformNetwork,
+        PolicyAuditConfig, overlaps,
+    },
 };
 
 /// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
@@ -56,6 +59,9 @@ pub struct ClusterState {
     pub hybrid: Option<HybridSettings>,
     /// The cluster networks with a `hostPrefix` (node subnets the controller allocates).
     pub subnet_pools: Vec<crate::api::network::SubnetPool>,
+    /// OpenShift's cluster network configuration (`config.openshift.io/v1 Network cluster`),
+    /// if any: its networks replace the operator `Network`'s ([`Self::settle_networks`]).
+    pub platform: Option<PlatformNetwork>,
     /// Objects skipped because they did not parse, one line each naming the object.
     pub rejected: Vec<String>,
 }
@@ -106,15 +112,97 @@ impl ClusterState {
         self.rejected.extend(later.rejected.iter().cloned());
     }
 
-    /// Takes `later`'s `Network` settings if it has a `Network`.
-    pub(super) fn absorb_settings(&mut self, later: &ClusterState) {
+    /// Takes `later`'s operator `Network` settings if it has that `Network`, and its cluster
+    /// network configuration if it has that.
+    pub fn absorb_settings(&mut self, later: &ClusterState) {
         if later.network.is_some() {
-            self.copy_settings(later);
+            self.copy_operator_settings(later);
+        }
+        if later.platform.is_some() {
+            self.platform.clone_from(&later.platform);
         }
     }
 
-    /// Takes `other`'s `Network` settings, none included.
-    pub fn copy_settings(&mut self, other: &ClusterState) {
+    /// Whether it holds either `Network`.
+    pub(super) fn has_settings(&self) -> bool {
+        self.network.is_some() || self.platform.is_some()
+    }
+
+    /// Takes `other`'s settings of both `Network`s, none included.
+    pub(super) fn copy_settings(&mut self, other: &ClusterState) {
+        self.copy_operator_settings(other);
+        self.platform.clone_from(&other.platform);
+    }
+
+    /// Where OpenShift's cluster network configuration is there, its networks are the
+    /// cluster's: the installer writes them there, and the operator `Network` holds copies
+    /// (a difference is named). The hybrid overlay's network is checked against them again.
+    /// Run on each state a source assembles; running it twice changes nothing more.
+    pub fn settle_networks(&mut self) {
+        let Some(platform) = &self.platform else {
+            return;
+        };
+        let config = "config.openshift.io/v1 Network cluster";
+        if !platform.cluster_networks.is_empty() {
+            if !self.cluster_networks.is_empty()
+                && self.cluster_networks != platform.cluster_networks
+            {
+                self.rejected.push(format!(
+                    "operator.openshift.io/v1 Network cluster: spec.clusterNetwork {:?} differs \
+                     from {config}'s {:?}: the latter applies",
+                    display(&self.cluster_networks),
+                    display(&platform.cluster_networks)
+                ));
+            }
+            self.cluster_networks.clone_from(&platform.cluster_networks);
+            self.subnet_pools.clone_from(&platform.subnet_pools);
+        }
+        if !platform.service_networks.is_empty() {
+            if !self.service_networks.is_empty()
+                && self.service_networks != platform.service_networks
+            {
+                self.rejected.push(format!(
+                    "operator.openshift.io/v1 Network cluster: spec.serviceNetwork {:?} differs \
+                     from {config}'s {:?}: the latter applies",
+                    display(&self.service_networks),
+                    display(&platform.service_networks)
+                ));
+            }
+            self.service_networks.clone_from(&platform.service_networks);
+        }
+        let hybrid_network = self.hybrid.and_then(|h| h.network);
+        let fields = (self
+            .cluster_networks
+            .iter()
+            .map(|n| ("spec.clusterNetwork", n)))
+        .chain(
+            self.service_networks
+                .iter()
+                .map(|n| ("spec.serviceNetwork", n)),
+        );
+        for (field, other) in fields {
+            if let Some(cidr) = hybrid_network
+                && overlaps(&ipnet::IpNet::V4(cidr), other)
+            {
+                // As an invalid hybrid overlay in the operator's `Network` does: that
+                // `Network` is refused, and the node keeps its last good state.
+                let error = HybridError::Overlap {
+                    cidr,
+                    field,
+                    other: *other,
+                };
+                self.rejected.push(format!(
+                    "operator.openshift.io/v1 Network cluster: {error} (of {config}); the Network is refused"
+                ));
+                self.network = None;
+                self.hybrid = None;
+                return;
+            }
+        }
+    }
+
+    /// Takes `other`'s operator `Network` settings, none included.
+    fn copy_operator_settings(&mut self, other: &ClusterState) {
         self.network = other.network;
         self.cluster_networks = other.cluster_networks.clone();
         self.service_networks = other.service_networks.clone();
@@ -123,4 +211,8 @@ impl ClusterState {
         self.hybrid = other.hybrid;
         self.subnet_pools = other.subnet_pools.clone();
     }
+}
+
+fn display(networks: &[ipnet::IpNet]) -> Vec<String> {
+    networks.iter().map(ToString::to_string).collect()
 }

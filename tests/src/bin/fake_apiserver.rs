@@ -109,6 +109,11 @@ const RESOURCES: &[(&str, &str, &str)] = &[
         "operator.openshift.io/v1",
         "Network",
     ),
+    (
+        "/apis/config.openshift.io/v1/networks",
+        "config.openshift.io/v1",
+        "Network",
+    ),
 ];
 
 /// (apiVersion, kind, namespace, name)
@@ -290,8 +295,14 @@ fn read_objects(dir: &Path) -> Option<BTreeMap<ObjectKey, Value>> {
     for file in files {
         let text = std::fs::read_to_string(&file).ok()?;
         for document in serde_yaml::Deserializer::from_str(&text) {
+            // A syntax fault leaves serde_yaml yielding the same error for ever: the rest
+            // of that file is skipped (as a real API server refuses what does not parse).
             let Ok(value) = serde::Deserialize::deserialize(document) else {
-                continue;
+                eprintln!(
+                    "fake_apiserver: {}: not YAML; the rest of it is skipped",
+                    file.display()
+                );
+                break;
             };
             let value: Value = value;
             let field = |v: &Value, k: &str| v[k].as_str().unwrap_or_default().to_owned();

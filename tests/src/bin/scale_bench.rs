@@ -689,7 +689,7 @@ fn decode(kind: &str, json: &str) -> ClusterState {
 
 /// The watched resource `kind` (its plural).
 fn watched(kind: &str) -> Watched {
-    Watched::by_plural(kind).expect("a watched resource")
+    Watched::by_resource(kind).expect("a watched resource")
 }
 
 /// This node's pods are behind made-up veths (the maps take any interface index).

@@ -87,8 +87,9 @@ pub(super) struct RunOptions {
     #[arg(long, default_value = cni::DEFAULT_IPAM_FILE)]
     pub(super) ipam_file: PathBuf,
     /// Networks in which Services' `spec.externalIPs` are honoured (comma-separated or
-    /// repeated CIDRs). Empty, the default: no external IP is (CVE-2020-8554). Addresses in
-    /// the cluster's own networks or of a node are refused whatever this says.
+    /// repeated CIDRs). Empty, the default: no external IP is (CVE-2020-8554), or on OpenShift
+    /// those its cluster configuration's `spec.externalIP.policy` allows. Addresses in the
+    /// cluster's own networks or of a node are refused whatever this says.
     #[arg(long, value_delimiter = ',')]
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
     /// Where NodePorts are served, as kube-proxy's flag (comma-separated or repeated):

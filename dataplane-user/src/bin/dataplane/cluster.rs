@@ -537,8 +537,24 @@ impl Cluster {
             })
             .filter_map(|a| a.address.parse().ok())
             .collect();
+        // The agent's flag overrides; OpenShift's cluster Network says it otherwise.
+        let (external_ip_cidrs, external_ip_rejected_cidrs, external_ip_source) =
+            match &state.platform {
+                Some(platform) if self.external_ip_cidrs.is_empty() => (
+                    platform.external_ips.allowed.clone(),
+                    platform.external_ips.rejected.clone(),
+                    lb::ExternalIpSource::ClusterNetwork,
+                ),
+                _ => (
+                    self.external_ip_cidrs.clone(),
+                    Vec::new(),
+                    lb::ExternalIpSource::Flag,
+                ),
+            };
         lb::AddressPolicy {
-            external_ip_cidrs: self.external_ip_cidrs.clone(),
+            external_ip_cidrs,
+            external_ip_rejected_cidrs,
+            external_ip_source,
             reserved_networks,
             node_addresses,
         }
