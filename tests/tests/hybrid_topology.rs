@@ -2,8 +2,8 @@
 //! that does not run it: a namespace on the underlay with the kernel's own VXLAN device (VNI
 //! 4097, its router MAC), routing for a pod behind it, as OVN-Kubernetes' hybrid overlay has a
 //! Windows node do. Both directions with ping, TCP and UDP; the wire format read by tshark;
-//! services from the hybrid pod; NetworkPolicy and EgressFirewall still judging; the node's
-//! annotations removed; the VXLAN port moved to 9898.
+//! services from the hybrid pod; a pod's ARP kept on its node; NetworkPolicy and
+//! EgressFirewall still judging; the node's annotations removed; the VXLAN port moved to 9898.
 
 use std::{
     thread,
@@ -253,6 +253,48 @@ fn linux_and_windows_pods_reach_each_other_over_the_hybrid_overlay() {
     assert_eq!(
         tcp_answers(&pod_ns, "10.96.0.80", 80, 2).expect("service, remote backend"),
         vec![format!("p1 {}", underlay_ip(0)); 2]
+    );
+    // ARP from a pod: its neighbours are its gateway alone, answered on the node (by the
+    // pod's host-side veth), however much hybrid traffic it sent; a forged ARP for a Windows
+    // pod's address or router is answered by no one and never reaches the underlay (the
+    // capture's ARP check below).
+    let neighbours = exec_in(&pod0.netns, &["ip", "-4", "-o", "neigh", "show"]).expect("neigh");
+    let neighbours = String::from_utf8_lossy(&neighbours.stdout).into_owned();
+    assert!(
+        !neighbours.trim().is_empty() && neighbours.lines().all(|l| l.starts_with("169.254.1.1 ")),
+        "{neighbours}"
+    );
+    let host_link = exec_in(
+        &topology.node(0).netns,
+        &["ip", "-br", "link", "show", &pod0.host_iface],
+    )
+    .expect("host veth");
+    let host_mac = String::from_utf8_lossy(&host_link.stdout)
+        .split_whitespace()
+        .nth(2)
+        .unwrap_or_default()
+        .to_owned();
+    let script = format!(
+        "from scapy.all import *\n\
+         conf.verb = 0\n\
+         for target in ['169.254.1.1', '{WINDOWS_POD}', '10.132.0.1']:\n\
+         \x20   ask = Ether(dst='ff:ff:ff:ff:ff:ff')/ARP(pdst=target, psrc='{ip}', hwsrc=get_if_hwaddr('eth0'))\n\
+         \x20   answered, _ = srp(ask, iface='eth0', timeout=0.5, multi=True)\n\
+         \x20   print(target, ' '.join(sorted(set(r.hwsrc for _, r in answered))) or '-')\n",
+        ip = pod0.ip
+    );
+    let out = exec_in(&pod0.netns, &["python3", "-c", &script]).expect("scapy ARP");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .collect::<Vec<_>>(),
+        [
+            format!("169.254.1.1 {host_mac}"),
+            format!("{WINDOWS_POD} -"),
+            "10.132.0.1 -".to_owned()
+        ],
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
     );
     let wire = capture.finish().expect("capture");
     let vxlan: Vec<Vec<&str>> = wire
