@@ -1159,3 +1159,94 @@ fn node_ports_are_served_on_the_addresses_nodeport_addresses_selects() {
     assert_eq!(try_connect(&node0.netns, &primary0, 30085), "refused");
     drop(server);
 }
+
+/// Spoofed SYNs cost a NodePort its masquerade ports for a minute, never for good (issue 68):
+/// 45,000 SYNs from addresses that never answer take every source port toward the one remote
+/// backend (36,280); a real client is turned away meanwhile, counted as
+/// `lb_snat_ports_exhausted`, and served again once the unanswered openings have lived their
+/// minute (`CT_TIMEOUT_OPENING`), not the six hours of an established connection.
+#[test]
+fn a_spoofed_syn_flood_holds_a_node_ports_masquerade_ports_for_a_minute_only() {
+    if !privileged("a_spoofed_syn_flood_holds_a_node_ports_masquerade_ports_for_a_minute_only") {
+        return;
+    }
+    use dataplane_common::{DropReason, lb::CT_TIMEOUT_OPENING};
+    use dataplane_tests::{egress_topology::underlay_mac, topology::underlay_ip};
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    let backend = topology.node(1).pods[0].clone();
+    let manifests = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: flooded, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.23, ports: [{{port: 80, targetPort: 8080, nodePort: 30090}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: flooded-1, namespace: default, labels: {{kubernetes.io/service-name: flooded}}}}\n\
+         addressType: IPv4\nports: [{{port: 8080, protocol: TCP}}]\n\
+         endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+        ip = backend.ip,
+        node = dataplane_tests::topology::node_name(1),
+    );
+    topology
+        .add_manifest("flooded.yaml", &manifests)
+        .expect("manifests");
+    let _server = echo_backend(&backend, false).expect("backend");
+    let agents = [
+        topology.node(0).start_agent().expect("agent on node 0"),
+        topology.node(1).start_agent().expect("agent on node 1"),
+    ];
+    let node_port = underlay_ip(0).to_string();
+    assert!(
+        eventually(|| try_connect(&external.netns, &node_port, 30090).starts_with("ok")),
+        "the NodePort serves before the flood"
+    );
+    // The flood: SYNs from 198.18.0.0/15 (no host there answers, so none gets past its
+    // opening), written straight to the wire with valid checksums.
+    let script = format!(
+        "import socket, struct, time\n\
+         def csum(b):\n\
+         \x20   s = sum(struct.unpack('!%dH' % (len(b) // 2), b))\n\
+         \x20   while s >> 16: s = (s & 0xffff) + (s >> 16)\n\
+         \x20   return ~s & 0xffff\n\
+         out = socket.socket(socket.AF_PACKET, socket.SOCK_RAW)\n\
+         out.bind(('eth0', 0))\n\
+         ether = bytes.fromhex('{dst_mac}') + bytes.fromhex('{src_mac}') + b'\\x08\\x00'\n\
+         dst = socket.inet_aton('{node_port}')\n\
+         for i in range(45000):\n\
+         \x20   src = bytes([198, 18 + (i >> 16), (i >> 8) & 255, i & 255])\n\
+         \x20   tcp = struct.pack('!HHIIBBHHH', 1024 + i % 60000, 30090, i, 0, 5 << 4, 2, 64240, 0, 0)\n\
+         \x20   pseudo = src + dst + struct.pack('!BBH', 0, 6, len(tcp))\n\
+         \x20   tcp = tcp[:16] + struct.pack('!H', csum(pseudo + tcp)) + tcp[18:]\n\
+         \x20   ip = struct.pack('!BBHHHBBH4s4s', 0x45, 0, 20 + len(tcp), i & 0xffff, 0, 64, 6, 0, src, dst)\n\
+         \x20   ip = ip[:10] + struct.pack('!H', csum(ip)) + ip[12:]\n\
+         \x20   out.send(ether + ip + tcp)\n\
+         \x20   if i % 200 == 199: time.sleep(0.004)\n",
+        dst_mac = underlay_mac(&topology.node(0).netns).replace(':', ""),
+        src_mac = underlay_mac(&external.netns).replace(':', ""),
+    );
+    let before = agents[0].counters().expect("counters");
+    run_in(&external.netns, &["python3", "-c", &script]).expect("the flood");
+    let flooded = std::time::Instant::now();
+    let exhausted = |agent: &dataplane_tests::topology::Agent| {
+        agent
+            .counters()
+            .expect("counters")
+            .drops(DropReason::LbSnatPortsExhausted)
+            - before.drops(DropReason::LbSnatPortsExhausted)
+    };
+    assert!(
+        exhausted(&agents[0]) > 0,
+        "the flood took every port: {:#?}",
+        agents[0].counters()
+    );
+    // A real client meanwhile: no port for it (its SYNs are dropped and counted).
+    let during = exhausted(&agents[0]);
+    assert_eq!(try_connect(&external.netns, &node_port, 30090), "timeout");
+    assert!(exhausted(&agents[0]) > during);
+    // A minute after the flood the unanswered openings give their ports up.
+    let minute = std::time::Duration::from_secs(u64::from(CT_TIMEOUT_OPENING) + 2);
+    std::thread::sleep(minute.saturating_sub(flooded.elapsed()));
+    assert!(
+        eventually(|| try_connect(&external.netns, &node_port, 30090).starts_with("ok")),
+        "served again a minute after the flood: {:#?}",
+        agents[0].counters()
+    );
+}
