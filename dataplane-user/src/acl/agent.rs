@@ -31,7 +31,7 @@ use super::{
     firewall::{CompiledFirewalls, DnsAddresses, FirewallContext, compile_firewalls_reusing},
     peers::Registry,
     pods::{NamespaceLabels, PolicyChanges, PolicyPod, PolicyPods, namespace_labels},
-    policy::{CompiledPolicies, PodRulesCache, policy_sets_since},
+    policy::{CompiledPolicies, EntryBudget, PodRulesCache, policy_sets_since},
     select::PolicyCluster,
 };
 use crate::{
@@ -154,6 +154,8 @@ pub struct FirewallAgent {
     namespace_labels: NamespaceLabels,
     /// Policy errors of the last compile (logged once).
     policy_errors: Vec<String>,
+    /// What the local pods' policy sets may hold together (the maps' capacity).
+    entry_budget: EntryBudget,
     context: FirewallContext,
     pods: Vec<AclPod>,
     /// Audit levels of the namespaces that log.
@@ -286,6 +288,7 @@ impl FirewallAgent {
             namespace_labels: namespace_labels(&inputs.namespaces),
             namespaces: inputs.namespaces,
             policy_errors: Vec::new(),
+            entry_budget: EntryBudget(dataplane.capacities().acl_entries as usize),
             context: inputs.context,
             pods: inputs.pods,
             levels: levels.into_iter().collect(),
@@ -370,6 +373,7 @@ impl FirewallAgent {
             sets: std::mem::take(&mut previous.desired.policy_sets),
             pods: std::mem::take(&mut previous.desired.pod_policies),
             errors: std::mem::take(&mut self.policy_errors),
+            budget: self.entry_budget,
         };
         let last_log = std::mem::take(&mut previous.desired.log);
         let previous_peers = std::mem::take(&mut previous.desired.peers);

@@ -73,6 +73,15 @@ pub struct Cover {
 }
 
 impl CompiledSet {
+    /// The entries the set takes in the maps (prefixes, peer identities, port table
+    /// entries): what the agent's budget for policy sets counts.
+    pub fn entries(&self) -> usize {
+        let table_entries = |t: &PortTable| 1 + t.protocols.len() + t.buckets.len() + t.exact.len();
+        self.prefixes.len()
+            + self.peers.len()
+            + self.tables.iter().map(table_entries).sum::<usize>()
+    }
+
     /// What the kernel decides for a packet to `dst` (protocol, destination port): the
     /// longest of the lengths in use with an entry, then its table. `None`: no rule matches.
     pub fn lookup(&self, dst: IpAddr, protocol: u8, port: u16) -> Option<Outcome> {

@@ -479,6 +479,37 @@ pub struct CompiledPolicies {
     pub sets: BTreeMap<String, PolicySet>,
     pub pods: BTreeMap<String, PodSets>,
     pub errors: Vec<String>,
+    pub budget: EntryBudget,
+}
+
+/// Most entries the policy sets of all local pods may hold together: the maps' capacity
+/// (`--max-acl-entries`), past which they could not be written anyway. It bounds what the
+/// agent holds of them whatever the tenants write: without it, 110 pods each with policies
+/// near one set's limit held gigabytes. A set that would pass it is refused as a set too large
+/// is (its pod's largest policy allows nothing), and tried again at the next compile.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryBudget(pub usize);
+
+impl Default for EntryBudget {
+    fn default() -> Self {
+        Self(dataplane_common::maps::DEFAULT_ACL_ENTRIES as usize)
+    }
+}
+
+/// Why a set was not compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SetRefused {
+    #[error(transparent)]
+    TooLarge(#[from] super::SetTooLarge),
+    #[error(
+        "its {entries} entries would take the node's policy sets past the agent's budget of {budget} \
+         (--max-acl-entries; {held} held by other sets)"
+    )]
+    OverBudget {
+        entries: usize,
+        held: usize,
+        budget: usize,
+    },
 }
 
 /// Compiles the policies for the pods of this node (`local`: `<namespace>/<name>` keys) against
@@ -524,6 +555,9 @@ pub struct PodRulesCache {
 struct CachedPod {
     sets: PodSets,
     errors: Vec<String>,
+    /// A set of it was refused for the budget: compiled again next time, when there may be
+    /// room.
+    over_budget: bool,
     reads: Reads,
     /// Its policies' parts.
     parts: Vec<PolicyPart>,
@@ -533,7 +567,9 @@ impl CachedPod {
     /// Whether the last compile of the pod, of `namespace`, still holds after `changes`.
     fn still_holds(&self, namespace: &str, changes: &PolicyChanges) -> bool {
         // The reads include the pod itself.
-        !changes.policies.contains(namespace) && !self.reads.touched_by(&changes.pods)
+        !self.over_budget
+            && !changes.policies.contains(namespace)
+            && !self.reads.touched_by(&changes.pods)
     }
 }
 
@@ -617,7 +653,7 @@ pub fn policy_sets_since(
             .get(&pod.namespace)
             .is_some_and(|changed| changed.iter().any(|c| c.name == pod.name));
         let parts = if itself { Vec::new() } else { parts };
-        let (sets, errors, reads, parts) =
+        let (sets, errors, reads, parts, over_budget) =
             compile_pod(policies, cluster, admin, pod, &prior, parts, changes, last);
         let before = if sets == PodSets::default() {
             last.pods.remove(key)
@@ -633,6 +669,7 @@ pub fn policy_sets_since(
                 CachedPod {
                     sets,
                     errors,
+                    over_budget,
                     reads,
                     parts,
                 },
@@ -668,7 +705,8 @@ fn sets_present(sets: &PodSets, sets_by_name: &BTreeMap<String, PolicySet>) -> b
 
 /// Compiles one local pod's sets, adding those not in `last` (made from the pod's `prior`
 /// sets where they moved by a few peers, from its policies' `parts` of the last compile
-/// where `changes` leaves them); also its errors, what it read and its policies' parts.
+/// where `changes` leaves them); also its errors, what it read, its policies' parts and
+/// whether a set was refused for the budget.
 #[expect(
     clippy::too_many_arguments,
     reason = "the pod, its cluster, its policies and what the last compile left, passed down"
@@ -682,7 +720,7 @@ fn compile_pod(
     parts: Vec<PolicyPart>,
     changes: &PolicyChanges,
     last: &mut CompiledPolicies,
-) -> (PodSets, Vec<String>, Reads, Vec<PolicyPart>) {
+) -> (PodSets, Vec<String>, Reads, Vec<PolicyPart>, bool) {
     *cluster.reads.borrow_mut() = Reads::Nothing;
     cluster.read(&pod.namespace, Read::Named(pod.name.clone()));
     let parts = parts_reusing(policies, cluster, pod, parts, changes);
@@ -691,6 +729,7 @@ fn compile_pod(
     let mut refused: Option<Vec<PolicyPart>> = None;
     let mut sets = PodSets::default();
     let mut errors = Vec::new();
+    let mut over_budget = false;
     for direction in [Direction::Ingress, Direction::Egress] {
         // Policies that fit alone may not fit together: the largest is refused (it allows
         // nothing for this pod), and the rest compiled again, until what is left fits.
@@ -707,26 +746,29 @@ fn compile_pod(
             };
             match compile_set(&pod.namespace, direction, rules, prior, last) {
                 Ok(name) => break (Some(name), notes),
-                Err(too_large) => match largest_part(working, direction) {
-                    Some(index) => refuse_part(
-                        refused.get_or_insert_with(|| parts.clone()),
-                        index,
-                        direction,
-                        &format!("with the pod {}'s other policies, {too_large}", pod.key()),
-                    ),
-                    // Nothing of the namespace's own to refuse: the cluster-wide tiers alone
-                    // are too large, and the pod's direction is closed.
-                    None => {
-                        errors.push(format!(
+                Err(too_large) => {
+                    over_budget |= matches!(too_large, SetRefused::OverBudget { .. });
+                    match largest_part(working, direction) {
+                        Some(index) => refuse_part(
+                            refused.get_or_insert_with(|| parts.clone()),
+                            index,
+                            direction,
+                            &format!("with the pod {}'s other policies, {too_large}", pod.key()),
+                        ),
+                        // Nothing of the namespace's own to refuse: the cluster-wide tiers alone
+                        // are too large, and the pod's direction is closed.
+                        None => {
+                            errors.push(format!(
                             "pod {}: its admin network policies' {direction:?} rules: {too_large}; it is denied everything in that direction",
                             pod.key()
                         ));
-                        let closed = PodRules::default();
-                        let name = compile_set(&pod.namespace, direction, closed, prior, last)
-                            .expect("an empty rule list fits");
-                        break (Some(name), notes);
+                            let closed = PodRules::default();
+                            let name = compile_set(&pod.namespace, direction, closed, prior, last)
+                                .expect("an empty rule list fits");
+                            break (Some(name), notes);
+                        }
                     }
-                },
+                }
             }
         };
         sets.log |= notes.log;
@@ -738,7 +780,7 @@ fn compile_pod(
     }
     let (_, part_errors) = assemble_parts(refused.as_deref().unwrap_or(&parts));
     errors.splice(0..0, part_errors);
-    (sets, errors, cluster.reads.take(), parts)
+    (sets, errors, cluster.reads.take(), parts, over_budget)
 }
 
 /// The name of the set of `rules` (one pod's, in `direction`), compiled into `last` unless it
@@ -749,7 +791,7 @@ fn compile_set(
     rules: PodRules,
     prior: &PodSets,
     last: &mut CompiledPolicies,
-) -> Result<String, super::SetTooLarge> {
+) -> Result<String, SetRefused> {
     let name = set_name(namespace, direction, &rules);
     if last.sets.contains_key(&name) {
         return Ok(name);
@@ -773,6 +815,10 @@ fn compile_set(
         Some(compiled) => compiled,
         None => compile_tiered(&rules.rules, rules.admin_end, false)?,
     };
+    // A rule list that allows nothing always fits: it is what a refusal leaves.
+    if !rules.rules.is_empty() {
+        within_budget(&compiled, prior.map(String::as_str), last)?;
+    }
     let set = PolicySet {
         namespace: namespace.to_owned(),
         direction,
@@ -782,6 +828,36 @@ fn compile_set(
     };
     last.sets.insert(name.clone(), set);
     Ok(name)
+}
+
+/// Whether `compiled`, a new set replacing the pod's `prior` one, keeps the sets within the
+/// budget. The prior set is not counted (it goes when no pod names it any more), nor are the
+/// sets no pod names since the last compile.
+fn within_budget(
+    compiled: &super::CompiledSet,
+    prior: Option<&str>,
+    last: &CompiledPolicies,
+) -> Result<(), SetRefused> {
+    let named: BTreeSet<&str> = (last.pods.values())
+        .flat_map(|sets| [&sets.ingress, &sets.egress])
+        .flatten()
+        .map(String::as_str)
+        .filter(|name| Some(*name) != prior)
+        .collect();
+    let held: usize = (last.sets.iter())
+        .filter(|(name, _)| named.contains(name.as_str()))
+        .map(|(_, set)| set.compiled.entries())
+        .sum();
+    let entries = compiled.entries();
+    let budget = last.budget.0;
+    if held.saturating_add(entries) > budget {
+        return Err(SetRefused::OverBudget {
+            entries,
+            held,
+            budget,
+        });
+    }
+    Ok(())
 }
 
 /// One direction of a pod with the cluster-wide tiers around its NetworkPolicy rules (`np`,

@@ -1204,3 +1204,97 @@ fn policies_that_fit_alone_but_not_together_refuse_the_largest_until_the_rest_fi
     assert!(since.errors.is_empty(), "{:?}", since.errors);
     assert!(x_a_allows(&since, "fd00:0::1"), "p0 now holds");
 }
+
+/// The local pods' sets together stay within the agent's budget (the maps' capacity): the set
+/// that would pass it is refused as a set too large is (its pod's policy allows nothing, the
+/// error names the budget), the other pods keep theirs, and once room is made the refused
+/// pod is compiled again though nothing it reads changed.
+#[test]
+fn the_policy_sets_of_all_local_pods_stay_within_the_budget() {
+    use super::admin::AdminPolicies;
+    use super::{
+        pods::PolicyChanges,
+        policy::{CompiledPolicies, EntryBudget, PodRulesCache, policy_sets_since},
+    };
+    let allows = |compiled: &CompiledPolicies, pod: &str, from: &str| {
+        let name = compiled.pods[pod].ingress.as_ref().expect("isolated");
+        compiled.sets[name]
+            .compiled
+            .lookup(from.parse().unwrap(), PROTO_TCP, 80)
+            .is_some_and(|o| o.verdict == Verdict::Allow)
+    };
+    let blocks = |first: u8| {
+        (0..4)
+            .map(|n| format!("{{ipBlock: {{cidr: 192.0.{}.0/24}}}}", first + n))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    let of = |namespace: &str, first: u8| {
+        policy(
+            namespace,
+            "web",
+            &format!(
+                "  podSelector: {{matchLabels: {{pod: a}}}}\n  ingress:\n  - from: [{}]",
+                blocks(first)
+            ),
+        )
+    };
+    let pods: PolicyPods = cluster_pods().into_iter().collect();
+    let labels = namespaces();
+    let admin = AdminPolicies::default();
+    let local = ["x/a".to_owned(), "y/a".to_owned()];
+    let compile = |yaml: &str,
+                   since: &mut CompiledPolicies,
+                   cache: &mut PodRulesCache,
+                   changes: &PolicyChanges| {
+        let policies = parsed_policies(yaml);
+        let cluster = PolicyCluster::new(&pods, &labels);
+        policy_sets_since(&policies, &cluster, &local, since, &admin, cache, changes);
+    };
+    let both = of("x", 10) + &of("y", 20);
+    // What each set takes, with room for both.
+    let mut roomy = CompiledPolicies::default();
+    compile(
+        &both,
+        &mut roomy,
+        &mut PodRulesCache::default(),
+        &PolicyChanges::everything(),
+    );
+    assert!(roomy.errors.is_empty(), "{:?}", roomy.errors);
+    let entries = |pod: &str| {
+        roomy.sets[roomy.pods[pod].ingress.as_ref().unwrap()]
+            .compiled
+            .entries()
+    };
+    let (x, y) = (entries("x/a"), entries("y/a"));
+    assert!(x > 1 && y > 1, "{x} {y}");
+    // One entry short: x/a (compiled first) keeps its set, y/a's policy is refused.
+    let mut since = CompiledPolicies {
+        budget: EntryBudget(x + y - 1),
+        ..CompiledPolicies::default()
+    };
+    let mut cache = PodRulesCache::default();
+    compile(&both, &mut since, &mut cache, &PolicyChanges::everything());
+    assert_eq!(
+        since.errors,
+        [format!(
+            "NetworkPolicy y/web: with the pod y/a's other policies, its {y} entries would take the \
+             node's policy sets past the agent's budget of {} (--max-acl-entries; {x} held by other \
+             sets); it isolates its pods and allows nothing",
+            x + y - 1
+        )]
+    );
+    assert!(allows(&since, "x/a", "192.0.10.1"));
+    assert!(
+        !allows(&since, "y/a", "192.0.20.1"),
+        "refused: allows nothing"
+    );
+    let held: usize = since.sets.values().map(|s| s.compiled.entries()).sum();
+    assert!(held < x + y, "{held}");
+    // x's policy goes (a change in x alone): y/a is compiled again and now fits.
+    let mut changes = PolicyChanges::default();
+    changes.policies.insert("x".into());
+    compile(&of("y", 20), &mut since, &mut cache, &changes);
+    assert!(since.errors.is_empty(), "{:?}", since.errors);
+    assert!(allows(&since, "y/a", "192.0.20.1"));
+}
