@@ -286,6 +286,11 @@ pub const TAIL_UNDERLAY_MULTICAST: u32 = 8;
 /// After `tc_underlay` for Geneve to this node that XDP left whole (a multicast copy): checked,
 /// unwrapped and copied to the group's local pods.
 pub const PROG_UNDERLAY_MULTICAST: &str = "tc_underlay_multicast";
+/// `TAILS` slot of [`PROG_UNDERLAY_NEIGHBOUR`].
+pub const TAIL_UNDERLAY_NEIGHBOUR: u32 = 9;
+/// After `tc_underlay` for an ARP request or neighbour solicitation where XDP may not send
+/// frames back out of the underlay: answered for egress addresses held here.
+pub const PROG_UNDERLAY_NEIGHBOUR: &str = "tc_underlay_neighbour";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";
@@ -347,6 +352,11 @@ pub const TAIL_STAGES: &[TailStage] = &[
         program: PROG_UNDERLAY_MULTICAST,
         reached_from: &[PROG_UNDERLAY_TC],
     },
+    TailStage {
+        slot: TAIL_UNDERLAY_NEIGHBOUR,
+        program: PROG_UNDERLAY_NEIGHBOUR,
+        reached_from: &[PROG_UNDERLAY_TC],
+    },
 ];
 
 /// Every program the dataplane loads (the test bed's own are `crate::testbed`'s).
@@ -362,6 +372,7 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY_EGRESS,
     PROG_FROM_POD_MULTICAST,
     PROG_UNDERLAY_MULTICAST,
+    PROG_UNDERLAY_NEIGHBOUR,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
 ];

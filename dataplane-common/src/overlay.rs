@@ -47,9 +47,10 @@ pub const OVERLAY_HAS_IPV4: u16 = 1 << 0;
 pub const OVERLAY_HAS_IPV6: u16 = 1 << 1;
 /// `OverlayConfig::flags`: the overlay is configured (maps filled by an agent).
 pub const OVERLAY_ENABLED: u16 = 1 << 2;
-/// `OverlayConfig::flags`: XDP may send NodePort packets of established flows to backends on
-/// other nodes itself (Geneve, then XDP_TX or a redirect). Off where the underlay cannot take
-/// frames back from XDP (a veth whose peer runs no NAPI drops them).
+/// `OverlayConfig::flags`: XDP may send frames back out of the underlay: NodePort packets of
+/// established flows to backends on other nodes (Geneve, then XDP_TX or a redirect), answers
+/// to ARP and neighbour solicitations for egress addresses. Off where the underlay cannot
+/// take frames back from XDP (a veth whose peer runs no NAPI drops them): tc does both then.
 pub const OVERLAY_XDP_FORWARD: u16 = 1 << 3;
 /// `OverlayConfig::flags`: NodePorts are served on the addresses `LB_NODEPORT_ADDRS` holds
 /// (`--nodeport-addresses` lists networks) rather than on the node's address of each family.

@@ -8,7 +8,8 @@
 //! (`tc_underlay_egress`, after the load-balancer): other nodes' decapsulated egress traffic is
 //! translated; replies to a held address are translated back and delivered like any pod
 //! traffic (here, or through Geneve); anything else sent to a held address is dropped, so the
-//! node's own sockets never answer on it. XDP answers ARP for held addresses.
+//! node's own sockets never answer on it. XDP answers ARP and neighbour solicitations for
+//! held addresses, or tc where the underlay drops what XDP sends back out.
 //!
 //! ICMP and ICMPv6 echo requests are translated too, their identifier standing for the
 //! source port; an error a router sends back about a translated flow (fragmentation needed,
@@ -27,7 +28,10 @@
 
 use aya_ebpf::{
     bindings::{BPF_NOEXIST, TC_ACT_OK, TC_ACT_REDIRECT, TC_ACT_SHOT, xdp_action},
-    helpers::{bpf_get_hash_recalc, bpf_redirect_neigh, bpf_xdp_adjust_tail},
+    helpers::{
+        bpf_get_hash_recalc, bpf_redirect, bpf_redirect_neigh, bpf_skb_change_tail,
+        bpf_xdp_adjust_tail,
+    },
     macros::classifier,
     programs::{TcContext, XdpContext},
 };
@@ -37,7 +41,7 @@ use dataplane_common::{
         EGRESS_CT_CHOSEN, EGRESS_CT_IN, EGRESS_CT_OUT, EGRESS_HELD_HERE, EGRESS_PORT_MAX,
         EGRESS_PORT_MIN, EgressHolder, MAX_EGRESS_IPS_PER_POD,
     },
-    overlay::Addr,
+    overlay::{Addr, OVERLAY_XDP_FORWARD},
 };
 
 use crate::lookup;
@@ -446,15 +450,99 @@ fn send_out() -> Result<(), DropReason> {
     Ok(())
 }
 
-/// XDP on the underlay: answers an ARP request for an egress address held here with the
-/// underlay's MAC (the node has no such address of its own, so nothing else answers).
-/// `None`: not such a request.
+/// A frame the neighbour answers are written into, in place: XDP's buffer, or a socket
+/// buffer at tc (made linear first).
+trait Frame {
+    fn bounds(&self) -> (usize, usize);
+    /// Makes the frame `len` bytes long; false when the kernel refused.
+    fn set_len(&self, len: usize) -> bool;
+}
+
+impl Frame for XdpContext {
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+
+    fn set_len(&self, len: usize) -> bool {
+        let delta = len as i32 - (self.data_end() - self.data()) as i32;
+        // SAFETY: this program's own context; the caller re-checks the bounds after.
+        delta == 0 || unsafe { bpf_xdp_adjust_tail(self.ctx, delta) } == 0
+    }
+}
+
+impl Frame for TcContext {
+    fn bounds(&self) -> (usize, usize) {
+        (self.data(), self.data_end())
+    }
+
+    fn set_len(&self, len: usize) -> bool {
+        // SAFETY: this program's own socket buffer; the caller re-checks the bounds after.
+        let resized = unsafe { bpf_skb_change_tail(self.skb.skb, len as u32, 0) } == 0;
+        resized && self.pull_data(len as u32).is_ok()
+    }
+}
+
+/// XDP on the underlay: answers an ARP request or a neighbour solicitation for an egress
+/// address held here (`answer_arp`, `answer_ns`) and sends the answer back out, where the
+/// underlay takes frames from XDP (`OVERLAY_XDP_FORWARD`; a veth whose peer does not poll
+/// drops them, and `tc_underlay_neighbour` answers there instead). `None`: not such a
+/// request, or answered at tc.
 #[inline(always)]
-pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
-    const ARP_LEN: usize = 28;
-    let (start, end) = (ctx.data(), ctx.data_end());
-    if start + ETH_LEN + ARP_LEN > end {
+pub fn answer_in_xdp(ctx: &XdpContext, class: PacketClass) -> Option<u32> {
+    if lookup::overlay_config().is_none_or(|c| c.flags & OVERLAY_XDP_FORWARD == 0) {
         return None;
+    }
+    let answered = match class {
+        PacketClass::Arp => answer_arp(ctx, Hook::Underlay),
+        _ => answer_ns(ctx, Hook::Underlay),
+    };
+    answered.then_some(xdp_action::XDP_TX)
+}
+
+/// Whether a frame at tc is a neighbour question `tc_underlay_neighbour` answers there: an
+/// ARP request or an ICMPv6 neighbour solicitation (type 135 right after the IPv6 header),
+/// on a node holding egress addresses whose XDP does not send frames back out.
+#[inline(always)]
+pub fn answered_at_tc(ctx: &TcContext, class: PacketClass) -> bool {
+    let asked = match class {
+        PacketClass::Arp => true,
+        PacketClass::Icmpv6 => {
+            ctx.load::<u8>(ETH_LEN + 6).ok() == Some(IPPROTO_ICMPV6)
+                && ctx.load::<u8>(ETH_LEN + 40).ok() == Some(135)
+        }
+        _ => false,
+    };
+    asked
+        && lookup::egress_holder()
+        && lookup::overlay_config().is_some_and(|c| c.flags & OVERLAY_XDP_FORWARD == 0)
+}
+
+/// tc ingress on the underlay, where XDP may not send frames back out (`answered_at_tc`):
+/// answers an ARP request or neighbour solicitation for an egress address held here, out of
+/// the underlay again by redirect, which any peer takes. Anything else passes to the stack.
+#[classifier]
+pub fn tc_underlay_neighbour(ctx: TcContext) -> i32 {
+    // The answers are written in place: the longest, an advertisement, made linear.
+    if ctx.pull_data(NA_LEN as u32).is_err() && ctx.pull_data(ETH_LEN as u32 + 28).is_err() {
+        return TC_ACT_OK;
+    }
+    let answered = answer_arp(&ctx, Hook::UnderlayTc) || answer_ns(&ctx, Hook::UnderlayTc);
+    if !answered {
+        return TC_ACT_OK;
+    }
+    // SAFETY: plain helper call; back out of the device the question came in by.
+    unsafe { bpf_redirect((*ctx.skb.skb).ifindex, 0) as i32 }
+}
+
+/// Answers an ARP request for an egress address held here with the underlay's MAC, in place
+/// (the node has no such address of its own, so nothing else answers). False: not such a
+/// request.
+#[inline(always)]
+fn answer_arp(ctx: &impl Frame, hook: Hook) -> bool {
+    const ARP_LEN: usize = 28;
+    let (start, end) = ctx.bounds();
+    if start + ETH_LEN + ARP_LEN > end {
+        return false;
     }
     let frame = start as *mut [u8; ETH_LEN + ARP_LEN];
     // SAFETY: the 42 bytes were bounds-checked just above.
@@ -463,18 +551,22 @@ pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
     if u16::from_be_bytes([frame[12], frame[13]]) != ETH_P_ARP
         || frame[14..22] != [0, 1, 8, 0, 6, 4, 0, 1]
     {
-        return None;
+        return false;
     }
-    let w = work().ok()?;
+    let Ok(w) = work() else {
+        return false;
+    };
     let mut target = [0u8; 4];
     target.copy_from_slice(&frame[38..42]);
     crate::copy::set_ipv4_mapped(&mut w.egress, target);
     // SAFETY: only the flags are read.
-    let held = unsafe { EGRESS_IPS.get(&w.egress) }?;
-    if held.flags & EGRESS_HELD_HERE == 0 {
-        return None;
+    let held = unsafe { EGRESS_IPS.get(&w.egress) };
+    if held.is_none_or(|h| h.flags & EGRESS_HELD_HERE == 0) {
+        return false;
     }
-    let config = lookup::overlay_config()?;
+    let Some(config) = lookup::overlay_config() else {
+        return false;
+    };
     let mut sender = [0u8; 10];
     sender.copy_from_slice(&frame[22..32]);
     // Reply: to the requester, from the underlay's MAC, the target now the sender.
@@ -487,8 +579,8 @@ pub fn answer_arp(ctx: &XdpContext) -> Option<u32> {
         copy_bytes::<6>(frame.as_mut_ptr(), sender.as_ptr());
         copy_bytes::<6>(frame[6..].as_mut_ptr(), config.underlay_mac.as_ptr());
     }
-    count_outcome(Hook::Underlay, PacketClass::EgressArpAnswered);
-    Some(xdp_action::XDP_TX)
+    count_outcome(hook, PacketClass::EgressArpAnswered);
+    true
 }
 
 /// Ethernet, IPv6 and ICMPv6 neighbour solicitation up to its target (RFC 4861 4.3).
@@ -496,15 +588,15 @@ const NS_LEN: usize = ETH_LEN + 40 + 24;
 /// The advertisement that answers it: with the target link-layer address option (4.4).
 const NA_LEN: usize = ETH_LEN + 40 + 32;
 
-/// XDP on the underlay: answers a neighbour solicitation for an egress address held here with
-/// a neighbour advertisement carrying the underlay's MAC (solicited, override; to the
-/// solicitor, or to all nodes when it is duplicate address detection from `::`). `None`: not
-/// such a solicitation (one behind extension headers is left to the stack, which ignores it).
+/// Answers a neighbour solicitation for an egress address held here with a neighbour
+/// advertisement carrying the underlay's MAC (solicited, override; to the solicitor, or to
+/// all nodes when it is duplicate address detection from `::`), in place. False: not such a
+/// solicitation (one behind extension headers is left to the stack, which ignores it).
 #[inline(never)]
-pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
-    let (start, end) = (ctx.data(), ctx.data_end());
+fn answer_ns(ctx: &impl Frame, hook: Hook) -> bool {
+    let (start, end) = ctx.bounds();
     if start + NS_LEN > end {
-        return None;
+        return false;
     }
     // SAFETY: the bytes were bounds-checked just above.
     let frame = unsafe { &mut *(start as *mut [u8; NS_LEN]) };
@@ -515,28 +607,30 @@ pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
         || frame[54] != 135
         || frame[55] != 0
     {
-        return None;
+        return false;
     }
-    let w = work().ok()?;
+    let Ok(w) = work() else {
+        return false;
+    };
     w.egress.copy_from_slice(&frame[62..78]);
     // SAFETY: only the flags are read.
-    let held = unsafe { EGRESS_IPS.get(&w.egress) }?;
-    if held.flags & EGRESS_HELD_HERE == 0 {
-        return None;
+    let held = unsafe { EGRESS_IPS.get(&w.egress) };
+    if held.is_none_or(|h| h.flags & EGRESS_HELD_HERE == 0) {
+        return false;
     }
-    let config = lookup::overlay_config()?;
+    let Some(config) = lookup::overlay_config() else {
+        return false;
+    };
     let mut solicitor_mac = [0u8; 6];
     solicitor_mac.copy_from_slice(&frame[6..12]);
     w.egress_peer.copy_from_slice(&frame[22..38]);
     let dad = w.egress_peer == [0u8; 16];
-    let delta = NA_LEN as i32 - (end - start) as i32;
-    // SAFETY: ctx is this program's context; the packet is re-checked after.
-    if delta != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, delta) } != 0 {
-        return None;
+    if !ctx.set_len(NA_LEN) {
+        return false;
     }
-    let (start, end) = (ctx.data(), ctx.data_end());
+    let (start, end) = ctx.bounds();
     if start + NA_LEN > end {
-        return None;
+        return false;
     }
     // SAFETY: bounds-checked just above.
     let frame = unsafe { &mut *(start as *mut [u8; NA_LEN]) };
@@ -568,8 +662,8 @@ pub fn answer_ns(ctx: &XdpContext) -> Option<u32> {
         sum = (sum & 0xffff) + (sum >> 16);
     }
     frame[56..58].copy_from_slice(&(!(sum as u16)).to_be_bytes());
-    count_outcome(Hook::Underlay, PacketClass::EgressArpAnswered);
-    Some(xdp_action::XDP_TX)
+    count_outcome(hook, PacketClass::EgressArpAnswered);
+    true
 }
 
 /// ff02::1, where an answer to duplicate address detection goes.

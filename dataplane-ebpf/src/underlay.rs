@@ -15,7 +15,10 @@ use aya_ebpf::{
 use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::SERVICE_REPLY_MARK,
-    maps::{TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST, TAIL_UNDERLAY_SCTP},
+    maps::{
+        TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST, TAIL_UNDERLAY_NEIGHBOUR,
+        TAIL_UNDERLAY_SCTP,
+    },
 };
 
 use crate::lookup;
@@ -40,15 +43,9 @@ pub fn xdp_underlay(ctx: XdpContext) -> u32 {
         }
     };
     count_packet(Hook::Underlay, parsed.class);
-    if parsed.class == PacketClass::Arp
+    if matches!(parsed.class, PacketClass::Arp | PacketClass::Icmpv6)
         && lookup::egress_holder()
-        && let Some(action) = egressip::answer_arp(&ctx)
-    {
-        return action;
-    }
-    if parsed.class == PacketClass::Icmpv6
-        && lookup::egress_holder()
-        && let Some(action) = egressip::answer_ns(&ctx)
+        && let Some(action) = egressip::answer_in_xdp(&ctx, parsed.class)
     {
         return action;
     }
@@ -167,6 +164,10 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
     // Geneve XDP did not unwrap: a multicast copy, or none for this node.
     if overlay::geneve_port(&parsed) {
         return hand_on(&ctx, &parsed, TAIL_UNDERLAY_MULTICAST);
+    }
+    // Neighbour questions for egress addresses, where XDP may not answer them.
+    if egressip::answered_at_tc(&ctx, parsed.class) {
+        return hand_on(&ctx, &parsed, TAIL_UNDERLAY_NEIGHBOUR);
     }
     match parsed.class {
         PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),

@@ -277,6 +277,21 @@ impl Topology {
         Ok(ExternalHost { netns, ip: address })
     }
 
+    /// Makes the fabric's node ports ordinary bridge ports, as the host's side of a kind or
+    /// k3d node's veth is: no XDP program and no GRO, so that a frame a node's XDP sends back
+    /// out of its uplink (XDP_TX) is dropped there, as on those clusters.
+    pub fn plain_fabric_ports(&self) -> anyhow::Result<()> {
+        for node in &self.nodes {
+            let port = format!("n{}", node.index);
+            run_in(
+                &self.fabric,
+                &["ip", "link", "set", "dev", &port, "xdpdrv", "off"],
+            )?;
+            run_in(&self.fabric, &["ethtool", "-K", &port, "gro", "off"])?;
+        }
+        Ok(())
+    }
+
     /// Makes the fabric forward unicast frames in XDP (`xdp_fabric_switch`, see its module),
     /// as a hardware switch would, at no cost to the nodes: a frame a node's XDP sends back
     /// reaches the next node as an XDP frame, which that node's XDP reads in place. The bridge
@@ -745,9 +760,12 @@ impl Node {
             .arg(pins.root())
             .arg("--run-dir")
             .arg(&run_dir)
-            .args(["run", "--underlay", &self.underlay_iface])
-            // The fabric's side of eth0 polls (see `build_with`): XDP may send frames back.
-            .args(["--xdp-forward", "on"]);
+            .args(["run", "--underlay", &self.underlay_iface]);
+        // The fabric's side of eth0 polls (see `build_with`): XDP may send frames back, unless
+        // the test says otherwise.
+        if !extra.contains(&"--xdp-forward") {
+            command.args(["--xdp-forward", "on"]);
+        }
         let from_api = extra.contains(&"--kubernetes");
         match &self.manifests {
             // The cluster from an API server (see `Node::start_fake_apiserver`).

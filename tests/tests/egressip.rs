@@ -22,6 +22,7 @@ use serde_json::json;
 
 const XDP_PASS: u32 = 2;
 const XDP_TX: u32 = 3;
+const TC_ACT_OK: u32 = 0;
 const TC_ACT_SHOT: u32 = 2;
 const TC_ACT_REDIRECT: u32 = 7;
 const IPPROTO_ICMP: u8 = 1;
@@ -219,6 +220,70 @@ fn the_holder_answers_neighbour_solicitations_for_the_egress_ip() {
             .expect("xdp run");
         assert_eq!(out.action, XDP_PASS, "{request}");
     }
+}
+
+/// Where the underlay drops what XDP sends back out (a veth whose peer does not poll: kind's
+/// and k3d's nodes), XDP leaves ARP and neighbour solicitations to tc, which answers them the
+/// same, byte for byte, out of the device again by redirect.
+#[test]
+fn without_xdp_transmit_tc_answers_arp_and_neighbour_solicitations() {
+    if !privileged("without_xdp_transmit_tc_answers_arp_and_neighbour_solicitations") {
+        return;
+    }
+    let mut bed = bed_with(Holder::Here);
+    bed.view.underlay.xdp_forward = false;
+    let maps = dataplane_user::overlay::compile(&bed.view).expect("compile");
+    bed.fixture.sync_overlay(&maps, None).expect("sync overlay");
+    let solicitor = "02:00:00:00:99:64";
+    let underlay = mac(&UNDERLAY_MAC);
+    let cases = [
+        (
+            format!(
+                "Ether(src='{solicitor}', dst='ff:ff:ff:ff:ff:ff')/\
+                 ARP(op=1, hwsrc='{solicitor}', psrc='10.99.0.100', pdst='10.99.0.50')"
+            ),
+            format!(
+                "Ether(src='{underlay}', dst='{solicitor}')/\
+                 ARP(op=2, hwsrc='{underlay}', psrc='10.99.0.50', hwdst='{solicitor}', pdst='10.99.0.100')"
+            ),
+        ),
+        (
+            format!(
+                "Ether(src='{solicitor}', dst='33:33:ff:00:00:50')/IPv6(src='fd99::64', dst='ff02::1:ff00:50', hlim=255)/\
+                 ICMPv6ND_NS(tgt='fd99::50')/ICMPv6NDOptSrcLLAddr(lladdr='{solicitor}')"
+            ),
+            format!(
+                "Ether(src='{underlay}', dst='{solicitor}')/IPv6(src='fd99::50', dst='fd99::64', hlim=255)/\
+                 ICMPv6ND_NA(tgt='fd99::50', R=0, S=1, O=1)/ICMPv6NDOptDstLLAddr(lladdr='{underlay}')"
+            ),
+        ),
+    ];
+    for (request, answer) in cases {
+        let request = build(&request);
+        let out = bed
+            .fixture
+            .run_xdp(PROG_UNDERLAY, &request, 1)
+            .expect("xdp run");
+        assert_eq!(out.action, XDP_PASS, "left to tc");
+        let out = bed
+            .fixture
+            .run_tc(PROG_UNDERLAY_TC, &request, 1)
+            .expect("tc run");
+        assert_eq!(out.action, TC_ACT_REDIRECT);
+        let answer = build(&answer);
+        assert_eq!(hex(&out.output[..answer.len()]), hex(&answer));
+    }
+    // Another address: the stack's, untouched.
+    let other = build(&format!(
+        "Ether(src='{solicitor}', dst='ff:ff:ff:ff:ff:ff')/\
+         ARP(op=1, hwsrc='{solicitor}', psrc='10.99.0.100', pdst='10.99.0.51')"
+    ));
+    let out = bed
+        .fixture
+        .run_tc(PROG_UNDERLAY_TC, &other, 1)
+        .expect("tc run");
+    assert_eq!(out.action, TC_ACT_OK);
+    assert_eq!(hex(&out.output), hex(&other));
 }
 
 #[test]

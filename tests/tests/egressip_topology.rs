@@ -261,6 +261,49 @@ fn selected_pods_leave_from_the_egress_ip_and_it_fails_over() {
 
 /// Pings `target` on the outside host twice from `pod` (both answered) and returns the
 /// sources of the echo requests as the outside host received them (tshark).
+/// On a fabric whose node ports run neither XDP nor GRO (a kind or k3d node's veth, whose
+/// host end is an ordinary bridge port), where a frame XDP sends back out of the uplink is
+/// dropped: the holder still answers ARP for the egress IP (at tc, the agent having found a
+/// veth uplink), and selected pods leave from it, from the holder and through the overlay.
+#[test]
+fn on_a_fabric_that_drops_xdp_transmits_the_egress_ip_is_answered_and_used() {
+    if !privileged("on_a_fabric_that_drops_xdp_transmits_the_egress_ip_is_answered_and_used") {
+        return;
+    }
+    let (topology, external, manifests) =
+        egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
+    topology.plain_fabric_ports().expect("plain bridge ports");
+    topology
+        .add_manifest(
+            "egressip.yaml",
+            &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
+        )
+        .expect("egress ip manifest");
+    // As deployed: the agent decides (a veth uplink: XDP sends nothing back out).
+    let agents =
+        start_agents(&topology, "0.0.0.0:9476", &["--xdp-forward", "auto"]).expect("agents");
+    let _server = echo_server(&external.netns, "ext", false).expect("server outside");
+    let controller = start_controller(&external, &manifests);
+    let first = holder(&manifests, None, Duration::from_secs(10))
+        .unwrap_or_else(|| panic!("no holder published\n{}", controller.log()));
+    assert_eq!(first, node_name(0));
+    thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        arp_answers(&external),
+        vec![underlay_mac(&topology.node(0).netns)],
+        "{:#?}",
+        agents[0].counters()
+    );
+    for pod in [&topology.node(0).pods[0], &topology.node(1).pods[0]] {
+        assert_eq!(
+            tcp_answers(&pod.netns, "10.99.0.100", 8080, 2).expect("to the outside host"),
+            vec![format!("ext {EGRESS_IP}"); 2],
+            "{}",
+            pod.name
+        );
+    }
+}
+
 fn ping_sources(
     external: &ExternalHost,
     pod: &dataplane_tests::topology::Pod,
@@ -778,7 +821,9 @@ fn forged_and_replayed_probes_change_nothing() {
             &egress_ip_yaml("prod", &format!("[{EGRESS_IP}]"), "prod"),
         )
         .expect("egress ip manifest");
-    let agents = start_agents(&topology, "0.0.0.0:9476", &[]).expect("agents");
+    // As deployed: the agent decides (a veth uplink: XDP sends nothing back out).
+    let agents =
+        start_agents(&topology, "0.0.0.0:9476", &["--xdp-forward", "auto"]).expect("agents");
     let _server = echo_server(&external.netns, "ext", false).expect("server outside");
     let controller = start_controller(&external, &manifests);
     let first = holder(&manifests, None, Duration::from_secs(10))

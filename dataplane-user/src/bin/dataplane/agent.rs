@@ -805,7 +805,7 @@ fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
         underlay,
         choice = ?choice,
         allowed,
-        "NodePort forwarding to remote backends in XDP"
+        "frames sent back out of the underlay from XDP (NodePort forwarding, egress IP neighbour answers)"
     );
     allowed
 }

@@ -45,9 +45,10 @@ pub(super) struct RunOptions {
     /// docs/features.md).
     #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
     pub(super) xdp_mode: XdpModeChoice,
-    /// Whether XDP sends NodePort packets of established flows to backends on other nodes
-    /// itself (Geneve, then back out of the NIC). auto: on, except on a veth underlay,
-    /// whose peer drops frames from XDP unless it runs GRO or XDP itself.
+    /// Whether XDP sends frames back out of the NIC itself: NodePort packets of established
+    /// flows to backends on other nodes (Geneve), answers to ARP and neighbour solicitations
+    /// for egress IPs (tc answers them when off). auto: on, except on a veth underlay, whose
+    /// peer drops frames from XDP unless it runs GRO or XDP itself.
     #[arg(long, value_enum, default_value_t = XdpForward::Auto)]
     pub(super) xdp_forward: XdpForward,
     /// Directory of Kubernetes YAML manifests (Nodes, Pods, Services, policies, ...): the
