@@ -270,8 +270,7 @@ fn on_a_fabric_that_drops_xdp_transmits_the_egress_ip_is_answered_and_used() {
     if !privileged("on_a_fabric_that_drops_xdp_transmits_the_egress_ip_is_answered_and_used") {
         return;
     }
-    let (topology, external, manifests) =
-        egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
+    let (topology, external, manifests) = egress_cluster(&[0, 1], ASSIGNABLE).expect("topology");
     topology.plain_fabric_ports().expect("plain bridge ports");
     topology
         .add_manifest(

@@ -1250,3 +1250,82 @@ fn a_spoofed_syn_flood_holds_a_node_ports_masquerade_ports_for_a_minute_only() {
         agents[0].counters()
     );
 }
+
+/// On a fabric whose node ports run neither XDP nor GRO (a kind or k3d node's veth, whose host
+/// end is an ordinary bridge port that drops what XDP sends back out), with the agents
+/// deciding for themselves (`--xdp-forward auto`: off on a veth uplink): NodePorts serve from
+/// outside through either node, to a local and to a remote backend, and the backend's ICMP
+/// error reaches the client; pods reach each other across the nodes.
+#[test]
+fn on_a_fabric_that_drops_xdp_transmits_node_ports_and_the_overlay_work() {
+    if !privileged("on_a_fabric_that_drops_xdp_transmits_node_ports_and_the_overlay_work") {
+        return;
+    }
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay).expect("build topology");
+    let external = topology.add_external_host().expect("external host");
+    topology.plain_fabric_ports().expect("plain bridge ports");
+    let backend = topology.node(0).pods[0].clone();
+    let client = topology.node(1).pods[0].clone();
+    let manifests = format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: plain, namespace: default}}\n\
+         spec: {{type: NodePort, clusterIP: 10.96.0.24, ports: [{{name: web, port: 80, targetPort: 8080, nodePort: 30095}}, \
+         {{name: closed, port: 53, targetPort: 9999, nodePort: 30096, protocol: UDP}}]}}\n\
+         ---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+         metadata: {{name: plain-1, namespace: default, labels: {{kubernetes.io/service-name: plain}}}}\n\
+         addressType: IPv4\nports: [{{name: web, port: 8080, protocol: TCP}}, {{name: closed, port: 9999, protocol: UDP}}]\n\
+         endpoints: [{{addresses: [{ip}], nodeName: {node}, conditions: {{ready: true}}}}]\n",
+        ip = backend.ip,
+        node = dataplane_tests::topology::node_name(0),
+    );
+    topology
+        .add_manifest("plain.yaml", &manifests)
+        .expect("manifests");
+    let _server = echo_backend(&backend, false).expect("backend");
+    let auto = ["--xdp-forward", "auto"];
+    let _agents = [
+        topology.node(0).start_agent_with(&auto).expect("agent"),
+        topology.node(1).start_agent_with(&auto).expect("agent"),
+    ];
+    let (node0, node1) = (underlay_ip_of(&topology, 0), underlay_ip_of(&topology, 1));
+    // The backend's own node keeps the client's address; the other masquerades (Geneve).
+    assert_eq!(
+        tcp_answers(&external.netns, &node0, 30095, 5).expect("to node 0"),
+        vec![format!("{} {}", backend.ip, external.ip); 5]
+    );
+    assert_eq!(
+        tcp_answers(&external.netns, &node1, 30095, 5).expect("to node 1"),
+        vec![format!("{} {node1}", backend.ip); 5]
+    );
+    let probe = format!(
+        "import socket\n\
+         out = []\n\
+         for host in ('{node0}', '{node1}'):\n\
+         \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n\
+         \x20   s.connect((host, 30096)); s.send(b'x')\n\
+         \x20   try:\n\
+         \x20       s.recv(100); out.append('answered')\n\
+         \x20   except ConnectionRefusedError:\n\
+         \x20       out.append('refused')\n\
+         \x20   except socket.timeout:\n\
+         \x20       out.append('timeout')\n\
+         print(' '.join(out))\n"
+    );
+    let out = exec_in(&external.netns, &["python3", "-c", &probe]).expect("udp probe");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "refused refused"
+    );
+    // Pod to pod across the nodes, and to the Service.
+    assert_eq!(
+        tcp_answers(&client.netns, &backend.ip.to_string(), 8080, 2).expect("pod to pod"),
+        vec![format!("{} {}", backend.ip, client.ip); 2]
+    );
+    assert_eq!(
+        tcp_answers(&client.netns, "10.96.0.24", 80, 2).expect("pod to service"),
+        vec![format!("{} {}", backend.ip, client.ip); 2]
+    );
+}
+
+fn underlay_ip_of(topology: &Topology, node: usize) -> String {
+    topology.node(node).underlay_ip.to_string()
+}
