@@ -1287,6 +1287,16 @@ fn on_a_fabric_that_drops_xdp_transmits_node_ports_and_the_overlay_work() {
         topology.node(1).start_agent_with(&auto).expect("agent"),
     ];
     let (node0, node1) = (underlay_ip_of(&topology, 0), underlay_ip_of(&topology, 1));
+    // `status` says what the agent decided for the uplink, and why.
+    let status = _agents[0].status_json().expect("status");
+    let xdp = &status["state"]["attachments"][0];
+    assert_eq!(xdp["program"], "xdp_underlay");
+    assert!(
+        xdp["why"].as_str().is_some_and(|why| why.ends_with(
+            "tc sends NodePort frames and egress IP neighbour answers back out: a veth uplink, whose peer may drop what XDP sends back"
+        )),
+        "{xdp}"
+    );
     // The backend's own node keeps the client's address; the other masquerades (Geneve).
     assert_eq!(
         tcp_answers(&external.netns, &node0, 30095, 5).expect("to node 0"),

@@ -20,7 +20,7 @@ use dataplane_user::{
         spec::{CniError, code},
     },
     egressip::{self, node::EgressNode},
-    kernel::attach::XdpModeChoice,
+    kernel::attach::{Attachment, XdpModeChoice},
     kernel::netdev,
     kernel::preflight,
     kernel::state::{self, AgentState},
@@ -81,6 +81,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
     let mut dataplane = Dataplane::load_with(pins, &args.capacities)?;
     tracing::info!(capacities = ?dataplane.capacities(), "map sizes");
     let metrics = Arc::new(Metrics::new(pins));
+    let forward = xdp_forward_decision(&args.underlay, args.xdp_forward);
     // The egress IP lease is renewed by the controller's probes, on a server of its own.
     let egress = args
         .cluster
@@ -164,7 +165,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             node: node.clone(),
             underlay: args.underlay.clone(),
             underlay_index,
-            xdp_forward: xdp_forward_allowed(&args.underlay, args.xdp_forward),
+            xdp_forward: forward.0,
             dns_server: args.dns_server,
             dns_cache: run_dir.join(acl::dns::CACHE_FILE),
             audit_log: args.audit_log.clone(),
@@ -231,7 +232,10 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
         attachments: vec![
-            dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
+            with_reason(
+                dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
+                &forward.1,
+            ),
             dataplane.attach_underlay_tc(&args.underlay)?,
         ],
         cni: cluster.as_ref().map(|_| state::CniPlaces {
@@ -786,18 +790,23 @@ fn attach_new_pods(
     }
 }
 
-/// Resolves `--xdp-forward` for `underlay`, saying what was decided and why.
-fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
-    let allowed = match choice {
-        XdpForward::On => true,
-        XdpForward::Off => false,
+/// Resolves `--xdp-forward` for `underlay`: whether XDP may send frames back out of it, and
+/// why (logged, and shown by `dataplane status` beside the XDP attachment).
+fn xdp_forward_decision(underlay: &str, choice: XdpForward) -> (bool, String) {
+    let (allowed, why) = match choice {
+        XdpForward::On => (true, "--xdp-forward on".to_owned()),
+        XdpForward::Off => (false, "--xdp-forward off".to_owned()),
         // A veth hands XDP_TX frames to its peer only when the peer polls (NAPI: GRO or an
         // XDP program on it), which this node cannot see or change.
         XdpForward::Auto => match netdev::driver(underlay) {
-            Ok(driver) => driver != "veth",
+            Ok(driver) if driver == "veth" => (
+                false,
+                "a veth uplink, whose peer may drop what XDP sends back".to_owned(),
+            ),
+            Ok(driver) => (true, format!("driver {driver}")),
             Err(error) => {
                 tracing::warn!(underlay, %error, "cannot read the underlay's driver");
-                false
+                (false, format!("the driver is unknown: {error}"))
             }
         },
     };
@@ -805,7 +814,22 @@ fn xdp_forward_allowed(underlay: &str, choice: XdpForward) -> bool {
         underlay,
         choice = ?choice,
         allowed,
+        why,
         "frames sent back out of the underlay from XDP (NodePort forwarding, egress IP neighbour answers)"
     );
-    allowed
+    let said = if allowed {
+        format!("sends NodePort frames and egress IP neighbour answers back out itself: {why}")
+    } else {
+        format!("tc sends NodePort frames and egress IP neighbour answers back out: {why}")
+    };
+    (allowed, said)
+}
+
+/// `attachment` with `reason` added to why it is as it is.
+fn with_reason(mut attachment: Attachment, reason: &str) -> Attachment {
+    attachment.why = Some(match attachment.why.take() {
+        Some(why) => format!("{why}; {reason}"),
+        None => reason.to_owned(),
+    });
+    attachment
 }
