@@ -70,11 +70,12 @@ pub fn write_conflist(
 pub fn install_plugin(
     plugin: &std::path::Path,
     bin_dir: &std::path::Path,
+    name: &str,
 ) -> std::io::Result<std::path::PathBuf> {
     use std::os::unix::fs::PermissionsExt as _;
     std::fs::create_dir_all(bin_dir)?;
-    let target = bin_dir.join("dataplane-cni");
-    let aside = bin_dir.join(".dataplane-cni.tmp");
+    let target = bin_dir.join(name);
+    let aside = bin_dir.join(format!(".{name}.tmp"));
     std::fs::copy(plugin, &aside)?;
     std::fs::set_permissions(&aside, std::fs::Permissions::from_mode(0o755))?;
     std::fs::rename(&aside, &target)?;

@@ -32,6 +32,7 @@ pub mod cli;
 pub mod cni;
 pub mod crds;
 pub mod egressip;
+pub mod egressrouter;
 pub mod error;
 pub mod gateway;
 pub mod http;

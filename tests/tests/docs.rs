@@ -122,7 +122,8 @@ fn the_readme_lists_every_flag_of_the_agent_and_the_controller() {
 }
 
 /// The README's YAML: every object of every `yaml` block decodes with the agent's own types
-/// and validation (nothing refused), and the deploy/ manifests it tells users to apply exist.
+/// and validation (nothing refused; an egress router's NetworkAttachmentDefinition with the
+/// egress-router plugin's), and the deploy/ manifests it tells users to apply exist.
 #[test]
 fn the_readmes_yaml_decodes_with_the_agents_own_types() {
     let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).expect("README.md");
@@ -144,6 +145,14 @@ fn the_readmes_yaml_decodes_with_the_agents_own_types() {
     }
     assert!(!blocks.is_empty(), "the README has YAML blocks");
     for (index, block) in blocks.iter().enumerate() {
+        // An egress router's attachment: its configuration is the egress-router plugin's.
+        if block.contains("kind: NetworkAttachmentDefinition") {
+            let object: serde_yaml::Value = serde_yaml::from_str(block).expect("YAML");
+            let config = object["spec"]["config"].as_str().expect("spec.config");
+            let parsed = dataplane_user::egressrouter::config::parse(config.as_bytes());
+            assert!(parsed.is_ok(), "block {index}: {parsed:?}");
+            continue;
+        }
         let mut state = dataplane_user::source::ClusterState::default();
         dataplane_user::source::add_documents(&mut state, &format!("README block {index}"), block);
         assert!(

@@ -267,11 +267,12 @@ fn the_image_runs_as_the_daemonset_says_and_its_plugin_networks_pods_across_node
             run.arg(IMAGE).args(init.args.iter().flatten());
             checked(&mut run, &format!("init container {}", init.name));
         }
-        assert!(
-            hosts[n].paths["/opt/cni/bin"]
-                .join("dataplane-cni")
-                .exists()
-        );
+        for plugin in ["dataplane-cni", "egress-router"] {
+            assert!(
+                hosts[n].paths["/opt/cni/bin"].join(plugin).exists(),
+                "{plugin} installed"
+            );
+        }
         assert!(
             hosts[n].bpffs.join("dataplane").is_dir(),
             "the pin root prepared"

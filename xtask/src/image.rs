@@ -1,5 +1,5 @@
 //! `cargo xtask image`: the agent's container image (deploy/Containerfile), built with no image
-//! registry: a root filesystem of the release binaries (`dataplane`, `dataplane-cni`) and the
+//! registry: a root filesystem of the release binaries (`dataplane`, `dataplane-cni`, `egress-router`) and the
 //! two programs the agent runs (`ip` from iproute2, `nft` from nftables, which `cargo xtask
 //! setup` installs), each with the shared libraries `ldd` names, and the root certificates,
 //! copied from this machine;
@@ -45,7 +45,7 @@ pub fn build() -> anyhow::Result<()> {
         fs::create_dir_all(rootfs.join(dir))?;
     }
     let release = root.join("target/release");
-    for binary in ["dataplane", "dataplane-cni"] {
+    for binary in ["dataplane", "dataplane-cni", "egress-router"] {
         place(
             &release.join(binary),
             &rootfs.join("usr/local/bin").join(binary),

@@ -78,7 +78,8 @@ fn cargo() -> Command {
 /// Builds the agent binary in release mode (the demo's and the topology benches' nodes run it).
 fn build_release_agent() -> anyhow::Result<()> {
     build_release("dataplane-user", "dataplane")?;
-    build_release("dataplane-user", "dataplane-cni")
+    build_release("dataplane-user", "dataplane-cni")?;
+    build_release("dataplane-user", "egress-router")
 }
 
 /// Builds one binary of the workspace in release mode.

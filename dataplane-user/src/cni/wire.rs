@@ -387,7 +387,7 @@ fn file_identity(file: &File) -> Option<(u64, u64)> {
 /// A path naming the open namespace `file` for a child process (`ip ... netns <path>`): the
 /// agent's own descriptor, so what the child enters is what was checked, whatever happens to
 /// the runtime's path meanwhile.
-fn fd_path(file: &File) -> PathBuf {
+pub(crate) fn fd_path(file: &File) -> PathBuf {
     PathBuf::from(format!(
         "/proc/{}/fd/{}",
         std::process::id(),
@@ -396,7 +396,7 @@ fn fd_path(file: &File) -> PathBuf {
 }
 
 /// Runs `work` on a thread that entered `netns` (the thread, and what it spawns, only).
-fn in_netns<T: Send>(
+pub(crate) fn in_netns<T: Send>(
     netns: &File,
     work: impl FnOnce() -> Result<T, WireError> + Send,
 ) -> Result<T, WireError> {
@@ -423,14 +423,14 @@ fn in_netns<T: Send>(
 
 /// Writes a sysctl of the current thread's network namespace; a missing key (IPv6 off) is
 /// left alone.
-fn set_sysctl(key: &str, value: &str) {
+pub(crate) fn set_sysctl(key: &str, value: &str) {
     let path = crate::kernel::sysctl::path(key);
     if let Err(error) = std::fs::write(&path, value) {
         tracing::debug!(path = %path.display(), %error, "sysctl not set");
     }
 }
 
-fn ip_batch(place: &str, commands: &[String]) -> Result<(), WireError> {
+pub(crate) fn ip_batch(place: &str, commands: &[String]) -> Result<(), WireError> {
     let input = format!("{}\n", commands.join("\n"));
     netdev::run_ip(&["-batch", "-"], Some(&input))
         .map(|_| ())
@@ -441,7 +441,7 @@ fn ip_batch(place: &str, commands: &[String]) -> Result<(), WireError> {
         })
 }
 
-fn ip_json(place: &str, args: &[&str]) -> Result<serde_json::Value, WireError> {
+pub(crate) fn ip_json(place: &str, args: &[&str]) -> Result<serde_json::Value, WireError> {
     let failed = |detail: String| WireError::Ip {
         place: place.to_owned(),
         command: args.join(" "),

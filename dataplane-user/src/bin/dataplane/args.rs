@@ -209,13 +209,14 @@ pub(super) enum Command {
     /// is) and create its directories: the DaemonSet's one privileged step, an init container,
     /// so that the agent itself runs with capabilities only.
     PreparePins,
-    /// Install the CNI plugin binary into the runtime's plugin directory (the DaemonSet's init
-    /// container runs this).
+    /// Install the CNI plugin binaries into the runtime's plugin directory (the DaemonSet's init
+    /// container runs this): `dataplane-cni`, and `egress-router` for egress router pods.
     InstallCni {
         /// The runtime's plugin directory, e.g. /opt/cni/bin (mounted from the host).
         #[arg(long)]
         bin_dir: PathBuf,
-        /// The plugin binary to install (default: `dataplane-cni` beside this binary).
+        /// The plugin binary to install as `dataplane-cni` (default: `dataplane-cni` and
+        /// `egress-router` beside this binary).
         #[arg(long)]
         plugin: Option<PathBuf>,
     },

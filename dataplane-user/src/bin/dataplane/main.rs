@@ -157,16 +157,23 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             Ok(())
         }
         Command::InstallCni { bin_dir, plugin } => {
-            let plugin = match plugin {
-                Some(plugin) => plugin,
-                None => std::env::current_exe()
-                    .context("locating this binary")?
-                    .with_file_name("dataplane-cni"),
+            let plugins = match plugin {
+                Some(plugin) => vec![(plugin, "dataplane-cni")],
+                None => {
+                    let here = std::env::current_exe().context("locating this binary")?;
+                    vec![
+                        (here.with_file_name("dataplane-cni"), "dataplane-cni"),
+                        (here.with_file_name("egress-router"), "egress-router"),
+                    ]
+                }
             };
-            let installed = cni::install_plugin(&plugin, &bin_dir).with_context(|| {
-                format!("installing {} into {}", plugin.display(), bin_dir.display())
-            })?;
-            println!("installed {}", installed.display());
+            for (plugin, name) in plugins {
+                let installed =
+                    cni::install_plugin(&plugin, &bin_dir, name).with_context(|| {
+                        format!("installing {} into {}", plugin.display(), bin_dir.display())
+                    })?;
+                println!("installed {}", installed.display());
+            }
             Ok(())
         }
         Command::Status { json } => {

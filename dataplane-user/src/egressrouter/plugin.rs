@@ -1,0 +1,95 @@
+//! The `egress-router` plugin binary's logic: the environment and stdin in, the router pod's
+//! second interface made (or removed, or checked), one JSON document out. It needs no agent:
+//! nothing it makes is in the node's maps.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use super::{config, wire};
+use crate::cni::{
+    names::{check_container_id, check_ifname},
+    plugin::Outcome,
+    spec::{self, CniError, Command, code},
+};
+
+/// Runs one command as the runtime asked: `env` reads the `CNI_*` variables.
+pub fn run(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
+    let version = serde_json::from_slice::<Value>(stdin)
+        .ok()
+        .and_then(|v| {
+            v.get("cniVersion")
+                .and_then(Value::as_str)
+                .map(str::to_owned)
+        })
+        .filter(|v| spec::SUPPORTED_VERSIONS.contains(&v.as_str()))
+        .unwrap_or_else(|| spec::LATEST_VERSION.to_owned());
+    match execute(env, stdin) {
+        Ok(output) => Outcome {
+            output,
+            success: true,
+        },
+        Err(error) => Outcome {
+            output: Some(error.to_json(&version)),
+            success: false,
+        },
+    }
+}
+
+fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<Value>, CniError> {
+    let command_text = env("CNI_COMMAND").unwrap_or_default();
+    let command = Command::parse(&command_text).ok_or_else(|| {
+        CniError::new(
+            code::INVALID_ENVIRONMENT,
+            format!(
+                "CNI_COMMAND {command_text:?} is not one of ADD, DEL, CHECK, STATUS, VERSION, GC"
+            ),
+        )
+    })?;
+    if command == Command::Version {
+        return Ok(Some(spec::version_info()));
+    }
+    let conf = config::parse(stdin).map_err(|why| CniError::new(code::INVALID_CONFIG, why))?;
+    let required = |name: &str| {
+        env(name).filter(|v| !v.is_empty()).ok_or_else(|| {
+            CniError::new(
+                code::INVALID_ENVIRONMENT,
+                format!("{name} is not set; the container runtime must set it for {command_text}"),
+            )
+        })
+    };
+    let names = |container_id: &str, ifname: &str| {
+        check_container_id(container_id)
+            .and_then(|()| check_ifname(ifname))
+            .map_err(|why| CniError::new(code::INVALID_ENVIRONMENT, why))
+    };
+    match command {
+        Command::Add | Command::Check => {
+            let (container_id, netns, ifname) = (
+                required("CNI_CONTAINERID")?,
+                required("CNI_NETNS")?,
+                required("CNI_IFNAME")?,
+            );
+            names(&container_id, &ifname)?;
+            let target = wire::Target {
+                container_id: &container_id,
+                netns: Path::new(&netns),
+                ifname: &ifname,
+            };
+            if command == Command::Add {
+                wire::add(&conf, &target).map(Some)
+            } else {
+                wire::check(&conf, &target).map(|()| None)
+            }
+        }
+        Command::Del => {
+            let (container_id, ifname) = (required("CNI_CONTAINERID")?, required("CNI_IFNAME")?);
+            names(&container_id, &ifname)?;
+            let netns = env("CNI_NETNS").filter(|v| !v.is_empty());
+            wire::del(&container_id, netns.as_deref().map(Path::new), &ifname).map(|()| None)
+        }
+        // Nothing is kept between commands: nothing to collect, always ready.
+        Command::Gc | Command::Status => Ok(None),
+        Command::Version => unreachable!("answered above"),
+    }
+}

@@ -1,0 +1,261 @@
+//! The `egress-router` CNI plugin as a runtime runs it, in network namespaces: a node whose
+//! NIC is on a LAN with a gateway to a far network, a client pod and a router pod wired to the
+//! node as the dataplane's plugin wires pods (a /32 and a default route through 169.254.1.1).
+//! The plugin gives the router pod its macvlan on the node's NIC with the reserved address;
+//! the client's connections to the router pod reach the far host from the reserved address,
+//! per-port rules and the fallback, a port without either refused; the LAN learns the
+//! macvlan's MAC from the gratuitous ARP, again when the router pod is made anew.
+
+use std::{
+    io::Write as _,
+    process::{Command, Stdio},
+};
+
+use dataplane_tests::{
+    privileged::privileged,
+    service_bed::{echo_server, tcp_answers},
+    topology::{dataplane_binary, exec_in, run_in, sh_in},
+    unique_name,
+};
+use serde_json::Value;
+
+const RESERVED: &str = "198.51.100.99";
+
+/// Network namespaces deleted on drop.
+struct Namespaces(Vec<String>);
+
+impl Namespaces {
+    fn add(&mut self, kind: &str) -> String {
+        let name = unique_name(kind);
+        run_in_host(&["ip", "netns", "add", &name]);
+        self.0.push(name.clone());
+        name
+    }
+}
+
+impl Drop for Namespaces {
+    fn drop(&mut self) {
+        for name in &self.0 {
+            let _ = Command::new("ip").args(["netns", "del", name]).status();
+        }
+    }
+}
+
+fn run_in_host(args: &[&str]) {
+    let status = Command::new(args[0])
+        .args(&args[1..])
+        .status()
+        .expect("run");
+    assert!(status.success(), "{args:?}");
+}
+
+/// A pod namespace wired to `node` as the dataplane's plugin wires pods.
+fn wire_pod(node: &str, pod: &str, host_veth: &str, address: &str) {
+    run_in_host(&[
+        "ip", "link", "add", host_veth, "netns", node, "type", "veth", "peer", "name", "eth0",
+        "netns", pod,
+    ]);
+    for line in [
+        format!("ip addr add 169.254.1.1/32 dev {host_veth}"),
+        format!("ip link set {host_veth} up"),
+        format!("ip route add {address}/32 dev {host_veth}"),
+    ] {
+        sh_in(node, &line).expect("node side");
+    }
+    for line in [
+        format!("ip addr add {address}/32 dev eth0"),
+        "ip link set eth0 up".to_owned(),
+        "ip link set lo up".to_owned(),
+        "ip route add 169.254.1.1/32 dev eth0 scope link".to_owned(),
+        "ip route add default via 169.254.1.1 dev eth0".to_owned(),
+    ] {
+        sh_in(pod, &line).expect("pod side");
+    }
+}
+
+/// Runs the plugin in `node`'s namespace as a runtime does; its exit success and output.
+fn plugin(node: &str, command: &str, container: &str, netns: &str, conf: &str) -> (bool, Value) {
+    let binary = dataplane_binary().with_file_name("egress-router");
+    let mut child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{node}"))
+        .arg(&binary)
+        .env("CNI_COMMAND", command)
+        .env("CNI_CONTAINERID", container)
+        .env("CNI_NETNS", format!("/run/netns/{netns}"))
+        .env("CNI_IFNAME", "net1")
+        .env("CNI_PATH", "/opt/cni/bin")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("the plugin");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(conf.as_bytes())
+        .expect("configuration");
+    let out = child.wait_with_output().expect("plugin output");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let value = if text.trim().is_empty() {
+        Value::Null
+    } else {
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{e}: {text}"))
+    };
+    (out.status.success(), value)
+}
+
+fn router_conf(destinations: &str) -> String {
+    format!(
+        r#"{{"cniVersion": "1.0.0", "name": "egress-router", "type": "egress-router",
+            "ip": {{"addresses": ["{RESERVED}/24"], "destinations": [{destinations}], "gateway": "198.51.100.1"}}}}"#
+    )
+}
+
+/// One connection from `netns`: the answer's text, `refused` or `timeout`.
+fn connect_once(netns: &str, address: &str, port: u16) -> String {
+    let script = format!(
+        "import socket\n\
+         try:\n\
+         \x20   c = socket.create_connection(('{address}', {port}), timeout=3); print(c.recv(100).decode())\n\
+         except ConnectionRefusedError:\n\
+         \x20   print('refused')\n\
+         except socket.timeout:\n\
+         \x20   print('timeout')\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+fn udp_once(netns: &str, address: &str, port: u16) -> String {
+    let script = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); s.settimeout(3)\n\
+         s.sendto(b'x', ('{address}', {port}))\n\
+         try:\n\
+         \x20   print(s.recv(100).decode())\n\
+         except socket.timeout:\n\
+         \x20   print('timeout')\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// The MAC the LAN's gateway has for `address` (`-` when none).
+fn lan_neighbour(lan: &str, address: &str) -> String {
+    let out = exec_in(lan, &["ip", "-j", "neigh", "show", address]).expect("neigh");
+    let entries: Value = serde_json::from_slice(&out.stdout).unwrap_or(Value::Null);
+    entries[0]["lladdr"].as_str().unwrap_or("-").to_owned()
+}
+
+#[test]
+fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
+    if !privileged("an_egress_router_pod_sends_its_clients_on_from_the_reserved_address") {
+        return;
+    }
+    let mut namespaces = Namespaces(Vec::new());
+    let (node, lan, far) = (
+        namespaces.add("ernode"),
+        namespaces.add("erlan"),
+        namespaces.add("erfar"),
+    );
+    let (client, router) = (namespaces.add("erclient"), namespaces.add("errouter"));
+    // The node's NIC on the LAN; the LAN's gateway routes to the far network. The gateway
+    // learns addresses from gratuitous ARP (as switches and routers do).
+    run_in_host(&[
+        "ip", "link", "add", "uplink", "netns", &node, "type", "veth", "peer", "name", "lan0",
+        "netns", &lan,
+    ]);
+    run_in_host(&[
+        "ip", "link", "add", "lan1", "netns", &lan, "type", "veth", "peer", "name", "eth0",
+        "netns", &far,
+    ]);
+    for (netns, line) in [
+        (&node, "ip addr add 198.51.100.2/24 dev uplink"),
+        (&node, "ip link set uplink up"),
+        (&node, "ip route add default via 198.51.100.1"),
+        (&node, "sysctl -qw net.ipv4.ip_forward=1"),
+        (&lan, "ip addr add 198.51.100.1/24 dev lan0"),
+        (&lan, "ip addr add 203.0.113.1/24 dev lan1"),
+        (&lan, "ip link set lan0 up"),
+        (&lan, "ip link set lan1 up"),
+        (&lan, "sysctl -qw net.ipv4.ip_forward=1"),
+        (&lan, "sysctl -qw net.ipv4.conf.all.arp_accept=1"),
+        (&lan, "sysctl -qw net.ipv4.conf.lan0.arp_accept=1"),
+        (&far, "ip addr add 203.0.113.25/24 dev eth0"),
+        (&far, "ip addr add 203.0.113.26/24 dev eth0"),
+        (&far, "ip link set eth0 up"),
+        (&far, "ip route add default via 203.0.113.1"),
+    ] {
+        sh_in(netns, line).unwrap_or_else(|e| panic!("{line}: {e:#}"));
+    }
+    wire_pod(&node, &client, "vclient", "10.244.0.10");
+    wire_pod(&node, &router, "vrouter", "10.244.0.20");
+    let _far_server = echo_server(&far, "far", false).expect("far server");
+
+    // Bad configurations are refused with the field named, and make nothing.
+    let (ok, error) = plugin(
+        &node,
+        "ADD",
+        "router-0",
+        &router,
+        &router_conf(r#""80 icmp 203.0.113.25""#),
+    );
+    assert!(!ok);
+    assert_eq!(error["code"], 7, "{error}");
+    assert_eq!(
+        error["msg"],
+        "ip.destinations[0]: \"icmp\" is not tcp, udp or sctp"
+    );
+
+    let conf =
+        router_conf(r#""80 tcp 203.0.113.25 8080", "5353 udp 203.0.113.25", "203.0.113.26""#);
+    let (ok, result) = plugin(&node, "ADD", "router-1", &router, &conf);
+    assert!(ok, "{result}");
+    let mac = result["interfaces"][0]["mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    assert_eq!(result["interfaces"][0]["name"], "net1");
+    assert_eq!(result["ips"][0]["address"], format!("{RESERVED}/24"));
+    assert_eq!(result["ips"][0]["gateway"], "198.51.100.1");
+    // Announced as it came up: the gateway knows the macvlan's MAC before any traffic.
+    assert_eq!(lan_neighbour(&lan, RESERVED), mac);
+    let (ok, checked) = plugin(&node, "CHECK", "router-1", &router, &conf);
+    assert!(ok, "{checked}");
+
+    // Per-port rules (the remote port given, and kept), the fallback for every other port;
+    // each arrives from the reserved address.
+    let from_reserved = format!("far {RESERVED}");
+    assert_eq!(
+        tcp_answers(&client, "10.244.0.20", 80, 2).expect("rule"),
+        vec![from_reserved.clone(); 2]
+    );
+    assert_eq!(udp_once(&client, "10.244.0.20", 5353), from_reserved);
+    assert_eq!(connect_once(&client, "10.244.0.20", 8080), from_reserved);
+    // The frames came from the macvlan: the gateway's neighbour entry is still its MAC.
+    assert_eq!(lan_neighbour(&lan, RESERVED), mac);
+
+    // The router pod made anew (a new container), without a fallback: a new macvlan whose
+    // MAC the gateway learns at once; a port with no rule is refused, not dropped.
+    let (ok, _) = plugin(&node, "DEL", "router-1", &router, &conf);
+    assert!(ok);
+    let (ok, gone) = plugin(&node, "CHECK", "router-1", &router, &conf);
+    assert!(!ok, "{gone}");
+    let conf = router_conf(r#""80 tcp 203.0.113.25 8080""#);
+    let (ok, result) = plugin(&node, "ADD", "router-2", &router, &conf);
+    assert!(ok, "{result}");
+    let new_mac = result["interfaces"][0]["mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    assert_ne!(new_mac, mac);
+    assert_eq!(lan_neighbour(&lan, RESERVED), new_mac);
+    assert_eq!(connect_once(&client, "10.244.0.20", 80), from_reserved);
+    assert_eq!(connect_once(&client, "10.244.0.20", 8080), "refused");
+    // DEL twice, and with the namespace gone, is fine.
+    for _ in 0..2 {
+        let (ok, out) = plugin(&node, "DEL", "router-2", &router, &conf);
+        assert!(ok, "{out}");
+    }
+    run_in(&node, &["ip", "link", "show", "uplink"]).expect("the node's NIC stays");
+}
