@@ -4,7 +4,8 @@
 //! The plugin gives the router pod its macvlan on the node's NIC with the reserved address;
 //! the client's connections to the router pod reach the far host from the reserved address,
 //! per-port rules and the fallback, a port without either refused; the LAN learns the
-//! macvlan's MAC from the gratuitous ARP, again when the router pod is made anew.
+//! macvlan's MAC from the gratuitous ARP, again when the router pod is made anew; the same
+//! over IPv6.
 
 use std::{
     io::Write as _,
@@ -47,6 +48,24 @@ fn run_in_host(args: &[&str]) {
         .status()
         .expect("run");
     assert!(status.success(), "{args:?}");
+}
+
+/// A pod namespace wired to `node` as the dataplane's plugin wires pods, with `address6` too
+/// when given (through fe80::1).
+fn wire_pod6(node: &str, pod: &str, host_veth: &str, address: &str, address6: &str) {
+    wire_pod(node, pod, host_veth, address);
+    for line in [
+        format!("ip addr add fe80::1/64 dev {host_veth} nodad"),
+        format!("ip -6 route add {address6}/128 dev {host_veth}"),
+    ] {
+        sh_in(node, &line).expect("node side");
+    }
+    for line in [
+        format!("ip addr add {address6}/128 dev eth0 nodad"),
+        "ip -6 route add default via fe80::1 dev eth0".to_owned(),
+    ] {
+        sh_in(pod, &line).expect("pod side");
+    }
 }
 
 /// A pod namespace wired to `node` as the dataplane's plugin wires pods.
@@ -258,4 +277,73 @@ fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
         assert!(ok, "{out}");
     }
     run_in(&node, &["ip", "link", "show", "uplink"]).expect("the node's NIC stays");
+}
+
+/// The same over IPv6: the reserved address announced by an unsolicited neighbour
+/// advertisement, the redirect in an `ip6` table.
+#[test]
+fn an_ipv6_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
+    if !privileged("an_ipv6_egress_router_pod_sends_its_clients_on_from_the_reserved_address") {
+        return;
+    }
+    const RESERVED6: &str = "fd00:198::99";
+    let mut namespaces = Namespaces(Vec::new());
+    let (node, lan, far) = (
+        namespaces.add("ernode"),
+        namespaces.add("erlan"),
+        namespaces.add("erfar"),
+    );
+    let (client, router) = (namespaces.add("erclient"), namespaces.add("errouter"));
+    run_in_host(&[
+        "ip", "link", "add", "uplink", "netns", &node, "type", "veth", "peer", "name", "lan0",
+        "netns", &lan,
+    ]);
+    run_in_host(&[
+        "ip", "link", "add", "lan1", "netns", &lan, "type", "veth", "peer", "name", "eth0",
+        "netns", &far,
+    ]);
+    for (netns, line) in [
+        (&node, "ip addr add fd00:198::2/64 dev uplink nodad"),
+        (&node, "ip link set uplink up"),
+        (&node, "sysctl -qw net.ipv6.conf.all.forwarding=1"),
+        (&node, "ip -6 route add default via fd00:198::1"),
+        (&lan, "sysctl -qw net.ipv6.conf.all.forwarding=1"),
+        (&lan, "ip addr add fd00:198::1/64 dev lan0 nodad"),
+        (&lan, "ip addr add fd00:203::1/64 dev lan1 nodad"),
+        (&lan, "ip link set lan0 up"),
+        (&lan, "ip link set lan1 up"),
+        (&far, "ip addr add fd00:203::25/64 dev eth0 nodad"),
+        (&far, "ip link set eth0 up"),
+        (&far, "ip -6 route add default via fd00:203::1"),
+    ] {
+        sh_in(netns, line).unwrap_or_else(|e| panic!("{line}: {e:#}"));
+    }
+    wire_pod6(&node, &client, "vclient", "10.244.0.10", "fd00:244::10");
+    wire_pod6(&node, &router, "vrouter", "10.244.0.20", "fd00:244::20");
+    let _far_server = echo_server(&far, "far", true).expect("far server");
+    let conf = format!(
+        r#"{{"cniVersion": "1.1.0", "name": "egress-router", "type": "egress-router",
+            "ip": {{"addresses": ["{RESERVED6}/64"], "destinations": ["80 tcp fd00:203::25 8080"], "gateway": "fd00:198::1"}}}}"#
+    );
+    let (ok, result) = plugin(&node, "ADD", "router-6", &router, &conf);
+    assert!(ok, "{result}");
+    let mac = result["interfaces"][0]["mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    // The unsolicited advertisement updates what the gateway holds (it learnt the router
+    // from its own solicitation otherwise): after one connection it is the macvlan's MAC.
+    let script = "import socket\n\
+         c = socket.create_connection(('fd00:244::20', 80), timeout=3); print(c.recv(100).decode())\n";
+    let out = exec_in(&client, &["python3", "-c", script]).expect("client");
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        format!("far {RESERVED6}"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(lan_neighbour(&lan, RESERVED6), mac);
+    assert_eq!(connect_once(&client, "fd00:244::20", 81), "refused");
+    let (ok, out) = plugin(&node, "DEL", "router-6", &router, &conf);
+    assert!(ok, "{out}");
 }
