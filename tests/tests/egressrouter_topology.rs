@@ -5,7 +5,7 @@
 //! the client's connections to the router pod reach the far host from the reserved address,
 //! per-port rules and the fallback, a port without either refused; the LAN learns the
 //! macvlan's MAC from the gratuitous ARP, again when the router pod is made anew; the same
-//! over IPv6.
+//! over IPv6; and a router pod of the overlay beside the agent's programs on the node's NIC.
 
 use std::{
     io::Write as _,
@@ -345,5 +345,56 @@ fn an_ipv6_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
     assert_eq!(lan_neighbour(&lan, RESERVED6), mac);
     assert_eq!(connect_once(&client, "fd00:244::20", 81), "refused");
     let (ok, out) = plugin(&node, "DEL", "router-6", &router, &conf);
+    assert!(ok, "{out}");
+}
+
+/// Beside the dataplane (issue 74, part 3): the router pod is a pod of the overlay, its
+/// macvlan on a node whose NIC runs the agent's XDP and tc programs. A pod on the other node
+/// reaches the router pod through the overlay; the router sends it on to the outside host from
+/// the reserved address, and the replies, addressed to the macvlan's MAC, pass the node's
+/// programs untouched.
+#[test]
+fn an_egress_router_pod_beside_the_dataplane() {
+    if !privileged("an_egress_router_pod_beside_the_dataplane") {
+        return;
+    }
+    use dataplane_tests::topology::{Mode, Topology};
+    let mut topology = Topology::build_with(2, 1, Mode::Overlay).expect("topology");
+    let external = topology.add_external_host().expect("outside host");
+    let (router, client) = (
+        topology.node(0).pods[0].clone(),
+        topology.node(1).pods[0].clone(),
+    );
+    let agents = [
+        topology.node(0).start_agent().expect("agent"),
+        topology.node(1).start_agent().expect("agent"),
+    ];
+    let _server = echo_server(&external.netns, "ext", false).expect("outside server");
+    // The outside host is the node network's gateway too.
+    let conf = r#"{"cniVersion": "1.0.0", "name": "egress-router", "type": "egress-router",
+        "interfaceArgs": {"master": "eth0"},
+        "ip": {"addresses": ["10.99.0.99/24"], "destinations": ["80 tcp 10.99.0.100 8080"], "gateway": "10.99.0.100"}}"#;
+    let node = topology.node(0).netns.clone();
+    let (ok, result) = plugin(&node, "ADD", "router-dp", &router.netns, conf);
+    assert!(ok, "{result}");
+    let mac = result["interfaces"][0]["mac"]
+        .as_str()
+        .expect("mac")
+        .to_owned();
+    assert_eq!(
+        tcp_answers(&client.netns, &router.ip.to_string(), 80, 3).expect("through the router"),
+        vec!["ext 10.99.0.99".to_owned(); 3],
+        "{:#?}",
+        agents[0].counters()
+    );
+    assert_eq!(lan_neighbour(&external.netns, "10.99.0.99"), mac);
+    // Nothing of it was dropped by the node's programs.
+    let counters = agents[0].counters().expect("counters");
+    assert!(
+        counters.drops.iter().all(|d| d.count == 0),
+        "{:#?}",
+        counters.drops
+    );
+    let (ok, out) = plugin(&node, "DEL", "router-dp", &router.netns, conf);
     assert!(ok, "{out}");
 }
