@@ -226,6 +226,25 @@ fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
         "ip.destinations[0]: \"icmp\" is not tcp, udp or sctp"
     );
 
+    // A master the node does not have: refused, nothing left on the node.
+    let missing = router_conf(r#""203.0.113.26""#).replace(
+        r#""type": "egress-router","#,
+        r#""type": "egress-router", "interfaceArgs": {"master": "nosuch0"},"#,
+    );
+    let (ok, error) = plugin(&node, "ADD", "router-0", &router, &missing);
+    assert!(!ok);
+    assert_eq!(error["code"], 101, "{error}");
+    assert!(
+        error["msg"].as_str().is_some_and(|m| m.contains("nosuch0")),
+        "{error}"
+    );
+    let links = exec_in(&node, &["ip", "-o", "link", "show"]).expect("links");
+    assert!(
+        !String::from_utf8_lossy(&links.stdout).contains(": er"),
+        "{}",
+        String::from_utf8_lossy(&links.stdout)
+    );
+
     let conf =
         router_conf(r#""80 tcp 203.0.113.25 8080", "5353 udp 203.0.113.25", "203.0.113.26""#);
     let (ok, result) = plugin(&node, "ADD", "router-1", &router, &conf);

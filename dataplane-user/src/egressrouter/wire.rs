@@ -59,7 +59,11 @@ pub fn add(conf: &RouterConf, target: &Target<'_>) -> Result<Value, CniError> {
             ),
         ],
     )
-    .map_err(failed)?;
+    .map_err(|error| {
+        // Made but not moved: it must not stay on the node.
+        let _ = netdev::run_ip(&["link", "del", &temporary], None);
+        failed(error)
+    })?;
     let made = wire::in_netns(&netns, || inside(conf, target.ifname));
     match made {
         Ok(mac) => Ok(result(conf, target, &mac)),
