@@ -64,7 +64,7 @@ pub use host::{
     remove as remove_host_table, script as host_script,
 };
 pub use maglev::maglev_table;
-pub use ranges::{RANGE_KEY_LEN, RangeEntries, admitted_sources, key_parts, range_entries};
+pub use ranges::{RANGE_KEY_LEN, RangeEntries, admitted_sources, range_entries};
 pub use snat::reserve_snat_ports;
 pub use state::{LbState, LbSyncStats, port_bitmaps};
 pub use topology::{LocalNode, ZONE_LABEL};

@@ -19,8 +19,8 @@ mod view;
 
 pub use hybrid::{HybridNodeView, HybridView};
 pub use view::{
-    LocalPodView, NodeChanges, NodeList, NodeSeq, NodeView, Underlay, endpoint, in_name_order,
-    internal_ips, node_changes, node_named,
+    LocalPodView, NodeChanges, NodeList, NodeSeq, NodeView, Underlay, endpoint, first_v4, first_v6,
+    in_name_order, internal_ips, node_changes, node_named,
 };
 
 /// Everything the overlay compile needs.

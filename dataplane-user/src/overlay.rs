@@ -4,7 +4,7 @@
 
 use std::{
     collections::{BTreeMap, BTreeSet},
-    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+    net::IpAddr,
     sync::Arc,
 };
 
@@ -96,11 +96,11 @@ pub fn compile_since(
         underlay_mac: view.underlay.mac,
         ..OverlayConfig::default()
     };
-    if let Some(v4) = first_v4(&this.addresses) {
+    if let Some(v4) = this.first_v4() {
         config.node_ipv4 = v4.octets();
         config.flags |= OVERLAY_HAS_IPV4;
     }
-    if let Some(v6) = first_v6(&this.addresses) {
+    if let Some(v6) = this.first_v6() {
         config.node_ipv6 = v6.octets();
         config.flags |= OVERLAY_HAS_IPV6;
     }
@@ -132,20 +132,6 @@ pub fn compile_since(
         }
     }
     Ok(maps)
-}
-
-fn first_v4(addresses: &[IpAddr]) -> Option<Ipv4Addr> {
-    addresses.iter().find_map(|a| match a {
-        IpAddr::V4(v4) => Some(*v4),
-        IpAddr::V6(_) => None,
-    })
-}
-
-fn first_v6(addresses: &[IpAddr]) -> Option<Ipv6Addr> {
-    addresses.iter().find_map(|a| match a {
-        IpAddr::V6(v6) => Some(*v6),
-        IpAddr::V4(_) => None,
-    })
 }
 
 impl Dataplane {
@@ -446,7 +432,7 @@ mod tests {
         Arc::make_mut(&mut maps.node_maps).insert_remote_v4((24, [10, 245, 7, 0]), endpoint);
         // Shorter than the bitmap's /16: every /16 it spans (a hybrid cluster network).
         Arc::make_mut(&mut maps.node_maps).insert_remote_v4((14, [172, 16, 0, 0]), endpoint);
-        let v6_subnet: Ipv6Addr = "fd00:20:244:2::".parse().expect("address");
+        let v6_subnet: std::net::Ipv6Addr = "fd00:20:244:2::".parse().expect("address");
         Arc::make_mut(&mut maps.node_maps).insert_remote_v6((64, v6_subnet.octets()), endpoint);
         let words = outside_words(&maps);
         for inside in [

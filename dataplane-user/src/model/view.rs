@@ -25,6 +25,42 @@ pub struct NodeView {
     pub created: i64,
 }
 
+impl NodeView {
+    /// The node's underlay address of IPv4 (the first, as every feature takes it).
+    pub fn first_v4(&self) -> Option<std::net::Ipv4Addr> {
+        first_v4(&self.addresses)
+    }
+
+    /// The node's underlay address of IPv6 (the first, as every feature takes it).
+    pub fn first_v6(&self) -> Option<std::net::Ipv6Addr> {
+        first_v6(&self.addresses)
+    }
+
+    /// Its first address of each family: where this node serves its NodePorts by default and
+    /// what its overlay sends from.
+    pub fn primary_addresses(&self) -> Vec<IpAddr> {
+        let v4 = self.first_v4().map(IpAddr::V4);
+        let v6 = self.first_v6().map(IpAddr::V6);
+        v4.into_iter().chain(v6).collect()
+    }
+}
+
+/// The first IPv4 address of `addresses`.
+pub fn first_v4(addresses: &[IpAddr]) -> Option<std::net::Ipv4Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V4(v4) => Some(*v4),
+        IpAddr::V6(_) => None,
+    })
+}
+
+/// The first IPv6 address of `addresses`.
+pub fn first_v6(addresses: &[IpAddr]) -> Option<std::net::Ipv6Addr> {
+    addresses.iter().find_map(|a| match a {
+        IpAddr::V6(v6) => Some(*v6),
+        IpAddr::V4(_) => None,
+    })
+}
+
 /// A pod on this node.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct LocalPodView {

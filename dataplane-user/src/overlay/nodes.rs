@@ -11,7 +11,8 @@ use std::{
 use dataplane_common::overlay::{Addr, TunnelEndpoint, outside_bit_v4, outside_bit_v6};
 use ipnet::IpNet;
 
-use super::{CompileError, first_v4, first_v6};
+use super::CompileError;
+use crate::model::{first_v4, first_v6};
 use crate::{
     api::network::overlaps,
     mapsync::addr16,

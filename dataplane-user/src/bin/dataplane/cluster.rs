@@ -581,11 +581,7 @@ impl Cluster {
             .model
             .as_ref()
             .and_then(|model| model.view.this_node_view())
-            .map(|node| {
-                let v4 = node.addresses.iter().find(|a| a.is_ipv4());
-                let v6 = node.addresses.iter().find(|a| a.is_ipv6());
-                v4.into_iter().chain(v6).copied().collect()
-            })
+            .map(|node| node.primary_addresses())
             .unwrap_or_default();
         let local = if self.nodeport_addresses.listed() {
             dataplane_user::kernel::netdev::local_addresses().unwrap_or_else(|error| {
