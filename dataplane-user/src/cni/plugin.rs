@@ -23,7 +23,12 @@ pub struct Outcome {
 
 /// Runs one command as the runtime asked: `env` reads the `CNI_*` variables.
 pub fn run(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
-    // Errors are answered in the configuration's version when it has one.
+    answer(stdin, || execute(env, stdin))
+}
+
+/// A plugin's answer to one command: `execute`'s output, or its error in the configuration's
+/// version (the latest when `stdin` names none this plugin speaks).
+pub fn answer(stdin: &[u8], execute: impl FnOnce() -> Result<Option<Value>, CniError>) -> Outcome {
     let version = serde_json::from_slice::<Value>(stdin)
         .ok()
         .and_then(|v| {
@@ -33,7 +38,7 @@ pub fn run(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
         })
         .filter(|v| spec::SUPPORTED_VERSIONS.contains(&v.as_str()))
         .unwrap_or_else(|| spec::LATEST_VERSION.to_owned());
-    match execute(env, stdin) {
+    match execute() {
         Ok(output) => Outcome {
             output,
             success: true,
@@ -42,6 +47,38 @@ pub fn run(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
             output: Some(error.to_json(&version)),
             success: false,
         },
+    }
+}
+
+/// A plugin's logic: the `CNI_*` variables (read through the function) and stdin in, one
+/// answer out.
+pub type Plugin = fn(&dyn Fn(&str) -> Option<String>, &[u8]) -> Outcome;
+
+/// A plugin binary's `main`: stdin and the environment to `run`, its document printed, its
+/// success the exit status.
+pub fn main_of(run: Plugin) -> std::process::ExitCode {
+    use std::io::Read as _;
+    let mut stdin = Vec::new();
+    let outcome = match std::io::stdin().read_to_end(&mut stdin) {
+        Ok(_) => run(&|name| std::env::var(name).ok(), &stdin),
+        Err(error) => Outcome {
+            output: Some(
+                CniError::new(
+                    code::IO_FAILURE,
+                    format!("reading the network configuration from stdin: {error}"),
+                )
+                .to_json(spec::LATEST_VERSION),
+            ),
+            success: false,
+        },
+    };
+    if let Some(output) = outcome.output {
+        println!("{output}");
+    }
+    if outcome.success {
+        std::process::ExitCode::SUCCESS
+    } else {
+        std::process::ExitCode::FAILURE
     }
 }
 

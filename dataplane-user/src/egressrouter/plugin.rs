@@ -9,31 +9,13 @@ use serde_json::Value;
 use super::{config, wire};
 use crate::cni::{
     names::{check_container_id, check_ifname},
-    plugin::Outcome,
+    plugin::{self, Outcome},
     spec::{self, CniError, Command, code},
 };
 
 /// Runs one command as the runtime asked: `env` reads the `CNI_*` variables.
 pub fn run(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Outcome {
-    let version = serde_json::from_slice::<Value>(stdin)
-        .ok()
-        .and_then(|v| {
-            v.get("cniVersion")
-                .and_then(Value::as_str)
-                .map(str::to_owned)
-        })
-        .filter(|v| spec::SUPPORTED_VERSIONS.contains(&v.as_str()))
-        .unwrap_or_else(|| spec::LATEST_VERSION.to_owned());
-    match execute(env, stdin) {
-        Ok(output) => Outcome {
-            output,
-            success: true,
-        },
-        Err(error) => Outcome {
-            output: Some(error.to_json(&version)),
-            success: false,
-        },
-    }
+    plugin::answer(stdin, || execute(env, stdin))
 }
 
 fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<Value>, CniError> {

@@ -143,33 +143,20 @@ impl ClusterState {
             return;
         };
         let config = "config.openshift.io/v1 Network cluster";
-        if !platform.cluster_networks.is_empty() {
-            if !self.cluster_networks.is_empty()
-                && self.cluster_networks != platform.cluster_networks
-            {
-                self.rejected.push(format!(
-                    "operator.openshift.io/v1 Network cluster: spec.clusterNetwork {:?} differs \
-                     from {config}'s {:?}: the latter applies",
-                    display(&self.cluster_networks),
-                    display(&platform.cluster_networks)
-                ));
-            }
-            self.cluster_networks.clone_from(&platform.cluster_networks);
+        if take_networks(
+            &mut self.cluster_networks,
+            &platform.cluster_networks,
+            "spec.clusterNetwork",
+            &mut self.rejected,
+        ) {
             self.subnet_pools.clone_from(&platform.subnet_pools);
         }
-        if !platform.service_networks.is_empty() {
-            if !self.service_networks.is_empty()
-                && self.service_networks != platform.service_networks
-            {
-                self.rejected.push(format!(
-                    "operator.openshift.io/v1 Network cluster: spec.serviceNetwork {:?} differs \
-                     from {config}'s {:?}: the latter applies",
-                    display(&self.service_networks),
-                    display(&platform.service_networks)
-                ));
-            }
-            self.service_networks.clone_from(&platform.service_networks);
-        }
+        take_networks(
+            &mut self.service_networks,
+            &platform.service_networks,
+            "spec.serviceNetwork",
+            &mut self.rejected,
+        );
         let hybrid_network = self.hybrid.and_then(|h| h.network);
         let fields = (self
             .cluster_networks
@@ -211,6 +198,29 @@ impl ClusterState {
         self.hybrid = other.hybrid;
         self.subnet_pools = other.subnet_pools.clone();
     }
+}
+
+/// Replaces the operator `Network`'s `ours` (its `field`) by the cluster configuration's
+/// `theirs` where that gives any, naming a difference in `rejected`; whether it did.
+fn take_networks(
+    ours: &mut Vec<ipnet::IpNet>,
+    theirs: &[ipnet::IpNet],
+    field: &str,
+    rejected: &mut Vec<String>,
+) -> bool {
+    if theirs.is_empty() {
+        return false;
+    }
+    if !ours.is_empty() && ours.as_slice() != theirs {
+        rejected.push(format!(
+            "operator.openshift.io/v1 Network cluster: {field} {:?} differs from \
+             config.openshift.io/v1 Network cluster's {:?}: the latter applies",
+            display(ours),
+            display(theirs)
+        ));
+    }
+    *ours = theirs.to_vec();
+    true
 }
 
 fn display(networks: &[ipnet::IpNet]) -> Vec<String> {
