@@ -6,4 +6,5 @@
 pub mod adminpolicy;
 pub mod egressfirewall;
 pub mod egressip;
+pub mod egressrouter;
 pub mod network;

@@ -10,6 +10,7 @@ use crate::api::{
     adminpolicy::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy},
     egressfirewall::EgressFirewall,
     egressip::EgressIP,
+    egressrouter::EgressRouter,
 };
 
 /// Every shipped CRD with its file name under `deploy/crds/` (`<group>_<plural>.yaml`).
@@ -17,6 +18,7 @@ pub fn shipped() -> Vec<(String, CustomResourceDefinition)> {
     [
         EgressFirewall::crd(),
         EgressIP::crd(),
+        EgressRouter::crd(),
         AdminNetworkPolicy::crd(),
         BaselineAdminNetworkPolicy::crd(),
         ClusterNetworkPolicy::crd(),
@@ -88,6 +90,7 @@ mod tests {
             [
                 "k8s.ovn.org_egressfirewalls.yaml",
                 "k8s.ovn.org_egressips.yaml",
+                "network.operator.openshift.io_egressrouters.yaml",
                 "policy.networking.k8s.io_adminnetworkpolicies.yaml",
                 "policy.networking.k8s.io_baselineadminnetworkpolicies.yaml",
                 "policy.networking.k8s.io_clusternetworkpolicies.yaml",

@@ -5,5 +5,7 @@
 //! name) which Multus runs for the router pod's NetworkAttachmentDefinition.
 
 pub mod config;
+pub mod controller;
 pub mod plugin;
+pub mod resource;
 pub mod wire;

@@ -123,6 +123,15 @@ pub const WATCHED: &[Watched] = &[
         resource: "networks",
         optional: true,
     },
+    // OpenShift's egress router pods, made by the controller.
+    Watched {
+        group: "network.operator.openshift.io",
+        version: "v1",
+        kind: "EgressRouter",
+        plural: "egressrouters",
+        resource: "egressrouters",
+        optional: true,
+    },
     // OpenShift's cluster network configuration: the networks the installer wrote.
     Watched {
         group: "config.openshift.io",
@@ -1217,19 +1226,22 @@ mod tests {
     }
 
     #[test]
-    fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_node_subnets_and_its_lease()
+    fn the_controller_reads_what_the_agents_read_and_writes_only_egressip_status_node_subnets_its_lease_and_egress_routers()
      {
         let text = deploy_file("controller.yaml");
         let roles: Vec<ClusterRole> = objects(&text, "ClusterRole");
         let mut read = BTreeSet::new();
         let mut written = BTreeSet::new();
+        let mut applied = BTreeSet::new();
         for rule in roles[0].rules.iter().flatten() {
             for group in rule.api_groups.iter().flatten() {
                 for resource in rule.resources.iter().flatten() {
                     let entry = (group.clone(), resource.clone());
-                    match rule.verbs.as_slice() {
-                        [list, watch] if list == "list" && watch == "watch" => read.insert(entry),
-                        [patch] if patch == "patch" => written.insert(entry),
+                    let verbs: Vec<&str> = rule.verbs.iter().map(String::as_str).collect();
+                    match verbs.as_slice() {
+                        ["list", "watch"] => read.insert(entry),
+                        ["patch"] => written.insert(entry),
+                        ["get", "create", "patch"] => applied.insert(entry),
                         verbs => panic!("unexpected verbs {verbs:?}"),
                     };
                 }
@@ -1245,6 +1257,23 @@ mod tests {
             BTreeSet::from([
                 (String::new(), "nodes".to_owned()),
                 ("k8s.ovn.org".to_owned(), "egressips/status".to_owned()),
+                (
+                    "network.operator.openshift.io".to_owned(),
+                    "egressrouters/status".to_owned()
+                ),
+            ])
+        );
+        // What it makes for EgressRouters (server-side applies), held by the admission
+        // policy to objects an EgressRouter owns.
+        assert_eq!(
+            applied,
+            BTreeSet::from([
+                ("apps".to_owned(), "deployments".to_owned()),
+                (String::new(), "services".to_owned()),
+                (
+                    "k8s.cni.cncf.io".to_owned(),
+                    "network-attachment-definitions".to_owned()
+                ),
             ])
         );
         // Its Node writes are held to the annotations the allocation writes.

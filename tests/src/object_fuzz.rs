@@ -45,6 +45,17 @@ spec:
   networkType: Dataplane
   externalIP: {policy: {allowedCIDRs: [192.0.2.0/24], rejectedCIDRs: [192.0.2.128/25]}}
 ---
+apiVersion: network.operator.openshift.io/v1
+kind: EgressRouter
+metadata: {name: router, namespace: shop, uid: 0f0e0d0c-0000-4000-8000-000000000001}
+spec:
+  mode: Redirect
+  networkInterface: {macvlan: {mode: Bridge, master: eth1}}
+  addresses: [{ip: 192.168.12.99/24, gateway: 192.168.12.1}]
+  redirect:
+    redirectRules: [{destinationIP: 203.0.113.25, port: 80, targetPort: 8080, protocol: TCP}]
+    fallbackIP: 203.0.113.26
+---
 apiVersion: v1
 kind: Node
 metadata: {name: a, creationTimestamp: "2026-01-01T00:00:00Z", labels: {k8s.ovn.org/egress-assignable: ""}}
@@ -171,6 +182,10 @@ pub fn run(cases: u64, seed: u64) -> anyhow::Result<ObjectReport> {
             let result = std::panic::catch_unwind(AssertUnwindSafe(|| {
                 let mut state = ClusterState::default();
                 add_documents(&mut state, "fuzz.yaml", &text);
+                // The controller's side: an EgressRouter becomes its objects or a refusal.
+                for router in state.egress_routers.iter() {
+                    let _ = dataplane_user::egressrouter::resource::plan(router, "pause");
+                }
                 dataplane_user::pipeline::compile_node(&state, "a")
             }));
             let took = started.elapsed();
@@ -370,6 +385,8 @@ mod tests {
     fn the_corpus_compiles_whole_and_refuses_only_its_external_ip() {
         let mut state = dataplane_user::source::ClusterState::default();
         dataplane_user::source::add_documents(&mut state, "corpus.yaml", super::CORPUS);
+        let router = state.egress_routers.first().expect("an EgressRouter");
+        dataplane_user::egressrouter::resource::plan(router, "pause").expect("its objects");
         let (_, refused) = dataplane_user::pipeline::compile_node(&state, "a").expect("node a");
         // External IPs are honoured only where the operator allows (none by default).
         assert_eq!(refused.len(), 1, "{refused:?}");

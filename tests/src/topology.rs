@@ -12,7 +12,7 @@
 use std::{
     fs,
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
-    path::PathBuf,
+    path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
     thread,
     time::{Duration, Instant},
@@ -696,29 +696,7 @@ impl Node {
             .manifests
             .as_ref()
             .context("an API server serves the manifests of overlay mode")?;
-        let binary = dataplane_binary().with_file_name("fake_apiserver");
-        let child = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", self.netns))
-            .arg(&binary)
-            .arg("--manifests")
-            .arg(dir)
-            .args(["--listen", "127.0.0.1:6443"])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .spawn()
-            .with_context(|| format!("starting {}", binary.display()))?;
-        // Beside the manifests (not a .yaml file, so not served) and removed with them.
-        let kubeconfig = dir.join(format!("{}.kubeconfig", self.netns));
-        fs::write(
-            &kubeconfig,
-            "apiVersion: v1\nkind: Config\n\
-             clusters: [{name: fake, cluster: {server: 'http://127.0.0.1:6443'}}]\n\
-             users: [{name: agent, user: {}}]\n\
-             contexts: [{name: fake, context: {cluster: fake, user: agent}}]\n\
-             current-context: fake\n",
-        )?;
-        Ok(ApiServer { child, kubeconfig })
+        spawn_fake_apiserver(&self.netns, dir, extra)
     }
 
     /// Starts the real agent binary in this node's netns, attached to the underlay NIC and
@@ -837,6 +815,34 @@ impl Drop for PinsCleanup {
             }
         }
     }
+}
+
+/// The stand-in API server serving `dir`'s manifests on 127.0.0.1:6443 in network namespace
+/// `netns`, with `extra` arguments; its kubeconfig is written beside the manifests.
+pub fn spawn_fake_apiserver(netns: &str, dir: &Path, extra: &[&str]) -> anyhow::Result<ApiServer> {
+    let binary = dataplane_binary().with_file_name("fake_apiserver");
+    let child = Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .arg(&binary)
+        .arg("--manifests")
+        .arg(dir)
+        .args(["--listen", "127.0.0.1:6443"])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .with_context(|| format!("starting {}", binary.display()))?;
+    // Beside the manifests (not a .yaml file, so not served) and removed with them.
+    let kubeconfig = dir.join(format!("{netns}.kubeconfig"));
+    fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\n\
+         clusters: [{name: fake, cluster: {server: 'http://127.0.0.1:6443'}}]\n\
+         users: [{name: agent, user: {}}]\n\
+         contexts: [{name: fake, context: {cluster: fake, user: agent}}]\n\
+         current-context: fake\n",
+    )?;
+    Ok(ApiServer { child, kubeconfig })
 }
 
 /// A running stand-in API server; killed on drop.

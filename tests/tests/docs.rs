@@ -123,7 +123,7 @@ fn the_readme_lists_every_flag_of_the_agent_and_the_controller() {
 
 /// The README's YAML: every object of every `yaml` block decodes with the agent's own types
 /// and validation (nothing refused; an egress router's NetworkAttachmentDefinition with the
-/// egress-router plugin's), and the deploy/ manifests it tells users to apply exist.
+/// egress-router plugin's, an EgressRouter with the controller's), and the deploy/ manifests it tells users to apply exist.
 #[test]
 fn the_readmes_yaml_decodes_with_the_agents_own_types() {
     let readme = std::fs::read_to_string(format!("{ROOT}/README.md")).expect("README.md");
@@ -160,6 +160,15 @@ fn the_readmes_yaml_decodes_with_the_agents_own_types() {
             "block {index}: {:?}",
             state.rejected
         );
+        // An EgressRouter: the controller makes its objects without a refusal.
+        if let Some(router) = state.egress_routers.first() {
+            let planned = dataplane_user::egressrouter::resource::plan(
+                router,
+                dataplane_user::egressrouter::resource::DEFAULT_IMAGE,
+            );
+            assert!(planned.is_ok(), "block {index}: {planned:?}");
+            continue;
+        }
         assert!(
             state.network.is_some(),
             "block {index} configures the cluster"

@@ -166,12 +166,18 @@ fn lan_neighbour(lan: &str, address: &str) -> String {
     entries[0]["lladdr"].as_str().unwrap_or("-").to_owned()
 }
 
-#[test]
-fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
-    if !privileged("an_egress_router_pod_sends_its_clients_on_from_the_reserved_address") {
-        return;
-    }
-    let mut namespaces = Namespaces(Vec::new());
+/// The namespaces of a node on a LAN: `lan` is the gateway (198.51.100.1) to the far network
+/// (203.0.113.0/24, where `far` holds .25 and .26); `client` (10.244.0.10) and `router`
+/// (10.244.0.20) are pods wired to `node`.
+struct LanBed {
+    node: String,
+    lan: String,
+    far: String,
+    client: String,
+    router: String,
+}
+
+fn lan_bed(namespaces: &mut Namespaces) -> LanBed {
     let (node, lan, far) = (
         namespaces.add("ernode"),
         namespaces.add("erlan"),
@@ -189,6 +195,7 @@ fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
         "netns", &far,
     ]);
     for (netns, line) in [
+        (&node, "ip link set lo up"),
         (&node, "ip addr add 198.51.100.2/24 dev uplink"),
         (&node, "ip link set uplink up"),
         (&node, "ip route add default via 198.51.100.1"),
@@ -209,6 +216,28 @@ fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
     }
     wire_pod(&node, &client, "vclient", "10.244.0.10");
     wire_pod(&node, &router, "vrouter", "10.244.0.20");
+    LanBed {
+        node,
+        lan,
+        far,
+        client,
+        router,
+    }
+}
+
+#[test]
+fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
+    if !privileged("an_egress_router_pod_sends_its_clients_on_from_the_reserved_address") {
+        return;
+    }
+    let mut namespaces = Namespaces(Vec::new());
+    let LanBed {
+        node,
+        lan,
+        far,
+        client,
+        router,
+    } = lan_bed(&mut namespaces);
     let _far_server = echo_server(&far, "far", false).expect("far server");
 
     // Bad configurations are refused with the field named, and make nothing.
@@ -416,4 +445,211 @@ fn an_egress_router_pod_beside_the_dataplane() {
     );
     let (ok, out) = plugin(&node, "DEL", "router-dp", &router.netns, conf);
     assert!(ok, "{out}");
+}
+
+/// `GET` of `path` on the stand-in API server in `netns`: the object, or null when absent.
+fn api_get(netns: &str, path: &str) -> Value {
+    let script = "import sys, urllib.request, urllib.error\n\
+                  try:\n\
+                  \x20   print(urllib.request.urlopen('http://127.0.0.1:6443' + sys.argv[1], timeout=3).read().decode())\n\
+                  except urllib.error.HTTPError:\n\
+                  \x20   print('null')\n";
+    let out = exec_in(netns, &["python3", "-c", script, path]).expect("GET");
+    serde_json::from_slice(&out.stdout).unwrap_or(Value::Null)
+}
+
+/// A merge patch of `body` to `path` on the stand-in API server in `netns`.
+fn api_merge_patch(netns: &str, path: &str, body: &Value) {
+    let script = "import sys, urllib.request\n\
+                  r = urllib.request.Request('http://127.0.0.1:6443' + sys.argv[1], data=sys.argv[2].encode(), method='PATCH', headers={'Content-Type': 'application/merge-patch+json'})\n\
+                  urllib.request.urlopen(r, timeout=3).read()\n";
+    exec_in(netns, &["python3", "-c", script, path, &body.to_string()]).expect("PATCH");
+}
+
+/// `path`'s object once `ready` holds for it (waiting up to 20 s); the last one read if never.
+fn api_get_until(netns: &str, path: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let value = api_get(netns, path);
+        if ready(&value) || std::time::Instant::now() > deadline {
+            return value;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}
+
+/// A condition of an EgressRouter's status: (status, reason, message).
+fn condition(router: &Value, kind: &str) -> (String, String, String) {
+    let found = router["status"]["conditions"]
+        .as_array()
+        .and_then(|c| c.iter().find(|c| c["type"] == kind))
+        .cloned()
+        .unwrap_or(Value::Null);
+    let text = |field: &str| found[field].as_str().unwrap_or_default().to_owned();
+    (text("status"), text("reason"), text("message"))
+}
+
+#[test]
+fn the_controller_makes_an_egress_routers_objects_and_the_plugin_runs_its_attachment() {
+    if !privileged(
+        "the_controller_makes_an_egress_routers_objects_and_the_plugin_runs_its_attachment",
+    ) {
+        return;
+    }
+    let mut namespaces = Namespaces(Vec::new());
+    let LanBed {
+        node,
+        far,
+        client,
+        router,
+        ..
+    } = lan_bed(&mut namespaces);
+    let _far_server = echo_server(&far, "far", false).expect("far server");
+    // The cluster as the API server serves it: an EgressRouter as OpenShift documents it,
+    // and one without a gateway.
+    let dir = std::env::temp_dir().join(unique_name("ermanifests"));
+    std::fs::create_dir_all(&dir).expect("manifests");
+    std::fs::write(
+        dir.join("routers.yaml"),
+        format!(
+            "apiVersion: network.operator.openshift.io/v1\nkind: EgressRouter\n\
+             metadata: {{name: router, namespace: egress, uid: 0f0e0d0c-0000-4000-8000-000000000001}}\n\
+             spec:\n  mode: Redirect\n  networkInterface: {{macvlan: {{mode: Bridge}}}}\n\
+             \x20 addresses: [{{ip: {RESERVED}/24, gateway: 198.51.100.1}}]\n\
+             \x20 redirect:\n    redirectRules:\n\
+             \x20   - {{destinationIP: 203.0.113.25, port: 80, targetPort: 8080, protocol: TCP}}\n\
+             \x20   - {{destinationIP: 203.0.113.25, port: 5353, protocol: UDP}}\n\
+             \x20   fallbackIP: 203.0.113.26\n\
+             ---\napiVersion: network.operator.openshift.io/v1\nkind: EgressRouter\n\
+             metadata: {{name: broken, namespace: egress, uid: 0f0e0d0c-0000-4000-8000-000000000002}}\n\
+             spec:\n  addresses: [{{ip: 198.51.100.98/24}}]\n  redirect: {{fallbackIP: 203.0.113.26}}\n"
+        ),
+    )
+    .expect("routers");
+    let api = dataplane_tests::topology::spawn_fake_apiserver(&node, &dir, &[]).expect("API");
+    let key = dir.join("probe.key");
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("probe key");
+    let controller = dataplane_tests::egress_topology::spawn_controller_in(
+        &node,
+        &[
+            "--kubernetes".as_ref(),
+            "--kubeconfig".as_ref(),
+            api.kubeconfig.as_os_str(),
+            "--probe-key-file".as_ref(),
+            key.as_os_str(),
+            "--identity".as_ref(),
+            "controller-0".as_ref(),
+        ],
+    );
+    let objects = "/namespaces/egress";
+    let attachment = api_get_until(
+        &node,
+        &format!("/apis/k8s.cni.cncf.io/v1{objects}/network-attachment-definitions/router"),
+        |v| !v.is_null(),
+    );
+    let conf = attachment["spec"]["config"]
+        .as_str()
+        .unwrap_or_else(|| panic!("no attachment: {attachment}\n{}", controller.log()))
+        .to_owned();
+    assert_eq!(
+        attachment["metadata"]["ownerReferences"][0]["uid"],
+        "0f0e0d0c-0000-4000-8000-000000000001"
+    );
+
+    // The plugin runs the attachment as Multus would for the router pod: the rules and the
+    // fallback as the EgressRouter says, from the reserved address.
+    let (ok, result) = plugin(&node, "ADD", "router-1", &router, &conf);
+    assert!(ok, "{result}");
+    let from_reserved = format!("far {RESERVED}");
+    assert_eq!(connect_once(&client, "10.244.0.20", 80), from_reserved);
+    assert_eq!(udp_once(&client, "10.244.0.20", 5353), from_reserved);
+    assert_eq!(connect_once(&client, "10.244.0.20", 8080), from_reserved);
+
+    // The Deployment: one router pod at a time on that attachment; the Service: the rules'
+    // ports.
+    let deployment = api_get(&node, &format!("/apis/apps/v1{objects}/deployments/router"));
+    assert_eq!(deployment["spec"]["replicas"], 1, "{deployment}");
+    assert_eq!(deployment["spec"]["strategy"]["type"], "Recreate");
+    let template = &deployment["spec"]["template"];
+    assert_eq!(
+        template["metadata"]["annotations"]["k8s.v1.cni.cncf.io/networks"],
+        "router"
+    );
+    assert_eq!(template["metadata"]["labels"]["app"], "egress-router-cni");
+    assert_eq!(
+        template["spec"]["containers"][0]["image"],
+        "registry.k8s.io/pause:3.10"
+    );
+    let service = api_get(&node, &format!("/api/v1{objects}/services/router"));
+    let ports: Vec<String> = service["spec"]["ports"]
+        .as_array()
+        .map(|ports| {
+            ports
+                .iter()
+                .map(|p| format!("{} {}", p["protocol"].as_str().unwrap_or("?"), p["port"]))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert_eq!(ports, ["TCP 80", "UDP 5353"], "{service}");
+
+    // Its status follows the rollout: progressing until the Deployment's pod is available.
+    let router_path =
+        format!("/apis/network.operator.openshift.io/v1{objects}/egressrouters/router");
+    let status = api_get_until(&node, &router_path, |v| {
+        condition(v, "Progressing").0 == "True"
+    });
+    assert_eq!(
+        condition(&status, "Available"),
+        (
+            "False".to_owned(),
+            "RouterPodUnavailable".to_owned(),
+            "0 of 1 router pod available".to_owned()
+        ),
+        "{status}\n{}",
+        controller.log()
+    );
+    let generation = api_get(&node, &format!("/apis/apps/v1{objects}/deployments/router"))
+        ["metadata"]["generation"]
+        .clone();
+    api_merge_patch(
+        &node,
+        &format!("/apis/apps/v1{objects}/deployments/router/status"),
+        &serde_json::json!({"status": {"observedGeneration": generation, "replicas": 1, "updatedReplicas": 1, "availableReplicas": 1}}),
+    );
+    let status = api_get_until(&node, &router_path, |v| {
+        condition(v, "Available").0 == "True"
+    });
+    assert_eq!(
+        [
+            condition(&status, "Available").1,
+            condition(&status, "Progressing").1,
+            condition(&status, "Degraded").1
+        ],
+        ["RouterPodAvailable", "AsExpected", "AsExpected"],
+        "{status}"
+    );
+
+    // The router without a gateway: degraded, the field named, nothing made for it.
+    let broken = api_get_until(
+        &node,
+        &format!("/apis/network.operator.openshift.io/v1{objects}/egressrouters/broken"),
+        |v| condition(v, "Degraded").0 == "True",
+    );
+    assert_eq!(
+        condition(&broken, "Degraded"),
+        (
+            "True".to_owned(),
+            "InvalidSpec".to_owned(),
+            "spec.addresses[0].gateway: missing (the router's next hop on the reserved address's network)"
+                .to_owned()
+        ),
+        "{broken}"
+    );
+    assert!(api_get(&node, &format!("/apis/apps/v1{objects}/deployments/broken")).is_null());
+
+    let (ok, out) = plugin(&node, "DEL", "router-1", &router, &conf);
+    assert!(ok, "{out}");
+    drop(controller);
+    drop(api);
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -512,7 +512,8 @@ pub struct LeaseOptions {
 }
 
 /// Runs against the API server until dropped: leads when it holds the Lease `LEASE_NAME` in
-/// `namespace`, and waits otherwise.
+/// `namespace`, and waits otherwise; `leader_state` gets the cluster state while it leads
+/// (None while it stands by) for the leader's other work.
 pub async fn run_kubernetes(
     client: kube::Client,
     network_config: Option<std::path::PathBuf>,
@@ -520,6 +521,7 @@ pub async fn run_kubernetes(
     probe_port: u16,
     key: Arc<ProbeKey>,
     metrics: Arc<Mutex<ControllerMetrics>>,
+    leader_state: tokio::sync::watch::Sender<Option<ClusterState>>,
 ) {
     let LeaseOptions {
         namespace,
@@ -535,6 +537,7 @@ pub async fn run_kubernetes(
         super::leader::Leadership::new(client.clone(), &namespace, LEASE_NAME, &identity, duration);
     let mut store = ApiStore { client };
     let mut state = source.snapshot(false);
+    let mut state_changed = true;
     let mut leading: Option<Controller> = None;
     let mut subnets = crate::subnets::SubnetAllocator::default();
     let mut attempted: Option<Instant> = None;
@@ -582,6 +585,13 @@ pub async fn run_kubernetes(
         }
         if source.changed() {
             state = source.snapshot(false);
+            state_changed = true;
+        }
+        // What else the leader does (the egress routers) follows the state in its own task.
+        let leads = leading.is_some();
+        if state_changed || leads != leader_state.borrow().is_some() {
+            leader_state.send_replace(leads.then(|| state.clone()));
+            state_changed = false;
         }
         if let Some(controller) = &mut leading
             && let Err(error) = controller.round(&state, &mut store).await

@@ -160,6 +160,7 @@ impl ObjectCache {
             network_policies,
             egress_firewalls,
             egress_ips,
+            egress_routers,
             admin_network_policies,
             baseline_admin_network_policies,
             cluster_network_policies

@@ -15,6 +15,7 @@ use crate::api::{
     adminpolicy::{AdminNetworkPolicy, BaselineAdminNetworkPolicy, ClusterNetworkPolicy},
     egressfirewall::EgressFirewall,
     egressip::{self, EgressIP},
+    egressrouter::EgressRouter,
     network::{NetworkConfig, NetworkOperator},
 };
 
@@ -166,6 +167,19 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
             },
             Err(e) => reject(state, e),
         },
+        // Checked where the controller makes the router's objects: its status names the field.
+        ("network.operator.openshift.io/v1", "EgressRouter") => {
+            match value.decode::<EgressRouter>() {
+                Ok(mut router) => {
+                    router
+                        .metadata
+                        .namespace
+                        .get_or_insert_with(|| "default".into());
+                    state.egress_routers.push(Arc::new(router));
+                }
+                Err(e) => reject(state, e),
+            }
+        }
         ("operator.openshift.io/v1", "Network") => match value.decode::<NetworkOperator>() {
             Ok(network) if network.is_the_cluster_network() => match network.validate() {
                 Ok(network) => {

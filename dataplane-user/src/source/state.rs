@@ -15,6 +15,7 @@ use crate::api::{
     },
     egressfirewall::EgressFirewall,
     egressip::EgressIP,
+    egressrouter::EgressRouter,
     network::{
         EgressIpConfig, HybridError, HybridSettings, OvnKubernetesConfig, PlatformNetwork,
         PolicyAuditConfig, overlaps,
@@ -39,6 +40,9 @@ pub struct ClusterState {
     pub egress_firewalls: Objects<EgressFirewall>,
     /// Validated EgressIPs: their status says which node holds each address.
     pub egress_ips: Objects<EgressIP>,
+    /// OpenShift's EgressRouters (a missing namespace reads as `default`), validated where the
+    /// controller makes their objects.
+    pub egress_routers: Objects<EgressRouter>,
     /// Cluster-wide admin policies (validated by access control, which keeps an invalid
     /// one's last good version).
     pub admin_network_policies: Objects<AdminNetworkPolicy>,
@@ -77,6 +81,7 @@ impl ClusterState {
             + self.network_policies.len()
             + self.egress_firewalls.len()
             + self.egress_ips.len()
+            + self.egress_routers.len()
             + self.admin_network_policies.len()
             + self.baseline_admin_network_policies.len()
             + self.cluster_network_policies.len()
@@ -102,6 +107,7 @@ impl ClusterState {
         self.network_policies.append(&later.network_policies);
         self.egress_firewalls.append(&later.egress_firewalls);
         self.egress_ips.append(&later.egress_ips);
+        self.egress_routers.append(&later.egress_routers);
         self.admin_network_policies
             .append(&later.admin_network_policies);
         self.baseline_admin_network_policies

@@ -11,7 +11,11 @@
 //! /api/v1/nodes/NAME`, a JSON merge patch of `metadata.annotations`, kept over the files'),
 //! for the agent's hybrid overlay annotations; `events.k8s.io/v1` Events (create and merge
 //! patch under `/apis/events.k8s.io/v1/namespaces/NS/events`, listed at
-//! `/apis/events.k8s.io/v1/events`), for the agent's refusals.
+//! `/apis/events.k8s.io/v1/events`), for the agent's refusals; for the controller's egress
+//! routers, namespaced objects by path (`GET`, a server-side apply `PATCH` that creates or
+//! replaces what the one manager applies, a merge `PATCH` of `.../status`; served in the lists
+//! and watches like the files' objects, kept over them), and a Deployment's generation
+//! counted up when its spec changes.
 //!
 //! As a real server does to its clients, on request (flags): lists in pages with `continue`
 //! tokens whatever `limit` the client asks, a history compacted to its newest events (a watch
@@ -114,6 +118,29 @@ const RESOURCES: &[(&str, &str, &str)] = &[
         "config.openshift.io/v1",
         "Network",
     ),
+    (
+        "/apis/network.operator.openshift.io/v1/egressrouters",
+        "network.operator.openshift.io/v1",
+        "EgressRouter",
+    ),
+];
+
+/// The namespaced resources written by path: (path prefix, plural, apiVersion, kind).
+const WRITABLE: &[(&str, &str, &str, &str)] = &[
+    ("/apis/apps/v1", "deployments", "apps/v1", "Deployment"),
+    ("/api/v1", "services", "v1", "Service"),
+    (
+        "/apis/k8s.cni.cncf.io/v1",
+        "network-attachment-definitions",
+        "k8s.cni.cncf.io/v1",
+        "NetworkAttachmentDefinition",
+    ),
+    (
+        "/apis/network.operator.openshift.io/v1",
+        "egressrouters",
+        "network.operator.openshift.io/v1",
+        "EgressRouter",
+    ),
 ];
 
 /// (apiVersion, kind, namespace, name)
@@ -136,6 +163,8 @@ struct State {
     behaviour: Behaviour,
     /// Statuses written through the API, over the files' objects.
     statuses: BTreeMap<ObjectKey, Value>,
+    /// Objects made through the API (server-side apply), served beside the files' objects.
+    applied: BTreeMap<ObjectKey, Value>,
     /// Annotations written through the API, merged over the files' objects.
     annotations: BTreeMap<ObjectKey, serde_json::Map<String, Value>>,
     /// Leases by (namespace, name).
@@ -169,6 +198,7 @@ async fn main() -> anyhow::Result<()> {
         compacted: 0,
         behaviour,
         statuses: BTreeMap::new(),
+        applied: BTreeMap::new(),
         annotations: BTreeMap::new(),
         leases: BTreeMap::new(),
         kube_events: BTreeMap::new(),
@@ -226,6 +256,9 @@ fn reload(state: &Shared, dir: &Path) {
     let Ok(mut state) = state.lock() else {
         return;
     };
+    for (key, object) in &state.applied {
+        current.insert(key.clone(), object.clone());
+    }
     for (key, status) in &state.statuses {
         if let Some(object) = current.get_mut(key) {
             object["status"] = status.clone();
@@ -383,6 +416,15 @@ async fn answer(
         let body = read_body(request).await;
         return Ok(patch_node(&state, &name, body));
     }
+    if let Some((key, subresource)) = object_path(&path) {
+        let method = request.method().clone();
+        let apply = request
+            .headers()
+            .get(hyper::header::CONTENT_TYPE)
+            .is_some_and(|t| t.as_bytes().starts_with(b"application/apply-patch"));
+        let body = read_body(request).await;
+        return Ok(write_object(&state, &method, key, subresource, apply, body));
+    }
     let Some(&(_, api_version, kind)) = RESOURCES.iter().find(|(p, _, _)| *p == path) else {
         return Ok(status(StatusCode::NOT_FOUND, &format!("{path} not served")));
     };
@@ -517,6 +559,84 @@ fn patch_status(state: &Shared, name: &str, body: Option<Value>) -> Response<Bod
     state.statuses.insert(key.clone(), patch["status"].clone());
     let object = publish(&mut state, key, object);
     json_response(StatusCode::OK, &object)
+}
+
+/// The object a namespaced path names (`PREFIX/namespaces/NS/PLURAL/NAME[/status]`), and
+/// whether it is the status subresource.
+fn object_path(path: &str) -> Option<(ObjectKey, bool)> {
+    WRITABLE
+        .iter()
+        .find_map(|(prefix, plural, api_version, kind)| {
+            let rest = path.strip_prefix(prefix)?.strip_prefix("/namespaces/")?;
+            let parts: Vec<&str> = rest.split('/').collect();
+            let (namespace, name, subresource) = match parts.as_slice() {
+                [namespace, p, name] if p == plural => (namespace, name, false),
+                [namespace, p, name, "status"] if p == plural => (namespace, name, true),
+                _ => return None,
+            };
+            let key = (
+                (*api_version).to_owned(),
+                (*kind).to_owned(),
+                (*namespace).to_owned(),
+                (*name).to_owned(),
+            );
+            Some((key, subresource))
+        })
+}
+
+/// `GET` of a namespaced object; a server-side apply (the applied object replaces what the
+/// one manager applied before, its status and generation kept, the generation counted up
+/// when the spec changes); a merge patch of `status` on the status subresource.
+fn write_object(
+    state: &Shared,
+    method: &hyper::Method,
+    key: ObjectKey,
+    subresource: bool,
+    apply: bool,
+    body: Option<Value>,
+) -> Response<Body> {
+    let Ok(mut state) = state.lock() else {
+        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
+    };
+    let current = state.objects.get(&key).cloned();
+    let what = format!("{} {}/{}", key.1, key.2, key.3);
+    match (method, subresource, current, body) {
+        (&hyper::Method::GET, _, Some(object), _) => json_response(StatusCode::OK, &object),
+        (&hyper::Method::GET, _, None, _) => {
+            status(StatusCode::NOT_FOUND, &format!("{what} not found"))
+        }
+        (&hyper::Method::PATCH, false, current, Some(mut object)) if apply => {
+            let generation = current
+                .as_ref()
+                .map_or(0, |c| c["metadata"]["generation"].as_i64().unwrap_or(0));
+            let changed = current.as_ref().is_none_or(|c| c["spec"] != object["spec"]);
+            object["metadata"]["generation"] = json!(generation + i64::from(changed));
+            if let Some(status) = current.as_ref().map(|c| c["status"].clone())
+                && !status.is_null()
+            {
+                object["status"] = status;
+            }
+            state.applied.insert(key.clone(), object.clone());
+            let object = publish(&mut state, key, object);
+            json_response(StatusCode::OK, &object)
+        }
+        (&hyper::Method::PATCH, true, Some(mut object), Some(patch)) => {
+            object["status"] = patch["status"].clone();
+            state.statuses.insert(key.clone(), patch["status"].clone());
+            if let Some(applied) = state.applied.get_mut(&key) {
+                applied["status"] = patch["status"].clone();
+            }
+            let object = publish(&mut state, key, object);
+            json_response(StatusCode::OK, &object)
+        }
+        (&hyper::Method::PATCH, true, None, _) => {
+            status(StatusCode::NOT_FOUND, &format!("{what} not found"))
+        }
+        _ => status(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "only GET, a server-side apply and a status merge patch are served",
+        ),
+    }
 }
 
 /// Sets `annotations` (a JSON object) into `object`'s `metadata.annotations`; a null value

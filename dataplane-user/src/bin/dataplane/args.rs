@@ -191,6 +191,10 @@ pub(super) struct ControllerOptions {
     /// server has none; its `hostPrefix` sizes the node subnets the leader allocates.
     #[arg(long, requires = "kubernetes")]
     pub(super) network_config: Option<PathBuf>,
+    /// With the API server: the image of the egress router pods made for EgressRouters (the
+    /// pod only holds its network namespace; the egress-router plugin does the rest).
+    #[arg(long, default_value = dataplane_user::egressrouter::resource::DEFAULT_IMAGE)]
+    pub(super) egress_router_image: String,
 }
 
 #[derive(Clone, Copy, clap::ValueEnum)]

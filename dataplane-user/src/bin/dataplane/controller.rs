@@ -1,10 +1,10 @@
-//! `dataplane controller`: the cluster-wide controller (egress IP assignment, and node subnets
-//! where the cluster gives none), until SIGINT or SIGTERM.
+//! `dataplane controller`: the cluster-wide controller (egress IP assignment, node subnets
+//! where the cluster gives none, and the egress routers' objects), until SIGINT or SIGTERM.
 
 use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
-use dataplane_user::{egressip, kernel::netdev, kubernetes, metrics};
+use dataplane_user::{egressip, egressrouter, kernel::netdev, kubernetes, metrics};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::ControllerOptions;
@@ -22,6 +22,7 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
         identity,
         lease_duration_seconds,
         network_config,
+        egress_router_image,
     } = options;
     use egressip::controller::{self, ControllerMetrics, LeaseOptions};
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -72,15 +73,26 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
                     let key = egressip::probe::ProbeKey::read(&key_file).with_context(|| {
                         "the probe key (create the Secret dataplane-probe-key, as the README's install says)"
                     })?;
-                    controller::run_kubernetes(
+                    // The EgressRouters' objects are made in their own task beside the egress
+                    // IP rounds (its API calls never delay a move), on the leader's state.
+                    let (leader_state, states) = tokio::sync::watch::channel(None);
+                    let routers = egressrouter::controller::run(
+                        states,
+                        egress_router_image,
+                        egressrouter::controller::KubeRouters {
+                            client: client.clone(),
+                        },
+                    );
+                    let egress_ips = controller::run_kubernetes(
                         client,
                         network_config,
                         lease,
                         probe_port,
                         Arc::new(key),
                         figures,
-                    )
-                        .await;
+                        leader_state,
+                    );
+                    tokio::join!(egress_ips, routers);
                     Ok::<(), anyhow::Error>(())
                 }
             }
