@@ -19,6 +19,10 @@ pub struct Podman {
     conf: PathBuf,
     rootfs: PathBuf,
     containers: Vec<String>,
+    /// Environment podman runs with (its CNI plugins inherit it).
+    env: Vec<(String, String)>,
+    /// The network namespace podman runs in (`None`: the caller's).
+    netns: Option<String>,
 }
 
 impl Podman {
@@ -54,33 +58,71 @@ impl Podman {
             conf,
             rootfs,
             containers: Vec::new(),
+            env: Vec::new(),
+            netns: None,
         })
     }
 
-    fn podman(&self) -> Command {
-        command(&self.conf)
+    /// Runs podman (and so the plugins) with `key` set to `value`.
+    pub fn with_env(mut self, key: &str, value: &str) -> Self {
+        self.env.push((key.to_owned(), value.to_owned()));
+        self
     }
 
-    fn run_args(&self, name: &str, network: &str) -> Vec<String> {
-        vec![
-            "run".into(),
-            "--name".into(),
-            name.into(),
-            "--network".into(),
-            network.into(),
+    /// Runs podman in network namespace `netns`, as the node's runtime: the plugins it runs
+    /// see that node's interfaces (the egress router's macvlan master), never this machine's.
+    pub fn in_netns(mut self, netns: &str) -> Self {
+        self.netns = Some(netns.to_owned());
+        self
+    }
+
+    fn podman(&self) -> Command {
+        let mut command = match &self.netns {
+            Some(netns) => {
+                let mut command = Command::new("nsenter");
+                command
+                    .arg(format!("--net=/run/netns/{netns}"))
+                    .arg("podman");
+                with_podman_args(&mut command, &self.conf);
+                command
+            }
+            None => command(&self.conf),
+        };
+        command.envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    fn run_args(&self, name: &str, networks: &[&str]) -> Vec<String> {
+        let mut args: Vec<String> = vec!["run".into(), "--name".into(), name.into()];
+        for network in networks {
+            args.extend(["--network".to_owned(), (*network).to_owned()]);
+        }
+        args.extend([
             "--ulimit".into(),
             "nproc=1024:1024".into(),
             "--ulimit".into(),
             "nofile=1024:1024".into(),
             "--rootfs".into(),
             self.rootfs.display().to_string(),
-        ]
+        ]);
+        args
     }
 
     /// Starts container `name` on `network` running `command`, in the background.
     pub fn start(&mut self, name: &str, network: &str, command: &[&str]) -> anyhow::Result<()> {
+        self.start_on(name, &[network], command)
+    }
+
+    /// Starts container `name` attached to each of `networks` (in order: the first is its
+    /// `eth0`), running `command`, in the background.
+    pub fn start_on(
+        &mut self,
+        name: &str,
+        networks: &[&str],
+        command: &[&str],
+    ) -> anyhow::Result<()> {
         self.containers.push(name.to_owned());
-        let mut args = self.run_args(name, network);
+        let mut args = self.run_args(name, networks);
         args.insert(1, "--detach".into());
         let out = self.podman().args(&args).args(command).output()?;
         checked(&out, &format!("podman run {name}"))
@@ -88,7 +130,7 @@ impl Podman {
 
     /// Runs container `name` on `network` to completion (removed after); its output.
     pub fn run(&self, name: &str, network: &str, command: &[&str]) -> anyhow::Result<Output> {
-        let mut args = self.run_args(name, network);
+        let mut args = self.run_args(name, &[network]);
         args.insert(1, "--rm".into());
         Ok(self.podman().args(&args).args(command).output()?)
     }
@@ -128,6 +170,12 @@ impl Drop for Podman {
 /// where it says so), runc (crun cannot run here), cgroupfs, events to a file.
 pub fn command(conf: &Path) -> Command {
     let mut command = Command::new("podman");
+    with_podman_args(&mut command, conf);
+    command
+}
+
+/// The environment and global arguments of [`command`].
+fn with_podman_args(command: &mut Command, conf: &Path) {
     command
         .env("CONTAINERS_CONF", conf)
         .args([
@@ -137,7 +185,6 @@ pub fn command(conf: &Path) -> Command {
             "cgroupfs",
         ])
         .args(["--events-backend", "file"]);
-    command
 }
 
 fn checked(out: &Output, what: &str) -> anyhow::Result<()> {

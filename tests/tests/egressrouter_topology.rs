@@ -9,7 +9,9 @@
 
 use std::{
     io::Write as _,
+    path::{Path, PathBuf},
     process::{Command, Stdio},
+    sync::OnceLock,
 };
 
 use dataplane_tests::{
@@ -18,9 +20,11 @@ use dataplane_tests::{
     topology::{dataplane_binary, exec_in, run_in, sh_in},
     unique_name,
 };
+use dataplane_user::egressrouter::reservations::{self, Reservations};
 use serde_json::Value;
 
 const RESERVED: &str = "198.51.100.99";
+const RESERVED6: &str = "fd00:198::99";
 
 /// Network namespaces deleted on drop.
 struct Namespaces(Vec<String>);
@@ -92,12 +96,56 @@ fn wire_pod(node: &str, pod: &str, host_veth: &str, address: &str) {
     }
 }
 
+/// A reservations file (as the agent writes them) giving every namespace the standalone
+/// tests' reserved addresses.
+fn test_reservations() -> &'static Path {
+    static FILE: OnceLock<PathBuf> = OnceLock::new();
+    FILE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(unique_name("erreserved"));
+        std::fs::create_dir_all(&dir).expect("reservations dir");
+        let reservations = Reservations {
+            reservations: [RESERVED, RESERVED6]
+                .iter()
+                .map(|address| address.parse().expect("reservation"))
+                .collect(),
+        };
+        reservations.write(&dir).expect("reservations")
+    })
+}
+
 /// Runs the plugin in `node`'s namespace as a runtime does; its exit success and output.
 fn plugin(node: &str, command: &str, container: &str, netns: &str, conf: &str) -> (bool, Value) {
+    plugin_as(
+        node,
+        command,
+        container,
+        netns,
+        conf,
+        test_reservations(),
+        None,
+    )
+}
+
+/// As [`plugin`], reading the reservations at `reservations`, for the Kubernetes pod `pod`
+/// (namespace, name) when given (`CNI_ARGS` as the kubelet's runtime sets them).
+fn plugin_as(
+    node: &str,
+    command: &str,
+    container: &str,
+    netns: &str,
+    conf: &str,
+    reservations: &Path,
+    pod: Option<(&str, &str)>,
+) -> (bool, Value) {
     let binary = dataplane_binary().with_file_name("egress-router");
+    let args = pod.map_or(String::new(), |(namespace, name)| {
+        format!("K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name}")
+    });
     let mut child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{node}"))
         .arg(&binary)
+        .env(reservations::PATH_ENV, reservations)
+        .env("CNI_ARGS", args)
         .env("CNI_COMMAND", command)
         .env("CNI_CONTAINERID", container)
         .env("CNI_NETNS", format!("/run/netns/{netns}"))
@@ -274,6 +322,42 @@ fn an_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
         String::from_utf8_lossy(&links.stdout)
     );
 
+    // An address nothing reserves for the pod's namespace is not claimed; without the
+    // agent's reservations the runtime is asked to try again later.
+    let fallback_only = router_conf(r#""203.0.113.26""#);
+    let empty = std::env::temp_dir().join(unique_name("erempty"));
+    std::fs::create_dir_all(&empty).expect("dir");
+    let empty_file = Reservations::default().write(&empty).expect("reservations");
+    let (ok, error) = plugin_as(
+        &node,
+        "ADD",
+        "router-0",
+        &router,
+        &fallback_only,
+        &empty_file,
+        Some(("tenant", "router")),
+    );
+    assert!(!ok);
+    assert_eq!(error["code"], 104, "{error}");
+    assert_eq!(
+        error["msg"],
+        format!(
+            "ip.addresses[0]: {RESERVED} is not reserved for namespace tenant (an EgressRouter of the namespace reserves its address; the agent's --egress-router-reservation others)"
+        )
+    );
+    let (ok, error) = plugin_as(
+        &node,
+        "ADD",
+        "router-0",
+        &router,
+        &fallback_only,
+        &empty.join("absent.json"),
+        Some(("tenant", "router")),
+    );
+    assert!(!ok);
+    assert_eq!(error["code"], 11, "{error}");
+    let _ = std::fs::remove_dir_all(&empty);
+
     let conf =
         router_conf(r#""80 tcp 203.0.113.25 8080", "5353 udp 203.0.113.25", "203.0.113.26""#);
     let (ok, result) = plugin(&node, "ADD", "router-1", &router, &conf);
@@ -334,7 +418,6 @@ fn an_ipv6_egress_router_pod_sends_its_clients_on_from_the_reserved_address() {
     if !privileged("an_ipv6_egress_router_pod_sends_its_clients_on_from_the_reserved_address") {
         return;
     }
-    const RESERVED6: &str = "fd00:198::99";
     let mut namespaces = Namespaces(Vec::new());
     let (node, lan, far) = (
         namespaces.add("ernode"),
@@ -407,12 +490,34 @@ fn an_egress_router_pod_beside_the_dataplane() {
         return;
     }
     use dataplane_tests::topology::{Mode, Topology};
-    let mut topology = Topology::build_with(2, 1, Mode::Overlay).expect("topology");
+    let mut topology = Topology::build_with(2, 2, Mode::Overlay).expect("topology");
     let external = topology.add_external_host().expect("outside host");
-    let (router, client) = (
+    let (router, client, other) = (
         topology.node(0).pods[0].clone(),
         topology.node(1).pods[0].clone(),
+        topology.node(1).pods[1].clone(),
     );
+    // The router's EgressRouter reserves its address in its namespace (the agents write the
+    // reservations the plugin reads); a NetworkPolicy lets only the client reach the router
+    // pod on its cluster interface.
+    topology
+        .add_manifest(
+            "router.yaml",
+            &format!(
+                "apiVersion: network.operator.openshift.io/v1\nkind: EgressRouter\n\
+                 metadata: {{name: router, namespace: {ns}}}\n\
+                 spec:\n  addresses: [{{ip: 10.99.0.99/24, gateway: 10.99.0.100}}]\n\
+                 \x20 redirect: {{redirectRules: [{{destinationIP: 10.99.0.100, port: 80, targetPort: 8080, protocol: TCP}}]}}\n\
+                 ---\napiVersion: networking.k8s.io/v1\nkind: NetworkPolicy\n\
+                 metadata: {{name: router-clients, namespace: {ns}}}\n\
+                 spec:\n  podSelector: {{matchLabels: {{pod: {router}}}}}\n  policyTypes: [Ingress]\n\
+                 \x20 ingress: [{{from: [{{podSelector: {{matchLabels: {{pod: {client}}}}}}}]}}]\n",
+                ns = router.namespace,
+                router = router.name,
+                client = client.name,
+            ),
+        )
+        .expect("router manifests");
     let agents = [
         topology.node(0).start_agent().expect("agent"),
         topology.node(1).start_agent().expect("agent"),
@@ -423,7 +528,29 @@ fn an_egress_router_pod_beside_the_dataplane() {
         "interfaceArgs": {"master": "eth0"},
         "ip": {"addresses": ["10.99.0.99/24"], "destinations": ["80 tcp 10.99.0.100 8080"], "gateway": "10.99.0.100"}}"#;
     let node = topology.node(0).netns.clone();
-    let (ok, result) = plugin(&node, "ADD", "router-dp", &router.netns, conf);
+    let reserved = agents[0].run_dir.join(reservations::FILE_NAME);
+    // A pod of another namespace may not claim the router's address.
+    let (ok, error) = plugin_as(
+        &node,
+        "ADD",
+        "router-other",
+        &router.netns,
+        conf,
+        &reserved,
+        Some(("tenant", "thief")),
+    );
+    assert!(!ok);
+    assert_eq!(error["code"], 104, "{error}");
+    let pod = Some((router.namespace.as_str(), router.name.as_str()));
+    let (ok, result) = plugin_as(
+        &node,
+        "ADD",
+        "router-dp",
+        &router.netns,
+        conf,
+        &reserved,
+        pod,
+    );
     assert!(ok, "{result}");
     let mac = result["interfaces"][0]["mac"]
         .as_str()
@@ -443,7 +570,40 @@ fn an_egress_router_pod_beside_the_dataplane() {
         "{:#?}",
         counters.drops
     );
-    let (ok, out) = plugin(&node, "DEL", "router-dp", &router.netns, conf);
+    // The router pod is an ordinary pod on its cluster interface: NetworkPolicy keeps the
+    // other pod out.
+    assert_eq!(
+        dataplane_tests::service_bed::one_syn(&other.netns, &router.ip.to_string(), 80)
+            .expect("syn"),
+        "timeout"
+    );
+    // Port security takes from it what its cluster interface may send, nothing more: the
+    // reserved address as a source there is dropped and counted.
+    let spoof = format!(
+        "import socket\n\
+         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         s.bind(('10.99.0.99', 0))\n\
+         s.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, b'eth0')\n\
+         s.sendto(b'x', ('{}', 9))\n",
+        client.ip
+    );
+    exec_in(&router.netns, &["python3", "-c", &spoof]).expect("spoof");
+    let counters = agents[0].counters().expect("counters");
+    let spoofed = counters
+        .drops
+        .iter()
+        .find(|d| d.reason == "port_src_ip")
+        .map_or(0, |d| d.count);
+    assert_eq!(spoofed, 1, "{:#?}", counters.drops);
+    let (ok, out) = plugin_as(
+        &node,
+        "DEL",
+        "router-dp",
+        &router.netns,
+        conf,
+        &reserved,
+        pod,
+    );
     assert!(ok, "{out}");
 }
 
@@ -557,8 +717,20 @@ fn the_controller_makes_an_egress_routers_objects_and_the_plugin_runs_its_attach
     );
 
     // The plugin runs the attachment as Multus would for the router pod: the rules and the
-    // fallback as the EgressRouter says, from the reserved address.
-    let (ok, result) = plugin(&node, "ADD", "router-1", &router, &conf);
+    // fallback as the EgressRouter says, from the reserved address (which the router
+    // reserves in its namespace: the reservations as the node's agent writes them from the
+    // same objects).
+    let mut cluster = dataplane_user::source::ClusterState::default();
+    dataplane_user::source::add_documents(
+        &mut cluster,
+        "routers.yaml",
+        &std::fs::read_to_string(dir.join("routers.yaml")).expect("routers"),
+    );
+    let reserved = Reservations::of(&cluster, &[])
+        .write(&dir)
+        .expect("reservations");
+    let pod = Some(("egress", "router-5d8f7"));
+    let (ok, result) = plugin_as(&node, "ADD", "router-1", &router, &conf, &reserved, pod);
     assert!(ok, "{result}");
     let from_reserved = format!("far {RESERVED}");
     assert_eq!(connect_once(&client, "10.244.0.20", 80), from_reserved);
@@ -647,9 +819,145 @@ fn the_controller_makes_an_egress_routers_objects_and_the_plugin_runs_its_attach
     );
     assert!(api_get(&node, &format!("/apis/apps/v1{objects}/deployments/broken")).is_null());
 
-    let (ok, out) = plugin(&node, "DEL", "router-1", &router, &conf);
+    let (ok, out) = plugin_as(&node, "DEL", "router-1", &router, &conf, &reserved, pod);
     assert!(ok, "{out}");
     drop(controller);
     drop(api);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A real container runtime runs the plugin for a second network: podman (CNI backend) on a
+/// node running the agent starts a router container on the cluster network and an
+/// egress-router network (its `eth1`, a macvlan on the node's NIC); a client container of
+/// the other node reaches the outside host through it from the reserved address (which the
+/// namespace's EgressRouter reserves) and the macvlan's MAC; the container removed (its
+/// macvlan gone) and started again serves again.
+#[test]
+fn podman_attaches_an_egress_router_as_a_containers_second_network() {
+    if !privileged("podman_attaches_an_egress_router_as_a_containers_second_network") {
+        return;
+    }
+    use dataplane_tests::{
+        cni::plugin_binary,
+        podman::Podman,
+        topology::{Mode, Topology},
+    };
+    let mut topology = Topology::build_with(2, 0, Mode::Overlay).expect("topology");
+    let external = topology.add_external_host().expect("outside host");
+    let _server = echo_server(&external.netns, "ext", false).expect("outside server");
+    let (router, client) = (unique_name("router"), unique_name("client"));
+    // podman names the pod after the container and no namespace: default.
+    topology
+        .add_manifest(
+            "pods.yaml",
+            &format!(
+                "apiVersion: v1\nkind: Pod\nmetadata: {{name: {router}, namespace: default}}\n\
+                 spec: {{nodeName: node0, containers: [{{name: r, image: busybox}}]}}\n---\n\
+                 apiVersion: v1\nkind: Pod\nmetadata: {{name: {client}, namespace: default}}\n\
+                 spec: {{nodeName: node1, containers: [{{name: c, image: busybox}}]}}\n---\n\
+                 apiVersion: network.operator.openshift.io/v1\nkind: EgressRouter\n\
+                 metadata: {{name: router, namespace: default}}\n\
+                 spec: {{addresses: [{{ip: 10.99.0.99/24, gateway: 10.99.0.100}}], redirect: {{fallbackIP: 10.99.0.100}}}}\n"
+            ),
+        )
+        .expect("manifests");
+    let conf_dirs: Vec<PathBuf> = (0..2)
+        .map(|n| std::env::temp_dir().join(unique_name(&format!("ernet.d{n}"))))
+        .collect();
+    let agents: Vec<_> = (0..2)
+        .map(|n| {
+            let dir = conf_dirs[n].display().to_string();
+            topology
+                .node(n)
+                .start_agent_with(&["--cni-conf-dir", &dir])
+                .expect("agent")
+        })
+        .collect();
+    for dir in &conf_dirs {
+        let file = dir.join("10-dataplane.conflist");
+        for _ in 0..100 {
+            if file.exists() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(file.exists(), "{} not written", file.display());
+    }
+    // The router's second network, as the NetworkAttachmentDefinition the controller makes
+    // for that EgressRouter would configure it (a fallback for every port).
+    std::fs::write(
+        conf_dirs[0].join("20-egress.conflist"),
+        r#"{"cniVersion": "1.0.0", "name": "egress", "plugins": [{"type": "egress-router",
+            "interfaceArgs": {"master": "eth0"},
+            "ip": {"addresses": ["10.99.0.99/24"], "destinations": ["10.99.0.100"], "gateway": "10.99.0.100"}}]}"#,
+    )
+    .expect("egress network");
+    let plugin_dir = plugin_binary().parent().expect("bin dir").to_owned();
+    let reserved = agents[0].run_dir.join(reservations::FILE_NAME);
+    let mut node0 = Podman::new(&conf_dirs[0], &plugin_dir)
+        .expect("podman")
+        .in_netns(&topology.node(0).netns)
+        .with_env(reservations::PATH_ENV, &reserved.display().to_string());
+    let node1 = Podman::new(&conf_dirs[1], &plugin_dir)
+        .expect("podman")
+        .in_netns(&topology.node(1).netns);
+    let fetch = |address: &str| {
+        let out = node1
+            .run(
+                &client,
+                "dataplane",
+                &[
+                    "/bin/sh",
+                    "-c",
+                    &format!("sleep 1 | nc -w 2 {address} 8080"),
+                ],
+            )
+            .expect("client container");
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    for round in 0..2 {
+        node0
+            .start_on(&router, &["dataplane", "egress"], &["/bin/sleep", "600"])
+            .expect("router container");
+        let router_ip = node0.address(&router, "dataplane").expect("address");
+        assert_eq!(
+            node0.address(&router, "egress").expect("reserved"),
+            "10.99.0.99"
+        );
+        let mut answer = String::new();
+        for _ in 0..10 {
+            answer = fetch(&router_ip);
+            if !answer.is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(300));
+        }
+        assert_eq!(answer, "ext 10.99.0.99", "round {round}");
+        // The gateway knows the reserved address by the macvlan's MAC, not the node's.
+        let node_mac = exec_in(
+            &topology.node(0).netns,
+            &["cat", "/sys/class/net/eth0/address"],
+        )
+        .expect("node MAC");
+        let gateway_has = lan_neighbour(&external.netns, "10.99.0.99");
+        assert_ne!(gateway_has, "-", "round {round}");
+        assert_ne!(
+            gateway_has,
+            String::from_utf8_lossy(&node_mac.stdout).trim(),
+            "round {round}"
+        );
+        // Removed: the runtime ran DEL, the macvlan is gone from the node.
+        node0.remove(&router).expect("router removed");
+        let links = exec_in(&topology.node(0).netns, &["ip", "-o", "link", "show"]).expect("links");
+        assert!(
+            !String::from_utf8_lossy(&links.stdout).contains("macvlan"),
+            "{}",
+            String::from_utf8_lossy(&links.stdout)
+        );
+        sh_in(&external.netns, "ip neigh flush all").expect("flush");
+    }
+    drop(agents);
+    for dir in &conf_dirs {
+        let _ = std::fs::remove_dir_all(dir);
+    }
 }

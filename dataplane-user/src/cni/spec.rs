@@ -47,6 +47,8 @@ pub mod code {
     pub const NOT_INSTALLED: u32 = 102;
     /// CHECK found the pod's wiring not as ADD left it.
     pub const CHECK_FAILED: u32 = 103;
+    /// egress-router: the address is not reserved for the pod's namespace.
+    pub const NOT_RESERVED: u32 = 104;
 }
 
 /// An error as the specification shapes it: printed as JSON on stdout, with a non-zero exit.

@@ -1,12 +1,13 @@
 //! The `egress-router` plugin binary's logic: the environment and stdin in, the router pod's
-//! second interface made (or removed, or checked), one JSON document out. It needs no agent:
-//! nothing it makes is in the node's maps.
+//! second interface made (or removed, or checked), one JSON document out. Nothing it makes is
+//! in the node's maps; from the agent it needs only the reservations file (ADD claims only a
+//! reserved address).
 
 use std::path::Path;
 
 use serde_json::Value;
 
-use super::{config, wire};
+use super::{config, reservations, wire};
 use crate::cni::{
     names::{check_container_id, check_ifname},
     plugin::{self, Outcome},
@@ -59,6 +60,9 @@ fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<
                 ifname: &ifname,
             };
             if command == Command::Add {
+                let namespace = spec::pod_from_args(&env("CNI_ARGS").unwrap_or_default())?
+                    .map(|pod| pod.namespace);
+                check_reserved(env, namespace.as_deref(), conf.address.addr())?;
                 wire::add(&conf, &target).map(Some)
             } else {
                 wire::check(&conf, &target).map(|()| None)
@@ -74,4 +78,33 @@ fn execute(env: &dyn Fn(&str) -> Option<String>, stdin: &[u8]) -> Result<Option<
         Command::Gc | Command::Status => Ok(None),
         Command::Version => unreachable!("answered above"),
     }
+}
+
+/// Refuses an address no reservation gives the pod's namespace (see [`reservations`]).
+fn check_reserved(
+    env: &dyn Fn(&str) -> Option<String>,
+    namespace: Option<&str>,
+    address: std::net::IpAddr,
+) -> Result<(), CniError> {
+    let path = env(reservations::PATH_ENV)
+        .filter(|p| !p.is_empty())
+        .unwrap_or_else(|| reservations::DEFAULT_PATH.to_owned());
+    let known = reservations::Reservations::read(Path::new(&path)).map_err(|why| {
+        CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("the reservations the dataplane agent writes cannot be read ({why}); is the agent running on this node?"),
+        )
+    })?;
+    if known.allow(namespace, address) {
+        return Ok(());
+    }
+    let whose = namespace.map_or("a pod of no namespace".to_owned(), |n| {
+        format!("namespace {n}")
+    });
+    Err(CniError::new(
+        code::NOT_RESERVED,
+        format!(
+            "ip.addresses[0]: {address} is not reserved for {whose} (an EgressRouter of the namespace reserves its address; the agent's --egress-router-reservation others)"
+        ),
+    ))
 }

@@ -58,6 +58,8 @@ pub(super) struct RunArgs {
     pub(super) external_ip_cidrs: Vec<ipnet::IpNet>,
     pub(super) nodeport_addresses: dataplane_user::lb::NodePortAddresses,
     pub(super) cni_conf_dir: Option<PathBuf>,
+    pub(super) egress_router_reservations:
+        Vec<dataplane_user::egressrouter::reservations::Reservation>,
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
     pub(super) look_every: std::time::Duration,
@@ -193,6 +195,8 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             external_ip_cidrs: args.external_ip_cidrs.clone(),
             nodeport_addresses: args.nodeport_addresses.clone(),
             nodeport_written: None,
+            router_reservations: args.egress_router_reservations.clone(),
+            reservations_written: None,
             multicast_settings: dataplane_user::multicast::Settings {
                 key_file: Some(args.probe_key_file.clone()),
                 ..args.multicast.clone()

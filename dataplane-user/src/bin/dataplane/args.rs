@@ -118,6 +118,12 @@ pub(super) struct RunOptions {
     /// not ready.
     #[arg(long)]
     pub(super) cni_conf_dir: Option<PathBuf>,
+    /// Addresses egress router pods may claim beyond their EgressRouters' (for routers
+    /// written as NetworkAttachmentDefinitions by hand): NAMESPACE=CIDR, or a lone CIDR for
+    /// every namespace (repeatable). The egress-router plugin claims no other address.
+    #[arg(long = "egress-router-reservation")]
+    pub(super) egress_router_reservations:
+        Vec<dataplane_user::egressrouter::reservations::Reservation>,
     /// Map sizes (given to the kernel when the maps are created; pinned maps keep theirs).
     #[command(flatten)]
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,

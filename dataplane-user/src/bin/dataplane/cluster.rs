@@ -105,6 +105,11 @@ pub struct Cluster {
     pub nodeport_addresses: lb::NodePortAddresses,
     /// The addresses last written to the NodePort addresses map (`None`: not yet).
     pub nodeport_written: Option<Vec<std::net::IpAddr>>,
+    /// What egress router pods may claim beyond the EgressRouters'
+    /// (`--egress-router-reservation`).
+    pub router_reservations: Vec<dataplane_user::egressrouter::reservations::Reservation>,
+    /// The reservations last written for the plugin (`None`: not yet).
+    pub reservations_written: Option<dataplane_user::egressrouter::reservations::Reservations>,
     pub multicast_settings: multicast::Settings,
     /// Started at the first sync.
     pub multicast: Option<multicast::MulticastAgent>,
@@ -290,9 +295,32 @@ impl Cluster {
             .as_ref()
             .map(|m| m.pod_interfaces.clone())
             .unwrap_or_default();
+        self.write_router_reservations(&state);
         self.last = Some(state);
         self.policy_pods_follow_last = true;
         Ok(synced)
+    }
+
+    /// Tells the node's `egress-router` plugin which addresses router pods may claim (the
+    /// EgressRouters' and `--egress-router-reservation`), when that changed. A failed write is
+    /// logged and tried again at the next sync; the plugin keeps the last file meanwhile.
+    fn write_router_reservations(&mut self, state: &source::ClusterState) {
+        use dataplane_user::egressrouter::reservations::Reservations;
+        let reservations = Reservations::of(state, &self.router_reservations);
+        if self.reservations_written.as_ref() == Some(&reservations) {
+            return;
+        }
+        match reservations.write(&self.run_dir) {
+            Ok(path) => {
+                tracing::info!(
+                    path = %path.display(),
+                    count = reservations.reservations.len(),
+                    "egress router reservations written"
+                );
+                self.reservations_written = Some(reservations);
+            }
+            Err(error) => tracing::error!(%error, "writing the egress router reservations"),
+        }
     }
 
     /// Every object this sync could not use, each named: what the source refused, what the

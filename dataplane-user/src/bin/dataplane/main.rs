@@ -89,6 +89,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 network_config,
                 proc_sys_dir,
                 cni_conf_dir,
+                egress_router_reservations,
                 capacities,
                 look_every_seconds,
                 full_sync_every_seconds,
@@ -133,6 +134,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                     )
                     .map_err(anyhow::Error::msg)?,
                     cni_conf_dir,
+                    egress_router_reservations,
                     capacities,
                     look_every: std::time::Duration::from_secs(look_every_seconds.max(1)),
                     full_every: std::time::Duration::from_secs(full_sync_every_seconds),
