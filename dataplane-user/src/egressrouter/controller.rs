@@ -80,6 +80,8 @@ impl Rollout {
 pub enum Problem {
     /// Its spec does not validate (the message names the field).
     InvalidSpec(String),
+    /// Its address is held by an older router (the message names it).
+    AddressConflict(String),
     /// Its objects could not be written (the API's answer).
     ApplyFailed(String),
 }
@@ -108,6 +110,7 @@ pub fn conditions(
     };
     let (progressing, progressing_reason, progressing_message) = match (rollout, problem) {
         (_, Some(Problem::InvalidSpec(_))) => (False, "InvalidSpec", String::new()),
+        (_, Some(Problem::AddressConflict(_))) => (False, "AddressConflict", String::new()),
         (Rollout::Progressing { updated, .. }, _) => (
             True,
             "Deploying",
@@ -118,6 +121,7 @@ pub fn conditions(
     };
     let (degraded, degraded_reason, degraded_message) = match problem {
         Some(Problem::InvalidSpec(why)) => (True, "InvalidSpec", why.clone()),
+        Some(Problem::AddressConflict(why)) => (True, "AddressConflict", why.clone()),
         Some(Problem::ApplyFailed(why)) => (True, "ApplyFailed", why.clone()),
         None => (False, "AsExpected", String::new()),
     };
@@ -326,6 +330,7 @@ impl Reconciler {
         }
         self.deferred = false;
         let mut present = Vec::new();
+        let holders = super::resource::address_holders(state.egress_routers.iter());
         for router in state.egress_routers.iter() {
             let (Some(namespace), Some(name)) = (
                 router.metadata.namespace.clone(),
@@ -336,7 +341,8 @@ impl Reconciler {
             let key = (namespace, name);
             present.push(key.clone());
             let tracked = self.routers.entry(key.clone()).or_default();
-            reconcile(router, &key, tracked, &self.image, api, now).await;
+            let conflict = super::resource::conflict(router, &holders);
+            reconcile(router, &key, tracked, &self.image, conflict, api, now).await;
         }
         // The garbage collector removes a deleted router's objects (they are owned by it).
         self.routers.retain(|key, _| present.contains(key));
@@ -349,13 +355,16 @@ async fn reconcile(
     (namespace, name): &(String, String),
     tracked: &mut Tracked,
     image: &str,
+    conflict: Option<String>,
     api: &mut impl RouterApi,
     now: Instant,
 ) {
     let since = |at: &Instant| now.saturating_duration_since(*at);
-    let problem = match plan(router, image) {
-        Err(why) => Some(Problem::InvalidSpec(why)),
-        Ok(objects) => {
+    let problem = match (plan(router, image), conflict) {
+        (Err(why), _) => Some(Problem::InvalidSpec(why)),
+        // Nothing made: its pod would claim an address another router's pod holds.
+        (Ok(_), Some(why)) => Some(Problem::AddressConflict(why)),
+        (Ok(objects), None) => {
             let due = match (&tracked.applied, &tracked.failed) {
                 (_, Some((failed, at, _))) if *failed == objects && since(at) < RETRY => false,
                 (Some((applied, at)), _) => *applied != objects || since(at) >= RESYNC,
@@ -630,6 +639,36 @@ spec:
         now += RESYNC;
         reconciler.round(&state(&[GOOD, BAD]), &mut api, now).await;
         assert_eq!(api.applied.len(), 2);
+    }
+
+    #[tokio::test]
+    async fn a_router_asking_for_another_routers_address_is_degraded_and_made_nothing() {
+        let mut api = Memory::default();
+        let mut reconciler = Reconciler::new("pause".into());
+        let older = GOOD.replace(
+            "uid: u-good}",
+            "uid: u-good, creationTimestamp: '2026-12-01T00:00:00Z'}",
+        );
+        let younger = GOOD
+            .replace("name: good, namespace: a", "name: thief, namespace: t")
+            .replace(
+                "uid: u-good}",
+                "uid: u-thief, creationTimestamp: '2026-12-02T00:00:00Z'}",
+            );
+        reconciler
+            .round(&state(&[&younger, &older]), &mut api, Instant::now())
+            .await;
+        assert_eq!(api.applied.len(), 1);
+        assert_eq!(
+            api.applied[0].deployment.metadata.name.as_deref(),
+            Some("good")
+        );
+        let status = &api.statuses[&("t".to_owned(), "thief".to_owned())];
+        assert_eq!(status.conditions[2].reason, "AddressConflict");
+        assert_eq!(
+            status.conditions[2].message,
+            "spec.addresses[0].ip: 192.168.12.99 is held by the older EgressRouter a/good"
+        );
     }
 
     #[tokio::test]

@@ -65,17 +65,15 @@ pub struct Reservations {
 }
 
 impl Reservations {
-    /// What `state`'s EgressRouters reserve (each its one address, in its namespace) and what
-    /// the agent's flags add; sorted, no repeats.
+    /// What `state`'s EgressRouters reserve (each its one address, in its namespace; an
+    /// address two ask for, the older's) and what the agent's flags add; sorted, no repeats.
     pub fn of(state: &ClusterState, flags: &[Reservation]) -> Reservations {
-        let mut reservations: Vec<Reservation> = state
-            .egress_routers
-            .iter()
-            .filter_map(|router| {
-                Some(Reservation {
-                    namespace: Some(router.metadata.namespace.clone()?),
-                    network: IpNet::from(super::resource::reserved_address(router)?),
-                })
+        let holders = super::resource::address_holders(state.egress_routers.iter());
+        let mut reservations: Vec<Reservation> = holders
+            .into_iter()
+            .map(|(address, (namespace, _))| Reservation {
+                namespace: Some(namespace),
+                network: IpNet::from(address),
             })
             .chain(flags.iter().cloned())
             .collect();
@@ -148,13 +146,21 @@ mod tests {
 
     #[test]
     fn an_egress_router_reserves_its_address_in_its_namespace_only() {
-        let router: EgressRouter = serde_yaml::from_str(
-            "metadata: {name: r, namespace: egress}\n\
-             spec: {addresses: [{ip: 192.168.12.99/24, gateway: 192.168.12.1}]}",
-        )
-        .unwrap();
+        let router = |namespace: &str, created: &str| -> Arc<EgressRouter> {
+            Arc::new(
+                serde_yaml::from_str(&format!(
+                    "metadata: {{name: r, namespace: {namespace}, creationTimestamp: '{created}'}}\n\
+                     spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}]}}"
+                ))
+                .unwrap(),
+            )
+        };
+        // A younger router of another namespace asking for the same address gets nothing.
         let state = ClusterState {
-            egress_routers: Objects::from(vec![Arc::new(router)]),
+            egress_routers: Objects::from(vec![
+                router("thief", "2026-12-02T00:00:00Z"),
+                router("egress", "2026-12-01T00:00:00Z"),
+            ]),
             ..ClusterState::default()
         };
         let flags = [
@@ -166,6 +172,7 @@ mod tests {
         assert!(reservations.allow(Some("egress"), ip("192.168.12.99")));
         assert!(!reservations.allow(Some("egress"), ip("192.168.12.98")));
         assert!(!reservations.allow(Some("tenant"), ip("192.168.12.99")));
+        assert!(!reservations.allow(Some("thief"), ip("192.168.12.99")));
         assert!(!reservations.allow(None, ip("192.168.12.99")));
         // A flag for every namespace, and one for a namespace.
         assert!(reservations.allow(None, ip("10.1.0.2")));

@@ -14,7 +14,7 @@
 //! resolves to the router pod. The router pod keeps the label OpenShift's documentation
 //! selects on (`app: egress-router-cni`).
 
-use std::{collections::BTreeMap, net::IpAddr};
+use std::{collections::BTreeMap, net::IpAddr, sync::Arc};
 
 use ipnet::IpNet;
 use k8s_openapi::{
@@ -317,6 +317,51 @@ pub fn reserved_address(router: &EgressRouter) -> Option<IpAddr> {
     address.ip.parse::<IpNet>().ok().map(|net| net.addr())
 }
 
+/// Which EgressRouter holds each reserved address (namespace, name): where two ask for one
+/// address, the oldest (then the first by namespace and name); the others get none, as one
+/// address can be on one router pod only.
+pub fn address_holders<'a>(
+    routers: impl IntoIterator<Item = &'a Arc<EgressRouter>>,
+) -> BTreeMap<IpAddr, (String, String)> {
+    let mut claims: Vec<(_, IpAddr, (String, String))> = routers
+        .into_iter()
+        .filter_map(|router| {
+            let key = (
+                router.metadata.namespace.clone()?,
+                router.metadata.name.clone()?,
+            );
+            // Objects without a creation time (read from files) count as the newest.
+            let created = router.metadata.creation_timestamp.as_ref().map(|t| t.0);
+            Some(((created.is_none(), created), reserved_address(router)?, key))
+        })
+        .collect();
+    claims.sort();
+    let mut holders = BTreeMap::new();
+    for (_, address, key) in claims {
+        holders.entry(address).or_insert(key);
+    }
+    holders
+}
+
+/// Why `router` may not hold its address: another router holds it (`holders` from
+/// [`address_holders`]). The message names the field and the holder.
+pub fn conflict(
+    router: &EgressRouter,
+    holders: &BTreeMap<IpAddr, (String, String)>,
+) -> Option<String> {
+    let address = reserved_address(router)?;
+    let (namespace, name) = holders.get(&address)?;
+    let me = (
+        router.metadata.namespace.as_ref()?,
+        router.metadata.name.as_ref()?,
+    );
+    (me != (namespace, name)).then(|| {
+        format!(
+            "spec.addresses[0].ip: {address} is held by the older EgressRouter {namespace}/{name}"
+        )
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -543,6 +588,33 @@ spec:
             .next(),
             Some("spec.networkInterface.macvlan.master")
         );
+    }
+
+    #[test]
+    fn an_address_asked_for_twice_is_held_by_the_oldest_router() {
+        let router = |namespace: &str, name: &str, created: Option<&str>| {
+            let created = created.map_or(String::new(), |t| format!(", creationTimestamp: '{t}'"));
+            Arc::new(self::router(&format!(
+                "metadata: {{name: {name}, namespace: {namespace}{created}}}\n\
+                 spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}]}}"
+            )))
+        };
+        let routers = [
+            router("b", "new", Some("2026-12-02T00:00:00Z")),
+            router("c", "file", None),
+            router("a", "old", Some("2026-12-01T00:00:00Z")),
+        ];
+        let holders = address_holders(&routers);
+        assert_eq!(
+            holders.get(&"192.168.12.99".parse().unwrap()),
+            Some(&("a".to_owned(), "old".to_owned()))
+        );
+        assert_eq!(conflict(&routers[2], &holders), None);
+        assert_eq!(
+            conflict(&routers[0], &holders).as_deref(),
+            Some("spec.addresses[0].ip: 192.168.12.99 is held by the older EgressRouter a/old")
+        );
+        assert!(conflict(&routers[1], &holders).is_some());
     }
 
     #[test]
