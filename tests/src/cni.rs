@@ -19,6 +19,36 @@ pub fn plugin_binary() -> PathBuf {
     dataplane_binary().with_file_name("dataplane-cni")
 }
 
+/// Starts an agent on each of `topology`'s first `nodes` nodes writing its network
+/// configuration into a directory of its own (`--cni-conf-dir`, as the DaemonSet gives the
+/// runtime's), and waits until each wrote it; the agents and their directories.
+pub fn start_agents_with_conf_dirs(
+    topology: &Topology,
+    nodes: usize,
+) -> anyhow::Result<(Vec<Agent>, Vec<PathBuf>)> {
+    let dirs: Vec<PathBuf> = (0..nodes)
+        .map(|n| std::env::temp_dir().join(crate::unique_name(&format!("net.d{n}"))))
+        .collect();
+    let mut agents = Vec::new();
+    for (n, dir) in dirs.iter().enumerate() {
+        let dir_arg = dir.display().to_string();
+        agents.push(
+            topology
+                .node(n)
+                .start_agent_with(&["--cni-conf-dir", &dir_arg])?,
+        );
+    }
+    for dir in &dirs {
+        let file = dir.join("10-dataplane.conflist");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while !file.exists() && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        ensure!(file.exists(), "{} not written", file.display());
+    }
+    Ok((agents, dirs))
+}
+
 /// What the plugin printed and how it exited.
 #[derive(Debug)]
 pub struct Answer {

@@ -861,28 +861,8 @@ fn podman_attaches_an_egress_router_as_a_containers_second_network() {
             ),
         )
         .expect("manifests");
-    let conf_dirs: Vec<PathBuf> = (0..2)
-        .map(|n| std::env::temp_dir().join(unique_name(&format!("ernet.d{n}"))))
-        .collect();
-    let agents: Vec<_> = (0..2)
-        .map(|n| {
-            let dir = conf_dirs[n].display().to_string();
-            topology
-                .node(n)
-                .start_agent_with(&["--cni-conf-dir", &dir])
-                .expect("agent")
-        })
-        .collect();
-    for dir in &conf_dirs {
-        let file = dir.join("10-dataplane.conflist");
-        for _ in 0..100 {
-            if file.exists() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(50));
-        }
-        assert!(file.exists(), "{} not written", file.display());
-    }
+    let (agents, conf_dirs) =
+        dataplane_tests::cni::start_agents_with_conf_dirs(&topology, 2).expect("agents");
     // The router's second network, as the NetworkAttachmentDefinition the controller makes
     // for that EgressRouter would configure it (a fallback for every port).
     std::fs::write(

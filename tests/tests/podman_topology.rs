@@ -5,10 +5,10 @@
 //! is isolated by a NetworkPolicy from the cluster state; removing a container releases its
 //! address.
 
-use std::{path::PathBuf, time::Duration};
+use std::time::Duration;
 
 use dataplane_tests::{
-    cni::{allocations, plugin_binary},
+    cni::{allocations, plugin_binary, start_agents_with_conf_dirs},
     podman::Podman,
     privileged::privileged,
     topology::{Mode, Topology, dataplane_binary},
@@ -55,29 +55,7 @@ fn podman_containers_are_networked_by_the_plugin_across_nodes() {
             ),
         )
         .unwrap();
-    let conf_dirs: Vec<PathBuf> = (0..2)
-        .map(|n| std::env::temp_dir().join(unique_name(&format!("net.d{n}"))))
-        .collect();
-    let agents: Vec<_> = (0..2)
-        .map(|n| {
-            let dir = conf_dirs[n].display().to_string();
-            topology
-                .node(n)
-                .start_agent_with(&["--cni-conf-dir", &dir])
-                .expect("agent")
-        })
-        .collect();
-    // The agents write the configuration once they serve the plugin.
-    for dir in &conf_dirs {
-        let file = dir.join("10-dataplane.conflist");
-        for _ in 0..100 {
-            if file.exists() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        assert!(file.exists(), "{} not written", file.display());
-    }
+    let (agents, conf_dirs) = start_agents_with_conf_dirs(&topology, 2).expect("agents");
     let plugin_dir = plugin_binary().parent().unwrap().to_owned();
     let node0 = Podman::new(&conf_dirs[0], &plugin_dir).unwrap();
     let mut node1 = Podman::new(&conf_dirs[1], &plugin_dir).unwrap();

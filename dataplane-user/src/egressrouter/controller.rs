@@ -207,36 +207,24 @@ impl RouterApi for KubeRouters {
             .clone()
             .unwrap_or_default();
         let name = objects.deployment.metadata.name.clone().unwrap_or_default();
-        let params = PatchParams::apply(FIELD_MANAGER).force();
         let gvk = GroupVersionKind::gvk("k8s.cni.cncf.io", "v1", "NetworkAttachmentDefinition");
         let resource = ApiResource::from_gvk_with_plural(&gvk, "network-attachment-definitions");
         let attachments: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &namespace, &resource);
-        within(
-            &format!("NetworkAttachmentDefinition {namespace}/{name}"),
-            attachments.patch(&name, &params, &Patch::Apply(&objects.attachment)),
+        let attachment = objects.attachment.clone();
+        apply(
+            &attachments,
+            &name,
+            attachment,
+            "NetworkAttachmentDefinition",
         )
         .await?;
+        let deployment = with_kind(&objects.deployment, "apps/v1", "Deployment")?;
         let deployments: Api<Deployment> = Api::namespaced(self.client.clone(), &namespace);
-        within(
-            &format!("Deployment {namespace}/{name}"),
-            deployments.patch(
-                &name,
-                &params,
-                &Patch::Apply(&with_kind(&objects.deployment, "apps/v1", "Deployment")?),
-            ),
-        )
-        .await?;
+        apply(&deployments, &name, deployment, "Deployment").await?;
+        let service = with_kind(&objects.service, "v1", "Service")?;
         let services: Api<Service> = Api::namespaced(self.client.clone(), &namespace);
-        within(
-            &format!("Service {namespace}/{name}"),
-            services.patch(
-                &name,
-                &params,
-                &Patch::Apply(&with_kind(&objects.service, "v1", "Service")?),
-            ),
-        )
-        .await?;
+        apply(&services, &name, service, "Service").await?;
         Ok(())
     }
 
@@ -268,6 +256,30 @@ impl RouterApi for KubeRouters {
         .await
         .map(|_| ())
     }
+}
+
+/// A server-side apply of `object` (named `name`, a `kind`) owned by [`FIELD_MANAGER`],
+/// within [`CALL_DEADLINE`].
+async fn apply<K>(
+    api: &Api<K>,
+    name: &str,
+    object: serde_json::Value,
+    kind: &str,
+) -> Result<(), String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let namespace = object["metadata"]["namespace"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
+    within(
+        &format!("{kind} {namespace}/{name}"),
+        api.patch(name, &params, &Patch::Apply(&object)),
+    )
+    .await
+    .map(|_| ())
 }
 
 /// An object with its `apiVersion` and `kind` (a server-side apply needs them; k8s-openapi's
