@@ -5,18 +5,27 @@
 //! veth holds, so the node answers for them without a bridge; on the host, a /32 (/128)
 //! route per pod address to its veth (the agent finds local pods by these routes).
 //!
-//! iproute2 does the netlink work (`ip -batch`, one process per namespace); the commands in
-//! the pod's namespace run from a thread that entered it (`setns`), whose children inherit
-//! it, so any namespace path the runtime passes works, named or not.
+//! The wiring is made by netlink requests (rtnetlink), no processes: those of the pod's
+//! namespace from a connection opened by a thread that entered it (`setns`), so any namespace
+//! path the runtime passes works, named or not. (CHECK still reads through iproute2's JSON.)
 
 use std::{
     fs::File,
-    net::IpAddr,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
     os::fd::AsRawFd as _,
     path::{Path, PathBuf},
 };
 
+use futures_util::TryStreamExt as _;
 use ipnet::IpNet;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    packet_route::{
+        address::AddressHeaderFlags,
+        link::{InfoData, InfoKind, InfoVeth, LinkAttribute},
+        route::{RouteMessage, RouteProtocol, RouteScope},
+    },
+};
 
 use super::{GATEWAY_V4, GATEWAY_V6};
 use crate::kernel::netdev;
@@ -33,6 +42,12 @@ pub enum WireError {
     Ip {
         place: String,
         command: String,
+        detail: String,
+    },
+    #[error("{place}: netlink `{request}` failed: {detail}")]
+    Netlink {
+        place: String,
+        request: String,
         detail: String,
     },
     #[error("{0}")]
@@ -77,69 +92,12 @@ pub fn create(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
 }
 
 fn make(wiring: &PodWiring, netns: &File) -> Result<(), WireError> {
-    let PodWiring {
-        host_iface: host,
-        ifname,
-        mtu,
-        ..
-    } = wiring;
-    let mac = netdev::mac_text(&wiring.mac);
-    let mut host_batch = vec![format!(
-        "link add {host} mtu {mtu} type veth peer name {ifname} mtu {mtu} address {mac} netns {}",
-        fd_path(netns).display()
-    )];
-    let has_v4 = wiring.addresses.iter().any(IpAddr::is_ipv4);
-    let has_v6 = wiring.addresses.iter().any(IpAddr::is_ipv6);
-    if has_v4 {
-        host_batch.push(format!("addr add {GATEWAY_V4}/32 dev {host}"));
-    }
-    if has_v6 {
-        host_batch.push(format!("addr add {GATEWAY_V6}/64 dev {host} nodad"));
-    }
-    host_batch.push(format!("link set {host} up"));
-    for address in &wiring.addresses {
-        host_batch.push(format!("route replace {} dev {host}", host_net(*address)));
-    }
-    ip_batch("the node", &host_batch)?;
+    let host = &wiring.host_iface;
+    let host_index = on_netlink_thread(None, |handle| make_host_side(handle, wiring, netns))?;
     // The routes are the pod's; nothing on the pair should take addresses from router
     // advertisements.
     set_sysctl(&format!("net/ipv6/conf/{host}/accept_ra"), "0");
-
-    in_netns(netns, || {
-        // Before the link is up: no DAD delay for the link-local address the pod's first
-        // neighbour solicitation comes from.
-        set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
-        set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_ra"), "0");
-        let mut pod_batch = vec!["link set lo up".to_owned(), format!("link set {ifname} up")];
-        for address in &wiring.addresses {
-            let nodad = if address.is_ipv6() { " nodad" } else { "" };
-            pod_batch.push(format!(
-                "addr add {} dev {ifname}{nodad}",
-                host_net(*address)
-            ));
-        }
-        if has_v4 {
-            pod_batch.push(format!("route add {GATEWAY_V4}/32 dev {ifname} scope link"));
-            pod_batch.push(format!("route add 0.0.0.0/0 via {GATEWAY_V4} dev {ifname}"));
-        }
-        if has_v6 {
-            pod_batch.push(format!("route add ::/0 via {GATEWAY_V6} dev {ifname}"));
-        }
-        ip_batch(
-            &format!("the pod's namespace {}", wiring.netns.display()),
-            &pod_batch,
-        )?;
-        // GRO on the pod's end: its stack merges what it receives, and the veth polls its
-        // queue, so the agent's XDP can hand it decapsulated frames directly.
-        Ok(netdev::set_gro(ifname, true).is_ok())
-    })
-    .and_then(|polls| mark_takes_xdp(host, polls))
-}
-
-/// Says on the host-side veth `host` that its pod's end polls (`polls`: GRO went on), so the
-/// agent may let XDP deliver to it ([`netdev::TAKES_XDP_ALIAS`]). Without GRO the pod's
-/// frames keep going through the node's stack.
-fn mark_takes_xdp(host: &str, polls: bool) -> Result<(), WireError> {
+    let polls = on_netlink_thread(Some(netns), |handle| make_pod_side(handle, wiring))?;
     if !polls {
         tracing::warn!(
             host,
@@ -147,10 +105,219 @@ fn mark_takes_xdp(host: &str, polls: bool) -> Result<(), WireError> {
         );
         return Ok(());
     }
-    ip_batch(
-        "the node",
-        &[format!("link set {host} alias {}", netdev::TAKES_XDP_ALIAS)],
-    )
+    // The pod's end polls (GRO is on): the agent may let XDP deliver to it
+    // ([`netdev::TAKES_XDP_ALIAS`]). Without GRO its frames keep going through the node's
+    // stack.
+    on_netlink_thread(None, |handle| async move {
+        let alias = LinkUnspec::new_with_index(host_index)
+            .alias(netdev::TAKES_XDP_ALIAS)
+            .build();
+        let set = handle.link().set(alias).execute();
+        request("the node", "link set alias", set).await
+    })
+}
+
+/// The node's side: the veth pair (its pod end made in the pod's namespace with the pod's
+/// name, MAC and MTU), the gateways on the host end, the end up, a route per pod address to
+/// it. Returns the host end's index.
+async fn make_host_side(
+    handle: Handle,
+    wiring: &PodWiring,
+    netns: &File,
+) -> Result<u32, WireError> {
+    let PodWiring {
+        host_iface: host,
+        ifname,
+        mtu,
+        mac,
+        ..
+    } = wiring;
+    let place = "the node";
+    let peer = LinkUnspec::new_with_name(ifname)
+        .mtu(*mtu)
+        .address(mac.to_vec())
+        .setns_by_fd(netns.as_raw_fd())
+        .build();
+    let pair = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+        .name(host.clone())
+        .mtu(*mtu)
+        .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+        .build();
+    request(place, "link add veth", handle.link().add(pair).execute()).await?;
+    let index = link_index(&handle, place, host).await?;
+    if wiring.addresses.iter().any(IpAddr::is_ipv4) {
+        let add = handle.address().add(index, GATEWAY_V4.into(), 32);
+        request(place, "addr add 169.254.1.1/32", add.execute()).await?;
+    }
+    if wiring.addresses.iter().any(IpAddr::is_ipv6) {
+        let mut add = handle.address().add(index, GATEWAY_V6.into(), 64);
+        add.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+        request(place, "addr add fe80::1/64 nodad", add.execute()).await?;
+    }
+    let up = LinkUnspec::new_with_index(index).up().build();
+    request(place, "link set up", handle.link().set(up).execute()).await?;
+    for address in &wiring.addresses {
+        let route = route_to(host_net(*address), index, RouteScope::Link, None);
+        let add = handle.route().add(route).replace();
+        request(place, "route replace", add.execute()).await?;
+    }
+    Ok(index)
+}
+
+/// The pod's side (from a thread in its namespace): its loopback and interface up, its
+/// addresses (no DAD), the routes through the gateways; GRO on at its end (returns whether
+/// it went on).
+async fn make_pod_side(handle: Handle, wiring: &PodWiring) -> Result<bool, WireError> {
+    let ifname = &wiring.ifname;
+    let place = format!("the pod's namespace {}", wiring.netns.display());
+    let place = place.as_str();
+    // Before the link is up: no DAD delay for the link-local address the pod's first
+    // neighbour solicitation comes from.
+    set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_dad"), "0");
+    set_sysctl(&format!("net/ipv6/conf/{ifname}/accept_ra"), "0");
+    let lo = link_index(&handle, place, "lo").await?;
+    let up = LinkUnspec::new_with_index(lo).up().build();
+    request(place, "link set lo up", handle.link().set(up).execute()).await?;
+    let index = link_index(&handle, place, ifname).await?;
+    let up = LinkUnspec::new_with_index(index).up().build();
+    request(place, "link set up", handle.link().set(up).execute()).await?;
+    for address in &wiring.addresses {
+        let net = host_net(*address);
+        let mut add = handle.address().add(index, net.addr(), net.prefix_len());
+        if address.is_ipv6() {
+            add.message_mut().header.flags |= AddressHeaderFlags::Nodad;
+        }
+        request(place, "addr add", add.execute()).await?;
+    }
+    let add_route = |route: RouteMessage, what: &'static str| {
+        let sent = handle.route().add(route).execute();
+        async move { request(place, what, sent).await }
+    };
+    if wiring.addresses.iter().any(IpAddr::is_ipv4) {
+        let gateway = IpNet::from(IpAddr::from(GATEWAY_V4));
+        let default = IpNet::V4(Default::default());
+        let via = Some(GATEWAY_V4.into());
+        add_route(
+            route_to(gateway, index, RouteScope::Link, None),
+            "route add 169.254.1.1/32",
+        )
+        .await?;
+        add_route(
+            route_to(default, index, RouteScope::Universe, via),
+            "route add default",
+        )
+        .await?;
+    }
+    if wiring.addresses.iter().any(IpAddr::is_ipv6) {
+        let default = IpNet::V6(Default::default());
+        let via = Some(GATEWAY_V6.into());
+        add_route(
+            route_to(default, index, RouteScope::Universe, via),
+            "route add ::/0",
+        )
+        .await?;
+    }
+    // GRO on the pod's end: its stack merges what it receives, and the veth polls its
+    // queue, so the agent's XDP can hand it decapsulated frames directly.
+    Ok(netdev::set_gro(ifname, true).is_ok())
+}
+
+/// A route to `destination` out of interface `index` (through `gateway` when given), as
+/// `ip route` makes them (protocol boot).
+fn route_to(
+    destination: IpNet,
+    index: u32,
+    scope: RouteScope,
+    gateway: Option<IpAddr>,
+) -> RouteMessage {
+    let mut route = match destination {
+        IpNet::V4(net) => {
+            let mut route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(net.addr(), net.prefix_len());
+            if let Some(IpAddr::V4(gateway)) = gateway {
+                route = route.gateway(gateway);
+            }
+            route.output_interface(index).scope(scope).build()
+        }
+        IpNet::V6(net) => {
+            let mut route = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(net.addr(), net.prefix_len());
+            if let Some(IpAddr::V6(gateway)) = gateway {
+                route = route.gateway(gateway);
+            }
+            route.output_interface(index).scope(scope).build()
+        }
+    };
+    route.header.protocol = RouteProtocol::Boot;
+    route
+}
+
+/// The index of interface `name` in the connection's namespace.
+async fn link_index(handle: &Handle, place: &str, name: &str) -> Result<u32, WireError> {
+    let mut links = handle.link().get().match_name(name.to_owned()).execute();
+    let failed = |detail: String| netlink_failed(place, &format!("link get {name}"), detail);
+    match links.try_next().await {
+        Ok(Some(link)) => Ok(link.header.index),
+        Ok(None) => Err(failed("no such link".into())),
+        Err(error) => Err(failed(error.to_string())),
+    }
+}
+
+/// One netlink request's outcome, failures named with the place and the request.
+async fn request(
+    place: &str,
+    what: &str,
+    sent: impl Future<Output = Result<(), rtnetlink::Error>>,
+) -> Result<(), WireError> {
+    sent.await
+        .map_err(|error| netlink_failed(place, what, error.to_string()))
+}
+
+fn netlink_failed(place: &str, what: &str, detail: String) -> WireError {
+    WireError::Netlink {
+        place: place.to_owned(),
+        request: what.to_owned(),
+        detail,
+    }
+}
+
+/// How long one wiring's netlink exchange may take: the kernel answers in microseconds to
+/// milliseconds; one that hangs must not hold the agent's CNI batch for ever.
+const NETLINK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs `work` with a netlink connection of namespace `netns` (the agent's own when `None`)
+/// on a thread of its own (which entered `netns`; the agent's loop is async and cannot wait
+/// on a runtime of its own), within [`NETLINK_DEADLINE`].
+fn on_netlink_thread<T, Work, Fut>(netns: Option<&File>, work: Work) -> Result<T, WireError>
+where
+    T: Send,
+    Work: FnOnce(Handle) -> Fut + Send,
+    Fut: Future<Output = Result<T, WireError>>,
+{
+    let run = move || -> Result<T, WireError> {
+        let failed = |detail: String| netlink_failed("netlink", "connect", detail);
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(|e| failed(e.to_string()))?;
+        runtime.block_on(async {
+            // The socket is made here, so it belongs to the namespace this thread is in.
+            let (connection, handle, _) =
+                rtnetlink::new_connection().map_err(|e| failed(e.to_string()))?;
+            let connection = tokio::spawn(connection);
+            let done = tokio::time::timeout(NETLINK_DEADLINE, work(handle)).await;
+            connection.abort();
+            done.map_err(|_| failed(format!("no answer within {NETLINK_DEADLINE:?}")))?
+        })
+    };
+    match netns {
+        Some(netns) => in_netns(netns, run),
+        None => std::thread::scope(|scope| {
+            let panicked = || WireError::Mismatch("the netlink thread panicked".to_owned());
+            scope.spawn(run).join().unwrap_or_else(|_| Err(panicked()))
+        }),
+    }
 }
 
 /// Removes a pod's host-side veth (its peer goes with it) and the routes through it. Returns
@@ -171,13 +338,24 @@ pub fn remove_many(hosts: &[String]) -> Result<Vec<String>, WireError> {
     if present.is_empty() {
         return Ok(present);
     }
-    let mut batch: Vec<String> = present
-        .iter()
-        .map(|h| format!("link set dev {h} group {REMOVAL_GROUP}"))
-        .collect();
-    batch.push(format!("link del group {REMOVAL_GROUP}"));
-    ip_batch("the node", &batch)?;
-    Ok(present)
+    on_netlink_thread(None, |handle| async move {
+        for host in &present {
+            let index = link_index(&handle, "the node", host).await?;
+            let grouped = LinkUnspec::new_with_index(index)
+                .link_group(REMOVAL_GROUP)
+                .build();
+            let set = handle.link().set(grouped).execute();
+            request("the node", &format!("link set {host} group"), set).await?;
+        }
+        // Index 0 and the group: every link of the group goes.
+        let mut delete = handle.link().del(0);
+        delete
+            .message_mut()
+            .attributes
+            .push(LinkAttribute::Group(REMOVAL_GROUP));
+        request("the node", "link del group", delete.execute()).await?;
+        Ok(present)
+    })
 }
 
 /// Checks that the pod's wiring is as [`create`] made it: the host veth and its routes, the
