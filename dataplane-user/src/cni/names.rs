@@ -1,6 +1,6 @@
 //! The names a container runtime gives the plugin (container id, interface name), checked
-//! before anything is made of them: they key the address allocations and reach `ip -batch`
-//! lines and `/proc/sys` paths.
+//! before anything is made of them: they key the address allocations and reach netlink
+//! requests, the egress router's `ip -batch` lines and `/proc/sys` paths.
 
 /// The longest interface name the kernel takes: IFNAMSIZ (16) less its terminating zero.
 pub const IFNAME_MAX: usize = 15;
