@@ -598,10 +598,10 @@ fn programs_attached(agent: &AgentState, iface: &str) -> bool {
         >= 2
 }
 
-/// Serves a batch of CNI requests: wires every ADD, removes every DEL, then syncs once, so
-/// the new pods' overlay entries, policies and services are in the maps and their programs
-/// attached; only then are ADDs answered. An ADD whose pod did not make it into the maps is
-/// undone and fails, naming why.
+/// Serves a batch of CNI requests: wires every ADD, removes every DEL (answered then), then
+/// syncs once, so the new pods' overlay entries, policies and services are in the maps and
+/// their programs attached; only then are ADDs answered. An ADD whose pod did not make it
+/// into the maps is undone and fails, naming why.
 async fn handle_cni(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
@@ -661,7 +661,10 @@ async fn handle_cni(
             },
         }
     }
-    // The batch's DELs together: their veths go in one kernel operation.
+    // The batch's DELs together: their veths go in one kernel operation. Answered once the
+    // veths and the addresses are gone, before the sync that clears the maps of them: an
+    // address can only be given to a new pod by a later ADD, and every ADD is answered after
+    // a sync that comes after this one.
     if !deleted.is_empty() {
         let targets: Vec<(String, String)> = deleted
             .iter()
@@ -672,7 +675,7 @@ async fn handle_cni(
                 for ((job, target), removed) in deleted.into_iter().zip(removed) {
                     tracing::info!(container = target.container_id, removed, "CNI DEL");
                     changed |= removed;
-                    answered_after_sync.push((job, Reply::Done));
+                    answer(metrics, job, Reply::Done);
                 }
             }
             Err(error) => {
