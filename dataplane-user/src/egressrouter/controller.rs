@@ -341,7 +341,7 @@ impl Reconciler {
             return;
         }
         self.deferred = false;
-        let mut present = Vec::new();
+        let mut present = std::collections::BTreeSet::new();
         let holders = super::resource::address_holders(state.egress_routers.iter());
         for router in state.egress_routers.iter() {
             let (Some(namespace), Some(name)) = (
@@ -351,7 +351,7 @@ impl Reconciler {
                 continue;
             };
             let key = (namespace, name);
-            present.push(key.clone());
+            present.insert(key.clone());
             let tracked = self.routers.entry(key.clone()).or_default();
             let conflict = super::resource::conflict(router, &holders);
             reconcile(router, &key, tracked, &self.image, conflict, api, now).await;

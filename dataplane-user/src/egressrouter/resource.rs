@@ -77,28 +77,23 @@ pub fn plan(router: &EgressRouter, image: &str) -> Result<RouterObjects, String>
     let conf = config::parse(config.to_string().as_bytes())
         .map_err(|why| in_router_terms(&why, router.spec.redirect.as_ref()))?;
     let owner = owner_reference(router, &name);
-    let meta = |extra: BTreeMap<String, String>| ObjectMeta {
+    let meta = ObjectMeta {
         name: Some(name.clone()),
-        namespace: Some(namespace.clone()),
-        labels: Some(
-            [(ROUTER_LABEL.to_owned(), name.clone())]
-                .into_iter()
-                .chain(extra)
-                .collect(),
-        ),
-        owner_references: owner.clone().map(|o| vec![o]),
+        namespace: Some(namespace),
+        labels: Some(BTreeMap::from([(ROUTER_LABEL.to_owned(), name.clone())])),
+        owner_references: owner.map(|o| vec![o]),
         ..ObjectMeta::default()
     };
     let attachment = json!({
         "apiVersion": "k8s.cni.cncf.io/v1",
         "kind": "NetworkAttachmentDefinition",
-        "metadata": meta(BTreeMap::new()),
+        "metadata": meta,
         "spec": { "config": config.to_string() },
     });
     Ok(RouterObjects {
         attachment,
-        deployment: deployment(meta(BTreeMap::new()), &name, image),
-        service: service(meta(BTreeMap::new()), &name, &conf),
+        deployment: deployment(meta.clone(), &name, image),
+        service: service(meta, &name, &conf),
         conf,
     })
 }
@@ -166,9 +161,9 @@ fn attachment_config(router: &EgressRouter, name: &str) -> Result<Value, String>
 fn in_router_terms(why: &str, redirect: Option<&RedirectConfig>) -> String {
     let rules = redirect.map_or(0, |r| r.redirect_rules.len());
     let mut message = why.to_owned();
-    // The fallback line follows the rules (attachment_config); longest index first, so that
-    // `[1]` is never replaced inside `[10]` (the closing bracket is part of the pattern anyway).
-    for index in (0..=rules).rev() {
+    // The fallback line follows the rules (attachment_config). The closing bracket is part of
+    // the pattern, so `[1]` never matches inside `[10]`.
+    for index in 0..=rules {
         let field = if index == rules {
             "spec.redirect.fallbackIP".to_owned()
         } else {

@@ -5,14 +5,14 @@
 //! to loopback inside a node's network namespace).
 //!
 //! Writes: an EgressIP's status (`PATCH .../egressips/NAME/status`, a JSON merge patch of
-//! `status`; kept over what the files say, as the API server keeps status apart from spec)
-//! and `coordination.k8s.io/v1` Leases (get, create, replace with optimistic concurrency on
+//! `status`; kept over what the files say, as the API server keeps status apart from spec;
+//! served as the other objects written by path, below) and `coordination.k8s.io/v1` Leases (get, create, replace with optimistic concurrency on
 //! the resourceVersion), for the egress IP controller; a Node's annotations (`PATCH
 //! /api/v1/nodes/NAME`, a JSON merge patch of `metadata.annotations`, kept over the files'),
 //! for the agent's hybrid overlay annotations; `events.k8s.io/v1` Events (create and merge
 //! patch under `/apis/events.k8s.io/v1/namespaces/NS/events`, listed at
 //! `/apis/events.k8s.io/v1/events`), for the agent's refusals; for the controller's egress
-//! routers, namespaced objects by path (`GET`, a server-side apply `PATCH` that creates or
+//! routers, objects by path (`GET`, a server-side apply `PATCH` that creates or
 //! replaces what the one manager applies, a merge `PATCH` of `.../status`; served in the lists
 //! and watches like the files' objects, kept over them), and a Deployment's generation
 //! counted up when its spec changes.
@@ -125,21 +125,36 @@ const RESOURCES: &[(&str, &str, &str)] = &[
     ),
 ];
 
-/// The namespaced resources written by path: (path prefix, plural, apiVersion, kind).
-const WRITABLE: &[(&str, &str, &str, &str)] = &[
-    ("/apis/apps/v1", "deployments", "apps/v1", "Deployment"),
-    ("/api/v1", "services", "v1", "Service"),
+/// The resources written by path: (path prefix, plural, apiVersion, kind, namespaced).
+const WRITABLE: &[(&str, &str, &str, &str, bool)] = &[
+    (
+        "/apis/apps/v1",
+        "deployments",
+        "apps/v1",
+        "Deployment",
+        true,
+    ),
+    ("/api/v1", "services", "v1", "Service", true),
     (
         "/apis/k8s.cni.cncf.io/v1",
         "network-attachment-definitions",
         "k8s.cni.cncf.io/v1",
         "NetworkAttachmentDefinition",
+        true,
     ),
     (
         "/apis/network.operator.openshift.io/v1",
         "egressrouters",
         "network.operator.openshift.io/v1",
         "EgressRouter",
+        true,
+    ),
+    (
+        "/apis/k8s.ovn.org/v1",
+        "egressips",
+        "k8s.ovn.org/v1",
+        "EgressIP",
+        false,
     ),
 ];
 
@@ -401,15 +416,6 @@ async fn answer(
         return Ok(lease(&state, &method, rest, body));
     }
     if request.method() == hyper::Method::PATCH
-        && let Some(name) = path
-            .strip_prefix("/apis/k8s.ovn.org/v1/egressips/")
-            .and_then(|rest| rest.strip_suffix("/status"))
-    {
-        let name = name.to_owned();
-        let body = read_body(request).await;
-        return Ok(patch_status(&state, &name, body));
-    }
-    if request.method() == hyper::Method::PATCH
         && let Some(name) = path.strip_prefix("/api/v1/nodes/")
     {
         let name = name.to_owned();
@@ -535,56 +541,36 @@ fn publish(state: &mut State, key: ObjectKey, mut object: Value) -> Value {
     object
 }
 
-/// `PATCH /apis/k8s.ovn.org/v1/egressips/NAME/status` with a merge patch of `status`.
-fn patch_status(state: &Shared, name: &str, body: Option<Value>) -> Response<Body> {
-    let Some(patch) = body else {
-        return status(StatusCode::BAD_REQUEST, "the body is not JSON");
-    };
-    let Ok(mut state) = state.lock() else {
-        return status(StatusCode::INTERNAL_SERVER_ERROR, "poisoned");
-    };
-    let key: ObjectKey = (
-        "k8s.ovn.org/v1".into(),
-        "EgressIP".into(),
-        String::new(),
-        name.to_owned(),
-    );
-    let Some(mut object) = state.objects.get(&key).cloned() else {
-        return status(
-            StatusCode::NOT_FOUND,
-            &format!("egressips {name} not found"),
-        );
-    };
-    object["status"] = patch["status"].clone();
-    state.statuses.insert(key.clone(), patch["status"].clone());
-    let object = publish(&mut state, key, object);
-    json_response(StatusCode::OK, &object)
-}
-
-/// The object a namespaced path names (`PREFIX/namespaces/NS/PLURAL/NAME[/status]`), and
-/// whether it is the status subresource.
+/// The object a path names (`PREFIX/namespaces/NS/PLURAL/NAME[/status]`, or
+/// `PREFIX/PLURAL/NAME[/status]` for a cluster-scoped resource), and whether it is the status
+/// subresource.
 fn object_path(path: &str) -> Option<(ObjectKey, bool)> {
     WRITABLE
         .iter()
-        .find_map(|(prefix, plural, api_version, kind)| {
-            let rest = path.strip_prefix(prefix)?.strip_prefix("/namespaces/")?;
+        .find_map(|(prefix, plural, api_version, kind, namespaced)| {
+            let rest = path.strip_prefix(prefix)?;
+            let (namespace, rest) = if *namespaced {
+                rest.strip_prefix("/namespaces/")?.split_once('/')?
+            } else {
+                ("", rest.strip_prefix('/')?)
+            };
             let parts: Vec<&str> = rest.split('/').collect();
-            let (namespace, name, subresource) = match parts.as_slice() {
-                [namespace, p, name] if p == plural => (namespace, name, false),
-                [namespace, p, name, "status"] if p == plural => (namespace, name, true),
+            let (name, subresource) = match parts.as_slice() {
+                [p, name] if p == plural => (name, false),
+                [p, name, "status"] if p == plural => (name, true),
                 _ => return None,
             };
             let key = (
                 (*api_version).to_owned(),
                 (*kind).to_owned(),
-                (*namespace).to_owned(),
+                namespace.to_owned(),
                 (*name).to_owned(),
             );
             Some((key, subresource))
         })
 }
 
-/// `GET` of a namespaced object; a server-side apply (the applied object replaces what the
+/// `GET` of an object; a server-side apply (the applied object replaces what the
 /// one manager applied before, its status and generation kept, the generation counted up
 /// when the spec changes); a merge patch of `status` on the status subresource.
 fn write_object(
@@ -604,6 +590,9 @@ fn write_object(
         (&hyper::Method::GET, _, Some(object), _) => json_response(StatusCode::OK, &object),
         (&hyper::Method::GET, _, None, _) => {
             status(StatusCode::NOT_FOUND, &format!("{what} not found"))
+        }
+        (&hyper::Method::PATCH, _, _, None) => {
+            status(StatusCode::BAD_REQUEST, "the body is not JSON")
         }
         (&hyper::Method::PATCH, false, current, Some(mut object)) if apply => {
             let generation = current
