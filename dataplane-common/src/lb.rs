@@ -10,6 +10,7 @@
 use crate::overlay::{Addr, LocalPod, RouteCacheEntry, TunnelEndpoint};
 
 pub mod sctp;
+pub mod socket;
 
 /// Words of one port bitmap (one bit per port).
 pub const PORT_BITMAP_WORDS: u32 = 65_536 / 64;

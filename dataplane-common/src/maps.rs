@@ -189,6 +189,15 @@ pub const MAX_NODES: u32 = 8192;
 /// Capacity of the local-pod map.
 pub const MAX_LOCAL_PODS: u32 = 1024;
 
+/// Hash: a pod network namespace's cookie -> [`crate::lb::socket::SockPod`]: the sockets the
+/// socket-level service translation serves (this node's pods).
+pub const SOCK_LB_PODS: &str = "DP_SOCK_LB_PODS";
+/// LRU hash: [`crate::lb::socket::SockRevKey`] -> [`crate::lb::socket::SockRevValue`]: the
+/// service address a translated socket asked for, given back to `getpeername` and `recvmsg`.
+pub const SOCK_LB_REV: &str = "DP_SOCK_LB_REV";
+/// Per-CPU array of `u64`: the socket-level translation's counters (`SOCK_STAT_*`).
+pub const SOCK_LB_STATS: &str = "DP_SOCK_LB_STATS";
+
 /// Every pinned map, for status and cleanup.
 pub const ALL_MAPS: &[&str] = &[
     DROPS,
@@ -233,6 +242,9 @@ pub const ALL_MAPS: &[&str] = &[
     MCAST_PODS,
     MCAST_GROUPS,
     MCAST_REPORTS,
+    SOCK_LB_PODS,
+    SOCK_LB_REV,
+    SOCK_LB_STATS,
 ];
 
 /// XDP program on the underlay NIC.
@@ -297,6 +309,29 @@ pub const PROG_TO_POD: &str = "tc_to_pod";
 /// tc program on the underlay NIC's ingress: reverse NAT of service replies that XDP
 /// decapsulated.
 pub const PROG_UNDERLAY_TC: &str = "tc_underlay";
+/// cgroup programs of the socket-level service translation (`--socket-lb`), attached to the
+/// node's cgroup v2 root: `connect` and unconnected UDP `sendmsg` to a service port get a
+/// backend; `recvmsg` and `getpeername` give the service address back.
+pub const PROG_SOCK_CONNECT4: &str = "sock_connect4";
+pub const PROG_SOCK_CONNECT6: &str = "sock_connect6";
+pub const PROG_SOCK_SENDMSG4: &str = "sock_sendmsg4";
+pub const PROG_SOCK_SENDMSG6: &str = "sock_sendmsg6";
+pub const PROG_SOCK_RECVMSG4: &str = "sock_recvmsg4";
+pub const PROG_SOCK_RECVMSG6: &str = "sock_recvmsg6";
+pub const PROG_SOCK_GETPEERNAME4: &str = "sock_peername4";
+pub const PROG_SOCK_GETPEERNAME6: &str = "sock_peername6";
+/// The socket-level programs, in the order they are attached.
+pub const SOCK_PROGRAMS: &[&str] = &[
+    PROG_SOCK_RECVMSG4,
+    PROG_SOCK_RECVMSG6,
+    PROG_SOCK_GETPEERNAME4,
+    PROG_SOCK_GETPEERNAME6,
+    PROG_SOCK_CONNECT4,
+    PROG_SOCK_CONNECT6,
+    PROG_SOCK_SENDMSG4,
+    PROG_SOCK_SENDMSG6,
+];
+
 /// A program reached by tail call: its `TAILS` slot, and the programs that hand packets to it.
 pub struct TailStage {
     pub slot: u32,
@@ -375,4 +410,12 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_UNDERLAY_NEIGHBOUR,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
+    PROG_SOCK_CONNECT4,
+    PROG_SOCK_CONNECT6,
+    PROG_SOCK_SENDMSG4,
+    PROG_SOCK_SENDMSG6,
+    PROG_SOCK_RECVMSG4,
+    PROG_SOCK_RECVMSG6,
+    PROG_SOCK_GETPEERNAME4,
+    PROG_SOCK_GETPEERNAME6,
 ];

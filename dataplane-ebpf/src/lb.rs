@@ -23,9 +23,9 @@ use aya_ebpf::programs::TcContext;
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        BACKEND_PORTS_BASE, CT_LOCAL_CLIENT, CT_NODEPORT, CT_REPLY, CT_SNAT, NODEPORT_ANY_V4,
-        SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SCOPE_NODEPORT_FROM_POD, SERVICE_PORTS_BASE,
-        SOURCE_RANGE_ALLOW, SOURCE_RANGE_FULL_BITS,
+        BACKEND_PORTS_BASE, CT_CLOSING, CT_ESTABLISHED, CT_LOCAL_CLIENT, CT_NODEPORT, CT_ORIGINAL,
+        CT_REPLY, CT_SNAT, CtValue, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+        SCOPE_NODEPORT_FROM_POD, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW, SOURCE_RANGE_FULL_BITS,
     },
     overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OVERLAY_NODEPORT_LISTED, OverlayConfig},
 };
@@ -49,10 +49,11 @@ mod icmp_error;
 mod reject;
 mod rewrite;
 mod sctp;
+mod socket;
 pub mod xdp;
 
 use backend::{new_flow, tracked_backend};
-use conntrack::{expired, opening, read_flow, scratch, touch};
+use conntrack::{TCP_SYN, expired, opening, read_flow, scratch, touch};
 use rewrite::{Side, rewrite};
 
 pub use icmp_error::{icmp_error_reverse_nat, untranslate_icmp_error};
@@ -295,6 +296,24 @@ fn source_allowed(s: &mut LbScratch) -> bool {
         .is_none_or(|verdict| *verdict == SOURCE_RANGE_ALLOW)
 }
 
+/// Removes a finished flow's two entries, from its reply entry (`s.flow`, the reply key):
+/// the new connection on its tuple must meet neither.
+#[inline(always)]
+fn forget_flow(s: &mut LbScratch, reply: &CtValue) {
+    // The original key from what the reply entry keeps of it: the client's address and port
+    // (`nat_*`) to the service's.
+    let original = &mut s.reply;
+    copy_addr(&mut original.src, &reply.nat_addr);
+    copy_addr(&mut original.dst, &reply.addr);
+    original.src_port_be = reply.nat_port_be;
+    original.dst_port_be = reply.port_be;
+    original.protocol = s.flow.protocol;
+    original.direction = CT_ORIGINAL;
+    original._pad = [0; 2];
+    let _ = LB_CT.remove(&s.reply);
+    let _ = LB_CT.remove(&s.flow);
+}
+
 /// Gives a reply the service address and port its client sent to, if the flow is tracked.
 #[inline(always)]
 fn reverse_nat(ctx: &TcContext, parsed: &Parsed, s: &mut LbScratch) -> Stage {
@@ -319,6 +338,15 @@ fn reverse_nat_flow(
     let entry = unsafe { &mut *entry };
     let now = now();
     if expired(entry, s.flow.protocol, now) {
+        return Ok(0);
+    }
+    // A SYN-ACK on the tuple of a service flow whose backend has sent more than its own
+    // SYN-ACK (or has closed) answers a new connection the client made straight to the
+    // backend's address from the same port (one through the service would have renewed the
+    // entries with its SYN): the service flow is over, and this is not its reply.
+    if s.tcp_flags & TCP_SYN != 0 && entry.flags & (CT_ESTABLISHED | CT_CLOSING) != 0 {
+        cache::forget_reply(s);
+        forget_flow(s, entry);
         return Ok(0);
     }
     touch(entry, s.tcp_flags, now);

@@ -19,6 +19,9 @@ use dataplane_common::{
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
         MaglevTable, MemberKey, ServiceKey, ServiceValue, SourceRangeKey, XdpFlowCacheEntry,
+        socket::{
+            SOCK_LB_MAX_PODS, SOCK_REV_ENTRIES, SOCK_STAT_SLOTS, SockPod, SockRevKey, SockRevValue,
+        },
     },
     maps::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
@@ -335,3 +338,17 @@ pub static MCAST_GROUPS: HashMap<McastKey, McastGroup> = HashMap::pinned(MAX_GRO
 #[map(name = "DP_MCAST_REPORTS")]
 pub static MCAST_REPORTS: aya_ebpf::maps::RingBuf =
     aya_ebpf::maps::RingBuf::pinned(MCAST_REPORTS_BYTES, 0);
+
+/// The network namespaces (by cookie) of this node's pods, whose sockets the socket-level
+/// service translation serves.
+#[map(name = "DP_SOCK_LB_PODS")]
+pub static SOCK_LB_PODS: HashMap<u64, SockPod> = HashMap::pinned(SOCK_LB_MAX_PODS, 0);
+
+/// The service address each translated socket asked for, by socket and backend.
+#[map(name = "DP_SOCK_LB_REV")]
+pub static SOCK_LB_REV: LruHashMap<SockRevKey, SockRevValue> =
+    LruHashMap::pinned(SOCK_REV_ENTRIES, 0);
+
+/// Counters of the socket-level translation (`SOCK_STAT_*`).
+#[map(name = "DP_SOCK_LB_STATS")]
+pub static SOCK_LB_STATS: PerCpuArray<u64> = PerCpuArray::pinned(SOCK_STAT_SLOTS, 0);

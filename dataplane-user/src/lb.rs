@@ -27,6 +27,7 @@ mod host;
 mod maglev;
 mod ranges;
 mod snat;
+pub mod socket;
 mod state;
 mod sync;
 mod topology;

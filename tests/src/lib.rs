@@ -50,3 +50,15 @@ pub fn median(samples: &[f64]) -> f64 {
     sorted.sort_by(f64::total_cmp);
     sorted[sorted.len() / 2]
 }
+
+/// Whether `check` holds within ten seconds, tried every half second (agents see a rewritten
+/// manifest at their next sync).
+pub fn eventually(mut check: impl FnMut() -> bool) -> bool {
+    for _ in 0..20 {
+        if check() {
+            return true;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+    false
+}

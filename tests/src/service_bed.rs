@@ -216,3 +216,100 @@ pub fn probe_in(
         .map(str::to_owned)
         .collect())
 }
+
+/// `count` TCP connections (retried while the path is not yet there) and `count` requests
+/// from unconnected UDP sockets, from `netns` to ports 80 (TCP) and 53 (UDP) of
+/// `service_ip`; one line per answer: "tcp|udp <backend> <client seen> <peer>", the peer
+/// being the TCP socket's `getpeername` and the source `recvfrom` gave for UDP, as
+/// `address:port`.
+pub fn service_requests(netns: &str, service_ip: &str, count: usize) -> Vec<String> {
+    let family = if service_ip.contains(':') {
+        "AF_INET6"
+    } else {
+        "AF_INET"
+    };
+    let script = format!(
+        "import socket, time\n\
+         for i in range({count}):\n\
+         \x20   for _ in range(50):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection(('{service_ip}', 80), timeout=5); break\n\
+         \x20       except OSError: time.sleep(0.1)\n\
+         \x20   p = c.getpeername()\n\
+         \x20   print('tcp', c.recv(100).decode(), f'{{p[0]}}:{{p[1]}}'); c.close()\n\
+         for i in range({count}):\n\
+         \x20   u = socket.socket(socket.{family}, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         \x20   u.sendto(b'q', ('{service_ip}', 53)); d, a = u.recvfrom(100)\n\
+         \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
+    );
+    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
+    assert!(
+        out.status.success(),
+        "client in {netns}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+/// Checks every answer of [`service_requests`]: a backend of `backends`, the client address
+/// that backend must have seen (`seen_by(backend)`), the service's address and port as the
+/// peer. Returns the (protocol, backend) pairs reached.
+pub fn check_answers(
+    lines: &[String],
+    backends: &std::collections::BTreeSet<String>,
+    service_ip: &str,
+    seen_by: impl Fn(&str) -> String,
+) -> std::collections::BTreeSet<(String, String)> {
+    let mut reached = std::collections::BTreeSet::new();
+    for line in lines {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let [proto, backend, seen, peer] = fields[..] else {
+            panic!("answer {line:?}");
+        };
+        assert!(backends.contains(backend), "{line}");
+        assert_eq!(seen, seen_by(backend), "client address preserved: {line}");
+        let port = if proto == "tcp" { 80 } else { 53 };
+        assert_eq!(
+            peer,
+            format!("{service_ip}:{port}"),
+            "the service as the peer: {line}"
+        );
+        reached.insert((proto.to_owned(), backend.to_owned()));
+    }
+    reached
+}
+
+/// A dual-stack ClusterIP Service `name` (TCP 80 to 8080 `http`, UDP 53 to 5353 `dns`) at
+/// `ipv4` and `ipv6`, with an EndpointSlice per family listing `backends` (dual-stack pods).
+pub fn dual_stack_manifests(name: &str, ipv4: &str, ipv6: &str, backends: &[&Pod]) -> String {
+    let slice = |family: &str, addresses: Vec<String>| {
+        let endpoints: String = addresses
+            .iter()
+            .map(|a| format!("- addresses: [\"{a}\"]\n"))
+            .collect();
+        format!(
+            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
+             metadata: {{name: {name}-{family}, namespace: default, labels: {{kubernetes.io/service-name: {name}}}}}\n\
+             addressType: {family}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
+             - {{name: dns, port: 5353, protocol: UDP}}\nendpoints:\n{endpoints}"
+        )
+    };
+    format!(
+        "apiVersion: v1\nkind: Service\nmetadata: {{name: {name}, namespace: default}}\n\
+         spec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n\
+         \x20 clusterIPs: [{ipv4}, \"{ipv6}\"]\n  ports:\n\
+         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n\
+         \x20 - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n{}{}",
+        slice("IPv4", backends.iter().map(|p| p.ip.to_string()).collect()),
+        slice(
+            "IPv6",
+            backends
+                .iter()
+                .map(|p| p.ip6.expect("a dual-stack pod").to_string())
+                .collect()
+        ),
+    )
+}

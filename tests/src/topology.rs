@@ -632,6 +632,20 @@ impl Topology {
     }
 }
 
+/// The environment variable that runs the agents of the topology tests with
+/// `--socket-lb on` (the service tests' second pass); unset or `off`: per packet only.
+pub const SOCKET_LB_MODE: &str = "DATAPLANE_TEST_SOCKET_LB";
+
+/// `--socket-lb` as [`SOCKET_LB_MODE`] asks.
+pub fn socket_lb_mode() -> String {
+    std::env::var(SOCKET_LB_MODE).unwrap_or_else(|_| "off".to_owned())
+}
+
+/// Whether the agents translate services at the socket in this run ([`SOCKET_LB_MODE`]).
+pub fn socket_lb_on() -> bool {
+    socket_lb_mode() == "on"
+}
+
 /// The Kubernetes name of node `index`.
 pub fn node_name(index: usize) -> String {
     format!("node{index}")
@@ -743,6 +757,10 @@ impl Node {
         // the test says otherwise.
         if !extra.contains(&"--xdp-forward") {
             command.args(["--xdp-forward", "on"]);
+        }
+        // The service tests run once per translation mode: `SOCKET_LB_MODE` says which.
+        if !extra.contains(&"--socket-lb") {
+            command.args(["--socket-lb", &socket_lb_mode()]);
         }
         let from_api = extra.contains(&"--kubernetes");
         match &self.manifests {

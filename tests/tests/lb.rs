@@ -551,6 +551,76 @@ fn new_flows_take_the_maglev_choice_and_established_flows_keep_their_backend() {
 }
 
 #[test]
+fn a_direct_connection_reusing_a_closed_service_flows_ports_is_not_reverse_translated() {
+    if !privileged(
+        "a_direct_connection_reusing_a_closed_service_flows_ports_is_not_reverse_translated",
+    ) {
+        return;
+    }
+    let mut fixture = Fixture::load().expect("programs load");
+    let mut state = LbState::default();
+    let ports = vec![service("10.96.0.40", 80, 6, &["10.244.1.3:8080"], 0)];
+    fixture.sync_lb(&mut state, &ports).expect("sync");
+    let (client, backend, vip) = ("10.244.1.9", "10.244.1.3", "10.96.0.40");
+    let source = |frame: &[u8]| (frame[26..30].to_vec(), frame[34..36].to_vec());
+    let service_side = (vec![10, 96, 0, 40], 80u16.to_be_bytes().to_vec());
+    let backend_side = (vec![10, 244, 1, 3], 8080u16.to_be_bytes().to_vec());
+    // A connection through the service, answered, then ended by the client with a reset
+    // (as clients that skip TIME_WAIT do): the backend never closed its side.
+    let run = |fixture: &mut Fixture, frame: Vec<u8>| from_pod(fixture, &frame).expect("tc run");
+    run(&mut fixture, frame("tcp", client, 43000, vip, 80, "S"));
+    let answer = run(
+        &mut fixture,
+        frame("tcp", backend, 8080, client, 43000, "SA"),
+    );
+    assert_eq!(source(&answer.output), service_side);
+    run(&mut fixture, frame("tcp", client, 43000, vip, 80, "A"));
+    let data = run(
+        &mut fixture,
+        frame("tcp", backend, 8080, client, 43000, "PA"),
+    );
+    assert_eq!(source(&data.output), service_side);
+    run(&mut fixture, frame("tcp", client, 43000, vip, 80, "R"));
+    // The client then connects straight to the backend from the same port: its SYN is no
+    // service packet, and the backend's answer keeps the backend's address.
+    let direct = run(
+        &mut fixture,
+        frame("tcp", client, 43000, backend, 8080, "S"),
+    );
+    assert_eq!(&direct.output[30..34], &[10, 244, 1, 3]);
+    let answer = run(
+        &mut fixture,
+        frame("tcp", backend, 8080, client, 43000, "SA"),
+    );
+    assert_eq!(
+        source(&answer.output),
+        backend_side,
+        "not the service's reply"
+    );
+    assert!(checksums_ok(&answer.output));
+    // The service flow is over: both its entries are gone, and the direct connection's
+    // later segments keep the backend's address too.
+    for key in [
+        ct_key(backend, 8080, client, 43000, 6, CT_REPLY),
+        ct_key(client, 43000, vip, 80, 6, CT_ORIGINAL),
+    ] {
+        assert_eq!(ct_entry(&mut fixture, &key), None, "{key:?}");
+    }
+    let data = run(
+        &mut fixture,
+        frame("tcp", backend, 8080, client, 43000, "PA"),
+    );
+    assert_eq!(source(&data.output), backend_side);
+    // A new connection through the service on those ports renews the flow: translated again.
+    run(&mut fixture, frame("tcp", client, 43000, vip, 80, "S"));
+    let answer = run(
+        &mut fixture,
+        frame("tcp", backend, 8080, client, 43000, "SA"),
+    );
+    assert_eq!(source(&answer.output), service_side);
+}
+
+#[test]
 fn a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered() {
     if !privileged("a_removed_backend_resets_tcp_moves_udp_and_no_endpoint_is_answered") {
         return;

@@ -9,9 +9,13 @@ use std::collections::BTreeSet;
 
 use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
+    eventually,
     privileged::privileged,
-    service_bed::{Server, ServicePort, cluster_ip_manifests, echo_backend, tcp_answers},
-    topology::{Mode, Pod, Topology, exec_in, run_in},
+    service_bed::{
+        Server, ServicePort, check_answers, cluster_ip_manifests, dual_stack_manifests,
+        echo_backend, service_requests, tcp_answers,
+    },
+    topology::{Mode, Pod, Topology, exec_in, run_in, socket_lb_on},
 };
 
 const SERVICE_IP: &str = "10.96.0.10";
@@ -49,65 +53,7 @@ fn requests_to(client: &Pod, service_ip: &str, count: usize) -> Vec<String> {
 
 /// As [`requests_to`], from any namespace (a node's own, say).
 fn requests_from(netns: &str, service_ip: &str, count: usize) -> Vec<String> {
-    let family = if service_ip.contains(':') {
-        "AF_INET6"
-    } else {
-        "AF_INET"
-    };
-    let script = format!(
-        "import socket, time\n\
-         for i in range({count}):\n\
-         \x20   for _ in range(50):\n\
-         \x20       try:\n\
-         \x20           c = socket.create_connection(('{service_ip}', 80), timeout=5); break\n\
-         \x20       except OSError: time.sleep(0.1)\n\
-         \x20   print('tcp', c.recv(100).decode(), c.getpeername()[0]); c.close()\n\
-         for i in range({count}):\n\
-         \x20   u = socket.socket(socket.{family}, socket.SOCK_DGRAM); u.settimeout(5)\n\
-         \x20   u.sendto(b'q', ('{service_ip}', 53)); d, a = u.recvfrom(100)\n\
-         \x20   print('udp', d.decode(), f'{{a[0]}}:{{a[1]}}'); u.close()\n"
-    );
-    let out = exec_in(netns, &["python3", "-c", &script]).expect("client");
-    assert!(
-        out.status.success(),
-        "client in {netns}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .map(str::to_owned)
-        .collect()
-}
-
-/// Checks every "<tcp|udp> <backend> <client seen> <reply source>" answer: a known backend,
-/// the client address that backend must have seen (`seen_by(backend)`), replies from the
-/// service address. Returns the (protocol, backend) pairs reached.
-fn check_answers(
-    lines: &[String],
-    backend_ips: &BTreeSet<String>,
-    service_ip: &str,
-    seen_by: impl Fn(&str) -> String,
-) -> BTreeSet<(String, String)> {
-    let mut reached = BTreeSet::new();
-    for line in lines {
-        let fields: Vec<&str> = line.split_whitespace().collect();
-        let [proto, backend, seen, source] = fields[..] else {
-            panic!("answer {line:?}");
-        };
-        assert!(backend_ips.contains(backend), "{line}");
-        assert_eq!(seen, seen_by(backend), "client address preserved: {line}");
-        let expected_source = if proto == "tcp" {
-            service_ip.to_owned()
-        } else {
-            format!("{service_ip}:53")
-        };
-        assert_eq!(
-            source, expected_source,
-            "replies come from the service: {line}"
-        );
-        reached.insert((proto.to_owned(), backend.to_owned()));
-    }
-    reached
+    service_requests(netns, service_ip, count)
 }
 
 #[test]
@@ -140,7 +86,8 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
         let lines = client_requests(client, 16);
         assert_eq!(lines.len(), 32, "{lines:?}");
         let reached = check_answers(&lines, &backend_ips, SERVICE_IP, |backend| {
-            if backend == client.ip.to_string() {
+            // At the socket, a backend that picks itself simply talks to itself.
+            if backend == client.ip.to_string() && !socket_lb_on() {
                 "169.254.0.5".to_owned()
             } else {
                 client.ip.to_string()
@@ -151,9 +98,20 @@ fn cluster_ip_with_backends_on_two_nodes_serves_tcp_and_udp_clients_on_both() {
     }
     for agent in [&agent0, &agent1] {
         let counters = agent.counters().expect("counters");
-        assert!(counters.packets(Hook::FromPod, PacketClass::ServiceDnat) >= 32);
-        assert!(counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat) > 0);
-        assert!(counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat) > 0);
+        if socket_lb_on() {
+            // Each connection and datagram given its backend once, at the socket.
+            assert!(counters.socket("connect") >= 16, "{counters:?}");
+            assert!(counters.socket("sendmsg") >= 16, "{counters:?}");
+            assert_eq!(
+                counters.packets(Hook::FromPod, PacketClass::ServiceDnat),
+                0,
+                "{counters:?}"
+            );
+        } else {
+            assert!(counters.packets(Hook::FromPod, PacketClass::ServiceDnat) >= 32);
+            assert!(counters.packets(Hook::FromPod, PacketClass::ServiceReverseNat) > 0);
+            assert!(counters.packets(Hook::UnderlayTc, PacketClass::ServiceReverseNat) > 0);
+        }
     }
     drop(servers);
 }
@@ -306,33 +264,7 @@ fn a_dual_stack_service_serves_ipv6_clients_on_both_nodes() {
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let slice = |family: &str, addresses: Vec<String>| {
-        let endpoints: String = addresses
-            .iter()
-            .map(|a| format!("- addresses: [\"{a}\"]\n"))
-            .collect();
-        format!(
-            "---\napiVersion: discovery.k8s.io/v1\nkind: EndpointSlice\n\
-             metadata: {{name: web6-{family}, namespace: default, labels: {{kubernetes.io/service-name: web6}}}}\n\
-             addressType: {family}\nports:\n- {{name: http, port: 8080, protocol: TCP}}\n\
-             - {{name: dns, port: 5353, protocol: UDP}}\nendpoints:\n{endpoints}"
-        )
-    };
-    let manifests = format!(
-        "apiVersion: v1\nkind: Service\nmetadata: {{name: web6, namespace: default}}\n\
-         spec:\n  ipFamilyPolicy: RequireDualStack\n  ipFamilies: [IPv4, IPv6]\n\
-         \x20 clusterIPs: [10.96.0.30, \"{SERVICE_IP6}\"]\n  ports:\n\
-         \x20 - {{name: http, port: 80, protocol: TCP, targetPort: 8080}}\n\
-         \x20 - {{name: dns, port: 53, protocol: UDP, targetPort: 5353}}\n{}{}",
-        slice("IPv4", backends.iter().map(|p| p.ip.to_string()).collect()),
-        slice(
-            "IPv6",
-            backends
-                .iter()
-                .map(|p| p.ip6.expect("ip6").to_string())
-                .collect()
-        ),
-    );
+    let manifests = dual_stack_manifests("web6", "10.96.0.30", SERVICE_IP6, &backends);
     topology
         .add_manifest("web6.yaml", &manifests)
         .expect("manifests");
@@ -400,7 +332,11 @@ fn offloaded_checksums_stay_seeds_of_the_translated_addresses_on_the_flow_cache(
             &cluster_ip_manifests("dns", SERVICE_IP, &[port], &[backend]),
         )
         .expect("service manifests");
-    let agent = topology.node(0).start_agent().expect("agent");
+    // A property of the per-packet translation, in either mode of the run.
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "off"])
+        .expect("agent");
     let fields = [
         "ip.src",
         "ip.dst",
@@ -466,18 +402,6 @@ fn try_connect(netns: &str, address: &str, port: u16) -> String {
     );
     let out = exec_in(netns, &["python3", "-c", &script]).expect("probe");
     String::from_utf8_lossy(&out.stdout).trim().to_owned()
-}
-
-/// Whether `check` holds within ten seconds (the agents see a rewritten manifest at their
-/// next sync).
-fn eventually(mut check: impl FnMut() -> bool) -> bool {
-    for _ in 0..20 {
-        if check() {
-            return true;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(500));
-    }
-    false
 }
 
 #[test]

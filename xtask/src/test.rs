@@ -43,31 +43,57 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let not_run = std::env::temp_dir().join(format!("dataplane-not-run-{}", std::process::id()));
     let _ = std::fs::remove_file(&not_run);
     test.env(NOT_RUN_LOG, &not_run);
-    let result = run_and_total(&mut test, &not_run);
+    // The service tests again with the agents translating at the socket (`--socket-lb on`):
+    // every Service behaviour must hold in both modes.
+    let mut socket_pass = crate::cargo();
+    socket_pass
+        .args([
+            "test",
+            "--package",
+            "dataplane-tests",
+            "--test",
+            "lb_topology",
+        ])
+        .env(SOCKET_LB_MODE, "on")
+        .env(NOT_RUN_LOG, &not_run);
+    if let Some(filter) = &args.filter {
+        socket_pass.args(["--", filter]);
+    }
+    let result = run_and_total(&mut [test, socket_pass], &not_run);
     let _ = std::fs::remove_file(&not_run);
     result
 }
 
 /// The variable the tests' `privileged` gate reads (tests/src/privileged.rs `NOT_RUN_LOG`).
 const NOT_RUN_LOG: &str = "DATAPLANE_NOT_RUN_LOG";
+/// The variable that runs the topology tests' agents with `--socket-lb on`
+/// (tests/src/topology.rs `SOCKET_LB_MODE`).
+const SOCKET_LB_MODE: &str = "DATAPLANE_TEST_SOCKET_LB";
 
-/// Runs cargo test, passing its output through, and closes with one line totalling every test
-/// binary's result, so a reader (or CI) sees the whole count rather than the last binary's,
-/// and how many privileged tests returned without running (named in `not_run`).
-fn run_and_total(command: &mut Command, not_run: &std::path::Path) -> anyhow::Result<()> {
-    eprintln!("+ {}", crate::describe(command));
-    let mut child = command
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting cargo test")?;
-    let stdout = child.stdout.take().context("cargo test stdout")?;
+/// Runs each cargo test command in turn, passing its output through, and closes with one
+/// line totalling every test binary's result, so a reader (or CI) sees the whole count rather
+/// than the last binary's, and how many privileged tests returned without running (named in
+/// `not_run`). A failing command fails the run, after the others have run.
+fn run_and_total(commands: &mut [Command], not_run: &std::path::Path) -> anyhow::Result<()> {
     let mut totals = Totals::default();
-    for line in BufReader::new(stdout).lines() {
-        let line = line.context("reading cargo test output")?;
-        println!("{line}");
-        totals.add(&line);
+    let mut failed = Vec::new();
+    for command in commands.iter_mut() {
+        eprintln!("+ {}", crate::describe(command));
+        let mut child = command
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("starting cargo test")?;
+        let stdout = child.stdout.take().context("cargo test stdout")?;
+        for line in BufReader::new(stdout).lines() {
+            let line = line.context("reading cargo test output")?;
+            println!("{line}");
+            totals.add(&line);
+        }
+        let status = child.wait().context("waiting for cargo test")?;
+        if !status.success() {
+            failed.push(status);
+        }
     }
-    let status = child.wait().context("waiting for cargo test")?;
     let not_run: Vec<String> = std::fs::read_to_string(not_run)
         .unwrap_or_default()
         .lines()
@@ -77,7 +103,7 @@ fn run_and_total(command: &mut Command, not_run: &std::path::Path) -> anyhow::Re
         println!("not run (needs root): {test}");
     }
     println!("{}", totals.closing_line(not_run.len() as u64));
-    if !status.success() {
+    if let Some(status) = failed.first() {
         bail!("cargo test failed: {status}");
     }
     if totals.passed <= not_run.len() as u64 {

@@ -43,7 +43,7 @@ use crate::{
     overlay,
     parse::{IPPROTO_TCP, IPPROTO_UDP, read, read_addresses},
     port,
-    work::Parsed,
+    work::{LbScratch, Parsed},
 };
 
 /// Translates and delivers a TCP or UDP packet as the cache says, if it holds a valid entry
@@ -161,6 +161,24 @@ fn replay_flow(
     let pod = entry.pod;
     translate(ctx, l4, protocol, s, side)?;
     Ok(Some((overlay::to_local_pod(ctx, &pod), side)))
+}
+
+/// Drops this CPU's cached translation of the reply flow `s.flow` (its tuple as it leaves
+/// the backend), if it holds one: a new connection on that tuple must take the full path.
+/// (Another CPU's entry lasts at most to the end of its clock second.)
+#[inline(always)]
+pub fn forget_reply(s: &mut LbScratch) {
+    let direction = s.flow.direction;
+    s.flow.direction = 0;
+    if let Some(entry) = LB_FLOW_CACHE.get_ptr_mut(flow_cache_slot(&s.flow)) {
+        // SAFETY: this CPU's own slot of a per-CPU array.
+        unsafe {
+            if same_flow(&(*entry).flow, &s.flow) {
+                (*entry).until = 0;
+            }
+        }
+    }
+    s.flow.direction = direction;
 }
 
 /// A replayed packet's verdict and translation, or the reason to drop it (partly rewritten).

@@ -23,6 +23,7 @@ use dataplane_common::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
         CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT,
         SCOPE_NODEPORT_FROM_POD, ServiceKey, ServiceValue,
+        socket::{SockPod, SockRevKey, SockRevValue},
     },
     maps,
     multicast::{MAX_LOCAL_MEMBERS, MAX_REMOTE_MEMBERS, McastGroup, McastKey},
@@ -68,6 +69,10 @@ pub enum Table {
     /// Local pods by host-side veth: their addresses, the packets dropped at their veth and
     /// the service flows they opened (summed over CPUs), most drops first: which pod floods.
     Pods,
+    /// Service translation at the socket (`--socket-lb on`): the pods served (by network
+    /// namespace cookie) and each socket given a backend there: the backend it talks to and
+    /// the service address `getpeername` and `recvmsg` give back.
+    Sockets,
 }
 
 /// A decoded table: column names and rows of cells.
@@ -414,9 +419,59 @@ pub fn read(
             vec!["WHAT", "WHO", "DETAIL", "STATE", "DECIDED_BY"],
             policy_rows(pins, rules)?,
         ),
+        Table::Sockets => (
+            vec!["KIND", "NETNS", "POD_VETH", "SOCKET", "BACKEND", "SERVICE"],
+            socket_rows(pins)?,
+        ),
     };
     rows.sort();
     Ok(Rows { columns, rows })
+}
+
+/// The socket-level translation's pods and sockets as rows: KIND, NETNS, POD_VETH, SOCKET,
+/// BACKEND, SERVICE.
+fn socket_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
+    if !pins.map(maps::SOCK_LB_PODS).exists() {
+        return Ok(Vec::new());
+    }
+    let pods: BTreeMap<u64, SockPod> = hash::<u64, SockPod>(pins, maps::SOCK_LB_PODS, false)?
+        .into_iter()
+        .collect();
+    let veth = |ifindex: u32| {
+        crate::kernel::preflight::interface_name(ifindex)
+            .map_or_else(|| ifindex.to_string(), |name| format!("{name} ({ifindex})"))
+    };
+    let mut rows: Vec<Vec<Cell>> = pods
+        .iter()
+        .map(|(netns, pod)| {
+            vec![
+                "pod".into(),
+                Cell::Number(*netns),
+                veth(pod.ifindex).into(),
+                "-".into(),
+                "-".into(),
+                "-".into(),
+            ]
+        })
+        .collect();
+    for (key, value) in hash::<SockRevKey, SockRevValue>(pins, maps::SOCK_LB_REV, true)? {
+        rows.push(vec![
+            "socket".into(),
+            Cell::Number(value.netns),
+            pods.get(&value.netns)
+                .map_or_else(|| "-".to_owned(), |pod| veth(pod.ifindex))
+                .into(),
+            Cell::Number(key.cookie),
+            format!(
+                "{} (id {})",
+                endpoint(&key.addr, key.port_be),
+                value.backend_id
+            )
+            .into(),
+            endpoint(&value.addr, value.port_be).into(),
+        ]);
+    }
+    Ok(rows)
 }
 
 /// The hybrid overlay's settings and nodes as rows: KIND, ADDRESS, WHERE.

@@ -363,6 +363,12 @@ pub fn render(report: &StatusReport) -> String {
         for d in &counters.drops {
             let _ = writeln!(out, "  {:<26} {:>10}  {}", d.reason, d.count, d.description);
         }
+        if !counters.socket.is_empty() {
+            let _ = writeln!(out, "\nsocket-level service translation:");
+            for c in &counters.socket {
+                let _ = writeln!(out, "  {:<26} {:>10}", c.event, c.count);
+            }
+        }
     }
     out
 }
@@ -370,7 +376,10 @@ pub fn render(report: &StatusReport) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{kernel::attach::Attachment, kernel::stats::DropCount};
+    use crate::{
+        kernel::attach::Attachment,
+        kernel::stats::{DropCount, SocketCount},
+    };
 
     #[test]
     fn render_shows_attachments_maps_and_drops() {
@@ -434,6 +443,10 @@ mod tests {
                     description: "IPv4 IHL below 5 words",
                     count: 3,
                 }],
+                socket: vec![SocketCount {
+                    event: "connect",
+                    count: 12,
+                }],
             }),
             cni_pods: vec![CniPod {
                 pod: "web/server".into(),
@@ -470,6 +483,12 @@ mod tests {
         );
         assert!(
             text.contains("ipv4_bad_ihl") && text.contains(" 3 "),
+            "{text}"
+        );
+        assert!(
+            text.contains(
+                "socket-level service translation:\n  connect                            12"
+            ),
             "{text}"
         );
         assert!(

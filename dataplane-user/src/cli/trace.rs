@@ -100,6 +100,10 @@ const NOT_COPIED: &[&str] = &[
     maps::META,
     maps::ACL_EVENTS,
     maps::ACL_DNS,
+    // The socket-level translation's: no packet program reads them.
+    maps::SOCK_LB_PODS,
+    maps::SOCK_LB_REV,
+    maps::SOCK_LB_STATS,
 ];
 
 /// Runs `packet` through copies of the programs and maps pinned under `live`; `rules` (what

@@ -295,21 +295,9 @@ where
     Fut: Future<Output = Result<T, WireError>>,
 {
     let run = move || -> Result<T, WireError> {
+        // The socket is made on this thread, so it belongs to the namespace the thread is in.
         let failed = |detail: String| netlink_failed("netlink", "connect", detail);
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(|e| failed(e.to_string()))?;
-        runtime.block_on(async {
-            // The socket is made here, so it belongs to the namespace this thread is in.
-            let (connection, handle, _) =
-                rtnetlink::new_connection().map_err(|e| failed(e.to_string()))?;
-            let connection = tokio::spawn(connection);
-            let done = tokio::time::timeout(NETLINK_DEADLINE, work(handle)).await;
-            connection.abort();
-            done.map_err(|_| failed(format!("no answer within {NETLINK_DEADLINE:?}")))?
-        })
+        crate::kernel::netns::with_netlink(NETLINK_DEADLINE, failed, work)
     };
     match netns {
         Some(netns) => in_netns(netns, run),
@@ -578,24 +566,11 @@ pub(crate) fn in_netns<T: Send>(
     netns: &File,
     work: impl FnOnce() -> Result<T, WireError> + Send,
 ) -> Result<T, WireError> {
-    std::thread::scope(|scope| {
-        scope
-            .spawn(|| {
-                // SAFETY: setns on this thread with a namespace file descriptor held open.
-                if unsafe { libc::setns(netns.as_raw_fd(), libc::CLONE_NEWNET) } != 0 {
-                    return Err(WireError::Netns {
-                        path: PathBuf::from("(entering)"),
-                        source: std::io::Error::last_os_error(),
-                    });
-                }
-                work()
-            })
-            .join()
-            .unwrap_or_else(|_| {
-                Err(WireError::Mismatch(
-                    "the namespace thread panicked".to_owned(),
-                ))
-            })
+    crate::kernel::netns::in_netns(netns, work).unwrap_or_else(|source| {
+        Err(WireError::Netns {
+            path: PathBuf::from("(entering)"),
+            source,
+        })
     })
 }
 

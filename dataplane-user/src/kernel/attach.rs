@@ -16,14 +16,14 @@
 use std::path::Path;
 
 use aya::programs::{
-    ProgramError, TcAttachType, XdpMode,
+    CgroupAttachMode, CgroupSockAddr, ProgramError, TcAttachType, XdpMode,
     links::{FdLink, LinkError, PinnedLink},
     tc::{self, NlOptions, SchedClassifierLink, TcAttachOptions, TcError},
     xdp::XdpLink,
 };
 use dataplane_common::{
     Hook,
-    maps::{PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
+    maps::{PROG_FROM_POD, PROG_TO_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC, SOCK_PROGRAMS},
 };
 use serde::{Deserialize, Serialize};
 
@@ -262,6 +262,64 @@ impl Dataplane {
         )
     }
 
+    /// Attaches the socket-level service translation's programs to the cgroup v2 directory
+    /// `cgroup` (the node's root: every socket of the node passes them; each program serves
+    /// only the namespaces of this node's pods), beside any others there. Each link is
+    /// pinned (`<program>@cgroup`), so the programs stay while no agent runs; a previous
+    /// agent's links are released once this agent's are in place (for that moment both
+    /// run, and the second finds the address already translated).
+    pub fn attach_socket_lb(&mut self, cgroup: &Path) -> Result<Vec<Attachment>, AgentError> {
+        let place = cgroup.display().to_string();
+        let dir = std::fs::File::open(cgroup).map_err(|source| AgentError::Io {
+            action: "opening the cgroup for the socket-level programs",
+            path: cgroup.to_owned(),
+            source,
+        })?;
+        let mut attachments = Vec::new();
+        for &name in SOCK_PROGRAMS {
+            let attach_error =
+                |step, e: Box<dyn std::error::Error + Send + Sync>| AgentError::Attach {
+                    program: name,
+                    interface: place.clone(),
+                    attempts: vec![AttachAttempt { step, error: e }],
+                };
+            let program: &mut CgroupSockAddr = self
+                .ebpf_mut()
+                .program_mut(name)
+                .and_then(|p| p.try_into().ok())
+                .ok_or(AgentError::MissingProgram { name })?;
+            // A bpf link (what aya makes on Linux 5.7+) always sits beside the cgroup's other
+            // programs; the kernel refuses any mode flag with one (EINVAL), so none is given.
+            let id = program
+                .attach(&dir, CgroupAttachMode::Single)
+                .map_err(|e| attach_error("cgroup attach", e.into()))?;
+            let link = program
+                .take_link(id)
+                .map_err(|e| attach_error("taking its link", e.into()))?;
+            let pin = self.pins().link(&socket_link_name(name));
+            remove_pin(&pin);
+            pin_link(FdLink::try_from(link), &pin, name, &place)?;
+            attachments.push(Attachment {
+                interface: place.clone(),
+                ifindex: 0,
+                program: name.into(),
+                hook: SOCKET_HOOK.into(),
+                mode: "cgroup".into(),
+                why: None,
+            });
+        }
+        tracing::info!(cgroup = %place, "attached the socket-level service translation");
+        Ok(attachments)
+    }
+
+    /// Releases the socket-level programs' pinned links (`--socket-lb off`): once the agent
+    /// that attached them is gone too, the kernel detaches them.
+    pub fn detach_socket_lb(&self) {
+        for &name in SOCK_PROGRAMS {
+            remove_pin(&self.pins().link(&socket_link_name(name)));
+        }
+    }
+
     /// Removes the pinned links of interfaces that no longer exist (deleted pods' veths): the
     /// kernel already detached them, only the pins are left.
     pub fn unpin_vanished_links(&self) {
@@ -341,6 +399,14 @@ impl Dataplane {
             }
         }
     }
+}
+
+/// The hook name `status` gives the socket-level programs.
+pub const SOCKET_HOOK: &str = "socket";
+
+/// The pin of a socket-level program's cgroup link.
+fn socket_link_name(program: &str) -> String {
+    format!("{program}@cgroup")
 }
 
 /// One pinned link, from its file name `<program>@<ifindex>[@<xdp mode>]`.

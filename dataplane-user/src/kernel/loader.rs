@@ -192,6 +192,7 @@ impl Dataplane {
             let loaded = match self.ebpf.program_mut(name) {
                 Some(Program::Xdp(program)) => program.load(),
                 Some(Program::SchedClassifier(program)) => program.load(),
+                Some(Program::CgroupSockAddr(program)) => program.load(),
                 _ => return Err(AgentError::MissingProgram { name }),
             };
             match loaded {

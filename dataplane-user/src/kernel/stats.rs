@@ -3,7 +3,8 @@
 use aya::maps::{Map, MapData, PerCpuArray};
 use dataplane_common::{
     DropReason, Hook, PacketClass,
-    maps::{DROPS, PACKETS},
+    lb::socket::SOCK_STAT_NAMES,
+    maps::{DROPS, PACKETS, SOCK_LB_STATS},
     stats::counter_index,
 };
 use serde::Serialize;
@@ -17,6 +18,18 @@ pub struct Counters {
     pub packets: Vec<PacketCount>,
     /// Drops by reason (zero rows left out).
     pub drops: Vec<DropCount>,
+    /// What the socket-level service translation did (`--socket-lb`; zero rows left out).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub socket: Vec<SocketCount>,
+}
+
+/// One counter of the socket-level translation: `connect` and `sendmsg` (calls given a
+/// backend), `refused` (a service without endpoints), `reversed` (a service address given
+/// back to `getpeername`/`recvmsg`), `passed` (left to the per-packet path).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SocketCount {
+    pub event: &'static str,
+    pub count: u64,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -41,6 +54,14 @@ impl Counters {
             .iter()
             .find(|p| p.hook == hook.name() && p.class == class.name())
             .map_or(0, |p| p.count)
+    }
+
+    /// The socket-level counter `event` (a name of `SOCK_STAT_NAMES`).
+    pub fn socket(&self, event: &str) -> u64 {
+        self.socket
+            .iter()
+            .find(|c| c.event == event)
+            .map_or(0, |c| c.count)
     }
 
     /// Packets dropped for `reason`, at any hook.
@@ -78,6 +99,16 @@ pub fn read(pins: &Pins) -> Result<Counters, AgentError> {
                 description: reason.description(),
                 count,
             });
+        }
+    }
+    // Pins of an agent that predates the socket-level programs have no such map.
+    if pins.map(SOCK_LB_STATS).exists() {
+        let socket = open_counter_map(pins, SOCK_LB_STATS)?;
+        for (slot, &event) in SOCK_STAT_NAMES.iter().enumerate() {
+            let count = sum(&socket, slot as u32, SOCK_LB_STATS)?;
+            if count > 0 {
+                counters.socket.push(SocketCount { event, count });
+            }
         }
     }
     Ok(counters)

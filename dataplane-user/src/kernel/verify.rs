@@ -105,6 +105,7 @@ fn verified_counts(pins: &Pins) -> Result<HashMap<&'static str, u32>, VerifyErro
         let info = match dataplane.ebpf().program(name) {
             Some(Program::Xdp(p)) => p.info(),
             Some(Program::SchedClassifier(p)) => p.info(),
+            Some(Program::CgroupSockAddr(p)) => p.info(),
             _ => return Err(AgentError::MissingProgram { name }.into()),
         }
         .map_err(|source| VerifyError::Info { name, source })?;

@@ -266,6 +266,11 @@ impl LbState {
             .collect();
     }
 
+    /// The ids of the backends in the maps (serving a service port, ready or terminating).
+    pub fn backend_ids_in_use(&self) -> HashSet<u32> {
+        self.backend_ids.values().copied().collect()
+    }
+
     /// The id of the backend `backend` in the maps, if this agent wrote it.
     pub fn id_of(&self, backend: BackendAddr) -> Option<u32> {
         self.backend_ids.get(&backend).copied()

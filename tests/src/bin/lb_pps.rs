@@ -30,7 +30,10 @@
 //!
 //! Request/response over TCP, as users of a service feel it (`tcp_rr`): one-byte round trips
 //! over one connection (TCP_RR) and whole short connections (TCP_CRR), through the ClusterIP
-//! and through the NodePort, ours against the same nftables paths.
+//! and through the NodePort, ours against the same nftables paths. The ClusterIP's runs four
+//! ways: ours per packet, ours at the socket (`--socket-lb on`), straight to a backend's pod
+//! address (nothing to translate: the floor a socket-level translation should reach), and
+//! nftables; each with the machine's busy CPU time per transaction beside its rate.
 //! A benchmark: it reports, it does not pass or fail.
 
 use std::{collections::BTreeMap, process::Command};
@@ -131,8 +134,9 @@ struct Report {
     socket: Comparison,
     /// Sender: prebuilt frames written to the client pod's interface.
     raw_frames: Comparison,
-    /// TCP request/response through the ClusterIP (nftables: kube-proxy's rules).
-    cluster_ip_tcp: TcpComparison,
+    /// TCP request/response through the ClusterIP: ours per packet and at the socket, to a
+    /// backend's own address, and nftables (kube-proxy's rules).
+    cluster_ip_tcp: ClusterIpTcp,
     /// An external host to a NodePort whose backend is on another node.
     #[serde(flatten)]
     node_port: NodePortFabrics,
@@ -357,6 +361,95 @@ impl Comparison {
                 "    floor cost beyond the sender: {:.0} ns; the best path ratio any tc dataplane \
                  could reach here: {:.2}",
                 self.floor_path_ns, self.floor_path_ratio
+            );
+        }
+    }
+}
+
+/// One path's TCP request/response runs, with the machine's busy CPU time per transaction
+/// (client, path and server together: the paths differ only in the path).
+#[derive(Default, Serialize)]
+struct TcpPath {
+    rr: Vec<Transactions>,
+    crr: Vec<Transactions>,
+    rr_cpu_us: Vec<f64>,
+    crr_cpu_us: Vec<f64>,
+}
+
+impl TcpPath {
+    /// One round of both kinds from `netns` to `target`.
+    fn measure(&mut self, netns: &str, target: &str, seconds: u64) -> anyhow::Result<()> {
+        for (kind, runs, cpu) in [
+            (Kind::RoundTrips, &mut self.rr, &mut self.rr_cpu_us),
+            (Kind::Connections, &mut self.crr, &mut self.crr_cpu_us),
+        ] {
+            let ticks = CpuTicks::read()?;
+            let run = request_response::measure(netns, kind, target, seconds)?;
+            let busy = ticks.busy_cpus_until(CpuTicks::read()?);
+            cpu.push(busy / run.per_second.max(1.0) * 1e6);
+            runs.push(run);
+        }
+        Ok(())
+    }
+
+    fn runs(&self, kind: Kind) -> (&[Transactions], &[f64]) {
+        match kind {
+            Kind::RoundTrips => (&self.rr, &self.rr_cpu_us),
+            Kind::Connections => (&self.crr, &self.crr_cpu_us),
+        }
+    }
+
+    /// Median rate of `kind`.
+    fn rate(&self, kind: Kind) -> f64 {
+        median_of(self.runs(kind).0, |r| r.per_second)
+    }
+
+    /// Median busy CPU microseconds per transaction of `kind`.
+    fn cpu_us(&self, kind: Kind) -> f64 {
+        median(self.runs(kind).1)
+    }
+}
+
+/// Request/response through the ClusterIP four ways, round by round.
+#[derive(Default, Serialize)]
+struct ClusterIpTcp {
+    /// Ours, translated per packet in tc.
+    per_packet: TcpPath,
+    /// Ours, translated at the socket (`--socket-lb on`).
+    socket: TcpPath,
+    /// To a backend's own pod address, ours running: nothing to translate, the floor.
+    pod_address: TcpPath,
+    /// kube-proxy's nftables rules.
+    nftables: TcpPath,
+}
+
+impl ClusterIpTcp {
+    fn print(&self) {
+        for (kind, title) in [
+            (Kind::RoundTrips, "round trips over one connection (TCP_RR)"),
+            (
+                Kind::Connections,
+                "connections, one round trip each (TCP_CRR)",
+            ),
+        ] {
+            println!("    {title}:");
+            for (name, path) in [
+                ("ours, per packet (tc DNAT)", &self.per_packet),
+                ("ours, at the socket (--socket-lb on)", &self.socket),
+                ("to the backend's pod address", &self.pod_address),
+                ("kube-proxy nftables mode", &self.nftables),
+            ] {
+                println!(
+                    "      {name}: {}; {:.1} CPU us a transaction",
+                    request_response::summary(path.runs(kind).0),
+                    path.cpu_us(kind)
+                );
+            }
+            println!(
+                "      rate at the socket / to the pod address: {:.2}; per packet / nftables:                  {:.2}; CPU a transaction, nftables / at the socket: {:.2}",
+                self.socket.rate(kind) / self.pod_address.rate(kind),
+                self.per_packet.rate(kind) / self.nftables.rate(kind),
+                self.nftables.cpu_us(kind) / self.socket.cpu_us(kind)
             );
         }
     }
@@ -763,16 +856,30 @@ fn main() -> anyhow::Result<()> {
         .map(|pod| Server::start(&pod.netns, RR_TARGET))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let rr_target = format!("{SERVICE_IP}:{RR_PORT}");
-    let mut cluster_ip_tcp = TcpComparison::default();
+    let pod_target = format!("{}:{RR_TARGET}", backends[0].ip);
+    let mut cluster_ip_tcp = ClusterIpTcp::default();
     for _ in 0..args.rounds {
-        let ours = {
-            let _agent = node.start_agent()?;
-            TcpComparison::measure(&client.netns, &rr_target, args.seconds)?
-        };
+        {
+            let _agent = node.start_agent_with(&["--socket-lb", "off"])?;
+            cluster_ip_tcp
+                .per_packet
+                .measure(&client.netns, &rr_target, args.seconds)?;
+            cluster_ip_tcp
+                .pod_address
+                .measure(&client.netns, &pod_target, args.seconds)?;
+        }
+        {
+            let _agent = node.start_agent_with(&["--socket-lb", "on"])?;
+            cluster_ip_tcp
+                .socket
+                .measure(&client.netns, &rr_target, args.seconds)?;
+        }
         run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
-        let theirs = TcpComparison::measure(&client.netns, &rr_target, args.seconds);
+        let theirs = cluster_ip_tcp
+            .nftables
+            .measure(&client.netns, &rr_target, args.seconds);
         sh_in(&node.netns, "nft delete table ip kube-proxy")?;
-        cluster_ip_tcp.push(ours, theirs?);
+        theirs?;
     }
     let tc_program_ns = {
         let agent = node.start_agent()?;
@@ -829,9 +936,7 @@ fn main() -> anyhow::Result<()> {
         report.tc_program_ns
     );
     println!("  TCP request/response from the client pod to the ClusterIP's TCP port:");
-    report
-        .cluster_ip_tcp
-        .print(cluster_ip.0, "kube-proxy nftables mode");
+    report.cluster_ip_tcp.print();
     report.node_port.print(&args);
     Ok(())
 }

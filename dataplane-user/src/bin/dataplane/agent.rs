@@ -33,6 +33,7 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::XdpForward;
 use crate::cluster::{Cluster, Source, warn_unrestricted};
+use dataplane_user::changes::Stage;
 
 pub(super) enum SourceArg {
     Manifests(PathBuf),
@@ -60,6 +61,8 @@ pub(super) struct RunArgs {
     pub(super) cni_conf_dir: Option<PathBuf>,
     pub(super) egress_router_reservations:
         Vec<dataplane_user::egressrouter::reservations::Reservation>,
+    pub(super) socket_lb: lb::socket::SocketLb,
+    pub(super) socket_lb_cgroup: Option<PathBuf>,
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
     pub(super) look_every: std::time::Duration,
@@ -197,6 +200,7 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
             nodeport_written: None,
             router_reservations: args.egress_router_reservations.clone(),
             reservations_written: None,
+            socket_scope: None,
             multicast_settings: dataplane_user::multicast::Settings {
                 key_file: Some(args.probe_key_file.clone()),
                 ..args.multicast.clone()
@@ -249,6 +253,25 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
     };
     for iface in &pod_ifaces {
         agent.attachments.extend(dataplane.attach_pod(iface)?);
+    }
+    match (args.socket_lb, cluster.as_mut()) {
+        (lb::socket::SocketLb::On, Some(cluster)) => {
+            let cgroup = args
+                .socket_lb_cgroup
+                .clone()
+                .or_else(lb::socket::cgroup2_root)
+                .context("--socket-lb on: no cgroup v2 mount found (give --socket-lb-cgroup)")?;
+            agent
+                .attachments
+                .extend(dataplane.attach_socket_lb(&cgroup)?);
+            let mut scope = lb::socket::SocketScope::new(args.cni_netns_dirs.clone());
+            scope.refresh(&mut dataplane, &pod_veths(&agent))?;
+            cluster.socket_scope = Some(scope);
+        }
+        _ => {
+            dataplane.detach_socket_lb();
+            lb::socket::clear_scope(&mut dataplane)?;
+        }
     }
     dataplane.unpin_vanished_links();
     dataplane.release_previous_tails();
@@ -576,6 +599,17 @@ async fn sync_and_attach(
     metrics.record_sync_work(synced.full, &stage_names(&synced), differences);
     let interfaces = synced.interfaces;
     attach_new_pods(dataplane, agent, run_dir, &interfaces);
+    if let Some(scope) = cluster.socket_scope.as_mut() {
+        if let Err(error) = scope.refresh(dataplane, &pod_veths(agent)) {
+            tracing::warn!(%error, "updating the pods served by the socket-level translation");
+        }
+        if synced.stages.contains(&Stage::Services) {
+            let in_use = cluster.lb.backend_ids_in_use();
+            if let Err(error) = scope.end_stale(dataplane, |id| in_use.contains(&id)) {
+                tracing::warn!(%error, "ending sockets sent to removed backends");
+            }
+        }
+    }
     tracing::debug!(
         sync_ms = sync_took.as_millis(),
         attach_ms = (started.elapsed() - sync_took).as_millis(),
@@ -764,6 +798,16 @@ fn answer(metrics: &Metrics, job: Job, reply: Reply) {
     };
     metrics.record_cni(job.command(), error, job.received.elapsed());
     job.answer(reply);
+}
+
+/// The ifindexes of the pod veths the pod programs are attached to.
+fn pod_veths(agent: &AgentState) -> std::collections::BTreeSet<u32> {
+    agent
+        .attachments
+        .iter()
+        .filter(|a| a.hook == dataplane_common::Hook::FromPod.name())
+        .map(|a| a.ifindex)
+        .collect()
 }
 
 /// Attaches tc to the veths of pods that appeared, and records them in the state file.

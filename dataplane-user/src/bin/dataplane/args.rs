@@ -124,6 +124,16 @@ pub(super) struct RunOptions {
     #[arg(long = "egress-router-reservation")]
     pub(super) egress_router_reservations:
         Vec<dataplane_user::egressrouter::reservations::Reservation>,
+    /// Translate this node's pods' connections (TCP, UDP connected or not) to ClusterIPs,
+    /// external and load-balancer IPs at the socket (cgroup connect/sendmsg/recvmsg/
+    /// getpeername programs), so no packet of them is translated; off: per packet only.
+    /// ClientIP affinity, source ranges, NodePorts, SCTP stay per packet either way.
+    #[arg(long, value_enum, default_value_t = dataplane_user::lb::socket::SocketLb::Off)]
+    pub(super) socket_lb: dataplane_user::lb::socket::SocketLb,
+    /// The cgroup v2 directory the socket-level programs attach to (default: the first
+    /// cgroup2 mount, the node's root).
+    #[arg(long)]
+    pub(super) socket_lb_cgroup: Option<PathBuf>,
     /// Map sizes (given to the kernel when the maps are created; pinned maps keep theirs).
     #[command(flatten)]
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,

@@ -110,6 +110,8 @@ pub struct Cluster {
     pub router_reservations: Vec<dataplane_user::egressrouter::reservations::Reservation>,
     /// The reservations last written for the plugin (`None`: not yet).
     pub reservations_written: Option<dataplane_user::egressrouter::reservations::Reservations>,
+    /// The pods the socket-level translation serves (`--socket-lb on`).
+    pub socket_scope: Option<dataplane_user::lb::socket::SocketScope>,
     pub multicast_settings: multicast::Settings,
     /// Started at the first sync.
     pub multicast: Option<multicast::MulticastAgent>,

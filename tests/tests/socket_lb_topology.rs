@@ -1,0 +1,463 @@
+//! Service translation at the socket (`--socket-lb on`): pods' TCP connections and UDP
+//! datagrams to a ClusterIP are given a backend by the cgroup programs, in both families,
+//! with real sockets in pods on two nodes. Checked: which backends answer, the client
+//! address they see, `getpeername` and `recvfrom` giving the service address back, that no
+//! packet of those flows was translated on the way (the per-packet counters stay at zero),
+//! a service without endpoints refusing the connect at once, a removed backend taking no new
+//! connection, ClientIP affinity left to the per-packet path, and a pod that reaches itself
+//! through its service seeing its own address.
+
+use std::collections::BTreeSet;
+
+use dataplane_common::{Hook, PacketClass};
+use dataplane_tests::{
+    eventually,
+    privileged::privileged,
+    service_bed::{
+        Server, ServicePort, check_answers, cluster_ip_manifests, dual_stack_manifests,
+        echo_backend, service_requests, tcp_answers,
+    },
+    topology::{Mode, Pod, Topology, exec_in},
+};
+
+const SERVICE_IP: &str = "10.96.0.30";
+const SERVICE_IP6: &str = "fd00:10:96::30";
+
+#[test]
+fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translated() {
+    if !privileged(
+        "pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translated",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    topology
+        .add_manifest(
+            "web.yaml",
+            &dual_stack_manifests("web", SERVICE_IP, SERVICE_IP6, &backends),
+        )
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .flat_map(|p| {
+            [
+                echo_backend(p, false).expect("backend"),
+                echo_backend(p, true).expect("backend"),
+            ]
+        })
+        .collect();
+    let agents = [
+        topology.node(0).start_agent_with(&["--socket-lb", "on"]),
+        topology.node(1).start_agent_with(&["--socket-lb", "on"]),
+    ]
+    .map(|a| a.expect("agent"));
+    let v4: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    let v6: BTreeSet<String> = backends
+        .iter()
+        .map(|p| p.ip6.expect("ip6").to_string())
+        .collect();
+    for client in [&topology.node(0).pods[0], &topology.node(1).pods[0]] {
+        let lines = service_requests(&client.netns, SERVICE_IP, 12);
+        assert_eq!(lines.len(), 24, "{lines:?}");
+        let reached = check_answers(&lines, &v4, SERVICE_IP, |_| client.ip.to_string());
+        assert_eq!(reached.len(), 4, "client {}: {reached:?}", client.ip);
+        let lines = service_requests(&client.netns, SERVICE_IP6, 12);
+        assert_eq!(lines.len(), 24, "{lines:?}");
+        let client6 = client.ip6.expect("ip6").to_string();
+        let reached = check_answers(&lines, &v6, SERVICE_IP6, |_| client6.clone());
+        assert_eq!(reached.len(), 4, "client {client6}: {reached:?}");
+    }
+    for agent in &agents {
+        let counters = agent.counters().expect("counters");
+        // Every connection and datagram was given its backend at the socket: no packet of
+        // them was translated on the way, in either direction.
+        for class in [PacketClass::ServiceDnat, PacketClass::ServiceReverseNat] {
+            assert_eq!(counters.packets(Hook::FromPod, class), 0, "{counters:?}");
+            assert_eq!(counters.packets(Hook::UnderlayTc, class), 0, "{counters:?}");
+        }
+        assert!(counters.socket("connect") >= 24, "{counters:?}");
+        assert_eq!(counters.socket("sendmsg"), 24, "{counters:?}");
+        // getpeername for each connection, recvfrom for each datagram.
+        assert!(counters.socket("reversed") >= 48, "{counters:?}");
+    }
+
+    // `dataplane inspect sockets`: the client pod served, and its sockets with the backend
+    // each talks to and the service address it asked for.
+    // Run in the node's namespace, as on a node: veths are named from there.
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
+        .arg(dataplane_tests::topology::dataplane_binary())
+        .arg("--pin-root")
+        .arg(agents[0].pins.root())
+        .args(["inspect", "sockets"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    let client = &topology.node(0).pods[0];
+    let veth = format!("{} (", client.host_iface);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("pod ") && l.contains(&veth)),
+        "{table}"
+    );
+    for service in [
+        format!("{SERVICE_IP}:80"),
+        format!("{SERVICE_IP}:53"),
+        format!("[{SERVICE_IP6}]:80"),
+        format!("[{SERVICE_IP6}]:53"),
+    ] {
+        let sockets = table
+            .lines()
+            .filter(|l| l.starts_with("socket ") && l.contains(&veth) && l.ends_with(&service))
+            .count();
+        assert!(sockets >= 1, "{service}: {table}");
+    }
+
+    // A backend reaching its own service: when it picks itself, it talks to itself and sees
+    // its own address (no masquerade is needed at the socket).
+    let hairpin = &topology.node(0).pods[1];
+    let lines = tcp_answers(&hairpin.netns, SERVICE_IP, 80, 16).expect("hairpin");
+    let mut seen = BTreeSet::new();
+    for line in &lines {
+        let (backend, client) = line.split_once(' ').expect("answer");
+        assert_eq!(client, hairpin.ip.to_string(), "{line}");
+        seen.insert(backend.to_owned());
+    }
+    assert_eq!(seen, v4, "both backends, itself included: {lines:?}");
+    drop(servers);
+}
+
+#[test]
+fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_affinity_stays_per_packet()
+ {
+    if !privileged(
+        "no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_affinity_stays_per_packet",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let http = |name| ServicePort {
+        name,
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    };
+    let dns = ServicePort {
+        name: "dns",
+        port: 53,
+        protocol: "UDP",
+        target: 5353,
+    };
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", "10.96.0.31", &[http("http")], &backends),
+        )
+        .expect("manifests");
+    topology
+        .add_manifest(
+            "empty.yaml",
+            &cluster_ip_manifests("empty", "10.96.0.32", &[http("http"), dns], &[]),
+        )
+        .expect("manifests");
+    let sticky = cluster_ip_manifests("sticky", "10.96.0.33", &[http("http")], &backends)
+        .replacen(
+            "spec: {",
+            "spec: {sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}, ",
+            1,
+        );
+    topology
+        .add_manifest("sticky.yaml", &sticky)
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let _other = topology
+        .node(1)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let client = &topology.node(0).pods[0];
+    // Wait until the service serves (the backends start beside the agents).
+    let first = tcp_answers(&client.netns, "10.96.0.31", 80, 1).expect("web");
+    assert_eq!(first.len(), 1, "{first:?}");
+
+    // No endpoints: the connect and the send fail at once with ECONNREFUSED.
+    let script = "import socket, time, errno\n\
+         t = time.monotonic()\n\
+         try:\n    socket.create_connection(('10.96.0.32', 80), timeout=5); print('connected')\n\
+         except OSError as e: print('tcp', errno.errorcode[e.errno], round(time.monotonic() - t, 1))\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         try:\n    u.sendto(b'q', ('10.96.0.32', 53)); print('sent')\n\
+         except OSError as e: print('udp', errno.errorcode[e.errno])\n";
+    let out = exec_in(&client.netns, &["python3", "-c", script]).expect("client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text, "tcp ECONNREFUSED 0.0\nudp ECONNREFUSED\n", "{out:?}");
+    assert_eq!(
+        agent.counters().expect("counters").socket("refused"),
+        2,
+        "{:?}",
+        agent.counters()
+    );
+
+    // ClientIP affinity: left to the per-packet path (its timer runs from the last packet),
+    // so every connection of the client reaches the same backend, translated per packet.
+    let sticky_lines = tcp_answers(&client.netns, "10.96.0.33", 80, 12).expect("sticky");
+    let sticky_backends: BTreeSet<&str> = sticky_lines
+        .iter()
+        .map(|l| l.split(' ').next().expect("backend"))
+        .collect();
+    assert_eq!(sticky_backends.len(), 1, "{sticky_lines:?}");
+    let counters = agent.counters().expect("counters");
+    assert_eq!(counters.socket("passed"), 12, "{counters:?}");
+    assert!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceDnat) >= 12,
+        "{counters:?}"
+    );
+
+    // A backend removed: no new connection reaches it.
+    let remaining = backends[1];
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", "10.96.0.31", &[http("http")], &[remaining]),
+        )
+        .expect("manifests");
+    let only_remaining = eventually(|| {
+        tcp_answers(&client.netns, "10.96.0.31", 80, 16).is_ok_and(|lines| {
+            lines
+                .iter()
+                .all(|l| l.starts_with(&remaining.ip.to_string()))
+        })
+    });
+    assert!(only_remaining, "{}", agent.log());
+    let lines = tcp_answers(&client.netns, "10.96.0.31", 80, 16).expect("web");
+    assert_eq!(lines.len(), 16);
+    for line in &lines {
+        assert!(line.starts_with(&remaining.ip.to_string()), "{lines:?}");
+    }
+    drop(servers);
+}
+
+/// The socket-level counter `event` of the agent pinned at `pins` (the agent may be gone).
+fn socket_count(pins: &dataplane_user::kernel::pins::Pins, event: &str) -> u64 {
+    dataplane_user::kernel::stats::read(pins)
+        .expect("counters")
+        .socket(event)
+}
+
+#[test]
+fn the_socket_programs_serve_while_no_agent_runs_survive_a_restart_and_go_with_socket_lb_off() {
+    if !privileged(
+        "the_socket_programs_serve_while_no_agent_runs_survive_a_restart_and_go_with_socket_lb_off",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let http = ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    };
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", "10.96.0.34", &[http], &backends),
+        )
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let _other = topology.node(1).start_agent().expect("agent on node 1");
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let client = &topology.node(0).pods[0];
+    let answered = |count| tcp_answers(&client.netns, "10.96.0.34", 80, count).expect("web");
+    assert_eq!(answered(4).len(), 4);
+    let links = |pins: &dataplane_user::kernel::pins::Pins| -> Vec<String> {
+        let mut names: Vec<String> = std::fs::read_dir(pins.links_dir())
+            .expect("links")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with("@cgroup"))
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(links(&agent.pins).len(), 8, "{:?}", links(&agent.pins));
+
+    // No agent: the pinned links keep translating at the socket.
+    let (pins, run_dir) = agent.stop_keeping_pins().expect("stop");
+    let before = socket_count(&pins, "connect");
+    assert_eq!(answered(4).len(), 4);
+    assert_eq!(socket_count(&pins, "connect"), before + 4);
+
+    // A new agent takes over: still at the socket, with its own links in the pins.
+    let agent = topology
+        .node(0)
+        .start_agent_at_with(pins, run_dir, &["--socket-lb", "on"])
+        .expect("restarted agent");
+    assert_eq!(answered(4).len(), 4);
+    assert_eq!(socket_count(&agent.pins, "connect"), before + 8);
+    assert_eq!(links(&agent.pins).len(), 8);
+
+    // Restarted with --socket-lb off: the links go, and the flows are translated per packet.
+    let (pins, run_dir) = agent.stop_keeping_pins().expect("stop");
+    let agent = topology
+        .node(0)
+        .start_agent_at_with(pins, run_dir, &["--socket-lb", "off"])
+        .expect("agent with socket-lb off");
+    assert!(links(&agent.pins).is_empty());
+    let dnat_before = agent
+        .counters()
+        .expect("counters")
+        .packets(Hook::FromPod, PacketClass::ServiceDnat);
+    assert_eq!(answered(4).len(), 4);
+    let counters = agent.counters().expect("counters");
+    assert_eq!(counters.socket("connect"), before + 8, "{counters:?}");
+    assert!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceDnat) >= dnat_before + 4,
+        "{counters:?}"
+    );
+    drop(servers);
+}
+
+/// A server in `pod` on TCP 8081 that tells each client "<its address> <the client>" and
+/// then keeps the connection open.
+fn holding_backend(pod: &Pod) -> Server {
+    let script = format!(
+        "import socket, threading, time\n\
+         t = socket.socket(); t.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n\
+         t.bind(('0.0.0.0', 8081)); t.listen(64); held = []\n\
+         while True:\n    c, a = t.accept(); c.sendall(f'{} {{a[0]}}'.encode()); held.append(c)\n",
+        pod.ip
+    );
+    std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", pod.netns))
+        .args(["python3", "-c", &script])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .map(Server::from)
+        .expect("holding backend")
+}
+
+#[test]
+fn a_removed_backend_ends_the_connected_sockets_sent_to_it_and_no_other() {
+    if !privileged("a_removed_backend_ends_the_connected_sockets_sent_to_it_and_no_other") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let ports = |backends: &[&Pod]| {
+        cluster_ip_manifests(
+            "hold",
+            "10.96.0.35",
+            &[
+                ServicePort {
+                    name: "hold",
+                    port: 81,
+                    protocol: "TCP",
+                    target: 8081,
+                },
+                ServicePort {
+                    name: "dns",
+                    port: 53,
+                    protocol: "UDP",
+                    target: 5353,
+                },
+            ],
+            backends,
+        )
+    };
+    topology
+        .add_manifest("hold.yaml", &ports(&backends))
+        .expect("manifests");
+    let mut servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    servers.extend(backends.iter().map(|p| holding_backend(p)));
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let _other = topology
+        .node(1)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let doomed = backends[0].ip.to_string();
+    // Through the service: a TCP connection and a connected UDP socket that reached the
+    // doomed backend; beside them, a TCP connection straight to the doomed pod's address,
+    // which is not the service's to end.
+    let script = format!(
+        "import socket, sys, errno, time\n\
+         def tcp(address, port):\n\
+         \x20   for _ in range(100):\n\
+         \x20       try:\n\
+         \x20           c = socket.create_connection((address, port), timeout=5)\n\
+         \x20       except OSError: time.sleep(0.1); continue\n\
+         \x20       if c.recv(100).decode().split()[0] == '{doomed}': return c\n\
+         \x20       c.close()\n\
+         def udp():\n\
+         \x20   for _ in range(100):\n\
+         \x20       u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         \x20       u.connect(('10.96.0.35', 53)); u.send(b'q')\n\
+         \x20       if u.recv(100).decode().split()[0] == '{doomed}': return u\n\
+         \x20       u.close()\n\
+         t = tcp('10.96.0.35', 81); u = udp(); direct = tcp('{doomed}', 8081)\n\
+         print('ready', flush=True); sys.stdin.readline()\n\
+         def outcome(s, timeout):\n\
+         \x20   s.settimeout(timeout)\n\
+         \x20   try:\n\
+         \x20       d = s.recv(100); return 'eof' if not d else 'data'\n\
+         \x20   except socket.timeout: return 'open'\n\
+         \x20   except OSError as e: return errno.errorcode[e.errno]\n\
+         print('tcp', outcome(t, 20), 'udp', outcome(u, 20), 'direct', outcome(direct, 1), flush=True)\n"
+    );
+    let client = &topology.node(0).pods[0];
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", client.netns))
+        .args(["python3", "-c", &script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("ready");
+    assert_eq!(line, "ready\n");
+
+    topology
+        .add_manifest("hold.yaml", &ports(&[backends[1]]))
+        .expect("manifests");
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n").expect("go");
+    line.clear();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("outcome");
+    let _ = child.wait();
+    assert_eq!(
+        line,
+        "tcp ECONNABORTED udp ECONNABORTED direct open\n",
+        "{}",
+        agent.log()
+    );
+    assert!(
+        agent
+            .log()
+            .contains("ended connected sockets sent to backends that left their services"),
+        "{}",
+        agent.log()
+    );
+    drop(servers);
+}
