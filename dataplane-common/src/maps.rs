@@ -192,8 +192,9 @@ pub const MAX_LOCAL_PODS: u32 = 1024;
 /// Hash: a pod network namespace's cookie -> [`crate::lb::socket::SockPod`]: the sockets the
 /// socket-level service translation serves (this node's pods).
 pub const SOCK_LB_PODS: &str = "DP_SOCK_LB_PODS";
-/// LRU hash: [`crate::lb::socket::SockRevKey`] -> [`crate::lb::socket::SockRevValue`]: the
-/// service address a translated socket asked for, given back to `getpeername` and `recvmsg`.
+/// Socket storage: [`crate::lb::socket::SockRev`] of each translated socket, the service
+/// address it asked for, given back to `getpeername` and `recvmsg` (no entries to count: the
+/// values live with the sockets).
 pub const SOCK_LB_REV: &str = "DP_SOCK_LB_REV";
 /// Per-CPU array of `u64`: the socket-level translation's counters (`SOCK_STAT_*`).
 pub const SOCK_LB_STATS: &str = "DP_SOCK_LB_STATS";

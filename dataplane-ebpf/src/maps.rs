@@ -4,7 +4,8 @@
 
 use aya_ebpf::{
     bindings::BPF_F_NO_PREALLOC,
-    macros::map,
+    btf_maps::SkStorage,
+    macros::{btf_map, map},
     maps::{HashMap, LpmTrie, LruHashMap, LruPerCpuHashMap, PerCpuArray, ProgramArray},
 };
 use dataplane_common::{
@@ -19,9 +20,7 @@ use dataplane_common::{
     lb::{
         AffinityKey, AffinityValue, Backend, CtKey, CtValue, FLOW_CACHE_SLOTS, FlowCacheEntry,
         MaglevTable, MemberKey, ServiceKey, ServiceValue, SourceRangeKey, XdpFlowCacheEntry,
-        socket::{
-            SOCK_LB_MAX_PODS, SOCK_REV_ENTRIES, SOCK_STAT_SLOTS, SockPod, SockRevKey, SockRevValue,
-        },
+        socket::{SOCK_LB_MAX_PODS, SOCK_STAT_SLOTS, SockPod, SockRev},
     },
     maps::{
         ACL_EVENTS_BYTES, DEFAULT_ACL_ENTRIES, DEFAULT_BACKENDS, DEFAULT_CT_ENTRIES,
@@ -344,10 +343,11 @@ pub static MCAST_REPORTS: aya_ebpf::maps::RingBuf =
 #[map(name = "DP_SOCK_LB_PODS")]
 pub static SOCK_LB_PODS: HashMap<u64, SockPod> = HashMap::pinned(SOCK_LB_MAX_PODS, 0);
 
-/// The service address each translated socket asked for, by socket and backend.
-#[map(name = "DP_SOCK_LB_REV")]
-pub static SOCK_LB_REV: LruHashMap<SockRevKey, SockRevValue> =
-    LruHashMap::pinned(SOCK_REV_ENTRIES, 0);
+/// The service address each translated socket asked for, in the socket's own storage (freed
+/// with the socket, charged to it: no pod can push another's out). A BTF map, as socket
+/// storage must be; the agent pins it by name like the others.
+#[btf_map(name = "DP_SOCK_LB_REV")]
+pub static SOCK_LB_REV: SkStorage<SockRev> = SkStorage::new();
 
 /// Counters of the socket-level translation (`SOCK_STAT_*`).
 #[map(name = "DP_SOCK_LB_STATS")]

@@ -15,6 +15,7 @@ pub mod netns;
 pub mod pins;
 pub mod preflight;
 pub mod sockdiag;
+pub mod sockfd;
 pub mod state;
 pub mod stats;
 pub mod sysctl;

@@ -1069,6 +1069,8 @@ fn attach_pinned_xdp(
     netns: &str,
     ports: &[String],
 ) -> anyhow::Result<()> {
+    // The first pin of a fresh machine may come before any agent has mounted the filesystem.
+    dataplane_user::kernel::pins::ensure_bpffs()?;
     let pin = PathBuf::from(format!("/sys/fs/bpf/{}", crate::unique_name("wire")));
     let program = testbed.xdp(name)?;
     program

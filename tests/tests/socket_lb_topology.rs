@@ -82,8 +82,33 @@ fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translat
         assert!(counters.socket("reversed") >= 48, "{counters:?}");
     }
 
-    // `dataplane inspect sockets`: the client pod served, and its sockets with the backend
-    // each talks to and the service address it asked for.
+    // `dataplane inspect sockets`: the client pod served, and its live sockets with the
+    // backend each talks to and the service address it asked for (a TCP connection and an
+    // unconnected UDP socket to each family's service, held open meanwhile).
+    let client = &topology.node(0).pods[0];
+    let holder_script = format!(
+        "import socket, sys\n\
+         held = []\n\
+         for family, address in ((socket.AF_INET, '{SERVICE_IP}'), (socket.AF_INET6, '{SERVICE_IP6}')):\n\
+         \x20   t = socket.socket(family, socket.SOCK_STREAM); t.settimeout(5); t.connect((address, 80))\n\
+         \x20   u = socket.socket(family, socket.SOCK_DGRAM); u.sendto(b'q', (address, 53))\n\
+         \x20   held += [t, u]\n\
+         print('ready', flush=True); sys.stdin.readline()\n"
+    );
+    let mut holder = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", client.netns))
+        .args(["python3", "-c", &holder_script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("holder");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
+        &mut ready,
+    )
+    .expect("ready");
+    assert_eq!(ready, "ready\n");
     // Run in the node's namespace, as on a node: veths are named from there.
     let out = std::process::Command::new("nsenter")
         .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
@@ -94,7 +119,8 @@ fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translat
         .output()
         .expect("dataplane inspect");
     let table = String::from_utf8_lossy(&out.stdout);
-    let client = &topology.node(0).pods[0];
+    drop(holder.stdin.take());
+    let _ = holder.wait();
     let veth = format!("{} (", client.host_iface);
     assert!(
         table
@@ -112,7 +138,7 @@ fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translat
             .lines()
             .filter(|l| l.starts_with("socket ") && l.contains(&veth) && l.ends_with(&service))
             .count();
-        assert!(sockets >= 1, "{service}: {table}");
+        assert_eq!(sockets, 1, "{service}: {table}");
     }
 
     // A backend reaching its own service: when it picks itself, it talks to itself and sees
@@ -456,6 +482,102 @@ fn a_removed_backend_ends_the_connected_sockets_sent_to_it_and_no_other() {
         agent
             .log()
             .contains("ended connected sockets sent to backends that left their services"),
+        "{}",
+        agent.log()
+    );
+    drop(servers);
+}
+
+#[test]
+fn a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_the_service() {
+    if !privileged(
+        "a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_the_service",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 3, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let manifests = cluster_ip_manifests(
+        "shared",
+        "10.96.0.36",
+        &[
+            ServicePort {
+                name: "hold",
+                port: 81,
+                protocol: "TCP",
+                target: 8081,
+            },
+            ServicePort {
+                name: "dns",
+                port: 53,
+                protocol: "UDP",
+                target: 5353,
+            },
+        ],
+        &backends,
+    );
+    topology
+        .add_manifest("shared.yaml", &manifests)
+        .expect("manifests");
+    let mut servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    servers.extend(backends.iter().map(|p| holding_backend(p)));
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let _other = topology
+        .node(1)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+
+    // The victim: a connection through the service, and an unconnected UDP socket whose
+    // answer waits in its queue while the other pod churns.
+    let victim_script = "import socket, sys, time\n\
+         for _ in range(100):\n\
+         \x20   try: t = socket.create_connection(('10.96.0.36', 81), timeout=5); break\n\
+         \x20   except OSError: time.sleep(0.1)\n\
+         t.recv(100)\n\
+         u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         u.sendto(b'q', ('10.96.0.36', 53)); time.sleep(0.5)\n\
+         print('ready', flush=True); sys.stdin.readline()\n\
+         d, a = u.recvfrom(100)\n\
+         print('peer', *t.getpeername(), 'udp', *a, flush=True)\n";
+    let victim = &topology.node(0).pods[0];
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", victim.netns))
+        .args(["python3", "-c", victim_script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("victim");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("ready");
+    assert_eq!(line, "ready\n");
+
+    // The churner: more sockets through the service than a shared reverse map of the old
+    // design held (65,536), each sending once and closing.
+    let sent_before = agent.counters().expect("counters").socket("sendmsg");
+    let churn = "import socket\n\
+         for _ in range(70000):\n\
+         \x20   s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)\n\
+         \x20   s.sendto(b'x', ('10.96.0.36', 53)); s.close()\n\
+         print('done')\n";
+    let out = exec_in(&topology.node(0).pods[2].netns, &["python3", "-c", churn]).expect("churn");
+    assert_eq!(String::from_utf8_lossy(&out.stdout), "done\n", "{out:?}");
+    let sent = agent.counters().expect("counters").socket("sendmsg") - sent_before;
+    assert_eq!(sent, 70_000);
+
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n").expect("go");
+    line.clear();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("outcome");
+    let _ = child.wait();
+    assert_eq!(
+        line,
+        "peer 10.96.0.36 81 udp 10.96.0.36 53\n",
         "{}",
         agent.log()
     );

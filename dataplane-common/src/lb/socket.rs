@@ -5,14 +5,13 @@
 //! service port is given a backend's address there, once, and then talks to the backend
 //! directly: no packet of the flow is translated afterwards. The socket's network namespace
 //! (its cookie) says whether it belongs to a pod of this node
-//! ([`crate::maps::SOCK_LB_PODS`]); the reverse
-//! map ([`SockRevKey`]) gives `getpeername` and `recvmsg` the service address back.
+//! ([`crate::maps::SOCK_LB_PODS`]); the socket's own storage ([`SockRev`], in
+//! [`crate::maps::SOCK_LB_REV`]) gives `getpeername` and `recvmsg` the service address back.
 
 use crate::overlay::Addr;
 
-/// Entries of the reverse map (an LRU map: a socket's entry is needed while it lives, and
-/// the least recently used go first when sockets outnumber it).
-pub const SOCK_REV_ENTRIES: u32 = 65_536;
+/// The backends one socket remembers (see [`SockRev`]).
+pub const SOCK_REV_SLOTS: usize = 4;
 /// Pod network namespaces one node holds at most in the scope map (as many as local pods).
 pub const SOCK_LB_MAX_PODS: u32 = crate::maps::MAX_LOCAL_PODS;
 
@@ -25,7 +24,8 @@ pub const SOCK_STAT_REFUSED: u32 = 2;
 /// A service address given back to `getpeername` or `recvmsg`.
 pub const SOCK_STAT_REVERSED: u32 = 3;
 /// A connect or send to a service port left to the per-packet path (ClientIP affinity,
-/// load-balancer source ranges, or a backend of the other family).
+/// load-balancer source ranges, a backend of the other family, or a socket the kernel gave no
+/// storage).
 pub const SOCK_STAT_PASSED: u32 = 4;
 pub const SOCK_STAT_SLOTS: u32 = 5;
 /// The counters' names, by slot (`dataplane status`, metrics).
@@ -41,29 +41,43 @@ pub struct SockPod {
     pub _pad: u32,
 }
 
-/// Key of the reverse map: a socket (its cookie) and the backend it was sent to.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub struct SockRevKey {
-    pub cookie: u64,
-    /// The backend's address (IPv4 as `::ffff:a.b.c.d`).
-    pub addr: Addr,
-    pub port_be: [u8; 2],
-    pub _pad: [u8; 6],
-}
-
-/// Value of the reverse map: the service address and port the socket asked for, the
-/// backend it was given (by id, so the agent can tell when it leaves its service and end the
-/// connected sockets still sent to it) and the socket's network namespace (where to look
-/// for the socket then).
+/// One backend a socket was sent to, and the service address it asked for.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct SockRevValue {
-    pub addr: Addr,
-    pub port_be: [u8; 2],
-    pub _pad: [u8; 2],
+pub struct SockRevSlot {
+    /// The backend's address (IPv4 as `::ffff:a.b.c.d`); all zero: a slot not yet used.
+    pub backend: Addr,
+    /// The service address the socket asked for.
+    pub service: Addr,
+    pub backend_port_be: [u8; 2],
+    pub service_port_be: [u8; 2],
+    /// The backend's id in the load-balancer maps, so the agent can tell when it has left
+    /// the service and end the connected sockets still sent to it.
     pub backend_id: u32,
-    pub netns: u64,
+}
+
+/// The reverse translation of one socket, kept in the socket's own storage
+/// (`DP_SOCK_LB_REV`, a socket-storage map): it lives and dies with the socket and is charged
+/// to it, so no pod's sockets can push another pod's out (as they could from a shared LRU
+/// map). A connected socket uses one slot; an unconnected UDP socket one per backend it sends
+/// to, the oldest replaced when it has sent to more than [`SOCK_REV_SLOTS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SockRev {
+    pub slots: [SockRevSlot; SOCK_REV_SLOTS],
+    /// The slot the next new backend takes.
+    pub next: u32,
+    pub _pad: u32,
+}
+
+impl SockRev {
+    /// The slot that remembers `backend` at `port_be`.
+    #[inline(always)]
+    pub fn find(&self, backend: &Addr, port_be: [u8; 2]) -> Option<&SockRevSlot> {
+        self.slots
+            .iter()
+            .find(|s| s.backend_port_be == port_be && s.backend == *backend)
+    }
 }
 
 /// The hash a socket's backend is chosen by (its Maglev slot, see
@@ -80,7 +94,7 @@ mod pod_impls {
     // SAFETY: plain #[repr(C)] data with explicit padding and no invalid bit patterns.
     unsafe impl aya::Pod for super::SockPod {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::SockRevKey {}
+    unsafe impl aya::Pod for super::SockRevSlot {}
     // SAFETY: as above.
-    unsafe impl aya::Pod for super::SockRevValue {}
+    unsafe impl aya::Pod for super::SockRev {}
 }

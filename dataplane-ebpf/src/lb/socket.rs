@@ -14,7 +14,8 @@
 //!
 //! Cost: one lookup of the socket's namespace on every connect and UDP send of the machine;
 //! for this node's pods, one service lookup, and for a service port its table, backend and
-//! reverse-map entry. Nothing per packet.
+//! the socket's own storage (where the way back to the service address is kept: it goes with
+//! the socket, so no pod's sockets can push out another's). Nothing per packet.
 
 #![expect(
     clippy::needless_borrows_for_generic_args,
@@ -34,8 +35,8 @@ use dataplane_common::{
         MAGLEV_TABLE_SIZE, SCOPE_CLUSTER, SOURCE_RANGE_FULL_BITS, ServiceKey, SourceRangeKey,
         maglev_slot,
         socket::{
-            SOCK_STAT_CONNECT, SOCK_STAT_PASSED, SOCK_STAT_REFUSED, SOCK_STAT_REVERSED,
-            SOCK_STAT_SENDMSG, SockRevKey, SockRevValue, socket_hash,
+            SOCK_REV_SLOTS, SOCK_STAT_CONNECT, SOCK_STAT_PASSED, SOCK_STAT_REFUSED,
+            SOCK_STAT_REVERSED, SOCK_STAT_SENDMSG, SockRev, SockRevSlot, socket_hash,
         },
     },
     overlay::{Addr, FAMILY_IPV4, FAMILY_IPV6},
@@ -156,21 +157,24 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
         bump(SOCK_STAT_PASSED);
         return PROCEED;
     }
-    let rev_key = SockRevKey {
-        cookie,
-        addr: backend.addr,
-        port_be: backend.port_be,
-        _pad: [0; 6],
-    };
-    let rev = SockRevValue {
-        addr: key.addr,
-        port_be: key.port_be,
-        _pad: [0; 2],
+    // SAFETY: the helper reads the context's own socket; the storage is zeroed when created.
+    let rev = unsafe { SOCK_LB_REV.get_or_insert_ptr_mut(ctx, None) };
+    if rev.is_null() {
+        // No storage for this socket (its memory allowance is spent): without a way back to
+        // the service address, it stays on the per-packet path.
+        bump(SOCK_STAT_PASSED);
+        return PROCEED;
+    }
+    // SAFETY: this socket's storage, valid while this run holds the socket.
+    let rev = unsafe { &mut *rev };
+    let index = slot_for(rev, &backend.addr, backend.port_be);
+    rev.slots[index] = SockRevSlot {
+        backend: backend.addr,
+        service: key.addr,
+        backend_port_be: backend.port_be,
+        service_port_be: key.port_be,
         backend_id,
-        netns,
     };
-    // A full LRU map evicts its oldest entry; an insert cannot fail otherwise.
-    let _ = SOCK_LB_REV.insert(&rev_key, &rev, 0);
     set_destination::<V6>(sa, &backend.addr, backend.port_be);
     bump(counter);
     PROCEED
@@ -181,19 +185,42 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
 #[inline(always)]
 fn restore_service<const V6: bool>(ctx: &SockAddrContext) -> i32 {
     let sa = ctx.sock_addr;
-    let key = SockRevKey {
-        // SAFETY: the helper only reads the context the kernel passed.
-        cookie: unsafe { bpf_get_socket_cookie(ctx.as_ptr()) },
-        addr: destination::<V6>(sa),
-        port_be: (read(sa, |a| &a.user_port) as u16).to_ne_bytes(),
-        _pad: [0; 6],
-    };
-    // SAFETY: the value is copied out at once.
-    if let Some(service) = unsafe { SOCK_LB_REV.get(&key) }.copied() {
-        set_destination::<V6>(sa, &service.addr, service.port_be);
-        bump(SOCK_STAT_REVERSED);
+    // SAFETY: the helper reads the context's own socket; no storage is created here.
+    let rev = unsafe { SOCK_LB_REV.get_ptr_mut(ctx) };
+    if rev.is_null() {
+        return PROCEED;
+    }
+    // SAFETY: this socket's storage, valid while this run holds the socket.
+    let rev = unsafe { &*rev };
+    let backend = destination::<V6>(sa);
+    let port_be = (read(sa, |a| &a.user_port) as u16).to_ne_bytes();
+    let mut i = 0;
+    while i < SOCK_REV_SLOTS {
+        let slot = &rev.slots[i];
+        if slot.backend_port_be == port_be && slot.backend == backend {
+            set_destination::<V6>(sa, &slot.service, slot.service_port_be);
+            bump(SOCK_STAT_REVERSED);
+            break;
+        }
+        i += 1;
     }
     PROCEED
+}
+
+/// The slot of `rev` that `backend` takes: the one that already remembers it, else the next
+/// in turn (the oldest, once all are used).
+#[inline(always)]
+fn slot_for(rev: &mut SockRev, backend: &Addr, port_be: [u8; 2]) -> usize {
+    let mut i = 0;
+    while i < SOCK_REV_SLOTS {
+        if rev.slots[i].backend_port_be == port_be && rev.slots[i].backend == *backend {
+            return i;
+        }
+        i += 1;
+    }
+    let next = rev.next as usize % SOCK_REV_SLOTS;
+    rev.next = ((next + 1) % SOCK_REV_SLOTS) as u32;
+    next
 }
 
 /// Whether the load-balancer address has source ranges (it then has an entry for every

@@ -22,8 +22,7 @@ use dataplane_common::{
     lb::{
         AffinityKey, AffinityValue, Backend, CT_AFFINITY, CT_CLOSING, CT_NODEPORT, CT_REPLY,
         CT_RESET, CT_SNAT, CtKey, CtValue, MaglevTable, SCOPE_EXTERNAL, SCOPE_NODEPORT,
-        SCOPE_NODEPORT_FROM_POD, ServiceKey, ServiceValue,
-        socket::{SockPod, SockRevKey, SockRevValue},
+        SCOPE_NODEPORT_FROM_POD, ServiceKey, ServiceValue, socket::SockPod,
     },
     maps,
     multicast::{MAX_LOCAL_MEMBERS, MAX_REMOTE_MEMBERS, McastGroup, McastKey},
@@ -454,22 +453,45 @@ fn socket_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
             ]
         })
         .collect();
-    for (key, value) in hash::<SockRevKey, SockRevValue>(pins, maps::SOCK_LB_REV, true)? {
-        rows.push(vec![
-            "socket".into(),
-            Cell::Number(value.netns),
-            pods.get(&value.netns)
-                .map_or_else(|| "-".to_owned(), |pod| veth(pod.ifindex))
-                .into(),
-            Cell::Number(key.cookie),
-            format!(
-                "{} (id {})",
-                endpoint(&key.addr, key.port_be),
-                value.backend_id
-            )
-            .into(),
-            endpoint(&value.addr, value.port_be).into(),
-        ]);
+    // The sockets live in the pods' namespaces, each with its translation in its own
+    // storage: read through a sock_diag dump in every pod namespace found where runtimes keep
+    // them.
+    let storage = crate::lb::socket::Storage::open(pins)?;
+    let dirs: Vec<std::path::PathBuf> = crate::cni::wire::DEFAULT_NETNS_DIRS
+        .iter()
+        .map(std::path::PathBuf::from)
+        .collect();
+    for (netns, path) in crate::kernel::netns::files_by_cookie(&dirs) {
+        let Some(pod) = pods.get(&netns) else {
+            continue;
+        };
+        let sockets =
+            crate::lb::socket::sockets_in(&path, &storage, crate::lb::socket::UdpSockets::All)
+                .map_err(|source| AgentError::Io {
+                    action: "reading the sockets of a pod's network namespace",
+                    path: path.clone(),
+                    source,
+                })?;
+        for (socket, rev) in &sockets {
+            let Some(rev) = rev else {
+                continue;
+            };
+            for slot in rev.slots.iter().filter(|s| s.backend_port_be != [0; 2]) {
+                rows.push(vec![
+                    "socket".into(),
+                    Cell::Number(netns),
+                    veth(pod.ifindex).into(),
+                    Cell::Number(socket.cookie),
+                    format!(
+                        "{} (id {})",
+                        endpoint(&slot.backend, slot.backend_port_be),
+                        slot.backend_id
+                    )
+                    .into(),
+                    endpoint(&slot.service, slot.service_port_be).into(),
+                ]);
+            }
+        }
     }
     Ok(rows)
 }

@@ -12,7 +12,7 @@ use aya::{
 use dataplane_common::lb::CLOCK_HZ_GLOBAL;
 use dataplane_common::maps::{
     ALL_PROGRAMS, LAYOUT_VERSION, LB_BACKENDS, LB_MEMBERS, META, PROG_FROM_POD, PROG_TO_POD,
-    PROG_UNDERLAY, PROG_UNDERLAY_TC, TAIL_STAGES, TAILS, TailStage,
+    PROG_UNDERLAY, PROG_UNDERLAY_TC, SOCK_LB_REV, TAIL_STAGES, TAILS, TailStage,
 };
 
 use crate::kernel::capacity::map_err;
@@ -91,8 +91,12 @@ impl Dataplane {
         // The programs' clock reads jiffies when they know the tick rate (see `now`).
         let tick_hz = preflight::kernel_tick_hz().unwrap_or(0);
         let mut loader = EbpfLoader::new();
+        let socket_storage = pins.map(SOCK_LB_REV);
+        drop_unless_socket_storage(&socket_storage)?;
         loader
             .default_map_pin_directory(pins.maps_dir())
+            // A BTF map (socket storage must be) says nothing of pinning: named here.
+            .map_pin_path(SOCK_LB_REV, socket_storage.as_path())
             .override_global(CLOCK_HZ_GLOBAL, &tick_hz, true);
         for (name, size, _) in capacities.map_sizes() {
             loader.map_max_entries(name, size);
@@ -315,6 +319,27 @@ fn remove_if_present(path: &std::path::Path, action: &'static str) -> Result<(),
             source,
         }),
     }
+}
+
+/// Unpins a `DP_SOCK_LB_REV` that is not socket storage (an LRU map of a development build of
+/// the socket-level translation): it held only reverse translations, which the programs
+/// loaded now keep with each socket instead.
+fn drop_unless_socket_storage(path: &std::path::Path) -> Result<(), AgentError> {
+    if !path.exists() {
+        return Ok(());
+    }
+    let kind = aya::maps::MapInfo::from_pin(path)
+        .and_then(|info| info.map_type())
+        .map_err(map_err(SOCK_LB_REV, "read type"))?;
+    if kind != aya::maps::MapType::SkStorage {
+        tracing::info!(
+            map = SOCK_LB_REV,
+            ?kind,
+            "replacing a pinned map of another type"
+        );
+        remove_if_present(path, "replacing a pinned map of another type")?;
+    }
+    Ok(())
 }
 
 /// Refuses to adopt pins written under another layout version. Pins without a version (0: a

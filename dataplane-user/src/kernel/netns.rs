@@ -127,6 +127,15 @@ pub fn peer_cookies(
     Ok(cookies)
 }
 
+/// The namespaces with a file under `dirs`, by cookie (those that cannot be entered are left
+/// out).
+pub fn files_by_cookie(dirs: &[PathBuf]) -> BTreeMap<u64, PathBuf> {
+    namespace_files(dirs)
+        .into_iter()
+        .filter_map(|(path, file)| cookie_of(&file).ok().map(|cookie| (cookie, path)))
+        .collect()
+}
+
 /// The namespace files under `dirs` (one per namespace: the same one may be bound twice).
 fn namespace_files(dirs: &[PathBuf]) -> Vec<(PathBuf, File)> {
     let mut seen = BTreeSet::new();

@@ -73,8 +73,8 @@ impl Pins {
     /// Makes sure the pin root lies on a bpf filesystem (mounting one at /sys/fs/bpf if the
     /// root is below it and nothing is mounted) and creates the directories.
     pub fn prepare(&self) -> Result<(), AgentError> {
-        if self.root.starts_with(BPFFS_MOUNT) && !is_bpffs(Path::new(BPFFS_MOUNT)) {
-            mount_bpffs(Path::new(BPFFS_MOUNT))?;
+        if self.root.starts_with(BPFFS_MOUNT) {
+            ensure_bpffs()?;
         }
         for dir in [self.maps_dir(), self.progs_dir(), self.links_dir()] {
             fs::create_dir_all(&dir).map_err(|source| AgentError::Io {
@@ -164,6 +164,14 @@ pub fn is_bpffs(path: &Path) -> bool {
     )]
     let fs_type = stat.f_type as i64;
     fs_type == BPF_FS_MAGIC
+}
+
+/// Mounts a bpf filesystem at /sys/fs/bpf unless one is there.
+pub fn ensure_bpffs() -> Result<(), AgentError> {
+    if is_bpffs(Path::new(BPFFS_MOUNT)) {
+        return Ok(());
+    }
+    mount_bpffs(Path::new(BPFFS_MOUNT))
 }
 
 fn mount_bpffs(at: &Path) -> Result<(), AgentError> {

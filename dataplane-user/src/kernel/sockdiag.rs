@@ -3,10 +3,17 @@
 //! caller picks (what `ss -K` does; the kernel needs `CONFIG_INET_DIAG_DESTROY`). The
 //! socket-level service translation ends this way the connected sockets a removed backend
 //! leaves behind: their owners get `ECONNABORTED` at once, as the per-packet path resets a
-//! TCP flow whose backend is gone. The messages are a few fixed C layouts (`inet_diag_req_v2`,
-//! `inet_diag_msg`), written here: rtnetlink's crates cover route messages only.
+//! TCP flow whose backend is gone. The dump can carry each socket's value in a socket-storage
+//! map (`INET_DIAG_REQ_SK_BPF_STORAGES`): that is how the agent tells the sockets the
+//! programs translated from the others. The messages are a few fixed C layouts
+//! (`inet_diag_req_v2`, `inet_diag_msg`, netlink attributes), written here: rtnetlink's crates
+//! cover route messages only.
 
-use std::{io, os::fd::AsRawFd as _, os::fd::FromRawFd as _, os::fd::OwnedFd, time::Duration};
+use std::{
+    io,
+    os::fd::{AsRawFd as _, BorrowedFd, FromRawFd as _, OwnedFd},
+    time::Duration,
+};
 
 use dataplane_common::overlay::Addr;
 
@@ -25,11 +32,24 @@ const SOCKID_LEN: usize = 48;
 const REQUEST_LEN: usize = 8 + SOCKID_LEN;
 /// `struct inet_diag_msg`: family, state, timer, retransmits, the id, five more words.
 const MESSAGE_LEN: usize = 4 + SOCKID_LEN + 20;
+/// `INET_DIAG_REQ_SK_BPF_STORAGES`: the socket-storage maps whose values the dump carries.
+const REQ_SK_BPF_STORAGES: u16 = 2;
+/// `SK_DIAG_BPF_STORAGE_REQ_MAP_FD`, inside it.
+const STORAGE_REQ_MAP_FD: u16 = 1;
+/// `INET_DIAG_SK_BPF_STORAGES`: the answer's attribute holding them.
+const SK_BPF_STORAGES: u16 = 20;
+/// `SK_DIAG_BPF_STORAGE`: one map's value, inside it.
+const STORAGE: u16 = 1;
+/// `SK_DIAG_BPF_STORAGE_MAP_VALUE`, inside that.
+const STORAGE_MAP_VALUE: u16 = 3;
+const NLA_F_NESTED: u16 = 0x8000;
+/// The attribute type bits (the rest are flags).
+const NLA_TYPE_MASK: u16 = 0x3fff;
 /// How long the kernel may take to answer one message.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 
 /// One socket as the dump shows it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DiagSocket {
     /// `libc::AF_INET` or `libc::AF_INET6`.
     pub family: u8,
@@ -40,25 +60,41 @@ pub struct DiagSocket {
     /// socket with no peer.
     pub peer: Addr,
     pub peer_port_be: [u8; 2],
+    /// The socket's inode (how its owners' descriptors name it).
+    pub inode: u32,
+    /// The socket's value in the socket-storage map the dump asked for, if it has one (the
+    /// kernel gives it for TCP sockets only).
+    pub storage: Option<Vec<u8>>,
     /// The kernel's `inet_diag_sockid`, as the destroy request must repeat it.
     id: [u8; SOCKID_LEN],
 }
 
-/// Ends every TCP and UDP socket of the calling thread's namespace that `pick` chooses;
-/// returns how many were ended.
-pub fn destroy_sockets(pick: impl Fn(&DiagSocket) -> bool) -> io::Result<usize> {
+/// Every TCP and UDP socket of the calling thread's namespace, each with its value in the
+/// socket-storage map `storage` when given.
+pub fn sockets(storage: Option<BorrowedFd<'_>>) -> io::Result<Vec<DiagSocket>> {
     let socket = open()?;
-    let mut ended = 0;
+    let mut all = Vec::new();
     for family in [libc::AF_INET as u8, libc::AF_INET6 as u8] {
         for protocol in [libc::IPPROTO_TCP as u8, libc::IPPROTO_UDP as u8] {
-            for found in dump(&socket, family, protocol)?.iter().filter(|s| pick(s)) {
-                match destroy(&socket, found) {
-                    Ok(()) => ended += 1,
-                    // Gone meanwhile: nothing left to end.
-                    Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
-                    Err(error) => return Err(error),
-                }
-            }
+            all.extend(dump(&socket, family, protocol, storage)?);
+        }
+    }
+    Ok(all)
+}
+
+/// Ends the sockets of `listed` (from a dump of the calling thread's namespace); returns how
+/// many were ended (those gone meanwhile are not counted).
+pub fn destroy_listed(listed: &[DiagSocket]) -> io::Result<usize> {
+    if listed.is_empty() {
+        return Ok(0);
+    }
+    let socket = open()?;
+    let mut ended = 0;
+    for found in listed {
+        match destroy(&socket, found) {
+            Ok(()) => ended += 1,
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {}
+            Err(error) => return Err(error),
         }
     }
     Ok(ended)
@@ -101,7 +137,7 @@ fn open() -> io::Result<OwnedFd> {
 /// A request: the netlink header, then `inet_diag_req_v2` (every state; `id` as given).
 fn request(kind: u16, flags: u16, family: u8, protocol: u8, id: &[u8; SOCKID_LEN]) -> Vec<u8> {
     let len = (HEADER_LEN + REQUEST_LEN) as u32;
-    let mut message = Vec::with_capacity(len as usize);
+    let mut message = Vec::with_capacity(len as usize + 12);
     message.extend_from_slice(&len.to_ne_bytes());
     message.extend_from_slice(&kind.to_ne_bytes());
     message.extend_from_slice(&(NLM_F_REQUEST | flags).to_ne_bytes());
@@ -111,6 +147,19 @@ fn request(kind: u16, flags: u16, family: u8, protocol: u8, id: &[u8; SOCKID_LEN
     message.extend_from_slice(&u32::MAX.to_ne_bytes());
     message.extend_from_slice(id);
     message
+}
+
+/// Adds to a request the attribute asking for each socket's value in the socket-storage map
+/// open at `map_fd` (the descriptor must stay open until the answer is read).
+fn ask_storage(message: &mut Vec<u8>, map_fd: BorrowedFd<'_>) {
+    // The nested attribute (4 bytes of header) holding one map descriptor attribute (8).
+    message.extend_from_slice(&12u16.to_ne_bytes());
+    message.extend_from_slice(&(REQ_SK_BPF_STORAGES | NLA_F_NESTED).to_ne_bytes());
+    message.extend_from_slice(&8u16.to_ne_bytes());
+    message.extend_from_slice(&STORAGE_REQ_MAP_FD.to_ne_bytes());
+    message.extend_from_slice(&(map_fd.as_raw_fd() as u32).to_ne_bytes());
+    let len = message.len() as u32;
+    message[..4].copy_from_slice(&len.to_ne_bytes());
 }
 
 fn send(socket: &OwnedFd, message: &[u8]) -> io::Result<()> {
@@ -145,18 +194,24 @@ fn receive(socket: &OwnedFd, buffer: &mut [u8]) -> io::Result<usize> {
     Ok(got as usize)
 }
 
-/// Every socket of `family` and `protocol`.
-fn dump(socket: &OwnedFd, family: u8, protocol: u8) -> io::Result<Vec<DiagSocket>> {
-    send(
-        socket,
-        &request(
-            SOCK_DIAG_BY_FAMILY,
-            NLM_F_DUMP,
-            family,
-            protocol,
-            &[0; SOCKID_LEN],
-        ),
-    )?;
+/// Every socket of `family` and `protocol` (with its value in `storage`, if asked).
+fn dump(
+    socket: &OwnedFd,
+    family: u8,
+    protocol: u8,
+    storage: Option<BorrowedFd<'_>>,
+) -> io::Result<Vec<DiagSocket>> {
+    let mut message = request(
+        SOCK_DIAG_BY_FAMILY,
+        NLM_F_DUMP,
+        family,
+        protocol,
+        &[0; SOCKID_LEN],
+    );
+    if let Some(map_fd) = storage {
+        ask_storage(&mut message, map_fd);
+    }
+    send(socket, &message)?;
     let mut found = Vec::new();
     let mut buffer = vec![0u8; 32 * 1024];
     loop {
@@ -254,8 +309,36 @@ fn parse_socket(payload: &[u8], protocol: u8) -> Option<DiagSocket> {
         cookie: u64::from(high) << 32 | u64::from(low),
         peer,
         peer_port_be,
+        inode: u32::from_ne_bytes(payload[MESSAGE_LEN - 4..MESSAGE_LEN].try_into().ok()?),
+        storage: storage_value(&payload[MESSAGE_LEN..]),
         id,
     })
+}
+
+/// The attributes of a run of netlink attributes: (type without flags, payload).
+fn attributes(mut bytes: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        if bytes.len() < 4 {
+            return None;
+        }
+        let len = usize::from(u16::from_ne_bytes([bytes[0], bytes[1]]));
+        if len < 4 || len > bytes.len() {
+            return None;
+        }
+        let kind = u16::from_ne_bytes([bytes[2], bytes[3]]) & NLA_TYPE_MASK;
+        let payload = &bytes[4..len];
+        // Attributes are 4-byte aligned.
+        bytes = bytes.get((len + 3) & !3..).unwrap_or_default();
+        Some((kind, payload))
+    })
+}
+
+/// The first socket-storage value among a socket's attributes (one map is asked for).
+fn storage_value(attrs: &[u8]) -> Option<Vec<u8>> {
+    let (_, storages) = attributes(attrs).find(|(kind, _)| *kind == SK_BPF_STORAGES)?;
+    let (_, storage) = attributes(storages).find(|(kind, _)| *kind == STORAGE)?;
+    let (_, value) = attributes(storage).find(|(kind, _)| *kind == STORAGE_MAP_VALUE)?;
+    Some(value.to_vec())
 }
 
 #[cfg(test)]
@@ -302,10 +385,56 @@ mod tests {
         assert_eq!(&destroy[4..6], &SOCK_DESTROY.to_ne_bytes());
         assert_eq!(&destroy[16..20], &[libc::AF_INET as u8, 6, 0, 0]);
         assert_eq!(&destroy[24..], &id);
+        assert_eq!(socket.storage, None);
         assert!(answered_error(&0i32.to_ne_bytes()).is_none());
         assert_eq!(
             answered_error(&(-libc::ENOENT).to_ne_bytes()).map(|e| e.raw_os_error()),
             Some(Some(libc::ENOENT))
         );
+    }
+
+    fn attribute(kind: u16, payload: &[u8]) -> Vec<u8> {
+        let mut bytes = ((4 + payload.len()) as u16).to_ne_bytes().to_vec();
+        bytes.extend_from_slice(&kind.to_ne_bytes());
+        bytes.extend_from_slice(payload);
+        while !bytes.len().is_multiple_of(4) {
+            bytes.push(0);
+        }
+        bytes
+    }
+
+    #[test]
+    fn the_dump_asks_for_one_map_and_reads_its_value_among_the_answer_attributes() {
+        let map = std::fs::File::open("/dev/null").expect("a descriptor");
+        let mut message = request(
+            SOCK_DIAG_BY_FAMILY,
+            NLM_F_DUMP,
+            libc::AF_INET as u8,
+            libc::IPPROTO_TCP as u8,
+            &[0; SOCKID_LEN],
+        );
+        ask_storage(&mut message, std::os::fd::AsFd::as_fd(&map));
+        assert_eq!(message.len(), HEADER_LEN + REQUEST_LEN + 12);
+        assert_eq!(&message[..4], &(message.len() as u32).to_ne_bytes());
+        let attr = &message[HEADER_LEN + REQUEST_LEN..];
+        assert_eq!(&attr[..4], &[12, 0, 2, 0x80]);
+        assert_eq!(&attr[4..8], &[8, 0, 1, 0]);
+        assert_eq!(&attr[8..], &(map.as_raw_fd() as u32).to_ne_bytes());
+
+        // An answer: the socket, then an attribute the dump did not ask for, then the
+        // storages (a map id, then the value, 6 bytes: padded to 8 on the wire).
+        let mut payload = vec![libc::AF_INET6 as u8, 1, 0, 0];
+        payload.extend_from_slice(&[0; SOCKID_LEN + 20]);
+        payload.extend(attribute(5, &[0]));
+        let mut storage = attribute(2, &7u32.to_ne_bytes());
+        storage.extend(attribute(3, &[1, 2, 3, 4, 5, 6]));
+        let storages = attribute(STORAGE | NLA_F_NESTED, &storage);
+        payload.extend(attribute(SK_BPF_STORAGES | NLA_F_NESTED, &storages));
+        let socket = parse_socket(&payload, libc::IPPROTO_UDP as u8).expect("socket");
+        assert_eq!(socket.storage, Some(vec![1, 2, 3, 4, 5, 6]));
+        // A truncated attribute ends the walk instead of reading beyond it.
+        let mut cut = payload.clone();
+        cut.truncate(MESSAGE_LEN + 8 + 6);
+        assert_eq!(parse_socket(&cut, 17).expect("socket").storage, None);
     }
 }

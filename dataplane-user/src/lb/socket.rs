@@ -8,16 +8,20 @@ use std::{
     path::PathBuf,
 };
 
-use aya::maps::{HashMap, MapData};
+use std::os::fd::{AsFd as _, BorrowedFd};
+
+use aya::maps::{HashMap, Map, MapData, SkStorage};
 use dataplane_common::{
-    lb::socket::{SockPod, SockRevKey, SockRevValue},
+    lb::{
+        SCOPE_CLUSTER, ServiceKey,
+        socket::{SockPod, SockRev, SockRevSlot},
+    },
     maps::{SOCK_LB_PODS, SOCK_LB_REV},
-    overlay::Addr,
 };
 
 use crate::{
     error::AgentError,
-    kernel::{batch, capacity::map_err, loader::Dataplane, netns, sockdiag},
+    kernel::{capacity::map_err, loader::Dataplane, netns, sockdiag, sockfd},
 };
 
 /// `--socket-lb`: whether pods' connections to services are translated at the socket.
@@ -54,6 +58,9 @@ pub struct SocketScope {
     files: BTreeMap<u64, PathBuf>,
     /// Whether the map has been cleared of what a previous agent left.
     adopted: bool,
+    /// The load balancer's count of backends that left their service ports, when sockets
+    /// were last checked ([`SocketScope::end_stale`] looks only when it has moved).
+    departures_checked: u64,
 }
 
 impl SocketScope {
@@ -65,6 +72,9 @@ impl SocketScope {
             written: BTreeMap::new(),
             files: BTreeMap::new(),
             adopted: false,
+            // The first look after a start checks every socket: backends may have left while
+            // no agent ran.
+            departures_checked: u64::MAX,
         }
     }
 
@@ -133,40 +143,39 @@ impl SocketScope {
         Ok(())
     }
 
-    /// Ends the connected sockets still sent to backends that left their services (`live`
-    /// says which backend ids still serve, ready or terminating), as the per-packet path
-    /// resets a TCP flow whose backend is gone: their owners get `ECONNABORTED` at once and
-    /// connect again, to a backend that serves. Unconnected UDP sockets need nothing (each
-    /// datagram is given a backend of its own). The reverse map says which sockets were
-    /// sent where, and in which namespace; their entries go too. Returns the sockets ended.
+    /// Ends the connected sockets of this node's pods still sent to backends that left the
+    /// service they were reached through (`serves` says which backend ids each service port
+    /// still has, ready or terminating), as the per-packet path resets a TCP flow whose
+    /// backend is gone: their owners get `ECONNABORTED` at once and connect again, to a
+    /// backend that serves. Unconnected UDP sockets need nothing (each datagram is given a
+    /// backend of its own), nor do sockets connected to a pod's address directly (they have
+    /// no translation). Looks only when `departures` (the load balancer's count of backends
+    /// that left) has moved since the last look. Returns the sockets ended.
     pub fn end_stale(
         &mut self,
         dataplane: &mut Dataplane,
-        live: impl Fn(u32) -> bool,
+        departures: u64,
+        serves: impl Fn(&ServiceKey, u32) -> bool + Sync,
     ) -> Result<usize, AgentError> {
-        let map = dataplane.map(SOCK_LB_REV)?;
-        let entries: Vec<(SockRevKey, SockRevValue)> =
-            batch::read(map).map_err(map_err(SOCK_LB_REV, "read"))?;
-        let stale: Vec<(SockRevKey, SockRevValue)> = entries
-            .into_iter()
-            .filter(|(_, value)| !live(value.backend_id))
-            .collect();
-        if stale.is_empty() {
+        if departures == self.departures_checked {
             return Ok(0);
         }
-        let mut by_netns: BTreeMap<u64, BTreeSet<(u64, Addr, [u8; 2])>> = BTreeMap::new();
-        for (key, value) in &stale {
-            by_netns
-                .entry(value.netns)
-                .or_default()
-                .insert((key.cookie, key.addr, key.port_be));
-        }
+        let storage = Storage::open(dataplane.pins())?;
         let mut ended = 0;
-        for (netns, sockets) in &by_netns {
-            let Some(path) = self.files.get(netns) else {
-                continue;
-            };
-            match end_in(path, sockets) {
+        for path in self.files.values() {
+            let ending = sockets_in(path, &storage, UdpSockets::Connected).and_then(|found| {
+                let stale: Vec<sockdiag::DiagSocket> = found
+                    .into_iter()
+                    .filter(|(socket, rev)| {
+                        translation_of(socket, rev.as_ref()).is_some_and(|slot| {
+                            !serves(&service_key(&slot, socket.protocol), slot.backend_id)
+                        })
+                    })
+                    .map(|(socket, _)| socket)
+                    .collect();
+                end_in(path, &stale)
+            });
+            match ending {
                 Ok(count) => ended += count,
                 Err(error) => tracing::warn!(
                     netns = %path.display(),
@@ -175,12 +184,7 @@ impl SocketScope {
                 ),
             }
         }
-        let keys: Vec<SockRevKey> = stale.iter().map(|(key, _)| *key).collect();
-        let mut rev: HashMap<&mut MapData, SockRevKey, SockRevValue> =
-            dataplane.typed_map(SOCK_LB_REV)?;
-        for key in &keys {
-            let _ = rev.remove(key);
-        }
+        self.departures_checked = departures;
         if ended > 0 {
             tracing::info!(
                 sockets = ended,
@@ -191,16 +195,107 @@ impl SocketScope {
     }
 }
 
-/// Ends, in the namespace of `path`, the sockets of `sockets` (cookie, peer, peer port) that
-/// are connected to that peer.
-fn end_in(
+/// The translation a connected socket was given: the slot of its storage `rev` that
+/// remembers the backend it is connected to (`None`: not connected, or connected to an address
+/// the programs did not give it).
+pub fn translation_of(socket: &sockdiag::DiagSocket, rev: Option<&SockRev>) -> Option<SockRevSlot> {
+    if socket.peer_port_be == [0; 2] {
+        return None;
+    }
+    rev?.find(&socket.peer, socket.peer_port_be).copied()
+}
+
+/// The service port a slot's socket asked for (`protocol`: the socket's).
+fn service_key(slot: &SockRevSlot, protocol: u8) -> ServiceKey {
+    ServiceKey {
+        addr: slot.service,
+        port_be: slot.service_port_be,
+        protocol,
+        scope: SCOPE_CLUSTER,
+    }
+}
+
+/// The socket-storage map of the translations (`DP_SOCK_LB_REV`), opened twice: for sock_diag
+/// requests (by descriptor) and for lookups by socket.
+pub struct Storage {
+    diag: MapData,
+    by_socket: SkStorage<MapData, SockRev>,
+}
+
+impl Storage {
+    /// Opens the map pinned under `pins`.
+    pub fn open(pins: &crate::kernel::pins::Pins) -> Result<Self, AgentError> {
+        let open =
+            || MapData::from_pin(pins.map(SOCK_LB_REV)).map_err(map_err(SOCK_LB_REV, "open pin"));
+        let diag = open()?;
+        let by_socket =
+            SkStorage::try_from(Map::SkStorage(open()?)).map_err(map_err(SOCK_LB_REV, "open"))?;
+        Ok(Self { diag, by_socket })
+    }
+
+    fn diag_fd(&self) -> BorrowedFd<'_> {
+        self.diag.fd().as_fd()
+    }
+}
+
+/// Which UDP sockets [`sockets_in`] reads the storage of (each needs a descriptor borrowed
+/// from its owner: the kernel's dump carries none for UDP).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum UdpSockets {
+    /// Connected ones only (those a removed backend can leave behind).
+    Connected,
+    /// All of them (inspection).
+    All,
+}
+
+/// The TCP and UDP sockets of the namespace of `path`, each with its translations: from the
+/// dump for TCP sockets, through a descriptor borrowed from the owner for the UDP sockets
+/// `udp` picks.
+pub fn sockets_in(
     path: &std::path::Path,
-    sockets: &BTreeSet<(u64, Addr, [u8; 2])>,
-) -> std::io::Result<usize> {
+    storage: &Storage,
+    udp: UdpSockets,
+) -> std::io::Result<Vec<(sockdiag::DiagSocket, Option<SockRev>)>> {
     let file = std::fs::File::open(path)?;
-    netns::in_netns(&file, || {
-        sockdiag::destroy_sockets(|s| sockets.contains(&(s.cookie, s.peer, s.peer_port_be)))
-    })?
+    let diag_fd = storage.diag_fd();
+    let sockets = netns::in_netns(&file, || sockdiag::sockets(Some(diag_fd)))??;
+    let wanted: BTreeSet<u32> = sockets
+        .iter()
+        .filter(|s| s.protocol == libc::IPPROTO_UDP as u8)
+        .filter(|s| udp == UdpSockets::All || s.peer_port_be != [0; 2])
+        .map(|s| s.inode)
+        .collect();
+    let borrowed = sockfd::borrow_sockets(&file, &wanted)?;
+    Ok(sockets
+        .into_iter()
+        .map(|socket| {
+            let rev = match borrowed.get(&socket.inode) {
+                Some(fd) => storage.by_socket.get(fd, 0).ok(),
+                None => storage_of(&socket),
+            };
+            (socket, rev)
+        })
+        .collect())
+}
+
+/// A socket's storage value as the dump carried it.
+fn storage_of(socket: &sockdiag::DiagSocket) -> Option<SockRev> {
+    let bytes = socket.storage.as_deref()?;
+    if bytes.len() < std::mem::size_of::<SockRev>() {
+        return None;
+    }
+    // SAFETY: `SockRev` is plain data with no invalid bit patterns, and the slice holds at
+    // least its size; read unaligned.
+    Some(unsafe { std::ptr::read_unaligned(bytes.as_ptr().cast::<SockRev>()) })
+}
+
+/// Ends, in the namespace of `path`, the sockets of `stale`.
+fn end_in(path: &std::path::Path, stale: &[sockdiag::DiagSocket]) -> std::io::Result<usize> {
+    if stale.is_empty() {
+        return Ok(0);
+    }
+    let file = std::fs::File::open(path)?;
+    netns::in_netns(&file, || sockdiag::destroy_listed(stale))?
 }
 
 /// Empties the scope map (`--socket-lb off`): programs a previous agent left attached serve

@@ -67,6 +67,9 @@ pub struct LbState {
     pub(super) range_ports: BTreeMap<ServiceKey, Vec<IpNet>>,
     /// `LB_SOURCE_RANGES` as last written (`None`: read it at the next sync).
     pub(super) ranges_written: Option<RangeEntries>,
+    /// How many times a backend has left a service port (or a port with backends has gone):
+    /// what says the socket-level translation's connected sockets need a look.
+    pub(super) departures: u64,
 }
 
 /// What one load-balancer sync writes: the ports to install (new or different), the keys to
@@ -266,9 +269,17 @@ impl LbState {
             .collect();
     }
 
-    /// The ids of the backends in the maps (serving a service port, ready or terminating).
-    pub fn backend_ids_in_use(&self) -> HashSet<u32> {
-        self.backend_ids.values().copied().collect()
+    /// How many times a backend has left a service port this agent installed (a count that
+    /// only grows).
+    pub fn departures(&self) -> u64 {
+        self.departures
+    }
+
+    /// Whether the service port `key` still references backend `id` (ready or terminating).
+    pub fn serves(&self, key: &ServiceKey, id: u32) -> bool {
+        self.installed
+            .get(key)
+            .is_some_and(|installed| installed.referenced.contains(&id))
     }
 
     /// The id of the backend `backend` in the maps, if this agent wrote it.

@@ -307,6 +307,10 @@ impl Dataplane {
             )?;
             state.add_refs(&referenced);
             if let Some(old) = &old {
+                let kept: HashSet<u32> = installed.referenced.iter().copied().collect();
+                if old.referenced.iter().any(|id| !kept.contains(id)) {
+                    state.departures += 1;
+                }
                 unreferenced.extend(state.drop_refs(&old.referenced));
             }
             state.installed.insert(port.key, installed);
@@ -326,6 +330,9 @@ impl Dataplane {
                 stale_tables.push(installed.value.table);
                 state.free_service_ids.push(installed.value.id);
                 gone_members.extend(installed.members());
+                if !installed.referenced.is_empty() {
+                    state.departures += 1;
+                }
                 unreferenced.extend(state.drop_refs(&installed.referenced));
             }
         }

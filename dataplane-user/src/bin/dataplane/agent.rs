@@ -604,8 +604,10 @@ async fn sync_and_attach(
             tracing::warn!(%error, "updating the pods served by the socket-level translation");
         }
         if synced.stages.contains(&Stage::Services) {
-            let in_use = cluster.lb.backend_ids_in_use();
-            if let Err(error) = scope.end_stale(dataplane, |id| in_use.contains(&id)) {
+            let lb = &cluster.lb;
+            if let Err(error) =
+                scope.end_stale(dataplane, lb.departures(), |key, id| lb.serves(key, id))
+            {
                 tracing::warn!(%error, "ending sockets sent to removed backends");
             }
         }
