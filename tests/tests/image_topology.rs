@@ -117,7 +117,13 @@ impl NodeHost {
         paths.insert("/sys/fs/bpf".into(), bpffs.clone());
         // The machine's own: the kernel's view, the net sysctls (of the reader's namespace, the
         // node's) and the runtime's namespaces.
-        for shared in ["/sys", "/proc/sys/net", "/run/netns", "/var/run/netns"] {
+        for shared in [
+            "/sys",
+            "/sys/fs/cgroup",
+            "/proc/sys/net",
+            "/run/netns",
+            "/var/run/netns",
+        ] {
             paths.insert(shared.into(), PathBuf::from(shared));
         }
         Self { base, paths, bpffs }

@@ -248,6 +248,58 @@ fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_
         "{counters:?}"
     );
 
+    // Which path each takes, as `trace` and `inspect services` say.
+    let dataplane = |args: &[&str]| -> serde_json::Value {
+        let out = std::process::Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
+            .arg(dataplane_tests::topology::dataplane_binary())
+            .arg("--pin-root")
+            .arg(agent.pins.root())
+            .args(args)
+            .arg("--json")
+            .output()
+            .expect("dataplane");
+        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
+    };
+    let from = client.ip.to_string();
+    for (to, path) in [
+        ("10.96.0.31:80", "socket: a connect"),
+        ("10.96.0.32:80", "socket: refused"),
+        ("10.96.0.33:80", "per packet: affinity"),
+    ] {
+        let trace = dataplane(&["trace", "--from", &from, "--to", to]);
+        assert!(
+            trace["socket"]
+                .as_str()
+                .is_some_and(|p| p.starts_with(path)),
+            "{to}: {trace:#}"
+        );
+    }
+    let services = dataplane(&["inspect", "services"]);
+    let path_of = |address: &str| {
+        services
+            .as_array()
+            .expect("rows")
+            .iter()
+            .find(|row| row["address"] == address && row["scope"] == "cluster")
+            .map(|row| row["from_pods"].clone())
+    };
+    assert_eq!(
+        path_of("10.96.0.31:80"),
+        Some("socket".into()),
+        "{services:#}"
+    );
+    assert_eq!(
+        path_of("10.96.0.32:53"),
+        Some("socket: refused".into()),
+        "{services:#}"
+    );
+    assert_eq!(
+        path_of("10.96.0.33:80"),
+        Some("per packet: affinity".into()),
+        "{services:#}"
+    );
+
     // A backend removed: no new connection reaches it.
     let remaining = backends[1];
     topology
@@ -580,6 +632,190 @@ fn a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_th
         "peer 10.96.0.36 81 udp 10.96.0.36 53\n",
         "{}",
         agent.log()
+    );
+    drop(servers);
+}
+
+#[test]
+fn a_pod_reaches_a_node_port_on_either_node_through_the_socket() {
+    if !privileged("a_pod_reaches_a_node_port_on_either_node_through_the_socket") {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let manifests = cluster_ip_manifests(
+        "np",
+        "10.96.0.37",
+        &[
+            ServicePort {
+                name: "http",
+                port: 80,
+                protocol: "TCP",
+                target: 8080,
+            },
+            ServicePort {
+                name: "dns",
+                port: 53,
+                protocol: "UDP",
+                target: 5353,
+            },
+        ],
+        &backends,
+    )
+    .replacen("spec: {clusterIP", "spec: {type: NodePort, clusterIP", 1)
+    .replacen("targetPort: 8080}", "targetPort: 8080, nodePort: 30095}", 1)
+    .replacen("targetPort: 5353}", "targetPort: 5353, nodePort: 30096}", 1);
+    topology
+        .add_manifest("np.yaml", &manifests)
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let _other = topology
+        .node(1)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let client = &topology.node(0).pods[0];
+    let v4: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    // This node's address and the other node's: each translated at the socket, to either
+    // backend, and getpeername and recvfrom give the node's address back.
+    for node in [topology.node(0), topology.node(1)] {
+        let address = node.underlay_ip.to_string();
+        let script = format!(
+            "import socket, time\n\
+             for _ in range(50):\n\
+             \x20   try: socket.create_connection(('{address}', 30095), timeout=2).close(); break\n\
+             \x20   except OSError: time.sleep(0.2)\n\
+             for _ in range(8):\n\
+             \x20   t = socket.create_connection(('{address}', 30095), timeout=5)\n\
+             \x20   print(t.recv(100).decode().split()[0], *t.getpeername()); t.close()\n\
+             \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
+             \x20   u.sendto(b'q', ('{address}', 30096)); d, a = u.recvfrom(100)\n\
+             \x20   print(d.decode().split()[0], *a); u.close()\n"
+        );
+        let out = exec_in(&client.netns, &["python3", "-c", &script]).expect("client");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 16, "{out:?}");
+        let mut reached = BTreeSet::new();
+        for (i, line) in lines.iter().enumerate() {
+            let fields: Vec<&str> = line.split(' ').collect();
+            let port = if i % 2 == 0 { "30095" } else { "30096" };
+            assert_eq!(fields[1..], [address.as_str(), port], "{text}");
+            assert!(v4.contains(fields[0]), "{text}");
+            reached.insert(fields[0].to_owned());
+        }
+        assert_eq!(reached, v4, "{text}");
+    }
+    let counters = agent.counters().expect("counters");
+    assert_eq!(
+        counters.packets(Hook::FromPod, PacketClass::ServiceDnat),
+        0,
+        "{counters:?}"
+    );
+    assert!(counters.socket("connect") >= 16, "{counters:?}");
+    assert_eq!(counters.socket("sendmsg"), 16, "{counters:?}");
+    drop(servers);
+}
+
+#[test]
+fn host_processes_are_served_at_the_socket_with_socket_lb_host_and_listed_by_inspect() {
+    if !privileged(
+        "host_processes_are_served_at_the_socket_with_socket_lb_host_and_listed_by_inspect",
+    ) {
+        return;
+    }
+    let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let http = ServicePort {
+        name: "http",
+        port: 80,
+        protocol: "TCP",
+        target: 8080,
+    };
+    let dns = ServicePort {
+        name: "dns",
+        port: 53,
+        protocol: "UDP",
+        target: 5353,
+    };
+    topology
+        .add_manifest(
+            "web.yaml",
+            &cluster_ip_manifests("web", "10.96.0.38", &[http, dns], &backends),
+        )
+        .expect("manifests");
+    let servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--socket-lb", "on", "--socket-lb-host", "on"])
+        .expect("agent");
+    let _other = topology
+        .node(1)
+        .start_agent_with(&["--socket-lb", "on"])
+        .expect("agent");
+    let node = topology.node(0);
+    // Wait until the service serves from the host (its first connection may meet a map
+    // still being written).
+    let warm = "import socket, time\n\
+         for _ in range(50):\n\
+         \x20   try: socket.create_connection(('10.96.0.38', 80), timeout=2).close(); break\n\
+         \x20   except OSError: time.sleep(0.2)\n";
+    exec_in(&node.netns, &["python3", "-c", warm]).expect("warm");
+    let before = agent.counters().expect("counters");
+    let script = "import socket\n\
+         for _ in range(6):\n\
+         \x20   t = socket.create_connection(('10.96.0.38', 80), timeout=5)\n\
+         \x20   print(t.recv(100).decode().split()[0], *t.getpeername()); t.close()\n\
+         \x20   u = socket.socket(socket.AF_INET, socket.SOCK_DGRAM); u.settimeout(5)\n\
+         \x20   u.sendto(b'q', ('10.96.0.38', 53)); d, a = u.recvfrom(100)\n\
+         \x20   print(d.decode().split()[0], *a); u.close()\n";
+    let out = exec_in(&node.netns, &["python3", "-c", script]).expect("host client");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let v4: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines.len(), 12, "{out:?}");
+    for (i, line) in lines.iter().enumerate() {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let port = if i % 2 == 0 { "80" } else { "53" };
+        assert_eq!(fields[1..], ["10.96.0.38", port], "{text}");
+        assert!(v4.contains(fields[0]), "{text}");
+    }
+    let after = agent.counters().expect("counters");
+    assert_eq!(
+        after.socket("connect") - before.socket("connect"),
+        6,
+        "{after:?}"
+    );
+    assert_eq!(
+        after.socket("sendmsg") - before.socket("sendmsg"),
+        6,
+        "{after:?}"
+    );
+
+    // `inspect sockets` lists the host as served.
+    let out = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.netns))
+        .arg(dataplane_tests::topology::dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent.pins.root())
+        .args(["inspect", "sockets"])
+        .output()
+        .expect("dataplane inspect");
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table
+            .lines()
+            .any(|l| l.starts_with("pod ") && l.contains(" host ")),
+        "{table}"
     );
     drop(servers);
 }

@@ -54,6 +54,28 @@ pub struct SockRevSlot {
     /// The backend's id in the load-balancer maps, so the agent can tell when it has left
     /// the service and end the connected sockets still sent to it.
     pub backend_id: u32,
+    /// The scope of the service key the backend came from (`SCOPE_CLUSTER`, or a NodePort's
+    /// `SCOPE_NODEPORT_FROM_POD` / `SCOPE_NODEPORT`, whose key holds no address: see
+    /// [`SockRevSlot::service_key`]).
+    pub scope: u8,
+    pub _pad: [u8; 7],
+}
+
+impl SockRevSlot {
+    /// The service key the backend came from, for a socket of `protocol`.
+    pub fn service_key(&self, protocol: u8) -> super::ServiceKey {
+        let addr = match self.scope {
+            super::SCOPE_CLUSTER => self.service,
+            _ if self.service[..12] == super::NODEPORT_ANY_V4[..12] => super::NODEPORT_ANY_V4,
+            _ => [0; 16],
+        };
+        super::ServiceKey {
+            addr,
+            port_be: self.service_port_be,
+            protocol,
+            scope: self.scope,
+        }
+    }
 }
 
 /// The reverse translation of one socket, kept in the socket's own storage

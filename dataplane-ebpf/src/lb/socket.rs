@@ -6,11 +6,14 @@
 //! NetworkPolicy and the overlay see the backend's address as they see it after the
 //! per-packet DNAT. `getpeername` and `recvmsg` give the service address back.
 //!
+//! A node's address and NodePort (any node's, as the per-packet path translates a pod's flow
+//! there at the source) is served as a ClusterIP is, from the NodePort's key.
+//!
 //! Left to the per-packet path, unchanged: sockets of any other network namespace (other
-//! nodes' pods in a test bed, host-network processes, other hosts' containers), service ports
-//! with ClientIP affinity (its timer runs from the last packet, which only the per-packet path
-//! sees), load-balancer addresses with source ranges, NodePorts, SCTP, and everything from
-//! outside the node.
+//! nodes' pods in a test bed, host-network processes unless `--socket-lb-host`, other hosts'
+//! containers), service ports with ClientIP affinity (its timer runs from the last packet,
+//! which only the per-packet path sees), load-balancer addresses with source ranges, SCTP, and
+//! everything from outside the node.
 //!
 //! Cost: one lookup of the socket's namespace on every connect and UDP send of the machine;
 //! for this node's pods, one service lookup, and for a service port its table, backend and
@@ -32,8 +35,8 @@ use aya_ebpf::{
 };
 use dataplane_common::{
     lb::{
-        MAGLEV_TABLE_SIZE, SCOPE_CLUSTER, SOURCE_RANGE_FULL_BITS, ServiceKey, SourceRangeKey,
-        maglev_slot,
+        MAGLEV_TABLE_SIZE, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_NODEPORT, SCOPE_NODEPORT_FROM_POD,
+        SOURCE_RANGE_FULL_BITS, ServiceKey, ServiceValue, SourceRangeKey, maglev_slot,
         socket::{
             SOCK_REV_SLOTS, SOCK_STAT_CONNECT, SOCK_STAT_PASSED, SOCK_STAT_REFUSED,
             SOCK_STAT_REVERSED, SOCK_STAT_SENDMSG, SockRev, SockRevSlot, socket_hash,
@@ -44,7 +47,10 @@ use dataplane_common::{
 
 use super::backend::live_backend;
 use crate::{
-    maps::{LB_MAGLEV, LB_SERVICES, LB_SOURCE_RANGES, SOCK_LB_PODS, SOCK_LB_REV, SOCK_LB_STATS},
+    maps::{
+        LB_MAGLEV, LB_SERVICES, LB_SOURCE_RANGES, NODE_ADDRS, SOCK_LB_PODS, SOCK_LB_REV,
+        SOCK_LB_STATS,
+    },
     parse::{IPPROTO_TCP, IPPROTO_UDP},
 };
 
@@ -110,14 +116,15 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
     if protocol != IPPROTO_TCP && protocol != IPPROTO_UDP {
         return PROCEED;
     }
-    let key = ServiceKey {
-        addr: destination::<V6>(sa),
+    // The address and port the socket asked for, given back by getpeername and recvmsg.
+    let asked = destination::<V6>(sa);
+    let mut key = ServiceKey {
+        addr: asked,
         port_be: (read(sa, |a| &a.user_port) as u16).to_ne_bytes(),
         protocol,
         scope: SCOPE_CLUSTER,
     };
-    // SAFETY: the value is copied out at once.
-    let Some(service) = (unsafe { LB_SERVICES.get(&key) }).copied() else {
+    let Some(service) = service_of(&mut key) else {
         return PROCEED;
     };
     if service.backends == 0 {
@@ -126,7 +133,7 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
         unsafe { bpf_set_retval(-ECONNREFUSED) };
         return REFUSE;
     }
-    if service.affinity_timeout != 0 || has_source_ranges(&key) {
+    if service.affinity_timeout != 0 || (key.scope == SCOPE_CLUSTER && has_source_ranges(&key)) {
         bump(SOCK_STAT_PASSED);
         return PROCEED;
     }
@@ -148,7 +155,7 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
     let Some(backend) = live_backend(backend_id) else {
         return PROCEED;
     };
-    let family = if V6 && !is_ipv4_mapped(&key.addr) {
+    let family = if V6 && !is_ipv4_mapped(&asked) {
         FAMILY_IPV6
     } else {
         FAMILY_IPV4
@@ -170,10 +177,12 @@ fn translate<const V6: bool>(ctx: &SockAddrContext, counter: u32) -> i32 {
     let index = slot_for(rev, &backend.addr, backend.port_be);
     rev.slots[index] = SockRevSlot {
         backend: backend.addr,
-        service: key.addr,
+        service: asked,
         backend_port_be: backend.port_be,
         service_port_be: key.port_be,
         backend_id,
+        scope: key.scope,
+        _pad: [0; 7],
     };
     set_destination::<V6>(sa, &backend.addr, backend.port_be);
     bump(counter);
@@ -205,6 +214,35 @@ fn restore_service<const V6: bool>(ctx: &SockAddrContext) -> i32 {
         i += 1;
     }
     PROCEED
+}
+
+/// The service port `key` (a ClusterIP, external or load-balancer address as asked) names;
+/// failing that, when the address is a node's, its NodePort, keyed as the per-packet path keys
+/// a pod's flow to a node's address and NodePort (any node's: translated at the source, as a
+/// ClusterIP is). `key` is left as the key found.
+#[inline(always)]
+fn service_of(key: &mut ServiceKey) -> Option<ServiceValue> {
+    // SAFETY: the value is copied out at once.
+    if let Some(found) = unsafe { LB_SERVICES.get(&*key) }.copied() {
+        return Some(found);
+    }
+    // SAFETY: only presence is checked.
+    unsafe { NODE_ADDRS.get(&key.addr) }?;
+    key.addr = if is_ipv4_mapped(&key.addr) {
+        NODEPORT_ANY_V4
+    } else {
+        [0; 16]
+    };
+    // An externalTrafficPolicy: Local NodePort has a key for pods (every endpoint); any other
+    // NodePort's own key has every endpoint.
+    key.scope = SCOPE_NODEPORT_FROM_POD;
+    // SAFETY: the value is copied out at once.
+    if let Some(found) = unsafe { LB_SERVICES.get(&*key) }.copied() {
+        return Some(found);
+    }
+    key.scope = SCOPE_NODEPORT;
+    // SAFETY: the value is copied out at once.
+    unsafe { LB_SERVICES.get(&*key) }.copied()
 }
 
 /// The slot of `rev` that `backend` takes: the one that already remembers it, else the next

@@ -437,6 +437,10 @@ fn socket_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
         .into_iter()
         .collect();
     let veth = |ifindex: u32| {
+        if ifindex == 0 {
+            // `--socket-lb-host on`: the host's own namespace.
+            return "host".to_owned();
+        }
         crate::kernel::preflight::interface_name(ifindex)
             .map_or_else(|| ifindex.to_string(), |name| format!("{name} ({ifindex})"))
     };
@@ -461,7 +465,15 @@ fn socket_rows(pins: &Pins) -> Result<Vec<Vec<Cell>>, AgentError> {
         .iter()
         .map(std::path::PathBuf::from)
         .collect();
-    for (netns, path) in crate::kernel::netns::files_by_cookie(&dirs) {
+    let mut namespaces = crate::kernel::netns::files_by_cookie(&dirs);
+    // The host's (this command's) namespace, in scope with `--socket-lb-host on`.
+    if let Ok(cookie) = crate::kernel::netns::current_cookie() {
+        namespaces.insert(
+            cookie,
+            std::path::PathBuf::from(crate::lb::socket::HOST_NETNS),
+        );
+    }
+    for (netns, path) in namespaces {
         let Some(pod) = pods.get(&netns) else {
             continue;
         };
@@ -618,6 +630,7 @@ pub fn services_rows(pins: &Pins, described: &crate::lb::Described) -> Result<Ro
     let services = hash::<ServiceKey, ServiceValue>(pins, maps::LB_SERVICES, false)?;
     let mut backends = service_backends(pins, &services)?;
     let ranges = crate::lb::admitted_sources(pins)?;
+    let at_socket = crate::lb::socket::attached(pins);
     let (columns, mut rows) = (
         vec![
             "ADDRESS",
@@ -631,6 +644,7 @@ pub fn services_rows(pins: &Pins, described: &crate::lb::Described) -> Result<Ro
             "SERVICE",
             "TOPOLOGY",
             "HEALTH_CHECK",
+            "FROM_PODS",
         ],
         services
             .iter()
@@ -664,6 +678,14 @@ pub fn services_rows(pins: &Pins, described: &crate::lb::Described) -> Result<Ro
                     text(|p| Some(&p.name)),
                     text(|p| p.topology.as_ref()),
                     text(|p| p.health_check.as_ref()),
+                    // Which path a pod's new flow to it takes (`--socket-lb`).
+                    crate::lb::socket::pod_path(
+                        k.scope,
+                        v,
+                        ranges.contains_key(&(k.addr, k.port_be, k.protocol)),
+                        at_socket,
+                    )
+                    .into(),
                 ]
             })
             .collect::<Vec<_>>(),

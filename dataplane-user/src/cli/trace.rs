@@ -72,6 +72,10 @@ pub struct Report {
     /// egress and the receiver's ingress (local pods judged in that direction only), naming
     /// the tier, policy and rule that decided.
     pub policy: Vec<String>,
+    /// For a pod's flow to a service port: whether the socket-level translation gives it a
+    /// backend before any packet leaves (and the per-packet run below is then what sockets
+    /// opened earlier meet), or why it is left per packet.
+    pub socket: Option<String>,
     /// The packet sent in and the last program's output.
     #[serde(skip)]
     frames: (Vec<u8>, Vec<u8>),
@@ -143,6 +147,12 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
     let before = stateful_rows(live)?;
     let mut steps = Vec::new();
     let mut last_output = frame.clone();
+    let socket = match (&local, flow_of(&frame)) {
+        (Some(pod), Some((_, dst, protocol, port))) => {
+            crate::lb::socket::flow_path(live, pod.ifindex, dst, protocol, port)?
+        }
+        _ => None,
+    };
     let entry = if let Some(pod) = &local {
         // Run on the pod's own veth: port security checks the sender against the record of
         // the interface the frame came in on.
@@ -189,6 +199,7 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
         steps,
         created,
         policy: Vec::new(),
+        socket,
         frames: (frame, last_output),
     })
 }
@@ -474,6 +485,9 @@ fn geneve_inner(payload: &[u8]) -> Option<(u32, &[u8])> {
 /// The report as text.
 pub fn render(report: &Report) -> String {
     let mut out = format!("packet: {}\nentry:  {}\n", report.input, report.entry);
+    if let Some(socket) = &report.socket {
+        out.push_str(&format!("path:   {socket}\n"));
+    }
     for step in &report.steps {
         out.push_str(&format!("\n{}: {}\n", step.program, step.verdict));
         for decision in &step.decisions {

@@ -45,6 +45,10 @@ const STORAGE_MAP_VALUE: u16 = 3;
 const NLA_F_NESTED: u16 = 0x8000;
 /// The attribute type bits (the rest are flags).
 const NLA_TYPE_MASK: u16 = 0x3fff;
+/// How long one dump may take in all, and how many sockets it may hold: a namespace with more
+/// (a pod holding a million sockets, say) is refused rather than let hold up the agent.
+const DUMP_DEADLINE: Duration = Duration::from_secs(5);
+const MAX_SOCKETS: usize = 262_144;
 /// How long the kernel may take to answer one message.
 const ANSWER_DEADLINE: Duration = Duration::from_secs(2);
 
@@ -214,7 +218,17 @@ fn dump(
     send(socket, &message)?;
     let mut found = Vec::new();
     let mut buffer = vec![0u8; 32 * 1024];
+    let started = std::time::Instant::now();
     loop {
+        if found.len() > MAX_SOCKETS || started.elapsed() > DUMP_DEADLINE {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "more than {MAX_SOCKETS} sockets or {} s: not looked at further",
+                    DUMP_DEADLINE.as_secs()
+                ),
+            ));
+        }
         let got = receive(socket, &mut buffer)?;
         for (kind, payload) in messages(&buffer[..got]) {
             match kind {

@@ -12,7 +12,12 @@ use std::{
         fd::{FromRawFd as _, OwnedFd},
         unix::fs::MetadataExt as _,
     },
+    time::{Duration, Instant},
 };
+
+/// How long one search of the process table may take: a pod with a great many processes or
+/// descriptors is given up on (with an error) rather than let hold up the agent.
+const SEARCH_DEADLINE: Duration = Duration::from_secs(2);
 
 /// A descriptor of each socket of `inodes` held by a process of the network namespace
 /// `netns` (sockets no process of it holds, or whose owner cannot be reached, are left out).
@@ -21,9 +26,22 @@ pub fn borrow_sockets(netns: &File, inodes: &BTreeSet<u32>) -> io::Result<BTreeM
     if inodes.is_empty() {
         return Ok(found);
     }
+    let started = Instant::now();
+    let late = || {
+        io::Error::new(
+            io::ErrorKind::TimedOut,
+            format!(
+                "searching the processes for sockets took over {} s",
+                SEARCH_DEADLINE.as_secs()
+            ),
+        )
+    };
     let target = netns.metadata()?;
     let target = (target.dev(), target.ino());
     for entry in std::fs::read_dir("/proc")?.flatten() {
+        if started.elapsed() > SEARCH_DEADLINE {
+            return Err(late());
+        }
         let Some(pid) = entry
             .file_name()
             .to_str()
@@ -42,6 +60,9 @@ pub fn borrow_sockets(netns: &File, inodes: &BTreeSet<u32>) -> io::Result<BTreeM
         };
         let mut pidfd = None;
         for fd in fds.flatten() {
+            if started.elapsed() > SEARCH_DEADLINE {
+                return Err(late());
+            }
             let Some(inode) = std::fs::read_link(fd.path())
                 .ok()
                 .and_then(|link| socket_inode(&link.to_string_lossy()))

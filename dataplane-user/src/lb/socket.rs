@@ -13,24 +13,69 @@ use std::os::fd::{AsFd as _, BorrowedFd};
 use aya::maps::{HashMap, Map, MapData, SkStorage};
 use dataplane_common::{
     lb::{
-        SCOPE_CLUSTER, ServiceKey,
+        NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT, SCOPE_NODEPORT_FROM_POD,
+        ServiceKey, ServiceValue,
         socket::{SockPod, SockRev, SockRevSlot},
     },
-    maps::{SOCK_LB_PODS, SOCK_LB_REV},
+    maps::{self, SOCK_LB_PODS, SOCK_LB_REV},
+    overlay::Addr,
 };
 
 use crate::{
     error::AgentError,
-    kernel::{capacity::map_err, loader::Dataplane, netns, sockdiag, sockfd},
+    kernel::{capacity::map_err, loader::Dataplane, netns, pins::Pins, sockdiag, sockfd},
 };
 
 /// `--socket-lb`: whether pods' connections to services are translated at the socket.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
 pub enum SocketLb {
-    /// At the socket, for this node's pods (the per-packet path stays for the rest).
+    /// At the socket where the kernel allows it (a cgroup v2 hierarchy to attach to, and
+    /// the programs attach): else per packet, with a warning saying why.
+    Auto,
+    /// At the socket, for this node's pods (the per-packet path stays for the rest); the
+    /// agent fails to start when the programs cannot attach.
     On,
     /// Per packet only.
     Off,
+}
+
+/// `--socket-lb-host`: whether the node's own (host-network) processes are served at the
+/// socket too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum SocketLbHost {
+    /// The host's network namespace in scope: its processes' connections to services are
+    /// given a backend at the socket, as pods' are.
+    On,
+    /// Host processes stay on the per-packet path.
+    Off,
+}
+
+/// Where the programs attach: `given` (`--socket-lb-cgroup`), else the first cgroup v2
+/// mount; a directory that is not a cgroup v2 hierarchy's (a hybrid host's `/sys/fs/cgroup`
+/// bound from the host, say) is looked into for its `unified` hierarchy.
+pub fn cgroup_for_attach(given: Option<&std::path::Path>) -> Option<PathBuf> {
+    let dir = match given {
+        Some(dir) => dir.to_path_buf(),
+        None => cgroup2_root()?,
+    };
+    if is_cgroup2(&dir) {
+        return Some(dir);
+    }
+    let unified = dir.join("unified");
+    is_cgroup2(&unified).then_some(unified)
+}
+
+/// Whether `dir` lies on a cgroup v2 filesystem.
+fn is_cgroup2(dir: &std::path::Path) -> bool {
+    const CGROUP2_SUPER_MAGIC: i64 = 0x6367_7270;
+    let Ok(path) = std::ffi::CString::new(dir.as_os_str().as_encoded_bytes()) else {
+        return false;
+    };
+    // SAFETY: statfs writes one struct statfs into `stat`; the path is NUL-terminated.
+    let mut stat: libc::statfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let done = unsafe { libc::statfs(path.as_ptr(), &mut stat) };
+    done == 0 && stat.f_type as i64 == CGROUP2_SUPER_MAGIC
 }
 
 /// The first cgroup v2 mount of this process's mount namespace (`/sys/fs/cgroup` on a
@@ -58,6 +103,10 @@ pub struct SocketScope {
     files: BTreeMap<u64, PathBuf>,
     /// Whether the map has been cleared of what a previous agent left.
     adopted: bool,
+    /// The host's network namespace (`--socket-lb-host on`): its cookie, kept in scope.
+    host: Option<u64>,
+    /// The look at stale sockets under way, if any.
+    ending: Option<std::thread::JoinHandle<usize>>,
     /// The load balancer's count of backends that left their service ports, when sockets
     /// were last checked ([`SocketScope::end_stale`] looks only when it has moved).
     departures_checked: u64,
@@ -65,17 +114,32 @@ pub struct SocketScope {
 
 impl SocketScope {
     /// A scope whose namespaces are looked for under `netns_dirs` (where the runtime, or
-    /// `ip netns`, keeps them).
-    pub fn new(netns_dirs: Vec<PathBuf>) -> Self {
-        Self {
+    /// `ip netns`, keeps them); with `host`, the agent's own (the host's) namespace too.
+    pub fn new(netns_dirs: Vec<PathBuf>, host: SocketLbHost) -> Result<Self, AgentError> {
+        let mut files = BTreeMap::new();
+        let host = match host {
+            SocketLbHost::Off => None,
+            SocketLbHost::On => {
+                let cookie = netns::current_cookie().map_err(|source| AgentError::Io {
+                    action: "reading the host network namespace's cookie",
+                    path: PathBuf::from(HOST_NETNS),
+                    source,
+                })?;
+                files.insert(cookie, PathBuf::from(HOST_NETNS));
+                Some(cookie)
+            }
+        };
+        Ok(Self {
             netns_dirs,
             written: BTreeMap::new(),
-            files: BTreeMap::new(),
+            files,
             adopted: false,
+            host,
+            ending: None,
             // The first look after a start checks every socket: backends may have left while
             // no agent ran.
             departures_checked: u64::MAX,
-        }
+        })
     }
 
     /// Brings the scope map in step with the pods behind `veths` (ifindexes): the
@@ -132,8 +196,14 @@ impl SocketScope {
             self.files.insert(*cookie, file.clone());
         }
         if !self.adopted {
+            if let Some(cookie) = self.host {
+                // Index 0: no veth, the host itself.
+                map.insert(cookie, SockPod::default(), 0)
+                    .map_err(map_err(SOCK_LB_PODS, "write"))?;
+            }
             // What a previous agent wrote for pods that are gone now.
-            let kept: BTreeSet<u64> = self.written.values().copied().collect();
+            let mut kept: BTreeSet<u64> = self.written.values().copied().collect();
+            kept.extend(self.host);
             let stale: Vec<u64> = map.keys().flatten().filter(|c| !kept.contains(c)).collect();
             for cookie in stale {
                 let _ = map.remove(&cookie);
@@ -144,55 +214,85 @@ impl SocketScope {
     }
 
     /// Ends the connected sockets of this node's pods still sent to backends that left the
-    /// service they were reached through (`serves` says which backend ids each service port
-    /// still has, ready or terminating), as the per-packet path resets a TCP flow whose
-    /// backend is gone: their owners get `ECONNABORTED` at once and connect again, to a
-    /// backend that serves. Unconnected UDP sockets need nothing (each datagram is given a
-    /// backend of its own), nor do sockets connected to a pod's address directly (they have
+    /// service they were reached through (`members` gives, when called, the backend ids each
+    /// service port still has, ready or terminating), as the per-packet path resets a TCP
+    /// flow whose backend is gone: their owners get `ECONNABORTED` at once and connect again,
+    /// to a backend that serves. Unconnected UDP sockets need nothing (each datagram is given
+    /// a backend of its own), nor do sockets connected to a pod's address directly (they have
     /// no translation). Looks only when `departures` (the load balancer's count of backends
-    /// that left) has moved since the last look. Returns the sockets ended.
+    /// that left) has moved since the last look, and on a thread of its own: every pod's
+    /// namespace is dumped (each within its deadlines), which must not hold up the agent's
+    /// loop. A look still running when another is due makes the next call try again.
     pub fn end_stale(
         &mut self,
-        dataplane: &mut Dataplane,
+        pins: &Pins,
         departures: u64,
-        serves: impl Fn(&ServiceKey, u32) -> bool + Sync,
-    ) -> Result<usize, AgentError> {
+        members: impl FnOnce() -> Members,
+    ) -> Result<(), AgentError> {
         if departures == self.departures_checked {
-            return Ok(0);
+            return Ok(());
         }
-        let storage = Storage::open(dataplane.pins())?;
-        let mut ended = 0;
-        for path in self.files.values() {
-            let ending = sockets_in(path, &storage, UdpSockets::Connected).and_then(|found| {
-                let stale: Vec<sockdiag::DiagSocket> = found
-                    .into_iter()
-                    .filter(|(socket, rev)| {
-                        translation_of(socket, rev.as_ref()).is_some_and(|slot| {
-                            !serves(&service_key(&slot, socket.protocol), slot.backend_id)
-                        })
-                    })
-                    .map(|(socket, _)| socket)
-                    .collect();
-                end_in(path, &stale)
-            });
-            match ending {
-                Ok(count) => ended += count,
-                Err(error) => tracing::warn!(
-                    netns = %path.display(),
-                    %error,
-                    "ending sockets sent to removed backends"
-                ),
+        if let Some(running) = self.ending.take() {
+            if !running.is_finished() {
+                self.ending = Some(running);
+                return Ok(());
             }
+            let _ = running.join();
         }
+        let storage = Storage::open(pins)?;
+        let files: Vec<PathBuf> = self.files.values().cloned().collect();
+        let members = members();
+        let spawned = std::thread::Builder::new()
+            .name("socket-lb-end".into())
+            .spawn(move || end_stale_in(&files, &storage, &members))
+            .map_err(|source| AgentError::Io {
+                action: "starting the thread that ends stale sockets",
+                path: PathBuf::from("/proc/self"),
+                source,
+            })?;
+        self.ending = Some(spawned);
         self.departures_checked = departures;
-        if ended > 0 {
-            tracing::info!(
-                sockets = ended,
-                "ended connected sockets sent to backends that left their services"
-            );
-        }
-        Ok(ended)
+        Ok(())
     }
+}
+
+/// The backend ids each service port references (ready or terminating), as the load balancer
+/// installed them.
+pub type Members = std::collections::HashMap<ServiceKey, std::collections::HashSet<u32>>;
+
+/// [`SocketScope::end_stale`]'s work, in the namespaces of `files`; returns the sockets ended.
+fn end_stale_in(files: &[PathBuf], storage: &Storage, members: &Members) -> usize {
+    let serves = |key: &ServiceKey, id: u32| members.get(key).is_some_and(|ids| ids.contains(&id));
+    let mut ended = 0;
+    for path in files {
+        let ending = sockets_in(path, storage, UdpSockets::Connected).and_then(|found| {
+            let stale: Vec<sockdiag::DiagSocket> = found
+                .into_iter()
+                .filter(|(socket, rev)| {
+                    translation_of(socket, rev.as_ref()).is_some_and(|slot| {
+                        !serves(&slot.service_key(socket.protocol), slot.backend_id)
+                    })
+                })
+                .map(|(socket, _)| socket)
+                .collect();
+            end_in(path, &stale)
+        });
+        match ending {
+            Ok(count) => ended += count,
+            Err(error) => tracing::warn!(
+                netns = %path.display(),
+                %error,
+                "ending sockets sent to removed backends"
+            ),
+        }
+    }
+    if ended > 0 {
+        tracing::info!(
+            sockets = ended,
+            "ended connected sockets sent to backends that left their services"
+        );
+    }
+    ended
 }
 
 /// The translation a connected socket was given: the slot of its storage `rev` that
@@ -205,16 +305,6 @@ pub fn translation_of(socket: &sockdiag::DiagSocket, rev: Option<&SockRev>) -> O
     rev?.find(&socket.peer, socket.peer_port_be).copied()
 }
 
-/// The service port a slot's socket asked for (`protocol`: the socket's).
-fn service_key(slot: &SockRevSlot, protocol: u8) -> ServiceKey {
-    ServiceKey {
-        addr: slot.service,
-        port_be: slot.service_port_be,
-        protocol,
-        scope: SCOPE_CLUSTER,
-    }
-}
-
 /// The socket-storage map of the translations (`DP_SOCK_LB_REV`), opened twice: for sock_diag
 /// requests (by descriptor) and for lookups by socket.
 pub struct Storage {
@@ -224,7 +314,7 @@ pub struct Storage {
 
 impl Storage {
     /// Opens the map pinned under `pins`.
-    pub fn open(pins: &crate::kernel::pins::Pins) -> Result<Self, AgentError> {
+    pub fn open(pins: &Pins) -> Result<Self, AgentError> {
         let open =
             || MapData::from_pin(pins.map(SOCK_LB_REV)).map_err(map_err(SOCK_LB_REV, "open pin"));
         let diag = open()?;
@@ -297,6 +387,115 @@ fn end_in(path: &std::path::Path, stale: &[sockdiag::DiagSocket]) -> std::io::Re
     let file = std::fs::File::open(path)?;
     netns::in_netns(&file, || sockdiag::destroy_listed(stale))?
 }
+
+/// Whether the socket-level programs are attached (their links pinned under `pins`).
+pub fn attached(pins: &Pins) -> bool {
+    pins.link_names()
+        .iter()
+        .any(|name| name.ends_with("@cgroup"))
+}
+
+/// The path a pod's new flow to a service port of `scope` takes, as the programs decide it:
+/// `socket` (a backend given at connect or send), `socket: refused` (no endpoints:
+/// ECONNREFUSED at once), or `per packet` with why; `-` for keys pods never reach.
+pub fn pod_path(
+    scope: u8,
+    service: &ServiceValue,
+    has_ranges: bool,
+    attached: bool,
+) -> &'static str {
+    if scope == SCOPE_EXTERNAL {
+        return "-";
+    }
+    if !attached {
+        return "per packet";
+    }
+    if service.backends == 0 {
+        "socket: refused"
+    } else if service.affinity_timeout != 0 {
+        "per packet: affinity"
+    } else if scope == SCOPE_CLUSTER && has_ranges {
+        "per packet: source ranges"
+    } else {
+        "socket"
+    }
+}
+
+/// What the socket-level translation does to a new flow from the pod behind veth `ifindex`
+/// to `dst` port `port` (`protocol`), read from the maps pinned under `pins`: `None` when the
+/// programs are not attached or the flow is to no service port.
+pub fn flow_path(
+    pins: &Pins,
+    ifindex: u32,
+    dst: std::net::IpAddr,
+    protocol: u8,
+    port: u16,
+) -> Result<Option<String>, AgentError> {
+    if !attached(pins)
+        || (protocol != libc::IPPROTO_TCP as u8 && protocol != libc::IPPROTO_UDP as u8)
+    {
+        return Ok(None);
+    }
+    let open =
+        |name: &'static str| MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"));
+    let services: HashMap<MapData, ServiceKey, ServiceValue> =
+        HashMap::try_from(Map::HashMap(open(maps::LB_SERVICES)?))
+            .map_err(map_err(maps::LB_SERVICES, "open"))?;
+    let addr = crate::mapsync::addr16(dst);
+    let mut key = ServiceKey {
+        addr,
+        port_be: port.to_be_bytes(),
+        protocol,
+        scope: SCOPE_CLUSTER,
+    };
+    let mut found = services.get(&key, 0).ok();
+    if found.is_none() {
+        let nodes: HashMap<MapData, Addr, u32> =
+            HashMap::try_from(Map::HashMap(open(maps::NODE_ADDRS)?))
+                .map_err(map_err(maps::NODE_ADDRS, "open"))?;
+        if nodes.get(&addr, 0).is_ok() {
+            key.addr = if dst.is_ipv4() {
+                NODEPORT_ANY_V4
+            } else {
+                [0; 16]
+            };
+            for scope in [SCOPE_NODEPORT_FROM_POD, SCOPE_NODEPORT] {
+                key.scope = scope;
+                found = services.get(&key, 0).ok();
+                if found.is_some() {
+                    break;
+                }
+            }
+        }
+    }
+    let Some(service) = found else {
+        return Ok(None);
+    };
+    let pods: HashMap<MapData, u64, SockPod> = HashMap::try_from(Map::HashMap(open(SOCK_LB_PODS)?))
+        .map_err(map_err(SOCK_LB_PODS, "open"))?;
+    if !pods.iter().flatten().any(|(_, pod)| pod.ifindex == ifindex) {
+        return Ok(Some(
+            "per packet: the pod is not served at the socket (its namespace was not found)".into(),
+        ));
+    }
+    let has_ranges =
+        crate::lb::admitted_sources(pins)?.contains_key(&(key.addr, key.port_be, protocol));
+    let path = pod_path(key.scope, &service, has_ranges, true);
+    Ok(Some(match path {
+        "socket" => "socket: a connect (or unconnected send) from this pod is given a backend \
+                     before any packet leaves; its packets carry the backend's address and take \
+                     none of the translation traced below (which serves sockets opened before \
+                     the programs attached)"
+            .into(),
+        "socket: refused" => {
+            "socket: refused at connect or send (ECONNREFUSED): no endpoints".into()
+        }
+        other => other.to_owned(),
+    }))
+}
+
+/// The agent's own network namespace (the host's: the agent runs on the host network).
+pub const HOST_NETNS: &str = "/proc/self/ns/net";
 
 /// Empties the scope map (`--socket-lb off`): programs a previous agent left attached serve
 /// no one.

@@ -275,11 +275,12 @@ impl LbState {
         self.departures
     }
 
-    /// Whether the service port `key` still references backend `id` (ready or terminating).
-    pub fn serves(&self, key: &ServiceKey, id: u32) -> bool {
+    /// The backend ids each installed service port references (ready or terminating).
+    pub fn members(&self) -> HashMap<ServiceKey, HashSet<u32>> {
         self.installed
-            .get(key)
-            .is_some_and(|installed| installed.referenced.contains(&id))
+            .iter()
+            .map(|(key, installed)| (*key, installed.referenced.iter().copied().collect()))
+            .collect()
     }
 
     /// The id of the backend `backend` in the maps, if this agent wrote it.

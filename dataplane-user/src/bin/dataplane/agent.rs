@@ -33,7 +33,6 @@ use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::XdpForward;
 use crate::cluster::{Cluster, Source, warn_unrestricted};
-use dataplane_user::changes::Stage;
 
 pub(super) enum SourceArg {
     Manifests(PathBuf),
@@ -63,6 +62,7 @@ pub(super) struct RunArgs {
         Vec<dataplane_user::egressrouter::reservations::Reservation>,
     pub(super) socket_lb: lb::socket::SocketLb,
     pub(super) socket_lb_cgroup: Option<PathBuf>,
+    pub(super) socket_lb_host: lb::socket::SocketLbHost,
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
     /// How often the cluster state is looked at without a reported change.
     pub(super) look_every: std::time::Duration,
@@ -254,20 +254,12 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
     for iface in &pod_ifaces {
         agent.attachments.extend(dataplane.attach_pod(iface)?);
     }
-    match (args.socket_lb, cluster.as_mut()) {
-        (lb::socket::SocketLb::On, Some(cluster)) => {
-            let cgroup = args
-                .socket_lb_cgroup
-                .clone()
-                .or_else(lb::socket::cgroup2_root)
-                .context("--socket-lb on: no cgroup v2 mount found (give --socket-lb-cgroup)")?;
-            agent
-                .attachments
-                .extend(dataplane.attach_socket_lb(&cgroup)?);
-            let mut scope = lb::socket::SocketScope::new(args.cni_netns_dirs.clone());
-            scope.refresh(&mut dataplane, &pod_veths(&agent))?;
-            cluster.socket_scope = Some(scope);
-        }
+    let socket_scope = match cluster.as_ref() {
+        Some(_) => start_socket_lb(args, &mut dataplane, &mut agent)?,
+        None => None,
+    };
+    match (socket_scope, cluster.as_mut()) {
+        (Some(scope), Some(cluster)) => cluster.socket_scope = Some(scope),
         _ => {
             dataplane.detach_socket_lb();
             lb::socket::clear_scope(&mut dataplane)?;
@@ -603,13 +595,11 @@ async fn sync_and_attach(
         if let Err(error) = scope.refresh(dataplane, &pod_veths(agent)) {
             tracing::warn!(%error, "updating the pods served by the socket-level translation");
         }
-        if synced.stages.contains(&Stage::Services) {
-            let lb = &cluster.lb;
-            if let Err(error) =
-                scope.end_stale(dataplane, lb.departures(), |key, id| lb.serves(key, id))
-            {
-                tracing::warn!(%error, "ending sockets sent to removed backends");
-            }
+        // After every sync, not only the services stage's: a look deferred while the last
+        // one ran is taken up here (nothing is done while no backend has left).
+        let lb = &cluster.lb;
+        if let Err(error) = scope.end_stale(dataplane.pins(), lb.departures(), || lb.members()) {
+            tracing::warn!(%error, "ending sockets sent to removed backends");
         }
     }
     tracing::debug!(
@@ -618,6 +608,38 @@ async fn sync_and_attach(
         "synced and attached"
     );
     Ok(interfaces)
+}
+
+/// Attaches the socket-level translation as `--socket-lb` asks and puts this node's pods in
+/// its scope; `None`: per packet only (asked for, or `auto` where the kernel does not allow
+/// it, said in a warning).
+fn start_socket_lb(
+    args: &RunArgs,
+    dataplane: &mut Dataplane,
+    agent: &mut AgentState,
+) -> anyhow::Result<Option<lb::socket::SocketScope>> {
+    let required = match args.socket_lb {
+        lb::socket::SocketLb::Off => return Ok(None),
+        lb::socket::SocketLb::On => true,
+        lb::socket::SocketLb::Auto => false,
+    };
+    let attached = lb::socket::cgroup_for_attach(args.socket_lb_cgroup.as_deref())
+        .context("no cgroup v2 hierarchy found to attach to (give --socket-lb-cgroup)")
+        .and_then(|cgroup| Ok(dataplane.attach_socket_lb(&cgroup)?));
+    match attached {
+        Ok(attachments) => agent.attachments.extend(attachments),
+        Err(error) if required => return Err(error.context("--socket-lb on")),
+        Err(error) => {
+            tracing::warn!(
+                error = format!("{error:#}"),
+                "--socket-lb auto: services translated per packet only"
+            );
+            return Ok(None);
+        }
+    }
+    let mut scope = lb::socket::SocketScope::new(args.cni_netns_dirs.clone(), args.socket_lb_host)?;
+    scope.refresh(dataplane, &pod_veths(agent))?;
+    Ok(Some(scope))
 }
 
 fn stage_names(synced: &crate::cluster::Synced) -> Vec<&'static str> {

@@ -125,15 +125,21 @@ pub(super) struct RunOptions {
     pub(super) egress_router_reservations:
         Vec<dataplane_user::egressrouter::reservations::Reservation>,
     /// Translate this node's pods' connections (TCP, UDP connected or not) to ClusterIPs,
-    /// external and load-balancer IPs at the socket (cgroup connect/sendmsg/recvmsg/
-    /// getpeername programs), so no packet of them is translated; off: per packet only.
-    /// ClientIP affinity, source ranges, NodePorts, SCTP stay per packet either way.
-    #[arg(long, value_enum, default_value_t = dataplane_user::lb::socket::SocketLb::Off)]
+    /// external and load-balancer IPs and nodes' NodePorts at the socket (cgroup connect/
+    /// sendmsg/recvmsg/getpeername programs), so no packet of them is translated; auto: where
+    /// the kernel allows it, else per packet; off: per packet only. ClientIP affinity,
+    /// source ranges and SCTP stay per packet either way.
+    #[arg(long, value_enum, default_value_t = dataplane_user::lb::socket::SocketLb::Auto)]
     pub(super) socket_lb: dataplane_user::lb::socket::SocketLb,
     /// The cgroup v2 directory the socket-level programs attach to (default: the first
-    /// cgroup2 mount, the node's root).
+    /// cgroup2 mount, the node's root; a directory that is no cgroup v2 hierarchy's is looked
+    /// into for its `unified` one).
     #[arg(long)]
     pub(super) socket_lb_cgroup: Option<PathBuf>,
+    /// Serve the node's own (host-network) processes at the socket too: their connections
+    /// to services get a backend when they connect, as pods' do.
+    #[arg(long, value_enum, default_value_t = dataplane_user::lb::socket::SocketLbHost::Off)]
+    pub(super) socket_lb_host: dataplane_user::lb::socket::SocketLbHost,
     /// Map sizes (given to the kernel when the maps are created; pinned maps keep theirs).
     #[command(flatten)]
     pub(super) capacities: dataplane_user::kernel::capacity::Capacities,
