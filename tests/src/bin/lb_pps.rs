@@ -124,6 +124,8 @@ const SERVICE_IP: &str = "10.96.0.10";
 /// The services' TCP port for request/response, and the backends' port behind it.
 const RR_PORT: u16 = 81;
 const RR_TARGET: u16 = 8081;
+/// The services' TCP port for one stream (iperf3), the same on the backends.
+const STREAM_PORT: u16 = 5201;
 
 #[derive(Serialize)]
 struct Report {
@@ -410,6 +412,51 @@ impl TcpPath {
     }
 }
 
+/// One TCP stream's run (iperf3): Gbit/s received and the machine's CPU seconds per GB.
+#[derive(Clone, Copy, Serialize)]
+struct Stream {
+    gbps: f64,
+    cpu_seconds_per_gb: f64,
+}
+
+impl Stream {
+    /// One iperf3 run of `seconds` from `netns` to `address` port `STREAM_PORT` (a server
+    /// listens there on every backend).
+    fn measure(netns: &str, address: &str, seconds: u64) -> anyhow::Result<Self> {
+        let ticks = CpuTicks::read()?;
+        let out = Command::new("nsenter")
+            .arg(format!("--net=/run/netns/{netns}"))
+            .args([
+                "iperf3",
+                "-c",
+                address,
+                "-p",
+                &STREAM_PORT.to_string(),
+                "-J",
+            ])
+            .args(["-t", &seconds.max(1).to_string()])
+            .output()
+            .context("running iperf3")?;
+        let busy = ticks.busy_cpus_until(CpuTicks::read()?);
+        if !out.status.success() {
+            bail!("iperf3: {}", String::from_utf8_lossy(&out.stdout));
+        }
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let gbps = report["end"]["sum_received"]["bits_per_second"]
+            .as_f64()
+            .context("iperf3 report without sum_received")?
+            / 1e9;
+        Ok(Self {
+            gbps,
+            cpu_seconds_per_gb: busy * 8.0 / gbps.max(1e-9),
+        })
+    }
+}
+
+fn median_stream(runs: &[Stream], field: fn(&Stream) -> f64) -> f64 {
+    median(&runs.iter().map(field).collect::<Vec<_>>())
+}
+
 /// Request/response through the ClusterIP four ways, round by round.
 #[derive(Default, Serialize)]
 struct ClusterIpTcp {
@@ -421,6 +468,10 @@ struct ClusterIpTcp {
     pod_address: TcpPath,
     /// kube-proxy's nftables rules.
     nftables: TcpPath,
+    /// One TCP stream to the ClusterIP translated at the socket, and to a backend's pod
+    /// address.
+    socket_stream: Vec<Stream>,
+    pod_address_stream: Vec<Stream>,
 }
 
 impl ClusterIpTcp {
@@ -450,6 +501,40 @@ impl ClusterIpTcp {
                 self.socket.rate(kind) / self.pod_address.rate(kind),
                 self.per_packet.rate(kind) / self.nftables.rate(kind),
                 self.nftables.cpu_us(kind) / self.socket.cpu_us(kind)
+            );
+            // What the translation itself costs: each path's CPU a transaction beyond the
+            // pod address's (where nothing is translated), the client's and server's own TCP
+            // work taken out.
+            let floor = self.pod_address.cpu_us(kind);
+            println!(
+                "      CPU a transaction beyond the pod address's: per packet {:.1} us, at the \
+                 socket {:.1} us, nftables {:.1} us",
+                self.per_packet.cpu_us(kind) - floor,
+                self.socket.cpu_us(kind) - floor,
+                self.nftables.cpu_us(kind) - floor
+            );
+        }
+        if !self.socket_stream.is_empty() {
+            let gbps = |r: &Stream| r.gbps;
+            let cost = |r: &Stream| r.cpu_seconds_per_gb;
+            println!("    one TCP stream (iperf3):");
+            for (name, runs) in [
+                ("ours, at the socket (--socket-lb on)", &self.socket_stream),
+                ("to the backend's pod address", &self.pod_address_stream),
+            ] {
+                println!(
+                    "      {name}: median {:.2} Gbit/s, {:.2} CPU s/GB",
+                    median_stream(runs, gbps),
+                    median_stream(runs, cost)
+                );
+            }
+            println!(
+                "      throughput at the socket / to the pod address: {:.2}; CPU s/GB, pod \
+                 address / at the socket: {:.2}",
+                median_stream(&self.socket_stream, gbps)
+                    / median_stream(&self.pod_address_stream, gbps),
+                median_stream(&self.pod_address_stream, cost)
+                    / median_stream(&self.socket_stream, cost)
             );
         }
     }
@@ -746,6 +831,12 @@ fn main() -> anyhow::Result<()> {
             protocol: "TCP",
             target: RR_TARGET,
         },
+        ServicePort {
+            name: "stream",
+            port: STREAM_PORT,
+            protocol: "TCP",
+            target: STREAM_PORT,
+        },
     ];
     let service = cluster_ip_manifests("blast", SERVICE_IP, &ports, &backends);
     topology.add_manifest("blast.yaml", &service)?;
@@ -855,6 +946,20 @@ fn main() -> anyhow::Result<()> {
         .iter()
         .map(|pod| Server::start(&pod.netns, RR_TARGET))
         .collect::<anyhow::Result<Vec<_>>>()?;
+    let _stream_servers = backends
+        .iter()
+        .map(|pod| {
+            Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{}", pod.netns))
+                .args(["iperf3", "-s", "-p", &STREAM_PORT.to_string()])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .spawn()
+                .map(KillOnDrop)
+                .context("starting iperf3 server")
+        })
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    std::thread::sleep(std::time::Duration::from_millis(500));
     let rr_target = format!("{SERVICE_IP}:{RR_PORT}");
     let pod_target = format!("{}:{RR_TARGET}", backends[0].ip);
     let mut cluster_ip_tcp = ClusterIpTcp::default();
@@ -867,12 +972,16 @@ fn main() -> anyhow::Result<()> {
             cluster_ip_tcp
                 .pod_address
                 .measure(&client.netns, &pod_target, args.seconds)?;
+            let stream = Stream::measure(&client.netns, &backends[0].ip.to_string(), args.seconds)?;
+            cluster_ip_tcp.pod_address_stream.push(stream);
         }
         {
             let _agent = node.start_agent_with(&["--socket-lb", "on"])?;
             cluster_ip_tcp
                 .socket
                 .measure(&client.netns, &rr_target, args.seconds)?;
+            let stream = Stream::measure(&client.netns, SERVICE_IP, args.seconds)?;
+            cluster_ip_tcp.socket_stream.push(stream);
         }
         run_in(&node.netns, &["nft", "-f", &rules.display().to_string()])?;
         let theirs = cluster_ip_tcp
@@ -1244,4 +1353,14 @@ fn sink_udp(netns: &str, iface: &str, port: u16) -> anyhow::Result<()> {
             "nft", "add", "rule", "netdev", "sink", "drops", "udp", "dport", &port, "drop",
         ],
     )
+}
+
+/// A child process killed (and reaped) when dropped.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
