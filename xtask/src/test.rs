@@ -44,16 +44,20 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&not_run);
     test.env(NOT_RUN_LOG, &not_run);
     // The service tests again with the agents translating at the socket (`--socket-lb on`):
-    // every Service behaviour must hold in both modes.
+    // every Service behaviour must hold in both modes, NetworkPolicy must judge the backend a
+    // socket was given as it judges the per-packet DNAT's, and egress IPs and multicast must
+    // not notice.
     let mut socket_pass = crate::cargo();
+    socket_pass.args(["test", "--package", "dataplane-tests"]);
+    for suite in [
+        "lb_topology",
+        "policy_topology",
+        "egressip_topology",
+        "multicast_topology",
+    ] {
+        socket_pass.args(["--test", suite]);
+    }
     socket_pass
-        .args([
-            "test",
-            "--package",
-            "dataplane-tests",
-            "--test",
-            "lb_topology",
-        ])
         .env(SOCKET_LB_MODE, "on")
         .env(NOT_RUN_LOG, &not_run);
     if let Some(filter) = &args.filter {
