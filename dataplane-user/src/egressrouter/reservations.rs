@@ -150,16 +150,26 @@ mod tests {
             Arc::new(
                 serde_yaml::from_str(&format!(
                     "metadata: {{name: r, namespace: {namespace}, creationTimestamp: '{created}'}}\n\
-                     spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}]}}"
+                     spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}], \
+                     redirect: {{fallbackIP: 203.0.113.1}}}}"
                 ))
                 .unwrap(),
             )
         };
-        // A younger router of another namespace asking for the same address gets nothing.
+        // A younger router of another namespace asking for the same address gets nothing; an
+        // invalid one (no gateway) reserves nothing, older or not.
+        let invalid: Arc<EgressRouter> = Arc::new(
+            serde_yaml::from_str(
+                "metadata: {name: r, namespace: broken, creationTimestamp: '2026-11-01T00:00:00Z'}\n\
+                 spec: {addresses: [{ip: 192.168.13.5/24}], redirect: {fallbackIP: 203.0.113.1}}",
+            )
+            .unwrap(),
+        );
         let state = ClusterState {
             egress_routers: Objects::from(vec![
                 router("thief", "2026-12-02T00:00:00Z"),
                 router("egress", "2026-12-01T00:00:00Z"),
+                invalid,
             ]),
             ..ClusterState::default()
         };
@@ -174,6 +184,7 @@ mod tests {
         assert!(!reservations.allow(Some("tenant"), ip("192.168.12.99")));
         assert!(!reservations.allow(Some("thief"), ip("192.168.12.99")));
         assert!(!reservations.allow(None, ip("192.168.12.99")));
+        assert!(!reservations.allow(Some("broken"), ip("192.168.13.5")));
         // A flag for every namespace, and one for a namespace.
         assert!(reservations.allow(None, ip("10.1.0.2")));
         assert!(reservations.allow(Some("tenant"), ip("10.1.0.2")));

@@ -308,8 +308,11 @@ fn service(meta: ObjectMeta, name: &str, conf: &RouterConf) -> Service {
 
 /// The reserved address an EgressRouter asks for, if it names one that parses.
 pub fn reserved_address(router: &EgressRouter) -> Option<IpAddr> {
-    let address = router.spec.addresses.first()?;
-    address.ip.parse::<IpNet>().ok().map(|net| net.addr())
+    // An invalid router reserves nothing: its pod is never made (its status says why), so
+    // its address must stay free for a valid router (and claimable by no one else's pod).
+    plan(router, "")
+        .ok()
+        .map(|objects| objects.conf.address.addr())
 }
 
 /// Which EgressRouter holds each reserved address (namespace, name): where two ask for one
@@ -591,13 +594,21 @@ spec:
             let created = created.map_or(String::new(), |t| format!(", creationTimestamp: '{t}'"));
             Arc::new(self::router(&format!(
                 "metadata: {{name: {name}, namespace: {namespace}{created}}}\n\
-                 spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}]}}"
+                 spec: {{addresses: [{{ip: 192.168.12.99/24, gateway: 192.168.12.1}}], \
+                 redirect: {{fallbackIP: 203.0.113.1}}}}"
             )))
         };
+        // An older router whose spec is invalid (no gateway) holds nothing.
+        let invalid = Arc::new(self::router(
+            "metadata: {name: broken, namespace: d, creationTimestamp: '2026-11-01T00:00:00Z'}\n\
+             spec: {addresses: [{ip: 192.168.12.99/24}], redirect: {fallbackIP: 203.0.113.1}}",
+        ));
+        assert_eq!(reserved_address(&invalid), None);
         let routers = [
             router("b", "new", Some("2026-12-02T00:00:00Z")),
             router("c", "file", None),
             router("a", "old", Some("2026-12-01T00:00:00Z")),
+            invalid,
         ];
         let holders = address_holders(&routers);
         assert_eq!(
