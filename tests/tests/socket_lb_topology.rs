@@ -17,11 +17,107 @@ use dataplane_tests::{
         Server, ServicePort, check_answers, cluster_ip_manifests, dual_stack_manifests,
         echo_backend, service_requests, tcp_answers,
     },
-    topology::{Mode, Pod, Topology, exec_in},
+    topology::{Agent, Mode, Node, Pod, Topology, exec_in},
 };
 
 const SERVICE_IP: &str = "10.96.0.30";
 const SERVICE_IP6: &str = "fd00:10:96::30";
+
+const HTTP: ServicePort = ServicePort {
+    name: "http",
+    port: 80,
+    protocol: "TCP",
+    target: 8080,
+};
+const DNS: ServicePort = ServicePort {
+    name: "dns",
+    port: 53,
+    protocol: "UDP",
+    target: 5353,
+};
+/// To [`holding_backend`]'s port.
+const HOLD: ServicePort = ServicePort {
+    name: "hold",
+    port: 81,
+    protocol: "TCP",
+    target: 8081,
+};
+
+/// Adds the manifest `file` (`manifests`) and starts the echo servers on each node's second
+/// pod (the backends), with [`holding_backend`]'s beside them when `hold`.
+fn serve(topology: &Topology, file: &str, manifests: &str, hold: bool) -> Vec<Server> {
+    topology.add_manifest(file, manifests).expect("manifests");
+    let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
+    let mut servers: Vec<Server> = backends
+        .iter()
+        .map(|p| echo_backend(p, false).expect("backend"))
+        .collect();
+    if hold {
+        servers.extend(backends.iter().map(|p| holding_backend(p)));
+    }
+    servers
+}
+
+/// The agents of both nodes translating at the socket, node 0's with `extra` flags too.
+fn start_agents(topology: &Topology, extra: &[&str]) -> (Agent, Agent) {
+    let mut flags = vec!["--socket-lb", "on"];
+    flags.extend_from_slice(extra);
+    (
+        topology.node(0).start_agent_with(&flags).expect("agent"),
+        topology
+            .node(1)
+            .start_agent_with(&["--socket-lb", "on"])
+            .expect("agent"),
+    )
+}
+
+/// `dataplane ARGS` against `agent`'s pins, run in `node`'s namespace (as on a node: veths
+/// are named from there).
+fn dataplane_cli(node: &Node, agent: &Agent, args: &[&str]) -> std::process::Output {
+    std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{}", node.netns))
+        .arg(dataplane_tests::topology::dataplane_binary())
+        .arg("--pin-root")
+        .arg(agent.pins.root())
+        .args(args)
+        .output()
+        .expect("dataplane")
+}
+
+/// Runs python `script` in `netns` and waits for its first line, which must be `ready`; the
+/// script then waits for a line on its input to go on.
+fn held_client(
+    netns: &str,
+    script: &str,
+) -> (
+    std::process::Child,
+    std::io::BufReader<std::process::ChildStdout>,
+) {
+    let mut child = std::process::Command::new("nsenter")
+        .arg(format!("--net=/run/netns/{netns}"))
+        .args(["python3", "-c", script])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("client");
+    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut stdout, &mut line).expect("ready");
+    assert_eq!(line, "ready\n");
+    (child, stdout)
+}
+
+/// Lets a [`held_client`] go on and returns the line it prints then.
+fn go_on(
+    child: &mut std::process::Child,
+    stdout: &mut std::io::BufReader<std::process::ChildStdout>,
+) -> String {
+    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n").expect("go");
+    let mut line = String::new();
+    std::io::BufRead::read_line(stdout, &mut line).expect("outcome");
+    let _ = child.wait();
+    line
+}
 
 #[test]
 fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translated() {
@@ -95,32 +191,10 @@ fn pods_reach_a_dual_stack_cluster_ip_through_the_socket_with_no_packet_translat
          \x20   held += [t, u]\n\
          print('ready', flush=True); sys.stdin.readline()\n"
     );
-    let mut holder = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", client.netns))
-        .args(["python3", "-c", &holder_script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("holder");
-    let mut ready = String::new();
-    std::io::BufRead::read_line(
-        &mut std::io::BufReader::new(holder.stdout.take().expect("stdout")),
-        &mut ready,
-    )
-    .expect("ready");
-    assert_eq!(ready, "ready\n");
-    // Run in the node's namespace, as on a node: veths are named from there.
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
-        .arg(dataplane_tests::topology::dataplane_binary())
-        .arg("--pin-root")
-        .arg(agents[0].pins.root())
-        .args(["inspect", "sockets"])
-        .output()
-        .expect("dataplane inspect");
+    let (mut holder, mut held) = held_client(&client.netns, &holder_script);
+    let out = dataplane_cli(topology.node(0), &agents[0], &["inspect", "sockets"]);
     let table = String::from_utf8_lossy(&out.stdout);
-    drop(holder.stdin.take());
-    let _ = holder.wait();
+    go_on(&mut holder, &mut held);
     let veth = format!("{} (", client.host_iface);
     assert!(
         table
@@ -165,51 +239,26 @@ fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let http = |name| ServicePort {
-        name,
-        port: 80,
-        protocol: "TCP",
-        target: 8080,
-    };
-    let dns = ServicePort {
-        name: "dns",
-        port: 53,
-        protocol: "UDP",
-        target: 5353,
-    };
     topology
         .add_manifest(
             "web.yaml",
-            &cluster_ip_manifests("web", "10.96.0.31", &[http("http")], &backends),
+            &cluster_ip_manifests("web", "10.96.0.31", &[HTTP], &backends),
         )
         .expect("manifests");
     topology
         .add_manifest(
             "empty.yaml",
-            &cluster_ip_manifests("empty", "10.96.0.32", &[http("http"), dns], &[]),
+            &cluster_ip_manifests("empty", "10.96.0.32", &[HTTP, DNS], &[]),
         )
         .expect("manifests");
-    let sticky = cluster_ip_manifests("sticky", "10.96.0.33", &[http("http")], &backends)
+    let sticky = cluster_ip_manifests("sticky", "10.96.0.33", &[HTTP], &backends)
         .replacen(
             "spec: {",
             "spec: {sessionAffinity: ClientIP, sessionAffinityConfig: {clientIP: {timeoutSeconds: 60}}, ",
             1,
         );
-    topology
-        .add_manifest("sticky.yaml", &sticky)
-        .expect("manifests");
-    let servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
-    let _other = topology
-        .node(1)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
+    let servers = serve(&topology, "sticky.yaml", &sticky, false);
+    let (agent, _other) = start_agents(&topology, &[]);
     let client = &topology.node(0).pods[0];
     // Wait until the service serves (the backends start beside the agents).
     let first = tcp_answers(&client.netns, "10.96.0.31", 80, 1).expect("web");
@@ -250,15 +299,7 @@ fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_
 
     // Which path each takes, as `trace` and `inspect services` say.
     let dataplane = |args: &[&str]| -> serde_json::Value {
-        let out = std::process::Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{}", topology.node(0).netns))
-            .arg(dataplane_tests::topology::dataplane_binary())
-            .arg("--pin-root")
-            .arg(agent.pins.root())
-            .args(args)
-            .arg("--json")
-            .output()
-            .expect("dataplane");
+        let out = dataplane_cli(topology.node(0), &agent, &[args, &["--json"]].concat());
         serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
     };
     let from = client.ip.to_string();
@@ -305,7 +346,7 @@ fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_
     topology
         .add_manifest(
             "web.yaml",
-            &cluster_ip_manifests("web", "10.96.0.31", &[http("http")], &[remaining]),
+            &cluster_ip_manifests("web", "10.96.0.31", &[HTTP], &[remaining]),
         )
         .expect("manifests");
     let only_remaining = eventually(|| {
@@ -340,22 +381,12 @@ fn the_socket_programs_serve_while_no_agent_runs_survive_a_restart_and_go_with_s
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let http = ServicePort {
-        name: "http",
-        port: 80,
-        protocol: "TCP",
-        target: 8080,
-    };
-    topology
-        .add_manifest(
-            "web.yaml",
-            &cluster_ip_manifests("web", "10.96.0.34", &[http], &backends),
-        )
-        .expect("manifests");
-    let servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
+    let servers = serve(
+        &topology,
+        "web.yaml",
+        &cluster_ip_manifests("web", "10.96.0.34", &[HTTP], &backends),
+        false,
+    );
     let _other = topology.node(1).start_agent().expect("agent on node 1");
     let agent = topology
         .node(0)
@@ -438,43 +469,10 @@ fn a_removed_backend_ends_the_connected_sockets_sent_to_it_and_no_other() {
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let ports = |backends: &[&Pod]| {
-        cluster_ip_manifests(
-            "hold",
-            "10.96.0.35",
-            &[
-                ServicePort {
-                    name: "hold",
-                    port: 81,
-                    protocol: "TCP",
-                    target: 8081,
-                },
-                ServicePort {
-                    name: "dns",
-                    port: 53,
-                    protocol: "UDP",
-                    target: 5353,
-                },
-            ],
-            backends,
-        )
-    };
-    topology
-        .add_manifest("hold.yaml", &ports(&backends))
-        .expect("manifests");
-    let mut servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
-    servers.extend(backends.iter().map(|p| holding_backend(p)));
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
-    let _other = topology
-        .node(1)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
+    let ports =
+        |backends: &[&Pod]| cluster_ip_manifests("hold", "10.96.0.35", &[HOLD, DNS], backends);
+    let servers = serve(&topology, "hold.yaml", &ports(&backends), true);
+    let (agent, _other) = start_agents(&topology, &[]);
     let doomed = backends[0].ip.to_string();
     // Through the service: a TCP connection and a connected UDP socket that reached the
     // doomed backend; beside them, a TCP connection straight to the doomed pod's address,
@@ -505,25 +503,12 @@ fn a_removed_backend_ends_the_connected_sockets_sent_to_it_and_no_other() {
          print('tcp', outcome(t, 20), 'udp', outcome(u, 20), 'direct', outcome(direct, 1), flush=True)\n"
     );
     let client = &topology.node(0).pods[0];
-    let mut child = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", client.netns))
-        .args(["python3", "-c", &script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("client");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("ready");
-    assert_eq!(line, "ready\n");
+    let (mut child, mut stdout) = held_client(&client.netns, &script);
 
     topology
         .add_manifest("hold.yaml", &ports(&[backends[1]]))
         .expect("manifests");
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n").expect("go");
-    line.clear();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("outcome");
-    let _ = child.wait();
+    let line = go_on(&mut child, &mut stdout);
     assert_eq!(
         line,
         "tcp ECONNABORTED udp ECONNABORTED direct open\n",
@@ -549,41 +534,9 @@ fn a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_th
     }
     let topology = Topology::build_with(2, 3, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let manifests = cluster_ip_manifests(
-        "shared",
-        "10.96.0.36",
-        &[
-            ServicePort {
-                name: "hold",
-                port: 81,
-                protocol: "TCP",
-                target: 8081,
-            },
-            ServicePort {
-                name: "dns",
-                port: 53,
-                protocol: "UDP",
-                target: 5353,
-            },
-        ],
-        &backends,
-    );
-    topology
-        .add_manifest("shared.yaml", &manifests)
-        .expect("manifests");
-    let mut servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
-    servers.extend(backends.iter().map(|p| holding_backend(p)));
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
-    let _other = topology
-        .node(1)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
+    let manifests = cluster_ip_manifests("shared", "10.96.0.36", &[HOLD, DNS], &backends);
+    let servers = serve(&topology, "shared.yaml", &manifests, true);
+    let (agent, _other) = start_agents(&topology, &[]);
 
     // The victim: a connection through the service, and an unconnected UDP socket whose
     // answer waits in its queue while the other pod churns.
@@ -598,17 +551,7 @@ fn a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_th
          d, a = u.recvfrom(100)\n\
          print('peer', *t.getpeername(), 'udp', *a, flush=True)\n";
     let victim = &topology.node(0).pods[0];
-    let mut child = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", victim.netns))
-        .args(["python3", "-c", victim_script])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("victim");
-    let mut stdout = std::io::BufReader::new(child.stdout.take().expect("stdout"));
-    let mut line = String::new();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("ready");
-    assert_eq!(line, "ready\n");
+    let (mut child, mut stdout) = held_client(&victim.netns, victim_script);
 
     // The churner: more sockets through the service than a shared reverse map of the old
     // design held (65,536), each sending once and closing.
@@ -623,10 +566,7 @@ fn a_pod_churning_sockets_through_services_costs_no_other_pod_its_way_back_to_th
     let sent = agent.counters().expect("counters").socket("sendmsg") - sent_before;
     assert_eq!(sent, 70_000);
 
-    std::io::Write::write_all(&mut child.stdin.take().expect("stdin"), b"go\n").expect("go");
-    line.clear();
-    std::io::BufRead::read_line(&mut stdout, &mut line).expect("outcome");
-    let _ = child.wait();
+    let line = go_on(&mut child, &mut stdout);
     assert_eq!(
         line,
         "peer 10.96.0.36 81 udp 10.96.0.36 53\n",
@@ -643,43 +583,12 @@ fn a_pod_reaches_a_node_port_on_either_node_through_the_socket() {
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let manifests = cluster_ip_manifests(
-        "np",
-        "10.96.0.37",
-        &[
-            ServicePort {
-                name: "http",
-                port: 80,
-                protocol: "TCP",
-                target: 8080,
-            },
-            ServicePort {
-                name: "dns",
-                port: 53,
-                protocol: "UDP",
-                target: 5353,
-            },
-        ],
-        &backends,
-    )
-    .replacen("spec: {clusterIP", "spec: {type: NodePort, clusterIP", 1)
-    .replacen("targetPort: 8080}", "targetPort: 8080, nodePort: 30095}", 1)
-    .replacen("targetPort: 5353}", "targetPort: 5353, nodePort: 30096}", 1);
-    topology
-        .add_manifest("np.yaml", &manifests)
-        .expect("manifests");
-    let servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
-    let _other = topology
-        .node(1)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
+    let manifests = cluster_ip_manifests("np", "10.96.0.37", &[HTTP, DNS], &backends)
+        .replacen("spec: {clusterIP", "spec: {type: NodePort, clusterIP", 1)
+        .replacen("targetPort: 8080}", "targetPort: 8080, nodePort: 30095}", 1)
+        .replacen("targetPort: 5353}", "targetPort: 5353, nodePort: 30096}", 1);
+    let servers = serve(&topology, "np.yaml", &manifests, false);
+    let (agent, _other) = start_agents(&topology, &[]);
     let client = &topology.node(0).pods[0];
     let v4: BTreeSet<String> = backends.iter().map(|p| p.ip.to_string()).collect();
     // This node's address and the other node's: each translated at the socket, to either
@@ -732,36 +641,13 @@ fn host_processes_are_served_at_the_socket_with_socket_lb_host_and_listed_by_ins
     }
     let topology = Topology::build_with(2, 2, Mode::Overlay).expect("build topology");
     let backends = [&topology.node(0).pods[1], &topology.node(1).pods[1]];
-    let http = ServicePort {
-        name: "http",
-        port: 80,
-        protocol: "TCP",
-        target: 8080,
-    };
-    let dns = ServicePort {
-        name: "dns",
-        port: 53,
-        protocol: "UDP",
-        target: 5353,
-    };
-    topology
-        .add_manifest(
-            "web.yaml",
-            &cluster_ip_manifests("web", "10.96.0.38", &[http, dns], &backends),
-        )
-        .expect("manifests");
-    let servers: Vec<Server> = backends
-        .iter()
-        .map(|p| echo_backend(p, false).expect("backend"))
-        .collect();
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--socket-lb", "on", "--socket-lb-host", "on"])
-        .expect("agent");
-    let _other = topology
-        .node(1)
-        .start_agent_with(&["--socket-lb", "on"])
-        .expect("agent");
+    let servers = serve(
+        &topology,
+        "web.yaml",
+        &cluster_ip_manifests("web", "10.96.0.38", &[HTTP, DNS], &backends),
+        false,
+    );
+    let (agent, _other) = start_agents(&topology, &["--socket-lb-host", "on"]);
     let node = topology.node(0);
     // Wait until the service serves from the host (its first connection may meet a map
     // still being written).
@@ -802,14 +688,7 @@ fn host_processes_are_served_at_the_socket_with_socket_lb_host_and_listed_by_ins
     );
 
     // `inspect sockets` lists the host as served.
-    let out = std::process::Command::new("nsenter")
-        .arg(format!("--net=/run/netns/{}", node.netns))
-        .arg(dataplane_tests::topology::dataplane_binary())
-        .arg("--pin-root")
-        .arg(agent.pins.root())
-        .args(["inspect", "sockets"])
-        .output()
-        .expect("dataplane inspect");
+    let out = dataplane_cli(node, &agent, &["inspect", "sockets"]);
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
         table
