@@ -44,14 +44,17 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     let _ = std::fs::remove_file(&not_run);
     test.env(NOT_RUN_LOG, &not_run);
     // The service tests again with the agents translating at the socket (`--socket-lb on`):
-    // every Service behaviour must hold in both modes, NetworkPolicy must judge the backend a
-    // socket was given as it judges the per-packet DNAT's, and egress IPs and multicast must
-    // not notice.
+    // every Service behaviour must hold in both modes, NetworkPolicy, admin policies and
+    // EgressFirewall must judge the backend a socket was given as they judge the per-packet
+    // DNAT's (the cluster DNS reached over unconnected UDP among them), and egress IPs and
+    // multicast must not notice.
     let mut socket_pass = crate::cargo();
     socket_pass.args(["test", "--package", "dataplane-tests"]);
     for suite in [
         "lb_topology",
         "policy_topology",
+        "admin_topology",
+        "acl_topology",
         "egressip_topology",
         "multicast_topology",
     ] {
