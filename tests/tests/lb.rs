@@ -1922,24 +1922,63 @@ fn l4_frame(
     )
 }
 
-/// Waits until CLOCK_MONOTONIC is early in a second later than `after`, so a short sequence
-/// of packets runs within one second of the kernel's flow clock.
+/// Waits until early in a second, after second `after`, and returns it (`CLOCK_MONOTONIC`):
+/// early in the programs' second too, which counts jiffies since boot and so begins at another
+/// moment of each monotonic second (drifting apart over the uptime). Both clocks then have at
+/// least 350 ms before their next second begins, for a timed sequence to run within one second
+/// of each.
 fn early_in_a_second(after: u32) -> u32 {
+    // Fractions of a second both clocks may be at: longer than half a second, so the two
+    // always overlap (by at least 240 ms), whatever the offset between them.
+    const EARLY: std::ops::Range<f64> = 0.03..0.65;
+    let offset = program_second_offset();
     loop {
-        let mut now = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 0,
-        };
-        assert_eq!(
-            // SAFETY: a valid clock id and a valid out pointer.
-            unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
-            0
-        );
-        if now.tv_sec as u32 > after && (50_000_000..400_000_000).contains(&now.tv_nsec) {
-            return now.tv_sec as u32;
+        let now = monotonic();
+        let monotonic_fraction = now.fract();
+        let program_fraction = (monotonic_fraction - offset).rem_euclid(1.0);
+        if now as u32 > after
+            && EARLY.contains(&monotonic_fraction)
+            && EARLY.contains(&program_fraction)
+        {
+            return now as u32;
         }
         sleep(Duration::from_millis(20));
     }
+}
+
+/// `CLOCK_MONOTONIC` in seconds.
+fn monotonic() -> f64 {
+    let mut now = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    assert_eq!(
+        // SAFETY: a valid clock id and a valid out pointer.
+        unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut now) },
+        0
+    );
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
+/// Where in each monotonic second the programs' seconds begin (a fraction): they count
+/// jiffies since boot when the loader knows the tick rate (`clock.rs`), read here from
+/// /proc/timer_list beside the monotonic clock; 0 when they read the monotonic clock.
+fn program_second_offset() -> f64 {
+    let Some(hz) = dataplane_user::kernel::preflight::kernel_tick_hz().map(u64::from) else {
+        return 0.0;
+    };
+    let before = monotonic();
+    let text = std::fs::read_to_string("/proc/timer_list").expect("/proc/timer_list");
+    let after = monotonic();
+    let jiffies: u64 = text
+        .lines()
+        .find_map(|line| line.trim().strip_prefix("jiffies: "))
+        .and_then(|value| value.trim().parse().ok())
+        .expect("jiffies in /proc/timer_list");
+    let ticks = jiffies.wrapping_sub(dataplane_common::lb::jiffies_at_boot(hz));
+    let program_fraction = (ticks % hz) as f64 / hz as f64;
+    let monotonic_fraction = ((before + after) / 2.0).fract();
+    (monotonic_fraction - program_fraction).rem_euclid(1.0)
 }
 
 #[test]

@@ -34,7 +34,8 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // The image the DaemonSet runs, which a topology test runs the agents from.
     crate::image::run()?;
     let mut test = crate::cargo();
-    test.args(["test", "--workspace"]);
+    // Every test binary runs even after one fails: a run's log shows every failure at once.
+    test.args(["test", "--workspace", "--no-fail-fast"]);
     if let Some(filter) = &args.filter {
         test.args(["--", filter]);
     }
@@ -49,7 +50,7 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // DNAT's (the cluster DNS reached over unconnected UDP among them), and egress IPs and
     // multicast must not notice.
     let mut socket_pass = crate::cargo();
-    socket_pass.args(["test", "--package", "dataplane-tests"]);
+    socket_pass.args(["test", "--no-fail-fast", "--package", "dataplane-tests"]);
     for suite in [
         "lb_topology",
         "policy_topology",
