@@ -60,16 +60,25 @@ pub fn echo_server(netns: &str, me: &str, ipv6: bool) -> anyhow::Result<Server> 
          u = bound(socket.SOCK_DGRAM, 5353)\n\
          def udp():\n    while True:\n        d, a = u.recvfrom(100); u.sendto(f'{me} {{a[0]}}'.encode(), a)\n\
          threading.Thread(target=udp, daemon=True).start()\n\
+         print('ready', flush=True)\n\
          while True:\n    c, a = t.accept(); c.sendall(f'{me} {{a[0]}}'.encode()); c.close()\n"
     );
-    Command::new("nsenter")
+    let mut child = Command::new("nsenter")
         .arg(format!("--net=/run/netns/{netns}"))
         .args(["python3", "-c", &script])
-        .stdout(Stdio::null())
+        .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
-        .map(Server)
-        .context("starting a backend")
+        .context("starting a backend")?;
+    // Listening once it says so: a client started right after must not find one backend of
+    // a service still closed (and every connection then at the other).
+    let mut ready = String::new();
+    let stdout = child.stdout.take().context("the backend's output")?;
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut ready)
+        .context("waiting for a backend")?;
+    let server = Server(child);
+    anyhow::ensure!(ready == "ready\n", "the backend in {netns} did not start");
+    Ok(server)
 }
 
 /// `count` TCP connections from `netns` to `address:port`, retried while refused (the server
