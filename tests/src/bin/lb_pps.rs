@@ -423,33 +423,39 @@ impl Stream {
     /// One iperf3 run of `seconds` from `netns` to `address` port `STREAM_PORT` (a server
     /// listens there on every backend).
     fn measure(netns: &str, address: &str, seconds: u64) -> anyhow::Result<Self> {
-        let ticks = CpuTicks::read()?;
-        let out = Command::new("nsenter")
-            .arg(format!("--net=/run/netns/{netns}"))
-            .args([
-                "iperf3",
-                "-c",
-                address,
-                "-p",
-                &STREAM_PORT.to_string(),
-                "-J",
-            ])
-            .args(["-t", &seconds.max(1).to_string()])
-            .output()
-            .context("running iperf3")?;
-        let busy = ticks.busy_cpus_until(CpuTicks::read()?);
-        if !out.status.success() {
-            bail!("iperf3: {}", String::from_utf8_lossy(&out.stdout));
+        // A server that has just ended a test may refuse the next for a moment ("busy"):
+        // tried again.
+        let mut last = String::new();
+        for _ in 0..20 {
+            let ticks = CpuTicks::read()?;
+            let out = Command::new("nsenter")
+                .arg(format!("--net=/run/netns/{netns}"))
+                .args([
+                    "iperf3",
+                    "-c",
+                    address,
+                    "-p",
+                    &STREAM_PORT.to_string(),
+                    "-J",
+                ])
+                .args(["-t", &seconds.max(1).to_string()])
+                .output()
+                .context("running iperf3")?;
+            let busy = ticks.busy_cpus_until(CpuTicks::read()?);
+            let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
+            if let Some(bps) = report["end"]["sum_received"]["bits_per_second"].as_f64()
+                && out.status.success()
+            {
+                let gbps = bps / 1e9;
+                return Ok(Self {
+                    gbps,
+                    cpu_seconds_per_gb: busy * 8.0 / gbps.max(1e-9),
+                });
+            }
+            last = String::from_utf8_lossy(&out.stdout).into_owned();
+            std::thread::sleep(std::time::Duration::from_millis(300));
         }
-        let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
-        let gbps = report["end"]["sum_received"]["bits_per_second"]
-            .as_f64()
-            .context("iperf3 report without sum_received")?
-            / 1e9;
-        Ok(Self {
-            gbps,
-            cpu_seconds_per_gb: busy * 8.0 / gbps.max(1e-9),
-        })
+        bail!("iperf3 to {address} never ran: {last}")
     }
 }
 
