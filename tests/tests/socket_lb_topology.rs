@@ -298,10 +298,8 @@ fn no_endpoints_refuse_at_connect_a_removed_backend_takes_no_new_connection_and_
     );
 
     // Which path each takes, as `trace` and `inspect services` say.
-    let dataplane = |args: &[&str]| -> serde_json::Value {
-        let out = dataplane_cli(topology.node(0), &agent, &[args, &["--json"]].concat());
-        serde_json::from_slice(&out.stdout).unwrap_or_else(|e| panic!("{e}: {out:?}"))
-    };
+    let dataplane =
+        |args: &[&str]| dataplane_tests::topology::dataplane_json(topology.node(0), &agent, args);
     let from = client.ip.to_string();
     for (to, path) in [
         ("10.96.0.31:80", "socket: a connect"),
