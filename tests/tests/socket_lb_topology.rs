@@ -418,6 +418,18 @@ fn the_socket_programs_serve_while_no_agent_runs_survive_a_restart_and_go_with_s
     assert_eq!(answered(4).len(), 4);
     assert_eq!(socket_count(&agent.pins, "connect"), before + 8);
     assert_eq!(links(&agent.pins).len(), 8);
+    // `dataplane status` lists the socket programs beside the packet programs, with their
+    // costs.
+    let status = agent.status_json().expect("status");
+    let listed: Vec<&str> = status["programs"]
+        .as_array()
+        .expect("programs")
+        .iter()
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    for name in dataplane_common::maps::SOCK_PROGRAMS {
+        assert!(listed.contains(name), "{name} not in {listed:?}");
+    }
 
     // Restarted with --socket-lb off: the links go, and the flows are translated per packet.
     let (pins, run_dir) = agent.stop_keeping_pins().expect("stop");

@@ -190,19 +190,25 @@ fn interface_names(
     (recorded, "agent record")
 }
 
-/// The programs that use this pin root's packet counters (so not those of another dataplane
-/// loaded on the machine, such as a test's), by the names the kernel keeps (15 characters).
+/// The programs that use this pin root's counters (the packet programs' or the socket
+/// programs'; so not those of another dataplane loaded on the machine, such as a test's), by
+/// the names the kernel keeps (15 characters).
 fn program_costs(pins: &Pins) -> Vec<ProgramCost> {
-    let Ok(counters) = MapInfo::from_pin(pins.map(maps::PACKETS)) else {
+    let counters: Vec<u32> = [maps::PACKETS, maps::SOCK_LB_STATS]
+        .iter()
+        .filter_map(|name| MapInfo::from_pin(pins.map(name)).ok())
+        .map(|info| info.id())
+        .collect();
+    if counters.is_empty() {
         return Vec::new();
-    };
+    }
     let mut programs: Vec<ProgramCost> = aya::programs::loaded_programs()
         .filter_map(Result::ok)
         .filter(|info| {
             info.map_ids()
                 .ok()
                 .flatten()
-                .is_some_and(|ids| ids.contains(&counters.id()))
+                .is_some_and(|ids| ids.iter().any(|id| counters.contains(id)))
         })
         .filter_map(|info| {
             let kernel_name = info.name_as_str()?.to_owned();

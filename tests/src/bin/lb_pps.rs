@@ -41,7 +41,7 @@ use std::{collections::BTreeMap, process::Command};
 use anyhow::{Context as _, bail};
 use clap::Parser;
 use dataplane_common::{
-    maps::PROG_FROM_POD,
+    maps::{PROG_FROM_POD, PROG_SOCK_CONNECT4, PROG_SOCK_CONNECT6, SOCK_PROGRAMS},
     testbed::{BASELINE_REDIRECT, PROG_TC_REDIRECT_BASELINE},
 };
 use dataplane_tests::cpu::CpuTicks;
@@ -146,6 +146,51 @@ struct Report {
     /// hit, DNAT, local delivery; each flow's first packet of a second takes the full path),
     /// from the kernel's BPF statistics in an extra run of the socket sender.
     tc_program_ns: f64,
+    /// What translating at the socket costs a connection: our socket programs' own time, from
+    /// the kernel's BPF statistics in an extra TCP_CRR run at the socket.
+    socket_programs: SocketPrograms,
+}
+
+/// Our socket programs' time per connection over a TCP_CRR run at the socket. After `connect`
+/// the connection's packets take the pod address's path (nothing to translate), so this is all
+/// the socket-level translation adds to a connection.
+#[derive(Serialize)]
+struct SocketPrograms {
+    connections: u64,
+    /// Each socket program that ran: runs a connection and nanoseconds a connection.
+    programs: BTreeMap<String, (f64, f64)>,
+    ns_per_connection: f64,
+}
+
+impl SocketPrograms {
+    /// From the agent's program costs before and after a run; a connection is a run of
+    /// `connect` (IPv4 or IPv6).
+    fn new(
+        before: &BTreeMap<String, (u64, u64)>,
+        after: &BTreeMap<String, (u64, u64)>,
+    ) -> anyhow::Result<Self> {
+        let delta = |name: &str| {
+            let (runs, ns) = after.get(name).copied().unwrap_or((0, 0));
+            let (runs_before, ns_before) = before.get(name).copied().unwrap_or((0, 0));
+            (runs - runs_before, ns - ns_before)
+        };
+        let connections = delta(PROG_SOCK_CONNECT4).0 + delta(PROG_SOCK_CONNECT6).0;
+        anyhow::ensure!(connections > 0, "no connect ran a socket program");
+        let programs: BTreeMap<String, (f64, f64)> = SOCK_PROGRAMS
+            .iter()
+            .map(|&name| (name, delta(name)))
+            .filter(|&(_, (runs, _))| runs > 0)
+            .map(|(name, (runs, ns))| {
+                let per = |v: u64| v as f64 / connections as f64;
+                (name.to_owned(), (per(runs), per(ns)))
+            })
+            .collect();
+        Ok(Self {
+            connections,
+            ns_per_connection: programs.values().map(|&(_, ns)| ns).sum(),
+            programs,
+        })
+    }
 }
 
 #[derive(Serialize)]
@@ -481,7 +526,7 @@ struct ClusterIpTcp {
 }
 
 impl ClusterIpTcp {
-    fn print(&self) {
+    fn print(&self, socket_programs: &SocketPrograms) {
         for (kind, title) in [
             (Kind::RoundTrips, "round trips over one connection (TCP_RR)"),
             (
@@ -520,6 +565,28 @@ impl ClusterIpTcp {
                 self.nftables.cpu_us(kind) - floor
             );
         }
+        // The figure of record: what each path adds to a connection beyond the client's and
+        // server's own work. nftables' by difference from the pod address (its own rules,
+        // conntrack and NAT, the host's routing); the socket's measured, as its packets then
+        // take the pod address's path.
+        let nftables_us =
+            self.nftables.cpu_us(Kind::Connections) - self.pod_address.cpu_us(Kind::Connections);
+        let socket_us = socket_programs.ns_per_connection / 1e3;
+        println!(
+            "    CPU a connection the path adds (TCP_CRR): at the socket {:.2} us (our socket \
+             programs, kernel BPF statistics over {} connections: {}), nftables {:.1} us (by \
+             difference from the pod address); nftables / at the socket: {:.1}",
+            socket_us,
+            socket_programs.connections,
+            socket_programs
+                .programs
+                .iter()
+                .map(|(name, (runs, ns))| format!("{name} {runs:.2} runs {ns:.0} ns"))
+                .collect::<Vec<_>>()
+                .join(", "),
+            nftables_us,
+            nftables_us / socket_us.max(1e-3)
+        );
         if !self.socket_stream.is_empty() {
             let gbps = |r: &Stream| r.gbps;
             let cost = |r: &Stream| r.cpu_seconds_per_gb;
@@ -1007,6 +1074,14 @@ fn main() -> anyhow::Result<()> {
         anyhow::ensure!(after.0 > before.0, "{PROG_FROM_POD} did not run");
         (after.1 - before.1) as f64 / (after.0 - before.0) as f64
     };
+    let socket_programs = {
+        let agent = node.start_agent_with(&["--socket-lb", "on"])?;
+        let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
+            .context("enabling the kernel's BPF run-time statistics")?;
+        let before = program_costs(&agent)?;
+        request_response::measure(&client.netns, Kind::Connections, &rr_target, args.seconds)?;
+        SocketPrograms::new(&before, &program_costs(&agent)?)?
+    };
     let _ = std::fs::remove_file(&rules);
     drop(topology);
     let raw_frames = results.pop().context("raw results")?;
@@ -1021,6 +1096,7 @@ fn main() -> anyhow::Result<()> {
         node_port,
         cluster_ip_tcp,
         tc_program_ns,
+        socket_programs,
     };
     if args.json {
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -1051,7 +1127,7 @@ fn main() -> anyhow::Result<()> {
         report.tc_program_ns
     );
     println!("  TCP request/response from the client pod to the ClusterIP's TCP port:");
-    report.cluster_ip_tcp.print();
+    report.cluster_ip_tcp.print(&report.socket_programs);
     report.node_port.print(&args);
     Ok(())
 }
