@@ -31,6 +31,8 @@ pub enum AgentError {
     NftRefused { table: &'static str, stderr: String },
     #[error("ip {args}: {detail}")]
     IpCommand { args: String, detail: String },
+    #[error("netlink request {request}: {detail}")]
+    Netlink { request: String, detail: String },
 
     #[error("no dataplane pinned under {pins}: start the agent first")]
     NotRunning { pins: PathBuf },

@@ -15,15 +15,29 @@
 //! a strict reverse-path filter on the underlay would drop them, so it is made loose (2), as
 //! OVN-Kubernetes has it.
 
-use std::{collections::BTreeSet, net::IpAddr};
+use std::{
+    collections::BTreeSet,
+    net::{IpAddr, Ipv4Addr, Ipv6Addr},
+};
 
+use futures_util::TryStreamExt as _;
 use ipnet::IpNet;
+use rtnetlink::{
+    Handle, LinkMessageBuilder, LinkUnspec, LinkVeth, RouteMessageBuilder,
+    packet_route::{
+        AddressFamily,
+        link::{InfoData, InfoKind, InfoVeth, LinkAttribute, LinkFlags},
+        neighbour::NeighbourState,
+        route::{
+            RouteAddress, RouteAttribute, RouteHeader, RouteMessage, RouteProtocol, RouteType,
+        },
+    },
+};
 
 use crate::{
     api::network::OverlaySettings,
     error::AgentError,
-    kernel::netdev,
-    kernel::preflight,
+    kernel::{netdev, netns},
     model::{OverlayView, hybrid::internal_networks},
 };
 
@@ -34,9 +48,9 @@ pub const OVERLAY_SIDE: &str = "dp-mp1";
 /// The next hop of the routes (IPv4), answered by a permanent neighbour entry. Not the pods'
 /// gateway (169.254.1.1), which the node holds on every pod veth: a route cannot go via a
 /// local address.
-const GATEWAY_V4: &str = "169.254.0.1";
+const GATEWAY_V4: Ipv4Addr = Ipv4Addr::new(169, 254, 0, 1);
 /// The next hop of the routes (IPv6), likewise not the pods' (fe80::1).
-const GATEWAY_V6: &str = "fe80::d:1";
+const GATEWAY_V6: Ipv6Addr = Ipv6Addr::new(0xfe80, 0, 0, 0, 0, 0, 0xd, 1);
 
 /// What one sync made of the management port.
 #[derive(Debug, Default, PartialEq, Eq)]
@@ -75,118 +89,256 @@ pub fn wanted_routes(view: &OverlayView, service_networks: &[IpNet]) -> Vec<(IpN
 }
 
 /// Makes the management port exist, up, at the pod MTU, with its gateway neighbours and
-/// exactly the routes `view` needs; makes the underlay's reverse-path filter loose.
+/// exactly the routes `view` needs; makes the underlay's reverse-path filter loose. Every
+/// sync that touches a pod runs this, so it talks netlink from the agent (a few requests,
+/// microseconds each) and changes only what differs.
 pub fn sync(
     view: &OverlayView,
     settings: &OverlaySettings,
     underlay: &str,
     service_networks: &[IpNet],
 ) -> Result<MgmtSync, AgentError> {
-    if preflight::interface_index(HOST_SIDE).is_err() {
-        ip(&[
-            "link",
-            "add",
-            HOST_SIDE,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            OVERLAY_SIDE,
-        ])?;
+    let wanted = wanted_routes(view, service_networks);
+    let mtu = settings.pod_mtu;
+    // A thread of its own: the agent's loop is async and cannot wait on another runtime.
+    let result = std::thread::scope(|scope| {
+        scope
+            .spawn(|| {
+                let failed = |detail: String| netlink_failed("connection", detail);
+                netns::with_netlink(NETLINK_DEADLINE, failed, |handle| {
+                    sync_port(handle, mtu, wanted)
+                })
+            })
+            .join()
+            .unwrap_or_else(|_| Err(netlink_failed("thread", "panicked".into())))
+    })?;
+    loosen_reverse_path_filter(underlay);
+    Ok(result)
+}
+
+/// How long the management port's netlink exchange may take: the kernel answers in
+/// microseconds; one that hangs must not hold the agent's loop for ever.
+const NETLINK_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+async fn sync_port(
+    handle: Handle,
+    mtu: u32,
+    wanted: Vec<(IpNet, IpAddr)>,
+) -> Result<MgmtSync, AgentError> {
+    if link(&handle, HOST_SIDE).await?.is_none() {
+        let peer = LinkUnspec::new_with_name(OVERLAY_SIDE).build();
+        let pair = LinkMessageBuilder::<LinkVeth>::new_with_info_kind(InfoKind::Veth)
+            .name(HOST_SIDE.to_owned())
+            .set_info_data(InfoData::Veth(InfoVeth::Peer(peer)))
+            .build();
+        let add = handle.link().add(pair).execute();
+        add.await
+            .map_err(|e| netlink_failed("link add dp-mp0 type veth", e.to_string()))?;
         tracing::info!(
             host = HOST_SIDE,
             overlay = OVERLAY_SIDE,
             "management port created"
         );
     }
-    let mtu = settings.pod_mtu.to_string();
-    for side in [HOST_SIDE, OVERLAY_SIDE] {
-        ip(&["link", "set", side, "mtu", &mtu, "up"])?;
+    let mut indexes = [0u32; 2];
+    for (side, index) in [HOST_SIDE, OVERLAY_SIDE].into_iter().zip(&mut indexes) {
+        let found = link(&handle, side)
+            .await?
+            .ok_or_else(|| netlink_failed(&format!("link get {side}"), "no such link".into()))?;
+        *index = found.index;
+        if found.mtu != Some(mtu) || !found.up {
+            let set = LinkUnspec::new_with_index(found.index)
+                .mtu(mtu)
+                .up()
+                .build();
+            let set = handle.link().set(set).execute();
+            set.await.map_err(|e| {
+                netlink_failed(&format!("link set {side} mtu {mtu} up"), e.to_string())
+            })?;
+        }
     }
+    let [host_ifindex, ifindex] = indexes;
     let overlay_mac = netdev::mac(OVERLAY_SIDE).map_err(|source| AgentError::Io {
         action: "reading the MAC of",
         path: OVERLAY_SIDE.into(),
         source,
     })?;
-    let mac = netdev::mac_text(&overlay_mac);
-    ip(&[
-        "neigh",
-        "replace",
-        GATEWAY_V4,
-        "lladdr",
-        &mac,
-        "dev",
-        HOST_SIDE,
-        "nud",
-        "permanent",
-    ])?;
-    ip(&[
-        "-6",
-        "neigh",
-        "replace",
-        GATEWAY_V6,
-        "lladdr",
-        &mac,
-        "dev",
-        HOST_SIDE,
-        "nud",
-        "permanent",
-    ])?;
-    loosen_reverse_path_filter(underlay);
-
-    let wanted = wanted_routes(view, service_networks);
+    for gateway in [IpAddr::V4(GATEWAY_V4), IpAddr::V6(GATEWAY_V6)] {
+        let add = handle
+            .neighbours()
+            .add(host_ifindex, gateway)
+            .link_layer_address(&overlay_mac)
+            .state(NeighbourState::Permanent)
+            .replace()
+            .execute();
+        add.await.map_err(|e| {
+            netlink_failed(
+                &format!("neigh replace {gateway} dev {HOST_SIDE}"),
+                e.to_string(),
+            )
+        })?;
+    }
     let mut result = MgmtSync {
-        ifindex: preflight::interface_index(OVERLAY_SIDE)?,
-        host_ifindex: preflight::interface_index(HOST_SIDE)?,
+        ifindex,
+        host_ifindex,
         ..MgmtSync::default()
     };
-    let present = present_routes()?;
-    for (cidr, source) in &wanted {
-        if present.contains(cidr) {
+    let present = present_routes(&handle, host_ifindex).await?;
+    for &(cidr, source) in &wanted {
+        if present.contains(&cidr) {
             continue;
         }
-        let (family, gateway) = match cidr {
-            IpNet::V4(_) => ("-4", GATEWAY_V4),
-            IpNet::V6(_) => ("-6", GATEWAY_V6),
-        };
-        ip(&[
-            family,
-            "route",
-            "replace",
-            &cidr.to_string(),
-            "via",
-            gateway,
-            "dev",
-            HOST_SIDE,
-            "onlink",
-            "src",
-            &source.to_string(),
-        ])?;
+        let add = handle
+            .route()
+            .add(route_via_gateway(cidr, source, host_ifindex))
+            .replace();
+        add.execute().await.map_err(|e| {
+            netlink_failed(
+                &format!("route replace {cidr} dev {HOST_SIDE}"),
+                e.to_string(),
+            )
+        })?;
         result.routes_added += 1;
     }
     let wanted: BTreeSet<IpNet> = wanted.iter().map(|(cidr, _)| *cidr).collect();
-    for stale in present.difference(&wanted) {
-        let family = if stale.addr().is_ipv4() { "-4" } else { "-6" };
-        ip(&[family, "route", "del", &stale.to_string(), "dev", HOST_SIDE])?;
+    for &stale in present.difference(&wanted) {
+        let route = route_via_gateway(stale, unspecified_of(stale), host_ifindex);
+        let del = handle.route().del(route).execute();
+        del.await.map_err(|e| {
+            netlink_failed(&format!("route del {stale} dev {HOST_SIDE}"), e.to_string())
+        })?;
         result.routes_removed += 1;
     }
     Ok(result)
 }
 
-/// The routes into the host's side of the pair that a sync put there (the kernel's own
-/// link-local route is not ours).
-fn present_routes() -> Result<BTreeSet<IpNet>, AgentError> {
+/// What the agent needs of a link: its index, MTU and whether it is up.
+struct Link {
+    index: u32,
+    mtu: Option<u32>,
+    up: bool,
+}
+
+/// Link `name` in this namespace, or `None` when there is none.
+async fn link(handle: &Handle, name: &str) -> Result<Option<Link>, AgentError> {
+    let mut links = handle.link().get().match_name(name.to_owned()).execute();
+    match links.try_next().await {
+        Ok(Some(link)) => Ok(Some(Link {
+            index: link.header.index,
+            mtu: link.attributes.iter().find_map(|a| match a {
+                LinkAttribute::Mtu(mtu) => Some(*mtu),
+                _ => None,
+            }),
+            up: link.header.flags.contains(LinkFlags::Up),
+        })),
+        Ok(None) | Err(rtnetlink::Error::NetlinkError(_)) => Ok(None),
+        Err(error) => Err(netlink_failed(
+            &format!("link get {name}"),
+            error.to_string(),
+        )),
+    }
+}
+
+/// A route to `cidr` through the family's gateway, on-link out of `index`, from `source`
+/// (protocol boot, as `ip route` makes them).
+fn route_via_gateway(cidr: IpNet, source: IpAddr, index: u32) -> RouteMessage {
+    let mut route = match (cidr, source) {
+        (IpNet::V4(net), IpAddr::V4(source)) => {
+            let mut route = RouteMessageBuilder::<Ipv4Addr>::new()
+                .destination_prefix(net.addr(), net.prefix_len())
+                .gateway(GATEWAY_V4);
+            if !source.is_unspecified() {
+                route = route.pref_source(source);
+            }
+            route.output_interface(index).onlink().build()
+        }
+        (IpNet::V6(net), IpAddr::V6(source)) => {
+            let mut route = RouteMessageBuilder::<Ipv6Addr>::new()
+                .destination_prefix(net.addr(), net.prefix_len())
+                .gateway(GATEWAY_V6);
+            if !source.is_unspecified() {
+                route = route.pref_source(source);
+            }
+            route.output_interface(index).onlink().build()
+        }
+        // `wanted_routes` pairs each network with a source of its family.
+        (net, _) => return route_via_gateway(net, unspecified_of(net), index),
+    };
+    route.header.protocol = RouteProtocol::Boot;
+    route
+}
+
+/// The unspecified address of `net`'s family (no preferred source).
+fn unspecified_of(net: IpNet) -> IpAddr {
+    match net {
+        IpNet::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+        IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
+    }
+}
+
+/// The main table's unicast routes out of the host's side of the pair that a sync put there
+/// (the kernel's own link-local route is not ours).
+async fn present_routes(handle: &Handle, host_ifindex: u32) -> Result<BTreeSet<IpNet>, AgentError> {
     let mut present = BTreeSet::new();
-    for family in ["-4", "-6"] {
-        let out = ip_output(&[family, "-o", "route", "show", "dev", HOST_SIDE])?;
-        present.extend(
-            out.lines()
-                .filter(|line| !line.contains("proto kernel"))
-                .filter_map(|line| line.split_whitespace().next())
-                .filter_map(|prefix| prefix.parse::<IpNet>().ok()),
-        );
+    for dump in [
+        RouteMessageBuilder::<Ipv4Addr>::new().build(),
+        RouteMessageBuilder::<Ipv6Addr>::new().build(),
+    ] {
+        let mut routes = handle.route().get(dump).execute();
+        while let Some(route) = routes
+            .try_next()
+            .await
+            .map_err(|e| netlink_failed("route show", e.to_string()))?
+        {
+            if let Some(cidr) = ours(&route, host_ifindex) {
+                present.insert(cidr);
+            }
+        }
     }
     Ok(present)
+}
+
+/// The destination of `route` when it is one of the management port's: main table,
+/// unicast, out of `host_ifindex`, not the kernel's.
+fn ours(route: &RouteMessage, host_ifindex: u32) -> Option<IpNet> {
+    let header = &route.header;
+    let table = route
+        .attributes
+        .iter()
+        .find_map(|a| match a {
+            RouteAttribute::Table(table) => Some(*table),
+            _ => None,
+        })
+        .unwrap_or(u32::from(header.table));
+    if table != u32::from(RouteHeader::RT_TABLE_MAIN)
+        || header.kind != RouteType::Unicast
+        || header.protocol == RouteProtocol::Kernel
+    {
+        return None;
+    }
+    let mut out = None;
+    let mut destination = None;
+    for attribute in &route.attributes {
+        match attribute {
+            RouteAttribute::Oif(index) => out = Some(*index),
+            RouteAttribute::Destination(RouteAddress::Inet(a)) => {
+                destination = Some(IpAddr::V4(*a))
+            }
+            RouteAttribute::Destination(RouteAddress::Inet6(a)) => {
+                destination = Some(IpAddr::V6(*a))
+            }
+            _ => {}
+        }
+    }
+    if out != Some(host_ifindex) {
+        return None;
+    }
+    let destination = destination.unwrap_or(if header.address_family == AddressFamily::Inet {
+        IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+    } else {
+        IpAddr::V6(Ipv6Addr::UNSPECIFIED)
+    });
+    IpNet::new(destination, header.destination_prefix_length).ok()
 }
 
 /// Sets the underlay's IPv4 reverse-path filter to loose when it is strict (the effective
@@ -212,16 +364,11 @@ fn loosen_reverse_path_filter(underlay: &str) {
     }
 }
 
-/// Runs `ip` with `args`; an error names the command and what it said.
-fn ip(args: &[&str]) -> Result<(), AgentError> {
-    ip_output(args).map(|_| ())
-}
-
-fn ip_output(args: &[&str]) -> Result<String, AgentError> {
-    netdev::run_ip(args, None).map_err(|detail| AgentError::IpCommand {
-        args: args.join(" "),
+fn netlink_failed(request: &str, detail: String) -> AgentError {
+    AgentError::Netlink {
+        request: request.to_owned(),
         detail,
-    })
+    }
 }
 
 #[cfg(test)]

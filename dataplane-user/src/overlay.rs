@@ -316,8 +316,11 @@ impl Dataplane {
         for ifindex in current.difference(desired) {
             match map.remove(*ifindex) {
                 Ok(()) => stats.deleted += 1,
-                // The kernel drops a device's entry when the device goes.
+                // The kernel drops a device's entry when the device goes (the delete then
+                // answers ENOENT).
                 Err(aya::maps::MapError::KeyNotFound) => {}
+                Err(aya::maps::MapError::SyscallError(error))
+                    if error.io_error.raw_os_error() == Some(libc::ENOENT) => {}
                 Err(source) => return Err(map_err("delete")(source)),
             }
         }

@@ -382,20 +382,25 @@ impl CniPods {
     /// operation (see [`wire::remove_many`]), then their addresses are released. Says for
     /// each whether there was anything to remove.
     pub fn del_many(&mut self, targets: &[(String, String)]) -> Result<Vec<bool>, CniError> {
-        let hosts: Vec<String> = targets
-            .iter()
-            .map(|(id, ifname)| wire::host_iface_name(id, ifname))
-            .collect();
-        let removed = wire::remove_many(&hosts).map_err(|e| {
-            CniError::new(
-                code::TRY_AGAIN_LATER,
-                format!("removing the pods' veths: {e}"),
-            )
-        })?;
+        let removed = remove_veths(targets);
+        self.release(targets, removed)
+    }
+
+    /// The second half of [`Self::del_many`], after [`remove_veths`] (which may run on another
+    /// thread, the kernel taking tens of milliseconds to unregister devices): releases the
+    /// targets' addresses once their veths are gone. Says for each whether there was anything
+    /// to remove.
+    pub fn release(
+        &mut self,
+        targets: &[(String, String)],
+        removed: Result<Vec<String>, CniError>,
+    ) -> Result<Vec<bool>, CniError> {
+        let removed = removed?;
         let mut done = Vec::new();
-        for ((id, ifname), host) in targets.iter().zip(&hosts) {
+        for (id, ifname) in targets {
             let released = self.ipam.release(id, ifname).map_err(ipam_error)?;
-            done.push(removed.contains(host) || released.is_some());
+            let host = wire::host_iface_name(id, ifname);
+            done.push(removed.contains(&host) || released.is_some());
         }
         Ok(done)
     }
@@ -468,6 +473,22 @@ impl CniPods {
 
 /// The wiring of an allocation; an allocation without an address (a damaged state file
 /// the IPAM let through) is an error, never a panic of the agent's loop.
+/// Removes the veths of `targets` (container id, interface name) in one kernel operation;
+/// returns the host-side names of those there were. Blocking, bounded by the netlink
+/// deadline; touches no agent state, so it may run off the agent's loop.
+pub fn remove_veths(targets: &[(String, String)]) -> Result<Vec<String>, CniError> {
+    let hosts: Vec<String> = targets
+        .iter()
+        .map(|(id, ifname)| wire::host_iface_name(id, ifname))
+        .collect();
+    wire::remove_many(&hosts).map_err(|e| {
+        CniError::new(
+            code::TRY_AGAIN_LATER,
+            format!("removing the pods' veths: {e}"),
+        )
+    })
+}
+
 fn wiring(allocated: &Allocation, netns: &str, node: &NodePods) -> Result<PodWiring, CniError> {
     let addresses: Vec<IpAddr> = allocated.addresses.iter().map(IpNet::addr).collect();
     let mac = node

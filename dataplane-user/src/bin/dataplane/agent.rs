@@ -358,6 +358,8 @@ enum Event {
     Stop,
     /// A CNI request, and any others queued behind it.
     Cni(Job),
+    /// The veths of a batch of DELs are gone (or could not be removed).
+    CniRemoved(Removed),
     Firewalls(Wake),
     Multicast(dataplane_user::multicast::Wake),
     /// Time to look whether the cluster changed (and sync if it did).
@@ -410,6 +412,8 @@ async fn serve(
     // tick, at once, is skipped: the start was a full sync).
     let mut full_tick = tokio::time::interval(full_every);
     full_tick.tick().await;
+    // DELs' veth removals, which run off the loop, report here.
+    let (removals, mut removed) = tokio::sync::mpsc::unbounded_channel();
     loop {
         let firewalls = cluster.as_ref().and_then(|c| c.firewalls.as_ref());
         let wake = async {
@@ -453,6 +457,7 @@ async fn serve(
         let event = tokio::select! {
             _ = terminate.recv() => Event::Stop,
             Some(job) = job => Event::Cni(job),
+            Some(done) = removed.recv() => Event::CniRemoved(done),
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
             wake = multicast_wake => Event::Multicast(wake),
@@ -504,7 +509,13 @@ async fn serve(
                         batch.push(job);
                     }
                 }
-                handle_cni(dataplane, cluster, agent, run_dir, metrics, batch).await;
+                handle_cni(
+                    dataplane, cluster, agent, run_dir, metrics, &removals, batch,
+                )
+                .await;
+            }
+            Event::CniRemoved(done) => {
+                handle_removed(dataplane, cluster, agent, run_dir, metrics, done).await;
             }
             Event::Tick if cluster.changed() => {
                 tracing::info!(
@@ -656,8 +667,8 @@ fn programs_attached(agent: &AgentState, iface: &str) -> bool {
         >= 2
 }
 
-/// Serves a batch of CNI requests: wires every ADD, removes every DEL (answered then), then
-/// syncs once, so the new pods' overlay entries, policies and services are in the maps and
+/// Serves a batch of CNI requests: wires every ADD, starts the removal of every DEL's veths
+/// off the loop (finished by [`handle_removed`]), then syncs once, so the new pods' overlay entries, policies and services are in the maps and
 /// their programs attached; only then are ADDs answered. An ADD whose pod did not make it
 /// into the maps is undone and fails, naming why.
 async fn handle_cni(
@@ -666,6 +677,7 @@ async fn handle_cni(
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
+    removals: &tokio::sync::mpsc::UnboundedSender<Removed>,
     batch: Vec<Job>,
 ) {
     let batch_started = Instant::now();
@@ -719,29 +731,25 @@ async fn handle_cni(
             },
         }
     }
-    // The batch's DELs together: their veths go in one kernel operation. Answered once the
-    // veths and the addresses are gone, before the sync that clears the maps of them: an
-    // address can only be given to a new pod by a later ADD, and every ADD is answered after
-    // a sync that comes after this one.
+    // The batch's DELs together: their veths go in one kernel operation, off the loop (the
+    // kernel takes tens of milliseconds to unregister devices, and the next DELs and ADDs need
+    // not wait for it). Answered, and their addresses released, when it reports back
+    // ([`handle_removed`]).
     if !deleted.is_empty() {
         let targets: Vec<(String, String)> = deleted
             .iter()
             .map(|(_, t)| (t.container_id.clone(), t.ifname.clone()))
             .collect();
-        match cluster.cni.del_many(&targets) {
-            Ok(removed) => {
-                for ((job, target), removed) in deleted.into_iter().zip(removed) {
-                    tracing::info!(container = target.container_id, removed, "CNI DEL");
-                    changed |= removed;
-                    answer(metrics, job, Reply::Done);
-                }
-            }
-            Err(error) => {
-                for (job, _) in deleted {
-                    answer(metrics, job, Reply::Failed(error.clone()));
-                }
-            }
-        }
+        let report = removals.clone();
+        tokio::task::spawn_blocking(move || {
+            let removed = cni::server::remove_veths(&targets);
+            let jobs = deleted.into_iter().map(|(job, _)| job).collect();
+            let _ = report.send(Removed {
+                jobs,
+                targets,
+                removed,
+            });
+        });
     }
     if changed {
         tracing::debug!(
@@ -811,6 +819,54 @@ async fn handle_cni(
     }
     for (job, reply) in answered_after_sync {
         answer(metrics, job, reply);
+    }
+}
+
+/// DELs whose veths a removal off the loop has dealt with.
+struct Removed {
+    jobs: Vec<Job>,
+    /// Container id and interface name of each job.
+    targets: Vec<(String, String)>,
+    /// The host-side veths removed, or why they could not be.
+    removed: Result<Vec<String>, CniError>,
+}
+
+/// Finishes DELs once their veths are gone: releases their addresses, answers (before the
+/// sync that clears the maps of them: an address can only be given to a new pod by a later
+/// ADD, and every ADD is answered after a sync that comes after this one), then syncs.
+async fn handle_removed(
+    dataplane: &mut Dataplane,
+    cluster: &mut Cluster,
+    agent: &mut AgentState,
+    run_dir: &std::path::Path,
+    metrics: &Metrics,
+    done: Removed,
+) {
+    let Removed {
+        jobs,
+        targets,
+        removed,
+    } = done;
+    match cluster.cni.release(&targets, removed) {
+        Ok(removed) => {
+            let changed = removed.contains(&true);
+            for ((job, (container, _)), removed) in jobs.into_iter().zip(&targets).zip(removed) {
+                tracing::info!(container, removed, "CNI DEL");
+                answer(metrics, job, Reply::Done);
+            }
+            if changed {
+                let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false);
+                if let Err(error) = synced.await {
+                    tracing::error!(error = format!("{error:#}"), "sync after CNI DEL");
+                }
+                cluster.publish_pod_status();
+            }
+        }
+        Err(error) => {
+            for job in jobs {
+                answer(metrics, job, Reply::Failed(error.clone()));
+            }
+        }
     }
 }
 
