@@ -23,8 +23,8 @@ use aya_ebpf::programs::TcContext;
 use dataplane_common::{
     DropReason, PacketClass,
     lb::{
-        BACKEND_PORTS_BASE, CT_CLOSING, CT_ESTABLISHED, CT_LOCAL_CLIENT, CT_NODEPORT, CT_ORIGINAL,
-        CT_REPLY, CT_SNAT, CtValue, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
+        BACKEND_PORTS_BASE, CT_CLOSING, CT_ESTABLISHED, CT_LOCAL_CLIENT, CT_NODEPORT, CT_REPLY,
+        CT_SNAT, CtValue, NODEPORT_ANY_V4, SCOPE_CLUSTER, SCOPE_EXTERNAL, SCOPE_NODEPORT,
         SCOPE_NODEPORT_FROM_POD, SERVICE_PORTS_BASE, SOURCE_RANGE_ALLOW, SOURCE_RANGE_FULL_BITS,
     },
     overlay::{OVERLAY_HAS_IPV4, OVERLAY_HAS_IPV6, OVERLAY_NODEPORT_LISTED, OverlayConfig},
@@ -53,7 +53,7 @@ mod socket;
 pub mod xdp;
 
 use backend::{new_flow, tracked_backend};
-use conntrack::{TCP_SYN, expired, opening, read_flow, scratch, touch};
+use conntrack::{TCP_SYN, expired, opening, original_key_of, read_flow, scratch, touch};
 use rewrite::{Side, rewrite};
 
 pub use icmp_error::{icmp_error_reverse_nat, untranslate_icmp_error};
@@ -300,16 +300,7 @@ fn source_allowed(s: &mut LbScratch) -> bool {
 /// the new connection on its tuple must meet neither.
 #[inline(always)]
 fn forget_flow(s: &mut LbScratch, reply: &CtValue) {
-    // The original key from what the reply entry keeps of it: the client's address and port
-    // (`nat_*`) to the service's.
-    let original = &mut s.reply;
-    copy_addr(&mut original.src, &reply.nat_addr);
-    copy_addr(&mut original.dst, &reply.addr);
-    original.src_port_be = reply.nat_port_be;
-    original.dst_port_be = reply.port_be;
-    original.protocol = s.flow.protocol;
-    original.direction = CT_ORIGINAL;
-    original._pad = [0; 2];
+    original_key_of(&mut s.reply, reply, s.flow.protocol);
     let _ = LB_CT.remove(&s.reply);
     let _ = LB_CT.remove(&s.flow);
 }

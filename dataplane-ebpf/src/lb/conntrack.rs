@@ -13,7 +13,7 @@ use dataplane_common::{
     frag::FRAG_LATER,
     lb::{
         CT_CLOSING, CT_ESTABLISHED, CT_ORIGINAL, CT_REPLY, CT_RESET, CT_TIMEOUT_CLOSING,
-        CT_TIMEOUT_OPENING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtValue,
+        CT_TIMEOUT_OPENING, CT_TIMEOUT_OTHER, CT_TIMEOUT_SCTP, CT_TIMEOUT_TCP, CtKey, CtValue,
         SNAT_LOW_PORT_MAX, SNAT_LOW_PORT_MIN, SNAT_PORT_MAX, SNAT_PORT_MIN, SNAT_PORT_REUSE_IDLE,
     },
 };
@@ -255,6 +255,19 @@ fn fetch_increment(at: *mut u64) -> u64 {
     value
 }
 
+/// Writes into `key` the original direction's key of the flow whose reply entry is `reply`:
+/// the client's address and port (`nat_*`) to the service's (`addr`, `port_be`).
+#[inline(always)]
+pub(super) fn original_key_of(key: &mut CtKey, reply: &CtValue, protocol: u8) {
+    copy_addr(&mut key.src, &reply.nat_addr);
+    copy_addr(&mut key.dst, &reply.addr);
+    key.src_port_be = reply.nat_port_be;
+    key.dst_port_be = reply.port_be;
+    key.protocol = protocol;
+    key.direction = CT_ORIGINAL;
+    key._pad = [0; 2];
+}
+
 /// Whether the flow whose reply entry `held` holds masquerade port `port_be` has ended at both
 /// ends, both directions idle for `SNAT_PORT_REUSE_IDLE`: an RST either way, or a FIN each
 /// way (one FIN is a half-close: the other side may still send). Its original direction is
@@ -268,14 +281,7 @@ fn ended(s: &mut LbScratch, held: &CtValue, port_be: [u8; 2], now: u32) -> bool 
     if now.wrapping_sub(held.last_seen) < SNAT_PORT_REUSE_IDLE {
         return false;
     }
-    let holder = &mut s.holder;
-    copy_addr(&mut holder.src, &held.nat_addr);
-    copy_addr(&mut holder.dst, &held.addr);
-    holder.src_port_be = held.nat_port_be;
-    holder.dst_port_be = held.port_be;
-    holder.protocol = s.flow.protocol;
-    holder.direction = CT_ORIGINAL;
-    holder._pad = [0; 2];
+    original_key_of(&mut s.holder, held, s.flow.protocol);
     // SAFETY: read within this program run.
     let Some(original) = (unsafe { LB_CT.get(&s.holder) }) else {
         return true;
