@@ -9,7 +9,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use aya::maps::{HashMap, Map, MapData};
+use aya::maps::{HashMap, MapData};
 use dataplane_common::{
     acl::{
         ACL_ENDPOINT_EGRESS_PEERS, ACL_ENDPOINT_INGRESS_PEERS, ACL_ENTRY_PORTS, ACL_FAMILY_V4,
@@ -24,7 +24,6 @@ use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 
 use super::{AclState, addr_key, pods::Direction};
-use crate::kernel::capacity::map_err;
 use crate::{error::AgentError, kernel::pins::Pins, mapsync::addr16};
 
 /// The directory in the agent's run directory: one file per installed set, `<set id>.json`,
@@ -203,9 +202,7 @@ fn open<K: aya::Pod, V: aya::Pod>(
     pins: &Pins,
     name: &'static str,
 ) -> Result<HashMap<MapData, K, V>, AgentError> {
-    let err = |action| map_err(name, action);
-    let data = MapData::from_pin(pins.map(name)).map_err(err("open pin"))?;
-    HashMap::try_from(Map::HashMap(data)).map_err(err("open"))
+    pins.open_hash(name, false)
 }
 
 impl PolicyMaps {

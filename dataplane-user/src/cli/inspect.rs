@@ -147,7 +147,7 @@ fn open_err(
 }
 
 fn pinned(pins: &Pins, name: &'static str) -> Result<MapData, AgentError> {
-    MapData::from_pin(pins.map(name)).map_err(open_err(name, "open pin"))
+    pins.open_map(name)
 }
 
 fn hash<K: aya::Pod, V: aya::Pod>(
@@ -155,13 +155,7 @@ fn hash<K: aya::Pod, V: aya::Pod>(
     name: &'static str,
     lru: bool,
 ) -> Result<Vec<(K, V)>, AgentError> {
-    let data = pinned(pins, name)?;
-    let map = if lru {
-        Map::LruHashMap(data)
-    } else {
-        Map::HashMap(data)
-    };
-    let map: HashMap<MapData, K, V> = HashMap::try_from(map).map_err(open_err(name, "open"))?;
+    let map = pins.open_hash::<K, V>(name, lru)?;
     Ok(map.iter().filter_map(Result::ok).collect())
 }
 

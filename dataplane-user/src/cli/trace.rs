@@ -17,7 +17,7 @@ use std::{
     path::Path,
 };
 
-use aya::maps::{DevMapHash, HashMap, Map, MapData, MapInfo, MapType};
+use aya::maps::{DevMapHash, HashMap, MapData, MapInfo, MapType};
 use dataplane_common::{
     maps::{self, ALL_MAPS, LOCAL_PODS, PROG_FROM_POD, PROG_UNDERLAY, PROG_UNDERLAY_TC},
     overlay::{Addr, LocalPod},
@@ -342,8 +342,7 @@ fn local_pod(pins: &Pins, ip: IpAddr) -> Result<Option<LocalPod>, AgentError> {
 
 /// The local-pod map pinned under `pins`.
 fn pinned_local_pods(pins: &Pins) -> Result<HashMap<MapData, Addr, LocalPod>, AgentError> {
-    let data = MapData::from_pin(pins.map(LOCAL_PODS)).map_err(map_err(LOCAL_PODS, "read"))?;
-    HashMap::try_from(Map::HashMap(data)).map_err(map_err(LOCAL_PODS, "read"))
+    pins.open_hash(LOCAL_PODS, false)
 }
 
 /// The frame for `packet`: from a local pod as its veth delivers it (pod MAC to the host-side

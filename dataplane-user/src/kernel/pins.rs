@@ -11,7 +11,9 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use crate::error::AgentError;
+use aya::maps::{HashMap, Map, MapData};
+
+use crate::{error::AgentError, kernel::capacity::map_err};
 
 /// Where a node's agent pins everything by default.
 pub const DEFAULT_PIN_ROOT: &str = "/sys/fs/bpf/dataplane";
@@ -40,6 +42,26 @@ impl Pins {
 
     pub fn map(&self, name: &str) -> PathBuf {
         self.maps_dir().join(name)
+    }
+
+    /// The map pinned as `name`, opened.
+    pub fn open_map(&self, name: &'static str) -> Result<MapData, AgentError> {
+        MapData::from_pin(self.map(name)).map_err(map_err(name, "open pin"))
+    }
+
+    /// The hash map pinned as `name`, with its key and value types (`lru`: an LRU hash map).
+    pub fn open_hash<K: aya::Pod, V: aya::Pod>(
+        &self,
+        name: &'static str,
+        lru: bool,
+    ) -> Result<HashMap<MapData, K, V>, AgentError> {
+        let data = self.open_map(name)?;
+        let map = if lru {
+            Map::LruHashMap(data)
+        } else {
+            Map::HashMap(data)
+        };
+        HashMap::try_from(map).map_err(map_err(name, "open"))
     }
 
     pub fn progs_dir(&self) -> PathBuf {

@@ -118,7 +118,7 @@ fn open_counter_map(
     pins: &Pins,
     name: &'static str,
 ) -> Result<PerCpuArray<MapData, u64>, AgentError> {
-    let data = MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"))?;
+    let data = pins.open_map(name)?;
     PerCpuArray::try_from(Map::PerCpuArray(data)).map_err(map_err(name, "open"))
 }
 

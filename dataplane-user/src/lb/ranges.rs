@@ -224,10 +224,8 @@ pub type ServicePortKey = (Addr, [u8; 2], u8);
 /// (`LB_SOURCE_RANGES`' allow entries), as prefixes; none for the others (every source).
 pub fn admitted_sources(pins: &Pins) -> Result<BTreeMap<ServicePortKey, Vec<String>>, AgentError> {
     let name = maps::LB_SOURCE_RANGES;
-    let map: LpmTrie<MapData, [u8; RANGE_KEY_LEN], u8> = LpmTrie::try_from(Map::LpmTrie(
-        MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"))?,
-    ))
-    .map_err(map_err(name, "open"))?;
+    let map: LpmTrie<MapData, [u8; RANGE_KEY_LEN], u8> =
+        LpmTrie::try_from(Map::LpmTrie(pins.open_map(name)?)).map_err(map_err(name, "open"))?;
     let mut ranges: BTreeMap<ServicePortKey, Vec<String>> = BTreeMap::new();
     for key in map.keys().filter_map(Result::ok) {
         let allowed = map.get(&key, 0).is_ok_and(|v| v == SOURCE_RANGE_ALLOW);

@@ -315,8 +315,7 @@ pub struct Storage {
 impl Storage {
     /// Opens the map pinned under `pins`.
     pub fn open(pins: &Pins) -> Result<Self, AgentError> {
-        let open =
-            || MapData::from_pin(pins.map(SOCK_LB_REV)).map_err(map_err(SOCK_LB_REV, "open pin"));
+        let open = || pins.open_map(SOCK_LB_REV);
         let diag = open()?;
         let by_socket =
             SkStorage::try_from(Map::SkStorage(open()?)).map_err(map_err(SOCK_LB_REV, "open"))?;
@@ -436,11 +435,8 @@ pub fn flow_path(
     {
         return Ok(None);
     }
-    let open =
-        |name: &'static str| MapData::from_pin(pins.map(name)).map_err(map_err(name, "open pin"));
     let services: HashMap<MapData, ServiceKey, ServiceValue> =
-        HashMap::try_from(Map::HashMap(open(maps::LB_SERVICES)?))
-            .map_err(map_err(maps::LB_SERVICES, "open"))?;
+        pins.open_hash(maps::LB_SERVICES, false)?;
     let addr = crate::mapsync::addr16(dst);
     let mut key = ServiceKey {
         addr,
@@ -450,9 +446,7 @@ pub fn flow_path(
     };
     let mut found = services.get(&key, 0).ok();
     if found.is_none() {
-        let nodes: HashMap<MapData, Addr, u32> =
-            HashMap::try_from(Map::HashMap(open(maps::NODE_ADDRS)?))
-                .map_err(map_err(maps::NODE_ADDRS, "open"))?;
+        let nodes: HashMap<MapData, Addr, u32> = pins.open_hash(maps::NODE_ADDRS, false)?;
         if nodes.get(&addr, 0).is_ok() {
             key.addr = if dst.is_ipv4() {
                 NODEPORT_ANY_V4
@@ -471,8 +465,7 @@ pub fn flow_path(
     let Some(service) = found else {
         return Ok(None);
     };
-    let pods: HashMap<MapData, u64, SockPod> = HashMap::try_from(Map::HashMap(open(SOCK_LB_PODS)?))
-        .map_err(map_err(SOCK_LB_PODS, "open"))?;
+    let pods: HashMap<MapData, u64, SockPod> = pins.open_hash(SOCK_LB_PODS, false)?;
     if !pods.iter().flatten().any(|(_, pod)| pod.ifindex == ifindex) {
         return Ok(Some(
             "per packet: the pod is not served at the socket (its namespace was not found)".into(),
