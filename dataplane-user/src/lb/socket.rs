@@ -222,7 +222,8 @@ impl SocketScope {
     /// no translation). Looks only when `departures` (the load balancer's count of backends
     /// that left) has moved since the last look, and on a thread of its own: every pod's
     /// namespace is dumped (each within its deadlines), which must not hold up the agent's
-    /// loop. A look still running when another is due makes the next call try again.
+    /// loop. A look still running when another is due makes the next call try again (the
+    /// agent calls again while [`Self::look_pending`] says so).
     pub fn end_stale(
         &mut self,
         pins: &Pins,
@@ -253,6 +254,14 @@ impl SocketScope {
         self.ending = Some(spawned);
         self.departures_checked = departures;
         Ok(())
+    }
+}
+
+impl SocketScope {
+    /// Whether a look at stale sockets is due for `departures` and waits for the one still
+    /// running.
+    pub fn look_pending(&self, departures: u64) -> bool {
+        departures != self.departures_checked && self.ending.is_some()
     }
 }
 
@@ -504,6 +513,39 @@ pub fn clear_scope(dataplane: &mut Dataplane) -> Result<(), AgentError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_look_that_came_due_while_another_ran_stays_pending_until_it_starts() {
+        let mut scope = SocketScope::new(Vec::new(), SocketLbHost::Off).expect("scope");
+        // Nothing running: a due look starts at the next sync, nothing to retry.
+        assert!(!scope.look_pending(1));
+        // A look running (for departures 1) when departure 2 comes: pending.
+        let (release, wait) = std::sync::mpsc::channel::<()>();
+        scope.ending = Some(std::thread::spawn(move || {
+            let _ = wait.recv();
+            0
+        }));
+        scope.departures_checked = 1;
+        assert!(!scope.look_pending(1));
+        assert!(scope.look_pending(2));
+        // Still running: the retry leaves it pending.
+        scope
+            .end_stale(&Pins::new("/nonexistent"), 2, Members::default)
+            .expect("deferred");
+        assert!(scope.look_pending(2));
+        // Finished: the retry takes it up (here its maps are missing: an error, and no
+        // further retries until the next sync).
+        release.send(()).expect("release");
+        while !scope.ending.as_ref().is_some_and(|t| t.is_finished()) {
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        assert!(
+            scope
+                .end_stale(&Pins::new("/nonexistent"), 2, Members::default)
+                .is_err()
+        );
+        assert!(!scope.look_pending(2));
+    }
 
     #[test]
     fn the_first_cgroup2_mount_is_the_root() {

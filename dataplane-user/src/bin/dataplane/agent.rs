@@ -368,6 +368,8 @@ enum Event {
     SourceChanged,
     /// Time to look at the egress IP lease and status.
     Egress,
+    /// Time to try again a look at stale sockets that came due while another ran.
+    StaleSockets,
     /// Time to re-read everything and run every stage.
     FullSync,
 }
@@ -378,6 +380,8 @@ enum Event {
 /// last good state and the next change is tried again.
 /// How long a burst of source events is let settle before the sync they cause.
 const DEBOUNCE: std::time::Duration = std::time::Duration::from_millis(100);
+/// How soon a look at stale sockets that came due while another ran is tried again.
+const STALE_LOOK_RETRY: std::time::Duration = std::time::Duration::from_millis(250);
 /// How often a manifest directory is looked at when inotify is not available.
 const POLL: std::time::Duration = std::time::Duration::from_secs(1);
 
@@ -448,6 +452,19 @@ async fn serve(
                 None => std::future::pending().await,
             }
         };
+        // A look at stale sockets that came due while another ran is tried again shortly.
+        let stale_look_due = cluster.as_ref().is_some_and(|c| {
+            c.socket_scope
+                .as_ref()
+                .is_some_and(|scope| scope.look_pending(c.lb.departures()))
+        });
+        let stale_retry = async {
+            if stale_look_due {
+                tokio::time::sleep(STALE_LOOK_RETRY).await
+            } else {
+                std::future::pending().await
+            }
+        };
         let job = async {
             match jobs.as_mut() {
                 Some(jobs) => jobs.recv().await,
@@ -465,6 +482,7 @@ async fn serve(
             _ = settled => Event::Tick,
             _ = tick.tick() => Event::Tick,
             _ = egress_tick.tick() => Event::Egress,
+            _ = stale_retry => Event::StaleSockets,
             _ = full_tick.tick() => Event::FullSync,
         };
         metrics.heartbeat.beat();
@@ -534,6 +552,7 @@ async fn serve(
             Event::FullSync => {
                 sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, true).await;
             }
+            Event::StaleSockets => end_stale_sockets(dataplane, cluster),
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
                     tracing::error!(error = format!("{error:#}"), "applying the egress IPs");
@@ -602,23 +621,30 @@ async fn sync_and_attach(
     metrics.record_sync_work(synced.full, &stage_names(&synced), differences);
     let interfaces = synced.interfaces;
     attach_new_pods(dataplane, agent, run_dir, &interfaces);
-    if let Some(scope) = cluster.socket_scope.as_mut() {
-        if let Err(error) = scope.refresh(dataplane, &pod_veths(agent)) {
-            tracing::warn!(%error, "updating the pods served by the socket-level translation");
-        }
-        // After every sync, not only the services stage's: a look deferred while the last
-        // one ran is taken up here (nothing is done while no backend has left).
-        let lb = &cluster.lb;
-        if let Err(error) = scope.end_stale(dataplane.pins(), lb.departures(), || lb.members()) {
-            tracing::warn!(%error, "ending sockets sent to removed backends");
-        }
+    if let Some(scope) = cluster.socket_scope.as_mut()
+        && let Err(error) = scope.refresh(dataplane, &pod_veths(agent))
+    {
+        tracing::warn!(%error, "updating the pods served by the socket-level translation");
     }
+    end_stale_sockets(dataplane, cluster);
     tracing::debug!(
         sync_ms = sync_took.as_millis(),
         attach_ms = (started.elapsed() - sync_took).as_millis(),
         "synced and attached"
     );
     Ok(interfaces)
+}
+
+/// Ends the sockets sent to backends that left, on a thread of its own, when backends left
+/// since the last look (after every sync, not only the services stage's, and while a look
+/// that came due while another ran is pending).
+fn end_stale_sockets(dataplane: &Dataplane, cluster: &mut Cluster) {
+    let lb = &cluster.lb;
+    if let Some(scope) = cluster.socket_scope.as_mut()
+        && let Err(error) = scope.end_stale(dataplane.pins(), lb.departures(), || lb.members())
+    {
+        tracing::warn!(%error, "ending sockets sent to removed backends");
+    }
 }
 
 /// Attaches the socket-level translation as `--socket-lb` asks and puts this node's pods in
