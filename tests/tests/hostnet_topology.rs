@@ -101,3 +101,153 @@ fn nodes_and_other_nodes_pods_reach_each_other_through_the_overlay() {
         );
     }
 }
+
+/// The management port as the agent keeps it, by netlink requests, in a namespace of its own:
+/// the pair made, up at the pod MTU, the gateways' permanent neighbours naming the overlay
+/// side's MAC, a route per other node's pod CIDR of each family from this node's address of
+/// that family; a second sync changes nothing; a node gone takes its routes with it; a pair
+/// set down is brought back up.
+#[test]
+fn the_management_port_follows_the_other_nodes_by_netlink() {
+    use std::{net::IpAddr, sync::Arc};
+
+    use dataplane_user::{
+        api::network::OvnKubernetesConfig,
+        mgmt,
+        model::{NodeSeq, NodeView, OverlayView, Underlay},
+    };
+    use ipnet::IpNet;
+
+    if !privileged("the_management_port_follows_the_other_nodes_by_netlink") {
+        return;
+    }
+    let netns = dataplane_tests::netns::ThreadNetns::enter().expect("netns");
+    // This node's addresses, the routes' sources.
+    for line in [
+        "link add underlay type veth peer name underlay-peer",
+        "link set underlay-peer up",
+        "addr add 10.99.0.1/24 dev underlay",
+        "addr add fd99::1/64 dev underlay nodad",
+        "link set underlay up",
+    ] {
+        netns.sh(line).expect(line);
+    }
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let net = |s: &str| s.parse::<IpNet>().unwrap();
+    let node = |name: &str, address: &str, cidrs: &[&str]| {
+        Arc::new(NodeView {
+            created: i64::MAX,
+            name: name.into(),
+            addresses: if name == "a" {
+                vec![ip("10.99.0.1"), ip("fd99::1")]
+            } else {
+                vec![ip(address)]
+            },
+            pod_cidrs: cidrs.iter().map(|c| net(c)).collect(),
+        })
+    };
+    let settings = OvnKubernetesConfig::default().validate(1500).unwrap();
+    let view = |nodes: Vec<Arc<NodeView>>| OverlayView {
+        this_node: "a".into(),
+        nodes: Arc::new(NodeSeq::from_iter(nodes)),
+        local_pods: Vec::new(),
+        unrestricted_ifindexes: Vec::new(),
+        underlay: Underlay {
+            ifindex: 2,
+            mac: [2, 0, 0, 0, 0, 1],
+            xdp_forward: false,
+            nodeport_listed: false,
+            mtu: 1500,
+        },
+        settings,
+        hybrid: None,
+    };
+    let a = node("a", "", &["10.244.1.0/24", "fd00:10:244:1::/64"]);
+    let b = node("b", "10.99.0.2", &["10.244.2.0/24", "fd00:10:244:2::/64"]);
+    let c = node("c", "10.99.0.3", &["10.244.3.0/24"]);
+    let three = view(vec![a.clone(), b.clone(), c]);
+    let sync = |v: &OverlayView| mgmt::sync(v, &settings, "underlay", &[]).expect("sync");
+    let show = |args: &[&str]| {
+        let out = std::process::Command::new("ip")
+            .args(args)
+            .output()
+            .expect("ip");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+
+    let first = sync(&three);
+    assert_eq!((first.routes_added, first.routes_removed), (3, 0));
+    assert!(first.ifindex != 0 && first.host_ifindex != 0 && first.ifindex != first.host_ifindex);
+    let pod_mtu = settings.pod_mtu.to_string();
+    for side in [mgmt::HOST_SIDE, mgmt::OVERLAY_SIDE] {
+        let link = show(&["-o", "link", "show", side]);
+        assert!(link.contains(&format!("mtu {pod_mtu} ")), "{link}");
+        assert!(link.contains("state UP") || link.contains(",UP"), "{link}");
+    }
+    // (sysfs shows the process's namespace, not this thread's: the MAC from ip.)
+    let overlay_link = show(&["-o", "link", "show", mgmt::OVERLAY_SIDE]);
+    let overlay_mac = overlay_link
+        .split("link/ether ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .expect("the overlay side's MAC")
+        .to_owned();
+    let neighbours = show(&["neigh", "show", "dev", mgmt::HOST_SIDE]);
+    for gateway in ["169.254.0.1", "fe80::d:1"] {
+        assert!(
+            neighbours.contains(&format!("{gateway} lladdr {overlay_mac} PERMANENT")),
+            "{neighbours}"
+        );
+    }
+    let v4 = show(&["-4", "-o", "route", "show", "dev", mgmt::HOST_SIDE]);
+    for cidr in ["10.244.2.0/24", "10.244.3.0/24"] {
+        assert!(
+            v4.lines()
+                .any(|l| l.starts_with(&format!("{cidr} via 169.254.0.1 "))
+                    // (protocol boot, which ip does not print)
+                && !l.contains("proto")
+                    && l.contains("src 10.99.0.1")
+                    && l.contains("onlink")),
+            "{v4}"
+        );
+    }
+    assert!(!v4.contains("10.244.1.0/24"), "this node's own CIDR: {v4}");
+    let v6 = show(&["-6", "-o", "route", "show", "dev", mgmt::HOST_SIDE]);
+    assert!(
+        v6.lines().any(
+            |l| l.starts_with("fd00:10:244:2::/64 via fe80::d:1 ") && l.contains("src fd99::1")
+        ),
+        "{v6}"
+    );
+
+    // Nothing differs: nothing written.
+    let again = sync(&three);
+    assert_eq!((again.routes_added, again.routes_removed), (0, 0));
+    assert_eq!(
+        (again.ifindex, again.host_ifindex),
+        (first.ifindex, first.host_ifindex)
+    );
+
+    // Node c gone: its route goes.
+    let two_nodes = view(vec![a, b]);
+    let two = sync(&two_nodes);
+    assert_eq!((two.routes_added, two.routes_removed), (0, 1));
+    let v4 = show(&["-4", "-o", "route", "show", "dev", mgmt::HOST_SIDE]);
+    assert!(
+        !v4.contains("10.244.3.0/24") && v4.contains("10.244.2.0/24"),
+        "{v4}"
+    );
+
+    // The pair set down (which takes its routes): up again, routes back.
+    netns
+        .sh(&format!("link set {} down", mgmt::HOST_SIDE))
+        .expect("down");
+    sync(&two_nodes);
+    let link = show(&["-o", "link", "show", mgmt::HOST_SIDE]);
+    assert!(link.contains(",UP"), "{link}");
+    let v4 = show(&["-4", "-o", "route", "show", "dev", mgmt::HOST_SIDE]);
+    assert!(v4.contains("10.244.2.0/24 via 169.254.0.1"), "{v4}");
+    let v6 = show(&["-6", "-o", "route", "show", "dev", mgmt::HOST_SIDE]);
+    assert!(v6.contains("fd00:10:244:2::/64 via fe80::d:1"), "{v6}");
+    drop(netns);
+}
