@@ -190,7 +190,7 @@ async fn sync_port(
         }
         let add = handle
             .route()
-            .add(route_via_gateway(cidr, source, host_ifindex))
+            .add(route_via_gateway(cidr, Some(source), host_ifindex))
             .replace();
         add.execute().await.map_err(|e| {
             netlink_failed(
@@ -202,7 +202,7 @@ async fn sync_port(
     }
     let wanted: BTreeSet<IpNet> = wanted.iter().map(|(cidr, _)| *cidr).collect();
     for &stale in present.difference(&wanted) {
-        let route = route_via_gateway(stale, unspecified_of(stale), host_ifindex);
+        let route = route_via_gateway(stale, None, host_ifindex);
         let del = handle.route().del(route).execute();
         del.await.map_err(|e| {
             netlink_failed(&format!("route del {stale} dev {HOST_SIDE}"), e.to_string())
@@ -239,41 +239,31 @@ async fn link(handle: &Handle, name: &str) -> Result<Option<Link>, AgentError> {
     }
 }
 
-/// A route to `cidr` through the family's gateway, on-link out of `index`, from `source`
-/// (protocol boot, as `ip route` makes them).
-fn route_via_gateway(cidr: IpNet, source: IpAddr, index: u32) -> RouteMessage {
-    let mut route = match (cidr, source) {
-        (IpNet::V4(net), IpAddr::V4(source)) => {
+/// A route to `cidr` through the family's gateway, on-link out of `index`, from `source` when
+/// given and of the family (protocol boot, as `ip route` makes them).
+fn route_via_gateway(cidr: IpNet, source: Option<IpAddr>, index: u32) -> RouteMessage {
+    let mut route = match cidr {
+        IpNet::V4(net) => {
             let mut route = RouteMessageBuilder::<Ipv4Addr>::new()
                 .destination_prefix(net.addr(), net.prefix_len())
                 .gateway(GATEWAY_V4);
-            if !source.is_unspecified() {
+            if let Some(IpAddr::V4(source)) = source {
                 route = route.pref_source(source);
             }
             route.output_interface(index).onlink().build()
         }
-        (IpNet::V6(net), IpAddr::V6(source)) => {
+        IpNet::V6(net) => {
             let mut route = RouteMessageBuilder::<Ipv6Addr>::new()
                 .destination_prefix(net.addr(), net.prefix_len())
                 .gateway(GATEWAY_V6);
-            if !source.is_unspecified() {
+            if let Some(IpAddr::V6(source)) = source {
                 route = route.pref_source(source);
             }
             route.output_interface(index).onlink().build()
         }
-        // `wanted_routes` pairs each network with a source of its family.
-        (net, _) => return route_via_gateway(net, unspecified_of(net), index),
     };
     route.header.protocol = RouteProtocol::Boot;
     route
-}
-
-/// The unspecified address of `net`'s family (no preferred source).
-fn unspecified_of(net: IpNet) -> IpAddr {
-    match net {
-        IpNet::V4(_) => IpAddr::V4(Ipv4Addr::UNSPECIFIED),
-        IpNet::V6(_) => IpAddr::V6(Ipv6Addr::UNSPECIFIED),
-    }
 }
 
 /// The main table's unicast routes out of the host's side of the pair that a sync put there

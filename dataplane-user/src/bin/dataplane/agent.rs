@@ -694,9 +694,10 @@ fn programs_attached(agent: &AgentState, iface: &str) -> bool {
 }
 
 /// Serves a batch of CNI requests: wires every ADD, starts the removal of every DEL's veths
-/// off the loop (finished by [`handle_removed`]), then syncs once, so the new pods' overlay entries, policies and services are in the maps and
-/// their programs attached; only then are ADDs answered. An ADD whose pod did not make it
-/// into the maps is undone and fails, naming why.
+/// off the loop (finished by [`handle_removed`]), then syncs once, so the new pods' overlay
+/// entries, policies and services are in the maps and their programs attached; only then
+/// are ADDs answered. An ADD whose pod did not make it into the maps is undone and fails,
+/// naming why.
 async fn handle_cni(
     dataplane: &mut Dataplane,
     cluster: &mut Cluster,
