@@ -304,6 +304,12 @@ pub const TAIL_UNDERLAY_NEIGHBOUR: u32 = 9;
 /// After `tc_underlay` for an ARP request or neighbour solicitation where XDP may not send
 /// frames back out of the underlay: answered for egress addresses held here.
 pub const PROG_UNDERLAY_NEIGHBOUR: &str = "tc_underlay_neighbour";
+/// `TAILS` slot of [`PROG_UNDERLAY_DECAP`].
+pub const TAIL_UNDERLAY_DECAP: u32 = 10;
+/// After `tc_underlay` for Geneve or hybrid VXLAN to this node: checked and unwrapped in the
+/// socket buffer (every tunnel packet where the uplink runs no XDP, `--uplink-hook tc`; what
+/// XDP left whole otherwise), then taken on as `tc_underlay` takes what XDP unwrapped.
+pub const PROG_UNDERLAY_DECAP: &str = "tc_underlay_decap";
 /// tc program on the host side of every pod veth (egress, i.e. packets the stack delivers to
 /// the pod): the pod's ingress NetworkPolicy.
 pub const PROG_TO_POD: &str = "tc_to_pod";
@@ -361,12 +367,12 @@ pub const TAIL_STAGES: &[TailStage] = &[
     TailStage {
         slot: TAIL_UNDERLAY_ICMP,
         program: PROG_UNDERLAY_ICMP,
-        reached_from: &[PROG_UNDERLAY_TC],
+        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_DECAP],
     },
     TailStage {
         slot: TAIL_UNDERLAY_SCTP,
         program: PROG_UNDERLAY_SCTP,
-        reached_from: &[PROG_UNDERLAY_TC],
+        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_DECAP],
     },
     TailStage {
         slot: TAIL_FROM_POD_EGRESS,
@@ -376,7 +382,7 @@ pub const TAIL_STAGES: &[TailStage] = &[
     TailStage {
         slot: TAIL_UNDERLAY_EGRESS,
         program: PROG_UNDERLAY_EGRESS,
-        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_SCTP],
+        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_DECAP, PROG_UNDERLAY_SCTP],
     },
     TailStage {
         slot: TAIL_FROM_POD_MULTICAST,
@@ -386,11 +392,16 @@ pub const TAIL_STAGES: &[TailStage] = &[
     TailStage {
         slot: TAIL_UNDERLAY_MULTICAST,
         program: PROG_UNDERLAY_MULTICAST,
-        reached_from: &[PROG_UNDERLAY_TC],
+        reached_from: &[PROG_UNDERLAY_DECAP],
     },
     TailStage {
         slot: TAIL_UNDERLAY_NEIGHBOUR,
         program: PROG_UNDERLAY_NEIGHBOUR,
+        reached_from: &[PROG_UNDERLAY_TC, PROG_UNDERLAY_DECAP],
+    },
+    TailStage {
+        slot: TAIL_UNDERLAY_DECAP,
+        program: PROG_UNDERLAY_DECAP,
         reached_from: &[PROG_UNDERLAY_TC],
     },
 ];
@@ -409,6 +420,7 @@ pub const ALL_PROGRAMS: &[&str] = &[
     PROG_FROM_POD_MULTICAST,
     PROG_UNDERLAY_MULTICAST,
     PROG_UNDERLAY_NEIGHBOUR,
+    PROG_UNDERLAY_DECAP,
     PROG_TO_POD,
     PROG_UNDERLAY_TC,
     PROG_SOCK_CONNECT4,

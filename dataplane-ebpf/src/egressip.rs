@@ -501,7 +501,9 @@ pub fn answer_in_xdp(ctx: &XdpContext, class: PacketClass) -> Option<u32> {
 
 /// Whether a frame at tc is a neighbour question `tc_underlay_neighbour` answers there: an
 /// ARP request or an ICMPv6 neighbour solicitation (type 135 right after the IPv6 header),
-/// on a node holding egress addresses whose XDP does not send frames back out.
+/// on a node holding egress addresses. Where XDP sends frames back out it has answered the
+/// questions for held addresses already; this answers them where it may not, and where the
+/// uplink runs no XDP (`--uplink-hook tc`).
 #[inline(always)]
 pub fn answered_at_tc(ctx: &TcContext, class: PacketClass) -> bool {
     let asked = match class {
@@ -512,9 +514,7 @@ pub fn answered_at_tc(ctx: &TcContext, class: PacketClass) -> bool {
         }
         _ => false,
     };
-    asked
-        && lookup::egress_holder()
-        && lookup::overlay_config().is_some_and(|c| c.flags & OVERLAY_XDP_FORWARD == 0)
+    asked && lookup::egress_holder()
 }
 
 /// tc ingress on the underlay, where XDP may not send frames back out (`answered_at_tc`):

@@ -16,11 +16,15 @@
     reason = "keys stay in per-CPU memory"
 )]
 
-use aya_ebpf::{bindings::xdp_action, helpers::bpf_xdp_adjust_head, programs::XdpContext};
+use aya_ebpf::{
+    bindings::xdp_action,
+    helpers::bpf_xdp_adjust_head,
+    programs::{TcContext, XdpContext},
+};
 use dataplane_common::{
     DropReason, PacketClass,
     hybrid::{HYBRID_VNI, VXLAN_FLAG_VNI, VXLAN_HEADER_LEN},
-    overlay::{OVERLAY_HAS_IPV4, TunnelEndpoint},
+    overlay::{OVERLAY_HAS_IPV4, OverlayConfig, TunnelEndpoint},
 };
 
 use crate::lookup;
@@ -30,6 +34,7 @@ use crate::{
     maps::{ADDR_SCRATCH, ENCAP_SCRATCH_LEN, HYBRID_NODES},
     parse::Packet,
     stage::Stage,
+    tunnel,
     work::Parsed,
 };
 
@@ -97,12 +102,14 @@ pub fn decapsulate(ctx: &XdpContext, parsed: &Parsed) -> Stage {
     )
 }
 
+/// The checks on VXLAN from a hybrid node, the same at either hook: `Ok(None)` when it is no
+/// VXLAN for this node; else the offset of the inner Ethernet frame, and the overlay's
+/// settings.
 #[inline(always)]
-fn unwrap_vxlan(
-    ctx: &XdpContext,
+fn vxlan_inner(
     packet: &Packet,
     parsed: &Parsed,
-) -> Result<Option<u32>, DropReason> {
+) -> Result<Option<(usize, &'static OverlayConfig)>, DropReason> {
     // The hybrid overlay runs over an untagged IPv4 underlay only.
     if parsed.ether_type != ETH_P_IP || parsed.l3_offset != ETH_LEN || parsed.l4_offset == 0 {
         return Ok(None);
@@ -157,6 +164,36 @@ fn unwrap_vxlan(
     if packet.header::<[u8; 20]>(inner + ETH_LEN).is_none() {
         return Err(DropReason::HybridMalformed);
     }
+    Ok(Some((inner, overlay)))
+}
+
+/// The tc stage for VXLAN from a hybrid node where the uplink runs no XDP (`--uplink-hook
+/// tc`): the same checks as XDP's, then the packet unwrapped in place
+/// (`tunnel::strip_outer`). `Ok(false)`: no VXLAN for this node, untouched.
+#[inline(always)]
+pub fn decapsulate_skb(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropReason> {
+    // The hybrid overlay runs over an untagged underlay only.
+    if tunnel::skb_vid(ctx).is_some() {
+        return Ok(false);
+    }
+    let packet = tunnel::pulled(ctx);
+    let Some((inner, config)) = vxlan_inner(&packet, parsed)? else {
+        return Ok(false);
+    };
+    tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac)
+        .map_err(|()| DropReason::HybridMalformed)?;
+    Ok(true)
+}
+
+#[inline(always)]
+fn unwrap_vxlan(
+    ctx: &XdpContext,
+    packet: &Packet,
+    parsed: &Parsed,
+) -> Result<Option<u32>, DropReason> {
+    let Some((inner, overlay)) = vxlan_inner(packet, parsed)? else {
+        return Ok(None);
+    };
     // SAFETY: plain helper call; shrinking from the front by a length checked above.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, inner as i32) } != 0 {
         return Err(DropReason::HybridMalformed);

@@ -44,6 +44,8 @@ mod stage;
 #[cfg(target_arch = "bpf")]
 mod stats;
 #[cfg(target_arch = "bpf")]
+mod tunnel;
+#[cfg(target_arch = "bpf")]
 mod underlay;
 #[cfg(target_arch = "bpf")]
 mod work;

@@ -68,6 +68,7 @@ use crate::{
     },
     parse::{IPPROTO_TCP, IPPROTO_UDP, Packet, read},
     stage::Stage,
+    tunnel,
     work::Parsed,
 };
 
@@ -969,30 +970,28 @@ pub fn decapsulate(ctx: &XdpContext, parsed: &Parsed) -> Stage {
     )
 }
 
+/// RFC 8926's receive checks on a parsed packet, the same at either hook: `Ok(None)` when it
+/// is no Geneve for this node (not to its port or address, or a multicast copy, which
+/// `tc_underlay_multicast` takes whole); else the offset of the inner Ethernet frame and the
+/// local pod it is for (`None`: a pod's traffic this node sends out from an egress address).
+/// `metadata_vid`: the VLAN id the kernel took out of the frame into the socket buffer (tc),
+/// `None` where the tag stays in the frame (XDP). `key` holds the inner destination after.
 #[inline(always)]
-fn unwrap_geneve(
-    ctx: &XdpContext,
+fn geneve_inner(
     packet: &Packet,
     parsed: &Parsed,
-) -> Result<Option<u32>, DropReason> {
-    if parsed.class != PacketClass::Udp {
+    config: &OverlayConfig,
+    metadata_vid: Option<u16>,
+    key: &mut Key<Addr>,
+) -> Result<Option<(usize, Option<LocalPod>)>, DropReason> {
+    if parsed.class != PacketClass::Udp || u16::from_be_bytes(parsed.dst_port) != config.geneve_port
+    {
         return Ok(None);
     }
-    let Some(config) = lookup::overlay_config() else {
-        return Ok(None);
-    };
-    if u16::from_be_bytes(parsed.dst_port) != config.geneve_port {
-        return Ok(None);
-    }
-    let key = ADDR_SCRATCH
-        .get_ptr_mut(0)
-        .ok_or(DropReason::ScratchUnavailable)?;
-    // SAFETY: this CPU's slot, used within this program run only.
-    let key = unsafe { &mut *key };
     if !outer_addresses(packet, parsed, config, &mut key.data)? {
         return Ok(None);
     }
-    check_vlan(packet, parsed, config)?;
+    check_vlan(packet, parsed, config, metadata_vid)?;
     if !known_node(&key.data) {
         return Err(DropReason::GeneveUnknownNode);
     }
@@ -1001,7 +1000,7 @@ fn unwrap_geneve(
     let inner = geneve + GENEVE_HEADER_LEN + options_len;
     inner_address(packet, inner, false, &mut key.data)?;
     // A copy to a multicast group goes up whole: `tc_underlay_multicast` reads the sender's
-    // namespace from its options and copies it to the group's pods, which XDP cannot.
+    // namespace from its options and copies it to the group's pods.
     if is_group(&key.data) {
         return Ok(None);
     }
@@ -1009,6 +1008,26 @@ fn unwrap_geneve(
     if pod.is_none() && !egress_bound(packet, inner, key)? {
         return Err(DropReason::GeneveNoLocalPod);
     }
+    Ok(Some((inner, pod)))
+}
+
+#[inline(always)]
+fn unwrap_geneve(
+    ctx: &XdpContext,
+    packet: &Packet,
+    parsed: &Parsed,
+) -> Result<Option<u32>, DropReason> {
+    let Some(config) = lookup::overlay_config() else {
+        return Ok(None);
+    };
+    let key = ADDR_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::ScratchUnavailable)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    let key = unsafe { &mut *key };
+    let Some((inner, pod)) = geneve_inner(packet, parsed, config, None, key)? else {
+        return Ok(None);
+    };
     // SAFETY: plain helper call; shrinking from the front by a length checked above.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, inner as i32) } != 0 {
         return Err(DropReason::GeneveInnerMalformed);
@@ -1027,6 +1046,29 @@ fn unwrap_geneve(
     // SAFETY: the 6 bytes at start were bounds-checked just above.
     unsafe { copy_bytes::<6>(start as *mut u8, config.underlay_mac.as_ptr()) };
     Ok(Some(xdp_action::XDP_PASS))
+}
+
+/// The tc stage for Geneve arriving on the underlay (what XDP left whole, and every Geneve
+/// packet where the uplink runs no XDP, `--uplink-hook tc`): the same checks as XDP's, then
+/// the packet unwrapped in place ([`tunnel::strip_outer`]). `Ok(false)`: no Geneve for this node
+/// (a multicast copy included), untouched.
+#[inline(always)]
+pub fn decapsulate_skb(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropReason> {
+    let Some(config) = lookup::overlay_config() else {
+        return Ok(false);
+    };
+    let packet = tunnel::pulled(ctx);
+    let key = ADDR_SCRATCH
+        .get_ptr_mut(0)
+        .ok_or(DropReason::ScratchUnavailable)?;
+    // SAFETY: this CPU's slot, used within this program run only.
+    let key = unsafe { &mut *key };
+    let Some((inner, _)) = geneve_inner(&packet, parsed, config, tunnel::skb_vid(ctx), key)? else {
+        return Ok(false);
+    };
+    tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac)
+        .map_err(|()| DropReason::GeneveInnerMalformed)?;
+    Ok(true)
 }
 
 /// Inner frames whose transport segment is longer than this go up the stack: GRO merges them
@@ -1431,15 +1473,26 @@ pub(crate) fn outer_addresses(
 
 /// Geneve to this node counts as its overlay traffic only in the VLAN the underlay carries
 /// it in (untagged unless configured): a tag the underlay does not use is someone else's
-/// network, however the packet is addressed.
+/// network, however the packet is addressed. At tc the kernel has taken the tag out of the
+/// frame into the socket buffer (`metadata_vid`).
 #[inline(always)]
-fn check_vlan(packet: &Packet, parsed: &Parsed, config: &OverlayConfig) -> Result<(), DropReason> {
+fn check_vlan(
+    packet: &Packet,
+    parsed: &Parsed,
+    config: &OverlayConfig,
+    metadata_vid: Option<u16>,
+) -> Result<(), DropReason> {
     if parsed.l3_offset == ETH_LEN {
-        return if config.underlay_vlan == 0 {
+        let vid = metadata_vid.unwrap_or(0);
+        return if vid == config.underlay_vlan {
             Ok(())
         } else {
             Err(DropReason::GeneveWrongVlan)
         };
+    }
+    if metadata_vid.is_some() {
+        // A second tag (QinQ): never the underlay's.
+        return Err(DropReason::GeneveWrongVlan);
     }
     // One tag, carrying the underlay's VLAN id; QinQ never.
     let tag: *const [u8; 2] = packet.header(ETH_LEN).ok_or(DropReason::VlanTruncated)?;

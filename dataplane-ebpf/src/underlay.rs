@@ -1,11 +1,14 @@
-//! XDP on the node's underlay NIC: every packet arriving at the node passes here first.
-//! Parse (malformed packets dropped with their reason), then Geneve decapsulation for local
-//! pods, then the NodePort fast path for established flows (`lb::xdp`).
+//! The node's underlay NIC. Where XDP runs on it (`--uplink-hook xdp`) every packet arriving
+//! at the node passes XDP first: parse (malformed packets dropped with their reason), then
+//! Geneve decapsulation for local pods, then the NodePort fast path for established flows
+//! (`lb::xdp`).
 //!
 //! tc ingress on the same NIC then sees what XDP passed up, decapsulated frames included, as
-//! socket buffers, and works with the kernel's checksum and encapsulation helpers: replies of
-//! remote service backends get their service address back, and NodePort packets are
-//! translated and delivered to their backend, here or through Geneve on another node.
+//! socket buffers, and works with the kernel's checksum and encapsulation helpers: tunnel
+//! packets XDP did not unwrap (all of them where no XDP runs, `--uplink-hook tc`) are unwrapped
+//! by `tc_underlay_decap`, replies of remote service backends get their service address back,
+//! and NodePort packets are translated and delivered to their backend, here or through Geneve
+//! on another node.
 
 use aya_ebpf::{
     bindings::{TC_ACT_OK, TC_ACT_SHOT, xdp_action},
@@ -16,8 +19,8 @@ use dataplane_common::{
     DropReason, Hook, PacketClass,
     acl::SERVICE_REPLY_MARK,
     maps::{
-        TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST, TAIL_UNDERLAY_NEIGHBOUR,
-        TAIL_UNDERLAY_SCTP,
+        TAIL_UNDERLAY_DECAP, TAIL_UNDERLAY_EGRESS, TAIL_UNDERLAY_ICMP, TAIL_UNDERLAY_MULTICAST,
+        TAIL_UNDERLAY_NEIGHBOUR, TAIL_UNDERLAY_SCTP,
     },
 };
 
@@ -26,7 +29,7 @@ use crate::{
     acl, egressip, frag, hybrid, lb,
     maps::{PARSED, TAILS},
     overlay,
-    parse::{Packet, parse, parse_skb, stash},
+    parse::{ETH_LEN, Packet, parse, parse_skb, stash},
     stage::{Stage, reverse_nat, routed_verdict},
     stats::{count_drop, count_malformed, count_outcome, count_packet},
     work::Parsed,
@@ -148,35 +151,89 @@ pub fn tc_underlay_icmp(ctx: TcContext) -> i32 {
     }
 }
 
-/// tc ingress on the underlay: ICMP and SCTP go on to their own programs (each verified on its
-/// own: in one program the load-balancer's paths times theirs are more than the verifier
-/// walks); everything else is load-balanced here.
+/// tc ingress on the underlay: Geneve and hybrid VXLAN to this node go on to
+/// `tc_underlay_decap`, ICMP and SCTP to their own programs (each verified on its own: in one
+/// program the load-balancer's paths times theirs are more than the verifier walks);
+/// everything else is load-balanced here.
 #[classifier]
 pub fn tc_underlay(ctx: TcContext) -> i32 {
-    let parsed = match parse_skb(&ctx) {
+    underlay_tc(&ctx, false)
+}
+
+/// Unwraps Geneve and hybrid VXLAN to this node in the socket buffer, with the checks XDP
+/// makes (where the uplink runs no XDP every tunnel packet comes here; otherwise only what
+/// XDP left whole, a multicast copy), then takes the packet on as `tc_underlay` takes what
+/// XDP unwrapped.
+#[classifier]
+pub fn tc_underlay_decap(ctx: TcContext) -> i32 {
+    let Some(stashed) = PARSED.get(0) else {
+        return TC_ACT_OK;
+    };
+    // Offsets read back from map memory are unknown to the verifier: bounded here. At tc a
+    // tunnel packet's tag is the kernel's (taken out of the frame), so its IP header follows
+    // the Ethernet header; anything else is no tunnel of ours.
+    let l4_offset = stashed.l4_offset;
+    if stashed.l3_offset != ETH_LEN || l4_offset > MAX_TUNNEL_L4_OFFSET {
+        return underlay_tc(&ctx, true);
+    }
+    let parsed = &Parsed {
+        l3_offset: ETH_LEN,
+        l4_offset,
+        ..*stashed
+    };
+    let unwrapped = if hybrid::vxlan_port(parsed) {
+        hybrid::decapsulate_skb(&ctx, parsed).map(|done| done.then_some(PacketClass::VxlanDecap))
+    } else {
+        overlay::decapsulate_skb(&ctx, parsed).map(|done| done.then_some(PacketClass::GeneveDecap))
+    };
+    match unwrapped {
+        Ok(Some(outcome)) => count_outcome(Hook::UnderlayTc, outcome),
+        // No tunnel of ours: a multicast copy, or a packet to someone else's port.
+        Ok(None) => {}
+        Err(reason) => {
+            count_drop(Hook::UnderlayTc, reason);
+            return TC_ACT_SHOT;
+        }
+    }
+    underlay_tc(&ctx, true)
+}
+
+/// The furthest a tunnel's UDP header can start: after an IPv6 header and extension headers
+/// (the parser's own bound is lower).
+const MAX_TUNNEL_L4_OFFSET: usize = ETH_LEN + 40 + 256;
+
+/// The underlay's tc ingress for one packet; `unwrapped`: it came through `tc_underlay_decap`
+/// (its tunnel ports are then its own: Geneve left whole is a multicast copy), and was counted
+/// on arrival.
+#[inline(always)]
+fn underlay_tc(ctx: &TcContext, unwrapped: bool) -> i32 {
+    let parsed = match parse_skb(ctx) {
         Ok(parsed) => parsed,
         Err(reason) => {
             count_malformed(Hook::UnderlayTc, reason);
             return TC_ACT_SHOT;
         }
     };
-    count_packet(Hook::UnderlayTc, parsed.class);
-    // Geneve XDP did not unwrap: a multicast copy, or none for this node.
-    if overlay::geneve_port(&parsed) {
-        return hand_on(&ctx, &parsed, TAIL_UNDERLAY_MULTICAST);
+    if !unwrapped {
+        count_packet(Hook::UnderlayTc, parsed.class);
+        if overlay::geneve_port(&parsed) || hybrid::vxlan_port(&parsed) {
+            return hand_on(ctx, &parsed, TAIL_UNDERLAY_DECAP);
+        }
+    } else if overlay::geneve_port(&parsed) {
+        return hand_on(ctx, &parsed, TAIL_UNDERLAY_MULTICAST);
     }
     // Neighbour questions for egress addresses, where XDP may not answer them.
-    if egressip::answered_at_tc(&ctx, parsed.class) {
-        return hand_on(&ctx, &parsed, TAIL_UNDERLAY_NEIGHBOUR);
+    if egressip::answered_at_tc(ctx, parsed.class) {
+        return hand_on(ctx, &parsed, TAIL_UNDERLAY_NEIGHBOUR);
     }
     match parsed.class {
-        PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(&ctx, &parsed, TAIL_UNDERLAY_ICMP),
-        PacketClass::Sctp => hand_on(&ctx, &parsed, TAIL_UNDERLAY_SCTP),
+        PacketClass::Icmp | PacketClass::Icmpv6 => hand_on(ctx, &parsed, TAIL_UNDERLAY_ICMP),
+        PacketClass::Sctp => hand_on(ctx, &parsed, TAIL_UNDERLAY_SCTP),
         _ => match opaque(&parsed) {
             // A later fragment whose first was not seen here is not ours to judge: the node's
             // own traffic, or a pod's, whose veth judges it.
-            Some(parsed) => match frag::follow_first(&ctx, parsed) {
-                Ok(()) => underlay_services(&ctx, parsed, false),
+            Some(parsed) => match frag::follow_first(ctx, parsed) {
+                Ok(()) => underlay_services(ctx, parsed, false),
                 Err(_) => TC_ACT_OK,
             },
             None => TC_ACT_OK,

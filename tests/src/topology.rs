@@ -646,6 +646,30 @@ pub fn socket_lb_on() -> bool {
     socket_lb_mode() == "on"
 }
 
+/// The environment variable that runs the agents of the topology tests with `--uplink-hook`
+/// set to its value (the uplink tests' second pass runs `tc`); unset: `xdp`.
+pub const UPLINK_HOOK: &str = "DATAPLANE_TEST_UPLINK_HOOK";
+
+/// `--uplink-hook` as [`UPLINK_HOOK`] asks.
+pub fn uplink_hook() -> String {
+    std::env::var(UPLINK_HOOK).unwrap_or_else(|_| "xdp".to_owned())
+}
+
+/// Whether the agents' uplinks run tc alone in this run ([`UPLINK_HOOK`]).
+pub fn uplink_tc() -> bool {
+    uplink_hook() == "tc"
+}
+
+/// The hook that first counts what arrives on the uplink (tunnel packets unwrapped among
+/// them): XDP's, or tc's where the uplink runs no XDP ([`uplink_tc`]).
+pub fn arrival_hook() -> dataplane_common::Hook {
+    if uplink_tc() {
+        dataplane_common::Hook::UnderlayTc
+    } else {
+        dataplane_common::Hook::Underlay
+    }
+}
+
 /// The Kubernetes name of node `index`.
 pub fn node_name(index: usize) -> String {
     format!("node{index}")
@@ -757,6 +781,10 @@ impl Node {
         // the test says otherwise.
         if !extra.contains(&"--xdp-forward") {
             command.args(["--xdp-forward", "on"]);
+        }
+        // The uplink tests run once per hook: `UPLINK_HOOK` says which.
+        if !extra.contains(&"--uplink-hook") {
+            command.args(["--uplink-hook", &uplink_hook()]);
         }
         // The service tests run once per translation mode: `SOCKET_LB_MODE` says which.
         if !extra.contains(&"--socket-lb") {

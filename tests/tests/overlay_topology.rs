@@ -13,7 +13,7 @@ use dataplane_common::{Hook, PacketClass};
 use dataplane_tests::{
     capture::Capture,
     privileged::privileged,
-    topology::{Mode, OVERLAY_POD_MTU, Pod, Topology, exec_in, run_in, sh_in},
+    topology::{Mode, OVERLAY_POD_MTU, Pod, Topology, arrival_hook, exec_in, run_in, sh_in},
 };
 use dataplane_user::kernel::stats::Counters;
 
@@ -100,7 +100,7 @@ fn pods_reach_each_other_across_nodes_only_through_geneve() {
         3
     );
     assert_eq!(
-        delta(&after1, &before1, Hook::Underlay, PacketClass::GeneveDecap),
+        delta(&after1, &before1, arrival_hook(), PacketClass::GeneveDecap),
         3
     );
     assert_eq!(
@@ -108,7 +108,7 @@ fn pods_reach_each_other_across_nodes_only_through_geneve() {
         3
     );
     assert_eq!(
-        delta(&after0, &before0, Hook::Underlay, PacketClass::GeneveDecap),
+        delta(&after0, &before0, arrival_hook(), PacketClass::GeneveDecap),
         3
     );
 
@@ -174,7 +174,7 @@ fn pods_reach_each_other_across_nodes_only_through_geneve() {
         3
     );
     assert_eq!(
-        delta(&after1, &before1, Hook::Underlay, PacketClass::GeneveDecap),
+        delta(&after1, &before1, arrival_hook(), PacketClass::GeneveDecap),
         3
     );
     let lines = capture.finish().expect("capture");

@@ -9,7 +9,7 @@ use dataplane_tests::{
     packets,
     privileged::privileged,
     service_bed,
-    topology::{Mode, PinsCleanup, Topology, dataplane_binary, exec_in},
+    topology::{Mode, PinsCleanup, Topology, arrival_hook, dataplane_binary, exec_in},
 };
 use dataplane_user::kernel::stats::Counters;
 use std::process::Command;
@@ -81,11 +81,11 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
         3
     );
     assert_eq!(
-        delta(&after0, &before0, Hook::Underlay, PacketClass::Icmp),
+        delta(&after0, &before0, arrival_hook(), PacketClass::Icmp),
         3
     );
     assert_eq!(
-        delta(&after1, &before1, Hook::Underlay, PacketClass::Icmp),
+        delta(&after1, &before1, arrival_hook(), PacketClass::Icmp),
         3
     );
     assert_eq!(
@@ -102,7 +102,7 @@ fn agents_attach_count_real_traffic_stay_attached_and_adopt_pins_on_restart() {
         6
     );
     assert_eq!(
-        delta(&after0, &before0, Hook::Underlay, PacketClass::Icmp),
+        delta(&after0, &before0, arrival_hook(), PacketClass::Icmp),
         0
     );
 
@@ -461,4 +461,86 @@ fn the_xdp_fabric_switches_learned_unicast_port_to_port_with_whole_checksums() {
     )
     .expect("ping");
     assert!(ping.status.success(), "external host to node 1");
+}
+
+/// The uplink's hook as `--uplink-hook` chooses: `auto` on a veth uplink runs tc alone and
+/// says why; an agent that follows one running XDP there takes the XDP program off the uplink
+/// (its pinned link removed), and the overlay still carries pods' traffic across nodes with
+/// tc unwrapping every Geneve packet; `xdp` after it puts XDP back.
+#[test]
+fn the_uplink_hook_follows_the_flag_and_auto_picks_tc_on_a_veth() {
+    if !privileged("the_uplink_hook_follows_the_flag_and_auto_picks_tc_on_a_veth") {
+        return;
+    }
+    let topology = Topology::build_with(2, 1, Mode::Overlay).expect("build topology");
+    let (node0, node1) = (topology.node(0), topology.node(1));
+    let uplink = |agent: &dataplane_tests::topology::Agent| -> Vec<(String, String)> {
+        let status = agent.status_json().expect("status --json");
+        status["state"]["attachments"]
+            .as_array()
+            .expect("attachments")
+            .iter()
+            .filter(|a| a["interface"] == "eth0")
+            .map(|a| {
+                (
+                    a["program"].as_str().unwrap_or_default().to_owned(),
+                    a["why"].as_str().unwrap_or_default().to_owned(),
+                )
+            })
+            .collect()
+    };
+    let xdp_on_eth0 = || {
+        let link = exec_in(&node0.netns, &["ip", "link", "show", "eth0"]).expect("ip link");
+        String::from_utf8_lossy(&link.stdout).contains("xdp")
+    };
+
+    let agent0 = node0
+        .start_agent_with(&["--uplink-hook", "xdp"])
+        .expect("agent on node 0");
+    let agent1 = node1
+        .start_agent_with(&["--uplink-hook", "tc"])
+        .expect("agent on node 1");
+    assert!(xdp_on_eth0(), "--uplink-hook xdp attaches XDP");
+    let programs: Vec<String> = uplink(&agent0).into_iter().map(|(p, _)| p).collect();
+    assert_eq!(programs, ["xdp_underlay", "tc_underlay"]);
+    let (pins, run_dir) = agent0.stop_keeping_pins().expect("stop agent 0");
+
+    // The next agent, on auto: a veth uplink runs tc alone.
+    let agent0 = node0
+        .start_agent_at_with(pins, run_dir, &["--uplink-hook", "auto"])
+        .expect("agent on node 0 again");
+    let attached = uplink(&agent0);
+    assert_eq!(attached.len(), 1, "{attached:?}");
+    assert_eq!(attached[0].0, "tc_underlay");
+    assert!(
+        attached[0]
+            .1
+            .starts_with("uplink hook tc: --uplink-hook auto: driver veth"),
+        "{attached:?}"
+    );
+    assert!(!xdp_on_eth0(), "the previous agent's XDP link removed");
+
+    // Both ways through Geneve unwrapped at tc: counted there, none by XDP.
+    let (before0, before1) = (agent0.counters().unwrap(), agent1.counters().unwrap());
+    assert!(
+        node0.pods[0].ping(node1.pods[0].ip, 3).unwrap(),
+        "cross-node ping with both uplinks on tc\nagent 0:\n{}\nagent 1:\n{}",
+        agent0.log(),
+        agent1.log()
+    );
+    let (after0, after1) = (agent0.counters().unwrap(), agent1.counters().unwrap());
+    for (after, before) in [(&after0, &before0), (&after1, &before1)] {
+        assert_eq!(
+            delta(after, before, Hook::UnderlayTc, PacketClass::GeneveDecap),
+            3
+        );
+        assert_eq!(delta(after, before, Hook::Underlay, PacketClass::Total), 0);
+    }
+    let (pins, run_dir) = agent0.stop_keeping_pins().expect("stop agent 0 again");
+    let agent0 = node0
+        .start_agent_at_with(pins, run_dir, &["--uplink-hook", "xdp"])
+        .expect("agent on node 0 a third time");
+    assert!(xdp_on_eth0(), "XDP back with --uplink-hook xdp");
+    assert!(node0.pods[0].ping(node1.pods[0].ip, 2).unwrap());
+    drop(agent0);
 }

@@ -67,7 +67,28 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     if let Some(filter) = &args.filter {
         socket_pass.args(["--", filter]);
     }
-    let result = run_and_total(&mut [test, socket_pass], &not_run);
+    // The uplink tests again with the uplinks on tc alone (`--uplink-hook tc`; the first
+    // passes run XDP then tc): Geneve and VXLAN unwrapped, NodePorts served, egress IPs
+    // answered and multicast copied by tc, with the same outcomes.
+    let mut uplink_pass = crate::cargo();
+    uplink_pass.args(["test", "--no-fail-fast", "--package", "dataplane-tests"]);
+    for suite in [
+        "overlay_topology",
+        "lb_topology",
+        "hybrid_topology",
+        "egressip_topology",
+        "multicast_topology",
+        "fragment_topology",
+    ] {
+        uplink_pass.args(["--test", suite]);
+    }
+    uplink_pass
+        .env(UPLINK_HOOK, "tc")
+        .env(NOT_RUN_LOG, &not_run);
+    if let Some(filter) = &args.filter {
+        uplink_pass.args(["--", filter]);
+    }
+    let result = run_and_total(&mut [test, socket_pass, uplink_pass], &not_run);
     let _ = std::fs::remove_file(&not_run);
     result
 }
@@ -77,6 +98,10 @@ const NOT_RUN_LOG: &str = "DATAPLANE_NOT_RUN_LOG";
 /// The variable that runs the topology tests' agents with `--socket-lb on`
 /// (tests/src/topology.rs `SOCKET_LB_MODE`).
 const SOCKET_LB_MODE: &str = "DATAPLANE_TEST_SOCKET_LB";
+
+/// The variable that runs the topology tests' agents with `--uplink-hook` set to its value
+/// (tests/src/topology.rs `UPLINK_HOOK`).
+const UPLINK_HOOK: &str = "DATAPLANE_TEST_UPLINK_HOOK";
 
 /// Runs each cargo test command in turn, passing its output through, and closes with one
 /// line totalling every test binary's result, so a reader (or CI) sees the whole count rather

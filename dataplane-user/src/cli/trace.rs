@@ -6,7 +6,8 @@
 //! node is copied into its twin there, except the counters, which start at zero so that the
 //! counters the run leaves are exactly this packet's stage decisions. A packet from a local pod
 //! goes through `tc_from_pod` (and its tail call); any other source is taken as arriving on the
-//! underlay (`xdp_underlay`, then `tc_underlay` when XDP passes it up). The report lists the
+//! underlay (`xdp_underlay`, then `tc_underlay` when XDP passes it up; `tc_underlay` alone
+//! where the uplink runs no XDP). The report lists the
 //! counters each hook hit, the entries the run created in the stateful tables (which backend a
 //! service flow got, policy flows, an egress flow's address and translation), the verdict, and the packet as it left.
 
@@ -166,17 +167,21 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
         last_output = outcome.output;
         "from_pod"
     } else {
-        let outcome = copy.run_xdp(PROG_UNDERLAY, &frame, 1)?;
-        let passed = outcome.action == XDP_PASS;
-        steps.push(step(
-            private,
-            PROG_UNDERLAY,
-            xdp_verdict(outcome.action),
-            &outcome.output,
-        )?);
-        last_output.clone_from(&outcome.output);
+        // Where the uplink runs no XDP (`--uplink-hook tc`), tc sees the frame first.
+        let mut passed = true;
+        if uplink_runs_xdp(live) {
+            let outcome = copy.run_xdp(PROG_UNDERLAY, &frame, 1)?;
+            passed = outcome.action == XDP_PASS;
+            steps.push(step(
+                private,
+                PROG_UNDERLAY,
+                xdp_verdict(outcome.action),
+                &outcome.output,
+            )?);
+            last_output.clone_from(&outcome.output);
+        }
         if passed {
-            let outcome = copy.run_tc(PROG_UNDERLAY_TC, &outcome.output, 1)?;
+            let outcome = copy.run_tc(PROG_UNDERLAY_TC, &last_output, 1)?;
             steps.push(step(
                 private,
                 PROG_UNDERLAY_TC,
@@ -202,6 +207,14 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
         socket,
         frames: (frame, last_output),
     })
+}
+
+/// Whether the live agent runs XDP on its uplink: an `xdp_underlay` link pinned (none with
+/// `--uplink-hook tc`).
+fn uplink_runs_xdp(live: &Pins) -> bool {
+    live.link_names()
+        .iter()
+        .any(|name| name.starts_with(&format!("{PROG_UNDERLAY}@")))
 }
 
 /// The copy's `DP_XDP_PODS` as the agent fills its own (not pinned, so not copied): the local

@@ -31,7 +31,7 @@ use crate::{
     error::AgentError,
     error::{AttachAttempt, error_chain},
     kernel::loader::Dataplane,
-    kernel::preflight,
+    kernel::{netdev, preflight},
 };
 
 /// The priority of the pods' tc filters (both directions).
@@ -65,6 +65,25 @@ impl XdpModeChoice {
         }
     }
 }
+
+/// Where the uplink's own datapath runs (`--uplink-hook`): Geneve and VXLAN decapsulation,
+/// NodePort and external traffic, delivery into local pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum UplinkHook {
+    /// tc on veth, virtio_net and tun uplinks, on a driver that cannot be read, and where the
+    /// driver refuses native XDP; native XDP (then tc for what it passes up) elsewhere.
+    Auto,
+    /// XDP in the modes `--xdp-mode` allows, then tc for what XDP passes up.
+    Xdp,
+    /// tc only: no XDP program on the uplink.
+    Tc,
+}
+
+/// Drivers on which `--uplink-hook auto` picks tc: XDP on them pays per frame for what tc
+/// gets free. A veth copies every socket buffer with less than 256 bytes of headroom into a
+/// page for XDP and builds a new one after it; virtio_net runs XDP only with its receive
+/// offloads off; tun runs it on a copy.
+const TC_DRIVERS: &[&str] = &["veth", "virtio_net", "tun"];
 
 /// Operator-facing name of an XDP mode.
 pub fn mode_name(mode: XdpMode) -> &'static str {
@@ -159,6 +178,60 @@ impl Dataplane {
             interface: interface.into(),
             attempts,
         })
+    }
+
+    /// Attaches the uplink's programs where `hook` says (XDP in the modes `xdp_mode` allows,
+    /// and tc; or tc alone, any XDP link a previous agent left there removed). Each
+    /// attachment says why the hook is the one it is.
+    pub fn attach_uplink(
+        &mut self,
+        interface: &str,
+        hook: UplinkHook,
+        xdp_mode: XdpModeChoice,
+    ) -> Result<Vec<Attachment>, AgentError> {
+        let (xdp, mut why) = match hook {
+            UplinkHook::Tc => (None, "--uplink-hook tc".to_owned()),
+            UplinkHook::Xdp => (Some(xdp_mode), "--uplink-hook xdp".to_owned()),
+            UplinkHook::Auto => match netdev::driver(interface) {
+                Ok(driver) if TC_DRIVERS.contains(&driver.as_str()) => (
+                    None,
+                    format!(
+                        "--uplink-hook auto: driver {driver}, where XDP costs a copy or a \
+                         socket buffer build a frame"
+                    ),
+                ),
+                Ok(driver) => (
+                    Some(XdpModeChoice::Native),
+                    format!("--uplink-hook auto: driver {driver}"),
+                ),
+                Err(error) => (
+                    None,
+                    format!("--uplink-hook auto: the driver cannot be read ({error})"),
+                ),
+            },
+        };
+        let mut attachments = Vec::new();
+        match xdp {
+            Some(choice) => match self.attach_underlay(interface, choice) {
+                Ok(attachment) => attachments.push(attachment),
+                Err(error) if hook == UplinkHook::Auto => {
+                    tracing::warn!(interface, %error, "native XDP refused: the uplink runs tc alone");
+                    why = format!("{why}, which refused native XDP ({error})");
+                }
+                Err(error) => return Err(error),
+            },
+            None => {
+                let ifindex = preflight::interface_index(interface)?;
+                // A link pinned by an agent that ran XDP here: unpinned, it detaches.
+                self.unpin_links(PROG_UNDERLAY, ifindex);
+            }
+        }
+        let mut tc = self.attach_underlay_tc(interface)?;
+        let hook_name = if attachments.is_empty() { "tc" } else { "xdp" };
+        tracing::info!(interface, hook = hook_name, why, "uplink hook");
+        tc.why = Some(format!("uplink hook {hook_name}: {why}"));
+        attachments.push(tc);
+        Ok(attachments)
     }
 
     /// Attaches the from-pod tc program to the ingress of a pod's host-side veth, and the

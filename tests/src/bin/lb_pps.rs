@@ -1161,6 +1161,29 @@ fn print_node_port(args: &Args, fabric: Fabric, results: &NodePortResults) {
     results
         .tcp_vxlan
         .print("tc and XDP, Geneve", "nftables, kernel VXLAN");
+    println!("  The same with our uplinks on tc alone (--uplink-hook tc, no XDP):");
+    let ours_tc = "tc DNAT + masquerade + Geneve, redirect";
+    results.tc_routed.print(
+        "UDP socket on the external host",
+        ours_tc,
+        "kube-proxy nftables NodePort DNAT + masquerade, routed",
+        "1.1",
+        "",
+    );
+    results.tc_vxlan.print(
+        "UDP socket on the external host",
+        ours_tc,
+        "kube-proxy nftables NodePort DNAT + masquerade, kernel VXLAN to node 1",
+        "1.5",
+        "",
+    );
+    println!("  TCP request/response, uplinks on tc:");
+    results
+        .tc_tcp_routed
+        .print("tc, Geneve", "nftables, routed");
+    results
+        .tc_tcp_vxlan
+        .print("tc, Geneve", "nftables, kernel VXLAN");
     results.programs.print();
 }
 
@@ -1224,6 +1247,15 @@ struct NodePortResults {
     tcp_routed: TcpComparison,
     #[serde(rename = "node_port_tcp_vxlan")]
     tcp_vxlan: TcpComparison,
+    /// The same four with our uplinks on tc alone (`--uplink-hook tc`).
+    #[serde(rename = "node_port_tc")]
+    tc_routed: Comparison,
+    #[serde(rename = "node_port_tc_vxlan")]
+    tc_vxlan: Comparison,
+    #[serde(rename = "node_port_tc_tcp")]
+    tc_tcp_routed: TcpComparison,
+    #[serde(rename = "node_port_tc_tcp_vxlan")]
+    tc_tcp_vxlan: TcpComparison,
     #[serde(rename = "node_port_programs")]
     programs: NodePortPrograms,
 }
@@ -1357,10 +1389,25 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
     let (mut ours, mut routed, mut vxlan, mut sender) =
         (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let (mut tcp_routed, mut tcp_vxlan) = (TcpComparison::default(), TcpComparison::default());
+    let mut ours_tc = Vec::new();
+    let (mut tc_tcp_routed, mut tc_tcp_vxlan) =
+        (TcpComparison::default(), TcpComparison::default());
+    let hook = |name: &'static str| ["--uplink-hook", name];
     for _ in 0..args.node_port_rounds() {
         let ours_tcp = {
-            let _agents = (node0.start_agent()?, node1.start_agent()?);
+            let _agents = (
+                node0.start_agent_with(&hook("xdp"))?,
+                node1.start_agent_with(&hook("xdp"))?,
+            );
             ours.push(blast(&at_backend)?);
+            tcp()?
+        };
+        let ours_tc_tcp = {
+            let _agents = (
+                node0.start_agent_with(&hook("tc"))?,
+                node1.start_agent_with(&hook("tc"))?,
+            );
+            ours_tc.push(blast(&at_backend)?);
             tcp()?
         };
         run_in(&node0.netns, &["nft", "-f", &rules.display().to_string()])?;
@@ -1376,6 +1423,7 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
         let (sample, theirs) = result?;
         routed.push(sample);
         tcp_routed.push(ours_tcp, theirs);
+        tc_tcp_routed.push(ours_tc_tcp, theirs);
         // An overlay cluster without us: the pod CIDRs reach the other node only through
         // the kernel's VXLAN device.
         kernel_vxlan_up(&nodes)?;
@@ -1385,6 +1433,7 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
         let (sample, theirs) = result?;
         vxlan.push(sample);
         tcp_vxlan.push(ours_tcp, theirs);
+        tc_tcp_vxlan.push(ours_tc_tcp, theirs);
         sink_udp(&node0.netns, "eth0", NODE_PORT)?;
         let result = blast(&at_node);
         sh_in(&node0.netns, "nft delete table netdev sink")?;
@@ -1393,7 +1442,10 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
     let _ = std::fs::remove_file(&rules);
     // On only for this run: the statistics' clock reads would tax the compared rates.
     let programs = {
-        let agents = [node0.start_agent()?, node1.start_agent()?];
+        let agents = [
+            node0.start_agent_with(&hook("xdp"))?,
+            node1.start_agent_with(&hook("xdp"))?,
+        ];
         let _stats = aya::sys::enable_stats(aya::sys::Stats::RunTime)
             .context("enabling the kernel's BPF run-time statistics")?;
         let costs = || {
@@ -1415,6 +1467,12 @@ fn node_port_comparison(args: &Args, fabric: Fabric) -> anyhow::Result<NodePortR
             .with_cpu(CpuCost::new(&ours, &vxlan, &sender)),
         tcp_routed,
         tcp_vxlan,
+        tc_routed: Comparison::new(rates(&ours_tc), rates(&routed), rates(&sender), Vec::new())
+            .with_cpu(CpuCost::new(&ours_tc, &routed, &sender)),
+        tc_vxlan: Comparison::new(rates(&ours_tc), rates(&vxlan), rates(&sender), Vec::new())
+            .with_cpu(CpuCost::new(&ours_tc, &vxlan, &sender)),
+        tc_tcp_routed,
+        tc_tcp_vxlan,
         programs,
     })
 }

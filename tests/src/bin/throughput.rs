@@ -59,8 +59,12 @@ struct Report {
     geneve: Vec<Run>,
     vxlan: Vec<Run>,
     vxlan_xdp: Vec<Run>,
+    /// Our Geneve with the uplinks on tc alone (`--uplink-hook tc`): no XDP on the veth, so
+    /// it carries 64 KB frames as the kernel VXLAN device's run does.
+    geneve_tc: Vec<Run>,
     /// Round trips per second over one connection (TCP_RR) and their latency.
     geneve_rr: Vec<Transactions>,
+    geneve_tc_rr: Vec<Transactions>,
     vxlan_xdp_rr: Vec<Transactions>,
     geneve_median_gbps: f64,
     vxlan_median_gbps: f64,
@@ -76,6 +80,15 @@ struct Report {
     geneve_cpu_seconds_per_gb: f64,
     vxlan_xdp_cpu_seconds_per_gb: f64,
     cost_ratio: f64,
+    /// The uplinks on tc: rate, CPU seconds per GB, and against the kernel VXLAN device on
+    /// the same wire (64 KB frames on the veth, no XDP): rate, CPU a GB (VXLAN's over ours),
+    /// round trips (over VXLAN with XDP's, as `rr_ratio`).
+    geneve_tc_median_gbps: f64,
+    geneve_tc_cpu_seconds_per_gb: f64,
+    vxlan_cpu_seconds_per_gb: f64,
+    tc_ratio: f64,
+    tc_cost_ratio: f64,
+    tc_rr_ratio: f64,
 }
 
 /// One iperf3 run: Gbit/s received, TCP retransmissions, and what the run cost the machine.
@@ -249,17 +262,34 @@ fn main() -> anyhow::Result<()> {
         .collect();
     let (mut geneve, mut vxlan, mut vxlan_xdp) = (Vec::new(), Vec::new(), Vec::new());
     let (mut geneve_rr, mut vxlan_xdp_rr) = (Vec::new(), Vec::new());
+    let (mut geneve_tc, mut geneve_tc_rr) = (Vec::new(), Vec::new());
+    let xdp = ["--uplink-hook", "xdp"];
+    let tc = ["--uplink-hook", "tc"];
     for _ in 0..args.rounds {
         {
-            let _agents = (nodes[0].start_agent()?, nodes[1].start_agent()?);
+            let _agents = (
+                nodes[0].start_agent_with(&xdp)?,
+                nodes[1].start_agent_with(&xdp)?,
+            );
             geneve.push(iperf(&topology, &args)?);
             geneve_rr.push(round_trips(&topology, args.seconds)?);
+        }
+        {
+            let _agents = (
+                nodes[0].start_agent_with(&tc)?,
+                nodes[1].start_agent_with(&tc)?,
+            );
+            geneve_tc.push(iperf(&topology, &args)?);
+            geneve_tc_rr.push(round_trips(&topology, args.seconds)?);
         }
         kernel_vxlan_up(&nodes)?;
         let result = iperf(&topology, &args);
         let with_xdp = (|| {
             // XDP on a veth makes its peer hand over wire-sized frames, as a real NIC does.
-            let _agents = (plain[0].start_agent()?, plain[1].start_agent()?);
+            let _agents = (
+                plain[0].start_agent_with(&xdp)?,
+                plain[1].start_agent_with(&xdp)?,
+            );
             Ok::<_, anyhow::Error>((
                 iperf(&topology, &args)?,
                 round_trips(&topology, args.seconds)?,
@@ -284,6 +314,14 @@ fn main() -> anyhow::Result<()> {
         geneve_cpu_seconds_per_gb: median_cost(&geneve),
         vxlan_xdp_cpu_seconds_per_gb: median_cost(&vxlan_xdp),
         cost_ratio: median_cost(&vxlan_xdp) / median_cost(&geneve),
+        geneve_tc_median_gbps: median(&geneve_tc),
+        geneve_tc_cpu_seconds_per_gb: median_cost(&geneve_tc),
+        vxlan_cpu_seconds_per_gb: median_cost(&vxlan),
+        tc_ratio: median(&geneve_tc) / median(&vxlan),
+        tc_cost_ratio: median_cost(&vxlan) / median_cost(&geneve_tc),
+        tc_rr_ratio: median_of(&geneve_tc_rr, rate) / median_of(&vxlan_xdp_rr, rate),
+        geneve_tc,
+        geneve_tc_rr,
         geneve_rr,
         vxlan_xdp_rr,
         geneve,
@@ -319,6 +357,11 @@ fn main() -> anyhow::Result<()> {
             runs(&report.geneve)
         );
         println!(
+            "  dataplane Geneve, uplinks on tc:        median {:.2} Gbit/s  [{}]",
+            report.geneve_tc_median_gbps,
+            runs(&report.geneve_tc)
+        );
+        println!(
             "  kernel VXLAN device:                    median {:.2} Gbit/s  [{}]",
             report.vxlan_median_gbps,
             runs(&report.vxlan)
@@ -346,10 +389,22 @@ fn main() -> anyhow::Result<()> {
             println!("  TCP_RR {name}: {}", request_response::summary(runs));
         };
         rr("dataplane Geneve            ", &report.geneve_rr);
+        rr("dataplane Geneve, tc uplinks", &report.geneve_tc_rr);
         rr("kernel VXLAN, XDP on underlay", &report.vxlan_xdp_rr);
         println!(
             "  ratio of round trips Geneve / VXLAN on the same wire (target >= 1.1): {:.2}",
             report.rr_ratio
+        );
+        println!(
+            "  uplinks on tc, against the kernel VXLAN device without XDP (both carry 64 KB frames on the veth):"
+        );
+        println!(
+            "    rate {:.2}; CPU seconds per GB: Geneve {:.2}, VXLAN {:.2}, ratio VXLAN / Geneve {:.2} (target >= 1.1); round trips against VXLAN with XDP {:.2} (target >= 1.1)",
+            report.tc_ratio,
+            report.geneve_tc_cpu_seconds_per_gb,
+            report.vxlan_cpu_seconds_per_gb,
+            report.tc_cost_ratio,
+            report.tc_rr_ratio
         );
     }
     Ok(())

@@ -9,7 +9,7 @@ use std::{
 };
 
 use anyhow::Context as _;
-use dataplane_common::maps::LAYOUT_VERSION;
+use dataplane_common::maps::{LAYOUT_VERSION, PROG_UNDERLAY};
 use dataplane_user::{
     Dataplane, Pins,
     acl::{self, agent::Wake},
@@ -20,7 +20,7 @@ use dataplane_user::{
         spec::{CniError, code},
     },
     egressip::{self, node::EgressNode},
-    kernel::attach::{Attachment, XdpModeChoice},
+    kernel::attach::{Attachment, UplinkHook, XdpModeChoice},
     kernel::netdev,
     kernel::preflight,
     kernel::state::{self, AgentState},
@@ -43,6 +43,7 @@ pub(super) enum SourceArg {
 pub(super) struct RunArgs {
     pub(super) underlay: String,
     pub(super) pod_ifaces: Vec<String>,
+    pub(super) uplink_hook: UplinkHook,
     pub(super) xdp_mode: XdpModeChoice,
     pub(super) xdp_forward: XdpForward,
     /// Where the cluster state comes from, and this node's name.
@@ -239,13 +240,17 @@ pub(super) fn run(pins: &Pins, run_dir: &std::path::Path, args: &RunArgs) -> any
         started_unix: SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map_or(0, |d| d.as_secs()),
-        attachments: vec![
-            with_reason(
-                dataplane.attach_underlay(&args.underlay, args.xdp_mode)?,
-                &forward.1,
-            ),
-            dataplane.attach_underlay_tc(&args.underlay)?,
-        ],
+        attachments: dataplane
+            .attach_uplink(&args.underlay, args.uplink_hook, args.xdp_mode)?
+            .into_iter()
+            .map(|a| {
+                if a.program == PROG_UNDERLAY {
+                    with_reason(a, &forward.1)
+                } else {
+                    a
+                }
+            })
+            .collect(),
         cni: cluster.as_ref().map(|_| state::CniPlaces {
             socket: args.cni_socket.clone(),
             ipam_file: args.ipam_file.clone(),

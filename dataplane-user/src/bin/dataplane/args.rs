@@ -5,8 +5,12 @@ use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 use dataplane_user::{
-    cli::inspect, cli::trace, cni, egressip, kernel::attach::XdpModeChoice,
-    kernel::pins::DEFAULT_PIN_ROOT, kernel::state::DEFAULT_RUN_DIR,
+    cli::inspect,
+    cli::trace,
+    cni, egressip,
+    kernel::attach::{UplinkHook, XdpModeChoice},
+    kernel::pins::DEFAULT_PIN_ROOT,
+    kernel::state::DEFAULT_RUN_DIR,
 };
 
 /// Where OVN-Kubernetes nodes keep their ACL audit log.
@@ -35,13 +39,19 @@ pub(super) struct Cli {
 /// `dataplane run`'s options.
 #[derive(clap::Args)]
 pub(super) struct RunOptions {
-    /// The node's underlay NIC (XDP is attached here).
+    /// The node's underlay NIC (the uplink: tc, and XDP where --uplink-hook says).
     #[arg(long)]
     pub(super) underlay: String,
     /// Host-side veth of a local pod (tc is attached to its ingress); repeatable.
     #[arg(long = "pod-iface")]
     pub(super) pod_ifaces: Vec<String>,
-    /// XDP attach mode: auto tries native, then generic (no hardware offload: see
+    /// Where the uplink's datapath runs: tc (peer and neighbour redirects, no XDP), or XDP
+    /// then tc for what it passes up. auto: tc on veth, virtio_net and tun uplinks, where XDP
+    /// costs a copy or a socket buffer build a frame, and where the driver refuses native XDP;
+    /// native XDP elsewhere.
+    #[arg(long, value_enum, default_value_t = UplinkHook::Auto)]
+    pub(super) uplink_hook: UplinkHook,
+    /// XDP attach mode (with --uplink-hook xdp): auto tries native, then generic (no hardware offload: see
     /// docs/features.md).
     #[arg(long, value_enum, default_value_t = XdpModeChoice::Auto)]
     pub(super) xdp_mode: XdpModeChoice,

@@ -71,6 +71,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
             let RunOptions {
                 underlay,
                 pod_ifaces,
+                uplink_hook,
                 xdp_mode,
                 xdp_forward,
                 manifests,
@@ -108,6 +109,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<()> {
                 &RunArgs {
                     underlay,
                     pod_ifaces,
+                    uplink_hook,
                     xdp_mode,
                     xdp_forward,
                     probe_port,
