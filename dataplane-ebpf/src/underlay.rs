@@ -209,6 +209,11 @@ const MAX_TUNNEL_L4_OFFSET: usize = ETH_LEN + 40 + 256;
 fn underlay_tc(ctx: &TcContext, unwrapped: bool) -> i32 {
     let parsed = match parse_skb(ctx) {
         Ok(parsed) => parsed,
+        // A malformed inner packet was counted as a packet when it arrived wrapped.
+        Err(reason) if unwrapped => {
+            count_drop(Hook::UnderlayTc, reason);
+            return TC_ACT_SHOT;
+        }
         Err(reason) => {
             count_malformed(Hook::UnderlayTc, reason);
             return TC_ACT_SHOT;
