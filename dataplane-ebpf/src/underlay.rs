@@ -166,28 +166,8 @@ pub fn tc_underlay(ctx: TcContext) -> i32 {
 /// XDP unwrapped.
 #[classifier]
 pub fn tc_underlay_decap(ctx: TcContext) -> i32 {
-    let Some(stashed) = PARSED.get(0) else {
-        return TC_ACT_OK;
-    };
-    // Offsets read back from map memory are unknown to the verifier: bounded here. At tc a
-    // tunnel packet's tag is the kernel's (taken out of the frame), so its IP header follows
-    // the Ethernet header; anything else is no tunnel of ours.
-    let l4_offset = stashed.l4_offset;
-    if stashed.l3_offset != ETH_LEN || l4_offset > MAX_TUNNEL_L4_OFFSET {
-        return underlay_tc(&ctx, true);
-    }
-    let parsed = &Parsed {
-        l3_offset: ETH_LEN,
-        l4_offset,
-        ..*stashed
-    };
-    let unwrapped = if hybrid::vxlan_port(parsed) {
-        hybrid::decapsulate_skb(&ctx, parsed).map(|done| done.then_some(PacketClass::VxlanDecap))
-    } else {
-        overlay::decapsulate_skb(&ctx, parsed).map(|done| done.then_some(PacketClass::GeneveDecap))
-    };
-    match unwrapped {
-        Ok(Some(outcome)) => count_outcome(Hook::UnderlayTc, outcome),
+    match unwrap_tunnel(&ctx).result() {
+        Ok(Some((_, outcome))) => count_outcome(Hook::UnderlayTc, outcome),
         // No tunnel of ours: a multicast copy, or a packet to someone else's port.
         Ok(None) => {}
         Err(reason) => {
@@ -196,6 +176,35 @@ pub fn tc_underlay_decap(ctx: TcContext) -> i32 {
         }
     }
     underlay_tc(&ctx, true)
+}
+
+/// Unwraps the Geneve or VXLAN packet `tc_underlay` stashed the parse of: its outcome
+/// (`GeneveDecap`, `VxlanDecap`), nothing when it is no tunnel of ours, or a drop. A call of
+/// its own: its frame (a bounded copy of the parse) is not added to the load-balancer's
+/// below `underlay_tc`.
+#[inline(never)]
+fn unwrap_tunnel(ctx: &TcContext) -> Stage {
+    let Some(stashed) = PARSED.get(0) else {
+        return Stage::new(Ok(None));
+    };
+    // Offsets read back from map memory are unknown to the verifier: bounded here. At tc a
+    // tunnel packet's tag is the kernel's (taken out of the frame), so its IP header follows
+    // the Ethernet header; anything else is no tunnel of ours.
+    let l4_offset = stashed.l4_offset;
+    if stashed.l3_offset != ETH_LEN || l4_offset > MAX_TUNNEL_L4_OFFSET {
+        return Stage::new(Ok(None));
+    }
+    let parsed = &Parsed {
+        l3_offset: ETH_LEN,
+        l4_offset,
+        ..*stashed
+    };
+    let unwrapped = if hybrid::vxlan_port(parsed) {
+        hybrid::decapsulate_skb(ctx, parsed).map(|done| done.then_some(PacketClass::VxlanDecap))
+    } else {
+        overlay::decapsulate_skb(ctx, parsed).map(|done| done.then_some(PacketClass::GeneveDecap))
+    };
+    Stage::new(unwrapped.map(|outcome| outcome.map(|class| (0, class))))
 }
 
 /// The furthest a tunnel's UDP header can start: after an IPv6 header and extension headers
