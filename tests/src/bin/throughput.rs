@@ -3,8 +3,11 @@
 //! kernel has no Geneve device; VXLAN is the nearest in-kernel overlay). Rounds alternate so
 //! both paths see the same machine conditions; medians and the ratio are printed. Each round
 //! also times one-byte round trips over one connection between the same pods (TCP_RR, with
-//! `tcp_rr`) through our Geneve and through VXLAN with XDP on the underlay. A benchmark: it
-//! reports, it does not pass or fail.
+//! `tcp_rr`) through our Geneve and through VXLAN with XDP on the underlay. Our Geneve runs
+//! twice a round, the uplinks on XDP then tc (`--uplink-hook`); a last set of rounds makes the
+//! fabric's ports plain bridge ports, as a kind node's veth has, and compares our uplinks on
+//! tc with the kernel VXLAN device there (no XDP anywhere: 64 KB frames on the veths). A
+//! benchmark: it reports, it does not pass or fail.
 //!
 //! One flow's rate on this testbed is not bounded by either path's per-byte work: both nodes,
 //! both pods and the fabric share the machine's CPUs, and the sender's system call runs the
@@ -59,8 +62,8 @@ struct Report {
     geneve: Vec<Run>,
     vxlan: Vec<Run>,
     vxlan_xdp: Vec<Run>,
-    /// Our Geneve with the uplinks on tc alone (`--uplink-hook tc`): no XDP on the veth, so
-    /// it carries 64 KB frames as the kernel VXLAN device's run does.
+    /// Our Geneve with the uplinks on tc alone (`--uplink-hook tc`), on the same wire as the
+    /// kernel VXLAN device's run (no XDP on the nodes' ends).
     geneve_tc: Vec<Run>,
     /// Round trips per second over one connection (TCP_RR) and their latency.
     geneve_rr: Vec<Transactions>,
@@ -81,7 +84,7 @@ struct Report {
     vxlan_xdp_cpu_seconds_per_gb: f64,
     cost_ratio: f64,
     /// The uplinks on tc: rate, CPU seconds per GB, and against the kernel VXLAN device on
-    /// the same wire (64 KB frames on the veth, no XDP): rate, CPU a GB (VXLAN's over ours),
+    /// the same wire (no XDP on the nodes' ends): rate, CPU a GB (VXLAN's over ours),
     /// round trips (over VXLAN with XDP's, as `rr_ratio`).
     geneve_tc_median_gbps: f64,
     geneve_tc_cpu_seconds_per_gb: f64,
@@ -89,6 +92,12 @@ struct Report {
     tc_ratio: f64,
     tc_cost_ratio: f64,
     tc_rr_ratio: f64,
+    /// The fabric's ports plain bridge ports, as on kind: our uplinks on tc and the kernel
+    /// VXLAN device, both carrying 64 KB frames; rate and CPU a GB (VXLAN's over ours).
+    plain_tc: Vec<Run>,
+    plain_vxlan: Vec<Run>,
+    plain_tc_ratio: f64,
+    plain_tc_cost_ratio: f64,
 }
 
 /// One iperf3 run: Gbit/s received, TCP retransmissions, and what the run cost the machine.
@@ -301,6 +310,26 @@ fn main() -> anyhow::Result<()> {
         vxlan_xdp.push(with_xdp);
         vxlan_xdp_rr.push(rr);
     }
+    // The bed as a kind or k3d node has it: the fabric's ends of the nodes' veths are plain
+    // bridge ports (no XDP there), so a veth carries 64 KB frames end to end. Our uplinks on
+    // tc against the kernel VXLAN device, both without XDP anywhere.
+    let (mut plain_tc, mut plain_vxlan) = (Vec::new(), Vec::new());
+    if !args.xdp_fabric {
+        topology.plain_fabric_ports()?;
+        for _ in 0..args.rounds {
+            {
+                let _agents = (
+                    nodes[0].start_agent_with(&tc)?,
+                    nodes[1].start_agent_with(&tc)?,
+                );
+                plain_tc.push(iperf(&topology, &args)?);
+            }
+            kernel_vxlan_up(&nodes)?;
+            let result = iperf(&topology, &args);
+            kernel_vxlan_down(&nodes)?;
+            plain_vxlan.push(result?);
+        }
+    }
     let rate = |r: &Transactions| r.per_second;
     let report = Report {
         rounds: args.rounds,
@@ -320,6 +349,10 @@ fn main() -> anyhow::Result<()> {
         tc_ratio: median(&geneve_tc) / median(&vxlan),
         tc_cost_ratio: median_cost(&vxlan) / median_cost(&geneve_tc),
         tc_rr_ratio: median_of(&geneve_tc_rr, rate) / median_of(&vxlan_xdp_rr, rate),
+        plain_tc_ratio: median(&plain_tc) / median(&plain_vxlan),
+        plain_tc_cost_ratio: median_cost(&plain_vxlan) / median_cost(&plain_tc),
+        plain_tc,
+        plain_vxlan,
         geneve_tc,
         geneve_tc_rr,
         geneve_rr,
@@ -396,7 +429,7 @@ fn main() -> anyhow::Result<()> {
             report.rr_ratio
         );
         println!(
-            "  uplinks on tc, against the kernel VXLAN device without XDP (both carry 64 KB frames on the veth):"
+            "  uplinks on tc, against the kernel VXLAN device without XDP on the nodes (the fabric's ends run XDP, as throughout: wire-sized frames, no GRO of the inner packets at tc):"
         );
         println!(
             "    rate {:.2}; CPU seconds per GB: Geneve {:.2}, VXLAN {:.2}, ratio VXLAN / Geneve {:.2} (target >= 1.1); round trips against VXLAN with XDP {:.2} (target >= 1.1)",
@@ -406,6 +439,25 @@ fn main() -> anyhow::Result<()> {
             report.tc_cost_ratio,
             report.tc_rr_ratio
         );
+        if !report.plain_tc.is_empty() {
+            println!(
+                "  the fabric's ports plain bridge ports, as on kind (no XDP anywhere, 64 KB frames on the veths):"
+            );
+            println!(
+                "    dataplane Geneve, uplinks on tc: median {:.2} Gbit/s [{}]; kernel VXLAN: median {:.2} Gbit/s [{}]",
+                median(&report.plain_tc),
+                runs(&report.plain_tc),
+                median(&report.plain_vxlan),
+                runs(&report.plain_vxlan)
+            );
+            println!(
+                "    rate {:.2}; CPU seconds per GB: Geneve {:.2}, VXLAN {:.2}, ratio VXLAN / Geneve {:.2} (target >= 1.1)",
+                report.plain_tc_ratio,
+                median_cost(&report.plain_tc),
+                median_cost(&report.plain_vxlan),
+                report.plain_tc_cost_ratio
+            );
+        }
     }
     Ok(())
 }
