@@ -180,8 +180,9 @@ pub fn decapsulate_skb(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropRea
     let Some((inner, config)) = vxlan_inner(&packet, parsed)? else {
         return Ok(false);
     };
-    tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac)
-        .map_err(|()| DropReason::HybridMalformed)?;
+    if !tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac) {
+        return Err(DropReason::HybridMalformed);
+    }
     Ok(true)
 }
 

@@ -1066,8 +1066,9 @@ pub fn decapsulate_skb(ctx: &TcContext, parsed: &Parsed) -> Result<bool, DropRea
     let Some((inner, _)) = geneve_inner(&packet, parsed, config, tunnel::skb_vid(ctx), key)? else {
         return Ok(false);
     };
-    tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac)
-        .map_err(|()| DropReason::GeneveInnerMalformed)?;
+    if !tunnel::strip_outer(ctx, parsed, inner, &config.underlay_mac) {
+        return Err(DropReason::GeneveInnerMalformed);
+    }
     Ok(true)
 }
 

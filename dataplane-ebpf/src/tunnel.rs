@@ -11,8 +11,7 @@ use aya_ebpf::{
     helpers::{bpf_skb_adjust_room, bpf_skb_vlan_pop},
     programs::TcContext,
 };
-use dataplane_common::overlay::GENEVE_HEADER_LEN;
-use dataplane_common::overlay::GENEVE_MAX_OPTIONS_LEN;
+use dataplane_common::overlay::{GENEVE_HEADER_LEN, GENEVE_MAX_OPTIONS_LEN};
 
 use crate::{
     parse::{ETH_LEN, ETH_P_IP, ETH_P_IPV6, Packet, UDP_LEN},
@@ -52,34 +51,30 @@ pub fn pulled(ctx: &TcContext) -> Packet {
 /// the inner family), the VLAN tag the kernel kept aside with it, and the Ethernet header that
 /// stays is addressed to this node (`mac`) with the inner frame's type, as XDP's unwrapping
 /// leaves it. The segment size of a merged packet (GSO) stays: it is the inner flow's.
+/// Whether it was unwrapped (not when the inner frame is no IP, or a helper refused).
 #[inline(always)]
-pub fn strip_outer(
-    ctx: &TcContext,
-    parsed: &Parsed,
-    inner: usize,
-    mac: &[u8; 6],
-) -> Result<(), ()> {
+pub fn strip_outer(ctx: &TcContext, parsed: &Parsed, inner: usize, mac: &[u8; 6]) -> bool {
     if parsed.l3_offset != ETH_LEN {
-        return Err(());
+        return false;
     }
-    let inner_type = u16::from_be_bytes(ctx.load::<[u8; 2]>(inner + 12).map_err(|_| ())?);
+    let Ok(inner_type) = ctx.load::<[u8; 2]>(inner + 12).map(u16::from_be_bytes) else {
+        return false;
+    };
     let family = match (parsed.ether_type, inner_type) {
         (ETH_P_IP, ETH_P_IPV6) => BPF_F_ADJ_ROOM_DECAP_L3_IPV6,
         (ETH_P_IPV6, ETH_P_IP) => BPF_F_ADJ_ROOM_DECAP_L3_IPV4,
         (_, ETH_P_IP | ETH_P_IPV6) => 0,
-        _ => return Err(()),
+        _ => return false,
     };
     // SAFETY: plain helper calls on our own socket buffer.
     unsafe {
         if skb_vid(ctx).is_some() && bpf_skb_vlan_pop(ctx.skb.skb) != 0 {
-            return Err(());
+            return false;
         }
         let flags = (BPF_F_ADJ_ROOM_FIXED_GSO | family) as u64;
         if bpf_skb_adjust_room(ctx.skb.skb, -(inner as i32), BPF_ADJ_ROOM_MAC, flags) != 0 {
-            return Err(());
+            return false;
         }
     }
-    let type_bytes = inner_type.to_be_bytes();
-    ctx.store(0, mac, 0).map_err(|_| ())?;
-    ctx.store(12, &type_bytes, 0).map_err(|_| ())
+    ctx.store(0, mac, 0).is_ok() && ctx.store(12, &inner_type.to_be_bytes(), 0).is_ok()
 }
