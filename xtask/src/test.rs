@@ -49,48 +49,58 @@ pub fn run(args: &Args) -> anyhow::Result<()> {
     // EgressFirewall must judge the backend a socket was given as they judge the per-packet
     // DNAT's (the cluster DNS reached over unconnected UDP among them), and egress IPs and
     // multicast must not notice.
-    let mut socket_pass = crate::cargo();
-    socket_pass.args(["test", "--no-fail-fast", "--package", "dataplane-tests"]);
-    for suite in [
-        "lb_topology",
-        "policy_topology",
-        "admin_topology",
-        "acl_topology",
-        "egressip_topology",
-        "multicast_topology",
-    ] {
-        socket_pass.args(["--test", suite]);
-    }
-    socket_pass
-        .env(SOCKET_LB_MODE, "on")
-        .env(NOT_RUN_LOG, &not_run);
-    if let Some(filter) = &args.filter {
-        socket_pass.args(["--", filter]);
-    }
+    let socket_pass = suites_again(
+        &[
+            "lb_topology",
+            "policy_topology",
+            "admin_topology",
+            "acl_topology",
+            "egressip_topology",
+            "multicast_topology",
+        ],
+        (SOCKET_LB_MODE, "on"),
+        &not_run,
+        args.filter.as_deref(),
+    );
     // The uplink tests again with the uplinks on tc alone (`--uplink-hook tc`; the first
     // passes run XDP then tc): Geneve and VXLAN unwrapped, NodePorts served, egress IPs
     // answered and multicast copied by tc, with the same outcomes.
-    let mut uplink_pass = crate::cargo();
-    uplink_pass.args(["test", "--no-fail-fast", "--package", "dataplane-tests"]);
-    for suite in [
-        "overlay_topology",
-        "lb_topology",
-        "hybrid_topology",
-        "egressip_topology",
-        "multicast_topology",
-        "fragment_topology",
-    ] {
-        uplink_pass.args(["--test", suite]);
-    }
-    uplink_pass
-        .env(UPLINK_HOOK, "tc")
-        .env(NOT_RUN_LOG, &not_run);
-    if let Some(filter) = &args.filter {
-        uplink_pass.args(["--", filter]);
-    }
+    let uplink_pass = suites_again(
+        &[
+            "overlay_topology",
+            "lb_topology",
+            "hybrid_topology",
+            "egressip_topology",
+            "multicast_topology",
+            "fragment_topology",
+        ],
+        (UPLINK_HOOK, "tc"),
+        &not_run,
+        args.filter.as_deref(),
+    );
     let result = run_and_total(&mut [test, socket_pass, uplink_pass], &not_run);
     let _ = std::fs::remove_file(&not_run);
     result
+}
+
+/// A second run of the topology test `suites` with the environment variable `mode` set (the
+/// agents then run in that mode), their early returns logged in `not_run`.
+fn suites_again(
+    suites: &[&str],
+    mode: (&str, &str),
+    not_run: &std::path::Path,
+    filter: Option<&str>,
+) -> Command {
+    let mut pass = crate::cargo();
+    pass.args(["test", "--no-fail-fast", "--package", "dataplane-tests"]);
+    for suite in suites {
+        pass.args(["--test", suite]);
+    }
+    pass.env(mode.0, mode.1).env(NOT_RUN_LOG, not_run);
+    if let Some(filter) = filter {
+        pass.args(["--", filter]);
+    }
+    pass
 }
 
 /// The variable the tests' `privileged` gate reads (tests/src/privileged.rs `NOT_RUN_LOG`).
