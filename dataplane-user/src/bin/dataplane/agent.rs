@@ -423,6 +423,8 @@ async fn serve(
     full_tick.tick().await;
     // DELs' veth removals, which run off the loop, report here.
     let (removals, mut removed) = tokio::sync::mpsc::unbounded_channel();
+    // A full recompute that came due while removals were under way (see `Event::FullSync`).
+    let mut full_due = false;
     loop {
         let firewalls = cluster.as_ref().and_then(|c| c.firewalls.as_ref());
         let wake = async {
@@ -554,15 +556,20 @@ async fn serve(
             }
             // Handled before: it only sets when to look.
             Event::SourceChanged => {}
-            Event::FullSync => {
-                sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, true).await;
-            }
+            // Waits while DELs' veths are being removed (a removal task holds a sender) or
+            // their reports wait here: their pods are no longer wired but not yet released,
+            // which a full recompute would take for a change the incremental syncs missed.
+            Event::FullSync => full_due = true,
             Event::StaleSockets => end_stale_sockets(dataplane, cluster),
             Event::Egress => {
                 if let Err(error) = cluster.refresh_egress(dataplane) {
                     tracing::error!(error = format!("{error:#}"), "applying the egress IPs");
                 }
             }
+        }
+        if full_due && removals.strong_count() == 1 && removed.is_empty() {
+            full_due = false;
+            sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, true).await;
         }
     }
 }
