@@ -26,6 +26,7 @@ use dataplane_common::{
 use etherparse::{NetSlice, PacketBuilder, SlicedPacket, TransportSlice};
 use serde::Serialize;
 
+use crate::kernel::attach::LinkPin;
 use crate::kernel::capacity::map_err;
 use crate::{
     acl::{
@@ -214,7 +215,8 @@ fn trace_in(live: &Pins, private: &Pins, packet: &Described) -> Result<Report, A
 fn uplink_runs_xdp(live: &Pins) -> bool {
     live.link_names()
         .iter()
-        .any(|name| name.starts_with(&format!("{PROG_UNDERLAY}@")))
+        .filter_map(|name| LinkPin::parse(name))
+        .any(|pin| pin.program == PROG_UNDERLAY)
 }
 
 /// The copy's `DP_XDP_PODS` as the agent fills its own (not pinned, so not copied): the local
