@@ -363,6 +363,9 @@ enum Event {
     Stop,
     /// A CNI request, and any others queued behind it.
     Cni(Job),
+    /// The DELs gathered for a removal are due to start, or the released pods to leave the
+    /// maps.
+    CniRemovals(RemovalStep),
     /// The veths of a batch of DELs are gone (or could not be removed).
     CniRemoved(Removed),
     Firewalls(Wake),
@@ -421,8 +424,9 @@ async fn serve(
     // tick, at once, is skipped: the start was a full sync).
     let mut full_tick = tokio::time::interval(full_every);
     full_tick.tick().await;
-    // DELs' veth removals, which run off the loop, report here.
-    let (removals, mut removed) = tokio::sync::mpsc::unbounded_channel();
+    // DELs' veth removals, which run off the loop, one at a time, report here.
+    let (report, mut removed) = tokio::sync::mpsc::unbounded_channel();
+    let mut removals = Removals::new(report);
     // A full recompute that came due while removals were under way (see `Event::FullSync`).
     let mut full_due = false;
     loop {
@@ -482,6 +486,7 @@ async fn serve(
             _ = terminate.recv() => Event::Stop,
             Some(job) = job => Event::Cni(job),
             Some(done) = removed.recv() => Event::CniRemoved(done),
+            step = removals.due() => Event::CniRemovals(step),
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
             wake = multicast_wake => Event::Multicast(wake),
@@ -535,12 +540,31 @@ async fn serve(
                     }
                 }
                 handle_cni(
-                    dataplane, cluster, agent, run_dir, metrics, &removals, batch,
+                    dataplane,
+                    cluster,
+                    agent,
+                    run_dir,
+                    metrics,
+                    &mut removals,
+                    batch,
                 )
                 .await;
             }
+            Event::CniRemovals(RemovalStep::Start) => removals.start_queued(),
+            Event::CniRemovals(RemovalStep::Sync) => {
+                removals.synced();
+                let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false);
+                if let Err(error) = synced.await {
+                    tracing::error!(error = format!("{error:#}"), "sync after CNI DELs");
+                }
+                cluster.publish_pod_status();
+            }
             Event::CniRemoved(done) => {
-                handle_removed(dataplane, cluster, agent, run_dir, metrics, done).await;
+                // The DELs that came in meanwhile go to the kernel while this one is finished.
+                removals.finished();
+                if finish_removed(cluster, metrics, done) {
+                    removals.sync_soon();
+                }
             }
             Event::Tick if cluster.changed() => {
                 tracing::info!(
@@ -556,9 +580,9 @@ async fn serve(
             }
             // Handled before: it only sets when to look.
             Event::SourceChanged => {}
-            // Waits while DELs' veths are being removed (a removal task holds a sender) or
-            // their reports wait here: their pods are no longer wired but not yet released,
-            // which a full recompute would take for a change the incremental syncs missed.
+            // Waits while DELs' veths are being removed or wait to be: their pods are no
+            // longer wired but not yet released, which a full recompute would take for a
+            // change the incremental syncs missed.
             Event::FullSync => full_due = true,
             Event::StaleSockets => end_stale_sockets(dataplane, cluster),
             Event::Egress => {
@@ -567,7 +591,7 @@ async fn serve(
                 }
             }
         }
-        if full_due && removals.strong_count() == 1 && removed.is_empty() {
+        if full_due && removals.idle() {
             full_due = false;
             sync_taking_lag(dataplane, cluster, agent, run_dir, metrics, true).await;
         }
@@ -706,7 +730,7 @@ fn programs_attached(agent: &AgentState, iface: &str) -> bool {
 }
 
 /// Serves a batch of CNI requests: wires every ADD, starts the removal of every DEL's veths
-/// off the loop (finished by [`handle_removed`]), then syncs once, so the new pods' overlay
+/// off the loop (finished by [`finish_removed`]), then syncs once, so the new pods' overlay
 /// entries, policies and services are in the maps and their programs attached; only then
 /// are ADDs answered. An ADD whose pod did not make it into the maps is undone and fails,
 /// naming why.
@@ -716,7 +740,7 @@ async fn handle_cni(
     agent: &mut AgentState,
     run_dir: &std::path::Path,
     metrics: &Metrics,
-    removals: &tokio::sync::mpsc::UnboundedSender<Removed>,
+    removals: &mut Removals,
     batch: Vec<Job>,
 ) {
     let batch_started = Instant::now();
@@ -770,32 +794,16 @@ async fn handle_cni(
             },
         }
     }
-    // The batch's DELs together: their veths go in one kernel operation, off the loop (the
-    // kernel takes tens of milliseconds to unregister devices, and the next DELs and ADDs need
-    // not wait for it). Answered, and their addresses released, when it reports back
-    // ([`handle_removed`]).
-    if !deleted.is_empty() {
-        let targets: Vec<(String, String)> = deleted
-            .iter()
-            .map(|(_, t)| (t.container_id.clone(), t.ifname.clone()))
-            .collect();
-        let report = removals.clone();
-        tokio::task::spawn_blocking(move || {
-            let removed = cni::server::remove_veths(&targets);
-            let jobs = deleted.into_iter().map(|(job, _)| job).collect();
-            let _ = report.send(Removed {
-                jobs,
-                targets,
-                removed,
-            });
-        });
-    }
+    // The batch's DELs go to the removal off the loop ([`Removals`]), answered, and their
+    // addresses released, when it reports back ([`finish_removed`]).
+    removals.request(deleted);
     if changed {
         tracing::debug!(
             requests = added.len() + answered_after_sync.len(),
             wiring_ms = batch_started.elapsed().as_millis(),
             "CNI batch wired"
         );
+        removals.synced();
         let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false).await;
         cluster.publish_pod_status();
         let mut undone = false;
@@ -861,6 +869,126 @@ async fn handle_cni(
     }
 }
 
+/// How long the first DEL of a burst waits for the rest before their veths are removed
+/// together: a removal costs the kernel 35-45 ms whether it takes one veth or ten (grace
+/// periods), and a burst's DELs (a rollout, a node drained) arrive within milliseconds.
+const REMOVAL_GATHER: std::time::Duration = std::time::Duration::from_millis(5);
+
+/// How long the maps may keep pods whose DELs were answered: the sync that clears them
+/// (10-20 ms with 100 pods) then runs once for a burst's DELs, while the kernel removes the
+/// next veths, instead of holding up the next DELs.
+const REMOVED_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
+/// The DELs' veth removals, run off the loop one at a time: the kernel serializes device
+/// removals anyway, so the DELs that arrive while one runs (or within [`REMOVAL_GATHER`] of
+/// the first) go together in one group removal, which waits out the kernel's grace periods
+/// once for all of them; and the next DELs and ADDs need not wait for the kernel.
+struct Removals {
+    report: tokio::sync::mpsc::UnboundedSender<Removed>,
+    /// A removal is running, or its report has not been handled yet.
+    running: bool,
+    queued: Vec<(Job, cni::protocol::Target)>,
+    /// When the queued DELs start, if no removal runs.
+    start_at: Option<tokio::time::Instant>,
+    /// When the maps are cleared of the pods whose DELs were answered, unless a sync runs
+    /// before.
+    sync_at: Option<tokio::time::Instant>,
+}
+
+/// What the DELs' removal needs of the loop next.
+enum RemovalStep {
+    /// The gathered DELs are due to start.
+    Start,
+    /// The released pods are due to leave the maps.
+    Sync,
+}
+
+impl Removals {
+    fn new(report: tokio::sync::mpsc::UnboundedSender<Removed>) -> Self {
+        Self {
+            report,
+            running: false,
+            queued: Vec::new(),
+            start_at: None,
+            sync_at: None,
+        }
+    }
+
+    /// DELs to remove: with the burst they start, or with the next removal if one runs.
+    fn request(&mut self, deleted: Vec<(Job, cni::protocol::Target)>) {
+        if deleted.is_empty() {
+            return;
+        }
+        self.queued.extend(deleted);
+        if !self.running && self.start_at.is_none() {
+            self.start_at = Some(tokio::time::Instant::now() + REMOVAL_GATHER);
+        }
+    }
+
+    /// Waits until the next step is due (forever when none is).
+    async fn due(&self) -> RemovalStep {
+        let steps = [
+            self.start_at.map(|at| (at, RemovalStep::Start)),
+            self.sync_at.map(|at| (at, RemovalStep::Sync)),
+        ];
+        match steps.into_iter().flatten().min_by_key(|(at, _)| *at) {
+            Some((at, step)) => {
+                tokio::time::sleep_until(at).await;
+                step
+            }
+            None => std::future::pending().await,
+        }
+    }
+
+    /// Pods were released: the maps are cleared of them shortly, in one sync with those of
+    /// the DELs that follow (an address can only go to a new pod through an ADD, and every
+    /// ADD is answered after a sync).
+    fn sync_soon(&mut self) {
+        self.sync_at
+            .get_or_insert_with(|| tokio::time::Instant::now() + REMOVED_SYNC_DELAY);
+    }
+
+    /// A sync ran: it cleared the maps of every pod released before it.
+    fn synced(&mut self) {
+        self.sync_at = None;
+    }
+
+    /// The running removal reported back: the DELs queued meanwhile have waited enough.
+    fn finished(&mut self) {
+        self.running = false;
+        self.start_queued();
+    }
+
+    /// No DEL is being removed or waits to be, and the maps hold no released pod.
+    fn idle(&self) -> bool {
+        !self.running && self.queued.is_empty() && self.sync_at.is_none()
+    }
+
+    /// Starts the queued DELs' removal off the loop, unless one runs.
+    fn start_queued(&mut self) {
+        self.start_at = None;
+        if self.running || self.queued.is_empty() {
+            return;
+        }
+        let deleted = std::mem::take(&mut self.queued);
+        let targets: Vec<(String, String)> = deleted
+            .iter()
+            .map(|(_, t)| (t.container_id.clone(), t.ifname.clone()))
+            .collect();
+        let report = self.report.clone();
+        self.running = true;
+        tokio::task::spawn_blocking(move || {
+            let removed = cni::server::remove_veths(&targets);
+            let jobs = deleted.into_iter().map(|(job, _)| job).collect();
+            let _ = report.send(Removed {
+                jobs,
+                targets,
+                removed,
+            });
+        });
+    }
+}
+
 /// DELs whose veths a removal off the loop has dealt with.
 struct Removed {
     jobs: Vec<Job>,
@@ -870,17 +998,9 @@ struct Removed {
     removed: Result<Vec<String>, CniError>,
 }
 
-/// Finishes DELs once their veths are gone: releases their addresses, answers (before the
-/// sync that clears the maps of them: an address can only be given to a new pod by a later
-/// ADD, and every ADD is answered after a sync that comes after this one), then syncs.
-async fn handle_removed(
-    dataplane: &mut Dataplane,
-    cluster: &mut Cluster,
-    agent: &mut AgentState,
-    run_dir: &std::path::Path,
-    metrics: &Metrics,
-    done: Removed,
-) {
+/// Finishes DELs once their veths are gone: releases their addresses and answers; says
+/// whether pods were released, whose entries a sync must then clear ([`Removals::sync_soon`]).
+fn finish_removed(cluster: &mut Cluster, metrics: &Metrics, done: Removed) -> bool {
     let Removed {
         jobs,
         targets,
@@ -893,18 +1013,13 @@ async fn handle_removed(
                 tracing::info!(container, removed, "CNI DEL");
                 answer(metrics, job, Reply::Done);
             }
-            if changed {
-                let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false);
-                if let Err(error) = synced.await {
-                    tracing::error!(error = format!("{error:#}"), "sync after CNI DEL");
-                }
-                cluster.publish_pod_status();
-            }
+            changed
         }
         Err(error) => {
             for job in jobs {
                 answer(metrics, job, Reply::Failed(error.clone()));
             }
+            false
         }
     }
 }
