@@ -8,3 +8,4 @@ pub mod egressfirewall;
 pub mod egressip;
 pub mod egressrouter;
 pub mod network;
+pub mod userdefinednetwork;

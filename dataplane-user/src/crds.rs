@@ -11,6 +11,7 @@ use crate::api::{
     egressfirewall::EgressFirewall,
     egressip::EgressIP,
     egressrouter::EgressRouter,
+    userdefinednetwork::{ClusterUserDefinedNetwork, UserDefinedNetwork},
 };
 
 /// Every shipped CRD with its file name under `deploy/crds/` (`<group>_<plural>.yaml`).
@@ -22,6 +23,8 @@ pub fn shipped() -> Vec<(String, CustomResourceDefinition)> {
         AdminNetworkPolicy::crd(),
         BaselineAdminNetworkPolicy::crd(),
         ClusterNetworkPolicy::crd(),
+        UserDefinedNetwork::crd(),
+        ClusterUserDefinedNetwork::crd(),
     ]
     .into_iter()
     .map(|crd| (file_name(&crd), crd))
@@ -94,6 +97,8 @@ mod tests {
                 "policy.networking.k8s.io_adminnetworkpolicies.yaml",
                 "policy.networking.k8s.io_baselineadminnetworkpolicies.yaml",
                 "policy.networking.k8s.io_clusternetworkpolicies.yaml",
+                "k8s.ovn.org_userdefinednetworks.yaml",
+                "k8s.ovn.org_clusteruserdefinednetworks.yaml",
             ]
         );
     }

@@ -132,6 +132,23 @@ pub const WATCHED: &[Watched] = &[
         resource: "egressrouters",
         optional: true,
     },
+    // User-defined networks: their namespaces' pods are refused until they are carried.
+    Watched {
+        group: "k8s.ovn.org",
+        version: "v1",
+        kind: "UserDefinedNetwork",
+        plural: "userdefinednetworks",
+        resource: "userdefinednetworks",
+        optional: true,
+    },
+    Watched {
+        group: "k8s.ovn.org",
+        version: "v1",
+        kind: "ClusterUserDefinedNetwork",
+        plural: "clusteruserdefinednetworks",
+        resource: "clusteruserdefinednetworks",
+        optional: true,
+    },
     // OpenShift's cluster network configuration: the networks the installer wrote.
     Watched {
         group: "config.openshift.io",

@@ -768,3 +768,105 @@ fn bad_node_objects_are_refused_alone_and_pods_are_still_wired_everywhere() {
         "{metrics}"
     );
 }
+
+const SEGMENTED: &str = "\
+apiVersion: v1
+kind: Namespace
+metadata: {name: blue, labels: {k8s.ovn.org/primary-user-defined-network: ''}}
+---
+apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {name: tenant-blue, namespace: blue}
+spec:
+  topology: Layer3
+  layer3:
+    role: Primary
+    subnets: [{cidr: 10.100.0.0/16, hostSubnet: 24}]
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: red, labels: {k8s.ovn.org/primary-user-defined-network: ''}}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: green, labels: {k8s.ovn.org/primary-user-defined-network: ''}}
+---
+apiVersion: k8s.ovn.org/v1
+kind: ClusterUserDefinedNetwork
+metadata: {name: tenants}
+spec:
+  namespaceSelector:
+    matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [green]}]
+  network:
+    topology: Layer2
+    layer2: {role: Primary, subnets: [10.200.0.0/16]}
+---
+apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {name: secondary, namespace: red}
+spec:
+  topology: Layer2
+  layer2: {role: Secondary, subnets: [10.201.0.0/16]}
+---
+apiVersion: v1
+kind: Namespace
+metadata: {name: plain}
+";
+
+/// A namespace labelled for a primary user-defined network never gets a default-network
+/// interface: its pods are refused, naming the network that selects it (not carried by this
+/// dataplane yet) or its absence; an invalid network is rejected with its field named, and
+/// the other namespaces' pods are wired as ever.
+#[test]
+fn pods_of_namespaces_labelled_for_a_user_defined_network_are_refused_by_name() {
+    if !privileged("pods_of_namespaces_labelled_for_a_user_defined_network_are_refused") {
+        return;
+    }
+    let _ = dataplane_binary();
+    let mut topology = Topology::build_with(1, 0, Mode::Overlay).expect("topology");
+    topology.add_manifest("segmented.yaml", SEGMENTED).unwrap();
+    let agent = topology.node(0).start_agent().expect("agent");
+    let conf = conf("1.1.0", &cni::socket(&agent));
+    let cases = [
+        (
+            "blue",
+            "takes the primary network UserDefinedNetwork blue/tenant-blue",
+        ),
+        (
+            "green",
+            "takes the primary network ClusterUserDefinedNetwork tenants",
+        ),
+        // Its only network is a Secondary one, rejected: nothing gives it a primary network.
+        (
+            "red",
+            "no valid UserDefinedNetwork or ClusterUserDefinedNetwork",
+        ),
+    ];
+    for (namespace, says) in cases {
+        let pod = cni::container(&mut topology, namespace, "app").unwrap();
+        let answer = pod.run("ADD", &conf).unwrap();
+        assert_eq!(answer.code(), 105, "{namespace}: {answer:?}");
+        let output = answer.output.expect("an error document");
+        assert!(
+            output["msg"].as_str().unwrap().contains(says),
+            "{namespace}: {output}"
+        );
+    }
+    // A pod of an unlabelled namespace is wired, and its allocation is the only one: the
+    // refused pods took no address.
+    let plain = cni::container(&mut topology, "plain", "app").unwrap();
+    add(&plain, &conf).expect("ADD in an unlabelled namespace");
+    assert_eq!(allocations(&agent).unwrap().len(), 1);
+    // The Secondary network was refused by name, the valid ones were not.
+    let log = agent.log();
+    assert!(
+        log.contains("spec.layer2.role: Secondary networks are not carried by this dataplane yet"),
+        "{log}"
+    );
+    assert!(
+        log.lines()
+            .filter(|l| l.contains("manifest object rejected"))
+            .all(|l| l.contains("name=\"secondary\"")),
+        "{log}"
+    );
+}

@@ -211,6 +211,9 @@ pub struct NodePods {
     pub pod_mtu: u32,
     /// By (namespace, name).
     pub known: BTreeMap<(String, String), KnownPod>,
+    /// Namespaces whose pods get no interface, with why (labelled for a primary
+    /// user-defined network: `api::userdefinednetwork::unwired_namespace`).
+    pub unwired_namespaces: BTreeMap<String, String>,
 }
 
 impl NodePods {
@@ -261,7 +264,20 @@ impl NodePods {
             pools,
             pod_mtu,
             known,
+            unwired_namespaces: BTreeMap::new(),
         }
+    }
+
+    /// Refuses the pods of these namespaces, each with its reason.
+    pub fn unwiring(mut self, namespaces: BTreeMap<String, String>) -> Self {
+        self.unwired_namespaces = namespaces;
+        self
+    }
+
+    /// Why the pod gets no interface, if it does not.
+    fn refusal(&self, pod: Option<&PodRef>) -> Option<CniError> {
+        let why = self.unwired_namespaces.get(&pod?.namespace)?;
+        Some(CniError::new(code::NO_PRIMARY_NETWORK, why.clone()))
     }
 
     /// Addresses that manifests give their own pods: never allocated to another.
@@ -317,6 +333,9 @@ impl CniPods {
     /// maps are not touched: the caller syncs, then answers.
     pub fn add(&mut self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
         target.check_names()?;
+        if let Some(refused) = node.refusal(target.pod.as_ref()) {
+            return Err(refused);
+        }
         let netns_path = target.netns.clone().ok_or_else(|| {
             CniError::new(code::INVALID_ENVIRONMENT, "CNI_NETNS is required for ADD")
         })?;
@@ -586,6 +605,7 @@ mod tests {
             pools: vec!["10.244.9.0/30".parse().unwrap()],
             pod_mtu: 1400,
             known: BTreeMap::new(),
+            unwired_namespaces: BTreeMap::new(),
         };
         // The one address is taken; the next allocation fails, as an ADD says it.
         pods.ipam

@@ -49,6 +49,9 @@ pub mod code {
     pub const CHECK_FAILED: u32 = 103;
     /// egress-router: the address is not reserved for the pod's namespace.
     pub const NOT_RESERVED: u32 = 104;
+    /// The pod's namespace takes a primary user-defined network this dataplane does not
+    /// give it (none selects it, or it is not carried yet): no default-network interface.
+    pub const NO_PRIMARY_NETWORK: u32 = 105;
 }
 
 /// An error as the specification shapes it: printed as JSON on stdout, with a non-zero exit.

@@ -163,7 +163,9 @@ impl ObjectCache {
             egress_routers,
             admin_network_policies,
             baseline_admin_network_policies,
-            cluster_network_policies
+            cluster_network_policies,
+            user_defined_networks,
+            cluster_user_defined_networks
         );
         let settings_changed = old.has_settings() || new.has_settings();
         if !old.rejected.is_empty() || !new.rejected.is_empty() {

@@ -17,6 +17,7 @@ use crate::api::{
     egressip::{self, EgressIP},
     egressrouter::EgressRouter,
     network::{NetworkConfig, NetworkOperator},
+    userdefinednetwork::{self, ClusterUserDefinedNetwork, UserDefinedNetwork},
 };
 
 /// The label linking an EndpointSlice to its Service.
@@ -177,6 +178,28 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
                         .get_or_insert_with(|| "default".into());
                     state.egress_routers.push(Arc::new(router));
                 }
+                Err(e) => reject(state, e),
+            }
+        }
+        ("k8s.ovn.org/v1", "UserDefinedNetwork") => match value.decode::<UserDefinedNetwork>() {
+            Ok(mut network) => match userdefinednetwork::validate_udn(&network) {
+                Ok(_) => {
+                    network
+                        .metadata
+                        .namespace
+                        .get_or_insert_with(|| "default".into());
+                    state.user_defined_networks.push(Arc::new(network));
+                }
+                Err(error) => reject(state, error),
+            },
+            Err(e) => reject(state, e),
+        },
+        ("k8s.ovn.org/v1", "ClusterUserDefinedNetwork") => {
+            match value.decode::<ClusterUserDefinedNetwork>() {
+                Ok(network) => match userdefinednetwork::validate_cudn(&network) {
+                    Ok(_) => state.cluster_user_defined_networks.push(Arc::new(network)),
+                    Err(error) => reject(state, error),
+                },
                 Err(e) => reject(state, e),
             }
         }

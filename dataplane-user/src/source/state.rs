@@ -20,6 +20,7 @@ use crate::api::{
         EgressIpConfig, HybridError, HybridSettings, OvnKubernetesConfig, PlatformNetwork,
         PolicyAuditConfig, overlaps,
     },
+    userdefinednetwork::{ClusterUserDefinedNetwork, UserDefinedNetwork},
 };
 
 /// Everything read from the manifests. The objects are shared (`Arc`): the state assembled
@@ -48,6 +49,9 @@ pub struct ClusterState {
     pub admin_network_policies: Objects<AdminNetworkPolicy>,
     pub baseline_admin_network_policies: Objects<BaselineAdminNetworkPolicy>,
     pub cluster_network_policies: Objects<ClusterNetworkPolicy>,
+    /// Validated user-defined networks (a missing namespace reads as `default`).
+    pub user_defined_networks: Objects<UserDefinedNetwork>,
+    pub cluster_user_defined_networks: Objects<ClusterUserDefinedNetwork>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
     pub network: Option<OvnKubernetesConfig>,
     /// `spec.clusterNetwork[].cidr` of that `Network`: the pod networks of the cluster.
@@ -85,6 +89,8 @@ impl ClusterState {
             + self.admin_network_policies.len()
             + self.baseline_admin_network_policies.len()
             + self.cluster_network_policies.len()
+            + self.user_defined_networks.len()
+            + self.cluster_user_defined_networks.len()
     }
 
     /// The cluster-wide admin policies, as access control takes them.
@@ -108,6 +114,10 @@ impl ClusterState {
         self.egress_firewalls.append(&later.egress_firewalls);
         self.egress_ips.append(&later.egress_ips);
         self.egress_routers.append(&later.egress_routers);
+        self.user_defined_networks
+            .append(&later.user_defined_networks);
+        self.cluster_user_defined_networks
+            .append(&later.cluster_user_defined_networks);
         self.admin_network_policies
             .append(&later.admin_network_policies);
         self.baseline_admin_network_policies

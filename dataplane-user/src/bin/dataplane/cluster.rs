@@ -403,7 +403,8 @@ impl Cluster {
             // A manifest's status.podIPs are the pod's own to keep; the API server's are the
             // last sandbox's.
             matches!(self.source, Source::Manifests { .. }),
-        );
+        )
+        .unwiring(unwired_namespaces(declared));
         for iface in &self.named_ifaces {
             if !model.pod_interfaces.contains(iface) {
                 warn_unrestricted(iface);
@@ -910,6 +911,31 @@ fn moved_files(
 }
 
 /// The host interface a pod address is routed to, in this node's namespace.
+/// The namespaces whose pods get no interface, with why: those labelled for a primary
+/// user-defined network (see `api::userdefinednetwork::unwired_namespace`).
+fn unwired_namespaces(state: &source::ClusterState) -> std::collections::BTreeMap<String, String> {
+    use dataplane_user::api::userdefinednetwork::unwired_namespace;
+    state
+        .namespaces
+        .iter()
+        .filter_map(|namespace| {
+            let name = namespace.metadata.name.clone()?;
+            let mut labels = namespace.metadata.labels.clone().unwrap_or_default();
+            // The API server sets it on every namespace; manifests may leave it out.
+            labels
+                .entry("kubernetes.io/metadata.name".to_owned())
+                .or_insert_with(|| name.clone());
+            let why = unwired_namespace(
+                &name,
+                &labels,
+                state.user_defined_networks.iter().map(|n| &**n),
+                state.cluster_user_defined_networks.iter().map(|n| &**n),
+            )?;
+            Some((name, why))
+        })
+        .collect()
+}
+
 fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
     let name = netdev::host_route_device(ip)?;
     let ifindex = preflight::interface_index(&name).ok()?;

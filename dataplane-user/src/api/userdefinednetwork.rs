@@ -1,0 +1,618 @@
+//! OVN-Kubernetes' user-defined networks (`k8s.ovn.org/v1`): `UserDefinedNetwork` (a
+//! namespace's own network) and `ClusterUserDefinedNetwork` (one network for the namespaces a
+//! selector picks), as the API serves them, and what their validation checks beyond the API
+//! server's schema. The CRDs under `deploy/crds/` are generated from these types; the schema
+//! carries the upstream limits and rules (the topology and its section go together, the
+//! network is immutable, CIDRs of two families at most), so that the API server refuses what
+//! it can, and [`validate_udn`] / [`validate_cudn`] check the rest with the field named.
+//!
+//! This dataplane carries primary networks of topology Layer3 or Layer2. Secondary networks
+//! and the Localnet topology are refused by name: the schema has no Localnet topology, and a
+//! `Secondary` role fails validation.
+
+use std::{collections::BTreeMap, net::IpAddr};
+
+use ipnet::IpNet;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, LabelSelector};
+use kube::{
+    CustomResource, KubeSchema,
+    core::{Selector, SelectorExt as _},
+};
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use super::egressip::validate_selector;
+
+/// The namespace label upstream requires, set when the namespace is made, for its pods to
+/// take a primary user-defined network instead of the default one.
+pub const PRIMARY_NETWORK_LABEL: &str = "k8s.ovn.org/primary-user-defined-network";
+
+/// The MTU of a network that sets none: OVN-Kubernetes' default.
+pub const DEFAULT_MTU: u32 = 1400;
+
+/// `spec` of a UserDefinedNetwork: the network of the namespace it is in.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[kube(
+    group = "k8s.ovn.org",
+    version = "v1",
+    kind = "UserDefinedNetwork",
+    plural = "userdefinednetworks",
+    namespaced,
+    status = "NetworkStatus",
+    shortname = "udn",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Topology","type":"string","jsonPath":".spec.topology"}"#,
+    printcolumn = r#"{"name":"Created","type":"string","jsonPath":".status.conditions[?(@.type==\"NetworkCreated\")].status"}"#
+)]
+#[x_kube(validation = Rule::new("self == oldSelf").message("Spec is immutable"))]
+#[x_kube(validation = Rule::new("self.topology == 'Layer3' ? has(self.layer3) : !has(self.layer3)").message("spec.layer3 is required when topology is Layer3 and forbidden otherwise"))]
+#[x_kube(validation = Rule::new("self.topology == 'Layer2' ? has(self.layer2) : !has(self.layer2)").message("spec.layer2 is required when topology is Layer2 and forbidden otherwise"))]
+#[serde(rename_all = "camelCase")]
+pub struct UserDefinedNetworkSpec {
+    /// `Layer3`: each node routes its own slice of the subnets; `Layer2`: one segment
+    /// stretched over every node.
+    pub topology: Topology,
+    /// The Layer3 topology's settings (exactly when `topology` is `Layer3`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer3: Option<Layer3Config>,
+    /// The Layer2 topology's settings (exactly when `topology` is `Layer2`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer2: Option<Layer2Config>,
+}
+
+/// `spec` of a ClusterUserDefinedNetwork: one network for every namespace its selector picks.
+#[derive(CustomResource, KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[kube(
+    group = "k8s.ovn.org",
+    version = "v1",
+    kind = "ClusterUserDefinedNetwork",
+    plural = "clusteruserdefinednetworks",
+    status = "NetworkStatus",
+    shortname = "cudn",
+    derive = "PartialEq",
+    printcolumn = r#"{"name":"Topology","type":"string","jsonPath":".spec.network.topology"}"#,
+    printcolumn = r#"{"name":"Created","type":"string","jsonPath":".status.conditions[?(@.type==\"NetworkCreated\")].status"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterUserDefinedNetworkSpec {
+    /// The namespaces the network is for (those of them labelled for a primary network).
+    pub namespace_selector: LabelSelector,
+    /// The network; immutable.
+    #[x_kube(validation = Rule::new("self == oldSelf").message("Network spec is immutable"))]
+    pub network: NetworkSpec,
+}
+
+/// `spec.network` of a ClusterUserDefinedNetwork: the same choices as a UserDefinedNetwork's.
+#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[x_kube(validation = Rule::new("self.topology == 'Layer3' ? has(self.layer3) : !has(self.layer3)").message("spec.network.layer3 is required when topology is Layer3 and forbidden otherwise"))]
+#[x_kube(validation = Rule::new("self.topology == 'Layer2' ? has(self.layer2) : !has(self.layer2)").message("spec.network.layer2 is required when topology is Layer2 and forbidden otherwise"))]
+#[serde(rename_all = "camelCase")]
+pub struct NetworkSpec {
+    pub topology: Topology,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer3: Option<Layer3Config>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub layer2: Option<Layer2Config>,
+}
+
+/// `topology` of a network.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Topology {
+    #[default]
+    Layer3,
+    Layer2,
+}
+
+/// `role` of a network in its pods.
+#[derive(JsonSchema, Clone, Copy, Debug, Default, Deserialize, Serialize, PartialEq, Eq)]
+pub enum Role {
+    /// The pods' own network, in place of the default one.
+    #[default]
+    Primary,
+    /// An extra interface for the pods that ask for it (not carried by this dataplane yet).
+    Secondary,
+}
+
+/// `layer3`: each node gets a slice (`hostSubnet` long) of each subnet and routes it.
+#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.joinSubnets) || self.role == 'Primary'").message("JoinSubnets is only supported for Primary network"))]
+#[serde(rename_all = "camelCase")]
+pub struct Layer3Config {
+    pub role: Role,
+    /// The pods' MTU (1400 when unset); at least 1280 with an IPv6 subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 65536))]
+    pub mtu: Option<u32>,
+    /// The network's address ranges, split into node slices.
+    #[schemars(length(min = 1, max = 400))]
+    pub subnets: Vec<Layer3Subnet>,
+    /// The ranges of the network's internal router links (one per family); the platform
+    /// chooses when unset.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
+    pub join_subnets: Vec<String>,
+}
+
+/// One of `layer3.subnets`.
+#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct Layer3Subnet {
+    /// The range, in CIDR notation.
+    #[schemars(length(max = 43))]
+    pub cidr: String,
+    /// The prefix length of each node's slice (24 for IPv4 and 64 for IPv6 when unset).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 127))]
+    pub host_subnet: Option<u8>,
+}
+
+/// `layer2`: one segment over every node, its addresses shared by all of them.
+#[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[x_kube(validation = Rule::new("!has(self.joinSubnets) || self.role == 'Primary'").message("JoinSubnets is only supported for Primary network"))]
+#[x_kube(validation = Rule::new("self.role != 'Primary' || has(self.subnets)").message("Subnets is required for Primary Layer2 topology"))]
+#[serde(rename_all = "camelCase")]
+pub struct Layer2Config {
+    pub role: Role,
+    /// The pods' MTU (1400 when unset); at least 1280 with an IPv6 subnet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 576, max = 65536))]
+    pub mtu: Option<u32>,
+    /// The network's address ranges, one per family.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
+    pub subnets: Vec<String>,
+    /// As for Layer3.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
+    pub join_subnets: Vec<String>,
+}
+
+/// `status` of both kinds: conditions, `NetworkCreated` first among them.
+#[derive(JsonSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+pub struct NetworkStatus {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub conditions: Vec<Condition>,
+}
+
+/// A network's settings once validated: what the dataplane would carry.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidNetwork {
+    pub topology: Topology,
+    pub mtu: u32,
+    /// The subnets with each node slice's prefix length (Layer2: the subnet's own).
+    pub subnets: Vec<(IpNet, u8)>,
+    pub join_subnets: Vec<IpNet>,
+}
+
+/// Checks a UserDefinedNetwork beyond its schema; the error names the field.
+pub fn validate_udn(object: &UserDefinedNetwork) -> Result<ValidNetwork, String> {
+    validate_network(
+        "spec",
+        object.spec.topology,
+        object.spec.layer3.as_ref(),
+        object.spec.layer2.as_ref(),
+    )
+}
+
+/// Checks a ClusterUserDefinedNetwork beyond its schema; the error names the field.
+pub fn validate_cudn(object: &ClusterUserDefinedNetwork) -> Result<ValidNetwork, String> {
+    validate_selector(&object.spec.namespace_selector)
+        .map_err(|what| format!("spec.namespaceSelector: {what}"))?;
+    let network = &object.spec.network;
+    validate_network(
+        "spec.network",
+        network.topology,
+        network.layer3.as_ref(),
+        network.layer2.as_ref(),
+    )
+}
+
+fn validate_network(
+    at: &str,
+    topology: Topology,
+    layer3: Option<&Layer3Config>,
+    layer2: Option<&Layer2Config>,
+) -> Result<ValidNetwork, String> {
+    match (topology, layer3, layer2) {
+        (Topology::Layer3, Some(config), None) => validate_layer3(&format!("{at}.layer3"), config),
+        (Topology::Layer2, None, Some(config)) => validate_layer2(&format!("{at}.layer2"), config),
+        (Topology::Layer3, _, _) => Err(format!(
+            "{at}: topology Layer3 takes a layer3 section and no layer2 section"
+        )),
+        (Topology::Layer2, _, _) => Err(format!(
+            "{at}: topology Layer2 takes a layer2 section and no layer3 section"
+        )),
+    }
+}
+
+fn validate_layer3(at: &str, config: &Layer3Config) -> Result<ValidNetwork, String> {
+    primary_only(at, config.role, !config.join_subnets.is_empty())?;
+    if config.subnets.is_empty() {
+        return Err(format!("{at}.subnets: at least one subnet is required"));
+    }
+    let mut subnets = Vec::new();
+    for (i, subnet) in config.subnets.iter().enumerate() {
+        let field = format!("{at}.subnets[{i}]");
+        let cidr = parse_cidr(&format!("{field}.cidr"), &subnet.cidr)?;
+        let longest = if cidr.addr().is_ipv4() { 31 } else { 127 };
+        let host = subnet
+            .host_subnet
+            .unwrap_or(if cidr.addr().is_ipv4() { 24 } else { 64 });
+        if host <= cidr.prefix_len() || host > longest {
+            return Err(format!(
+                "{field}.hostSubnet: {host} must be longer than the subnet's prefix /{} and at most {longest}",
+                cidr.prefix_len()
+            ));
+        }
+        if let Some((j, _)) = subnets
+            .iter()
+            .enumerate()
+            .find(|(_, (other, _)): &(usize, &(IpNet, u8))| overlap(other, &cidr))
+        {
+            return Err(format!(
+                "{field}.cidr: {cidr} overlaps {at}.subnets[{j}]; subnets must not overlap or contain each other"
+            ));
+        }
+        subnets.push((cidr, host));
+    }
+    finish(
+        at,
+        Topology::Layer3,
+        config.mtu,
+        subnets,
+        &config.join_subnets,
+    )
+}
+
+fn validate_layer2(at: &str, config: &Layer2Config) -> Result<ValidNetwork, String> {
+    primary_only(at, config.role, !config.join_subnets.is_empty())?;
+    if config.subnets.is_empty() {
+        return Err(format!(
+            "{at}.subnets: a primary Layer2 network needs its subnets"
+        ));
+    }
+    let cidrs = dual_stack(&format!("{at}.subnets"), &config.subnets)?;
+    let subnets = cidrs.into_iter().map(|c| (c, c.prefix_len())).collect();
+    finish(
+        at,
+        Topology::Layer2,
+        config.mtu,
+        subnets,
+        &config.join_subnets,
+    )
+}
+
+/// The checks both topologies share: the join subnets and the MTU against the families.
+fn finish(
+    at: &str,
+    topology: Topology,
+    mtu: Option<u32>,
+    subnets: Vec<(IpNet, u8)>,
+    join_subnets: &[String],
+) -> Result<ValidNetwork, String> {
+    let join_subnets = if join_subnets.is_empty() {
+        Vec::new()
+    } else {
+        dual_stack(&format!("{at}.joinSubnets"), join_subnets)?
+    };
+    if let Some((j, (i, _))) = join_subnets.iter().enumerate().find_map(|(j, join)| {
+        subnets
+            .iter()
+            .enumerate()
+            .find(|(_, (subnet, _))| overlap(subnet, join))
+            .map(|found| (j, found))
+    }) {
+        return Err(format!("{at}.joinSubnets[{j}]: overlaps {at}.subnets[{i}]"));
+    }
+    let mtu = mtu.unwrap_or(DEFAULT_MTU);
+    if !(576..=65536).contains(&mtu) {
+        return Err(format!("{at}.mtu: {mtu} is not within 576-65536"));
+    }
+    if mtu < 1280 && subnets.iter().any(|(s, _)| s.addr().is_ipv6()) {
+        return Err(format!(
+            "{at}.mtu: {mtu} is under 1280, the least an IPv6 subnet takes"
+        ));
+    }
+    Ok(ValidNetwork {
+        topology,
+        mtu,
+        subnets,
+        join_subnets,
+    })
+}
+
+/// Secondary networks are refused by name; join subnets need a primary network anyway.
+fn primary_only(at: &str, role: Role, has_join_subnets: bool) -> Result<(), String> {
+    match role {
+        Role::Primary => Ok(()),
+        Role::Secondary if has_join_subnets => Err(format!(
+            "{at}.joinSubnets: only a Primary network takes join subnets"
+        )),
+        Role::Secondary => Err(format!(
+            "{at}.role: Secondary networks are not carried by this dataplane yet (only Primary)"
+        )),
+    }
+}
+
+/// One or two CIDRs, two only of different families.
+fn dual_stack(field: &str, texts: &[String]) -> Result<Vec<IpNet>, String> {
+    if texts.len() > 2 {
+        return Err(format!("{field}: at most two, one per IP family"));
+    }
+    let cidrs: Vec<IpNet> = texts
+        .iter()
+        .enumerate()
+        .map(|(i, text)| parse_cidr(&format!("{field}[{i}]"), text))
+        .collect::<Result<_, _>>()?;
+    if let [a, b] = cidrs.as_slice()
+        && a.addr().is_ipv4() == b.addr().is_ipv4()
+    {
+        return Err(format!(
+            "{field}: when two are set they must be of different IP families"
+        ));
+    }
+    Ok(cidrs)
+}
+
+/// A CIDR as the API server's `isCIDR` takes it (host bits may be set; the network is
+/// what counts), and not one a pod network cannot be.
+fn parse_cidr(field: &str, text: &str) -> Result<IpNet, String> {
+    let cidr: IpNet = text
+        .parse()
+        .map_err(|_| format!("{field}: {text:?} is not a CIDR"))?;
+    let cidr = cidr.trunc();
+    let unusable = match cidr.addr() {
+        IpAddr::V4(a) => a.is_loopback() || a.is_multicast() || a.is_broadcast(),
+        IpAddr::V6(a) => a.is_loopback() || a.is_multicast(),
+    } || cidr.addr().is_unspecified() && cidr.prefix_len() == 0;
+    if unusable {
+        return Err(format!("{field}: {cidr} cannot hold pod addresses"));
+    }
+    Ok(cidr)
+}
+
+/// Why the pods of a namespace get no interface from this dataplane, if they do not: the
+/// namespace is labelled for a primary user-defined network ([`PRIMARY_NETWORK_LABEL`]), and
+/// such pods must never land on the default network (their network's isolation is the
+/// point). Upstream refuses them too while no network selects the namespace; a network that
+/// does is not carried by this dataplane yet, so they wait for it.
+pub fn unwired_namespace<'a>(
+    namespace: &str,
+    labels: &BTreeMap<String, String>,
+    udns: impl IntoIterator<Item = &'a UserDefinedNetwork>,
+    cudns: impl IntoIterator<Item = &'a ClusterUserDefinedNetwork>,
+) -> Option<String> {
+    if !labels.contains_key(PRIMARY_NETWORK_LABEL) {
+        return None;
+    }
+    let own = udns
+        .into_iter()
+        .find(|udn| udn.metadata.namespace.as_deref().unwrap_or("default") == namespace)
+        .map(|udn| {
+            format!(
+                "UserDefinedNetwork {namespace}/{}",
+                udn.metadata.name.as_deref().unwrap_or_default()
+            )
+        });
+    let selected = || {
+        cudns
+            .into_iter()
+            .find(|cudn| {
+                Selector::try_from(cudn.spec.namespace_selector.clone())
+                    .is_ok_and(|selector| selector.matches(labels))
+            })
+            .map(|cudn| {
+                format!(
+                    "ClusterUserDefinedNetwork {}",
+                    cudn.metadata.name.as_deref().unwrap_or_default()
+                )
+            })
+    };
+    Some(match own.or_else(selected) {
+        Some(network) => format!(
+            "namespace {namespace} takes the primary network {network}, which this dataplane does not carry yet; its pods get no interface rather than the default network"
+        ),
+        None => format!(
+            "namespace {namespace} is labelled {PRIMARY_NETWORK_LABEL} but no valid UserDefinedNetwork or ClusterUserDefinedNetwork gives it a primary network; its pods get no interface until one does"
+        ),
+    })
+}
+
+fn overlap(a: &IpNet, b: &IpNet) -> bool {
+    a.contains(&b.network()) || b.contains(&a.network())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const UDN: &str = r"apiVersion: k8s.ovn.org/v1
+kind: UserDefinedNetwork
+metadata: {name: tenant-blue, namespace: blue}
+spec:
+  topology: Layer3
+  layer3:
+    role: Primary
+    subnets:
+    - {cidr: 10.100.0.0/16, hostSubnet: 24}
+    - {cidr: 'fd00:100::/48'}
+";
+
+    const CUDN: &str = r"apiVersion: k8s.ovn.org/v1
+kind: ClusterUserDefinedNetwork
+metadata: {name: tenants}
+spec:
+  namespaceSelector:
+    matchExpressions: [{key: kubernetes.io/metadata.name, operator: In, values: [red, green]}]
+  network:
+    topology: Layer2
+    layer2:
+      role: Primary
+      mtu: 1300
+      subnets: [10.200.0.0/16, 'fd00:200::/64']
+";
+
+    fn udn(yaml: &str) -> UserDefinedNetwork {
+        serde_yaml::from_str(yaml).expect("UserDefinedNetwork parses")
+    }
+
+    fn cudn(yaml: &str) -> ClusterUserDefinedNetwork {
+        serde_yaml::from_str(yaml).expect("ClusterUserDefinedNetwork parses")
+    }
+
+    #[test]
+    fn the_upstream_examples_parse_and_validate() {
+        let network = validate_udn(&udn(UDN)).expect("valid");
+        assert_eq!(network.topology, Topology::Layer3);
+        assert_eq!(network.mtu, DEFAULT_MTU);
+        assert_eq!(
+            network.subnets,
+            [
+                ("10.100.0.0/16".parse().unwrap(), 24),
+                ("fd00:100::/48".parse().unwrap(), 64)
+            ]
+        );
+        let network = validate_cudn(&cudn(CUDN)).expect("valid");
+        assert_eq!(network.topology, Topology::Layer2);
+        assert_eq!(network.mtu, 1300);
+        assert_eq!(
+            network.subnets,
+            [
+                ("10.200.0.0/16".parse().unwrap(), 16),
+                ("fd00:200::/64".parse().unwrap(), 64)
+            ]
+        );
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let udn_cases = [
+            (
+                "role: Primary",
+                "role: Secondary",
+                "spec.layer3.role: Secondary networks are not carried",
+            ),
+            (
+                "10.100.0.0/16, hostSubnet: 24",
+                "10.100.0.0/16, hostSubnet: 16",
+                "spec.layer3.subnets[0].hostSubnet: 16 must be longer",
+            ),
+            (
+                "10.100.0.0/16, hostSubnet: 24",
+                "10.100.0.0/16, hostSubnet: 32",
+                "spec.layer3.subnets[0].hostSubnet: 32 must be longer than the subnet's prefix /16 and at most 31",
+            ),
+            (
+                "10.100.0.0/16, hostSubnet: 24",
+                "10.100.0.0/33",
+                "spec.layer3.subnets[0].cidr: \"10.100.0.0/33\" is not a CIDR",
+            ),
+            (
+                "cidr: 'fd00:100::/48'",
+                "cidr: 10.100.128.0/17",
+                "spec.layer3.subnets[1].cidr: 10.100.128.0/17 overlaps spec.layer3.subnets[0]",
+            ),
+            (
+                "    role: Primary",
+                "    role: Primary\n    mtu: 1200",
+                "spec.layer3.mtu: 1200 is under 1280",
+            ),
+            (
+                "    role: Primary",
+                "    role: Primary\n    joinSubnets: [10.100.1.0/24]",
+                "spec.layer3.joinSubnets[0]: overlaps spec.layer3.subnets[0]",
+            ),
+            (
+                "  topology: Layer3",
+                "  topology: Layer2",
+                "spec: topology Layer2 takes a layer2 section",
+            ),
+            (
+                "    subnets:",
+                "    subnets: [{cidr: 224.0.0.0/8}]\n    x:",
+                "spec.layer3.subnets[0].cidr: 224.0.0.0/8 cannot hold pod addresses",
+            ),
+        ];
+        for (from, to, expected) in udn_cases {
+            let yaml = UDN.replace(from, to);
+            let error = validate_udn(&udn(&yaml)).expect_err(to);
+            assert!(error.starts_with(expected), "{error} is not {expected}...");
+        }
+        let cudn_cases = [
+            (
+                "[10.200.0.0/16, 'fd00:200::/64']",
+                "[10.200.0.0/16, 10.201.0.0/16]",
+                "spec.network.layer2.subnets: when two are set they must be of different IP families",
+            ),
+            (
+                "      subnets: [10.200.0.0/16, 'fd00:200::/64']\n",
+                "",
+                "spec.network.layer2.subnets: a primary Layer2 network needs its subnets",
+            ),
+            (
+                "operator: In, values: [red, green]",
+                "operator: In",
+                "spec.namespaceSelector: matchExpressions[0]: operator \"In\" needs values",
+            ),
+        ];
+        for (from, to, expected) in cudn_cases {
+            let yaml = CUDN.replace(from, to);
+            let error = validate_cudn(&cudn(&yaml)).expect_err(to);
+            assert!(error.starts_with(expected), "{error} is not {expected}...");
+        }
+    }
+
+    #[test]
+    fn localnet_and_unknown_topologies_are_refused_by_name() {
+        let yaml = CUDN.replace("topology: Layer2", "topology: Localnet");
+        let error = serde_yaml::from_str::<ClusterUserDefinedNetwork>(&yaml)
+            .expect_err("Localnet is not a topology here")
+            .to_string();
+        assert!(error.contains("unknown variant `Localnet`"), "{error}");
+    }
+
+    #[test]
+    fn labelled_namespaces_are_unwired_naming_their_network_or_its_absence() {
+        let labels = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let (blue, tenants) = (udn(UDN), cudn(CUDN));
+        let none: [&UserDefinedNetwork; 0] = [];
+        // Unlabelled: the default network, whatever selects it.
+        let plain = labels(&[("kubernetes.io/metadata.name", "red")]);
+        assert_eq!(unwired_namespace("red", &plain, [&blue], [&tenants]), None);
+        let labelled = |name: &str| {
+            labels(&[
+                ("kubernetes.io/metadata.name", name),
+                (PRIMARY_NETWORK_LABEL, ""),
+            ])
+        };
+        let why = unwired_namespace("blue", &labelled("blue"), [&blue], [&tenants]).unwrap();
+        assert!(why.contains("UserDefinedNetwork blue/tenant-blue"), "{why}");
+        let why = unwired_namespace("red", &labelled("red"), [&blue], [&tenants]).unwrap();
+        assert!(why.contains("ClusterUserDefinedNetwork tenants"), "{why}");
+        let why = unwired_namespace("gray", &labelled("gray"), none, [&tenants]).unwrap();
+        assert!(why.contains("no valid UserDefinedNetwork"), "{why}");
+    }
+
+    #[test]
+    fn the_schema_carries_the_upstream_rules() {
+        use kube::CustomResourceExt as _;
+        let udn = serde_json::to_string(&UserDefinedNetwork::crd()).expect("serializes");
+        for rule in [
+            "self == oldSelf",
+            "self.topology == 'Layer3' ? has(self.layer3) : !has(self.layer3)",
+            "!has(self.joinSubnets) || self.role == 'Primary'",
+        ] {
+            assert!(udn.contains(rule), "{rule} missing from the UDN CRD");
+        }
+        let cudn = serde_json::to_string(&ClusterUserDefinedNetwork::crd()).expect("serializes");
+        assert!(cudn.contains("Network spec is immutable"));
+        assert!(cudn.contains(r#""scope":"Cluster""#));
+        assert!(udn.contains(r#""scope":"Namespaced""#));
+        assert!(!udn.contains("Localnet"));
+    }
+}
