@@ -302,6 +302,15 @@ impl NodePods {
     }
 }
 
+/// An ADD between its address allocation and its wiring.
+struct Prepared {
+    allocated: Allocation,
+    wiring: PodWiring,
+    netns: std::fs::File,
+    /// Already wired as it should be (a retried ADD).
+    wired: bool,
+}
+
 /// The pods this agent wired, kept by their address allocations.
 pub struct CniPods {
     ipam: Ipam,
@@ -332,6 +341,66 @@ impl CniPods {
     /// Allocates the pod's addresses (or takes those its manifest names) and wires it. The
     /// maps are not touched: the caller syncs, then answers.
     pub fn add(&mut self, target: &Target, node: &NodePods) -> Result<Attachment, CniError> {
+        self.add_many(std::slice::from_ref(target), node)
+            .pop()
+            .expect("one result for one target")
+    }
+
+    /// [`Self::add`] for several pods: their addresses are allocated one after the other, then
+    /// they are wired side by side (each wiring is some twenty netlink requests and a few
+    /// namespace switches, most of it waiting), each result in the targets' order.
+    pub fn add_many(
+        &mut self,
+        targets: &[Target],
+        node: &NodePods,
+    ) -> Vec<Result<Attachment, CniError>> {
+        let prepared: Vec<Result<Prepared, CniError>> = targets
+            .iter()
+            .map(|target| self.prepare(target, node))
+            .collect();
+        let wired: Vec<Option<Result<(), wire::WireError>>> = std::thread::scope(|scope| {
+            let handles: Vec<_> = prepared
+                .iter()
+                .map(|prepared| match prepared {
+                    Ok(p) if !p.wired => Some(scope.spawn(|| wire::create(&p.wiring, &p.netns))),
+                    _ => None,
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|handle| {
+                    handle.map(|h| {
+                        h.join().unwrap_or_else(|_| {
+                            Err(wire::WireError::Mismatch(
+                                "the wiring thread panicked".into(),
+                            ))
+                        })
+                    })
+                })
+                .collect()
+        });
+        prepared
+            .into_iter()
+            .zip(wired)
+            .zip(targets)
+            .map(|((prepared, wired), target)| {
+                let prepared = prepared?;
+                if let Some(Err(error)) = wired {
+                    let _ = self.ipam.release(&target.container_id, &target.ifname);
+                    let code = match error {
+                        wire::WireError::Netns { .. } => code::UNKNOWN_CONTAINER,
+                        _ => code::WIRING_FAILED,
+                    };
+                    return Err(CniError::new(code, format!("wiring the pod: {error}")));
+                }
+                Ok(attachment(&prepared.allocated, &prepared.wiring))
+            })
+            .collect()
+    }
+
+    /// An ADD's checks and address allocation, and the wiring it needs (`wired`: a runtime
+    /// retrying ADD of a pod wired as it should be, which is left be).
+    fn prepare(&mut self, target: &Target, node: &NodePods) -> Result<Prepared, CniError> {
         target.check_names()?;
         if let Some(refused) = node.refusal(target.pod.as_ref()) {
             return Err(refused);
@@ -376,19 +445,13 @@ impl CniPods {
                 return Err(error);
             }
         };
-        // A runtime retrying ADD of a pod that is wired as it should be: leave it be.
-        if retried && wire::check(&wiring, &netns).is_ok() {
-            return Ok(attachment(&allocated, &wiring));
-        }
-        if let Err(error) = wire::create(&wiring, &netns) {
-            let _ = self.ipam.release(&target.container_id, &target.ifname);
-            let code = match error {
-                wire::WireError::Netns { .. } => code::UNKNOWN_CONTAINER,
-                _ => code::WIRING_FAILED,
-            };
-            return Err(CniError::new(code, format!("wiring the pod: {error}")));
-        }
-        Ok(attachment(&allocated, &wiring))
+        let wired = retried && wire::check(&wiring, &netns).is_ok();
+        Ok(Prepared {
+            allocated,
+            wiring,
+            netns,
+            wired,
+        })
     }
 
     /// Removes the pod's wiring and releases its addresses; nothing to remove is success.

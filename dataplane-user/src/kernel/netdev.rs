@@ -268,24 +268,54 @@ pub fn host_route_device(ip: IpAddr) -> Option<String> {
     }
 }
 
+/// Every host route (/32 and /128) of the main tables and its device, read once: a sync
+/// looks up each local pod's, and reading the tables per pod made that quadratic in pods.
+pub fn host_route_devices() -> std::collections::HashMap<IpAddr, String> {
+    let v4 = fs::read_to_string("/proc/net/route").unwrap_or_default();
+    let v6 = fs::read_to_string("/proc/net/ipv6_route").unwrap_or_default();
+    let mut routes = std::collections::HashMap::new();
+    for (ip, device) in host_routes_v4(&v4).chain(host_routes_v6(&v6)) {
+        routes.entry(ip).or_insert_with(|| device.to_owned());
+    }
+    routes
+}
+
 /// `/proc/net/route`: `Iface Destination Gateway Flags RefCnt Use Metric Mask ...`, addresses
-/// as host-endian hex of the network-order value.
-fn host_route_v4(table: &str, ip: Ipv4Addr) -> Option<String> {
-    let want = format!("{:08X}", u32::from_ne_bytes(ip.octets()));
-    table.lines().skip(1).find_map(|line| {
+/// as host-endian hex of the network-order value; the host routes (mask all ones).
+fn host_routes_v4(table: &str) -> impl Iterator<Item = (IpAddr, &str)> {
+    table.lines().skip(1).filter_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.len() > 7 && fields[1] == want && fields[7] == "FFFFFFFF")
-            .then(|| fields[0].to_owned())
+        if fields.len() <= 7 || fields[7] != "FFFFFFFF" {
+            return None;
+        }
+        let raw = u32::from_str_radix(fields[1], 16).ok()?;
+        Some((IpAddr::V4(Ipv4Addr::from(raw.to_ne_bytes())), fields[0]))
     })
 }
 
-/// `/proc/net/ipv6_route`: `dest plen src splen nexthop metric refcnt use flags iface`.
-fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
-    let want: String = ip.octets().iter().map(|b| format!("{b:02x}")).collect();
-    table.lines().find_map(|line| {
+/// `/proc/net/ipv6_route`: `dest plen src splen nexthop metric refcnt use flags iface`; the
+/// host routes (prefix length 128).
+fn host_routes_v6(table: &str) -> impl Iterator<Item = (IpAddr, &str)> {
+    table.lines().filter_map(|line| {
         let fields: Vec<&str> = line.split_whitespace().collect();
-        (fields.len() > 9 && fields[0] == want && fields[1] == "80").then(|| fields[9].to_owned())
+        if fields.len() <= 9 || fields[1] != "80" {
+            return None;
+        }
+        let raw = u128::from_str_radix(fields[0], 16).ok()?;
+        Some((IpAddr::V6(Ipv6Addr::from(raw)), fields[9]))
     })
+}
+
+fn host_route_v4(table: &str, ip: Ipv4Addr) -> Option<String> {
+    host_routes_v4(table)
+        .find(|(found, _)| *found == IpAddr::V4(ip))
+        .map(|(_, device)| device.to_owned())
+}
+
+fn host_route_v6(table: &str, ip: Ipv6Addr) -> Option<String> {
+    host_routes_v6(table)
+        .find(|(found, _)| *found == IpAddr::V6(ip))
+        .map(|(_, device)| device.to_owned())
 }
 
 /// How long a helper program (`ip`, `nft`) may run before it is killed: each does one

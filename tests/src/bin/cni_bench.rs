@@ -76,7 +76,11 @@ fn main() -> anyhow::Result<()> {
     );
     let _ = dataplane_binary();
     let mut topology = Topology::build_with(1, 0, Mode::Overlay)?;
-    let agent = topology.node(0).start_agent()?;
+    // The agent as deployed: the test bed's full recompute every 2 s (which stalls the
+    // agent's loop for a few hundred milliseconds with 100 pods) is no production setting.
+    let agent = topology
+        .node(0)
+        .start_agent_with(&["--full-sync-every-seconds", "600"])?;
     let conf = cni::conf("1.1.0", &cni::socket(&agent));
     let pid = agent.pid().context("the agent's pid")?;
     // Let the agent settle after its first sync before taking its size.

@@ -560,8 +560,7 @@ async fn serve(
                 cluster.publish_pod_status();
             }
             Event::CniRemoved(done) => {
-                // The DELs that came in meanwhile go to the kernel while this one is finished.
-                removals.finished();
+                removals.finished(&done.targets);
                 if finish_removed(cluster, metrics, done) {
                     removals.sync_soon();
                 }
@@ -748,26 +747,11 @@ async fn handle_cni(
     let mut added = Vec::new();
     let mut answered_after_sync = Vec::new();
     let mut changed = false;
+    let mut adds = Vec::new();
     for job in batch {
         match job.request.clone() {
             Request::Status => answer(metrics, job, Reply::Done),
-            Request::Add(target) => match cluster.cni.add(&target, &cluster.node_pods) {
-                Ok(attachment) => {
-                    tracing::info!(
-                        container = target.container_id,
-                        pod = ?target.pod,
-                        host_iface = attachment.host_iface,
-                        addresses = ?attachment.addresses,
-                        "CNI ADD wired"
-                    );
-                    added.push((job, target, attachment));
-                    changed = true;
-                }
-                Err(error) => {
-                    tracing::warn!(container = target.container_id, %error, "CNI ADD failed");
-                    answer(metrics, job, Reply::Failed(error));
-                }
-            },
+            Request::Add(target) => adds.push((job, target)),
             Request::Del(target) => deleted.push((job, target)),
             Request::Check(target) => {
                 let reply = match cluster.cni.check(&target, &cluster.node_pods) {
@@ -792,6 +776,28 @@ async fn handle_cni(
                 }
                 Err(error) => answer(metrics, job, Reply::Failed(error)),
             },
+        }
+    }
+    // The batch's ADDs, wired side by side.
+    let targets: Vec<cni::protocol::Target> = adds.iter().map(|(_, t)| t.clone()).collect();
+    let results = cluster.cni.add_many(&targets, &cluster.node_pods);
+    for ((job, target), result) in adds.into_iter().zip(results) {
+        match result {
+            Ok(attachment) => {
+                tracing::info!(
+                    container = target.container_id,
+                    pod = ?target.pod,
+                    host_iface = attachment.host_iface,
+                    addresses = ?attachment.addresses,
+                    "CNI ADD wired"
+                );
+                added.push((job, target, attachment));
+                changed = true;
+            }
+            Err(error) => {
+                tracing::warn!(container = target.container_id, %error, "CNI ADD failed");
+                answer(metrics, job, Reply::Failed(error));
+            }
         }
     }
     // The batch's DELs go to the removal off the loop ([`Removals`]), answered, and their
@@ -879,14 +885,16 @@ const REMOVAL_GATHER: std::time::Duration = std::time::Duration::from_millis(5);
 /// next veths, instead of holding up the next DELs.
 const REMOVED_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The DELs' veth removals, run off the loop one at a time: the kernel serializes device
-/// removals anyway, so the DELs that arrive while one runs (or within [`REMOVAL_GATHER`] of
-/// the first) go together in one group removal, which waits out the kernel's grace periods
-/// once for all of them; and the next DELs and ADDs need not wait for the kernel.
+/// The DELs' veth removals, run off the loop: the DELs that arrive within [`REMOVAL_GATHER`]
+/// of a burst's first go together in one group removal, which waits out the kernel's grace
+/// periods once for all of them; removals may overlap (each takes its own group), and the
+/// next DELs and ADDs need not wait for the kernel.
 struct Removals {
     report: tokio::sync::mpsc::UnboundedSender<Removed>,
-    /// A removal is running, or its report has not been handled yet.
-    running: bool,
+    /// The targets (container id, interface) of the removals running or whose report has
+    /// not been handled yet: a DEL of one of them waits for that removal to report (the
+    /// address is released only once its veth is surely gone).
+    removing: std::collections::BTreeSet<(String, String)>,
     queued: Vec<(Job, cni::protocol::Target)>,
     /// When the queued DELs start, if no removal runs.
     start_at: Option<tokio::time::Instant>,
@@ -907,20 +915,20 @@ impl Removals {
     fn new(report: tokio::sync::mpsc::UnboundedSender<Removed>) -> Self {
         Self {
             report,
-            running: false,
+            removing: std::collections::BTreeSet::new(),
             queued: Vec::new(),
             start_at: None,
             sync_at: None,
         }
     }
 
-    /// DELs to remove: with the burst they start, or with the next removal if one runs.
+    /// DELs to remove, with the burst they arrive in.
     fn request(&mut self, deleted: Vec<(Job, cni::protocol::Target)>) {
         if deleted.is_empty() {
             return;
         }
         self.queued.extend(deleted);
-        if !self.running && self.start_at.is_none() {
+        if self.start_at.is_none() {
             self.start_at = Some(tokio::time::Instant::now() + REMOVAL_GATHER);
         }
     }
@@ -953,30 +961,44 @@ impl Removals {
         self.sync_at = None;
     }
 
-    /// The running removal reported back: the DELs queued meanwhile have waited enough.
-    fn finished(&mut self) {
-        self.running = false;
-        self.start_queued();
+    /// A removal reported back: DELs held for its targets start.
+    fn finished(&mut self, targets: &[(String, String)]) {
+        for target in targets {
+            self.removing.remove(target);
+        }
+        if !self.queued.is_empty() && self.start_at.is_none() {
+            self.start_queued();
+        }
     }
 
     /// No DEL is being removed or waits to be, and the maps hold no released pod.
     fn idle(&self) -> bool {
-        !self.running && self.queued.is_empty() && self.sync_at.is_none()
+        self.removing.is_empty() && self.queued.is_empty() && self.sync_at.is_none()
     }
 
-    /// Starts the queued DELs' removal off the loop, unless one runs.
+    /// Starts the gathered DELs' removal off the loop.
     fn start_queued(&mut self) {
         self.start_at = None;
-        if self.running || self.queued.is_empty() {
+        if self.queued.is_empty() {
             return;
         }
-        let deleted = std::mem::take(&mut self.queued);
-        let targets: Vec<(String, String)> = deleted
-            .iter()
-            .map(|(_, t)| (t.container_id.clone(), t.ifname.clone()))
-            .collect();
+        let key = |t: &cni::protocol::Target| (t.container_id.clone(), t.ifname.clone());
+        // A target being removed waits (held in the queue); so does a second DEL of one.
+        let mut deleted = Vec::new();
+        let mut held = Vec::new();
+        for (job, target) in std::mem::take(&mut self.queued) {
+            if self.removing.insert(key(&target)) {
+                deleted.push((job, target));
+            } else {
+                held.push((job, target));
+            }
+        }
+        self.queued = held;
+        if deleted.is_empty() {
+            return;
+        }
+        let targets: Vec<(String, String)> = deleted.iter().map(|(_, t)| key(t)).collect();
         let report = self.report.clone();
-        self.running = true;
         tokio::task::spawn_blocking(move || {
             let removed = cni::server::remove_veths(&targets);
             let jobs = deleted.into_iter().map(|(job, _)| job).collect();

@@ -373,6 +373,8 @@ impl Cluster {
             mac,
             mtu,
         };
+        // The host routes once for every pod's lookup.
+        let routes = netdev::host_route_devices();
         let mut model = model::build(
             state,
             &self.hosted_pods,
@@ -380,7 +382,7 @@ impl Cluster {
             &self.node,
             underlay,
             settings,
-            host_interface,
+            |ip| host_interface(&routes, ip),
         );
         for warning in &model.warnings {
             tracing::warn!(%warning, "cluster state");
@@ -936,8 +938,11 @@ fn unwired_namespaces(state: &source::ClusterState) -> std::collections::BTreeMa
         .collect()
 }
 
-fn host_interface(ip: std::net::IpAddr) -> Option<model::HostInterface> {
-    let name = netdev::host_route_device(ip)?;
+fn host_interface(
+    routes: &std::collections::HashMap<std::net::IpAddr, String>,
+    ip: std::net::IpAddr,
+) -> Option<model::HostInterface> {
+    let name = routes.get(&ip)?.clone();
     let ifindex = preflight::interface_index(&name).ok()?;
     Some(model::HostInterface {
         ifindex,
