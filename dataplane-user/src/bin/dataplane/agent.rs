@@ -363,9 +363,8 @@ enum Event {
     Stop,
     /// A CNI request, and any others queued behind it.
     Cni(Job),
-    /// The DELs gathered for a removal are due to start, or the released pods to leave the
-    /// maps.
-    CniRemovals(RemovalStep),
+    /// The pods whose DELs were answered are due to leave the maps.
+    CniReleasedSync,
     /// The veths of a batch of DELs are gone (or could not be removed).
     CniRemoved(Removed),
     Firewalls(Wake),
@@ -486,7 +485,7 @@ async fn serve(
             _ = terminate.recv() => Event::Stop,
             Some(job) = job => Event::Cni(job),
             Some(done) = removed.recv() => Event::CniRemoved(done),
-            step = removals.due() => Event::CniRemovals(step),
+            _ = removals.sync_due() => Event::CniReleasedSync,
             _ = interrupt.recv() => Event::Stop,
             wake = wake => Event::Firewalls(wake),
             wake = multicast_wake => Event::Multicast(wake),
@@ -550,8 +549,7 @@ async fn serve(
                 )
                 .await;
             }
-            Event::CniRemovals(RemovalStep::Start) => removals.start_queued(),
-            Event::CniRemovals(RemovalStep::Sync) => {
+            Event::CniReleasedSync => {
                 removals.synced();
                 let synced = sync_and_attach(dataplane, cluster, agent, run_dir, metrics, false);
                 if let Err(error) = synced.await {
@@ -875,40 +873,28 @@ async fn handle_cni(
     }
 }
 
-/// How long the first DEL of a burst waits for the rest before their veths are removed
-/// together: a removal costs the kernel 35-45 ms whether it takes one veth or ten (grace
-/// periods), and a burst's DELs (a rollout, a node drained) arrive within milliseconds.
-const REMOVAL_GATHER: std::time::Duration = std::time::Duration::from_millis(5);
-
 /// How long the maps may keep pods whose DELs were answered: the sync that clears them
 /// (10-20 ms with 100 pods) then runs once for a burst's DELs, while the kernel removes the
 /// next veths, instead of holding up the next DELs.
 const REMOVED_SYNC_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
 
-/// The DELs' veth removals, run off the loop: the DELs that arrive within [`REMOVAL_GATHER`]
-/// of a burst's first go together in one group removal, which waits out the kernel's grace
-/// periods once for all of them; removals may overlap (each takes its own group), and the
-/// next DELs and ADDs need not wait for the kernel.
+/// The DELs' veth removals, run off the loop as they come: a removal costs the kernel 35-45
+/// ms whether it takes one veth or ten (grace periods), so a batch's DELs go in one group
+/// removal, and removals overlap (each takes its own group; their waits overlap too), so the
+/// next DELs and ADDs need not wait for the kernel. (Gathering a burst's DELs for a few
+/// milliseconds before removing them together measured slower: the overlap already pays the
+/// grace periods once.)
 struct Removals {
     report: tokio::sync::mpsc::UnboundedSender<Removed>,
     /// The targets (container id, interface) of the removals running or whose report has
     /// not been handled yet: a DEL of one of them waits for that removal to report (the
     /// address is released only once its veth is surely gone).
     removing: std::collections::BTreeSet<(String, String)>,
-    queued: Vec<(Job, cni::protocol::Target)>,
-    /// When the queued DELs start, if no removal runs.
-    start_at: Option<tokio::time::Instant>,
+    /// DELs of targets being removed, held until that removal reports.
+    held: Vec<(Job, cni::protocol::Target)>,
     /// When the maps are cleared of the pods whose DELs were answered, unless a sync runs
     /// before.
     sync_at: Option<tokio::time::Instant>,
-}
-
-/// What the DELs' removal needs of the loop next.
-enum RemovalStep {
-    /// The gathered DELs are due to start.
-    Start,
-    /// The released pods are due to leave the maps.
-    Sync,
 }
 
 impl Removals {
@@ -916,34 +902,20 @@ impl Removals {
         Self {
             report,
             removing: std::collections::BTreeSet::new(),
-            queued: Vec::new(),
-            start_at: None,
+            held: Vec::new(),
             sync_at: None,
         }
     }
 
-    /// DELs to remove, with the burst they arrive in.
+    /// Starts removing a batch's DELs (those of targets being removed are held).
     fn request(&mut self, deleted: Vec<(Job, cni::protocol::Target)>) {
-        if deleted.is_empty() {
-            return;
-        }
-        self.queued.extend(deleted);
-        if self.start_at.is_none() {
-            self.start_at = Some(tokio::time::Instant::now() + REMOVAL_GATHER);
-        }
+        self.start(deleted);
     }
 
-    /// Waits until the next step is due (forever when none is).
-    async fn due(&self) -> RemovalStep {
-        let steps = [
-            self.start_at.map(|at| (at, RemovalStep::Start)),
-            self.sync_at.map(|at| (at, RemovalStep::Sync)),
-        ];
-        match steps.into_iter().flatten().min_by_key(|(at, _)| *at) {
-            Some((at, step)) => {
-                tokio::time::sleep_until(at).await;
-                step
-            }
+    /// Waits until the released pods are due to leave the maps (forever when none are).
+    async fn sync_due(&self) {
+        match self.sync_at {
+            Some(at) => tokio::time::sleep_until(at).await,
             None => std::future::pending().await,
         }
     }
@@ -966,34 +938,27 @@ impl Removals {
         for target in targets {
             self.removing.remove(target);
         }
-        if !self.queued.is_empty() && self.start_at.is_none() {
-            self.start_queued();
-        }
+        let held = std::mem::take(&mut self.held);
+        self.start(held);
     }
 
     /// No DEL is being removed or waits to be, and the maps hold no released pod.
     fn idle(&self) -> bool {
-        self.removing.is_empty() && self.queued.is_empty() && self.sync_at.is_none()
+        self.removing.is_empty() && self.held.is_empty() && self.sync_at.is_none()
     }
 
-    /// Starts the gathered DELs' removal off the loop.
-    fn start_queued(&mut self) {
-        self.start_at = None;
-        if self.queued.is_empty() {
-            return;
-        }
+    /// Starts the removal of `dels` off the loop.
+    fn start(&mut self, dels: Vec<(Job, cni::protocol::Target)>) {
         let key = |t: &cni::protocol::Target| (t.container_id.clone(), t.ifname.clone());
         // A target being removed waits (held in the queue); so does a second DEL of one.
         let mut deleted = Vec::new();
-        let mut held = Vec::new();
-        for (job, target) in std::mem::take(&mut self.queued) {
+        for (job, target) in dels {
             if self.removing.insert(key(&target)) {
                 deleted.push((job, target));
             } else {
-                held.push((job, target));
+                self.held.push((job, target));
             }
         }
-        self.queued = held;
         if deleted.is_empty() {
             return;
         }
