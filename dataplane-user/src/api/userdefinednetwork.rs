@@ -244,11 +244,7 @@ fn validate_layer3(at: &str, config: &Layer3Config) -> Result<ValidNetwork, Stri
                 cidr.prefix_len()
             ));
         }
-        if let Some((j, _)) = subnets
-            .iter()
-            .enumerate()
-            .find(|(_, (other, _)): &(usize, &(IpNet, u8))| overlap(other, &cidr))
-        {
+        if let Some(j) = subnets.iter().position(|(other, _)| overlap(other, &cidr)) {
             return Err(format!(
                 "{field}.cidr: {cidr} overlaps {at}.subnets[{j}]; subnets must not overlap or contain each other"
             ));

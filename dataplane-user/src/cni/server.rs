@@ -302,6 +302,36 @@ impl NodePods {
     }
 }
 
+/// How many pods a batch of ADDs wires at once.
+const WIRING_THREADS: usize = 16;
+
+/// Wires the prepared pods that need it, a thread each; `None` for those that need none.
+fn wire_side_by_side(
+    prepared: &[Result<Prepared, CniError>],
+) -> Vec<Option<Result<(), wire::WireError>>> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = prepared
+            .iter()
+            .map(|prepared| match prepared {
+                Ok(p) if !p.wired => Some(scope.spawn(|| wire::create(&p.wiring, &p.netns))),
+                _ => None,
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|handle| {
+                handle.map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(wire::WireError::Mismatch(
+                            "the wiring thread panicked".into(),
+                        ))
+                    })
+                })
+            })
+            .collect()
+    })
+}
+
 /// An ADD between its address allocation and its wiring.
 struct Prepared {
     allocated: Allocation,
@@ -358,27 +388,11 @@ impl CniPods {
             .iter()
             .map(|target| self.prepare(target, node))
             .collect();
-        let wired: Vec<Option<Result<(), wire::WireError>>> = std::thread::scope(|scope| {
-            let handles: Vec<_> = prepared
-                .iter()
-                .map(|prepared| match prepared {
-                    Ok(p) if !p.wired => Some(scope.spawn(|| wire::create(&p.wiring, &p.netns))),
-                    _ => None,
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|handle| {
-                    handle.map(|h| {
-                        h.join().unwrap_or_else(|_| {
-                            Err(wire::WireError::Mismatch(
-                                "the wiring thread panicked".into(),
-                            ))
-                        })
-                    })
-                })
-                .collect()
-        });
+        // At most WIRING_THREADS at a time: a burst of ADDs never costs a thread each.
+        let wired: Vec<Option<Result<(), wire::WireError>>> = prepared
+            .chunks(WIRING_THREADS)
+            .flat_map(wire_side_by_side)
+            .collect();
         prepared
             .into_iter()
             .zip(wired)

@@ -423,7 +423,7 @@ async fn serve(
     // tick, at once, is skipped: the start was a full sync).
     let mut full_tick = tokio::time::interval(full_every);
     full_tick.tick().await;
-    // DELs' veth removals, which run off the loop, one at a time, report here.
+    // DELs' veth removals, which run off the loop (and may overlap), report here.
     let (report, mut removed) = tokio::sync::mpsc::unbounded_channel();
     let mut removals = Removals::new(report);
     // A full recompute that came due while removals were under way (see `Event::FullSync`).
@@ -800,7 +800,7 @@ async fn handle_cni(
     }
     // The batch's DELs go to the removal off the loop ([`Removals`]), answered, and their
     // addresses released, when it reports back ([`finish_removed`]).
-    removals.request(deleted);
+    removals.start(deleted);
     if changed {
         tracing::debug!(
             requests = added.len() + answered_after_sync.len(),
@@ -907,11 +907,6 @@ impl Removals {
         }
     }
 
-    /// Starts removing a batch's DELs (those of targets being removed are held).
-    fn request(&mut self, deleted: Vec<(Job, cni::protocol::Target)>) {
-        self.start(deleted);
-    }
-
     /// Waits until the released pods are due to leave the maps (forever when none are).
     async fn sync_due(&self) {
         match self.sync_at {
@@ -947,7 +942,7 @@ impl Removals {
         self.removing.is_empty() && self.held.is_empty() && self.sync_at.is_none()
     }
 
-    /// Starts the removal of `dels` off the loop.
+    /// Starts removing `dels` off the loop (those of targets being removed are held).
     fn start(&mut self, dels: Vec<(Job, cni::protocol::Target)>) {
         let key = |t: &cni::protocol::Target| (t.container_id.clone(), t.ifname.clone());
         // A target being removed waits (held in the queue); so does a second DEL of one.
