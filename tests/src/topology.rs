@@ -14,6 +14,7 @@ use std::{
     net::{IpAddr, Ipv4Addr, Ipv6Addr},
     path::{Path, PathBuf},
     process::{Child, Command, Output, Stdio},
+    sync::atomic::{AtomicBool, Ordering},
     thread,
     time::{Duration, Instant},
 };
@@ -815,7 +816,9 @@ impl Node {
             command.arg("--ipam-file").arg(run_dir.join("ipam.json"));
             // A full recompute every 2 s behind every test's changes: what it has to write is
             // a change the incremental syncs missed, and fails the test (`Agent`'s drop).
-            if !extra.contains(&"--full-sync-every-seconds") {
+            // Benchmarks run the agent as deployed instead (`agents_as_deployed`).
+            if !extra.contains(&"--full-sync-every-seconds") && !AS_DEPLOYED.load(Ordering::Relaxed)
+            {
                 command.args(["--full-sync-every-seconds", "2"]);
             }
         }
@@ -1046,6 +1049,17 @@ fn assert_no_missed_change(log: &str) {
         "the agent's full recompute found changes the incremental syncs missed:\n{}\n\nlog:\n{log}",
         missed.join("\n")
     );
+}
+
+/// Set by [`agents_as_deployed`].
+static AS_DEPLOYED: AtomicBool = AtomicBool::new(false);
+
+/// From now on this process's agents run with the production full-recompute period (the
+/// default, every 10 minutes) instead of the test bed's 2 s. Benchmarks call it first: a full
+/// recompute re-reads and re-runs everything, and every 2 s on both nodes it takes CPU time
+/// from, and stalls, the paths they compare against baselines that run no agent.
+pub fn agents_as_deployed() {
+    AS_DEPLOYED.store(true, Ordering::Relaxed);
 }
 
 /// What the agent logs when a full recompute had to write.

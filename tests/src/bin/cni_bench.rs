@@ -65,6 +65,7 @@ struct Report {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    dataplane_tests::topology::agents_as_deployed();
     ensure!(
         args.pods >= 1 && args.parallel >= 1,
         "--pods and --parallel take 1 or more"
@@ -76,11 +77,9 @@ fn main() -> anyhow::Result<()> {
     );
     let _ = dataplane_binary();
     let mut topology = Topology::build_with(1, 0, Mode::Overlay)?;
-    // The agent as deployed: the test bed's full recompute every 2 s (which stalls the
-    // agent's loop for a few hundred milliseconds with 100 pods) is no production setting.
-    let agent = topology
-        .node(0)
-        .start_agent_with(&["--full-sync-every-seconds", "600"])?;
+    // As deployed (see `main`): the test bed's full recompute every 2 s would stall the
+    // agent's loop for a few hundred milliseconds with 100 pods.
+    let agent = topology.node(0).start_agent()?;
     let conf = cni::conf("1.1.0", &cni::socket(&agent));
     let pid = agent.pid().context("the agent's pid")?;
     // Let the agent settle after its first sync before taking its size.

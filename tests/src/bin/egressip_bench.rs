@@ -144,6 +144,7 @@ fn failovers(count: u32) -> anyhow::Result<Vec<f64>> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    dataplane_tests::topology::agents_as_deployed();
     anyhow::ensure!(
         args.rounds > 0 && args.singles > 0 && args.failovers > 0,
         "rounds, singles and failovers must be positive"

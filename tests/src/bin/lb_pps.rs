@@ -874,6 +874,7 @@ fn program_cost(agent: &Agent, name: &str) -> anyhow::Result<(u64, u64)> {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    dataplane_tests::topology::agents_as_deployed();
     anyhow::ensure!(
         args.rounds > 0 && args.seconds > 0 && args.node_port_rounds() > 0,
         "rounds, node-port rounds and seconds must be positive"

@@ -237,6 +237,7 @@ fn median_cost(runs: &[Run]) -> f64 {
 
 fn main() -> anyhow::Result<()> {
     let args = Args::parse();
+    dataplane_tests::topology::agents_as_deployed();
     anyhow::ensure!(
         args.rounds > 0 && args.seconds > 0,
         "rounds and seconds must be positive"
