@@ -38,6 +38,22 @@ use crate::source::{self, ClusterState, ObjectKey};
 
 pub use object::WatchedObject;
 
+/// How long the controller waits for one API call (a write, a read) before giving up on it
+/// for this round: a slow API server delays a round, never stops it.
+pub const CALL_DEADLINE: Duration = Duration::from_secs(5);
+
+/// `call` within [`CALL_DEADLINE`]; its error or the missed deadline as text naming `what`.
+pub async fn within<T, E: std::fmt::Display>(
+    what: &str,
+    call: impl Future<Output = Result<T, E>>,
+) -> Result<T, String> {
+    match tokio::time::timeout(CALL_DEADLINE, call).await {
+        Ok(Ok(value)) => Ok(value),
+        Ok(Err(error)) => Err(format!("{what}: {error}")),
+        Err(_) => Err(format!("{what}: no answer within {CALL_DEADLINE:?}")),
+    }
+}
+
 /// One resource the agent watches.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Watched {
@@ -1274,6 +1290,14 @@ mod tests {
             BTreeSet::from([
                 (String::new(), "nodes".to_owned()),
                 ("k8s.ovn.org".to_owned(), "egressips/status".to_owned()),
+                (
+                    "k8s.ovn.org".to_owned(),
+                    "userdefinednetworks/status".to_owned()
+                ),
+                (
+                    "k8s.ovn.org".to_owned(),
+                    "clusteruserdefinednetworks/status".to_owned()
+                ),
                 (
                     "network.operator.openshift.io".to_owned(),
                     "egressrouters/status".to_owned()

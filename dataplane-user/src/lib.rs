@@ -57,6 +57,7 @@ pub mod source;
 pub mod subnets;
 #[cfg(test)]
 mod test_rng;
+pub mod userdefinednetwork;
 
 pub use error::AgentError;
 pub use kernel::{loader::Dataplane, pins::Pins};

@@ -635,3 +635,145 @@ fn agents_follow_paged_lists_expired_versions_and_ended_watches_without_losing_a
     drop(servers);
     drop(server);
 }
+
+/// `GET` of `path` on the stand-in API server in `netns`: the object, or null when absent.
+fn api_get(netns: &str, path: &str) -> serde_json::Value {
+    let script = "import sys, urllib.request, urllib.error\n\
+                  try:\n\
+                  \x20   print(urllib.request.urlopen('http://127.0.0.1:6443' + sys.argv[1], timeout=3).read().decode())\n\
+                  except urllib.error.HTTPError:\n\
+                  \x20   print('null')\n";
+    let out =
+        dataplane_tests::topology::exec_in(netns, &["python3", "-c", script, path]).expect("GET");
+    serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null)
+}
+
+/// The `NetworkCreated` condition of the network at `path` once its message contains `want`
+/// (waiting up to 20 s): (status, reason, message, observedGeneration); the last read if never.
+fn network_created(netns: &str, path: &str, want: &str) -> (String, String, String, i64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let network = api_get(netns, path);
+        let condition = network["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == "NetworkCreated"))
+            .cloned()
+            .unwrap_or_default();
+        let text = |field: &str| condition[field].as_str().unwrap_or_default().to_owned();
+        let found = (
+            text("status"),
+            text("reason"),
+            text("message"),
+            condition["observedGeneration"].as_i64().unwrap_or(-1),
+        );
+        if found.2.contains(want) || Instant::now() > deadline {
+            return found;
+        }
+        thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// The controller's leader writes every user-defined network's `NetworkCreated` condition as
+/// OVN-Kubernetes does (False / SyncError while this dataplane does not carry them), saying
+/// why: the invalid field, the namespace label, the namespaces a selector picks; and writes it
+/// again when that changes.
+#[test]
+fn the_controller_writes_why_each_user_defined_network_is_not_created() {
+    if !privileged("the_controller_writes_why_each_user_defined_network_is_not_created") {
+        return;
+    }
+    let topology = Topology::build_with(1, 0, Mode::Overlay).expect("build topology");
+    let networks = "apiVersion: v1\nkind: Namespace\n\
+                    metadata: {name: blue, labels: {k8s.ovn.org/primary-user-defined-network: ''}}\n\
+                    ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: green}\n\
+                    ---\napiVersion: v1\nkind: Namespace\nmetadata: {name: red-1, labels: {tenant: red}}\n\
+                    ---\napiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\n\
+                    metadata: {name: tenant-blue, namespace: blue, generation: 1}\n\
+                    spec: {topology: Layer3, layer3: {role: Primary, subnets: [{cidr: 10.20.0.0/16}]}}\n\
+                    ---\napiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\n\
+                    metadata: {name: secondary, namespace: green, generation: 1}\n\
+                    spec: {topology: Layer2, layer2: {role: Secondary, subnets: [10.30.0.0/16]}}\n\
+                    ---\napiVersion: k8s.ovn.org/v1\nkind: ClusterUserDefinedNetwork\n\
+                    metadata: {name: red, generation: 2}\n\
+                    spec:\n  namespaceSelector: {matchLabels: {tenant: red}}\n\
+                    \x20 network: {topology: Layer2, layer2: {role: Primary, subnets: [10.50.0.0/16]}}\n";
+    topology
+        .add_manifest("networks.yaml", networks)
+        .expect("networks");
+    let node = topology.node(0);
+    let api = node.start_fake_apiserver().expect("API server");
+    let key = std::env::temp_dir().join(dataplane_tests::unique_name("probe-key"));
+    std::fs::write(&key, "0123456789abcdef0123456789abcdef").expect("probe key");
+    let args = api.agent_args();
+    let mut args: Vec<&std::ffi::OsStr> = args.iter().map(std::ffi::OsStr::new).collect();
+    args.extend(
+        [
+            "--probe-key-file".as_ref(),
+            key.as_os_str(),
+            "--identity".as_ref(),
+            "controller-0".as_ref(),
+            "--lease-namespace".as_ref(),
+            "dataplane".as_ref(),
+        ]
+        .iter(),
+    );
+    let controller = dataplane_tests::egress_topology::spawn_controller_in(&node.netns, &args);
+    let blue = "/apis/k8s.ovn.org/v1/namespaces/blue/userdefinednetworks/tenant-blue";
+    let green = "/apis/k8s.ovn.org/v1/namespaces/green/userdefinednetworks/secondary";
+    let red = "/apis/k8s.ovn.org/v1/clusteruserdefinednetworks/red";
+    let not_carried = |namespaces: &str| {
+        format!(
+            "primary user-defined networks are not carried by this dataplane yet: the pods of {namespaces} get no interface (CNI error 105) rather than the default network"
+        )
+    };
+    let sync_error = |message: String, generation: i64| {
+        (
+            "False".to_owned(),
+            "SyncError".to_owned(),
+            message,
+            generation,
+        )
+    };
+    assert_eq!(
+        network_created(&node.netns, blue, "not carried"),
+        sync_error(not_carried("namespace blue"), 1),
+        "{}",
+        controller.log()
+    );
+    assert_eq!(
+        network_created(&node.netns, green, "invalid"),
+        sync_error(
+            "invalid: spec.layer2.role: Secondary networks are not carried by this dataplane yet (only Primary)".to_owned(),
+            1
+        ),
+        "{}",
+        controller.log()
+    );
+    let unlabelled = "namespaces red-1 lack the label k8s.ovn.org/primary-user-defined-network, which a primary network needs from the namespace's creation: their pods stay on the default network";
+    assert_eq!(
+        network_created(&node.netns, red, "lack the label"),
+        sync_error(unlabelled.to_owned(), 2),
+        "{}",
+        controller.log()
+    );
+    // A second namespace selected, labelled: named as refused, beside the first.
+    topology
+        .add_manifest(
+            "red-2.yaml",
+            "apiVersion: v1\nkind: Namespace\n\
+             metadata: {name: red-2, labels: {tenant: red, k8s.ovn.org/primary-user-defined-network: ''}}\n",
+        )
+        .expect("namespace");
+    assert_eq!(
+        network_created(&node.netns, red, "red-2"),
+        sync_error(
+            format!("{unlabelled}; {}", not_carried("namespaces red-2")),
+            2
+        ),
+        "{}",
+        controller.log()
+    );
+    drop(controller);
+    let _ = std::fs::remove_file(&key);
+    drop(api);
+}

@@ -383,7 +383,10 @@ pub fn unwired_namespace<'a>(
     }
     let own = udns
         .into_iter()
-        .find(|udn| udn.metadata.namespace.as_deref().unwrap_or("default") == namespace)
+        .find(|udn| {
+            udn.metadata.namespace.as_deref().unwrap_or("default") == namespace
+                && validate_udn(udn).is_ok()
+        })
         .map(|udn| {
             format!(
                 "UserDefinedNetwork {namespace}/{}",
@@ -396,6 +399,7 @@ pub fn unwired_namespace<'a>(
             .find(|cudn| {
                 Selector::try_from(cudn.spec.namespace_selector.clone())
                     .is_ok_and(|selector| selector.matches(labels))
+                    && validate_cudn(cudn).is_ok()
             })
             .map(|cudn| {
                 format!(

@@ -30,13 +30,12 @@ use crate::{
     api::egressrouter::{
         ConditionStatus, ConditionType, EgressRouter, EgressRouterCondition, EgressRouterStatus,
     },
+    kubernetes::within,
     source::ClusterState,
 };
 
 /// The field manager of the controller's server-side applies.
 pub const FIELD_MANAGER: &str = "dataplane-egress-router";
-/// How long one API call may take.
-const CALL_DEADLINE: Duration = Duration::from_secs(5);
 /// How often the objects are applied again though nothing changed (a hand edit is undone),
 /// as OpenShift's operator resyncs.
 const RESYNC: Duration = Duration::from_secs(300);
@@ -182,20 +181,9 @@ pub trait RouterApi {
 }
 
 /// The API server: server-side applies owned by [`FIELD_MANAGER`], each call within
-/// [`CALL_DEADLINE`].
+/// [`crate::kubernetes::CALL_DEADLINE`].
 pub struct KubeRouters {
     pub client: kube::Client,
-}
-
-async fn within<T, E: std::fmt::Display>(
-    what: &str,
-    call: impl Future<Output = Result<T, E>>,
-) -> Result<T, String> {
-    match tokio::time::timeout(CALL_DEADLINE, call).await {
-        Ok(Ok(value)) => Ok(value),
-        Ok(Err(error)) => Err(format!("{what}: {error}")),
-        Err(_) => Err(format!("{what}: no answer within {CALL_DEADLINE:?}")),
-    }
 }
 
 impl RouterApi for KubeRouters {
@@ -259,7 +247,7 @@ impl RouterApi for KubeRouters {
 }
 
 /// A server-side apply of `object` (named `name`, a `kind`) owned by [`FIELD_MANAGER`],
-/// within [`CALL_DEADLINE`].
+/// within [`crate::kubernetes::CALL_DEADLINE`].
 async fn apply<K>(
     api: &Api<K>,
     name: &str,

@@ -181,25 +181,29 @@ pub fn add_object<D: Document>(state: &mut ClusterState, file: &str, value: D) {
                 Err(e) => reject(state, e),
             }
         }
+        // Kept when they do not validate too (refused by name all the same): the controller
+        // writes why into their status; what uses a network checks it first.
         ("k8s.ovn.org/v1", "UserDefinedNetwork") => match value.decode::<UserDefinedNetwork>() {
-            Ok(mut network) => match userdefinednetwork::validate_udn(&network) {
-                Ok(_) => {
-                    network
-                        .metadata
-                        .namespace
-                        .get_or_insert_with(|| "default".into());
-                    state.user_defined_networks.push(Arc::new(network));
+            Ok(mut network) => {
+                if let Err(error) = userdefinednetwork::validate_udn(&network) {
+                    reject(state, error);
                 }
-                Err(error) => reject(state, error),
-            },
+                network
+                    .metadata
+                    .namespace
+                    .get_or_insert_with(|| "default".into());
+                state.user_defined_networks.push(Arc::new(network));
+            }
             Err(e) => reject(state, e),
         },
         ("k8s.ovn.org/v1", "ClusterUserDefinedNetwork") => {
             match value.decode::<ClusterUserDefinedNetwork>() {
-                Ok(network) => match userdefinednetwork::validate_cudn(&network) {
-                    Ok(_) => state.cluster_user_defined_networks.push(Arc::new(network)),
-                    Err(error) => reject(state, error),
-                },
+                Ok(network) => {
+                    if let Err(error) = userdefinednetwork::validate_cudn(&network) {
+                        reject(state, error);
+                    }
+                    state.cluster_user_defined_networks.push(Arc::new(network));
+                }
                 Err(e) => reject(state, e),
             }
         }

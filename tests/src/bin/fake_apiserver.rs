@@ -12,7 +12,7 @@
 //! for the agent's hybrid overlay annotations; `events.k8s.io/v1` Events (create and merge
 //! patch under `/apis/events.k8s.io/v1/namespaces/NS/events`, listed at
 //! `/apis/events.k8s.io/v1/events`), for the agent's refusals; for the controller's egress
-//! routers, objects by path (`GET`, a server-side apply `PATCH` that creates or
+//! routers and the user-defined networks' status, objects by path (`GET`, a server-side apply `PATCH` that creates or
 //! replaces what the one manager applies, a merge `PATCH` of `.../status`; served in the lists
 //! and watches like the files' objects, kept over them), and a Deployment's generation
 //! counted up when its spec changes.
@@ -123,6 +123,16 @@ const RESOURCES: &[(&str, &str, &str)] = &[
         "network.operator.openshift.io/v1",
         "EgressRouter",
     ),
+    (
+        "/apis/k8s.ovn.org/v1/userdefinednetworks",
+        "k8s.ovn.org/v1",
+        "UserDefinedNetwork",
+    ),
+    (
+        "/apis/k8s.ovn.org/v1/clusteruserdefinednetworks",
+        "k8s.ovn.org/v1",
+        "ClusterUserDefinedNetwork",
+    ),
 ];
 
 /// The resources written by path: (path prefix, plural, apiVersion, kind, namespaced).
@@ -154,6 +164,20 @@ const WRITABLE: &[(&str, &str, &str, &str, bool)] = &[
         "egressips",
         "k8s.ovn.org/v1",
         "EgressIP",
+        false,
+    ),
+    (
+        "/apis/k8s.ovn.org/v1",
+        "userdefinednetworks",
+        "k8s.ovn.org/v1",
+        "UserDefinedNetwork",
+        true,
+    ),
+    (
+        "/apis/k8s.ovn.org/v1",
+        "clusteruserdefinednetworks",
+        "k8s.ovn.org/v1",
+        "ClusterUserDefinedNetwork",
         false,
     ),
 ];

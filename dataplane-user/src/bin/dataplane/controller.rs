@@ -1,10 +1,13 @@
 //! `dataplane controller`: the cluster-wide controller (egress IP assignment, node subnets
-//! where the cluster gives none, and the egress routers' objects), until SIGINT or SIGTERM.
+//! where the cluster gives none, the egress routers' objects, the user-defined networks'
+//! status), until SIGINT or SIGTERM.
 
 use std::{path::PathBuf, sync::Arc};
 
 use anyhow::Context as _;
-use dataplane_user::{egressip, egressrouter, kernel::netdev, kubernetes, metrics};
+use dataplane_user::{
+    egressip, egressrouter, kernel::netdev, kubernetes, metrics, userdefinednetwork,
+};
 use tokio::signal::unix::{SignalKind, signal};
 
 use super::args::ControllerOptions;
@@ -76,6 +79,13 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
                     // The EgressRouters' objects are made in their own task beside the egress
                     // IP rounds (its API calls never delay a move), on the leader's state.
                     let (leader_state, states) = tokio::sync::watch::channel(None);
+                    // So are the user-defined networks' status writes.
+                    let networks = userdefinednetwork::run(
+                        states.clone(),
+                        userdefinednetwork::KubeNetworks {
+                            client: client.clone(),
+                        },
+                    );
                     let routers = egressrouter::controller::run(
                         states,
                         egress_router_image,
@@ -92,7 +102,7 @@ pub(super) fn run_controller(options: ControllerOptions) -> anyhow::Result<()> {
                         figures,
                         leader_state,
                     );
-                    tokio::join!(egress_ips, routers);
+                    tokio::join!(egress_ips, routers, networks);
                     Ok::<(), anyhow::Error>(())
                 }
             }
