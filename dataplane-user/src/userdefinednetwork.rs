@@ -5,8 +5,9 @@
 //!
 //! This dataplane does not carry user-defined networks yet (the agent refuses the pods of
 //! their namespaces, CNI error 105), so every network is `False` / `SyncError`; the message
-//! says what an operator needs to know first: the field that does not validate, the
-//! namespace label a primary network needs, the namespaces a network selects, another
+//! says what an operator needs to know first: the field that does not validate (or the
+//! cluster range a subnet overlaps, as upstream checks), the namespace label a primary
+//! network needs, the namespaces a network selects, another
 //! network that already gives a namespace its primary network. Each network's status is
 //! written on its own, every call within [`crate::kubernetes::CALL_DEADLINE`], in a task of
 //! its own beside the egress IP rounds.
@@ -30,7 +31,7 @@ use kube::{
 use crate::{
     api::userdefinednetwork::{
         ClusterUserDefinedNetwork, NetworkStatus, PRIMARY_NETWORK_LABEL, UserDefinedNetwork,
-        validate_cudn, validate_udn,
+        clear_of_cluster, validate_cudn, validate_udn,
     },
     kubernetes::within,
     source::ClusterState,
@@ -82,6 +83,7 @@ type Selected<'a> = Result<Vec<&'a str>, String>;
 /// Every network of `state` with the reason it is not created.
 pub fn not_created(state: &ClusterState) -> BTreeMap<NetworkKey, NotCreated> {
     let labels = namespace_labels(state);
+    let (cluster_networks, service_networks) = (&state.cluster_networks, &state.service_networks);
     let udns: Vec<(NetworkKey, &UserDefinedNetwork, Result<(), String>)> = state
         .user_defined_networks
         .iter()
@@ -93,7 +95,10 @@ pub fn not_created(state: &ClusterState) -> BTreeMap<NetworkKey, NotCreated> {
                     .unwrap_or_else(|| "default".into()),
                 udn.metadata.name.clone().unwrap_or_default(),
             );
-            (key, &**udn, validate_udn(udn).map(|_| ()))
+            let valid = validate_udn(udn).and_then(|network| {
+                clear_of_cluster("spec", &network, cluster_networks, service_networks)
+            });
+            (key, &**udn, valid)
         })
         .collect();
     let cudns: Vec<(NetworkKey, &ClusterUserDefinedNetwork, Selected)> = state
@@ -101,7 +106,11 @@ pub fn not_created(state: &ClusterState) -> BTreeMap<NetworkKey, NotCreated> {
         .iter()
         .map(|cudn| {
             let key = NetworkKey::Cluster(cudn.metadata.name.clone().unwrap_or_default());
-            let selected = validate_cudn(cudn).and_then(|_| selected(cudn, &labels));
+            let selected = validate_cudn(cudn)
+                .and_then(|network| {
+                    clear_of_cluster("spec.network", &network, cluster_networks, service_networks)
+                })
+                .and_then(|()| selected(cudn, &labels));
             (key, &**cudn, selected)
         })
         .collect();
@@ -629,5 +638,17 @@ spec:
                 .contains("the pods of namespace plain get no interface")
         );
         assert_eq!(plain.conditions[0].last_transition_time.0, first);
+    }
+
+    /// A network overlapping the cluster's pod network is invalid, named with the range.
+    #[test]
+    fn a_network_overlapping_the_cluster_network_says_which() {
+        let mut state = cluster();
+        state.cluster_networks = vec!["10.48.0.0/12".parse().unwrap()];
+        let networks = not_created(&state);
+        assert_eq!(
+            networks[&NetworkKey::Cluster("red".into())].message,
+            "invalid: spec.network.layer2.subnets[0]: 10.50.0.0/16 overlaps the cluster network 10.48.0.0/12"
+        );
     }
 }

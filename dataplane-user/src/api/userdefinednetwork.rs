@@ -367,6 +367,104 @@ fn parse_cidr(field: &str, text: &str) -> Result<IpNet, String> {
     Ok(cidr)
 }
 
+/// The join subnets of a primary network that sets none: upstream's defaults.
+pub const DEFAULT_JOIN_SUBNETS: [&str; 2] = ["100.65.0.0/16", "fd99::/64"];
+
+/// Ranges of the default network that a user-defined network's subnets and join subnets must
+/// stay clear of, as upstream's defaults have them: (what, CIDR, Layer3 only). The pod
+/// gateway this dataplane gives every pod (169.254.1.1) lies in the masquerade subnet.
+pub const RESERVED_SUBNETS: [(&str, &str, bool); 6] = [
+    ("the default network's join subnet", "100.64.0.0/16", false),
+    ("the default network's join subnet", "fd98::/64", false),
+    ("the masquerade subnet", "169.254.0.0/17", false),
+    ("the masquerade subnet", "fd69::/112", false),
+    ("the transit subnet", "100.88.0.0/16", true),
+    ("the transit subnet", "fd97::/64", true),
+];
+
+/// Checks a valid network (`at` its spec's path: `spec`, or `spec.network` of a
+/// ClusterUserDefinedNetwork) against the cluster's own ranges, as upstream does before it
+/// makes a network: no subnet or join subnet (the defaults where none are set) may overlap a
+/// cluster network, a service network or a reserved range; the error names the field and
+/// the range.
+pub fn clear_of_cluster(
+    at: &str,
+    network: &ValidNetwork,
+    cluster_networks: &[IpNet],
+    service_networks: &[IpNet],
+) -> Result<(), String> {
+    let section = match network.topology {
+        Topology::Layer3 => "layer3",
+        Topology::Layer2 => "layer2",
+    };
+    let mut taken: Vec<(String, IpNet)> = Vec::new();
+    taken.extend(
+        cluster_networks
+            .iter()
+            .map(|n| (format!("the cluster network {n}"), *n)),
+    );
+    taken.extend(
+        service_networks
+            .iter()
+            .map(|n| (format!("the service network {n}"), *n)),
+    );
+    for (what, cidr, layer3_only) in RESERVED_SUBNETS {
+        if layer3_only && network.topology != Topology::Layer3 {
+            continue;
+        }
+        if let Ok(cidr) = cidr.parse::<IpNet>() {
+            taken.push((format!("{what} {cidr}"), cidr));
+        }
+    }
+    let subnet_field = |i: usize| match network.topology {
+        Topology::Layer3 => format!("{at}.{section}.subnets[{i}].cidr"),
+        Topology::Layer2 => format!("{at}.{section}.subnets[{i}]"),
+    };
+    let join_subnets: Vec<(String, IpNet)> = if network.join_subnets.is_empty() {
+        DEFAULT_JOIN_SUBNETS
+            .iter()
+            .filter_map(|cidr| cidr.parse().ok())
+            .map(|cidr| {
+                (
+                    format!("the default join subnet {cidr} (no {at}.{section}.joinSubnets set)"),
+                    cidr,
+                )
+            })
+            .collect()
+    } else {
+        network
+            .join_subnets
+            .iter()
+            .enumerate()
+            .map(|(i, cidr)| (format!("{at}.{section}.joinSubnets[{i}]"), *cidr))
+            .collect()
+    };
+    let own = network
+        .subnets
+        .iter()
+        .enumerate()
+        .map(|(i, (cidr, _))| (subnet_field(i), *cidr))
+        .chain(join_subnets.iter().cloned());
+    for (field, cidr) in own {
+        if let Some((what, _)) = taken.iter().find(|(_, range)| overlap(range, &cidr)) {
+            return Err(format!("{field}: {cidr} overlaps {what}"));
+        }
+    }
+    // A default join subnet may not take the network's own addresses either.
+    if network.join_subnets.is_empty()
+        && let Some((what, cidr, i)) = join_subnets.iter().find_map(|(what, join)| {
+            network
+                .subnets
+                .iter()
+                .position(|(subnet, _)| overlap(subnet, join))
+                .map(|i| (what, network.subnets[i].0, i))
+        })
+    {
+        return Err(format!("{}: {cidr} overlaps {what}", subnet_field(i)));
+    }
+    Ok(())
+}
+
 /// Why the pods of a namespace get no interface from this dataplane, if they do not: the
 /// namespace is labelled for a primary user-defined network ([`PRIMARY_NETWORK_LABEL`]), and
 /// such pods must never land on the default network (their network's isolation is the
@@ -614,5 +712,65 @@ spec:
         assert!(cudn.contains(r#""scope":"Cluster""#));
         assert!(udn.contains(r#""scope":"Namespaced""#));
         assert!(!udn.contains("Localnet"));
+    }
+
+    /// A network's subnets and join subnets stay clear of the cluster's own ranges, each
+    /// refusal naming the field and the range, the default join subnet included.
+    #[test]
+    fn subnets_overlapping_the_clusters_ranges_are_refused_by_field() {
+        let cluster: Vec<IpNet> = vec!["10.128.0.0/14".parse().unwrap()];
+        let services: Vec<IpNet> = vec!["172.30.0.0/16".parse().unwrap()];
+        let layer3 = |cidr: &str, join: &str| {
+            let joins = if join.is_empty() {
+                String::new()
+            } else {
+                format!(", joinSubnets: [{join}]")
+            };
+            let udn: UserDefinedNetwork = serde_yaml::from_str(&format!(
+                "apiVersion: k8s.ovn.org/v1\nkind: UserDefinedNetwork\nmetadata: {{name: n, namespace: a}}\n\
+                 spec: {{topology: Layer3, layer3: {{role: Primary, subnets: [{{cidr: 10.20.0.0/16}}, {{cidr: {cidr}}}]{joins}}}}}\n"
+            ))
+            .unwrap();
+            let valid = validate_udn(&udn).unwrap();
+            clear_of_cluster("spec", &valid, &cluster, &services)
+        };
+        assert_eq!(layer3("fd00:20::/48", ""), Ok(()));
+        assert_eq!(
+            layer3("10.130.0.0/16", ""),
+            Err("spec.layer3.subnets[1].cidr: 10.130.0.0/16 overlaps the cluster network 10.128.0.0/14".into())
+        );
+        assert_eq!(
+            layer3("172.30.8.0/21", ""),
+            Err("spec.layer3.subnets[1].cidr: 172.30.8.0/21 overlaps the service network 172.30.0.0/16".into())
+        );
+        assert_eq!(
+            layer3("100.88.0.0/20", ""),
+            Err("spec.layer3.subnets[1].cidr: 100.88.0.0/20 overlaps the transit subnet 100.88.0.0/16".into())
+        );
+        assert_eq!(
+            layer3("169.254.0.0/20", ""),
+            Err("spec.layer3.subnets[1].cidr: 169.254.0.0/20 overlaps the masquerade subnet 169.254.0.0/17".into())
+        );
+        assert_eq!(
+            layer3("fd00:20::/48", "100.64.0.0/20"),
+            Err("spec.layer3.joinSubnets[0]: 100.64.0.0/20 overlaps the default network's join subnet 100.64.0.0/16".into())
+        );
+        assert_eq!(
+            layer3("100.65.4.0/22", ""),
+            Err("spec.layer3.subnets[1].cidr: 100.65.4.0/22 overlaps the default join subnet 100.65.0.0/16 (no spec.layer3.joinSubnets set)".into())
+        );
+        // With join subnets of its own, the default one is not taken.
+        assert_eq!(layer3("100.65.4.0/22", "100.66.0.0/16"), Ok(()));
+        // The transit subnet is Layer3's alone.
+        let layer2: ClusterUserDefinedNetwork = serde_yaml::from_str(
+            "apiVersion: k8s.ovn.org/v1\nkind: ClusterUserDefinedNetwork\nmetadata: {name: n}\n\
+             spec: {namespaceSelector: {}, network: {topology: Layer2, layer2: {role: Primary, subnets: [100.88.0.0/24]}}}\n",
+        )
+        .unwrap();
+        let valid = validate_cudn(&layer2).unwrap();
+        assert_eq!(
+            clear_of_cluster("spec.network", &valid, &cluster, &services),
+            Ok(())
+        );
     }
 }

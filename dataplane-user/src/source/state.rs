@@ -49,7 +49,8 @@ pub struct ClusterState {
     pub admin_network_policies: Objects<AdminNetworkPolicy>,
     pub baseline_admin_network_policies: Objects<BaselineAdminNetworkPolicy>,
     pub cluster_network_policies: Objects<ClusterNetworkPolicy>,
-    /// Validated user-defined networks (a missing namespace reads as `default`).
+    /// User-defined networks as served, valid or not (their users check them with
+    /// `validate_udn` / `validate_cudn`; a missing namespace reads as `default`).
     pub user_defined_networks: Objects<UserDefinedNetwork>,
     pub cluster_user_defined_networks: Objects<ClusterUserDefinedNetwork>,
     /// `spec.defaultNetwork.ovnKubernetesConfig` of the `Network` named `cluster`, if any.
