@@ -150,6 +150,12 @@ pub struct Layer3Subnet {
 #[derive(KubeSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
 #[x_kube(validation = Rule::new("!has(self.joinSubnets) || self.role == 'Primary'").message("JoinSubnets is only supported for Primary network"))]
 #[x_kube(validation = Rule::new("self.role != 'Primary' || has(self.subnets)").message("Subnets is required for Primary Layer2 topology"))]
+#[x_kube(validation = Rule::new("!has(self.reservedSubnets) || self.role == 'Primary'").message("reservedSubnets is only supported for Primary network"))]
+#[x_kube(validation = Rule::new("!has(self.infrastructureSubnets) || self.role == 'Primary'").message("infrastructureSubnets is only supported for Primary network"))]
+#[x_kube(validation = Rule::new("!has(self.defaultGatewayIPs) || self.role == 'Primary'").message("defaultGatewayIPs is only supported for Primary network"))]
+#[x_kube(validation = Rule::new("!has(self.reservedSubnets) && !has(self.infrastructureSubnets) || has(self.subnets)").message("reservedSubnets and infrastructureSubnets must be unset when subnets is unset"))]
+#[x_kube(validation = Rule::new("!has(self.ipam) || has(self.ipam.mode) || has(self.ipam.lifecycle)").message("ipam must set mode or lifecycle"))]
+#[x_kube(validation = Rule::new("!has(self.ipam) || !has(self.ipam.lifecycle) || !has(self.ipam.mode) || self.ipam.mode == 'Enabled'").message("lifecycle Persistent is only supported when ipam.mode is Enabled"))]
 #[serde(rename_all = "camelCase")]
 pub struct Layer2Config {
     pub role: Role,
@@ -165,6 +171,63 @@ pub struct Layer2Config {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(min = 1, max = 2), inner(length(max = 43)))]
     pub join_subnets: Vec<String>,
+    /// Ranges within `subnets` left out of automatic allocation (kept for addresses pods
+    /// ask for by name).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 25), inner(length(max = 43)))]
+    pub reserved_subnets: Vec<String>,
+    /// Ranges within `subnets` kept for the network's own infrastructure (its gateway, its
+    /// routers' ports), never given to workloads.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(min = 1, max = 4), inner(length(max = 43)))]
+    pub infrastructure_subnets: Vec<String>,
+    /// The pods' default gateway, one per family, within `subnets` (and within
+    /// `infrastructureSubnets` when those are set); an address of `subnets` when unset.
+    #[serde(
+        default,
+        rename = "defaultGatewayIPs",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    #[schemars(length(min = 1, max = 2), inner(length(max = 39)))]
+    pub default_gateway_ips: Vec<String>,
+    /// How addresses are managed on the network.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ipam: Option<IpamConfig>,
+}
+
+/// `layer2.ipam`.
+#[derive(JsonSchema, Clone, Debug, Default, Deserialize, Serialize, PartialEq)]
+#[serde(rename_all = "camelCase")]
+pub struct IpamConfig {
+    /// Who gives the pods their addresses (`Enabled` when unset): `Enabled`, `Disabled` or
+    /// `DHCP`.
+    // Both described as strings with a pattern: the generator's form of an optional enum
+    // puts `null` among the values, which the API server may refuse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", regex(pattern = r"^(Enabled|Disabled|DHCP)$"))]
+    pub mode: Option<IpamMode>,
+    /// `Persistent`: a virtual machine's address outlives its pods.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(with = "Option<String>", regex(pattern = r"^Persistent$"))]
+    pub lifecycle: Option<IpamLifecycle>,
+}
+
+/// `ipam.mode`.
+#[derive(JsonSchema, Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum IpamMode {
+    /// The network allocates the pods' addresses from its subnets.
+    Enabled,
+    /// Layer 2 only; the pods configure their own addresses (Secondary networks upstream).
+    Disabled,
+    /// A DHCP server on the physical network (Localnet networks upstream).
+    #[serde(rename = "DHCP")]
+    Dhcp,
+}
+
+/// `ipam.lifecycle`.
+#[derive(JsonSchema, Clone, Copy, Debug, Deserialize, Serialize, PartialEq, Eq)]
+pub enum IpamLifecycle {
+    Persistent,
 }
 
 /// `status` of both kinds: conditions, `NetworkCreated` first among them.
@@ -268,6 +331,28 @@ fn validate_layer2(at: &str, config: &Layer2Config) -> Result<ValidNetwork, Stri
         ));
     }
     let cidrs = dual_stack(&format!("{at}.subnets"), &config.subnets)?;
+    validate_ipam(at, config.ipam.as_ref())?;
+    let reserved = within_subnets(
+        &format!("{at}.reservedSubnets"),
+        &config.reserved_subnets,
+        &cidrs,
+    )?;
+    let infrastructure = within_subnets(
+        &format!("{at}.infrastructureSubnets"),
+        &config.infrastructure_subnets,
+        &cidrs,
+    )?;
+    if let Some((i, j)) = infrastructure.iter().enumerate().find_map(|(i, infra)| {
+        reserved
+            .iter()
+            .position(|r| overlap(infra, r))
+            .map(|j| (i, j))
+    }) {
+        return Err(format!(
+            "{at}.infrastructureSubnets[{i}]: overlaps {at}.reservedSubnets[{j}]; the two must not overlap"
+        ));
+    }
+    validate_gateways(at, &config.default_gateway_ips, &cidrs, &infrastructure)?;
     let subnets = cidrs.into_iter().map(|c| (c, c.prefix_len())).collect();
     finish(
         at,
@@ -276,6 +361,84 @@ fn validate_layer2(at: &str, config: &Layer2Config) -> Result<ValidNetwork, Stri
         subnets,
         &config.join_subnets,
     )
+}
+
+/// `ipam` as upstream takes it for a primary Layer2 network: addresses managed by the network
+/// (`Enabled`, the default), persistent or not.
+fn validate_ipam(at: &str, ipam: Option<&IpamConfig>) -> Result<(), String> {
+    let Some(ipam) = ipam else {
+        return Ok(());
+    };
+    match (ipam.mode, ipam.lifecycle) {
+        (None, None) => Err(format!(
+            "{at}.ipam: set mode or lifecycle, or leave ipam out"
+        )),
+        (Some(IpamMode::Disabled), _) => Err(format!(
+            "{at}.ipam.mode: Disabled is only supported for a Secondary network"
+        )),
+        (Some(IpamMode::Dhcp), _) => Err(format!(
+            "{at}.ipam.mode: DHCP is not supported for the Layer2 topology (upstream's Localnet only)"
+        )),
+        (Some(IpamMode::Enabled) | None, _) => Ok(()),
+    }
+}
+
+/// `reservedSubnets` or `infrastructureSubnets`: masked CIDRs (no host bits), each within
+/// one of the network's subnets.
+fn within_subnets(field: &str, texts: &[String], subnets: &[IpNet]) -> Result<Vec<IpNet>, String> {
+    let mut out = Vec::new();
+    for (i, text) in texts.iter().enumerate() {
+        let item = format!("{field}[{i}]");
+        let cidr = parse_cidr(&item, text)?;
+        if text.parse::<IpNet>().is_ok_and(|raw| raw != cidr) {
+            return Err(format!(
+                "{item}: {text} has host bits set; it must be a masked network address ({cidr})"
+            ));
+        }
+        if !subnets.iter().any(|subnet| subnet.contains(&cidr)) {
+            return Err(format!(
+                "{item}: {cidr} is not within the network's subnets"
+            ));
+        }
+        out.push(cidr);
+    }
+    Ok(out)
+}
+
+/// `defaultGatewayIPs`: one address for each subnet's family, each within its subnet and,
+/// where infrastructure subnets are set, within one of them.
+fn validate_gateways(
+    at: &str,
+    texts: &[String],
+    subnets: &[IpNet],
+    infrastructure: &[IpNet],
+) -> Result<(), String> {
+    if texts.is_empty() {
+        return Ok(());
+    }
+    let field = format!("{at}.defaultGatewayIPs");
+    if texts.len() != subnets.len() {
+        return Err(format!(
+            "{field}: one address for each IP family of the subnets ({} subnets, {} addresses)",
+            subnets.len(),
+            texts.len()
+        ));
+    }
+    for (i, text) in texts.iter().enumerate() {
+        let item = format!("{field}[{i}]");
+        let ip: IpAddr = text
+            .parse()
+            .map_err(|_| format!("{item}: {text:?} is not an IP address"))?;
+        if !subnets.iter().any(|subnet| subnet.contains(&ip)) {
+            return Err(format!("{item}: {ip} is not within the network's subnets"));
+        }
+        if !infrastructure.is_empty() && !infrastructure.iter().any(|infra| infra.contains(&ip)) {
+            return Err(format!(
+                "{item}: {ip} is not within {at}.infrastructureSubnets, where the gateway must be when they are set"
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The checks both topologies share: the join subnets and the MTU against the families.
@@ -655,6 +818,93 @@ spec:
         ];
         for (from, to, expected) in cudn_cases {
             let yaml = CUDN.replace(from, to);
+            let error = validate_cudn(&cudn(&yaml)).expect_err(to);
+            assert!(error.starts_with(expected), "{error} is not {expected}...");
+        }
+    }
+
+    /// Layer2's address fields as upstream validates them: reserved and infrastructure
+    /// ranges masked, within the subnets and apart; gateways one per family, within the
+    /// subnets and the infrastructure ranges; IPAM managed by the network. Each refusal
+    /// names its field; a full example validates.
+    #[test]
+    fn layer2_address_fields_are_checked_by_field() {
+        let full = CUDN.replace(
+            "      subnets: [10.200.0.0/16, 'fd00:200::/64']\n",
+            "      subnets: [10.200.0.0/16, 'fd00:200::/64']\n\
+             \x20     reservedSubnets: [10.200.1.0/24, 'fd00:200::100/120']\n\
+             \x20     infrastructureSubnets: [10.200.0.0/28, 'fd00:200::/124']\n\
+             \x20     defaultGatewayIPs: [10.200.0.1, 'fd00:200::1']\n\
+             \x20     ipam: {lifecycle: Persistent}\n",
+        );
+        let network = cudn(&full);
+        let layer2 = network.spec.network.layer2.as_ref().unwrap();
+        assert_eq!(layer2.default_gateway_ips, ["10.200.0.1", "fd00:200::1"]);
+        assert_eq!(
+            layer2.ipam.as_ref().and_then(|i| i.lifecycle),
+            Some(IpamLifecycle::Persistent)
+        );
+        assert!(
+            validate_cudn(&network).is_ok(),
+            "{:?}",
+            validate_cudn(&network)
+        );
+        // Written back as the API spells them.
+        let json = serde_json::to_value(&network).unwrap();
+        assert_eq!(
+            json["spec"]["network"]["layer2"]["defaultGatewayIPs"][0],
+            "10.200.0.1"
+        );
+        let cases = [
+            (
+                "reservedSubnets: [10.200.1.0/24",
+                "reservedSubnets: [10.200.1.1/24",
+                "spec.network.layer2.reservedSubnets[0]: 10.200.1.1/24 has host bits set",
+            ),
+            (
+                "reservedSubnets: [10.200.1.0/24",
+                "reservedSubnets: [10.201.1.0/24",
+                "spec.network.layer2.reservedSubnets[0]: 10.201.1.0/24 is not within the network's subnets",
+            ),
+            (
+                "infrastructureSubnets: [10.200.0.0/28",
+                "infrastructureSubnets: [10.200.1.0/28",
+                "spec.network.layer2.infrastructureSubnets[0]: overlaps spec.network.layer2.reservedSubnets[0]",
+            ),
+            (
+                "defaultGatewayIPs: [10.200.0.1, 'fd00:200::1']",
+                "defaultGatewayIPs: [10.200.0.1]",
+                "spec.network.layer2.defaultGatewayIPs: one address for each IP family of the subnets (2 subnets, 1 addresses)",
+            ),
+            (
+                "defaultGatewayIPs: [10.200.0.1",
+                "defaultGatewayIPs: [10.200.2.1",
+                "spec.network.layer2.defaultGatewayIPs[0]: 10.200.2.1 is not within spec.network.layer2.infrastructureSubnets",
+            ),
+            (
+                "defaultGatewayIPs: [10.200.0.1",
+                "defaultGatewayIPs: [10.9.0.1",
+                "spec.network.layer2.defaultGatewayIPs[0]: 10.9.0.1 is not within the network's subnets",
+            ),
+            (
+                "ipam: {lifecycle: Persistent}",
+                "ipam: {mode: Disabled}",
+                "spec.network.layer2.ipam.mode: Disabled is only supported for a Secondary network",
+            ),
+            (
+                "ipam: {lifecycle: Persistent}",
+                "ipam: {mode: DHCP}",
+                "spec.network.layer2.ipam.mode: DHCP is not supported for the Layer2 topology",
+            ),
+            (
+                "ipam: {lifecycle: Persistent}",
+                "ipam: {}",
+                "spec.network.layer2.ipam: set mode or lifecycle",
+            ),
+        ];
+        for (from, to, expected) in cases {
+            let yaml = full.replace(from, to);
+            assert_ne!(yaml, full, "{from}");
             let error = validate_cudn(&cudn(&yaml)).expect_err(to);
             assert!(error.starts_with(expected), "{error} is not {expected}...");
         }
