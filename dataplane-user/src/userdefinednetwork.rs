@@ -29,6 +29,7 @@ use kube::{
 };
 
 use crate::{
+    acl::pods::{NamespaceLabels, namespace_labels},
     api::userdefinednetwork::{
         ClusterUserDefinedNetwork, NetworkStatus, PRIMARY_NETWORK_LABEL, UserDefinedNetwork,
         clear_of_cluster, validate_cudn, validate_udn,
@@ -82,7 +83,7 @@ type Selected<'a> = Result<Vec<&'a str>, String>;
 
 /// Every network of `state` with the reason it is not created.
 pub fn not_created(state: &ClusterState) -> BTreeMap<NetworkKey, NotCreated> {
-    let labels = namespace_labels(state);
+    let labels = namespace_labels(&state.namespaces);
     let (cluster_networks, service_networks) = (&state.cluster_networks, &state.service_networks);
     let udns: Vec<(NetworkKey, &UserDefinedNetwork, Result<(), String>)> = state
         .user_defined_networks
@@ -175,23 +176,7 @@ pub fn not_created(state: &ClusterState) -> BTreeMap<NetworkKey, NotCreated> {
     out
 }
 
-/// Each namespace's labels, with `kubernetes.io/metadata.name` as the API server sets it.
-fn namespace_labels(state: &ClusterState) -> BTreeMap<String, BTreeMap<String, String>> {
-    state
-        .namespaces
-        .iter()
-        .filter_map(|namespace| {
-            let name = namespace.metadata.name.clone()?;
-            let mut labels = namespace.metadata.labels.clone().unwrap_or_default();
-            labels
-                .entry("kubernetes.io/metadata.name".to_owned())
-                .or_insert_with(|| name.clone());
-            Some((name, labels))
-        })
-        .collect()
-}
-
-fn labelled(labels: &BTreeMap<String, BTreeMap<String, String>>, namespace: &str) -> bool {
+fn labelled(labels: &NamespaceLabels, namespace: &str) -> bool {
     labels
         .get(namespace)
         .is_some_and(|l| l.contains_key(PRIMARY_NETWORK_LABEL))
@@ -200,7 +185,7 @@ fn labelled(labels: &BTreeMap<String, BTreeMap<String, String>>, namespace: &str
 /// The namespaces a ClusterUserDefinedNetwork's selector picks.
 fn selected<'a>(
     cudn: &ClusterUserDefinedNetwork,
-    labels: &'a BTreeMap<String, BTreeMap<String, String>>,
+    labels: &'a NamespaceLabels,
 ) -> Result<Vec<&'a str>, String> {
     let selector = Selector::try_from(cudn.spec.namespace_selector.clone())
         .map_err(|error| format!("spec.namespaceSelector: {error}"))?;
@@ -233,7 +218,7 @@ fn udn_message(namespace: &str, labelled: bool, others: &[String]) -> String {
 
 fn cudn_message(
     namespaces: &[&str],
-    labels: &BTreeMap<String, BTreeMap<String, String>>,
+    labels: &NamespaceLabels,
     others: impl Fn(&str) -> Vec<String>,
 ) -> String {
     if namespaces.is_empty() {

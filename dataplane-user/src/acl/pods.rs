@@ -399,6 +399,11 @@ impl NamespaceLabels {
         self.labels.get(namespace)
     }
 
+    /// Every namespace with its labels, in name order.
+    pub fn iter(&self) -> impl Iterator<Item = (&String, &BTreeMap<String, String>)> {
+        self.labels.iter()
+    }
+
     /// The namespaces labelled `key: value`, in name order.
     pub(super) fn with_label(&self, key: &str, value: &str) -> &[String] {
         self.by_label

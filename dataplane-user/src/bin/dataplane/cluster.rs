@@ -917,23 +917,16 @@ fn moved_files(
 /// user-defined network (see `api::userdefinednetwork::unwired_namespace`).
 fn unwired_namespaces(state: &source::ClusterState) -> std::collections::BTreeMap<String, String> {
     use dataplane_user::api::userdefinednetwork::unwired_namespace;
-    state
-        .namespaces
+    dataplane_user::acl::pods::namespace_labels(&state.namespaces)
         .iter()
-        .filter_map(|namespace| {
-            let name = namespace.metadata.name.clone()?;
-            let mut labels = namespace.metadata.labels.clone().unwrap_or_default();
-            // The API server sets it on every namespace; manifests may leave it out.
-            labels
-                .entry("kubernetes.io/metadata.name".to_owned())
-                .or_insert_with(|| name.clone());
+        .filter_map(|(name, labels)| {
             let why = unwired_namespace(
-                &name,
-                &labels,
+                name,
+                labels,
                 state.user_defined_networks.iter().map(|n| &**n),
                 state.cluster_user_defined_networks.iter().map(|n| &**n),
             )?;
-            Some((name, why))
+            Some((name.clone(), why))
         })
         .collect()
 }
